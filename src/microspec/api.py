@@ -1,0 +1,44 @@
+"""Text in, text out: prompt formatting, tokenisation and detokenisation around :func:`generate_ids`."""
+
+from __future__ import annotations
+
+from .decoding.config import GenerationConfig
+from .decoding.loop import GenerationResult, generate_ids
+from .errors import check
+from .models.registry import LoadedModel
+
+
+def has_chat_template(lm: LoadedModel) -> bool:
+    return bool(getattr(lm.tokenizer, "chat_template", None))
+
+
+def encode_prompt(lm: LoadedModel, prompt: str, chat: bool | None = None) -> list[int]:
+    """Token ids of ``prompt``: through the chat template when the tokenizer has one (or ``chat`` says so), as
+    plain text (with the tokenizer's BOS) otherwise."""
+    check(isinstance(prompt, str) and prompt.strip() != "", "the prompt is empty")
+    use_chat = has_chat_template(lm) if chat is None else chat
+    tok = lm.tokenizer
+    if use_chat:
+        check(has_chat_template(lm), f"model {lm.name!r} has no chat template; use --no-chat")
+        text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                       add_generation_prompt=True)
+        return list(tok(text, add_special_tokens=False).input_ids)
+    return list(tok(prompt).input_ids)
+
+
+def generate(lm: LoadedModel, prompt: str, cfg: GenerationConfig | None = None, chat: bool | None = None,
+             **overrides) -> GenerationResult:
+    """Generate a continuation of ``prompt`` with ``lm``; keyword overrides build a :class:`GenerationConfig`."""
+    cfg = cfg or GenerationConfig(**overrides)
+    ids = encode_prompt(lm, prompt, chat)
+    stop_check = None
+    if cfg.stop_strings:
+        stops = cfg.stop_strings
+
+        def stop_check(tokens: list[int]) -> bool:
+            tail = lm.tokenizer.decode(tokens[-32:], skip_special_tokens=True)
+            return any(s in tail for s in stops)
+
+    result = generate_ids(lm.model, ids, cfg, lm.eos_token_ids, stop_check)
+    result.text = lm.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+    return result

@@ -1,0 +1,108 @@
+"""Command line: ``microspec generate ...``.
+
+Bad input ends with one line on stderr (``microspec: error: ...``) and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .errors import MicrospecError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse's default prints the usage too)
+        raise MicrospecError(f"{self.prog}: {message}")
+
+
+def _add_generate(sub) -> None:
+    from .models.registry import BUILTINS, DEFAULT_MODEL
+
+    p = sub.add_parser("generate", help="generate text from a prompt", description="Generate text from a prompt.")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"built-in name ({', '.join(BUILTINS)}), a .gguf file or a HF model directory "
+                        f"(default {DEFAULT_MODEL})")
+    p.add_argument("--prompt", required=True, help="prompt text ('-' reads standard input)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--no-repeat-ngram-size", type=int, default=0)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's EOS tokens")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="bf16")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
+    chat = p.add_mutually_exclusive_group()
+    chat.add_argument("--chat", dest="chat", action="store_true", default=None,
+                      help="apply the chat template (default: when the tokenizer has one)")
+    chat.add_argument("--no-chat", dest="chat", action="store_false")
+    p.add_argument("--json", action="store_true", help="print one JSON object (text, token_ids, stats)")
+    p.set_defaults(func=_cmd_generate)
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    import torch
+
+    from .api import generate
+    from .decoding.config import GenerationConfig
+    from .models.registry import load_model
+
+    if args.threads is not None:
+        if args.threads <= 0:
+            raise MicrospecError(f"--threads must be positive, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    cfg = GenerationConfig(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+        repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
+        stop_strings=tuple(args.stop), ignore_eos=args.ignore_eos,
+    )
+    if not prompt.strip():
+        raise MicrospecError("the prompt is empty")
+    lm = load_model(args.model, dtype=args.dtype, device=args.device)
+    result = generate(lm, prompt, cfg, chat=args.chat)
+    stats = result.stats.to_dict()
+    if args.json:
+        print(json.dumps({
+            "text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
+            "model": lm.name, "dtype": args.dtype, "device": args.device, "drafter": "none", "stats": stats,
+        }))
+    else:
+        print(result.text)
+        print(f"[microspec] {lm.name} {args.dtype} {args.device} | {stats['new_tokens']} tokens in "
+              f"{stats['wall_s']:.2f} s = {stats['tokens_per_s']:.2f} tok/s (prefill {stats['prefill_s']:.2f} s, "
+              f"decode {stats['decode_tokens_per_s']:.2f} tok/s) | steps {stats['steps']} | "
+              f"mean accept len {stats['mean_accept_len']:.2f} | finish {result.finish_reason}", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="microspec", description="Lossless speculative decoding for large-vocabulary LMs.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_generate(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except MicrospecError as exc:
+        msg = str(exc)
+        print(msg if msg.startswith("microspec") else f"microspec: error: {msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("microspec: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

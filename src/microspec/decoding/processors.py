@@ -1,0 +1,132 @@
+"""Logits processors with Hugging Face ``generate`` semantics, and the choice of the next token.
+
+Both processors keep incremental state over the committed sequence (prompt included, as in HF) and can be applied to
+rows whose history is the committed sequence plus a few extra tokens: the path of a draft-tree node.  Verification
+applies them that way to each node, so speculative output equals autoregressive output under them too.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+import torch
+
+from .config import GenerationConfig
+
+
+class RepetitionPenalty:
+    """HF ``RepetitionPenaltyLogitsProcessor``: for every token already in the sequence, a positive logit is divided
+    by the penalty and a negative one multiplied by it.  State: a [V] bitmap of seen tokens on the model's device."""
+
+    def __init__(self, penalty: float, vocab_size: int, device: torch.device):
+        self.penalty = penalty
+        self.seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+
+    def commit(self, tokens: Sequence[int] | torch.Tensor) -> None:
+        self.seen[torch.as_tensor(tokens, dtype=torch.long, device=self.seen.device)] = True
+
+    def apply(self, logits: torch.Tensor, extra: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
+        """Penalise ``logits`` [R, V] (in place); row r's history is the committed sequence plus ``extra[r]``."""
+        seen = self.seen.expand_as(logits)
+        if extra is not None and any(len(e) for e in extra):
+            seen = seen.clone()
+            for r, toks in enumerate(extra):
+                if len(toks):
+                    seen[r, torch.as_tensor(list(toks), dtype=torch.long, device=seen.device)] = True
+        penalised = torch.where(logits < 0, logits * self.penalty, logits / self.penalty)
+        return torch.where(seen, penalised, logits, out=logits)
+
+
+class NoRepeatNGram:
+    """HF ``NoRepeatNGramLogitsProcessor``: a token that would complete an n-gram already present is banned.
+
+    State: a map from each (n-1)-gram of the committed sequence to the tokens that followed it, updated per commit.
+    """
+
+    def __init__(self, n: int):
+        self.n = n
+        self.history: list[int] = []
+        self.follow: dict[tuple[int, ...], set[int]] = defaultdict(set)
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        n = self.n
+        for tok in tokens:
+            self.history.append(int(tok))
+            if len(self.history) >= n:
+                self.follow[tuple(self.history[-n:-1])].add(int(tok))
+
+    def banned(self, extra: Sequence[int] = ()) -> list[int]:
+        """Tokens banned after the committed sequence followed by ``extra``."""
+        n = self.n
+        if len(self.history) + len(extra) + 1 < n:
+            return []
+        seq = self.history[max(0, len(self.history) - (n - 1)) :] + [int(t) for t in extra]
+        key = tuple(seq[len(seq) - (n - 1) :])
+        out = set(self.follow.get(key, ()))
+        for i in range(len(seq) - n + 1):  # n-grams that end inside ``extra``
+            if tuple(seq[i : i + n - 1]) == key:
+                out.add(seq[i + n - 1])
+        return sorted(out)
+
+    def apply(self, logits: torch.Tensor, extra: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
+        rows = extra if extra is not None else [()] * logits.shape[0]
+        for r, toks in enumerate(rows):
+            ban = self.banned(toks)
+            if ban:
+                logits[r, torch.as_tensor(ban, dtype=torch.long, device=logits.device)] = float("-inf")
+        return logits
+
+
+class LogitsPipeline:
+    """The processors a :class:`GenerationConfig` asks for, applied in HF's order, plus sampling warpers."""
+
+    def __init__(self, cfg: GenerationConfig, vocab_size: int, device: torch.device):
+        self.cfg = cfg
+        self.processors: list = []
+        if cfg.repetition_penalty != 1.0:
+            self.processors.append(RepetitionPenalty(cfg.repetition_penalty, vocab_size, device))
+        if cfg.no_repeat_ngram_size > 0:
+            self.processors.append(NoRepeatNGram(cfg.no_repeat_ngram_size))
+        self.generator = None
+        if not cfg.greedy:
+            self.generator = torch.Generator(device=device)
+            self.generator.manual_seed(cfg.seed if cfg.seed is not None else torch.seed())
+
+    @property
+    def active(self) -> bool:
+        return bool(self.processors)
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        for p in self.processors:
+            p.commit(tokens)
+
+    def process(self, logits: torch.Tensor, extra: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
+        """Apply the processors to fp32 ``logits`` [R, V] in place (row r's history: committed + extra[r])."""
+        for p in self.processors:
+            logits = p.apply(logits, extra)
+        return logits
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """The sampling distribution [R, V] of processed logits: temperature, then top-p (HF semantics)."""
+        return warp_probs(logits, self.cfg.temperature, self.cfg.top_p)
+
+    def choose(self, logits: torch.Tensor) -> torch.Tensor:
+        """Next token of each row of processed logits [R, V]: argmax when greedy, else a sample."""
+        if self.cfg.greedy:
+            return logits.argmax(dim=-1)
+        return torch.multinomial(self.probs(logits), 1, generator=self.generator).squeeze(-1)
+
+
+def warp_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """softmax(logits / T) restricted to the top-p nucleus, renormalised (HF ``TopPLogitsWarper`` semantics: keep
+    the smallest set of most probable tokens whose mass reaches ``top_p``, always at least one)."""
+    scores = logits / temperature
+    if top_p < 1.0:
+        sorted_logits, sorted_idx = torch.sort(scores, descending=False, dim=-1)
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        remove_sorted = cum <= (1 - top_p)
+        remove_sorted[..., -1] = False
+        remove = remove_sorted.scatter(-1, sorted_idx, remove_sorted)
+        scores = scores.masked_fill(remove, float("-inf"))
+    return torch.softmax(scores, dim=-1)

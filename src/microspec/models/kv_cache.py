@@ -1,0 +1,69 @@
+"""A preallocated KV cache that can be appended to and compacted to an arbitrary list of kept slots."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+class KVCache:
+    """Keys and values of every layer in one tensor ``kv`` [layers, 2, kv_heads, capacity, head_dim].
+
+    Slots ``[0, length)`` are live.  ``pos`` holds the position id of every slot, so that tree nodes (whose
+    positions are prefix length + depth, not their slot) can sit in the cache during verification.  After a
+    verification the caller keeps the accepted slots with :meth:`keep`, which moves them to the front in one indexed
+    copy per call (not per layer); the prefix that is kept in place is not touched.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ):
+        self.kv = torch.zeros(num_layers, 2, num_kv_heads, capacity, head_dim, dtype=dtype, device=device)
+        self.pos = torch.zeros(capacity, dtype=torch.long, device=device)
+        self.capacity = capacity
+        self.length = 0
+
+    @property
+    def device(self) -> torch.device:
+        return self.kv.device
+
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the new keys/values [kv_heads, T, head_dim] of ``layer`` at slots ``start..start+T``.
+
+        Returns that layer's key and value buffers [kv_heads, capacity, head_dim] (views, no copy)."""
+        t = k.shape[1]
+        buf = self.kv[layer]
+        buf[0, :, start : start + t] = k
+        buf[1, :, start : start + t] = v
+        return buf[0], buf[1]
+
+    def keep(self, slots: Sequence[int] | torch.Tensor) -> None:
+        """Keep only ``slots`` (ascending), in that order, at the front of the cache."""
+        idx = torch.as_tensor(slots, dtype=torch.long, device=self.device)
+        n = int(idx.numel())
+        if n > self.length:
+            raise ValueError(f"cannot keep {n} slots of a cache holding {self.length}")
+        # Slots that are already where they belong form a prefix: only the rest moves.
+        same = idx == torch.arange(n, device=self.device)
+        first = n if bool(same.all()) else int((~same).nonzero()[0, 0])
+        if first < n:
+            tail = idx[first:]
+            self.kv[:, :, :, first:n] = self.kv[:, :, :, tail]
+            self.pos[first:n] = self.pos[tail]
+        self.length = n
+
+    def truncate(self, length: int) -> None:
+        """Drop every slot from ``length`` on."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of {self.length} slots to {length}")
+        self.length = length
+
+    def reset(self) -> None:
+        self.length = 0

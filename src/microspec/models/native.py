@@ -1,0 +1,446 @@
+"""A lean native implementation of decoder-only transformers for speculative decoding.
+
+Covers the Llama, Qwen2, Qwen3 and Gemma 3 (text) families.  Parameter names are the Hugging Face ones, so a
+transformers state dict loads as it is, and the numerics follow transformers step for step (norms in fp32, RoPE
+tables in fp32 cast to the model dtype, SDPA attention) so that the logits agree; ``tests/test_native.py`` checks
+that for every family.
+
+Why native rather than driving transformers modules: speculative decoding needs a forward over arbitrary new tokens
+with explicit positions and a tree-shaped mask, a KV cache that can be compacted to an arbitrary set of kept slots,
+and the LM head as its own step.  transformers' cache and mask machinery can do some of that, but every call pays
+for mask construction, cache bookkeeping and module hooks; on this 2-core CPU the native path decodes faster than a
+bare ``model.model(...)`` loop (see BENCHMARKS.md) and keeps the hot path in one short file.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import MicrospecError
+from .kv_cache import KVCache
+
+SUPPORTED_FAMILIES = {
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma3_text": "gemma3",
+}
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """Everything the forward pass needs to know about an architecture, read once from a HF config."""
+
+    family: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position: int
+    layer_windows: tuple[int | None, ...]  # sliding window of each layer, None for full attention
+    layer_rope: tuple[str, ...]  # which RoPE table each layer uses
+    attn_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    gemma: bool  # (1 + w) norms, sandwich norms, scaled embeddings
+    attn_scale: float
+    attn_softcap: float | None
+    final_softcap: float | None
+    tie_embeddings: bool
+    hidden_act: str
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+
+
+def _get(cfg: Any, name: str, default: Any = None) -> Any:
+    value = getattr(cfg, name, default)
+    return default if value is None else value
+
+
+def _eos_ids(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(int(v) for v in value)
+
+
+def spec_from_config(cfg: Any) -> ArchSpec:
+    """Build an :class:`ArchSpec` from a transformers config object."""
+    model_type = getattr(cfg, "model_type", None)
+    family = SUPPORTED_FAMILIES.get(model_type)
+    if family is None:
+        raise MicrospecError(
+            f"unsupported architecture {model_type!r}; supported: {', '.join(sorted(SUPPORTED_FAMILIES))}"
+        )
+    if _get(cfg, "partial_rotary_factor", 1.0) != 1.0:
+        raise MicrospecError("partial rotary embeddings are not supported")
+    n_layers = int(cfg.num_hidden_layers)
+    n_heads = int(cfg.num_attention_heads)
+    head_dim = int(_get(cfg, "head_dim", cfg.hidden_size // n_heads))
+    layer_types = list(_get(cfg, "layer_types", ["full_attention"] * n_layers))
+    window = _get(cfg, "sliding_window", None)
+    windows = tuple(int(window) if t == "sliding_attention" and window else None for t in layer_types)
+    per_type_rope = isinstance(_get(cfg, "rope_parameters", None), dict) and all(
+        t in cfg.rope_parameters for t in set(layer_types)
+    )
+    rope_keys = tuple(t if per_type_rope else "default" for t in layer_types)
+    gemma = family == "gemma3"
+    attn_bias = bool(_get(cfg, "attention_bias", False))
+    return ArchSpec(
+        family=family,
+        vocab_size=int(cfg.vocab_size),
+        hidden_size=int(cfg.hidden_size),
+        intermediate_size=int(cfg.intermediate_size),
+        num_layers=n_layers,
+        num_heads=n_heads,
+        num_kv_heads=int(_get(cfg, "num_key_value_heads", n_heads)),
+        head_dim=head_dim,
+        rms_norm_eps=float(_get(cfg, "rms_norm_eps", 1e-6)),
+        max_position=int(_get(cfg, "max_position_embeddings", 2048)),
+        layer_windows=windows,
+        layer_rope=rope_keys,
+        attn_bias=attn_bias or family == "qwen2",  # Qwen2 always has q/k/v biases and never an o_proj bias
+        o_bias=attn_bias and family != "qwen2",
+        mlp_bias=bool(_get(cfg, "mlp_bias", False)),
+        qk_norm=family in ("qwen3", "gemma3"),
+        gemma=gemma,
+        attn_scale=(float(cfg.query_pre_attn_scalar) ** -0.5) if gemma else head_dim**-0.5,
+        attn_softcap=_get(cfg, "attn_logit_softcapping", None),
+        final_softcap=_get(cfg, "final_logit_softcapping", None),
+        tie_embeddings=bool(_get(cfg, "tie_word_embeddings", False)),
+        hidden_act=str(_get(cfg, "hidden_activation", _get(cfg, "hidden_act", "silu"))),
+        bos_token_id=_get(cfg, "bos_token_id", None),
+        eos_token_ids=_eos_ids(_get(cfg, "eos_token_id", None)),
+    )
+
+
+def _rope_inv_freq(cfg: Any, spec: ArchSpec) -> dict[str, tuple[torch.Tensor, float]]:
+    """Inverse frequencies (and attention scaling) of each RoPE table, computed as transformers does."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    tables: dict[str, tuple[torch.Tensor, float]] = {}
+    params = _get(cfg, "rope_parameters", None) or {}
+    for key in sorted(set(spec.layer_rope)):
+        p = params.get(key, params) if key != "default" else params
+        rope_type = (p or {}).get("rope_type", "default")
+        if rope_type == "default":
+            base = float((p or {}).get("rope_theta", _get(cfg, "rope_theta", 10000.0)))
+            dim = spec.head_dim
+            inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+            tables[key] = (inv, 1.0)
+        else:
+            fn = ROPE_INIT_FUNCTIONS.get(rope_type)
+            if fn is None:
+                raise MicrospecError(f"unsupported RoPE type {rope_type!r}")
+            if key == "default":
+                inv, scale = fn(cfg, None)
+            else:
+                inv, scale = fn(cfg, None, layer_type=key)
+            tables[key] = (inv.float(), float(scale))
+    return tables
+
+
+def _act(name: str):
+    if name in ("silu", "swish"):
+        return F.silu
+    if name in ("gelu_pytorch_tanh", "gelu_tanh"):
+        return lambda x: F.gelu(x, approximate="tanh")
+    if name == "gelu":
+        return F.gelu
+    raise MicrospecError(f"unsupported activation {name!r}")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, gemma: bool):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim) if gemma else torch.ones(dim))
+        self.eps = eps
+        self.gemma = gemma
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.gemma:  # (x * (1 + w)) in fp32, then cast: Gemma's convention
+            return (xf * (1.0 + self.weight.float())).type_as(x)
+        return self.weight * xf.to(x.dtype)  # Llama's convention: cast, then scale
+
+
+class Linear(nn.Module):
+    """``y = x W^T (+ b)`` with uninitialised parameters: weights always come from a checkpoint, and skipping
+    nn.Linear's random init saves seconds per load."""
+
+    def __init__(self, dim_in: int, dim_out: int, bias: bool):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(dim_out, dim_in))
+        self.bias = nn.Parameter(torch.empty(dim_out)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+def _linear(dim_in: int, dim_out: int, bias: bool) -> Linear:
+    return Linear(dim_in, dim_out, bias)
+
+
+class Embedding(nn.Module):
+    def __init__(self, num: int, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num, dim))
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ArchSpec):
+        super().__init__()
+        d, h, kv, hd = spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.q_proj = _linear(d, h * hd, spec.attn_bias)
+        self.k_proj = _linear(d, kv * hd, spec.attn_bias)
+        self.v_proj = _linear(d, kv * hd, spec.attn_bias)
+        self.o_proj = _linear(h * hd, d, spec.o_bias)
+        if spec.qk_norm:
+            self.q_norm = RMSNorm(hd, spec.rms_norm_eps, spec.gemma)
+            self.k_norm = RMSNorm(hd, spec.rms_norm_eps, spec.gemma)
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: ArchSpec):
+        super().__init__()
+        d, f = spec.hidden_size, spec.intermediate_size
+        self.gate_proj = _linear(d, f, spec.mlp_bias)
+        self.up_proj = _linear(d, f, spec.mlp_bias)
+        self.down_proj = _linear(f, d, spec.mlp_bias)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: ArchSpec):
+        super().__init__()
+        eps, g = spec.rms_norm_eps, spec.gemma
+        self.self_attn = Attention(spec)
+        self.mlp = MLP(spec)
+        self.input_layernorm = RMSNorm(spec.hidden_size, eps, g)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, eps, g)
+        if g:
+            self.pre_feedforward_layernorm = RMSNorm(spec.hidden_size, eps, g)
+            self.post_feedforward_layernorm = RMSNorm(spec.hidden_size, eps, g)
+
+
+class _Body(nn.Module):
+    def __init__(self, spec: ArchSpec):
+        super().__init__()
+        self.embed_tokens = Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(spec) for _ in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.gemma)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class NativeCausalLM(nn.Module):
+    """Decoder-only LM with an explicit-position, explicit-mask forward and the LM head as a separate step.
+
+    ``forward`` returns the final (normed) hidden states of the new tokens; ``head`` turns chosen rows into logits,
+    optionally over a subset of vocabulary rows.  All state lives in a :class:`KVCache` that the caller owns.
+    """
+
+    def __init__(self, spec: ArchSpec, rope: dict[str, tuple[torch.Tensor, float]]):
+        super().__init__()
+        self.spec = spec
+        self.model = _Body(spec)
+        if not spec.tie_embeddings:
+            self.lm_head = Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        # RoPE inverse frequencies stay fp32 whatever the model dtype (kept out of the module's buffers so that
+        # ``.to(dtype)`` cannot round them); copied to the model's device on first use.
+        self._rope = {key: (inv.detach().to("cpu", torch.float32), scale) for key, (inv, scale) in rope.items()}
+        self._act = _act(spec.hidden_act)
+        self._embed_scale = math.sqrt(spec.hidden_size) if spec.gemma else None
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_config(cls, cfg: Any) -> "NativeCausalLM":
+        spec = spec_from_config(cfg)
+        with torch.device("cpu"):
+            rope = _rope_inv_freq(cfg, spec)
+        return cls(spec, rope)
+
+    def load_hf_state_dict(self, state: dict[str, torch.Tensor], assign: bool = False) -> None:
+        """Load weights named as in transformers (``lm_head.weight`` optional when embeddings are tied)."""
+        state = {k: v for k, v in state.items() if not (self.spec.tie_embeddings and k == "lm_head.weight")}
+        missing, unexpected = self.load_state_dict(state, strict=False, assign=assign)
+        if missing or unexpected:
+            raise MicrospecError(
+                f"checkpoint does not match the {self.spec.family} architecture "
+                f"(missing {list(missing)[:3]}, unexpected {list(unexpected)[:3]})"
+            )
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """The [vocab, d] LM head matrix (the embedding matrix when tied)."""
+        return self.model.embed_tokens.weight if self.spec.tie_embeddings else self.lm_head.weight
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    def new_cache(self, capacity: int) -> KVCache:
+        s = self.spec
+        return KVCache(s.num_layers, s.num_kv_heads, s.head_dim, capacity, self.dtype, self.device)
+
+    # ------------------------------------------------------------------ forward pieces
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = F.embedding(input_ids, self.model.embed_tokens.weight)
+        if self._embed_scale is not None:
+            x = x * torch.tensor(self._embed_scale, dtype=x.dtype)
+        return x
+
+    def _rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> dict[str, tuple[torch.Tensor, ...]]:
+        tables = {}
+        for key, (inv, scale) in self._rope.items():
+            if inv.device != positions.device:
+                inv = inv.to(positions.device)
+                self._rope[key] = (inv, scale)
+            freqs = positions[:, None].float() * inv[None, :]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            tables[key] = ((emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype))
+        return tables
+
+    def _masks(
+        self, cache: KVCache, start: int, positions: torch.Tensor | None, mask: torch.Tensor | None, t: int
+    ) -> dict[int | None, tuple[torch.Tensor | None, int]]:
+        """Per distinct window: (bool mask [1,1,T,S'] or None, first key slot).  True = may attend."""
+        s = start + t
+        out: dict[int | None, tuple[torch.Tensor | None, int]] = {}
+        windows = set(self.spec.layer_windows)
+        if positions is None and mask is None:
+            # Contiguous positions equal to slots: causal attention, windows by slicing.
+            for w in windows:
+                lo = 0 if w is None else max(0, start - w + 1)  # first key the earliest query may see
+                if t == 1:
+                    out[w] = (None, lo)
+                    continue
+                q = torch.arange(start, s, device=cache.device)[:, None]
+                k = torch.arange(lo, s, device=cache.device)[None, :]
+                allowed = k <= q
+                if w is not None:
+                    allowed = allowed & (k > q - w)
+                out[w] = (allowed[None, None], lo)
+            return out
+        qpos = positions if positions is not None else torch.arange(start, s, device=cache.device)
+        if mask is None:
+            base = torch.ones(t, s, dtype=torch.bool, device=cache.device).tril(diagonal=start)
+        elif mask.dim() == 2 and mask.shape == (t, t):
+            base = torch.ones(t, s, dtype=torch.bool, device=cache.device)
+            base[:, start:] = mask
+        else:
+            base = mask.reshape(t, s).to(torch.bool)
+        kpos = cache.pos[:s]
+        for w in windows:
+            allowed = base if w is None else base & (kpos[None, :] > qpos[:, None] - w)
+            out[w] = (allowed[None, None], 0)
+        return out
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        cache: KVCache,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Run the new tokens ``input_ids`` [T] through the model, appending their keys/values to ``cache``.
+
+        positions: [T] position ids (default: cache.length + arange(T)).
+        mask: which keys each new token may attend to (True = attend): None for causal; [T, T] among the new
+            tokens with the whole cached prefix visible (a token tree); or [T, S] / [1, 1, T, S] over all
+            S = cache.length + T slots.  Sliding-window layers additionally hide keys ``window`` or more positions
+            behind the query.
+        Returns the final-normed hidden states [T, d].
+        """
+        spec = self.spec
+        t = int(input_ids.shape[0])
+        start = cache.length
+        s = start + t
+        if s > cache.capacity:
+            raise MicrospecError(f"KV cache capacity {cache.capacity} exceeded ({s} slots needed)")
+        pos = positions if positions is not None else torch.arange(start, s, device=input_ids.device)
+        cache.pos[start:s] = pos
+        masks = self._masks(cache, start, positions, mask, t)
+        rope = self._rope_tables(pos, self.dtype)
+        nh, nkv, hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        gqa = nh != nkv
+        x = self.embed(input_ids)
+        for i, layer in enumerate(self.model.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = attn.q_proj(h).view(t, nh, hd).transpose(0, 1)
+            k = attn.k_proj(h).view(t, nkv, hd).transpose(0, 1)
+            v = attn.v_proj(h).view(t, nkv, hd).transpose(0, 1)
+            if spec.qk_norm:
+                q = attn.q_norm(q)
+                k = attn.k_norm(k)
+            cos, sin = rope[spec.layer_rope[i]]
+            q = _rotate(q, cos, sin)
+            k = _rotate(k, cos, sin)
+            keys, values = cache.write(i, start, k, v)
+            amask, lo = masks[spec.layer_windows[i]]
+            o = self._attend(q, keys[:, lo:s], values[:, lo:s], amask, gqa)
+            o = attn.o_proj(o.transpose(0, 1).reshape(t, nh * hd))
+            if spec.gemma:
+                x = x + layer.post_attention_layernorm(o)
+                h = layer.pre_feedforward_layernorm(x)
+                x = x + layer.post_feedforward_layernorm(self._mlp(layer.mlp, h))
+            else:
+                x = x + o
+                x = x + self._mlp(layer.mlp, layer.post_attention_layernorm(x))
+        cache.length = s
+        return self.model.norm(x)
+
+    def _mlp(self, mlp: MLP, h: torch.Tensor) -> torch.Tensor:
+        return mlp.down_proj(self._act(mlp.gate_proj(h)) * mlp.up_proj(h))
+
+    def _attend(self, q, k, v, amask, gqa: bool) -> torch.Tensor:
+        if self.spec.attn_softcap is not None:
+            return self._attend_softcap(q, k, v, amask)
+        return F.scaled_dot_product_attention(
+            q[None], k[None], v[None], attn_mask=amask, scale=self.spec.attn_scale, enable_gqa=gqa
+        )[0]
+
+    def _attend_softcap(self, q, k, v, amask) -> torch.Tensor:
+        rep = q.shape[0] // k.shape[0]
+        k = k.repeat_interleave(rep, dim=0)
+        v = v.repeat_interleave(rep, dim=0)
+        scores = (q @ k.transpose(-1, -2)) * self.spec.attn_scale
+        cap = self.spec.attn_softcap
+        scores = torch.tanh(scores / cap) * cap
+        if amask is not None:
+            scores = scores.masked_fill(~amask[0], float("-inf"))
+        return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v
+
+    def head(self, hidden: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (fp32) of ``hidden`` [..., d], over the whole vocabulary or only the rows ``vocab_ids``.
+
+        The product runs in the model dtype, as transformers does, and is cast to fp32 afterwards.
+        """
+        w = self.head_weight if vocab_ids is None else self.head_weight.index_select(0, vocab_ids)
+        logits = F.linear(hidden, w)
+        if self.spec.final_softcap is not None:
+            cap = self.spec.final_softcap
+            logits = torch.tanh(logits / cap) * cap
+        return logits.float()

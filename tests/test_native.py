@@ -1,0 +1,168 @@
+"""The native backend against transformers' logits, and its tree masks, positions and KV compaction."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import VOCAB, tiny_pair
+from microspec.errors import MicrospecError
+
+
+def _hf_logits(hf, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(ids[None]).logits[0].float()
+
+
+@torch.no_grad()
+def test_logits_match_transformers_prefill_and_incremental(family):
+    hf, nm = tiny_pair(family)
+    ids = torch.randint(0, VOCAB, (20,), generator=torch.Generator().manual_seed(1))
+    ref = _hf_logits(hf, ids)
+    cache = nm.new_cache(32)
+    pieces = [nm(ids[:9], cache), nm(ids[9:10], cache), nm(ids[10:11], cache), nm(ids[11:], cache)]
+    got = nm.head(torch.cat(pieces))
+    assert cache.length == 20
+    torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)
+
+
+@torch.no_grad()
+def test_gemma3_sliding_window_is_effective():
+    """With a window of 6, a token 10 back must not influence sliding layers: changing it changes only what the
+    full-attention layers see; the comparison with transformers covers the exact semantics."""
+    hf, nm = tiny_pair("gemma3")
+    assert set(nm.spec.layer_windows) == {6, None}
+    ids = torch.randint(0, VOCAB, (30,), generator=torch.Generator().manual_seed(2))
+    ref = _hf_logits(hf, ids)
+    cache = nm.new_cache(40)
+    out = [nm(ids[:1], cache)] + [nm(ids[i : i + 1], cache) for i in range(1, 30)]
+    torch.testing.assert_close(nm.head(torch.cat(out)), ref, atol=2e-5, rtol=1e-4)
+
+
+@torch.no_grad()
+def test_bf16_matches_transformers_bf16(family):
+    hf, nm = tiny_pair(family, dtype=torch.bfloat16)
+    ids = torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(3))
+    ref = _hf_logits(hf, ids)
+    cache = nm.new_cache(16)
+    got = nm.head(torch.cat([nm(ids[:8], cache), nm(ids[8:9], cache), nm(ids[9:], cache)]))
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, ref, atol=0.05, rtol=0.05)
+
+
+def _tree():
+    # node:    0  1  2  3  4  5
+    # parent: -1  0  0  1  1  2     (node 0 is the root, attached to the prefix)
+    parents = [-1, 0, 0, 1, 1, 2]
+    depth = [0, 1, 1, 2, 2, 2]
+    n = len(parents)
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            mask[i, j] = True
+            j = parents[j]
+    return parents, depth, mask
+
+
+def _path(parents, node):
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
+
+
+@torch.no_grad()
+def test_tree_forward_equals_each_path_run_sequentially(family):
+    _, nm = tiny_pair(family)
+    g = torch.Generator().manual_seed(4)
+    prefix = torch.randint(0, VOCAB, (9,), generator=g)  # > sliding window: tree nodes must respect it
+    tree_ids = torch.randint(0, VOCAB, (6,), generator=g)
+    parents, depth, mask = _tree()
+    cache = nm.new_cache(32)
+    nm(prefix, cache)
+    positions = torch.tensor(depth) + len(prefix)
+    h_tree = nm(tree_ids, cache, positions=positions, mask=mask)
+    tree_logits = nm.head(h_tree)
+    for node in range(6):
+        ref_cache = nm.new_cache(32)
+        seq = torch.cat([prefix, tree_ids[_path(parents, node)]])
+        ref = nm.head(nm(seq, ref_cache)[-1])
+        torch.testing.assert_close(tree_logits[node], ref, atol=2e-5, rtol=1e-4)
+
+
+@torch.no_grad()
+def test_full_4d_mask_equals_tree_mask(family):
+    _, nm = tiny_pair(family)
+    g = torch.Generator().manual_seed(5)
+    prefix = torch.randint(0, VOCAB, (7,), generator=g)
+    tree_ids = torch.randint(0, VOCAB, (6,), generator=g)
+    _, depth, mask = _tree()
+    positions = torch.tensor(depth) + 7
+    a, b = nm.new_cache(16), nm.new_cache(16)
+    nm(prefix, a)
+    nm(prefix, b)
+    full = torch.ones(6, 13, dtype=torch.bool)
+    full[:, 7:] = mask
+    ha = nm(tree_ids, a, positions=positions, mask=mask)
+    hb = nm(tree_ids, b, positions=positions, mask=full[None, None])
+    torch.testing.assert_close(ha, hb)
+
+
+@torch.no_grad()
+def test_kv_compaction_to_accepted_path_then_continue(family):
+    """Keep prefix + one root-to-leaf path of a verified tree, then decode on: logits equal a plain run."""
+    _, nm = tiny_pair(family)
+    g = torch.Generator().manual_seed(6)
+    prefix = torch.randint(0, VOCAB, (8,), generator=g)
+    tree_ids = torch.randint(0, VOCAB, (6,), generator=g)
+    nxt = torch.randint(0, VOCAB, (3,), generator=g)
+    parents, depth, mask = _tree()
+    cache = nm.new_cache(32)
+    nm(prefix, cache)
+    nm(tree_ids, cache, positions=torch.tensor(depth) + 8, mask=mask)
+    path = _path(parents, 5)  # nodes 0, 2, 5: slots 8, 10, 13
+    cache.keep(list(range(8)) + [8 + p for p in path])
+    assert cache.length == 11
+    assert cache.pos[:11].tolist() == list(range(11))
+    got = nm.head(nm(nxt, cache))
+    ref_cache = nm.new_cache(32)
+    ref = nm.head(nm(torch.cat([prefix, tree_ids[path], nxt]), ref_cache)[-3:])
+    torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)
+
+
+@torch.no_grad()
+def test_keep_truncate_and_capacity():
+    _, nm = tiny_pair("llama")
+    cache = nm.new_cache(10)
+    nm(torch.arange(3, 9), cache)
+    snapshot = cache.kv[:, :, :, :6].clone()
+    cache.keep([0, 1, 2, 3, 4, 5])  # identity: nothing moves
+    torch.testing.assert_close(cache.kv[:, :, :, :6], snapshot)
+    cache.keep([0, 2, 5])
+    torch.testing.assert_close(cache.kv[:, :, :, :3], snapshot[:, :, :, [0, 2, 5]])
+    cache.truncate(1)
+    assert cache.length == 1
+    with pytest.raises(ValueError):
+        cache.keep([0, 1])
+    with pytest.raises(MicrospecError):
+        nm(torch.arange(10), cache)
+
+
+@torch.no_grad()
+def test_head_over_vocab_subset_equals_full_head_columns(family):
+    _, nm = tiny_pair(family)
+    cache = nm.new_cache(8)
+    h = nm(torch.arange(5), cache)
+    ids = torch.tensor([3, 17, 40, 95])
+    torch.testing.assert_close(nm.head(h, ids), nm.head(h)[:, ids])
+
+
+def test_unsupported_architecture_is_a_clear_error():
+    from transformers import GPT2Config
+
+    from microspec.models.native import spec_from_config
+
+    with pytest.raises(MicrospecError, match="unsupported architecture"):
+        spec_from_config(GPT2Config())
