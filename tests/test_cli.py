@@ -125,3 +125,30 @@ def test_real_process_prints_no_traceback():
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("microspec: error: unknown model 'nope': not a built-in name "
                                    "(gemma-3-270m, smollm2-135m-instruct) nor an existing file or directory")
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "early-exit"])
+def test_drafter_json_equals_autoregressive(capsys, tiny_model_dir, drafter):
+    base = ["generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2 w3 w1 w2 w3 w1 w2",
+            "--max-new-tokens", "20", "--ignore-eos", "--dtype", "fp32", "--json"]
+    rc, out, _ = _run(capsys, *base)
+    ar = json.loads(out)
+    rc2, out2, err2 = _run(capsys, *base, "--drafter", drafter, "--draft-layers", "1")
+    assert rc == 0 and rc2 == 0, err2
+    spec = json.loads(out2)
+    assert spec["token_ids"] == ar["token_ids"] and spec["drafter"] == drafter
+    for key in ("accept_per_position", "draft_s", "verify_s", "mean_accept_len", "steps"):
+        assert key in spec["stats"]
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--drafter", "medusa"], "unknown drafter"),
+    (["--drafter", "early-exit", "--draft-layers", "0"], "draft-layers"),
+    (["--drafter", "early-exit", "--draft-layers", "9"], "draft-layers"),
+    (["--drafter", "ngram", "--depth", "0"], "depth"),
+    (["--drafter", "ngram", "--head-mode", "some"], "head-mode"),
+    (["--drafter", "ngram", "--temperature", "0.8"], "sampling"),
+])
+def test_bad_drafter_input(capsys, tiny_model_dir, extra, needle):
+    rc, out, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2", *extra)
+    assert rc == 2 and out == "" and needle in err and len(err.strip().splitlines()) == 1

@@ -79,3 +79,33 @@ def test_cli_json_default_model_equals_transformers_greedy(gemma):
                                               dtype=torch.float32).eval()
     assert obj["token_ids"] == _hf_greedy(hf, encode_prompt(gemma, prompt), N)
     assert obj["model"] == "gemma-3-270m" and obj["stats"]["mean_accept_len"] == 1.0
+
+
+SPEC_PROMPTS = [
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"",
+    "The water cycle has four stages. The first stage is evaporation.",
+    "Question: What is 12 times 7? Answer:",
+]
+
+
+@pytest.fixture(scope="module")
+def gemma_ar(gemma):
+    cfg = GenerationConfig(max_new_tokens=64)
+    return {p: generate_ids(gemma.model, encode_prompt(gemma, p), cfg, gemma.eos_token_ids).token_ids
+            for p in SPEC_PROMPTS}
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "early-exit"])
+def test_gemma_speculative_greedy_identity(gemma, gemma_ar, drafter):
+    from microspec.drafters import make_drafter
+
+    accepted = []
+    for prompt in SPEC_PROMPTS:
+        d = make_drafter(drafter, depth=2 if drafter == "early-exit" else None,
+                         num_layers_target=gemma.model.spec.num_layers)
+        r = generate_ids(gemma.model, encode_prompt(gemma, prompt), GenerationConfig(max_new_tokens=64),
+                         gemma.eos_token_ids, drafter=d)
+        assert r.token_ids == gemma_ar[prompt]
+        accepted.append(r.stats.mean_accept_len)
+    if drafter == "ngram":  # base-model text repeats itself: prompt lookup must find some of it
+        assert max(accepted) > 1.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .decoding.config import GenerationConfig
 from .decoding.loop import GenerationResult, generate_ids
+from .drafters.base import Drafter
 from .errors import check
 from .models.registry import LoadedModel
 
@@ -27,8 +28,9 @@ def encode_prompt(lm: LoadedModel, prompt: str, chat: bool | None = None) -> lis
 
 
 def generate(lm: LoadedModel, prompt: str, cfg: GenerationConfig | None = None, chat: bool | None = None,
-             **overrides) -> GenerationResult:
-    """Generate a continuation of ``prompt`` with ``lm``; keyword overrides build a :class:`GenerationConfig`."""
+             drafter: Drafter | None = None, head_mode: str | None = None, **overrides) -> GenerationResult:
+    """Generate a continuation of ``prompt`` with ``lm`` (speculatively when a ``drafter`` is given); keyword
+    overrides build a :class:`GenerationConfig`."""
     cfg = cfg or GenerationConfig(**overrides)
     ids = encode_prompt(lm, prompt, chat)
     stop_check = None
@@ -39,6 +41,6 @@ def generate(lm: LoadedModel, prompt: str, cfg: GenerationConfig | None = None, 
             tail = lm.tokenizer.decode(tokens[-32:], skip_special_tokens=True)
             return any(s in tail for s in stops)
 
-    result = generate_ids(lm.model, ids, cfg, lm.eos_token_ids, stop_check)
+    result = generate_ids(lm.model, ids, cfg, lm.eos_token_ids, stop_check, drafter=drafter, head_mode=head_mode)
     result.text = lm.tokenizer.decode(result.token_ids, skip_special_tokens=True)
     return result

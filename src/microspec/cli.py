@@ -42,6 +42,12 @@ def _add_generate(sub) -> None:
                       help="apply the chat template (default: when the tokenizer has one)")
     chat.add_argument("--no-chat", dest="chat", action="store_false")
     p.add_argument("--json", action="store_true", help="print one JSON object (text, token_ids, stats)")
+    p.add_argument("--drafter", default="none", help="none (autoregressive), ngram or early-exit")
+    p.add_argument("--draft-layers", type=int, default=None,
+                   help="early-exit: target layers the draft uses (default: a quarter of them)")
+    p.add_argument("--depth", type=int, default=None,
+                   help="draft depth (ngram: tokens proposed, default 10; early-exit: default 4)")
+    p.add_argument("--head-mode", default=None, help="verification head: all, visited or path (default: visited on CPU, path on CUDA)")
     p.set_defaults(func=_cmd_generate)
 
 
@@ -64,20 +70,32 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     )
     if not prompt.strip():
         raise MicrospecError("the prompt is empty")
+    from .decoding.verify import HEAD_MODES
+    from .drafters import make_drafter
+
+    head_mode = args.head_mode
+    if head_mode is not None and head_mode not in HEAD_MODES:
+        raise MicrospecError(f"unknown --head-mode {head_mode!r}; choose from {', '.join(HEAD_MODES)}")
+    if args.depth is not None and args.depth < 1:
+        raise MicrospecError(f"--depth must be >= 1, got {args.depth}")
+    make_drafter(args.drafter, draft_layers=args.draft_layers, depth=args.depth)  # validate before loading
     lm = load_model(args.model, dtype=args.dtype, device=args.device)
-    result = generate(lm, prompt, cfg, chat=args.chat)
+    drafter = make_drafter(args.drafter, draft_layers=args.draft_layers, depth=args.depth,
+                           num_layers_target=lm.model.spec.num_layers)
+    result = generate(lm, prompt, cfg, chat=args.chat, drafter=drafter, head_mode=head_mode)
     stats = result.stats.to_dict()
     if args.json:
         print(json.dumps({
             "text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
-            "model": lm.name, "dtype": args.dtype, "device": args.device, "drafter": "none", "stats": stats,
+            "model": lm.name, "dtype": args.dtype, "device": args.device, "drafter": args.drafter, "stats": stats,
         }))
     else:
         print(result.text)
         print(f"[microspec] {lm.name} {args.dtype} {args.device} | {stats['new_tokens']} tokens in "
               f"{stats['wall_s']:.2f} s = {stats['tokens_per_s']:.2f} tok/s (prefill {stats['prefill_s']:.2f} s, "
               f"decode {stats['decode_tokens_per_s']:.2f} tok/s) | steps {stats['steps']} | "
-              f"mean accept len {stats['mean_accept_len']:.2f} | finish {result.finish_reason}", file=sys.stderr)
+              f"mean accept len {stats['mean_accept_len']:.2f} | drafter {args.drafter} | "
+              f"finish {result.finish_reason}", file=sys.stderr)
     return 0
 
 

@@ -1,8 +1,8 @@
 """The generation loop.
 
-Autoregressive decoding runs here on the same hot path every speculative method will use: one target forward over
-the new tokens with an explicit cache, the LM head as its own step on the rows that need it, logits processors with
-HF semantics, and a single host read of the chosen token per step (needed anyway to test for EOS).
+Speculative and autoregressive decoding share it: one target forward over the root and the draft tree with an
+explicit cache, the LM head as its own step on the rows the verifier needs, logits processors with HF semantics,
+and host reads only of the chosen tokens (needed anyway to walk the tree and test for EOS).
 """
 
 from __future__ import annotations
@@ -15,8 +15,13 @@ import torch
 from ..errors import MicrospecError, check
 from ..models.native import NativeCausalLM
 from .config import GenerationConfig
+from ..drafters.base import DraftContext, Drafter
 from .processors import LogitsPipeline
 from .stats import GenerationStats, Stopwatch
+from .tree import DraftTree
+from .verify import HEAD_MODES, LazyHead, default_head_mode, greedy_walk
+
+CACHE_MARGIN = 256  # cache slots beyond prompt + max_new_tokens, for the tree nodes of one verify pass
 
 
 @dataclass
@@ -45,46 +50,87 @@ def generate_ids(
     cfg: GenerationConfig,
     eos_token_ids: Sequence[int] = (),
     stop_check: Callable[[list[int]], bool] | None = None,
+    drafter: Drafter | None = None,
+    head_mode: str | None = None,
 ) -> GenerationResult:
     """Generate after ``prompt_ids``; stop at an EOS / stop token, at ``stop_check(tokens)`` or after exactly
-    ``cfg.max_new_tokens`` tokens."""
+    ``cfg.max_new_tokens`` tokens.
+
+    Each step: the drafter proposes a tree below the root (the last committed token, not yet seen by the target);
+    the target runs root + tree in one forward pass; the verifier walks the tree with the target's own choices; the
+    cache keeps the root and the accepted nodes; the bonus token becomes the next root.  Without a drafter the tree
+    is empty and this is plain autoregressive decoding on the same path.
+    """
     if not isinstance(model, NativeCausalLM):
         raise MicrospecError("generate_ids needs a NativeCausalLM (use microspec.load_model)")
     check_prompt(model, prompt_ids, cfg)
+    if drafter is not None and not cfg.greedy:
+        raise MicrospecError("sampling with a drafter is not implemented yet; use --temperature 0 or --drafter none")
+    head_mode = head_mode or default_head_mode(model.device)
+    check(head_mode in HEAD_MODES, f"unknown head mode {head_mode!r}; choose from {', '.join(HEAD_MODES)}")
     device = model.device
     stops = set(cfg.stop_token_ids) | (set() if cfg.ignore_eos else {int(t) for t in eos_token_ids})
     pipe = LogitsPipeline(cfg, model.spec.vocab_size, device)
-    pipe.commit(list(prompt_ids))
+    tokens = list(prompt_ids)
+    pipe.commit(tokens)
     stats = GenerationStats(prompt_tokens=len(prompt_ids))
-    cache = model.new_cache(len(prompt_ids) + cfg.max_new_tokens)
+    cache = model.new_cache(len(prompt_ids) + cfg.max_new_tokens + CACHE_MARGIN)
     out: list[int] = []
-    finish = "length"
+    finish = None
+
+    def emit(new: list[int]) -> str | None:
+        """Commit ``new`` tokens one by one; the reason to stop, if any (later tokens are dropped)."""
+        for t in new:
+            out.append(t)
+            tokens.append(t)
+            pipe.commit((t,))
+            if t in stops:
+                return "eos"
+            if len(out) >= cfg.max_new_tokens:
+                return "length"
+            if stop_check is not None and stop_check(out):
+                return "stop"
+        return None
 
     clock = Stopwatch(device)
-    hidden = model(torch.as_tensor(list(prompt_ids), dtype=torch.long, device=device), cache)
+    hidden = model(torch.as_tensor(tokens, dtype=torch.long, device=device), cache)
+    if drafter is not None:
+        drafter.prefill(model, tokens, hidden)
     logits = model.head(hidden[-1:])
-    first = True
-    while True:
-        if pipe.active:
-            pipe.process(logits)
-        token = pipe.choose(logits)  # [1]
-        t = int(token)
-        if first:
-            stats.prefill_s = clock.elapsed()
-            first = False
+    if pipe.active:
+        pipe.process(logits)
+    finish = emit([int(pipe.choose(logits))])
+    stats.prefill_s = clock.elapsed()
+    while finish is None:
+        t0 = clock.elapsed()
+        tree = DraftTree()
+        if drafter is not None:
+            left = cfg.max_new_tokens - len(out) - 1  # the bonus token always comes on top of accepted drafts
+            tree = drafter.propose(DraftContext(tokens, model, cache, left)).truncated(left)
+            room = cache.capacity - cache.length - 1
+            if len(tree) > room:
+                tree = DraftTree(tree.tokens[:room], tree.parents[:room])
+        t1 = clock.elapsed()
+        start = cache.length
+        if len(tree):
+            ids, positions, mask = tree.verify_inputs(tokens[-1], start, device)
+            hidden = model(ids, cache, positions=positions, mask=mask)
+            walk = greedy_walk(tree, LazyHead(model.head, hidden, tree, head_mode), pipe)
+            cache.keep(list(range(start + 1)) + [start + 1 + i for i in walk.accepted])
+            new = walk.tokens
         else:
-            stats.accept_lengths.append(1)
-        out.append(t)
-        pipe.commit((t,))
-        if t in stops:
-            finish = "eos"
-            break
-        if len(out) >= cfg.max_new_tokens:
-            break
-        if stop_check is not None and stop_check(out):
-            finish = "stop"
-            break
-        logits = model.head(model(token, cache))
+            hidden = model(torch.tensor([tokens[-1]], dtype=torch.long, device=device), cache)
+            logits = model.head(hidden)
+            if pipe.active:
+                pipe.process(logits)
+            new = [int(pipe.choose(logits))]
+            walk = None
+        stats.record_step(len(new), len(tree), max(tree.depths(), default=0), t1 - t0, clock.elapsed() - t1,
+                          walk.head_rows if walk is not None else 1)
+        if drafter is not None:
+            rows = [0] + [1 + i for i in walk.accepted] if walk is not None else [0]
+            drafter.commit(new, hidden[rows])
+        finish = emit(new)
     stats.wall_s = clock.elapsed()
     stats.new_tokens = len(out)
     return GenerationResult(out, finish, stats)

@@ -28,6 +28,29 @@ class GenerationStats:
     wall_s: float = 0.0
     prefill_s: float = 0.0
     accept_lengths: list[int] = field(default_factory=list)
+    draft_sizes: list[int] = field(default_factory=list)  # nodes proposed at each step
+    draft_depths: list[int] = field(default_factory=list)  # depth of the tree proposed at each step
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    head_rows: int = 0  # full-vocabulary head rows computed by verification
+
+    def record_step(self, committed: int, drafted: int, depth: int, draft_s: float, verify_s: float,
+                    head_rows: int) -> None:
+        self.accept_lengths.append(committed)
+        self.draft_sizes.append(drafted)
+        self.draft_depths.append(depth)
+        self.draft_s += draft_s
+        self.verify_s += verify_s
+        self.head_rows += head_rows
+
+    @property
+    def accept_per_position(self) -> list[float]:
+        """For k = 1..deepest draft: the share of steps whose tree reached depth k that accepted >= k tokens."""
+        out = []
+        for k in range(1, max(self.draft_depths, default=0) + 1):
+            steps = [a - 1 for a, d in zip(self.accept_lengths, self.draft_depths) if d >= k]
+            out.append(round(sum(a >= k for a in steps) / len(steps), 4))
+        return out
 
     @property
     def steps(self) -> int:
@@ -56,6 +79,10 @@ class GenerationStats:
             "decode_tokens_per_s": round(self.decode_tokens_per_s, 3),
             "steps": self.steps,
             "mean_accept_len": round(self.mean_accept_len, 4),
+            "accept_per_position": self.accept_per_position,
+            "draft_s": round(self.draft_s, 6),
+            "verify_s": round(self.verify_s, 6),
+            "head_rows": self.head_rows,
         }
 
 

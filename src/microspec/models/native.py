@@ -363,6 +363,7 @@ class NativeCausalLM(nn.Module):
         cache: KVCache,
         positions: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
+        num_layers: int | None = None,
     ) -> torch.Tensor:
         """Run the new tokens ``input_ids`` [T] through the model, appending their keys/values to ``cache``.
 
@@ -371,6 +372,8 @@ class NativeCausalLM(nn.Module):
             tokens with the whole cached prefix visible (a token tree); or [T, S] / [1, 1, T, S] over all
             S = cache.length + T slots.  Sliding-window layers additionally hide keys ``window`` or more positions
             behind the query.
+        num_layers: run only the first ``num_layers`` layers (early-exit drafting); the final norm still applies,
+            and only those layers' cache entries are written.
         Returns the final-normed hidden states [T, d].
         """
         spec = self.spec
@@ -386,7 +389,8 @@ class NativeCausalLM(nn.Module):
         nh, nkv, hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
         gqa = nh != nkv
         x = self.embed(input_ids)
-        for i, layer in enumerate(self.model.layers):
+        layers = self.model.layers if num_layers is None else self.model.layers[:num_layers]
+        for i, layer in enumerate(layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
             q = attn.q_proj(h).view(t, nh, hd).transpose(0, 1)

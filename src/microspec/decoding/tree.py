@@ -1,0 +1,84 @@
+"""Token trees: what a drafter proposes and what the target verifies in one forward pass.
+
+A tree hangs below the *root*, the last committed token that the target has not yet seen (the previous step's bonus
+token).  Node ``i`` has token ``tokens[i]`` and parent ``parents[i]`` (-1 = the root); parents come before children,
+and siblings are ordered most probable first.  A chain is a tree whose node ``i`` has parent ``i - 1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class DraftTree:
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    # Draft distribution each node's token was drawn from (the distribution at its parent), [N, V] over the full
+    # vocabulary, for sampling verification; None when the drafter has no probabilities (n-gram lookup).
+    q: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.tokens) != len(self.parents):
+            raise ValueError("tokens and parents differ in length")
+        for i, p in enumerate(self.parents):
+            if not -1 <= p < i:
+                raise ValueError(f"node {i} has parent {p}: parents must come before children")
+
+    @classmethod
+    def chain(cls, tokens: list[int], q: torch.Tensor | None = None) -> "DraftTree":
+        return cls(list(tokens), list(range(-1, len(tokens) - 1)), q)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def depths(self) -> list[int]:
+        """Depth of each node, the root's children having depth 1."""
+        d: list[int] = []
+        for p in self.parents:
+            d.append(1 if p < 0 else d[p] + 1)
+        return d
+
+    def children(self) -> list[list[int]]:
+        """Children of each row of the verify pass: row 0 is the root, row i + 1 is node i."""
+        ch: list[list[int]] = [[] for _ in range(len(self) + 1)]
+        for i, p in enumerate(self.parents):
+            ch[p + 1].append(i)
+        return ch
+
+    def path(self, node: int) -> list[int]:
+        """Nodes from the root's child down to ``node``."""
+        out = []
+        while node >= 0:
+            out.append(node)
+            node = self.parents[node]
+        return out[::-1]
+
+    def truncated(self, max_depth: int) -> "DraftTree":
+        """The nodes of depth <= max_depth (they form a prefix-closed set, so indices are re-mapped in order)."""
+        if max_depth <= 0:
+            return DraftTree()
+        keep = [i for i, d in enumerate(self.depths()) if d <= max_depth]
+        if len(keep) == len(self):
+            return self
+        remap = {old: new for new, old in enumerate(keep)}
+        q = self.q[keep] if self.q is not None else None
+        return DraftTree([self.tokens[i] for i in keep], [remap.get(self.parents[i], -1) for i in keep], q)
+
+    def verify_inputs(self, root: int, start: int, device: torch.device):
+        """(ids [N+1], positions [N+1], mask [N+1, N+1]) of the verify pass: root then nodes, each row seeing its
+        ancestors and itself; the root sits at position ``start`` (the cache length)."""
+        n = len(self) + 1
+        ids = torch.tensor([root] + self.tokens, dtype=torch.long, device=device)
+        depth = [0] + self.depths()
+        positions = torch.tensor(depth, dtype=torch.long, device=device) + start
+        mask = torch.zeros(n, n, dtype=torch.bool)
+        mask[:, 0] = True
+        for i, p in enumerate(self.parents):
+            row = i + 1
+            mask[row] = mask[p + 1]
+            mask[row, row] = True
+        mask[0, 0] = True
+        return ids, positions, mask.to(device)

@@ -1,0 +1,43 @@
+"""The drafter interface: propose a token tree below the root; hear what was committed."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from ..decoding.tree import DraftTree
+from ..models.kv_cache import KVCache
+from ..models.native import NativeCausalLM
+
+
+@dataclass
+class DraftContext:
+    """What a drafter may look at when proposing.
+
+    tokens: the whole committed sequence, prompt included; its last token is the root (not yet in the target cache).
+    cache: the target's KV cache holding ``tokens[:-1]``; a drafter may append to it while drafting but must leave
+        it at its length (``cache.truncate``) before returning.
+    max_depth: deepest node the loop can still use (tokens left to generate minus the bonus).
+    """
+
+    tokens: list[int]
+    target: NativeCausalLM
+    cache: KVCache
+    max_depth: int
+
+
+class Drafter(ABC):
+    name = "drafter"
+
+    def prefill(self, target: NativeCausalLM, prompt_ids: list[int], hidden: torch.Tensor) -> None:
+        """Called once after the target's prefill with its final hidden states of the prompt."""
+
+    @abstractmethod
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        """A token tree to verify below ``ctx.tokens[-1]`` (may be empty)."""
+
+    def commit(self, accepted_tokens: list[int], hidden: torch.Tensor) -> None:
+        """Called after each verification with the committed tokens and the target's hidden states of the root and
+        the accepted nodes (the features an EAGLE head needs)."""

@@ -1,0 +1,35 @@
+"""Prompt-lookup decoding: the continuation that followed the most recent earlier occurrence of the last n tokens."""
+
+from __future__ import annotations
+
+import torch
+
+from ..decoding.tree import DraftTree
+from ..errors import check
+from .base import DraftContext, Drafter
+
+
+class NGramDrafter(Drafter):
+    """Match the last ``max_ngram`` .. ``min_ngram`` tokens of prompt + output against earlier text and propose up
+    to ``num_tokens`` tokens that followed the most recent match (a chain)."""
+
+    name = "ngram"
+
+    def __init__(self, num_tokens: int = 10, max_ngram: int = 3, min_ngram: int = 1):
+        check(num_tokens >= 1, f"ngram draft length must be >= 1, got {num_tokens}")
+        check(1 <= min_ngram <= max_ngram, f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.num_tokens, self.max_ngram, self.min_ngram = num_tokens, max_ngram, min_ngram
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        seq = torch.tensor(ctx.tokens, dtype=torch.long)
+        limit = min(self.num_tokens, ctx.max_depth)
+        if limit <= 0:
+            return DraftTree()
+        for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
+            windows = seq[:-1].unfold(0, n, 1)  # every earlier n-gram (not the final one itself)
+            hits = (windows == seq[-n:]).all(dim=1).nonzero().flatten()
+            for start in reversed(hits.tolist()):  # most recent first
+                follow = seq[start + n : start + n + limit]
+                if follow.numel():
+                    return DraftTree.chain(follow.tolist())
+        return DraftTree()

@@ -1,0 +1,161 @@
+"""The speculative loop: token trees, greedy verification, head modes, drafters; output always equals AR."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from conftest import VOCAB, tiny_pair
+from microspec.decoding import GenerationConfig, generate_ids
+from microspec.decoding.tree import DraftTree
+from microspec.decoding.verify import HEAD_MODES
+from microspec.drafters import EarlyExitDrafter, NGramDrafter
+from microspec.drafters.base import DraftContext, Drafter
+from microspec.errors import MicrospecError
+
+PROMPT = [1, 10, 20, 30, 11, 21, 31, 12, 10, 20, 30]
+
+
+class OracleTreeDrafter(Drafter):
+    """Knows the AR continuation; proposes a random tree that contains a random-length prefix of it among wrong
+    siblings and wrong subtrees, so every branch of the walk gets exercised."""
+
+    name = "oracle"
+
+    def __init__(self, truth: list[int], prompt_len: int, seed: int):
+        self.truth, self.prompt_len, self.rng = truth, prompt_len, random.Random(seed)
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        done = len(ctx.tokens) - self.prompt_len
+        right = self.truth[done : done + self.rng.randrange(0, 6)]
+        tokens, parents, parent = [], [], -1
+        for tok in right:
+            for _ in range(self.rng.randrange(0, 3)):  # wrong siblings, before or after the right one
+                wrong = (tok + self.rng.randrange(1, VOCAB)) % VOCAB
+                tokens.append(wrong)
+                parents.append(parent)
+                if self.rng.random() < 0.5:  # and a wrong subtree below it
+                    tokens.append(self.rng.randrange(VOCAB))
+                    parents.append(len(tokens) - 2)
+            tokens.append(tok)
+            parents.append(parent)
+            parent = len(tokens) - 1
+        return DraftTree(tokens, parents)
+
+
+def _ar(nm, n, **kw):
+    return generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=n, **kw)).token_ids
+
+
+def test_tree_structure():
+    t = DraftTree([5, 6, 7, 8], [-1, -1, 0, 2])
+    assert t.depths() == [1, 1, 2, 3]
+    assert t.children() == [[0, 1], [2], [], [3], []]
+    assert t.path(3) == [0, 2, 3]
+    ids, pos, mask = t.verify_inputs(root=9, start=10, device=torch.device("cpu"))
+    assert ids.tolist() == [9, 5, 6, 7, 8] and pos.tolist() == [10, 11, 11, 12, 13]
+    assert mask.int().tolist() == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0],
+                                   [1, 1, 0, 1, 1]]
+    assert t.truncated(2).tokens == [5, 6, 7] and t.truncated(0).tokens == []
+    with pytest.raises(ValueError):
+        DraftTree([1, 2], [1, -1])
+
+
+@pytest.mark.parametrize("head_mode", HEAD_MODES)
+@pytest.mark.parametrize("processors", [{}, {"repetition_penalty": 1.3, "no_repeat_ngram_size": 3}])
+def test_oracle_tree_greedy_identity(family, head_mode, processors):
+    _, nm = tiny_pair(family)
+    n = 30
+    truth = _ar(nm, n, ignore_eos=True, **processors)
+    for seed in range(3):
+        drafter = OracleTreeDrafter(truth, len(PROMPT), seed)
+        r = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=n, ignore_eos=True, **processors),
+                         drafter=drafter, head_mode=head_mode)
+        assert r.token_ids == truth
+        assert r.stats.new_tokens == n
+        assert r.stats.mean_accept_len > 1.0
+
+
+def test_head_modes_compute_fewer_rows_than_all():
+    _, nm = tiny_pair("llama")
+    truth = _ar(nm, 30, ignore_eos=True)
+    rows = {}
+    for mode in HEAD_MODES:
+        r = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=30, ignore_eos=True),
+                         drafter=OracleTreeDrafter(truth, len(PROMPT), 0), head_mode=mode)
+        assert r.token_ids == truth
+        rows[mode] = r.stats.head_rows
+    assert rows["visited"] <= rows["all"] and rows["path"] <= rows["all"]
+    assert rows["visited"] < rows["all"]
+
+
+def test_eos_inside_tree_and_exact_max_new_tokens():
+    _, nm = tiny_pair("gemma3")
+    truth = _ar(nm, 24, ignore_eos=True)
+    eos = truth[9]
+    ref = _ar(nm, 24, stop_token_ids=(eos,))
+    assert ref[-1] == eos and len(ref) <= 10
+    for seed in range(4):
+        r = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=24, stop_token_ids=(eos,)),
+                         drafter=OracleTreeDrafter(truth, len(PROMPT), seed))
+        assert r.token_ids == ref and r.finish_reason == "eos"
+    for n in (1, 2, 5, 13):
+        r = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=n, ignore_eos=True),
+                         drafter=OracleTreeDrafter(truth, len(PROMPT), n))
+        assert r.token_ids == truth[:n]
+
+
+@pytest.mark.parametrize("make", [lambda: NGramDrafter(num_tokens=5), lambda: NGramDrafter(num_tokens=10),
+                                  lambda: EarlyExitDrafter(1, depth=3), lambda: EarlyExitDrafter(1, depth=6)])
+@pytest.mark.parametrize("processors", [{}, {"repetition_penalty": 1.2}])
+def test_real_drafters_greedy_identity(family, make, processors):
+    _, nm = tiny_pair(family)
+    ref = _ar(nm, 40, ignore_eos=True, **processors)
+    r = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=40, ignore_eos=True, **processors),
+                     drafter=make())
+    assert r.token_ids == ref
+
+
+def test_ngram_proposes_what_followed_the_latest_match():
+    d = NGramDrafter(num_tokens=3)
+    ctx = DraftContext([5, 1, 2, 3, 9, 1, 2, 4, 8, 7, 1, 2], None, None, max_depth=10)
+    assert d.propose(ctx).tokens == [4, 8, 7]  # "1 2" last seen before "4 8 7"
+    assert d.propose(DraftContext([1, 2, 3], None, None, 10)).tokens == []
+    assert d.propose(DraftContext([1, 2, 1], None, None, 10)).tokens == [2, 1]
+    assert d.propose(DraftContext([1, 2, 1], None, None, 1)).tokens == [2]
+
+
+def test_early_exit_leaves_the_cache_as_it_found_it():
+    _, nm = tiny_pair("qwen3")
+    cache = nm.new_cache(32)
+    nm(torch.tensor(PROMPT[:-1]), cache)
+    before = cache.kv[:, :, :, : cache.length].clone()
+    tree = EarlyExitDrafter(1, depth=4).propose(DraftContext(PROMPT, nm, cache, 10))
+    assert len(tree) == 4 and tree.parents == [-1, 0, 1, 2]
+    assert cache.length == len(PROMPT) - 1
+    torch.testing.assert_close(cache.kv[:, :, :, : cache.length], before)
+
+
+def test_bad_drafter_settings():
+    with pytest.raises(MicrospecError):
+        EarlyExitDrafter(0)
+    with pytest.raises(MicrospecError):
+        NGramDrafter(num_tokens=0)
+    _, nm = tiny_pair("llama")  # 2 layers: an early exit must use fewer
+    with pytest.raises(MicrospecError, match="draft-layers"):
+        generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=4), drafter=EarlyExitDrafter(2))
+    with pytest.raises(MicrospecError, match="sampling"):
+        generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=4, temperature=1.0), drafter=NGramDrafter())
+
+
+def test_accept_per_position_arithmetic():
+    from microspec.decoding.stats import GenerationStats
+
+    s = GenerationStats()
+    for committed, depth in [(3, 4), (1, 4), (5, 4), (1, 0), (2, 2)]:
+        s.record_step(committed, depth, depth, 0.0, 0.0, 1)
+    # depth>=1: 4 steps, accepted (2,0,4,1) -> >=1: 3/4; >=2: 2/4; depth>=3: 3 steps (2,0,4) -> >=3: 1/3; >=4: 1/3
+    assert s.accept_per_position == [0.75, 0.5, round(1 / 3, 4), round(1 / 3, 4)]
+    assert s.mean_accept_len == 12 / 5
