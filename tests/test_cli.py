@@ -147,7 +147,6 @@ def test_drafter_json_equals_autoregressive(capsys, tiny_model_dir, drafter):
     (["--drafter", "early-exit", "--draft-layers", "9"], "draft-layers"),
     (["--drafter", "ngram", "--depth", "0"], "depth"),
     (["--drafter", "ngram", "--head-mode", "some"], "head-mode"),
-    (["--drafter", "ngram", "--temperature", "0.8"], "sampling"),
 ])
 def test_bad_drafter_input(capsys, tiny_model_dir, extra, needle):
     rc, out, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2", *extra)

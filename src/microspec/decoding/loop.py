@@ -19,7 +19,7 @@ from ..drafters.base import DraftContext, Drafter
 from .processors import LogitsPipeline
 from .stats import GenerationStats, Stopwatch
 from .tree import DraftTree
-from .verify import HEAD_MODES, LazyHead, default_head_mode, greedy_walk
+from .verify import HEAD_MODES, LazyHead, default_head_mode, greedy_walk, sample_walk
 
 CACHE_MARGIN = 256  # cache slots beyond prompt + max_new_tokens, for the tree nodes of one verify pass
 
@@ -64,8 +64,6 @@ def generate_ids(
     if not isinstance(model, NativeCausalLM):
         raise MicrospecError("generate_ids needs a NativeCausalLM (use microspec.load_model)")
     check_prompt(model, prompt_ids, cfg)
-    if drafter is not None and not cfg.greedy:
-        raise MicrospecError("sampling with a drafter is not implemented yet; use --temperature 0 or --drafter none")
     head_mode = head_mode or default_head_mode(model.device)
     check(head_mode in HEAD_MODES, f"unknown head mode {head_mode!r}; choose from {', '.join(HEAD_MODES)}")
     device = model.device
@@ -77,6 +75,7 @@ def generate_ids(
     cache = model.new_cache(len(prompt_ids) + cfg.max_new_tokens + CACHE_MARGIN)
     out: list[int] = []
     finish = None
+    walker = greedy_walk if cfg.greedy else sample_walk
 
     def emit(new: list[int]) -> str | None:
         """Commit ``new`` tokens one by one; the reason to stop, if any (later tokens are dropped)."""
@@ -106,16 +105,14 @@ def generate_ids(
         tree = DraftTree()
         if drafter is not None:
             left = cfg.max_new_tokens - len(out) - 1  # the bonus token always comes on top of accepted drafts
-            tree = drafter.propose(DraftContext(tokens, model, cache, left)).truncated(left)
-            room = cache.capacity - cache.length - 1
-            if len(tree) > room:
-                tree = DraftTree(tree.tokens[:room], tree.parents[:room])
+            tree = drafter.propose(DraftContext(tokens, model, cache, left, pipe)).truncated(left)
+            tree = tree.first(cache.capacity - cache.length - 1)
         t1 = clock.elapsed()
         start = cache.length
         if len(tree):
             ids, positions, mask = tree.verify_inputs(tokens[-1], start, device)
             hidden = model(ids, cache, positions=positions, mask=mask)
-            walk = greedy_walk(tree, LazyHead(model.head, hidden, tree, head_mode), pipe)
+            walk = walker(tree, LazyHead(model.head, hidden, tree, head_mode), pipe)
             cache.keep(list(range(start + 1)) + [start + 1 + i for i in walk.accepted])
             new = walk.tokens
         else:

@@ -12,24 +12,47 @@ from dataclasses import dataclass, field
 import torch
 
 
+SCHEMES = ("deterministic", "iid", "without-replacement")
+
+
 @dataclass
 class DraftTree:
+    """How the siblings below one parent were chosen decides how sampling verification must treat them:
+
+    - ``deterministic``: picked without randomness (n-gram lookup, top-k of a draft distribution); no ``q`` needed;
+    - ``iid``: each sibling drawn independently from the parent's draft distribution ``q`` (a sampled chain is this
+      with one child per node);
+    - ``without-replacement``: siblings drawn one after another from ``q`` with earlier draws removed.
+    """
+
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
-    # Draft distribution each node's token was drawn from (the distribution at its parent), [N, V] over the full
-    # vocabulary, for sampling verification; None when the drafter has no probabilities (n-gram lookup).
+    # The draft distribution each node's token was drawn from (that of its parent), [N, V] over the full vocabulary;
+    # needed for the iid and without-replacement schemes.
     q: torch.Tensor | None = None
+    scheme: str = "deterministic"
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.parents):
             raise ValueError("tokens and parents differ in length")
+        if self.scheme not in SCHEMES:
+            raise ValueError(f"unknown sampling scheme {self.scheme!r}")
+        if self.scheme != "deterministic" and self.tokens and (self.q is None or self.q.shape[0] != len(self)):
+            raise ValueError(f"scheme {self.scheme!r} needs q with one row per node")
         for i, p in enumerate(self.parents):
             if not -1 <= p < i:
                 raise ValueError(f"node {i} has parent {p}: parents must come before children")
 
     @classmethod
     def chain(cls, tokens: list[int], q: torch.Tensor | None = None) -> "DraftTree":
-        return cls(list(tokens), list(range(-1, len(tokens) - 1)), q)
+        """A chain; with ``q`` its tokens were sampled from q (scheme iid), else chosen deterministically."""
+        return cls(list(tokens), list(range(-1, len(tokens) - 1)), q, "iid" if q is not None else "deterministic")
+
+    def first(self, n: int) -> "DraftTree":
+        """The first ``n`` nodes (a prefix-closed subtree, since parents come before children)."""
+        if n >= len(self):
+            return self
+        return DraftTree(self.tokens[:n], self.parents[:n], self.q[:n] if self.q is not None else None, self.scheme)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -65,7 +88,8 @@ class DraftTree:
             return self
         remap = {old: new for new, old in enumerate(keep)}
         q = self.q[keep] if self.q is not None else None
-        return DraftTree([self.tokens[i] for i in keep], [remap.get(self.parents[i], -1) for i in keep], q)
+        return DraftTree([self.tokens[i] for i in keep], [remap.get(self.parents[i], -1) for i in keep], q,
+                         self.scheme)
 
     def verify_inputs(self, root: int, start: int, device: torch.device):
         """(ids [N+1], positions [N+1], mask [N+1, N+1]) of the verify pass: root then nodes, each row seeing its

@@ -86,3 +86,57 @@ def greedy_walk(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline) -> W
         accepted.append(child)
         path_tokens.append(target)
         row = child + 1
+
+
+def sample_walk(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline) -> Walk:
+    """Lossless sampling verification (recursive rejection over each sibling set).
+
+    At each visited row the target distribution p (processors with the node's own path, temperature, top-p) meets
+    the row's children in order.  A child x is accepted with probability min(1, p(x) / q(x)); on rejection p becomes
+    the residual norm(max(0, p - q)) and the next sibling is tried.  q is the distribution the siblings were drawn
+    from: the point mass on x for deterministic drafts (so acceptance is p(x) and the residual is p without x);
+    the parent's draft distribution for iid draws; and that distribution with the earlier draws removed and
+    renormalised for draws without replacement.  When every sibling is rejected, the bonus token is drawn from
+    the last residual.  The committed tokens then follow the target's distribution exactly.
+    """
+    children = tree.children()
+    gen = pipe.generator
+    row, path_tokens, accepted = 0, [], []
+    while True:
+        logits = logits_of(row)[None].clone()
+        if pipe.active:
+            logits = pipe.process(logits, [path_tokens])
+        p = pipe.probs(logits)[0]
+        chosen = None
+        q = None
+        for c in children[row]:
+            x = tree.tokens[c]
+            if tree.scheme == "deterministic":
+                accept = p[x]
+            else:
+                if q is None:  # all siblings were drawn from the same parent distribution
+                    q = tree.q[c].to(p.device, torch.float32)
+                accept = torch.clamp(p[x] / q[x], max=1.0) if q[x] > 0 else torch.zeros((), device=p.device)
+            if float(torch.rand((), generator=gen, device=p.device)) < float(accept):
+                chosen = c
+                break
+            if tree.scheme == "deterministic":
+                p = p.clone()
+                p[x] = 0
+            else:
+                p = torch.clamp(p - q, min=0)
+                if tree.scheme == "without-replacement":
+                    q = q.clone()
+                    q[x] = 0
+                    q = q / q.sum() if q.sum() > 0 else q
+            total = p.sum()
+            if total <= 0:  # cannot happen in exact arithmetic; guard against rounding
+                p = pipe.probs(logits)[0]
+                break
+            p = p / total
+        if chosen is None:
+            bonus = int(torch.multinomial(p, 1, generator=gen))
+            return Walk(accepted, path_tokens + [bonus], logits_of.computed)
+        accepted.append(chosen)
+        path_tokens.append(tree.tokens[chosen])
+        row = chosen + 1

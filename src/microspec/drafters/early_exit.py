@@ -37,9 +37,15 @@ class EarlyExitDrafter(Drafter):
             return DraftTree()
         token = torch.tensor([ctx.tokens[-1]], dtype=torch.long, device=cache.device)
         out: list[int] = []
+        qs: list[torch.Tensor] = []
         for _ in range(steps):
-            hidden = model(token, cache, num_layers=self.num_layers)
-            token = model.head(hidden).argmax(dim=-1)
+            logits = model.head(model(token, cache, num_layers=self.num_layers))
+            if ctx.greedy:
+                token = logits.argmax(dim=-1)
+            else:  # sample from the draft's own distribution, warped like the target's; verification needs it
+                q = ctx.pipe.probs(logits)
+                token = torch.multinomial(q, 1, generator=ctx.pipe.generator)[0]
+                qs.append(q[0])
             out.append(int(token))
         cache.truncate(start)
-        return DraftTree.chain(out)
+        return DraftTree.chain(out, torch.stack(qs) if qs else None)

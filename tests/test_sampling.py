@@ -1,0 +1,187 @@
+"""Sampling is lossless: the empirical distribution of generated tokens under speculative decoding matches the
+exact autoregressive distribution, enumerated on a tiny model, for every kind of draft tree."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy.stats import chi2 as chi2_dist
+
+from conftest import VOCAB, tiny_pair
+from microspec.decoding import GenerationConfig, generate_ids
+from microspec.decoding.tree import DraftTree
+from microspec.drafters import EarlyExitDrafter, NGramDrafter
+from microspec.drafters.base import DraftContext, Drafter
+
+PROMPT = [1, 10, 20, 30, 11, 21, 10, 20]
+N = 1000
+SETTINGS = {"temperature": 0.8, "top_p": 0.95, "repetition_penalty": 1.3}
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_pair("llama", seed=3, scale=0.25)  # peaked distributions: drafts get accepted
+
+
+def _warp(hf, seqs: torch.Tensor) -> torch.Tensor:
+    """Exact next-token distributions of a batch of sequences under SETTINGS, with transformers' processors."""
+    from transformers.generation.logits_process import (RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
+                                                        TopPLogitsWarper)
+
+    with torch.no_grad():
+        logits = hf(seqs).logits[:, -1].float()
+    logits = RepetitionPenaltyLogitsProcessor(SETTINGS["repetition_penalty"])(seqs, logits)
+    logits = TemperatureLogitsWarper(SETTINGS["temperature"])(seqs, logits)
+    logits = TopPLogitsWarper(SETTINGS["top_p"])(seqs, logits)
+    return torch.softmax(logits, -1)
+
+
+@pytest.fixture(scope="module")
+def exact(pair):
+    """Marginals of the 2nd and 3rd generated tokens (the 1st comes from the prefill, before any draft)."""
+    hf, _ = pair
+    base = torch.tensor(PROMPT)
+    p1 = _warp(hf, base[None])[0]
+    seqs = torch.cat([base.repeat(VOCAB, 1), torch.arange(VOCAB)[:, None]], 1)
+    p2 = _warp(hf, seqs)  # [t1, t2]
+    m3 = torch.zeros(VOCAB)
+    for a in range(VOCAB):
+        if p1[a] < 1e-9:
+            continue
+        s3 = torch.cat([base.repeat(VOCAB, 1), torch.full((VOCAB, 1), a), torch.arange(VOCAB)[:, None]], 1)
+        m3 += p1[a] * (p2[a][:, None] * _warp(hf, s3)).sum(0)
+    return p1, p1 @ p2, m3
+
+
+class RandomTreeDrafter(Drafter):
+    """Below the root: k children drawn from ``q_root`` (iid, without replacement, or its top-k); below each
+    child, two more drawn the same way from ``q_child``.  The q's have nothing to do with the target."""
+
+    def __init__(self, q_root, q_child, scheme, k=3):
+        self.q_root, self.q_child, self.scheme, self.k = q_root, q_child, scheme, k
+
+    def _draw(self, q, n, gen):
+        if self.scheme == "deterministic":
+            return torch.topk(q, n).indices.tolist()
+        return torch.multinomial(q, n, replacement=self.scheme == "iid", generator=gen).tolist()
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        gen = ctx.pipe.generator
+        tokens, parents, qs = [], [], []
+        for x in self._draw(self.q_root, self.k, gen):
+            tokens.append(x)
+            parents.append(-1)
+            qs.append(self.q_root)
+        if ctx.max_depth >= 2:
+            for parent in range(self.k):
+                for x in self._draw(self.q_child, 2, gen):
+                    tokens.append(x)
+                    parents.append(parent)
+                    qs.append(self.q_child)
+        return DraftTree(tokens, parents, torch.stack(qs), self.scheme)
+
+
+def _check(counts: torch.Tensor, p: torch.Tensor, label: str) -> None:
+    n = counts.sum()
+    expected = p * n
+    keep = expected >= 5
+    obs, exp = counts[keep], expected[keep]
+    rare_obs, rare_exp = counts[~keep].sum(), expected[~keep].sum()
+    assert rare_exp > 0 or rare_obs == 0, f"{label}: {int(rare_obs)} draws of tokens with probability 0"
+    if rare_exp > 0:
+        obs = torch.cat([obs, rare_obs.view(1)])
+        exp = torch.cat([exp, rare_exp.view(1)])
+    chi2 = float(((obs - exp) ** 2 / exp).sum())
+    pval = chi2_dist.sf(chi2, len(obs) - 1)
+    tv = 0.5 * float((counts / n - p).abs().sum())
+    # E|freq - p| ~ sqrt(2 p (1 - p) / (pi n)) per token: bound TV by 1.5x its expected sampling noise + 0.02
+    noise = 0.5 * float((2 * p * (1 - p) / (torch.pi * n)).sqrt().sum())
+    assert pval > 0.01, f"{label}: chi-square p = {pval:.4g} (chi2 {chi2:.1f}, {len(obs) - 1} dof)"
+    assert tv < 1.5 * noise + 0.02, f"{label}: total variation {tv:.3f} (noise level {noise:.3f})"
+
+
+def _qs(exact):
+    p1, m2, _ = exact
+    g = torch.Generator().manual_seed(0)
+    bad = torch.softmax(torch.randn(VOCAB, generator=g) * 2, -1)
+    zero = torch.zeros(VOCAB)
+    zero[torch.argsort(m2)[:6]] = 1 / 6  # all draft mass on the target's least likely tokens
+    return bad, zero
+
+
+def _drafters(exact):
+    bad, zero = _qs(exact)
+    _, m2, m3 = exact
+    good = m2.clone()
+    return {
+        "iid-bad": lambda: RandomTreeDrafter(bad, bad, "iid"),
+        "iid-good": lambda: RandomTreeDrafter(good, m3.clone(), "iid"),
+        "without-replacement": lambda: RandomTreeDrafter(bad, good, "without-replacement"),
+        "deterministic-topk": lambda: RandomTreeDrafter(good, bad, "deterministic"),
+        "zero-mass": lambda: RandomTreeDrafter(zero, zero, "iid", k=2),
+        "early-exit-chain": lambda: EarlyExitDrafter(1, depth=2),
+        "ngram": lambda: NGramDrafter(num_tokens=3),
+    }
+
+
+@pytest.mark.parametrize("name", ["iid-bad", "iid-good", "without-replacement", "deterministic-topk", "zero-mass",
+                                  "early-exit-chain", "ngram"])
+def test_speculative_sampling_matches_exact_distribution(pair, exact, name):
+    _, nm = pair
+    p1, m2, m3 = exact
+    make = _drafters(exact)[name]
+    counts = torch.zeros(3, VOCAB)
+    accepted = 0
+    for seed in range(N):
+        r = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=3, seed=seed, ignore_eos=True, **SETTINGS),
+                         drafter=make())
+        for i, t in enumerate(r.token_ids):
+            counts[i, t] += 1
+        accepted += sum(a - 1 for a in r.stats.accept_lengths)
+    _check(counts[0], p1, f"{name} token 1")
+    _check(counts[1], m2, f"{name} token 2")
+    _check(counts[2], m3, f"{name} token 3")
+    if name in ("iid-good", "deterministic-topk"):
+        assert accepted > N * 0.3  # the test exercises acceptance, not only the bonus path
+
+
+def test_autoregressive_sampling_matches_exact_distribution(pair, exact):
+    _, nm = pair
+    p1, m2, m3 = exact
+    counts = torch.zeros(3, VOCAB)
+    for seed in range(N):
+        r = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=3, seed=seed, ignore_eos=True, **SETTINGS))
+        for i, t in enumerate(r.token_ids):
+            counts[i, t] += 1
+    _check(counts[1], m2, "ar token 2")
+    _check(counts[2], m3, "ar token 3")
+
+
+def test_a_biased_verifier_would_be_caught(pair, exact):
+    """Guard against a test that cannot fail: accepting every draft token unconditionally is detected."""
+    import microspec.decoding.loop as loop
+    from microspec.decoding.verify import Walk
+
+    def accept_all(tree, logits_of, pipe):
+        kids, row, acc = tree.children(), 0, []
+        while kids[row]:
+            acc.append(kids[row][0])
+            row = kids[row][0] + 1
+        return Walk(acc, [tree.tokens[a] for a in acc] + [int(torch.multinomial(pipe.probs(logits_of(row)[None])[0],
+                                                                               1, generator=pipe.generator))], 0)
+
+    _, nm = pair
+    _, m2, _ = exact
+    bad, _ = _qs(exact)
+    original = loop.sample_walk
+    loop.sample_walk = accept_all
+    try:
+        counts = torch.zeros(VOCAB)
+        for seed in range(400):
+            r = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=3, seed=seed, ignore_eos=True, **SETTINGS),
+                             drafter=RandomTreeDrafter(bad, bad, "iid"))
+            counts[r.token_ids[1]] += 1
+    finally:
+        loop.sample_walk = original
+    with pytest.raises(AssertionError):
+        _check(counts, m2, "biased")
