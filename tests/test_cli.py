@@ -127,16 +127,17 @@ def test_real_process_prints_no_traceback():
                                    "(gemma-3-270m, smollm2-135m-instruct) nor an existing file or directory")
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "early-exit"])
+@pytest.mark.parametrize("drafter", ["ngram", "early-exit", "early-exit --top-k 2 --total-tokens 5"])
 def test_drafter_json_equals_autoregressive(capsys, tiny_model_dir, drafter):
     base = ["generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2 w3 w1 w2 w3 w1 w2",
             "--max-new-tokens", "20", "--ignore-eos", "--dtype", "fp32", "--json"]
     rc, out, _ = _run(capsys, *base)
     ar = json.loads(out)
-    rc2, out2, err2 = _run(capsys, *base, "--drafter", drafter, "--draft-layers", "1")
+    layers = ["--draft-layers", "1"] if drafter.startswith("early-exit") else []
+    rc2, out2, err2 = _run(capsys, *base, "--drafter", *drafter.split(), *layers)
     assert rc == 0 and rc2 == 0, err2
     spec = json.loads(out2)
-    assert spec["token_ids"] == ar["token_ids"] and spec["drafter"] == drafter
+    assert spec["token_ids"] == ar["token_ids"] and spec["drafter"] == drafter.split()[0]
     for key in ("accept_per_position", "draft_s", "verify_s", "mean_accept_len", "steps"):
         assert key in spec["stats"]
 
@@ -147,7 +148,46 @@ def test_drafter_json_equals_autoregressive(capsys, tiny_model_dir, drafter):
     (["--drafter", "early-exit", "--draft-layers", "9"], "draft-layers"),
     (["--drafter", "ngram", "--depth", "0"], "depth"),
     (["--drafter", "ngram", "--head-mode", "some"], "head-mode"),
+    (["--drafter", "early-exit", "--top-k", "0"], "top-k"),
+    (["--drafter", "ngram", "--top-k", "3"], "chain"),
+    (["--drafter", "early-exit", "--total-tokens", "8"], "needs --top-k"),
+    (["--drafter", "early-exit", "--top-k", "2", "--total-tokens", "0"], "total-tokens"),
+    (["--drafter", "early-exit", "--top-k", "2", "--depth", "99"], "depth"),
 ])
 def test_bad_drafter_input(capsys, tiny_model_dir, extra, needle):
     rc, out, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2", *extra)
     assert rc == 2 and out == "" and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_model_drafter_via_cli(capsys, tiny_model_dir, tmp_path):
+    from conftest import write_tiny_model_dir
+
+    draft_dir = write_tiny_model_dir(tmp_path / "draft", family="qwen3", seed=5)
+    base = ["generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2 w3", "--max-new-tokens", "16",
+            "--ignore-eos", "--dtype", "fp32", "--json"]
+    _, out, _ = _run(capsys, *base)
+    rc, out2, err = _run(capsys, *base, "--drafter", "model", "--draft", str(draft_dir), "--top-k", "2")
+    assert rc == 0, err
+    assert json.loads(out2)["token_ids"] == json.loads(out)["token_ids"]
+
+
+def test_model_drafter_errors(capsys, tiny_model_dir, tmp_path):
+    from conftest import write_tiny_model_dir
+
+    rc, _, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w1", "--drafter", "model")
+    assert rc == 2 and "--draft" in err
+    rc, _, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w1", "--draft",
+                      str(tiny_model_dir))
+    assert rc == 2 and "--draft" in err
+    # same vocabulary size, another tokenizer
+    other = write_tiny_model_dir(tmp_path / "other", family="llama", seed=6)
+    import json as _json
+
+    tok = _json.loads((other / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    vocab["zz"] = vocab.pop("w5")
+    (other / "tokenizer.json").write_text(_json.dumps(tok))
+    capsys.readouterr()  # drop what saving the model printed
+    rc, _, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w1", "--drafter", "model",
+                      "--draft", str(other))
+    assert rc == 2 and "another tokenizer" in err and len(err.strip().splitlines()) == 1

@@ -95,14 +95,17 @@ def gemma_ar(gemma):
             for p in SPEC_PROMPTS}
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "early-exit"])
+@pytest.mark.parametrize("drafter", ["ngram", "early-exit", "early-exit-tree"])
 def test_gemma_speculative_greedy_identity(gemma, gemma_ar, drafter):
     from microspec.drafters import make_drafter
 
     accepted = []
     for prompt in SPEC_PROMPTS:
-        d = make_drafter(drafter, depth=2 if drafter == "early-exit" else None,
-                         num_layers_target=gemma.model.spec.num_layers)
+        if drafter == "early-exit-tree":
+            d = make_drafter("early-exit", depth=2, top_k=2, total_tokens=3, draft_layers=6)
+        else:
+            d = make_drafter(drafter, depth=2 if drafter == "early-exit" else None,
+                             num_layers_target=gemma.model.spec.num_layers)
         r = generate_ids(gemma.model, encode_prompt(gemma, prompt), GenerationConfig(max_new_tokens=64),
                          gemma.eos_token_ids, drafter=d)
         assert r.token_ids == gemma_ar[prompt]

@@ -120,12 +120,13 @@ def _drafters(exact):
         "deterministic-topk": lambda: RandomTreeDrafter(good, bad, "deterministic"),
         "zero-mass": lambda: RandomTreeDrafter(zero, zero, "iid", k=2),
         "early-exit-chain": lambda: EarlyExitDrafter(1, depth=2),
+        "early-exit-tree": lambda: EarlyExitDrafter(1, depth=2, top_k=3, total_tokens=5),
         "ngram": lambda: NGramDrafter(num_tokens=3),
     }
 
 
 @pytest.mark.parametrize("name", ["iid-bad", "iid-good", "without-replacement", "deterministic-topk", "zero-mass",
-                                  "early-exit-chain", "ngram"])
+                                  "early-exit-chain", "early-exit-tree", "ngram"])
 def test_speculative_sampling_matches_exact_distribution(pair, exact, name):
     _, nm = pair
     p1, m2, m3 = exact

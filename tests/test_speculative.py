@@ -157,3 +157,112 @@ def test_accept_per_position_arithmetic():
     # depth>=1: 4 steps, accepted (2,0,4,1) -> >=1: 3/4; >=2: 2/4; depth>=3: 3 steps (2,0,4) -> >=3: 1/3; >=4: 1/3
     assert s.accept_per_position == [0.75, 0.5, round(1 / 3, 4), round(1 / 3, 4)]
     assert s.mean_accept_len == 12 / 5
+
+
+@pytest.mark.parametrize("top_k,depth,total", [(2, 3, 6), (3, 4, 10), (4, 2, 3)])
+@pytest.mark.parametrize("processors", [{}, {"repetition_penalty": 1.2, "no_repeat_ngram_size": 2}])
+def test_early_exit_tree_greedy_identity(family, top_k, depth, total, processors):
+    _, nm = tiny_pair(family)
+    ref = _ar(nm, 32, ignore_eos=True, **processors)
+    r = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=32, ignore_eos=True, **processors),
+                     drafter=EarlyExitDrafter(1, depth=depth, top_k=top_k, total_tokens=total))
+    assert r.token_ids == ref
+    assert max(r.stats.draft_sizes) <= total
+
+
+def test_dynamic_tree_expands_top_k_and_keeps_the_best_nodes():
+    from microspec.drafters.tree_search import dynamic_tree
+
+    # every node's children: tokens 10*depth+j with log-probs log(0.6), log(0.3), log(0.1)
+    lp = torch.log(torch.tensor([0.6, 0.3, 0.1]))
+    expanded = []
+
+    def expand(frontier, tree):
+        expanded.append(list(frontier))
+        return lp.repeat(len(frontier), 1), torch.tensor([[100 + f * 3 + j for j in range(3)] for f in frontier])
+
+    t = dynamic_tree(lp, torch.tensor([1, 2, 3]), expand, depth=3, top_k=2, total_tokens=5, max_depth=10)
+    assert expanded[0] == [0, 1]  # the two best of the first layer
+    assert len(expanded) == 2 and len(expanded[1]) == 2
+    assert len(t) == 5
+    for i, p in enumerate(t.parents):
+        assert p < i
+    # the five best cumulative probabilities: .6 (token 1), .36 (1->.6), .3 (token 2), .216 (1->.6->.6) and .18,
+    # a tie between 1->.3 and 2->.6 that creation order breaks in favour of 1->.3
+    assert t.tokens[:2] == [1, 2] and t.depths() == [1, 1, 2, 2, 3]
+    assert t.parents == [-1, -1, 0, 0, 2]
+
+
+def test_draft_head_subset_matches_full_head():
+    from microspec.drafters.head import DraftHead
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(VOCAB, 16, generator=g)
+    h = torch.randn(3, 16, generator=g)
+    head = DraftHead(w)
+    full = head.logits(h)
+    ids = torch.tensor([5, 40, 7, 90])
+    head.set_active(ids)
+    torch.testing.assert_close(head.logits(h), full[:, ids])
+    lp, tok = head.topk(h, 2)
+    assert set(tok.flatten().tolist()) <= set(ids.tolist())
+    probs = torch.softmax(head.logits(h), -1)
+    scattered = head.full_distribution(probs)
+    assert scattered.shape == (3, VOCAB)
+    torch.testing.assert_close(scattered[:, ids], probs)
+    assert float(scattered.sum(-1).sub(1).abs().max()) < 1e-5
+
+
+def test_early_exit_tree_restores_the_cache():
+    _, nm = tiny_pair("gemma3")
+    cache = nm.new_cache(64)
+    nm(torch.tensor(PROMPT[:-1]), cache)
+    before = cache.kv[:, :, :, : cache.length].clone()
+    d = EarlyExitDrafter(2, depth=3, top_k=3, total_tokens=7)
+    d.prefill(nm, PROMPT, None)
+    tree = d.propose(DraftContext(PROMPT, nm, cache, 10))
+    assert len(tree) == 7 and cache.length == len(PROMPT) - 1
+    torch.testing.assert_close(cache.kv[:, :, :, : cache.length], before)
+
+
+@pytest.mark.parametrize("top_k", [None, 2])
+@pytest.mark.parametrize("processors", [{}, {"repetition_penalty": 1.2}])
+def test_separate_draft_model_greedy_identity(family, top_k, processors):
+    from microspec.drafters import DraftModelDrafter
+
+    _, nm = tiny_pair(family)
+    _, small = tiny_pair("llama", seed=1)  # another architecture and weights, same vocabulary
+    ref = _ar(nm, 40, ignore_eos=True, **processors)
+    d = DraftModelDrafter(small, depth=3, top_k=top_k, total_tokens=5 if top_k else None)
+    r = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=40, ignore_eos=True, **processors), drafter=d)
+    assert r.token_ids == ref
+
+
+def test_draft_model_that_is_the_target_accepts_everything():
+    from microspec.drafters import DraftModelDrafter
+
+    _, nm = tiny_pair("qwen2")
+    ref = _ar(nm, 30, ignore_eos=True)
+    r = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=30, ignore_eos=True),
+                     drafter=DraftModelDrafter(nm, depth=4))
+    assert r.token_ids == ref
+    assert r.stats.accept_lengths[:-1] == [5] * (len(r.stats.accept_lengths) - 1)  # 4 drafts + bonus every step
+
+
+def test_draft_model_vocabulary_mismatch():
+    from microspec.drafters import DraftModelDrafter
+
+    _, nm = tiny_pair("llama")
+    _, other = tiny_pair("llama", vocab_size=VOCAB + 4)
+    with pytest.raises(MicrospecError, match="vocabulary"):
+        generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=5), drafter=DraftModelDrafter(other))
+
+
+def test_kv_cache_grow_keeps_live_slots():
+    _, nm = tiny_pair("llama")
+    cache = nm.new_cache(8)
+    nm(torch.arange(6), cache)
+    live = cache.kv[:, :, :, :6].clone()
+    cache.grow(20)
+    assert cache.capacity >= 20 and cache.length == 6
+    torch.testing.assert_close(cache.kv[:, :, :, :6], live)

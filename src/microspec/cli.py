@@ -42,11 +42,17 @@ def _add_generate(sub) -> None:
                       help="apply the chat template (default: when the tokenizer has one)")
     chat.add_argument("--no-chat", dest="chat", action="store_false")
     p.add_argument("--json", action="store_true", help="print one JSON object (text, token_ids, stats)")
-    p.add_argument("--drafter", default="none", help="none (autoregressive), ngram or early-exit")
+    p.add_argument("--drafter", default="none", help="none (autoregressive), ngram, early-exit or model")
+    p.add_argument("--draft", default=None,
+                   help="model drafter: the draft model (built-in name, .gguf or HF directory; same tokenizer)")
     p.add_argument("--draft-layers", type=int, default=None,
                    help="early-exit: target layers the draft uses (default: a quarter of them)")
     p.add_argument("--depth", type=int, default=None,
                    help="draft depth (ngram: tokens proposed, default 10; early-exit: default 4)")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="early-exit: build an EAGLE-2 dynamic tree expanding the top-k nodes per level (default: a chain)")
+    p.add_argument("--total-tokens", type=int, default=None,
+                   help="tree drafters: nodes kept after reranking (default depth x top-k)")
     p.add_argument("--head-mode", default=None, help="verification head: all, visited or path (default: visited on CPU, path on CUDA)")
     p.set_defaults(func=_cmd_generate)
 
@@ -78,10 +84,20 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise MicrospecError(f"unknown --head-mode {head_mode!r}; choose from {', '.join(HEAD_MODES)}")
     if args.depth is not None and args.depth < 1:
         raise MicrospecError(f"--depth must be >= 1, got {args.depth}")
-    make_drafter(args.drafter, draft_layers=args.draft_layers, depth=args.depth)  # validate before loading
+    tree_args = dict(draft_layers=args.draft_layers, depth=args.depth, top_k=args.top_k,
+                     total_tokens=args.total_tokens)
+    make_drafter(args.drafter, **tree_args)  # validate before loading the model
+    if (args.drafter == "model") != (args.draft is not None):
+        raise MicrospecError("--draft names the draft model of --drafter model (and only of it)")
     lm = load_model(args.model, dtype=args.dtype, device=args.device)
-    drafter = make_drafter(args.drafter, draft_layers=args.draft_layers, depth=args.depth,
-                           num_layers_target=lm.model.spec.num_layers)
+    draft_model = None
+    if args.draft is not None:
+        draft = load_model(args.draft, dtype=args.dtype, device=args.device)
+        if draft.tokenizer.get_vocab() != lm.tokenizer.get_vocab():
+            raise MicrospecError(f"draft model {draft.name!r} uses another tokenizer than {lm.name!r}")
+        draft_model = draft.model
+    drafter = make_drafter(args.drafter, num_layers_target=lm.model.spec.num_layers, draft_model=draft_model,
+                           **tree_args)
     result = generate(lm, prompt, cfg, chat=args.chat, drafter=drafter, head_mode=head_mode)
     stats = result.stats.to_dict()
     if args.json:

@@ -2,50 +2,43 @@
 
 The draft's keys/values for layers < N are exactly the target's (same weights, same inputs), so the drafter writes
 them into the target's own cache past its end and rolls the cache back afterwards: no second cache, and the verify
-pass overwrites those slots anyway.
+pass overwrites those slots anyway.  Drafts a chain (``top_k=None``) or an EAGLE-2 dynamic tree.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..decoding.tree import DraftTree
 from ..errors import check
-from .base import DraftContext, Drafter
+from .base import DraftContext
+from .head import DraftHead
+from .model_based import ForwardDrafter
 
 
-class EarlyExitDrafter(Drafter):
+class EarlyExitDrafter(ForwardDrafter):
     name = "early-exit"
 
-    def __init__(self, num_layers: int, depth: int = 4):
+    def __init__(self, num_layers: int, depth: int = 4, top_k: int | None = None, total_tokens: int | None = None):
         check(num_layers >= 1, f"--draft-layers must be >= 1, got {num_layers}")
-        check(depth >= 1, f"--depth must be >= 1, got {depth}")
-        self.num_layers, self.depth = num_layers, depth
+        super().__init__(depth, top_k, total_tokens)
+        self.num_layers = num_layers
 
     def prefill(self, target, prompt_ids, hidden) -> None:
         check(self.num_layers < target.spec.num_layers,
               f"--draft-layers must be below the target's {target.spec.num_layers} layers, got {self.num_layers}")
 
-    @torch.inference_mode()
-    def propose(self, ctx: DraftContext) -> DraftTree:
-        steps = min(self.depth, ctx.max_depth)
-        if steps <= 0:
-            return DraftTree()
-        model, cache = ctx.target, ctx.cache
-        start = cache.length
-        if start + steps > cache.capacity:
-            return DraftTree()
-        token = torch.tensor([ctx.tokens[-1]], dtype=torch.long, device=cache.device)
-        out: list[int] = []
-        qs: list[torch.Tensor] = []
-        for _ in range(steps):
-            logits = model.head(model(token, cache, num_layers=self.num_layers))
-            if ctx.greedy:
-                token = logits.argmax(dim=-1)
-            else:  # sample from the draft's own distribution, warped like the target's; verification needs it
-                q = ctx.pipe.probs(logits)
-                token = torch.multinomial(q, 1, generator=ctx.pipe.generator)[0]
-                qs.append(q[0])
-            out.append(int(token))
-        cache.truncate(start)
-        return DraftTree.chain(out, torch.stack(qs) if qs else None)
+    def _cache(self, ctx: DraftContext):
+        return ctx.cache
+
+    def _head(self, ctx: DraftContext) -> DraftHead:
+        if self.head is None or self.head.weight is not ctx.target.head_weight:
+            self.head = DraftHead(ctx.target.head_weight, ctx.target.spec.final_softcap)
+        return self.head
+
+    def _root(self, ctx: DraftContext):
+        slot = ctx.cache.length
+        root = torch.tensor([ctx.tokens[-1]], dtype=torch.long, device=ctx.cache.device)
+        return self._forward(ctx, root, None, None), slot
+
+    def _forward(self, ctx, ids, positions, mask):
+        return ctx.target(ids, ctx.cache, positions=positions, mask=mask, num_layers=self.num_layers)

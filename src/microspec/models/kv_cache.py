@@ -59,6 +59,17 @@ class KVCache:
             self.pos[first:n] = self.pos[tail]
         self.length = n
 
+    def grow(self, capacity: int) -> None:
+        """Make room for at least ``capacity`` slots (reallocating to twice the need, live slots copied)."""
+        if capacity <= self.capacity:
+            return
+        new = max(capacity, 2 * self.capacity)
+        kv = self.kv.new_zeros(*self.kv.shape[:3], new, self.kv.shape[-1])
+        kv[:, :, :, : self.length] = self.kv[:, :, :, : self.length]
+        pos = self.pos.new_zeros(new)
+        pos[: self.length] = self.pos[: self.length]
+        self.kv, self.pos, self.capacity = kv, pos, new
+
     def truncate(self, length: int) -> None:
         """Drop every slot from ``length`` on."""
         if not 0 <= length <= self.length:

@@ -1,0 +1,65 @@
+"""A separate, smaller draft model that shares the target's tokenizer, with a KV cache of its own.
+
+The draft cache always holds the committed sequence up to and including the last root it saw; each proposal first
+runs the tokens committed since (one causal forward), then drafts a chain or an EAGLE-2 dynamic tree past them and
+rolls back to the root.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import MicrospecError, check
+from ..models.native import NativeCausalLM
+from .base import DraftContext
+from .head import DraftHead
+from .model_based import ForwardDrafter
+
+
+
+class DraftModelDrafter(ForwardDrafter):
+    name = "model"
+
+    def __init__(self, draft: NativeCausalLM, depth: int = 4, top_k: int | None = None,
+                 total_tokens: int | None = None):
+        super().__init__(depth, top_k, total_tokens)
+        self.draft = draft
+        self.cache = None
+        self.head = DraftHead(draft.head_weight, draft.spec.final_softcap)
+
+    def prefill(self, target: NativeCausalLM, prompt_ids, hidden) -> None:
+        check(self.draft.spec.vocab_size == target.spec.vocab_size,
+              f"draft model vocabulary ({self.draft.spec.vocab_size}) differs from the target's "
+              f"({target.spec.vocab_size})")
+        if self.draft.device != target.device:
+            raise MicrospecError("the draft model and the target must be on the same device")
+        self.cache = self.draft.new_cache(len(prompt_ids) + 256)  # grows as the text does
+
+    def propose(self, ctx: DraftContext):
+        forwards = self.depth if self.top_k is None else 1 + self.top_k * (self.depth - 1)
+        need = len(ctx.tokens) + forwards
+        if need > self.draft.spec.max_position:
+            return super().propose(ctx)  # beyond the draft's context: the capacity check declines to draft
+        self.cache.grow(need)
+        return super().propose(ctx)
+
+    def _cache(self, ctx: DraftContext):
+        return self.cache
+
+    def _head(self, ctx: DraftContext) -> DraftHead:
+        return self.head
+
+    def _backlog(self, ctx: DraftContext) -> int:
+        return len(ctx.tokens) - 1 - self.cache.length
+
+    def _root(self, ctx: DraftContext):
+        n = self.cache.length
+        new = torch.tensor(ctx.tokens[n:], dtype=torch.long, device=self.cache.device)
+        hidden = self.draft(new, self.cache)
+        return hidden[-1:], len(ctx.tokens) - 1
+
+    def _forward(self, ctx, ids, positions, mask):
+        return self.draft(ids, self.cache, positions=positions, mask=mask)
+
+    def _done(self, ctx: DraftContext, root_slot: int) -> None:
+        self.cache.truncate(root_slot + 1)  # the root is committed: keep it

@@ -1,0 +1,115 @@
+"""Drafters that run a network to draft: a chain, or an EAGLE-2 dynamic tree, over the draft head.
+
+Subclasses say how to get the root's draft hidden state and how to run draft nodes (``_forward``); this file turns
+that into a chain (greedy, or sampled from the draft's own warped distribution) or a tree of deterministic top-k
+children, with the draft nodes' keys/values written past ``start`` in ``self._cache(ctx)`` under a tree mask.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+
+import torch
+
+from ..decoding.tree import DraftTree
+from ..errors import check
+from ..models.kv_cache import KVCache
+from .base import DraftContext, Drafter
+from .head import DraftHead
+from .tree_search import PartialTree, check_tree_args, dynamic_tree
+
+
+class ForwardDrafter(Drafter):
+    def __init__(self, depth: int = 4, top_k: int | None = None, total_tokens: int | None = None):
+        check(depth >= 1, f"--depth must be >= 1, got {depth}")
+        if top_k is not None:
+            total_tokens = depth * top_k if total_tokens is None else total_tokens
+            check_tree_args(depth, top_k, total_tokens)
+        self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
+        self.head: DraftHead | None = None
+
+    # ---- what a subclass provides
+    @abstractmethod
+    def _cache(self, ctx: DraftContext) -> KVCache:
+        """The cache the draft nodes go into."""
+
+    @abstractmethod
+    def _root(self, ctx: DraftContext) -> tuple[torch.Tensor, int]:
+        """Draft hidden state [1, d] of the root, and the root's slot in ``_cache`` (the prefix is the slots
+        before it)."""
+
+    @abstractmethod
+    def _forward(self, ctx: DraftContext, ids: torch.Tensor, positions: torch.Tensor | None,
+                 mask: torch.Tensor | None) -> torch.Tensor:
+        """Run draft nodes, appending them to ``_cache``; their draft hidden states [T, d]."""
+
+    @abstractmethod
+    def _head(self, ctx: DraftContext) -> DraftHead:
+        """The draft head (built once)."""
+
+    def _backlog(self, ctx: DraftContext) -> int:
+        """Committed tokens (before the root) that ``_root`` must still run through the draft."""
+        return 0
+
+    def _done(self, ctx: DraftContext, root_slot: int) -> None:
+        """Roll the cache back after drafting (default: drop the root and everything after it)."""
+        self._cache(ctx).truncate(root_slot)
+
+    # ---- drafting
+    @torch.inference_mode()
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        steps = min(self.depth, ctx.max_depth)
+        if steps <= 0:
+            return DraftTree()
+        cache = self._cache(ctx)
+        forwards = steps if self.top_k is None else 1 + self.top_k * (steps - 1)
+        if cache.capacity - cache.length < forwards + self._backlog(ctx):
+            return DraftTree()
+        self.head = self._head(ctx)
+        root_hidden, root_slot = self._root(ctx)
+        try:
+            if self.top_k is None:
+                return self._chain(ctx, root_hidden, root_slot, steps)
+            return self._tree(ctx, root_hidden, root_slot, steps)
+        finally:
+            self._done(ctx, root_slot)
+
+    def _chain(self, ctx: DraftContext, hidden: torch.Tensor, root_slot: int, steps: int) -> DraftTree:
+        device = self._cache(ctx).device
+        out: list[int] = []
+        qs: list[torch.Tensor] = []
+        for i in range(steps):
+            if i:
+                hidden = self._forward(ctx, token, torch.tensor([root_slot + i], device=device), None)
+            logits = self.head.logits(hidden)
+            if ctx.greedy:
+                token = self.head.to_full_ids(logits.argmax(dim=-1))
+            else:  # sample from the draft's own distribution, warped like the target's; verification needs it
+                q = ctx.pipe.probs(logits)
+                token = self.head.to_full_ids(torch.multinomial(q, 1, generator=ctx.pipe.generator)[0])
+                qs.append(self.head.full_distribution(q)[0])
+            out.append(int(token))
+        return DraftTree.chain(out, torch.stack(qs) if qs else None)
+
+    def _tree(self, ctx: DraftContext, root_hidden: torch.Tensor, root_slot: int, steps: int) -> DraftTree:
+        """EAGLE-2 dynamic tree of deterministic top-k children (verified losslessly in greedy and sampling)."""
+        cache = self._cache(ctx)
+        device = cache.device
+        root_logp, root_ids = self.head.topk(root_hidden, self.top_k)
+        slots: dict[int, int] = {}
+
+        def expand(frontier: list[int], tree: PartialTree):
+            n, s0 = len(frontier), cache.length
+            mask = torch.zeros(n, s0 + n, dtype=torch.bool)
+            mask[:, : root_slot + 1] = True  # the prefix and the root
+            for j, node in enumerate(frontier):
+                for a in tree.ancestors(node)[:-1]:
+                    mask[j, slots[a]] = True
+                mask[j, s0 + j] = True
+                slots[node] = s0 + j
+            ids = torch.tensor([tree.tokens[f] for f in frontier], dtype=torch.long, device=device)
+            positions = torch.tensor([root_slot + tree.depths[f] for f in frontier], dtype=torch.long,
+                                     device=device)
+            return self.head.topk(self._forward(ctx, ids, positions, mask.to(device)), self.top_k)
+
+        return dynamic_tree(root_logp[0], root_ids[0], expand, steps, self.top_k, self.total_tokens, steps)
