@@ -191,3 +191,18 @@ def test_model_drafter_errors(capsys, tiny_model_dir, tmp_path):
     rc, _, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w1", "--drafter", "model",
                       "--draft", str(other))
     assert rc == 2 and "another tokenizer" in err and len(err.strip().splitlines()) == 1
+
+
+def test_total_tokens_auto(capsys, tiny_model_dir):
+    rc, out, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2", "--max-new-tokens",
+                        "8", "--ignore-eos", "--drafter", "early-exit", "--draft-layers", "1", "--top-k", "2",
+                        "--total-tokens", "auto", "--json")
+    assert rc == 0, err
+    assert json.loads(out)["total_tokens"] in (4, 8, 12, 16, 24, 32, 48, 60, 80)
+    assert "--total-tokens auto" in err
+    rc, _, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w1", "--drafter",
+                      "early-exit", "--total-tokens", "auto")
+    assert rc == 2 and "needs --top-k" in err
+    rc, _, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w1", "--drafter",
+                      "early-exit", "--top-k", "2", "--total-tokens", "lots")
+    assert rc == 2 and "integer or 'auto'" in err

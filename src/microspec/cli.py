@@ -51,8 +51,9 @@ def _add_generate(sub) -> None:
                    help="draft depth (ngram: tokens proposed, default 10; early-exit: default 4)")
     p.add_argument("--top-k", type=int, default=None,
                    help="early-exit: build an EAGLE-2 dynamic tree expanding the top-k nodes per level (default: a chain)")
-    p.add_argument("--total-tokens", type=int, default=None,
-                   help="tree drafters: nodes kept after reranking (default depth x top-k)")
+    p.add_argument("--total-tokens", default=None,
+                   help="tree drafters: nodes kept after reranking (default depth x top-k), or 'auto' to size the "
+                        "tree by timing the target's verify pass on this device")
     p.add_argument("--head-mode", default=None, help="verification head: all, visited or path (default: visited on CPU, path on CUDA)")
     p.set_defaults(func=_cmd_generate)
 
@@ -84,8 +85,16 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise MicrospecError(f"unknown --head-mode {head_mode!r}; choose from {', '.join(HEAD_MODES)}")
     if args.depth is not None and args.depth < 1:
         raise MicrospecError(f"--depth must be >= 1, got {args.depth}")
-    tree_args = dict(draft_layers=args.draft_layers, depth=args.depth, top_k=args.top_k,
-                     total_tokens=args.total_tokens)
+    auto_size = args.total_tokens == "auto"
+    total_tokens = None
+    if args.total_tokens is not None and not auto_size:
+        try:
+            total_tokens = int(args.total_tokens)
+        except ValueError:
+            raise MicrospecError(f"--total-tokens must be an integer or 'auto', got {args.total_tokens!r}") from None
+    if auto_size and args.top_k is None:
+        raise MicrospecError("--total-tokens auto needs --top-k (a tree drafter)")
+    tree_args = dict(draft_layers=args.draft_layers, depth=args.depth, top_k=args.top_k, total_tokens=total_tokens)
     make_drafter(args.drafter, **tree_args)  # validate before loading the model
     if (args.drafter == "model") != (args.draft is not None):
         raise MicrospecError("--draft names the draft model of --drafter model (and only of it)")
@@ -96,6 +105,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         if draft.tokenizer.get_vocab() != lm.tokenizer.get_vocab():
             raise MicrospecError(f"draft model {draft.name!r} uses another tokenizer than {lm.name!r}")
         draft_model = draft.model
+    if auto_size:
+        from .decoding.sizing import auto_total_tokens
+
+        tree_args["total_tokens"], costs = auto_total_tokens(lm.model, depth=args.depth or 4)
+        print(f"[microspec] --total-tokens auto: {tree_args['total_tokens']} (verify ms by size: "
+              + ", ".join(f"{n}: {c * 1000:.0f}" for n, c in costs.items()) + ")", file=sys.stderr)
     drafter = make_drafter(args.drafter, num_layers_target=lm.model.spec.num_layers, draft_model=draft_model,
                            **tree_args)
     result = generate(lm, prompt, cfg, chat=args.chat, drafter=drafter, head_mode=head_mode)
@@ -103,7 +118,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({
             "text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
-            "model": lm.name, "dtype": args.dtype, "device": args.device, "drafter": args.drafter, "stats": stats,
+            "model": lm.name, "dtype": args.dtype, "device": args.device, "drafter": args.drafter,
+            "total_tokens": tree_args["total_tokens"], "stats": stats,
         }))
     else:
         print(result.text)
