@@ -206,3 +206,24 @@ def test_total_tokens_auto(capsys, tiny_model_dir):
     rc, _, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w1", "--drafter",
                       "early-exit", "--top-k", "2", "--total-tokens", "lots")
     assert rc == 2 and "integer or 'auto'" in err
+
+
+def test_eagle_drafter_via_cli(capsys, tiny_model_dir, tmp_path):
+    from test_eagle import official_checkpoint
+
+    path, _, _ = official_checkpoint(tmp_path / "eagle")
+    base = ["generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2 w3", "--max-new-tokens", "16",
+            "--ignore-eos", "--dtype", "fp32", "--json"]
+    _, out, _ = _run(capsys, *base)
+    rc, out2, err = _run(capsys, *base, "--drafter", "eagle", "--draft", str(path), "--top-k", "3", "--depth", "3")
+    assert rc == 0, err
+    assert json.loads(out2)["token_ids"] == json.loads(out)["token_ids"]
+    rc, _, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w1", "--drafter", "eagle")
+    assert rc == 2 and "--draft" in err
+    rc, _, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w1", "--drafter", "eagle",
+                      "--draft", str(tmp_path))
+    assert rc == 2 and "not an EAGLE checkpoint" in err
+    wide, _, _ = official_checkpoint(tmp_path / "wide", d=32)
+    rc, _, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w1", "--drafter", "eagle",
+                      "--draft", str(wide))
+    assert rc == 2 and "hidden size" in err and len(err.strip().splitlines()) == 1

@@ -10,7 +10,7 @@ from scipy.stats import chi2 as chi2_dist
 from conftest import VOCAB, tiny_pair
 from microspec.decoding import GenerationConfig, generate_ids
 from microspec.decoding.tree import DraftTree
-from microspec.drafters import EarlyExitDrafter, NGramDrafter
+from microspec.drafters import EagleDrafter, EagleHead, EarlyExitDrafter, NGramDrafter
 from microspec.drafters.base import DraftContext, Drafter
 
 PROMPT = [1, 10, 20, 30, 11, 21, 10, 20]
@@ -122,11 +122,29 @@ def _drafters(exact):
         "early-exit-chain": lambda: EarlyExitDrafter(1, depth=2),
         "early-exit-tree": lambda: EarlyExitDrafter(1, depth=2, top_k=3, total_tokens=5),
         "ngram": lambda: NGramDrafter(num_tokens=3),
+        "eagle-chain": lambda: EagleDrafter(_eagle_head(), depth=2),
+        "eagle-tree": lambda: EagleDrafter(_eagle_head(), depth=2, top_k=3, total_tokens=6),
     }
 
 
+_HEAD = {}
+
+
+def _eagle_head():
+    if "head" not in _HEAD:
+        import tempfile
+        from pathlib import Path
+
+        from test_eagle import official_checkpoint
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path, _, _ = official_checkpoint(Path(tmp) / "ck")
+            _HEAD["head"] = EagleHead.load(path)
+    return _HEAD["head"]
+
+
 @pytest.mark.parametrize("name", ["iid-bad", "iid-good", "without-replacement", "deterministic-topk", "zero-mass",
-                                  "early-exit-chain", "early-exit-tree", "ngram"])
+                                  "early-exit-chain", "early-exit-tree", "ngram", "eagle-chain", "eagle-tree"])
 def test_speculative_sampling_matches_exact_distribution(pair, exact, name):
     _, nm = pair
     p1, m2, m3 = exact

@@ -277,3 +277,14 @@ def test_auto_tree_size_model_and_choice():
     _, nm = tiny_pair("llama")
     n, costs = auto_total_tokens(nm, depth=4, candidates=(4, 8, 16))
     assert n in (4, 8, 16) and set(costs) == {4, 8, 16} and all(c > 0 for c in costs.values())
+
+
+def test_tree_defaults_per_device():
+    from microspec.drafters import TREE_DEFAULTS, tree_defaults
+
+    assert tree_defaults("eagle", "cuda", None, None, None) == (6, 10, 59)  # EAGLE-2: 60 with the root
+    assert tree_defaults("eagle", "cpu", None, None, None) == tuple(TREE_DEFAULTS["cpu"].values())
+    assert tree_defaults("early-exit", "cpu", None, None, None) == (None, None, None)  # a chain
+    assert tree_defaults("early-exit", "cuda", 3, None, None) == (3, 10, 59)
+    assert tree_defaults("eagle", "cpu", 5, 3, None) == (5, 3, 15)
+    assert tree_defaults("ngram", "cuda", None, None, None) == (None, None, None)

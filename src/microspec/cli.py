@@ -42,9 +42,10 @@ def _add_generate(sub) -> None:
                       help="apply the chat template (default: when the tokenizer has one)")
     chat.add_argument("--no-chat", dest="chat", action="store_false")
     p.add_argument("--json", action="store_true", help="print one JSON object (text, token_ids, stats)")
-    p.add_argument("--drafter", default="none", help="none (autoregressive), ngram, early-exit or model")
+    p.add_argument("--drafter", default="none", help="none (autoregressive), ngram, early-exit, eagle or model")
     p.add_argument("--draft", default=None,
-                   help="model drafter: the draft model (built-in name, .gguf or HF directory; same tokenizer)")
+                   help="model drafter: the draft model (built-in name, .gguf or HF directory; same tokenizer); "
+                        "eagle drafter: the EAGLE checkpoint directory")
     p.add_argument("--draft-layers", type=int, default=None,
                    help="early-exit: target layers the draft uses (default: a quarter of them)")
     p.add_argument("--depth", type=int, default=None,
@@ -96,23 +97,37 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise MicrospecError("--total-tokens auto needs --top-k (a tree drafter)")
     tree_args = dict(draft_layers=args.draft_layers, depth=args.depth, top_k=args.top_k, total_tokens=total_tokens)
     make_drafter(args.drafter, **tree_args)  # validate before loading the model
-    if (args.drafter == "model") != (args.draft is not None):
-        raise MicrospecError("--draft names the draft model of --drafter model (and only of it)")
+    if args.drafter == "model" and args.draft is None:
+        raise MicrospecError("--drafter model needs --draft (the draft model)")
+    if args.draft is not None and args.drafter not in ("model", "eagle"):
+        raise MicrospecError("--draft names the draft model (--drafter model) or EAGLE head (--drafter eagle)")
+    if args.drafter == "eagle" and args.draft is None:
+        raise MicrospecError("no EAGLE head ships for this model yet: pass --draft DIR (an EAGLE checkpoint "
+                             "directory: config.json + weights)")
+    eagle_head = None
+    if args.drafter == "eagle":
+        from .drafters import EagleHead
+
+        eagle_head = EagleHead.load(args.draft)
     lm = load_model(args.model, dtype=args.dtype, device=args.device)
     draft_model = None
-    if args.draft is not None:
+    if args.drafter == "model":
         draft = load_model(args.draft, dtype=args.dtype, device=args.device)
         if draft.tokenizer.get_vocab() != lm.tokenizer.get_vocab():
             raise MicrospecError(f"draft model {draft.name!r} uses another tokenizer than {lm.name!r}")
         draft_model = draft.model
+    from .drafters import tree_defaults
+
+    tree_args["depth"], tree_args["top_k"], tree_args["total_tokens"] = tree_defaults(
+        args.drafter, lm.model.device.type, tree_args["depth"], tree_args["top_k"], tree_args["total_tokens"])
     if auto_size:
         from .decoding.sizing import auto_total_tokens
 
-        tree_args["total_tokens"], costs = auto_total_tokens(lm.model, depth=args.depth or 4)
+        tree_args["total_tokens"], costs = auto_total_tokens(lm.model, depth=tree_args["depth"])
         print(f"[microspec] --total-tokens auto: {tree_args['total_tokens']} (verify ms by size: "
               + ", ".join(f"{n}: {c * 1000:.0f}" for n, c in costs.items()) + ")", file=sys.stderr)
     drafter = make_drafter(args.drafter, num_layers_target=lm.model.spec.num_layers, draft_model=draft_model,
-                           **tree_args)
+                           eagle_head=eagle_head, **tree_args)
     result = generate(lm, prompt, cfg, chat=args.chat, drafter=drafter, head_mode=head_mode)
     stats = result.stats.to_dict()
     if args.json:

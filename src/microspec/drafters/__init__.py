@@ -5,15 +5,39 @@ from __future__ import annotations
 from ..errors import MicrospecError
 from .base import DraftContext, Drafter
 from .draft_model import DraftModelDrafter
+from .eagle import EagleDrafter, EagleHead
 from .early_exit import EarlyExitDrafter
 from .ngram import NGramDrafter
 
-DRAFTERS = ("none", "ngram", "early-exit", "model")
+DRAFTERS = ("none", "ngram", "early-exit", "eagle", "model")
+
+# Tree shape when the user gives none: on a GPU, EAGLE-2's published default (60 tokens with the root, depth 5 =
+# 6 draft levels, top-k 10); on a CPU, where a verify pass grows with every node (BENCHMARKS.md), small trees.
+TREE_DEFAULTS = {
+    "cuda": {"depth": 6, "top_k": 10, "total_tokens": 59},
+    "cpu": {"depth": 4, "top_k": 2, "total_tokens": 8},
+}
+
+
+def tree_defaults(name: str, device_type: str, depth, top_k, total_tokens):
+    """Fill unset tree settings for model-based drafters: the eagle drafter drafts a tree by default on every
+    device, early-exit and model drafters on CUDA only (a chain of ``depth`` tokens on a CPU)."""
+    if name not in ("eagle", "early-exit", "model") or (top_k is None and total_tokens is not None):
+        return depth, top_k, total_tokens
+    if name != "eagle" and device_type != "cuda" and top_k is None:
+        return depth, top_k, total_tokens
+    d = TREE_DEFAULTS["cuda" if device_type == "cuda" else "cpu"]
+    explicit_k = top_k is not None
+    depth = d["depth"] if depth is None else depth
+    top_k = d["top_k"] if top_k is None else top_k
+    if total_tokens is None:
+        total_tokens = d["total_tokens"] if not explicit_k else depth * top_k
+    return depth, top_k, total_tokens
 
 
 def make_drafter(name: str, *, draft_layers: int | None = None, depth: int | None = None,
                  top_k: int | None = None, total_tokens: int | None = None,
-                 num_layers_target: int | None = None, draft_model=None) -> Drafter | None:
+                 num_layers_target: int | None = None, draft_model=None, eagle_head=None) -> Drafter | None:
     """A drafter by name; ``top_k`` makes model-based drafters build an EAGLE-2 dynamic tree instead of a chain."""
     if name == "none":
         return None
@@ -27,11 +51,17 @@ def make_drafter(name: str, *, draft_layers: int | None = None, depth: int | Non
             raise MicrospecError("--total-tokens needs --top-k (a tree); without it early-exit drafts a chain")
         layers = draft_layers if draft_layers is not None else max(1, (num_layers_target or 4) // 4)
         return EarlyExitDrafter(layers, depth=4 if depth is None else depth, top_k=top_k, total_tokens=total_tokens)
-    if name == "model":
+    if name in ("model", "eagle"):
         if draft_layers is not None:
-            raise MicrospecError("--draft-layers applies to early-exit, not to a separate draft model")
+            raise MicrospecError(f"--draft-layers applies to early-exit, not to the {name} drafter")
         if total_tokens is not None and top_k is None:
-            raise MicrospecError("--total-tokens needs --top-k (a tree); without it the draft model drafts a chain")
+            raise MicrospecError(f"--total-tokens needs --top-k (a tree); without it the {name} drafter drafts a "
+                                 "chain")
+        if name == "eagle":
+            if eagle_head is None:
+                return None  # validation only
+            return EagleDrafter(eagle_head, depth=4 if depth is None else depth, top_k=top_k,
+                                total_tokens=total_tokens)
         if draft_model is None:
             return None  # validation only: the caller loads the model named by --draft
         return DraftModelDrafter(draft_model, depth=4 if depth is None else depth, top_k=top_k,
@@ -39,5 +69,5 @@ def make_drafter(name: str, *, draft_layers: int | None = None, depth: int | Non
     raise MicrospecError(f"unknown drafter {name!r}; choose from {', '.join(DRAFTERS)}")
 
 
-__all__ = ["DRAFTERS", "DraftContext", "DraftModelDrafter", "Drafter", "EarlyExitDrafter", "NGramDrafter",
-           "make_drafter"]
+__all__ = ["DRAFTERS", "DraftContext", "DraftModelDrafter", "Drafter", "EagleDrafter", "EagleHead",
+           "EarlyExitDrafter", "NGramDrafter", "make_drafter"]

@@ -37,10 +37,7 @@ class DraftModelDrafter(ForwardDrafter):
 
     def propose(self, ctx: DraftContext):
         forwards = self.depth if self.top_k is None else 1 + self.top_k * (self.depth - 1)
-        need = len(ctx.tokens) + forwards
-        if need > self.draft.spec.max_position:
-            return super().propose(ctx)  # beyond the draft's context: the capacity check declines to draft
-        self.cache.grow(need)
+        self._reserve(self.cache, self._backlog(ctx) + forwards, self.draft.spec.max_position)
         return super().propose(ctx)
 
     def _cache(self, ctx: DraftContext):
@@ -58,7 +55,7 @@ class DraftModelDrafter(ForwardDrafter):
         hidden = self.draft(new, self.cache)
         return hidden[-1:], len(ctx.tokens) - 1
 
-    def _forward(self, ctx, ids, positions, mask):
+    def _forward(self, ctx, ids, positions, mask, parent_hidden):
         return self.draft(ids, self.cache, positions=positions, mask=mask)
 
     def _done(self, ctx: DraftContext, root_slot: int) -> None:

@@ -38,7 +38,7 @@ class EarlyExitDrafter(ForwardDrafter):
     def _root(self, ctx: DraftContext):
         slot = ctx.cache.length
         root = torch.tensor([ctx.tokens[-1]], dtype=torch.long, device=ctx.cache.device)
-        return self._forward(ctx, root, None, None), slot
+        return self._forward(ctx, root, None, None, None), slot
 
-    def _forward(self, ctx, ids, positions, mask):
+    def _forward(self, ctx, ids, positions, mask, parent_hidden):
         return ctx.target(ids, ctx.cache, positions=positions, mask=mask, num_layers=self.num_layers)

@@ -40,8 +40,9 @@ class ForwardDrafter(Drafter):
 
     @abstractmethod
     def _forward(self, ctx: DraftContext, ids: torch.Tensor, positions: torch.Tensor | None,
-                 mask: torch.Tensor | None) -> torch.Tensor:
-        """Run draft nodes, appending them to ``_cache``; their draft hidden states [T, d]."""
+                 mask: torch.Tensor | None, parent_hidden: torch.Tensor) -> torch.Tensor:
+        """Run draft nodes, appending them to ``_cache``; their draft hidden states [T, d].  ``parent_hidden`` [T, d]
+        is the draft hidden state each node's token was predicted from (an EAGLE head's input feature)."""
 
     @abstractmethod
     def _head(self, ctx: DraftContext) -> DraftHead:
@@ -50,6 +51,12 @@ class ForwardDrafter(Drafter):
     def _backlog(self, ctx: DraftContext) -> int:
         """Committed tokens (before the root) that ``_root`` must still run through the draft."""
         return 0
+
+    def _reserve(self, cache: KVCache, slots: int, limit: int | None) -> None:
+        """Grow ``cache`` (owned by the drafter) to hold ``slots`` more, within a context ``limit``."""
+        need = cache.length + slots
+        if limit is None or need <= limit:
+            cache.grow(need)
 
     def _done(self, ctx: DraftContext, root_slot: int) -> None:
         """Roll the cache back after drafting (default: drop the root and everything after it)."""
@@ -80,7 +87,7 @@ class ForwardDrafter(Drafter):
         qs: list[torch.Tensor] = []
         for i in range(steps):
             if i:
-                hidden = self._forward(ctx, token, torch.tensor([root_slot + i], device=device), None)
+                hidden = self._forward(ctx, token, torch.tensor([root_slot + i], device=device), None, hidden)
             logits = self.head.logits(hidden)
             if ctx.greedy:
                 token = self.head.to_full_ids(logits.argmax(dim=-1))
@@ -97,6 +104,7 @@ class ForwardDrafter(Drafter):
         device = cache.device
         root_logp, root_ids = self.head.topk(root_hidden, self.top_k)
         slots: dict[int, int] = {}
+        outs: dict[int, torch.Tensor] = {-1: root_hidden[0]}  # draft hidden state of each forwarded node
 
         def expand(frontier: list[int], tree: PartialTree):
             n, s0 = len(frontier), cache.length
@@ -110,6 +118,10 @@ class ForwardDrafter(Drafter):
             ids = torch.tensor([tree.tokens[f] for f in frontier], dtype=torch.long, device=device)
             positions = torch.tensor([root_slot + tree.depths[f] for f in frontier], dtype=torch.long,
                                      device=device)
-            return self.head.topk(self._forward(ctx, ids, positions, mask.to(device)), self.top_k)
+            parent_hidden = torch.stack([outs[tree.parents[f]] for f in frontier])
+            hidden = self._forward(ctx, ids, positions, mask.to(device), parent_hidden)
+            for j, node in enumerate(frontier):
+                outs[node] = hidden[j]
+            return self.head.topk(hidden, self.top_k)
 
         return dynamic_tree(root_logp[0], root_ids[0], expand, steps, self.top_k, self.total_tokens, steps)

@@ -224,12 +224,12 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: ArchSpec):
+    def __init__(self, spec: ArchSpec, input_norm: bool = True):
         super().__init__()
         eps, g = spec.rms_norm_eps, spec.gemma
         self.self_attn = Attention(spec)
         self.mlp = MLP(spec)
-        self.input_layernorm = RMSNorm(spec.hidden_size, eps, g)
+        self.input_layernorm = RMSNorm(spec.hidden_size, eps, g) if input_norm else None
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, eps, g)
         if g:
             self.pre_feedforward_layernorm = RMSNorm(spec.hidden_size, eps, g)
@@ -237,11 +237,13 @@ class DecoderLayer(nn.Module):
 
 
 class _Body(nn.Module):
-    def __init__(self, spec: ArchSpec):
+    def __init__(self, spec: ArchSpec, embeddings: bool, first_input_norm: bool, final_norm: bool):
         super().__init__()
-        self.embed_tokens = Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(spec) for _ in range(spec.num_layers))
-        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.gemma)
+        if embeddings:
+            self.embed_tokens = Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(spec, input_norm=first_input_norm or i > 0)
+                                    for i in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.gemma) if final_norm else None
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -257,11 +259,14 @@ class NativeCausalLM(nn.Module):
     optionally over a subset of vocabulary rows.  All state lives in a :class:`KVCache` that the caller owns.
     """
 
-    def __init__(self, spec: ArchSpec, rope: dict[str, tuple[torch.Tensor, float]]):
+    def __init__(self, spec: ArchSpec, rope: dict[str, tuple[torch.Tensor, float]], embeddings: bool = True,
+                 first_input_norm: bool = True, final_norm: bool = True):
+        """``embeddings=False`` builds a bare stack of decoder layers fed through :meth:`run` (no embedding, no LM
+        head): the body of an EAGLE draft head, whose first layer may also lack its input norm."""
         super().__init__()
         self.spec = spec
-        self.model = _Body(spec)
-        if not spec.tie_embeddings:
+        self.model = _Body(spec, embeddings, first_input_norm, final_norm)
+        if embeddings and not spec.tie_embeddings:
             self.lm_head = Linear(spec.hidden_size, spec.vocab_size, bias=False)
         # RoPE inverse frequencies stay fp32 whatever the model dtype (kept out of the module's buffers so that
         # ``.to(dtype)`` cannot round them); copied to the model's device on first use.
@@ -271,11 +276,11 @@ class NativeCausalLM(nn.Module):
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_config(cls, cfg: Any) -> "NativeCausalLM":
+    def from_config(cls, cfg: Any, **options) -> "NativeCausalLM":
         spec = spec_from_config(cfg)
         with torch.device("cpu"):
             rope = _rope_inv_freq(cfg, spec)
-        return cls(spec, rope)
+        return cls(spec, rope, **options)
 
     def load_hf_state_dict(self, state: dict[str, torch.Tensor], assign: bool = False) -> None:
         """Load weights named as in transformers (``lm_head.weight`` optional when embeddings are tied)."""
@@ -294,11 +299,11 @@ class NativeCausalLM(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.embed_tokens.weight.dtype
+        return next(self.parameters()).dtype
 
     @property
     def device(self) -> torch.device:
-        return self.model.embed_tokens.weight.device
+        return next(self.parameters()).device
 
     def new_cache(self, capacity: int) -> KVCache:
         s = self.spec
@@ -376,23 +381,33 @@ class NativeCausalLM(nn.Module):
             and only those layers' cache entries are written.
         Returns the final-normed hidden states [T, d].
         """
+        return self.run(self.embed(input_ids), cache, positions, mask, num_layers)
+
+    def run(
+        self,
+        x: torch.Tensor,
+        cache: KVCache,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        num_layers: int | None = None,
+    ) -> torch.Tensor:
+        """:meth:`forward` from input vectors ``x`` [T, d] instead of token ids (final norm applied if present)."""
         spec = self.spec
-        t = int(input_ids.shape[0])
+        t = int(x.shape[0])
         start = cache.length
         s = start + t
         if s > cache.capacity:
             raise MicrospecError(f"KV cache capacity {cache.capacity} exceeded ({s} slots needed)")
-        pos = positions if positions is not None else torch.arange(start, s, device=input_ids.device)
+        pos = positions if positions is not None else torch.arange(start, s, device=x.device)
         cache.pos[start:s] = pos
         masks = self._masks(cache, start, positions, mask, t)
         rope = self._rope_tables(pos, self.dtype)
         nh, nkv, hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
         gqa = nh != nkv
-        x = self.embed(input_ids)
         layers = self.model.layers if num_layers is None else self.model.layers[:num_layers]
         for i, layer in enumerate(layers):
             attn = layer.self_attn
-            h = layer.input_layernorm(x)
+            h = layer.input_layernorm(x) if layer.input_layernorm is not None else x
             q = attn.q_proj(h).view(t, nh, hd).transpose(0, 1)
             k = attn.k_proj(h).view(t, nkv, hd).transpose(0, 1)
             v = attn.v_proj(h).view(t, nkv, hd).transpose(0, 1)
@@ -414,7 +429,7 @@ class NativeCausalLM(nn.Module):
                 x = x + o
                 x = x + self._mlp(layer.mlp, layer.post_attention_layernorm(x))
         cache.length = s
-        return self.model.norm(x)
+        return self.model.norm(x) if self.model.norm is not None else x
 
     def _mlp(self, mlp: MLP, h: torch.Tensor) -> torch.Tensor:
         return mlp.down_proj(self._act(mlp.gate_proj(h)) * mlp.up_proj(h))

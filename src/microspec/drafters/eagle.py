@@ -1,0 +1,186 @@
+"""EAGLE-1/2: a feature-level draft head that reuses the target's embedding and LM head.
+
+For the pair (f_t, x_{t+1}) — the target's final (post-norm) hidden state at t and the next token — the head
+computes ``g = fc([embed(x_{t+1}); f_t])`` and runs ``g`` through one decoder layer whose input norm is absent; the
+output estimates f_{t+1}, and the target's LM head applied to it (no norm) gives the distribution of x_{t+2}.
+Deeper draft steps feed the head's own output back as the feature.  The head keeps a KV cache of its own: pairs up
+to the current root stay, draft nodes past it are rolled back after each proposal.
+
+Checkpoints: the official EAGLE / EAGLE-2 layout — a directory with ``config.json`` (a Llama-style config with
+``num_hidden_layers: 1``, optional ``"bias"`` for fc, default true) and ``pytorch_model.bin`` or
+``model.safetensors`` holding ``fc.weight`` [d, 2d], ``fc.bias`` (optional), ``layers.0.self_attn.{q,k,v,o}_proj``
+(q/k/v biases for Qwen2 targets), ``layers.0.mlp.{gate,up,down}_proj``, ``layers.0.post_attention_layernorm`` and
+optionally ``embed_tokens.weight`` (a copy of the target's; we use the target's own).  Our Gemma 3 heads use the
+same layout.  Which biases exist is read from the weights, not the config.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..errors import MicrospecError, check
+from ..models.native import Linear, NativeCausalLM
+from .base import DraftContext
+from .head import DraftHead
+from .model_based import ForwardDrafter
+
+
+def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
+    st, bin_ = directory / "model.safetensors", directory / "pytorch_model.bin"
+    try:
+        if st.is_file():
+            from safetensors.torch import load_file
+
+            return load_file(str(st))
+        if bin_.is_file():
+            return torch.load(str(bin_), map_location="cpu", weights_only=True)
+    except Exception as exc:  # a damaged file raises many kinds of errors
+        raise MicrospecError(f"could not read the EAGLE weights in {directory} ({type(exc).__name__}: {exc})") \
+            from exc
+    raise MicrospecError(f"no EAGLE weights (model.safetensors or pytorch_model.bin) in {directory}")
+
+
+def _layer_config(raw: dict, qkv_bias: bool):
+    """A transformers config describing the head's decoder layer (Qwen2 semantics when q/k/v carry biases)."""
+    from transformers import LlamaConfig, Qwen2Config
+
+    keys = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
+            "max_position_embeddings", "rope_theta", "rope_scaling", "rope_parameters", "head_dim", "hidden_act",
+            "vocab_size")
+    fields = {k: raw[k] for k in keys if raw.get(k) is not None}
+    fields["num_hidden_layers"] = 1
+    cls = Qwen2Config if qkv_bias else LlamaConfig
+    return cls(**fields)
+
+
+class EagleHead(nn.Module):
+    """fc + one decoder layer (no input norm, no final norm).  Parameter names follow the official layout."""
+
+    def __init__(self, layer_cfg, fc_bias: bool):
+        super().__init__()
+        d = layer_cfg.hidden_size
+        self.layer_cfg = layer_cfg
+        self.fc = Linear(2 * d, d, fc_bias)
+        self.body = NativeCausalLM.from_config(layer_cfg, embeddings=False, first_input_norm=False, final_norm=False)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.body.spec.hidden_size
+
+    def forward(self, embeds: torch.Tensor, features: torch.Tensor, cache, positions=None, mask=None):
+        x = self.fc(torch.cat((embeds, features.to(embeds.dtype)), dim=-1))
+        return self.body.run(x, cache, positions, mask)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "EagleHead":
+        directory = Path(path).expanduser()
+        if not directory.is_dir() or not (directory / "config.json").is_file():
+            raise MicrospecError(f"{path} is not an EAGLE checkpoint directory (config.json and weights)")
+        try:
+            raw = json.loads((directory / "config.json").read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise MicrospecError(f"unreadable EAGLE config in {directory}: {exc}") from exc
+        state = _read_weights(directory)
+        check("fc.weight" in state, f"{directory} is not an EAGLE checkpoint (no fc.weight)")
+        layer_keys = {k for k in state if k.startswith("layers.")}
+        check(layer_keys and all(k.startswith("layers.0.") for k in layer_keys),
+              f"{directory}: expected exactly one decoder layer (layers.0.*)")
+        d = state["fc.weight"].shape[0]
+        check(state["fc.weight"].shape == (d, 2 * d), f"{directory}: fc.weight must be [d, 2d], got "
+                                                       f"{tuple(state['fc.weight'].shape)}")
+        raw = {**raw, "hidden_size": raw.get("hidden_size", d)}
+        check(raw["hidden_size"] == d, f"{directory}: config hidden_size {raw['hidden_size']} != fc size {d}")
+        head = cls(_layer_config(raw, "layers.0.self_attn.q_proj.bias" in state), "fc.bias" in state)
+        mapped = {("body.model." + k if k.startswith("layers.") else k): v for k, v in state.items()
+                  if k != "embed_tokens.weight"}
+        missing, unexpected = head.load_state_dict(mapped, strict=False)
+        if missing or unexpected:
+            raise MicrospecError(f"{directory}: EAGLE weights do not match their config "
+                                 f"(missing {list(missing)[:3]}, unexpected {list(unexpected)[:3]})")
+        head.vocab_size = state["embed_tokens.weight"].shape[0] if "embed_tokens.weight" in state else None
+        return head.eval()
+
+    def save(self, path: str | Path, extra_config: dict | None = None) -> None:
+        """Write the official layout (config.json + model.safetensors), e.g. for heads we train."""
+        from safetensors.torch import save_file
+
+        directory = Path(path)
+        directory.mkdir(parents=True, exist_ok=True)
+        cfg = {**self.layer_cfg.to_dict(), "num_hidden_layers": 1, "bias": self.fc.bias is not None,
+               **(extra_config or {})}
+        (directory / "config.json").write_text(json.dumps(cfg, indent=2, default=str))
+        state = {}
+        for k, v in self.state_dict().items():
+            state[k.removeprefix("body.model.")] = v.detach().contiguous()
+        save_file(state, str(directory / "model.safetensors"))
+
+
+class EagleDrafter(ForwardDrafter):
+    """EAGLE-2 drafting (chain, or dynamic tree with ``top_k``) with an :class:`EagleHead`."""
+
+    name = "eagle"
+
+    def __init__(self, head: EagleHead, depth: int = 4, top_k: int | None = None, total_tokens: int | None = None):
+        super().__init__(depth, top_k, total_tokens)
+        self.eagle = head
+        self.cache = None
+        self.pending: torch.Tensor | None = None  # target features of pairs not yet run through the head
+
+    def prefill(self, target: NativeCausalLM, prompt_ids, hidden: torch.Tensor) -> None:
+        check(self.eagle.hidden_size == target.spec.hidden_size,
+              f"EAGLE head hidden size {self.eagle.hidden_size} does not match the target's "
+              f"{target.spec.hidden_size}")
+        vocab = getattr(self.eagle, "vocab_size", None)
+        check(vocab is None or vocab == target.spec.vocab_size,
+              f"EAGLE head vocabulary {vocab} does not match the target's {target.spec.vocab_size}")
+        if next(self.eagle.parameters()).dtype != target.dtype or \
+                next(self.eagle.parameters()).device != target.device:
+            self.eagle.to(device=target.device, dtype=target.dtype)
+        self.head = DraftHead(target.head_weight, target.spec.final_softcap)
+        self.cache = self.eagle.body.new_cache(len(prompt_ids) + 256)
+        self.pending = hidden
+
+    def commit(self, accepted_tokens, hidden: torch.Tensor) -> None:
+        # features of the old root and of the accepted nodes: they pair with the tokens committed after them
+        self.pending = hidden if self.pending is None or len(self.pending) == 0 else torch.cat([self.pending, hidden])
+
+    def propose(self, ctx: DraftContext):
+        forwards = self.depth if self.top_k is None else 1 + self.top_k * (self.depth - 1)
+        self._reserve(self.cache, self._backlog(ctx) + forwards, None)
+        return super().propose(ctx)
+
+    def _cache(self, ctx):
+        return self.cache
+
+    def _head(self, ctx):
+        return self.head
+
+    def _backlog(self, ctx) -> int:
+        return len(self.pending)
+
+    def _root(self, ctx: DraftContext):
+        start, n = self.cache.length, len(self.pending)
+        # pair t = (f_t, x_{t+1}); the last pending pair ends with the root token
+        tokens = torch.tensor(ctx.tokens[start + 1 : start + 1 + n], dtype=torch.long, device=self.cache.device)
+        hidden = self.eagle(ctx.target.embed(tokens), self.pending, self.cache)
+        self.pending = self.pending[:0]
+        return hidden[-1:], start + n - 1
+
+    def _forward(self, ctx, ids, positions, mask, parent_hidden):
+        return self.eagle(ctx.target.embed(ids), parent_hidden, self.cache, positions, mask)
+
+    def _done(self, ctx, root_slot: int) -> None:
+        self.cache.truncate(root_slot + 1)  # the pairs up to the root are real: keep them
+
+
+def eagle_forward_reference(head: EagleHead, embeds: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    """The head over a whole causal sequence of pairs, with a fresh cache (for tests and training)."""
+    cache = head.body.new_cache(embeds.shape[0])
+    return head(embeds, features, cache)
+
+
+__all__ = ["EagleDrafter", "EagleHead", "eagle_forward_reference"]
