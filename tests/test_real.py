@@ -110,5 +110,29 @@ def test_gemma_speculative_greedy_identity(gemma, gemma_ar, drafter):
                          gemma.eos_token_ids, drafter=d)
         assert r.token_ids == gemma_ar[prompt]
         accepted.append(r.stats.mean_accept_len)
-    if drafter == "ngram":  # base-model text repeats itself: prompt lookup must find some of it
+    if drafter in ("ngram", "early-exit"):  # base-model text repeats itself; 12 of 18 layers predict some of it
         assert max(accepted) > 1.0
+
+
+def test_gemma_eagle_and_separate_draft_model_plumbing(gemma, gemma_ar, tmp_path):
+    """On the real 262k-vocabulary model: an EAGLE head in the official layout (random weights: no trained head
+    ships yet) and a separate draft model (Gemma's own first two layers as a standalone model) stay lossless."""
+    from microspec.drafters import DraftModelDrafter, EagleDrafter, EagleHead
+    from microspec.models.native import NativeCausalLM
+    from test_eagle import official_checkpoint
+
+    path, _, _ = official_checkpoint(tmp_path / "eagle", d=640, heads=4, kv=1, inter=1024, vocab=262144)
+    head = EagleHead.load(path)
+    spec = gemma.model.spec
+    from dataclasses import replace
+
+    small_spec = replace(spec, num_layers=2, layer_windows=spec.layer_windows[:2], layer_rope=spec.layer_rope[:2])
+    small = NativeCausalLM(small_spec, gemma.model._rope)
+    state = {k: v for k, v in gemma.model.state_dict().items()
+             if not k.startswith("model.layers.") or int(k.split(".")[2]) < 2}
+    small.load_hf_state_dict(state)
+    prompt = SPEC_PROMPTS[0]
+    for d in (EagleDrafter(head, depth=2, top_k=2, total_tokens=3), DraftModelDrafter(small.eval(), depth=2)):
+        r = generate_ids(gemma.model, encode_prompt(gemma, prompt), GenerationConfig(max_new_tokens=64),
+                         gemma.eos_token_ids, drafter=d)
+        assert r.token_ids == gemma_ar[prompt]

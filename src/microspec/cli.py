@@ -47,7 +47,7 @@ def _add_generate(sub) -> None:
                    help="model drafter: the draft model (built-in name, .gguf or HF directory; same tokenizer); "
                         "eagle drafter: the EAGLE checkpoint directory")
     p.add_argument("--draft-layers", type=int, default=None,
-                   help="early-exit: target layers the draft uses (default: a quarter of them)")
+                   help="early-exit: target layers the draft uses (default: two thirds of them)")
     p.add_argument("--depth", type=int, default=None,
                    help="draft depth (ngram: tokens proposed, default 10; early-exit: default 4)")
     p.add_argument("--top-k", type=int, default=None,

@@ -82,6 +82,7 @@ class GenerationStats:
             "accept_per_position": self.accept_per_position,
             "draft_s": round(self.draft_s, 6),
             "verify_s": round(self.verify_s, 6),
+            "other_s": round(max(0.0, self.wall_s - self.prefill_s - self.draft_s - self.verify_s), 6),
             "head_rows": self.head_rows,
         }
 
