@@ -227,3 +227,20 @@ def test_eagle_drafter_via_cli(capsys, tiny_model_dir, tmp_path):
     rc, _, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w1", "--drafter", "eagle",
                       "--draft", str(wide))
     assert rc == 2 and "hidden size" in err and len(err.strip().splitlines()) == 1
+
+
+def test_microspec_vocab_via_cli(capsys, tiny_model_dir):
+    base = ["generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2 w3 w1 w2", "--max-new-tokens", "16",
+            "--ignore-eos", "--dtype", "fp32", "--json"]
+    _, out, _ = _run(capsys, *base)
+    rc, out2, err = _run(capsys, *base, "--drafter", "early-exit", "--draft-layers", "1", "--vocab", "microspec",
+                         "--w-max", "20")
+    assert rc == 0, err
+    obj = json.loads(out2)
+    assert obj["token_ids"] == json.loads(out)["token_ids"] and obj["vocab"] == "microspec"
+    assert 0 < obj["stats"]["active_vocab_max"] <= 21
+    for extra, needle in ((["--vocab", "microspec"], "needs a drafter"), (["--vocab", "nope"], "unknown vocabulary"),
+                          (["--drafter", "early-exit", "--vocab", "microspec", "--w-max", "0"], "w-max"),
+                          (["--drafter", "early-exit", "--w-max", "10"], "apply to --vocab microspec")):
+        rc, _, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w1", *extra)
+        assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, (extra, err)

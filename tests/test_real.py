@@ -95,21 +95,28 @@ def gemma_ar(gemma):
             for p in SPEC_PROMPTS}
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "early-exit", "early-exit-tree"])
+@pytest.mark.parametrize("drafter", ["ngram", "early-exit", "early-exit-tree", "early-exit-tree-microspec"])
 def test_gemma_speculative_greedy_identity(gemma, gemma_ar, drafter):
     from microspec.drafters import make_drafter
+    from microspec.vocab import MicroSpecVocab
 
     accepted = []
     for prompt in SPEC_PROMPTS:
-        if drafter == "early-exit-tree":
+        vocab = None
+        if drafter == "early-exit-tree-microspec":
+            d = make_drafter("early-exit", depth=2, top_k=2, total_tokens=3, draft_layers=12)
+            vocab = MicroSpecVocab(262144, always=gemma.eos_token_ids)
+        elif drafter == "early-exit-tree":
             d = make_drafter("early-exit", depth=2, top_k=2, total_tokens=3, draft_layers=6)
         else:
             d = make_drafter(drafter, depth=2 if drafter == "early-exit" else None,
                              num_layers_target=gemma.model.spec.num_layers)
         r = generate_ids(gemma.model, encode_prompt(gemma, prompt), GenerationConfig(max_new_tokens=64),
-                         gemma.eos_token_ids, drafter=d)
+                         gemma.eos_token_ids, drafter=d, vocab=vocab)
         assert r.token_ids == gemma_ar[prompt]
         accepted.append(r.stats.mean_accept_len)
+        if vocab is not None:
+            assert 0 < r.stats.to_dict()["active_vocab_max"] <= 3072 + 1
     if drafter in ("ngram", "early-exit"):  # base-model text repeats itself; 12 of 18 layers predict some of it
         assert max(accepted) > 1.0
 

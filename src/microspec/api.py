@@ -28,7 +28,8 @@ def encode_prompt(lm: LoadedModel, prompt: str, chat: bool | None = None) -> lis
 
 
 def generate(lm: LoadedModel, prompt: str, cfg: GenerationConfig | None = None, chat: bool | None = None,
-             drafter: Drafter | None = None, head_mode: str | None = None, **overrides) -> GenerationResult:
+             drafter: Drafter | None = None, head_mode: str | None = None, vocab=None,
+             **overrides) -> GenerationResult:
     """Generate a continuation of ``prompt`` with ``lm`` (speculatively when a ``drafter`` is given); keyword
     overrides build a :class:`GenerationConfig`."""
     cfg = cfg or GenerationConfig(**overrides)
@@ -41,6 +42,7 @@ def generate(lm: LoadedModel, prompt: str, cfg: GenerationConfig | None = None, 
             tail = lm.tokenizer.decode(tokens[-32:], skip_special_tokens=True)
             return any(s in tail for s in stops)
 
-    result = generate_ids(lm.model, ids, cfg, lm.eos_token_ids, stop_check, drafter=drafter, head_mode=head_mode)
+    result = generate_ids(lm.model, ids, cfg, lm.eos_token_ids, stop_check, drafter=drafter, head_mode=head_mode,
+                          vocab=vocab)
     result.text = lm.tokenizer.decode(result.token_ids, skip_special_tokens=True)
     return result

@@ -55,6 +55,11 @@ def _add_generate(sub) -> None:
     p.add_argument("--total-tokens", default=None,
                    help="tree drafters: nodes kept after reranking (default depth x top-k), or 'auto' to size the "
                         "tree by timing the target's verify pass on this device")
+    p.add_argument("--vocab", default="full",
+                   help="draft vocabulary policy: full (EAGLE-2) or microspec (in-context vocabulary, Algorithm 1)")
+    p.add_argument("--w-max", type=int, default=None, help="microspec: window over the candidate stream (3072)")
+    p.add_argument("--k-pre", type=int, default=None, help="microspec: top-k per prompt position at prefill (3)")
+    p.add_argument("--k-ver", type=int, default=None, help="microspec: top-k of the verify logits per step (3)")
     p.add_argument("--head-mode", default=None, help="verification head: all, visited or path (default: visited on CPU, path on CUDA)")
     p.set_defaults(func=_cmd_generate)
 
@@ -97,6 +102,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise MicrospecError("--total-tokens auto needs --top-k (a tree drafter)")
     tree_args = dict(draft_layers=args.draft_layers, depth=args.depth, top_k=args.top_k, total_tokens=total_tokens)
     make_drafter(args.drafter, **tree_args)  # validate before loading the model
+    from .vocab import make_vocab
+
+    vocab_args = dict(w_max=args.w_max, k_pre=args.k_pre, k_ver=args.k_ver)
+    make_vocab(args.vocab, **vocab_args)
+    if args.vocab != "full" and args.drafter in ("none", "ngram"):
+        raise MicrospecError(f"--vocab {args.vocab} needs a drafter with an LM head (early-exit, eagle or model)")
     if args.drafter == "model" and args.draft is None:
         raise MicrospecError("--drafter model needs --draft (the draft model)")
     if args.draft is not None and args.drafter not in ("model", "eagle"):
@@ -128,13 +139,15 @@ def _cmd_generate(args: argparse.Namespace) -> int:
               + ", ".join(f"{n}: {c * 1000:.0f}" for n, c in costs.items()) + ")", file=sys.stderr)
     drafter = make_drafter(args.drafter, num_layers_target=lm.model.spec.num_layers, draft_model=draft_model,
                            eagle_head=eagle_head, **tree_args)
-    result = generate(lm, prompt, cfg, chat=args.chat, drafter=drafter, head_mode=head_mode)
+    vocab = make_vocab(args.vocab, vocab_size=lm.model.spec.vocab_size, device=lm.model.device,
+                       eos_ids=lm.eos_token_ids, **vocab_args) if args.vocab != "full" else None
+    result = generate(lm, prompt, cfg, chat=args.chat, drafter=drafter, head_mode=head_mode, vocab=vocab)
     stats = result.stats.to_dict()
     if args.json:
         print(json.dumps({
             "text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
             "model": lm.name, "dtype": args.dtype, "device": args.device, "drafter": args.drafter,
-            "total_tokens": tree_args["total_tokens"], "stats": stats,
+            "total_tokens": tree_args["total_tokens"], "vocab": args.vocab, "stats": stats,
         }))
     else:
         print(result.text)

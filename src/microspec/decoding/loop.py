@@ -16,6 +16,7 @@ from ..errors import MicrospecError, check
 from ..models.native import NativeCausalLM
 from .config import GenerationConfig
 from ..drafters.base import DraftContext, Drafter
+from ..vocab.base import VocabPolicy
 from .processors import LogitsPipeline
 from .stats import GenerationStats, Stopwatch
 from .tree import DraftTree
@@ -43,6 +44,13 @@ def check_prompt(model: NativeCausalLM, prompt_ids: Sequence[int], cfg: Generati
     check(not bad, f"prompt token ids out of the vocabulary range [0, {vocab}): {bad[:5]}")
 
 
+def prompt_topk(model: NativeCausalLM, hidden: torch.Tensor, k: int, chunk: int = 32) -> torch.Tensor:
+    """Top-k ids [L, k] of the target's full-vocabulary logits at every prompt position, ``chunk`` rows at a time
+    so that the [L, V] logits never exist at once (2·L·V·d FLOP: more than the prefill itself on a long prompt)."""
+    return torch.cat([torch.topk(model.head(hidden[i : i + chunk]), k, dim=-1).indices
+                      for i in range(0, hidden.shape[0], chunk)])
+
+
 @torch.inference_mode()
 def generate_ids(
     model: NativeCausalLM,
@@ -52,6 +60,7 @@ def generate_ids(
     stop_check: Callable[[list[int]], bool] | None = None,
     drafter: Drafter | None = None,
     head_mode: str | None = None,
+    vocab: VocabPolicy | None = None,
 ) -> GenerationResult:
     """Generate after ``prompt_ids``; stop at an EOS / stop token, at ``stop_check(tokens)`` or after exactly
     ``cfg.max_new_tokens`` tokens.
@@ -59,7 +68,8 @@ def generate_ids(
     Each step: the drafter proposes a tree below the root (the last committed token, not yet seen by the target);
     the target runs root + tree in one forward pass; the verifier walks the tree with the target's own choices; the
     cache keeps the root and the accepted nodes; the bonus token becomes the next root.  Without a drafter the tree
-    is empty and this is plain autoregressive decoding on the same path.
+    is empty and this is plain autoregressive decoding on the same path.  A vocabulary policy, when given, hears
+    the prefill and every verification and tells the drafter's head which ids to score.
     """
     if not isinstance(model, NativeCausalLM):
         raise MicrospecError("generate_ids needs a NativeCausalLM (use microspec.load_model)")
@@ -95,6 +105,9 @@ def generate_ids(
     hidden = model(torch.as_tensor(tokens, dtype=torch.long, device=device), cache)
     if drafter is not None:
         drafter.prefill(model, tokens, hidden)
+    if vocab is not None:
+        top = prompt_topk(model, hidden, vocab.prompt_topk) if vocab.prompt_topk > 0 else None
+        vocab.on_prefill(torch.as_tensor(tokens, dtype=torch.long, device=device), top)
     logits = model.head(hidden[-1:])
     if pipe.active:
         pipe.process(logits)
@@ -104,6 +117,10 @@ def generate_ids(
         t0 = clock.elapsed()
         tree = DraftTree()
         if drafter is not None:
+            if vocab is not None:
+                drafter.vocab = vocab.active()
+                stats.active_sizes.append(int(drafter.vocab.numel()) if drafter.vocab is not None
+                                          else model.spec.vocab_size)
             left = cfg.max_new_tokens - len(out) - 1  # the bonus token always comes on top of accepted drafts
             tree = drafter.propose(DraftContext(tokens, model, cache, left, pipe)).truncated(left)
             tree = tree.first(cache.capacity - cache.length - 1)
@@ -112,12 +129,18 @@ def generate_ids(
         if len(tree):
             ids, positions, mask = tree.verify_inputs(tokens[-1], start, device)
             hidden = model(ids, cache, positions=positions, mask=mask)
-            walk = walker(tree, LazyHead(model.head, hidden, tree, head_mode), pipe)
+            walk_head = LazyHead(model.head, hidden, tree, head_mode)
+            walk = walker(tree, walk_head, pipe)
             cache.keep(list(range(start + 1)) + [start + 1 + i for i in walk.accepted])
             new = walk.tokens
+            if vocab is not None:  # the validated branch: the root and the accepted nodes (all already computed)
+                branch = torch.stack([walk_head(r) for r in [0] + [1 + a for a in walk.accepted]])
+                vocab.on_verify(torch.tensor(tree.tokens, dtype=torch.long, device=device), branch)
         else:
             hidden = model(torch.tensor([tokens[-1]], dtype=torch.long, device=device), cache)
             logits = model.head(hidden)
+            if vocab is not None:
+                vocab.on_verify(torch.empty(0, dtype=torch.long, device=device), logits)
             if pipe.active:
                 pipe.process(logits)
             new = [int(pipe.choose(logits))]

@@ -33,6 +33,7 @@ class GenerationStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     head_rows: int = 0  # full-vocabulary head rows computed by verification
+    active_sizes: list[int] = field(default_factory=list)  # draft vocabulary size at each step (with a policy)
 
     def record_step(self, committed: int, drafted: int, depth: int, draft_s: float, verify_s: float,
                     head_rows: int) -> None:
@@ -84,6 +85,8 @@ class GenerationStats:
             "verify_s": round(self.verify_s, 6),
             "other_s": round(max(0.0, self.wall_s - self.prefill_s - self.draft_s - self.verify_s), 6),
             "head_rows": self.head_rows,
+            **({"active_vocab_mean": round(sum(self.active_sizes) / len(self.active_sizes), 1),
+                "active_vocab_max": max(self.active_sizes)} if self.active_sizes else {}),
         }
 
 

@@ -38,6 +38,7 @@ class DraftContext:
 
 class Drafter(ABC):
     name = "drafter"
+    vocab: torch.Tensor | None = None  # ids the draft head may score this step (set by the loop); None = all
 
     def prefill(self, target: NativeCausalLM, prompt_ids: list[int], hidden: torch.Tensor) -> None:
         """Called once after the target's prefill with its final hidden states of the prompt."""

@@ -18,9 +18,14 @@ class DraftHead:
         self.vocab_size = weight.shape[0]
         self.active: torch.Tensor | None = None  # ids the head may score; None = the whole vocabulary
         self._rows: torch.Tensor | None = None
+        self._source: torch.Tensor | None = None
 
     def set_active(self, ids: torch.Tensor | None) -> None:
-        """Restrict the head to ``ids`` (1-D, unique), or lift the restriction with None."""
+        """Restrict the head to ``ids`` (1-D, unique), or lift the restriction with None (the same tensor object
+        as last time is a no-op: its rows are already gathered)."""
+        if ids is self._source:
+            return
+        self._source = ids
         self.active = None if ids is None else ids.to(self.weight.device, torch.long)
         self._rows = None if ids is None else self.weight.index_select(0, self.active)
 

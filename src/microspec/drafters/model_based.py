@@ -73,6 +73,7 @@ class ForwardDrafter(Drafter):
         if cache.capacity - cache.length < forwards + self._backlog(ctx):
             return DraftTree()
         self.head = self._head(ctx)
+        self.head.set_active(self.vocab)
         root_hidden, root_slot = self._root(ctx)
         try:
             if self.top_k is None:
