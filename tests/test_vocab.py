@@ -140,3 +140,76 @@ def test_make_vocab_and_bad_settings():
         make_vocab("microspec", vocab_size=VOCAB, k_ver=-1)
     with pytest.raises(MicrospecError):
         make_vocab("full", w_max=100)
+
+
+def test_frequency_table_token_map_round_trip_and_shortlist(tmp_path, tiny_model_dir):
+    import gzip
+    import json
+
+    from transformers import AutoTokenizer
+
+    from microspec.vocab.frequency import (count_tokens, iter_texts, load_token_map, parse_size, save_token_map,
+                                           token_map_from_counts)
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    (tmp_path / "a.txt").write_text("w5 w5 w5 w7\nw7 w9\n")
+    with gzip.open(tmp_path / "b.jsonl.gz", "wt") as f:
+        f.write(json.dumps({"text": "w9 w9 w9 w9", "lang": "w1"}) + "\n")
+        f.write(json.dumps({"other": ["w11", {"deep": "w11"}]}) + "\n")
+    texts = list(iter_texts([tmp_path / "a.txt", tmp_path / "b.jsonl.gz"]))
+    assert texts == ["w5 w5 w5 w7\nw7 w9\n", "w9 w9 w9 w9", "w11", "w11"]  # 'text' field, else every string
+    counts = count_tokens(tok, texts, VOCAB)
+    w = tok.convert_tokens_to_ids
+    assert counts[w("w9")] == 5 and counts[w("w5")] == 3 and counts[w("w7")] == 2 and counts[w("w11")] == 2
+    assert counts.sum() == 12
+    tmap = token_map_from_counts(counts)
+    assert tmap[:2] == [w("w9"), w("w5")] and set(tmap[2:]) == {w("w7"), w("w11")}
+    save_token_map(tmap, tmp_path / "map.pt")
+    assert torch.load(tmp_path / "map.pt") == tmap  # SGLang's format: a plain list of ids
+    assert load_token_map(tmp_path / "map.pt", VOCAB) == tmap
+    assert parse_size("32k") == 32768 and parse_size("8K") == 8192 and parse_size(3000) == 3000
+    with pytest.raises(MicrospecError):
+        parse_size("lots")
+    with pytest.raises(MicrospecError):
+        load_token_map(tmp_path / "a.txt")
+    v = make_vocab("fr-spec", vocab_size=VOCAB, freq_file=str(tmp_path / "map.pt"), size=2, eos_ids=[2])
+    assert v.active().tolist() == sorted([w("w9"), w("w5"), 2])
+    assert v.active() is v.active()  # a fixed set: the draft head gathers it once
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_static_shortlist_is_lossless(greedy):
+    from microspec.vocab import StaticShortlist
+
+    _, nm = tiny_pair("qwen3")
+    cfg = dict(max_new_tokens=30, ignore_eos=True)
+    if not greedy:
+        cfg.update(temperature=1.0, seed=5)
+    ref = generate_ids(nm, PROMPT, GenerationConfig(**cfg)).token_ids
+    vocab = StaticShortlist(list(range(0, VOCAB, 3)), 20)
+    r = generate_ids(nm, PROMPT, GenerationConfig(**cfg), drafter=EarlyExitDrafter(1, depth=3, top_k=2), vocab=vocab)
+    if greedy:
+        assert r.token_ids == ref
+    assert r.stats.to_dict()["active_vocab_max"] == 20
+
+
+def test_freq_command(tmp_path, tiny_model_dir, capsys):
+    from microspec.cli import main
+
+    (tmp_path / "a.txt").write_text("w5 w5 w5 w7 w7 w9\n")
+    assert main(["freq", "--model", str(tiny_model_dir), "--out", str(tmp_path / "m.pt"), str(tmp_path / "a.txt"),
+                 "--dtype", "fp32"]) == 0
+    assert len(torch.load(tmp_path / "m.pt")) == 3
+    (tmp_path / "p.jsonl").write_text('{"prompt": "w1 w2"}\n{"turns": ["w3 w4", "w5"]}\n')
+    assert main(["freq", "--model", str(tiny_model_dir), "--out", str(tmp_path / "g.pt"), "--generate", "--prompts",
+                 str(tmp_path / "p.jsonl"), "--max-new-tokens", "5", "--dtype", "fp32"]) == 0
+    assert 1 <= len(torch.load(tmp_path / "g.pt")) <= 10
+    capsys.readouterr()
+    assert main(["freq", "--model", str(tiny_model_dir), "--out", str(tmp_path / "x.pt")]) == 2
+    assert main(["generate", "--model", str(tiny_model_dir), "--prompt", "w1", "--drafter", "early-exit",
+                 "--vocab", "fr-spec"]) == 2
+    assert "needs --freq-file" in capsys.readouterr().err
+    rc = main(["generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2", "--drafter", "early-exit",
+               "--draft-layers", "1", "--vocab", "fr-spec", "--freq-file", str(tmp_path / "m.pt"), "--vocab-size",
+               "2", "--max-new-tokens", "6", "--json"])
+    assert rc == 0

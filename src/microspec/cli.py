@@ -56,7 +56,10 @@ def _add_generate(sub) -> None:
                    help="tree drafters: nodes kept after reranking (default depth x top-k), or 'auto' to size the "
                         "tree by timing the target's verify pass on this device")
     p.add_argument("--vocab", default="full",
-                   help="draft vocabulary policy: full (EAGLE-2) or microspec (in-context vocabulary, Algorithm 1)")
+                   help="draft vocabulary policy: full (EAGLE-2), fr-spec / vocabtrim (static top-K shortlist from "
+                        "--freq-file) or microspec (in-context vocabulary, Algorithm 1)")
+    p.add_argument("--freq-file", default=None, help="fr-spec / vocabtrim: token map (SGLang format)")
+    p.add_argument("--vocab-size", default=None, help="fr-spec / vocabtrim: K, e.g. 8k, 16k, 32k (default) or 3000")
     p.add_argument("--w-max", type=int, default=None, help="microspec: window over the candidate stream (3072)")
     p.add_argument("--k-pre", type=int, default=None, help="microspec: top-k per prompt position at prefill (3)")
     p.add_argument("--k-ver", type=int, default=None, help="microspec: top-k of the verify logits per step (3)")
@@ -104,8 +107,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     make_drafter(args.drafter, **tree_args)  # validate before loading the model
     from .vocab import make_vocab
 
-    vocab_args = dict(w_max=args.w_max, k_pre=args.k_pre, k_ver=args.k_ver)
-    make_vocab(args.vocab, **vocab_args)
+    vocab_args = dict(w_max=args.w_max, k_pre=args.k_pre, k_ver=args.k_ver, freq_file=args.freq_file,
+                      size=args.vocab_size)
+    make_vocab(args.vocab, validate_only=True, **vocab_args)
     if args.vocab != "full" and args.drafter in ("none", "ngram"):
         raise MicrospecError(f"--vocab {args.vocab} needs a drafter with an LM head (early-exit, eagle or model)")
     if args.drafter == "model" and args.draft is None:
@@ -139,8 +143,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
               + ", ".join(f"{n}: {c * 1000:.0f}" for n, c in costs.items()) + ")", file=sys.stderr)
     drafter = make_drafter(args.drafter, num_layers_target=lm.model.spec.num_layers, draft_model=draft_model,
                            eagle_head=eagle_head, **tree_args)
+    from .vocab.frequency import special_ids
+
     vocab = make_vocab(args.vocab, vocab_size=lm.model.spec.vocab_size, device=lm.model.device,
-                       eos_ids=lm.eos_token_ids, **vocab_args) if args.vocab != "full" else None
+                       eos_ids=lm.eos_token_ids, always=special_ids(lm.tokenizer), **vocab_args) \
+        if args.vocab != "full" else None
     result = generate(lm, prompt, cfg, chat=args.chat, drafter=drafter, head_mode=head_mode, vocab=vocab)
     stats = result.stats.to_dict()
     if args.json:
@@ -159,10 +166,72 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_freq(sub) -> None:
+    from .models.registry import DEFAULT_MODEL
+
+    p = sub.add_parser("freq", help="build a token-frequency map (FR-Spec / VocabTrim shortlists)",
+                       description="Count the target tokenizer's tokens in text files (FR-Spec), or in text the "
+                                   "target generates for a prompt file (--generate: VocabTrim), and write the ids in "
+                                   "descending frequency as an SGLang token map (torch.save of a list).")
+    p.add_argument("files", nargs="*", help="text files: .txt, .jsonl (optionally .gz)")
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--out", required=True, help="token map to write (.pt)")
+    p.add_argument("--field", action="append", default=None, help="jsonl field(s) holding text (default: text)")
+    p.add_argument("--generate", action="store_true", help="count the target's own generations (VocabTrim)")
+    p.add_argument("--prompts", default=None, help="--generate: JSONL with prompt / turns fields, or a .txt file")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--limit", type=int, default=None, help="--generate: use the first N prompts")
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="bf16")
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=_cmd_freq)
+
+
+def _cmd_freq(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from .vocab.frequency import count_tokens, iter_texts, save_token_map, token_map_from_counts
+
+    if args.generate == bool(args.files):
+        raise MicrospecError("give text files (FR-Spec) or --generate --prompts FILE (VocabTrim), not both")
+    if args.generate and not args.prompts:
+        raise MicrospecError("--generate needs --prompts FILE")
+    from .models.registry import load_model
+
+    if args.generate:
+        from .api import generate
+        from .bench_data import read_prompts
+        from .decoding.config import GenerationConfig
+
+        prompts = read_prompts(args.prompts)[: args.limit]
+        cfg = GenerationConfig(max_new_tokens=args.max_new_tokens, repetition_penalty=args.repetition_penalty)
+        lm = load_model(args.model, dtype=args.dtype, device=args.device)
+        counts = np.zeros(lm.model.spec.vocab_size, dtype=np.int64)
+        for i, prompt in enumerate(prompts, 1):
+            ids = generate(lm, prompt, cfg).token_ids
+            counts += np.bincount(np.asarray(ids), minlength=len(counts))[: len(counts)]
+            print(f"[microspec] freq --generate: {i}/{len(prompts)} prompts, {int(counts.sum())} tokens",
+                  file=sys.stderr)
+    else:
+        lm = load_model(args.model, dtype=args.dtype, device=args.device)
+        counts = count_tokens(lm.tokenizer, iter_texts(args.files, tuple(args.field or ["text"])),
+                              lm.model.spec.vocab_size)
+    token_map = token_map_from_counts(counts)
+    if not token_map:
+        raise MicrospecError("no tokens were counted")
+    save_token_map(token_map, args.out)
+    total = int(counts.sum())
+    cover = {k: float(counts[token_map[:k]].sum()) / total for k in (8192, 16384, 32768)}
+    print(f"[microspec] {total} tokens, {len(token_map)} distinct ids -> {args.out}; share of tokens covered by the "
+          f"top 8k / 16k / 32k: {cover[8192]:.4f} / {cover[16384]:.4f} / {cover[32768]:.4f}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="microspec", description="Lossless speculative decoding for large-vocabulary LMs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_generate(sub)
+    _add_freq(sub)
     return parser
 
 

@@ -1,0 +1,147 @@
+"""Static shortlists: FR-Spec (top-K by corpus token frequency) and VocabTrim (top-K by frequency in text the target
+itself generates).  Both are a fixed id set; the draft head gathers its rows once.
+
+Token maps use SGLang's file format for FR-Spec: ``torch.save`` of a list of token ids in descending frequency, so
+maps made here load in SGLang and SGLang's load here.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import MicrospecError, check
+from .base import VocabPolicy
+
+
+def parse_size(text: str | int) -> int:
+    """'32k' -> 32768, '8K' -> 8192, '3000' -> 3000."""
+    if isinstance(text, int):
+        size = text
+    else:
+        t = str(text).strip().lower()
+        try:
+            size = int(float(t[:-1]) * 1024) if t.endswith("k") else int(t)
+        except ValueError:
+            raise MicrospecError(f"--vocab-size must be a number like 32k or 3000, got {text!r}") from None
+    check(size >= 1, f"--vocab-size must be >= 1, got {text!r}")
+    return size
+
+
+class StaticShortlist(VocabPolicy):
+    """The first ``size`` ids of a token map, plus the ``always`` ids (EOS and chat special tokens)."""
+
+    def __init__(self, token_map: Sequence[int], size: int, always: Sequence[int] = (), name: str = "fr-spec",
+                 device: torch.device | str = "cpu"):
+        check(len(token_map) > 0, "the token map is empty")
+        self.name = name
+        ids = set(int(t) for t in list(token_map)[:size]) | set(int(t) for t in always)
+        self.ids = torch.tensor(sorted(ids), dtype=torch.long, device=device)
+
+    def active(self, depth: int | None = None) -> torch.Tensor:
+        return self.ids  # the same tensor every step: the draft head gathers its rows once
+
+
+def save_token_map(token_map: Sequence[int], path: str | Path) -> None:
+    torch.save([int(t) for t in token_map], str(path))
+
+
+def load_token_map(path: str | Path, vocab_size: int | None = None) -> list[int]:
+    p = Path(path)
+    if not p.is_file():
+        raise MicrospecError(f"token map {path} not found")
+    try:
+        data = torch.load(str(p), map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise MicrospecError(f"{path} is not a token map (torch.save of a list of ids): {exc}") from exc
+    if isinstance(data, torch.Tensor):
+        data = data.flatten().tolist()
+    if not isinstance(data, (list, tuple)) or not all(isinstance(t, int) for t in data):
+        raise MicrospecError(f"{path} is not a token map (expected a list of token ids)")
+    if vocab_size is not None:
+        bad = [t for t in data if not 0 <= t < vocab_size]
+        check(not bad, f"token map {path} has ids outside the model's vocabulary of {vocab_size}: {bad[:5]}")
+    return list(data)
+
+
+def _open(path: Path):
+    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")
+
+
+def _strings(obj) -> Iterator[str]:
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, list):
+        for x in obj:
+            yield from _strings(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from _strings(x)
+
+
+def iter_texts(paths: Iterable[str | Path], fields: Sequence[str] = ("text",)) -> Iterator[str]:
+    """Texts of .txt files (one document per file, read in paragraphs) and of .jsonl records (the named fields when
+    present, else every string in the record); either may be gzipped."""
+    for raw in paths:
+        path = Path(raw)
+        if not path.is_file():
+            raise MicrospecError(f"text file {raw} not found")
+        stem = path.name[:-3] if path.name.endswith(".gz") else path.name
+        with _open(path) as f:
+            if stem.endswith(".jsonl") or stem.endswith(".json"):
+                for n, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        rec = json.loads(line)
+                    except json.JSONDecodeError:
+                        raise MicrospecError(f"{raw}:{n}: not a JSON line") from None
+                    chosen = [rec[k] for k in fields if isinstance(rec, dict) and k in rec]
+                    yield from _strings(chosen if chosen else rec)
+            else:
+                block: list[str] = []
+                for line in f:
+                    block.append(line)
+                    if len(block) >= 200:
+                        yield "".join(block)
+                        block = []
+                if block:
+                    yield "".join(block)
+
+
+def count_tokens(tokenizer, texts: Iterable[str], vocab_size: int, batch: int = 256) -> np.ndarray:
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    buf: list[str] = []
+
+    def flush():
+        for ids in tokenizer(buf, add_special_tokens=False).input_ids:
+            if ids:
+                counts[:] += np.bincount(np.asarray(ids), minlength=vocab_size)[:vocab_size]
+        buf.clear()
+
+    for text in texts:
+        buf.append(text)
+        if len(buf) >= batch:
+            flush()
+    if buf:
+        flush()
+    return counts
+
+
+def token_map_from_counts(counts: np.ndarray) -> list[int]:
+    """Ids with a non-zero count, most frequent first (ties: lower id first)."""
+    order = np.lexsort((np.arange(len(counts)), -counts))
+    return [int(i) for i in order if counts[i] > 0]
+
+
+def special_ids(tokenizer, eos_ids: Sequence[int] = ()) -> list[int]:
+    """EOS and the tokenizer's special tokens (those of the chat template among them): always kept."""
+    ids = set(int(t) for t in eos_ids)
+    for t in getattr(tokenizer, "all_special_ids", []) or []:
+        ids.add(int(t))
+    return sorted(ids)
