@@ -35,10 +35,8 @@ class DraftModelDrafter(ForwardDrafter):
             raise MicrospecError("the draft model and the target must be on the same device")
         self.cache = self.draft.new_cache(len(prompt_ids) + 256)  # grows as the text does
 
-    def propose(self, ctx: DraftContext):
-        forwards = self.depth if self.top_k is None else 1 + self.top_k * (self.depth - 1)
-        self._reserve(self.cache, self._backlog(ctx) + forwards, self.draft.spec.max_position)
-        return super().propose(ctx)
+    def _prepare(self, ctx: DraftContext, slots: int) -> None:
+        self._reserve(self.cache, slots, self.draft.spec.max_position)
 
     def _cache(self, ctx: DraftContext):
         return self.cache

@@ -148,10 +148,8 @@ class EagleDrafter(ForwardDrafter):
         # features of the old root and of the accepted nodes: they pair with the tokens committed after them
         self.pending = hidden if self.pending is None or len(self.pending) == 0 else torch.cat([self.pending, hidden])
 
-    def propose(self, ctx: DraftContext):
-        forwards = self.depth if self.top_k is None else 1 + self.top_k * (self.depth - 1)
-        self._reserve(self.cache, self._backlog(ctx) + forwards, None)
-        return super().propose(ctx)
+    def _prepare(self, ctx: DraftContext, slots: int) -> None:
+        self._reserve(self.cache, slots, None)
 
     def _cache(self, ctx):
         return self.cache

@@ -52,8 +52,13 @@ class ForwardDrafter(Drafter):
         """Committed tokens (before the root) that ``_root`` must still run through the draft."""
         return 0
 
-    def _reserve(self, cache: KVCache, slots: int, limit: int | None) -> None:
-        """Grow ``cache`` (owned by the drafter) to hold ``slots`` more, within a context ``limit``."""
+    def _prepare(self, ctx: DraftContext, slots: int) -> None:
+        """Called before drafting with the number of cache slots this proposal will append (default: nothing; a
+        drafter with a cache of its own grows it here, see :meth:`_reserve`)."""
+
+    @staticmethod
+    def _reserve(cache: KVCache, slots: int, limit: int | None) -> None:
+        """Grow ``cache`` to hold ``slots`` more, within a context ``limit``."""
         need = cache.length + slots
         if limit is None or need <= limit:
             cache.grow(need)
@@ -68,8 +73,9 @@ class ForwardDrafter(Drafter):
         steps = min(self.depth, ctx.max_depth)
         if steps <= 0:
             return DraftTree()
-        cache = self._cache(ctx)
         forwards = steps if self.top_k is None else 1 + self.top_k * (steps - 1)
+        self._prepare(ctx, self._backlog(ctx) + forwards)
+        cache = self._cache(ctx)
         if cache.capacity - cache.length < forwards + self._backlog(ctx):
             return DraftTree()
         self.head = self._head(ctx)
