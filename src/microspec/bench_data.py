@@ -5,30 +5,43 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 from .errors import MicrospecError
 
 
-def read_records(path: str | Path) -> list[dict]:
-    """Records with ``prompt`` (the first turn for multi-turn files), ``turns`` and ``category``."""
+def open_text(path: str | Path, what: str = "file") -> tuple[TextIO, str]:
+    """(text stream, name without a .gz suffix) of a plain or gzipped UTF-8 file."""
     p = Path(path)
     if not p.is_file():
-        raise MicrospecError(f"prompt file {path} not found")
-    opener = gzip.open if p.suffix == ".gz" else open
-    stem = p.name[:-3] if p.name.endswith(".gz") else p.name
+        raise MicrospecError(f"{what} {path} not found")
+    if p.name.endswith(".gz"):
+        return gzip.open(p, "rt", encoding="utf-8"), p.name[:-3]
+    return p.open(encoding="utf-8"), p.name
+
+
+def json_lines(f: TextIO, label: str | Path) -> Iterator[tuple[int, object]]:
+    """(line number, record) of each non-blank line of a JSON-lines stream."""
+    for n, line in enumerate(f, 1):
+        if not line.strip():
+            continue
+        try:
+            yield n, json.loads(line)
+        except json.JSONDecodeError:
+            raise MicrospecError(f"{label}:{n}: not a JSON line") from None
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """Records with ``prompt`` (the first turn for multi-turn files), ``turns`` and ``category``."""
+    f, name = open_text(path, "prompt file")
     out: list[dict] = []
-    with opener(p, "rt", encoding="utf-8") as f:
-        if not stem.endswith(".jsonl"):
+    with f:
+        if not name.endswith(".jsonl"):
             return [{"prompt": line.rstrip("\n"), "turns": [line.rstrip("\n")], "category": "default"}
                     for line in f if line.strip()]
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                raise MicrospecError(f"{path}:{n}: not a JSON line") from None
+        for n, rec in json_lines(f, path):
             turns = rec.get("turns") or ([rec["prompt"]] if isinstance(rec.get("prompt"), str) else None)
             if not turns:
                 raise MicrospecError(f"{path}:{n}: a record needs a 'prompt' or 'turns' field")

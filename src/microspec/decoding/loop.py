@@ -9,18 +9,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import MicrospecError, check
 from ..models.native import NativeCausalLM
 from .config import GenerationConfig
-from ..drafters.base import DraftContext, Drafter
-from ..vocab.base import VocabPolicy
+from .context import DraftContext
 from .processors import LogitsPipeline
 from .stats import GenerationStats, Stopwatch
 from .tree import DraftTree
 from .verify import HEAD_MODES, LazyHead, default_head_mode, greedy_walk, sample_walk
+
+if TYPE_CHECKING:
+    from ..drafters.base import Drafter
+    from ..vocab.base import VocabPolicy
 
 CACHE_MARGIN = 256  # cache slots beyond prompt + max_new_tokens, for the tree nodes of one verify pass
 
@@ -84,7 +88,6 @@ def generate_ids(
     stats = GenerationStats(prompt_tokens=len(prompt_ids))
     cache = model.new_cache(len(prompt_ids) + cfg.max_new_tokens + CACHE_MARGIN)
     out: list[int] = []
-    finish = None
     walker = greedy_walk if cfg.greedy else sample_walk
 
     def emit(new: list[int]) -> str | None:
@@ -129,27 +132,21 @@ def generate_ids(
         if len(tree):
             ids, positions, mask = tree.verify_inputs(tokens[-1], start, device)
             hidden = model(ids, cache, positions=positions, mask=mask)
-            walk_head = LazyHead(model.head, hidden, tree, head_mode)
-            walk = walker(tree, walk_head, pipe)
-            cache.keep(list(range(start + 1)) + [start + 1 + i for i in walk.accepted])
-            new = walk.tokens
-            if vocab is not None:  # the validated branch: the root and the accepted nodes (all already computed)
-                branch = torch.stack([walk_head(r) for r in [0] + [1 + a for a in walk.accepted]])
-                vocab.on_verify(torch.tensor(tree.tokens, dtype=torch.long, device=device), branch)
-        else:
+        else:  # autoregressive step: the one-token fast path (no mask)
             hidden = model(torch.tensor([tokens[-1]], dtype=torch.long, device=device), cache)
-            logits = model.head(hidden)
-            if vocab is not None:
-                vocab.on_verify(torch.empty(0, dtype=torch.long, device=device), logits)
-            if pipe.active:
-                pipe.process(logits)
-            new = [int(pipe.choose(logits))]
-            walk = None
+        walk_head = LazyHead(model.head, hidden, tree, head_mode)
+        walk = walker(tree, walk_head, pipe)
+        branch = [0] + [1 + a for a in walk.accepted]  # verify rows of the root and the accepted nodes
+        if len(tree):
+            cache.keep(list(range(start)) + [start + r for r in branch])
+        if vocab is not None:  # the validated branch's logits (all already computed by the walk)
+            vocab.on_verify(torch.tensor(tree.tokens, dtype=torch.long, device=device),
+                            torch.stack([walk_head(r) for r in branch]))
+        new = walk.tokens
         stats.record_step(len(new), len(tree), max(tree.depths(), default=0), t1 - t0, clock.elapsed() - t1,
-                          walk.head_rows if walk is not None else 1)
+                          walk.head_rows)
         if drafter is not None:
-            rows = [0] + [1 + i for i in walk.accepted] if walk is not None else [0]
-            drafter.commit(new, hidden[rows])
+            drafter.commit(new, hidden[branch])
         finish = emit(new)
     stats.wall_s = clock.elapsed()
     stats.new_tokens = len(out)

@@ -15,6 +15,15 @@ import torch
 SCHEMES = ("deterministic", "iid", "without-replacement")
 
 
+def path_to(parents: list[int], node: int) -> list[int]:
+    """Nodes from the root's child down to ``node`` (parent -1 is the root)."""
+    out = []
+    while node >= 0:
+        out.append(node)
+        node = parents[node]
+    return out[::-1]
+
+
 @dataclass
 class DraftTree:
     """How the siblings below one parent were chosen decides how sampling verification must treat them:
@@ -73,11 +82,7 @@ class DraftTree:
 
     def path(self, node: int) -> list[int]:
         """Nodes from the root's child down to ``node``."""
-        out = []
-        while node >= 0:
-            out.append(node)
-            node = self.parents[node]
-        return out[::-1]
+        return path_to(self.parents, node)
 
     def truncated(self, max_depth: int) -> "DraftTree":
         """The nodes of depth <= max_depth (they form a prefix-closed set, so indices are re-mapped in order)."""

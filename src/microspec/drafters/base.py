@@ -3,37 +3,14 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 
 import torch
 
-from ..decoding.processors import LogitsPipeline
+from ..decoding.context import DraftContext
 from ..decoding.tree import DraftTree
-from ..models.kv_cache import KVCache
 from ..models.native import NativeCausalLM
 
-
-@dataclass
-class DraftContext:
-    """What a drafter may look at when proposing.
-
-    tokens: the whole committed sequence, prompt included; its last token is the root (not yet in the target cache).
-    cache: the target's KV cache holding ``tokens[:-1]``; a drafter may append to it while drafting but must leave
-        it at its length (``cache.truncate``) before returning.
-    max_depth: deepest node the loop can still use (tokens left to generate minus the bonus).
-    pipe: the decoding settings (``pipe.cfg.greedy``, ``pipe.probs`` for temperature / top-p, ``pipe.generator``):
-        a sampling drafter draws from its own warped distribution and reports it as the tree's ``q``.
-    """
-
-    tokens: list[int]
-    target: NativeCausalLM
-    cache: KVCache
-    max_depth: int
-    pipe: LogitsPipeline | None = None
-
-    @property
-    def greedy(self) -> bool:
-        return self.pipe is None or self.pipe.cfg.greedy
+__all__ = ["DraftContext", "Drafter"]
 
 
 class Drafter(ABC):

@@ -24,24 +24,10 @@ from torch import nn
 
 from ..errors import MicrospecError, check
 from ..models.native import Linear, NativeCausalLM
+from ..models.registry import read_weights
 from .base import DraftContext
 from .head import DraftHead
 from .model_based import ForwardDrafter
-
-
-def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
-    st, bin_ = directory / "model.safetensors", directory / "pytorch_model.bin"
-    try:
-        if st.is_file():
-            from safetensors.torch import load_file
-
-            return load_file(str(st))
-        if bin_.is_file():
-            return torch.load(str(bin_), map_location="cpu", weights_only=True)
-    except Exception as exc:  # a damaged file raises many kinds of errors
-        raise MicrospecError(f"could not read the EAGLE weights in {directory} ({type(exc).__name__}: {exc})") \
-            from exc
-    raise MicrospecError(f"no EAGLE weights (model.safetensors or pytorch_model.bin) in {directory}")
 
 
 def _layer_config(raw: dict, qkv_bias: bool):
@@ -84,7 +70,7 @@ class EagleHead(nn.Module):
             raw = json.loads((directory / "config.json").read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise MicrospecError(f"unreadable EAGLE config in {directory}: {exc}") from exc
-        state = _read_weights(directory)
+        state = read_weights(directory)
         check("fc.weight" in state, f"{directory} is not an EAGLE checkpoint (no fc.weight)")
         layer_keys = {k for k in state if k.startswith("layers.")}
         check(layer_keys and all(k.startswith("layers.0.") for k in layer_keys),

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..decoding.tree import DraftTree
+from ..decoding.tree import DraftTree, path_to
 from ..errors import check
 
 # expand(nodes) -> (log-probabilities [n, k], token ids [n, k]) of the children of each of ``nodes``
@@ -37,11 +37,8 @@ class PartialTree:
         return len(self.tokens) - 1
 
     def ancestors(self, node: int) -> list[int]:
-        out = []
-        while node >= 0:
-            out.append(node)
-            node = self.parents[node]
-        return out[::-1]
+        """Nodes from the root's child down to ``node`` (itself included)."""
+        return path_to(self.parents, node)
 
 
 def check_tree_args(depth: int, top_k: int, total_tokens: int) -> None:

@@ -193,20 +193,21 @@ def _convert_gguf(path: Path, out: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _read_state(directory: Path) -> dict[str, torch.Tensor]:
+def read_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of ``directory``'s *.safetensors files, else of its pytorch_model*.bin files."""
     from safetensors.torch import load_file
 
     files = sorted(directory.glob("*.safetensors"))
-    state: dict[str, torch.Tensor] = {}
-    if files:
-        for f in files:
-            state.update(load_file(str(f)))
-        return state
     bins = sorted(directory.glob("pytorch_model*.bin"))
-    if not bins:
+    if not files and not bins:
         raise MicrospecError(f"no weights (*.safetensors or pytorch_model*.bin) in {directory}")
-    for f in bins:
-        state.update(torch.load(str(f), map_location="cpu", weights_only=True))
+    state: dict[str, torch.Tensor] = {}
+    try:
+        for f in files or bins:
+            state.update(load_file(str(f)) if f.suffix == ".safetensors"
+                         else torch.load(str(f), map_location="cpu", weights_only=True))
+    except Exception as exc:  # a damaged file raises many kinds of errors
+        raise MicrospecError(f"could not read the weights in {directory} ({type(exc).__name__}: {exc})") from exc
     return state
 
 
@@ -248,7 +249,7 @@ def load_model(
         raise MicrospecError(f"could not read the model in {directory} ({type(exc).__name__}: {exc})") from exc
     with torch.device("meta"):
         model = NativeCausalLM.from_config(cfg)
-    state = _strip_prefix(_read_state(directory))
+    state = _strip_prefix(read_weights(directory))
     model.load_hf_state_dict(state, assign=True)
     model = model.to(device=dev, dtype=torch_dtype).eval()
     for p in model.parameters():

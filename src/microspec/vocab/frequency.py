@@ -7,14 +7,13 @@ maps made here load in SGLang and SGLang's load here.
 
 from __future__ import annotations
 
-import gzip
-import json
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from ..bench_data import json_lines, open_text
 from ..errors import MicrospecError, check
 from .base import VocabPolicy
 
@@ -69,10 +68,6 @@ def load_token_map(path: str | Path, vocab_size: int | None = None) -> list[int]
     return list(data)
 
 
-def _open(path: Path):
-    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")
-
-
 def _strings(obj) -> Iterator[str]:
     if isinstance(obj, str):
         yield obj
@@ -88,19 +83,10 @@ def iter_texts(paths: Iterable[str | Path], fields: Sequence[str] = ("text",)) -
     """Texts of .txt files (one document per file, read in paragraphs) and of .jsonl records (the named fields when
     present, else every string in the record); either may be gzipped."""
     for raw in paths:
-        path = Path(raw)
-        if not path.is_file():
-            raise MicrospecError(f"text file {raw} not found")
-        stem = path.name[:-3] if path.name.endswith(".gz") else path.name
-        with _open(path) as f:
-            if stem.endswith(".jsonl") or stem.endswith(".json"):
-                for n, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        rec = json.loads(line)
-                    except json.JSONDecodeError:
-                        raise MicrospecError(f"{raw}:{n}: not a JSON line") from None
+        f, name = open_text(raw, "text file")
+        with f:
+            if name.endswith(".jsonl") or name.endswith(".json"):
+                for _, rec in json_lines(f, raw):
                     chosen = [rec[k] for k in fields if isinstance(rec, dict) and k in rec]
                     yield from _strings(chosen if chosen else rec)
             else:
