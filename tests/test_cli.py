@@ -244,3 +244,77 @@ def test_microspec_vocab_via_cli(capsys, tiny_model_dir):
                           (["--drafter", "early-exit", "--w-max", "10"], "apply to --vocab microspec")):
         rc, _, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w1", *extra)
         assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, (extra, err)
+
+
+@pytest.mark.parametrize("extra", [["--gather", "indexed"], ["--position-aware", "12,6"],
+                                   ["--gather", "indexed", "--position-aware", "12,6"]])
+def test_vocab_variants_via_cli(capsys, tiny_model_dir, extra):
+    base = ["generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2 w3 w1 w2", "--max-new-tokens", "12",
+            "--ignore-eos", "--dtype", "fp32", "--json"]
+    _, out, _ = _run(capsys, *base)
+    rc, out2, err = _run(capsys, *base, "--drafter", "early-exit", "--draft-layers", "1", "--top-k", "2",
+                         "--vocab", "microspec", "--w-max", "20", *extra)
+    assert rc == 0, err
+    obj = json.loads(out2)
+    assert obj["token_ids"] == json.loads(out)["token_ids"]
+    st = obj["stats"]
+    for key in ("active_vocab_mean", "active_vocab_max", "head_s", "vocab_s", "coverage", "head_calls"):
+        assert key in st, key
+    assert 0 <= st["coverage"] <= 1 and st["head_s"] > 0
+    assert st["active_vocab_max"] <= (12 if "--position-aware" in extra else 21)
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--drafter", "early-exit", "--vocab", "microspec", "--position-aware", "5"], "k0,k1"),
+    (["--drafter", "early-exit", "--vocab", "microspec", "--position-aware", "0,3"], ">= 1"),
+    (["--drafter", "early-exit", "--position-aware", "4,2"], "ranks its ids"),
+    (["--drafter", "early-exit", "--vocab", "microspec", "--gather", "nope"], "unknown --gather"),
+    (["--drafter", "early-exit", "--gather", "indexed"], "not --vocab full"),
+])
+def test_bad_vocab_variant_input(capsys, tiny_model_dir, extra, needle):
+    rc, out, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2", *extra)
+    assert rc == 2 and out == "" and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_coverage_command(capsys, tiny_model_dir, tmp_path):
+    from microspec.vocab.frequency import save_token_map
+
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in [
+        {"prompt": "w1 w2 w3 w1 w2", "category": "a"}, {"prompt": "w5 w6", "category": "a"},
+        {"prompt": "w9 w9 w8", "category": "b"}, {"prompt": "w10", "category": "b"}]) + "\n")
+    tmap = tmp_path / "map.pt"
+    save_token_map(list(range(95, -1, -1)), tmap)
+    base = ["coverage", "--model", str(tiny_model_dir), "--data", str(data), "--max-new-tokens", "10",
+            "--ignore-eos", "--dtype", "fp32", "--draft-layers", "1", "--w-max", "16"]
+    rc, out, err = _run(capsys, *base, "--json", "--curve-map", str(tmap), "--limit", "1")
+    assert rc == 0, err
+    obj = json.loads(out)
+    assert set(obj["categories"]) == {"a", "b"} and obj["prompts"] == 2
+    for key in ("coverage", "active_vocab_mean", "active_vocab_max", "static_topk", "tokens"):
+        assert key in obj and key in obj["categories"]["a"]
+    assert obj["tokens"] == 2 * 9  # every generated token after the prefill's first
+    assert 0 <= obj["coverage"] <= 1 and obj["active_vocab_max"] <= 16 + 1
+    a, b = obj["categories"]["a"], obj["categories"]["b"]
+    pooled = (a["coverage"] * a["tokens"] + b["coverage"] * b["tokens"]) / obj["tokens"]
+    assert obj["coverage"] == pytest.approx(pooled, abs=1e-4)
+    assert obj["static_topk"]["512"] == 1.0  # K >= the vocabulary covers everything
+    rc, out, err = _run(capsys, *base, "--categories", "b")
+    assert rc == 0 and out.splitlines()[0].startswith("category") and out.splitlines()[-1].startswith("all")
+    for extra, needle in ((["--drafter", "ngram"], "needs a drafter"), (["--categories", "zzz"], "no prompts"),
+                          (["--limit", "0"], "--limit")):
+        rc, out, err = _run(capsys, *base, *extra)
+        assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+    rc, _, err = _run(capsys, "coverage", "--model", str(tiny_model_dir), "--data", str(tmp_path / "none.jsonl"))
+    assert rc == 2 and "not found" in err
+
+
+def test_static_curve_arithmetic():
+    from microspec.coverage import CoverageRecord, static_curve, summarize
+
+    curve = static_curve([5, 3, 3, 9, 1], [3, 3, 9, 7, 5], sizes=(1, 2, 3, 4))
+    assert curve == {1: 0.2, 2: 0.6, 3: 0.6, 4: 0.8}  # first K entries, as a shortlist takes them: 9 is 4th
+    recs = [CoverageRecord("x", [0, 1, 2], 1, 2, [10, 20]), CoverageRecord("y", [0, 5, 6, 7], 3, 3, [30])]
+    s = summarize(recs, token_map=[1, 2], sizes=(2,))
+    assert s["coverage"] == 0.8 and s["active_vocab_mean"] == 20.0 and s["active_vocab_max"] == 30
+    assert s["categories"]["x"]["static_topk"] == {"2": 1.0} and s["static_topk"] == {"2": 0.4}

@@ -11,7 +11,7 @@ from conftest import VOCAB, tiny_pair
 from microspec.decoding import GenerationConfig, generate_ids
 from microspec.drafters import EagleDrafter, EagleHead, EarlyExitDrafter
 from microspec.errors import MicrospecError
-from microspec.vocab import FullVocab, MicroSpecVocab, make_vocab
+from microspec.vocab import FullVocab, MicroSpecVocab, PackedRows, make_vocab
 
 PROMPT = [1, 10, 20, 30, 11, 21, 31, 12, 10, 20, 30]
 
@@ -22,6 +22,10 @@ def _uniq(seq):
         if t not in out:
             out.append(t)
     return out
+
+
+def active_ids(active) -> torch.Tensor:
+    return active.ids() if isinstance(active, PackedRows) else active
 
 
 class NaiveStream:
@@ -119,8 +123,8 @@ def test_restricted_head_drafts_only_active_ids(tmp_path):
     original = drafter.propose
 
     def spy(ctx):
-        tree = original(ctx)
-        seen.append((set(drafter.vocab.tolist()), tree.tokens))
+        tree = original(ctx)  # the policy only moves on after verification: its set is the one just used
+        seen.append((set(active_ids(drafter.vocab.active(0)).tolist()), tree.tokens))
         return tree
 
     drafter.propose = spy
@@ -213,3 +217,173 @@ def test_freq_command(tmp_path, tiny_model_dir, capsys):
                "--draft-layers", "1", "--vocab", "fr-spec", "--freq-file", str(tmp_path / "m.pt"), "--vocab-size",
                "2", "--max-new-tokens", "6", "--json"])
     assert rc == 0
+
+
+# ---------------------------------------------------------------------------- the packed head buffer
+def test_packed_rows_follow_a_set_model_through_random_updates():
+    rnd = random.Random(3)
+    w = torch.randn(VOCAB, 8)
+    buf = PackedRows(w, capacity=20, pinned=torch.tensor([0, 5]))
+    model = {0, 5}
+    for _ in range(300):
+        if rnd.random() < 0.5 and len(model) > 2:
+            out = rnd.sample(sorted(model), rnd.randrange(1, len(model) - 1))
+            ids = torch.tensor(out + [rnd.randrange(VOCAB)])  # plus an id that may be absent
+            mask = torch.tensor([True] * len(out) + [rnd.random() < 0.5])
+            buf.remove(ids, mask)
+            model -= {t for t, m in zip(ids.tolist(), mask.tolist()) if m} - {0, 5}
+        else:
+            room = 20 - len(model)
+            new = rnd.sample(range(VOCAB), rnd.randrange(0, 8))
+            new = [t for t in new if t not in model][:room] + [t for t in new if t in model]
+            mask = [rnd.random() < 0.8 for _ in new]
+            buf.insert(torch.tensor(new, dtype=torch.long), torch.tensor(mask, dtype=torch.bool))
+            model |= {t for t, m in zip(new, mask) if m}
+        assert buf.ids().tolist() == sorted(model)
+        held = buf.slot_ids[: buf.capacity]
+        live = held >= 0
+        torch.testing.assert_close(buf.rows[: buf.capacity][live], w[held[live]], rtol=0, atol=0)
+        assert int(buf.size()) == len(model)
+        assert buf.extent <= buf.capacity and bool((held[buf.extent:] < 0).all())
+        assert (buf.slot_of[held[live]] == torch.arange(buf.capacity)[live]).all()
+
+
+@pytest.mark.parametrize("w_max", [4, 30, 300])
+def test_incremental_packed_buffer_equals_a_fresh_gather(w_max):
+    """MicroSpec's packed rows after many random appends == the rows a fresh gather of I would give, and the
+    packed head's logits == the indexed head's, id by id."""
+    from microspec.drafters.head import DraftHead
+
+    rnd = random.Random(w_max)
+    g = torch.Generator().manual_seed(w_max)
+    weight = torch.randn(VOCAB, 16, generator=g)
+    packed = MicroSpecVocab(VOCAB, w_max=w_max, k_pre=2, k_ver=3, always=[3])
+    indexed = MicroSpecVocab(VOCAB, w_max=w_max, k_pre=2, k_ver=3, always=[3], gather="indexed")
+    prompt = torch.randint(0, VOCAB, (rnd.randrange(1, 80),), generator=g)
+    top = torch.randint(0, VOCAB, (len(prompt), 2), generator=g)
+    heads = []
+    for v in (packed, indexed):
+        v.on_prefill(prompt, top)
+        heads.append(DraftHead(weight))
+        heads[-1].use(v)
+    for step in range(80):
+        tree = torch.randint(0, VOCAB, (rnd.randrange(0, 25),), generator=g)
+        logits = torch.randn(rnd.randrange(1, 4), VOCAB, generator=g)
+        for v in (packed, indexed):
+            v.on_verify(tree, logits)
+        ids = indexed.active()
+        buf = packed.active()
+        assert isinstance(buf, PackedRows) and buf.ids().tolist() == ids.tolist()
+        held = buf.slot_ids[: buf.capacity]
+        torch.testing.assert_close(buf.rows[: buf.capacity][held >= 0], weight[held[held >= 0]], rtol=0, atol=0)
+        h = torch.randn(2, 16, generator=g)
+        lp, li = heads[0].logits(h), heads[1].logits(h)
+        cols = heads[0].to_full_ids(torch.arange(lp.shape[1]))
+        ok = cols >= 0
+        assert bool(torch.isinf(lp[:, ~ok]).all())
+        order = torch.searchsorted(ids, cols[ok])
+        torch.testing.assert_close(lp[:, ok], li[:, order])
+        assert heads[0].topk(h, 2)[1].tolist() == [sorted(r, key=lambda t: -li[i, ids.tolist().index(t)])[:2]
+                                                   for i, r in enumerate(heads[1].topk(h, 2)[1].tolist())]
+
+
+def test_reset_gives_a_fresh_stream():
+    v = MicroSpecVocab(VOCAB, w_max=6, k_pre=1, k_ver=1)
+    v.attach(torch.randn(VOCAB, 4))
+    v.on_prefill(torch.tensor([4, 5, 6]), torch.tensor([[7], [8], [9]]))
+    v.reset()
+    assert v.window() == [] and int(v.counts.sum()) == 0 and v.packed.ids().tolist() == []
+    v.on_prefill(torch.tensor([1, 2]), torch.tensor([[2], [3]]))
+    assert v.window() == [1, 2, 2, 3] and v.packed.ids().tolist() == [1, 2, 3]  # ⊕ of two tuples
+
+
+def test_empty_or_tiny_draft_vocabulary_drafts_only_what_it_has():
+    """A window of one id and top-k 3: the head has fewer ids than k, so the tree skips the -inf children."""
+    _, nm = tiny_pair("llama")
+    ref = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=16, ignore_eos=True)).token_ids
+    for gather in ("packed", "indexed"):
+        vocab = MicroSpecVocab(VOCAB, w_max=1, k_pre=0, k_ver=0, gather=gather)
+        drafter = EarlyExitDrafter(1, depth=3, top_k=3, total_tokens=9)
+        r = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=16, ignore_eos=True), drafter=drafter,
+                         vocab=vocab)
+        assert r.token_ids == ref
+        assert max(r.stats.draft_sizes) <= 3  # one child per node at most
+
+
+# ---------------------------------------------------------------------------- position-aware budget
+def test_position_aware_schedule_values():
+    from microspec.vocab import budget, parse_budgets
+
+    assert [budget(t, 8, 4) for t in range(5)] == [8, 4, 1, 1, 1]
+    assert [budget(t, 32768, 16384) for t in range(5)] == [32768, 16384, 4096, 2731, 2048]
+    assert [budget(t, 100, 60) for t in range(2, 6)] == [(60 + t) // (2 * t) for t in range(2, 6)]
+    assert parse_budgets("4k,2k") == (4096, 2048)
+    for bad in ("4k", "1,2,3", "0,5", "a,b"):
+        with pytest.raises(MicrospecError):
+            parse_budgets(bad)
+    with pytest.raises(MicrospecError):
+        make_vocab("full", position_aware="4,2")
+
+
+def test_position_aware_budgets_follow_rank_order():
+    from microspec.vocab import PositionAware, StaticShortlist
+
+    static = PositionAware(StaticShortlist([9, 4, 7, 1, 30, 2], 6, always=[95]), 4, 3)
+    assert static.active(0).tolist() == sorted([9, 4, 7, 1, 95])
+    assert static.active(1).tolist() == sorted([9, 4, 7, 95])
+    assert static.active(2).tolist() == sorted([9, 95])  # floor((3+2)/4) = 1
+    recency = PositionAware(MicroSpecVocab(VOCAB, w_max=10, k_pre=0, k_ver=0), 3, 2)
+    recency.on_prefill(torch.tensor([5, 6, 5, 7, 8, 6]), None)
+    assert recency.ranked().tolist() == [6, 8, 7, 5]  # most recent first, repeats dropped
+    assert recency.active(0).tolist() == [6, 7, 8] and recency.active(1).tolist() == [6, 8]
+    assert recency.active(0) is recency.active(0)  # cached until the policy moves on
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_position_aware_is_lossless_and_drafts_within_the_budget(greedy):
+    from microspec.vocab import PositionAware
+
+    _, nm = tiny_pair("gemma3")
+    cfg = dict(max_new_tokens=24, ignore_eos=True)
+    if not greedy:
+        cfg.update(temperature=0.8, seed=5)
+    ref = generate_ids(nm, PROMPT, GenerationConfig(**cfg)).token_ids
+    vocab = PositionAware(MicroSpecVocab(VOCAB, w_max=40, k_pre=2, k_ver=2), 12, 6)
+    drafter = EarlyExitDrafter(1, depth=3, top_k=2, total_tokens=6)
+    seen = []
+    original = drafter.propose
+
+    def spy(ctx):
+        tree = original(ctx)
+        sets = [set(vocab.active(d).tolist()) for d in range(3)]
+        for tok, depth in zip(tree.tokens, tree.depths()):
+            seen.append(tok in sets[depth - 1])
+        return tree
+
+    drafter.propose = spy
+    r = generate_ids(nm, PROMPT, GenerationConfig(**cfg), drafter=drafter, vocab=vocab)
+    if greedy:
+        assert r.token_ids == ref
+    assert seen and all(seen)
+    assert r.stats.to_dict()["active_vocab_max"] <= 12
+
+
+# ---------------------------------------------------------------------------- coverage
+def test_coverage_arithmetic_with_a_static_set():
+    """With a fixed draft vocabulary, coverage is exactly the share of generated tokens (after the prefill's
+    first token) inside it."""
+    from microspec.vocab import StaticShortlist
+
+    _, nm = tiny_pair("llama")
+    cfg = GenerationConfig(max_new_tokens=30, ignore_eos=True)
+    ref = generate_ids(nm, PROMPT, cfg).token_ids
+    chosen = sorted(set(ref))[::2]
+    vocab = StaticShortlist(chosen, len(chosen))
+    r = generate_ids(nm, PROMPT, cfg, drafter=EarlyExitDrafter(1, depth=2), vocab=vocab)
+    assert r.token_ids == ref
+    expect = sum(t in chosen for t in ref[1:]) / len(ref[1:])
+    assert r.stats.coverage_tokens == len(ref) - 1
+    assert r.stats.coverage == pytest.approx(expect)
+    assert r.stats.to_dict()["coverage"] == round(expect, 4)
+    full = generate_ids(nm, PROMPT, cfg, drafter=EarlyExitDrafter(1, depth=2), vocab=FullVocab())
+    assert full.stats.coverage == 1.0

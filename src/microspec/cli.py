@@ -1,4 +1,4 @@
-"""Command line: ``microspec generate ...``.
+"""Command line: ``microspec generate | coverage | freq ...``.
 
 Bad input ends with one line on stderr (``microspec: error: ...``) and exit status 2, never a traceback.
 """
@@ -18,22 +18,12 @@ class _Parser(argparse.ArgumentParser):
         raise MicrospecError(f"{self.prog}: {message}")
 
 
-def _add_generate(sub) -> None:
+def _add_model_args(p) -> None:
     from .models.registry import BUILTINS, DEFAULT_MODEL
 
-    p = sub.add_parser("generate", help="generate text from a prompt", description="Generate text from a prompt.")
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"built-in name ({', '.join(BUILTINS)}), a .gguf file or a HF model directory "
                         f"(default {DEFAULT_MODEL})")
-    p.add_argument("--prompt", required=True, help="prompt text ('-' reads standard input)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
-    p.add_argument("--no-repeat-ngram-size", type=int, default=0)
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's EOS tokens")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="bf16")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
@@ -41,8 +31,21 @@ def _add_generate(sub) -> None:
     chat.add_argument("--chat", dest="chat", action="store_true", default=None,
                       help="apply the chat template (default: when the tokenizer has one)")
     chat.add_argument("--no-chat", dest="chat", action="store_false")
-    p.add_argument("--json", action="store_true", help="print one JSON object (text, token_ids, stats)")
-    p.add_argument("--drafter", default="none", help="none (autoregressive), ngram, early-exit, eagle or model")
+
+
+def _add_decoding_args(p, max_new_tokens: int = 128) -> None:
+    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--no-repeat-ngram-size", type=int, default=0)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's EOS tokens")
+
+
+def _add_drafter_args(p, default: str = "none") -> None:
+    p.add_argument("--drafter", default=default, help="none (autoregressive), ngram, early-exit, eagle or model")
     p.add_argument("--draft", default=None,
                    help="model drafter: the draft model (built-in name, .gguf or HF directory; same tokenizer); "
                         "eagle drafter: the EAGLE checkpoint directory")
@@ -55,7 +58,12 @@ def _add_generate(sub) -> None:
     p.add_argument("--total-tokens", default=None,
                    help="tree drafters: nodes kept after reranking (default depth x top-k), or 'auto' to size the "
                         "tree by timing the target's verify pass on this device")
-    p.add_argument("--vocab", default="full",
+    p.add_argument("--head-mode", default=None,
+                   help="verification head: all, visited or path (default: visited on CPU, path on CUDA)")
+
+
+def _add_vocab_args(p, default: str = "full") -> None:
+    p.add_argument("--vocab", default=default,
                    help="draft vocabulary policy: full (EAGLE-2), fr-spec / vocabtrim (static top-K shortlist from "
                         "--freq-file) or microspec (in-context vocabulary, Algorithm 1)")
     p.add_argument("--freq-file", default=None, help="fr-spec / vocabtrim: token map (SGLang format)")
@@ -63,98 +71,131 @@ def _add_generate(sub) -> None:
     p.add_argument("--w-max", type=int, default=None, help="microspec: window over the candidate stream (3072)")
     p.add_argument("--k-pre", type=int, default=None, help="microspec: top-k per prompt position at prefill (3)")
     p.add_argument("--k-ver", type=int, default=None, help="microspec: top-k of the verify logits per step (3)")
-    p.add_argument("--head-mode", default=None, help="verification head: all, visited or path (default: visited on CPU, path on CUDA)")
+    p.add_argument("--gather", default=None,
+                   help="microspec: how the draft head gets its rows: packed (default; a [W_max, d] buffer updated "
+                        "incrementally) or indexed (W[idx] gathered each step: the ablation)")
+    p.add_argument("--position-aware", default=None, metavar="K0,K1",
+                   help="position-aware budget (DynaSpec): K0 ids at draft depth 0, K1 at depth 1, "
+                        "floor((K1+t)/(2t)) at depth t (ranked policies: fr-spec, vocabtrim, microspec)")
+
+
+def _add_generate(sub) -> None:
+    p = sub.add_parser("generate", help="generate text from a prompt", description="Generate text from a prompt.")
+    _add_model_args(p)
+    p.add_argument("--prompt", required=True, help="prompt text ('-' reads standard input)")
+    _add_decoding_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object (text, token_ids, stats)")
+    _add_drafter_args(p)
+    _add_vocab_args(p)
     p.set_defaults(func=_cmd_generate)
 
 
+class _Setup:
+    """What ``generate`` and ``coverage`` build from their arguments: the model, the decoding configuration, the
+    drafter, and a fresh vocabulary policy per generation (``policy()``)."""
+
+    def __init__(self, args: argparse.Namespace):
+        import torch
+
+        from .decoding.config import GenerationConfig
+        from .decoding.verify import HEAD_MODES
+        from .drafters import make_drafter, tree_defaults
+        from .models.registry import load_model
+        from .vocab import make_vocab
+
+        if args.threads is not None:
+            if args.threads <= 0:
+                raise MicrospecError(f"--threads must be positive, got {args.threads}")
+            torch.set_num_threads(args.threads)
+        self.cfg = GenerationConfig(
+            max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+            repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
+            stop_strings=tuple(args.stop), ignore_eos=args.ignore_eos,
+        )
+        self.head_mode = args.head_mode
+        if self.head_mode is not None and self.head_mode not in HEAD_MODES:
+            raise MicrospecError(f"unknown --head-mode {self.head_mode!r}; choose from {', '.join(HEAD_MODES)}")
+        if args.depth is not None and args.depth < 1:
+            raise MicrospecError(f"--depth must be >= 1, got {args.depth}")
+        auto_size = args.total_tokens == "auto"
+        total_tokens = None
+        if args.total_tokens is not None and not auto_size:
+            try:
+                total_tokens = int(args.total_tokens)
+            except ValueError:
+                raise MicrospecError(f"--total-tokens must be an integer or 'auto', got {args.total_tokens!r}") \
+                    from None
+        if auto_size and args.top_k is None:
+            raise MicrospecError("--total-tokens auto needs --top-k (a tree drafter)")
+        tree_args = dict(draft_layers=args.draft_layers, depth=args.depth, top_k=args.top_k,
+                         total_tokens=total_tokens)
+        make_drafter(args.drafter, **tree_args)  # validate before loading the model
+        vocab_args = dict(w_max=args.w_max, k_pre=args.k_pre, k_ver=args.k_ver, freq_file=args.freq_file,
+                          size=args.vocab_size, gather=args.gather, position_aware=args.position_aware)
+        make_vocab(args.vocab, validate_only=True, **vocab_args)
+        if args.vocab != "full" and args.drafter in ("none", "ngram"):
+            raise MicrospecError(f"--vocab {args.vocab} needs a drafter with an LM head (early-exit, eagle or model)")
+        if args.drafter == "model" and args.draft is None:
+            raise MicrospecError("--drafter model needs --draft (the draft model)")
+        if args.draft is not None and args.drafter not in ("model", "eagle"):
+            raise MicrospecError("--draft names the draft model (--drafter model) or EAGLE head (--drafter eagle)")
+        if args.drafter == "eagle" and args.draft is None:
+            raise MicrospecError("no EAGLE head ships for this model yet: pass --draft DIR (an EAGLE checkpoint "
+                                 "directory: config.json + weights)")
+        eagle_head = None
+        if args.drafter == "eagle":
+            from .drafters import EagleHead
+
+            eagle_head = EagleHead.load(args.draft)
+        self.lm = lm = load_model(args.model, dtype=args.dtype, device=args.device)
+        draft_model = None
+        if args.drafter == "model":
+            draft = load_model(args.draft, dtype=args.dtype, device=args.device)
+            if draft.tokenizer.get_vocab() != lm.tokenizer.get_vocab():
+                raise MicrospecError(f"draft model {draft.name!r} uses another tokenizer than {lm.name!r}")
+            draft_model = draft.model
+        tree_args["depth"], tree_args["top_k"], tree_args["total_tokens"] = tree_defaults(
+            args.drafter, lm.model.device.type, tree_args["depth"], tree_args["top_k"], tree_args["total_tokens"])
+        if auto_size:
+            from .decoding.sizing import auto_total_tokens
+
+            tree_args["total_tokens"], costs = auto_total_tokens(lm.model, depth=tree_args["depth"])
+            print(f"[microspec] --total-tokens auto: {tree_args['total_tokens']} (verify ms by size: "
+                  + ", ".join(f"{n}: {c * 1000:.0f}" for n, c in costs.items()) + ")", file=sys.stderr)
+        self.tree_args = tree_args
+        self.drafter = make_drafter(args.drafter, num_layers_target=lm.model.spec.num_layers,
+                                    draft_model=draft_model, eagle_head=eagle_head, **tree_args)
+        self._vocab = (args.vocab, vocab_args)
+
+    def policy(self):
+        """A fresh vocabulary policy (None without a drafter that has an LM head)."""
+        from .vocab import make_vocab
+        from .vocab.frequency import special_ids
+
+        name, vocab_args = self._vocab
+        if self.drafter is None or self.drafter.name in ("ngram",):
+            return None
+        lm = self.lm
+        return make_vocab(name, vocab_size=lm.model.spec.vocab_size, device=lm.model.device,
+                          eos_ids=lm.eos_token_ids, always=special_ids(lm.tokenizer), **vocab_args)
+
+
 def _cmd_generate(args: argparse.Namespace) -> int:
-    import torch
-
     from .api import generate
-    from .decoding.config import GenerationConfig
-    from .models.registry import load_model
 
-    if args.threads is not None:
-        if args.threads <= 0:
-            raise MicrospecError(f"--threads must be positive, got {args.threads}")
-        torch.set_num_threads(args.threads)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    cfg = GenerationConfig(
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-        repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
-        stop_strings=tuple(args.stop), ignore_eos=args.ignore_eos,
-    )
     if not prompt.strip():
         raise MicrospecError("the prompt is empty")
-    from .decoding.verify import HEAD_MODES
-    from .drafters import make_drafter
-
-    head_mode = args.head_mode
-    if head_mode is not None and head_mode not in HEAD_MODES:
-        raise MicrospecError(f"unknown --head-mode {head_mode!r}; choose from {', '.join(HEAD_MODES)}")
-    if args.depth is not None and args.depth < 1:
-        raise MicrospecError(f"--depth must be >= 1, got {args.depth}")
-    auto_size = args.total_tokens == "auto"
-    total_tokens = None
-    if args.total_tokens is not None and not auto_size:
-        try:
-            total_tokens = int(args.total_tokens)
-        except ValueError:
-            raise MicrospecError(f"--total-tokens must be an integer or 'auto', got {args.total_tokens!r}") from None
-    if auto_size and args.top_k is None:
-        raise MicrospecError("--total-tokens auto needs --top-k (a tree drafter)")
-    tree_args = dict(draft_layers=args.draft_layers, depth=args.depth, top_k=args.top_k, total_tokens=total_tokens)
-    make_drafter(args.drafter, **tree_args)  # validate before loading the model
-    from .vocab import make_vocab
-
-    vocab_args = dict(w_max=args.w_max, k_pre=args.k_pre, k_ver=args.k_ver, freq_file=args.freq_file,
-                      size=args.vocab_size)
-    make_vocab(args.vocab, validate_only=True, **vocab_args)
-    if args.vocab != "full" and args.drafter in ("none", "ngram"):
-        raise MicrospecError(f"--vocab {args.vocab} needs a drafter with an LM head (early-exit, eagle or model)")
-    if args.drafter == "model" and args.draft is None:
-        raise MicrospecError("--drafter model needs --draft (the draft model)")
-    if args.draft is not None and args.drafter not in ("model", "eagle"):
-        raise MicrospecError("--draft names the draft model (--drafter model) or EAGLE head (--drafter eagle)")
-    if args.drafter == "eagle" and args.draft is None:
-        raise MicrospecError("no EAGLE head ships for this model yet: pass --draft DIR (an EAGLE checkpoint "
-                             "directory: config.json + weights)")
-    eagle_head = None
-    if args.drafter == "eagle":
-        from .drafters import EagleHead
-
-        eagle_head = EagleHead.load(args.draft)
-    lm = load_model(args.model, dtype=args.dtype, device=args.device)
-    draft_model = None
-    if args.drafter == "model":
-        draft = load_model(args.draft, dtype=args.dtype, device=args.device)
-        if draft.tokenizer.get_vocab() != lm.tokenizer.get_vocab():
-            raise MicrospecError(f"draft model {draft.name!r} uses another tokenizer than {lm.name!r}")
-        draft_model = draft.model
-    from .drafters import tree_defaults
-
-    tree_args["depth"], tree_args["top_k"], tree_args["total_tokens"] = tree_defaults(
-        args.drafter, lm.model.device.type, tree_args["depth"], tree_args["top_k"], tree_args["total_tokens"])
-    if auto_size:
-        from .decoding.sizing import auto_total_tokens
-
-        tree_args["total_tokens"], costs = auto_total_tokens(lm.model, depth=tree_args["depth"])
-        print(f"[microspec] --total-tokens auto: {tree_args['total_tokens']} (verify ms by size: "
-              + ", ".join(f"{n}: {c * 1000:.0f}" for n, c in costs.items()) + ")", file=sys.stderr)
-    drafter = make_drafter(args.drafter, num_layers_target=lm.model.spec.num_layers, draft_model=draft_model,
-                           eagle_head=eagle_head, **tree_args)
-    from .vocab.frequency import special_ids
-
-    vocab = make_vocab(args.vocab, vocab_size=lm.model.spec.vocab_size, device=lm.model.device,
-                       eos_ids=lm.eos_token_ids, always=special_ids(lm.tokenizer), **vocab_args) \
-        if args.vocab != "full" else None
-    result = generate(lm, prompt, cfg, chat=args.chat, drafter=drafter, head_mode=head_mode, vocab=vocab)
+    setup = _Setup(args)
+    lm = setup.lm
+    result = generate(lm, prompt, setup.cfg, chat=args.chat, drafter=setup.drafter, head_mode=setup.head_mode,
+                      vocab=setup.policy())
     stats = result.stats.to_dict()
     if args.json:
         print(json.dumps({
             "text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
             "model": lm.name, "dtype": args.dtype, "device": args.device, "drafter": args.drafter,
-            "total_tokens": tree_args["total_tokens"], "vocab": args.vocab, "stats": stats,
+            "total_tokens": setup.tree_args["total_tokens"], "vocab": args.vocab, "stats": stats,
         }))
     else:
         print(result.text)
@@ -163,6 +204,71 @@ def _cmd_generate(args: argparse.Namespace) -> int:
               f"decode {stats['decode_tokens_per_s']:.2f} tok/s) | steps {stats['steps']} | "
               f"mean accept len {stats['mean_accept_len']:.2f} | drafter {args.drafter} | "
               f"finish {result.finish_reason}", file=sys.stderr)
+    return 0
+
+
+def _add_coverage(sub) -> None:
+    p = sub.add_parser("coverage", help="ground-truth coverage of a draft vocabulary on a prompt file",
+                       description="Run the target's greedy generations on a prompt file with a drafter and a "
+                                   "vocabulary policy, and report the share of committed tokens that were in the "
+                                   "draft vocabulary (per category), the active vocabulary size, and static top-K "
+                                   "coverage of a token map for comparison.")
+    _add_model_args(p)
+    p.add_argument("--data", required=True,
+                   help="prompt file: Spec-Bench/MT-bench JSONL (turns; first turn used), HumanEval (.jsonl[.gz]), "
+                        "any JSONL with a prompt field (optional category), or .txt (one prompt per line)")
+    p.add_argument("--limit", type=int, default=None, help="use the first N prompts of each category")
+    p.add_argument("--categories", default=None, help="comma-separated categories to keep")
+    p.add_argument("--curve-map", default=None,
+                   help="token map for the static top-K curves (default: --freq-file when given)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_decoding_args(p, max_new_tokens=128)
+    _add_drafter_args(p, default="early-exit")
+    _add_vocab_args(p, default="microspec")
+    p.set_defaults(func=_cmd_coverage)
+
+
+def _cmd_coverage(args: argparse.Namespace) -> int:
+    from .api import generate
+    from .bench_data import read_records
+    from .coverage import CoverageRecord, format_table, summarize
+    from .vocab.frequency import load_token_map
+
+    if args.drafter in ("none", "ngram"):
+        raise MicrospecError("coverage needs a drafter with an LM head (early-exit, eagle or model)")
+    if args.limit is not None and args.limit < 1:
+        raise MicrospecError(f"--limit must be >= 1, got {args.limit}")
+    records = read_records(args.data)
+    if args.categories:
+        keep = {c.strip() for c in args.categories.split(",") if c.strip()}
+        unknown = keep - {r["category"] for r in records}
+        if unknown:
+            raise MicrospecError(f"no prompts of categories {sorted(unknown)} in {args.data}")
+        records = [r for r in records if r["category"] in keep]
+    if args.limit is not None:
+        seen: dict[str, int] = {}
+        records = [r for r in records if (seen.__setitem__(r["category"], seen.get(r["category"], 0) + 1)
+                                          or seen[r["category"]] <= args.limit)]
+    curve_path = args.curve_map or args.freq_file
+    setup = _Setup(args)
+    lm = setup.lm
+    token_map = load_token_map(curve_path, lm.model.spec.vocab_size) if curve_path else None
+    out: list[CoverageRecord] = []
+    for i, rec in enumerate(records, 1):
+        res = generate(lm, rec["prompt"], setup.cfg, chat=args.chat, drafter=setup.drafter,
+                       head_mode=setup.head_mode, vocab=setup.policy())
+        st = res.stats
+        out.append(CoverageRecord(rec["category"], res.token_ids, st.covered, st.coverage_tokens,
+                                  st.active_sizes, st.mean_accept_len))
+        print(f"[microspec] coverage {i}/{len(records)} {rec['category']}: {st.coverage_tokens} tokens, "
+              f"coverage {st.coverage if st.coverage is not None else float('nan'):.4f}, "
+              f"tau {st.mean_accept_len:.2f}", file=sys.stderr)
+    summary = summarize(out, token_map, vocab_size=lm.model.spec.vocab_size)
+    if args.json:
+        print(json.dumps({"model": lm.name, "dtype": args.dtype, "vocab": args.vocab, "drafter": args.drafter,
+                          "data": args.data, "max_new_tokens": args.max_new_tokens, **summary}))
+    else:
+        print(format_table(summary))
     return 0
 
 
@@ -231,6 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="microspec", description="Lossless speculative decoding for large-vocabulary LMs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_generate(sub)
+    _add_coverage(sub)
     _add_freq(sub)
     return parser
 

@@ -18,7 +18,7 @@ from ..models.native import NativeCausalLM
 from .config import GenerationConfig
 from .context import DraftContext
 from .processors import LogitsPipeline
-from .stats import GenerationStats, Stopwatch
+from .stats import DeviceTimer, GenerationStats, Stopwatch
 from .tree import DraftTree
 from .verify import HEAD_MODES, LazyHead, default_head_mode, greedy_walk, sample_walk
 
@@ -105,12 +105,19 @@ def generate_ids(
         return None
 
     clock = Stopwatch(device)
+    vocab_timer = DeviceTimer(device)
+    covered = torch.zeros((), dtype=torch.long, device=device)
+    if drafter is not None:
+        drafter.vocab = vocab
+        _take_head_stats(drafter)  # a drafter reused across generations starts its head's accounts afresh
     hidden = model(torch.as_tensor(tokens, dtype=torch.long, device=device), cache)
     if drafter is not None:
         drafter.prefill(model, tokens, hidden)
     if vocab is not None:
+        vocab.reset()
         top = prompt_topk(model, hidden, vocab.prompt_topk) if vocab.prompt_topk > 0 else None
-        vocab.on_prefill(torch.as_tensor(tokens, dtype=torch.long, device=device), top)
+        with vocab_timer:
+            vocab.on_prefill(torch.as_tensor(tokens, dtype=torch.long, device=device), top)
     logits = model.head(hidden[-1:])
     if pipe.active:
         pipe.process(logits)
@@ -120,10 +127,6 @@ def generate_ids(
         t0 = clock.elapsed()
         tree = DraftTree()
         if drafter is not None:
-            if vocab is not None:
-                drafter.vocab = vocab.active()
-                stats.active_sizes.append(int(drafter.vocab.numel()) if drafter.vocab is not None
-                                          else model.spec.vocab_size)
             left = cfg.max_new_tokens - len(out) - 1  # the bonus token always comes on top of accepted drafts
             tree = drafter.propose(DraftContext(tokens, model, cache, left, pipe)).truncated(left)
             tree = tree.first(cache.capacity - cache.length - 1)
@@ -139,15 +142,39 @@ def generate_ids(
         branch = [0] + [1 + a for a in walk.accepted]  # verify rows of the root and the accepted nodes
         if len(tree):
             cache.keep(list(range(start)) + [start + r for r in branch])
+        hits = []  # ground-truth coverage, read before the sets move on: the j-th token at draft depth j
+        if vocab is not None and drafter is not None:
+            hits = [vocab.contains(torch.tensor([t], device=device), j) for j, t in enumerate(walk.tokens)]
+        t2 = clock.elapsed()
         if vocab is not None:  # the validated branch's logits (all already computed by the walk)
-            vocab.on_verify(torch.tensor(tree.tokens, dtype=torch.long, device=device),
-                            torch.stack([walk_head(r) for r in branch]))
-        new = walk.tokens
-        stats.record_step(len(new), len(tree), max(tree.depths(), default=0), t1 - t0, clock.elapsed() - t1,
-                          walk.head_rows)
+            with vocab_timer:
+                vocab.on_verify(torch.tensor(tree.tokens, dtype=torch.long, device=device),
+                                torch.stack([walk_head(r) for r in branch]))
+        new = walk.tokens  # the policy's update is drafting work: it counts in draft_s
+        stats.record_step(len(new), len(tree), max(tree.depths(), default=0), t1 - t0 + clock.elapsed() - t2,
+                          t2 - t1, walk.head_rows)
         if drafter is not None:
             drafter.commit(new, hidden[branch])
+        emitted = len(out)
         finish = emit(new)
+        emitted = len(out) - emitted
+        if hits:
+            covered += torch.cat(hits[:emitted]).sum()
+            stats.coverage_tokens += emitted
     stats.wall_s = clock.elapsed()
     stats.new_tokens = len(out)
+    stats.vocab_s = vocab_timer.seconds
+    stats.covered = int(covered)
+    if drafter is not None:
+        stats.head_s, stats.active_sizes = _take_head_stats(drafter)
     return GenerationResult(out, finish, stats)
+
+
+def _take_head_stats(drafter: Drafter) -> tuple[float, list[int]]:
+    """(seconds in the drafter's draft head, the active size of each head call) since the last take."""
+    head = getattr(drafter, "head", None)
+    if head is None:
+        return 0.0, []
+    sizes = [int(n) for n in head.sizes]
+    head.sizes.clear()
+    return head.timer.take(), sizes

@@ -33,7 +33,12 @@ class GenerationStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     head_rows: int = 0  # full-vocabulary head rows computed by verification
-    active_sizes: list[int] = field(default_factory=list)  # draft vocabulary size at each step (with a policy)
+    active_sizes: list[int] = field(default_factory=list)  # draft vocabulary size of each draft-head call
+    head_s: float = 0.0  # in the draft head: choosing its rows, the matmul (device-timed)
+    vocab_s: float = 0.0  # in the vocabulary policy's updates after prefill and verification (device-timed;
+    # the updates after verification are part of draft_s)
+    covered: int = 0  # committed tokens that were in the draft vocabulary at the depth they were committed at
+    coverage_tokens: int = 0  # committed tokens checked for coverage (with a policy and a drafting step)
 
     def record_step(self, committed: int, drafted: int, depth: int, draft_s: float, verify_s: float,
                     head_rows: int) -> None:
@@ -52,6 +57,11 @@ class GenerationStats:
             steps = [a - 1 for a, d in zip(self.accept_lengths, self.draft_depths) if d >= k]
             out.append(round(sum(a >= k for a in steps) / len(steps), 4))
         return out
+
+    @property
+    def coverage(self) -> float | None:
+        """Ground-truth coverage: the share of committed tokens the draft head could have drafted."""
+        return self.covered / self.coverage_tokens if self.coverage_tokens else None
 
     @property
     def steps(self) -> int:
@@ -86,7 +96,10 @@ class GenerationStats:
             "other_s": round(max(0.0, self.wall_s - self.prefill_s - self.draft_s - self.verify_s), 6),
             "head_rows": self.head_rows,
             **({"active_vocab_mean": round(sum(self.active_sizes) / len(self.active_sizes), 1),
-                "active_vocab_max": max(self.active_sizes)} if self.active_sizes else {}),
+                "active_vocab_max": max(self.active_sizes),
+                "head_s": round(self.head_s, 6), "vocab_s": round(self.vocab_s, 6),
+                "head_calls": len(self.active_sizes)} if self.active_sizes else {}),
+            **({"coverage": round(self.coverage, 4)} if self.coverage is not None else {}),
         }
 
 
@@ -101,3 +114,42 @@ class Stopwatch:
     def elapsed(self) -> float:
         sync(self.device)
         return time.perf_counter() - self.t0
+
+
+class DeviceTimer:
+    """Accumulates the time spent inside ``with timer:`` blocks without synchronising: CUDA events on a GPU (read
+    once, by :attr:`seconds`), the wall clock on a CPU."""
+
+    def __init__(self, device: torch.device | str):
+        self.cuda = torch.device(device).type == "cuda"
+        self._events: list = []
+        self._seconds = 0.0
+        self._t0 = 0.0
+
+    def __enter__(self) -> DeviceTimer:
+        if self.cuda:
+            self._events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+            self._events[-1][0].record()
+        else:
+            self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            self._events[-1][1].record()
+        else:
+            self._seconds += time.perf_counter() - self._t0
+
+    def take(self) -> float:
+        """The seconds so far, and start again from zero."""
+        out = self.seconds
+        self._seconds = 0.0
+        return out
+
+    @property
+    def seconds(self) -> float:
+        if self._events:
+            torch.cuda.synchronize()
+            self._seconds += sum(a.elapsed_time(b) for a, b in self._events) / 1000.0
+            self._events.clear()
+        return self._seconds

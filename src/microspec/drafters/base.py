@@ -9,13 +9,14 @@ import torch
 from ..decoding.context import DraftContext
 from ..decoding.tree import DraftTree
 from ..models.native import NativeCausalLM
+from ..vocab.base import VocabPolicy
 
 __all__ = ["DraftContext", "Drafter"]
 
 
 class Drafter(ABC):
     name = "drafter"
-    vocab: torch.Tensor | None = None  # ids the draft head may score this step (set by the loop); None = all
+    vocab: VocabPolicy | None = None  # what the draft head may score (set by the loop); None = all
 
     def prefill(self, target: NativeCausalLM, prompt_ids: list[int], hidden: torch.Tensor) -> None:
         """Called once after the target's prefill with its final hidden states of the prompt."""

@@ -1,8 +1,16 @@
 """The draft head: logits of draft hidden states over an *active vocabulary*, ids mapped back to the full one.
 
 Every drafter with an LM head computes its logits here and nowhere else, so a vocabulary policy (MicroSpec's
-in-context vocabulary, a static shortlist, a trained router) changes what the drafts cost and cover by setting
-``active`` — and cannot change what the target accepts, because verification always uses the full vocabulary.
+in-context vocabulary, a static shortlist, a trained router) changes what the drafts cost and cover — and cannot
+change what the target accepts, because verification always uses the full vocabulary.
+
+At each call the head asks the policy for the set of draft depth ``depth`` and computes, by what it gets:
+- None: the whole [V, d] weight (EAGLE-2);
+- a packed buffer (:class:`~microspec.vocab.packed.PackedRows`): one dense matmul over its leading rows, free slots
+  masked to -inf — the policy copied only the rows that entered the set;
+- an id list: the indexed path, ``W[idx] @ h`` — rows gathered whenever the list changes (the ablation baseline),
+  or, with ``fused=True``, a Triton kernel that reads the rows inside the matmul (:mod:`microspec.kernels`).
+It keeps the time it spent (``seconds``, device-timed) and the size of each set it used (``sizes``).
 """
 
 from __future__ import annotations
@@ -10,47 +18,90 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..decoding.stats import DeviceTimer
+from ..vocab.base import VocabPolicy, active_size
+from ..vocab.packed import PackedRows
+
 
 class DraftHead:
-    def __init__(self, weight: torch.Tensor, softcap: float | None = None):
+    def __init__(self, weight: torch.Tensor, softcap: float | None = None, fused: bool = False):
         self.weight = weight  # [V, d], shared with the model it came from (no copy)
         self.softcap = softcap
         self.vocab_size = weight.shape[0]
-        self.active: torch.Tensor | None = None  # ids the head may score; None = the whole vocabulary
+        self.fused = fused
+        self.policy: VocabPolicy | None = None
+        self.fixed: torch.Tensor | None = None  # a set given directly (set_active), used when there is no policy
+        self.active: torch.Tensor | PackedRows | None = None  # what the last logits() call used
+        self._source: torch.Tensor | None = None  # the id list whose rows are in _rows
         self._rows: torch.Tensor | None = None
-        self._source: torch.Tensor | None = None
+        self.timer = DeviceTimer(weight.device)
+        self.sizes: list = []  # active size of each call (device scalars for packed buffers: read at the end)
+
+    # ---------------------------------------------------------------- what to score
+    def use(self, policy: VocabPolicy | None) -> None:
+        """Take the sets from ``policy`` from now on (None: the whole vocabulary, or the set_active set)."""
+        self.policy = policy
+        if policy is not None:
+            policy.attach(self.weight)
 
     def set_active(self, ids: torch.Tensor | None) -> None:
-        """Restrict the head to ``ids`` (1-D, unique), or lift the restriction with None (the same tensor object
-        as last time is a no-op: its rows are already gathered)."""
-        if ids is self._source:
-            return
-        self._source = ids
-        self.active = None if ids is None else ids.to(self.weight.device, torch.long)
-        self._rows = None if ids is None else self.weight.index_select(0, self.active)
+        """Score only ``ids`` (1-D, unique) when no policy is in use; None lifts the restriction."""
+        self.fixed = None if ids is None else ids.to(self.weight.device, torch.long)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """fp32 logits [R, A] over the active set (A = V when unrestricted), columns in ``active`` order."""
-        w = self.weight if self._rows is None else self._rows
-        out = F.linear(hidden.to(w.dtype), w)
-        if self.softcap is not None:
-            out = torch.tanh(out / self.softcap) * self.softcap
-        return out.float()
+    def _select(self, depth: int):
+        active = self.policy.active(depth) if self.policy is not None else self.fixed
+        self._fused = self.fused or (self.policy is not None and self.policy.fused)
+        if isinstance(active, torch.Tensor) and active is not self._source and not self._fused:
+            self._source = active
+            self._rows = self.weight.index_select(0, active)  # the indexed path: W[idx]
+        self.active = active
+        self.sizes.append(active_size(active, self.vocab_size))
+        return active
+
+    # ---------------------------------------------------------------- scoring
+    def logits(self, hidden: torch.Tensor, depth: int = 0) -> torch.Tensor:
+        """fp32 logits [R, A] over the set of ``depth``, one column per id (A = V when unrestricted; for a packed
+        buffer, one per leading slot, -inf at free slots)."""
+        with self.timer:
+            active = self._select(depth)
+            if isinstance(active, PackedRows):
+                out = self._matmul(hidden, active.rows[: active.extent])
+                out.masked_fill_(~active.valid(), float("-inf"))
+                return out
+            if isinstance(active, torch.Tensor) and self._fused:
+                from ..kernels.gather_matmul import gather_matmul
+
+                return self._cap(gather_matmul(hidden, self.weight, active))
+            return self._matmul(hidden, self.weight if active is None else self._rows)
+
+    def _matmul(self, hidden: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return self._cap(F.linear(hidden.to(w.dtype), w).float())
+
+    def _cap(self, out: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(out / self.softcap) * self.softcap if self.softcap is not None else out
 
     def to_full_ids(self, columns: torch.Tensor) -> torch.Tensor:
-        return columns if self.active is None else self.active[columns]
+        """Full-vocabulary ids of columns of the last :meth:`logits` call."""
+        if self.active is None:
+            return columns
+        if isinstance(self.active, PackedRows):
+            return self.active.to_full_ids(columns)
+        return self.active[columns]
 
-    def topk(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(log-probabilities [R, k], full-vocabulary ids [R, k]) of the k most probable active tokens."""
-        logp = torch.log_softmax(self.logits(hidden), dim=-1)
+    def topk(self, hidden: torch.Tensor, k: int, depth: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-probabilities [R, k], full-vocabulary ids [R, k]) of the k most probable active tokens (a set
+        smaller than k yields -inf entries, which drafters skip)."""
+        logp = torch.log_softmax(self.logits(hidden, depth), dim=-1)
         k = min(k, logp.shape[-1])
         values, cols = torch.topk(logp, k, dim=-1)
         return values, self.to_full_ids(cols)
 
     def full_distribution(self, probs_active: torch.Tensor) -> torch.Tensor:
-        """Scatter a distribution over the active set [R, A] into the full vocabulary [R, V] (zeros elsewhere)."""
+        """Scatter a distribution over the columns of the last :meth:`logits` call [R, A] into the full vocabulary
+        [R, V] (zeros elsewhere)."""
         if self.active is None:
             return probs_active
-        out = probs_active.new_zeros(probs_active.shape[0], self.vocab_size)
-        out[:, self.active] = probs_active
-        return out
+        ids = self.to_full_ids(torch.arange(probs_active.shape[-1], device=probs_active.device))
+        out = probs_active.new_zeros(probs_active.shape[0], self.vocab_size + 1)
+        out[:, torch.where(ids >= 0, ids, self.vocab_size)] = probs_active  # free slots carry 0 mass: dropped
+        return out[:, : self.vocab_size]

@@ -79,7 +79,7 @@ class ForwardDrafter(Drafter):
         if cache.capacity - cache.length < forwards + self._backlog(ctx):
             return DraftTree()
         self.head = self._head(ctx)
-        self.head.set_active(self.vocab)
+        self.head.use(self.vocab)
         root_hidden, root_slot = self._root(ctx)
         try:
             if self.top_k is None:
@@ -95,7 +95,9 @@ class ForwardDrafter(Drafter):
         for i in range(steps):
             if i:
                 hidden = self._forward(ctx, token, torch.tensor([root_slot + i], device=device), None, hidden)
-            logits = self.head.logits(hidden)
+            logits = self.head.logits(hidden, depth=i)
+            if logits.shape[-1] == 0:  # an empty draft vocabulary drafts nothing
+                break
             if ctx.greedy:
                 token = self.head.to_full_ids(logits.argmax(dim=-1))
             else:  # sample from the draft's own distribution, warped like the target's; verification needs it
@@ -109,7 +111,7 @@ class ForwardDrafter(Drafter):
         """EAGLE-2 dynamic tree of deterministic top-k children (verified losslessly in greedy and sampling)."""
         cache = self._cache(ctx)
         device = cache.device
-        root_logp, root_ids = self.head.topk(root_hidden, self.top_k)
+        root_logp, root_ids = self.head.topk(root_hidden, self.top_k, depth=0)
         slots: dict[int, int] = {}
         outs: dict[int, torch.Tensor] = {-1: root_hidden[0]}  # draft hidden state of each forwarded node
 
@@ -129,6 +131,6 @@ class ForwardDrafter(Drafter):
             hidden = self._forward(ctx, ids, positions, mask.to(device), parent_hidden)
             for j, node in enumerate(frontier):
                 outs[node] = hidden[j]
-            return self.head.topk(hidden, self.top_k)
+            return self.head.topk(hidden, self.top_k, depth=tree.depths[frontier[0]])
 
         return dynamic_tree(root_logp[0], root_ids[0], expand, steps, self.top_k, self.total_tokens, steps)

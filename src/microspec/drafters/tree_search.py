@@ -54,14 +54,20 @@ def dynamic_tree(root_logp: torch.Tensor, root_ids: torch.Tensor, expand: Expand
     if depth <= 0:
         return DraftTree()
     tree = PartialTree()
-    layer = [tree.add(int(t), -1, float(s)) for s, t in zip(root_logp.tolist(), root_ids.tolist())]
+    # children of -inf log-probability (a draft vocabulary smaller than top_k) are not drafted
+    layer = [tree.add(int(t), -1, float(s)) for s, t in zip(root_logp.tolist(), root_ids.tolist())
+             if s != float("-inf")]
     for _ in range(1, depth):
         frontier = sorted(layer, key=lambda i: (-tree.scores[i], i))[:top_k]
+        if not frontier:
+            break
         logp, ids = expand(frontier, tree)
         logp = logp.clamp(max=0.0)  # log-probabilities; guards the parent-before-child argument above
         layer = []
         for node, lp_row, id_row in zip(frontier, logp.tolist(), ids.tolist()):
             for lp, tok in zip(lp_row, id_row):
+                if lp == float("-inf"):
+                    continue
                 layer.append(tree.add(int(tok), node, tree.scores[node] + lp))
     best = sorted(range(len(tree.tokens)), key=lambda i: (-tree.scores[i], i))[:total_tokens]
     keep = sorted(best)

@@ -5,17 +5,54 @@ from __future__ import annotations
 from ..errors import MicrospecError
 from .base import FullVocab, VocabPolicy
 from .frequency import StaticShortlist, load_token_map, parse_size
-from .microspec import MicroSpecVocab
+from .microspec import GATHERS, MicroSpecVocab
+from .packed import PackedRows
+from .position import PositionAware, budget, parse_budgets
 
 POLICIES = ("full", "fr-spec", "vocabtrim", "microspec")
 
 
 def make_vocab(name: str, *, vocab_size: int | None = None, device="cpu", eos_ids=(), w_max: int | None = None,
                k_pre: int | None = None, k_ver: int | None = None, freq_file: str | None = None,
-               size: str | int | None = None, always=(), validate_only: bool = False) -> VocabPolicy | None:
-    """A policy by name.  ``always``: ids every policy keeps (EOS, chat special tokens)."""
+               size: str | int | None = None, always=(), gather: str | None = None,
+               position_aware: str | tuple[int, int] | None = None,
+               validate_only: bool = False) -> VocabPolicy | None:
+    """A policy by name.  ``always``: ids every policy keeps (EOS, chat special tokens); ``gather``: how the
+    MicroSpec head gets its rows (packed|indexed); ``position_aware``: "k0,k1" budgets of a PositionAware wrapper."""
+    policy = _make(name, vocab_size=vocab_size, device=device, eos_ids=eos_ids, w_max=w_max, k_pre=k_pre,
+                   k_ver=k_ver, freq_file=freq_file, size=size, always=always, gather=gather,
+                   validate_only=validate_only)
+    if position_aware is None:
+        return policy
+    k0, k1 = parse_budgets(position_aware) if isinstance(position_aware, str) else position_aware
+    if name == "full":
+        raise MicrospecError("--position-aware needs a policy that ranks its ids (fr-spec, vocabtrim, microspec)")
+    return None if validate_only else PositionAware(policy, k0, k1)
+
+
+def _make(name, *, vocab_size, device, eos_ids, w_max, k_pre, k_ver, freq_file, size, always, gather,
+          validate_only) -> VocabPolicy | None:
     if name != "microspec" and any(v is not None for v in (w_max, k_pre, k_ver)):
         raise MicrospecError("--w-max, --k-pre and --k-ver apply to --vocab microspec")
+    if gather is not None and gather not in GATHERS:
+        raise MicrospecError(f"unknown --gather {gather!r}; choose from {', '.join(GATHERS)}")
+    if gather is not None and name == "full":
+        raise MicrospecError("--gather applies to a restricted draft vocabulary, not --vocab full")
+    if gather == "fused":
+        from ..kernels.gather_matmul import available
+
+        if not available(device):
+            raise MicrospecError("--gather fused needs Triton and a CUDA device (or TRITON_INTERPRET=1 on a CPU)")
+    policy = _make_base(name, vocab_size=vocab_size, device=device, eos_ids=eos_ids, w_max=w_max, k_pre=k_pre,
+                        k_ver=k_ver, freq_file=freq_file, size=size, always=always, gather=gather,
+                        validate_only=validate_only)
+    if policy is not None:
+        policy.fused = gather == "fused"
+    return policy
+
+
+def _make_base(name, *, vocab_size, device, eos_ids, w_max, k_pre, k_ver, freq_file, size, always, gather,
+               validate_only) -> VocabPolicy | None:
     if name not in ("fr-spec", "vocabtrim") and (freq_file is not None or size is not None):
         raise MicrospecError("--freq-file and --vocab-size apply to --vocab fr-spec / vocabtrim")
     if name == "full":
@@ -32,8 +69,10 @@ def make_vocab(name: str, *, vocab_size: int | None = None, device="cpu", eos_id
     if name == "microspec":
         return MicroSpecVocab(vocab_size or 1, w_max=3072 if w_max is None else w_max,
                               k_pre=3 if k_pre is None else k_pre, k_ver=3 if k_ver is None else k_ver,
-                              always=eos_ids, device=device)
+                              always=sorted(set(eos_ids) | set(always)), device=device,
+                              gather="packed" if gather in (None, "packed") else "indexed")
     raise MicrospecError(f"unknown vocabulary policy {name!r}; choose from {', '.join(POLICIES)}")
 
 
-__all__ = ["POLICIES", "FullVocab", "MicroSpecVocab", "StaticShortlist", "VocabPolicy", "make_vocab"]
+__all__ = ["GATHERS", "POLICIES", "FullVocab", "MicroSpecVocab", "PackedRows", "PositionAware", "StaticShortlist",
+           "VocabPolicy", "budget", "make_vocab", "parse_budgets"]

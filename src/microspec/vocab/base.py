@@ -2,21 +2,41 @@
 
 A policy hears the prefill (the prompt ids and the top-k ids of the target's logits at every prompt position) and
 every verification (all token ids of the draft tree, and the target's logits on the validated branch), and answers
-``active()``: the ids the draft head computes for the next draft step, or None for the whole vocabulary.  Drafts are
+``active(depth)``: what the draft head computes at that draft depth (0 = the first drafted token) — None for the
+whole vocabulary, a 1-D tensor of ids (the head gathers their rows: the indexed path), or a
+:class:`~microspec.vocab.packed.PackedRows` buffer the policy keeps up to date itself (the packed path).  Drafts are
 chosen among the active ids and mapped back to full-vocabulary ids; verification always uses the full vocabulary,
 so no policy can change what is generated (tests/test_vocab.py checks that for each one).
+
+A policy that can rank its ids (``ranked``) also works under a per-depth budget (``budgeted``), which is what
+:class:`~microspec.vocab.position.PositionAware` uses.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Union
 
 import torch
+
+from .packed import PackedRows
+
+ActiveSet = Union[None, torch.Tensor, PackedRows]
 
 
 class VocabPolicy(ABC):
     name = "policy"
     prompt_topk = 0  # top-k ids of the target's logits at each prompt position that on_prefill needs (0: none)
+    version = 0  # bumped whenever the active set may have changed (lets wrappers cache per step)
+    fused = False  # the head reads id-list rows inside a Triton matmul instead of gathering them (--gather fused)
+
+    def __init__(self, always: Sequence[int] = (), device: torch.device | str = "cpu"):
+        # ids every draft vocabulary keeps (EOS, chat special tokens), so a draft may end where the target would
+        self.always = torch.tensor(sorted(set(int(t) for t in always)), dtype=torch.long, device=device)
+
+    def reset(self) -> None:
+        """Forget everything heard (the loop calls this before each generation's prefill)."""
 
     def on_prefill(self, prompt_ids: torch.Tensor, prompt_topk_ids: torch.Tensor | None) -> None:
         """prompt_ids [L]; prompt_topk_ids [L, prompt_topk] (rank order) when ``prompt_topk`` > 0."""
@@ -25,9 +45,48 @@ class VocabPolicy(ABC):
         """tree_ids [N]: every node of the step's draft tree; verify_logits [R, V]: the target's logits on the
         validated branch (the root and the accepted nodes)."""
 
+    def attach(self, weight: torch.Tensor) -> None:
+        """Called by the draft head with its [V, d] weight before it first asks for a set (a policy that keeps a
+        packed buffer of head rows builds it here)."""
+
     @abstractmethod
-    def active(self, depth: int | None = None) -> torch.Tensor | None:
-        """Ids the draft head may score at the next step (optionally per draft depth); None = all."""
+    def active(self, depth: int = 0) -> ActiveSet:
+        """What the draft head computes at draft depth ``depth`` for the next step (see the module docstring)."""
+
+    def ranked(self) -> torch.Tensor | None:
+        """The policy's ids, most important first (None: the policy has no order)."""
+        return None
+
+    def budgeted(self, budget: int) -> torch.Tensor:
+        """The ids of a set of ``budget`` units (tokens here; a clustering policy counts clusters), with the
+        ``always`` ids."""
+        order = self.ranked()
+        if order is None:
+            raise ValueError(f"vocabulary policy {self.name!r} has no ranking for a budget")
+        head = order[:budget]
+        return torch.unique(torch.cat([head, self.always.to(head.device)])) if self.always.numel() else \
+            head.sort().values
+
+    def contains(self, ids: torch.Tensor, depth: int = 0) -> torch.Tensor:
+        """[n] bool: which of ``ids`` the head could draft at ``depth`` this step."""
+        return contains(self.active(depth), ids)
+
+
+def contains(active: ActiveSet, ids: torch.Tensor) -> torch.Tensor:
+    if active is None:
+        return torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
+    if isinstance(active, PackedRows):
+        return active.contains(ids)
+    return torch.isin(ids.to(active.device), active)
+
+
+def active_size(active: ActiveSet, vocab_size: int) -> torch.Tensor | int:
+    """Number of ids in ``active`` (a device scalar for a packed buffer: no synchronisation)."""
+    if active is None:
+        return vocab_size
+    if isinstance(active, PackedRows):
+        return active.size()
+    return active.numel()
 
 
 class FullVocab(VocabPolicy):
@@ -35,5 +94,5 @@ class FullVocab(VocabPolicy):
 
     name = "full"
 
-    def active(self, depth: int | None = None) -> None:
+    def active(self, depth: int = 0) -> None:
         return None

@@ -38,12 +38,16 @@ class StaticShortlist(VocabPolicy):
     def __init__(self, token_map: Sequence[int], size: int, always: Sequence[int] = (), name: str = "fr-spec",
                  device: torch.device | str = "cpu"):
         check(len(token_map) > 0, "the token map is empty")
+        super().__init__(always, device)
         self.name = name
-        ids = set(int(t) for t in list(token_map)[:size]) | set(int(t) for t in always)
-        self.ids = torch.tensor(sorted(ids), dtype=torch.long, device=device)
+        self.order = torch.tensor([int(t) for t in list(token_map)[:size]], dtype=torch.long, device=device)
+        self.ids = torch.unique(torch.cat([self.order, self.always]))
 
-    def active(self, depth: int | None = None) -> torch.Tensor:
+    def active(self, depth: int = 0) -> torch.Tensor:
         return self.ids  # the same tensor every step: the draft head gathers its rows once
+
+    def ranked(self) -> torch.Tensor:
+        return self.order  # most frequent first
 
 
 def save_token_map(token_map: Sequence[int], path: str | Path) -> None:

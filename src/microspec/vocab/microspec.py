@@ -11,8 +11,13 @@ The stream is never stored whole: only its last ``W_max`` entries matter, so it 
 token ids, with a count per vocabulary id of how often it occurs in the ring; ``I`` is the set of ids with a
 non-zero count.  Appending is a handful of fixed-shape tensor operations on the model's device (first-occurrence
 dedup by scatter-min, ring positions by cumulative sum, count updates by index_add), with the write pointer itself
-a device tensor: no host synchronisation per update.  Reading ``I`` as an id list (``active()``) does synchronise
-once per step on CUDA (``nonzero``); the packed head buffer of a later issue removes that.
+a device tensor: no host synchronisation per update.
+
+What the draft head gets (``gather``): ``"packed"`` (default) — the policy keeps the rows of I in a
+:class:`~microspec.vocab.packed.PackedRows` buffer of W_max (+ special) slots and, on each append, frees the slots of
+ids whose count fell to zero and copies in only the rows of ids whose count rose from zero; or ``"indexed"`` (the
+ablation baseline) — I as an id list, whose rows the head gathers at every step.  On CUDA the appends run on a side
+stream, overlapping the draft model's forward; the head waits on an event just before its matmul.
 
 Order inside a tuple(set): prefill candidates by prompt position then rank, draft candidates in tree order,
 verify candidates by branch row then rank; each set is deduplicated on its own (the paper's ⊕ of three tuples), so a
@@ -23,29 +28,52 @@ by default) are added to I at every step, so a draft may end where the target wo
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 import torch
 
 from ..errors import check
-from .base import VocabPolicy
+from .base import ActiveSet, VocabPolicy
+from .packed import PackedRows
+
+GATHERS = ("packed", "indexed", "fused")  # fused: indexed sets, read by a Triton kernel inside the matmul
 
 
 class MicroSpecVocab(VocabPolicy):
     name = "microspec"
 
     def __init__(self, vocab_size: int, w_max: int = 3072, k_pre: int = 3, k_ver: int = 3,
-                 always: Sequence[int] = (), device: torch.device | str = "cpu"):
+                 always: Sequence[int] = (), device: torch.device | str = "cpu", gather: str = "packed"):
         check(w_max >= 1, f"--w-max must be >= 1, got {w_max}")
         check(k_pre >= 0, f"--k-pre must be >= 0, got {k_pre}")
         check(k_ver >= 0, f"--k-ver must be >= 0, got {k_ver}")
-        self.vocab_size, self.w_max, self.k_pre, self.k_ver = vocab_size, w_max, k_pre, k_ver
-        self.prompt_topk = k_pre
+        check(gather in ("packed", "indexed"), f"unknown gather {gather!r}; choose packed or indexed")
         device = torch.device(device)
+        super().__init__(always, device)
+        self.vocab_size, self.w_max, self.k_pre, self.k_ver, self.gather = vocab_size, w_max, k_pre, k_ver, gather
+        self.prompt_topk = k_pre
         self.ring = torch.full((w_max + 1,), -1, dtype=torch.long, device=device)  # slot w_max: trash
         self.ptr = torch.zeros((), dtype=torch.long, device=device)
         self.counts = torch.zeros(vocab_size, dtype=torch.int32, device=device)
-        self.always = torch.tensor(sorted(set(int(t) for t in always)), dtype=torch.long, device=device)
         self._arange = torch.arange(max(w_max, 1) * 4 + 64, device=device)
+        self._unset = torch.iinfo(torch.long).max
+        self._scratch = torch.full((vocab_size,), self._unset, dtype=torch.long, device=device)  # for _first
+        self.packed: PackedRows | None = None
+        self._ids: tuple[int, torch.Tensor] | None = None  # (version, I as ids) for the indexed path
+        cuda = device.type == "cuda"
+        self._stream = torch.cuda.Stream(device) if cuda and gather == "packed" else None
+        self._event = torch.cuda.Event() if self._stream is not None else None
+
+    def reset(self) -> None:
+        """S <- () (a new request)."""
+        if self._event is not None:
+            torch.cuda.current_stream().wait_event(self._event)
+        self.ring.fill_(-1)
+        self.ptr.zero_()
+        self.counts.zero_()
+        if self.packed is not None:
+            self.packed.reset(self.always[:0])
+        self.version += 1
 
     # ---------------------------------------------------------------- Algorithm 1
     def on_prefill(self, prompt_ids: torch.Tensor, prompt_topk_ids: torch.Tensor | None) -> None:
@@ -60,38 +88,81 @@ class MicroSpecVocab(VocabPolicy):
             top = torch.topk(verify_logits, min(self.k_ver, verify_logits.shape[-1]), dim=-1).indices
             self.append(top.reshape(-1), unique=True)              # ⊕ tuple(C_ver)
 
-    def active(self, depth: int | None = None) -> torch.Tensor:
-        """I = Unique(Suffix(S, W_max)) (plus the special ids), ascending."""
+    def active(self, depth: int = 0) -> ActiveSet:
+        """I = Unique(Suffix(S, W_max)) plus the special ids: the packed buffer, or the ids ascending."""
+        if self.packed is not None:
+            if self._event is not None:
+                torch.cuda.current_stream().wait_event(self._event)
+            return self.packed
+        if self._ids is None or self._ids[0] != self.version:
+            self._ids = (self.version, self._present().nonzero().flatten())
+        return self._ids[1]
+
+    def attach(self, weight: torch.Tensor) -> None:
+        if self.gather != "packed" or (self.packed is not None and self.packed.weight is weight):
+            return
+        self.packed = PackedRows(weight, self.w_max + self.always.numel(), pinned=self.always)
+        self.packed.reset(self.counts.nonzero().flatten())
+
+    def ranked(self) -> torch.Tensor:
+        """The ids of I by recency, most recent stream entry first."""
+        order = (self.ptr - 1 - self._arange[: self.w_max]) % self.w_max
+        ids = self.ring[order]
+        ids = ids[ids >= 0]
+        idx = self._arange[: ids.numel()]
+        first = torch.full((self.vocab_size,), ids.numel(), dtype=torch.long, device=ids.device)
+        first.scatter_reduce_(0, ids, idx, reduce="amin")
+        return ids[first[ids] == idx]
+
+    def _present(self) -> torch.Tensor:
         present = self.counts > 0
         if self.always.numel():
-            present = present.clone()
             present[self.always] = True
-        return present.nonzero().flatten()
+        return present
 
     # ---------------------------------------------------------------- the device-resident stream
     def append(self, ids: torch.Tensor, unique: bool) -> None:
-        """S <- S ⊕ ids (first occurrences only when ``unique``), keeping the ring and counts exact."""
+        """S <- S ⊕ ids (first occurrences only when ``unique``), keeping the ring, the counts and the packed rows
+        exact."""
         ids = ids.to(self.ring.device, torch.long).flatten()
-        m = ids.numel()
-        if m == 0:
+        if ids.numel() == 0:
             return
+        self.version += 1
+        if self._stream is None:
+            self._append(ids, unique)
+            return
+        self._stream.wait_stream(torch.cuda.current_stream())
+        ids.record_stream(self._stream)
+        with torch.cuda.stream(self._stream):
+            self._append(ids, unique)
+        self._event.record(self._stream)
+
+    def _append(self, ids: torch.Tensor, unique: bool) -> None:
+        m = ids.numel()
         idx = self._arange[:m] if m <= self._arange.numel() else torch.arange(m, device=ids.device)
-        if unique:
-            first = torch.full((self.vocab_size,), m, dtype=torch.long, device=ids.device)
-            first.scatter_reduce_(0, ids, idx, reduce="amin")
-            keep = first[ids] == idx
-        else:
-            keep = torch.ones(m, dtype=torch.bool, device=ids.device)
+        keep = self._first(ids, idx, None) if unique else torch.ones(m, dtype=torch.bool, device=ids.device)
         rank = torch.cumsum(keep, 0) - 1
         n_new = keep.sum()
         keep = keep & (rank >= n_new - self.w_max)  # of more than W_max new entries only the last W_max stay
         slot = torch.where(keep, (self.ptr + rank) % self.w_max, torch.full_like(rank, self.w_max))
         old = self.ring[slot]
         gone = keep & (old >= 0)
-        self.counts.index_add_(0, torch.where(gone, old, 0), gone.to(torch.int32).neg())
+        old = torch.where(gone, old, 0)
+        self.counts.index_add_(0, old, gone.to(torch.int32).neg())
         self.counts.index_add_(0, torch.where(keep, ids, 0), keep.to(torch.int32))
         self.ring[slot] = torch.where(keep, ids, -1)
         self.ptr = (self.ptr + n_new) % self.w_max
+        if self.packed is not None:  # rows out for ids whose count fell to 0, in for ids new to I
+            self.packed.remove(old, gone & (self.counts[old] == 0))
+            self.packed.insert(ids, keep if unique else self._first(ids, idx, keep))
+
+    def _first(self, ids: torch.Tensor, idx: torch.Tensor, among: torch.Tensor | None) -> torch.Tensor:
+        """[m] bool: first occurrence of each id (among the entries ``among`` when given)."""
+        first = self._scratch  # all unset between calls, so the cost is O(m), not O(V)
+        first.scatter_reduce_(0, ids, idx if among is None else torch.where(among, idx, self._unset), reduce="amin")
+        out = first[ids] == idx
+        first[ids] = self._unset
+        return out if among is None else out & among
 
     def window(self) -> list[int]:
         """The last W_max stream entries, oldest first (for tests and inspection; synchronises)."""

@@ -1,0 +1,178 @@
+"""Cost of the draft head under each vocabulary path, in isolation and inside real generations.
+
+    python benchmarks/draft_head.py --model gemma-3-270m --dtype bf16 \
+        --data ../shared/data/spec_bench/question.jsonl --per-category 1 --max-new-tokens 64 \
+        [--freq-file fr-spec.pt]
+
+Isolated (``isolated``): one draft step of ``rows`` hidden states through the head, for the full vocabulary, for
+MicroSpec's packed buffer (state update for one verification + masked dense matmul) and for the indexed ablation
+(state update + ``W[idx]`` gather + matmul), with MicroSpec's state built from a real prompt's stream
+(prompt + top-3 per prompt position) and then a realistic steady state (``steps`` verifications of an 8-node tree
+and 3 verified rows drawn from the target vocabulary's own tokens of the prompt).
+
+In generations (``generations``): the early-exit drafter (CPU default tree) with each policy on the same prompts;
+``head_ms_per_call`` (set selection + gather + matmul), ``update_ms_per_step`` (the policy's update after each
+verification), ``draft_step_ms`` = head per call + update per step (the update charged in full to every call: an
+upper bound), and the same for the full head.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from datetime import date
+
+import torch
+
+from microspec import load_model
+from microspec.api import encode_prompt
+from microspec.bench_data import read_records
+from microspec.decoding import GenerationConfig, generate_ids
+from microspec.decoding.loop import prompt_topk
+from microspec.drafters import make_drafter, tree_defaults
+from microspec.drafters.head import DraftHead
+from microspec.vocab import make_vocab
+from microspec.vocab.frequency import special_ids
+
+
+def _ms(fn, repeats: int) -> float:
+    fn()
+    t = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - t) / repeats * 1000
+
+
+@torch.inference_mode()
+def isolated(lm, prompt: str, rows: int, steps: int, repeats: int) -> dict:
+    model = lm.model
+    d, vocab_size = model.spec.hidden_size, model.spec.vocab_size
+    ids = torch.tensor(encode_prompt(lm, prompt), dtype=torch.long)
+    cache = model.new_cache(len(ids) + 8)
+    hidden = model(ids, cache)
+    top = prompt_topk(model, hidden, 3)
+    g = torch.Generator().manual_seed(0)
+    pool = torch.cat([ids, top.flatten()])
+    h = torch.randn(rows, d, generator=g).to(model.dtype)
+    out = {"rows": rows, "prompt_tokens": len(ids)}
+    full = DraftHead(model.head_weight, model.spec.final_softcap)
+    out["full_head_ms"] = round(_ms(lambda: full.logits(h), max(3, repeats // 20)), 3)
+    for gather in ("packed", "indexed"):
+        policy = make_vocab("microspec", vocab_size=vocab_size, eos_ids=lm.eos_token_ids,
+                            always=special_ids(lm.tokenizer), gather=gather)
+        head = DraftHead(model.head_weight, model.spec.final_softcap)
+        policy.on_prefill(ids, top)
+        head.use(policy)
+
+        def verify_once():
+            tree = pool[torch.randint(0, len(pool), (8,), generator=g)]
+            logits = torch.randn(3, vocab_size, generator=g)  # top-3 of random logits: new ids now and then
+            policy.on_verify(tree, logits)
+
+        for _ in range(steps):  # reach a steady state (the window full, ids entering and leaving)
+            verify_once()
+        logits_only = _ms(lambda: head.logits(h), repeats)
+        logits_ver = torch.randn(3, vocab_size, generator=g)
+        tree = pool[:8]
+        update = _ms(lambda: policy.on_verify(tree, logits_ver), repeats)
+
+        def step():
+            policy.on_verify(tree, logits_ver)
+            head.logits(h)
+
+        both = _ms(step, repeats)
+        size = head.sizes[-1]
+        out[gather] = {"active": int(size), "update_ms": round(update, 3), "head_ms": round(logits_only, 3),
+                       "update_plus_head_ms": round(both, 3),
+                       "share_of_full_head": round(both / out["full_head_ms"], 4)}
+    return out
+
+
+@torch.inference_mode()
+def generations(lm, prompts: list[str], policies: dict, cfg: GenerationConfig) -> dict:
+    model = lm.model
+    depth, top_k, total = tree_defaults("early-exit", model.device.type, None, None, None)
+    out = {}
+    for name, make in policies.items():
+        agg = {"tokens": 0, "wall": 0.0, "draft": 0.0, "head": 0.0, "vocab": 0.0, "calls": 0, "steps": 0,
+               "sizes": [], "accept": [], "covered": 0, "checked": 0}
+        for p in prompts:
+            drafter = make_drafter("early-exit", num_layers_target=model.spec.num_layers, depth=depth, top_k=top_k,
+                                   total_tokens=total)
+            r = generate_ids(model, encode_prompt(lm, p), cfg, lm.eos_token_ids, drafter=drafter, vocab=make())
+            st = r.stats
+            agg["tokens"] += st.new_tokens
+            agg["wall"] += st.wall_s
+            agg["draft"] += st.draft_s
+            agg["head"] += st.head_s
+            agg["vocab"] += st.vocab_s
+            agg["calls"] += len(st.active_sizes)
+            agg["steps"] += st.steps
+            agg["sizes"] += st.active_sizes
+            agg["accept"] += st.accept_lengths
+            agg["covered"] += st.covered
+            agg["checked"] += st.coverage_tokens
+        head_call = agg["head"] / agg["calls"] * 1000
+        update_step = agg["vocab"] / agg["steps"] * 1000
+        out[name] = {
+            "tokens_per_s": round(agg["tokens"] / agg["wall"], 3),
+            "mean_accept_len": round(sum(agg["accept"]) / len(agg["accept"]), 4),
+            "draft_s": round(agg["draft"], 3),
+            "head_ms_per_call": round(head_call, 3),
+            "update_ms_per_step": round(update_step, 3),
+            "draft_step_ms": round(head_call + update_step, 3),
+            "active_vocab_mean": round(sum(agg["sizes"]) / len(agg["sizes"]), 1),
+            "active_vocab_max": max(agg["sizes"]),
+            "coverage": round(agg["covered"] / agg["checked"], 4) if agg["checked"] else None,
+        }
+    full = out.get("full")
+    if full:
+        for v in out.values():
+            v["draft_step_vs_full"] = round(v["draft_step_ms"] / full["draft_step_ms"], 4)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="gemma-3-270m")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--data", default="../shared/data/spec_bench/question.jsonl")
+    ap.add_argument("--per-category", type=int, default=1)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--freq-file", default=None, help="token map for fr-spec-32k (optional)")
+    ap.add_argument("--rows", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=200)
+    ap.add_argument("--skip-generations", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    lm = load_model(args.model, dtype=args.dtype)
+    records = read_records(args.data)
+    seen: dict[str, int] = {}
+    chosen = [r for r in records if (seen.__setitem__(r["category"], seen.get(r["category"], 0) + 1)
+                                     or seen[r["category"]] <= args.per_category)]
+    prompts = [r["prompt"] for r in chosen]
+    res = {"model": args.model, "dtype": args.dtype, "threads": args.threads, "date": str(date.today()),
+           "machine": f"{platform.machine()} {platform.processor() or ''} {torch.get_num_threads()} threads".strip(),
+           "isolated": isolated(lm, prompts[0], args.rows, 100, args.repeats)}
+    if not args.skip_generations:
+        common = dict(vocab_size=lm.model.spec.vocab_size, eos_ids=lm.eos_token_ids,
+                      always=special_ids(lm.tokenizer))
+        policies = {
+            "full": lambda: make_vocab("full"),
+            "microspec": lambda: make_vocab("microspec", **common),
+            "microspec-indexed": lambda: make_vocab("microspec", gather="indexed", **common),
+        }
+        if args.freq_file:
+            policies["fr-spec-32k"] = lambda: make_vocab("fr-spec", freq_file=args.freq_file, size="32k", **common)
+        cfg = GenerationConfig(max_new_tokens=args.max_new_tokens)
+        res["generations"] = generations(lm, prompts, policies, cfg)
+        res["prompts"] = len(prompts)
+        res["max_new_tokens"] = args.max_new_tokens
+    print(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Optional device kernels (Triton).  Nothing here is needed on a CPU."""

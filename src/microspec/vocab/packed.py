@@ -1,0 +1,113 @@
+"""The packed draft-head buffer: the active rows of the LM head in one preallocated, contiguous [capacity, d] buffer.
+
+A policy whose active set changes a little at a time (MicroSpec's sliding window) tells the buffer which ids left
+(``remove``) and which may have entered (``insert``); only entering rows are copied, each into the lowest free slot,
+so the active rows stay packed near the start of the buffer.  The logits are one dense matmul over the buffer's
+leading rows with the free slots masked to -inf — no per-step gather of the whole active set (the indexed
+``W[idx] @ h`` it replaces is kept in :class:`~microspec.drafters.head.DraftHead` as the ablation baseline).
+
+Every update is a fixed number of tensor operations on the buffer's device whose sizes the host knows (the ids
+passed in, the capacity): no host synchronisation.  Reading how far the occupied slots reach (``extent``) is one
+host read per change of the set; on CUDA the whole padded buffer is used instead, so shapes stay fixed (what a CUDA
+graph of the draft step needs) and nothing is read back.  Bookkeeping: ``slot_ids[s]`` is the id held in slot s
+(-1 free), ``slot_of[v]`` the slot of id v (-1 absent); index ``capacity`` of the first and ``vocab_size`` of the
+second are trash entries that masked-out writes go to.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class PackedRows:
+    def __init__(self, weight: torch.Tensor, capacity: int, pinned: torch.Tensor | None = None):
+        self.weight = weight  # [V, d], not copied
+        self.vocab_size, d = weight.shape
+        self.capacity = capacity
+        dev = weight.device
+        self.rows = weight.new_zeros(capacity + 1, d)
+        self.slot_ids = torch.full((capacity + 1,), -1, dtype=torch.long, device=dev)
+        self.slot_of = torch.full((self.vocab_size + 1,), -1, dtype=torch.long, device=dev)
+        self._slots = torch.arange(capacity, device=dev)
+        self.pinned = torch.zeros(self.vocab_size + 1, dtype=torch.bool, device=dev)  # ids never removed
+        self.fixed_shape = dev.type == "cuda"
+        self._extent: int | None = 0
+        self.version = 0
+        if pinned is not None and pinned.numel():
+            pinned = pinned.to(dev, torch.long)
+            self.pinned[pinned] = True
+            self.insert(pinned, torch.ones_like(pinned, dtype=torch.bool))
+
+    # ------------------------------------------------------------------ updates
+    def remove(self, ids: torch.Tensor, mask: torch.Tensor) -> None:
+        """Free the slots of ``ids[mask]`` (ids without a slot, pinned ids and repeats are harmless)."""
+        if ids.numel() == 0:
+            return
+        ids = torch.where(mask, ids, self.vocab_size)
+        ids = torch.where(self.pinned[ids], self.vocab_size, ids)
+        slot = self.slot_of[ids]
+        self.slot_ids[torch.where(slot >= 0, slot, self.capacity)] = -1
+        self.slot_of[ids] = -1
+        self._changed()
+
+    def insert(self, ids: torch.Tensor, mask: torch.Tensor) -> None:
+        """Give each of ``ids[mask]`` that has no slot yet the lowest free slot and copy its row there.  The masked
+        ids must be distinct; more new ids than free slots is a caller error (the excess land in the trash row)."""
+        if ids.numel() == 0:
+            return
+        cap = self.capacity
+        mask = mask & (self.slot_of[torch.where(mask, ids, self.vocab_size)] < 0)
+        free = self.slot_ids[:cap] < 0
+        free_rank = torch.cumsum(free, 0) - 1
+        by_rank = torch.full((cap + 1,), cap, dtype=torch.long, device=ids.device)
+        by_rank[torch.where(free, free_rank, cap)] = self._slots
+        by_rank[cap] = cap
+        rank = (torch.cumsum(mask, 0) - 1).clamp(0, cap)
+        slot = torch.where(mask, by_rank[rank], cap)
+        self.slot_ids[slot] = torch.where(mask, ids, -1)
+        self.slot_ids[cap] = -1
+        self.slot_of[torch.where(mask & (slot < cap), ids, self.vocab_size)] = slot
+        self.slot_of[self.vocab_size] = -1
+        self.rows[slot] = self.weight[torch.where(mask, ids, 0)]
+        self._changed()
+
+    def reset(self, ids: torch.Tensor) -> None:
+        """Hold exactly ``ids`` (distinct) plus the pinned ids."""
+        held = self.slot_ids[: self.capacity]
+        self.remove(held.clamp(min=0), held >= 0)
+        ids = ids.to(self.slot_ids.device, torch.long)
+        self.insert(ids, torch.ones_like(ids, dtype=torch.bool))
+
+    def _changed(self) -> None:
+        self._extent = None
+        self.version += 1
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def extent(self) -> int:
+        """How many leading slots the matmul covers: all of them on CUDA (fixed shape), else up to the last occupied."""
+        if self.fixed_shape:
+            return self.capacity
+        if self._extent is None:
+            used = (self.slot_ids[: self.capacity] >= 0).nonzero()
+            self._extent = int(used[-1]) + 1 if used.numel() else 0
+        return self._extent
+
+    def valid(self) -> torch.Tensor:
+        """[extent] bool: which columns of :meth:`logits` hold an active id."""
+        return self.slot_ids[: self.extent] >= 0
+
+    def size(self) -> torch.Tensor:
+        """Number of active ids (a device scalar: no synchronisation)."""
+        return (self.slot_ids[: self.capacity] >= 0).sum()
+
+    def ids(self) -> torch.Tensor:
+        """The active ids, ascending (synchronises; for tests and inspection)."""
+        held = self.slot_ids[: self.capacity]
+        return held[held >= 0].sort().values
+
+    def contains(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.slot_of[ids.to(self.slot_of.device, torch.long)] >= 0
+
+    def to_full_ids(self, columns: torch.Tensor) -> torch.Tensor:
+        return self.slot_ids[columns]

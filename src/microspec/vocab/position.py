@@ -1,0 +1,83 @@
+"""A position-aware budget around any ranked policy (DynaSpec, Section 4, Eq. 3).
+
+The first drafted tokens decide most of the acceptance, so they get the larger draft vocabularies:
+
+    k(t) = k0                      t = 0  (the first drafted token)
+           k1                      t = 1
+           floor((k1 + t) / (2t))  t >= 2
+
+and at depth t the draft head scores ``policy.budgeted(k(t))``: the policy's k(t) highest-ranked ids (frequency
+order for a static shortlist, recency for MicroSpec; a clustering policy counts clusters, as DynaSpec does).  The
+wrapped policy still hears every prefill and verification; the wrapper only narrows what it answers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import MicrospecError, check
+from .base import ActiveSet, VocabPolicy
+
+
+def budget(t: int, k0: int, k1: int) -> int:
+    """DynaSpec's k_c(t) (at least 1)."""
+    if t <= 0:
+        return k0
+    if t == 1:
+        return k1
+    return max(1, (k1 + t) // (2 * t))
+
+
+def parse_budgets(text: str) -> tuple[int, int]:
+    """``"k0,k1"`` (sizes may use k suffixes: ``"4k,2k"``)."""
+    from .frequency import parse_size
+
+    parts = [p.strip() for p in str(text).split(",")]
+    if len(parts) != 2 or not all(parts):
+        raise MicrospecError(f"--position-aware takes k0,k1 (two budgets), got {text!r}")
+    k0, k1 = (parse_size(p) for p in parts)
+    check(k0 >= 1 and k1 >= 1, f"--position-aware budgets must be >= 1, got {text!r}")
+    return k0, k1
+
+
+class PositionAware(VocabPolicy):
+    def __init__(self, policy: VocabPolicy, k0: int, k1: int):
+        check(k0 >= 1 and k1 >= 1, f"position-aware budgets must be >= 1, got {k0},{k1}")
+        if type(policy).ranked is VocabPolicy.ranked:
+            raise MicrospecError(f"--position-aware needs a policy that ranks its ids (fr-spec, vocabtrim, "
+                                 f"microspec), not {policy.name}")
+        self.policy, self.k0, self.k1 = policy, k0, k1
+        self.name = f"{policy.name}+pa"
+        self.prompt_topk = policy.prompt_topk
+        self.always = policy.always
+        self.fused = policy.fused
+        self._cache: dict[int, torch.Tensor] = {}
+        self._seen = -1
+
+    @property
+    def version(self) -> int:
+        return self.policy.version
+
+    def reset(self) -> None:
+        self.policy.reset()
+
+    def on_prefill(self, prompt_ids, prompt_topk_ids) -> None:
+        self.policy.on_prefill(prompt_ids, prompt_topk_ids)
+
+    def on_verify(self, tree_ids, verify_logits) -> None:
+        self.policy.on_verify(tree_ids, verify_logits)
+
+    def attach(self, weight: torch.Tensor) -> None:
+        pass  # the budgeted sets are id lists, gathered by the head (the wrapped policy's buffer is not used)
+
+    def active(self, depth: int = 0) -> ActiveSet:
+        if self._seen != self.policy.version:
+            self._cache.clear()
+            self._seen = self.policy.version
+        k = budget(depth, self.k0, self.k1)
+        if k not in self._cache:  # depths with one budget share one tensor, so the head gathers once
+            self._cache[k] = self.policy.budgeted(k)
+        return self._cache[k]
+
+    def ranked(self) -> torch.Tensor | None:
+        return self.policy.ranked()
