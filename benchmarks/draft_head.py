@@ -5,10 +5,11 @@
         [--freq-file fr-spec.pt]
 
 Isolated (``isolated``): one draft step of ``rows`` hidden states through the head, for the full vocabulary, for
-MicroSpec's packed buffer (state update for one verification + masked dense matmul) and for the indexed ablation
-(state update + ``W[idx]`` gather + matmul), with MicroSpec's state built from a real prompt's stream
-(prompt + top-3 per prompt position) and then a realistic steady state (``steps`` verifications of an 8-node tree
-and 3 verified rows drawn from the target vocabulary's own tokens of the prompt).
+MicroSpec's packed buffer (state update for one verification + masked dense matmul; host and device backends) and
+for the indexed ablation (state update + ``W[idx]`` gather + matmul).  MicroSpec's state starts from a real prompt's
+stream (the longest chosen prompt + top-3 per prompt position); each verification then appends an 8-node tree and the top-3 of 3
+verified rows, drawn from the prompt's ids and predictions and as many ids new to the context, until a steady
+state with ids entering and leaving the window.
 
 In generations (``generations``): the early-exit drafter (CPU default tree) with each policy on the same prompts;
 ``head_ms_per_call`` (set selection + gather + matmul), ``update_ms_per_step`` (the policy's update after each
@@ -33,7 +34,7 @@ from microspec.decoding import GenerationConfig, generate_ids
 from microspec.decoding.loop import prompt_topk
 from microspec.drafters import make_drafter, tree_defaults
 from microspec.drafters.head import DraftHead
-from microspec.vocab import make_vocab
+from microspec.vocab import MicroSpecVocab, make_vocab
 from microspec.vocab.frequency import special_ids
 
 
@@ -54,39 +55,44 @@ def isolated(lm, prompt: str, rows: int, steps: int, repeats: int) -> dict:
     hidden = model(ids, cache)
     top = prompt_topk(model, hidden, 3)
     g = torch.Generator().manual_seed(0)
-    pool = torch.cat([ids, top.flatten()])
+    # what drafts and verifications bring: the prompt's ids and predictions, and as many ids new to the context
+    pool = torch.cat([ids, top.flatten(), torch.randint(0, vocab_size, (len(ids) * 4,), generator=g)])
+    inputs = []
+    for _ in range(64):
+        tree = pool[torch.randint(0, len(pool), (8,), generator=g)]
+        logits = torch.randn(3, vocab_size, generator=g)
+        logits[torch.arange(3), pool[torch.randint(0, len(pool), (3,), generator=g)]] += 20.0
+        inputs.append((tree, logits))
     h = torch.randn(rows, d, generator=g).to(model.dtype)
     out = {"rows": rows, "prompt_tokens": len(ids)}
     full = DraftHead(model.head_weight, model.spec.final_softcap)
     out["full_head_ms"] = round(_ms(lambda: full.logits(h), max(3, repeats // 20)), 3)
-    for gather in ("packed", "indexed"):
-        policy = make_vocab("microspec", vocab_size=vocab_size, eos_ids=lm.eos_token_ids,
-                            always=special_ids(lm.tokenizer), gather=gather)
+    for gather, backend in (("packed", "host"), ("packed", "device"), ("indexed", "host")):
+        policy = MicroSpecVocab(vocab_size, always=sorted(set(lm.eos_token_ids) | set(special_ids(lm.tokenizer))),
+                                gather=gather, backend=backend)
         head = DraftHead(model.head_weight, model.spec.final_softcap)
         policy.on_prefill(ids, top)
         head.use(policy)
+        turn = [0]
 
-        def verify_once():
-            tree = pool[torch.randint(0, len(pool), (8,), generator=g)]
-            logits = torch.randn(3, vocab_size, generator=g)  # top-3 of random logits: new ids now and then
+        def update():
+            tree, logits = inputs[turn[0] % len(inputs)]
+            turn[0] += 1
             policy.on_verify(tree, logits)
 
-        for _ in range(steps):  # reach a steady state (the window full, ids entering and leaving)
-            verify_once()
-        logits_only = _ms(lambda: head.logits(h), repeats)
-        logits_ver = torch.randn(3, vocab_size, generator=g)
-        tree = pool[:8]
-        update = _ms(lambda: policy.on_verify(tree, logits_ver), repeats)
+        for _ in range(steps):  # reach a steady state (ids entering and leaving the window)
+            update()
+        update_ms = _ms(update, repeats)
+        head_ms = _ms(lambda: head.logits(h), repeats)
 
         def step():
-            policy.on_verify(tree, logits_ver)
+            update()
             head.logits(h)
 
         both = _ms(step, repeats)
-        size = head.sizes[-1]
-        out[gather] = {"active": int(size), "update_ms": round(update, 3), "head_ms": round(logits_only, 3),
-                       "update_plus_head_ms": round(both, 3),
-                       "share_of_full_head": round(both / out["full_head_ms"], 4)}
+        out[f"{gather}-{backend}"] = {
+            "active": int(head.sizes[-1]), "update_ms": round(update_ms, 3), "head_ms": round(head_ms, 3),
+            "update_plus_head_ms": round(both, 3), "share_of_full_head": round(both / out["full_head_ms"], 4)}
     return out
 
 
@@ -156,7 +162,7 @@ def main() -> None:
     prompts = [r["prompt"] for r in chosen]
     res = {"model": args.model, "dtype": args.dtype, "threads": args.threads, "date": str(date.today()),
            "machine": f"{platform.machine()} {platform.processor() or ''} {torch.get_num_threads()} threads".strip(),
-           "isolated": isolated(lm, prompts[0], args.rows, 100, args.repeats)}
+           "isolated": isolated(lm, max(prompts, key=len), args.rows, 300, args.repeats)}
     if not args.skip_generations:
         common = dict(vocab_size=lm.model.spec.vocab_size, eos_ids=lm.eos_token_ids,
                       always=special_ids(lm.tokenizer))

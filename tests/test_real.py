@@ -121,6 +121,30 @@ def test_gemma_speculative_greedy_identity(gemma, gemma_ar, drafter):
         assert max(accepted) > 1.0
 
 
+@pytest.mark.parametrize("policy", ["fr-spec", "microspec-device-indexed", "microspec-position-aware"])
+def test_gemma_every_policy_is_lossless(gemma, gemma_ar, policy):
+    """The other policies (and MicroSpec's other backend and gather) on the real 262k vocabulary, one prompt."""
+    from microspec.drafters import make_drafter
+    from microspec.vocab import MicroSpecVocab, PositionAware, StaticShortlist
+    from microspec.vocab.frequency import count_tokens, token_map_from_counts
+
+    prompt = SPEC_PROMPTS[1]
+    if policy == "fr-spec":  # a deliberately small shortlist from unrelated text: drafts miss often, output same
+        text = ["Rain falls on the hills and runs to the sea; the sun warms the sea and the air carries it back."]
+        vocab = StaticShortlist(token_map_from_counts(count_tokens(gemma.tokenizer, text, 262144)), 64,
+                                always=gemma.eos_token_ids)
+    elif policy == "microspec-device-indexed":
+        vocab = MicroSpecVocab(262144, always=gemma.eos_token_ids, gather="indexed", backend="device")
+    else:
+        vocab = PositionAware(MicroSpecVocab(262144, always=gemma.eos_token_ids), 1024, 256)
+    d = make_drafter("early-exit", depth=2, top_k=2, total_tokens=3, draft_layers=12)
+    r = generate_ids(gemma.model, encode_prompt(gemma, prompt), GenerationConfig(max_new_tokens=64),
+                     gemma.eos_token_ids, drafter=d, vocab=vocab)
+    assert r.token_ids == gemma_ar[prompt]
+    st = r.stats.to_dict()
+    assert 0 <= st["coverage"] <= 1 and st["active_vocab_max"] <= (1024 if "position" in policy else 3073)
+
+
 def test_gemma_eagle_and_separate_draft_model_plumbing(gemma, gemma_ar, tmp_path):
     """On the real 262k-vocabulary model: an EAGLE head in the official layout (random weights: no trained head
     ships yet) and a separate draft model (Gemma's own first two layers as a standalone model) stay lossless."""

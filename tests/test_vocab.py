@@ -24,6 +24,15 @@ def _uniq(seq):
     return out
 
 
+def _reference(family: str, greedy: bool, n: int, temperature: float, seed: int = 5):
+    """(tiny native model, generation settings, its own autoregressive output) for a losslessness check."""
+    _, nm = tiny_pair(family)
+    cfg = dict(max_new_tokens=n, ignore_eos=True)
+    if not greedy:
+        cfg.update(temperature=temperature, seed=seed)
+    return nm, cfg, generate_ids(nm, PROMPT, GenerationConfig(**cfg)).token_ids
+
+
 def active_ids(active) -> torch.Tensor:
     return active.ids() if isinstance(active, PackedRows) else active
 
@@ -46,8 +55,12 @@ class NaiveStream:
         return sorted(set(self.s[-self.w:]))
 
 
-def test_hand_made_stream():
-    v = MicroSpecVocab(VOCAB, w_max=5, k_pre=2, k_ver=2)
+BACKENDS = pytest.mark.parametrize("backend", ["host", "device"])
+
+
+@BACKENDS
+def test_hand_made_stream(backend):
+    v = MicroSpecVocab(VOCAB, w_max=5, k_pre=2, k_ver=2, backend=backend)
     v.on_prefill(torch.tensor([1, 2, 1, 3]), torch.tensor([[4, 1], [1, 5], [4, 9], [5, 4]]))
     # S = 1 2 1 3 | 4 1 5 9 -> last five: 3 4 1 5 9
     assert v.window() == [3, 4, 1, 5, 9]
@@ -60,18 +73,20 @@ def test_hand_made_stream():
     assert v.active().tolist() == [2, 6, 7, 8]
 
 
-def test_special_tokens_always_active():
-    v = MicroSpecVocab(VOCAB, w_max=3, k_pre=0, k_ver=0, always=[2, 95])
+@BACKENDS
+def test_special_tokens_always_active(backend):
+    v = MicroSpecVocab(VOCAB, w_max=3, k_pre=0, k_ver=0, always=[2, 95], backend=backend)
     v.on_prefill(torch.tensor([5, 6, 7, 8]), None)
     assert v.active().tolist() == [2, 6, 7, 8, 95]
     assert v.window() == [6, 7, 8]
 
 
+@BACKENDS
 @pytest.mark.parametrize("w", [1, 7, 50, 400])
-def test_stream_equals_literal_algorithm_after_many_random_updates(w):
+def test_stream_equals_literal_algorithm_after_many_random_updates(w, backend):
     rnd = random.Random(w)
     g = torch.Generator().manual_seed(w)
-    v = MicroSpecVocab(VOCAB, w_max=w, k_pre=3, k_ver=2)
+    v = MicroSpecVocab(VOCAB, w_max=w, k_pre=3, k_ver=2, backend=backend)
     ref = NaiveStream(w, 3, 2)
     prompt = [rnd.randrange(VOCAB) for _ in range(rnd.randrange(1, 60))]
     top = torch.randint(0, VOCAB, (len(prompt), 3), generator=g)
@@ -85,6 +100,8 @@ def test_stream_equals_literal_algorithm_after_many_random_updates(w):
         ref.verify(tree, logits)
         assert v.active().tolist() == ref.active()
         assert v.window() == ref.s[-w:]
+        recency = v.ranked().tolist()
+        assert recency == _uniq(ref.s[-w:][::-1])
     assert int(v.counts.sum()) == min(w, len(ref.s))
 
 
@@ -185,11 +202,7 @@ def test_frequency_table_token_map_round_trip_and_shortlist(tmp_path, tiny_model
 def test_static_shortlist_is_lossless(greedy):
     from microspec.vocab import StaticShortlist
 
-    _, nm = tiny_pair("qwen3")
-    cfg = dict(max_new_tokens=30, ignore_eos=True)
-    if not greedy:
-        cfg.update(temperature=1.0, seed=5)
-    ref = generate_ids(nm, PROMPT, GenerationConfig(**cfg)).token_ids
+    nm, cfg, ref = _reference("qwen3", greedy, 30, temperature=1.0)
     vocab = StaticShortlist(list(range(0, VOCAB, 3)), 20)
     r = generate_ids(nm, PROMPT, GenerationConfig(**cfg), drafter=EarlyExitDrafter(1, depth=3, top_k=2), vocab=vocab)
     if greedy:
@@ -220,7 +233,8 @@ def test_freq_command(tmp_path, tiny_model_dir, capsys):
 
 
 # ---------------------------------------------------------------------------- the packed head buffer
-def test_packed_rows_follow_a_set_model_through_random_updates():
+@pytest.mark.parametrize("host", [False, True])
+def test_packed_rows_follow_a_set_model_through_random_updates(host):
     rnd = random.Random(3)
     w = torch.randn(VOCAB, 8)
     buf = PackedRows(w, capacity=20, pinned=torch.tensor([0, 5]))
@@ -230,14 +244,20 @@ def test_packed_rows_follow_a_set_model_through_random_updates():
             out = rnd.sample(sorted(model), rnd.randrange(1, len(model) - 1))
             ids = torch.tensor(out + [rnd.randrange(VOCAB)])  # plus an id that may be absent
             mask = torch.tensor([True] * len(out) + [rnd.random() < 0.5])
-            buf.remove(ids, mask)
+            if host:
+                buf.remove_ids(ids[mask].tolist())
+            else:
+                buf.remove(ids, mask)
             model -= {t for t, m in zip(ids.tolist(), mask.tolist()) if m} - {0, 5}
         else:
             room = 20 - len(model)
             new = rnd.sample(range(VOCAB), rnd.randrange(0, 8))
             new = [t for t in new if t not in model][:room] + [t for t in new if t in model]
             mask = [rnd.random() < 0.8 for _ in new]
-            buf.insert(torch.tensor(new, dtype=torch.long), torch.tensor(mask, dtype=torch.bool))
+            if host:
+                buf.insert_ids([t for t, m in zip(new, mask) if m])
+            else:
+                buf.insert(torch.tensor(new, dtype=torch.long), torch.tensor(mask, dtype=torch.bool))
             model |= {t for t, m in zip(new, mask) if m}
         assert buf.ids().tolist() == sorted(model)
         held = buf.slot_ids[: buf.capacity]
@@ -246,10 +266,15 @@ def test_packed_rows_follow_a_set_model_through_random_updates():
         assert int(buf.size()) == len(model)
         assert buf.extent <= buf.capacity and bool((held[buf.extent:] < 0).all())
         assert (buf.slot_of[held[live]] == torch.arange(buf.capacity)[live]).all()
+        assert int((buf.slot_of[:VOCAB] >= 0).sum()) == len(model)
+        if host:
+            assert buf.extent == (int(live.nonzero().max()) + 1 if len(model) else 0)
+            assert all(buf.holds(t) for t in model)
 
 
+@BACKENDS
 @pytest.mark.parametrize("w_max", [4, 30, 300])
-def test_incremental_packed_buffer_equals_a_fresh_gather(w_max):
+def test_incremental_packed_buffer_equals_a_fresh_gather(w_max, backend):
     """MicroSpec's packed rows after many random appends == the rows a fresh gather of I would give, and the
     packed head's logits == the indexed head's, id by id."""
     from microspec.drafters.head import DraftHead
@@ -257,8 +282,8 @@ def test_incremental_packed_buffer_equals_a_fresh_gather(w_max):
     rnd = random.Random(w_max)
     g = torch.Generator().manual_seed(w_max)
     weight = torch.randn(VOCAB, 16, generator=g)
-    packed = MicroSpecVocab(VOCAB, w_max=w_max, k_pre=2, k_ver=3, always=[3])
-    indexed = MicroSpecVocab(VOCAB, w_max=w_max, k_pre=2, k_ver=3, always=[3], gather="indexed")
+    packed = MicroSpecVocab(VOCAB, w_max=w_max, k_pre=2, k_ver=3, always=[3], backend=backend)
+    indexed = MicroSpecVocab(VOCAB, w_max=w_max, k_pre=2, k_ver=3, always=[3], gather="indexed", backend="device")
     prompt = torch.randint(0, VOCAB, (rnd.randrange(1, 80),), generator=g)
     top = torch.randint(0, VOCAB, (len(prompt), 2), generator=g)
     heads = []
@@ -287,8 +312,9 @@ def test_incremental_packed_buffer_equals_a_fresh_gather(w_max):
                                                    for i, r in enumerate(heads[1].topk(h, 2)[1].tolist())]
 
 
-def test_reset_gives_a_fresh_stream():
-    v = MicroSpecVocab(VOCAB, w_max=6, k_pre=1, k_ver=1)
+@BACKENDS
+def test_reset_gives_a_fresh_stream(backend):
+    v = MicroSpecVocab(VOCAB, w_max=6, k_pre=1, k_ver=1, backend=backend)
     v.attach(torch.randn(VOCAB, 4))
     v.on_prefill(torch.tensor([4, 5, 6]), torch.tensor([[7], [8], [9]]))
     v.reset()
@@ -343,11 +369,7 @@ def test_position_aware_budgets_follow_rank_order():
 def test_position_aware_is_lossless_and_drafts_within_the_budget(greedy):
     from microspec.vocab import PositionAware
 
-    _, nm = tiny_pair("gemma3")
-    cfg = dict(max_new_tokens=24, ignore_eos=True)
-    if not greedy:
-        cfg.update(temperature=0.8, seed=5)
-    ref = generate_ids(nm, PROMPT, GenerationConfig(**cfg)).token_ids
+    nm, cfg, ref = _reference("gemma3", greedy, 24, temperature=0.8)
     vocab = PositionAware(MicroSpecVocab(VOCAB, w_max=40, k_pre=2, k_ver=2), 12, 6)
     drafter = EarlyExitDrafter(1, depth=3, top_k=2, total_tokens=6)
     seen = []
@@ -387,3 +409,34 @@ def test_coverage_arithmetic_with_a_static_set():
     assert r.stats.to_dict()["coverage"] == round(expect, 4)
     full = generate_ids(nm, PROMPT, cfg, drafter=EarlyExitDrafter(1, depth=2), vocab=FullVocab())
     assert full.stats.coverage == 1.0
+
+
+def test_two_stage_topk_equals_torch_topk():
+    from microspec.vocab.microspec import topk_ids
+
+    g = torch.Generator().manual_seed(0)
+    for shape, k in (((3, 262144), 3), ((1, 4096), 5), ((2, 96), 3), ((4, 1024 * 9), 1)):
+        x = torch.randn(*shape, generator=g)
+        x[0, 7] = 50.0  # several top values inside one block
+        x[0, 9] = 49.0
+        assert topk_ids(x, k).sort(-1).values.tolist() == torch.topk(x, k, -1).indices.sort(-1).values.tolist()
+
+
+def test_prompt_topk_paths_agree_and_last_positions_option():
+    from microspec.decoding.loop import prompt_topk
+
+    _, nm = tiny_pair("gemma3")
+    hidden = nm(torch.tensor(PROMPT), nm.new_cache(len(PROMPT) + 4))
+    ref = torch.topk(nm.head(hidden), 3, dim=-1).indices
+    assert prompt_topk(nm, hidden, 3, chunk=4).tolist() == ref.tolist()  # fp32: chunks through the head
+    _, half = tiny_pair("gemma3", dtype=torch.bfloat16)  # bf16 on a CPU: fp32 slabs of head rows
+    h = half(torch.tensor(PROMPT), half.new_cache(len(PROMPT) + 4))
+    ref32 = torch.topk(h.float() @ half.head_weight.float().T, 3, dim=-1).indices
+    assert prompt_topk(half, h, 3, slab=10).tolist() == ref32.tolist()
+    seen = []
+    policy = MicroSpecVocab(VOCAB, w_max=200, k_pre=2, k_ver=0, k_pre_positions=3)
+    original = policy.on_prefill
+    policy.on_prefill = lambda p, t: (seen.append(t), original(p, t))
+    generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=2), drafter=EarlyExitDrafter(1, depth=1), vocab=policy)
+    assert seen[0].tolist() == ref[-3:, :2].tolist()
+    assert policy.window()[: len(PROMPT)] == PROMPT

@@ -33,20 +33,26 @@ def json_lines(f: TextIO, label: str | Path) -> Iterator[tuple[int, object]]:
             raise MicrospecError(f"{label}:{n}: not a JSON line") from None
 
 
+# Spec-Bench's multi-turn task is MT-bench, whose questions keep MT-bench's eight categories: reports group them.
+MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+
+
 def read_records(path: str | Path) -> list[dict]:
-    """Records with ``prompt`` (the first turn for multi-turn files), ``turns`` and ``category``."""
+    """Records with ``prompt`` (the first turn for multi-turn files), ``turns``, ``category`` (MT-bench's eight
+    categories become ``mt_bench``, as Spec-Bench reports them) and ``subcategory`` (the file's own)."""
     f, name = open_text(path, "prompt file")
     out: list[dict] = []
     with f:
         if not name.endswith(".jsonl"):
-            return [{"prompt": line.rstrip("\n"), "turns": [line.rstrip("\n")], "category": "default"}
-                    for line in f if line.strip()]
+            return [{"prompt": line.rstrip("\n"), "turns": [line.rstrip("\n")], "category": "default",
+                     "subcategory": "default"} for line in f if line.strip()]
         for n, rec in json_lines(f, path):
             turns = rec.get("turns") or ([rec["prompt"]] if isinstance(rec.get("prompt"), str) else None)
             if not turns:
                 raise MicrospecError(f"{path}:{n}: a record needs a 'prompt' or 'turns' field")
-            category = rec.get("category") or ("humaneval" if "task_id" in rec else "default")
-            out.append({"prompt": turns[0], "turns": list(turns), "category": category,
+            sub = rec.get("category") or ("humaneval" if "task_id" in rec else "default")
+            category = "mt_bench" if sub in MT_BENCH_CATEGORIES and len(turns) > 1 else sub
+            out.append({"prompt": turns[0], "turns": list(turns), "category": category, "subcategory": sub,
                         "id": rec.get("question_id", rec.get("task_id", rec.get("id", n)))})
     if not out:
         raise MicrospecError(f"prompt file {path} has no prompts")

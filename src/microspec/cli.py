@@ -71,6 +71,9 @@ def _add_vocab_args(p, default: str = "full") -> None:
     p.add_argument("--w-max", type=int, default=None, help="microspec: window over the candidate stream (3072)")
     p.add_argument("--k-pre", type=int, default=None, help="microspec: top-k per prompt position at prefill (3)")
     p.add_argument("--k-ver", type=int, default=None, help="microspec: top-k of the verify logits per step (3)")
+    p.add_argument("--k-pre-positions", type=int, default=None,
+                   help="microspec: take the prefill's top-k at the last N prompt positions only (default: all, as "
+                        "Algorithm 1; on a CPU the head over every prompt position costs ~6 ms a position)")
     p.add_argument("--gather", default=None,
                    help="microspec: how the draft head gets its rows: packed (default; a [W_max, d] buffer updated "
                         "incrementally) or indexed (W[idx] gathered each step: the ablation)")
@@ -131,7 +134,8 @@ class _Setup:
                          total_tokens=total_tokens)
         make_drafter(args.drafter, **tree_args)  # validate before loading the model
         vocab_args = dict(w_max=args.w_max, k_pre=args.k_pre, k_ver=args.k_ver, freq_file=args.freq_file,
-                          size=args.vocab_size, gather=args.gather, position_aware=args.position_aware)
+                          size=args.vocab_size, gather=args.gather, position_aware=args.position_aware,
+                          k_pre_positions=args.k_pre_positions)
         make_vocab(args.vocab, validate_only=True, **vocab_args)
         if args.vocab != "full" and args.drafter in ("none", "ngram"):
             raise MicrospecError(f"--vocab {args.vocab} needs a drafter with an LM head (early-exit, eagle or model)")

@@ -15,13 +15,20 @@ POLICIES = ("full", "fr-spec", "vocabtrim", "microspec")
 def make_vocab(name: str, *, vocab_size: int | None = None, device="cpu", eos_ids=(), w_max: int | None = None,
                k_pre: int | None = None, k_ver: int | None = None, freq_file: str | None = None,
                size: str | int | None = None, always=(), gather: str | None = None,
-               position_aware: str | tuple[int, int] | None = None,
+               position_aware: str | tuple[int, int] | None = None, k_pre_positions: int | None = None,
                validate_only: bool = False) -> VocabPolicy | None:
     """A policy by name.  ``always``: ids every policy keeps (EOS, chat special tokens); ``gather``: how the
     MicroSpec head gets its rows (packed|indexed); ``position_aware``: "k0,k1" budgets of a PositionAware wrapper."""
+    if name != "microspec" and k_pre_positions is not None:
+        raise MicrospecError("--k-pre-positions applies to --vocab microspec")
     policy = _make(name, vocab_size=vocab_size, device=device, eos_ids=eos_ids, w_max=w_max, k_pre=k_pre,
                    k_ver=k_ver, freq_file=freq_file, size=size, always=always, gather=gather,
                    validate_only=validate_only)
+    if k_pre_positions is not None:
+        if k_pre_positions < 0:
+            raise MicrospecError(f"--k-pre-positions must be >= 0, got {k_pre_positions}")
+        if policy is not None:
+            policy.prompt_positions = k_pre_positions
     if position_aware is None:
         return policy
     k0, k1 = parse_budgets(position_aware) if isinstance(position_aware, str) else position_aware

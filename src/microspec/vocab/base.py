@@ -28,7 +28,9 @@ ActiveSet = Union[None, torch.Tensor, PackedRows]
 class VocabPolicy(ABC):
     name = "policy"
     prompt_topk = 0  # top-k ids of the target's logits at each prompt position that on_prefill needs (0: none)
+    prompt_positions: int | None = None  # ... at the last N prompt positions only (None: all of them)
     version = 0  # bumped whenever the active set may have changed (lets wrappers cache per step)
+    wants_verify_logits = False  # on_verify reads the verify logits (else the loop passes an empty tensor)
     fused = False  # the head reads id-list rows inside a Triton matmul instead of gathering them (--gather fused)
 
     def __init__(self, always: Sequence[int] = (), device: torch.device | str = "cpu"):
@@ -39,11 +41,12 @@ class VocabPolicy(ABC):
         """Forget everything heard (the loop calls this before each generation's prefill)."""
 
     def on_prefill(self, prompt_ids: torch.Tensor, prompt_topk_ids: torch.Tensor | None) -> None:
-        """prompt_ids [L]; prompt_topk_ids [L, prompt_topk] (rank order) when ``prompt_topk`` > 0."""
+        """prompt_ids [L]; prompt_topk_ids [min(L, prompt_positions), prompt_topk] (rank order, the last prompt
+        positions) when ``prompt_topk`` > 0."""
 
     def on_verify(self, tree_ids: torch.Tensor, verify_logits: torch.Tensor) -> None:
         """tree_ids [N]: every node of the step's draft tree; verify_logits [R, V]: the target's logits on the
-        validated branch (the root and the accepted nodes)."""
+        validated branch (the root and the accepted nodes) when ``wants_verify_logits``, else empty."""
 
     def attach(self, weight: torch.Tensor) -> None:
         """Called by the draft head with its [V, d] weight before it first asks for a set (a policy that keeps a

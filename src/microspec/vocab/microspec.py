@@ -19,6 +19,11 @@ ids whose count fell to zero and copies in only the rows of ids whose count rose
 ablation baseline) — I as an id list, whose rows the head gathers at every step.  On CUDA the appends run on a side
 stream, overlapping the draft model's forward; the head waits on an event just before its matmul.
 
+Two backends keep the same state.  ``device`` (default on CUDA) is the tensor version above.  ``host`` (default on a
+CPU) keeps the ring and the counts in Python and walks the few ids of each append one by one: on a CPU every
+tensor operation costs ~10 us of dispatch whatever its size, and the device version's ~60 operations per
+verification cost ~1.3 ms where the host walk costs tens of microseconds (measured, BENCHMARKS.md).
+
 Order inside a tuple(set): prefill candidates by prompt position then rank, draft candidates in tree order,
 verify candidates by branch row then rank; each set is deduplicated on its own (the paper's ⊕ of three tuples), so a
 token in both C_draft and C_ver enters the stream twice.  Special tokens: the ids in ``always`` (the model's EOS ids
@@ -36,6 +41,20 @@ from ..errors import check
 from .base import ActiveSet, VocabPolicy
 from .packed import PackedRows
 
+def topk_ids(logits: torch.Tensor, k: int, block: int = 512) -> torch.Tensor:
+    """Ids [R, k] of the k largest logits of each row of [R, V] (ties in any order).  Two stages when V splits into
+    blocks: the k blocks with the largest maxima hold the top k, so only they are searched — on a CPU 0.19 ms for
+    3 x 262,144 against 1.25 ms for ``torch.topk``."""
+    r, v = logits.shape
+    if v % block or v // block < 4 * k:
+        return torch.topk(logits, k, dim=-1).indices
+    blocks = logits.view(r, v // block, block)
+    best = torch.topk(blocks.amax(dim=-1), k, dim=-1).indices                      # [R, k] block numbers
+    cand = blocks.gather(1, best[:, :, None].expand(r, k, block)).reshape(r, k * block)
+    cols = torch.topk(cand, k, dim=-1).indices
+    return best.gather(1, cols // block) * block + cols % block
+
+
 GATHERS = ("packed", "indexed", "fused")  # fused: indexed sets, read by a Triton kernel inside the matmul
 
 
@@ -43,34 +62,52 @@ class MicroSpecVocab(VocabPolicy):
     name = "microspec"
 
     def __init__(self, vocab_size: int, w_max: int = 3072, k_pre: int = 3, k_ver: int = 3,
-                 always: Sequence[int] = (), device: torch.device | str = "cpu", gather: str = "packed"):
+                 always: Sequence[int] = (), device: torch.device | str = "cpu", gather: str = "packed",
+                 backend: str | None = None, k_pre_positions: int | None = None):
         check(w_max >= 1, f"--w-max must be >= 1, got {w_max}")
         check(k_pre >= 0, f"--k-pre must be >= 0, got {k_pre}")
         check(k_ver >= 0, f"--k-ver must be >= 0, got {k_ver}")
+        check(k_pre_positions is None or k_pre_positions >= 0,
+              f"--k-pre-positions must be >= 0, got {k_pre_positions}")
         check(gather in ("packed", "indexed"), f"unknown gather {gather!r}; choose packed or indexed")
         device = torch.device(device)
+        backend = backend or ("device" if device.type == "cuda" else "host")
+        check(backend in ("device", "host"), f"unknown backend {backend!r}; choose device or host")
+        self.backend = backend
         super().__init__(always, device)
         self.vocab_size, self.w_max, self.k_pre, self.k_ver, self.gather = vocab_size, w_max, k_pre, k_ver, gather
         self.prompt_topk = k_pre
+        self.wants_verify_logits = k_ver > 0
+        self.prompt_positions = k_pre_positions  # None: every prompt position, as Algorithm 1
         self.ring = torch.full((w_max + 1,), -1, dtype=torch.long, device=device)  # slot w_max: trash
         self.ptr = torch.zeros((), dtype=torch.long, device=device)
-        self.counts = torch.zeros(vocab_size, dtype=torch.int32, device=device)
+        self._counts = torch.zeros(vocab_size, dtype=torch.int32, device=device)
+        self._host_ring: list[int] = [-1] * w_max  # the host backend's ring, write position and counts
+        self._host_ptr = 0
+        self._host_counts: dict[int, int] = {}
         self._arange = torch.arange(max(w_max, 1) * 4 + 64, device=device)
         self._unset = torch.iinfo(torch.long).max
         self._scratch = torch.full((vocab_size,), self._unset, dtype=torch.long, device=device)  # for _first
         self.packed: PackedRows | None = None
         self._ids: tuple[int, torch.Tensor] | None = None  # (version, I as ids) for the indexed path
         cuda = device.type == "cuda"
-        self._stream = torch.cuda.Stream(device) if cuda and gather == "packed" else None
+        self._stream = torch.cuda.Stream(device) if cuda and gather == "packed" and backend == "device" else None
         self._event = torch.cuda.Event() if self._stream is not None else None
+
+    def _wait(self) -> None:
+        """Make the current stream wait for the appends queued on the side stream (CUDA, device backend)."""
+        if self._event is not None:
+            torch.cuda.current_stream().wait_event(self._event)
 
     def reset(self) -> None:
         """S <- () (a new request)."""
-        if self._event is not None:
-            torch.cuda.current_stream().wait_event(self._event)
+        self._wait()
         self.ring.fill_(-1)
         self.ptr.zero_()
-        self.counts.zero_()
+        self._counts.zero_()
+        self._host_ring = [-1] * self.w_max
+        self._host_ptr = 0
+        self._host_counts = {}
         if self.packed is not None:
             self.packed.reset(self.always[:0])
         self.version += 1
@@ -85,14 +122,13 @@ class MicroSpecVocab(VocabPolicy):
         if tree_ids.numel():
             self.append(tree_ids, unique=True)                     # ⊕ tuple(C_draft)
         if self.k_ver > 0 and verify_logits.numel():
-            top = torch.topk(verify_logits, min(self.k_ver, verify_logits.shape[-1]), dim=-1).indices
+            top = topk_ids(verify_logits, min(self.k_ver, verify_logits.shape[-1]))
             self.append(top.reshape(-1), unique=True)              # ⊕ tuple(C_ver)
 
     def active(self, depth: int = 0) -> ActiveSet:
         """I = Unique(Suffix(S, W_max)) plus the special ids: the packed buffer, or the ids ascending."""
+        self._wait()
         if self.packed is not None:
-            if self._event is not None:
-                torch.cuda.current_stream().wait_event(self._event)
             return self.packed
         if self._ids is None or self._ids[0] != self.version:
             self._ids = (self.version, self._present().nonzero().flatten())
@@ -101,11 +137,29 @@ class MicroSpecVocab(VocabPolicy):
     def attach(self, weight: torch.Tensor) -> None:
         if self.gather != "packed" or (self.packed is not None and self.packed.weight is weight):
             return
+        self._wait()
         self.packed = PackedRows(weight, self.w_max + self.always.numel(), pinned=self.always)
         self.packed.reset(self.counts.nonzero().flatten())
 
+    @property
+    def counts(self) -> torch.Tensor:
+        """[V] int32: occurrences of each id in the window (built on demand by the host backend)."""
+        if self.backend == "device":
+            return self._counts
+        out = torch.zeros(self.vocab_size, dtype=torch.int32)
+        if self._host_counts:
+            out[torch.tensor(list(self._host_counts))] = torch.tensor(list(self._host_counts.values()),
+                                                                     dtype=torch.int32)
+        return out.to(self.ring.device)
+
     def ranked(self) -> torch.Tensor:
         """The ids of I by recency, most recent stream entry first."""
+        self._wait()
+        if self.backend == "host":
+            w, p, ring = self.w_max, self._host_ptr, self._host_ring
+            recent = [t for t in ring[p - 1 :: -1] + ring[w - 1 : p - 1 : -1] if t >= 0] if p else \
+                [t for t in ring[::-1] if t >= 0]
+            return torch.tensor(list(dict.fromkeys(recent)), dtype=torch.long, device=self.ring.device)
         order = (self.ptr - 1 - self._arange[: self.w_max]) % self.w_max
         ids = self.ring[order]
         ids = ids[ids >= 0]
@@ -115,7 +169,13 @@ class MicroSpecVocab(VocabPolicy):
         return ids[first[ids] == idx]
 
     def _present(self) -> torch.Tensor:
-        present = self.counts > 0
+        self._wait()
+        if self.backend == "host":
+            present = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.ring.device)
+            if self._host_counts:
+                present[torch.tensor(list(self._host_counts), device=self.ring.device)] = True
+        else:
+            present = self._counts > 0
         if self.always.numel():
             present[self.always] = True
         return present
@@ -124,10 +184,13 @@ class MicroSpecVocab(VocabPolicy):
     def append(self, ids: torch.Tensor, unique: bool) -> None:
         """S <- S ⊕ ids (first occurrences only when ``unique``), keeping the ring, the counts and the packed rows
         exact."""
-        ids = ids.to(self.ring.device, torch.long).flatten()
         if ids.numel() == 0:
             return
         self.version += 1
+        if self.backend == "host":
+            self._append_host(ids.flatten().tolist(), unique)
+            return
+        ids = ids.to(self.ring.device, torch.long).flatten()
         if self._stream is None:
             self._append(ids, unique)
             return
@@ -148,13 +211,36 @@ class MicroSpecVocab(VocabPolicy):
         old = self.ring[slot]
         gone = keep & (old >= 0)
         old = torch.where(gone, old, 0)
-        self.counts.index_add_(0, old, gone.to(torch.int32).neg())
-        self.counts.index_add_(0, torch.where(keep, ids, 0), keep.to(torch.int32))
+        self._counts.index_add_(0, old, gone.to(torch.int32).neg())
+        self._counts.index_add_(0, torch.where(keep, ids, 0), keep.to(torch.int32))
         self.ring[slot] = torch.where(keep, ids, -1)
         self.ptr = (self.ptr + n_new) % self.w_max
         if self.packed is not None:  # rows out for ids whose count fell to 0, in for ids new to I
-            self.packed.remove(old, gone & (self.counts[old] == 0))
+            self.packed.remove(old, gone & (self._counts[old] == 0))
             self.packed.insert(ids, keep if unique else self._first(ids, idx, keep))
+
+    def _append_host(self, ids: list[int], unique: bool) -> None:
+        if unique:
+            ids = list(dict.fromkeys(ids))
+        ids = ids[-self.w_max :]
+        ring, counts, w, p = self._host_ring, self._host_counts, self.w_max, self._host_ptr
+        touched: list[int] = []
+        for t in ids:
+            old = ring[p]
+            if old >= 0:
+                c = counts[old] - 1
+                if c:
+                    counts[old] = c
+                else:
+                    del counts[old]
+                    touched.append(old)
+            ring[p] = t
+            counts[t] = counts.get(t, 0) + 1
+            p = p + 1 if p + 1 < w else 0
+        self._host_ptr = p
+        if self.packed is not None:  # rows out for ids whose count fell to 0, in for ids new to I
+            self.packed.remove_ids([t for t in touched if t not in counts])
+            self.packed.insert_ids(ids)
 
     def _first(self, ids: torch.Tensor, idx: torch.Tensor, among: torch.Tensor | None) -> torch.Tensor:
         """[m] bool: first occurrence of each id (among the entries ``among`` when given)."""
@@ -166,6 +252,9 @@ class MicroSpecVocab(VocabPolicy):
 
     def window(self) -> list[int]:
         """The last W_max stream entries, oldest first (for tests and inspection; synchronises)."""
-        ptr = int(self.ptr)
-        ring = self.ring[: self.w_max].tolist()
+        self._wait()
+        if self.backend == "host":
+            ptr, ring = self._host_ptr, self._host_ring
+        else:
+            ptr, ring = int(self.ptr), self.ring[: self.w_max].tolist()
         return [t for t in ring[ptr:] + ring[:ptr] if t >= 0]

@@ -6,8 +6,12 @@ so the active rows stay packed near the start of the buffer.  The logits are one
 leading rows with the free slots masked to -inf — no per-step gather of the whole active set (the indexed
 ``W[idx] @ h`` it replaces is kept in :class:`~microspec.drafters.head.DraftHead` as the ablation baseline).
 
-Every update is a fixed number of tensor operations on the buffer's device whose sizes the host knows (the ids
-passed in, the capacity): no host synchronisation.  Reading how far the occupied slots reach (``extent``) is one
+Two ways to update it, the same result (tests/test_vocab.py checks both against a set model):
+- ``remove`` / ``insert`` take id tensors and masks: a fixed number of tensor operations on the buffer's device whose
+  sizes the host knows (the ids passed in, the capacity) — no host synchronisation (for CUDA);
+- ``remove_ids`` / ``insert_ids`` take host lists and keep the slot bookkeeping in Python (a free-slot heap, a dict),
+  touching the tensors with two or three indexed copies: on a CPU a tensor operation costs ~10 us of dispatch
+  whatever its size, so the tensor version's ~25 operations cost more than the rows it copies.  Reading how far the occupied slots reach (``extent``) is one
 host read per change of the set; on CUDA the whole padded buffer is used instead, so shapes stay fixed (what a CUDA
 graph of the draft step needs) and nothing is read back.  Bookkeeping: ``slot_ids[s]`` is the id held in slot s
 (-1 free), ``slot_of[v]`` the slot of id v (-1 absent); index ``capacity`` of the first and ``vocab_size`` of the
@@ -15,6 +19,8 @@ second are trash entries that masked-out writes go to.
 """
 
 from __future__ import annotations
+
+import heapq
 
 import torch
 
@@ -33,10 +39,17 @@ class PackedRows:
         self.fixed_shape = dev.type == "cuda"
         self._extent: int | None = 0
         self.version = 0
+        # host bookkeeping (remove_ids / insert_ids): free slots (a heap), slot of each held id, high-water mark
+        self._free = list(range(capacity))
+        self._held: dict[int, int] = {}
+        self._pinned_ids: set[int] = set()
+        self._hi = 0
         if pinned is not None and pinned.numel():
             pinned = pinned.to(dev, torch.long)
             self.pinned[pinned] = True
+            self._pinned_ids = set(pinned.tolist())
             self.insert(pinned, torch.ones_like(pinned, dtype=torch.bool))
+            self._sync_host()
 
     # ------------------------------------------------------------------ updates
     def remove(self, ids: torch.Tensor, mask: torch.Tensor) -> None:
@@ -77,9 +90,53 @@ class PackedRows:
         self.remove(held.clamp(min=0), held >= 0)
         ids = ids.to(self.slot_ids.device, torch.long)
         self.insert(ids, torch.ones_like(ids, dtype=torch.bool))
+        self._sync_host()
 
-    def _changed(self) -> None:
-        self._extent = None
+    # ------------------------------------------------------------------ host-side updates (CPU)
+    def remove_ids(self, ids: list[int]) -> None:
+        """Free the slots of ``ids`` (absent and pinned ids are ignored)."""
+        gone, freed = [], []
+        for t in ids:
+            if t not in self._pinned_ids and (slot := self._held.pop(t, None)) is not None:
+                gone.append(t)
+                freed.append(slot)
+                heapq.heappush(self._free, slot)
+        if not freed:
+            return
+        dev = self.slot_ids.device
+        self.slot_ids[torch.tensor(freed, dtype=torch.long, device=dev)] = -1
+        self.slot_of[torch.tensor(gone, dtype=torch.long, device=dev)] = -1
+        if self._hi - 1 in freed:  # the high-water mark falls to the last slot still held
+            self._hi = max(self._held.values(), default=-1) + 1
+        self._changed(self._hi)
+
+    def insert_ids(self, ids: list[int]) -> None:
+        """Give each of ``ids`` without a slot the lowest free slot and copy its row there."""
+        new = [t for t in dict.fromkeys(ids) if t not in self._held]
+        if not new:
+            return
+        slots = [heapq.heappop(self._free) for _ in new]  # IndexError: more ids than capacity (a caller error)
+        self._held.update(zip(new, slots))
+        dev = self.slot_ids.device
+        idx = torch.tensor(slots, dtype=torch.long, device=dev)
+        tok = torch.tensor(new, dtype=torch.long, device=dev)
+        self.slot_ids[idx] = tok
+        self.slot_of[tok] = idx
+        self.rows[idx] = self.weight[tok]
+        self._hi = max(self._hi, max(slots) + 1)
+        self._changed(self._hi)
+
+    def _sync_host(self) -> None:
+        """Rebuild the host bookkeeping from the tensors (after a tensor-side update)."""
+        held = self.slot_ids[: self.capacity].tolist()
+        self._held = {t: s for s, t in enumerate(held) if t >= 0}
+        self._free = [s for s, t in enumerate(held) if t < 0]
+        heapq.heapify(self._free)
+        self._hi = max(self._held.values(), default=-1) + 1
+        self._extent = None if self.fixed_shape else self._hi
+
+    def _changed(self, extent: int | None = None) -> None:
+        self._extent = extent
         self.version += 1
 
     # ------------------------------------------------------------------ reading
@@ -105,6 +162,10 @@ class PackedRows:
         """The active ids, ascending (synchronises; for tests and inspection)."""
         held = self.slot_ids[: self.capacity]
         return held[held >= 0].sort().values
+
+    def holds(self, token: int) -> bool:
+        """Host-side membership (after host-side updates)."""
+        return token in self._held
 
     def contains(self, ids: torch.Tensor) -> torch.Tensor:
         return self.slot_of[ids.to(self.slot_of.device, torch.long)] >= 0

@@ -49,6 +49,8 @@ class PositionAware(VocabPolicy):
         self.policy, self.k0, self.k1 = policy, k0, k1
         self.name = f"{policy.name}+pa"
         self.prompt_topk = policy.prompt_topk
+        self.prompt_positions = policy.prompt_positions
+        self.wants_verify_logits = policy.wants_verify_logits
         self.always = policy.always
         self.fused = policy.fused
         self._cache: dict[int, torch.Tensor] = {}
