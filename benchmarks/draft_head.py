@@ -101,13 +101,16 @@ def generations(lm, prompts: list[str], policies: dict, cfg: GenerationConfig) -
     model = lm.model
     depth, top_k, total = tree_defaults("early-exit", model.device.type, None, None, None)
     out = {}
+    reference: list[list[int]] | None = None
     for name, make in policies.items():
+        outputs = []
         agg = {"tokens": 0, "wall": 0.0, "draft": 0.0, "head": 0.0, "vocab": 0.0, "calls": 0, "steps": 0,
                "sizes": [], "accept": [], "covered": 0, "checked": 0}
         for p in prompts:
             drafter = make_drafter("early-exit", num_layers_target=model.spec.num_layers, depth=depth, top_k=top_k,
                                    total_tokens=total)
             r = generate_ids(model, encode_prompt(lm, p), cfg, lm.eos_token_ids, drafter=drafter, vocab=make())
+            outputs.append(r.token_ids)
             st = r.stats
             agg["tokens"] += st.new_tokens
             agg["wall"] += st.wall_s
@@ -132,7 +135,9 @@ def generations(lm, prompts: list[str], policies: dict, cfg: GenerationConfig) -
             "active_vocab_mean": round(sum(agg["sizes"]) / len(agg["sizes"]), 1),
             "active_vocab_max": max(agg["sizes"]),
             "coverage": round(agg["covered"] / agg["checked"], 4) if agg["checked"] else None,
+            "same_tokens_as_first_policy": True if reference is None else outputs == reference,
         }
+        reference = reference if reference is not None else outputs
     full = out.get("full")
     if full:
         for v in out.values():

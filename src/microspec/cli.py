@@ -337,12 +337,117 @@ def _cmd_freq(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_train(sub) -> None:
+    from .models.registry import DEFAULT_MODEL
+
+    p = sub.add_parser("train", help="train a draft head (eagle)", description="Train a draft head for a target.")
+    tsub = p.add_subparsers(dest="what", required=True, parser_class=_Parser)
+    e = tsub.add_parser("eagle", help="EAGLE-1/2 head by self-distillation",
+                        description="Generate the target's answers to training prompts, capture its features, and "
+                                    "train an EAGLE-1/2 head (resumable; everything goes under --out).")
+    e.add_argument("--model", default=DEFAULT_MODEL)
+    e.add_argument("--prompts", nargs="+", required=True,
+                   help="training prompt files (JSONL with prompt / OASST1 messages / self-instruct / .txt); "
+                        "evaluation sets are refused")
+    e.add_argument("--allow-eval", action="store_true", help="accept a file whose name looks like an evaluation set")
+    e.add_argument("--out", required=True, help="output directory (responses, features, checkpoint, head/)")
+    e.add_argument("--limit", type=int, default=None, help="use the first N prompts")
+    e.add_argument("--max-new-tokens", type=int, default=256, help="answer length per prompt")
+    e.add_argument("--repetition-penalty", type=float, default=1.2,
+                   help="for the answers (default 1.2: a base model's plain greedy text loops)")
+    e.add_argument("--chat", dest="chat", action="store_true", default=None)
+    e.add_argument("--no-chat", dest="chat", action="store_false")
+    e.add_argument("--gen-dtype", choices=["fp32", "bf16"], default="bf16", help="dtype for generating answers")
+    e.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="target dtype for capture and training")
+    e.add_argument("--head-dtype", choices=["fp32", "bf16"], default="bf16", help="dtype of the exported head")
+    e.add_argument("--device", default="cpu")
+    e.add_argument("--threads", type=int, default=None)
+    e.add_argument("--stages", default="generate,capture,train", help="comma-separated subset, in order")
+    e.add_argument("--resume", action="store_true", help="continue training from --out/checkpoint.pt")
+    e.add_argument("--intermediate-size", type=int, default=None, help="head MLP width (default: the target's)")
+    for name, default, kind in (("epochs", 2.0, float), ("lr", 3e-4, float), ("warmup-steps", 50, int),
+                                ("tokens-per-step", 2048, int), ("max-len", 512, int), ("heldout", 0.05, float),
+                                ("seed", 0, int), ("save-every", 50, int), ("noise-std", 0.2, float),
+                                ("p-w", 0.1, float), ("v-w", 1.0, float)):
+        e.add_argument(f"--{name}", type=kind, default=default)
+    e.set_defaults(func=_cmd_train_eagle)
+
+
+def _cmd_train_eagle(args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    import torch
+
+    from .decoding.config import GenerationConfig
+    from .drafters.eagle import EagleHead
+    from .models.registry import load_model
+    from .training.data import read_training_prompts
+    from .training.eagle import (TrainConfig, Trainer, capture_features, export_head, generate_responses,
+                                 load_features, log_stderr, new_head, split_heldout)
+
+    stages = [s.strip() for s in args.stages.split(",") if s.strip()]
+    bad = [s for s in stages if s not in ("generate", "capture", "train")]
+    if bad or not stages:
+        raise MicrospecError(f"--stages takes generate, capture and/or train, got {args.stages!r}")
+    for name in ("max_new_tokens", "tokens_per_step", "max_len", "save_every"):
+        if getattr(args, name) < 1:
+            raise MicrospecError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.epochs <= 0 or args.lr <= 0 or not 0 <= args.heldout < 1:
+        raise MicrospecError("--epochs and --lr must be > 0 and --heldout in [0, 1)")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    prompts = read_training_prompts(args.prompts, allow_eval=args.allow_eval)[: args.limit]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    samples = None
+    if "generate" in stages:
+        lm = load_model(args.model, dtype=args.gen_dtype, device=args.device)
+        cfg = GenerationConfig(max_new_tokens=args.max_new_tokens, repetition_penalty=args.repetition_penalty)
+        samples = generate_responses(lm, prompts, out, cfg, args.chat, log=log_stderr)
+    lm = load_model(args.model, dtype=args.dtype, device=args.device)
+    if samples is None:
+        from .training.data import read_jsonl
+
+        samples = read_jsonl(out / "responses.jsonl")
+        if not samples:
+            raise MicrospecError(f"no answers in {out / 'responses.jsonl'}: run the generate stage first")
+    shards = capture_features(lm.model, samples, out, args.max_len, log=log_stderr) if "capture" in stages else \
+        sorted((out / "features").glob("shard*.pt"))
+    if "train" not in stages:
+        return 0
+    if not shards:
+        raise MicrospecError(f"no features under {out / 'features'}: run the capture stage first")
+    data = load_features(shards)
+    tcfg = TrainConfig(epochs=args.epochs, lr=args.lr, warmup_steps=args.warmup_steps,
+                       tokens_per_step=args.tokens_per_step, max_len=args.max_len, heldout=args.heldout,
+                       seed=args.seed, save_every=args.save_every, noise_std=args.noise_std, p_w=args.p_w,
+                       v_w=args.v_w)
+    train, held = split_heldout(data, tcfg.heldout, tcfg.seed)
+    torch.manual_seed(tcfg.seed)
+    head = new_head(lm.model, args.intermediate_size, seed=tcfg.seed)
+    trainer = Trainer(lm.model, head, tcfg, out, log=log_stderr)
+    result = trainer.fit(train, held, resume=args.resume)
+    meta = {"model": args.model, "prompts": args.prompts, "prompt_count": len(prompts), "sequences": len(data),
+            "train_sequences": len(train), "heldout_sequences": len(held), "train_answer_tokens":
+            result["train_tokens"], "steps": result["steps"], "heldout": result["heldout"],
+            "config": vars(tcfg), "wall_s": round(time.perf_counter() - t_start, 1),
+            "device": str(lm.model.device), "torch": torch.__version__,
+            "command": "microspec " + " ".join(args.argv)}
+    path = export_head(head, out, torch.bfloat16 if args.head_dtype == "bf16" else torch.float32, meta)
+    EagleHead.load(path)  # the exported head loads as the eagle drafter will load it
+    print(json.dumps({"head": str(path), "heldout": result["heldout"], "steps": result["steps"]}))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="microspec", description="Lossless speculative decoding for large-vocabulary LMs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_generate(sub)
     _add_coverage(sub)
     _add_freq(sub)
+    _add_train(sub)
     return parser
 
 
@@ -352,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         args = build_parser().parse_args(argv)
+        args.argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
         return args.func(args)
     except MicrospecError as exc:
         msg = str(exc)

@@ -1,0 +1,1 @@
+"""Training pipelines for draft heads (``microspec train ...``)."""

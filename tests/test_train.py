@@ -1,0 +1,95 @@
+"""``microspec train eagle`` end to end on a tiny model (seconds): answers, features, a head whose loss falls,
+checkpoints that resume, and a head the eagle drafter loads and drafts with, losslessly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from microspec.cli import main
+
+
+def _run(capsys, *args):
+    rc = main([str(a) for a in args])
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_model_dir):
+    tmp = tmp_path_factory.mktemp("train")
+    prompts = tmp / "prompts.txt"
+    prompts.write_text("\n".join(f"w{i} w{i + 1} w{i + 2} w{i + 1}" for i in range(5, 45, 3)) + "\n")
+    out = tmp / "out"
+    args = ["train", "eagle", "--model", tiny_model_dir, "--prompts", prompts, "--out", out, "--max-new-tokens", 16,
+            "--epochs", 40, "--tokens-per-step", 64, "--lr", 3e-3, "--warmup-steps", 3, "--heldout", 0.15,
+            "--dtype", "fp32", "--head-dtype", "fp32", "--save-every", 10, "--repetition-penalty", 1.0]
+    return tmp, out, args
+
+
+def test_train_eagle_end_to_end(capsys, trained, tiny_model_dir):
+    from microspec import load_model
+    from microspec.decoding import GenerationConfig, generate_ids
+    from microspec.drafters import EagleDrafter, EagleHead
+
+    tmp, out, args = trained
+    rc, stdout, err = _run(capsys, *args)
+    assert rc == 0, err
+    res = json.loads(stdout)
+    hist = torch.load(out / "checkpoint.pt", weights_only=False)["history"]
+    first, last = hist[0], hist[-1]
+    assert last["loss"] < 0.7 * first["loss"] and last["top1"] > first["top1"]
+    assert res["heldout"]["tokens"] > 0 and 0 <= res["heldout"]["top1"] <= 1
+    meta = json.loads((out / "head" / "training.json").read_text())
+    assert meta["train_answer_tokens"] > 0 and meta["command"].startswith("microspec train eagle")
+    lines = (out / "responses.jsonl").read_text().splitlines()
+    assert len(lines) == 14 and all(1 <= len(json.loads(x)["response_ids"]) <= 16 for x in lines)
+
+    lm = load_model(str(tiny_model_dir), dtype="fp32")
+    head = EagleHead.load(out / "head")
+    ids = lm.tokenizer("w7 w8 w9 w8").input_ids
+    cfg = GenerationConfig(max_new_tokens=24, ignore_eos=True)
+    ref = generate_ids(lm.model, ids, cfg).token_ids
+    r = generate_ids(lm.model, ids, cfg, drafter=EagleDrafter(head, depth=3, top_k=2, total_tokens=5))
+    assert r.token_ids == ref and r.stats.mean_accept_len > 1.0
+
+
+def test_train_resumes_from_its_checkpoint(capsys, trained):
+    tmp, out, args = trained
+    if not (out / "checkpoint.pt").is_file():
+        pytest.skip("needs the end-to-end run first")
+    before = torch.load(out / "checkpoint.pt", weights_only=False)["step"]
+    more = [a if a != 40 else 60 for a in args] + ["--resume", "--stages", "train"]
+    rc, stdout, err = _run(capsys, *more)
+    assert rc == 0, err
+    assert "resumed at step" in err
+    after = torch.load(out / "checkpoint.pt", weights_only=False)["step"]
+    assert after > before
+
+
+def test_train_refuses_evaluation_sets_and_bad_settings(capsys, tmp_path, tiny_model_dir):
+    evalset = tmp_path / "spec_bench" / "question.jsonl"
+    evalset.parent.mkdir()
+    evalset.write_text(json.dumps({"turns": ["w1 w2"]}) + "\n")
+    rc, _, err = _run(capsys, "train", "eagle", "--model", tiny_model_dir, "--prompts", evalset, "--out", tmp_path / "o")
+    assert rc == 2 and "evaluation set" in err and len(err.strip().splitlines()) == 1
+    ok = tmp_path / "p.txt"
+    ok.write_text("w1 w2\n")
+    for extra, needle in ((["--stages", "fly"], "--stages"), (["--epochs", "0"], "--epochs"),
+                          (["--stages", "train"], "no answers")):
+        rc, _, err = _run(capsys, "train", "eagle", "--model", tiny_model_dir, "--prompts", ok, "--out",
+                          tmp_path / "o2", *extra)
+        assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_training_prompt_formats(tmp_path):
+    from microspec.training.data import read_training_prompts
+
+    f = tmp_path / "mixed.jsonl"
+    rows = [{"prompt": "a"}, {"message_id": "1", "parent_id": None, "role": "prompter", "text": "root"},
+            {"message_id": "2", "parent_id": "1", "role": "assistant", "text": "reply"},
+            {"instruction": "Do it.", "instances": [{"input": "x"}]}, {"prompt": "a"}]
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert read_training_prompts([f]) == ["a", "root", "Do it.\n\nx"]
