@@ -79,15 +79,17 @@ class MicroSpecVocab(VocabPolicy):
         self.prompt_topk = k_pre
         self.wants_verify_logits = k_ver > 0
         self.prompt_positions = k_pre_positions  # None: every prompt position, as Algorithm 1
-        self.ring = torch.full((w_max + 1,), -1, dtype=torch.long, device=device)  # slot w_max: trash
-        self.ptr = torch.zeros((), dtype=torch.long, device=device)
-        self._counts = torch.zeros(vocab_size, dtype=torch.int32, device=device)
+        self.device = device
         self._host_ring: list[int] = [-1] * w_max  # the host backend's ring, write position and counts
         self._host_ptr = 0
         self._host_counts: dict[int, int] = {}
-        self._arange = torch.arange(max(w_max, 1) * 4 + 64, device=device)
-        self._unset = torch.iinfo(torch.long).max
-        self._scratch = torch.full((vocab_size,), self._unset, dtype=torch.long, device=device)  # for _first
+        if backend == "device":  # the device backend's ring (slot w_max: trash), pointer, counts, scratch
+            self.ring = torch.full((w_max + 1,), -1, dtype=torch.long, device=device)
+            self.ptr = torch.zeros((), dtype=torch.long, device=device)
+            self._counts = torch.zeros(vocab_size, dtype=torch.int32, device=device)
+            self._arange = torch.arange(max(w_max, 1) * 4 + 64, device=device)
+            self._unset = torch.iinfo(torch.long).max
+            self._scratch = torch.full((vocab_size,), self._unset, dtype=torch.long, device=device)  # _first
         self.packed: PackedRows | None = None
         self._ids: tuple[int, torch.Tensor] | None = None  # (version, I as ids) for the indexed path
         cuda = device.type == "cuda"
@@ -102,9 +104,10 @@ class MicroSpecVocab(VocabPolicy):
     def reset(self) -> None:
         """S <- () (a new request)."""
         self._wait()
-        self.ring.fill_(-1)
-        self.ptr.zero_()
-        self._counts.zero_()
+        if self.backend == "device":
+            self.ring.fill_(-1)
+            self.ptr.zero_()
+            self._counts.zero_()
         self._host_ring = [-1] * self.w_max
         self._host_ptr = 0
         self._host_counts = {}
@@ -150,7 +153,7 @@ class MicroSpecVocab(VocabPolicy):
         if self._host_counts:
             out[torch.tensor(list(self._host_counts))] = torch.tensor(list(self._host_counts.values()),
                                                                      dtype=torch.int32)
-        return out.to(self.ring.device)
+        return out.to(self.device)
 
     def ranked(self) -> torch.Tensor:
         """The ids of I by recency, most recent stream entry first."""
@@ -159,7 +162,7 @@ class MicroSpecVocab(VocabPolicy):
             w, p, ring = self.w_max, self._host_ptr, self._host_ring
             recent = [t for t in ring[p - 1 :: -1] + ring[w - 1 : p - 1 : -1] if t >= 0] if p else \
                 [t for t in ring[::-1] if t >= 0]
-            return torch.tensor(list(dict.fromkeys(recent)), dtype=torch.long, device=self.ring.device)
+            return torch.tensor(list(dict.fromkeys(recent)), dtype=torch.long, device=self.device)
         order = (self.ptr - 1 - self._arange[: self.w_max]) % self.w_max
         ids = self.ring[order]
         ids = ids[ids >= 0]
@@ -171,9 +174,9 @@ class MicroSpecVocab(VocabPolicy):
     def _present(self) -> torch.Tensor:
         self._wait()
         if self.backend == "host":
-            present = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.ring.device)
+            present = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
             if self._host_counts:
-                present[torch.tensor(list(self._host_counts), device=self.ring.device)] = True
+                present[torch.tensor(list(self._host_counts), device=self.device)] = True
         else:
             present = self._counts > 0
         if self.always.numel():
@@ -190,7 +193,7 @@ class MicroSpecVocab(VocabPolicy):
         if self.backend == "host":
             self._append_host(ids.flatten().tolist(), unique)
             return
-        ids = ids.to(self.ring.device, torch.long).flatten()
+        ids = ids.to(self.device, torch.long).flatten()
         if self._stream is None:
             self._append(ids, unique)
             return
