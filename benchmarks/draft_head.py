@@ -29,7 +29,7 @@ import torch
 
 from microspec import load_model
 from microspec.api import encode_prompt
-from microspec.bench_data import read_records
+from microspec.bench_data import first_per_category, read_records
 from microspec.decoding import GenerationConfig, generate_ids
 from microspec.decoding.loop import prompt_topk
 from microspec.drafters import make_drafter, tree_defaults
@@ -161,9 +161,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     lm = load_model(args.model, dtype=args.dtype)
     records = read_records(args.data)
-    seen: dict[str, int] = {}
-    chosen = [r for r in records if (seen.__setitem__(r["category"], seen.get(r["category"], 0) + 1)
-                                     or seen[r["category"]] <= args.per_category)]
+    chosen = first_per_category(records, args.per_category)
     prompts = [r["prompt"] for r in chosen]
     res = {"model": args.model, "dtype": args.dtype, "threads": args.threads, "date": str(date.today()),
            "machine": f"{platform.machine()} {platform.processor() or ''} {torch.get_num_threads()} threads".strip(),

@@ -59,5 +59,16 @@ def read_records(path: str | Path) -> list[dict]:
     return out
 
 
+def first_per_category(records: list[dict], n: int) -> list[dict]:
+    """The first ``n`` records of each category, in file order."""
+    seen: dict[str, int] = {}
+    out = []
+    for r in records:
+        seen[r["category"]] = seen.get(r["category"], 0) + 1
+        if seen[r["category"]] <= n:
+            out.append(r)
+    return out
+
+
 def read_prompts(path: str | Path) -> list[str]:
     return [r["prompt"] for r in read_records(path)]

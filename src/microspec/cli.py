@@ -234,7 +234,7 @@ def _add_coverage(sub) -> None:
 
 def _cmd_coverage(args: argparse.Namespace) -> int:
     from .api import generate
-    from .bench_data import read_records
+    from .bench_data import first_per_category, read_records
     from .coverage import CoverageRecord, format_table, summarize
     from .vocab.frequency import load_token_map
 
@@ -250,9 +250,7 @@ def _cmd_coverage(args: argparse.Namespace) -> int:
             raise MicrospecError(f"no prompts of categories {sorted(unknown)} in {args.data}")
         records = [r for r in records if r["category"] in keep]
     if args.limit is not None:
-        seen: dict[str, int] = {}
-        records = [r for r in records if (seen.__setitem__(r["category"], seen.get(r["category"], 0) + 1)
-                                          or seen[r["category"]] <= args.limit)]
+        records = first_per_category(records, args.limit)
     curve_path = args.curve_map or args.freq_file
     setup = _Setup(args)
     lm = setup.lm
