@@ -145,9 +145,27 @@ def test_gemma_every_policy_is_lossless(gemma, gemma_ar, policy):
     assert 0 <= st["coverage"] <= 1 and st["active_vocab_max"] <= (1024 if "position" in policy else 3073)
 
 
+def test_gemma_shipped_eagle_head_out_of_the_box(gemma, gemma_ar):
+    """`microspec generate --drafter eagle` on the default model takes the head that ships in the package, returns
+    the autoregressive greedy tokens, and the trained head is accepted far more often than chance."""
+    from microspec.models.registry import shipped_eagle_head
+
+    assert shipped_eagle_head("gemma-3-270m") is not None, "the trained Gemma 3 270M head must ship in the package"
+    taus = []
+    for prompt in SPEC_PROMPTS:
+        proc = subprocess.run([sys.executable, "-m", "microspec", "generate", "--prompt", prompt, "--dtype", "fp32",
+                               "--drafter", "eagle", "--max-new-tokens", "64", "--json"], capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        obj = json.loads(proc.stdout)
+        assert obj["token_ids"] == gemma_ar[prompt]
+        taus.append(obj["stats"]["mean_accept_len"])
+    assert sum(taus) / len(taus) > 1.2, taus  # an untrained head: ~1.0
+
+
 def test_gemma_eagle_and_separate_draft_model_plumbing(gemma, gemma_ar, tmp_path):
-    """On the real 262k-vocabulary model: an EAGLE head in the official layout (random weights: no trained head
-    ships yet) and a separate draft model (Gemma's own first two layers as a standalone model) stay lossless."""
+    """On the real 262k-vocabulary model: an EAGLE head in the official layout (random weights) and a separate
+    draft model (Gemma's own first two layers as a standalone model) stay lossless."""
     from microspec.drafters import DraftModelDrafter, EagleDrafter, EagleHead
     from microspec.models.native import NativeCausalLM
     from test_eagle import official_checkpoint

@@ -43,7 +43,7 @@ def test_train_eagle_end_to_end(capsys, trained, tiny_model_dir):
     assert last["loss"] < 0.7 * first["loss"] and last["top1"] > first["top1"]
     assert res["heldout"]["tokens"] > 0 and 0 <= res["heldout"]["top1"] <= 1
     meta = json.loads((out / "head" / "training.json").read_text())
-    assert meta["train_answer_tokens"] > 0 and meta["command"].startswith("microspec train eagle")
+    assert meta["train_tokens_per_epoch"] > 0 and meta["command"].startswith("microspec train eagle")
     lines = (out / "responses.jsonl").read_text().splitlines()
     assert len(lines) == 14 and all(1 <= len(json.loads(x)["response_ids"]) <= 16 for x in lines)
 
@@ -93,3 +93,70 @@ def test_training_prompt_formats(tmp_path):
             {"instruction": "Do it.", "instances": [{"input": "x"}]}, {"prompt": "a"}]
     f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     assert read_training_prompts([f]) == ["a", "root", "Do it.\n\nx"]
+
+
+def test_seen_vocabulary_cross_entropy(tmp_path):
+    """--ce-vocab seen keeps exactly the ids of the data (plus EOS); when the data holds every id it is the full
+    cross-entropy, loss and gradient alike."""
+    from conftest import VOCAB, tiny_pair
+    from microspec.training.eagle import TrainConfig, Trainer, new_head
+
+    _, model = tiny_pair("llama", seed=1)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        every = torch.cat([torch.randperm(VOCAB, generator=g), torch.randint(0, VOCAB, (20,), generator=g)])
+        some = torch.randint(10, 40, (30,), generator=g)
+        data = [{"ids": ids, "features": model(ids, model.new_cache(len(ids))), "prompt_len": 4}
+                for ids in (every, some)]
+    cfg = TrainConfig(noise_std=0.0)
+    results = []
+    for ce_vocab in ("full", "seen"):
+        head = new_head(model, seed=0)
+        trainer = Trainer(model, head, TrainConfig(**{**cfg.__dict__, "ce_vocab": ce_vocab}), tmp_path)
+        if ce_vocab == "seen":
+            assert trainer.restrict_ce(data[1:]) == len(set(some.tolist()) | set(model.spec.eos_token_ids))
+            trainer = Trainer(model, head, TrainConfig(**{**cfg.__dict__, "ce_vocab": ce_vocab}), tmp_path)
+            assert trainer.restrict_ce(data) == VOCAB
+        r = trainer.sequence_loss(data[0], train=True)
+        results.append((r["ploss"], head.fc.weight.grad.clone()))
+    assert results[0][0] == pytest.approx(results[1][0], rel=1e-5)
+    torch.testing.assert_close(results[0][1], results[1][1])
+
+
+def test_one_at_a_time_answers_go_through_the_capture_stage(capsys, tmp_path, tiny_model_dir):
+    """--gen-batch 1 answers with the generation loop and keeps no features; the capture stage computes them."""
+    from microspec import load_model
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("w3 w4 w5\nw9 w8\nw20 w21 w22 w23\n")
+    out = tmp_path / "o"
+    rc, _, err = _run(capsys, "train", "eagle", "--model", tiny_model_dir, "--prompts", prompts, "--out", out,
+                      "--max-new-tokens", 6, "--gen-batch", 1, "--stages", "generate,capture", "--max-len", 8)
+    assert rc == 0, err
+    recs = [json.loads(x) for x in (out / "responses.jsonl").read_text().splitlines()]
+    assert [r["index"] for r in recs] == [0, 1, 2] and not any("features" in r for r in recs)
+    shards = sorted((out / "features").glob("*.pt"))
+    assert [p.name for p in shards] == ["shard00000.pt"]
+    feats = torch.load(shards[0], weights_only=True)
+    model = load_model(str(tiny_model_dir), dtype="fp32").model
+    for rec, f in zip(recs, feats):
+        ids = (rec["prompt_ids"] + rec["response_ids"])[:8]
+        assert f["ids"].tolist() == ids and f["prompt_len"] == len(rec["prompt_ids"])
+        want = model(torch.tensor(ids), model.new_cache(len(ids))).to(torch.bfloat16)
+        torch.testing.assert_close(f["features"], want)
+
+
+def test_loss_positions(tmp_path):
+    """--loss-on answer trains the predictions of answer tokens only; all trains every position."""
+    from conftest import tiny_pair
+    from microspec.training.eagle import TrainConfig, Trainer, new_head
+
+    _, model = tiny_pair("llama", seed=1)
+    ids = torch.arange(10, 30)
+    with torch.no_grad():
+        rec = {"ids": ids, "features": model(ids, model.new_cache(len(ids))), "prompt_len": 8}
+    counts = {}
+    for where in ("answer", "all"):
+        trainer = Trainer(model, new_head(model), TrainConfig(loss_on=where), tmp_path)
+        counts[where] = trainer.sequence_loss(rec, train=False)["tokens"]
+    assert counts == {"answer": len(ids) - 8 + 1, "all": len(ids) - 1}

@@ -144,8 +144,12 @@ class _Setup:
         if args.draft is not None and args.drafter not in ("model", "eagle"):
             raise MicrospecError("--draft names the draft model (--drafter model) or EAGLE head (--drafter eagle)")
         if args.drafter == "eagle" and args.draft is None:
-            raise MicrospecError("no EAGLE head ships for this model yet: pass --draft DIR (an EAGLE checkpoint "
-                                 "directory: config.json + weights)")
+            from .models.registry import shipped_eagle_head
+
+            args.draft = shipped_eagle_head(args.model)
+            if args.draft is None:
+                raise MicrospecError(f"no EAGLE head ships for {args.model!r}: pass --draft DIR (an EAGLE checkpoint "
+                                     f"directory: config.json + weights; `microspec train eagle` makes one)")
         eagle_head = None
         if args.drafter == "eagle":
             from .drafters import EagleHead
@@ -349,13 +353,17 @@ def _add_train(sub) -> None:
                         "evaluation sets are refused")
     e.add_argument("--allow-eval", action="store_true", help="accept a file whose name looks like an evaluation set")
     e.add_argument("--out", required=True, help="output directory (responses, features, checkpoint, head/)")
-    e.add_argument("--limit", type=int, default=None, help="use the first N prompts")
+    e.add_argument("--limit", type=int, default=None, help="use the first N prompts (after --shuffle)")
+    e.add_argument("--shuffle", action="store_true", help="shuffle the prompts (by --seed) before --limit, so a "
+                   "limited run samples every file and category")
     e.add_argument("--max-new-tokens", type=int, default=256, help="answer length per prompt")
     e.add_argument("--repetition-penalty", type=float, default=1.2,
                    help="for the answers (default 1.2: a base model's plain greedy text loops)")
     e.add_argument("--chat", dest="chat", action="store_true", default=None)
     e.add_argument("--no-chat", dest="chat", action="store_false")
-    e.add_argument("--gen-dtype", choices=["fp32", "bf16"], default="bf16", help="dtype for generating answers")
+    e.add_argument("--gen-dtype", choices=["fp32", "bf16"], default="fp32", help="dtype for generating answers")
+    e.add_argument("--gen-batch", type=int, default=48,
+                   help="answers decoded together (shared cache, one head read per step); 1 = the generation loop")
     e.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="target dtype for capture and training")
     e.add_argument("--head-dtype", choices=["fp32", "bf16"], default="bf16", help="dtype of the exported head")
     e.add_argument("--device", default="cpu")
@@ -363,6 +371,12 @@ def _add_train(sub) -> None:
     e.add_argument("--stages", default="generate,capture,train", help="comma-separated subset, in order")
     e.add_argument("--resume", action="store_true", help="continue training from --out/checkpoint.pt")
     e.add_argument("--intermediate-size", type=int, default=None, help="head MLP width (default: the target's)")
+    e.add_argument("--loss-on", choices=["answer", "all"], default="answer",
+                   help="positions trained: the answers (EAGLE) or every position, prompts included (more data "
+                        "from the same forward passes: teacher-forced prompt text)")
+    e.add_argument("--ce-vocab", choices=["full", "seen"], default="full",
+                   help="cross-entropy over the full vocabulary (EAGLE) or over the ids present in the training "
+                        "data (cheaper; an approximation for small budgets)")
     for name, default, kind in (("epochs", 2.0, float), ("lr", 3e-4, float), ("warmup-steps", 50, int),
                                 ("tokens-per-step", 2048, int), ("max-len", 512, int), ("heldout", 0.05, float),
                                 ("seed", 0, int), ("save-every", 50, int), ("noise-std", 0.2, float),
@@ -388,14 +402,19 @@ def _cmd_train_eagle(args: argparse.Namespace) -> int:
     bad = [s for s in stages if s not in ("generate", "capture", "train")]
     if bad or not stages:
         raise MicrospecError(f"--stages takes generate, capture and/or train, got {args.stages!r}")
-    for name in ("max_new_tokens", "tokens_per_step", "max_len", "save_every"):
+    for name in ("max_new_tokens", "tokens_per_step", "max_len", "save_every", "gen_batch"):
         if getattr(args, name) < 1:
             raise MicrospecError(f"--{name.replace('_', '-')} must be >= 1")
     if args.epochs <= 0 or args.lr <= 0 or not 0 <= args.heldout < 1:
         raise MicrospecError("--epochs and --lr must be > 0 and --heldout in [0, 1)")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    prompts = read_training_prompts(args.prompts, allow_eval=args.allow_eval)[: args.limit]
+    prompts = read_training_prompts(args.prompts, allow_eval=args.allow_eval)
+    if args.shuffle:
+        import random
+
+        random.Random(args.seed).shuffle(prompts)
+    prompts = prompts[: args.limit]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
@@ -403,7 +422,8 @@ def _cmd_train_eagle(args: argparse.Namespace) -> int:
     if "generate" in stages:
         lm = load_model(args.model, dtype=args.gen_dtype, device=args.device)
         cfg = GenerationConfig(max_new_tokens=args.max_new_tokens, repetition_penalty=args.repetition_penalty)
-        samples = generate_responses(lm, prompts, out, cfg, args.chat, log=log_stderr)
+        samples = generate_responses(lm, prompts, out, cfg, args.chat, args.gen_batch, args.max_len // 2, args.max_len,
+                                     log=log_stderr)
     lm = load_model(args.model, dtype=args.dtype, device=args.device)
     if samples is None:
         from .training.data import read_jsonl
@@ -412,7 +432,7 @@ def _cmd_train_eagle(args: argparse.Namespace) -> int:
         if not samples:
             raise MicrospecError(f"no answers in {out / 'responses.jsonl'}: run the generate stage first")
     shards = capture_features(lm.model, samples, out, args.max_len, log=log_stderr) if "capture" in stages else \
-        sorted((out / "features").glob("shard*.pt"))
+        sorted((out / "features").glob("gen*.pt")) + sorted((out / "features").glob("shard*.pt"))
     if "train" not in stages:
         return 0
     if not shards:
@@ -421,14 +441,16 @@ def _cmd_train_eagle(args: argparse.Namespace) -> int:
     tcfg = TrainConfig(epochs=args.epochs, lr=args.lr, warmup_steps=args.warmup_steps,
                        tokens_per_step=args.tokens_per_step, max_len=args.max_len, heldout=args.heldout,
                        seed=args.seed, save_every=args.save_every, noise_std=args.noise_std, p_w=args.p_w,
-                       v_w=args.v_w)
+                       v_w=args.v_w, ce_vocab=args.ce_vocab,
+                       loss_on=args.loss_on)
     train, held = split_heldout(data, tcfg.heldout, tcfg.seed)
     torch.manual_seed(tcfg.seed)
     head = new_head(lm.model, args.intermediate_size, seed=tcfg.seed)
     trainer = Trainer(lm.model, head, tcfg, out, log=log_stderr)
     result = trainer.fit(train, held, resume=args.resume)
-    meta = {"model": args.model, "prompts": args.prompts, "prompt_count": len(prompts), "sequences": len(data),
-            "train_sequences": len(train), "heldout_sequences": len(held), "train_answer_tokens":
+    meta = {"model": args.model, "prompts": args.prompts, "prompt_count": len(prompts), "answers": len(samples),
+            "answer_tokens": sum(len(r["response_ids"]) for r in samples), "sequences": len(data),
+            "train_sequences": len(train), "heldout_sequences": len(held), "train_tokens_per_epoch":
             result["train_tokens"], "steps": result["steps"], "heldout": result["heldout"],
             "config": vars(tcfg), "wall_s": round(time.perf_counter() - t_start, 1),
             "device": str(lm.model.device), "torch": torch.__version__,

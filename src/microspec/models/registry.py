@@ -65,6 +65,16 @@ class LoadedModel:
         return self.model.spec.max_position
 
 
+HEADS_DIR = Path(__file__).resolve().parent.parent / "heads"
+
+
+def shipped_eagle_head(name: str | os.PathLike) -> Path | None:
+    """The trained EAGLE head that ships in the package for built-in model ``name`` (``heads/<name>/``), if any;
+    its ``training.json`` says how it was trained."""
+    path = HEADS_DIR / str(name)
+    return path if str(name) in BUILTINS and (path / "config.json").is_file() else None
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("MICROSPEC_CACHE") or Path.home() / ".cache" / "microspec")
 

@@ -35,6 +35,7 @@ from ..decoding.loop import generate_ids
 from ..drafters.eagle import EagleHead, _layer_config, eagle_forward_reference
 from ..errors import check
 from ..models.native import NativeCausalLM
+from .batch_generate import generate_batched
 from .data import append_jsonl, read_jsonl
 
 
@@ -55,6 +56,8 @@ class TrainConfig:
     chunk_rows: int = 128  # rows of the full-vocabulary head per chunk
     save_every: int = 50  # optimizer steps between checkpoints
     topk: int = 3
+    loss_on: str = "answer"  # "answer" (EAGLE: the answer tokens) or "all" (prompt tokens too: teacher-forced text)
+    ce_vocab: str = "full"  # "full" (EAGLE) or "seen": the cross-entropy over the ids present in the training data
 
 
 # ---------------------------------------------------------------------------------------------------- heads
@@ -96,33 +99,90 @@ def _rope_theta(inv_freq: torch.Tensor, head_dim: int) -> float:
 
 # ---------------------------------------------------------------------------------------------------- stages
 def generate_responses(lm, prompts: list[str], out: Path, cfg: GenerationConfig, chat: bool | None = None,
-                       log=print) -> list[dict]:
-    """Stage 1 (resumable): the target's own answers, as token ids."""
+                       batch: int = 1, max_prompt_len: int | None = None, max_len: int | None = None,
+                       shard_size: int = 64, log=print) -> list[dict]:
+    """Stage 1 (resumable): the target's own answers, as token ids, one JSONL line per prompt (with its index, as
+    batched generation finishes answers out of order).  ``batch`` > 1 decodes that many answers together
+    (:func:`generate_batched`, greedy with the repetition penalty only); 1 uses the generation loop itself.
+    Prompts longer than ``max_prompt_len`` tokens are skipped (their answers would be cut away by ``--max-len``).
+    Batched generation also keeps the final hidden states it computes on the way (when ``max_len`` is given): the
+    features of prompt + answer[:-1], cut to ``max_len``, written as ``features/genNNNNN.pt`` shards together with
+    the answers (``"features"`` names the shard), which spares the capture stage a second forward over them."""
     path = out / "responses.jsonl"
     done = read_jsonl(path)
     check(len(done) <= len(prompts), f"{path} has more answers than there are prompts: wrong directory?")
-    t0, tokens = time.perf_counter(), 0
-    for i in range(len(done), len(prompts)):
-        ids = encode_prompt(lm, prompts[i], chat)
-        if len(ids) + cfg.max_new_tokens > lm.model.spec.max_position:
-            continue
-        res = generate_ids(lm.model, ids, cfg, lm.eos_token_ids)
-        rec = {"prompt_ids": ids, "response_ids": res.token_ids}
-        append_jsonl(path, rec)
-        done.append(rec)
-        tokens += len(res.token_ids)
-        log(f"generate {i + 1}/{len(prompts)}: {tokens} answer tokens, "
-            f"{tokens / (time.perf_counter() - t0):.1f} tok/s")
+    have = {rec.get("index", i) for i, rec in enumerate(done)}
+    encoded: dict[int, list[int]] = {}
+    limit = lm.model.spec.max_position - cfg.max_new_tokens
+    if max_prompt_len is not None:
+        limit = min(limit, max_prompt_len)
+    for i, p in enumerate(prompts):
+        if i not in have:
+            ids = encode_prompt(lm, p, chat)
+            if len(ids) <= limit:
+                encoded[i] = ids
+    t0, tokens, n = time.perf_counter(), 0, len(done)
+    fdir = out / "features"
+    pending: list[tuple[dict, dict]] = []
+
+    def save(rec: dict, feat: dict | None) -> None:
+        nonlocal tokens, n
+        if feat is not None:  # answers and their features land together, a shard at a time
+            pending.append((rec, feat))
+            if len(pending) >= shard_size:
+                flush()
+        else:
+            append_jsonl(path, rec)
+            done.append(rec)
+        tokens += len(rec["response_ids"])
+        n += 1
+        log(f"generate {n}/{len(prompts)}: {tokens} answer tokens, {tokens / (time.perf_counter() - t0):.1f} tok/s")
+
+    def flush() -> None:
+        if not pending:
+            return
+        fdir.mkdir(parents=True, exist_ok=True)
+        name = f"gen{len(list(fdir.glob('gen*.pt'))):05d}.pt"
+        tmp = fdir / (name + ".tmp")
+        torch.save([f for _, f in pending], tmp)
+        tmp.replace(fdir / name)
+        for rec, _ in pending:
+            rec["features"] = name
+            append_jsonl(path, rec)
+            done.append(rec)
+        pending.clear()
+
+    if batch > 1:
+        check(cfg.greedy and cfg.no_repeat_ngram_size == 0 and not cfg.stop_strings,
+              "batched answer generation is greedy with a repetition penalty only; use --gen-batch 1")
+        order = sorted(encoded)
+        answers = generate_batched(lm.model, [encoded[i] for i in order], cfg.max_new_tokens, lm.eos_token_ids,
+                                   cfg.repetition_penalty, batch, features=max_len is not None)
+        for j, ans, hidden in answers:
+            i = order[j]
+            rec = {"index": i, "prompt_ids": encoded[i], "response_ids": ans}
+            feat = None
+            if hidden is not None:
+                ids = (encoded[i] + ans[:-1])[:max_len]
+                feat = {"ids": torch.tensor(ids), "features": hidden[: len(ids)], "prompt_len": len(encoded[i])}
+            save(rec, feat)
+        flush()
+    else:
+        for i, ids in encoded.items():
+            save({"index": i, "prompt_ids": ids, "response_ids": generate_ids(lm.model, ids, cfg,
+                                                                              lm.eos_token_ids).token_ids}, None)
     return done
 
 
 @torch.inference_mode()
 def capture_features(target: NativeCausalLM, samples: list[dict], out: Path, max_len: int, shard_size: int = 64,
                      log=print) -> list[Path]:
-    """Stage 2 (resumable by shard): final hidden states of prompt + answer, bf16."""
+    """Stage 2 (resumable by shard): final hidden states of prompt + answer, bf16, for the answers whose features
+    batched generation did not already keep.  Returns every feature shard."""
     fdir = out / "features"
     fdir.mkdir(parents=True, exist_ok=True)
-    shards = []
+    samples = [rec for rec in samples if "features" not in rec]
+    shards = sorted(fdir.glob("gen*.pt"))
     for s0 in range(0, len(samples), shard_size):
         path = fdir / f"shard{s0 // shard_size:05d}.pt"
         shards.append(path)
@@ -157,6 +217,7 @@ class Trainer:
         self.head.to(device=dev, dtype=torch.float32).train()
         self.weight = target.head_weight.detach().float() if target.dtype != torch.float32 else \
             target.head_weight.detach()
+        self.ce_rows: torch.Tensor | None = None  # the head rows of the cross-entropy (None: all)
         self.softcap = target.spec.final_softcap
         self.opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
         self.step = 0
@@ -169,6 +230,20 @@ class Trainer:
         if step < w:
             return (step + 1) / w
         return max(0.0, (self.total_steps - step) / max(1, self.total_steps - w))
+
+    def restrict_ce(self, data: list[dict]) -> int:
+        """``ce_vocab="seen"``: compute the cross-entropy (both distributions) over only the ids that occur in
+        ``data`` (plus the target's EOS ids).  A documented approximation of EAGLE's full-vocabulary loss for
+        small compute budgets: a 262k-row head costs three full products per token (target logits, draft logits,
+        their gradient), while the ids of ~10^5 training tokens are ~10^4 rows and carry almost all the target's
+        mass on such text.  Returns the number of rows kept."""
+        seen = torch.zeros(self.weight.shape[0], dtype=torch.bool)
+        for rec in data:
+            seen[rec["ids"]] = True
+        seen[list(self.target.spec.eos_token_ids)] = True
+        self.ce_rows = seen.nonzero().squeeze(-1).to(self.weight.device)
+        self.weight = self.weight.index_select(0, self.ce_rows)
+        return int(self.ce_rows.numel())
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         out = F.linear(x, self.weight)
@@ -188,7 +263,7 @@ class Trainer:
             inp = inp + (torch.rand_like(inp) - 0.5) * cfg.noise_std * 512 / len(ids)
         pred = eagle_forward_reference(self.head, emb, inp)  # f̂_{t+1}
         target = feats[1:]
-        mask = torch.arange(n, device=dev) + 1 >= rec["prompt_len"] - 1  # predictions of answer tokens
+        mask = torch.arange(n, device=dev) + 1 >= (rec["prompt_len"] - 1 if cfg.loss_on == "answer" else 1)
         count = int(mask.sum())
         if count == 0:
             return {"tokens": 0}
@@ -228,7 +303,10 @@ class Trainer:
 
     def fit(self, train: list[dict], heldout: list[dict], resume: bool = False) -> dict:
         cfg = self.cfg
-        tokens_total = sum(max(0, len(r["ids"]) - r["prompt_len"]) for r in train) or 1
+        if cfg.ce_vocab == "seen" and self.ce_rows is None:
+            self.log(f"cross-entropy over the {self.restrict_ce(train + heldout)} ids seen in the data")
+        first = (lambda r: r["prompt_len"]) if cfg.loss_on == "answer" else (lambda r: 1)
+        tokens_total = sum(max(0, len(r["ids"]) - first(r)) for r in train) or 1
         self.total_steps = max(1, math.ceil(tokens_total * cfg.epochs / cfg.tokens_per_step))
         ck = self.out / "checkpoint.pt"
         order_rng = random.Random(cfg.seed)
@@ -266,7 +344,8 @@ class Trainer:
             acc_tokens = 0
             s = _summary(agg, cfg)
             rate = agg["tokens"] / (time.perf_counter() - t0)
-            self.log(f"step {self.step}/{self.total_steps} loss {s['loss']:.4f} (v {s['vloss']:.4f} p "
+            done = int(24 * self.step / self.total_steps)
+            self.log(f"[{'#' * done}{'.' * (24 - done)}] step {self.step}/{self.total_steps} loss {s['loss']:.4f} (v {s['vloss']:.4f} p "
                      f"{s['ploss']:.3f}) top-1 {s['top1']:.3f} | {rate:.0f} tok/s | lr {self.sched.get_last_lr()[0]:.2e}")
             self.history.append({"step": self.step, **s})
             agg = {k: 0 if isinstance(v, int) else 0.0 for k, v in agg.items()}
