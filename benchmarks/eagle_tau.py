@@ -38,6 +38,7 @@ def main() -> None:
     ap.add_argument("--head", default=None, help="EAGLE checkpoint directory (default: the shipped head)")
     ap.add_argument("--data", nargs="+", required=True)
     ap.add_argument("--per-category", type=int, default=2)
+    ap.add_argument("--categories", default=None, help="comma-separated categories to keep (default: all)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repetition-penalty", type=float, default=1.0)
     ap.add_argument("--trees", default="eagle2,cpu")
@@ -51,6 +52,9 @@ def main() -> None:
         raise SystemExit(f"no head given and none ships for {args.model}")
     head = EagleHead.load(head_path)
     records = [r for path in args.data for r in first_per_category(read_records(path), args.per_category)]
+    if args.categories:
+        keep = {c.strip() for c in args.categories.split(",")}
+        records = [r for r in records if r["category"] in keep]
     cfg = GenerationConfig(max_new_tokens=args.max_new_tokens, repetition_penalty=args.repetition_penalty)
     trees = [t.strip() for t in args.trees.split(",") if t.strip()]
     per: dict[str, dict[str, dict]] = {t: {} for t in trees}
