@@ -45,6 +45,7 @@ def generate_batched(
     pending.reverse()  # pop() from the end = input order
     if not pending:
         return
+    batch = min(batch, len(pending))  # fewer prompts than rows: no idle rows to carry
     span = max(len(prompts[i]) for i in pending) + max_new_tokens
     kv = torch.zeros(spec.num_layers, 2, batch, spec.num_kv_heads, span, spec.head_dim, dtype=model.dtype,
                      device=device)

@@ -235,8 +235,8 @@ class Trainer:
         """``ce_vocab="seen"``: compute the cross-entropy (both distributions) over only the ids that occur in
         ``data`` (plus the target's EOS ids).  A documented approximation of EAGLE's full-vocabulary loss for
         small compute budgets: a 262k-row head costs three full products per token (target logits, draft logits,
-        their gradient), while the ids of ~10^5 training tokens are ~10^4 rows and carry almost all the target's
-        mass on such text.  Returns the number of rows kept."""
+        their gradient), while the ids of ~10^5 training tokens are ~10^4 rows (14,061 for the shipped Gemma head).
+        The target's mass outside those rows is dropped from both distributions.  Returns the number of rows kept."""
         seen = torch.zeros(self.weight.shape[0], dtype=torch.bool)
         for rec in data:
             seen[rec["ids"]] = True
