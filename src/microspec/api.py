@@ -27,6 +27,31 @@ def encode_prompt(lm: LoadedModel, prompt: str, chat: bool | None = None) -> lis
     return list(tok(prompt).input_ids)
 
 
+def encode_conversation(lm: LoadedModel, questions: list[str], answers: list[str],
+                        chat: bool | None = None) -> list[int]:
+    """Token ids of a multi-turn conversation whose last question is still unanswered (``len(answers) ==
+    len(questions) - 1``): through the chat template (user / assistant messages) when there is one, otherwise the
+    turns as plain text separated by blank lines.  One question is exactly :func:`encode_prompt`."""
+    check(len(answers) == len(questions) - 1, "a conversation needs one answer fewer than questions")
+    if len(questions) == 1:
+        return encode_prompt(lm, questions[0], chat)
+    for q in questions:
+        check(isinstance(q, str) and q.strip() != "", "a turn of the conversation is empty")
+    use_chat = has_chat_template(lm) if chat is None else chat
+    tok = lm.tokenizer
+    if use_chat:
+        check(has_chat_template(lm), f"model {lm.name!r} has no chat template; use --no-chat")
+        messages = []
+        for i, q in enumerate(questions):
+            messages.append({"role": "user", "content": q})
+            if i < len(answers):
+                messages.append({"role": "assistant", "content": answers[i]})
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return list(tok(text, add_special_tokens=False).input_ids)
+    parts = [p for pair in zip(questions, answers) for p in pair] + [questions[-1]]
+    return list(tok("\n\n".join(p.strip() for p in parts)).input_ids)
+
+
 def generate(lm: LoadedModel, prompt: str, cfg: GenerationConfig | None = None, chat: bool | None = None,
              drafter: Drafter | None = None, head_mode: str | None = None, vocab=None,
              **overrides) -> GenerationResult:

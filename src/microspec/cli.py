@@ -461,6 +461,114 @@ def _cmd_train_eagle(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_bench(sub) -> None:
+    p = sub.add_parser("bench", help="benchmark methods and peers on question files (Spec-Bench, HumanEval, ...)",
+                       description="Run methods and peers on the same questions, model, dtype and device at batch "
+                                   "size 1, greedy and with a repetition penalty, and write results.json, "
+                                   "Spec-Bench answer files, report.md and plots per decoding configuration.")
+    _add_model_args(p)
+    p.add_argument("--methods", default="ar,eagle-full,microspec",
+                   help="comma-separated: ar, ngram, early-exit, eagle-full, microspec, fr-spec-K, vocabtrim-K, "
+                        "DRAFTER+VOCAB, hf-ar, hf-prompt-lookup, hf-early-exit, llama-cpp (ar always runs)")
+    p.add_argument("--data", required=True, help="comma-separated question files: Spec-Bench / MT-bench JSONL, "
+                   "HumanEval (.jsonl[.gz]), any JSONL with a prompt field (optional category), .txt")
+    p.add_argument("--categories", default=None, help="comma-separated categories to keep")
+    p.add_argument("--limit", type=int, default=None, help="the first N questions of each category")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--repetition-penalties", default="1.0,1.2",
+                   help="one decoding configuration per value (default: plain and 1.2, both reported)")
+    p.add_argument("--repeats", type=int, default=1, help="runs of each question (one answer choice each)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed generations per method before timing")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--draft", default=None, help="EAGLE head directory (default: the model's shipped head)")
+    p.add_argument("--freq-file", default=None, help="fr-spec-K: token map of corpus frequencies (microspec freq)")
+    p.add_argument("--vocabtrim-file", default=None,
+                   help="vocabtrim-K: token map of the target's own generations (microspec freq --generate)")
+    p.add_argument("--draft-layers", type=int, default=None, help="early-exit / hf-early-exit: layers that draft")
+    p.add_argument("--depth", type=int, default=None, help="draft tree depth (default: the device's tree)")
+    p.add_argument("--top-k", type=int, default=None, help="draft tree branching (default: the device's tree)")
+    p.add_argument("--total-tokens", type=int, default=None, help="draft tree size (default: the device's tree)")
+    p.add_argument("--head-mode", default=None, help="how verification computes the target's LM head")
+    p.set_defaults(func=_cmd_bench)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from .bench import Decoding, bench, default_meta, load_questions, parse_methods
+    from .models.registry import load_model, parse_dtype
+
+    specs = parse_methods(args.methods)
+    for name, value in (("--limit", args.limit), ("--repeats", args.repeats), ("--max-new-tokens",
+                                                                                   args.max_new_tokens)):
+        if value is not None and value < 1:
+            raise MicrospecError(f"{name} must be >= 1, got {value}")
+    if args.warmup < 0:
+        raise MicrospecError(f"--warmup must be >= 0, got {args.warmup}")
+    if args.temperature < 0:
+        raise MicrospecError(f"--temperature must be >= 0, got {args.temperature}")
+    for name, value in (("--depth", args.depth), ("--top-k", args.top_k), ("--total-tokens", args.total_tokens),
+                        ("--draft-layers", args.draft_layers)):
+        if value is not None and value < 1:
+            raise MicrospecError(f"{name} must be >= 1, got {value}")
+    try:
+        penalties = [float(x) for x in args.repetition_penalties.split(",") if x.strip()]
+    except ValueError:
+        raise MicrospecError(f"--repetition-penalties must be numbers, got {args.repetition_penalties!r}") from None
+    if not penalties or any(p <= 0 for p in penalties):
+        raise MicrospecError(f"--repetition-penalties must be positive numbers, got {args.repetition_penalties!r}")
+    decodings = [Decoding(args.temperature, p) for p in dict.fromkeys(penalties)]
+    freq_files = {"fr-spec": args.freq_file, "vocabtrim": args.vocabtrim_file}
+    for s in specs:
+        if s.vocab in freq_files and freq_files[s.vocab] is None:
+            flag = "--freq-file" if s.vocab == "fr-spec" else "--vocabtrim-file"
+            raise MicrospecError(f"method {s.name} needs {flag} (a token map made by `microspec freq`)")
+        if s.vocab in freq_files and not Path(freq_files[s.vocab]).is_file():
+            raise MicrospecError(f"token map {freq_files[s.vocab]} not found")
+    records = load_questions([p for p in args.data.split(",") if p.strip()], args.categories, args.limit)
+    if args.threads is not None:
+        if args.threads <= 0:
+            raise MicrospecError(f"--threads must be positive, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    eagle_head = None
+    if any(s.drafter == "eagle" for s in specs):
+        from .drafters import EagleHead
+        from .models.registry import shipped_eagle_head
+
+        draft = args.draft or shipped_eagle_head(args.model)
+        if draft is None:
+            raise MicrospecError(f"no EAGLE head ships for {args.model!r}: pass --draft DIR")
+        eagle_head = EagleHead.load(draft)
+    lm = load_model(args.model, dtype=args.dtype, device=args.device)
+    meta = default_meta(lm.name, args.dtype, str(lm.model.device))
+    meta["command"] = "microspec " + " ".join(args.argv)
+    meta["data"] = args.data
+    tree_args = {"depth": args.depth, "top_k": args.top_k, "total_tokens": args.total_tokens}
+    results = bench(lm, specs, records, decodings, Path(args.out), dtype=parse_dtype(args.dtype),
+                    max_new_tokens=args.max_new_tokens, repeats=args.repeats, warmup=args.warmup, seed=args.seed,
+                    chat=args.chat, tree_args=tree_args, eagle_head=eagle_head, freq_files=freq_files,
+                    head_mode=args.head_mode, draft_layers=args.draft_layers, threads=args.threads,
+                    ignore_eos=args.ignore_eos, meta=meta)
+    peers = {s.name for s in specs if s.is_peer}
+    bad = sorted({m for r in results.values() for m in (r["mismatches"] or {}) if m not in peers})
+    for dec, r in results.items():
+        for name, m in r["methods"].items():
+            o = m["overall"]
+            tau = "" if o["mean_accept_len"] is None else f" tau {o['mean_accept_len']:.2f}"
+            print(f"{dec:>14} {name:>20}: {o['tokens_per_s']:.2f} tok/s, speedup {o['speedup'] or 0:.2f}x{tau}")
+    print(f"report: {Path(args.out) / 'report.md'}")
+    if bad:
+        print(f"microspec: error: LOSSLESS MISMATCH in {', '.join(bad)} (see {Path(args.out) / 'report.md'})",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="microspec", description="Lossless speculative decoding for large-vocabulary LMs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -468,6 +576,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_coverage(sub)
     _add_freq(sub)
     _add_train(sub)
+    _add_bench(sub)
     return parser
 
 

@@ -203,6 +203,14 @@ def _convert_gguf(path: Path, out: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def hf_directory(lm: LoadedModel) -> Path:
+    """The transformers directory (config.json + safetensors) ``lm`` was loaded from: the safetensors cache of a
+    GGUF model, the model's own directory otherwise."""
+    if lm.source.suffix.lower() == ".gguf":
+        return _gguf_cache_dir(lm.name, lm.source)
+    return lm.source
+
+
 def read_weights(directory: Path) -> dict[str, torch.Tensor]:
     """Every tensor of ``directory``'s *.safetensors files, else of its pytorch_model*.bin files."""
     from safetensors.torch import load_file

@@ -1,0 +1,104 @@
+"""``microspec bench``: methods and peers on the same prompts, model, dtype and device, batch size 1.
+
+:mod:`.methods` names what can run, :mod:`.runners` generates one turn per kind of method, :mod:`.run` is the loop,
+:mod:`.metrics` the arithmetic on answer records and :mod:`.report` the Markdown report and plots.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..errors import MicrospecError
+from .methods import MethodSpec, parse_methods
+from .metrics import aggregate, mismatches, summarize
+from .run import Decoding, run_decoding
+
+
+def machine() -> str:
+    """The CPU model and core count (and the GPU when one is in use)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores"
+
+
+def load_questions(paths: Sequence[str], categories: str | None = None, limit: int | None = None) -> list[dict]:
+    """Questions of every file (Spec-Bench / MT-bench, HumanEval, JSONL with ``prompt``, .txt), filtered by
+    category and cut to the first ``limit`` of each; question ids made unique across files."""
+    from ..bench_data import first_per_category, read_records
+
+    records = [r for p in paths for r in read_records(p)]
+    if categories:
+        keep = {c.strip() for c in categories.split(",") if c.strip()}
+        unknown = keep - {r["category"] for r in records}
+        if unknown:
+            raise MicrospecError(f"no questions of categories {sorted(unknown)} in {', '.join(paths)}")
+        records = [r for r in records if r["category"] in keep]
+    if limit is not None:
+        records = first_per_category(records, limit)
+    seen: dict[str, int] = {}
+    for r in records:
+        key = str(r["id"])
+        seen[key] = seen.get(key, 0) + 1
+        r["id"] = key if seen[key] == 1 else f"{key}#{seen[key]}"
+    return records
+
+
+def bench(lm, specs: list[MethodSpec], records: list[dict], decodings: list[Decoding], out_dir: Path, *,
+          dtype, max_new_tokens: int = 128, repeats: int = 1, warmup: int = 1, seed: int = 0, chat=None,
+          tree_args: dict | None = None, eagle_head=None, freq_files: dict | None = None, head_mode=None,
+          draft_layers=None, threads=None, ignore_eos: bool = False, meta: dict | None = None,
+          runners: dict | None = None) -> dict:
+    """Run every decoding configuration; write ``<decoding>/results.json``, ``<decoding>/answers/*.jsonl``, the
+    plots and ``report.md`` under ``out_dir``; return ``{decoding name: results}``.  ``runners`` replaces the
+    runners built from ``specs`` (tests use it to corrupt one)."""
+    from .report import write_report
+    from .runners import make_runner
+
+    if not records:
+        raise MicrospecError("no questions to run")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if runners is None:
+        runners = {s.name: make_runner(s, lm, dtype=dtype, tree_args=tree_args or {}, eagle_head=eagle_head,
+                                       freq_files=freq_files or {}, head_mode=head_mode, draft_layers=draft_layers,
+                                       threads=threads) for s in specs}
+    peers = {s.name for s in specs if s.is_peer}
+    meta = dict(meta or {})
+    meta.update(questions=len(records), max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup,
+                methods={n: r.describe() for n, r in runners.items()})
+    results = {}
+    for dec in decodings:
+        res = run_decoding(lm, runners, records, dec, max_new_tokens=max_new_tokens, out_dir=out_dir / dec.name,
+                           repeats=repeats, warmup=warmup, seed=seed, chat=chat, model_id=lm.name,
+                           ignore_eos=ignore_eos)
+        res["meta"] = {**meta, "decoding": dec.name, "temperature": dec.temperature,
+                       "repetition_penalty": dec.repetition_penalty}
+        (out_dir / dec.name / "results.json").write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
+        results[dec.name] = res
+    write_report(results, meta, out_dir, peers)
+    return results
+
+
+def default_meta(args_model: str, dtype: str, device: str) -> dict:
+    import torch
+    import transformers
+
+    return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
+            "device": device, "model": args_model, "dtype": dtype, "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "command": " ".join(["microspec", *sys.argv[1:]])}
+
+
+__all__ = ["Decoding", "MethodSpec", "aggregate", "bench", "default_meta", "load_questions", "machine", "mismatches",
+           "parse_methods", "summarize"]

@@ -1,0 +1,114 @@
+"""Benchmark methods by name: what each runs, and how one turn is generated.
+
+Names (``--methods``):
+
+``ar``                      autoregressive decoding on the engine's own hot path (the reference: speedups and the
+                            lossless check are against it; always run, first)
+``ngram``                   n-gram prompt lookup
+``early-exit``              self-drafting with the target's first layers
+``eagle-full``              EAGLE-2: trained EAGLE head, dynamic tree, full-vocabulary draft head
+``microspec``               the EAGLE head with MicroSpec's in-context draft vocabulary
+``fr-spec-<K>``             the EAGLE head with FR-Spec's static top-K shortlist (``--freq-file``), e.g. fr-spec-32k
+``vocabtrim-<K>``           the EAGLE head with VocabTrim's shortlist (``--vocabtrim-file``), e.g. vocabtrim-32k
+``<drafter>+<vocab>``       any engine drafter (early-exit, eagle) with any policy above, e.g. early-exit+microspec
+``hf-ar``                   peer: transformers ``generate()``, same model, dtype, device and prompts
+``hf-prompt-lookup``        peer: transformers ``generate(prompt_lookup_num_tokens=10)``
+``hf-early-exit``           peer: transformers ``generate(assistant_early_exit=L)`` (L: ``--draft-layers`` or 2/3 of
+                            the layers, as our early-exit drafter)
+``llama-cpp``               peer: llama.cpp (``llama-cpp-python``) on the model's GGUF file, when installed
+
+DynaSpec, SpecVocab and the CORAL-style router are trained policies that do not exist yet (issue 6): asking for
+them is an error, not a silent substitution.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ..errors import MicrospecError
+
+ENGINE_ALIASES = {
+    "ar": ("none", "full", None),
+    "ngram": ("ngram", "full", None),
+    "prompt-lookup": ("ngram", "full", None),
+    "early-exit": ("early-exit", "full", None),
+    "eagle": ("eagle", "full", None),
+    "eagle-full": ("eagle", "full", None),
+    "eagle2": ("eagle", "full", None),
+    "microspec": ("eagle", "microspec", None),
+}
+PEERS = ("hf-ar", "hf-prompt-lookup", "hf-early-exit", "llama-cpp")
+NOT_YET = ("dynaspec", "specvocab", "coral")
+_SHORTLIST = re.compile(r"^(fr-spec|vocabtrim)(?:-(\d+(?:\.\d+)?[kK]?))?$")
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One method of a benchmark run."""
+
+    name: str
+    kind: str  # "engine", "hf" or "llama-cpp"
+    drafter: str = "none"
+    vocab: str = "full"
+    vocab_size: str | None = None  # K of a static shortlist
+    hf_mode: str | None = None  # "ar", "prompt-lookup", "early-exit"
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def is_peer(self) -> bool:
+        return self.kind != "engine"
+
+
+def _vocab_part(text: str, method: str) -> tuple[str, str | None]:
+    if text in ("full", "microspec"):
+        return text, None
+    m = _SHORTLIST.match(text)
+    if m:
+        return m.group(1), m.group(2) or "32k"
+    raise MicrospecError(f"method {method!r}: unknown vocabulary {text!r} (full, microspec, fr-spec-K, vocabtrim-K)")
+
+
+def parse_method(name: str) -> MethodSpec:
+    """A method by name (see the module docstring); one clear error for an unknown or unavailable one."""
+    n = name.strip()
+    if n in ENGINE_ALIASES:
+        drafter, vocab, size = ENGINE_ALIASES[n]
+        return MethodSpec(n, "engine", drafter, vocab, size)
+    if n in PEERS:
+        if n == "llama-cpp":
+            return MethodSpec(n, "llama-cpp")
+        return MethodSpec(n, "hf", hf_mode=n[3:])
+    if n in NOT_YET:
+        raise MicrospecError(f"method {n!r} is a trained policy that is not built yet (issue 6); available: "
+                             + ", ".join(available_methods()))
+    if _SHORTLIST.match(n):
+        vocab, size = _vocab_part(n, n)
+        return MethodSpec(n, "engine", "eagle", vocab, size)
+    if "+" in n:
+        drafter, _, vocab_text = n.partition("+")
+        if drafter not in ("eagle", "early-exit"):
+            raise MicrospecError(f"method {n!r}: a draft vocabulary needs a drafter with an LM head (eagle or "
+                                 f"early-exit), not {drafter!r}")
+        vocab, size = _vocab_part(vocab_text, n)
+        return MethodSpec(n, "engine", drafter, vocab, size)
+    raise MicrospecError(f"unknown method {n!r}; choose from {', '.join(available_methods())} "
+                         f"(or DRAFTER+VOCAB, e.g. early-exit+microspec)")
+
+
+def available_methods() -> list[str]:
+    return ["ar", "ngram", "early-exit", "eagle-full", "microspec", "fr-spec-K", "vocabtrim-K", *PEERS]
+
+
+def parse_methods(text: str) -> list[MethodSpec]:
+    """Comma-separated method names, ``ar`` first (added when absent: the reference every other one is checked
+    and timed against)."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise MicrospecError("--methods is empty")
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise MicrospecError(f"--methods names {', '.join(dupes)} twice")
+    specs = [parse_method(n) for n in names]
+    ar = [s for s in specs if s.name == "ar"]
+    return (ar or [parse_method("ar")]) + [s for s in specs if s.name != "ar"]

@@ -1,0 +1,109 @@
+"""Benchmark arithmetic on answer records (one per question, Spec-Bench's answer-file shape), apart from running.
+
+An answer record: ``{"question_id", "category", "choices": [{"turns", "new_tokens", "wall_time", "accept_lengths",
+"decoding_steps", "token_ids", "draft_depths", "draft_s", "verify_s", "prefill_s", "active_vocab", "covered",
+"coverage_tokens"}, ...]}`` — one choice per repeat; ``accept_lengths`` is flat over the turns (as Spec-Bench's).
+
+Conventions (Spec-Bench's ``speed.py``): a question's speed is its new tokens over its wall time; a method's
+tokens/s is the mean of its questions' speeds; the speedup is the ratio of two such means; tau is the mean of all
+accept lengths (tokens committed per target step, bonus token included).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+
+def question_speed(rec: dict) -> float:
+    tokens = sum(sum(c["new_tokens"]) for c in rec["choices"])
+    wall = sum(sum(c["wall_time"]) for c in rec["choices"])
+    return tokens / wall if wall > 0 else 0.0
+
+
+def repeated_ngrams(tokens: Sequence[int], n: int = 4) -> tuple[int, int]:
+    """(repeated n-grams, n-grams) of one output: an n-gram counts as repeated at each occurrence after its first."""
+    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+    return len(grams) - len(set(grams)), len(grams)
+
+
+def accept_per_position(accept_lengths: Sequence[int], depths: Sequence[int]) -> list[float]:
+    """For k = 1..deepest draft: among steps whose draft reached depth k, the share that accepted >= k drafts."""
+    out = []
+    for k in range(1, max(depths, default=0) + 1):
+        steps = [a - 1 for a, d in zip(accept_lengths, depths) if d >= k]
+        out.append(round(sum(a >= k for a in steps) / len(steps), 4) if steps else 0.0)
+    return out
+
+
+def aggregate(records: Sequence[dict]) -> dict:
+    """The metrics of a set of answer records (a category, or all of them)."""
+    choices = [c for r in records for c in r["choices"]]
+    accepts = [a for c in choices for a in c.get("accept_lengths", [])]
+    depths = [d for c in choices for d in c.get("draft_depths", [])]
+    wall = sum(sum(c["wall_time"]) for c in choices)
+    parts = {k: sum(c.get(k, 0.0) for c in choices) for k in ("prefill_s", "draft_s", "verify_s")}
+    vocab_calls = sum(c.get("active_vocab", {}).get("calls", 0) for c in choices)
+    cov_tokens = sum(c.get("coverage_tokens", 0) for c in choices)
+    rep = [repeated_ngrams(ids) for c in choices for ids in c.get("token_ids", [])]
+    grams = sum(g for _, g in rep)
+    speeds = [question_speed(r) for r in records]
+    out = {
+        "questions": len(records),
+        "new_tokens": sum(sum(c["new_tokens"]) for c in choices),
+        "wall_s": round(wall, 4),
+        "tokens_per_s": round(sum(speeds) / len(speeds), 4) if speeds else 0.0,
+        "mean_accept_len": round(sum(accepts) / len(accepts), 4) if accepts else None,
+        "accept_per_position": accept_per_position(accepts, depths) if depths and len(depths) == len(accepts)
+        else [],
+        "repetition_4gram": round(sum(r for r, _ in rep) / grams, 4) if grams else None,
+    }
+    if accepts and wall > 0:
+        timed = sum(parts.values())
+        out["time_split"] = {k[:-2]: round(v / wall, 4) for k, v in parts.items()} | {
+            "other": round(max(0.0, wall - timed) / wall, 4)}
+    if vocab_calls:
+        out["active_vocab_mean"] = round(sum(c["active_vocab"]["sum"] for c in choices
+                                             if c.get("active_vocab")) / vocab_calls, 1)
+        out["active_vocab_max"] = max(c["active_vocab"]["max"] for c in choices if c.get("active_vocab"))
+    if cov_tokens:
+        out["coverage"] = round(sum(c.get("covered", 0) for c in choices) / cov_tokens, 4)
+    return out
+
+
+def summarize(methods: dict[str, Sequence[dict]], reference: str = "ar") -> dict:
+    """``{"methods": {name: {"overall": {...}, "categories": {cat: {...}}}}}`` with ``speedup`` against the
+    reference method's tokens/s (overall and per category) when it is present."""
+    out: dict[str, dict] = {}
+    for name, recs in methods.items():
+        cats = sorted({r["category"] for r in recs})
+        out[name] = {"overall": aggregate(recs),
+                     "categories": {c: aggregate([r for r in recs if r["category"] == c]) for c in cats}}
+    ref = out.get(reference)
+    for block in out.values():
+        for scope, m in [("overall", block["overall"]), *block["categories"].items()]:
+            base = ref["overall"] if scope == "overall" and ref else (ref or {}).get("categories", {}).get(scope)
+            m["speedup"] = round(m["tokens_per_s"] / base["tokens_per_s"], 4) \
+                if base and base["tokens_per_s"] > 0 else None
+    return {"methods": out}
+
+
+def mismatches(reference: Iterable[dict], candidate: Iterable[dict]) -> list[dict]:
+    """Where a method's greedy tokens differ from the reference's: one entry per differing turn (first choice),
+    with the first differing position; a question or turn the candidate lacks counts too."""
+    ref = {r["question_id"]: r for r in reference}
+    out = []
+    for rec in candidate:
+        base = ref.get(rec["question_id"])
+        if base is None:
+            continue
+        a_turns, b_turns = base["choices"][0]["token_ids"], rec["choices"][0]["token_ids"]
+        for t in range(max(len(a_turns), len(b_turns))):
+            a = a_turns[t] if t < len(a_turns) else None
+            b = b_turns[t] if t < len(b_turns) else None
+            if a == b:
+                continue
+            pos = next((i for i, (x, y) in enumerate(zip(a or [], b or [])) if x != y),
+                       min(len(a or []), len(b or [])))
+            out.append({"question_id": rec["question_id"], "category": rec["category"], "turn": t,
+                        "position": pos, "expected": (a or [])[pos : pos + 5], "got": (b or [])[pos : pos + 5]})
+    return out

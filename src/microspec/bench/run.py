@@ -1,0 +1,123 @@
+"""The benchmark loop: every question, turn by turn, through every method, for each decoding configuration.
+
+Questions go in the outer loop and methods in the inner one, so that slow drifts of a shared machine (other load,
+clock changes) fall on all methods alike; each method's conversation carries its own previous answers.  Warm-up
+generations (excluded from every number) run once per method and configuration before the first question.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..api import encode_conversation
+from ..decoding import GenerationConfig
+from ..models.registry import LoadedModel
+from .metrics import mismatches, question_speed, summarize
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """One decoding configuration of a run."""
+
+    temperature: float = 0.0
+    repetition_penalty: float = 1.0
+
+    @property
+    def name(self) -> str:
+        base = "greedy" if self.temperature == 0 else f"T{self.temperature:g}"
+        return base if self.repetition_penalty == 1.0 else f"{base}-rp{self.repetition_penalty:g}"
+
+    def config(self, max_new_tokens: int, seed: int | None, **kw) -> GenerationConfig:
+        return GenerationConfig(max_new_tokens=max_new_tokens, temperature=self.temperature,
+                                repetition_penalty=self.repetition_penalty,
+                                seed=seed if self.temperature > 0 else None, **kw)
+
+
+def _log(msg: str) -> None:
+    print(f"[microspec] {msg}", file=sys.stderr, flush=True)
+
+
+def run_decoding(lm: LoadedModel, runners: dict[str, object], records: Sequence[dict], decoding: Decoding, *,
+                 max_new_tokens: int, out_dir: Path, repeats: int = 1, warmup: int = 1, seed: int = 0,
+                 chat: bool | None = None, model_id: str = "", ignore_eos: bool = False,
+                 log: Callable[[str], None] = _log) -> dict:
+    """Run ``records`` through ``runners`` under one decoding configuration; write ``answers/<method>.jsonl``
+    (Spec-Bench's answer format, plus our per-step fields) under ``out_dir`` and return
+    ``{"methods": ..., "mismatches": ...}`` (mismatches only for greedy decoding, against ``ar``)."""
+    answers_dir = out_dir / "answers"
+    answers_dir.mkdir(parents=True, exist_ok=True)
+    files = {name: (answers_dir / f"{name}.jsonl").open("w", encoding="utf-8") for name in runners}
+    results: dict[str, list[dict]] = {name: [] for name in runners}
+    cfg = decoding.config(max_new_tokens, seed, ignore_eos=ignore_eos)
+    warm_prompt = encode_conversation(lm, [records[0]["turns"][0]], [], chat)
+    for name, runner in runners.items():
+        for _ in range(warmup):
+            runner.run(warm_prompt, cfg)
+    found: dict[str, list[dict]] = {}
+    try:
+        for qi, rec in enumerate(records, 1):
+            for name, runner in runners.items():
+                choices = []
+                for r in range(repeats):
+                    answers: list[str] = []
+                    choice: dict = {"index": r, "turns": [], "token_ids": [], "new_tokens": [], "wall_time": [],
+                                    "accept_lengths": [], "draft_depths": [], "decoding_steps": []}
+                    for ti in range(len(rec["turns"])):
+                        ids = encode_conversation(lm, rec["turns"][: ti + 1], answers, chat)
+                        turn_cfg = cfg if decoding.temperature == 0 else \
+                            decoding.config(max_new_tokens, seed + 1000 * r + ti, ignore_eos=ignore_eos)
+                        turn = runner.run(ids, turn_cfg)
+                        text = lm.tokenizer.decode(turn.token_ids, skip_special_tokens=True)
+                        answers.append(text)
+                        choice["turns"].append(text)
+                        choice["token_ids"].append(turn.token_ids)
+                        choice["new_tokens"].append(len(turn.token_ids))
+                        choice["wall_time"].append(round(turn.wall_s, 6))
+                        extra = turn.choice_fields()
+                        choice["accept_lengths"] += extra.pop("accept_lengths")
+                        choice["draft_depths"] += extra.pop("draft_depths")
+                        choice["decoding_steps"].append(extra.pop("decoding_steps"))
+                        for k, v in extra.items():
+                            if k == "active_vocab":
+                                acc = choice.setdefault(k, {"sum": 0, "calls": 0, "max": 0})
+                                acc["sum"] += v["sum"]
+                                acc["calls"] += v["calls"]
+                                acc["max"] = max(acc["max"], v["max"])
+                            else:
+                                choice[k] = choice.get(k, 0) + v
+                    choices.append(choice)
+                answer = {"question_id": rec["id"], "category": rec["category"], "answer_id": f"{name}-{rec['id']}",
+                          "model_id": f"{model_id}-{name}", "choices": choices, "tstamp": time.time()}
+                results[name].append(answer)
+                files[name].write(json.dumps(answer) + "\n")
+                files[name].flush()
+                if decoding.temperature == 0 and name != "ar" and "ar" in results:
+                    bad = mismatches(results["ar"][-1:], [answer])
+                    if bad:
+                        found.setdefault(name, []).extend(bad)
+                        log(f"LOSSLESS MISMATCH: {name} differs from ar on question {rec['id']} "
+                            f"({rec['category']}), turn {bad[0]['turn']}, token {bad[0]['position']}")
+            log(_progress(decoding.name, qi, len(records), rec["category"], results))
+    finally:
+        for f in files.values():
+            f.close()
+    summary = summarize(results)
+    summary["mismatches"] = found if decoding.temperature == 0 else None
+    return summary
+
+
+def _progress(decoding: str, done: int, total: int, category: str, results: dict[str, list[dict]]) -> str:
+    width = 20
+    bar = "#" * (width * done // total) + "." * (width - width * done // total)
+    parts = []
+    for name, recs in results.items():
+        speed = sum(question_speed(r) for r in recs) / len(recs)
+        acc = [a for r in recs for c in r["choices"] for a in c["accept_lengths"]]
+        tau = f"tau {sum(acc) / len(acc):.2f} " if acc and name != "ar" else ""
+        parts.append(f"{name} {tau}{speed:.1f} tok/s")
+    return f"bench {decoding} [{bar}] {done}/{total} {category} | " + " | ".join(parts)

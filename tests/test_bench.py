@@ -1,0 +1,198 @@
+"""microspec bench: metric arithmetic, answer files and report from a tiny-model run, the lossless detector."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from microspec.bench.metrics import accept_per_position, aggregate, mismatches, repeated_ngrams, summarize
+from microspec.cli import main
+
+
+def _rec(qid, cat, new_tokens, wall, accepts=(), depths=(), token_ids=None):
+    return {"question_id": qid, "category": cat, "choices": [{
+        "turns": ["x"] * len(new_tokens), "new_tokens": list(new_tokens), "wall_time": list(wall),
+        "accept_lengths": list(accepts), "draft_depths": list(depths),
+        "token_ids": token_ids if token_ids is not None else [[1, 2, 3]] * len(new_tokens)}]}
+
+
+def test_speedup_is_the_ratio_of_mean_per_question_speeds():
+    ar = [_rec(1, "a", [10], [1.0]), _rec(2, "b", [30], [1.0])]  # 10 and 30 tok/s: mean 20
+    fast = [_rec(1, "a", [10], [0.5]), _rec(2, "b", [30], [0.5])]  # 20 and 60 tok/s: mean 40
+    out = summarize({"ar": ar, "fast": fast})["methods"]
+    assert out["ar"]["overall"]["tokens_per_s"] == 20 and out["fast"]["overall"]["tokens_per_s"] == 40
+    assert out["fast"]["overall"]["speedup"] == 2.0 and out["ar"]["overall"]["speedup"] == 1.0
+    assert out["fast"]["categories"]["a"]["speedup"] == 2.0 and out["fast"]["categories"]["b"]["tokens_per_s"] == 60
+    # not total tokens over total time (40 / 1.0 s = 40 here only by chance): make the questions unequal
+    skew = [_rec(1, "a", [10], [0.1]), _rec(2, "b", [30], [3.0])]  # 100 and 10 tok/s
+    assert aggregate(skew)["tokens_per_s"] == 55.0
+
+
+def test_multi_turn_question_speed_sums_its_turns():
+    r = _rec(1, "mt_bench", [10, 30], [1.0, 1.0])
+    assert aggregate([r])["tokens_per_s"] == 20.0 and aggregate([r])["new_tokens"] == 40
+
+
+def test_tau_counts_the_bonus_token_and_pools_steps():
+    # two questions: steps committing (3, 1) and (2,): tau = 6 / 3 steps = 2.0 (not the mean of per-question means)
+    recs = [_rec(1, "a", [4], [1.0], accepts=[3, 1], depths=[4, 4]), _rec(2, "a", [2], [1.0], accepts=[2],
+                                                                        depths=[2])]
+    m = aggregate(recs)
+    assert m["mean_accept_len"] == 2.0
+    # position 1: 3 steps reached it, 2 accepted >= 1 draft; position 2: 3 steps, 1; positions 3-4: 2 steps, 1, 0
+    assert m["accept_per_position"] == [round(2 / 3, 4), round(1 / 3, 4), 0.0, 0.0]
+    assert accept_per_position([1, 1], [0, 0]) == []
+    assert aggregate([_rec(1, "a", [4], [1.0])])["mean_accept_len"] is None  # a peer without steps
+
+
+def test_repeated_ngrams():
+    assert repeated_ngrams([1, 2, 3, 4, 1, 2, 3, 4]) == (1, 5)
+    assert repeated_ngrams([1, 2, 3]) == (0, 0)
+    assert repeated_ngrams([7] * 10) == (6, 7)
+
+
+def test_mismatch_detector_reports_the_first_differing_token():
+    ref = [_rec(1, "a", [4], [1.0], token_ids=[[5, 6, 7, 8]])]
+    same = [_rec(1, "a", [4], [1.0], token_ids=[[5, 6, 7, 8]])]
+    bad = [_rec(1, "a", [4], [1.0], token_ids=[[5, 6, 9, 8]])]
+    short = [_rec(1, "a", [2], [1.0], token_ids=[[5, 6]])]
+    assert mismatches(ref, same) == []
+    (m,) = mismatches(ref, bad)
+    assert m["position"] == 2 and m["expected"] == [7, 8] and m["got"] == [9, 8]
+    assert mismatches(ref, short)[0]["position"] == 2
+
+
+def _data(tmp_path: Path) -> Path:
+    path = tmp_path / "questions.jsonl"
+    rows = [{"question_id": 1, "category": "writing", "turns": ["w5 w6 w7 w5 w6", "w9 w10"]},
+            {"question_id": 2, "category": "qa", "turns": ["w11 w12 w13 w11 w12 w13"]},
+            {"question_id": 3, "category": "qa", "turns": ["w20 w21"]}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _run(capsys, *argv):
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_bench_tiny_run_writes_results_answers_report_and_plots(capsys, tiny_model_dir, tmp_path):
+    out_dir = tmp_path / "bench"
+    rc, out, err = _run(capsys, "bench", "--model", tiny_model_dir, "--dtype", "fp32", "--data", _data(tmp_path),
+                        "--methods", "ar,ngram,early-exit+microspec,early-exit+full", "--max-new-tokens", "10",
+                        "--ignore-eos", "--draft-layers", "1", "--out", out_dir)
+    assert rc == 0, err
+    assert "LOSSLESS MISMATCH" not in err and "bench greedy [" in err
+    for dec in ("greedy", "greedy-rp1.2"):
+        res = json.loads((out_dir / dec / "results.json").read_text())
+        assert set(res["methods"]) == {"ar", "ngram", "early-exit+microspec", "early-exit+full"}
+        assert res["mismatches"] == {} and res["meta"]["repetition_penalty"] == (1.0 if dec == "greedy" else 1.2)
+        ar, ms = res["methods"]["ar"], res["methods"]["early-exit+microspec"]
+        assert ar["overall"]["speedup"] == 1.0 and ar["overall"]["mean_accept_len"] == 1.0
+        assert set(ar["categories"]) == {"mt_bench", "qa"}
+        assert ms["overall"]["mean_accept_len"] >= 1.0 and "active_vocab_mean" in ms["overall"]
+        assert 0.0 <= ms["overall"]["coverage"] <= 1.0 and ms["overall"]["speedup"] > 0
+        assert sum(ms["overall"]["time_split"].values()) == pytest.approx(1.0, abs=0.01)
+        lines = [json.loads(x) for x in (out_dir / dec / "answers" / "early-exit+microspec.jsonl").read_text()
+                 .splitlines()]
+        assert [x["question_id"] for x in lines] == ["1", "2", "3"]
+        c = lines[0]["choices"][0]
+        assert len(c["turns"]) == 2 and c["new_tokens"] == [10, 10] and len(c["wall_time"]) == 2
+        assert sum(c["accept_lengths"]) == 20 - 2  # the prefill's first token of each turn belongs to no step
+        ref = [json.loads(x) for x in (out_dir / dec / "answers" / "ar.jsonl").read_text().splitlines()]
+        assert [x["choices"][0]["token_ids"] for x in ref] == [x["choices"][0]["token_ids"] for x in lines]
+        assert (out_dir / dec / "speed.png").stat().st_size > 0 and (out_dir / dec / "acceptance.png").is_file()
+    report = (out_dir / "report.md").read_text()
+    assert "## greedy-rp1.2" in report and "| early-exit+microspec |" in report and "Lossless check" in report
+
+
+def test_second_turn_carries_the_methods_own_first_answer(tiny_model_dir):
+    from microspec import load_model
+    from microspec.api import encode_conversation, encode_prompt
+
+    lm = load_model(str(tiny_model_dir))
+    one = encode_conversation(lm, ["w1 w2"], [])
+    assert one == encode_prompt(lm, "w1 w2")
+    two = encode_conversation(lm, ["w1 w2", "w5"], ["w3 w4"])
+    assert two == list(lm.tokenizer("w1 w2\n\nw3 w4\n\nw5").input_ids)
+
+
+class _Corrupt:
+    """Wraps a runner and changes one generated token: the lossless detector must fire."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def describe(self):
+        return {"corrupted": True}
+
+    def run(self, ids, cfg):
+        turn = self.inner.run(ids, cfg)
+        turn.token_ids = list(turn.token_ids)
+        turn.token_ids[3] = (turn.token_ids[3] + 1) % 90
+        return turn
+
+
+def test_mismatch_detector_fires_on_a_corrupted_run(tiny_model_dir, tmp_path, capsys):
+    import torch
+
+    from microspec import load_model
+    from microspec.bench import Decoding, bench, load_questions, parse_methods
+    from microspec.bench.runners import make_runner
+
+    lm = load_model(str(tiny_model_dir))
+    specs = parse_methods("ar,ngram")
+    runners = {s.name: make_runner(s, lm, dtype=torch.float32, tree_args={}, freq_files={}) for s in specs}
+    runners["ngram"] = _Corrupt(runners["ngram"])
+    res = bench(lm, specs, load_questions([str(_data(tmp_path))]), [Decoding()], tmp_path / "out",
+                dtype=torch.float32, max_new_tokens=8, ignore_eos=True, warmup=0, runners=runners)
+    found = res["greedy"]["mismatches"]["ngram"]
+    assert len(found) == 4 and {m["position"] for m in found} == {3}  # 4 turns in 3 questions
+    assert "LOSSLESS MISMATCH" in capsys.readouterr().err
+    assert "**LOSSLESS MISMATCH**" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_hf_peers_match_ar_in_fp32(capsys, tiny_model_dir, tmp_path):
+    out_dir = tmp_path / "peers"
+    rc, _, err = _run(capsys, "bench", "--model", tiny_model_dir, "--dtype", "fp32", "--data", _data(tmp_path),
+                      "--methods", "ar,hf-ar,hf-prompt-lookup,hf-early-exit", "--max-new-tokens", "8",
+                      "--ignore-eos", "--draft-layers", "1", "--repetition-penalties", "1.0,1.3", "--warmup", "0",
+                      "--limit", "1", "--out", out_dir)
+    assert rc == 0, err
+    for dec in ("greedy", "greedy-rp1.3"):
+        res = json.loads((out_dir / dec / "results.json").read_text())
+        assert res["mismatches"] == {}, res["mismatches"]
+        assert res["methods"]["hf-ar"]["overall"]["mean_accept_len"] is None
+        assert res["methods"]["hf-early-exit"]["overall"]["tokens_per_s"] > 0
+    assert res["meta"]["methods"]["hf-early-exit"]["assistant_early_exit"] == 1
+
+
+def test_sampling_run_reports_no_token_comparison(capsys, tiny_model_dir, tmp_path):
+    rc, _, err = _run(capsys, "bench", "--model", tiny_model_dir, "--dtype", "fp32", "--data", _data(tmp_path),
+                      "--methods", "ar,ngram", "--max-new-tokens", "6", "--temperature", "0.8",
+                      "--repetition-penalties", "1.0", "--repeats", "2", "--limit", "1", "--out", tmp_path / "s")
+    assert rc == 0, err
+    res = json.loads((tmp_path / "s" / "T0.8" / "results.json").read_text())
+    assert res["mismatches"] is None
+    line = json.loads((tmp_path / "s" / "T0.8" / "answers" / "ngram.jsonl").read_text().splitlines()[0])
+    assert [c["index"] for c in line["choices"]] == [0, 1]
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--methods", "ar,warp-drive"], "unknown method 'warp-drive'"),
+    (["--methods", "ar,dynaspec"], "not built yet"),
+    (["--methods", "ar,fr-spec-32k"], "needs --freq-file"),
+    (["--methods", "ar,ngram+microspec"], "needs a drafter with an LM head"),
+    (["--methods", "ar,ar"], "twice"),
+    (["--limit", "0"], "--limit must be >= 1"),
+    (["--repetition-penalties", "1.0,x"], "must be numbers"),
+    (["--categories", "poetry"], "no questions of categories"),
+    (["--methods", "ar,llama-cpp"], "llama-cpp"),
+])
+def test_bench_bad_input_is_one_line(capsys, tiny_model_dir, tmp_path, extra, needle):
+    rc, _, err = _run(capsys, "bench", "--model", tiny_model_dir, "--data", _data(tmp_path), "--out",
+                      tmp_path / "x", "--warmup", "0", *extra)
+    assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err
