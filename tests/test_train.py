@@ -160,3 +160,27 @@ def test_loss_positions(tmp_path):
         trainer = Trainer(model, new_head(model), TrainConfig(loss_on=where), tmp_path)
         counts[where] = trainer.sequence_loss(rec, train=False)["tokens"]
     assert counts == {"answer": len(ids) - 8 + 1, "all": len(ids) - 1}
+
+
+def test_train_init_starts_from_an_existing_head(capsys, trained, tmp_path):
+    """--init: a second run on the same data starts from the first run's head (its loss starts where that one
+    ended, far below a fresh head's first loss); a head of another shape is one clear error."""
+    tmp, out, args = trained
+    if not (out / "head").is_dir():
+        pytest.skip("needs the end-to-end run first")
+    first = torch.load(out / "checkpoint.pt", weights_only=False)["history"]
+    out2 = tmp / "out2"
+    out2.mkdir(exist_ok=True)
+    for name in ("responses.jsonl", "features"):
+        (out2 / name).symlink_to(out / name)
+    more = [a if a != out else out2 for a in args]
+    more = [a if a != 40 else 2 for a in more] + ["--stages", "train", "--init", out / "head", "--warmup-steps", 1]
+    rc, _, err = _run(capsys, *more)
+    assert rc == 0, err
+    again = torch.load(out2 / "checkpoint.pt", weights_only=False)["history"]
+    assert again[0]["loss"] < 0.8 * first[0]["loss"]
+    from test_eagle import official_checkpoint
+
+    wide, _, _ = official_checkpoint(tmp_path / "wide", d=32)
+    rc, _, err = _run(capsys, *more[:-4], "--init", wide)
+    assert rc == 2 and "--init" in err and len(err.strip().splitlines()) == 1, err

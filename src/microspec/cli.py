@@ -370,6 +370,8 @@ def _add_train(sub) -> None:
     e.add_argument("--threads", type=int, default=None)
     e.add_argument("--stages", default="generate,capture,train", help="comma-separated subset, in order")
     e.add_argument("--resume", action="store_true", help="continue training from --out/checkpoint.pt")
+    e.add_argument("--init", default=None, metavar="DIR",
+                   help="start from the weights of an EAGLE head (e.g. a shipped one, to go on with more data)")
     e.add_argument("--intermediate-size", type=int, default=None, help="head MLP width (default: the target's)")
     e.add_argument("--loss-on", choices=["answer", "all"], default="answer",
                    help="positions trained: the answers (EAGLE) or every position, prompts included (more data "
@@ -396,7 +398,7 @@ def _cmd_train_eagle(args: argparse.Namespace) -> int:
     from .models.registry import load_model
     from .training.data import read_training_prompts
     from .training.eagle import (TrainConfig, Trainer, capture_features, export_head, generate_responses,
-                                 load_features, log_stderr, new_head, split_heldout)
+                                 init_head, load_features, log_stderr, new_head, split_heldout)
 
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     bad = [s for s in stages if s not in ("generate", "capture", "train")]
@@ -446,6 +448,10 @@ def _cmd_train_eagle(args: argparse.Namespace) -> int:
     train, held = split_heldout(data, tcfg.heldout, tcfg.seed)
     torch.manual_seed(tcfg.seed)
     head = new_head(lm.model, args.intermediate_size, seed=tcfg.seed)
+    if args.init is not None:
+        if args.resume:
+            raise MicrospecError("--init and --resume exclude each other")
+        init_head(head, EagleHead.load(args.init))
     trainer = Trainer(lm.model, head, tcfg, out, log=log_stderr)
     result = trainer.fit(train, held, resume=args.resume)
     meta = {"model": args.model, "prompts": args.prompts, "prompt_count": len(prompts), "answers": len(samples),

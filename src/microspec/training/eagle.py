@@ -33,7 +33,7 @@ from ..api import encode_prompt
 from ..decoding.config import GenerationConfig
 from ..decoding.loop import generate_ids
 from ..drafters.eagle import EagleHead, _layer_config, eagle_forward_reference
-from ..errors import check
+from ..errors import MicrospecError, check
 from ..models.native import NativeCausalLM
 from .batch_generate import generate_batched
 from .data import append_jsonl, read_jsonl
@@ -61,6 +61,19 @@ class TrainConfig:
 
 
 # ---------------------------------------------------------------------------------------------------- heads
+def init_head(head: EagleHead, source: EagleHead) -> None:
+    """Copy ``source``'s weights into ``head`` (same shapes), in ``head``'s dtype; one clear error otherwise."""
+    theirs = source.state_dict()
+    mine = head.state_dict()
+    bad = sorted(k for k in mine if k not in theirs or theirs[k].shape != mine[k].shape)
+    if bad or set(theirs) - set(mine):
+        where = (bad or sorted(set(theirs) - set(mine)))[:3]
+        raise MicrospecError(f"--init: that head does not fit this target's head (differs at {where})")
+    with torch.no_grad():
+        for k, v in mine.items():
+            v.copy_(theirs[k].to(v.dtype))
+
+
 def new_head(target: NativeCausalLM, intermediate_size: int | None = None, seed: int = 0) -> EagleHead:
     """An untrained head shaped for ``target``: its hidden size, attention shape and RoPE base, one Llama-style
     decoder layer; weights drawn as EAGLE's (normal, std 0.02; norms at one; fc as torch's Linear)."""
@@ -394,5 +407,5 @@ def log_stderr(msg: str) -> None:
     print(f"[microspec] {msg}", file=sys.stderr, flush=True)
 
 
-__all__ = ["TrainConfig", "Trainer", "capture_features", "export_head", "generate_responses", "load_features",
+__all__ = ["TrainConfig", "Trainer", "capture_features", "export_head", "generate_responses", "init_head", "load_features",
            "new_head", "split_heldout"]
