@@ -196,3 +196,83 @@ def test_bench_bad_input_is_one_line(capsys, tiny_model_dir, tmp_path, extra, ne
     rc, _, err = _run(capsys, "bench", "--model", tiny_model_dir, "--data", _data(tmp_path), "--out",
                       tmp_path / "x", "--warmup", "0", *extra)
     assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_bench_with_eagle_shortlists_and_microspec_variants(capsys, tiny_model_dir, tmp_path):
+    from test_eagle import official_checkpoint
+
+    from microspec.vocab.frequency import save_token_map
+
+    head, _, _ = official_checkpoint(tmp_path / "eagle")
+    fmap = tmp_path / "map.pt"
+    save_token_map(list(range(95, -1, -1)), fmap)
+    methods = "ar,eagle-full,fr-spec-48,vocabtrim-24,microspec,microspec-w16-indexed,microspec-ctx,microspec-ext"
+    rc, _, err = _run(capsys, "bench", "--model", tiny_model_dir, "--dtype", "fp32", "--data", _data(tmp_path),
+                      "--methods", methods, "--max-new-tokens", "10", "--ignore-eos", "--draft", head,
+                      "--freq-file", fmap, "--vocabtrim-file", fmap, "--top-k", "3", "--depth", "3",
+                      "--repetition-penalties", "1.0", "--warmup", "0", "--out", tmp_path / "b")
+    assert rc == 0, err
+    res = json.loads((tmp_path / "b" / "greedy" / "results.json").read_text())
+    m = res["methods"]
+    assert res["mismatches"] == {}
+    assert m["fr-spec-48"]["overall"]["active_vocab_max"] <= 48 + 4  # + the 4 special ids (pad, bos, eos, unk)
+    assert m["vocabtrim-24"]["overall"]["active_vocab_max"] <= 24 + 4
+    assert m["eagle-full"]["overall"]["active_vocab_mean"] == 96 and m["eagle-full"]["overall"]["coverage"] == 1.0
+    assert m["microspec-w16-indexed"]["overall"]["active_vocab_max"] <= 16 + 4
+    assert res["meta"]["methods"]["microspec-w16-indexed"]["gather"] == "indexed"
+    assert res["meta"]["methods"]["microspec-ctx"]["sources"] == "ctx"
+
+
+def test_analyze_tiny_run(capsys, tiny_model_dir, tmp_path):
+    from test_eagle import official_checkpoint
+
+    from microspec.vocab.frequency import save_token_map
+
+    head, _, _ = official_checkpoint(tmp_path / "eagle")
+    fmap = tmp_path / "map.pt"
+    save_token_map(list(range(96)), fmap)
+    rc, out, err = _run(capsys, "analyze", "--model", tiny_model_dir, "--dtype", "fp32", "--data", _data(tmp_path),
+                        "--max-new-tokens", "8", "--draft", head, "--freq-file", fmap, "--sizes", "64,16",
+                        "--w-max-values", "8,3072", "--warmup", "0", "--limit", "1", "--top-k", "2", "--depth", "2",
+                        "--out", tmp_path / "a")
+    assert rc == 0, err
+    res = json.loads((tmp_path / "a" / "analysis.json").read_text())
+    assert [r["w_max"] for r in res["wmax"]] == [8, 3072]
+    assert res["wmax"][0]["active_vocab_mean"] < res["wmax"][1]["active_vocab_mean"]
+    assert [r["variant"] for r in res["ablation"]][0] == "Ctx. Only (packed)" and len(res["ablation"]) == 4
+    assert [r["size"] for r in res["oracle"]] == ["64", "16", "full (eagle-full)"]
+    for r in res["oracle"][:2]:  # the oracle keeps the run's time per step and takes the full vocabulary's tau
+        assert r["oracle_tokens_per_s"] == pytest.approx(r["tokens_per_s"] * res["oracle"][-1]["tau"] / r["tau"],
+                                                         rel=1e-3)
+    assert list(res["coverage"]["static"]) == ["96"] and res["coverage"]["microspec"]
+    assert set(res["overlap"]) == {"full", "microspec", "fr-spec-32k"}
+    full = res["overlap"]["full"]
+    assert full["p_S"] == 1.0 and full["overlap"] == pytest.approx(1 - full["tv"], abs=1e-3)
+    ms = res["overlap"]["microspec"]
+    assert ms["size"] < 96 and ms["p_S"] < 1.0 and ms["overlap"] >= ms["bound"] - 1e-4
+    assert res["repetition"]["overall"] is not None
+    md = (tmp_path / "a" / "analysis.md").read_text()
+    assert "Ablation (MicroSpec Table 3)" in md and "Overlap bound terms" in md
+    assert (tmp_path / "a" / "wmax.png").is_file() and (tmp_path / "a" / "oracle.png").is_file()
+
+
+def test_overlap_terms_bound_holds_at_every_step(tiny_model_dir, tmp_path):
+    """A(c) >= p_c(S) - TV(p_c(.|S), q_c(.|S)) (DynaSpec Thm 5.1 with the restricted proposal, beta = 0), and for
+    S = V: p_c(S) = 1 and A = 1 - TV."""
+    import torch
+    from test_eagle import official_checkpoint
+
+    from microspec import load_model
+    from microspec.bench.analyze import overlap_terms
+    from microspec.drafters import EagleHead
+
+    lm = load_model(str(tiny_model_dir))
+    head = EagleHead.load(official_checkpoint(tmp_path / "eagle")[0])
+    seq = list(range(5, 30))
+    g = torch.Generator().manual_seed(0)
+    steps = [(n, torch.randperm(96, generator=g)[:20]) for n in range(3, 25)] + [(10, None)]
+    rows = overlap_terms(lm.model, head, seq, steps)
+    assert len(rows) == len(steps)
+    for r in rows[:-1]:
+        assert 0 < r["p_S"] < 1 and r["overlap"] >= r["bound"] - 1e-6 and r["size"] == 20
+    assert rows[-1]["p_S"] == 1.0 and rows[-1]["overlap"] == pytest.approx(1 - rows[-1]["tv"], abs=1e-6)

@@ -575,6 +575,127 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_analyze(sub) -> None:
+    from .bench.analyze import ANALYSES, DEFAULT_SIZES, DEFAULT_W
+
+    p = sub.add_parser("analyze", help="the papers' analyses: W_max sweep, ablation, oracle shortlists, coverage, "
+                                       "overlap bound, repetition",
+                       description="Reproduce the papers' analyses on a model: one benchmark run (under OUT/bench) "
+                                   "feeds the timed ones, an instrumented pass the overlap terms.  Writes "
+                                   "analysis.json, analysis.md and plots.")
+    _add_model_args(p)
+    p.add_argument("--data", required=True, help="comma-separated question files (as bench)")
+    p.add_argument("--categories", default=None)
+    p.add_argument("--limit", type=int, default=None, help="the first N questions of each category")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--what", default=",".join(ANALYSES), help=f"comma-separated subset of {', '.join(ANALYSES)}")
+    p.add_argument("--w-max-values", default=",".join(map(str, DEFAULT_W)))
+    p.add_argument("--sizes", default=",".join(DEFAULT_SIZES), help="static shortlist sizes for the oracle")
+    p.add_argument("--freq-file", default=None, help="token map for fr-spec shortlists and static curves")
+    p.add_argument("--draft", default=None, help="EAGLE head directory (default: the model's shipped head)")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--depth", type=int, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--total-tokens", type=int, default=None)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=_cmd_analyze)
+
+
+def _cmd_analyze(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from .bench import Decoding, bench, default_meta, load_questions, parse_methods
+    from .bench import analyze as an
+    from .drafters import EagleHead
+    from .models.registry import load_model, parse_dtype, shipped_eagle_head
+    from .vocab import make_vocab
+    from .vocab.frequency import load_token_map, parse_size, special_ids
+
+    what = [w.strip() for w in args.what.split(",") if w.strip()]
+    bad = [w for w in what if w not in an.ANALYSES]
+    if bad or not what:
+        raise MicrospecError(f"--what takes {', '.join(an.ANALYSES)}, got {args.what!r}")
+    try:
+        w_values = [int(x) for x in args.w_max_values.split(",") if x.strip()]
+    except ValueError:
+        raise MicrospecError(f"--w-max-values must be integers, got {args.w_max_values!r}") from None
+    if not w_values or min(w_values) < 1:
+        raise MicrospecError(f"--w-max-values must be positive integers, got {args.w_max_values!r}")
+    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    for s in sizes:
+        parse_size(s)
+    for name, value in (("--limit", args.limit), ("--max-new-tokens", args.max_new_tokens)):
+        if value is not None and value < 1:
+            raise MicrospecError(f"{name} must be >= 1, got {value}")
+    if args.repetition_penalty <= 0:
+        raise MicrospecError(f"--repetition-penalty must be > 0, got {args.repetition_penalty}")
+    if args.freq_file is not None and not Path(args.freq_file).is_file():
+        raise MicrospecError(f"token map {args.freq_file} not found")
+    timed = [w for w in what if w != "overlap"]
+    names = an.plan_methods(what, w_values, sizes, args.freq_file) if timed else []
+    specs = parse_methods(",".join(names)) if names else []
+    records = load_questions([p for p in args.data.split(",") if p.strip()], args.categories, args.limit)
+    if args.threads is not None:
+        if args.threads <= 0:
+            raise MicrospecError(f"--threads must be positive, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    draft = args.draft or shipped_eagle_head(args.model)
+    if draft is None:
+        raise MicrospecError(f"no EAGLE head ships for {args.model!r}: pass --draft DIR")
+    head = EagleHead.load(draft)
+    lm = load_model(args.model, dtype=args.dtype, device=args.device)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = default_meta(lm.name, args.dtype, str(lm.model.device))
+    meta.update(command="microspec " + " ".join(args.argv), data=args.data, questions=len(records),
+                max_new_tokens=args.max_new_tokens)
+    dec = Decoding(0.0, args.repetition_penalty)
+    meta["decoding"] = dec.name
+    results: dict = {"meta": meta}
+    tree = (args.depth, args.top_k, args.total_tokens)
+    if specs:
+        res = bench(lm, specs, records, [dec], out / "bench", dtype=parse_dtype(args.dtype),
+                    max_new_tokens=args.max_new_tokens, warmup=args.warmup, chat=args.chat,
+                    tree_args=dict(zip(("depth", "top_k", "total_tokens"), tree)), eagle_head=head,
+                    freq_files={"fr-spec": args.freq_file}, meta=meta)[dec.name]
+        methods = res["methods"]
+        results["bench"] = str(out / "bench" / dec.name / "results.json")
+        results["mismatches"] = res["mismatches"]
+        if "wmax" in what:
+            results["wmax"] = an.analyze_wmax(methods, w_values)
+        if "ablation" in what:
+            results["ablation"] = an.analyze_ablation(methods)
+        if "oracle" in what:
+            results["oracle"] = an.analyze_oracle(methods, sizes)
+        if "coverage" in what:
+            answers = {"ar": [json.loads(x) for x in (out / "bench" / dec.name / "answers" / "ar.jsonl")
+                              .read_text().splitlines()]}
+            token_map = load_token_map(args.freq_file, lm.model.spec.vocab_size) if args.freq_file else None
+            results["coverage"] = an.analyze_coverage(answers, methods, token_map, lm.model.spec.vocab_size)
+        if "repetition" in what:
+            results["repetition"] = an.analyze_repetition(methods)
+    if "overlap" in what:
+        common = dict(vocab_size=lm.model.spec.vocab_size, device=lm.model.device, eos_ids=lm.eos_token_ids,
+                      always=special_ids(lm.tokenizer))
+        policies = {"full": lambda: make_vocab("full", **common),
+                    "microspec": lambda: make_vocab("microspec", **common)}
+        if args.freq_file:
+            policies["fr-spec-32k"] = lambda: make_vocab("fr-spec", freq_file=args.freq_file, size="32k", **common)
+        cfg = dec.config(args.max_new_tokens, None)
+        results["overlap"] = an.analyze_overlap(lm, head, records, policies, cfg, args.chat, tree)
+    path = an.write_analysis(results, out)
+    print(f"analysis: {path}")
+    bad = [m for m in (results.get("mismatches") or {})]
+    if bad:
+        print(f"microspec: error: LOSSLESS MISMATCH in {', '.join(bad)} (see {out / 'bench' / 'report.md'})",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="microspec", description="Lossless speculative decoding for large-vocabulary LMs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -583,6 +704,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_freq(sub)
     _add_train(sub)
     _add_bench(sub)
+    _add_analyze(sub)
     return parser
 
 

@@ -8,6 +8,9 @@ Names (``--methods``):
 ``early-exit``              self-drafting with the target's first layers
 ``eagle-full``              EAGLE-2: trained EAGLE head, dynamic tree, full-vocabulary draft head
 ``microspec``               the EAGLE head with MicroSpec's in-context draft vocabulary
+``microspec-<opts>``        variants, options joined by ``-``: ``w<N>`` (W_max), ``ctx`` / ``ext`` (the paper's
+                            Ctx. Only / Ext. Only ablation), ``indexed`` (gather rows each step, no packed buffer);
+                            e.g. microspec-w1024, microspec-ctx, microspec-indexed
 ``fr-spec-<K>``             the EAGLE head with FR-Spec's static top-K shortlist (``--freq-file``), e.g. fr-spec-32k
 ``vocabtrim-<K>``           the EAGLE head with VocabTrim's shortlist (``--vocabtrim-file``), e.g. vocabtrim-32k
 ``<drafter>+<vocab>``       any engine drafter (early-exit, eagle) with any policy above, e.g. early-exit+microspec
@@ -40,6 +43,7 @@ ENGINE_ALIASES = {
 }
 PEERS = ("hf-ar", "hf-prompt-lookup", "hf-early-exit", "llama-cpp")
 NOT_YET = ("dynaspec", "specvocab", "coral")
+_MICROSPEC_OPT = re.compile(r"^(ctx|ext|indexed|packed|w\d+)$")
 _SHORTLIST = re.compile(r"^(fr-spec|vocabtrim)(?:-(\d+(?:\.\d+)?[kK]?))?$")
 
 
@@ -82,6 +86,23 @@ def parse_method(name: str) -> MethodSpec:
     if n in NOT_YET:
         raise MicrospecError(f"method {n!r} is a trained policy that is not built yet (issue 6); available: "
                              + ", ".join(available_methods()))
+    if n.startswith("microspec-"):
+        opts = n[len("microspec-"):].split("-")
+        bad = [o for o in opts if not _MICROSPEC_OPT.match(o)]
+        if bad or len(set(opts)) != len(opts) or {"ctx", "ext"} <= set(opts) or {"indexed", "packed"} <= set(opts):
+            raise MicrospecError(f"method {n!r}: microspec options are w<N>, ctx or ext, indexed or packed "
+                                 "(e.g. microspec-w1024-indexed)")
+        extra: dict = {}
+        for o in opts:
+            if o in ("ctx", "ext"):
+                extra["sources"] = o
+            elif o in ("indexed", "packed"):
+                extra["gather"] = o
+            else:
+                extra["w_max"] = int(o[1:])
+                if extra["w_max"] < 1:
+                    raise MicrospecError(f"method {n!r}: W_max must be >= 1")
+        return MethodSpec(n, "engine", "eagle", "microspec", None, extra=extra)
     if _SHORTLIST.match(n):
         vocab, size = _vocab_part(n, n)
         return MethodSpec(n, "engine", "eagle", vocab, size)
@@ -97,7 +118,8 @@ def parse_method(name: str) -> MethodSpec:
 
 
 def available_methods() -> list[str]:
-    return ["ar", "ngram", "early-exit", "eagle-full", "microspec", "fr-spec-K", "vocabtrim-K", *PEERS]
+    return ["ar", "ngram", "early-exit", "eagle-full", "microspec", "microspec-OPTS", "fr-spec-K", "vocabtrim-K",
+            *PEERS]
 
 
 def parse_methods(text: str) -> list[MethodSpec]:

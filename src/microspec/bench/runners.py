@@ -59,7 +59,7 @@ class EngineRunner:
         freq = freq_files.get(spec.vocab) if spec.vocab in ("fr-spec", "vocabtrim") else None
         self._vocab_args = dict(vocab_size=lm.model.spec.vocab_size, device=lm.model.device,
                                 eos_ids=lm.eos_token_ids, always=special_ids(lm.tokenizer), freq_file=freq,
-                                size=spec.vocab_size)
+                                size=spec.vocab_size, **spec.extra)
         self._make_vocab = make_vocab
         if self.drafter is not None:
             self.policy()  # fail now (a missing token map) rather than at the first question
@@ -71,6 +71,7 @@ class EngineRunner:
 
     def describe(self) -> dict:
         return {"drafter": self.spec.drafter, "vocab": self.spec.vocab, "vocab_size": self.spec.vocab_size,
+                **self.spec.extra,
                 **({} if self.drafter is None else {"tree": self.tree_args})}
 
     def run(self, prompt_ids: list[int], cfg: GenerationConfig) -> Turn:

@@ -83,6 +83,7 @@ def generate_ids(
     drafter: Drafter | None = None,
     head_mode: str | None = None,
     vocab: VocabPolicy | None = None,
+    on_step: Callable[[int], None] | None = None,
 ) -> GenerationResult:
     """Generate after ``prompt_ids``; stop at an EOS / stop token, at ``stop_check(tokens)`` or after exactly
     ``cfg.max_new_tokens`` tokens.
@@ -91,7 +92,9 @@ def generate_ids(
     the target runs root + tree in one forward pass; the verifier walks the tree with the target's own choices; the
     cache keeps the root and the accepted nodes; the bonus token becomes the next root.  Without a drafter the tree
     is empty and this is plain autoregressive decoding on the same path.  A vocabulary policy, when given, hears
-    the prefill and every verification and tells the drafter's head which ids to score.
+    the prefill and every verification and tells the drafter's head which ids to score.  ``on_step(n)``, when
+    given, is called before each draft with the number of tokens so far (the root is token n - 1): analyses read
+    the policy's state there (``microspec analyze``); it costs nothing when absent.
     """
     if not isinstance(model, NativeCausalLM):
         raise MicrospecError("generate_ids needs a NativeCausalLM (use microspec.load_model)")
@@ -145,6 +148,8 @@ def generate_ids(
     while finish is None:
         t0 = clock.elapsed()
         tree = DraftTree()
+        if on_step is not None:
+            on_step(len(tokens))
         if drafter is not None:
             left = cfg.max_new_tokens - len(out) - 1  # the bonus token always comes on top of accepted drafts
             tree = drafter.propose(DraftContext(tokens, model, cache, left, pipe)).truncated(left)

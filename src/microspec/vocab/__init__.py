@@ -16,14 +16,23 @@ def make_vocab(name: str, *, vocab_size: int | None = None, device="cpu", eos_id
                k_pre: int | None = None, k_ver: int | None = None, freq_file: str | None = None,
                size: str | int | None = None, always=(), gather: str | None = None,
                position_aware: str | tuple[int, int] | None = None, k_pre_positions: int | None = None,
-               validate_only: bool = False) -> VocabPolicy | None:
+               sources: str | None = None, validate_only: bool = False) -> VocabPolicy | None:
     """A policy by name.  ``always``: ids every policy keeps (EOS, chat special tokens); ``gather``: how the
     MicroSpec head gets its rows (packed|indexed); ``position_aware``: "k0,k1" budgets of a PositionAware wrapper."""
     if name != "microspec" and k_pre_positions is not None:
         raise MicrospecError("--k-pre-positions applies to --vocab microspec")
+    if sources is not None:
+        from .microspec import SOURCES
+
+        if name != "microspec":
+            raise MicrospecError("sources (ctx, ext, ctx+ext) apply to --vocab microspec")
+        if sources not in SOURCES:
+            raise MicrospecError(f"unknown sources {sources!r}; choose from {', '.join(SOURCES)}")
     policy = _make(name, vocab_size=vocab_size, device=device, eos_ids=eos_ids, w_max=w_max, k_pre=k_pre,
                    k_ver=k_ver, freq_file=freq_file, size=size, always=always, gather=gather,
                    validate_only=validate_only)
+    if sources is not None and policy is not None:
+        policy.set_sources(sources)
     if k_pre_positions is not None:
         if k_pre_positions < 0:
             raise MicrospecError(f"--k-pre-positions must be >= 0, got {k_pre_positions}")

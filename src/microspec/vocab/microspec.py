@@ -55,7 +55,8 @@ def topk_ids(logits: torch.Tensor, k: int, block: int = 512) -> torch.Tensor:
     return best.gather(1, cols // block) * block + cols % block
 
 
-GATHERS = ("packed", "indexed", "fused")  # fused: indexed sets, read by a Triton kernel inside the matmul
+GATHERS = ("packed", "indexed", "fused")
+SOURCES = ("ctx+ext", "ctx", "ext")  # fused: indexed sets, read by a Triton kernel inside the matmul
 
 
 class MicroSpecVocab(VocabPolicy):
@@ -63,7 +64,7 @@ class MicroSpecVocab(VocabPolicy):
 
     def __init__(self, vocab_size: int, w_max: int = 3072, k_pre: int = 3, k_ver: int = 3,
                  always: Sequence[int] = (), device: torch.device | str = "cpu", gather: str = "packed",
-                 backend: str | None = None, k_pre_positions: int | None = None):
+                 backend: str | None = None, k_pre_positions: int | None = None, sources: str = "ctx+ext"):
         check(w_max >= 1, f"--w-max must be >= 1, got {w_max}")
         check(k_pre >= 0, f"--k-pre must be >= 0, got {k_pre}")
         check(k_ver >= 0, f"--k-ver must be >= 0, got {k_ver}")
@@ -76,8 +77,7 @@ class MicroSpecVocab(VocabPolicy):
         self.backend = backend
         super().__init__(always, device)
         self.vocab_size, self.w_max, self.k_pre, self.k_ver, self.gather = vocab_size, w_max, k_pre, k_ver, gather
-        self.prompt_topk = k_pre
-        self.wants_verify_logits = k_ver > 0
+        self.set_sources(sources)
         self.prompt_positions = k_pre_positions  # None: every prompt position, as Algorithm 1
         self.device = device
         self._host_ring: list[int] = [-1] * w_max  # the host backend's ring, write position and counts
@@ -95,6 +95,14 @@ class MicroSpecVocab(VocabPolicy):
         cuda = device.type == "cuda"
         self._stream = torch.cuda.Stream(device) if cuda and gather == "packed" and backend == "device" else None
         self._event = torch.cuda.Event() if self._stream is not None else None
+
+    def set_sources(self, sources: str) -> None:
+        """The paper's ablation (Table 3): ``"ctx"`` keeps only S_init (prompt + prefill candidates, no updates),
+        ``"ext"`` only the decoding-time candidates C_draft and C_ver (no prompt), ``"ctx+ext"`` is Algorithm 1."""
+        check(sources in SOURCES, f"unknown sources {sources!r}; choose from {', '.join(SOURCES)}")
+        self.sources = sources
+        self.prompt_topk = self.k_pre if "ctx" in sources else 0
+        self.wants_verify_logits = self.k_ver > 0 and "ext" in sources
 
     def _wait(self) -> None:
         """Make the current stream wait for the appends queued on the side stream (CUDA, device backend)."""
@@ -117,11 +125,15 @@ class MicroSpecVocab(VocabPolicy):
 
     # ---------------------------------------------------------------- Algorithm 1
     def on_prefill(self, prompt_ids: torch.Tensor, prompt_topk_ids: torch.Tensor | None) -> None:
+        if "ctx" not in self.sources:
+            return
         self.append(prompt_ids, unique=False)                      # (x_1, ..., x_L)
         if prompt_topk_ids is not None and self.k_pre > 0:
             self.append(prompt_topk_ids[:, : self.k_pre].reshape(-1), unique=True)  # ⊕ tuple(∪ TopK(z_i, K_pre))
 
     def on_verify(self, tree_ids: torch.Tensor, verify_logits: torch.Tensor) -> None:
+        if "ext" not in self.sources:
+            return
         if tree_ids.numel():
             self.append(tree_ids, unique=True)                     # ⊕ tuple(C_draft)
         if self.k_ver > 0 and verify_logits.numel():
