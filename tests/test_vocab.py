@@ -440,3 +440,20 @@ def test_prompt_topk_paths_agree_and_last_positions_option():
     generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=2), drafter=EarlyExitDrafter(1, depth=1), vocab=policy)
     assert seen[0].tolist() == ref[-3:, :2].tolist()
     assert policy.window()[: len(PROMPT)] == PROMPT
+
+
+def test_freq_counts_token_ids_of_a_responses_file(tmp_path, tiny_model_dir, capsys):
+    from microspec.cli import main
+    from microspec.vocab.frequency import load_token_map
+
+    path = tmp_path / "responses.jsonl"
+    path.write_text('{"response_ids": [7, 7, 7, 9, 9, 4]}\n{"response_ids": [9, 5]}\n')
+    assert main(["freq", "--model", str(tiny_model_dir), "--out", str(tmp_path / "r.pt"), "--ids-field",
+                 "response_ids", str(path)]) == 0
+    assert load_token_map(tmp_path / "r.pt")[:2] == [7, 9] and set(load_token_map(tmp_path / "r.pt")[2:]) == {4, 5}
+    capsys.readouterr()
+    path.write_text('{"response_ids": [7, 500]}\n')
+    assert main(["freq", "--model", str(tiny_model_dir), "--out", str(tmp_path / "r.pt"), "--ids-field",
+                 "response_ids", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "not a list of token ids" in err and len(err.strip().splitlines()) == 1

@@ -289,6 +289,9 @@ def _add_freq(sub) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--out", required=True, help="token map to write (.pt)")
     p.add_argument("--field", action="append", default=None, help="jsonl field(s) holding text (default: text)")
+    p.add_argument("--ids-field", default=None,
+                   help="jsonl field holding token ids to count as they are, e.g. response_ids of the answers "
+                        "`train eagle` generated (the target's own generations: VocabTrim without new decoding)")
     p.add_argument("--generate", action="store_true", help="count the target's own generations (VocabTrim)")
     p.add_argument("--prompts", default=None, help="--generate: JSONL with prompt / turns fields, or a .txt file")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -304,6 +307,8 @@ def _cmd_freq(args: argparse.Namespace) -> int:
 
     from .vocab.frequency import count_tokens, iter_texts, save_token_map, token_map_from_counts
 
+    if args.ids_field is not None and (args.generate or args.field):
+        raise MicrospecError("--ids-field counts ids in JSONL files; it does not go with --generate or --field")
     if args.generate == bool(args.files):
         raise MicrospecError("give text files (FR-Spec) or --generate --prompts FILE (VocabTrim), not both")
     if args.generate and not args.prompts:
@@ -324,6 +329,21 @@ def _cmd_freq(args: argparse.Namespace) -> int:
             counts += np.bincount(np.asarray(ids), minlength=len(counts))[: len(counts)]
             print(f"[microspec] freq --generate: {i}/{len(prompts)} prompts, {int(counts.sum())} tokens",
                   file=sys.stderr)
+    elif args.ids_field is not None:
+        from .bench_data import json_lines, open_text
+
+        lm = load_model(args.model, dtype=args.dtype, device=args.device)
+        vocab = lm.model.spec.vocab_size
+        counts = np.zeros(vocab, dtype=np.int64)
+        for path in args.files:
+            f, _ = open_text(path, "file")
+            with f:
+                for n, rec in json_lines(f, path):
+                    ids = rec.get(args.ids_field) if isinstance(rec, dict) else None
+                    if not isinstance(ids, list) or not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
+                        raise MicrospecError(f"{path}:{n}: field {args.ids_field!r} is not a list of token ids "
+                                             f"in [0, {vocab})")
+                    counts += np.bincount(np.asarray(ids, dtype=np.int64), minlength=vocab)
     else:
         lm = load_model(args.model, dtype=args.dtype, device=args.device)
         counts = count_tokens(lm.tokenizer, iter_texts(args.files, tuple(args.field or ["text"])),
