@@ -65,7 +65,9 @@ def _add_drafter_args(p, default: str = "none") -> None:
 def _add_vocab_args(p, default: str = "full") -> None:
     p.add_argument("--vocab", default=default,
                    help="draft vocabulary policy: full (EAGLE-2), fr-spec / vocabtrim (static top-K shortlist from "
-                        "--freq-file) or microspec (in-context vocabulary, Algorithm 1)")
+                        "--freq-file), microspec (in-context vocabulary, Algorithm 1) or dynaspec (trained cluster "
+                        "router, --router)")
+    p.add_argument("--router", default=None, help="dynaspec: router directory (microspec train dynaspec)")
     p.add_argument("--freq-file", default=None, help="fr-spec / vocabtrim: token map (SGLang format)")
     p.add_argument("--vocab-size", default=None, help="fr-spec / vocabtrim: K, e.g. 8k, 16k, 32k (default) or 3000")
     p.add_argument("--w-max", type=int, default=None, help="microspec: window over the candidate stream (3072)")
@@ -135,7 +137,7 @@ class _Setup:
         make_drafter(args.drafter, **tree_args)  # validate before loading the model
         vocab_args = dict(w_max=args.w_max, k_pre=args.k_pre, k_ver=args.k_ver, freq_file=args.freq_file,
                           size=args.vocab_size, gather=args.gather, position_aware=args.position_aware,
-                          k_pre_positions=args.k_pre_positions)
+                          k_pre_positions=args.k_pre_positions, router=args.router)
         make_vocab(args.vocab, validate_only=True, **vocab_args)
         if args.vocab != "full" and args.drafter in ("none", "ngram"):
             raise MicrospecError(f"--vocab {args.vocab} needs a drafter with an LM head (early-exit, eagle or model)")
@@ -405,6 +407,76 @@ def _add_train(sub) -> None:
                                 ("p-w", 0.1, float), ("v-w", 1.0, float)):
         e.add_argument(f"--{name}", type=kind, default=default)
     e.set_defaults(func=_cmd_train_eagle)
+    d = tsub.add_parser("dynaspec", help="DynaSpec cluster router over an EAGLE head's inputs",
+                        description="Cluster the LM head (spherical k-means), label the features `train eagle` saved "
+                                    "with the full-vocabulary drafter's top-L tokens, train the router (BCE) and pick "
+                                    "the cluster budgets on a held-out split.")
+    d.add_argument("--model", default=DEFAULT_MODEL)
+    d.add_argument("--features", required=True, help="a `microspec train eagle --out` directory (its features/)")
+    d.add_argument("--draft", default=None, help="EAGLE head directory (default: the model's shipped head)")
+    d.add_argument("--out", required=True, help="output directory (the router artifact)")
+    d.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    d.add_argument("--device", default="cpu")
+    d.add_argument("--threads", type=int, default=None)
+    d.add_argument("--k0", type=int, default=None, help="clusters at draft depth 0 (default: tuned, --coverage)")
+    d.add_argument("--k1", type=int, default=None, help="clusters at draft depth 1 (default: k0 // 2)")
+    for name, default, kind in (("clusters", 1024, int), ("kmeans-iters", 15, int), ("top-l", 8, int),
+                                ("positions", 100_000, int), ("heldout", 0.05, float), ("router-width", 1024, int),
+                                ("epochs", 3.0, float), ("lr", 1e-3, float), ("coverage", 0.97, float),
+                                ("seed", 0, int)):
+        d.add_argument(f"--{name}", type=kind, default=default)
+    d.set_defaults(func=_cmd_train_dynaspec)
+
+
+def _cmd_train_dynaspec(args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    import torch
+
+    from .drafters.eagle import EagleHead
+    from .models.registry import load_model, shipped_eagle_head
+    from .training.dynaspec import build_dynaspec
+    from .training.eagle import load_features, log_stderr
+
+    for name in ("clusters", "kmeans_iters", "top_l", "positions", "router_width"):
+        if getattr(args, name) < 1:
+            raise MicrospecError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.epochs <= 0 or args.lr <= 0 or not 0 < args.heldout < 1 or not 0 < args.coverage <= 1:
+        raise MicrospecError("--epochs and --lr must be > 0, --heldout in (0, 1) and --coverage in (0, 1]")
+    if (args.k0 is not None and args.k0 < 1) or (args.k1 is not None and args.k1 < 1):
+        raise MicrospecError("--k0 and --k1 must be >= 1")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    shards = sorted((Path(args.features) / "features").glob("*.pt"))
+    if not shards:
+        raise MicrospecError(f"no features under {Path(args.features) / 'features'}: run `microspec train eagle` "
+                             "(its generate/capture stages) first")
+    draft = args.draft or shipped_eagle_head(args.model)
+    if draft is None:
+        raise MicrospecError(f"no EAGLE head ships for {args.model!r}: pass --draft DIR")
+    head = EagleHead.load(draft)
+    t0 = time.perf_counter()
+    lm = load_model(args.model, dtype=args.dtype, device=args.device)
+    if head.hidden_size != lm.model.spec.hidden_size:
+        raise MicrospecError(f"EAGLE head hidden size {head.hidden_size} does not match the target's "
+                             f"{lm.model.spec.hidden_size}")
+    if args.top_l > lm.model.spec.vocab_size or args.clusters > lm.model.spec.vocab_size:
+        raise MicrospecError("--top-l and --clusters must not exceed the vocabulary size")
+    data = load_features(shards)
+    art, report = build_dynaspec(
+        lm.model, head, data, num_clusters=args.clusters, kmeans_iters=args.kmeans_iters, top_l=args.top_l,
+        positions=args.positions, heldout=args.heldout, width=args.router_width, epochs=args.epochs,
+        lr=args.lr, coverage=args.coverage, k0=args.k0, k1=args.k1, seed=args.seed, log=log_stderr)
+    report.update(model=args.model, features=str(args.features), draft=str(draft), device=str(lm.model.device),
+                  torch=torch.__version__, wall_s=round(time.perf_counter() - t0, 1),
+                  command="microspec " + " ".join(args.argv))
+    art.router.to(torch.bfloat16)
+    out = art.save(args.out, {"training": {k: v for k, v in report.items() if k != "history"}})
+    (out / "training.json").write_text(json.dumps(report, indent=2, default=str))
+    print(json.dumps({"router": str(out), "k0": report["k0"], "k1": report["k1"],
+                      "heldout": report["heldout"]}))
+    return 0
 
 
 def _cmd_train_eagle(args: argparse.Namespace) -> int:
@@ -513,6 +585,7 @@ def _add_bench(sub) -> None:
     p.add_argument("--freq-file", default=None, help="fr-spec-K: token map of corpus frequencies (microspec freq)")
     p.add_argument("--vocabtrim-file", default=None,
                    help="vocabtrim-K: token map of the target's own generations (microspec freq --generate)")
+    p.add_argument("--router", default=None, help="dynaspec: router directory (microspec train dynaspec)")
     p.add_argument("--draft-layers", type=int, default=None, help="early-exit / hf-early-exit: layers that draft")
     p.add_argument("--depth", type=int, default=None, help="draft tree depth (default: the device's tree)")
     p.add_argument("--top-k", type=int, default=None, help="draft tree branching (default: the device's tree)")
@@ -549,8 +622,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if not penalties or any(p <= 0 for p in penalties):
         raise MicrospecError(f"--repetition-penalties must be positive numbers, got {args.repetition_penalties!r}")
     decodings = [Decoding(args.temperature, p) for p in dict.fromkeys(penalties)]
-    freq_files = {"fr-spec": args.freq_file, "vocabtrim": args.vocabtrim_file}
+    freq_files = {"fr-spec": args.freq_file, "vocabtrim": args.vocabtrim_file, "dynaspec": args.router}
     for s in specs:
+        if s.vocab == "dynaspec":
+            if args.router is None or not Path(args.router).is_dir():
+                raise MicrospecError(f"method {s.name} needs --router DIR (made by `microspec train dynaspec`)")
+            continue
         if s.vocab in freq_files and freq_files[s.vocab] is None:
             flag = "--freq-file" if s.vocab == "fr-spec" else "--vocabtrim-file"
             raise MicrospecError(f"method {s.name} needs {flag} (a token map made by `microspec freq`)")

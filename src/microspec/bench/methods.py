@@ -11,6 +11,7 @@ Names (``--methods``):
 ``microspec-<opts>``        variants, options joined by ``-``: ``w<N>`` (W_max), ``ctx`` / ``ext`` (the paper's
                             Ctx. Only / Ext. Only ablation), ``indexed`` (gather rows each step, no packed buffer);
                             e.g. microspec-w1024, microspec-ctx, microspec-indexed
+``dynaspec``                the EAGLE head with DynaSpec's trained cluster router (``--router DIR``)
 ``fr-spec-<K>``             the EAGLE head with FR-Spec's static top-K shortlist (``--freq-file``), e.g. fr-spec-32k
 ``vocabtrim-<K>``           the EAGLE head with VocabTrim's shortlist (``--vocabtrim-file``), e.g. vocabtrim-32k
 ``<drafter>+<vocab>``       any engine drafter (early-exit, eagle) with any policy above, e.g. early-exit+microspec
@@ -20,8 +21,8 @@ Names (``--methods``):
                             the layers, as our early-exit drafter)
 ``llama-cpp``               peer: llama.cpp (``llama-cpp-python``) on the model's GGUF file, when installed
 
-DynaSpec, SpecVocab and the CORAL-style router are trained policies that do not exist yet (issue 6): asking for
-them is an error, not a silent substitution.
+SpecVocab and the CORAL-style router are trained policies that do not exist yet (issue 6): asking for them is an
+error, not a silent substitution.
 """
 
 from __future__ import annotations
@@ -40,9 +41,10 @@ ENGINE_ALIASES = {
     "eagle-full": ("eagle", "full", None),
     "eagle2": ("eagle", "full", None),
     "microspec": ("eagle", "microspec", None),
+    "dynaspec": ("eagle", "dynaspec", None),
 }
 PEERS = ("hf-ar", "hf-prompt-lookup", "hf-early-exit", "llama-cpp")
-NOT_YET = ("dynaspec", "specvocab", "coral")
+NOT_YET = ("specvocab", "coral")
 _MICROSPEC_OPT = re.compile(r"^(ctx|ext|indexed|packed|w\d+)$")
 _SHORTLIST = re.compile(r"^(fr-spec|vocabtrim)(?:-(\d+(?:\.\d+)?[kK]?))?$")
 
@@ -118,8 +120,8 @@ def parse_method(name: str) -> MethodSpec:
 
 
 def available_methods() -> list[str]:
-    return ["ar", "ngram", "early-exit", "eagle-full", "microspec", "microspec-OPTS", "fr-spec-K", "vocabtrim-K",
-            *PEERS]
+    return ["ar", "ngram", "early-exit", "eagle-full", "microspec", "microspec-OPTS", "dynaspec", "fr-spec-K",
+            "vocabtrim-K", *PEERS]
 
 
 def parse_methods(text: str) -> list[MethodSpec]:

@@ -150,12 +150,16 @@ class EagleDrafter(ForwardDrafter):
         start, n = self.cache.length, len(self.pending)
         # pair t = (f_t, x_{t+1}); the last pending pair ends with the root token
         tokens = torch.tensor(ctx.tokens[start + 1 : start + 1 + n], dtype=torch.long, device=self.cache.device)
-        hidden = self.eagle(ctx.target.embed(tokens), self.pending, self.cache)
+        embeds = ctx.target.embed(tokens)
+        hidden = self.eagle(embeds, self.pending, self.cache)
+        self.last_inputs = (embeds[-1:], self.pending[-1:])  # the root's pair: (x_root, f_before_root)
         self.pending = self.pending[:0]
         return hidden[-1:], start + n - 1
 
     def _forward(self, ctx, ids, positions, mask, parent_hidden):
-        return self.eagle(ctx.target.embed(ids), parent_hidden, self.cache, positions, mask)
+        embeds = ctx.target.embed(ids)
+        self.last_inputs = (embeds, parent_hidden)
+        return self.eagle(embeds, parent_hidden, self.cache, positions, mask)
 
     def _done(self, ctx, root_slot: int) -> None:
         self.cache.truncate(root_slot + 1)  # the pairs up to the root are real: keep them

@@ -27,6 +27,17 @@ class ForwardDrafter(Drafter):
             check_tree_args(depth, top_k, total_tokens)
         self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
         self.head: DraftHead | None = None
+        # (embeddings, features) the draft network was last fed, for routing policies; a subclass that feeds
+        # features (EAGLE) sets it in _root / _forward
+        self.last_inputs: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _route(self, depth: int) -> None:
+        """Tell a routing policy what the draft network was fed, before the head scores ``depth``."""
+        vocab = self.vocab
+        if vocab is not None and vocab.wants_draft_inputs:
+            check(self.last_inputs is not None,
+                  f"vocabulary policy {vocab.name!r} routes on the draft's inputs: it needs the eagle drafter")
+            vocab.on_draft_inputs(*self.last_inputs, depth)
 
     # ---- what a subclass provides
     @abstractmethod
@@ -80,7 +91,9 @@ class ForwardDrafter(Drafter):
             return DraftTree()
         self.head = self._head(ctx)
         self.head.use(self.vocab)
+        self.last_inputs = None
         root_hidden, root_slot = self._root(ctx)
+        self._route(0)
         try:
             if self.top_k is None:
                 return self._chain(ctx, root_hidden, root_slot, steps)
@@ -95,6 +108,7 @@ class ForwardDrafter(Drafter):
         for i in range(steps):
             if i:
                 hidden = self._forward(ctx, token, torch.tensor([root_slot + i], device=device), None, hidden)
+                self._route(i)
             logits = self.head.logits(hidden, depth=i)
             if logits.shape[-1] == 0:  # an empty draft vocabulary drafts nothing
                 break
@@ -131,6 +145,7 @@ class ForwardDrafter(Drafter):
             hidden = self._forward(ctx, ids, positions, mask.to(device), parent_hidden)
             for j, node in enumerate(frontier):
                 outs[node] = hidden[j]
+            self._route(tree.depths[frontier[0]])
             return self.head.topk(hidden, self.top_k, depth=tree.depths[frontier[0]])
 
         return dynamic_tree(root_logp[0], root_ids[0], expand, steps, self.top_k, self.total_tokens, steps)

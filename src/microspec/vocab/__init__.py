@@ -9,14 +9,15 @@ from .microspec import GATHERS, MicroSpecVocab
 from .packed import PackedRows
 from .position import PositionAware, budget, parse_budgets
 
-POLICIES = ("full", "fr-spec", "vocabtrim", "microspec")
+POLICIES = ("full", "fr-spec", "vocabtrim", "microspec", "dynaspec")
 
 
 def make_vocab(name: str, *, vocab_size: int | None = None, device="cpu", eos_ids=(), w_max: int | None = None,
                k_pre: int | None = None, k_ver: int | None = None, freq_file: str | None = None,
                size: str | int | None = None, always=(), gather: str | None = None,
                position_aware: str | tuple[int, int] | None = None, k_pre_positions: int | None = None,
-               sources: str | None = None, validate_only: bool = False) -> VocabPolicy | None:
+               sources: str | None = None, router: str | None = None,
+               validate_only: bool = False) -> VocabPolicy | None:
     """A policy by name.  ``always``: ids every policy keeps (EOS, chat special tokens); ``gather``: how the
     MicroSpec head gets its rows (packed|indexed); ``position_aware``: "k0,k1" budgets of a PositionAware wrapper."""
     if name != "microspec" and k_pre_positions is not None:
@@ -28,6 +29,10 @@ def make_vocab(name: str, *, vocab_size: int | None = None, device="cpu", eos_id
             raise MicrospecError("sources (ctx, ext, ctx+ext) apply to --vocab microspec")
         if sources not in SOURCES:
             raise MicrospecError(f"unknown sources {sources!r}; choose from {', '.join(SOURCES)}")
+    if name == "dynaspec" or router is not None:
+        return _make_dynaspec(name, router, vocab_size, device, eos_ids, always, position_aware, validate_only,
+                              w_max=w_max, k_pre=k_pre, k_ver=k_ver, freq_file=freq_file, size=size, gather=gather,
+                              k_pre_positions=k_pre_positions, sources=sources)
     policy = _make(name, vocab_size=vocab_size, device=device, eos_ids=eos_ids, w_max=w_max, k_pre=k_pre,
                    k_ver=k_ver, freq_file=freq_file, size=size, always=always, gather=gather,
                    validate_only=validate_only)
@@ -44,6 +49,30 @@ def make_vocab(name: str, *, vocab_size: int | None = None, device="cpu", eos_id
     if name == "full":
         raise MicrospecError("--position-aware needs a policy that ranks its ids (fr-spec, vocabtrim, microspec)")
     return None if validate_only else PositionAware(policy, k0, k1)
+
+
+def _make_dynaspec(name, router, vocab_size, device, eos_ids, always, position_aware, validate_only, **others):
+    """DynaSpec's trained router (``--router DIR``, made by ``microspec train dynaspec``); ``position_aware`` "k0,k1"
+    overrides the artifact's cluster budgets."""
+    if name != "dynaspec":
+        raise MicrospecError("--router applies to --vocab dynaspec")
+    bad = [k.replace("_", "-") for k, v in others.items() if v is not None]
+    if bad:
+        raise MicrospecError(f"--{', --'.join(bad)} do not apply to --vocab dynaspec")
+    if router is None:
+        raise MicrospecError("--vocab dynaspec needs --router DIR (made by `microspec train dynaspec`)")
+    k0 = k1 = None
+    if position_aware is not None:
+        k0, k1 = parse_budgets(position_aware) if isinstance(position_aware, str) else position_aware
+    from pathlib import Path
+
+    if not Path(router).is_dir():
+        raise MicrospecError(f"DynaSpec router {router} not found")
+    if validate_only:
+        return None
+    from .dynaspec import load_dynaspec
+
+    return load_dynaspec(router, vocab_size, always=sorted(set(eos_ids) | set(always)), device=device, k0=k0, k1=k1)
 
 
 def _make(name, *, vocab_size, device, eos_ids, w_max, k_pre, k_ver, freq_file, size, always, gather,

@@ -32,6 +32,7 @@ class VocabPolicy(ABC):
     version = 0  # bumped whenever the active set may have changed (lets wrappers cache per step)
     wants_verify_logits = False  # on_verify reads the verify logits (else the loop passes an empty tensor)
     fused = False  # the head reads id-list rows inside a Triton matmul instead of gathering them (--gather fused)
+    wants_draft_inputs = False  # a router: on_draft_inputs hears what the draft network is fed at each depth
 
     def __init__(self, always: Sequence[int] = (), device: torch.device | str = "cpu"):
         # ids every draft vocabulary keeps (EOS, chat special tokens), so a draft may end where the target would
@@ -47,6 +48,11 @@ class VocabPolicy(ABC):
     def on_verify(self, tree_ids: torch.Tensor, verify_logits: torch.Tensor) -> None:
         """tree_ids [N]: every node of the step's draft tree; verify_logits [R, V]: the target's logits on the
         validated branch (the root and the accepted nodes) when ``wants_verify_logits``, else empty."""
+
+    def on_draft_inputs(self, embeds: torch.Tensor, features: torch.Tensor, depth: int) -> None:
+        """Before the draft head scores draft depth ``depth``: the token embeddings [n, d] and input features
+        [n, d] the draft network was fed for the n nodes whose next tokens it scores (only when
+        ``wants_draft_inputs``; drafters that feed features, i.e. EAGLE, call it)."""
 
     def attach(self, weight: torch.Tensor) -> None:
         """Called by the draft head with its [V, d] weight before it first asks for a set (a policy that keeps a

@@ -1,0 +1,118 @@
+"""DynaSpec: clustering, budgets, router training on a tiny model, lossless drafting with the trained router."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from microspec.cli import main
+
+
+def _run(capsys, *args):
+    rc = main([str(a) for a in args])
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def test_spherical_kmeans_assigns_every_token_exactly_once():
+    from microspec.vocab.dynaspec import Clusters, spherical_kmeans
+
+    g = torch.Generator().manual_seed(0)
+    centers = torch.nn.functional.normalize(torch.randn(6, 16, generator=g), dim=-1)
+    w = (centers.repeat_interleave(50, 0) + 0.05 * torch.randn(300, 16, generator=g)) * \
+        torch.rand(300, 1, generator=g).add(0.5)  # norms vary: only directions may matter
+    assign = spherical_kmeans(w, 6, iters=30, seed=1)
+    assert assign.shape == (300,) and int(assign.min()) >= 0 and int(assign.max()) < 6
+    # the six well-separated directions are recovered exactly (each true group in one cluster, no sharing)
+    groups = assign.view(6, 50)
+    assert all(len(set(g.tolist())) == 1 for g in groups) and len(set(groups[:, 0].tolist())) == 6
+    assert torch.equal(assign, spherical_kmeans(w, 6, iters=30, seed=1))
+    c = Clusters(assign, 6)
+    everything = c.members(torch.arange(6))
+    assert sorted(everything.tolist()) == list(range(300))
+    assert set(c.members(torch.tensor([int(assign[0])])).tolist()) == set(range(50))
+    with pytest.raises(Exception, match="number of clusters"):
+        spherical_kmeans(w, 0)
+
+
+def test_kmeans_reseeds_empty_clusters():
+    from microspec.vocab.dynaspec import spherical_kmeans
+
+    w = torch.tensor([[1.0, 0.0]] * 10 + [[0.0, 1.0]] * 10 + [[0.7, 0.7]])
+    assign = spherical_kmeans(w, 5, iters=10, seed=0)  # more clusters than directions: none stays empty
+    assert len(torch.unique(assign)) == len(torch.unique(assign))  # well-formed
+    assert int(assign.max()) < 5 and assign.shape == (21,)
+
+
+def test_position_aware_cluster_budget_schedule():
+    from microspec.vocab.position import budget
+
+    assert [budget(t, 64, 32) for t in range(6)] == [64, 32, 8, 5, 4, 3]  # floor((k1 + t) / (2t)) for t >= 2
+    assert budget(9, 2, 1) == 1
+
+
+@pytest.fixture(scope="module")
+def trained_router(tmp_path_factory, tiny_model_dir):
+    from test_eagle import official_checkpoint
+
+    tmp = tmp_path_factory.mktemp("dyn")
+    prompts = tmp / "prompts.txt"
+    prompts.write_text("\n".join(f"w{i} w{i + 1} w{i + 2} w{i + 1}" for i in range(5, 60, 2)) + "\n")
+    feats = tmp / "eagle"
+    rc = main([str(a) for a in ["train", "eagle", "--model", tiny_model_dir, "--prompts", prompts, "--out", feats,
+                                "--max-new-tokens", 24, "--stages", "generate", "--repetition-penalty", 1.0]])
+    assert rc == 0
+    head, _, _ = official_checkpoint(tmp / "head")
+    out = tmp / "router"
+    args = ["train", "dynaspec", "--model", tiny_model_dir, "--features", feats, "--draft", head, "--out", out,
+            "--clusters", 8, "--top-l", 4, "--positions", 600, "--heldout", 0.2, "--router-width", 32,
+            "--epochs", 30, "--lr", 1e-2, "--coverage", 0.9]
+    return tmp, feats, head, out, args
+
+
+def test_train_dynaspec_router_learns_and_drafts_losslessly(capsys, trained_router, tiny_model_dir):
+    tmp, feats, head, out, args = trained_router
+    rc, stdout, err = _run(capsys, *args)
+    assert rc == 0, err
+    res = json.loads(stdout)
+    report = json.loads((out / "training.json").read_text())
+    hist = report["history"]
+    assert hist[-1]["loss"] < 0.8 * hist[0]["loss"]
+    cov = {int(k): v for k, v in res["heldout"]["top1_coverage"].items()}
+    assert cov[8] == 1.0 and cov[1] <= cov[2] <= cov[4] <= cov[8]  # all clusters hold everything
+    assert 1 <= res["k0"] <= 8 and res["k1"] == max(1, res["k0"] // 2)
+    assert report["cluster_size"]["min"] >= 0 and report["heldout_positions"] > 0
+    # the router drafts, and the output is the target's own
+    base = ["generate", "--model", tiny_model_dir, "--prompt", "w7 w8 w9 w8 w7", "--max-new-tokens", "20",
+            "--ignore-eos", "--dtype", "fp32", "--json", "--drafter", "eagle", "--draft", head, "--top-k", "2",
+            "--depth", "3"]
+    _, ref, _ = _run(capsys, "generate", "--model", tiny_model_dir, "--prompt", "w7 w8 w9 w8 w7",
+                     "--max-new-tokens", "20", "--ignore-eos", "--dtype", "fp32", "--json")
+    rc, got, err = _run(capsys, *base, "--vocab", "dynaspec", "--router", out)
+    assert rc == 0, err
+    obj = json.loads(got)
+    assert obj["token_ids"] == json.loads(ref)["token_ids"]
+    assert obj["stats"]["active_vocab_mean"] < 96
+    rc, got, err = _run(capsys, *base, "--vocab", "dynaspec", "--router", out, "--position-aware", "1,1")
+    assert rc == 0 and json.loads(got)["token_ids"] == json.loads(ref)["token_ids"], err
+
+
+def test_dynaspec_errors(capsys, trained_router, tiny_model_dir):
+    tmp, feats, head, out, args = trained_router
+    base = ["generate", "--model", tiny_model_dir, "--prompt", "w7 w8", "--max-new-tokens", "4"]
+    for extra, needle in [(["--drafter", "eagle", "--draft", head, "--vocab", "dynaspec"], "needs --router"),
+                          (["--drafter", "eagle", "--draft", head, "--vocab", "dynaspec", "--router", tmp / "nope"],
+                           "not found"),
+                          (["--drafter", "eagle", "--draft", head, "--vocab", "dynaspec", "--router", head],
+                           "not a DynaSpec artifact"),
+                          (["--drafter", "eagle", "--draft", head, "--vocab", "full", "--router", head],
+                           "--router applies to --vocab dynaspec"),
+                          (["--drafter", "early-exit", "--draft-layers", "1", "--vocab", "dynaspec", "--router", out],
+                           "needs the eagle drafter")]:
+        rc, _, err = _run(capsys, *base, *extra)
+        assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, (extra, err)
+    rc, _, err = _run(capsys, "train", "dynaspec", "--model", tiny_model_dir, "--features", tmp / "none",
+                      "--draft", head, "--out", tmp / "x")
+    assert rc == 2 and "no features" in err
