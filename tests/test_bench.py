@@ -183,8 +183,9 @@ def test_sampling_run_reports_no_token_comparison(capsys, tiny_model_dir, tmp_pa
 
 @pytest.mark.parametrize("extra, needle", [
     (["--methods", "ar,warp-drive"], "unknown method 'warp-drive'"),
-    (["--methods", "ar,specvocab"], "not built yet"),
-    (["--methods", "ar,dynaspec"], "needs --router"),
+    (["--methods", "ar,coral"], "not built yet"),
+    (["--methods", "ar,specvocab"], "needs --specvocab"),
+    (["--methods", "ar,dynaspec"], "needs --dynaspec"),
     (["--methods", "ar,fr-spec-32k"], "needs --freq-file"),
     (["--methods", "ar,ngram+microspec"], "needs a drafter with an LM head"),
     (["--methods", "ar,ar"], "twice"),

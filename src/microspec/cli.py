@@ -65,9 +65,10 @@ def _add_drafter_args(p, default: str = "none") -> None:
 def _add_vocab_args(p, default: str = "full") -> None:
     p.add_argument("--vocab", default=default,
                    help="draft vocabulary policy: full (EAGLE-2), fr-spec / vocabtrim (static top-K shortlist from "
-                        "--freq-file), microspec (in-context vocabulary, Algorithm 1) or dynaspec (trained cluster "
-                        "router, --router)")
-    p.add_argument("--router", default=None, help="dynaspec: router directory (microspec train dynaspec)")
+                        "--freq-file), microspec (in-context vocabulary, Algorithm 1), dynaspec (trained cluster "
+                        "router) or specvocab (trained low-rank ranker; both with --router)")
+    p.add_argument("--router", default=None,
+                   help="dynaspec / specvocab: the trained router or ranker directory (microspec train ...)")
     p.add_argument("--freq-file", default=None, help="fr-spec / vocabtrim: token map (SGLang format)")
     p.add_argument("--vocab-size", default=None, help="fr-spec / vocabtrim: K, e.g. 8k, 16k, 32k (default) or 3000")
     p.add_argument("--w-max", type=int, default=None, help="microspec: window over the candidate stream (3072)")
@@ -426,27 +427,42 @@ def _add_train(sub) -> None:
                                 ("seed", 0, int)):
         d.add_argument(f"--{name}", type=kind, default=default)
     d.set_defaults(func=_cmd_train_dynaspec)
+    v = tsub.add_parser("specvocab", help="SpecVocab low-rank vocabulary ranker on an EAGLE head's outputs",
+                        description="Distil the full-vocabulary draft distribution into a low-rank ranker "
+                                    "s = W_vocab W_down h (EAGLE head frozen; starts from the LM head's SVD).")
+    v.add_argument("--model", default=DEFAULT_MODEL)
+    v.add_argument("--features", required=True, help="a `microspec train eagle --out` directory (its features/)")
+    v.add_argument("--draft", default=None, help="EAGLE head directory (default: the model's shipped head)")
+    v.add_argument("--out", required=True)
+    v.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    v.add_argument("--device", default="cpu")
+    v.add_argument("--threads", type=int, default=None)
+    v.add_argument("--rank", type=int, default=None, help="d' (default d/16; d/8 is the paper's other option)")
+    for name, default, kind in (("k", 2048, int), ("positions", 50_000, int), ("heldout", 0.05, float),
+                                ("q-top", 256, int), ("epochs", 3.0, float), ("lr", 1e-3, float),
+                                ("batch", 256, int), ("seed", 0, int)):
+        v.add_argument(f"--{name}", type=kind, default=default)
+    v.set_defaults(func=_cmd_train_specvocab)
 
 
-def _cmd_train_dynaspec(args: argparse.Namespace) -> int:
-    import time
+def _trained_policy_setup(args, positive: tuple[str, ...]):
+    """What train dynaspec / specvocab share: checks, the EAGLE head, the model and the saved features."""
     from pathlib import Path
 
     import torch
 
     from .drafters.eagle import EagleHead
     from .models.registry import load_model, shipped_eagle_head
-    from .training.dynaspec import build_dynaspec
-    from .training.eagle import load_features, log_stderr
+    from .training.eagle import load_features
 
-    for name in ("clusters", "kmeans_iters", "top_l", "positions", "router_width"):
-        if getattr(args, name) < 1:
+    for name in positive:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise MicrospecError(f"--{name.replace('_', '-')} must be >= 1")
-    if args.epochs <= 0 or args.lr <= 0 or not 0 < args.heldout < 1 or not 0 < args.coverage <= 1:
-        raise MicrospecError("--epochs and --lr must be > 0, --heldout in (0, 1) and --coverage in (0, 1]")
-    if (args.k0 is not None and args.k0 < 1) or (args.k1 is not None and args.k1 < 1):
-        raise MicrospecError("--k0 and --k1 must be >= 1")
+    if args.epochs <= 0 or args.lr <= 0 or not 0 < args.heldout < 1:
+        raise MicrospecError("--epochs and --lr must be > 0 and --heldout in (0, 1)")
     if args.threads is not None:
+        if args.threads <= 0:
+            raise MicrospecError(f"--threads must be positive, got {args.threads}")
         torch.set_num_threads(args.threads)
     shards = sorted((Path(args.features) / "features").glob("*.pt"))
     if not shards:
@@ -456,14 +472,56 @@ def _cmd_train_dynaspec(args: argparse.Namespace) -> int:
     if draft is None:
         raise MicrospecError(f"no EAGLE head ships for {args.model!r}: pass --draft DIR")
     head = EagleHead.load(draft)
-    t0 = time.perf_counter()
     lm = load_model(args.model, dtype=args.dtype, device=args.device)
     if head.hidden_size != lm.model.spec.hidden_size:
         raise MicrospecError(f"EAGLE head hidden size {head.hidden_size} does not match the target's "
                              f"{lm.model.spec.hidden_size}")
+    return lm, head, draft, load_features(shards)
+
+
+def _cmd_train_specvocab(args: argparse.Namespace) -> int:
+    import time
+
+    import torch
+
+    from .training.eagle import log_stderr
+    from .training.specvocab import build_specvocab
+
+    t0 = time.perf_counter()
+    lm, head, draft, data = _trained_policy_setup(args, ("k", "positions", "q_top", "batch", "rank"))
+    v = lm.model.spec.vocab_size
+    if args.k > v or (args.rank or 1) > lm.model.spec.hidden_size:
+        raise MicrospecError("--k must not exceed the vocabulary, nor --rank the hidden size")
+    art, report = build_specvocab(lm.model, head, data, rank=args.rank, k=args.k, positions=args.positions,
+                                  heldout=args.heldout, q_top=args.q_top, epochs=args.epochs, lr=args.lr,
+                                  batch=args.batch, seed=args.seed, log=log_stderr)
+    report.update(model=args.model, features=str(args.features), draft=str(draft), device=str(lm.model.device),
+                  torch=torch.__version__, wall_s=round(time.perf_counter() - t0, 1),
+                  command="microspec " + " ".join(args.argv))
+    art.ranker.to(torch.bfloat16)
+    out = art.save(args.out, {"training": {k: v for k, v in report.items() if k != "history"}})
+    (out / "training.json").write_text(json.dumps(report, indent=2, default=str))
+    print(json.dumps({"ranker": str(out), "k": art.k, "heldout": report["heldout"]}))
+    return 0
+
+
+def _cmd_train_dynaspec(args: argparse.Namespace) -> int:
+    import time
+
+    import torch
+
+    from .training.dynaspec import build_dynaspec
+    from .training.eagle import log_stderr
+
+    if not 0 < args.coverage <= 1:
+        raise MicrospecError("--coverage must be in (0, 1]")
+    if (args.k0 is not None and args.k0 < 1) or (args.k1 is not None and args.k1 < 1):
+        raise MicrospecError("--k0 and --k1 must be >= 1")
+    t0 = time.perf_counter()
+    lm, head, draft, data = _trained_policy_setup(args, ("clusters", "kmeans_iters", "top_l", "positions",
+                                                        "router_width"))
     if args.top_l > lm.model.spec.vocab_size or args.clusters > lm.model.spec.vocab_size:
         raise MicrospecError("--top-l and --clusters must not exceed the vocabulary size")
-    data = load_features(shards)
     art, report = build_dynaspec(
         lm.model, head, data, num_clusters=args.clusters, kmeans_iters=args.kmeans_iters, top_l=args.top_l,
         positions=args.positions, heldout=args.heldout, width=args.router_width, epochs=args.epochs,
@@ -585,7 +643,8 @@ def _add_bench(sub) -> None:
     p.add_argument("--freq-file", default=None, help="fr-spec-K: token map of corpus frequencies (microspec freq)")
     p.add_argument("--vocabtrim-file", default=None,
                    help="vocabtrim-K: token map of the target's own generations (microspec freq --generate)")
-    p.add_argument("--router", default=None, help="dynaspec: router directory (microspec train dynaspec)")
+    p.add_argument("--dynaspec", default=None, help="dynaspec: router directory (microspec train dynaspec)")
+    p.add_argument("--specvocab", default=None, help="specvocab: ranker directory (microspec train specvocab)")
     p.add_argument("--draft-layers", type=int, default=None, help="early-exit / hf-early-exit: layers that draft")
     p.add_argument("--depth", type=int, default=None, help="draft tree depth (default: the device's tree)")
     p.add_argument("--top-k", type=int, default=None, help="draft tree branching (default: the device's tree)")
@@ -622,11 +681,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if not penalties or any(p <= 0 for p in penalties):
         raise MicrospecError(f"--repetition-penalties must be positive numbers, got {args.repetition_penalties!r}")
     decodings = [Decoding(args.temperature, p) for p in dict.fromkeys(penalties)]
-    freq_files = {"fr-spec": args.freq_file, "vocabtrim": args.vocabtrim_file, "dynaspec": args.router}
+    freq_files = {"fr-spec": args.freq_file, "vocabtrim": args.vocabtrim_file, "dynaspec": args.dynaspec,
+                  "specvocab": args.specvocab}
     for s in specs:
-        if s.vocab == "dynaspec":
-            if args.router is None or not Path(args.router).is_dir():
-                raise MicrospecError(f"method {s.name} needs --router DIR (made by `microspec train dynaspec`)")
+        if s.vocab in ("dynaspec", "specvocab"):
+            if freq_files[s.vocab] is None or not Path(freq_files[s.vocab]).is_dir():
+                raise MicrospecError(f"method {s.name} needs --{s.vocab} DIR (made by `microspec train {s.vocab}`)")
             continue
         if s.vocab in freq_files and freq_files[s.vocab] is None:
             flag = "--freq-file" if s.vocab == "fr-spec" else "--vocabtrim-file"

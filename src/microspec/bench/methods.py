@@ -11,7 +11,8 @@ Names (``--methods``):
 ``microspec-<opts>``        variants, options joined by ``-``: ``w<N>`` (W_max), ``ctx`` / ``ext`` (the paper's
                             Ctx. Only / Ext. Only ablation), ``indexed`` (gather rows each step, no packed buffer);
                             e.g. microspec-w1024, microspec-ctx, microspec-indexed
-``dynaspec``                the EAGLE head with DynaSpec's trained cluster router (``--router DIR``)
+``dynaspec``                the EAGLE head with DynaSpec's trained cluster router (``--dynaspec DIR``)
+``specvocab``               the EAGLE head with SpecVocab's trained low-rank ranker (``--specvocab DIR``)
 ``fr-spec-<K>``             the EAGLE head with FR-Spec's static top-K shortlist (``--freq-file``), e.g. fr-spec-32k
 ``vocabtrim-<K>``           the EAGLE head with VocabTrim's shortlist (``--vocabtrim-file``), e.g. vocabtrim-32k
 ``<drafter>+<vocab>``       any engine drafter (early-exit, eagle) with any policy above, e.g. early-exit+microspec
@@ -21,8 +22,7 @@ Names (``--methods``):
                             the layers, as our early-exit drafter)
 ``llama-cpp``               peer: llama.cpp (``llama-cpp-python``) on the model's GGUF file, when installed
 
-SpecVocab and the CORAL-style router are trained policies that do not exist yet (issue 6): asking for them is an
-error, not a silent substitution.
+The CORAL-style router does not exist yet (issue 6): asking for it is an error, not a silent substitution.
 """
 
 from __future__ import annotations
@@ -42,9 +42,10 @@ ENGINE_ALIASES = {
     "eagle2": ("eagle", "full", None),
     "microspec": ("eagle", "microspec", None),
     "dynaspec": ("eagle", "dynaspec", None),
+    "specvocab": ("eagle", "specvocab", None),
 }
 PEERS = ("hf-ar", "hf-prompt-lookup", "hf-early-exit", "llama-cpp")
-NOT_YET = ("specvocab", "coral")
+NOT_YET = ("coral",)
 _MICROSPEC_OPT = re.compile(r"^(ctx|ext|indexed|packed|w\d+)$")
 _SHORTLIST = re.compile(r"^(fr-spec|vocabtrim)(?:-(\d+(?:\.\d+)?[kK]?))?$")
 
@@ -120,7 +121,7 @@ def parse_method(name: str) -> MethodSpec:
 
 
 def available_methods() -> list[str]:
-    return ["ar", "ngram", "early-exit", "eagle-full", "microspec", "microspec-OPTS", "dynaspec", "fr-spec-K",
+    return ["ar", "ngram", "early-exit", "eagle-full", "microspec", "microspec-OPTS", "dynaspec", "specvocab", "fr-spec-K",
             "vocabtrim-K", *PEERS]
 
 

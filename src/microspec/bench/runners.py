@@ -60,8 +60,8 @@ class EngineRunner:
         self._vocab_args = dict(vocab_size=lm.model.spec.vocab_size, device=lm.model.device,
                                 eos_ids=lm.eos_token_ids, always=special_ids(lm.tokenizer), freq_file=freq,
                                 size=spec.vocab_size, **spec.extra)
-        if spec.vocab == "dynaspec":
-            self._vocab_args["router"] = freq_files.get("dynaspec")
+        if spec.vocab in ("dynaspec", "specvocab"):
+            self._vocab_args["router"] = freq_files.get(spec.vocab)
         self._make_vocab = make_vocab
         if self.drafter is not None:
             self.policy()  # fail now (a missing token map) rather than at the first question

@@ -63,6 +63,8 @@ class DraftHead:
         """fp32 logits [R, A] over the set of ``depth``, one column per id (A = V when unrestricted; for a packed
         buffer, one per leading slot, -inf at free slots)."""
         with self.timer:
+            if self.policy is not None and self.policy.wants_head_input:
+                self.policy.on_head_input(hidden, depth)
             active = self._select(depth)
             if isinstance(active, PackedRows):
                 out = self._matmul(hidden, active.rows[: active.extent])

@@ -29,10 +29,13 @@ from ..vocab.dynaspec import Clusters, DynaSpecRouter, Router, spherical_kmeans
 
 
 @torch.no_grad()
-def router_examples(target: NativeCausalLM, head: EagleHead, data: list[dict], top_l: int, max_positions: int,
-                    seed: int = 0, answer_only: bool = True, log: Callable[[str], None] = print) -> dict:
-    """Sampled positions of ``data``: ``embeds`` [N, d], ``features`` [N, d] (the draft network's inputs),
-    ``top`` [N, L] (the full-vocabulary drafter's top-L ids there)."""
+def draft_examples(target: NativeCausalLM, head: EagleHead, data: list[dict], top_l: int, max_positions: int,
+                   seed: int = 0, answer_only: bool = True, keep_hidden: bool = False, q_top: int = 0,
+                   log: Callable[[str], None] = print) -> dict:
+    """Sampled positions of ``data`` run through the EAGLE head teacher-forced: ``embeds`` [N, d], ``features``
+    [N, d] (the draft network's inputs), ``top`` [N, L] (the full-vocabulary drafter's top-L ids); with
+    ``keep_hidden`` the head's outputs ``hidden`` [N, d]; with ``q_top`` the drafter's distribution's largest
+    ``q_top`` entries, ``q_ids`` [N, q_top] and ``q_probs`` [N, q_top]."""
     dev = target.device
     head = head.to(device=dev, dtype=torch.float32).eval()
     w = target.head_weight.float()
@@ -48,7 +51,7 @@ def router_examples(target: NativeCausalLM, head: EagleHead, data: list[dict], t
     by_seq: dict[int, list[int]] = {}
     for i, j in picks:
         by_seq.setdefault(i, []).append(j)
-    embeds, feats, tops = [], [], []
+    embeds, feats, tops, hid, qi, qp = [], [], [], [], [], []
     t0, done = time.perf_counter(), 0
     for i, js in by_seq.items():
         rec = data[i]
@@ -63,10 +66,21 @@ def router_examples(target: NativeCausalLM, head: EagleHead, data: list[dict], t
         embeds.append(e[idx].to(torch.bfloat16))
         feats.append(f[:-1][idx].to(torch.bfloat16))
         tops.append(torch.topk(logits, top_l, dim=-1).indices.int())
+        if keep_hidden:
+            hid.append(pred[idx].to(torch.bfloat16))
+        if q_top:
+            v, i = torch.topk(torch.softmax(logits, -1), q_top, dim=-1)
+            qi.append(i.int())
+            qp.append(v.half())
         done += len(js)
         if len(embeds) % 50 == 0:
-            log(f"router examples: {done}/{len(picks)} positions, {done / (time.perf_counter() - t0):.0f}/s")
-    return {"embeds": torch.cat(embeds), "features": torch.cat(feats), "top": torch.cat(tops)}
+            log(f"draft examples: {done}/{len(picks)} positions, {done / (time.perf_counter() - t0):.0f}/s")
+    out = {"embeds": torch.cat(embeds), "features": torch.cat(feats), "top": torch.cat(tops)}
+    if keep_hidden:
+        out["hidden"] = torch.cat(hid)
+    if q_top:
+        out["q_ids"], out["q_probs"] = torch.cat(qi), torch.cat(qp)
+    return out
 
 
 def _multi_hot(top: torch.Tensor, assign: torch.Tensor, m: int) -> torch.Tensor:
@@ -163,8 +177,8 @@ def build_dynaspec(target: NativeCausalLM, head: EagleHead, data: list[dict], *,
     t_kmeans = time.perf_counter() - t0
     train_seqs, held_seqs = split_heldout(data, heldout, seed)
     n_held = max(1, int(positions * heldout))
-    train = router_examples(target, head, train_seqs, top_l, positions - n_held, seed, log=log)
-    held = router_examples(target, head, held_seqs, top_l, n_held, seed + 1, log=log)
+    train = draft_examples(target, head, train_seqs, top_l, positions - n_held, seed, log=log)
+    held = draft_examples(target, head, held_seqs, top_l, n_held, seed + 1, log=log)
     t_examples = time.perf_counter() - t0 - t_kmeans
     router, history = train_router(clusters, target.spec.hidden_size, train, held, width, epochs, lr, seed=seed,
                                    log=log)

@@ -9,7 +9,7 @@ from .microspec import GATHERS, MicroSpecVocab
 from .packed import PackedRows
 from .position import PositionAware, budget, parse_budgets
 
-POLICIES = ("full", "fr-spec", "vocabtrim", "microspec", "dynaspec")
+POLICIES = ("full", "fr-spec", "vocabtrim", "microspec", "dynaspec", "specvocab")
 
 
 def make_vocab(name: str, *, vocab_size: int | None = None, device="cpu", eos_ids=(), w_max: int | None = None,
@@ -29,8 +29,8 @@ def make_vocab(name: str, *, vocab_size: int | None = None, device="cpu", eos_id
             raise MicrospecError("sources (ctx, ext, ctx+ext) apply to --vocab microspec")
         if sources not in SOURCES:
             raise MicrospecError(f"unknown sources {sources!r}; choose from {', '.join(SOURCES)}")
-    if name == "dynaspec" or router is not None:
-        return _make_dynaspec(name, router, vocab_size, device, eos_ids, always, position_aware, validate_only,
+    if name in ("dynaspec", "specvocab") or router is not None:
+        return _make_trained(name, router, vocab_size, device, eos_ids, always, position_aware, validate_only,
                               w_max=w_max, k_pre=k_pre, k_ver=k_ver, freq_file=freq_file, size=size, gather=gather,
                               k_pre_positions=k_pre_positions, sources=sources)
     policy = _make(name, vocab_size=vocab_size, device=device, eos_ids=eos_ids, w_max=w_max, k_pre=k_pre,
@@ -51,28 +51,35 @@ def make_vocab(name: str, *, vocab_size: int | None = None, device="cpu", eos_id
     return None if validate_only else PositionAware(policy, k0, k1)
 
 
-def _make_dynaspec(name, router, vocab_size, device, eos_ids, always, position_aware, validate_only, **others):
-    """DynaSpec's trained router (``--router DIR``, made by ``microspec train dynaspec``); ``position_aware`` "k0,k1"
-    overrides the artifact's cluster budgets."""
-    if name != "dynaspec":
-        raise MicrospecError("--router applies to --vocab dynaspec")
+def _make_trained(name, router, vocab_size, device, eos_ids, always, position_aware, validate_only, **others):
+    """A trained policy from ``--router DIR``: DynaSpec's cluster router (``microspec train dynaspec``; "k0,k1" of
+    ``position_aware`` overrides its cluster budgets) or SpecVocab's ranker (``microspec train specvocab``)."""
+    if name not in ("dynaspec", "specvocab"):
+        raise MicrospecError("--router applies to --vocab dynaspec / specvocab")
     bad = [k.replace("_", "-") for k, v in others.items() if v is not None]
+    if name == "specvocab" and position_aware is not None:
+        bad.append("position-aware")
     if bad:
-        raise MicrospecError(f"--{', --'.join(bad)} do not apply to --vocab dynaspec")
+        raise MicrospecError(f"--{', --'.join(bad)} do not apply to --vocab {name}")
     if router is None:
-        raise MicrospecError("--vocab dynaspec needs --router DIR (made by `microspec train dynaspec`)")
-    k0 = k1 = None
-    if position_aware is not None:
-        k0, k1 = parse_budgets(position_aware) if isinstance(position_aware, str) else position_aware
+        raise MicrospecError(f"--vocab {name} needs --router DIR (made by `microspec train {name}`)")
     from pathlib import Path
 
     if not Path(router).is_dir():
-        raise MicrospecError(f"DynaSpec router {router} not found")
+        raise MicrospecError(f"{name} artifact {router} not found")
     if validate_only:
         return None
+    keep = sorted(set(eos_ids) | set(always))
+    if name == "specvocab":
+        from .specvocab import load_specvocab
+
+        return load_specvocab(router, vocab_size, always=keep, device=device)
+    k0 = k1 = None
+    if position_aware is not None:
+        k0, k1 = parse_budgets(position_aware) if isinstance(position_aware, str) else position_aware
     from .dynaspec import load_dynaspec
 
-    return load_dynaspec(router, vocab_size, always=sorted(set(eos_ids) | set(always)), device=device, k0=k0, k1=k1)
+    return load_dynaspec(router, vocab_size, always=keep, device=device, k0=k0, k1=k1)
 
 
 def _make(name, *, vocab_size, device, eos_ids, w_max, k_pre, k_ver, freq_file, size, always, gather,

@@ -33,6 +33,7 @@ class VocabPolicy(ABC):
     wants_verify_logits = False  # on_verify reads the verify logits (else the loop passes an empty tensor)
     fused = False  # the head reads id-list rows inside a Triton matmul instead of gathering them (--gather fused)
     wants_draft_inputs = False  # a router: on_draft_inputs hears what the draft network is fed at each depth
+    wants_head_input = False  # a ranker: on_head_input hears the hidden states the draft head is about to score
 
     def __init__(self, always: Sequence[int] = (), device: torch.device | str = "cpu"):
         # ids every draft vocabulary keeps (EOS, chat special tokens), so a draft may end where the target would
@@ -53,6 +54,10 @@ class VocabPolicy(ABC):
         """Before the draft head scores draft depth ``depth``: the token embeddings [n, d] and input features
         [n, d] the draft network was fed for the n nodes whose next tokens it scores (only when
         ``wants_draft_inputs``; drafters that feed features, i.e. EAGLE, call it)."""
+
+    def on_head_input(self, hidden: torch.Tensor, depth: int) -> None:
+        """The draft hidden states [R, d] the head is about to score at ``depth`` (only when
+        ``wants_head_input``)."""
 
     def attach(self, weight: torch.Tensor) -> None:
         """Called by the draft head with its [V, d] weight before it first asks for a set (a policy that keeps a

@@ -1,4 +1,4 @@
-"""DynaSpec: clustering, budgets, router training on a tiny model, lossless drafting with the trained router."""
+"""Trained vocabulary policies: DynaSpec (clusters, budgets, router) and SpecVocab (low-rank ranker), lossless."""
 
 from __future__ import annotations
 
@@ -116,3 +116,45 @@ def test_dynaspec_errors(capsys, trained_router, tiny_model_dir):
     rc, _, err = _run(capsys, "train", "dynaspec", "--model", tiny_model_dir, "--features", tmp / "none",
                       "--draft", head, "--out", tmp / "x")
     assert rc == 2 and "no features" in err
+
+
+def test_ranker_svd_start_contains_the_exact_top1_on_a_low_rank_head():
+    """On a head of rank d', the SVD start reproduces the logits exactly: its top-k holds the exact top-1."""
+    from microspec.vocab.specvocab import Ranker
+
+    g = torch.Generator().manual_seed(0)
+    u = torch.randn(500, 4, generator=g) @ torch.randn(4, 32, generator=g)  # V=500, d=32, rank 4
+    r = Ranker(32, 500, 4)
+    r.init_from_head(u)
+    h = torch.randn(64, 32, generator=g)
+    exact = h @ u.T
+    with torch.no_grad():
+        approx = r(h)
+    assert torch.allclose(approx, exact, atol=1e-3 * exact.abs().max())
+    top = torch.topk(approx, 5, dim=-1).indices
+    assert bool((top == exact.argmax(-1, keepdim=True)).any(-1).all())
+
+
+def test_train_specvocab_and_draft_losslessly(capsys, trained_router, tiny_model_dir):
+    tmp, feats, head, _, _ = trained_router
+    out = tmp / "ranker"
+    rc, stdout, err = _run(capsys, "train", "specvocab", "--model", tiny_model_dir, "--features", feats, "--draft",
+                           head, "--out", out, "--rank", 4, "--k", 16, "--positions", 500, "--heldout", 0.2,
+                           "--q-top", 32, "--epochs", 20, "--lr", 5e-3, "--batch", 64)
+    assert rc == 0, err
+    report = json.loads((out / "training.json").read_text())
+    assert report["history"][-1]["loss"] < report["history"][0]["loss"]
+    start, end = report["heldout_at_start"], report["heldout"]
+    assert end["ce"] < start["ce"] and 0 <= end["top1_recall"]["16"] <= 1
+    assert end["top1_recall"]["64"] >= end["top1_recall"]["16"]
+    base = ["generate", "--model", tiny_model_dir, "--prompt", "w7 w8 w9 w8 w7", "--max-new-tokens", "20",
+            "--ignore-eos", "--dtype", "fp32", "--json"]
+    _, ref, _ = _run(capsys, *base)
+    rc, got, err = _run(capsys, *base, "--drafter", "eagle", "--draft", head, "--top-k", "2", "--depth", "3",
+                        "--vocab", "specvocab", "--router", out)
+    assert rc == 0, err
+    obj = json.loads(got)
+    assert obj["token_ids"] == json.loads(ref)["token_ids"] and obj["stats"]["active_vocab_max"] <= 2 * 16 + 4
+    rc, _, err = _run(capsys, *base, "--drafter", "eagle", "--draft", head, "--vocab", "specvocab", "--router",
+                      out, "--position-aware", "2,1")
+    assert rc == 2 and "do not apply" in err
