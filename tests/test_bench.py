@@ -183,7 +183,7 @@ def test_sampling_run_reports_no_token_comparison(capsys, tiny_model_dir, tmp_pa
 
 @pytest.mark.parametrize("extra, needle", [
     (["--methods", "ar,warp-drive"], "unknown method 'warp-drive'"),
-    (["--methods", "ar,coral"], "not built yet"),
+    (["--methods", "ar,coral"], "needs --coral"),
     (["--methods", "ar,specvocab"], "needs --specvocab"),
     (["--methods", "ar,dynaspec"], "needs --dynaspec"),
     (["--methods", "ar,fr-spec-32k"], "needs --freq-file"),

@@ -158,3 +158,26 @@ def test_train_specvocab_and_draft_losslessly(capsys, trained_router, tiny_model
     rc, _, err = _run(capsys, *base, "--drafter", "eagle", "--draft", head, "--vocab", "specvocab", "--router",
                       out, "--position-aware", "2,1")
     assert rc == 2 and "do not apply" in err
+
+
+def test_train_coral_and_draft_losslessly(capsys, trained_router, tiny_model_dir):
+    tmp, feats, head, _, _ = trained_router
+    out = tmp / "coral"
+    rc, stdout, err = _run(capsys, "train", "coral", "--model", tiny_model_dir, "--features", feats, "--draft", head,
+                           "--out", out, "--partitions", 8, "--positions", 500, "--heldout", 0.2, "--epochs", 30,
+                           "--lr", 1e-2, "--batch", 64, "--coverage", 0.9)
+    assert rc == 0, err
+    report = json.loads((out / "training.json").read_text())
+    assert report["history"][-1]["loss"] < 0.8 * report["history"][0]["loss"]
+    cov = report["heldout"]["top1_coverage"]
+    assert cov["8"] == 1.0 and cov["1"] <= cov["2"] <= cov["4"] <= cov["8"] and 1 <= report["r"] <= 8
+    base = ["generate", "--model", tiny_model_dir, "--prompt", "w7 w8 w9 w8 w7", "--max-new-tokens", "20",
+            "--ignore-eos", "--dtype", "fp32", "--json"]
+    _, ref, _ = _run(capsys, *base)
+    rc, got, err = _run(capsys, *base, "--drafter", "eagle", "--draft", head, "--top-k", "2", "--depth", "3",
+                        "--vocab", "coral", "--router", out)
+    assert rc == 0, err
+    assert json.loads(got)["token_ids"] == json.loads(ref)["token_ids"]
+    rc, _, err = _run(capsys, *base, "--drafter", "eagle", "--draft", head, "--vocab", "coral", "--router",
+                      tmp / "router")  # a DynaSpec artifact is not a CORAL one
+    assert rc == 2 and "not a CORAL artifact" in err

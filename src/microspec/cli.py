@@ -66,7 +66,8 @@ def _add_vocab_args(p, default: str = "full") -> None:
     p.add_argument("--vocab", default=default,
                    help="draft vocabulary policy: full (EAGLE-2), fr-spec / vocabtrim (static top-K shortlist from "
                         "--freq-file), microspec (in-context vocabulary, Algorithm 1), dynaspec (trained cluster "
-                        "router) or specvocab (trained low-rank ranker; both with --router)")
+                        "router), specvocab (trained low-rank ranker) or coral (trained partition router; all three with "
+                        "--router)")
     p.add_argument("--router", default=None,
                    help="dynaspec / specvocab: the trained router or ranker directory (microspec train ...)")
     p.add_argument("--freq-file", default=None, help="fr-spec / vocabtrim: token map (SGLang format)")
@@ -443,6 +444,23 @@ def _add_train(sub) -> None:
                                 ("batch", 256, int), ("seed", 0, int)):
         v.add_argument(f"--{name}", type=kind, default=default)
     v.set_defaults(func=_cmd_train_specvocab)
+    c = tsub.add_parser("coral", help="CORAL-style router: one linear layer choosing fixed vocabulary partitions",
+                        description="Partition the vocabulary offline (spherical k-means on the LM head) and train a "
+                                    "one-layer router over the draft's hidden state to pick partitions (the simplest "
+                                    "faithful variant of CORAL's description).")
+    c.add_argument("--model", default=DEFAULT_MODEL)
+    c.add_argument("--features", required=True, help="a `microspec train eagle --out` directory (its features/)")
+    c.add_argument("--draft", default=None, help="EAGLE head directory (default: the model's shipped head)")
+    c.add_argument("--out", required=True)
+    c.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    c.add_argument("--device", default="cpu")
+    c.add_argument("--threads", type=int, default=None)
+    c.add_argument("--r", type=int, default=None, help="partitions per draft token (default: tuned, --coverage)")
+    for name, default, kind in (("partitions", 64, int), ("kmeans-iters", 15, int), ("positions", 100_000, int),
+                                ("heldout", 0.05, float), ("epochs", 3.0, float), ("lr", 1e-3, float),
+                                ("batch", 512, int), ("coverage", 0.97, float), ("seed", 0, int)):
+        c.add_argument(f"--{name}", type=kind, default=default)
+    c.set_defaults(func=_cmd_train_coral)
 
 
 def _trained_policy_setup(args, positive: tuple[str, ...]):
@@ -502,6 +520,32 @@ def _cmd_train_specvocab(args: argparse.Namespace) -> int:
     out = art.save(args.out, {"training": {k: v for k, v in report.items() if k != "history"}})
     (out / "training.json").write_text(json.dumps(report, indent=2, default=str))
     print(json.dumps({"ranker": str(out), "k": art.k, "heldout": report["heldout"]}))
+    return 0
+
+
+def _cmd_train_coral(args: argparse.Namespace) -> int:
+    import time
+
+    import torch
+
+    from .training.coral import build_coral
+    from .training.eagle import log_stderr
+
+    if not 0 < args.coverage <= 1:
+        raise MicrospecError("--coverage must be in (0, 1]")
+    t0 = time.perf_counter()
+    lm, head, draft, data = _trained_policy_setup(args, ("partitions", "kmeans_iters", "positions", "batch", "r"))
+    if args.partitions > lm.model.spec.vocab_size:
+        raise MicrospecError("--partitions must not exceed the vocabulary size")
+    art, report = build_coral(lm.model, head, data, partitions=args.partitions, kmeans_iters=args.kmeans_iters,
+                              positions=args.positions, heldout=args.heldout, epochs=args.epochs, lr=args.lr,
+                              batch=args.batch, coverage=args.coverage, r=args.r, seed=args.seed, log=log_stderr)
+    report.update(model=args.model, features=str(args.features), draft=str(draft), device=str(lm.model.device),
+                  torch=torch.__version__, wall_s=round(time.perf_counter() - t0, 1),
+                  command="microspec " + " ".join(args.argv))
+    out = art.save(args.out, {"training": {k: v for k, v in report.items() if k != "history"}})
+    (out / "training.json").write_text(json.dumps(report, indent=2, default=str))
+    print(json.dumps({"router": str(out), "r": art.r, "heldout": report["heldout"]}))
     return 0
 
 
@@ -645,6 +689,7 @@ def _add_bench(sub) -> None:
                    help="vocabtrim-K: token map of the target's own generations (microspec freq --generate)")
     p.add_argument("--dynaspec", default=None, help="dynaspec: router directory (microspec train dynaspec)")
     p.add_argument("--specvocab", default=None, help="specvocab: ranker directory (microspec train specvocab)")
+    p.add_argument("--coral", default=None, help="coral: router directory (microspec train coral)")
     p.add_argument("--draft-layers", type=int, default=None, help="early-exit / hf-early-exit: layers that draft")
     p.add_argument("--depth", type=int, default=None, help="draft tree depth (default: the device's tree)")
     p.add_argument("--top-k", type=int, default=None, help="draft tree branching (default: the device's tree)")
@@ -682,9 +727,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         raise MicrospecError(f"--repetition-penalties must be positive numbers, got {args.repetition_penalties!r}")
     decodings = [Decoding(args.temperature, p) for p in dict.fromkeys(penalties)]
     freq_files = {"fr-spec": args.freq_file, "vocabtrim": args.vocabtrim_file, "dynaspec": args.dynaspec,
-                  "specvocab": args.specvocab}
+                  "specvocab": args.specvocab, "coral": args.coral}
     for s in specs:
-        if s.vocab in ("dynaspec", "specvocab"):
+        if s.vocab in ("dynaspec", "specvocab", "coral"):
             if freq_files[s.vocab] is None or not Path(freq_files[s.vocab]).is_dir():
                 raise MicrospecError(f"method {s.name} needs --{s.vocab} DIR (made by `microspec train {s.vocab}`)")
             continue

@@ -13,6 +13,7 @@ Names (``--methods``):
                             e.g. microspec-w1024, microspec-ctx, microspec-indexed
 ``dynaspec``                the EAGLE head with DynaSpec's trained cluster router (``--dynaspec DIR``)
 ``specvocab``               the EAGLE head with SpecVocab's trained low-rank ranker (``--specvocab DIR``)
+``coral``                   the EAGLE head with the CORAL-style partition router (``--coral DIR``)
 ``fr-spec-<K>``             the EAGLE head with FR-Spec's static top-K shortlist (``--freq-file``), e.g. fr-spec-32k
 ``vocabtrim-<K>``           the EAGLE head with VocabTrim's shortlist (``--vocabtrim-file``), e.g. vocabtrim-32k
 ``<drafter>+<vocab>``       any engine drafter (early-exit, eagle) with any policy above, e.g. early-exit+microspec
@@ -22,7 +23,6 @@ Names (``--methods``):
                             the layers, as our early-exit drafter)
 ``llama-cpp``               peer: llama.cpp (``llama-cpp-python``) on the model's GGUF file, when installed
 
-The CORAL-style router does not exist yet (issue 6): asking for it is an error, not a silent substitution.
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ ENGINE_ALIASES = {
     "microspec": ("eagle", "microspec", None),
     "dynaspec": ("eagle", "dynaspec", None),
     "specvocab": ("eagle", "specvocab", None),
+    "coral": ("eagle", "coral", None),
 }
 PEERS = ("hf-ar", "hf-prompt-lookup", "hf-early-exit", "llama-cpp")
-NOT_YET = ("coral",)
 _MICROSPEC_OPT = re.compile(r"^(ctx|ext|indexed|packed|w\d+)$")
 _SHORTLIST = re.compile(r"^(fr-spec|vocabtrim)(?:-(\d+(?:\.\d+)?[kK]?))?$")
 
@@ -86,9 +86,6 @@ def parse_method(name: str) -> MethodSpec:
         if n == "llama-cpp":
             return MethodSpec(n, "llama-cpp")
         return MethodSpec(n, "hf", hf_mode=n[3:])
-    if n in NOT_YET:
-        raise MicrospecError(f"method {n!r} is a trained policy that is not built yet (issue 6); available: "
-                             + ", ".join(available_methods()))
     if n.startswith("microspec-"):
         opts = n[len("microspec-"):].split("-")
         bad = [o for o in opts if not _MICROSPEC_OPT.match(o)]
@@ -121,7 +118,7 @@ def parse_method(name: str) -> MethodSpec:
 
 
 def available_methods() -> list[str]:
-    return ["ar", "ngram", "early-exit", "eagle-full", "microspec", "microspec-OPTS", "dynaspec", "specvocab", "fr-spec-K",
+    return ["ar", "ngram", "early-exit", "eagle-full", "microspec", "microspec-OPTS", "dynaspec", "specvocab", "coral", "fr-spec-K",
             "vocabtrim-K", *PEERS]
 
 

@@ -60,7 +60,7 @@ class EngineRunner:
         self._vocab_args = dict(vocab_size=lm.model.spec.vocab_size, device=lm.model.device,
                                 eos_ids=lm.eos_token_ids, always=special_ids(lm.tokenizer), freq_file=freq,
                                 size=spec.vocab_size, **spec.extra)
-        if spec.vocab in ("dynaspec", "specvocab"):
+        if spec.vocab in ("dynaspec", "specvocab", "coral"):
             self._vocab_args["router"] = freq_files.get(spec.vocab)
         self._make_vocab = make_vocab
         if self.drafter is not None:

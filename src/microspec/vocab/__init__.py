@@ -9,7 +9,7 @@ from .microspec import GATHERS, MicroSpecVocab
 from .packed import PackedRows
 from .position import PositionAware, budget, parse_budgets
 
-POLICIES = ("full", "fr-spec", "vocabtrim", "microspec", "dynaspec", "specvocab")
+POLICIES = ("full", "fr-spec", "vocabtrim", "microspec", "dynaspec", "specvocab", "coral")
 
 
 def make_vocab(name: str, *, vocab_size: int | None = None, device="cpu", eos_ids=(), w_max: int | None = None,
@@ -29,7 +29,7 @@ def make_vocab(name: str, *, vocab_size: int | None = None, device="cpu", eos_id
             raise MicrospecError("sources (ctx, ext, ctx+ext) apply to --vocab microspec")
         if sources not in SOURCES:
             raise MicrospecError(f"unknown sources {sources!r}; choose from {', '.join(SOURCES)}")
-    if name in ("dynaspec", "specvocab") or router is not None:
+    if name in ("dynaspec", "specvocab", "coral") or router is not None:
         return _make_trained(name, router, vocab_size, device, eos_ids, always, position_aware, validate_only,
                               w_max=w_max, k_pre=k_pre, k_ver=k_ver, freq_file=freq_file, size=size, gather=gather,
                               k_pre_positions=k_pre_positions, sources=sources)
@@ -54,10 +54,10 @@ def make_vocab(name: str, *, vocab_size: int | None = None, device="cpu", eos_id
 def _make_trained(name, router, vocab_size, device, eos_ids, always, position_aware, validate_only, **others):
     """A trained policy from ``--router DIR``: DynaSpec's cluster router (``microspec train dynaspec``; "k0,k1" of
     ``position_aware`` overrides its cluster budgets) or SpecVocab's ranker (``microspec train specvocab``)."""
-    if name not in ("dynaspec", "specvocab"):
-        raise MicrospecError("--router applies to --vocab dynaspec / specvocab")
+    if name not in ("dynaspec", "specvocab", "coral"):
+        raise MicrospecError("--router applies to --vocab dynaspec / specvocab / coral")
     bad = [k.replace("_", "-") for k, v in others.items() if v is not None]
-    if name == "specvocab" and position_aware is not None:
+    if name in ("specvocab", "coral") and position_aware is not None:
         bad.append("position-aware")
     if bad:
         raise MicrospecError(f"--{', --'.join(bad)} do not apply to --vocab {name}")
@@ -74,6 +74,10 @@ def _make_trained(name, router, vocab_size, device, eos_ids, always, position_aw
         from .specvocab import load_specvocab
 
         return load_specvocab(router, vocab_size, always=keep, device=device)
+    if name == "coral":
+        from .coral import load_coral
+
+        return load_coral(router, vocab_size, always=keep, device=device)
     k0 = k1 = None
     if position_aware is not None:
         k0, k1 = parse_budgets(position_aware) if isinstance(position_aware, str) else position_aware

@@ -1,0 +1,85 @@
+"""Training the CORAL-style router (``microspec train coral``; see :mod:`microspec.vocab.coral` for what is and is
+not from the papers).  Partitions by spherical k-means on the LM head; examples as DynaSpec's (the features ``train
+eagle`` saved, through the frozen EAGLE head, teacher-forced), but the router reads the head's output h and is
+trained with softmax cross-entropy towards the partition of the drafter's top-1 token.  r: the smallest number of
+partitions whose union holds the drafter's top-1 token on ``coverage`` of held-out positions."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..drafters.eagle import EagleHead
+from ..errors import check
+from ..models.native import NativeCausalLM
+from ..vocab.coral import CoralRouter
+from ..vocab.dynaspec import Clusters, spherical_kmeans
+from .dynaspec import draft_examples
+
+
+@torch.no_grad()
+def evaluate_coral(router: nn.Linear, clusters: Clusters, ex: dict, rs: list[int]) -> dict:
+    scores = router(ex["hidden"].float())
+    target = clusters.assign[ex["top"][:, 0].long()]
+    rank = (torch.argsort(scores, -1, descending=True) == target[:, None]).float().argmax(-1)
+    sizes = clusters.sizes.float()
+    cum = torch.cumsum(sizes[torch.argsort(scores, -1, descending=True)], -1)
+    m = clusters.num_clusters
+    return {"positions": len(target), "ce": round(float(F.cross_entropy(scores, target)), 5),
+            "top1_coverage": {str(r): round(float((rank < r).float().mean()), 4) for r in rs},
+            "mean_size": {str(r): round(float(cum[:, min(r, m) - 1].mean()), 1) for r in rs}}
+
+
+def build_coral(target: NativeCausalLM, head: EagleHead, data: list[dict], *, partitions: int = 64,
+                kmeans_iters: int = 15, positions: int = 100_000, heldout: float = 0.05, epochs: float = 3.0,
+                lr: float = 1e-3, batch: int = 512, coverage: float = 0.97, r: int | None = None, seed: int = 0,
+                log: Callable[[str], None] = print) -> tuple[CoralRouter, dict]:
+    from .eagle import split_heldout
+
+    check(len(data) >= 2, "CORAL training needs at least two sequences of features")
+    t0 = time.perf_counter()
+    clusters = Clusters(spherical_kmeans(target.head_weight, partitions, kmeans_iters, seed, log=log).cpu(),
+                        partitions)
+    train_seqs, held_seqs = split_heldout(data, heldout, seed)
+    n_held = max(1, int(positions * heldout))
+    train = draft_examples(target, head, train_seqs, 1, positions - n_held, seed, keep_hidden=True, log=log)
+    held = draft_examples(target, head, held_seqs, 1, n_held, seed + 1, keep_hidden=True, log=log)
+    torch.manual_seed(seed)
+    router = nn.Linear(target.spec.hidden_size, partitions)
+    opt = torch.optim.AdamW(router.parameters(), lr=lr)
+    n = len(train["top"])
+    labels = clusters.assign[train["top"][:, 0].long()]
+    steps = max(1, int(epochs * n / batch))
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.05)
+    g = torch.Generator().manual_seed(seed)
+    history, step = [], 0
+    while step < steps:
+        perm = torch.randperm(n, generator=g)
+        for s in range(0, max(1, n - batch + 1), batch):
+            idx = perm[s : s + batch]
+            loss = F.cross_entropy(router(train["hidden"][idx].float()), labels[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            step += 1
+            history.append({"step": step, "loss": round(float(loss.detach()), 6)})
+            if step % 50 == 0 or step == steps:
+                log(f"coral router step {step}/{steps} ce {float(loss.detach()):.4f}")
+            if step >= steps:
+                break
+    router.eval()
+    rs = sorted({x for x in (1, 2, 4, 8, 16, 32, partitions) if x <= partitions} | ({r} if r else set()))
+    ev = evaluate_coral(router, clusters, held, rs)
+    if r is None:
+        ok = [x for x in rs if ev["top1_coverage"][str(x)] >= coverage]
+        r = ok[0] if ok else max(rs)
+    report = {"partitions": partitions, "r": r, "coverage_target": coverage, "train_positions": n,
+              "heldout_positions": len(held["top"]), "heldout": ev, "history": history,
+              "partition_size": {"min": int(clusters.sizes.min()), "max": int(clusters.sizes.max())},
+              "seconds": round(time.perf_counter() - t0, 1)}
+    return CoralRouter(clusters.assign, router, r, {"epochs": epochs, "lr": lr}), report
