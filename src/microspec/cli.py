@@ -497,6 +497,23 @@ def _trained_policy_setup(args, positive: tuple[str, ...]):
     return lm, head, draft, load_features(shards)
 
 
+def _save_trained(args, art, report: dict, lm, draft, t0: float, shown: dict) -> int:
+    """Write a trained policy with its training.json (command, data, held-out numbers, wall time); print one JSON
+    line (``shown``, the artifact's path in its None entry, and the held-out numbers)."""
+    import time
+
+    import torch
+
+    report.update(model=args.model, features=str(args.features), draft=str(draft), device=str(lm.model.device),
+                  torch=torch.__version__, wall_s=round(time.perf_counter() - t0, 1),
+                  command="microspec " + " ".join(args.argv))
+    out = art.save(args.out, {"training": {k: v for k, v in report.items() if k != "history"}})
+    (out / "training.json").write_text(json.dumps(report, indent=2, default=str))
+    print(json.dumps({**{k: (str(out) if v is None else v) for k, v in shown.items()},
+                      "heldout": report["heldout"]}))
+    return 0
+
+
 def _cmd_train_specvocab(args: argparse.Namespace) -> int:
     import time
 
@@ -513,20 +530,12 @@ def _cmd_train_specvocab(args: argparse.Namespace) -> int:
     art, report = build_specvocab(lm.model, head, data, rank=args.rank, k=args.k, positions=args.positions,
                                   heldout=args.heldout, q_top=args.q_top, epochs=args.epochs, lr=args.lr,
                                   batch=args.batch, seed=args.seed, log=log_stderr)
-    report.update(model=args.model, features=str(args.features), draft=str(draft), device=str(lm.model.device),
-                  torch=torch.__version__, wall_s=round(time.perf_counter() - t0, 1),
-                  command="microspec " + " ".join(args.argv))
     art.ranker.to(torch.bfloat16)
-    out = art.save(args.out, {"training": {k: v for k, v in report.items() if k != "history"}})
-    (out / "training.json").write_text(json.dumps(report, indent=2, default=str))
-    print(json.dumps({"ranker": str(out), "k": art.k, "heldout": report["heldout"]}))
-    return 0
+    return _save_trained(args, art, report, lm, draft, t0, {"ranker": None, "k": art.k})
 
 
 def _cmd_train_coral(args: argparse.Namespace) -> int:
     import time
-
-    import torch
 
     from .training.coral import build_coral
     from .training.eagle import log_stderr
@@ -540,13 +549,7 @@ def _cmd_train_coral(args: argparse.Namespace) -> int:
     art, report = build_coral(lm.model, head, data, partitions=args.partitions, kmeans_iters=args.kmeans_iters,
                               positions=args.positions, heldout=args.heldout, epochs=args.epochs, lr=args.lr,
                               batch=args.batch, coverage=args.coverage, r=args.r, seed=args.seed, log=log_stderr)
-    report.update(model=args.model, features=str(args.features), draft=str(draft), device=str(lm.model.device),
-                  torch=torch.__version__, wall_s=round(time.perf_counter() - t0, 1),
-                  command="microspec " + " ".join(args.argv))
-    out = art.save(args.out, {"training": {k: v for k, v in report.items() if k != "history"}})
-    (out / "training.json").write_text(json.dumps(report, indent=2, default=str))
-    print(json.dumps({"router": str(out), "r": art.r, "heldout": report["heldout"]}))
-    return 0
+    return _save_trained(args, art, report, lm, draft, t0, {"router": None, "r": art.r})
 
 
 def _cmd_train_dynaspec(args: argparse.Namespace) -> int:
@@ -570,15 +573,9 @@ def _cmd_train_dynaspec(args: argparse.Namespace) -> int:
         lm.model, head, data, num_clusters=args.clusters, kmeans_iters=args.kmeans_iters, top_l=args.top_l,
         positions=args.positions, heldout=args.heldout, width=args.router_width, epochs=args.epochs,
         lr=args.lr, coverage=args.coverage, k0=args.k0, k1=args.k1, seed=args.seed, log=log_stderr)
-    report.update(model=args.model, features=str(args.features), draft=str(draft), device=str(lm.model.device),
-                  torch=torch.__version__, wall_s=round(time.perf_counter() - t0, 1),
-                  command="microspec " + " ".join(args.argv))
     art.router.to(torch.bfloat16)
-    out = art.save(args.out, {"training": {k: v for k, v in report.items() if k != "history"}})
-    (out / "training.json").write_text(json.dumps(report, indent=2, default=str))
-    print(json.dumps({"router": str(out), "k0": report["k0"], "k1": report["k1"],
-                      "heldout": report["heldout"]}))
-    return 0
+    return _save_trained(args, art, report, lm, draft, t0,
+                         {"router": None, "k0": report["k0"], "k1": report["k1"]})
 
 
 def _cmd_train_eagle(args: argparse.Namespace) -> int:

@@ -118,8 +118,8 @@ def parse_method(name: str) -> MethodSpec:
 
 
 def available_methods() -> list[str]:
-    return ["ar", "ngram", "early-exit", "eagle-full", "microspec", "microspec-OPTS", "dynaspec", "specvocab", "coral", "fr-spec-K",
-            "vocabtrim-K", *PEERS]
+    return ["ar", "ngram", "early-exit", "eagle-full", "microspec", "microspec-OPTS", "dynaspec", "specvocab",
+            "coral", "fr-spec-K", "vocabtrim-K", *PEERS]
 
 
 def parse_methods(text: str) -> list[MethodSpec]:

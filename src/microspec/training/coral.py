@@ -19,6 +19,7 @@ from ..models.native import NativeCausalLM
 from ..vocab.coral import CoralRouter
 from ..vocab.dynaspec import Clusters, spherical_kmeans
 from .dynaspec import draft_examples
+from .fit import fit
 
 
 @torch.no_grad()
@@ -50,29 +51,10 @@ def build_coral(target: NativeCausalLM, head: EagleHead, data: list[dict], *, pa
     held = draft_examples(target, head, held_seqs, 1, n_held, seed + 1, keep_hidden=True, log=log)
     torch.manual_seed(seed)
     router = nn.Linear(target.spec.hidden_size, partitions)
-    opt = torch.optim.AdamW(router.parameters(), lr=lr)
     n = len(train["top"])
     labels = clusters.assign[train["top"][:, 0].long()]
-    steps = max(1, int(epochs * n / batch))
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.05)
-    g = torch.Generator().manual_seed(seed)
-    history, step = [], 0
-    while step < steps:
-        perm = torch.randperm(n, generator=g)
-        for s in range(0, max(1, n - batch + 1), batch):
-            idx = perm[s : s + batch]
-            loss = F.cross_entropy(router(train["hidden"][idx].float()), labels[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            step += 1
-            history.append({"step": step, "loss": round(float(loss.detach()), 6)})
-            if step % 50 == 0 or step == steps:
-                log(f"coral router step {step}/{steps} ce {float(loss.detach()):.4f}")
-            if step >= steps:
-                break
-    router.eval()
+    history = fit(router, n, lambda idx: F.cross_entropy(router(train["hidden"][idx].float()), labels[idx]),
+                  epochs=epochs, lr=lr, batch=batch, seed=seed, name="coral router ce", log=log)
     rs = sorted({x for x in (1, 2, 4, 8, 16, 32, partitions) if x <= partitions} | ({r} if r else set()))
     ev = evaluate_coral(router, clusters, held, rs)
     if r is None:

@@ -26,6 +26,7 @@ from ..drafters.eagle import EagleHead, eagle_forward_reference
 from ..errors import check
 from ..models.native import NativeCausalLM
 from ..vocab.dynaspec import Clusters, DynaSpecRouter, Router, spherical_kmeans
+from .fit import fit
 
 
 @torch.no_grad()
@@ -118,38 +119,20 @@ def evaluate_router(router: Router, clusters: Clusters, ex: dict, ks: list[int],
     return out
 
 
-def train_router(clusters: Clusters, hidden_size: int, train: dict, held: dict, width: int = 1024,
-                 epochs: float = 3.0, lr: float = 1e-3, batch: int = 512, seed: int = 0,
+def train_router(clusters: Clusters, hidden_size: int, train: dict, width: int = 1024, epochs: float = 3.0,
+                 lr: float = 1e-3, batch: int = 512, seed: int = 0,
                  log: Callable[[str], None] = print) -> tuple[Router, list[dict]]:
     torch.manual_seed(seed)
     m = clusters.num_clusters
     router = Router(hidden_size, m, width)
-    opt = torch.optim.AdamW(router.parameters(), lr=lr, weight_decay=0.0)
-    n = len(train["top"])
-    steps = max(1, int(epochs * n / batch))
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.05)
-    g = torch.Generator().manual_seed(seed)
-    history = []
-    step, t0 = 0, time.perf_counter()
-    while step < steps:
-        perm = torch.randperm(n, generator=g)
-        for s in range(0, n - batch + 1 if n >= batch else 1, batch):
-            idx = perm[s : s + batch]
-            y = _multi_hot(train["top"][idx], clusters.assign, m)
-            loss = F.binary_cross_entropy_with_logits(router(train["embeds"][idx].float(),
-                                                             train["features"][idx].float()), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            step += 1
-            history.append({"step": step, "loss": round(float(loss.detach()), 6)})
-            if step % 50 == 0 or step == steps:
-                log(f"router step {step}/{steps} bce {float(loss.detach()):.5f} | "
-                    f"{step * batch / (time.perf_counter() - t0):.0f} examples/s")
-            if step >= steps:
-                break
-    router.eval()
+
+    def loss_of(idx):
+        y = _multi_hot(train["top"][idx], clusters.assign, m)
+        scores = router(train["embeds"][idx].float(), train["features"][idx].float())
+        return F.binary_cross_entropy_with_logits(scores, y)
+
+    history = fit(router, len(train["top"]), loss_of, epochs=epochs, lr=lr, batch=batch, seed=seed,
+                  name="router bce", log=log)
     return router, history
 
 
@@ -180,8 +163,7 @@ def build_dynaspec(target: NativeCausalLM, head: EagleHead, data: list[dict], *,
     train = draft_examples(target, head, train_seqs, top_l, positions - n_held, seed, log=log)
     held = draft_examples(target, head, held_seqs, top_l, n_held, seed + 1, log=log)
     t_examples = time.perf_counter() - t0 - t_kmeans
-    router, history = train_router(clusters, target.spec.hidden_size, train, held, width, epochs, lr, seed=seed,
-                                   log=log)
+    router, history = train_router(clusters, target.spec.hidden_size, train, width, epochs, lr, seed=seed, log=log)
     ks = sorted({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, num_clusters} & set(range(1, num_clusters + 1)) |
                 {k for k in (k0, k1) if k})
     ev = evaluate_router(router, clusters, held, ks)

@@ -20,6 +20,7 @@ from ..errors import check
 from ..models.native import NativeCausalLM
 from ..vocab.specvocab import Ranker, SpecVocabRanker
 from .dynaspec import draft_examples
+from .fit import fit
 
 
 def _loss(ranker: Ranker, hidden: torch.Tensor, q_ids: torch.Tensor, q_probs: torch.Tensor) -> torch.Tensor:
@@ -75,28 +76,10 @@ def build_specvocab(target: NativeCausalLM, head: EagleHead, data: list[dict], *
     ks = sorted({x for x in (64, 256, 512, 1024, 2048, 4096, 8192, k) if x <= v})
     before = evaluate_ranker(ranker, held, ks)
     log(f"ranker at its SVD start: held-out top-1 recall@{k} {before['top1_recall'][str(k)]}")
-    opt = torch.optim.AdamW(ranker.parameters(), lr=lr, weight_decay=0.0)
     n = len(train["top"])
-    steps = max(1, int(epochs * n / batch))
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.05)
-    g = torch.Generator().manual_seed(seed)
-    history, step = [], 0
-    while step < steps:
-        perm = torch.randperm(n, generator=g)
-        for s in range(0, max(1, n - batch + 1), batch):
-            idx = perm[s : s + batch]
-            loss = _loss(ranker, train["hidden"][idx], train["q_ids"][idx], train["q_probs"][idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            step += 1
-            history.append({"step": step, "loss": round(float(loss.detach()), 6)})
-            if step % 50 == 0 or step == steps:
-                log(f"ranker step {step}/{steps} ce {float(loss.detach()):.4f}")
-            if step >= steps:
-                break
-    ranker.eval()
+    history = fit(ranker, n, lambda idx: _loss(ranker, train["hidden"][idx], train["q_ids"][idx],
+                                               train["q_probs"][idx]),
+                  epochs=epochs, lr=lr, batch=batch, seed=seed, name="ranker ce", log=log)
     after = evaluate_ranker(ranker, held, ks)
     report = {"rank": rank, "k": k, "q_top": q_top, "train_positions": n, "heldout_positions": len(held["top"]),
               "heldout_at_start": before, "heldout": after, "history": history,

@@ -16,7 +16,6 @@ Artifact: ``config.json`` (method "coral", P, r) and ``model.safetensors`` (``as
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import torch
 from torch import nn
 
 from ..errors import MicrospecError, check
+from .artifact import load_artifact, save_artifact
 from .base import VocabPolicy
 from .dynaspec import Clusters
 
@@ -45,34 +45,20 @@ class CoralRouter:
         return self.router.in_features
 
     def save(self, directory: str | Path, extra: dict | None = None) -> Path:
-        from safetensors.torch import save_file
-
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
         cfg = {"method": "coral", "partitions": self.clusters.num_clusters, "vocab_size": self.vocab_size,
                "hidden_size": self.hidden_size, "r": self.r, **self.meta, **(extra or {})}
-        (d / "config.json").write_text(json.dumps(cfg, indent=2, default=str))
-        state = {"assign": self.clusters.assign.to(torch.int32).cpu().contiguous()}
-        state.update({f"router.{k}": v.detach().cpu().contiguous() for k, v in self.router.state_dict().items()})
-        save_file(state, str(d / "model.safetensors"))
-        return d
+        state = {"assign": self.clusters.assign.to(torch.int32)}
+        state.update({f"router.{k}": v for k, v in self.router.state_dict().items()})
+        return save_artifact(directory, cfg, state)
 
     @classmethod
     def load(cls, directory: str | Path) -> "CoralRouter":
-        from safetensors.torch import load_file
-
-        d = Path(directory)
-        try:
-            cfg = json.loads((d / "config.json").read_text())
-            check(cfg.get("method") == "coral", "not a CORAL artifact")
-            state = load_file(str(d / "model.safetensors"))
+        def build(cfg, state):
             router = nn.Linear(cfg["hidden_size"], cfg["partitions"])
             router.load_state_dict({k[7:]: v.float() for k, v in state.items() if k.startswith("router.")})
             return cls(state["assign"].long(), router, int(cfg["r"]), {k: v for k, v in cfg.items() if k != "r"})
-        except MicrospecError:
-            raise
-        except Exception as exc:
-            raise MicrospecError(f"{directory} is not a CORAL artifact ({type(exc).__name__}: {exc})") from None
+
+        return load_artifact(directory, "coral", build)
 
 
 class CoralVocab(VocabPolicy):

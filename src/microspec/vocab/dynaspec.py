@@ -19,7 +19,6 @@ Artifact: a directory with ``config.json`` (M, router width, k0, k1, L, how it w
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import MicrospecError, check
+from .artifact import load_artifact, save_artifact
 from .base import VocabPolicy
 from .position import budget
 
@@ -135,36 +135,22 @@ class DynaSpecRouter:
         return self.router.fc1.in_features // 2
 
     def save(self, directory: str | Path, extra: dict | None = None) -> Path:
-        from safetensors.torch import save_file
-
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
         cfg = {"method": "dynaspec", "num_clusters": self.clusters.num_clusters, "vocab_size": self.vocab_size,
                "hidden_size": self.hidden_size, "router_width": self.router.fc1.out_features, "k0": self.k0,
                "k1": self.k1, **self.meta, **(extra or {})}
-        (d / "config.json").write_text(json.dumps(cfg, indent=2, default=str))
-        state = {"assign": self.clusters.assign.to(torch.int32).cpu().contiguous()}
-        state.update({f"router.{k}": v.detach().cpu().contiguous() for k, v in self.router.state_dict().items()})
-        save_file(state, str(d / "model.safetensors"))
-        return d
+        state = {"assign": self.clusters.assign.to(torch.int32)}
+        state.update({f"router.{k}": v for k, v in self.router.state_dict().items()})
+        return save_artifact(directory, cfg, state)
 
     @classmethod
     def load(cls, directory: str | Path) -> "DynaSpecRouter":
-        from safetensors.torch import load_file
-
-        d = Path(directory)
-        try:
-            cfg = json.loads((d / "config.json").read_text())
-            state = load_file(str(d / "model.safetensors"))
-            check(cfg.get("method") == "dynaspec", "not a DynaSpec artifact")
+        def build(cfg, state):
             router = Router(cfg["hidden_size"], cfg["num_clusters"], cfg["router_width"])
             router.load_state_dict({k[7:]: v.float() for k, v in state.items() if k.startswith("router.")})
             meta = {k: v for k, v in cfg.items() if k not in ("k0", "k1")}
             return cls(state["assign"].long(), router, int(cfg["k0"]), int(cfg["k1"]), meta)
-        except MicrospecError:
-            raise
-        except Exception as exc:
-            raise MicrospecError(f"{directory} is not a DynaSpec artifact ({type(exc).__name__}: {exc})") from None
+
+        return load_artifact(directory, "dynaspec", build)
 
 
 class DynaSpecVocab(VocabPolicy):

@@ -33,7 +33,6 @@ by default) are added to I at every step, so a draft may end where the target wo
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import nullcontext
 
 import torch
 

@@ -19,7 +19,6 @@ Artifact: a directory with ``config.json`` (d', k, how it was trained) and ``mod
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import MicrospecError, check
+from .artifact import load_artifact, save_artifact
 from .base import VocabPolicy
 
 
@@ -74,32 +74,18 @@ class SpecVocabRanker:
         return self.ranker.w_down.shape[1]
 
     def save(self, directory: str | Path, extra: dict | None = None) -> Path:
-        from safetensors.torch import save_file
-
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
         cfg = {"method": "specvocab", "hidden_size": self.hidden_size, "vocab_size": self.vocab_size,
                "rank": self.ranker.rank, "k": self.k, **self.meta, **(extra or {})}
-        (d / "config.json").write_text(json.dumps(cfg, indent=2, default=str))
-        save_file({k: v.detach().cpu().contiguous() for k, v in self.ranker.state_dict().items()},
-                  str(d / "model.safetensors"))
-        return d
+        return save_artifact(directory, cfg, self.ranker.state_dict())
 
     @classmethod
     def load(cls, directory: str | Path) -> "SpecVocabRanker":
-        from safetensors.torch import load_file
-
-        d = Path(directory)
-        try:
-            cfg = json.loads((d / "config.json").read_text())
-            check(cfg.get("method") == "specvocab", "not a SpecVocab artifact")
+        def build(cfg, state):
             ranker = Ranker(cfg["hidden_size"], cfg["vocab_size"], cfg["rank"])
-            ranker.load_state_dict({k: v.float() for k, v in load_file(str(d / "model.safetensors")).items()})
+            ranker.load_state_dict({k: v.float() for k, v in state.items()})
             return cls(ranker, int(cfg["k"]), {k: v for k, v in cfg.items() if k != "k"})
-        except MicrospecError:
-            raise
-        except Exception as exc:
-            raise MicrospecError(f"{directory} is not a SpecVocab artifact ({type(exc).__name__}: {exc})") from None
+
+        return load_artifact(directory, "specvocab", build)
 
 
 class SpecVocab(VocabPolicy):

@@ -1,0 +1,40 @@
+"""Directories of the trained policies: ``config.json`` (with ``"method"``) and ``model.safetensors``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ..errors import MicrospecError, check
+
+
+def save_artifact(directory: str | Path, cfg: dict, state: dict[str, torch.Tensor]) -> Path:
+    from safetensors.torch import save_file
+
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(cfg, indent=2, default=str))
+    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(d / "model.safetensors"))
+    return d
+
+
+def load_artifact(directory: str | Path, method: str, build):
+    """``build(cfg, state)`` on the directory's config and tensors; one clear error when it is not a ``method``
+    artifact or does not load."""
+    from safetensors.torch import load_file
+
+    d = Path(directory)
+    try:
+        cfg = json.loads((d / "config.json").read_text())
+        check(cfg.get("method") == method, f"not a {method} artifact")
+        return build(cfg, load_file(str(d / "model.safetensors")))
+    except MicrospecError as exc:
+        raise MicrospecError(f"{directory} is not a {LABELS.get(method, method)} artifact ({exc})") from None
+    except Exception as exc:
+        raise MicrospecError(f"{directory} is not a {LABELS.get(method, method)} artifact "
+                             f"({type(exc).__name__}: {exc})") from None
+
+
+LABELS = {"dynaspec": "DynaSpec", "specvocab": "SpecVocab", "coral": "CORAL"}
