@@ -137,6 +137,12 @@ class _Setup:
         tree_args = dict(draft_layers=args.draft_layers, depth=args.depth, top_k=args.top_k,
                          total_tokens=total_tokens)
         make_drafter(args.drafter, **tree_args)  # validate before loading the model
+        if args.vocab in ("dynaspec", "specvocab", "coral") and args.router is None and args.draft is None \
+                and args.drafter == "eagle":  # the shipped head's shipped policy, when there is one
+            from .models.registry import shipped_policy
+
+            found = shipped_policy(args.model, args.vocab)
+            args.router = None if found is None else str(found)
         vocab_args = dict(w_max=args.w_max, k_pre=args.k_pre, k_ver=args.k_ver, freq_file=args.freq_file,
                           size=args.vocab_size, gather=args.gather, position_aware=args.position_aware,
                           k_pre_positions=args.k_pre_positions, router=args.router)
@@ -684,9 +690,12 @@ def _add_bench(sub) -> None:
     p.add_argument("--freq-file", default=None, help="fr-spec-K: token map of corpus frequencies (microspec freq)")
     p.add_argument("--vocabtrim-file", default=None,
                    help="vocabtrim-K: token map of the target's own generations (microspec freq --generate)")
-    p.add_argument("--dynaspec", default=None, help="dynaspec: router directory (microspec train dynaspec)")
-    p.add_argument("--specvocab", default=None, help="specvocab: ranker directory (microspec train specvocab)")
-    p.add_argument("--coral", default=None, help="coral: router directory (microspec train coral)")
+    p.add_argument("--dynaspec", default=None, help="dynaspec: router directory (microspec train dynaspec; default: "
+                   "the one shipped with the shipped head)")
+    p.add_argument("--specvocab", default=None, help="specvocab: ranker directory (microspec train specvocab; "
+                   "default: the shipped one)")
+    p.add_argument("--coral", default=None, help="coral: router directory (microspec train coral; default: the "
+                   "shipped one)")
     p.add_argument("--draft-layers", type=int, default=None, help="early-exit / hf-early-exit: layers that draft")
     p.add_argument("--depth", type=int, default=None, help="draft tree depth (default: the device's tree)")
     p.add_argument("--top-k", type=int, default=None, help="draft tree branching (default: the device's tree)")
@@ -725,6 +734,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     decodings = [Decoding(args.temperature, p) for p in dict.fromkeys(penalties)]
     freq_files = {"fr-spec": args.freq_file, "vocabtrim": args.vocabtrim_file, "dynaspec": args.dynaspec,
                   "specvocab": args.specvocab, "coral": args.coral}
+    if args.draft is None:  # with the shipped head, its shipped policies are the defaults
+        from .models.registry import shipped_policy
+
+        for name in ("dynaspec", "specvocab", "coral"):
+            found = shipped_policy(args.model, name)
+            if freq_files[name] is None and found is not None:
+                freq_files[name] = str(found)
     for s in specs:
         if s.vocab in ("dynaspec", "specvocab", "coral"):
             if freq_files[s.vocab] is None or not Path(freq_files[s.vocab]).is_dir():

@@ -75,6 +75,13 @@ def shipped_eagle_head(name: str | os.PathLike) -> Path | None:
     return path if str(name) in BUILTINS and (path / "config.json").is_file() else None
 
 
+def shipped_policy(name: str | os.PathLike, method: str) -> Path | None:
+    """The trained vocabulary policy (``dynaspec``, ``specvocab``, ``coral``) that ships for built-in model ``name``
+    (``heads/<name>/<method>/``), if any."""
+    path = HEADS_DIR / str(name) / method
+    return path if str(name) in BUILTINS and (path / "config.json").is_file() else None
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("MICROSPEC_CACHE") or Path.home() / ".cache" / "microspec")
 
