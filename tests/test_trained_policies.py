@@ -141,7 +141,7 @@ def test_ranker_svd_start_contains_the_exact_top1_on_a_low_rank_head():
 
 
 def test_ranker_artifact_round_trip_keeps_the_ranking(tmp_path):
-    """w_vocab is stored as int8 rows with fp16 scales: scores move by at most half a step per row."""
+    """w_vocab is stored as int8 rows with fp16 scales: weights move by half a step (and the scale's rounding)."""
     from microspec.vocab.specvocab import Ranker, SpecVocabRanker
 
     g = torch.Generator().manual_seed(1)
@@ -151,7 +151,8 @@ def test_ranker_artifact_round_trip_keeps_the_ranking(tmp_path):
     back = SpecVocabRanker.load(tmp_path / "sv")
     assert back.k == 16 and back.ranker.rank == 4
     step = r.w_vocab.abs().amax(1) / 127
-    assert bool(((back.ranker.w_vocab - r.w_vocab).abs() <= step[:, None] * 0.51 + 1e-6).all())
+    err = (back.ranker.w_vocab - r.w_vocab).abs()
+    assert bool((err <= step[:, None] * 0.5 + r.w_vocab.abs() * 2e-3 + 1e-6).all())  # + fp16 scale rounding
     h = torch.randn(16, 32, generator=g)
     with torch.no_grad():
         a, b = r(h), back.ranker(h)
