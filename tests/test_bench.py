@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from microspec.bench.metrics import accept_per_position, aggregate, mismatches, repeated_ngrams, summarize
+from microspec.bench.metrics import (accept_per_position, aggregate, hard_mismatches, mismatches, repeated_ngrams,
+                                     summarize)
 from microspec.cli import main
 
 
@@ -136,6 +137,17 @@ class _Corrupt:
         return turn
 
 
+def test_near_ties_are_told_apart_from_hard_mismatches():
+    tie = {"question_id": 1, "turn": 0, "near_tie": True, "gap": 0.01}
+    hard = {"question_id": 2, "turn": 0, "near_tie": False, "gap": 3.0}
+    after = {"question_id": 2, "turn": 1, "after_divergence": True}
+    after_tie = {"question_id": 1, "turn": 1, "after_divergence": True}
+    unknown = {"question_id": 3, "turn": 0}  # no verdict (an output ended early): counts as hard
+    found = {"a": [tie, after_tie], "b": [tie, hard, after], "c": [unknown]}
+    assert hard_mismatches(found) == {"b": [hard, after], "c": [unknown]}
+    assert hard_mismatches(None) == {} and hard_mismatches({"a": [tie]}) == {}
+
+
 def test_mismatch_detector_fires_on_a_corrupted_run(tiny_model_dir, tmp_path, capsys):
     import torch
 
@@ -151,6 +163,12 @@ def test_mismatch_detector_fires_on_a_corrupted_run(tiny_model_dir, tmp_path, ca
                 dtype=torch.float32, max_new_tokens=8, ignore_eos=True, warmup=0, runners=runners)
     found = res["greedy"]["mismatches"]["ngram"]
     assert len(found) == 4 and {m["position"] for m in found} == {3}  # 4 turns in 3 questions
+    # each question's first divergence is diagnosed: ar took the argmax, so its token's logit is higher, by far more
+    # than fp32 rounding; the multi-turn question's second turn is marked as following from its first
+    firsts = [m for m in found if not m.get("after_divergence")]
+    assert len(firsts) == 3 and all(m["gap"] > 0 and not m["near_tie"] for m in firsts), firsts
+    assert sum(bool(m.get("after_divergence")) for m in found) == 1
+    assert set(hard_mismatches(res["greedy"]["mismatches"])) == {"ngram"}
     assert "LOSSLESS MISMATCH" in capsys.readouterr().err
     assert "**LOSSLESS MISMATCH**" in (tmp_path / "out" / "report.md").read_text()
 

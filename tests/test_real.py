@@ -163,6 +163,26 @@ def test_gemma_shipped_eagle_head_out_of_the_box(gemma, gemma_ar):
     assert sum(taus) / len(taus) > 1.2, taus  # an untrained head: ~1.0
 
 
+@pytest.mark.parametrize("policy", ["dynaspec", "specvocab", "coral"])
+def test_gemma_shipped_trained_policy_is_lossless(gemma, gemma_ar, policy):
+    """The trained policies that ship beside the head load as the defaults and keep the shipped head lossless on the
+    real vocabulary, with shortlists far smaller than it."""
+    from microspec.drafters import EagleDrafter, EagleHead
+    from microspec.models.registry import shipped_eagle_head, shipped_policy
+    from microspec.vocab import make_vocab
+
+    found = shipped_policy("gemma-3-270m", policy)
+    assert found is not None, f"the Gemma 3 270M {policy} artifact must ship in the package"
+    vocab = make_vocab(policy, router=str(found), vocab_size=262144, eos_ids=gemma.eos_token_ids)
+    head = EagleHead.load(shipped_eagle_head("gemma-3-270m"))
+    prompt = SPEC_PROMPTS[2]
+    r = generate_ids(gemma.model, encode_prompt(gemma, prompt), GenerationConfig(max_new_tokens=64),
+                     gemma.eos_token_ids, drafter=EagleDrafter(head, depth=3, top_k=2, total_tokens=6), vocab=vocab)
+    assert r.token_ids == gemma_ar[prompt]
+    st = r.stats.to_dict()
+    assert 0 < st["active_vocab_mean"] < 262144 / 4 and st["mean_accept_len"] > 1.0, st
+
+
 def test_gemma_eagle_and_separate_draft_model_plumbing(gemma, gemma_ar, tmp_path):
     """On the real 262k-vocabulary model: an EAGLE head in the official layout (random weights) and a separate
     draft model (Gemma's own first two layers as a standalone model) stay lossless."""

@@ -288,3 +288,35 @@ def test_tree_defaults_per_device():
     assert tree_defaults("early-exit", "cuda", 3, None, None) == (3, 10, 59)
     assert tree_defaults("eagle", "cpu", 5, 3, None) == (5, 3, 15)
     assert tree_defaults("ngram", "cuda", None, None, None) == (None, None, None)
+
+
+def test_coverage_asks_only_for_drafted_depths():
+    """A fully accepted path ends with a bonus token one level below the deepest draft: routed policies (DynaSpec,
+    SpecVocab, CORAL) hold sets only for the depths the head drafted, so coverage must ask for those (regression:
+    the Gemma benchmark stopped on "the DynaSpec router has not seen this depth's draft inputs")."""
+    from microspec.vocab.base import VocabPolicy
+
+    class DepthStrict(VocabPolicy):
+        name = "depth-strict"
+
+        def __init__(self):
+            super().__init__()
+            self.asked: list[int] = []
+
+        def active(self, depth: int = 0):
+            self.asked.append(depth)
+            assert depth < 3, f"depth {depth} was never drafted"
+            return None  # the whole vocabulary
+
+    class Chain3(OracleTreeDrafter):  # always the next 3 true tokens: every path is accepted, bonus at depth 3
+        def propose(self, ctx):
+            done = len(ctx.tokens) - self.prompt_len
+            return DraftTree.chain(self.truth[done : done + 3])
+
+    _, nm = tiny_pair("llama")
+    truth = _ar(nm, 20, ignore_eos=True)
+    vocab = DepthStrict()
+    r = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=20, ignore_eos=True),
+                     drafter=Chain3(truth, len(PROMPT), 0), vocab=vocab)
+    assert r.token_ids == truth and r.stats.mean_accept_len > 3.5
+    assert max(vocab.asked) == 2 and r.stats.to_dict()["coverage"] == 1.0

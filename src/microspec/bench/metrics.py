@@ -87,6 +87,26 @@ def summarize(methods: dict[str, Sequence[dict]], reference: str = "ar") -> dict
     return {"methods": out}
 
 
+def hard_mismatches(found: dict | None) -> dict[str, list[dict]]:
+    """The mismatches that are not explained by a near tie under the dtype's rounding (see
+    :func:`microspec.bench.run.divergence_gap`): a first divergence without a near-tie verdict, and what follows it
+    in later turns only when that first one was hard."""
+    out: dict[str, list[dict]] = {}
+    for name, items in (found or {}).items():
+        hard, first_hard = [], False
+        for it in items:
+            if it.get("after_divergence"):
+                if first_hard:
+                    hard.append(it)
+                continue
+            first_hard = not it.get("near_tie", False)
+            if first_hard:
+                hard.append(it)
+        if hard:
+            out[name] = hard
+    return out
+
+
 def mismatches(reference: Iterable[dict], candidate: Iterable[dict]) -> list[dict]:
     """Where a method's greedy tokens differ from the reference's: one entry per differing turn (first choice),
     with the first differing position; a question or turn the candidate lacks counts too."""

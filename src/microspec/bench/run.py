@@ -14,8 +14,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from ..api import encode_conversation
 from ..decoding import GenerationConfig
+from ..decoding.processors import LogitsPipeline
 from ..models.registry import LoadedModel
 from .metrics import mismatches, question_speed, summarize
 
@@ -99,9 +102,13 @@ def run_decoding(lm: LoadedModel, runners: dict[str, object], records: Sequence[
                 if decoding.temperature == 0 and name != "ar" and "ar" in results:
                     bad = mismatches(results["ar"][-1:], [answer])
                     if bad:
+                        bad[0].update(divergence_gap(lm, rec, results["ar"][-1], bad[0], cfg, chat))
+                        for later in bad[1:]:  # later turns continue from a different conversation
+                            later["after_divergence"] = True
                         found.setdefault(name, []).extend(bad)
                         log(f"LOSSLESS MISMATCH: {name} differs from ar on question {rec['id']} "
-                            f"({rec['category']}), turn {bad[0]['turn']}, token {bad[0]['position']}")
+                            f"({rec['category']}), turn {bad[0]['turn']}, token {bad[0]['position']}"
+                            + (f"; {describe_gap(bad[0])}" if "gap" in bad[0] else ""))
             log(_progress(decoding.name, qi, len(records), rec["category"], results))
     finally:
         for f in files.values():
@@ -109,6 +116,48 @@ def run_decoding(lm: LoadedModel, runners: dict[str, object], records: Sequence[
     summary = summarize(results)
     summary["mismatches"] = found if decoding.temperature == 0 else None
     return summary
+
+
+# How close two logits may be and still count as a tie that the dtype's rounding can flip, relative to the largest
+# |logit| at that position: bf16 keeps 8 significant bits (relative step 2^-8 ~ 0.4%) and the verify pass and the
+# one-token decode step round differently through every layer; fp32 keeps 24.
+TIE_TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-4}
+
+
+@torch.inference_mode()
+def divergence_gap(lm: LoadedModel, rec: dict, reference: dict, item: dict, cfg: GenerationConfig,
+                   chat: bool | None) -> dict:
+    """How far apart the target's two candidates are where a method first left the reference: one prefill over the
+    conversation and the common prefix, the decoding's logits processors applied, then the processed logits of the
+    reference's token and of the method's token.  A gap within the dtype's rounding (:data:`TIE_TOLERANCE`) is a
+    near tie that differently shaped kernels can decide either way; a wider one is a real loss of exactness."""
+    t, pos = item["turn"], item["position"]
+    ref = reference["choices"][0]
+    if not item["expected"] or not item["got"]:  # one output ended early: no pair of tokens to compare
+        return {}
+    ids = encode_conversation(lm, rec["turns"][: t + 1], ref["turns"][:t], chat)
+    seq = ids + ref["token_ids"][t][:pos]
+    model = lm.model
+    cache = model.new_cache(len(seq))
+    hidden = model.forward(torch.as_tensor(seq, dtype=torch.long, device=model.device), cache)
+    logits = model.head(hidden[-1:]).float()
+    pipe = LogitsPipeline(cfg, logits.shape[-1], logits.device)
+    if pipe.active:
+        pipe.commit(seq)
+        logits = pipe.process(logits)
+    a, b = int(item["expected"][0]), int(item["got"][0])
+    gap = float(logits[0, a] - logits[0, b])
+    scale = float(logits[0].abs().max())
+    rel = abs(gap) / max(scale, 1e-12)
+    return {"gap": round(gap, 5), "relative_gap": round(rel, 6),
+            "near_tie": bool(rel <= TIE_TOLERANCE.get(model.dtype, 1e-4)), "dtype": str(model.dtype).split(".")[-1]}
+
+
+def describe_gap(item: dict) -> str:
+    what = (f"a near tie within {item['dtype']} rounding" if item["near_tie"]
+            else f"NOT a tie at {item['dtype']} precision")
+    return (f"the target's logits of the two tokens differ by {item['gap']:.4g} "
+            f"({100 * item['relative_gap']:.2f}% of the largest): {what}")
 
 
 def _progress(decoding: str, done: int, total: int, category: str, results: dict[str, list[dict]]) -> str:

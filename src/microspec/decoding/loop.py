@@ -166,9 +166,12 @@ def generate_ids(
         branch = [0] + [1 + a for a in walk.accepted]  # verify rows of the root and the accepted nodes
         if len(tree):
             cache.keep(list(range(start)) + [start + r for r in branch])
-        hits = []  # ground-truth coverage, read before the sets move on: the j-th token at draft depth j
-        if vocab is not None and drafter is not None:
-            hits = [vocab.contains(torch.tensor([t], device=device), j) for j, t in enumerate(walk.tokens)]
+        # ground-truth coverage, read before the sets move on: the j-th committed token against the set of draft
+        # depth j (the deepest drafted depth for a bonus token past the tree; none when nothing was drafted)
+        hits = []
+        if vocab is not None and drafter is not None and len(tree):
+            last = max(tree.depths()) - 1
+            hits = [vocab.contains(torch.tensor([t], device=device), min(j, last)) for j, t in enumerate(walk.tokens)]
         t2 = clock.elapsed()
         if vocab is not None:  # the validated branch's logits (all already computed by the walk)
             with vocab_timer:
