@@ -167,10 +167,12 @@ def generate_ids(
         if len(tree):
             cache.keep(list(range(start)) + [start + r for r in branch])
         # ground-truth coverage, read before the sets move on: the j-th committed token against the set of draft
-        # depth j (the deepest drafted depth for a bonus token past the tree; none when nothing was drafted)
+        # depth j (the deepest drafted depth for a bonus token past the tree); a routed policy has no set for a
+        # step that drafted nothing, the others answer for depth 0
         hits = []
-        if vocab is not None and drafter is not None and len(tree):
-            last = max(tree.depths()) - 1
+        routed = vocab is not None and (vocab.wants_draft_inputs or vocab.wants_head_input)
+        if vocab is not None and drafter is not None and (len(tree) or not routed):
+            last = max(tree.depths()) - 1 if len(tree) else 0
             hits = [vocab.contains(torch.tensor([t], device=device), min(j, last)) for j, t in enumerate(walk.tokens)]
         t2 = clock.elapsed()
         if vocab is not None:  # the validated branch's logits (all already computed by the walk)
