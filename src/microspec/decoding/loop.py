@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import MicrospecError, check
+from ..kernels import cpu_linear
 from ..models.native import NativeCausalLM
 from .config import GenerationConfig
 from .context import DraftContext
@@ -60,6 +61,9 @@ def prompt_topk(model: NativeCausalLM, hidden: torch.Tensor, k: int, chunk: int 
     ``chunk`` rows at a time through :meth:`NativeCausalLM.head`."""
     w = model.head_weight
     rows = hidden.shape[0]
+    if cpu_linear.applies(w):  # the bf16 CPU kernel shares each head row's read across a chunk of rows
+        return torch.cat([torch.topk(model.head(hidden[i : i + chunk]), k, dim=-1).indices
+                          for i in range(0, rows, chunk)])
     if w.device.type == "cpu" and w.dtype in (torch.bfloat16, torch.float16) and rows >= 8:
         h = hidden.float()
         vals, ids = [], []
@@ -99,7 +103,7 @@ def generate_ids(
     if not isinstance(model, NativeCausalLM):
         raise MicrospecError("generate_ids needs a NativeCausalLM (use microspec.load_model)")
     check_prompt(model, prompt_ids, cfg)
-    head_mode = head_mode or default_head_mode(model.device)
+    head_mode = head_mode or default_head_mode(model.device, model.head_weight)
     check(head_mode in HEAD_MODES, f"unknown head mode {head_mode!r}; choose from {', '.join(HEAD_MODES)}")
     device = model.device
     stops = set(cfg.stop_token_ids) | (set() if cfg.ignore_eos else {int(t) for t in eos_token_ids})

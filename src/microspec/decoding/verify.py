@@ -10,10 +10,13 @@ The target's full-vocabulary head is the expensive part of a verify step on a la
 
 Whatever the mode, the committed tokens are identical (tests/test_speculative.py proves it).
 
-Default per device (``default_head_mode``): on a CPU the head costs the same per row whether rows are batched or not
-(bf16: 22 ms per row at 1..11 rows; fp32: 53 ms for one row, 195 ms for eleven), and measured end to end
-``visited`` was fastest in both dtypes (BENCHMARKS.md, "Verification head modes").  On CUDA a batch of rows costs
-about as much as one, so ``path`` is the default there (not yet measured on a GPU).
+Default (``default_head_mode``): ``path`` wherever a batch of head rows costs little more than one row — on CUDA
+(not yet measured on a GPU) and on a CPU with bf16 weights through the fp32-accumulating kernel of
+:mod:`microspec.kernels.cpu_linear` (measured on Gemma 3 270M: 21 / 22 / 28 / 52 ms for 1 / 2 / 4 / 11 rows; end to
+end ``path`` beat ``visited`` for every speculative method, BENCHMARKS.md).  ``visited`` elsewhere on a CPU: there a
+row costs the same batched or not (torch's bf16 matmul without native bf16 arithmetic: 18 ms per row at 1..11 rows;
+fp32: 53 ms for one row, 195 ms for eleven), and end to end ``visited`` measured fastest (BENCHMARKS.md,
+"Verification head modes").
 """
 
 from __future__ import annotations
@@ -29,8 +32,12 @@ from .tree import DraftTree
 HEAD_MODES = ("all", "visited", "path")
 
 
-def default_head_mode(device: torch.device) -> str:
-    return "path" if device.type == "cuda" else "visited"
+def default_head_mode(device: torch.device, head_weight: torch.Tensor | None = None) -> str:
+    if device.type == "cuda":
+        return "path"
+    from ..kernels import cpu_linear
+
+    return "path" if head_weight is not None and cpu_linear.applies(head_weight) else "visited"
 
 
 @dataclass

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..decoding.stats import DeviceTimer
+from ..kernels import cpu_linear
 from ..vocab.base import VocabPolicy, active_size
 from ..vocab.packed import PackedRows
 
@@ -77,6 +78,8 @@ class DraftHead:
             return self._matmul(hidden, self.weight if active is None else self._rows)
 
     def _matmul(self, hidden: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if cpu_linear.applies(w):
+            return self._cap(cpu_linear.linear(hidden, w, out_dtype=torch.float32))
         return self._cap(F.linear(hidden.to(w.dtype), w).float())
 
     def _cap(self, out: torch.Tensor) -> torch.Tensor:

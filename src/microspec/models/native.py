@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import MicrospecError
+from ..kernels import cpu_linear
 from .kv_cache import KVCache
 
 SUPPORTED_FAMILIES = {
@@ -188,6 +189,8 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(dim_out)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if cpu_linear.applies(self.weight):  # bf16 on a CPU: fp32-accumulating, batch-invariant kernel
+            return cpu_linear.linear(x, self.weight, self.bias, out_dtype=x.dtype)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -455,10 +458,15 @@ class NativeCausalLM(nn.Module):
     def head(self, hidden: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (fp32) of ``hidden`` [..., d], over the whole vocabulary or only the rows ``vocab_ids``.
 
-        The product runs in the model dtype, as transformers does, and is cast to fp32 afterwards.
+        The product runs in the model dtype, as transformers does, and is cast to fp32 afterwards; with bf16
+        weights on a CPU it runs through :mod:`microspec.kernels.cpu_linear` (fp32 sums of the bf16 products,
+        returned unrounded, the same values for a row whatever the number of rows).
         """
         w = self.head_weight if vocab_ids is None else self.head_weight.index_select(0, vocab_ids)
-        logits = F.linear(hidden, w)
+        if cpu_linear.applies(w):
+            logits = cpu_linear.linear(hidden, w, out_dtype=torch.float32)
+        else:
+            logits = F.linear(hidden, w)
         if self.spec.final_softcap is not None:
             cap = self.spec.final_softcap
             logits = torch.tanh(logits / cap) * cap

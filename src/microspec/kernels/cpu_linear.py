@@ -1,0 +1,221 @@
+"""CPU matmul for bf16 weights: ``y = x W^T (+ b)``, bf16 weights widened to fp32 in registers, fp32 accumulation.
+
+Why: on CPUs without native bf16 arithmetic (AVX2, e.g. the 2-core AMD EPYC this project is measured on), torch's
+bf16 matmul runs at ~18 GFLOP/s, so a product over R rows costs R times one row: Gemma 3 270M's 262k-row LM head
+took 18 / 35 / 69 ms for 1 / 2 / 4 rows and a forward over 8 tokens four times one over a single token
+(BENCHMARKS.md).  That makes verifying a draft tree as expensive as decoding its tokens one by one.  This kernel
+streams each bf16 weight row once per block of rows, widening it to fp32 in registers (AVX2 + FMA), so one row is
+bound by memory and several rows share the read.
+
+Exactness: every output element is the same fixed-order sum (8 fp32 lanes along K, then a fixed horizontal sum),
+whatever the number of rows in the call or the block a row falls in; a row's result therefore does not depend on
+the batch it is computed in (batch-invariant), which is what greedy speculative decoding in bf16 needs — the verify
+pass and the one-token decode step compute the same values for the same row.  Outputs are rounded to bf16 (round
+to nearest even) for bf16 layers, or returned in fp32 (the LM head's logits).
+
+It is compiled once with the system C++ compiler through ``torch.utils.cpp_extension`` (a few tens of seconds, kept
+under ``$MICROSPEC_CACHE/kernels/``) and runs on torch's own thread pool (``at::parallel_for``).  Where it cannot be
+built or the CPU lacks AVX2/FMA, :func:`available` is False and the models keep torch's matmul.
+``MICROSPEC_CPU_KERNEL=0`` turns it off (``=1`` makes a build failure an error instead of a fallback).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import threading
+
+import torch
+
+_SOURCE = r"""
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <cstring>
+
+namespace {
+
+inline __m256 load_bf16x8(const uint16_t* p) {
+  __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+}
+
+inline float hsum8(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v);
+  __m128 hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  __m128 sh = _mm_movehdup_ps(lo);
+  __m128 s = _mm_add_ps(lo, sh);
+  sh = _mm_movehl_ps(sh, s);
+  s = _mm_add_ss(s, sh);
+  return _mm_cvtss_f32(s);
+}
+
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint16_t f32_to_bf16(float f) {  // round to nearest even, NaN kept quiet
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// One dot product over K: 8 fp32 lanes in k order, then the fixed horizontal sum, then the scalar tail.  Every
+// tile below computes exactly this sequence for each (row, column), so results do not depend on tiling or M.
+template <int MT, int NT>
+inline void tile(const float* x, int64_t K, const uint16_t* w, int64_t m0, int64_t n0, float* out) {
+  __m256 acc[MT][NT];
+  for (int i = 0; i < MT; ++i)
+    for (int j = 0; j < NT; ++j) acc[i][j] = _mm256_setzero_ps();
+  const int64_t K8 = K & ~int64_t(7);
+  for (int64_t k = 0; k < K8; k += 8) {
+    __m256 wv[NT];
+    for (int j = 0; j < NT; ++j) wv[j] = load_bf16x8(w + (n0 + j) * K + k);
+    for (int i = 0; i < MT; ++i) {
+      __m256 xv = _mm256_loadu_ps(x + (m0 + i) * K + k);
+      for (int j = 0; j < NT; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < MT; ++i)
+    for (int j = 0; j < NT; ++j) {
+      float s = hsum8(acc[i][j]);
+      for (int64_t k = K8; k < K; ++k) s += x[(m0 + i) * K + k] * bf16_to_f32(w[(n0 + j) * K + k]);
+      out[i * NT + j] = s;
+    }
+}
+
+}  // namespace
+
+// x: [M, K] fp32 (contiguous), w: [N, K] bf16, bias: [N] fp32 or empty.  Returns [M, N] in out_dtype.
+torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, torch::Tensor bias, bool out_bf16) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.is_contiguous() && x.dim() == 2, "x: contiguous fp32 [M, K]");
+  TORCH_CHECK(w.dtype() == torch::kBFloat16 && w.is_contiguous() && w.dim() == 2, "w: contiguous bf16 [N, K]");
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  TORCH_CHECK(w.size(1) == K, "x and w disagree on K");
+  const bool has_bias = bias.defined() && bias.numel() > 0;
+  if (has_bias) TORCH_CHECK(bias.dtype() == torch::kFloat32 && bias.numel() == N, "bias: fp32 [N]");
+  auto out = torch::empty({M, N}, x.options().dtype(out_bf16 ? torch::kBFloat16 : torch::kFloat32));
+  const float* xp = x.data_ptr<float>();
+  const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+  const float* bp = has_bias ? bias.data_ptr<float>() : nullptr;
+  void* op = out.data_ptr();
+  constexpr int NT = 4;
+  const int64_t grain = 64;
+  at::parallel_for(0, (N + NT - 1) / NT, grain / NT, [&](int64_t b0, int64_t b1) {
+    float buf[2 * NT];
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n0 = b * NT;
+      const int64_t nt = std::min<int64_t>(NT, N - n0);
+      for (int64_t m0 = 0; m0 < M; m0 += 2) {
+        const int64_t mt = std::min<int64_t>(2, M - m0);
+        if (nt == NT) {
+          if (mt == 2) tile<2, NT>(xp, K, wp, m0, n0, buf);
+          else tile<1, NT>(xp, K, wp, m0, n0, buf);
+        } else {
+          for (int64_t j = 0; j < nt; ++j) {
+            float one[2];
+            if (mt == 2) tile<2, 1>(xp, K, wp, m0, n0 + j, one);
+            else tile<1, 1>(xp, K, wp, m0, n0 + j, one);
+            for (int64_t i = 0; i < mt; ++i) buf[i * NT + j] = one[i];
+          }
+        }
+        for (int64_t i = 0; i < mt; ++i)
+          for (int64_t j = 0; j < nt; ++j) {
+            float v = buf[i * NT + j] + (has_bias ? bp[n0 + j] : 0.0f);
+            const int64_t at = (m0 + i) * N + n0 + j;
+            if (out_bf16) static_cast<uint16_t*>(op)[at] = f32_to_bf16(v);
+            else static_cast<float*>(op)[at] = v;
+          }
+      }
+    }
+  });
+  return out;
+}
+"""
+
+_CPP_DECL = "torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, torch::Tensor bias, bool out_bf16);"
+
+_lock = threading.Lock()
+_module = None
+_failed: str | None = None
+
+
+def _setting() -> str:
+    return os.environ.get("MICROSPEC_CPU_KERNEL", "auto").strip().lower()
+
+
+def _cpu_ok() -> bool:
+    try:
+        cap = torch.backends.cpu.get_cpu_capability()
+    except Exception:  # noqa: BLE001 - older torch: no probe, no kernel
+        return False
+    return cap in ("AVX2", "AVX512") and sys.platform.startswith("linux")
+
+
+def _load():
+    global _module, _failed
+    with _lock:
+        if _module is not None or _failed is not None:
+            return _module
+        from torch.utils import cpp_extension
+
+        from ..models.registry import cache_root
+
+        key = hashlib.sha256((_SOURCE + torch.__version__).encode()).hexdigest()[:12]
+        build = cache_root() / "kernels" / f"cpu_linear-{key}"
+        build.mkdir(parents=True, exist_ok=True)
+        try:
+            _module = cpp_extension.load_inline(
+                name=f"microspec_cpu_linear_{key}", cpp_sources=[_CPP_DECL, _SOURCE], functions=["linear_bf16"],
+                extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], build_directory=str(build), verbose=False)
+        except Exception as exc:  # noqa: BLE001 - no compiler, no headers, ...: torch's matmul stays
+            _failed = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+            if _setting() == "1":
+                from ..errors import MicrospecError
+
+                raise MicrospecError(f"the CPU bf16 kernel could not be built ({_failed})") from None
+        return _module
+
+
+def available() -> bool:
+    """Whether bf16 CPU products go through this kernel (built on first call; False when disabled or unbuildable)."""
+    if _setting() in ("0", "off", "false", "no") or not _cpu_ok():
+        return False
+    return _load() is not None
+
+
+def applies(weight: torch.Tensor) -> bool:
+    """Whether a product with ``weight`` goes through this kernel: a bf16 CPU weight of 2 dims, kernel available."""
+    return weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and weight.dim() == 2 and available()
+
+
+def build_error() -> str | None:
+    """Why the kernel could not be built, if it could not."""
+    return _failed
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+           out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """``x @ weight.T (+ bias)`` for a bf16 CPU ``weight`` [N, K]; ``x`` [..., K] of any float dtype; result in
+    ``out_dtype`` (bf16: rounded to nearest even from the fp32 sum; fp32: the sum itself)."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1]).to(torch.float32).contiguous()
+    b = bias.to(torch.float32).contiguous() if bias is not None else torch.empty(0)
+    out = _module.linear_bf16(x2, weight.contiguous(), b, out_dtype == torch.bfloat16)
+    if out_dtype not in (torch.bfloat16, torch.float32):
+        out = out.to(out_dtype)
+    return out.reshape(*lead, weight.shape[0])
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+              out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """What :func:`linear` computes, in plain torch (fp32 products of the bf16 weight; summation order differs)."""
+    out = torch.nn.functional.linear(x.float(), weight.float(), None if bias is None else bias.float())
+    return out.to(out_dtype)
