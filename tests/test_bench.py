@@ -207,6 +207,7 @@ def test_sampling_run_reports_no_token_comparison(capsys, tiny_model_dir, tmp_pa
     (["--methods", "ar,fr-spec-32k"], "needs --freq-file"),
     (["--methods", "ar,ngram+microspec"], "needs a drafter with an LM head"),
     (["--methods", "ar,ar"], "twice"),
+    (["--methods", "ar,microspec-kpx"], "microspec options are"),
     (["--limit", "0"], "--limit must be >= 1"),
     (["--repetition-penalties", "1.0,x"], "must be numbers"),
     (["--categories", "poetry"], "no questions of categories"),
@@ -226,7 +227,8 @@ def test_bench_with_eagle_shortlists_and_microspec_variants(capsys, tiny_model_d
     head, _, _ = official_checkpoint(tmp_path / "eagle")
     fmap = tmp_path / "map.pt"
     save_token_map(list(range(95, -1, -1)), fmap)
-    methods = "ar,eagle-full,fr-spec-48,vocabtrim-24,microspec,microspec-w16-indexed,microspec-ctx,microspec-ext"
+    methods = ("ar,eagle-full,fr-spec-48,vocabtrim-24,microspec,microspec-w16-indexed,microspec-ctx,microspec-ext,"
+               "microspec-kp2")
     rc, _, err = _run(capsys, "bench", "--model", tiny_model_dir, "--dtype", "fp32", "--data", _data(tmp_path),
                       "--methods", methods, "--max-new-tokens", "10", "--ignore-eos", "--draft", head,
                       "--freq-file", fmap, "--vocabtrim-file", fmap, "--top-k", "3", "--depth", "3",
@@ -241,6 +243,7 @@ def test_bench_with_eagle_shortlists_and_microspec_variants(capsys, tiny_model_d
     assert m["microspec-w16-indexed"]["overall"]["active_vocab_max"] <= 16 + 4
     assert res["meta"]["methods"]["microspec-w16-indexed"]["gather"] == "indexed"
     assert res["meta"]["methods"]["microspec-ctx"]["sources"] == "ctx"
+    assert res["meta"]["methods"]["microspec-kp2"]["k_pre_positions"] == 2
 
 
 def test_analyze_tiny_run(capsys, tiny_model_dir, tmp_path):

@@ -457,3 +457,25 @@ def test_freq_counts_token_ids_of_a_responses_file(tmp_path, tiny_model_dir, cap
                  "response_ids", str(path)]) == 2
     err = capsys.readouterr().err
     assert "not a list of token ids" in err and len(err.strip().splitlines()) == 1
+
+
+def test_short_token_map_is_refused_and_freq_fill_completes_it(tmp_path, tiny_model_dir, capsys):
+    """A shortlist of K ids from a map with fewer ids would silently be a smaller shortlist: refused (unless the map
+    already holds the whole vocabulary); ``freq --fill`` appends another map's remaining ids in its order."""
+    from microspec.cli import main
+    from microspec.vocab import make_vocab
+    from microspec.vocab.frequency import load_token_map, save_token_map
+
+    save_token_map([5, 6, 7], tmp_path / "short.pt")
+    with pytest.raises(MicrospecError, match="fewer than the 8"):
+        make_vocab("vocabtrim", vocab_size=VOCAB, freq_file=str(tmp_path / "short.pt"), size="8", eos_ids=[2])
+    save_token_map(list(range(VOCAB)), tmp_path / "all.pt")  # the whole vocabulary: any K is fine
+    assert make_vocab("fr-spec", vocab_size=VOCAB, freq_file=str(tmp_path / "all.pt"), size="32k",
+                      eos_ids=[2]).active().numel() == VOCAB
+    path = tmp_path / "responses.jsonl"
+    path.write_text('{"response_ids": [9, 9, 4]}\n')
+    save_token_map([4, 1, 9, 3], tmp_path / "corpus.pt")
+    assert main(["freq", "--model", str(tiny_model_dir), "--out", str(tmp_path / "v.pt"), "--ids-field",
+                 "response_ids", "--fill", str(tmp_path / "corpus.pt"), str(path)]) == 0
+    assert load_token_map(tmp_path / "v.pt") == [9, 4, 1, 3]
+    assert "2 distinct ids (+ 2 from" in capsys.readouterr().err

@@ -309,6 +309,10 @@ def _add_freq(sub) -> None:
     p.add_argument("--repetition-penalty", type=float, default=1.0)
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="bf16")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--fill", default=None, metavar="MAP.pt",
+                   help="append the ids of this token map that were not counted, in its order (e.g. a VocabTrim map "
+                        "from little generated text, filled up with the FR-Spec corpus order so that top-K exists "
+                        "for every K)")
     p.set_defaults(func=_cmd_freq)
 
 
@@ -361,10 +365,17 @@ def _cmd_freq(args: argparse.Namespace) -> int:
     token_map = token_map_from_counts(counts)
     if not token_map:
         raise MicrospecError("no tokens were counted")
+    counted = len(token_map)
+    if args.fill is not None:
+        from .vocab.frequency import load_token_map
+
+        seen = set(token_map)
+        token_map += [t for t in load_token_map(args.fill, len(counts)) if t not in seen]
     save_token_map(token_map, args.out)
     total = int(counts.sum())
     cover = {k: float(counts[token_map[:k]].sum()) / total for k in (8192, 16384, 32768)}
-    print(f"[microspec] {total} tokens, {len(token_map)} distinct ids -> {args.out}; share of tokens covered by the "
+    filled = f" (+ {len(token_map) - counted} from {args.fill})" if args.fill is not None else ""
+    print(f"[microspec] {total} tokens, {counted} distinct ids{filled} -> {args.out}; share of tokens covered by the "
           f"top 8k / 16k / 32k: {cover[8192]:.4f} / {cover[16384]:.4f} / {cover[32768]:.4f}", file=sys.stderr)
     return 0
 

@@ -9,8 +9,9 @@ Names (``--methods``):
 ``eagle-full``              EAGLE-2: trained EAGLE head, dynamic tree, full-vocabulary draft head
 ``microspec``               the EAGLE head with MicroSpec's in-context draft vocabulary
 ``microspec-<opts>``        variants, options joined by ``-``: ``w<N>`` (W_max), ``ctx`` / ``ext`` (the paper's
-                            Ctx. Only / Ext. Only ablation), ``indexed`` (gather rows each step, no packed buffer);
-                            e.g. microspec-w1024, microspec-ctx, microspec-indexed
+                            Ctx. Only / Ext. Only ablation), ``indexed`` (gather rows each step, no packed buffer),
+                            ``kp<N>`` (the prefill's top-K_pre at the last N prompt positions only: the CPU
+                            departure of ``--k-pre-positions``); e.g. microspec-w1024, microspec-ctx, microspec-kp64
 ``dynaspec``                the EAGLE head with DynaSpec's trained cluster router (``--dynaspec DIR``)
 ``specvocab``               the EAGLE head with SpecVocab's trained low-rank ranker (``--specvocab DIR``)
 ``coral``                   the EAGLE head with the CORAL-style partition router (``--coral DIR``)
@@ -46,7 +47,7 @@ ENGINE_ALIASES = {
     "coral": ("eagle", "coral", None),
 }
 PEERS = ("hf-ar", "hf-prompt-lookup", "hf-early-exit", "llama-cpp")
-_MICROSPEC_OPT = re.compile(r"^(ctx|ext|indexed|packed|w\d+)$")
+_MICROSPEC_OPT = re.compile(r"^(ctx|ext|indexed|packed|w\d+|kp\d+)$")
 _SHORTLIST = re.compile(r"^(fr-spec|vocabtrim)(?:-(\d+(?:\.\d+)?[kK]?))?$")
 
 
@@ -90,14 +91,16 @@ def parse_method(name: str) -> MethodSpec:
         opts = n[len("microspec-"):].split("-")
         bad = [o for o in opts if not _MICROSPEC_OPT.match(o)]
         if bad or len(set(opts)) != len(opts) or {"ctx", "ext"} <= set(opts) or {"indexed", "packed"} <= set(opts):
-            raise MicrospecError(f"method {n!r}: microspec options are w<N>, ctx or ext, indexed or packed "
-                                 "(e.g. microspec-w1024-indexed)")
+            raise MicrospecError(f"method {n!r}: microspec options are w<N>, ctx or ext, indexed or packed, kp<N> "
+                                 "(e.g. microspec-w1024-indexed, microspec-kp64)")
         extra: dict = {}
         for o in opts:
             if o in ("ctx", "ext"):
                 extra["sources"] = o
             elif o in ("indexed", "packed"):
                 extra["gather"] = o
+            elif o.startswith("kp"):
+                extra["k_pre_positions"] = int(o[2:])
             else:
                 extra["w_max"] = int(o[1:])
                 if extra["w_max"] < 1:

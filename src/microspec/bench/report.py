@@ -99,12 +99,14 @@ def write_plots(results: dict, out_dir: Path) -> list[str]:
         methods = res["methods"]
         cats = sorted({c for m in methods.values() for c in m["categories"]})
         names = list(methods)
+        palette = plt.get_cmap("tab20").colors  # one colour per method, the same in every plot (up to 20)
+        color = {n: palette[i % len(palette)] for i, n in enumerate(names)}
         for key, label, fname in (("tokens_per_s", "tokens/s", "speed"), ("mean_accept_len", "tau", "tau")):
             fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(cats) + 2), 4))
             w = 0.8 / max(1, len(names))
             for i, n in enumerate(names):
                 vals = [(methods[n]["categories"].get(c) or {}).get(key) or 0.0 for c in cats]
-                ax.bar([j + i * w for j in range(len(cats))], vals, w, label=n)
+                ax.bar([j + i * w for j in range(len(cats))], vals, w, label=n, color=color[n])
             ax.set_xticks([j + 0.4 - w / 2 for j in range(len(cats))], cats, rotation=30, ha="right")
             ax.set_ylabel(label)
             ax.set_title(f"{label} per category ({dec})")
@@ -118,7 +120,7 @@ def write_plots(results: dict, out_dir: Path) -> list[str]:
         for n in names:
             pos = methods[n]["overall"].get("accept_per_position") or []
             if pos:
-                ax.plot(range(1, len(pos) + 1), pos, marker="o", label=n)
+                ax.plot(range(1, len(pos) + 1), pos, marker="o", label=n, color=color[n])
         ax.set_xlabel("draft position")
         ax.set_ylabel("acceptance rate")
         ax.set_title(f"acceptance by draft position ({dec})")

@@ -107,32 +107,44 @@ torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, torch::Tensor bias, 
   const float* bp = has_bias ? bias.data_ptr<float>() : nullptr;
   void* op = out.data_ptr();
   constexpr int NT = 4;
-  const int64_t grain = 64;
-  at::parallel_for(0, (N + NT - 1) / NT, grain / NT, [&](int64_t b0, int64_t b1) {
+  // Blocking: each thread takes a range of 4-row weight tiles; it walks them in sub-chunks of ~128 KiB of weights
+  // (kept in L2) and, inside a sub-chunk, the input rows in blocks of MB (kept in L1/L2), 2 rows x 4 weight rows
+  // per register tile.  One row: the weights stream once.  Many rows (a prefill): each weight sub-chunk is read
+  // once from memory for all of them.  The order of every dot product is the same in all cases.
+  constexpr int64_t MB = 16;
+  const int64_t sub_tiles = std::max<int64_t>(1, (int64_t(128) * 1024 / (K * 2)) / NT);
+  const int64_t grain = std::max<int64_t>(1, 64 / NT);
+  at::parallel_for(0, (N + NT - 1) / NT, grain, [&](int64_t b0, int64_t b1) {
     float buf[2 * NT];
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t n0 = b * NT;
-      const int64_t nt = std::min<int64_t>(NT, N - n0);
-      for (int64_t m0 = 0; m0 < M; m0 += 2) {
-        const int64_t mt = std::min<int64_t>(2, M - m0);
-        if (nt == NT) {
-          if (mt == 2) tile<2, NT>(xp, K, wp, m0, n0, buf);
-          else tile<1, NT>(xp, K, wp, m0, n0, buf);
-        } else {
-          for (int64_t j = 0; j < nt; ++j) {
-            float one[2];
-            if (mt == 2) tile<2, 1>(xp, K, wp, m0, n0 + j, one);
-            else tile<1, 1>(xp, K, wp, m0, n0 + j, one);
-            for (int64_t i = 0; i < mt; ++i) buf[i * NT + j] = one[i];
+    for (int64_t s0 = b0; s0 < b1; s0 += sub_tiles) {
+      const int64_t s1 = std::min(b1, s0 + sub_tiles);
+      for (int64_t mb = 0; mb < M; mb += MB) {
+        const int64_t me = std::min(M, mb + MB);
+        for (int64_t b = s0; b < s1; ++b) {
+          const int64_t n0 = b * NT;
+          const int64_t nt = std::min<int64_t>(NT, N - n0);
+          for (int64_t m0 = mb; m0 < me; m0 += 2) {
+            const int64_t mt = std::min<int64_t>(2, me - m0);
+            if (nt == NT) {
+              if (mt == 2) tile<2, NT>(xp, K, wp, m0, n0, buf);
+              else tile<1, NT>(xp, K, wp, m0, n0, buf);
+            } else {
+              for (int64_t j = 0; j < nt; ++j) {
+                float one[2];
+                if (mt == 2) tile<2, 1>(xp, K, wp, m0, n0 + j, one);
+                else tile<1, 1>(xp, K, wp, m0, n0 + j, one);
+                for (int64_t i = 0; i < mt; ++i) buf[i * NT + j] = one[i];
+              }
+            }
+            for (int64_t i = 0; i < mt; ++i)
+              for (int64_t j = 0; j < nt; ++j) {
+                float v = buf[i * NT + j] + (has_bias ? bp[n0 + j] : 0.0f);
+                const int64_t at = (m0 + i) * N + n0 + j;
+                if (out_bf16) static_cast<uint16_t*>(op)[at] = f32_to_bf16(v);
+                else static_cast<float*>(op)[at] = v;
+              }
           }
         }
-        for (int64_t i = 0; i < mt; ++i)
-          for (int64_t j = 0; j < nt; ++j) {
-            float v = buf[i * NT + j] + (has_bias ? bp[n0 + j] : 0.0f);
-            const int64_t at = (m0 + i) * N + n0 + j;
-            if (out_bf16) static_cast<uint16_t*>(op)[at] = f32_to_bf16(v);
-            else static_cast<float*>(op)[at] = v;
-          }
       }
     }
   });

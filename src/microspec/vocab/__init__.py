@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import MicrospecError
+from ..errors import MicrospecError, check
 from .base import FullVocab, VocabPolicy
 from .frequency import StaticShortlist, load_token_map, parse_size
 from .microspec import GATHERS, MicroSpecVocab
@@ -121,6 +121,10 @@ def _make_base(name, *, vocab_size, device, eos_ids, w_max, k_pre, k_ver, freq_f
         if validate_only:
             return None
         token_map = load_token_map(freq_file, vocab_size)
+        need = k if vocab_size is None else min(k, vocab_size)
+        check(len(token_map) >= need, f"token map {freq_file} has {len(token_map)} ids, fewer than the {need} of "
+                                      f"{name}-{size or '32k'} (a smaller --vocab-size, or a map filled up with "
+                                      f"`microspec freq --fill`)")
         return StaticShortlist(token_map, k, always=sorted(set(eos_ids) | set(always)), name=name, device=device)
     if name == "microspec":
         return MicroSpecVocab(vocab_size or 1, w_max=3072 if w_max is None else w_max,

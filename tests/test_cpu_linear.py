@@ -1,0 +1,108 @@
+"""The bf16 CPU kernel (microspec.kernels.cpu_linear): values, rounding, batch invariance, the switch, and its use in
+the model, the LM head and the draft head."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from microspec.kernels import cpu_linear
+
+needs_kernel = pytest.mark.skipif(not cpu_linear.available(),
+                                  reason=f"CPU kernel unavailable ({cpu_linear.build_error() or 'no AVX2/FMA'})")
+
+
+@needs_kernel
+@pytest.mark.parametrize("m,k,n", [(1, 640, 1000), (3, 13, 37), (2, 8, 4), (17, 64, 9), (40, 136, 67)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_matches_fp32_reference(m, k, n, bias):
+    g = torch.Generator().manual_seed(m * 1000 + k + n)
+    x = torch.randn(m, k, generator=g).bfloat16()
+    w = torch.randn(n, k, generator=g).bfloat16()
+    b = torch.randn(n, generator=g) if bias else None
+    got = cpu_linear.linear(x, w, b, out_dtype=torch.float32)
+    want = cpu_linear.reference(x, w, b, out_dtype=torch.float32)
+    assert got.shape == (m, n)
+    assert torch.allclose(got, want, atol=1e-4 * k ** 0.5, rtol=1e-5)
+
+
+@needs_kernel
+def test_bf16_output_is_the_fp32_sum_rounded_to_nearest_even():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 200, generator=g).bfloat16()
+    w = torch.randn(300, 200, generator=g).bfloat16()
+    b = torch.randn(300, generator=g)
+    full = cpu_linear.linear(x, w, b, out_dtype=torch.float32)
+    half = cpu_linear.linear(x, w, b, out_dtype=torch.bfloat16)
+    assert half.dtype == torch.bfloat16
+    assert torch.equal(half, full.to(torch.bfloat16))  # torch rounds fp32 -> bf16 to nearest even too
+
+
+@needs_kernel
+def test_rows_do_not_depend_on_the_batch():
+    """Every row's values are bit-identical alone, in a small batch, or deep inside a large one (several row blocks):
+    what lets the verify pass and the one-token decode step agree in bf16."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(37, 264, generator=g).bfloat16()
+    w = torch.randn(523, 264, generator=g).bfloat16()
+    for out_dtype in (torch.float32, torch.bfloat16):
+        batch = cpu_linear.linear(x, w, out_dtype=out_dtype)
+        alone = torch.cat([cpu_linear.linear(x[i : i + 1], w, out_dtype=out_dtype) for i in range(37)])
+        pairs = torch.cat([cpu_linear.linear(x[i : i + 3], w, out_dtype=out_dtype) for i in range(0, 37, 3)])
+        assert torch.equal(batch, alone)
+        assert torch.equal(batch, pairs)
+
+
+@needs_kernel
+def test_leading_dims_and_input_dtypes():
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(20, 16, generator=g).bfloat16()
+    x = torch.randn(2, 3, 16, generator=g)
+    out = cpu_linear.linear(x, w, out_dtype=torch.float32)
+    assert out.shape == (2, 3, 20)
+    assert torch.allclose(out, cpu_linear.reference(x, w, out_dtype=torch.float32), atol=1e-4)
+    assert torch.equal(out.reshape(6, 20), cpu_linear.linear(x.reshape(6, 16), w, out_dtype=torch.float32))
+
+
+def test_switch_off(monkeypatch):
+    monkeypatch.setenv("MICROSPEC_CPU_KERNEL", "0")
+    assert not cpu_linear.available()
+    assert not cpu_linear.applies(torch.zeros(4, 8, dtype=torch.bfloat16))
+
+
+@needs_kernel
+def test_applies_only_to_bf16_cpu_matrices():
+    assert cpu_linear.applies(torch.zeros(4, 8, dtype=torch.bfloat16))
+    assert not cpu_linear.applies(torch.zeros(4, 8))
+    assert not cpu_linear.applies(torch.zeros(4, 8, dtype=torch.float16))
+    assert not cpu_linear.applies(torch.zeros(8, dtype=torch.bfloat16))
+
+
+@needs_kernel
+def test_model_head_and_layers_use_it(monkeypatch):
+    """A bf16 tiny model: its forward and LM head give the kernel's values (and torch's within bf16 precision when
+    the kernel is switched off); the head's rows are batch-invariant end to end."""
+    from conftest import tiny_pair
+
+    _, model = tiny_pair("gemma3", dtype=torch.bfloat16)
+    ids = torch.tensor([3, 17, 5, 9, 11, 2])
+    hidden = model(ids, model.new_cache(len(ids)))
+    logits = model.head(hidden)
+    assert logits.dtype == torch.float32
+    assert torch.equal(logits[2:3], model.head(hidden[2:3]))
+    assert torch.equal(logits, cpu_linear.linear(hidden, model.head_weight, out_dtype=torch.float32))
+    monkeypatch.setenv("MICROSPEC_CPU_KERNEL", "0")
+    hidden_torch = model(ids, model.new_cache(len(ids)))
+    torch_logits = model.head(hidden_torch)
+    assert (torch_logits - logits).abs().max() <= 0.05 * logits.abs().max()
+
+
+@needs_kernel
+def test_default_head_mode_follows_the_kernel(monkeypatch):
+    from microspec.decoding.verify import default_head_mode
+
+    w = torch.zeros(8, 4, dtype=torch.bfloat16)
+    assert default_head_mode(torch.device("cpu"), w) == "path"
+    assert default_head_mode(torch.device("cpu"), w.float()) == "visited"
+    monkeypatch.setenv("MICROSPEC_CPU_KERNEL", "0")
+    assert default_head_mode(torch.device("cpu"), w) == "visited"
