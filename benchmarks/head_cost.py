@@ -3,7 +3,7 @@
     python benchmarks/head_cost.py --model gemma-3-270m
     MICROSPEC_CPU_KERNEL=0 python benchmarks/head_cost.py --model gemma-3-270m   # torch's bf16 matmul instead
 
-Best of 3 repeats of the mean over ``--repeats`` calls (a shared 2-core machine is noisy).
+Each figure is the best of 3 means (5 calls each for the head, 3 for the forward): a shared 2-core machine is noisy.
 """
 
 from __future__ import annotations

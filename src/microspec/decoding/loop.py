@@ -55,16 +55,15 @@ def prompt_topk(model: NativeCausalLM, hidden: torch.Tensor, k: int, chunk: int 
     """Top-k ids [L, k] of the target's full-vocabulary logits at every prompt position, without the [L, V] logits
     ever existing at once (2·L·V·d FLOP: more than the prefill itself on a long prompt).
 
-    On a CPU with a half-precision head, torch's bf16 matmul runs at the speed of one row at a time, so all rows
+    On a CPU with a half-precision head that the bf16 kernel (:mod:`microspec.kernels.cpu_linear`) does not serve,
+    torch's bf16 matmul runs at the speed of one row at a time, so all rows
     go against fp32 copies of ``slab`` head rows at a time instead (measured 1.5 s against 5.6 s for 256 prompt
     positions of Gemma 3 270M); the final soft-cap is monotonic and does not change a top-k.  Elsewhere:
     ``chunk`` rows at a time through :meth:`NativeCausalLM.head`."""
     w = model.head_weight
     rows = hidden.shape[0]
-    if cpu_linear.applies(w):  # the bf16 CPU kernel shares each head row's read across a chunk of rows
-        return torch.cat([torch.topk(model.head(hidden[i : i + chunk]), k, dim=-1).indices
-                          for i in range(0, rows, chunk)])
-    if w.device.type == "cpu" and w.dtype in (torch.bfloat16, torch.float16) and rows >= 8:
+    slow_half = w.device.type == "cpu" and w.dtype in (torch.bfloat16, torch.float16) and not cpu_linear.applies(w)
+    if slow_half and rows >= 8:
         h = hidden.float()
         vals, ids = [], []
         for s in range(0, w.shape[0], slab):

@@ -12,8 +12,8 @@ Whatever the mode, the committed tokens are identical (tests/test_speculative.py
 
 Default (``default_head_mode``): ``path`` wherever a batch of head rows costs little more than one row — on CUDA
 (not yet measured on a GPU) and on a CPU with bf16 weights through the fp32-accumulating kernel of
-:mod:`microspec.kernels.cpu_linear` (measured on Gemma 3 270M: 21 / 22 / 28 / 52 ms for 1 / 2 / 4 / 11 rows; end to
-end ``path`` beat ``visited`` for every speculative method, BENCHMARKS.md).  ``visited`` elsewhere on a CPU: there a
+:mod:`microspec.kernels.cpu_linear` (measured on Gemma 3 270M: 17.4 / 18.9 / 24.3 / 47.9 ms for 1 / 2 / 4 / 11 rows; in a
+2-question pilot ``path`` beat ``visited`` for every speculative method, BENCHMARKS.md).  ``visited`` elsewhere on a CPU: there a
 row costs the same batched or not (torch's bf16 matmul without native bf16 arithmetic: 18 ms per row at 1..11 rows;
 fp32: 53 ms for one row, 195 ms for eleven), and end to end ``visited`` measured fastest (BENCHMARKS.md,
 "Verification head modes").

@@ -21,6 +21,7 @@ built or the CPU lacks AVX2/FMA, :func:`available` is False and the models keep 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import sys
@@ -163,6 +164,7 @@ def _setting() -> str:
     return os.environ.get("MICROSPEC_CPU_KERNEL", "auto").strip().lower()
 
 
+@functools.cache
 def _cpu_ok() -> bool:
     try:
         cap = torch.backends.cpu.get_cpu_capability()
@@ -198,7 +200,11 @@ def _load():
 
 def available() -> bool:
     """Whether bf16 CPU products go through this kernel (built on first call; False when disabled or unbuildable)."""
-    if _setting() in ("0", "off", "false", "no") or not _cpu_ok():
+    if _setting() in ("0", "off", "false", "no"):
+        return False
+    if _module is not None:  # the hot path: asked before every product with a bf16 weight
+        return True
+    if _failed is not None or not _cpu_ok():
         return False
     return _load() is not None
 
