@@ -30,3 +30,38 @@ def test_batched_answers_equal_single(family, penalty):
     del want[2]
     assert got == want
     assert min(map(len, want.values())) < 14 <= max(map(len, want.values()))
+
+
+def test_one_penalty_per_prompt():
+    """A list of penalties applies each prompt's own: the answers equal one-at-a-time generation with it."""
+    _, model = tiny_pair("llama", seed=4)
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, 96, (int(n),), generator=g).tolist() for n in torch.randint(2, 10, (6,), generator=g)]
+    pens = [1.0, 1.5, 1.0, 1.5, 1.2, 1.0]
+    want = {i: generate_ids(model, p, GenerationConfig(max_new_tokens=12, repetition_penalty=r)).token_ids
+            for i, (p, r) in enumerate(zip(prompts, pens))}
+    got = {i: ans for i, ans, _ in generate_batched(model, prompts, 12, (), pens, batch=3)}
+    assert got == want
+    assert want[0] != generate_ids(model, prompts[0], GenerationConfig(max_new_tokens=12,
+                                                                       repetition_penalty=1.5)).token_ids
+    with pytest.raises(ValueError):
+        list(generate_batched(model, prompts, 12, (), pens[:2], batch=3))
+
+
+@pytest.mark.parametrize("refill,prefill_tokens", [(1, 8), (3, 40), (4, 10_000)])
+def test_grouped_refills_and_prefills(refill, prefill_tokens):
+    """Refilling empty rows only once several wait, and prefilling prompts together (padded, in groups of a token
+    budget), change nothing in the answers or the features."""
+    _, model = tiny_pair("gemma3", seed=5, sliding_window=6)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 96, (int(n),), generator=g).tolist() for n in torch.randint(2, 14, (11,), generator=g)]
+    cfg = GenerationConfig(max_new_tokens=10, repetition_penalty=1.2)
+    eos = (generate_ids(model, prompts[0], cfg).token_ids[3],)
+    want = {i: generate_ids(model, p, cfg, eos).token_ids for i, p in enumerate(prompts)}
+    out = list(generate_batched(model, prompts, 10, eos, 1.2, batch=4, features=True, refill=refill,
+                                prefill_tokens=prefill_tokens))
+    assert {i: a for i, a, _ in out} == want
+    for i, ans, hidden in out:
+        ids = torch.tensor(prompts[i] + ans[:-1])
+        torch.testing.assert_close(hidden, model(ids, model.new_cache(len(ids))).to(torch.bfloat16), atol=2e-2,
+                                   rtol=2e-2)

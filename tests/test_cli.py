@@ -318,3 +318,19 @@ def test_static_curve_arithmetic():
     s = summarize(recs, token_map=[1, 2], sizes=(2,))
     assert s["coverage"] == 0.8 and s["active_vocab_mean"] == 20.0 and s["active_vocab_max"] == 30
     assert s["categories"]["x"]["static_topk"] == {"2": 1.0} and s["static_topk"] == {"2": 0.4}
+
+
+def test_character_level_tokenizer_is_refused(tiny_model_dir):
+    """A GGUF whose converted tokenizer splits English into letters (transformers 5.17 on Gemma 3) is one clear
+    error, not a model that silently answers letter soup; a word-level tokenizer passes."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from microspec.errors import MicrospecError
+    from microspec.models.registry import check_tokenizer
+
+    chars = lambda text, add_special_tokens=True: SimpleNamespace(input_ids=[ord(c) for c in text])  # noqa: E731
+    with pytest.raises(MicrospecError, match="characters, not words"):
+        check_tokenizer(chars, "broken.gguf")
+    check_tokenizer(AutoTokenizer.from_pretrained(str(tiny_model_dir)), "tiny")

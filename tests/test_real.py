@@ -38,6 +38,9 @@ def test_gemma_loads_with_its_real_shape(gemma):
     assert spec.vocab_size == 262144 and spec.family == "gemma3" and spec.tie_embeddings
     assert sum(w is not None for w in spec.layer_windows) == 15  # 5:1 sliding:global
     assert gemma.tokenizer.chat_template is None  # a base model: plain prompts
+    from microspec.models.registry import check_tokenizer
+
+    check_tokenizer(gemma.tokenizer, "gemma-3-270m")  # words, not letters
     n_params = sum(p.numel() for p in gemma.model.parameters())
     assert 260e6 < n_params < 275e6
 

@@ -398,8 +398,9 @@ def _add_train(sub) -> None:
     e.add_argument("--shuffle", action="store_true", help="shuffle the prompts (by --seed) before --limit, so a "
                    "limited run samples every file and category")
     e.add_argument("--max-new-tokens", type=int, default=256, help="answer length per prompt")
-    e.add_argument("--repetition-penalty", type=float, default=1.2,
-                   help="for the answers (default 1.2: a base model's plain greedy text loops)")
+    e.add_argument("--repetition-penalty", type=float, nargs="+", default=[1.2],
+                   help="for the answers (default 1.2: a base model's plain greedy text loops); several values answer "
+                        "every prompt once with each (e.g. 1.0 1.2: the plain and the penalised decodings)")
     e.add_argument("--chat", dest="chat", action="store_true", default=None)
     e.add_argument("--no-chat", dest="chat", action="store_false")
     e.add_argument("--gen-dtype", choices=["fp32", "bf16"], default="fp32", help="dtype for generating answers")
@@ -425,6 +426,8 @@ def _add_train(sub) -> None:
                                 ("seed", 0, int), ("save-every", 50, int), ("noise-std", 0.2, float),
                                 ("p-w", 0.1, float), ("v-w", 1.0, float)):
         e.add_argument(f"--{name}", type=kind, default=default)
+    e.add_argument("--batch-tokens", type=int, default=None,
+                   help="padded tokens per training micro-batch (default: 1024 on a CPU, 16384 on CUDA)")
     e.set_defaults(func=_cmd_train_eagle)
     d = tsub.add_parser("dynaspec", help="DynaSpec cluster router over an EAGLE head's inputs",
                         description="Cluster the LM head (spherical k-means), label the features `train eagle` saved "
@@ -612,9 +615,11 @@ def _cmd_train_eagle(args: argparse.Namespace) -> int:
     bad = [s for s in stages if s not in ("generate", "capture", "train")]
     if bad or not stages:
         raise MicrospecError(f"--stages takes generate, capture and/or train, got {args.stages!r}")
-    for name in ("max_new_tokens", "tokens_per_step", "max_len", "save_every", "gen_batch"):
-        if getattr(args, name) < 1:
+    for name in ("max_new_tokens", "tokens_per_step", "max_len", "save_every", "gen_batch", "batch_tokens"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise MicrospecError(f"--{name.replace('_', '-')} must be >= 1")
+    if any(not 0 < r < 10 for r in args.repetition_penalty):
+        raise MicrospecError("--repetition-penalty values must be in (0, 10)")
     if args.epochs <= 0 or args.lr <= 0 or not 0 <= args.heldout < 1:
         raise MicrospecError("--epochs and --lr must be > 0 and --heldout in [0, 1)")
     if args.threads is not None:
@@ -631,9 +636,9 @@ def _cmd_train_eagle(args: argparse.Namespace) -> int:
     samples = None
     if "generate" in stages:
         lm = load_model(args.model, dtype=args.gen_dtype, device=args.device)
-        cfg = GenerationConfig(max_new_tokens=args.max_new_tokens, repetition_penalty=args.repetition_penalty)
+        cfg = GenerationConfig(max_new_tokens=args.max_new_tokens, repetition_penalty=args.repetition_penalty[0])
         samples = generate_responses(lm, prompts, out, cfg, args.chat, args.gen_batch, args.max_len // 2, args.max_len,
-                                     log=log_stderr)
+                                     log=log_stderr, penalties=args.repetition_penalty)
     lm = load_model(args.model, dtype=args.dtype, device=args.device)
     if samples is None:
         from .training.data import read_jsonl
@@ -651,8 +656,10 @@ def _cmd_train_eagle(args: argparse.Namespace) -> int:
     tcfg = TrainConfig(epochs=args.epochs, lr=args.lr, warmup_steps=args.warmup_steps,
                        tokens_per_step=args.tokens_per_step, max_len=args.max_len, heldout=args.heldout,
                        seed=args.seed, save_every=args.save_every, noise_std=args.noise_std, p_w=args.p_w,
-                       v_w=args.v_w, ce_vocab=args.ce_vocab,
+                       v_w=args.v_w, ce_vocab=args.ce_vocab, batch_tokens=args.batch_tokens,
                        loss_on=args.loss_on)
+    if lm.model.device.type == "cuda":  # TF32 for the full-vocabulary products of the loss (fp32 elsewhere)
+        torch.backends.cuda.matmul.allow_tf32 = True
     train, held = split_heldout(data, tcfg.heldout, tcfg.seed)
     torch.manual_seed(tcfg.seed)
     head = new_head(lm.model, args.intermediate_size, seed=tcfg.seed)

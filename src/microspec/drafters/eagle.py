@@ -61,6 +61,11 @@ class EagleHead(nn.Module):
         x = self.fc(torch.cat((embeds, features.to(embeds.dtype)), dim=-1))
         return self.body.run(x, cache, positions, mask)
 
+    def forward_batch(self, embeds: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """Training: the head over a batch of right-padded causal sequences of pairs, [B, T, d] each, no cache."""
+        x = self.fc(torch.cat((embeds, features.to(embeds.dtype)), dim=-1))
+        return self.body.run_causal_batch(x)
+
     @classmethod
     def load(cls, path: str | Path) -> "EagleHead":
         directory = Path(path).expanduser()

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import MicrospecError
+from ..errors import MicrospecError, check
 from ..kernels import cpu_linear
 from .kv_cache import KVCache
 
@@ -405,33 +405,63 @@ class NativeCausalLM(nn.Module):
         cache.pos[start:s] = pos
         masks = self._masks(cache, start, positions, mask, t)
         rope = self._rope_tables(pos, self.dtype)
-        nh, nkv, hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
-        gqa = nh != nkv
+        gqa = self.spec.num_heads != self.spec.num_kv_heads
         layers = self.model.layers if num_layers is None else self.model.layers[:num_layers]
-        for i, layer in enumerate(layers):
-            attn = layer.self_attn
-            h = layer.input_layernorm(x) if layer.input_layernorm is not None else x
-            q = attn.q_proj(h).view(t, nh, hd).transpose(0, 1)
-            k = attn.k_proj(h).view(t, nkv, hd).transpose(0, 1)
-            v = attn.v_proj(h).view(t, nkv, hd).transpose(0, 1)
-            if spec.qk_norm:
-                q = attn.q_norm(q)
-                k = attn.k_norm(k)
-            cos, sin = rope[spec.layer_rope[i]]
-            q = _rotate(q, cos, sin)
-            k = _rotate(k, cos, sin)
+
+        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             keys, values = cache.write(i, start, k, v)
             amask, lo = masks[spec.layer_windows[i]]
-            o = self._attend(q, keys[:, lo:s], values[:, lo:s], amask, gqa)
-            o = attn.o_proj(o.transpose(0, 1).reshape(t, nh * hd))
-            if spec.gemma:
-                x = x + layer.post_attention_layernorm(o)
-                h = layer.pre_feedforward_layernorm(x)
-                x = x + layer.post_feedforward_layernorm(self._mlp(layer.mlp, h))
-            else:
-                x = x + o
-                x = x + self._mlp(layer.mlp, layer.post_attention_layernorm(x))
+            return self._attend(q, keys[:, lo:s], values[:, lo:s], amask, gqa)
+
+        for i, layer in enumerate(layers):
+            x = self.layer(i, layer, x, rope, attend)
         cache.length = s
+        return self.model.norm(x) if self.model.norm is not None else x
+
+    def layer(self, i: int, layer: nn.Module, x: torch.Tensor, rope: dict, attend) -> torch.Tensor:
+        """Decoder layer ``i`` on ``x`` [..., T, d]: ``attend(i, q, k, v)`` gets q [..., heads, T, hd] and k, v
+        [..., kv_heads, T, hd] (RoPE applied) and returns [..., heads, T, hd].  :meth:`run` attends through its
+        cache; batched callers (answer generation, head training) attend their own way."""
+        spec = self.spec
+        attn = layer.self_attn
+        nh, nkv, hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        lead, t = x.shape[:-2], x.shape[-2]
+        h = layer.input_layernorm(x) if layer.input_layernorm is not None else x
+        q = attn.q_proj(h).view(*lead, t, nh, hd).transpose(-2, -3)
+        k = attn.k_proj(h).view(*lead, t, nkv, hd).transpose(-2, -3)
+        v = attn.v_proj(h).view(*lead, t, nkv, hd).transpose(-2, -3)
+        if spec.qk_norm:
+            q = attn.q_norm(q)
+            k = attn.k_norm(k)
+        cos, sin = rope[spec.layer_rope[i]]
+        q = _rotate(q, cos, sin)
+        k = _rotate(k, cos, sin)
+        o = attend(i, q, k, v)
+        o = attn.o_proj(o.transpose(-2, -3).reshape(*lead, t, nh * hd))
+        if spec.gemma:
+            x = x + layer.post_attention_layernorm(o)
+            h = layer.pre_feedforward_layernorm(x)
+            return x + layer.post_feedforward_layernorm(self._mlp(layer.mlp, h))
+        x = x + o
+        return x + self._mlp(layer.mlp, layer.post_attention_layernorm(x))
+
+    def run_causal_batch(self, x: torch.Tensor) -> torch.Tensor:
+        """Causal forward of a batch of sequences ``x`` [B, T, d] from position 0, without a cache (training).
+
+        Right-padded sequences are exact at their real positions (a causal query never sees a later pad).  Sliding
+        windows shorter than T and attention soft-capping are refused (the EAGLE heads this trains have neither)."""
+        spec = self.spec
+        t = int(x.shape[-2])
+        check(spec.attn_softcap is None and all(w is None or w >= t for w in spec.layer_windows),
+              "run_causal_batch: attention soft-capping and windows shorter than the sequence are not supported")
+        rope = self._rope_tables(torch.arange(t, device=x.device), x.dtype)
+        gqa = spec.num_heads != spec.num_kv_heads
+
+        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=spec.attn_scale, enable_gqa=gqa)
+
+        for i, layer in enumerate(self.model.layers):
+            x = self.layer(i, layer, x, rope, attend)
         return self.model.norm(x) if self.model.norm is not None else x
 
     def _mlp(self, mlp: MLP, h: torch.Tensor) -> torch.Tensor:

@@ -189,6 +189,7 @@ def _convert_gguf(path: Path, out: Path) -> None:
         raise
     except Exception as exc:
         raise MicrospecError(f"transformers could not load {path} ({type(exc).__name__}: {exc})") from exc
+    check_tokenizer(tok, path.name)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
     try:
@@ -208,6 +209,22 @@ def _convert_gguf(path: Path, out: Path) -> None:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+_PROBE = "The quick brown fox jumps over the lazy dog, and then it runs back home."
+
+
+def check_tokenizer(tok, source: str) -> None:
+    """Refuse a tokenizer that splits plain English into single characters.  Seen on a GPU machine: transformers
+    5.17 built such a tokenizer from the Gemma 3 GGUF (5.23 builds it right), and every prompt became a string of
+    letters — the model's answers to it were nonsense, with no error anywhere."""
+    import transformers
+
+    n = len(tok(_PROBE, add_special_tokens=False).input_ids)
+    if n > 2 * len(_PROBE.split()):
+        raise MicrospecError(f"the tokenizer transformers {transformers.__version__} built from {source} splits plain "
+                             f"English into {n} pieces for {len(_PROBE.split())} words (characters, not words): "
+                             f"use another transformers version")
 
 
 def hf_directory(lm: LoadedModel) -> Path:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..models.native import NativeCausalLM, _rotate
+from ..models.native import NativeCausalLM
 
 
 @torch.inference_mode()
@@ -28,17 +28,29 @@ def generate_batched(
     prompts: Sequence[Sequence[int]],
     max_new_tokens: int,
     eos_token_ids: Sequence[int] = (),
-    repetition_penalty: float = 1.0,
+    repetition_penalty: float | Sequence[float] = 1.0,
     batch: int = 16,
     skip: Callable[[int], bool] | None = None,
     features: bool = False,
+    refill: int | None = None,
+    prefill_tokens: int = 16384,
 ) -> Iterator[tuple[int, list[int], torch.Tensor | None]]:
     """Yield ``(index, answer_ids, hidden)`` for every prompt (in completion order, not input order).
 
     ``hidden`` (when ``features``): the final hidden states the target computed on the way, [n + len(answer) - 1, d]
     in bf16 on the CPU — those of the prompt and of every answer token but the last (which was never fed back),
-    i.e. the features of ``prompt + answer[:-1]``.  ``skip(i)`` true leaves prompt ``i`` out."""
+    i.e. the features of ``prompt + answer[:-1]``.  ``skip(i)`` true leaves prompt ``i`` out.
+    ``repetition_penalty``: one value for every prompt, or one per prompt.
+    ``refill``: empty rows are refilled once at least this many wait (default: 1 on a CPU, where an idle row costs
+    a row of compute; an eighth of the batch on CUDA, where a step costs about the same whatever its rows and one
+    prefill per finished answer would dominate); refills are prefilled together, ``prefill_tokens`` padded tokens
+    at a time."""
     device = model.device
+    penalties = [float(repetition_penalty)] * len(prompts) if isinstance(repetition_penalty, (int, float)) else \
+        [float(p) for p in repetition_penalty]
+    if len(penalties) != len(prompts):
+        raise ValueError("one repetition penalty per prompt, or a single one")
+    any_penalty = any(p != 1.0 for p in penalties)
     spec = model.spec
     stops = torch.tensor(sorted({int(t) for t in eos_token_ids}) or [-1], device=device)
     pending = [i for i in range(len(prompts)) if skip is None or not skip(i)]
@@ -50,52 +62,71 @@ def generate_batched(
     kv = torch.zeros(spec.num_layers, 2, batch, spec.num_kv_heads, span, spec.head_dim, dtype=model.dtype,
                      device=device)
     seen = torch.zeros(batch, spec.vocab_size, dtype=torch.bool, device=device)
+    row_penalty = torch.ones(batch, 1, dtype=torch.float32, device=device)
     rows: list[dict | None] = [None] * batch  # per batch row: index, answer, position, next-token logits
 
-    def start(row: int, idx: int) -> None:
-        ids = torch.as_tensor(list(prompts[idx]), dtype=torch.long, device=device)
-        n = len(ids)
-        cache = model.new_cache(n)
-        hidden = model(ids, cache)
-        kv[:, :, row, :, :n] = cache.kv[:, :, :, :n]
-        seen[row].zero_()
-        seen[row, ids] = True
-        rows[row] = {"index": idx, "answer": [], "pos": n, "logits": model.head(hidden[-1:])[0],
-                     "hidden": [hidden.to("cpu", torch.bfloat16)] if features else None}
+    def start(pairs: list[tuple[int, int]]) -> None:
+        """Prefill prompts ``idx`` into rows ``row`` together (right-padded; pads' keys sit past each row's
+        position, masked until its own tokens overwrite them)."""
+        while pairs:
+            g = t = 0
+            while g < len(pairs):
+                longer = max(t, len(prompts[pairs[g][1]]))
+                if g and (g + 1) * longer > prefill_tokens:
+                    break
+                t, g = longer, g + 1
+            group, pairs = pairs[:g], pairs[g:]
+            lens = [len(prompts[idx]) for _, idx in group]
+            ids = torch.zeros(g, t, dtype=torch.long)
+            for j, (_, idx) in enumerate(group):
+                ids[j, : lens[j]] = torch.as_tensor(list(prompts[idx]), dtype=torch.long)
+            valid = torch.arange(t)[None, :] < torch.tensor(lens)[:, None]
+            ids, valid = ids.to(device), valid.to(device)
+            at = torch.tensor([r for r, _ in group], device=device)
+            hidden = _prefill_rows(model, kv, ids, at)
+            logits = model.head(hidden[torch.arange(g, device=device), torch.tensor(lens, device=device) - 1])
+            seen[at] = False
+            seen[at[:, None].expand(g, t)[valid], ids[valid]] = True
+            row_penalty[at] = torch.tensor([[penalties[idx]] for _, idx in group], device=device)
+            feats = hidden.to("cpu", torch.bfloat16) if features else None
+            for j, (r, idx) in enumerate(group):
+                rows[r] = {"index": idx, "answer": [], "pos": lens[j], "logits": logits[j],
+                           "hidden": [feats[j, : lens[j]]] if features else None}
 
-    for r in range(batch):
-        if pending:
-            start(r, pending.pop())
-    while any(rows):
+    if refill is None:
+        refill = 1 if device.type == "cpu" else max(1, batch // 8)
+    start([(r, pending.pop()) for r in range(batch) if pending])
+    while True:
         live = [r for r in range(batch) if rows[r] is not None]
+        if not live:
+            break
+        live_t = torch.tensor(live, device=device)
         logits = torch.stack([rows[r]["logits"] for r in live])
-        if repetition_penalty != 1.0:
-            pen = torch.where(logits < 0, logits * repetition_penalty, logits / repetition_penalty)
-            logits = torch.where(seen[live], pen, logits)
+        if any_penalty:  # HF's rule; a penalty of 1 leaves the logits exactly as they are
+            pen = row_penalty[live_t]
+            pen = torch.where(logits < 0, logits * pen, logits / pen)
+            logits = torch.where(seen[live_t], pen, logits)
         nxt = logits.argmax(-1)
+        seen[live_t, nxt] = True
         nxt_list, done_list = nxt.tolist(), torch.isin(nxt, stops).tolist()
         for j, r in enumerate(live):
             st = rows[r]
             st["answer"].append(nxt_list[j])
-            seen[r, nxt_list[j]] = True
             if done_list[j] or len(st["answer"]) >= max_new_tokens:
                 yield st["index"], st["answer"], torch.cat(st["hidden"]) if features else None
                 rows[r] = None
-                if pending:
-                    start(r, pending.pop())
+        free = [r for r in range(batch) if rows[r] is None]
+        if pending and len(free) >= min(refill, len(pending)):
+            start([(r, pending.pop()) for r in free if pending])
         step = [r for r in range(batch) if rows[r] is not None and rows[r]["answer"]]
         if not step:
             continue
         # Every row runs (whole-cache views, no gathers): rows that have no token to feed (empty, or refilled
         # this step and still holding their prefill logits) feed a dummy at their next slot, which their real
-        # token overwrites before any query can read it.
-        toks = torch.zeros(batch, dtype=torch.long, device=device)
-        pos = torch.zeros(batch, dtype=torch.long, device=device)
-        for r in range(batch):
-            if rows[r] is not None:
-                pos[r] = rows[r]["pos"]
-                if rows[r]["answer"]:
-                    toks[r] = rows[r]["answer"][-1]
+        # token overwrites before any query can read it.  Tokens and positions go to the device in one copy each.
+        toks = torch.tensor([st["answer"][-1] if st is not None and st["answer"] else 0 for st in rows],
+                            dtype=torch.long, device=device)
+        pos = torch.tensor([st["pos"] if st is not None else 0 for st in rows], dtype=torch.long, device=device)
         hidden = _decode_rows(model, kv, toks, pos)[step]
         logits = model.head(hidden)
         if features:
@@ -107,14 +138,39 @@ def generate_batched(
                 rows[r]["hidden"].append(hidden[j : j + 1])
 
 
+def _prefill_rows(model: NativeCausalLM, kv: torch.Tensor, ids: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """Prefill right-padded prompts ``ids`` [G, T] from position 0 into rows ``at`` of the padded cache; returns
+    the final hidden states [G, T, d] (those past a prompt's length are the pads', unused)."""
+    spec = model.spec
+    t = ids.shape[1]
+    pos = torch.arange(t, device=kv.device)
+    rope = model._rope_tables(pos, model.dtype)
+    masks = {}
+    for w in set(spec.layer_windows):
+        allowed = pos[None, :] <= pos[:, None]
+        if w is not None:
+            allowed = allowed & (pos[None, :] > pos[:, None] - w)
+        masks[w] = allowed[None, None]  # [1, 1, T, T]
+
+    def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        kv[i, 0, at, :, :t] = k
+        kv[i, 1, at, :, :t] = v
+        return _attend_rows(model, q, k, v, masks[spec.layer_windows[i]])
+
+    x = model.embed(ids)
+    for i, layer in enumerate(model.model.layers):
+        x = model.layer(i, layer, x, rope, attend)
+    return model.model.norm(x) if model.model.norm is not None else x
+
+
 def _decode_rows(model: NativeCausalLM, kv: torch.Tensor, toks: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """One decode step of ``toks`` [B] (row i of the padded cache ``kv`` at position ``pos[i]``): the layer
     arithmetic of :meth:`NativeCausalLM.run` with a batch of independent sequences instead of one."""
     spec = model.spec
     t, span = len(toks), kv.shape[4]
-    nh, nkv, hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
-    x = model.embed(toks)
-    rope = model._rope_tables(pos, model.dtype)
+    x = model.embed(toks)[:, None]  # [T, 1, d]: each row a one-token sequence of its own
+    rope = {key: (cos[:, None, None, :], sin[:, None, None, :])
+            for key, (cos, sin) in model._rope_tables(pos, model.dtype).items()}
     keys = torch.arange(span, device=kv.device)[None, :]
     rows = torch.arange(t, device=kv.device)
     masks = {}
@@ -123,30 +179,15 @@ def _decode_rows(model: NativeCausalLM, kv: torch.Tensor, toks: torch.Tensor, po
         if w is not None:
             allowed = allowed & (keys > pos[:, None] - w)
         masks[w] = allowed[:, None, None, :]  # [T, 1, 1, span]
-    for i, layer in enumerate(model.model.layers):
-        attn = layer.self_attn
-        h = layer.input_layernorm(x) if layer.input_layernorm is not None else x
-        q = attn.q_proj(h).view(t, nh, 1, hd)
-        k = attn.k_proj(h).view(t, nkv, 1, hd)
-        v = attn.v_proj(h).view(t, nkv, 1, hd)
-        if spec.qk_norm:
-            q = attn.q_norm(q)
-            k = attn.k_norm(k)
-        cos, sin = rope[spec.layer_rope[i]]
-        cos, sin = cos[:, None, None, :], sin[:, None, None, :]
-        q = _rotate(q, cos, sin)
-        k = _rotate(k, cos, sin)
+
+    def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         kv[i, 0, rows, :, pos] = k[:, :, 0]
         kv[i, 1, rows, :, pos] = v[:, :, 0]
-        o = _attend_rows(model, q, kv[i, 0], kv[i, 1], masks[spec.layer_windows[i]])
-        o = attn.o_proj(o.reshape(t, nh * hd))
-        if spec.gemma:
-            x = x + layer.post_attention_layernorm(o)
-            h = layer.pre_feedforward_layernorm(x)
-            x = x + layer.post_feedforward_layernorm(model._mlp(layer.mlp, h))
-        else:
-            x = x + o
-            x = x + model._mlp(layer.mlp, layer.post_attention_layernorm(x))
+        return _attend_rows(model, q, kv[i, 0], kv[i, 1], masks[spec.layer_windows[i]])
+
+    for i, layer in enumerate(model.model.layers):
+        x = model.layer(i, layer, x, rope, attend)
+    x = x[:, 0]
     return model.model.norm(x) if model.model.norm is not None else x
 
 

@@ -23,7 +23,7 @@ import math
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -53,7 +53,8 @@ class TrainConfig:
     weight_decay: float = 0.0
     heldout: float = 0.05
     seed: int = 0
-    chunk_rows: int = 128  # rows of the full-vocabulary head per chunk
+    chunk_rows: int | None = None  # rows of the full-vocabulary head per chunk (None: 128 on a CPU, 2048 on CUDA)
+    batch_tokens: int | None = None  # padded tokens per micro-batch (None: 1024 on a CPU, 16384 on CUDA)
     save_every: int = 50  # optimizer steps between checkpoints
     topk: int = 3
     loss_on: str = "answer"  # "answer" (EAGLE: the answer tokens) or "all" (prompt tokens too: teacher-forced text)
@@ -113,33 +114,39 @@ def _rope_theta(inv_freq: torch.Tensor, head_dim: int) -> float:
 # ---------------------------------------------------------------------------------------------------- stages
 def generate_responses(lm, prompts: list[str], out: Path, cfg: GenerationConfig, chat: bool | None = None,
                        batch: int = 1, max_prompt_len: int | None = None, max_len: int | None = None,
-                       shard_size: int = 64, log=print) -> list[dict]:
-    """Stage 1 (resumable): the target's own answers, as token ids, one JSONL line per prompt (with its index, as
+                       shard_size: int = 64, log=print, penalties: list[float] | None = None) -> list[dict]:
+    """Stage 1 (resumable): the target's own answers, as token ids, one JSONL line per answer (with its index, as
     batched generation finishes answers out of order).  ``batch`` > 1 decodes that many answers together
     (:func:`generate_batched`, greedy with the repetition penalty only); 1 uses the generation loop itself.
+    ``penalties`` (default: ``cfg``'s one): every prompt is answered once per repetition penalty; answer
+    ``index`` = prompt number * len(penalties) + penalty number, and each line records its penalty.
     Prompts longer than ``max_prompt_len`` tokens are skipped (their answers would be cut away by ``--max-len``).
     Batched generation also keeps the final hidden states it computes on the way (when ``max_len`` is given): the
     features of prompt + answer[:-1], cut to ``max_len``, written as ``features/genNNNNN.pt`` shards together with
     the answers (``"features"`` names the shard), which spares the capture stage a second forward over them."""
     path = out / "responses.jsonl"
+    pens = list(penalties) if penalties else [cfg.repetition_penalty]
+    jobs = len(prompts) * len(pens)
     done = read_jsonl(path)
-    check(len(done) <= len(prompts), f"{path} has more answers than there are prompts: wrong directory?")
+    check(len(done) <= jobs, f"{path} has more answers than there are prompts: wrong directory?")
     have = {rec.get("index", i) for i, rec in enumerate(done)}
     encoded: dict[int, list[int]] = {}
     limit = lm.model.spec.max_position - cfg.max_new_tokens
     if max_prompt_len is not None:
         limit = min(limit, max_prompt_len)
     for i, p in enumerate(prompts):
-        if i not in have:
+        todo = [i * len(pens) + j for j in range(len(pens)) if i * len(pens) + j not in have]
+        if todo:
             ids = encode_prompt(lm, p, chat)
             if len(ids) <= limit:
-                encoded[i] = ids
-    t0, tokens, n = time.perf_counter(), 0, len(done)
+                for k in todo:
+                    encoded[k] = ids
+    t0, tokens, n, last_log = time.perf_counter(), 0, len(done), 0.0
     fdir = out / "features"
     pending: list[tuple[dict, dict]] = []
 
     def save(rec: dict, feat: dict | None) -> None:
-        nonlocal tokens, n
+        nonlocal tokens, n, last_log
         if feat is not None:  # answers and their features land together, a shard at a time
             pending.append((rec, feat))
             if len(pending) >= shard_size:
@@ -149,7 +156,10 @@ def generate_responses(lm, prompts: list[str], out: Path, cfg: GenerationConfig,
             done.append(rec)
         tokens += len(rec["response_ids"])
         n += 1
-        log(f"generate {n}/{len(prompts)}: {tokens} answer tokens, {tokens / (time.perf_counter() - t0):.1f} tok/s")
+        now = time.perf_counter()
+        if now - last_log >= 5.0 or n == jobs:
+            last_log = now
+            log(f"generate {n}/{jobs}: {tokens} answer tokens, {tokens / (now - t0):.1f} tok/s")
 
     def flush() -> None:
         if not pending:
@@ -165,25 +175,33 @@ def generate_responses(lm, prompts: list[str], out: Path, cfg: GenerationConfig,
             done.append(rec)
         pending.clear()
 
+    def record(k: int, answer: list[int]) -> dict:
+        rec = {"index": k, "prompt_ids": encoded[k], "response_ids": answer}
+        if len(pens) > 1:
+            rec["repetition_penalty"] = pens[k % len(pens)]
+        return rec
+
     if batch > 1:
         check(cfg.greedy and cfg.no_repeat_ngram_size == 0 and not cfg.stop_strings,
               "batched answer generation is greedy with a repetition penalty only; use --gen-batch 1")
         order = sorted(encoded)
-        answers = generate_batched(lm.model, [encoded[i] for i in order], cfg.max_new_tokens, lm.eos_token_ids,
-                                   cfg.repetition_penalty, batch, features=max_len is not None)
+        answers = generate_batched(lm.model, [encoded[k] for k in order], cfg.max_new_tokens, lm.eos_token_ids,
+                                   [pens[k % len(pens)] for k in order], batch, features=max_len is not None)
         for j, ans, hidden in answers:
-            i = order[j]
-            rec = {"index": i, "prompt_ids": encoded[i], "response_ids": ans}
+            k = order[j]
             feat = None
             if hidden is not None:
-                ids = (encoded[i] + ans[:-1])[:max_len]
-                feat = {"ids": torch.tensor(ids), "features": hidden[: len(ids)], "prompt_len": len(encoded[i])}
-            save(rec, feat)
+                ids = (encoded[k] + ans[:-1])[:max_len]
+                feat = {"ids": torch.tensor(ids), "features": hidden[: len(ids)], "prompt_len": len(encoded[k])}
+            save(record(k, ans), feat)
         flush()
     else:
-        for i, ids in encoded.items():
-            save({"index": i, "prompt_ids": ids, "response_ids": generate_ids(lm.model, ids, cfg,
-                                                                              lm.eos_token_ids).token_ids}, None)
+        for k, ids in encoded.items():
+            one = replace(cfg, repetition_penalty=pens[k % len(pens)])
+            save(record(k, generate_ids(lm.model, ids, one, lm.eos_token_ids).token_ids), None)
+    skipped = jobs - len(done)
+    log(f"generate: {len(done)} answers, {sum(len(r['response_ids']) for r in done)} answer tokens"
+        + (f"; {skipped} prompt answers skipped (prompt over {limit} tokens)" if skipped else ""))
     return done
 
 
@@ -265,50 +283,101 @@ class Trainer:
         return out
 
     def sequence_loss(self, rec: dict, train: bool) -> dict:
-        """Forward (and, when ``train``, backward) of one sequence; sums for the metrics."""
+        """:meth:`batch_loss` of one sequence (its gradient: the mean over its positions)."""
+        return self.batch_loss([rec], train)
+
+    def batch_loss(self, recs: list[dict], train: bool, norm: float | None = None) -> dict:
+        """Forward (and, when ``train``, backward) of a micro-batch of sequences, right-padded to one length and
+        run together (causal attention: a real position never sees a pad).  The loss backpropagated is the sum
+        over the trained positions divided by ``norm`` (default: their number).  Returns sums for the metrics."""
         cfg, dev = self.cfg, self.target.device
-        ids = rec["ids"].to(dev)
-        feats = rec["features"].to(dev, torch.float32)
-        n = len(ids) - 1
-        emb = self.target.embed(ids[1:]).detach().float()  # x_{t+1}
-        inp = feats[:-1]
+        lens = [len(r["ids"]) for r in recs]
+        b, t = len(recs), max(lens)
+        d = recs[0]["features"].shape[-1]
+        ids = torch.zeros(b, t, dtype=torch.long)
+        feats = torch.zeros(b, t, d, dtype=recs[0]["features"].dtype)
+        first = torch.empty(b, dtype=torch.long)
+        for i, r in enumerate(recs):
+            ids[i, : lens[i]] = r["ids"]
+            feats[i, : lens[i]] = r["features"]
+            first[i] = r["prompt_len"] - 1 if cfg.loss_on == "answer" else 1
+        ids, feats = ids.to(dev), feats.to(dev, torch.float32)
+        lens_t, first = torch.tensor(lens, device=dev), first.to(dev)
+        emb = self.target.embed(ids[:, 1:]).detach().float()  # x_{t+1}
+        inp = feats[:, :-1]
         if train and cfg.noise_std > 0:  # EAGLE: (rand - 0.5) * std * 512 / sequence length
-            inp = inp + (torch.rand_like(inp) - 0.5) * cfg.noise_std * 512 / len(ids)
-        pred = eagle_forward_reference(self.head, emb, inp)  # f̂_{t+1}
-        target = feats[1:]
-        mask = torch.arange(n, device=dev) + 1 >= (rec["prompt_len"] - 1 if cfg.loss_on == "answer" else 1)
+            scale = (cfg.noise_std * 512 / lens_t.float())[:, None, None]
+            inp = inp + (torch.rand_like(inp) - 0.5) * scale
+        pred = self.head.forward_batch(emb, inp)  # f̂_{t+1}
+        j = torch.arange(t - 1, device=dev)[None, :]
+        mask = (j + 1 < lens_t[:, None]) & (j + 1 >= first[:, None])  # position j predicts f_{j+1}
         count = int(mask.sum())
         if count == 0:
             return {"tokens": 0}
-        pm, tm = pred[mask], target[mask]
-        vloss = F.smooth_l1_loss(pm, tm, reduction="none").mean(-1).sum() / count
+        norm = float(norm or count)
+        pm, tm = pred[mask], feats[:, 1:][mask]
+        vloss = F.smooth_l1_loss(pm, tm, reduction="none").mean(-1).sum()
         pd = pm.detach().requires_grad_(train)
-        ploss_sum, top1, topk = 0.0, 0, 0
-        for c in range(0, count, cfg.chunk_rows):
+        ploss_sum = torch.zeros((), device=dev)
+        top1 = torch.zeros((), dtype=torch.long, device=dev)
+        topk = torch.zeros((), dtype=torch.long, device=dev)
+        rows = cfg.chunk_rows or (2048 if dev.type == "cuda" else 128)
+        for c in range(0, count, rows):
             with torch.no_grad():
-                t_logits = self._logits(tm[c : c + cfg.chunk_rows])
+                t_logits = self._logits(tm[c : c + rows])
                 p = torch.softmax(t_logits, -1)
                 t_top = t_logits.argmax(-1)
+                del t_logits
             with torch.set_grad_enabled(train):
-                logq = torch.log_softmax(self._logits(pd[c : c + cfg.chunk_rows]), -1)
-                loss = -(p * logq).sum() / count
+                logq = torch.log_softmax(self._logits(pd[c : c + rows]), -1)
+                loss = -(p * logq).sum()
                 if train:
-                    loss.backward()
-            ploss_sum += float(loss.detach()) * count
+                    (loss * (cfg.p_w / norm)).backward()
+            ploss_sum += loss.detach()
             with torch.no_grad():
                 ranks = logq.topk(cfg.topk, -1).indices
-                top1 += int((ranks[:, 0] == t_top).sum())
-                topk += int((ranks == t_top[:, None]).any(-1).sum())
+                top1 += (ranks[:, 0] == t_top).sum()
+                topk += (ranks == t_top[:, None]).any(-1).sum()
         if train:
-            torch.autograd.backward([cfg.v_w * vloss, pm], [None, cfg.p_w * pd.grad])
-        return {"tokens": count, "vloss": float(vloss.detach()) * count, "ploss": ploss_sum, "top1": top1, "topk": topk}
+            torch.autograd.backward([vloss * (cfg.v_w / norm), pm], [None, pd.grad])
+        return {"tokens": count, "vloss": float(vloss.detach()), "ploss": float(ploss_sum), "top1": int(top1),
+                "topk": int(topk)}
+
+    def _batch_size(self) -> int:
+        return self.cfg.batch_tokens or (16384 if self.target.device.type == "cuda" else 1024)
+
+    def batches(self, data: list[dict], epochs: float) -> list[list[int]]:
+        """The micro-batches of every epoch (deterministic in the seed): each epoch shuffles the sequences, sorts
+        windows of them by length (little padding) and cuts them into batches of at most ``batch_tokens`` padded
+        tokens, in shuffled order."""
+        rng = random.Random(self.cfg.seed)
+        budget = self._batch_size()
+        out: list[list[int]] = []
+        for _ in range(math.ceil(epochs) + 1):
+            perm = list(range(len(data)))
+            rng.shuffle(perm)
+            window = max(1, 64 * budget // 512)
+            for w0 in range(0, len(perm), window):
+                chunk = sorted(perm[w0 : w0 + window], key=lambda i: len(data[i]["ids"]))
+                cut: list[list[int]] = []
+                cur: list[int] = []
+                for i in chunk:
+                    if cur and (len(cur) + 1) * len(data[i]["ids"]) > budget:
+                        cut.append(cur)
+                        cur = []
+                    cur.append(i)
+                if cur:
+                    cut.append(cur)
+                rng.shuffle(cut)
+                out += cut
+        return out
 
     def evaluate(self, data: list[dict]) -> dict:
         self.head.eval()
         agg = {"tokens": 0, "vloss": 0.0, "ploss": 0.0, "top1": 0, "topk": 0}
         with torch.no_grad():
-            for rec in data:
-                r = self.sequence_loss(rec, train=False)
+            for batch in _in_order(data, self._batch_size()):
+                r = self.batch_loss([data[i] for i in batch], train=False)
                 for k in agg:
                     agg[k] += r.get(k, 0)
         self.head.train()
@@ -322,33 +391,28 @@ class Trainer:
         tokens_total = sum(max(0, len(r["ids"]) - first(r)) for r in train) or 1
         self.total_steps = max(1, math.ceil(tokens_total * cfg.epochs / cfg.tokens_per_step))
         ck = self.out / "checkpoint.pt"
-        order_rng = random.Random(cfg.seed)
-        seen = 0  # sequences consumed (across epochs), for resuming at the same place
+        seen = 0  # micro-batches consumed (across epochs), for resuming at the same place
         if resume and ck.is_file():
             state = torch.load(ck, map_location="cpu", weights_only=False)
             self.head.load_state_dict(state["head"])
             self.opt.load_state_dict(state["optimizer"])
             self.sched.load_state_dict(state["scheduler"])
             self.step, seen, self.history = state["step"], state["seen"], state.get("history", [])
-            self.log(f"resumed at step {self.step} ({seen} sequences seen)")
-        order: list[int] = []
-        for _ in range(math.ceil(cfg.epochs) + 1):
-            perm = list(range(len(train)))
-            order_rng.shuffle(perm)
-            order += perm
+            self.log(f"resumed at step {self.step} ({seen} micro-batches seen)")
+        order = self.batches(train, cfg.epochs)
         agg = {"tokens": 0, "vloss": 0.0, "ploss": 0.0, "top1": 0, "topk": 0}
-        acc_tokens, t0 = 0, time.perf_counter()
+        acc_tokens, t0, last_log = 0, time.perf_counter(), 0.0
         while self.step < self.total_steps and seen < len(order):
-            r = self.sequence_loss(train[order[seen]], train=True)
+            r = self.batch_loss([train[i] for i in order[seen]], train=True, norm=cfg.tokens_per_step)
             seen += 1
             for k in agg:
                 agg[k] += r.get(k, 0)
             acc_tokens += r["tokens"]
             if acc_tokens < cfg.tokens_per_step and seen < len(order):
                 continue
-            for p in self.head.parameters():
+            for p in self.head.parameters():  # the step's gradient: the mean over its positions
                 if p.grad is not None:
-                    p.grad /= max(1.0, acc_tokens / cfg.tokens_per_step)
+                    p.grad *= cfg.tokens_per_step / max(1, acc_tokens)
             torch.nn.utils.clip_grad_value_(self.head.parameters(), cfg.grad_clip)
             self.opt.step()
             self.sched.step()
@@ -356,11 +420,15 @@ class Trainer:
             self.step += 1
             acc_tokens = 0
             s = _summary(agg, cfg)
-            rate = agg["tokens"] / (time.perf_counter() - t0)
-            done = int(24 * self.step / self.total_steps)
-            self.log(f"[{'#' * done}{'.' * (24 - done)}] step {self.step}/{self.total_steps} loss {s['loss']:.4f} (v {s['vloss']:.4f} p "
-                     f"{s['ploss']:.3f}) top-1 {s['top1']:.3f} | {rate:.0f} tok/s | lr {self.sched.get_last_lr()[0]:.2e}")
             self.history.append({"step": self.step, **s})
+            now = time.perf_counter()
+            if now - last_log >= 2.0 or self.step == self.total_steps:
+                rate = agg["tokens"] / (now - t0)
+                done = int(24 * self.step / self.total_steps)
+                self.log(f"[{'#' * done}{'.' * (24 - done)}] step {self.step}/{self.total_steps} loss {s['loss']:.4f} "
+                         f"(v {s['vloss']:.4f} p {s['ploss']:.3f}) top-1 {s['top1']:.3f} | {rate:.0f} tok/s | "
+                         f"lr {self.sched.get_last_lr()[0]:.2e}")
+                last_log = now
             agg = {k: 0 if isinstance(v, int) else 0.0 for k, v in agg.items()}
             t0 = time.perf_counter()
             if self.step % cfg.save_every == 0 or self.step == self.total_steps:
@@ -383,6 +451,23 @@ def _summary(agg: dict, cfg: TrainConfig) -> dict:
     v, p = agg["vloss"] / n, agg["ploss"] / n
     return {"tokens": agg["tokens"], "vloss": round(v, 5), "ploss": round(p, 5), "loss": round(cfg.v_w * v + cfg.p_w * p, 5),
             "top1": round(agg["top1"] / n, 4), f"top{cfg.topk}": round(agg["topk"] / n, 4)}
+
+
+def _in_order(data: list[dict], budget: int) -> list[list[int]]:
+    """Micro-batches of ``data`` in its own order (evaluation), at most ``budget`` padded tokens each."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
+    for i, r in enumerate(data):
+        n = len(r["ids"])
+        if cur and (len(cur) + 1) * max(longest, n) > budget:
+            out.append(cur)
+            cur, longest = [], 0
+        cur.append(i)
+        longest = max(longest, n)
+    if cur:
+        out.append(cur)
+    return out
 
 
 def split_heldout(data: list[dict], share: float, seed: int) -> tuple[list[dict], list[dict]]:
