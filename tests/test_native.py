@@ -166,3 +166,25 @@ def test_unsupported_architecture_is_a_clear_error():
 
     with pytest.raises(MicrospecError, match="unsupported architecture"):
         spec_from_config(GPT2Config())
+
+
+@pytest.mark.parametrize("overrides", [{}, {"sliding_window": 3}, {"sliding_window": 3, "attn_logit_softcapping": 20.0}])
+def test_causal_batch_equals_the_cached_forward(overrides):
+    """``run_causal_batch`` over right-padded sequences gives each sequence's own hidden states (windows shorter
+    than the batch masked, soft-capped scores), and hands every layer's keys to ``store``."""
+    from conftest import tiny_pair
+
+    _, model = tiny_pair("gemma3", seed=2, **overrides)
+    g = torch.Generator().manual_seed(4)
+    seqs = [torch.randint(3, 90, (n,), generator=g) for n in (9, 4, 7)]
+    ids = torch.zeros(3, 9, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = s
+    stored = []
+    with torch.no_grad():
+        out = model.run_causal_batch(model.embed(ids), lambda i, k, v: stored.append((i, k.shape)))
+        for i, s in enumerate(seqs):
+            want = model(s, model.new_cache(len(s)))
+            torch.testing.assert_close(out[i, : len(s)], want, rtol=1e-5, atol=1e-5)
+    assert [i for i, _ in stored] == list(range(model.spec.num_layers))
+    assert stored[0][1] == (3, model.spec.num_kv_heads, 9, model.spec.head_dim)

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import MicrospecError, check
+from ..errors import MicrospecError
 from ..kernels import cpu_linear
 from .kv_cache import KVCache
 
@@ -249,6 +249,15 @@ class _Body(nn.Module):
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.gemma) if final_norm else None
 
 
+def window_mask(qpos: torch.Tensor, kpos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """[Tq, Tk] bool: key position ``kpos[j]`` is visible from query position ``qpos[i]`` — at or before it, and
+    with a sliding ``window`` fewer than ``window`` positions behind it."""
+    allowed = kpos[None, :] <= qpos[:, None]
+    if window is not None:
+        allowed = allowed & (kpos[None, :] > qpos[:, None] - window)
+    return allowed
+
+
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -344,11 +353,8 @@ class NativeCausalLM(nn.Module):
                 if t == 1:
                     out[w] = (None, lo)
                     continue
-                q = torch.arange(start, s, device=cache.device)[:, None]
-                k = torch.arange(lo, s, device=cache.device)[None, :]
-                allowed = k <= q
-                if w is not None:
-                    allowed = allowed & (k > q - w)
+                allowed = window_mask(torch.arange(start, s, device=cache.device),
+                                      torch.arange(lo, s, device=cache.device), w)
                 out[w] = (allowed[None, None], lo)
             return out
         qpos = positions if positions is not None else torch.arange(start, s, device=cache.device)
@@ -445,20 +451,22 @@ class NativeCausalLM(nn.Module):
         x = x + o
         return x + self._mlp(layer.mlp, layer.post_attention_layernorm(x))
 
-    def run_causal_batch(self, x: torch.Tensor) -> torch.Tensor:
-        """Causal forward of a batch of sequences ``x`` [B, T, d] from position 0, without a cache (training).
-
-        Right-padded sequences are exact at their real positions (a causal query never sees a later pad).  Sliding
-        windows shorter than T and attention soft-capping are refused (the EAGLE heads this trains have neither)."""
+    def run_causal_batch(self, x: torch.Tensor, store=None) -> torch.Tensor:
+        """Causal forward of a batch of sequences ``x`` [B, T, d] from position 0, without a cache: EAGLE head
+        training, and the grouped prefills of batched answer generation (``store(i, k, v)`` receives layer ``i``'s
+        keys and values [B, kv_heads, T, hd]).  Right-padded sequences are exact at their real positions (a causal
+        query never sees a later pad); sliding windows shorter than T are masked."""
         spec = self.spec
         t = int(x.shape[-2])
-        check(spec.attn_softcap is None and all(w is None or w >= t for w in spec.layer_windows),
-              "run_causal_batch: attention soft-capping and windows shorter than the sequence are not supported")
-        rope = self._rope_tables(torch.arange(t, device=x.device), x.dtype)
-        gqa = spec.num_heads != spec.num_kv_heads
+        pos = torch.arange(t, device=x.device)
+        rope = self._rope_tables(pos, x.dtype)
+        masks = {w: window_mask(pos, pos, w)[None, None] if w is not None and w < t else None
+                 for w in set(spec.layer_windows)}
 
         def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=spec.attn_scale, enable_gqa=gqa)
+            if store is not None:
+                store(i, k, v)
+            return self.attend_batch(q, k, v, masks[spec.layer_windows[i]], causal=True)
 
         for i, layer in enumerate(self.model.layers):
             x = self.layer(i, layer, x, rope, attend)
@@ -469,20 +477,31 @@ class NativeCausalLM(nn.Module):
 
     def _attend(self, q, k, v, amask, gqa: bool) -> torch.Tensor:
         if self.spec.attn_softcap is not None:
-            return self._attend_softcap(q, k, v, amask)
+            return self.attend_batch(q, k, v, None if amask is None else amask[0])
         return F.scaled_dot_product_attention(
             q[None], k[None], v[None], attn_mask=amask, scale=self.spec.attn_scale, enable_gqa=gqa
         )[0]
 
-    def _attend_softcap(self, q, k, v, amask) -> torch.Tensor:
-        rep = q.shape[0] // k.shape[0]
-        k = k.repeat_interleave(rep, dim=0)
-        v = v.repeat_interleave(rep, dim=0)
-        scores = (q @ k.transpose(-1, -2)) * self.spec.attn_scale
-        cap = self.spec.attn_softcap
+    def attend_batch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+                     causal: bool = False) -> torch.Tensor:
+        """Attention of ``q`` [..., heads, T, hd] over ``k``, ``v`` [..., kv_heads, S, hd] (grouped heads), with
+        ``mask`` a bool tensor broadcastable to [..., heads, T, S] (True = may attend), or causal when ``causal``
+        and no mask is given; soft-capped scores where the architecture has them."""
+        spec = self.spec
+        if spec.attn_softcap is None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None,
+                                                  scale=spec.attn_scale, enable_gqa=spec.num_heads != spec.num_kv_heads)
+        if causal and mask is None:
+            mask = window_mask(torch.arange(q.shape[-2], device=q.device), torch.arange(k.shape[-2], device=q.device),
+                               None)
+        rep = q.shape[-3] // k.shape[-3]
+        k = k.repeat_interleave(rep, dim=-3)
+        v = v.repeat_interleave(rep, dim=-3)
+        scores = (q @ k.transpose(-1, -2)) * spec.attn_scale
+        cap = spec.attn_softcap
         scores = torch.tanh(scores / cap) * cap
-        if amask is not None:
-            scores = scores.masked_fill(~amask[0], float("-inf"))
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
         return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v
 
     def head(self, hidden: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> torch.Tensor:

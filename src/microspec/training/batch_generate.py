@@ -17,9 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
-import torch.nn.functional as F
 
-from ..models.native import NativeCausalLM
+from ..models.native import NativeCausalLM, window_mask
 
 
 @torch.inference_mode()
@@ -141,26 +140,13 @@ def generate_batched(
 def _prefill_rows(model: NativeCausalLM, kv: torch.Tensor, ids: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
     """Prefill right-padded prompts ``ids`` [G, T] from position 0 into rows ``at`` of the padded cache; returns
     the final hidden states [G, T, d] (those past a prompt's length are the pads', unused)."""
-    spec = model.spec
     t = ids.shape[1]
-    pos = torch.arange(t, device=kv.device)
-    rope = model._rope_tables(pos, model.dtype)
-    masks = {}
-    for w in set(spec.layer_windows):
-        allowed = pos[None, :] <= pos[:, None]
-        if w is not None:
-            allowed = allowed & (pos[None, :] > pos[:, None] - w)
-        masks[w] = allowed[None, None]  # [1, 1, T, T]
 
-    def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def store(i: int, k: torch.Tensor, v: torch.Tensor) -> None:
         kv[i, 0, at, :, :t] = k
         kv[i, 1, at, :, :t] = v
-        return _attend_rows(model, q, k, v, masks[spec.layer_windows[i]])
 
-    x = model.embed(ids)
-    for i, layer in enumerate(model.model.layers):
-        x = model.layer(i, layer, x, rope, attend)
-    return model.model.norm(x) if model.model.norm is not None else x
+    return model.run_causal_batch(model.embed(ids), store)
 
 
 def _decode_rows(model: NativeCausalLM, kv: torch.Tensor, toks: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -171,33 +157,16 @@ def _decode_rows(model: NativeCausalLM, kv: torch.Tensor, toks: torch.Tensor, po
     x = model.embed(toks)[:, None]  # [T, 1, d]: each row a one-token sequence of its own
     rope = {key: (cos[:, None, None, :], sin[:, None, None, :])
             for key, (cos, sin) in model._rope_tables(pos, model.dtype).items()}
-    keys = torch.arange(span, device=kv.device)[None, :]
+    keys = torch.arange(span, device=kv.device)
     rows = torch.arange(t, device=kv.device)
-    masks = {}
-    for w in set(spec.layer_windows):
-        allowed = keys <= pos[:, None]
-        if w is not None:
-            allowed = allowed & (keys > pos[:, None] - w)
-        masks[w] = allowed[:, None, None, :]  # [T, 1, 1, span]
+    masks = {w: window_mask(pos, keys, w)[:, None, None, :] for w in set(spec.layer_windows)}  # [T, 1, 1, span]
 
     def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         kv[i, 0, rows, :, pos] = k[:, :, 0]
         kv[i, 1, rows, :, pos] = v[:, :, 0]
-        return _attend_rows(model, q, kv[i, 0], kv[i, 1], masks[spec.layer_windows[i]])
+        return model.attend_batch(q, kv[i, 0], kv[i, 1], masks[spec.layer_windows[i]])
 
     for i, layer in enumerate(model.model.layers):
         x = model.layer(i, layer, x, rope, attend)
     x = x[:, 0]
     return model.model.norm(x) if model.model.norm is not None else x
-
-
-def _attend_rows(model: NativeCausalLM, q, k, v, mask) -> torch.Tensor:
-    spec = model.spec
-    if spec.attn_softcap is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=spec.attn_scale,
-                                              enable_gqa=spec.num_heads != spec.num_kv_heads)
-    rep = spec.num_heads // spec.num_kv_heads
-    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    scores = torch.tanh((q @ k.transpose(-1, -2)) * spec.attn_scale / spec.attn_softcap) * spec.attn_softcap
-    scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v

@@ -356,7 +356,7 @@ class Trainer:
         for _ in range(math.ceil(epochs) + 1):
             perm = list(range(len(data)))
             rng.shuffle(perm)
-            window = max(1, 64 * budget // 512)
+            window = max(1, 64 * budget // 512)  # ~64 batches of 512-token sequences sorted together
             for w0 in range(0, len(perm), window):
                 chunk = sorted(perm[w0 : w0 + window], key=lambda i: len(data[i]["ids"]))
                 cut: list[list[int]] = []
