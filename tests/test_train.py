@@ -254,3 +254,52 @@ def test_answers_once_per_repetition_penalty(capsys, tmp_path, tiny_model_dir):
     rc, _, err = _run(capsys, "train", "eagle", "--model", tiny_model_dir, "--prompts", prompts, "--out",
                       tmp_path / "o2", "--repetition-penalty", "0", "--stages", "generate")
     assert rc == 2 and "--repetition-penalty" in err and len(err.strip().splitlines()) == 1
+
+
+def test_text_corpora_are_trained_at_every_position(capsys, tmp_path, tiny_model_dir):
+    """--texts: documents cut into BOS-led windows of at most --max-len tokens, their features captured (no answers
+    to generate), every position trained; --text-tokens caps each file; evaluation sets refused."""
+    from microspec import load_model
+    from microspec.training.data import read_training_texts, text_windows
+    from microspec.training.eagle import Trainer, TrainConfig, new_head
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("w1 w2 w3 w4 w5 w6 w7 w8 w9 w10 w11 w12 w13 w14 w15 w16\nw17 w18\n\n"
+                      "w30 w31 w32 w33 w34 w35 w36 w37 w38\n\nw2\n")
+    chat = tmp_path / "messages.jsonl"
+    chat.write_text("\n".join(json.dumps({"text": f"w{i} w{i + 1} w{i + 2} w{i + 3} w{i + 4} w{i + 5} w{i + 6}",
+                                          "role": "assistant", "parent_id": "x"}) for i in range(40, 60)) + "\n")
+    docs = read_training_texts([corpus, chat])
+    assert docs[0][-1] == "w2" and len(docs[1]) == 20  # every message, not only the roots
+    lm = load_model(str(tiny_model_dir), dtype="fp32")
+    bos = lm.tokenizer.bos_token_id
+    first = lm.tokenizer(docs[0][0], add_special_tokens=False).input_ids
+    wins = text_windows(lm.tokenizer, docs[0][:1], max_len=10)
+    assert all(w[0] == bos and 8 <= len(w) <= 10 for w in wins)
+    body = [t for w in wins for t in w[1:]]
+    assert body == first[: len(body)] and len(first) - len(body) < 7  # only a short tail is dropped
+    assert sum(map(len, text_windows(lm.tokenizer, docs[1], max_len=10, max_tokens=20))) in range(20, 30)
+
+    out = tmp_path / "o"
+    rc, stdout, err = _run(capsys, "train", "eagle", "--model", tiny_model_dir, "--texts", corpus, chat, "--out", out,
+                           "--max-len", 10, "--text-tokens", 60, "--epochs", 2, "--tokens-per-step", 32,
+                           "--heldout", 0, "--dtype", "fp32", "--head-dtype", "fp32")
+    assert rc == 0, err
+    assert not (out / "responses.jsonl").exists()
+    shards = sorted(p.name for p in (out / "features").glob("*.pt"))
+    assert shards and all(s.startswith("text") for s in shards)
+    recs = [r for s in sorted((out / "features").glob("*.pt")) for r in torch.load(s, weights_only=True)]
+    assert all(r["prompt_len"] == 1 and r["ids"][0] == bos and len(r["ids"]) <= 10 for r in recs)
+    want = lm.model(recs[0]["ids"], lm.model.new_cache(10)).to(torch.bfloat16)
+    torch.testing.assert_close(recs[0]["features"], want)
+    meta = json.loads((out / "head" / "training.json").read_text())
+    assert meta["text_tokens"] == sum(len(r["ids"]) for r in recs) and 60 <= meta["text_tokens"] < 130
+    trainer = Trainer(lm.model, new_head(lm.model), TrainConfig(), tmp_path)
+    assert trainer.sequence_loss(recs[0], train=False)["tokens"] == len(recs[0]["ids"]) - 1  # every position
+
+    bad = tmp_path / "mbpp.jsonl"
+    bad.write_text(json.dumps({"text": "w1 w2"}) + "\n")
+    for extra, needle in ((["--texts", bad], "evaluation set"), ([], "--prompts"),
+                          (["--texts", corpus, "--text-tokens", 0], "--text-tokens")):
+        rc, _, err = _run(capsys, "train", "eagle", "--model", tiny_model_dir, "--out", tmp_path / "o3", *extra)
+        assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err

@@ -389,9 +389,15 @@ def _add_train(sub) -> None:
                         description="Generate the target's answers to training prompts, capture its features, and "
                                     "train an EAGLE-1/2 head (resumable; everything goes under --out).")
     e.add_argument("--model", default=DEFAULT_MODEL)
-    e.add_argument("--prompts", nargs="+", required=True,
+    e.add_argument("--prompts", nargs="+", default=[],
                    help="training prompt files (JSONL with prompt / OASST1 messages / self-instruct / .txt); "
                         "evaluation sets are refused")
+    e.add_argument("--texts", nargs="+", default=[],
+                   help="text corpora trained on at every position, teacher-forced, beside the answers (JSONL with "
+                        "text / .txt with blank-line-separated documents): the target's distribution on varied "
+                        "text, which its own greedy answers to a small pool lack; evaluation sets are refused")
+    e.add_argument("--text-tokens", type=int, default=None,
+                   help="at most this many tokens from each --texts file (documents shuffled with --shuffle)")
     e.add_argument("--allow-eval", action="store_true", help="accept a file whose name looks like an evaluation set")
     e.add_argument("--out", required=True, help="output directory (responses, features, checkpoint, head/)")
     e.add_argument("--limit", type=int, default=None, help="use the first N prompts (after --shuffle)")
@@ -607,7 +613,7 @@ def _cmd_train_eagle(args: argparse.Namespace) -> int:
     from .decoding.config import GenerationConfig
     from .drafters.eagle import EagleHead
     from .models.registry import load_model
-    from .training.data import read_training_prompts
+    from .training.data import read_training_prompts, read_training_texts, text_windows
     from .training.eagle import (TrainConfig, Trainer, capture_features, export_head, generate_responses,
                                  init_head, load_features, log_stderr, new_head, split_heldout)
 
@@ -624,11 +630,20 @@ def _cmd_train_eagle(args: argparse.Namespace) -> int:
         raise MicrospecError("--epochs and --lr must be > 0 and --heldout in [0, 1)")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    prompts = read_training_prompts(args.prompts, allow_eval=args.allow_eval)
+    if not args.prompts and not args.texts:
+        raise MicrospecError("give training --prompts (answered by the target) and/or --texts (trained as they are)")
+    if args.text_tokens is not None and args.text_tokens < 1:
+        raise MicrospecError("--text-tokens must be >= 1")
+    if not args.prompts and "generate" in stages:
+        stages.remove("generate")  # nothing to answer
+    prompts = read_training_prompts(args.prompts, allow_eval=args.allow_eval) if args.prompts else []
+    text_docs = read_training_texts(args.texts, allow_eval=args.allow_eval) if args.texts else []
     if args.shuffle:
         import random
 
         random.Random(args.seed).shuffle(prompts)
+        for docs in text_docs:
+            random.Random(args.seed).shuffle(docs)
     prompts = prompts[: args.limit]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -644,10 +659,16 @@ def _cmd_train_eagle(args: argparse.Namespace) -> int:
         from .training.data import read_jsonl
 
         samples = read_jsonl(out / "responses.jsonl")
-        if not samples:
+        if not samples and args.prompts:
             raise MicrospecError(f"no answers in {out / 'responses.jsonl'}: run the generate stage first")
-    shards = capture_features(lm.model, samples, out, args.max_len, log=log_stderr) if "capture" in stages else \
-        sorted((out / "features").glob("gen*.pt")) + sorted((out / "features").glob("shard*.pt"))
+    bos = [lm.tokenizer.bos_token_id] if lm.tokenizer.bos_token_id is not None else []
+    texts = [{"prompt_ids": w[: len(bos) or 1], "response_ids": w[len(bos) or 1 :]}
+             for docs in text_docs for w in text_windows(lm.tokenizer, docs, args.max_len, args.text_tokens)]
+    if "capture" in stages:
+        shards = capture_features(lm.model, samples, out, args.max_len, log=log_stderr) if samples else []
+        shards += capture_features(lm.model, texts, out, args.max_len, log=log_stderr, prefix="text")
+    else:
+        shards = [p for pat in ("gen*.pt", "shard*.pt", "text*.pt") for p in sorted((out / "features").glob(pat))]
     if "train" not in stages:
         return 0
     if not shards:
@@ -670,7 +691,8 @@ def _cmd_train_eagle(args: argparse.Namespace) -> int:
     trainer = Trainer(lm.model, head, tcfg, out, log=log_stderr)
     result = trainer.fit(train, held, resume=args.resume)
     meta = {"model": args.model, "prompts": args.prompts, "prompt_count": len(prompts), "answers": len(samples),
-            "answer_tokens": sum(len(r["response_ids"]) for r in samples), "sequences": len(data),
+            "answer_tokens": sum(len(r["response_ids"]) for r in samples), "texts": args.texts,
+            "text_tokens": sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in texts), "sequences": len(data),
             "train_sequences": len(train), "heldout_sequences": len(held), "train_tokens_per_epoch":
             result["train_tokens"], "steps": result["steps"], "heldout": result["heldout"],
             "config": vars(tcfg), "wall_s": round(time.perf_counter() - t_start, 1),

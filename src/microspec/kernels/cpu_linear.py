@@ -13,6 +13,15 @@ the batch it is computed in (batch-invariant), which is what greedy speculative 
 pass and the one-token decode step compute the same values for the same row.  Outputs are rounded to bf16 (round
 to nearest even) for bf16 layers, or returned in fp32 (the LM head's logits).
 
+Attention (:func:`attend`, bf16 decode steps and tree verification of at most ``ATTENTION_MAX_ROWS`` query rows):
+torch's SDPA blocks its reductions by the shape of the call, so a token's attention output in a 60-row verify pass
+differed in the last bf16 bit from the one-token step's, and greedy speculative output left the autoregressive
+output at near ties (6 of 16 Spec-Bench turns).  The kernel computes each (head, query row) over exactly the keys the
+row may see, in slot order, with fp32 scores, a sequential fp32 softmax sum and weighted sum: a row's result depends
+only on its visible keys.  With the linear rows above, a bf16 tree-verify pass computes the very values the
+one-token step does, and bf16 greedy speculation equals bf16 autoregressive decoding (tested).  Prefills (more rows)
+keep SDPA: the autoregressive reference prefills the same way.
+
 It is compiled once with the system C++ compiler through ``torch.utils.cpp_extension`` (a few tens of seconds, kept
 under ``$MICROSPEC_CACHE/kernels/``) and runs on torch's own thread pool (``at::parallel_for``).  Where it cannot be
 built or the CPU lacks AVX2/FMA, :func:`available` is False and the models keep torch's matmul.
@@ -92,6 +101,16 @@ inline void tile(const float* x, int64_t K, const uint16_t* w, int64_t m0, int64
     }
 }
 
+
+inline float dot_bf16(const float* x, const uint16_t* w, int64_t K) {
+  __m256 acc = _mm256_setzero_ps();
+  const int64_t K8 = K & ~int64_t(7);
+  for (int64_t k = 0; k < K8; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), load_bf16x8(w + k), acc);
+  float s = hsum8(acc);
+  for (int64_t k = K8; k < K; ++k) s += x[k] * bf16_to_f32(w[k]);
+  return s;
+}
+
 }  // namespace
 
 // x: [M, K] fp32 (contiguous), w: [N, K] bf16, bias: [N] fp32 or empty.  Returns [M, N] in out_dtype.
@@ -151,9 +170,74 @@ torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, torch::Tensor bias, 
   });
   return out;
 }
+
+// Attention of a few query rows over the cached keys, one (head, query) pair at a time, over exactly the keys the
+// row may see, in slot order: scores in fp32 (the dot products as in linear_bf16), a sequential fp32 softmax sum and
+// a sequential fp32 weighted sum of the values.  A row's result depends only on its own visible keys, not on the
+// other rows of the call nor on masked slots: the one-token decode step and a tree-verify pass agree bit for bit.
+// q: [H, T, D] bf16; k, v: [G, S, D] bf16 with unit stride along D; allowed: [T, S] bool or empty (all visible).
+torch::Tensor attend_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor allowed, double scale) {
+  TORCH_CHECK(q.dtype() == torch::kBFloat16 && k.dtype() == torch::kBFloat16 && v.dtype() == torch::kBFloat16,
+              "q, k, v: bf16");
+  q = q.contiguous();
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q [H, T, D], k and v [G, S, D]");
+  const int64_t H = q.size(0), T = q.size(1), D = q.size(2), G = k.size(0), S = k.size(1);
+  TORCH_CHECK(k.size(2) == D && v.size(2) == D && v.size(0) == G && v.size(1) == S && G > 0 && H % G == 0,
+              "q, k, v shapes disagree");
+  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1, "k, v: unit stride along D");
+  const bool has_mask = allowed.defined() && allowed.numel() > 0;
+  if (has_mask)
+    TORCH_CHECK(allowed.dtype() == torch::kBool && allowed.is_contiguous() && allowed.dim() == 2 &&
+                allowed.size(0) == T && allowed.size(1) == S, "allowed: contiguous bool [T, S]");
+  auto out = torch::empty({H, T, D}, q.options());
+  const uint16_t* qp = reinterpret_cast<const uint16_t*>(q.data_ptr<at::BFloat16>());
+  const uint16_t* kp = reinterpret_cast<const uint16_t*>(k.data_ptr<at::BFloat16>());
+  const uint16_t* vp = reinterpret_cast<const uint16_t*>(v.data_ptr<at::BFloat16>());
+  const bool* mp = has_mask ? allowed.data_ptr<bool>() : nullptr;
+  uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  const int64_t ks0 = k.stride(0), ks1 = k.stride(1), vs0 = v.stride(0), vs1 = v.stride(1), rep = H / G;
+  const float sc = static_cast<float>(scale);
+  const int64_t D8 = D & ~int64_t(7);
+  at::parallel_for(0, H * T, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<float> qf(D), scores(S), acc(D);
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t h = b / T, t = b % T, g = h / rep;
+      const uint16_t* qrow = qp + (h * T + t) * D;
+      for (int64_t d = 0; d < D; ++d) qf[d] = bf16_to_f32(qrow[d]);
+      const bool* mrow = has_mask ? mp + t * S : nullptr;
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < S; ++j) {
+        if (mrow && !mrow[j]) continue;
+        const float s = dot_bf16(qf.data(), kp + g * ks0 + j * ks1, D) * sc;
+        scores[j] = s;
+        mx = std::max(mx, s);
+      }
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      float sum = 0.0f;
+      if (mx != -INFINITY) {
+        for (int64_t j = 0; j < S; ++j) {
+          if (mrow && !mrow[j]) continue;
+          const float e = std::exp(scores[j] - mx);
+          sum += e;
+          const uint16_t* vrow = vp + g * vs0 + j * vs1;
+          const __m256 ev = _mm256_set1_ps(e);
+          for (int64_t d = 0; d < D8; d += 8)
+            _mm256_storeu_ps(acc.data() + d, _mm256_fmadd_ps(ev, load_bf16x8(vrow + d), _mm256_loadu_ps(acc.data() + d)));
+          for (int64_t d = D8; d < D; ++d) acc[d] += e * bf16_to_f32(vrow[d]);
+        }
+      }
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      uint16_t* orow = op + (h * T + t) * D;
+      for (int64_t d = 0; d < D; ++d) orow[d] = f32_to_bf16(acc[d] * inv);
+    }
+  });
+  return out;
+}
 """
 
-_CPP_DECL = "torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, torch::Tensor bias, bool out_bf16);"
+_CPP_DECL = ("torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, torch::Tensor bias, bool out_bf16);\n"
+             "torch::Tensor attend_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor allowed, "
+             "double scale);")
 
 _lock = threading.Lock()
 _module = None
@@ -187,7 +271,7 @@ def _load():
         build.mkdir(parents=True, exist_ok=True)
         try:
             _module = cpp_extension.load_inline(
-                name=f"microspec_cpu_linear_{key}", cpp_sources=[_CPP_DECL, _SOURCE], functions=["linear_bf16"],
+                name=f"microspec_cpu_linear_{key}", cpp_sources=[_CPP_DECL, _SOURCE], functions=["linear_bf16", "attend_bf16"],
                 extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], build_directory=str(build), verbose=False)
         except Exception as exc:  # noqa: BLE001 - no compiler, no headers, ...: torch's matmul stays
             _failed = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
@@ -214,6 +298,15 @@ def applies(weight: torch.Tensor) -> bool:
     return weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and weight.dim() == 2 and available()
 
 
+def attention_applies(q: torch.Tensor, rows: int) -> bool:
+    """Whether :func:`attend` serves an attention call: bf16 on a CPU, at most :data:`ATTENTION_MAX_ROWS` query rows
+    (decode steps and tree verification; a prefill keeps torch's attention)."""
+    return q.dtype == torch.bfloat16 and q.device.type == "cpu" and rows <= ATTENTION_MAX_ROWS and available()
+
+
+ATTENTION_MAX_ROWS = 64
+
+
 def build_error() -> str | None:
     """Why the kernel could not be built, if it could not."""
     return _failed
@@ -237,3 +330,25 @@ def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     """What :func:`linear` computes, in plain torch (fp32 products of the bf16 weight; summation order differs)."""
     out = torch.nn.functional.linear(x.float(), weight.float(), None if bias is None else bias.float())
     return out.to(out_dtype)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """Attention of ``q`` [H, T, D] over ``k``, ``v`` [G, S, D] (grouped heads: head h reads group h // (H / G)),
+    ``mask`` [T, S] or [1, 1, T, S] bool (True = may attend) or None; bf16 in, bf16 out [H, T, D].
+
+    One (head, row) pair at a time over exactly the keys the row may see, in slot order, with fp32 scores and
+    sequential fp32 sums: a row's result does not depend on the other rows of the call nor on masked slots, so a
+    one-token decode step and a tree-verify pass compute the same values for the same token."""
+    m = torch.empty(0, dtype=torch.bool) if mask is None else mask.reshape(q.shape[1], k.shape[1]).contiguous()
+    return _module.attend_bf16(q, k, v, m, float(scale))
+
+
+def attention_reference(q, k, v, mask, scale):
+    """What :func:`attend` computes, in plain fp32 torch (summation order differs)."""
+    rep = q.shape[0] // k.shape[0]
+    kf = k.float().repeat_interleave(rep, 0)
+    vf = v.float().repeat_interleave(rep, 0)
+    s = (q.float() @ kf.transpose(-1, -2)) * scale
+    if mask is not None:
+        s = s.masked_fill(~mask.reshape(q.shape[1], k.shape[1]), float("-inf"))
+    return (torch.softmax(s, -1) @ vf).to(q.dtype)

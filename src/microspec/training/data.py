@@ -4,6 +4,11 @@ Prompt files: any JSONL with a ``prompt`` field (our prompt pool), OASST1 messag
 ``prompter`` with no ``parent_id``), self-instruct tasks (``instruction`` + the first instance's ``input``), Spec-Bench
 style ``turns``, or .txt (one prompt per line).  Evaluation sets (Spec-Bench, MT-bench, HumanEval, MBPP, GSM8K test)
 are refused by name: a head trained on them would make every benchmark meaningless.
+
+Text files (``--texts``): plain corpora whose every position is trained on, teacher-forced (the target's own
+distribution is still the label): JSONL with a ``text`` field (every OASST1 message, not only the roots) or any of the
+prompt fields, or .txt (documents separated by blank lines); optionally gzipped.  Each document is tokenized with the
+tokenizer's BOS and cut into windows of at most ``max_len`` tokens, every window starting with the BOS.
 """
 
 from __future__ import annotations
@@ -48,6 +53,52 @@ def read_training_prompts(paths: Iterable[str | Path], allow_eval: bool = False)
     if not out:
         raise MicrospecError("no training prompts found in " + ", ".join(str(p) for p in paths))
     return list(out)
+
+
+def read_training_texts(paths: Iterable[str | Path], allow_eval: bool = False) -> list[list[str]]:
+    """The documents of each text file (one list per file, in order, empty documents dropped)."""
+    out: list[list[str]] = []
+    for path in paths:
+        if is_evaluation_file(path) and not allow_eval:
+            raise MicrospecError(f"{path} looks like an evaluation set; training on it would contaminate every "
+                                 f"benchmark (rename it or pass --allow-eval if it is not one)")
+        f, name = open_text(path, "text file")
+        docs: list[str] = []
+        with f:
+            if name.endswith(".jsonl"):
+                for n, rec in json_lines(f, path):
+                    text = rec.get("text") if isinstance(rec, dict) and "text" in rec else \
+                        _prompt_of(rec) if isinstance(rec, dict) else None
+                    if text is not None and not isinstance(text, str):
+                        raise MicrospecError(f"{path}:{n}: the text is not a string")
+                    if text and text.strip():
+                        docs.append(text)
+            else:
+                docs = [d.strip("\n") for d in f.read().split("\n\n") if d.strip()]
+        if not docs:
+            raise MicrospecError(f"no text found in {path}")
+        out.append(docs)
+    return out
+
+
+def text_windows(tokenizer, docs: list[str], max_len: int, max_tokens: int | None = None) -> list[list[int]]:
+    """Token windows of ``docs`` (each at most ``max_len`` tokens, starting with the tokenizer's BOS when it has
+    one; windows shorter than 8 tokens dropped), in order, until ``max_tokens`` tokens are taken."""
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    step = max_len - len(bos)
+    out: list[list[int]] = []
+    total = 0
+    for doc in docs:
+        ids = tokenizer(doc, add_special_tokens=False).input_ids
+        for s in range(0, len(ids), step):
+            w = bos + ids[s : s + step]
+            if len(w) < 8:
+                continue
+            out.append(w)
+            total += len(w)
+            if max_tokens is not None and total >= max_tokens:
+                return out
+    return out
 
 
 def _prompt_of(rec: dict):
