@@ -661,11 +661,12 @@ def _cmd_train_eagle(args: argparse.Namespace) -> int:
         samples = read_jsonl(out / "responses.jsonl")
         if not samples and args.prompts:
             raise MicrospecError(f"no answers in {out / 'responses.jsonl'}: run the generate stage first")
-    bos = [lm.tokenizer.bos_token_id] if lm.tokenizer.bos_token_id is not None else []
-    texts = [{"prompt_ids": w[: len(bos) or 1], "response_ids": w[len(bos) or 1 :]}
+    # a text window trains every position: its first token (the BOS) stands as the "prompt"
+    texts = [{"prompt_ids": w[:1], "response_ids": w[1:]}
              for docs in text_docs for w in text_windows(lm.tokenizer, docs, args.max_len, args.text_tokens)]
     if "capture" in stages:
-        shards = capture_features(lm.model, samples, out, args.max_len, log=log_stderr) if samples else []
+        shards = sorted((out / "features").glob("gen*.pt"))  # answers whose features batched generation kept
+        shards += capture_features(lm.model, samples, out, args.max_len, log=log_stderr)
         shards += capture_features(lm.model, texts, out, args.max_len, log=log_stderr, prefix="text")
     else:
         shards = [p for pat in ("gen*.pt", "shard*.pt", "text*.pt") for p in sorted((out / "features").glob(pat))]

@@ -271,7 +271,8 @@ def _load():
         build.mkdir(parents=True, exist_ok=True)
         try:
             _module = cpp_extension.load_inline(
-                name=f"microspec_cpu_linear_{key}", cpp_sources=[_CPP_DECL, _SOURCE], functions=["linear_bf16", "attend_bf16"],
+                name=f"microspec_cpu_linear_{key}", cpp_sources=[_CPP_DECL, _SOURCE],
+                functions=["linear_bf16", "attend_bf16"],
                 extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], build_directory=str(build), verbose=False)
         except Exception as exc:  # noqa: BLE001 - no compiler, no headers, ...: torch's matmul stays
             _failed = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
@@ -298,13 +299,13 @@ def applies(weight: torch.Tensor) -> bool:
     return weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and weight.dim() == 2 and available()
 
 
-def attention_applies(q: torch.Tensor, rows: int) -> bool:
-    """Whether :func:`attend` serves an attention call: bf16 on a CPU, at most :data:`ATTENTION_MAX_ROWS` query rows
-    (decode steps and tree verification; a prefill keeps torch's attention)."""
-    return q.dtype == torch.bfloat16 and q.device.type == "cpu" and rows <= ATTENTION_MAX_ROWS and available()
-
-
 ATTENTION_MAX_ROWS = 64
+
+
+def attention_applies(q: torch.Tensor) -> bool:
+    """Whether :func:`attend` serves an attention call of ``q`` [H, T, D]: bf16 on a CPU, at most
+    :data:`ATTENTION_MAX_ROWS` query rows (decode steps and tree verification; a prefill keeps torch's attention)."""
+    return q.dtype == torch.bfloat16 and q.device.type == "cpu" and q.shape[-2] <= ATTENTION_MAX_ROWS and available()
 
 
 def build_error() -> str | None:

@@ -478,7 +478,7 @@ class NativeCausalLM(nn.Module):
     def _attend(self, q, k, v, amask, gqa: bool) -> torch.Tensor:
         if self.spec.attn_softcap is not None:
             return self.attend_batch(q, k, v, None if amask is None else amask[0])
-        if cpu_linear.attention_applies(q, q.shape[1]):  # bf16 CPU decode/verify: rows independent of the batch
+        if cpu_linear.attention_applies(q):  # bf16 CPU decode/verify: rows independent of the batch
             return cpu_linear.attend(q, k, v, amask, self.spec.attn_scale)
         return F.scaled_dot_product_attention(
             q[None], k[None], v[None], attn_mask=amask, scale=self.spec.attn_scale, enable_gqa=gqa

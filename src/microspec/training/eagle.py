@@ -209,12 +209,12 @@ def generate_responses(lm, prompts: list[str], out: Path, cfg: GenerationConfig,
 def capture_features(target: NativeCausalLM, samples: list[dict], out: Path, max_len: int, shard_size: int = 64,
                      log=print, prefix: str = "shard") -> list[Path]:
     """Stage 2 (resumable by shard): final hidden states of prompt + answer, bf16, for the answers whose features
-    batched generation did not already keep, as ``features/<prefix>NNNNN.pt``.  Returns the feature shards of
-    batched generation (for the answers) and those of ``prefix``."""
+    batched generation did not already keep (those are its ``features/gen*.pt``), as ``features/<prefix>NNNNN.pt``.
+    Returns the shards of ``samples``."""
     fdir = out / "features"
     fdir.mkdir(parents=True, exist_ok=True)
     samples = [rec for rec in samples if "features" not in rec]
-    shards = sorted(fdir.glob("gen*.pt")) if prefix == "shard" else []
+    shards: list[Path] = []
     for s0 in range(0, len(samples), shard_size):
         path = fdir / f"{prefix}{s0 // shard_size:05d}.pt"
         shards.append(path)
