@@ -73,8 +73,12 @@ def test_train_refuses_evaluation_sets_and_bad_settings(capsys, tmp_path, tiny_m
     evalset = tmp_path / "spec_bench" / "question.jsonl"
     evalset.parent.mkdir()
     evalset.write_text(json.dumps({"turns": ["w1 w2"]}) + "\n")
-    rc, _, err = _run(capsys, "train", "eagle", "--model", tiny_model_dir, "--prompts", evalset, "--out", tmp_path / "o")
-    assert rc == 2 and "evaluation set" in err and len(err.strip().splitlines()) == 1
+    mgsm = tmp_path / "mgsm" / "mgsm_de.tsv"  # GSM8K test, translated: as much an evaluation set
+    mgsm.parent.mkdir()
+    mgsm.write_text("w1 w2\t3\n")
+    for flag, path in (("--prompts", evalset), ("--texts", mgsm)):
+        rc, _, err = _run(capsys, "train", "eagle", "--model", tiny_model_dir, flag, path, "--out", tmp_path / "o")
+        assert rc == 2 and "evaluation set" in err and len(err.strip().splitlines()) == 1, err
     ok = tmp_path / "p.txt"
     ok.write_text("w1 w2\n")
     for extra, needle in ((["--stages", "fly"], "--stages"), (["--epochs", "0"], "--epochs"),
@@ -296,6 +300,22 @@ def test_text_corpora_are_trained_at_every_position(capsys, tmp_path, tiny_model
     assert meta["text_tokens"] == sum(len(r["ids"]) for r in recs) and 60 <= meta["text_tokens"] < 130
     trainer = Trainer(lm.model, new_head(lm.model), TrainConfig(), tmp_path)
     assert trainer.sequence_loss(recs[0], train=False)["tokens"] == len(recs[0]["ids"]) - 1  # every position
+
+    # --extra-features: an earlier run's shards trained on beside this run's own (here: none of its own)
+    rc, stdout, err = _run(capsys, "train", "eagle", "--model", tiny_model_dir, "--texts", corpus, "--out",
+                           tmp_path / "o4", "--stages", "train", "--extra-features", out, "--max-len", 10,
+                           "--epochs", 1, "--tokens-per-step", 32, "--heldout", 0, "--dtype", "fp32")
+    assert rc == 0, err
+    meta = json.loads((tmp_path / "o4" / "head" / "training.json").read_text())
+    assert meta["sequences"] == len(recs) and len(meta["extra_features"]) == len(shards)
+    junk, wide = tmp_path / "junk.pt", tmp_path / "wide.pt"
+    junk.write_bytes(b"not a shard")
+    torch.save([{"ids": recs[0]["ids"], "features": torch.zeros(len(recs[0]["ids"]), 7), "prompt_len": 1}], wide)
+    for path, needle in ((tmp_path / "nowhere", "no feature shards"), (junk, "not a feature shard"),
+                         (wide, "hidden size")):
+        rc, _, err = _run(capsys, "train", "eagle", "--model", tiny_model_dir, "--texts", corpus, "--out",
+                          tmp_path / "o5", "--stages", "train", "--extra-features", path, "--dtype", "fp32")
+        assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err
 
     bad = tmp_path / "mbpp.jsonl"
     bad.write_text(json.dumps({"text": "w1 w2"}) + "\n")

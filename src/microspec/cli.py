@@ -380,6 +380,20 @@ def _cmd_freq(args: argparse.Namespace) -> int:
     return 0
 
 
+def _extra_feature_shards(paths: list[str]) -> list:
+    """The shard files named by --extra-features (a directory stands for the shards of its features/)."""
+    from pathlib import Path
+
+    out: list[Path] = []
+    for p in map(Path, paths):
+        found = sorted((p / "features").glob("*.pt")) if p.is_dir() else [p] if p.is_file() else []
+        if not found:
+            raise MicrospecError(f"--extra-features {p}: no feature shards there (a .pt shard, or a `train eagle "
+                                 f"--out` directory with features/)")
+        out += found
+    return out
+
+
 def _add_train(sub) -> None:
     from .models.registry import DEFAULT_MODEL
 
@@ -399,6 +413,9 @@ def _add_train(sub) -> None:
     e.add_argument("--text-tokens", type=int, default=None,
                    help="at most this many tokens from each --texts file (documents shuffled with --shuffle)")
     e.add_argument("--allow-eval", action="store_true", help="accept a file whose name looks like an evaluation set")
+    e.add_argument("--extra-features", nargs="+", default=[], metavar="PATH",
+                   help="features captured by earlier runs, trained on beside this run's own (replay): shard files, "
+                        "or `train eagle --out` directories (every shard of their features/)")
     e.add_argument("--out", required=True, help="output directory (responses, features, checkpoint, head/)")
     e.add_argument("--limit", type=int, default=None, help="use the first N prompts (after --shuffle)")
     e.add_argument("--shuffle", action="store_true", help="shuffle the prompts (by --seed) before --limit, so a "
@@ -520,7 +537,7 @@ def _trained_policy_setup(args, positive: tuple[str, ...]):
     if head.hidden_size != lm.model.spec.hidden_size:
         raise MicrospecError(f"EAGLE head hidden size {head.hidden_size} does not match the target's "
                              f"{lm.model.spec.hidden_size}")
-    return lm, head, draft, load_features(shards)
+    return lm, head, draft, load_features(shards, lm.model.spec.hidden_size)
 
 
 def _save_trained(args, art, report: dict, lm, draft, t0: float, shown: dict) -> int:
@@ -645,6 +662,7 @@ def _cmd_train_eagle(args: argparse.Namespace) -> int:
         for docs in text_docs:
             random.Random(args.seed).shuffle(docs)
     prompts = prompts[: args.limit]
+    extra = _extra_feature_shards(args.extra_features)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
@@ -672,9 +690,10 @@ def _cmd_train_eagle(args: argparse.Namespace) -> int:
         shards = [p for pat in ("gen*.pt", "shard*.pt", "text*.pt") for p in sorted((out / "features").glob(pat))]
     if "train" not in stages:
         return 0
+    shards += extra
     if not shards:
         raise MicrospecError(f"no features under {out / 'features'}: run the capture stage first")
-    data = load_features(shards)
+    data = load_features(shards, lm.model.spec.hidden_size)
     tcfg = TrainConfig(epochs=args.epochs, lr=args.lr, warmup_steps=args.warmup_steps,
                        tokens_per_step=args.tokens_per_step, max_len=args.max_len, heldout=args.heldout,
                        seed=args.seed, save_every=args.save_every, noise_std=args.noise_std, p_w=args.p_w,
@@ -693,6 +712,7 @@ def _cmd_train_eagle(args: argparse.Namespace) -> int:
     result = trainer.fit(train, held, resume=args.resume)
     meta = {"model": args.model, "prompts": args.prompts, "prompt_count": len(prompts), "answers": len(samples),
             "answer_tokens": sum(len(r["response_ids"]) for r in samples), "texts": args.texts,
+            "extra_features": [str(p) for p in extra],
             "text_tokens": sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in texts), "sequences": len(data),
             "train_sequences": len(train), "heldout_sequences": len(held), "train_tokens_per_epoch":
             result["train_tokens"], "steps": result["steps"], "heldout": result["heldout"],

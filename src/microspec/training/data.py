@@ -2,8 +2,9 @@
 
 Prompt files: any JSONL with a ``prompt`` field (our prompt pool), OASST1 message dumps (the roots: ``role`` =
 ``prompter`` with no ``parent_id``), self-instruct tasks (``instruction`` + the first instance's ``input``), Spec-Bench
-style ``turns``, or .txt (one prompt per line).  Evaluation sets (Spec-Bench, MT-bench, HumanEval, MBPP, GSM8K test)
-are refused by name: a head trained on them would make every benchmark meaningless.
+style ``turns``, or .txt (one prompt per line).  Evaluation sets (Spec-Bench, MT-bench, HumanEval, MBPP, GSM8K test,
+and MGSM, which is GSM8K test translated) are refused by name: a head trained on them would make every benchmark
+meaningless.
 
 Text files (``--texts``): plain corpora whose every position is trained on, teacher-forced (the target's own
 distribution is still the label): JSONL with a ``text`` field (every OASST1 message, not only the roots) or any of the
@@ -20,7 +21,8 @@ from pathlib import Path
 from ..bench_data import json_lines, open_text
 from ..errors import MicrospecError
 
-EVAL_NAMES = ("spec_bench", "mt_bench", "humaneval", "human_eval", "mbpp", "gsm8k/test", "question.jsonl")
+# MGSM is GSM8K's test questions translated (and Spec-Bench's math category is GSM8K test)
+EVAL_NAMES = ("spec_bench", "mt_bench", "humaneval", "human_eval", "mbpp", "gsm8k/test", "mgsm", "question.jsonl")
 
 
 def is_evaluation_file(path: str | Path) -> bool:

@@ -234,10 +234,21 @@ def capture_features(target: NativeCausalLM, samples: list[dict], out: Path, max
     return shards
 
 
-def load_features(shards: list[Path]) -> list[dict]:
+def load_features(shards: list[Path], hidden_size: int | None = None) -> list[dict]:
+    """The captured sequences of every shard; ``hidden_size`` checks they come from a target of that width."""
     out = []
     for p in shards:
-        out.extend(torch.load(p, map_location="cpu", weights_only=True))
+        try:
+            part = torch.load(p, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 — any unreadable file is the same user error
+            raise MicrospecError(f"{p}: not a feature shard ({type(e).__name__})") from None
+        if not isinstance(part, list) or not all(isinstance(r, dict) and {"ids", "features"} <= r.keys()
+                                                 for r in part):
+            raise MicrospecError(f"{p}: not a feature shard (a list of ids/features records)")
+        if hidden_size is not None and any(r["features"].shape[-1] != hidden_size for r in part):
+            raise MicrospecError(f"{p}: features of width {part[0]['features'].shape[-1]}, but the target's "
+                                 f"hidden size is {hidden_size} (captured for another model?)")
+        out.extend(part)
     return out
 
 
