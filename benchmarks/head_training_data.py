@@ -29,11 +29,8 @@ import re
 from pathlib import Path
 
 
-def translation(data: Path, rng: random.Random, n: int) -> list[str]:
-    sents = []
-    for art in json.loads((data / "multilingual/xquad/xquad.de.json").read_text("utf-8"))["data"]:
-        for para in art["paragraphs"]:
-            sents += [s for s in re.split(r"(?<=[.!?])\s+", para["context"]) if 6 <= len(s.split()) <= 40]
+def translation(contexts: list[str], rng: random.Random, n: int) -> list[str]:
+    sents = [s for c in contexts for s in re.split(r"(?<=[.!?])\s+", c) if 6 <= len(s.split()) <= 40]
     rng.shuffle(sents)
     out = []
     for i, s in enumerate(sents[:n]):
@@ -109,7 +106,9 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     rng = lambda k: random.Random(a.seed * 1000 + k)  # noqa: E731 — one stream per category
     blocks = code_blocks(a.data)
-    prompts = [("translation", p) for p in translation(a.data, rng(1), 220)]
+    contexts = [p["context"] for art in json.loads((a.data / "multilingual/xquad/xquad.de.json").read_text("utf-8"))
+                ["data"] for p in art["paragraphs"]]
+    prompts = [("translation", p) for p in translation(contexts, rng(1), 220)]
     prompts += [("summarization", p) for p in summarization(a.data, rng(2), 90)]
     prompts += [("rag", p) for p in rag(a.data, rng(3), 100)]
     prompts += [("code", p) for p in code_prompts(blocks, rng(4), 150)]
@@ -119,14 +118,13 @@ def main() -> None:
     with (a.out / "prompts_shaped.jsonl").open("w", encoding="utf-8") as f:
         for c, p in prompts:
             f.write(json.dumps({"prompt": p, "category": c}) + "\n")
-    contexts = dict.fromkeys(p["context"].strip() for art in json.loads(
-        (a.data / "multilingual/xquad/xquad.de.json").read_text("utf-8"))["data"] for p in art["paragraphs"])
-    (a.out / "xquad_de.txt").write_text("\n\n".join(contexts) + "\n", encoding="utf-8")
+    unique = dict.fromkeys(c.strip() for c in contexts)
+    (a.out / "xquad_de.txt").write_text("\n\n".join(unique) + "\n", encoding="utf-8")
     with (a.out / "code_oasst.jsonl").open("w", encoding="utf-8") as f:
         for _, b in blocks:
             if len(b) > 200:
                 f.write(json.dumps({"text": b}) + "\n")
-    print(dict(collections.Counter(c for c, _ in prompts)), len(prompts), "prompts;", len(contexts), "contexts;",
+    print(dict(collections.Counter(c for c, _ in prompts)), len(prompts), "prompts;", len(unique), "contexts;",
           sum(len(b) > 200 for _, b in blocks), "code blocks ->", a.out)
 
 

@@ -384,9 +384,11 @@ def _extra_feature_shards(paths: list[str]) -> list:
     """The shard files named by --extra-features (a directory stands for the shards of its features/)."""
     from pathlib import Path
 
+    from .training.eagle import feature_shards
+
     out: list[Path] = []
     for p in map(Path, paths):
-        found = sorted((p / "features").glob("*.pt")) if p.is_dir() else [p] if p.is_file() else []
+        found = feature_shards(p) if p.is_dir() else [p] if p.is_file() else []
         if not found:
             raise MicrospecError(f"--extra-features {p}: no feature shards there (a .pt shard, or a `train eagle "
                                  f"--out` directory with features/)")
@@ -514,7 +516,7 @@ def _trained_policy_setup(args, positive: tuple[str, ...]):
 
     from .drafters.eagle import EagleHead
     from .models.registry import load_model, shipped_eagle_head
-    from .training.eagle import load_features
+    from .training.eagle import feature_shards, load_features
 
     for name in positive:
         if getattr(args, name) is not None and getattr(args, name) < 1:
@@ -525,7 +527,7 @@ def _trained_policy_setup(args, positive: tuple[str, ...]):
         if args.threads <= 0:
             raise MicrospecError(f"--threads must be positive, got {args.threads}")
         torch.set_num_threads(args.threads)
-    shards = sorted((Path(args.features) / "features").glob("*.pt"))
+    shards = feature_shards(Path(args.features))
     if not shards:
         raise MicrospecError(f"no features under {Path(args.features) / 'features'}: run `microspec train eagle` "
                              "(its generate/capture stages) first")
@@ -632,7 +634,8 @@ def _cmd_train_eagle(args: argparse.Namespace) -> int:
     from .models.registry import load_model
     from .training.data import read_training_prompts, read_training_texts, text_windows
     from .training.eagle import (TrainConfig, Trainer, capture_features, export_head, generate_responses,
-                                 init_head, load_features, log_stderr, new_head, split_heldout)
+                                 feature_shards, init_head, load_features, log_stderr, new_head,
+                                 split_heldout)
 
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     bad = [s for s in stages if s not in ("generate", "capture", "train")]
@@ -687,7 +690,7 @@ def _cmd_train_eagle(args: argparse.Namespace) -> int:
         shards += capture_features(lm.model, samples, out, args.max_len, log=log_stderr)
         shards += capture_features(lm.model, texts, out, args.max_len, log=log_stderr, prefix="text")
     else:
-        shards = [p for pat in ("gen*.pt", "shard*.pt", "text*.pt") for p in sorted((out / "features").glob(pat))]
+        shards = feature_shards(out)
     if "train" not in stages:
         return 0
     shards += extra

@@ -234,6 +234,14 @@ def capture_features(target: NativeCausalLM, samples: list[dict], out: Path, max
     return shards
 
 
+FEATURE_SHARDS = ("gen*.pt", "shard*.pt", "text*.pt")  # batched generation's, capture's, the text corpora's
+
+
+def feature_shards(out: Path) -> list[Path]:
+    """Every feature shard a `train eagle --out` directory holds (under features/), in a fixed order."""
+    return [p for pat in FEATURE_SHARDS for p in sorted((Path(out) / "features").glob(pat))]
+
+
 def load_features(shards: list[Path], hidden_size: int | None = None) -> list[dict]:
     """The captured sequences of every shard; ``hidden_size`` checks they come from a target of that width."""
     out = []
@@ -245,9 +253,11 @@ def load_features(shards: list[Path], hidden_size: int | None = None) -> list[di
         if not isinstance(part, list) or not all(isinstance(r, dict) and {"ids", "features"} <= r.keys()
                                                  for r in part):
             raise MicrospecError(f"{p}: not a feature shard (a list of ids/features records)")
-        if hidden_size is not None and any(r["features"].shape[-1] != hidden_size for r in part):
-            raise MicrospecError(f"{p}: features of width {part[0]['features'].shape[-1]}, but the target's "
-                                 f"hidden size is {hidden_size} (captured for another model?)")
+        width = next((w for w in (r["features"].shape[-1] for r in part) if w != hidden_size), None) \
+            if hidden_size is not None else None
+        if width is not None:
+            raise MicrospecError(f"{p}: features of width {width}, but the target's hidden size is {hidden_size} "
+                                 f"(captured for another model?)")
         out.extend(part)
     return out
 
