@@ -253,11 +253,11 @@ def load_features(shards: list[Path], hidden_size: int | None = None) -> list[di
         if not isinstance(part, list) or not all(isinstance(r, dict) and {"ids", "features"} <= r.keys()
                                                  for r in part):
             raise MicrospecError(f"{p}: not a feature shard (a list of ids/features records)")
-        width = next((w for w in (r["features"].shape[-1] for r in part) if w != hidden_size), None) \
-            if hidden_size is not None else None
-        if width is not None:
-            raise MicrospecError(f"{p}: features of width {width}, but the target's hidden size is {hidden_size} "
-                                 f"(captured for another model?)")
+        if hidden_size is not None:
+            width = next((w for w in (r["features"].shape[-1] for r in part) if w != hidden_size), None)
+            if width is not None:
+                raise MicrospecError(f"{p}: features of width {width}, but the target's hidden size is "
+                                     f"{hidden_size} (captured for another model?)")
         out.extend(part)
     return out
 
