@@ -30,11 +30,11 @@ import torch
 from microspec import load_model
 from microspec.api import encode_prompt
 from microspec.bench_data import first_per_category, read_records
-from microspec.decoding import GenerationConfig, generate_ids
+from microspec.compose import Method, build
+from microspec.decoding import GenerationConfig
 from microspec.decoding.loop import prompt_topk
-from microspec.drafters import make_drafter, tree_defaults
 from microspec.drafters.head import DraftHead
-from microspec.vocab import MicroSpecVocab, make_vocab
+from microspec.vocab import MicroSpecVocab
 from microspec.vocab.frequency import special_ids
 
 
@@ -70,9 +70,8 @@ def isolated(lm, prompt: str, rows: int, steps: int, repeats: int) -> dict:
     for gather, backend in (("packed", "host"), ("packed", "device"), ("indexed", "host")):
         policy = MicroSpecVocab(vocab_size, always=sorted(set(lm.eos_token_ids) | set(special_ids(lm.tokenizer))),
                                 gather=gather, backend=backend)
-        head = DraftHead(model.head_weight, model.spec.final_softcap)
         policy.on_prefill(ids, top)
-        head.use(policy)
+        head = DraftHead(model.head_weight, model.spec.final_softcap, policy=policy)
         turn = [0]
 
         def update():
@@ -97,19 +96,16 @@ def isolated(lm, prompt: str, rows: int, steps: int, repeats: int) -> dict:
 
 
 @torch.inference_mode()
-def generations(lm, prompts: list[str], policies: dict, cfg: GenerationConfig) -> dict:
-    model = lm.model
-    depth, top_k, total = tree_defaults("early-exit", model.device.type, None, None, None)
+def generations(lm, prompts: list[str], methods: dict, cfg: GenerationConfig) -> dict:
     out = {}
     reference: list[list[int]] | None = None
-    for name, make in policies.items():
+    for name, method in methods.items():
+        engine = build(method, lm)
         outputs = []
         agg = {"tokens": 0, "wall": 0.0, "draft": 0.0, "head": 0.0, "vocab": 0.0, "calls": 0, "steps": 0,
                "sizes": [], "accept": [], "covered": 0, "checked": 0}
         for p in prompts:
-            drafter = make_drafter("early-exit", num_layers_target=model.spec.num_layers, depth=depth, top_k=top_k,
-                                   total_tokens=total)
-            r = generate_ids(model, encode_prompt(lm, p), cfg, lm.eos_token_ids, drafter=drafter, vocab=make())
+            r = engine.generate_ids(encode_prompt(lm, p), cfg)
             outputs.append(r.token_ids)
             st = r.stats
             agg["tokens"] += st.new_tokens
@@ -167,17 +163,16 @@ def main() -> None:
            "machine": f"{platform.machine()} {platform.processor() or ''} {torch.get_num_threads()} threads".strip(),
            "isolated": isolated(lm, max(prompts, key=len), args.rows, 300, args.repeats)}
     if not args.skip_generations:
-        common = dict(vocab_size=lm.model.spec.vocab_size, eos_ids=lm.eos_token_ids,
-                      always=special_ids(lm.tokenizer))
-        policies = {
-            "full": lambda: make_vocab("full"),
-            "microspec": lambda: make_vocab("microspec", **common),
-            "microspec-indexed": lambda: make_vocab("microspec", gather="indexed", **common),
+        methods = {  # early-exit drafting (a chain on a CPU) with each vocabulary path
+            "full": Method.parse("early-exit+full"),
+            "microspec": Method.parse("early-exit+microspec"),
+            "microspec-indexed": Method(drafter="early-exit", vocab="microspec", gather="indexed"),
         }
         if args.freq_file:
-            policies["fr-spec-32k"] = lambda: make_vocab("fr-spec", freq_file=args.freq_file, size="32k", **common)
+            methods["fr-spec-32k"] = Method(drafter="early-exit", vocab="fr-spec", freq_file=args.freq_file,
+                                            shortlist_size="32k")
         cfg = GenerationConfig(max_new_tokens=args.max_new_tokens)
-        res["generations"] = generations(lm, prompts, policies, cfg)
+        res["generations"] = generations(lm, prompts, methods, cfg)
         res["prompts"] = len(prompts)
         res["max_new_tokens"] = args.max_new_tokens
     print(json.dumps(res, indent=1))

@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny randomly initialised models of every supported family, built from configs in-process."""
+"""Shared fixtures: tiny randomly initialised models of every supported family, built from configs in-process, and
+EAGLE checkpoints laid out like the released ones."""
 
 from __future__ import annotations
 
@@ -91,3 +92,39 @@ def write_tiny_model_dir(path: Path, family: str = "llama", seed: int = 0, **ove
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return write_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+
+
+def official_checkpoint(path, d=64, heads=4, kv=2, inter=96, vocab=VOCAB, fc_bias=True, qkv_bias=False, seed=0,
+                        bias_key=True, fmt="bin"):
+    """An EAGLE-1/2 checkpoint laid out exactly like the released ones (random weights)."""
+    g = torch.Generator().manual_seed(seed)
+    hd = d // heads
+
+    def w(*shape, s=0.08):
+        return torch.randn(*shape, generator=g) * s
+
+    state = {"fc.weight": w(d, 2 * d), "embed_tokens.weight": w(vocab, d),
+             "layers.0.self_attn.q_proj.weight": w(heads * hd, d), "layers.0.self_attn.k_proj.weight": w(kv * hd, d),
+             "layers.0.self_attn.v_proj.weight": w(kv * hd, d), "layers.0.self_attn.o_proj.weight": w(d, heads * hd),
+             "layers.0.mlp.gate_proj.weight": w(inter, d), "layers.0.mlp.up_proj.weight": w(inter, d),
+             "layers.0.mlp.down_proj.weight": w(d, inter),
+             "layers.0.post_attention_layernorm.weight": 1 + w(d, s=0.1)}
+    if fc_bias:
+        state["fc.bias"] = w(d)
+    if qkv_bias:
+        for n in "qkv":
+            state[f"layers.0.self_attn.{n}_proj.bias"] = w(state[f"layers.0.self_attn.{n}_proj.weight"].shape[0])
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": d, "intermediate_size": inter,
+           "num_attention_heads": heads, "num_key_value_heads": kv, "num_hidden_layers": 1, "vocab_size": vocab,
+           "rms_norm_eps": 1e-6, "max_position_embeddings": 512, "rope_theta": 10000.0, "hidden_act": "silu"}
+    if bias_key:
+        cfg["bias"] = fc_bias
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(cfg))
+    if fmt == "bin":
+        torch.save(state, path / "pytorch_model.bin")
+    else:
+        from safetensors.torch import save_file
+
+        save_file(state, str(path / "model.safetensors"))
+    return path, state, cfg

@@ -27,15 +27,21 @@ def test_generate_json_with_a_local_hf_directory(capsys, tiny_model_dir):
     assert obj["stats"]["steps"] == 8
     for key in ("wall_s", "tokens_per_s"):
         assert obj["stats"][key] > 0
-    assert isinstance(obj["text"], str)
+    assert obj["stats"]["tokens_per_s"] == pytest.approx(9 / obj["stats"]["wall_s"], rel=1e-3)
+    # the text is the new ids detokenised, special tokens left out: the tiny word-level vocabulary spelled out here
+    words = ["<pad>", "<bos>", "<eos>", "<unk>"] + [f"w{i}" for i in range(92)]
+    assert obj["text"] == " ".join(words[t] for t in obj["token_ids"] if t >= 4)
 
 
 def test_generate_plain_prints_text_and_one_summary_line(capsys, tiny_model_dir):
-    rc, out, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w5 w6",
-                        "--max-new-tokens", "4", "--ignore-eos", "--temperature", "0.7", "--seed", "3")
+    args = ["generate", "--model", str(tiny_model_dir), "--prompt", "w5 w6", "--max-new-tokens", "4", "--ignore-eos",
+            "--temperature", "0.7", "--seed", "3"]
+    rc, out, err = _run(capsys, *args)
     assert rc == 0
-    assert out.strip() != ""
     assert len(err.strip().splitlines()) == 1 and "tok/s" in err and "mean accept len 1.00" in err
+    assert "| 4 tokens in " in err
+    rc, js, _ = _run(capsys, *args, "--json")  # the same seeded sample: the plain output is its text, one line
+    assert rc == 0 and out == json.loads(js)["text"] + "\n"
 
 
 BAD = [
@@ -209,7 +215,7 @@ def test_total_tokens_auto(capsys, tiny_model_dir):
 
 
 def test_eagle_drafter_via_cli(capsys, tiny_model_dir, tmp_path):
-    from test_eagle import official_checkpoint
+    from conftest import official_checkpoint
 
     path, _, _ = official_checkpoint(tmp_path / "eagle")
     base = ["generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2 w3", "--max-new-tokens", "16",
@@ -301,7 +307,7 @@ def test_coverage_command(capsys, tiny_model_dir, tmp_path):
     assert obj["static_topk"]["512"] == 1.0  # K >= the vocabulary covers everything
     rc, out, err = _run(capsys, *base, "--categories", "b")
     assert rc == 0 and out.splitlines()[0].startswith("category") and out.splitlines()[-1].startswith("all")
-    for extra, needle in ((["--drafter", "ngram"], "needs a drafter"), (["--categories", "zzz"], "no prompts"),
+    for extra, needle in ((["--drafter", "ngram"], "needs a drafter"), (["--categories", "zzz"], "of categories ["),
                           (["--limit", "0"], "--limit")):
         rc, out, err = _run(capsys, *base, *extra)
         assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err

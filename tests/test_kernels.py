@@ -16,6 +16,7 @@ SCRIPT = textwrap.dedent("""
     import torch
     from microspec.kernels.gather_matmul import available, gather_matmul, reference
     from microspec.drafters.head import DraftHead
+    from microspec.vocab import StaticShortlist
     assert available("cpu")
     g = torch.Generator().manual_seed(0)
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
@@ -28,9 +29,8 @@ SCRIPT = textwrap.dedent("""
             torch.testing.assert_close(got, ref, rtol=tol, atol=tol * d ** 0.5)
     w = torch.randn(500, 32, generator=g)
     ids = torch.tensor([3, 17, 40, 499])
-    fused, plain = DraftHead(w, softcap=30.0, fused=True), DraftHead(w, softcap=30.0)
-    for head in (fused, plain):
-        head.set_active(ids)
+    fused = DraftHead(w, softcap=30.0, policy=StaticShortlist(ids.tolist(), 4, fused=True))
+    plain = DraftHead(w, softcap=30.0, policy=StaticShortlist(ids.tolist(), 4))
     h = torch.randn(2, 32, generator=g)
     torch.testing.assert_close(fused.logits(h), plain.logits(h), rtol=1e-5, atol=1e-5)
     assert fused.topk(h, 2)[1].tolist() == plain.topk(h, 2)[1].tolist()

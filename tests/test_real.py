@@ -172,11 +172,11 @@ def test_gemma_shipped_trained_policy_is_lossless(gemma, gemma_ar, policy):
     real vocabulary, with shortlists far smaller than it."""
     from microspec.drafters import EagleDrafter, EagleHead
     from microspec.models.registry import shipped_eagle_head, shipped_policy
-    from microspec.vocab import make_vocab
+    from microspec.compose import Method, build_policy
 
     found = shipped_policy("gemma-3-270m", policy)
     assert found is not None, f"the Gemma 3 270M {policy} artifact must ship in the package"
-    vocab = make_vocab(policy, router=str(found), vocab_size=262144, eos_ids=gemma.eos_token_ids)
+    vocab = build_policy(Method(drafter="eagle", vocab=policy, router=str(found)), 262144, always=gemma.eos_token_ids)
     head = EagleHead.load(shipped_eagle_head("gemma-3-270m"))
     prompt = SPEC_PROMPTS[2]
     r = generate_ids(gemma.model, encode_prompt(gemma, prompt), GenerationConfig(max_new_tokens=64),
@@ -191,7 +191,7 @@ def test_gemma_eagle_and_separate_draft_model_plumbing(gemma, gemma_ar, tmp_path
     draft model (Gemma's own first two layers as a standalone model) stay lossless."""
     from microspec.drafters import DraftModelDrafter, EagleDrafter, EagleHead
     from microspec.models.native import NativeCausalLM
-    from test_eagle import official_checkpoint
+    from conftest import official_checkpoint
 
     path, _, _ = official_checkpoint(tmp_path / "eagle", d=640, heads=4, kv=1, inter=1024, vocab=262144)
     head = EagleHead.load(path)

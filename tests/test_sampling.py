@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.stats import chi2 as chi2_dist
 
-from conftest import VOCAB, tiny_pair
+from conftest import VOCAB, official_checkpoint, tiny_pair
 from microspec.decoding import GenerationConfig, generate_ids
 from microspec.decoding.tree import DraftTree
 from microspec.drafters import EagleDrafter, EagleHead, EarlyExitDrafter, NGramDrafter
@@ -134,8 +134,6 @@ def _eagle_head():
     if "head" not in _HEAD:
         import tempfile
         from pathlib import Path
-
-        from test_eagle import official_checkpoint
 
         with tempfile.TemporaryDirectory() as tmp:
             path, _, _ = official_checkpoint(Path(tmp) / "ck")

@@ -183,7 +183,7 @@ def test_train_init_starts_from_an_existing_head(capsys, trained, tmp_path):
     assert rc == 0, err
     again = torch.load(out2 / "checkpoint.pt", weights_only=False)["history"]
     assert again[0]["loss"] < 0.8 * first[0]["loss"]
-    from test_eagle import official_checkpoint
+    from conftest import official_checkpoint
 
     wide, _, _ = official_checkpoint(tmp_path / "wide", d=32)
     rc, _, err = _run(capsys, *more[:-4], "--init", wide)

@@ -7,11 +7,12 @@ import random
 import pytest
 import torch
 
-from conftest import VOCAB, tiny_pair
+from conftest import VOCAB, official_checkpoint, tiny_pair
 from microspec.decoding import GenerationConfig, generate_ids
 from microspec.drafters import EagleDrafter, EagleHead, EarlyExitDrafter
 from microspec.errors import MicrospecError
-from microspec.vocab import FullVocab, MicroSpecVocab, PackedRows, make_vocab
+from microspec.compose import Method, build_policy
+from microspec.vocab import FullVocab, MicroSpecVocab, PackedRows
 
 PROMPT = [1, 10, 20, 30, 11, 21, 31, 12, 10, 20, 30]
 
@@ -106,8 +107,6 @@ def test_stream_equals_literal_algorithm_after_many_random_updates(w, backend):
 
 
 def _eagle(nm, tmp_path):
-    from test_eagle import official_checkpoint
-
     path, _, _ = official_checkpoint(tmp_path / "ck", d=nm.spec.hidden_size)
     return EagleHead.load(path)
 
@@ -141,7 +140,7 @@ def test_restricted_head_drafts_only_active_ids(tmp_path):
 
     def spy(ctx):
         tree = original(ctx)  # the policy only moves on after verification: its set is the one just used
-        seen.append((set(active_ids(drafter.vocab.active(0)).tolist()), tree.tokens))
+        seen.append((set(active_ids(drafter.head.policy.active(0)).tolist()), tree.tokens))
         return tree
 
     drafter.propose = spy
@@ -149,18 +148,21 @@ def test_restricted_head_drafts_only_active_ids(tmp_path):
     assert seen and all(set(tokens) <= active for active, tokens in seen)
 
 
-def test_make_vocab_and_bad_settings():
-    assert isinstance(make_vocab("full"), FullVocab)
-    v = make_vocab("microspec", vocab_size=VOCAB)
+def test_build_policy_and_bad_settings():
+    assert isinstance(build_policy(Method(drafter="eagle"), VOCAB), FullVocab)
+    assert build_policy(Method(drafter="ngram"), VOCAB) is None  # no LM head, no draft vocabulary
+    v = build_policy(Method(drafter="eagle", vocab="microspec"), VOCAB)
     assert (v.w_max, v.k_pre, v.k_ver) == (3072, 3, 3)  # the paper's defaults
-    with pytest.raises(MicrospecError):
-        make_vocab("frequency")
-    with pytest.raises(MicrospecError):
-        make_vocab("microspec", vocab_size=VOCAB, w_max=0)
-    with pytest.raises(MicrospecError):
-        make_vocab("microspec", vocab_size=VOCAB, k_ver=-1)
-    with pytest.raises(MicrospecError):
-        make_vocab("full", w_max=100)
+    assert build_policy(Method.parse("microspec-w8-indexed-kp4"), VOCAB).window() == []
+    p = build_policy(Method.parse("microspec-w8-indexed-kp4"), VOCAB)
+    assert (p.w_max, p.gather, p.prompt_positions) == (8, "indexed", 4)
+    for bad in (dict(vocab="frequency"), dict(vocab="microspec", w_max=0), dict(vocab="microspec", k_ver=-1),
+                dict(vocab="full", w_max=100), dict(vocab="fr-spec", shortlist_size="lots"),
+                dict(vocab="microspec", freq_file="x.pt"), dict(vocab="full", gather="packed")):
+        with pytest.raises(MicrospecError):
+            Method(drafter="eagle", **bad)
+    with pytest.raises(MicrospecError, match="needs a drafter with an LM head"):
+        Method(drafter="ngram", vocab="microspec")
 
 
 def test_frequency_table_token_map_round_trip_and_shortlist(tmp_path, tiny_model_dir):
@@ -193,7 +195,8 @@ def test_frequency_table_token_map_round_trip_and_shortlist(tmp_path, tiny_model
         parse_size("lots")
     with pytest.raises(MicrospecError):
         load_token_map(tmp_path / "a.txt")
-    v = make_vocab("fr-spec", vocab_size=VOCAB, freq_file=str(tmp_path / "map.pt"), size=2, eos_ids=[2])
+    v = build_policy(Method(drafter="eagle", vocab="fr-spec", freq_file=str(tmp_path / "map.pt"), shortlist_size=2),
+                     VOCAB, always=[2])
     assert v.active().tolist() == sorted([w("w9"), w("w5"), 2])
     assert v.active() is v.active()  # a fixed set: the draft head gathers it once
 
@@ -211,6 +214,8 @@ def test_static_shortlist_is_lossless(greedy):
 
 
 def test_freq_command(tmp_path, tiny_model_dir, capsys):
+    import json
+
     from microspec.cli import main
 
     (tmp_path / "a.txt").write_text("w5 w5 w5 w7 w7 w9\n")
@@ -220,16 +225,33 @@ def test_freq_command(tmp_path, tiny_model_dir, capsys):
     (tmp_path / "p.jsonl").write_text('{"prompt": "w1 w2"}\n{"turns": ["w3 w4", "w5"]}\n')
     assert main(["freq", "--model", str(tiny_model_dir), "--out", str(tmp_path / "g.pt"), "--generate", "--prompts",
                  str(tmp_path / "p.jsonl"), "--max-new-tokens", "5", "--dtype", "fp32"]) == 0
-    assert 1 <= len(torch.load(tmp_path / "g.pt")) <= 10
+    # the map holds the ids the model answers the prompts with, most frequent first (ties: lower id first)
+    from collections import Counter
+
+    from microspec import load_model
+    from microspec.api import generate
+    from microspec.bench_data import read_prompts
+
+    lm = load_model(str(tiny_model_dir), dtype="fp32")
+    answered = Counter(t for p in read_prompts(tmp_path / "p.jsonl")
+                       for t in generate(lm, p, GenerationConfig(max_new_tokens=5)).token_ids)
+    assert torch.load(tmp_path / "g.pt") == sorted(answered, key=lambda t: (-answered[t], t))
     capsys.readouterr()
     assert main(["freq", "--model", str(tiny_model_dir), "--out", str(tmp_path / "x.pt")]) == 2
     assert main(["generate", "--model", str(tiny_model_dir), "--prompt", "w1", "--drafter", "early-exit",
                  "--vocab", "fr-spec"]) == 2
     assert "needs --freq-file" in capsys.readouterr().err
-    rc = main(["generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2", "--drafter", "early-exit",
-               "--draft-layers", "1", "--vocab", "fr-spec", "--freq-file", str(tmp_path / "m.pt"), "--vocab-size",
-               "2", "--max-new-tokens", "6", "--json"])
+    base = ["generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2", "--max-new-tokens", "6", "--json",
+            "--dtype", "fp32"]
+    assert main(base) == 0
+    ar = json.loads(capsys.readouterr().out)
+    rc = main([*base, "--drafter", "early-exit", "--draft-layers", "1", "--vocab", "fr-spec", "--freq-file",
+               str(tmp_path / "m.pt"), "--vocab-size", "2"])
     assert rc == 0
+    obj = json.loads(capsys.readouterr().out)
+    # lossless, drafting from the map's top 2 (w5, w7) plus the 4 special ids
+    assert obj["token_ids"] == ar["token_ids"] and obj["vocab"] == "fr-spec"
+    assert obj["stats"]["active_vocab_max"] == 2 + 4
 
 
 # ---------------------------------------------------------------------------- the packed head buffer
@@ -289,8 +311,7 @@ def test_incremental_packed_buffer_equals_a_fresh_gather(w_max, backend):
     heads = []
     for v in (packed, indexed):
         v.on_prefill(prompt, top)
-        heads.append(DraftHead(weight))
-        heads[-1].use(v)
+        heads.append(DraftHead(weight, policy=v))
     for step in range(80):
         tree = torch.randint(0, VOCAB, (rnd.randrange(0, 25),), generator=g)
         logits = torch.randn(rnd.randrange(1, 4), VOCAB, generator=g)
@@ -348,7 +369,7 @@ def test_position_aware_schedule_values():
         with pytest.raises(MicrospecError):
             parse_budgets(bad)
     with pytest.raises(MicrospecError):
-        make_vocab("full", position_aware="4,2")
+        Method(drafter="eagle", vocab="full", position_aware="4,2")
 
 
 def test_position_aware_budgets_follow_rank_order():
@@ -463,15 +484,15 @@ def test_short_token_map_is_refused_and_freq_fill_completes_it(tmp_path, tiny_mo
     """A shortlist of K ids from a map with fewer ids would silently be a smaller shortlist: refused (unless the map
     already holds the whole vocabulary); ``freq --fill`` appends another map's remaining ids in its order."""
     from microspec.cli import main
-    from microspec.vocab import make_vocab
     from microspec.vocab.frequency import load_token_map, save_token_map
 
     save_token_map([5, 6, 7], tmp_path / "short.pt")
     with pytest.raises(MicrospecError, match="fewer than the 8"):
-        make_vocab("vocabtrim", vocab_size=VOCAB, freq_file=str(tmp_path / "short.pt"), size="8", eos_ids=[2])
+        build_policy(Method(drafter="eagle", vocab="vocabtrim", freq_file=str(tmp_path / "short.pt"),
+                            shortlist_size="8"), VOCAB, always=[2])
     save_token_map(list(range(VOCAB)), tmp_path / "all.pt")  # the whole vocabulary: any K is fine
-    assert make_vocab("fr-spec", vocab_size=VOCAB, freq_file=str(tmp_path / "all.pt"), size="32k",
-                      eos_ids=[2]).active().numel() == VOCAB
+    assert build_policy(Method(drafter="eagle", vocab="fr-spec", freq_file=str(tmp_path / "all.pt"),
+                               shortlist_size="32k"), VOCAB, always=[2]).active().numel() == VOCAB
     path = tmp_path / "responses.jsonl"
     path.write_text('{"response_ids": [9, 9, 4]}\n')
     save_token_map([4, 1, 9, 3], tmp_path / "corpus.pt")

@@ -1,10 +1,10 @@
-"""Text in, text out: prompt formatting, tokenisation and detokenisation around :func:`generate_ids`."""
+"""Text in, text out: prompt formatting, tokenisation and detokenisation around a method's generation loop."""
 
 from __future__ import annotations
 
+from .compose import Engine, Method, build
 from .decoding.config import GenerationConfig
-from .decoding.loop import GenerationResult, generate_ids
-from .drafters.base import Drafter
+from .decoding.loop import GenerationResult
 from .errors import check
 from .models.registry import LoadedModel
 
@@ -53,10 +53,15 @@ def encode_conversation(lm: LoadedModel, questions: list[str], answers: list[str
 
 
 def generate(lm: LoadedModel, prompt: str, cfg: GenerationConfig | None = None, chat: bool | None = None,
-             drafter: Drafter | None = None, head_mode: str | None = None, vocab=None,
-             **overrides) -> GenerationResult:
-    """Generate a continuation of ``prompt`` with ``lm`` (speculatively when a ``drafter`` is given); keyword
-    overrides build a :class:`GenerationConfig`."""
+             method: "Method | Engine | str | None" = None, **overrides) -> GenerationResult:
+    """Generate a continuation of ``prompt`` with ``lm``; keyword overrides build a :class:`GenerationConfig`.
+
+    ``method``: how to decode — a method name (``"ar"``, the default: plain decoding; ``"eagle+microspec"``,
+    ``"microspec"``, ``"eagle-full"``, ``"fr-spec-32k"``, ... see :mod:`microspec.compose`), a
+    :class:`~microspec.compose.Method`, or an :class:`~microspec.compose.Engine` built once with
+    :func:`~microspec.compose.build` and reused across calls."""
+    engine = method if isinstance(method, Engine) else build(method or "ar", lm)
+    check(engine.lm is lm, "the engine was built for another model")
     cfg = cfg or GenerationConfig(**overrides)
     ids = encode_prompt(lm, prompt, chat)
     stop_check = None
@@ -67,7 +72,6 @@ def generate(lm: LoadedModel, prompt: str, cfg: GenerationConfig | None = None, 
             tail = lm.tokenizer.decode(tokens[-32:], skip_special_tokens=True)
             return any(s in tail for s in stops)
 
-    result = generate_ids(lm.model, ids, cfg, lm.eos_token_ids, stop_check, drafter=drafter, head_mode=head_mode,
-                          vocab=vocab)
+    result = engine.generate_ids(ids, cfg, stop_check)
     result.text = lm.tokenizer.decode(result.token_ids, skip_special_tokens=True)
     return result

@@ -92,3 +92,25 @@ def format_table(summary: dict) -> str:
 def _short(k: str) -> str:
     n = int(k)
     return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+
+def measure(engine, records: Sequence[dict], cfg, chat=None, token_map: Sequence[int] | None = None,
+            log=None) -> dict:
+    """Generate every record's prompt with ``engine`` (a :class:`microspec.compose.Engine` whose drafter has an LM
+    head) and summarise its ground-truth coverage (:func:`summarize`); ``log``: one line per prompt (default:
+    stderr)."""
+    import sys
+
+    from .api import generate
+
+    out: list[CoverageRecord] = []
+    for i, rec in enumerate(records, 1):
+        res = generate(engine.lm, rec["prompt"], cfg, chat=chat, method=engine)
+        st = res.stats
+        out.append(CoverageRecord(rec["category"], res.token_ids, st.covered, st.coverage_tokens,
+                                  st.active_sizes, st.mean_accept_len))
+        line = (f"[microspec] coverage {i}/{len(records)} {rec['category']}: {st.coverage_tokens} tokens, "
+                f"coverage {st.coverage if st.coverage is not None else float('nan'):.4f}, "
+                f"tau {st.mean_accept_len:.2f}")
+        print(line, file=sys.stderr) if log is None else log(line)
+    return summarize(out, token_map, vocab_size=engine.lm.model.spec.vocab_size)

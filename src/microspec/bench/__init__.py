@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..errors import MicrospecError
-from .methods import MethodSpec, parse_methods
+from .methods import MethodSpec, configure, parse_methods
 from .metrics import aggregate, mismatches, summarize
 from .run import Decoding, run_decoding
 
@@ -57,12 +57,14 @@ def load_questions(paths: Sequence[str], categories: str | None = None, limit: i
 
 def bench(lm, specs: list[MethodSpec], records: list[dict], decodings: list[Decoding], out_dir: Path, *,
           dtype, max_new_tokens: int = 128, repeats: int = 1, warmup: int = 1, seed: int = 0, chat=None,
-          tree_args: dict | None = None, eagle_head=None, freq_files: dict | None = None, head_mode=None,
           draft_layers=None, threads=None, ignore_eos: bool = False, meta: dict | None = None,
-          runners: dict | None = None) -> dict:
+          runners: dict | None = None, heads: dict | None = None) -> dict:
     """Run every decoding configuration; write ``<decoding>/results.json``, ``<decoding>/answers/*.jsonl``, the
-    plots and ``report.md`` under ``out_dir``; return ``{decoding name: results}``.  ``runners`` replaces the
-    runners built from ``specs`` (tests use it to corrupt one)."""
+    plots and ``report.md`` under ``out_dir``; return ``{decoding name: results}``.  Engine methods run as
+    configured (:func:`.methods.configure` gives them the run's tree, head and artifacts); ``draft_layers`` and
+    ``threads`` go to the peers; engine methods with the same EAGLE head share one (``heads``, see
+    :func:`microspec.compose.load_heads`).  ``runners`` replaces the runners built from ``specs`` (tests use it to
+    corrupt one)."""
     from .report import write_report
     from .runners import make_runner
 
@@ -70,9 +72,9 @@ def bench(lm, specs: list[MethodSpec], records: list[dict], decodings: list[Deco
         raise MicrospecError("no questions to run")
     out_dir.mkdir(parents=True, exist_ok=True)
     if runners is None:
-        runners = {s.name: make_runner(s, lm, dtype=dtype, tree_args=tree_args or {}, eagle_head=eagle_head,
-                                       freq_files=freq_files or {}, head_mode=head_mode, draft_layers=draft_layers,
-                                       threads=threads) for s in specs}
+        heads = {} if heads is None else heads
+        runners = {s.name: make_runner(s, lm, dtype=dtype, draft_layers=draft_layers, threads=threads, heads=heads)
+                   for s in specs}
     peers = {s.name for s in specs if s.is_peer}
     meta = dict(meta or {})
     meta.update(questions=len(records), max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup,
@@ -100,5 +102,5 @@ def default_meta(args_model: str, dtype: str, device: str) -> dict:
             "command": " ".join(["microspec", *sys.argv[1:]])}
 
 
-__all__ = ["Decoding", "MethodSpec", "aggregate", "bench", "default_meta", "load_questions", "machine", "mismatches",
-           "parse_methods", "summarize"]
+__all__ = ["Decoding", "MethodSpec", "aggregate", "bench", "configure", "default_meta", "load_questions", "machine",
+           "mismatches", "parse_methods", "summarize"]

@@ -169,29 +169,82 @@ def overlap_terms(model, head, seq: Sequence[int], steps: Sequence[tuple[int, to
     return out
 
 
-def analyze_overlap(lm, head, records: Sequence[dict], policies: dict, cfg, chat=None,
-                    tree: tuple = (None, None, None)) -> dict:
-    """Mean p_c(S), TV, bound and overlap per policy over every step of each record's first turn."""
+def analyze_overlap(lm, head, records: Sequence[dict], engines: dict, cfg, chat=None) -> dict:
+    """Mean p_c(S), TV, bound and overlap per method over every step of each record's first turn; ``engines``:
+    {name: :class:`microspec.compose.Engine`} over the EAGLE head ``head``."""
     from ..api import encode_conversation
-    from ..decoding import generate_ids
-    from ..drafters import EagleDrafter, tree_defaults
 
-    depth, top_k, total = tree_defaults("eagle", lm.model.device.type, *tree)
     out = {}
-    for name, make in policies.items():
+    for name, engine in engines.items():
         rows = []
         for rec in records:
-            policy = make()
+            policy = engine.policy()
             steps: list[tuple[int, torch.Tensor | None]] = []
             prompt = encode_conversation(lm, [rec["turns"][0]], [], chat)
-            drafter = EagleDrafter(head, depth=depth, top_k=top_k, total_tokens=total)
-            res = generate_ids(lm.model, prompt, cfg, lm.eos_token_ids, drafter=drafter, vocab=policy,
-                               on_step=lambda n, p=policy: steps.append((n, _active_ids(p))))
+            res = engine.generate_ids(prompt, cfg, vocab=policy,
+                                      on_step=lambda n, p=policy: steps.append((n, _active_ids(p))))
             rows += overlap_terms(lm.model, head, prompt + res.token_ids, steps)
         if rows:
             out[name] = {k: round(sum(r[k] for r in rows) / len(rows), 4) for k in ("p_S", "tv", "bound", "overlap",
                                                                                   "size")} | {"steps": len(rows)}
     return out
+
+
+def run_analysis(lm, records: Sequence[dict], what: Sequence[str], out: Path, *, draft: str,
+                 heads: dict | None = None, w_values: Sequence[int] = DEFAULT_W, sizes: Sequence[str] = DEFAULT_SIZES,
+                 freq_file: str | None = None, repetition_penalty: float = 1.0, max_new_tokens: int = 128,
+                 warmup: int = 1, chat=None, tree: tuple = (None, None, None), meta: dict | None = None) -> dict:
+    """``microspec analyze``: one bench run under ``out/bench`` feeds the timed analyses (``wmax``, ``ablation``,
+    ``oracle``, ``coverage``, ``repetition``), an instrumented pass the ``overlap`` terms, all with the EAGLE head
+    ``draft`` (``heads``: heads already loaded, see :func:`microspec.compose.load_heads`); writes analysis.json,
+    analysis.md and plots under ``out`` and returns (the results — ``mismatches``: the bench's lossless check —,
+    the path of analysis.md)."""
+    from ..bench import Decoding, bench, configure, default_meta, parse_methods
+    from ..compose import Method, build, load_heads
+    from ..models.registry import parse_dtype
+    from ..vocab.frequency import load_token_map
+
+    out.mkdir(parents=True, exist_ok=True)
+    heads = load_heads([Method(drafter="eagle", draft=draft)], heads)
+    dtype = str(lm.model.dtype).removeprefix("torch.")
+    meta = {**default_meta(lm.name, (meta or {}).get("dtype", dtype), str(lm.model.device)), **(meta or {})}
+    dec = Decoding(0.0, repetition_penalty)
+    meta.update(questions=len(records), max_new_tokens=max_new_tokens, decoding=dec.name)
+    results: dict = {"meta": meta}
+    depth, top_k, total = tree
+    timed = [w for w in what if w != "overlap"]
+    names = plan_methods(what, w_values, sizes, freq_file) if timed else []
+    if names:
+        specs = configure(parse_methods(",".join(names)), lm.name, depth=depth, top_k=top_k, total_tokens=total,
+                          draft=draft, artifacts={"fr-spec": freq_file})
+        res = bench(lm, specs, records, [dec], out / "bench", dtype=parse_dtype(lm.model.dtype),
+                    max_new_tokens=max_new_tokens, warmup=warmup, chat=chat, meta=meta, heads=heads)[dec.name]
+        methods = res["methods"]
+        results["bench"] = str(out / "bench" / dec.name / "results.json")
+        results["mismatches"] = res["mismatches"]
+        if "wmax" in what:
+            results["wmax"] = analyze_wmax(methods, w_values)
+        if "ablation" in what:
+            results["ablation"] = analyze_ablation(methods)
+        if "oracle" in what:
+            results["oracle"] = analyze_oracle(methods, sizes)
+        if "coverage" in what:
+            answers = {"ar": [json.loads(x) for x in (out / "bench" / dec.name / "answers" / "ar.jsonl")
+                              .read_text().splitlines()]}
+            token_map = load_token_map(freq_file, lm.model.spec.vocab_size) if freq_file else None
+            results["coverage"] = analyze_coverage(answers, methods, token_map, lm.model.spec.vocab_size)
+        if "repetition" in what:
+            results["repetition"] = analyze_repetition(methods)
+    if "overlap" in what:
+        tree_opts = dict(draft=draft, depth=depth, top_k=top_k, total_tokens=total)
+        engines = {"full": build(Method(drafter="eagle", **tree_opts), lm, heads),
+                   "microspec": build(Method(drafter="eagle", vocab="microspec", **tree_opts), lm, heads)}
+        if freq_file:
+            engines["fr-spec-32k"] = build(Method(drafter="eagle", vocab="fr-spec", freq_file=freq_file,
+                                                  shortlist_size="32k", **tree_opts), lm, heads)
+        results["overlap"] = analyze_overlap(lm, heads[str(draft)], records, engines,
+                                             dec.config(max_new_tokens, None), chat)
+    return results, write_analysis(results, out)
 
 
 # ------------------------------------------------------------------ report

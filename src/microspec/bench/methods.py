@@ -18,6 +18,7 @@ Names (``--methods``):
 ``fr-spec-<K>``             the EAGLE head with FR-Spec's static top-K shortlist (``--freq-file``), e.g. fr-spec-32k
 ``vocabtrim-<K>``           the EAGLE head with VocabTrim's shortlist (``--vocabtrim-file``), e.g. vocabtrim-32k
 ``<drafter>+<vocab>``       any engine drafter (early-exit, eagle) with any policy above, e.g. early-exit+microspec
+                            (engine methods are :class:`microspec.compose.Method` descriptions, parsed there)
 ``hf-ar``                   peer: transformers ``generate()``, same model, dtype, device and prompts
 ``hf-prompt-lookup``        peer: transformers ``generate(prompt_lookup_num_tokens=10)``
 ``hf-early-exit``           peer: transformers ``generate(assistant_early_exit=L)`` (L: ``--draft-layers`` or 2/3 of
@@ -28,101 +29,56 @@ Names (``--methods``):
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 
+from ..compose import TRAINED, Method, method_names
 from ..errors import MicrospecError
 
-ENGINE_ALIASES = {
-    "ar": ("none", "full", None),
-    "ngram": ("ngram", "full", None),
-    "prompt-lookup": ("ngram", "full", None),
-    "early-exit": ("early-exit", "full", None),
-    "eagle": ("eagle", "full", None),
-    "eagle-full": ("eagle", "full", None),
-    "eagle2": ("eagle", "full", None),
-    "microspec": ("eagle", "microspec", None),
-    "dynaspec": ("eagle", "dynaspec", None),
-    "specvocab": ("eagle", "specvocab", None),
-    "coral": ("eagle", "coral", None),
-}
 PEERS = ("hf-ar", "hf-prompt-lookup", "hf-early-exit", "llama-cpp")
-_MICROSPEC_OPT = re.compile(r"^(ctx|ext|indexed|packed|w\d+|kp\d+)$")
-_SHORTLIST = re.compile(r"^(fr-spec|vocabtrim)(?:-(\d+(?:\.\d+)?[kK]?))?$")
 
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """One method of a benchmark run."""
+    """One method of a benchmark run: an engine method (``method``: what :func:`microspec.compose.build` builds)
+    or a peer (``kind`` "hf" with ``hf_mode`` "ar" / "prompt-lookup" / "early-exit", or "llama-cpp")."""
 
     name: str
     kind: str  # "engine", "hf" or "llama-cpp"
-    drafter: str = "none"
-    vocab: str = "full"
-    vocab_size: str | None = None  # K of a static shortlist
-    hf_mode: str | None = None  # "ar", "prompt-lookup", "early-exit"
-    extra: dict = field(default_factory=dict)
+    method: Method | None = None
+    hf_mode: str | None = None
 
     @property
     def is_peer(self) -> bool:
         return self.kind != "engine"
 
+    @property
+    def drafter(self) -> str:
+        return self.method.drafter if self.method is not None else "none"
 
-def _vocab_part(text: str, method: str) -> tuple[str, str | None]:
-    if text in ("full", "microspec"):
-        return text, None
-    m = _SHORTLIST.match(text)
-    if m:
-        return m.group(1), m.group(2) or "32k"
-    raise MicrospecError(f"method {method!r}: unknown vocabulary {text!r} (full, microspec, fr-spec-K, vocabtrim-K)")
+    @property
+    def vocab(self) -> str:
+        return self.method.vocab if self.method is not None else "full"
 
 
 def parse_method(name: str) -> MethodSpec:
     """A method by name (see the module docstring); one clear error for an unknown or unavailable one."""
     n = name.strip()
-    if n in ENGINE_ALIASES:
-        drafter, vocab, size = ENGINE_ALIASES[n]
-        return MethodSpec(n, "engine", drafter, vocab, size)
     if n in PEERS:
         if n == "llama-cpp":
             return MethodSpec(n, "llama-cpp")
         return MethodSpec(n, "hf", hf_mode=n[3:])
-    if n.startswith("microspec-"):
-        opts = n[len("microspec-"):].split("-")
-        bad = [o for o in opts if not _MICROSPEC_OPT.match(o)]
-        if bad or len(set(opts)) != len(opts) or {"ctx", "ext"} <= set(opts) or {"indexed", "packed"} <= set(opts):
-            raise MicrospecError(f"method {n!r}: microspec options are w<N>, ctx or ext, indexed or packed, kp<N> "
-                                 "(e.g. microspec-w1024-indexed, microspec-kp64)")
-        extra: dict = {}
-        for o in opts:
-            if o in ("ctx", "ext"):
-                extra["sources"] = o
-            elif o in ("indexed", "packed"):
-                extra["gather"] = o
-            elif o.startswith("kp"):
-                extra["k_pre_positions"] = int(o[2:])
-            else:
-                extra["w_max"] = int(o[1:])
-                if extra["w_max"] < 1:
-                    raise MicrospecError(f"method {n!r}: W_max must be >= 1")
-        return MethodSpec(n, "engine", "eagle", "microspec", None, extra=extra)
-    if _SHORTLIST.match(n):
-        vocab, size = _vocab_part(n, n)
-        return MethodSpec(n, "engine", "eagle", vocab, size)
-    if "+" in n:
-        drafter, _, vocab_text = n.partition("+")
-        if drafter not in ("eagle", "early-exit"):
-            raise MicrospecError(f"method {n!r}: a draft vocabulary needs a drafter with an LM head (eagle or "
-                                 f"early-exit), not {drafter!r}")
-        vocab, size = _vocab_part(vocab_text, n)
-        return MethodSpec(n, "engine", drafter, vocab, size)
-    raise MicrospecError(f"unknown method {n!r}; choose from {', '.join(available_methods())} "
-                         f"(or DRAFTER+VOCAB, e.g. early-exit+microspec)")
+    try:
+        return MethodSpec(n, "engine", Method.parse(n))
+    except MicrospecError as exc:
+        if str(exc).startswith("unknown method"):  # name the peers too
+            raise MicrospecError(f"unknown method {n!r}; choose from {', '.join(available_methods())} "
+                                 f"(or DRAFTER+VOCAB, e.g. early-exit+microspec)") from None
+        raise
 
 
 def available_methods() -> list[str]:
-    return ["ar", "ngram", "early-exit", "eagle-full", "microspec", "microspec-OPTS", "dynaspec", "specvocab",
-            "coral", "fr-spec-K", "vocabtrim-K", *PEERS]
+    return [*method_names(), *PEERS]
 
 
 def parse_methods(text: str) -> list[MethodSpec]:
@@ -137,3 +93,57 @@ def parse_methods(text: str) -> list[MethodSpec]:
     specs = [parse_method(n) for n in names]
     ar = [s for s in specs if s.name == "ar"]
     return (ar or [parse_method("ar")]) + [s for s in specs if s.name != "ar"]
+
+
+ARTIFACT_FLAGS = {"fr-spec": "--freq-file", "vocabtrim": "--vocabtrim-file", "dynaspec": "--dynaspec",
+                  "specvocab": "--specvocab", "coral": "--coral"}
+
+
+def configure(specs: list[MethodSpec], model: str, *, depth: int | None = None, top_k: int | None = None,
+              total_tokens: int | None = None, draft: str | None = None, head_mode: str | None = None,
+              draft_layers: int | None = None, artifacts: dict[str, str | None] | None = None) -> list[MethodSpec]:
+    """The run's shared options given to every engine method that takes them: the tree (not to ``ngram``, which
+    drafts a chain of ``depth``; ``draft_layers`` to early-exit only), the EAGLE head ``draft`` (default: the one
+    shipped for ``model``), the verification ``head_mode``, and per policy the file or directory it needs
+    (``artifacts``: fr-spec / vocabtrim token maps, dynaspec / specvocab / coral directories; with the shipped head,
+    the shipped trained policies are the defaults).  One clear error for a method whose artifact is missing."""
+    files = dict(artifacts or {})
+    if draft is None:  # with the shipped head, its shipped policies are the defaults
+        from ..models.registry import shipped_policy
+
+        for name in TRAINED:
+            found = shipped_policy(model, name)
+            if files.get(name) is None and found is not None:
+                files[name] = str(found)
+    out = []
+    for s in specs:
+        if s.method is None:
+            out.append(s)
+            continue
+        m, vocab = s.method, s.method.vocab
+        if vocab in ARTIFACT_FLAGS:
+            path = files.get(vocab)
+            if vocab in TRAINED:
+                if path is None or not Path(path).is_dir():
+                    raise MicrospecError(f"method {s.name} needs --{vocab} DIR (made by `microspec train {vocab}`)")
+            elif path is None:
+                raise MicrospecError(f"method {s.name} needs {ARTIFACT_FLAGS[vocab]} (a token map made by "
+                                     f"`microspec freq`)")
+            elif not Path(path).is_file():
+                raise MicrospecError(f"token map {path} not found")
+        changes: dict = {"head_mode": head_mode}
+        if m.drafter == "ngram":
+            changes["depth"] = depth
+        elif m.drafter != "none":
+            changes.update(depth=depth, top_k=top_k, total_tokens=total_tokens)
+            if m.drafter == "early-exit":
+                changes["draft_layers"] = draft_layers
+        if m.drafter == "eagle":
+            changes["draft"] = draft
+        if vocab in TRAINED:
+            changes["router"] = files[vocab]
+        elif vocab in ("fr-spec", "vocabtrim"):
+            changes["freq_file"] = files[vocab]
+        m = m.replace(**changes)
+        out.append(MethodSpec(s.name, s.kind, m.for_model(model), s.hf_mode))
+    return out

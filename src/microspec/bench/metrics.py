@@ -12,6 +12,7 @@ accept lengths (tokens committed per target step, bonus token included).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 
 def question_speed(rec: dict) -> float:
@@ -105,6 +106,23 @@ def hard_mismatches(found: dict | None) -> dict[str, list[dict]]:
         if hard:
             out[name] = hard
     return out
+
+
+def lossless_verdict(founds: Iterable[dict | None], report: Path | str,
+                     peers=()) -> tuple[str | None, str | None]:
+    """What the lossless check says about a run's mismatches, one ``{method: [items]}`` per decoding (peers
+    excluded): a warning line for methods that left the reference only at near ties within the dtype's rounding, and
+    an error line for real mismatches (either None).  ``report``: where the details are."""
+    founds = [{m: v for m, v in (f or {}).items() if m not in set(peers)} for f in founds]
+    bad = sorted({m for f in founds for m in hard_mismatches(f)})
+    ties = sorted({m for f in founds for m in f} - set(bad))
+    warning = error = None
+    if ties:
+        warning = (f"microspec: warning: {', '.join(ties)} left ar's greedy tokens at near ties within the dtype's "
+                   f"rounding (see {report}; --dtype fp32 checks strictly)")
+    if bad:
+        error = f"microspec: error: LOSSLESS MISMATCH in {', '.join(bad)} (see {report})"
+    return warning, error
 
 
 def mismatches(reference: Iterable[dict], candidate: Iterable[dict]) -> list[dict]:

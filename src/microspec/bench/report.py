@@ -175,3 +175,14 @@ def write_report(results: dict, meta: dict, out_dir: Path, peers: set[str]) -> P
     path = out_dir / "report.md"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+def summary_lines(results: dict) -> list[str]:
+    """One line per decoding and method: tokens/s, speedup over ar, tau."""
+    lines = []
+    for dec, r in results.items():
+        for name, m in r["methods"].items():
+            o = m["overall"]
+            tau = "" if o["mean_accept_len"] is None else f" tau {o['mean_accept_len']:.2f}"
+            lines.append(f"{dec:>14} {name:>20}: {o['tokens_per_s']:.2f} tok/s, speedup {o['speedup'] or 0:.2f}x{tau}")
+    return lines

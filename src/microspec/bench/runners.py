@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..decoding import GenerationConfig, generate_ids
+from ..decoding import GenerationConfig
 from ..decoding.stats import GenerationStats, sync
 from ..errors import MicrospecError
 from ..models.registry import LoadedModel, hf_directory
@@ -36,49 +36,20 @@ class Turn:
 
 
 class EngineRunner:
-    """A microspec drafter + vocabulary policy on the shared generation loop (no drafter: ``ar``)."""
+    """A microspec method (no drafter: ``ar``) on the shared generation loop, built by
+    :func:`microspec.compose.build` from the spec's method description."""
 
-    def __init__(self, spec: MethodSpec, lm: LoadedModel, *, tree_args: dict, eagle_head=None,
-                 freq_files: dict[str, str | None], head_mode: str | None = None, draft_layers: int | None = None):
-        from ..drafters import make_drafter, tree_defaults
-        from ..vocab import make_vocab
-        from ..vocab.frequency import special_ids
+    def __init__(self, spec: MethodSpec, lm: LoadedModel, heads: dict | None = None):
+        from ..compose import build
 
-        self.spec, self.lm, self.head_mode = spec, lm, head_mode
-        t = dict(tree_args)
-        if spec.drafter == "ngram":
-            t = {"depth": t.get("depth")}
-        else:
-            t["depth"], t["top_k"], t["total_tokens"] = tree_defaults(
-                spec.drafter, lm.model.device.type, t.get("depth"), t.get("top_k"), t.get("total_tokens"))
-            if spec.drafter == "early-exit":
-                t["draft_layers"] = draft_layers
-        self.tree_args = t
-        self.drafter = make_drafter(spec.drafter, num_layers_target=lm.model.spec.num_layers, eagle_head=eagle_head,
-                                    **t)
-        freq = freq_files.get(spec.vocab) if spec.vocab in ("fr-spec", "vocabtrim") else None
-        self._vocab_args = dict(vocab_size=lm.model.spec.vocab_size, device=lm.model.device,
-                                eos_ids=lm.eos_token_ids, always=special_ids(lm.tokenizer), freq_file=freq,
-                                size=spec.vocab_size, **spec.extra)
-        if spec.vocab in ("dynaspec", "specvocab", "coral"):
-            self._vocab_args["router"] = freq_files.get(spec.vocab)
-        self._make_vocab = make_vocab
-        if self.drafter is not None:
-            self.policy()  # fail now (a missing token map) rather than at the first question
-
-    def policy(self):
-        if self.drafter is None or self.drafter.name == "ngram":
-            return None
-        return self._make_vocab(self.spec.vocab, **self._vocab_args)
+        self.spec, self.lm = spec, lm
+        self.engine = build(spec.method, lm, heads)
 
     def describe(self) -> dict:
-        return {"drafter": self.spec.drafter, "vocab": self.spec.vocab, "vocab_size": self.spec.vocab_size,
-                **self.spec.extra,
-                **({} if self.drafter is None else {"tree": self.tree_args})}
+        return self.engine.describe()
 
     def run(self, prompt_ids: list[int], cfg: GenerationConfig) -> Turn:
-        res = generate_ids(self.lm.model, prompt_ids, cfg, self.lm.eos_token_ids, drafter=self.drafter,
-                           head_mode=self.head_mode, vocab=self.policy())
+        res = self.engine.generate_ids(prompt_ids, cfg)
         return Turn(res.token_ids, res.stats.wall_s, res.stats)
 
 
@@ -166,12 +137,11 @@ class LlamaCppRunner:
         return Turn(out, time.perf_counter() - t0)
 
 
-def make_runner(spec: MethodSpec, lm: LoadedModel, *, dtype: torch.dtype, tree_args: dict, eagle_head=None,
-                freq_files: dict[str, str | None], head_mode: str | None = None, draft_layers: int | None = None,
-                threads: int | None = None):
+def make_runner(spec: MethodSpec, lm: LoadedModel, *, dtype: torch.dtype, draft_layers: int | None = None,
+                threads: int | None = None, heads: dict | None = None):
+    """The runner of ``spec`` (an engine method's options were given by :func:`.methods.configure`)."""
     if spec.kind == "engine":
-        return EngineRunner(spec, lm, tree_args=tree_args, eagle_head=eagle_head, freq_files=freq_files,
-                            head_mode=head_mode, draft_layers=draft_layers)
+        return EngineRunner(spec, lm, heads)
     if spec.kind == "hf":
         return HFRunner(spec, lm, dtype=dtype, draft_layers=draft_layers)
     return LlamaCppRunner(spec, lm, threads=threads)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..errors import check
 
@@ -20,7 +20,6 @@ class GenerationConfig:
     stop_token_ids: tuple[int, ...] = ()  # added to the model's EOS ids
     stop_strings: tuple[str, ...] = ()
     ignore_eos: bool = False
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check(isinstance(self.max_new_tokens, int) and self.max_new_tokens > 0,

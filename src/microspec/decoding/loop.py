@@ -19,6 +19,7 @@ from ..kernels import cpu_linear
 from ..models.native import NativeCausalLM
 from .config import GenerationConfig
 from .context import DraftContext
+from .observers import CoverageObserver
 from .processors import LogitsPipeline
 from .stats import DeviceTimer, GenerationStats, Stopwatch
 from .tree import DraftTree
@@ -95,7 +96,8 @@ def generate_ids(
     the target runs root + tree in one forward pass; the verifier walks the tree with the target's own choices; the
     cache keeps the root and the accepted nodes; the bonus token becomes the next root.  Without a drafter the tree
     is empty and this is plain autoregressive decoding on the same path.  A vocabulary policy, when given, hears
-    the prefill and every verification and tells the drafter's head which ids to score.  ``on_step(n)``, when
+    the prefill and every verification here; while drafting, only the drafter's head talks to it (it is handed to
+    the drafter at prefill).  Ground-truth coverage is kept by a :class:`CoverageObserver`.  ``on_step(n)``, when
     given, is called before each draft with the number of tokens so far (the root is token n - 1): analyses read
     the policy's state there (``microspec analyze``); it costs nothing when absent.
     """
@@ -130,19 +132,16 @@ def generate_ids(
 
     clock = Stopwatch(device)
     vocab_timer = DeviceTimer(device)
-    covered = torch.zeros((), dtype=torch.long, device=device)
-    if drafter is not None:
-        drafter.vocab = vocab
-        _take_head_stats(drafter)  # a drafter reused across generations starts its head's accounts afresh
+    coverage = CoverageObserver(vocab, device) if vocab is not None and drafter is not None else None
     hidden = model(torch.as_tensor(tokens, dtype=torch.long, device=device), cache)
-    if drafter is not None:
-        drafter.prefill(model, tokens, hidden)
     if vocab is not None:
         vocab.reset()
         tail = hidden if vocab.prompt_positions is None else hidden[max(0, len(tokens) - vocab.prompt_positions):]
         top = prompt_topk(model, tail, vocab.prompt_topk) if vocab.prompt_topk > 0 and len(tail) else None
         with vocab_timer:
             vocab.on_prefill(torch.as_tensor(tokens, dtype=torch.long, device=device), top)
+    if drafter is not None:
+        drafter.prefill(model, tokens, hidden, vocab)  # the draft head takes its sets from the policy
     logits = model.head(hidden[-1:])
     if pipe.active:
         pipe.process(logits)
@@ -150,33 +149,19 @@ def generate_ids(
     stats.prefill_s = clock.elapsed()
     while finish is None:
         t0 = clock.elapsed()
-        tree = DraftTree()
         if on_step is not None:
             on_step(len(tokens))
-        if drafter is not None:
-            left = cfg.max_new_tokens - len(out) - 1  # the bonus token always comes on top of accepted drafts
-            tree = drafter.propose(DraftContext(tokens, model, cache, left, pipe)).truncated(left)
-            tree = tree.first(cache.capacity - cache.length - 1)
+        tree = draft(drafter, DraftContext(tokens, model, cache, cfg.max_new_tokens - len(out) - 1, pipe))
         t1 = clock.elapsed()
         start = cache.length
-        if len(tree):
-            ids, positions, mask = tree.verify_inputs(tokens[-1], start, device)
-            hidden = model(ids, cache, positions=positions, mask=mask)
-        else:  # autoregressive step: the one-token fast path (no mask)
-            hidden = model(torch.tensor([tokens[-1]], dtype=torch.long, device=device), cache)
+        hidden = verify_forward(model, cache, tree, tokens[-1])
         walk_head = LazyHead(model.head, hidden, tree, head_mode)
         walk = walker(tree, walk_head, pipe)
         branch = [0] + [1 + a for a in walk.accepted]  # verify rows of the root and the accepted nodes
         if len(tree):
             cache.keep(list(range(start)) + [start + r for r in branch])
-        # ground-truth coverage, read before the sets move on: the j-th committed token against the set of draft
-        # depth j (the deepest drafted depth for a bonus token past the tree); a routed policy has no set for a
-        # step that drafted nothing, the others answer for depth 0
-        hits = []
-        routed = vocab is not None and (vocab.wants_draft_inputs or vocab.wants_head_input)
-        if vocab is not None and drafter is not None and (len(tree) or not routed):
-            last = max(tree.depths()) - 1 if len(tree) else 0
-            hits = [vocab.contains(torch.tensor([t], device=device), min(j, last)) for j, t in enumerate(walk.tokens)]
+        if coverage is not None:
+            coverage.on_verified(tree, walk.tokens)
         t2 = clock.elapsed()
         if vocab is not None:  # the validated branch's logits (all already computed by the walk)
             with vocab_timer:
@@ -190,17 +175,35 @@ def generate_ids(
             drafter.commit(new, hidden[branch])
         emitted = len(out)
         finish = emit(new)
-        emitted = len(out) - emitted
-        if hits:
-            covered += torch.cat(hits[:emitted]).sum()
-            stats.coverage_tokens += emitted
+        if coverage is not None:
+            coverage.on_emitted(len(out) - emitted)
     stats.wall_s = clock.elapsed()
     stats.new_tokens = len(out)
     stats.vocab_s = vocab_timer.seconds
-    stats.covered = int(covered)
+    if coverage is not None:
+        stats.covered, stats.coverage_tokens = int(coverage.covered), coverage.tokens
     if drafter is not None:
         stats.head_s, stats.active_sizes = _take_head_stats(drafter)
     return GenerationResult(out, finish, stats)
+
+
+def draft(drafter: Drafter | None, ctx: DraftContext) -> DraftTree:
+    """The step's draft tree below the root (empty without a drafter), cut to what the loop can use: ``ctx.max_depth``
+    levels (the bonus token always comes on top of accepted drafts) and the cache slots left."""
+    if drafter is None:
+        return DraftTree()
+    tree = drafter.propose(ctx).truncated(ctx.max_depth)
+    return tree.first(ctx.cache.capacity - ctx.cache.length - 1)
+
+
+def verify_forward(model: NativeCausalLM, cache, tree: DraftTree, root: int) -> torch.Tensor:
+    """The target over the root and the tree in one pass (hidden states [1 + N, d]); with no tree, the one-token
+    decode step (no mask)."""
+    device = model.device
+    if len(tree):
+        ids, positions, mask = tree.verify_inputs(root, cache.length, device)
+        return model(ids, cache, positions=positions, mask=mask)
+    return model(torch.tensor([root], dtype=torch.long, device=device), cache)
 
 
 def _take_head_stats(drafter: Drafter) -> tuple[float, list[int]]:

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-
 SCHEMES = ("deterministic", "iid", "without-replacement")
 
 
@@ -79,10 +78,6 @@ class DraftTree:
         for i, p in enumerate(self.parents):
             ch[p + 1].append(i)
         return ch
-
-    def path(self, node: int) -> list[int]:
-        """Nodes from the root's child down to ``node``."""
-        return path_to(self.parents, node)
 
     def truncated(self, max_depth: int) -> "DraftTree":
         """The nodes of depth <= max_depth (they form a prefix-closed set, so indices are re-mapped in order)."""

@@ -38,36 +38,27 @@ def tree_defaults(name: str, device_type: str, depth, top_k, total_tokens):
 def make_drafter(name: str, *, draft_layers: int | None = None, depth: int | None = None,
                  top_k: int | None = None, total_tokens: int | None = None,
                  num_layers_target: int | None = None, draft_model=None, eagle_head=None) -> Drafter | None:
-    """A drafter by name; ``top_k`` makes model-based drafters build an EAGLE-2 dynamic tree instead of a chain."""
+    """A drafter by name (None for ``none``); ``top_k`` makes model-based drafters build an EAGLE-2 dynamic tree
+    instead of a chain.  Options are validated where methods are described (:class:`microspec.compose.Method`);
+    the constructors check their own invariants."""
     if name == "none":
         return None
     if name == "ngram":
-        if top_k is not None or total_tokens is not None or draft_layers is not None:
-            raise MicrospecError("the ngram drafter proposes a chain: --top-k, --total-tokens and --draft-layers "
-                                 "do not apply")
         return NGramDrafter(num_tokens=10 if depth is None else depth)
+    depth = 4 if depth is None else depth
     if name == "early-exit":
-        if total_tokens is not None and top_k is None:
-            raise MicrospecError("--total-tokens needs --top-k (a tree); without it early-exit drafts a chain")
         # Untrained exits need depth: on Gemma 3 270M (18 layers) 4 or 8 layers accepted nothing, 12 gave tau 1.63
         # and 15 gave 1.94 (32 greedy tokens, one prompt): default to two thirds of the target's layers.
         layers = draft_layers if draft_layers is not None else max(1, (2 * (num_layers_target or 3)) // 3)
-        return EarlyExitDrafter(layers, depth=4 if depth is None else depth, top_k=top_k, total_tokens=total_tokens)
-    if name in ("model", "eagle"):
-        if draft_layers is not None:
-            raise MicrospecError(f"--draft-layers applies to early-exit, not to the {name} drafter")
-        if total_tokens is not None and top_k is None:
-            raise MicrospecError(f"--total-tokens needs --top-k (a tree); without it the {name} drafter drafts a "
-                                 "chain")
-        if name == "eagle":
-            if eagle_head is None:
-                return None  # validation only
-            return EagleDrafter(eagle_head, depth=4 if depth is None else depth, top_k=top_k,
-                                total_tokens=total_tokens)
+        return EarlyExitDrafter(layers, depth=depth, top_k=top_k, total_tokens=total_tokens)
+    if name == "eagle":
+        if eagle_head is None:
+            raise MicrospecError("the eagle drafter needs its EAGLE head")
+        return EagleDrafter(eagle_head, depth=depth, top_k=top_k, total_tokens=total_tokens)
+    if name == "model":
         if draft_model is None:
-            return None  # validation only: the caller loads the model named by --draft
-        return DraftModelDrafter(draft_model, depth=4 if depth is None else depth, top_k=top_k,
-                                 total_tokens=total_tokens)
+            raise MicrospecError("the model drafter needs its draft model")
+        return DraftModelDrafter(draft_model, depth=depth, top_k=top_k, total_tokens=total_tokens)
     raise MicrospecError(f"unknown drafter {name!r}; choose from {', '.join(DRAFTERS)}")
 
 

@@ -16,10 +16,12 @@ __all__ = ["DraftContext", "Drafter"]
 
 class Drafter(ABC):
     name = "drafter"
-    vocab: VocabPolicy | None = None  # what the draft head may score (set by the loop); None = all
 
-    def prefill(self, target: NativeCausalLM, prompt_ids: list[int], hidden: torch.Tensor) -> None:
-        """Called once after the target's prefill with its final hidden states of the prompt."""
+    def prefill(self, target: NativeCausalLM, prompt_ids: list[int], hidden: torch.Tensor,
+                vocab: VocabPolicy | None = None) -> None:
+        """Called once per generation after the target's prefill with its final hidden states of the prompt and the
+        vocabulary policy a draft head takes its sets from (None: the whole vocabulary; drafters without an LM head
+        ignore it)."""
 
     @abstractmethod
     def propose(self, ctx: DraftContext) -> DraftTree:

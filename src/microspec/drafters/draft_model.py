@@ -12,9 +12,7 @@ import torch
 from ..errors import MicrospecError, check
 from ..models.native import NativeCausalLM
 from .base import DraftContext
-from .head import DraftHead
 from .model_based import ForwardDrafter
-
 
 
 class DraftModelDrafter(ForwardDrafter):
@@ -25,24 +23,21 @@ class DraftModelDrafter(ForwardDrafter):
         super().__init__(depth, top_k, total_tokens)
         self.draft = draft
         self.cache = None
-        self.head = DraftHead(draft.head_weight, draft.spec.final_softcap)
 
-    def prefill(self, target: NativeCausalLM, prompt_ids, hidden) -> None:
+    def _start(self, target: NativeCausalLM, prompt_ids, hidden):
         check(self.draft.spec.vocab_size == target.spec.vocab_size,
               f"draft model vocabulary ({self.draft.spec.vocab_size}) differs from the target's "
               f"({target.spec.vocab_size})")
         if self.draft.device != target.device:
             raise MicrospecError("the draft model and the target must be on the same device")
         self.cache = self.draft.new_cache(len(prompt_ids) + 256)  # grows as the text does
+        return self.draft.head_weight, self.draft.spec.final_softcap
 
     def _prepare(self, ctx: DraftContext, slots: int) -> None:
         self._reserve(self.cache, slots, self.draft.spec.max_position)
 
     def _cache(self, ctx: DraftContext):
         return self.cache
-
-    def _head(self, ctx: DraftContext) -> DraftHead:
-        return self.head
 
     def _backlog(self, ctx: DraftContext) -> int:
         return len(ctx.tokens) - 1 - self.cache.length

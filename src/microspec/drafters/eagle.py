@@ -26,7 +26,6 @@ from ..errors import MicrospecError, check
 from ..models.native import Linear, NativeCausalLM
 from ..models.registry import read_weights
 from .base import DraftContext
-from .head import DraftHead
 from .model_based import ForwardDrafter
 
 
@@ -121,7 +120,7 @@ class EagleDrafter(ForwardDrafter):
         self.cache = None
         self.pending: torch.Tensor | None = None  # target features of pairs not yet run through the head
 
-    def prefill(self, target: NativeCausalLM, prompt_ids, hidden: torch.Tensor) -> None:
+    def _start(self, target: NativeCausalLM, prompt_ids, hidden: torch.Tensor):
         check(self.eagle.hidden_size == target.spec.hidden_size,
               f"EAGLE head hidden size {self.eagle.hidden_size} does not match the target's "
               f"{target.spec.hidden_size}")
@@ -131,9 +130,9 @@ class EagleDrafter(ForwardDrafter):
         if next(self.eagle.parameters()).dtype != target.dtype or \
                 next(self.eagle.parameters()).device != target.device:
             self.eagle.to(device=target.device, dtype=target.dtype)
-        self.head = DraftHead(target.head_weight, target.spec.final_softcap)
         self.cache = self.eagle.body.new_cache(len(prompt_ids) + 256)
         self.pending = hidden
+        return target.head_weight, target.spec.final_softcap
 
     def commit(self, accepted_tokens, hidden: torch.Tensor) -> None:
         # features of the old root and of the accepted nodes: they pair with the tokens committed after them
@@ -144,9 +143,6 @@ class EagleDrafter(ForwardDrafter):
 
     def _cache(self, ctx):
         return self.cache
-
-    def _head(self, ctx):
-        return self.head
 
     def _backlog(self, ctx) -> int:
         return len(self.pending)

@@ -11,7 +11,6 @@ import torch
 
 from ..errors import check
 from .base import DraftContext
-from .head import DraftHead
 from .model_based import ForwardDrafter
 
 
@@ -23,17 +22,13 @@ class EarlyExitDrafter(ForwardDrafter):
         super().__init__(depth, top_k, total_tokens)
         self.num_layers = num_layers
 
-    def prefill(self, target, prompt_ids, hidden) -> None:
+    def _start(self, target, prompt_ids, hidden):
         check(self.num_layers < target.spec.num_layers,
               f"--draft-layers must be below the target's {target.spec.num_layers} layers, got {self.num_layers}")
+        return target.head_weight, target.spec.final_softcap
 
     def _cache(self, ctx: DraftContext):
         return ctx.cache
-
-    def _head(self, ctx: DraftContext) -> DraftHead:
-        if self.head is None or self.head.weight is not ctx.target.head_weight:
-            self.head = DraftHead(ctx.target.head_weight, ctx.target.spec.final_softcap)
-        return self.head
 
     def _root(self, ctx: DraftContext):
         slot = ctx.cache.length

@@ -9,7 +9,8 @@ At each call the head asks the policy for the set of draft depth ``depth`` and c
 - a packed buffer (:class:`~microspec.vocab.packed.PackedRows`): one dense matmul over its leading rows, free slots
   masked to -inf — the policy copied only the rows that entered the set;
 - an id list: the indexed path, ``W[idx] @ h`` — rows gathered whenever the list changes (the ablation baseline),
-  or, with ``fused=True``, a Triton kernel that reads the rows inside the matmul (:mod:`microspec.kernels`).
+  or, for a policy made with ``--gather fused``, a Triton kernel that reads the rows inside the matmul
+  (:mod:`microspec.kernels`).
 It keeps the time it spent (``seconds``, device-timed) and the size of each set it used (``sizes``).
 """
 
@@ -19,39 +20,44 @@ import torch
 import torch.nn.functional as F
 
 from ..decoding.stats import DeviceTimer
+from ..errors import check
 from ..kernels import cpu_linear
 from ..vocab.base import VocabPolicy, active_size
 from ..vocab.packed import PackedRows
 
 
 class DraftHead:
-    def __init__(self, weight: torch.Tensor, softcap: float | None = None, fused: bool = False):
-        self.weight = weight  # [V, d], shared with the model it came from (no copy)
+    """The draft head over ``weight`` [V, d] (shared with the model it came from, no copy), scoring the sets of
+    ``policy`` (None: the whole vocabulary).  The head is the policy's only contact while drafting: it asks for the
+    sets, hands a router what the draft network was fed (:meth:`route`) and a ranker the hidden states it scores."""
+
+    def __init__(self, weight: torch.Tensor, softcap: float | None = None, policy: VocabPolicy | None = None):
+        self.weight = weight
         self.softcap = softcap
         self.vocab_size = weight.shape[0]
-        self.fused = fused
-        self.policy: VocabPolicy | None = None
-        self.fixed: torch.Tensor | None = None  # a set given directly (set_active), used when there is no policy
+        self.policy = policy
         self.active: torch.Tensor | PackedRows | None = None  # what the last logits() call used
         self._source: torch.Tensor | None = None  # the id list whose rows are in _rows
         self._rows: torch.Tensor | None = None
+        self._fused = policy is not None and policy.fused
         self.timer = DeviceTimer(weight.device)
         self.sizes: list = []  # active size of each call (device scalars for packed buffers: read at the end)
+        if policy is not None:
+            policy.attach(weight)
 
     # ---------------------------------------------------------------- what to score
-    def use(self, policy: VocabPolicy | None) -> None:
-        """Take the sets from ``policy`` from now on (None: the whole vocabulary, or the set_active set)."""
-        self.policy = policy
-        if policy is not None:
-            policy.attach(self.weight)
-
-    def set_active(self, ids: torch.Tensor | None) -> None:
-        """Score only ``ids`` (1-D, unique) when no policy is in use; None lifts the restriction."""
-        self.fixed = None if ids is None else ids.to(self.weight.device, torch.long)
+    def route(self, inputs: tuple[torch.Tensor, torch.Tensor] | None, depth: int) -> None:
+        """Before scoring ``depth``: tell a routing policy what the draft network was fed, ``inputs`` = (token
+        embeddings, input features) of the nodes whose next tokens are scored (None: a drafter that feeds no
+        features)."""
+        policy = self.policy
+        if policy is not None and policy.wants_draft_inputs:
+            check(inputs is not None,
+                  f"vocabulary policy {policy.name!r} routes on the draft's inputs: it needs the eagle drafter")
+            policy.on_draft_inputs(*inputs, depth)
 
     def _select(self, depth: int):
-        active = self.policy.active(depth) if self.policy is not None else self.fixed
-        self._fused = self.fused or (self.policy is not None and self.policy.fused)
+        active = self.policy.active(depth) if self.policy is not None else None
         if isinstance(active, torch.Tensor) and active is not self._source and not self._fused:
             self._source = active
             self._rows = self.weight.index_select(0, active)  # the indexed path: W[idx]

@@ -14,6 +14,8 @@ import torch
 from ..decoding.tree import DraftTree
 from ..errors import check
 from ..models.kv_cache import KVCache
+from ..models.native import NativeCausalLM
+from ..vocab.base import VocabPolicy
 from .base import DraftContext, Drafter
 from .head import DraftHead
 from .tree_search import PartialTree, check_tree_args, dynamic_tree
@@ -31,13 +33,13 @@ class ForwardDrafter(Drafter):
         # features (EAGLE) sets it in _root / _forward
         self.last_inputs: tuple[torch.Tensor, torch.Tensor] | None = None
 
+    def prefill(self, target: NativeCausalLM, prompt_ids: list[int], hidden: torch.Tensor,
+                vocab: VocabPolicy | None = None) -> None:
+        self.head = DraftHead(*self._start(target, prompt_ids, hidden), policy=vocab)
+
     def _route(self, depth: int) -> None:
-        """Tell a routing policy what the draft network was fed, before the head scores ``depth``."""
-        vocab = self.vocab
-        if vocab is not None and vocab.wants_draft_inputs:
-            check(self.last_inputs is not None,
-                  f"vocabulary policy {vocab.name!r} routes on the draft's inputs: it needs the eagle drafter")
-            vocab.on_draft_inputs(*self.last_inputs, depth)
+        """Before the head scores ``depth``: what the draft network was fed (for a routing policy)."""
+        self.head.route(self.last_inputs, depth)
 
     # ---- what a subclass provides
     @abstractmethod
@@ -56,8 +58,10 @@ class ForwardDrafter(Drafter):
         is the draft hidden state each node's token was predicted from (an EAGLE head's input feature)."""
 
     @abstractmethod
-    def _head(self, ctx: DraftContext) -> DraftHead:
-        """The draft head (built once)."""
+    def _start(self, target: NativeCausalLM, prompt_ids: list[int],
+               hidden: torch.Tensor) -> tuple[torch.Tensor, float | None]:
+        """A new generation (the target's prefill is done): check the target, set up caches; the draft head's
+        weight [V, d] and final soft-cap."""
 
     def _backlog(self, ctx: DraftContext) -> int:
         """Committed tokens (before the root) that ``_root`` must still run through the draft."""
@@ -89,8 +93,6 @@ class ForwardDrafter(Drafter):
         cache = self._cache(ctx)
         if cache.capacity - cache.length < forwards + self._backlog(ctx):
             return DraftTree()
-        self.head = self._head(ctx)
-        self.head.use(self.vocab)
         self.last_inputs = None
         root_hidden, root_slot = self._root(ctx)
         self._route(0)

@@ -264,7 +264,7 @@ def _load():
             return _module
         from torch.utils import cpp_extension
 
-        from ..models.registry import cache_root
+        from ..paths import cache_root
 
         key = hashlib.sha256((_SOURCE + torch.__version__).encode()).hexdigest()[:12]
         build = cache_root() / "kernels" / f"cpu_linear-{key}"

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ..errors import MicrospecError
+from ..paths import cache_root
 from .native import NativeCausalLM, spec_from_config
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
@@ -80,10 +81,6 @@ def shipped_policy(name: str | os.PathLike, method: str) -> Path | None:
     (``heads/<name>/<method>/``), if any."""
     path = HEADS_DIR / str(name) / method
     return path if str(name) in BUILTINS and (path / "config.json").is_file() else None
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("MICROSPEC_CACHE") or Path.home() / ".cache" / "microspec")
 
 
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from ..api import encode_prompt
 from ..decoding.config import GenerationConfig
 from ..decoding.loop import generate_ids
-from ..drafters.eagle import EagleHead, _layer_config, eagle_forward_reference
+from ..drafters.eagle import EagleHead, _layer_config
 from ..errors import MicrospecError, check
 from ..models.native import NativeCausalLM
 from .batch_generate import generate_batched

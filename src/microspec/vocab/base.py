@@ -35,9 +35,10 @@ class VocabPolicy(ABC):
     wants_draft_inputs = False  # a router: on_draft_inputs hears what the draft network is fed at each depth
     wants_head_input = False  # a ranker: on_head_input hears the hidden states the draft head is about to score
 
-    def __init__(self, always: Sequence[int] = (), device: torch.device | str = "cpu"):
+    def __init__(self, always: Sequence[int] = (), device: torch.device | str = "cpu", fused: bool = False):
         # ids every draft vocabulary keeps (EOS, chat special tokens), so a draft may end where the target would
         self.always = torch.tensor(sorted(set(int(t) for t in always)), dtype=torch.long, device=device)
+        self.fused = fused
 
     def reset(self) -> None:
         """Forget everything heard (the loop calls this before each generation's prefill)."""

@@ -27,8 +27,8 @@ def parse_size(text: str | int) -> int:
         try:
             size = int(float(t[:-1]) * 1024) if t.endswith("k") else int(t)
         except ValueError:
-            raise MicrospecError(f"--vocab-size must be a number like 32k or 3000, got {text!r}") from None
-    check(size >= 1, f"--vocab-size must be >= 1, got {text!r}")
+            raise MicrospecError(f"--shortlist-size must be a number like 32k or 3000, got {text!r}") from None
+    check(size >= 1, f"--shortlist-size must be >= 1, got {text!r}")
     return size
 
 
@@ -36,9 +36,9 @@ class StaticShortlist(VocabPolicy):
     """The first ``size`` ids of a token map, plus the ``always`` ids (EOS and chat special tokens)."""
 
     def __init__(self, token_map: Sequence[int], size: int, always: Sequence[int] = (), name: str = "fr-spec",
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", fused: bool = False):
         check(len(token_map) > 0, "the token map is empty")
-        super().__init__(always, device)
+        super().__init__(always, device, fused)
         self.name = name
         self.order = torch.tensor([int(t) for t in list(token_map)[:size]], dtype=torch.long, device=device)
         self.ids = torch.unique(torch.cat([self.order, self.always]))
@@ -135,3 +135,50 @@ def special_ids(tokenizer, eos_ids: Sequence[int] = ()) -> list[int]:
     for t in getattr(tokenizer, "all_special_ids", []) or []:
         ids.add(int(t))
     return sorted(ids)
+
+
+def count_generated(lm, prompts: Sequence[str], cfg, log=None) -> np.ndarray:
+    """Token counts of the target's own generations for ``prompts`` (VocabTrim's map: ``freq --generate``)."""
+    from ..api import generate
+
+    counts = np.zeros(lm.model.spec.vocab_size, dtype=np.int64)
+    for i, prompt in enumerate(prompts, 1):
+        ids = generate(lm, prompt, cfg).token_ids
+        counts += np.bincount(np.asarray(ids), minlength=len(counts))[: len(counts)]
+        if log is not None:
+            log(f"[microspec] freq --generate: {i}/{len(prompts)} prompts, {int(counts.sum())} tokens")
+    return counts
+
+
+def count_id_field(paths: Iterable[str], field: str, vocab_size: int) -> np.ndarray:
+    """Counts of the token ids already stored in JSONL records' ``field`` (e.g. the ``response_ids`` of the answers
+    ``train eagle`` generated); a record whose field is not a list of ids in [0, V) is refused with its line."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for path in paths:
+        f, _ = open_text(path, "file")
+        with f:
+            for n, rec in json_lines(f, path):
+                ids = rec.get(field) if isinstance(rec, dict) else None
+                if not isinstance(ids, list) or not all(isinstance(t, int) and 0 <= t < vocab_size for t in ids):
+                    raise MicrospecError(f"{path}:{n}: field {field!r} is not a list of token ids "
+                                         f"in [0, {vocab_size})")
+                counts += np.bincount(np.asarray(ids, dtype=np.int64), minlength=vocab_size)
+    return counts
+
+
+def write_token_map(counts: np.ndarray, out: str | Path, fill: str | Path | None = None) -> str:
+    """Write the map of ``counts`` (most frequent first; with ``fill``, then the ids of that map not counted, in its
+    order); one summary line: tokens, distinct ids, and the share of tokens the top 8k / 16k / 32k cover."""
+    token_map = token_map_from_counts(counts)
+    if not token_map:
+        raise MicrospecError("no tokens were counted")
+    counted = len(token_map)
+    if fill is not None:
+        seen = set(token_map)
+        token_map += [t for t in load_token_map(fill, len(counts)) if t not in seen]
+    save_token_map(token_map, out)
+    total = int(counts.sum())
+    cover = {k: float(counts[token_map[:k]].sum()) / total for k in (8192, 16384, 32768)}
+    filled = f" (+ {len(token_map) - counted} from {fill})" if fill is not None else ""
+    return (f"[microspec] {total} tokens, {counted} distinct ids{filled} -> {out}; share of tokens covered by the "
+            f"top 8k / 16k / 32k: {cover[8192]:.4f} / {cover[16384]:.4f} / {cover[32768]:.4f}")

@@ -1,0 +1,41 @@
+"""Command line: ``microspec generate | coverage | freq | train | bench | analyze``.
+
+One module per command, each only turning arguments into library calls (:mod:`microspec.compose` builds every
+method).  Bad input ends with one line on stderr (``microspec: error: ...``) and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ..errors import MicrospecError
+from . import analyze, bench, coverage, freq, generate, train
+from .common import Parser
+
+COMMANDS = (generate, coverage, freq, train, bench, analyze)
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="microspec", description="Lossless speculative decoding for large-vocabulary LMs.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for command in COMMANDS:
+        command.add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        args = build_parser().parse_args(argv)
+        args.argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
+        return args.func(args)
+    except MicrospecError as exc:
+        msg = str(exc)
+        print(msg if msg.startswith("microspec") else f"microspec: error: {msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("microspec: interrupted", file=sys.stderr)
+        return 130

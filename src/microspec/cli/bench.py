@@ -1,0 +1,95 @@
+"""``microspec bench``: methods and peers on question files (argument handling for :mod:`microspec.bench`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..bench import Decoding, bench, configure, default_meta, load_questions, parse_methods
+from ..bench.metrics import lossless_verdict
+from ..bench.report import summary_lines
+from ..compose import load_heads, set_threads
+from ..errors import MicrospecError
+from ..models.registry import load_model, parse_dtype
+from .common import add_model_args, add_tree_args, positive, split_list
+
+
+def add(sub) -> None:
+    p = sub.add_parser("bench", help="benchmark methods and peers on question files (Spec-Bench, HumanEval, ...)",
+                       description="Run methods and peers on the same questions, model, dtype and device at batch "
+                                   "size 1, greedy and with a repetition penalty, and write results.json, "
+                                   "Spec-Bench answer files, report.md and plots per decoding configuration.")
+    add_model_args(p)
+    p.add_argument("--methods", default="ar,eagle-full,microspec",
+                   help="comma-separated: ar, ngram, early-exit, eagle-full, microspec, microspec-OPTS (w<N>, ctx / "
+                        "ext, indexed / packed, kp<N>), dynaspec, specvocab, coral, fr-spec-K, vocabtrim-K, "
+                        "DRAFTER+VOCAB, hf-ar, hf-prompt-lookup, hf-early-exit, llama-cpp (ar always runs)")
+    p.add_argument("--data", required=True, help="comma-separated question files: Spec-Bench / MT-bench JSONL, "
+                   "HumanEval (.jsonl[.gz]), any JSONL with a prompt field (optional category), .txt")
+    p.add_argument("--categories", default=None, help="comma-separated categories to keep")
+    p.add_argument("--limit", type=int, default=None, help="the first N questions of each category")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--repetition-penalties", default="1.0,1.2",
+                   help="one decoding configuration per value (default: plain and 1.2, both reported)")
+    p.add_argument("--repeats", type=int, default=1, help="runs of each question (one answer choice each)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed generations per method before timing")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--draft", default=None, help="EAGLE head directory (default: the model's shipped head)")
+    p.add_argument("--freq-file", default=None, help="fr-spec-K: token map of corpus frequencies (microspec freq)")
+    p.add_argument("--vocabtrim-file", default=None,
+                   help="vocabtrim-K: token map of the target's own generations (microspec freq --generate)")
+    p.add_argument("--dynaspec", default=None, help="dynaspec: router directory (microspec train dynaspec; default: "
+                   "the one shipped with the shipped head)")
+    p.add_argument("--specvocab", default=None, help="specvocab: ranker directory (microspec train specvocab; "
+                   "default: the shipped one)")
+    p.add_argument("--coral", default=None, help="coral: router directory (microspec train coral; default: the "
+                   "shipped one)")
+    p.add_argument("--draft-layers", type=int, default=None, help="early-exit / hf-early-exit: layers that draft")
+    add_tree_args(p, total_tokens_type=int)
+    p.set_defaults(func=run)
+
+
+
+def run(args: argparse.Namespace) -> int:
+    specs = parse_methods(args.methods)
+    positive(limit=args.limit, repeats=args.repeats, max_new_tokens=args.max_new_tokens, depth=args.depth,
+             top_k=args.top_k, total_tokens=args.total_tokens, draft_layers=args.draft_layers)
+    if args.warmup < 0:
+        raise MicrospecError(f"--warmup must be >= 0, got {args.warmup}")
+    if args.temperature < 0:
+        raise MicrospecError(f"--temperature must be >= 0, got {args.temperature}")
+    try:
+        penalties = [float(x) for x in split_list(args.repetition_penalties)]
+    except ValueError:
+        raise MicrospecError(f"--repetition-penalties must be numbers, got {args.repetition_penalties!r}") from None
+    if not penalties or any(p <= 0 for p in penalties):
+        raise MicrospecError(f"--repetition-penalties must be positive numbers, got {args.repetition_penalties!r}")
+    decodings = [Decoding(args.temperature, p) for p in dict.fromkeys(penalties)]
+    records = load_questions(split_list(args.data), args.categories, args.limit)
+    specs = configure(specs, args.model, depth=args.depth, top_k=args.top_k, total_tokens=args.total_tokens,
+                      draft=args.draft, head_mode=args.head_mode, draft_layers=args.draft_layers,
+                      artifacts={"fr-spec": args.freq_file, "vocabtrim": args.vocabtrim_file,
+                                 "dynaspec": args.dynaspec, "specvocab": args.specvocab, "coral": args.coral})
+    set_threads(args.threads)
+    heads = load_heads(s.method for s in specs)
+    lm = load_model(args.model, dtype=args.dtype, device=args.device)
+    meta = default_meta(lm.name, args.dtype, str(lm.model.device))
+    meta["command"] = "microspec " + " ".join(args.argv)
+    meta["data"] = args.data
+    out = Path(args.out)
+    results = bench(lm, specs, records, decodings, out, dtype=parse_dtype(args.dtype),
+                    max_new_tokens=args.max_new_tokens, repeats=args.repeats, warmup=args.warmup, seed=args.seed,
+                    chat=args.chat, draft_layers=args.draft_layers, threads=args.threads,
+                    ignore_eos=args.ignore_eos, meta=meta, heads=heads)
+    print("\n".join(summary_lines(results)))
+    print(f"report: {out / 'report.md'}")
+    warning, error = lossless_verdict([r["mismatches"] for r in results.values()], out / "report.md",
+                                      peers={s.name for s in specs if s.is_peer})
+    for line in (warning, error):
+        if line:
+            print(line, file=sys.stderr)
+    return 1 if error else 0

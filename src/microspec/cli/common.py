@@ -1,0 +1,127 @@
+"""Argument groups several commands share, and their translation into library objects."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..compose import Method
+from ..decoding.config import GenerationConfig
+from ..errors import MicrospecError
+from ..models.registry import BUILTINS, DEFAULT_MODEL
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse's default prints the usage too)
+        raise MicrospecError(f"{self.prog}: {message}")
+
+
+def add_model_args(p) -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"built-in name ({', '.join(BUILTINS)}), a .gguf file or a HF model directory "
+                        f"(default {DEFAULT_MODEL})")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="bf16")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
+    chat = p.add_mutually_exclusive_group()
+    chat.add_argument("--chat", dest="chat", action="store_true", default=None,
+                      help="apply the chat template (default: when the tokenizer has one)")
+    chat.add_argument("--no-chat", dest="chat", action="store_false")
+
+
+def add_decoding_args(p, max_new_tokens: int = 128) -> None:
+    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--no-repeat-ngram-size", type=int, default=0)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's EOS tokens")
+
+
+def add_tree_args(p, total_tokens_type=str) -> None:
+    p.add_argument("--depth", type=int, default=None,
+                   help="draft levels (ngram: tokens proposed, default 10; tree drafters: the device's tree; "
+                        "early-exit / model chains: 4)")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="tree drafters (eagle, early-exit, model): build an EAGLE-2 dynamic tree expanding the "
+                        "top-k nodes per level (default: eagle everywhere and the others on CUDA draft the device's "
+                        "tree; early-exit and model draft a chain on a CPU)")
+    p.add_argument("--total-tokens", type=total_tokens_type, default=None,
+                   help="tree drafters: nodes kept after reranking (default: the device's tree, or depth x top-k)"
+                        + (", or 'auto' to size the tree by timing the target's verify pass on this device"
+                           if total_tokens_type is str else ""))
+    p.add_argument("--head-mode", default=None,
+                   help="how verification computes the target's LM head: all, visited or path (default: path where "
+                        "a batch of head rows costs little more than one row — CUDA, and a CPU with bf16 weights "
+                        "through the CPU kernel — else visited)")
+
+
+def add_drafter_args(p, default: str = "none") -> None:
+    p.add_argument("--drafter", default=default, help="none (autoregressive), ngram, early-exit, eagle or model")
+    p.add_argument("--draft", default=None,
+                   help="model drafter: the draft model (built-in name, .gguf or HF directory; same tokenizer); "
+                        "eagle drafter: the EAGLE checkpoint directory (default: the head shipped for the model)")
+    p.add_argument("--draft-layers", type=int, default=None,
+                   help="early-exit: target layers the draft uses (default: two thirds of them)")
+    add_tree_args(p)
+
+
+def add_vocab_args(p, default: str = "full") -> None:
+    p.add_argument("--vocab", default=default,
+                   help="draft vocabulary policy: full (EAGLE-2), fr-spec / vocabtrim (static top-K shortlist from "
+                        "--freq-file), microspec (in-context vocabulary, Algorithm 1), dynaspec (trained cluster "
+                        "router), specvocab (trained low-rank ranker) or coral (trained partition router; all three "
+                        "with --router, default: the ones shipped with the shipped head)")
+    p.add_argument("--router", default=None,
+                   help="dynaspec / specvocab / coral: the trained router, ranker or partition router directory "
+                        "(microspec train ...)")
+    p.add_argument("--freq-file", default=None, help="fr-spec / vocabtrim: token map (SGLang format)")
+    p.add_argument("--shortlist-size", "--vocab-size", dest="shortlist_size", default=None,
+                   help="fr-spec / vocabtrim: K, the shortlist's size, e.g. 8k, 16k, 32k (default) or 3000")
+    p.add_argument("--w-max", type=int, default=None, help="microspec: window over the candidate stream (3072)")
+    p.add_argument("--k-pre", type=int, default=None, help="microspec: top-k per prompt position at prefill (3)")
+    p.add_argument("--k-ver", type=int, default=None, help="microspec: top-k of the verify logits per step (3)")
+    p.add_argument("--k-pre-positions", type=int, default=None,
+                   help="microspec: take the prefill's top-k at the last N prompt positions only (default: all, as "
+                        "Algorithm 1; on a CPU the head over every prompt position costs ~6 ms a position)")
+    p.add_argument("--gather", default=None,
+                   help="restricted vocabularies: how the draft head gets its rows: packed (microspec's default; a "
+                        "[W_max, d] buffer updated incrementally), indexed (W[idx] gathered when the set changes: "
+                        "the ablation) or fused (a Triton kernel reads the rows inside the matmul)")
+    p.add_argument("--position-aware", default=None, metavar="K0,K1",
+                   help="position-aware budget (DynaSpec): K0 ids at draft depth 0, K1 at depth 1, "
+                        "floor((K1+t)/(2t)) at depth t (ranked policies: fr-spec, vocabtrim, microspec; for dynaspec "
+                        "K0,K1 count clusters and override the trained budgets)")
+
+
+def method_from_args(args: argparse.Namespace) -> Method:
+    """The method the drafter and vocabulary arguments describe, validated, with what ships for ``--model``
+    filled in (before any model is loaded)."""
+    method = Method(
+        drafter=args.drafter, vocab=args.vocab, draft=args.draft, draft_layers=args.draft_layers, depth=args.depth,
+        top_k=args.top_k, total_tokens=args.total_tokens, head_mode=args.head_mode, freq_file=args.freq_file,
+        shortlist_size=args.shortlist_size, router=args.router, w_max=args.w_max, k_pre=args.k_pre,
+        k_ver=args.k_ver, k_pre_positions=args.k_pre_positions, gather=args.gather,
+        position_aware=args.position_aware)
+    method = method.for_model(args.model)
+    method.check_artifacts()
+    return method
+
+
+def config_from_args(args: argparse.Namespace) -> GenerationConfig:
+    return GenerationConfig(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+        repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
+        stop_strings=tuple(args.stop), ignore_eos=args.ignore_eos)
+
+
+def positive(**values) -> None:
+    """``name=value`` pairs that must be >= 1 when given (the flag is named in the error)."""
+    for name, value in values.items():
+        if value is not None and value < 1:
+            raise MicrospecError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+
+
+def split_list(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]

@@ -1,0 +1,60 @@
+"""``microspec generate``: one prompt, one method, text and stats out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..api import generate
+from ..compose import build, load_heads, log_sizing, set_threads
+from ..errors import MicrospecError
+from ..models.registry import load_model
+from .common import (
+    add_decoding_args,
+    add_drafter_args,
+    add_model_args,
+    add_vocab_args,
+    config_from_args,
+    method_from_args,
+)
+
+
+def add(sub) -> None:
+    p = sub.add_parser("generate", help="generate text from a prompt", description="Generate text from a prompt.")
+    add_model_args(p)
+    p.add_argument("--prompt", required=True, help="prompt text ('-' reads standard input)")
+    add_decoding_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object (text, token_ids, stats)")
+    add_drafter_args(p)
+    add_vocab_args(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not prompt.strip():
+        raise MicrospecError("the prompt is empty")
+    set_threads(args.threads)
+    cfg = config_from_args(args)
+    method = method_from_args(args)
+    heads = load_heads([method])
+    lm = load_model(args.model, dtype=args.dtype, device=args.device)
+    engine = build(method, lm, heads)
+    log_sizing(engine)
+    result = generate(lm, prompt, cfg, chat=args.chat, method=engine)
+    stats = result.stats.to_dict()
+    if args.json:
+        print(json.dumps({
+            "text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
+            "model": lm.name, "dtype": args.dtype, "device": args.device, "drafter": args.drafter,
+            "total_tokens": engine.tree.get("total_tokens"), "vocab": args.vocab, "stats": stats,
+        }))
+    else:
+        print(result.text)
+        print(f"[microspec] {lm.name} {args.dtype} {args.device} | {stats['new_tokens']} tokens in "
+              f"{stats['wall_s']:.2f} s = {stats['tokens_per_s']:.2f} tok/s (prefill {stats['prefill_s']:.2f} s, "
+              f"decode {stats['decode_tokens_per_s']:.2f} tok/s) | steps {stats['steps']} | "
+              f"mean accept len {stats['mean_accept_len']:.2f} | drafter {args.drafter} | "
+              f"finish {result.finish_reason}", file=sys.stderr)
+    return 0

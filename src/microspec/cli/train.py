@@ -1,0 +1,131 @@
+"""``microspec train eagle | dynaspec | specvocab | coral``: argument handling for :mod:`microspec.training.jobs`."""
+
+from __future__ import annotations
+
+import json
+
+from ..models.registry import DEFAULT_MODEL
+from .common import Parser
+
+
+def _run(what: str):
+    def run(args) -> int:
+        from ..training import jobs
+
+        summary = getattr(jobs, f"train_{what}")(args)
+        if summary:
+            print(json.dumps(summary))
+        return 0
+
+    return run
+
+
+def add(sub) -> None:
+    p = sub.add_parser("train", help="train a draft head (eagle) or a trained vocabulary policy (dynaspec, "
+                       "specvocab, coral)", description="Train a draft head for a target.")
+    tsub = p.add_subparsers(dest="what", required=True, parser_class=Parser)
+    e = tsub.add_parser("eagle", help="EAGLE-1/2 head by self-distillation",
+                        description="Generate the target's answers to training prompts, capture its features, and "
+                                    "train an EAGLE-1/2 head (resumable; everything goes under --out).")
+    e.add_argument("--model", default=DEFAULT_MODEL)
+    e.add_argument("--prompts", nargs="+", default=[],
+                   help="training prompt files (JSONL with prompt / OASST1 messages / self-instruct / .txt); "
+                        "evaluation sets are refused")
+    e.add_argument("--texts", nargs="+", default=[],
+                   help="text corpora trained on at every position, teacher-forced, beside the answers (JSONL with "
+                        "text / .txt with blank-line-separated documents): the target's distribution on varied "
+                        "text, which its own greedy answers to a small pool lack; evaluation sets are refused")
+    e.add_argument("--text-tokens", type=int, default=None,
+                   help="at most this many tokens from each --texts file (documents shuffled with --shuffle)")
+    e.add_argument("--allow-eval", action="store_true", help="accept a file whose name looks like an evaluation set")
+    e.add_argument("--extra-features", nargs="+", default=[], metavar="PATH",
+                   help="features captured by earlier runs, trained on beside this run's own (replay): shard files, "
+                        "or `train eagle --out` directories (every shard of their features/)")
+    e.add_argument("--out", required=True, help="output directory (responses, features, checkpoint, head/)")
+    e.add_argument("--limit", type=int, default=None, help="use the first N prompts (after --shuffle)")
+    e.add_argument("--shuffle", action="store_true", help="shuffle the prompts (by --seed) before --limit, so a "
+                   "limited run samples every file and category")
+    e.add_argument("--max-new-tokens", type=int, default=256, help="answer length per prompt")
+    e.add_argument("--repetition-penalty", type=float, nargs="+", default=[1.2],
+                   help="for the answers (default 1.2: a base model's plain greedy text loops); several values answer "
+                        "every prompt once with each (e.g. 1.0 1.2: the plain and the penalised decodings)")
+    e.add_argument("--chat", dest="chat", action="store_true", default=None)
+    e.add_argument("--no-chat", dest="chat", action="store_false")
+    e.add_argument("--gen-dtype", choices=["fp32", "bf16"], default="fp32", help="dtype for generating answers")
+    e.add_argument("--gen-batch", type=int, default=48,
+                   help="answers decoded together (shared cache, one head read per step); 1 = the generation loop")
+    e.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="target dtype for capture and training")
+    e.add_argument("--head-dtype", choices=["fp32", "bf16"], default="bf16", help="dtype of the exported head")
+    e.add_argument("--device", default="cpu")
+    e.add_argument("--threads", type=int, default=None)
+    e.add_argument("--stages", default="generate,capture,train", help="comma-separated subset, in order")
+    e.add_argument("--resume", action="store_true", help="continue training from --out/checkpoint.pt")
+    e.add_argument("--init", default=None, metavar="DIR",
+                   help="start from the weights of an EAGLE head (e.g. a shipped one, to go on with more data)")
+    e.add_argument("--intermediate-size", type=int, default=None, help="head MLP width (default: the target's)")
+    e.add_argument("--loss-on", choices=["answer", "all"], default="answer",
+                   help="positions trained: the answers (EAGLE) or every position, prompts included (more data "
+                        "from the same forward passes: teacher-forced prompt text)")
+    e.add_argument("--ce-vocab", choices=["full", "seen"], default="full",
+                   help="cross-entropy over the full vocabulary (EAGLE) or over the ids present in the training "
+                        "data (cheaper; an approximation for small budgets)")
+    for name, default, kind in (("epochs", 2.0, float), ("lr", 3e-4, float), ("warmup-steps", 50, int),
+                                ("tokens-per-step", 2048, int), ("max-len", 512, int), ("heldout", 0.05, float),
+                                ("seed", 0, int), ("save-every", 50, int), ("noise-std", 0.2, float),
+                                ("p-w", 0.1, float), ("v-w", 1.0, float)):
+        e.add_argument(f"--{name}", type=kind, default=default)
+    e.add_argument("--batch-tokens", type=int, default=None,
+                   help="padded tokens per training micro-batch (default: 1024 on a CPU, 16384 on CUDA)")
+    e.set_defaults(func=_run("eagle"))
+    d = tsub.add_parser("dynaspec", help="DynaSpec cluster router over an EAGLE head's inputs",
+                        description="Cluster the LM head (spherical k-means), label the features `train eagle` saved "
+                                    "with the full-vocabulary drafter's top-L tokens, train the router (BCE) and pick "
+                                    "the cluster budgets on a held-out split.")
+    d.add_argument("--model", default=DEFAULT_MODEL)
+    d.add_argument("--features", required=True, help="a `microspec train eagle --out` directory (its features/)")
+    d.add_argument("--draft", default=None, help="EAGLE head directory (default: the model's shipped head)")
+    d.add_argument("--out", required=True, help="output directory (the router artifact)")
+    d.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    d.add_argument("--device", default="cpu")
+    d.add_argument("--threads", type=int, default=None)
+    d.add_argument("--k0", type=int, default=None, help="clusters at draft depth 0 (default: tuned, --coverage)")
+    d.add_argument("--k1", type=int, default=None, help="clusters at draft depth 1 (default: k0 // 2)")
+    for name, default, kind in (("clusters", 1024, int), ("kmeans-iters", 15, int), ("top-l", 8, int),
+                                ("positions", 100_000, int), ("heldout", 0.05, float), ("router-width", 1024, int),
+                                ("epochs", 3.0, float), ("lr", 1e-3, float), ("coverage", 0.97, float),
+                                ("seed", 0, int)):
+        d.add_argument(f"--{name}", type=kind, default=default)
+    d.set_defaults(func=_run("dynaspec"))
+    v = tsub.add_parser("specvocab", help="SpecVocab low-rank vocabulary ranker on an EAGLE head's outputs",
+                        description="Distil the full-vocabulary draft distribution into a low-rank ranker "
+                                    "s = W_vocab W_down h (EAGLE head frozen; starts from the LM head's SVD).")
+    v.add_argument("--model", default=DEFAULT_MODEL)
+    v.add_argument("--features", required=True, help="a `microspec train eagle --out` directory (its features/)")
+    v.add_argument("--draft", default=None, help="EAGLE head directory (default: the model's shipped head)")
+    v.add_argument("--out", required=True)
+    v.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    v.add_argument("--device", default="cpu")
+    v.add_argument("--threads", type=int, default=None)
+    v.add_argument("--rank", type=int, default=None, help="d' (default d/16; d/8 is the paper's other option)")
+    for name, default, kind in (("k", 2048, int), ("positions", 50_000, int), ("heldout", 0.05, float),
+                                ("q-top", 256, int), ("epochs", 3.0, float), ("lr", 1e-3, float),
+                                ("batch", 256, int), ("seed", 0, int)):
+        v.add_argument(f"--{name}", type=kind, default=default)
+    v.set_defaults(func=_run("specvocab"))
+    c = tsub.add_parser("coral", help="CORAL-style router: one linear layer choosing fixed vocabulary partitions",
+                        description="Partition the vocabulary offline (spherical k-means on the LM head) and train a "
+                                    "one-layer router over the draft's hidden state to pick partitions (the simplest "
+                                    "faithful variant of CORAL's description).")
+    c.add_argument("--model", default=DEFAULT_MODEL)
+    c.add_argument("--features", required=True, help="a `microspec train eagle --out` directory (its features/)")
+    c.add_argument("--draft", default=None, help="EAGLE head directory (default: the model's shipped head)")
+    c.add_argument("--out", required=True)
+    c.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    c.add_argument("--device", default="cpu")
+    c.add_argument("--threads", type=int, default=None)
+    c.add_argument("--r", type=int, default=None, help="partitions per draft token (default: tuned, --coverage)")
+    for name, default, kind in (("partitions", 64, int), ("kmeans-iters", 15, int), ("positions", 100_000, int),
+                                ("heldout", 0.05, float), ("epochs", 3.0, float), ("lr", 1e-3, float),
+                                ("batch", 512, int), ("coverage", 0.97, float), ("seed", 0, int)):
+        c.add_argument(f"--{name}", type=kind, default=default)
+    c.set_defaults(func=_run("coral"))

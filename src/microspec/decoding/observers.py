@@ -1,0 +1,40 @@
+"""Observers the generation loop calls without depending on what they measure.
+
+:class:`CoverageObserver`: ground-truth coverage (the MicroSpec paper's Section 2.1) — the share of committed tokens
+that were in the draft vocabulary of the depth they were committed at.  The j-th committed token of a step is read
+against the set of draft depth j (the deepest drafted depth for a bonus token past the tree), before the policy
+hears the verification; a routed policy has no set for a step that drafted nothing, the others answer for depth 0.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from ..vocab.base import VocabPolicy
+    from .tree import DraftTree
+
+
+class CoverageObserver:
+    def __init__(self, policy: VocabPolicy, device: torch.device):
+        self.policy, self.device = policy, device
+        self.routed = policy.wants_draft_inputs or policy.wants_head_input  # sets exist only after drafting
+        self.covered = torch.zeros((), dtype=torch.long, device=device)  # summed on the device: read once
+        self.tokens = 0
+        self._hits: list[torch.Tensor] = []
+
+    def on_verified(self, tree: DraftTree, tokens: list[int]) -> None:
+        """The step's committed tokens, before the policy's sets move on."""
+        self._hits = []
+        if len(tree) or not self.routed:
+            last = max(tree.depths()) - 1 if len(tree) else 0
+            self._hits = [self.policy.contains(torch.tensor([t], device=self.device), min(j, last))
+                          for j, t in enumerate(tokens)]
+
+    def on_emitted(self, count: int) -> None:
+        """How many of them were kept (generation may stop inside a step)."""
+        if self._hits:
+            self.covered += torch.cat(self._hits[:count]).sum()
+            self.tokens += count

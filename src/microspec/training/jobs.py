@@ -1,0 +1,248 @@
+"""The training commands as library functions: ``microspec train eagle`` (self-distillation, feature capture,
+EAGLE-1/2 training, export) and ``microspec train dynaspec | specvocab | coral`` (trained policies on the features
+``train eagle`` saved).  Each takes the command's options as attributes of ``opts`` (an ``argparse.Namespace`` or
+any object with the same names: see ``microspec train ... --help``) and returns the summary the command prints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..compose import eagle_head_path, set_threads
+from ..drafters.eagle import EagleHead
+from ..errors import MicrospecError
+
+
+def extra_feature_shards(paths: list[str]) -> list:
+    """The shard files named by --extra-features (a directory stands for the shards of its features/)."""
+    from pathlib import Path
+
+    from .eagle import feature_shards
+
+    out: list[Path] = []
+    for p in map(Path, paths):
+        found = feature_shards(p) if p.is_dir() else [p] if p.is_file() else []
+        if not found:
+            raise MicrospecError(f"--extra-features {p}: no feature shards there (a .pt shard, or a `train eagle "
+                                 f"--out` directory with features/)")
+        out += found
+    return out
+
+
+def _policy_setup(opts, positive: tuple[str, ...]):
+    """What train dynaspec / specvocab share: checks, the EAGLE head, the model and the saved features."""
+    from pathlib import Path
+
+    from ..models.registry import load_model
+    from .eagle import feature_shards, load_features
+
+    for name in positive:
+        if getattr(opts, name) is not None and getattr(opts, name) < 1:
+            raise MicrospecError(f"--{name.replace('_', '-')} must be >= 1")
+    if opts.epochs <= 0 or opts.lr <= 0 or not 0 < opts.heldout < 1:
+        raise MicrospecError("--epochs and --lr must be > 0 and --heldout in (0, 1)")
+    set_threads(opts.threads)
+    shards = feature_shards(Path(opts.features))
+    if not shards:
+        raise MicrospecError(f"no features under {Path(opts.features) / 'features'}: run `microspec train eagle` "
+                             "(its generate/capture stages) first")
+    draft = eagle_head_path(opts.draft, opts.model)
+    head = EagleHead.load(draft)
+    lm = load_model(opts.model, dtype=opts.dtype, device=opts.device)
+    if head.hidden_size != lm.model.spec.hidden_size:
+        raise MicrospecError(f"EAGLE head hidden size {head.hidden_size} does not match the target's "
+                             f"{lm.model.spec.hidden_size}")
+    return lm, head, draft, load_features(shards, lm.model.spec.hidden_size)
+
+
+def _save_trained(opts, art, report: dict, lm, draft, t0: float, shown: dict) -> dict:
+    """Write a trained policy with its training.json (command, data, held-out numbers, wall time); the summary:
+    ``shown`` (the artifact's path in its None entry) and the held-out numbers."""
+    import time
+
+    import torch
+
+    report.update(model=opts.model, features=str(opts.features), draft=str(draft), device=str(lm.model.device),
+                  torch=torch.__version__, wall_s=round(time.perf_counter() - t0, 1),
+                  command="microspec " + " ".join(getattr(opts, "argv", [])))
+    out = art.save(opts.out, {"training": {k: v for k, v in report.items() if k != "history"}})
+    (out / "training.json").write_text(json.dumps(report, indent=2, default=str))
+    return {**{k: (str(out) if v is None else v) for k, v in shown.items()}, "heldout": report["heldout"]}
+
+
+def train_specvocab(opts) -> dict:
+    import time
+
+    import torch
+
+    from .eagle import log_stderr
+    from .specvocab import build_specvocab
+
+    t0 = time.perf_counter()
+    lm, head, draft, data = _policy_setup(opts, ("k", "positions", "q_top", "batch", "rank"))
+    v = lm.model.spec.vocab_size
+    if opts.k > v or (opts.rank or 1) > lm.model.spec.hidden_size:
+        raise MicrospecError("--k must not exceed the vocabulary, nor --rank the hidden size")
+    art, report = build_specvocab(lm.model, head, data, rank=opts.rank, k=opts.k, positions=opts.positions,
+                                  heldout=opts.heldout, q_top=opts.q_top, epochs=opts.epochs, lr=opts.lr,
+                                  batch=opts.batch, seed=opts.seed, log=log_stderr)
+    art.ranker.to(torch.bfloat16)
+    return _save_trained(opts, art, report, lm, draft, t0, {"ranker": None, "k": art.k})
+
+
+def train_coral(opts) -> dict:
+    import time
+
+    from .coral import build_coral
+    from .eagle import log_stderr
+
+    if not 0 < opts.coverage <= 1:
+        raise MicrospecError("--coverage must be in (0, 1]")
+    t0 = time.perf_counter()
+    lm, head, draft, data = _policy_setup(opts, ("partitions", "kmeans_iters", "positions", "batch", "r"))
+    if opts.partitions > lm.model.spec.vocab_size:
+        raise MicrospecError("--partitions must not exceed the vocabulary size")
+    art, report = build_coral(lm.model, head, data, partitions=opts.partitions, kmeans_iters=opts.kmeans_iters,
+                              positions=opts.positions, heldout=opts.heldout, epochs=opts.epochs, lr=opts.lr,
+                              batch=opts.batch, coverage=opts.coverage, r=opts.r, seed=opts.seed, log=log_stderr)
+    return _save_trained(opts, art, report, lm, draft, t0, {"router": None, "r": art.r})
+
+
+def train_dynaspec(opts) -> dict:
+    import time
+
+    import torch
+
+    from .dynaspec import build_dynaspec
+    from .eagle import log_stderr
+
+    if not 0 < opts.coverage <= 1:
+        raise MicrospecError("--coverage must be in (0, 1]")
+    if (opts.k0 is not None and opts.k0 < 1) or (opts.k1 is not None and opts.k1 < 1):
+        raise MicrospecError("--k0 and --k1 must be >= 1")
+    t0 = time.perf_counter()
+    lm, head, draft, data = _policy_setup(opts, ("clusters", "kmeans_iters", "top_l", "positions",
+                                                        "router_width"))
+    if opts.top_l > lm.model.spec.vocab_size or opts.clusters > lm.model.spec.vocab_size:
+        raise MicrospecError("--top-l and --clusters must not exceed the vocabulary size")
+    art, report = build_dynaspec(
+        lm.model, head, data, num_clusters=opts.clusters, kmeans_iters=opts.kmeans_iters, top_l=opts.top_l,
+        positions=opts.positions, heldout=opts.heldout, width=opts.router_width, epochs=opts.epochs,
+        lr=opts.lr, coverage=opts.coverage, k0=opts.k0, k1=opts.k1, seed=opts.seed, log=log_stderr)
+    art.router.to(torch.bfloat16)
+    return _save_trained(opts, art, report, lm, draft, t0,
+                         {"router": None, "k0": report["k0"], "k1": report["k1"]})
+
+
+def train_eagle(opts) -> dict:
+    import time
+    from pathlib import Path
+
+    import torch
+
+    from ..decoding.config import GenerationConfig
+    from ..models.registry import load_model
+    from .data import read_training_prompts, read_training_texts, text_windows
+    from .eagle import (
+        TrainConfig,
+        Trainer,
+        capture_features,
+        export_head,
+        feature_shards,
+        generate_responses,
+        init_head,
+        load_features,
+        log_stderr,
+        new_head,
+        split_heldout,
+    )
+
+    stages = [s.strip() for s in opts.stages.split(",") if s.strip()]
+    bad = [s for s in stages if s not in ("generate", "capture", "train")]
+    if bad or not stages:
+        raise MicrospecError(f"--stages takes generate, capture and/or train, got {opts.stages!r}")
+    for name in ("max_new_tokens", "tokens_per_step", "max_len", "save_every", "gen_batch", "batch_tokens"):
+        if getattr(opts, name) is not None and getattr(opts, name) < 1:
+            raise MicrospecError(f"--{name.replace('_', '-')} must be >= 1")
+    if any(not 0 < r < 10 for r in opts.repetition_penalty):
+        raise MicrospecError("--repetition-penalty values must be in (0, 10)")
+    if opts.epochs <= 0 or opts.lr <= 0 or not 0 <= opts.heldout < 1:
+        raise MicrospecError("--epochs and --lr must be > 0 and --heldout in [0, 1)")
+    set_threads(opts.threads)
+    if not opts.prompts and not opts.texts:
+        raise MicrospecError("give training --prompts (answered by the target) and/or --texts (trained as they are)")
+    if opts.text_tokens is not None and opts.text_tokens < 1:
+        raise MicrospecError("--text-tokens must be >= 1")
+    if not opts.prompts and "generate" in stages:
+        stages.remove("generate")  # nothing to answer
+    prompts = read_training_prompts(opts.prompts, allow_eval=opts.allow_eval) if opts.prompts else []
+    text_docs = read_training_texts(opts.texts, allow_eval=opts.allow_eval) if opts.texts else []
+    if opts.shuffle:
+        import random
+
+        random.Random(opts.seed).shuffle(prompts)
+        for docs in text_docs:
+            random.Random(opts.seed).shuffle(docs)
+    prompts = prompts[: opts.limit]
+    extra = extra_feature_shards(opts.extra_features)
+    out = Path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    samples = None
+    if "generate" in stages:
+        lm = load_model(opts.model, dtype=opts.gen_dtype, device=opts.device)
+        cfg = GenerationConfig(max_new_tokens=opts.max_new_tokens, repetition_penalty=opts.repetition_penalty[0])
+        samples = generate_responses(lm, prompts, out, cfg, opts.chat, opts.gen_batch, opts.max_len // 2, opts.max_len,
+                                     log=log_stderr, penalties=opts.repetition_penalty)
+    lm = load_model(opts.model, dtype=opts.dtype, device=opts.device)
+    if samples is None:
+        from .data import read_jsonl
+
+        samples = read_jsonl(out / "responses.jsonl")
+        if not samples and opts.prompts:
+            raise MicrospecError(f"no answers in {out / 'responses.jsonl'}: run the generate stage first")
+    # a text window trains every position: its first token (the BOS) stands as the "prompt"
+    texts = [{"prompt_ids": w[:1], "response_ids": w[1:]}
+             for docs in text_docs for w in text_windows(lm.tokenizer, docs, opts.max_len, opts.text_tokens)]
+    if "capture" in stages:
+        shards = sorted((out / "features").glob("gen*.pt"))  # answers whose features batched generation kept
+        shards += capture_features(lm.model, samples, out, opts.max_len, log=log_stderr)
+        shards += capture_features(lm.model, texts, out, opts.max_len, log=log_stderr, prefix="text")
+    else:
+        shards = feature_shards(out)
+    if "train" not in stages:
+        return {}
+    shards += extra
+    if not shards:
+        raise MicrospecError(f"no features under {out / 'features'}: run the capture stage first")
+    data = load_features(shards, lm.model.spec.hidden_size)
+    tcfg = TrainConfig(epochs=opts.epochs, lr=opts.lr, warmup_steps=opts.warmup_steps,
+                       tokens_per_step=opts.tokens_per_step, max_len=opts.max_len, heldout=opts.heldout,
+                       seed=opts.seed, save_every=opts.save_every, noise_std=opts.noise_std, p_w=opts.p_w,
+                       v_w=opts.v_w, ce_vocab=opts.ce_vocab, batch_tokens=opts.batch_tokens,
+                       loss_on=opts.loss_on)
+    if lm.model.device.type == "cuda":  # TF32 for the full-vocabulary products of the loss (fp32 elsewhere)
+        torch.backends.cuda.matmul.allow_tf32 = True
+    train, held = split_heldout(data, tcfg.heldout, tcfg.seed)
+    torch.manual_seed(tcfg.seed)
+    head = new_head(lm.model, opts.intermediate_size, seed=tcfg.seed)
+    if opts.init is not None:
+        if opts.resume:
+            raise MicrospecError("--init and --resume exclude each other")
+        init_head(head, EagleHead.load(opts.init))
+    trainer = Trainer(lm.model, head, tcfg, out, log=log_stderr)
+    result = trainer.fit(train, held, resume=opts.resume)
+    meta = {"model": opts.model, "prompts": opts.prompts, "prompt_count": len(prompts), "answers": len(samples),
+            "answer_tokens": sum(len(r["response_ids"]) for r in samples), "texts": opts.texts,
+            "extra_features": [str(p) for p in extra],
+            "text_tokens": sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in texts), "sequences": len(data),
+            "train_sequences": len(train), "heldout_sequences": len(held), "train_tokens_per_epoch":
+            result["train_tokens"], "steps": result["steps"], "heldout": result["heldout"],
+            "config": vars(tcfg), "wall_s": round(time.perf_counter() - t_start, 1),
+            "device": str(lm.model.device), "torch": torch.__version__,
+            "command": "microspec " + " ".join(getattr(opts, "argv", []))}
+    path = export_head(head, out, torch.bfloat16 if opts.head_dtype == "bf16" else torch.float32, meta)
+    EagleHead.load(path)  # the exported head loads as the eagle drafter will load it
+    return {"head": str(path), "heldout": result["heldout"], "steps": result["steps"]}
+
+
