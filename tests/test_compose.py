@@ -1,0 +1,89 @@
+"""The composition layer: one validated method description, one builder, the Python API's reach."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import official_checkpoint
+from microspec.compose import Method, build, build_policy
+from microspec.errors import MicrospecError
+from microspec.vocab import MicroSpecVocab, PositionAware, StaticShortlist
+
+
+def test_method_names_parse_to_descriptions():
+    assert Method.parse("ar") == Method()
+    assert Method.parse("eagle-full") == Method(drafter="eagle")
+    assert Method.parse("microspec") == Method.parse("eagle+microspec") == Method(drafter="eagle", vocab="microspec")
+    assert Method.parse("fr-spec-16k") == Method(drafter="eagle", vocab="fr-spec", shortlist_size="16k")
+    assert Method.parse("early-exit+vocabtrim") == Method(drafter="early-exit", vocab="vocabtrim",
+                                                          shortlist_size="32k")
+    m = Method.parse("microspec-w1024-indexed-ctx-kp8", depth=3, top_k=2)
+    assert (m.w_max, m.gather, m.sources, m.k_pre_positions, m.depth, m.top_k) == (1024, "indexed", "ctx", 8, 3, 2)
+    assert Method.parse("microspec-w8", w_max=16).w_max == 16  # an explicit option wins over the name's
+    assert Method(drafter="eagle", top_k=2, total_tokens="6").total_tokens == 6  # the CLI's string, as an int
+    for bad, needle in (("foo", "unknown method"), ("ngram+microspec", "LM head"), ("microspec-zz", "options are"),
+                        ("eagle+fr-spec-lots", "unknown vocabulary")):
+        with pytest.raises(MicrospecError, match=needle):
+            Method.parse(bad)
+
+
+@pytest.mark.parametrize("options, needle", [
+    (dict(drafter="ngram", top_k=2), "proposes a chain"),
+    (dict(drafter="eagle", total_tokens=8), "needs --top-k"),
+    (dict(drafter="eagle", total_tokens="auto"), "auto needs --top-k"),
+    (dict(drafter="eagle", total_tokens="many", top_k=2), "integer or 'auto'"),
+    (dict(drafter="eagle", draft_layers=2), "applies to early-exit"),
+    (dict(drafter="model"), "needs --draft"),
+    (dict(drafter="ngram", draft="x"), "--draft names"),
+    (dict(drafter="eagle", depth=0), "--depth must be >= 1"),
+    (dict(drafter="eagle", head_mode="some"), "--head-mode"),
+    (dict(drafter="eagle", vocab="dynaspec", w_max=5), "do not apply"),
+    (dict(drafter="eagle", vocab="microspec", router="d"), "--router applies"),
+    (dict(drafter="eagle", vocab="microspec", gather="rows"), "--gather"),
+    (dict(drafter="eagle", vocab="full", position_aware="4,2"), "ranks its ids"),
+    (dict(drafter="eagle", vocab="microspec", position_aware="4"), "two budgets"),
+])
+def test_bad_methods_fail_in_one_line_before_any_model(options, needle):
+    with pytest.raises(MicrospecError, match=needle) as info:
+        Method(**options)
+    assert "\n" not in str(info.value)
+
+
+def test_build_policy_by_description(tmp_path):
+    torch.save(list(range(100))[::-1], tmp_path / "map.pt")
+    p = build_policy(Method(drafter="eagle", vocab="fr-spec", freq_file=str(tmp_path / "map.pt"), shortlist_size=5,
+                            position_aware="3,2"), 100, always=[0])
+    assert isinstance(p, PositionAware) and isinstance(p.policy, StaticShortlist)
+    assert p.active(0).tolist() == [0, 97, 98, 99]  # the 3 most frequent ids and the always-kept 0
+    m = build_policy(Method.parse("microspec-w16-indexed-kp4"), 100)
+    assert isinstance(m, MicroSpecVocab) and (m.w_max, m.gather, m.prompt_positions, m.fused) == (16, "indexed", 4,
+                                                                                                 False)
+    with pytest.raises(MicrospecError, match="needs --freq-file"):
+        build_policy(Method(drafter="eagle", vocab="fr-spec"), 100)
+
+
+def test_python_api_reaches_every_method_in_one_line(tiny_model_dir, tmp_path):
+    from microspec import load_model
+    from microspec.api import generate
+
+    lm = load_model(str(tiny_model_dir), dtype="fp32")
+    head, _, _ = official_checkpoint(tmp_path / "eagle")
+    cfg = dict(max_new_tokens=12, ignore_eos=True, repetition_penalty=1.2)
+    ref = generate(lm, "w5 w6 w7 w5 w6", **cfg)
+    assert ref.stats.steps == 11  # plain decoding: one token a step after the prefill's
+    for method in ("ngram", Method.parse("eagle+microspec", draft=str(head)),
+                   Method.parse("microspec-w8-indexed", draft=str(head), top_k=2, depth=3),
+                   Method(drafter="early-exit", vocab="microspec", draft_layers=1, top_k=2)):
+        res = generate(lm, "w5 w6 w7 w5 w6", method=method, **cfg)
+        assert res.token_ids == ref.token_ids and res.text == ref.text
+    engine = build(Method.parse("eagle+microspec", draft=str(head)), lm)  # built once, reused
+    runs = [engine.generate("w5 w6 w7 w5 w6", **cfg) for _ in range(2)]
+    assert runs[0].token_ids == runs[1].token_ids == ref.token_ids
+    assert runs[0].stats.accept_lengths == runs[1].stats.accept_lengths  # a fresh policy each generation
+    assert engine.describe()["vocab"] == "microspec" and engine.describe()["tree"]["top_k"] == 2  # the CPU tree
+    other = load_model(str(tiny_model_dir), dtype="fp32")
+    with pytest.raises(MicrospecError, match="another model"):
+        generate(other, "w5", method=engine)
+    with pytest.raises(MicrospecError, match="no EAGLE head ships"):
+        generate(lm, "w5", method="eagle+microspec")  # a local model has no shipped head
