@@ -153,10 +153,11 @@ def speed(args) -> int:
     import statistics
 
     base = ["generate", "--json", "--model", args.speed, "--prompt", args.prompt, "--max-new-tokens", "64",
-            "--repetition-penalty", "1.2", "--dtype", "bf16", "--threads", "2"]
+            "--repetition-penalty", str(args.repetition_penalty), "--dtype", "bf16", "--threads", "2"]
     methods = {"ar": [], "eagle+microspec": ["--drafter", "eagle", "--vocab", "microspec"]}
     runs: dict = {(m, side): [] for m in methods for side in ("old", "new")}
     tokens: dict = {}
+    taus: dict = {}
     for _ in range(args.rounds):
         for m, extra in methods.items():
             for side, src in (("old", args.old), ("new", args.new)):
@@ -166,10 +167,12 @@ def speed(args) -> int:
                     return 1
                 runs[m, side].append(got["stats"]["decode_tokens_per_s"])
                 tokens.setdefault((m, side), got["token_ids"])
+                taus[m, side] = got["stats"]["mean_accept_len"]
     same = all(tokens[m, "old"] == tokens[m, "new"] for m in methods)
     for m in methods:
         o, n = statistics.median(runs[m, "old"]), statistics.median(runs[m, "new"])
-        print(f"{m:>16}: decode tok/s median old {o:.2f}, new {n:.2f} (new/old {n / o:.3f}); runs old "
+        print(f"{m:>16}: tau old {taus[m, 'old']:.2f}, new {taus[m, 'new']:.2f}; "
+              f"decode tok/s median old {o:.2f}, new {n:.2f} (new/old {n / o:.3f}); runs old "
               f"{[round(x, 2) for x in runs[m, 'old']]}, new {[round(x, 2) for x in runs[m, 'new']]}")
     print(f"tokens {'identical' if same else 'DIFFERENT'} between the trees")
     return 0 if same else 1
@@ -184,6 +187,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", default=None, help="comma-separated command names to run (default: all)")
     ap.add_argument("--prompt", default="The three laws of robotics are")
+    ap.add_argument("--repetition-penalty", type=float, default=1.2)
     args = ap.parse_args()
     if args.speed:
         return speed(args)

@@ -162,6 +162,51 @@ def test_speculative_sampling_matches_exact_distribution(pair, exact, name):
         assert accepted > N * 0.3  # the test exercises acceptance, not only the bonus path
 
 
+def _restricted(name):
+    """A policy whose draft puts zero mass outside a small set of ids (the draft head scores only them)."""
+    from microspec.vocab import MicroSpecVocab, PositionAware, StaticShortlist
+    from microspec.vocab.dynaspec import DynaSpecRouter, DynaSpecVocab, Router
+
+    g = torch.Generator().manual_seed(5)
+    order = torch.randperm(VOCAB, generator=g).tolist()
+    if name == "microspec":
+        return MicroSpecVocab(VOCAB, w_max=12, k_pre=1, k_ver=1)
+    if name == "microspec-indexed":
+        return MicroSpecVocab(VOCAB, w_max=12, k_pre=1, k_ver=1, gather="indexed")
+    if name == "fr-spec":
+        return StaticShortlist(order, 24)
+    if name == "fr-spec-pa":
+        return PositionAware(StaticShortlist(order, 32), 16, 8)
+    torch.manual_seed(0)
+    assign = torch.tensor(order) % 8  # 8 clusters of 12 ids; the router picks 2 of them, then 1
+    return DynaSpecVocab(DynaSpecRouter(assign, Router(64, 8, width=16), k0=2, k1=1))
+
+
+@pytest.mark.parametrize("drafter, policy", [("eagle-chain", "microspec"), ("eagle-tree", "microspec"),
+                                             ("early-exit-chain", "microspec-indexed"), ("eagle-chain", "fr-spec"),
+                                             ("eagle-tree", "fr-spec-pa"), ("eagle-chain", "dynaspec"),
+                                             ("eagle-tree", "dynaspec")])
+def test_sampling_with_a_restricted_draft_vocabulary_matches_exact_distribution(pair, exact, drafter, policy):
+    """Drafts over a restricted vocabulary put zero mass outside it (and are processed and warped like the target):
+    the committed tokens still follow the target's distribution exactly."""
+    _, nm = pair
+    p1, m2, m3 = exact
+    make = _drafters(exact)[drafter]
+    counts = torch.zeros(3, VOCAB)
+    sizes = []
+    for seed in range(N):
+        r = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=3, seed=seed, ignore_eos=True, **SETTINGS),
+                         drafter=make(), vocab=_restricted(policy))
+        for i, t in enumerate(r.token_ids):
+            counts[i, t] += 1
+        sizes += r.stats.active_sizes
+    assert sizes and max(sizes) < VOCAB // 2  # the draft really was restricted
+    label = f"{drafter}+{policy}"
+    _check(counts[0], p1, f"{label} token 1")
+    _check(counts[1], m2, f"{label} token 2")
+    _check(counts[2], m3, f"{label} token 3")
+
+
 def test_autoregressive_sampling_matches_exact_distribution(pair, exact):
     _, nm = pair
     p1, m2, m3 = exact

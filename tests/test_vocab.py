@@ -116,7 +116,7 @@ def _eagle(nm, tmp_path):
 @pytest.mark.parametrize("greedy", [True, False])
 def test_policies_are_lossless(tmp_path, family, policy, greedy):
     _, nm = tiny_pair(family)
-    cfg = dict(max_new_tokens=30, ignore_eos=True, repetition_penalty=1.2)
+    cfg = dict(max_new_tokens=30, ignore_eos=True, repetition_penalty=1.2, no_repeat_ngram_size=3)
     if not greedy:
         cfg.update(temperature=0.9, seed=11)
     ref = generate_ids(nm, PROMPT, GenerationConfig(**cfg)).token_ids
@@ -500,3 +500,57 @@ def test_short_token_map_is_refused_and_freq_fill_completes_it(tmp_path, tiny_mo
                  "response_ids", "--fill", str(tmp_path / "corpus.pt"), str(path)]) == 0
     assert load_token_map(tmp_path / "v.pt") == [9, 4, 1, 3]
     assert "2 distinct ids (+ 2 from" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["full", "shortlist", "packed", "indexed"])
+def test_draft_head_scores_under_the_decodings_processors(kind):
+    """The draft head applies the target's processors to exactly its own columns, each row with its own path as
+    history: the result equals processing the full-vocabulary logits and keeping the head's columns."""
+    from microspec.decoding.processors import LogitsPipeline
+    from microspec.drafters.head import DraftHead
+    from microspec.vocab import StaticShortlist
+
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(VOCAB, 16, generator=g)
+    h = torch.randn(3, 16, generator=g)
+    pipe = LogitsPipeline(GenerationConfig(repetition_penalty=1.7, no_repeat_ngram_size=2), VOCAB, torch.device("cpu"))
+    history = [5, 9, 17, 5, 40, 9]
+    pipe.commit(history)
+    paths = [[], [9], [12, 5]]  # after "9" the bigram (9, 17) is banned; after "5", (5, 9) and (5, 40)
+    ids = torch.tensor(sorted({5, 9, 12, 17, 40, 41, 3, 77, 100} & set(range(VOCAB))))
+    policy = {"full": None, "shortlist": StaticShortlist(ids.tolist(), len(ids)),
+              "packed": MicroSpecVocab(VOCAB, w_max=16, k_pre=0, k_ver=0),
+              "indexed": MicroSpecVocab(VOCAB, w_max=16, k_pre=0, k_ver=0, gather="indexed")}[kind]
+    if isinstance(policy, MicroSpecVocab):
+        policy.on_prefill(ids[torch.randperm(len(ids), generator=g)], None)  # slots in another order than the ids
+    head = DraftHead(w, policy=policy)
+    got = head.logits(h, 0, pipe, paths)
+    full = pipe.process(DraftHead(w).logits(h), paths)
+    cols = torch.arange(got.shape[1])
+    full_ids = head.to_full_ids(cols)
+    valid = full_ids >= 0
+    assert torch.equal(got[:, valid], full[:, full_ids[valid]])
+    assert (got[:, ~valid] == float("-inf")).all()
+    raw = head.logits(h, 0)
+    assert not torch.equal(raw[:, valid], got[:, valid])  # the processors did change something
+    assert int(full_ids[got[1].argmax()]) != 17 and got[1, head.columns_of(torch.tensor([17]))].item() == \
+        float("-inf")  # the greedy draft proposes the processed argmax, never a banned id
+    if kind != "full":
+        assert head.columns_of(torch.tensor([2])).item() == -1  # an id outside the set has no column
+
+
+@pytest.mark.parametrize("backend", ["host", "device"])
+def test_microspec_committed_tokens_enter_the_stream_only_when_missing(backend):
+    """Under plain greedy decoding the committed tokens are accepted drafts and the raw top-1, already in C_draft and
+    C_ver: Algorithm 1's stream is unchanged.  A committed token outside both (a sampled bonus) is appended."""
+    v = MicroSpecVocab(VOCAB, w_max=32, k_pre=0, k_ver=2, backend=backend)
+    ref = MicroSpecVocab(VOCAB, w_max=32, k_pre=0, k_ver=2, backend=backend)
+    logits = torch.zeros(2, VOCAB)
+    logits[0, 50], logits[0, 51], logits[1, 60], logits[1, 61] = 5.0, 4.0, 6.0, 3.0
+    tree = torch.tensor([7, 8, 9])
+    v.on_verify(tree, logits, committed=[7, 60])  # accepted draft 7, bonus 60 = the top-1 of the last row
+    ref.on_verify(tree, logits)
+    assert v.window() == ref.window() == [7, 8, 9, 50, 51, 60, 61]
+    v.on_verify(tree, logits, committed=[8, 90, 90])  # a sampled bonus 90 outside C_draft and C_ver
+    ref.on_verify(tree, logits)
+    assert v.window() == ref.window() + [90]

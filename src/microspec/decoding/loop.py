@@ -163,11 +163,11 @@ def generate_ids(
         if coverage is not None:
             coverage.on_verified(tree, walk.tokens)
         t2 = clock.elapsed()
-        if vocab is not None:  # the validated branch's logits (all already computed by the walk)
+        if vocab is not None:  # the logits the target chose from on the validated branch (the walk has them)
             with vocab_timer:
                 vocab.on_verify(torch.tensor(tree.tokens, dtype=torch.long, device=device),
-                                torch.stack([walk_head(r) for r in branch]) if vocab.wants_verify_logits
-                                else hidden.new_zeros(0, model.spec.vocab_size))
+                                torch.stack(walk.logits) if vocab.wants_verify_logits
+                                else hidden.new_zeros(0, model.spec.vocab_size), walk.tokens)
         new = walk.tokens  # the policy's update is drafting work: it counts in draft_s
         stats.record_step(len(new), len(tree), max(tree.depths(), default=0), t1 - t0 + clock.elapsed() - t2,
                           t2 - t1, walk.head_rows)

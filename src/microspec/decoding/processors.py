@@ -3,6 +3,10 @@
 Both processors keep incremental state over the committed sequence (prompt included, as in HF) and can be applied to
 rows whose history is the committed sequence plus a few extra tokens: the path of a draft-tree node.  Verification
 applies them that way to each node, so speculative output equals autoregressive output under them too.
+
+Drafts apply the same processors to the draft head's logits (:meth:`LogitsPipeline.process_columns`), whose columns
+are a subset of the vocabulary: only the columns of ids a processor touches are changed (the ids already seen, for
+the repetition penalty; the banned ids, for no-repeat-n-gram), so the cost follows the text, not the vocabulary.
 """
 
 from __future__ import annotations
@@ -22,9 +26,34 @@ class RepetitionPenalty:
     def __init__(self, penalty: float, vocab_size: int, device: torch.device):
         self.penalty = penalty
         self.seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+        self._seen_ids: set[int] = set()
+        self._seen_list: torch.Tensor | None = None  # the seen ids as a tensor, rebuilt when the set grows
 
     def commit(self, tokens: Sequence[int] | torch.Tensor) -> None:
         self.seen[torch.as_tensor(tokens, dtype=torch.long, device=self.seen.device)] = True
+        new = {int(t) for t in (tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens)} - self._seen_ids
+        if new:
+            self._seen_ids |= new
+            self._seen_list = None
+
+    def seen_ids(self) -> torch.Tensor:
+        if self._seen_list is None:
+            self._seen_list = torch.tensor(sorted(self._seen_ids), dtype=torch.long, device=self.seen.device)
+        return self._seen_list
+
+    def apply_columns(self, logits: torch.Tensor, columns_of, extra: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Penalise draft logits [R, A] whose columns are vocabulary ids mapped by ``columns_of(ids) -> [n]`` (-1:
+        not a column); row r's history is the committed sequence plus ``extra[r]``."""
+        base = self.seen_ids()
+        for r, toks in enumerate(extra):
+            ids = base if not len(toks) else torch.cat([base, torch.as_tensor(list(toks), dtype=torch.long,
+                                                                              device=base.device)]).unique()
+            cols = columns_of(ids)
+            cols = cols[cols >= 0]
+            if cols.numel():
+                row = logits[r, cols]
+                logits[r, cols] = torch.where(row < 0, row * self.penalty, row / self.penalty)
+        return logits
 
     def apply(self, logits: torch.Tensor, extra: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
         """Penalise ``logits`` [R, V] (in place); row r's history is the committed sequence plus ``extra[r]``."""
@@ -77,6 +106,17 @@ class NoRepeatNGram:
                 logits[r, torch.as_tensor(ban, dtype=torch.long, device=logits.device)] = float("-inf")
         return logits
 
+    def apply_columns(self, logits: torch.Tensor, columns_of, extra: Sequence[Sequence[int]]) -> torch.Tensor:
+        """:meth:`apply` on draft logits whose columns are ids mapped by ``columns_of`` (see RepetitionPenalty)."""
+        for r, toks in enumerate(extra):
+            ban = self.banned(toks)
+            if ban:
+                cols = columns_of(torch.as_tensor(ban, dtype=torch.long, device=logits.device))
+                cols = cols[cols >= 0]
+                if cols.numel():
+                    logits[r, cols] = float("-inf")
+        return logits
+
 
 class LogitsPipeline:
     """The processors a :class:`GenerationConfig` asks for, applied in HF's order, plus sampling warpers."""
@@ -106,6 +146,20 @@ class LogitsPipeline:
         for p in self.processors:
             logits = p.apply(logits, extra)
         return logits
+
+    def process_columns(self, logits: torch.Tensor, columns_of, extra: Sequence[Sequence[int]]) -> torch.Tensor:
+        """The processors on a draft head's fp32 logits [R, A] in place: their columns are the ids
+        ``columns_of(ids) -> [n]`` maps (-1 where an id has no column); row r's history is committed + extra[r]."""
+        for p in self.processors:
+            logits = p.apply_columns(logits, columns_of, extra)
+        return logits
+
+    def draft_logp(self, logits: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities [R, A] a draft ranks its candidates by: of the processed logits when greedy, of the
+        sampling distribution (temperature, top-p) otherwise (-inf outside the nucleus)."""
+        if self.cfg.greedy:
+            return torch.log_softmax(logits, dim=-1)
+        return torch.log(self.probs(logits))
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """The sampling distribution [R, V] of processed logits: temperature, then top-p (HF semantics)."""

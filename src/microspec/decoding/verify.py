@@ -22,7 +22,7 @@ fp32: 53 ms for one row, 195 ms for eleven), and end to end ``visited`` measured
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -45,6 +45,8 @@ class Walk:
     accepted: list[int]  # accepted draft nodes, root's child first
     tokens: list[int]  # tokens to commit: the accepted nodes' tokens, then the bonus token
     head_rows: int  # full-vocabulary head rows computed
+    # [V] logits the target chose from at the root and at each accepted node (processed: the node's path as history)
+    logits: list[torch.Tensor] = field(default_factory=list)
 
 
 class LazyHead:
@@ -81,15 +83,16 @@ def greedy_walk(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline) -> W
     """Follow the target's own greedy choice from the root while the tree contains it; the first choice the tree
     lacks is the bonus token.  Processors see each node's own path as history."""
     children = tree.children()
-    row, path_tokens, accepted = 0, [], []
+    row, path_tokens, accepted, chosen_from = 0, [], [], []
     while True:
         logits = logits_of(row)
         if pipe.active:
             logits = pipe.process(logits[None].clone(), [path_tokens])[0]
+        chosen_from.append(logits)
         target = int(logits.argmax())
         child = next((c for c in children[row] if tree.tokens[c] == target), None)
         if child is None:
-            return Walk(accepted, path_tokens + [target], logits_of.computed)
+            return Walk(accepted, path_tokens + [target], logits_of.computed, chosen_from)
         accepted.append(child)
         path_tokens.append(target)
         row = child + 1
@@ -108,11 +111,12 @@ def sample_walk(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline) -> W
     """
     children = tree.children()
     gen = pipe.generator
-    row, path_tokens, accepted = 0, [], []
+    row, path_tokens, accepted, chosen_from = 0, [], [], []
     while True:
         logits = logits_of(row)[None].clone()
         if pipe.active:
             logits = pipe.process(logits, [path_tokens])
+        chosen_from.append(logits[0])
         p = pipe.probs(logits)[0]
         chosen = None
         q = None
@@ -143,7 +147,7 @@ def sample_walk(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline) -> W
             p = p / total
         if chosen is None:
             bonus = int(torch.multinomial(p, 1, generator=gen))
-            return Walk(accepted, path_tokens + [bonus], logits_of.computed)
+            return Walk(accepted, path_tokens + [bonus], logits_of.computed, chosen_from)
         accepted.append(chosen)
         path_tokens.append(tree.tokens[chosen])
         row = chosen + 1

@@ -39,6 +39,7 @@ class DraftHead:
         self.active: torch.Tensor | PackedRows | None = None  # what the last logits() call used
         self._source: torch.Tensor | None = None  # the id list whose rows are in _rows
         self._rows: torch.Tensor | None = None
+        self._inverse: tuple[torch.Tensor, torch.Tensor] | None = None  # (id list, [V] column of each id or -1)
         self._fused = policy is not None and policy.fused
         self.timer = DeviceTimer(weight.device)
         self.sizes: list = []  # active size of each call (device scalars for packed buffers: read at the end)
@@ -66,9 +67,19 @@ class DraftHead:
         return active
 
     # ---------------------------------------------------------------- scoring
-    def logits(self, hidden: torch.Tensor, depth: int = 0) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor, depth: int = 0, pipe=None, paths=None) -> torch.Tensor:
         """fp32 logits [R, A] over the set of ``depth``, one column per id (A = V when unrestricted; for a packed
-        buffer, one per leading slot, -inf at free slots)."""
+        buffer, one per leading slot, -inf at free slots).  With a :class:`~microspec.decoding.processors
+        .LogitsPipeline` ``pipe`` whose processors are active, they are applied as the target's verification applies
+        them, row r's history being the committed sequence plus ``paths[r]`` (the draft path to that row's node)."""
+        out = self._logits(hidden, depth)
+        if pipe is not None and pipe.active:
+            with self.timer:
+                out = pipe.process_columns(out, self.columns_of, paths if paths is not None else
+                                           [()] * out.shape[0])
+        return out
+
+    def _logits(self, hidden: torch.Tensor, depth: int) -> torch.Tensor:
         with self.timer:
             if self.policy is not None and self.policy.wants_head_input:
                 self.policy.on_head_input(hidden, depth)
@@ -91,6 +102,19 @@ class DraftHead:
     def _cap(self, out: torch.Tensor) -> torch.Tensor:
         return torch.tanh(out / self.softcap) * self.softcap if self.softcap is not None else out
 
+    def columns_of(self, ids: torch.Tensor) -> torch.Tensor:
+        """Columns [n] of the last :meth:`logits` call that hold ``ids`` (-1 for an id outside the set)."""
+        active = self.active
+        if active is None:
+            return ids
+        if isinstance(active, PackedRows):
+            return active.slot_of[ids]  # occupied slots lie below the extent the logits cover
+        if self._inverse is None or self._inverse[0] is not active:
+            inverse = torch.full((self.vocab_size,), -1, dtype=torch.long, device=active.device)
+            inverse[active] = torch.arange(active.numel(), device=active.device)
+            self._inverse = (active, inverse)
+        return self._inverse[1][ids.to(active.device)]
+
     def to_full_ids(self, columns: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary ids of columns of the last :meth:`logits` call."""
         if self.active is None:
@@ -99,10 +123,13 @@ class DraftHead:
             return self.active.to_full_ids(columns)
         return self.active[columns]
 
-    def topk(self, hidden: torch.Tensor, k: int, depth: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    def topk(self, hidden: torch.Tensor, k: int, depth: int = 0, pipe=None,
+             paths=None) -> tuple[torch.Tensor, torch.Tensor]:
         """(log-probabilities [R, k], full-vocabulary ids [R, k]) of the k most probable active tokens (a set
-        smaller than k yields -inf entries, which drafters skip)."""
-        logp = torch.log_softmax(self.logits(hidden, depth), dim=-1)
+        smaller than k, or a top-p nucleus, yields -inf entries, which drafters skip).  With ``pipe``: under the
+        decoding's processors (see :meth:`logits`) and, when sampling, its temperature and top-p."""
+        logits = self.logits(hidden, depth, pipe, paths)
+        logp = pipe.draft_logp(logits) if pipe is not None else torch.log_softmax(logits, dim=-1)
         k = min(k, logp.shape[-1])
         values, cols = torch.topk(logp, k, dim=-1)
         return values, self.to_full_ids(cols)

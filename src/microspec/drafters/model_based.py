@@ -111,9 +111,11 @@ class ForwardDrafter(Drafter):
             if i:
                 hidden = self._forward(ctx, token, torch.tensor([root_slot + i], device=device), None, hidden)
                 self._route(i)
-            logits = self.head.logits(hidden, depth=i)
+            logits = self.head.logits(hidden, depth=i, pipe=ctx.pipe, paths=[out])
             if logits.shape[-1] == 0:  # an empty draft vocabulary drafts nothing
                 break
+            if ctx.pipe is not None and ctx.pipe.active and logits.max() == float("-inf"):
+                break  # the processors banned every id the draft could propose
             if ctx.greedy:
                 token = self.head.to_full_ids(logits.argmax(dim=-1))
             else:  # sample from the draft's own distribution, warped like the target's; verification needs it
@@ -127,7 +129,7 @@ class ForwardDrafter(Drafter):
         """EAGLE-2 dynamic tree of deterministic top-k children (verified losslessly in greedy and sampling)."""
         cache = self._cache(ctx)
         device = cache.device
-        root_logp, root_ids = self.head.topk(root_hidden, self.top_k, depth=0)
+        root_logp, root_ids = self.head.topk(root_hidden, self.top_k, depth=0, pipe=ctx.pipe, paths=[[]])
         slots: dict[int, int] = {}
         outs: dict[int, torch.Tensor] = {-1: root_hidden[0]}  # draft hidden state of each forwarded node
 
@@ -148,6 +150,7 @@ class ForwardDrafter(Drafter):
             for j, node in enumerate(frontier):
                 outs[node] = hidden[j]
             self._route(tree.depths[frontier[0]])
-            return self.head.topk(hidden, self.top_k, depth=tree.depths[frontier[0]])
+            paths = [[tree.tokens[a] for a in tree.ancestors(f)] for f in frontier]
+            return self.head.topk(hidden, self.top_k, depth=tree.depths[frontier[0]], pipe=ctx.pipe, paths=paths)
 
         return dynamic_tree(root_logp[0], root_ids[0], expand, steps, self.top_k, self.total_tokens, steps)

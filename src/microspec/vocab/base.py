@@ -47,9 +47,11 @@ class VocabPolicy(ABC):
         """prompt_ids [L]; prompt_topk_ids [min(L, prompt_positions), prompt_topk] (rank order, the last prompt
         positions) when ``prompt_topk`` > 0."""
 
-    def on_verify(self, tree_ids: torch.Tensor, verify_logits: torch.Tensor) -> None:
+    def on_verify(self, tree_ids: torch.Tensor, verify_logits: torch.Tensor, committed: Sequence[int] = ()) -> None:
         """tree_ids [N]: every node of the step's draft tree; verify_logits [R, V]: the target's logits on the
-        validated branch (the root and the accepted nodes) when ``wants_verify_logits``, else empty."""
+        validated branch (the root and the accepted nodes), processed as the target chose from them (the decoding's
+        processors with each node's path as history), when ``wants_verify_logits``, else empty; committed: the
+        tokens the step commits (accepted drafts, then the bonus token)."""
 
     def on_draft_inputs(self, embeds: torch.Tensor, features: torch.Tensor, depth: int) -> None:
         """Before the draft head scores draft depth ``depth``: the token embeddings [n, d] and input features

@@ -71,7 +71,15 @@ class MicroSpecVocab(VocabPolicy):
         I <- Unique(Suffix(S, W_max))                                         active
         after each verification:
         S <- S ⊕ tuple(Unique(C_draft)) ⊕ tuple(TopK(z_verify, K_ver))        on_verify
+             ⊕ tuple(C_commit)
         I <- Unique(Suffix(S, W_max))                                         active
+
+    Under the decoding's processors: z_verify are the logits the target actually chose from — processed with each
+    validated node's own path as history (repetition penalty, no-repeat-n-gram) — and C_commit, the step's committed
+    tokens that are in neither C_draft nor TopK(z_verify, K_ver), always enters the stream (a sampled bonus token
+    outside the top K_ver, or any bonus token when K_ver = 0).  Under plain greedy decoding this is exactly the
+    paper's Algorithm 1: processed = raw logits, the committed tokens are accepted drafts (in C_draft) and the bonus
+    token, the raw top-1 (in TopK(z_verify, K_ver) for K_ver >= 1), so C_commit is empty.
 
     S is kept as Suffix(S, W_max) only: ``self.suffix``, a host or device
     :class:`~microspec.vocab.window.CandidateWindow`.  Beside Algorithm 1, not in it: the packed head rows of I kept
@@ -118,14 +126,18 @@ class MicroSpecVocab(VocabPolicy):
         if prompt_topk_ids is not None and self.k_pre > 0:
             self.append(prompt_topk_ids[:, : self.k_pre].reshape(-1), unique=True)  # ⊕ tuple(∪ TopK(z_i, K_pre))
 
-    def on_verify(self, tree_ids: torch.Tensor, verify_logits: torch.Tensor) -> None:
+    def on_verify(self, tree_ids: torch.Tensor, verify_logits: torch.Tensor, committed: Sequence[int] = ()) -> None:
         if "ext" not in self.sources:
             return
         if tree_ids.numel():
             self.append(tree_ids, unique=True)                     # S <- S ⊕ tuple(Unique(C_draft))
+        top = None
         if self.k_ver > 0 and verify_logits.numel():
             top = topk_ids(verify_logits, min(self.k_ver, verify_logits.shape[-1]))
             self.append(top.reshape(-1), unique=True)              # ⊕ tuple(TopK(z_verify, K_ver))
+        if len(committed):                                         # ⊕ committed tokens not entered above
+            entered = tree_ids if top is None else torch.cat([tree_ids.to(top.device), top.flatten()])
+            self.append(torch.as_tensor(list(committed), dtype=torch.long), unique=True, skip=entered)
 
     def active(self, depth: int = 0) -> ActiveSet:
         """I = Unique(Suffix(S, W_max)) plus the special ids: the packed buffer, or the ids ascending."""
@@ -140,12 +152,13 @@ class MicroSpecVocab(VocabPolicy):
         return self._ids[1]
 
     # ---------------------------------------------------------------- the stream, the rows, the ablation
-    def append(self, ids: torch.Tensor, unique: bool) -> None:
-        """S <- S ⊕ ids (first occurrences only when ``unique``), keeping the window and the packed rows exact."""
+    def append(self, ids: torch.Tensor, unique: bool, skip: torch.Tensor | None = None) -> None:
+        """S <- S ⊕ ids (first occurrences only when ``unique``; none of the ids in ``skip``), keeping the window and
+        the packed rows exact."""
         if ids.numel() == 0:
             return
         self.version += 1
-        self.side.run(self.suffix.extend, self.suffix.load(ids), unique)
+        self.side.run(self.suffix.extend, self.suffix.load(ids), unique, skip)
 
     def attach(self, weight: torch.Tensor) -> None:
         if self.gather != "packed" or (self.rows is not None and self.rows.packed.weight is weight):

@@ -66,8 +66,8 @@ class PositionAware(VocabPolicy):
     def on_prefill(self, prompt_ids, prompt_topk_ids) -> None:
         self.policy.on_prefill(prompt_ids, prompt_topk_ids)
 
-    def on_verify(self, tree_ids, verify_logits) -> None:
-        self.policy.on_verify(tree_ids, verify_logits)
+    def on_verify(self, tree_ids, verify_logits, committed=()) -> None:
+        self.policy.on_verify(tree_ids, verify_logits, committed)
 
     def attach(self, weight: torch.Tensor) -> None:
         pass  # the budgeted sets are id lists, gathered by the head (the wrapped policy's buffer is not used)

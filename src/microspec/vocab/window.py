@@ -65,8 +65,9 @@ class CandidateWindow(ABC):
         """``ids`` (a tensor) in the form :meth:`extend` takes: a host list, or a flat long tensor on the device."""
 
     @abstractmethod
-    def extend(self, ids, unique: bool) -> None:
-        """:meth:`append` of ids that :meth:`load` gave."""
+    def extend(self, ids, unique: bool, skip: torch.Tensor | None = None) -> None:
+        """:meth:`append` of ids that :meth:`load` gave; ``skip``: ids not to append (a tensor; a device window
+        masks them out without reading anything back)."""
 
     @abstractmethod
     def reset(self) -> None:
@@ -105,7 +106,12 @@ class HostWindow(CandidateWindow):
     def load(self, ids: torch.Tensor) -> list[int]:
         return ids.flatten().tolist()
 
-    def extend(self, ids: list[int], unique: bool) -> None:
+    def extend(self, ids: list[int], unique: bool, skip: torch.Tensor | None = None) -> None:
+        if skip is not None:
+            banned = set(skip.flatten().tolist())
+            ids = [t for t in ids if t not in banned]
+            if not ids:
+                return
         if unique:
             ids = list(dict.fromkeys(ids))
         ids = ids[-self.w_max :]
@@ -172,10 +178,13 @@ class DeviceWindow(CandidateWindow):
     def load(self, ids: torch.Tensor) -> torch.Tensor:
         return ids.to(self.device, torch.long).flatten()
 
-    def extend(self, ids: torch.Tensor, unique: bool) -> None:
+    def extend(self, ids: torch.Tensor, unique: bool, skip: torch.Tensor | None = None) -> None:
         m = ids.numel()
         idx = self._arange[:m] if m <= self._arange.numel() else torch.arange(m, device=ids.device)
-        keep = self._first(ids, idx, None) if unique else torch.ones(m, dtype=torch.bool, device=ids.device)
+        among = None if skip is None else ~torch.isin(ids, skip.to(ids.device))
+        keep = self._first(ids, idx, among) if unique else torch.ones(m, dtype=torch.bool, device=ids.device)
+        if among is not None and not unique:
+            keep = keep & among
         rank = torch.cumsum(keep, 0) - 1
         n_new = keep.sum()
         keep = keep & (rank >= n_new - self.w_max)  # of more than W_max new entries only the last W_max stay
@@ -266,7 +275,9 @@ class SideStream:
             fn(ids, *args)
             return
         self.stream.wait_stream(torch.cuda.current_stream())
-        ids.record_stream(self.stream)
+        for t in (ids, *args):
+            if isinstance(t, torch.Tensor):
+                t.record_stream(self.stream)
         with torch.cuda.stream(self.stream):
             fn(ids, *args)
         self.event.record(self.stream)
