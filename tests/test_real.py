@@ -208,3 +208,24 @@ def test_gemma_eagle_and_separate_draft_model_plumbing(gemma, gemma_ar, tmp_path
         r = generate_ids(gemma.model, encode_prompt(gemma, prompt), GenerationConfig(max_new_tokens=64),
                          gemma.eos_token_ids, drafter=d)
         assert r.token_ids == gemma_ar[prompt]
+
+
+def test_gemma_shipped_fr_spec_map_is_the_default_and_lossless(gemma, gemma_ar):
+    """`--vocab fr-spec` / method fr-spec-K work out of the box on the default model: the shipped map (SGLang's
+    format, 32k ids from training-side corpora) is taken, and the shortlisted drafts keep the output exact."""
+    from microspec.api import generate
+    from microspec.compose import build
+    from microspec.models.registry import shipped_token_map
+    from microspec.vocab.frequency import load_token_map
+
+    path = shipped_token_map("gemma-3-270m")
+    assert path is not None, "the Gemma 3 270M FR-Spec map must ship in the package"
+    token_map = load_token_map(path, 262144)
+    assert len(token_map) == 32768 and len(set(token_map)) == 32768
+    engine = build("fr-spec-16k", gemma)
+    assert engine.method.freq_file == str(path)
+    prompt = SPEC_PROMPTS[0]
+    res = generate(gemma, prompt, method=engine, max_new_tokens=64)
+    assert res.token_ids == gemma_ar[prompt]
+    st = res.stats.to_dict()
+    assert 16384 <= st["active_vocab_max"] <= 16384 + 300  # the shortlist plus EOS and special ids

@@ -252,8 +252,15 @@ class Method:
         return dataclasses.replace(self, **changes)
 
     def for_model(self, model: str) -> "Method":
-        """Fill in what ships with built-in ``model``: the EAGLE head when ``draft`` is unset (an error when none
-        ships) and, with that shipped head, the shipped trained policy when ``router`` is unset."""
+        """Fill in what ships with built-in ``model``: the FR-Spec token map when ``--vocab fr-spec`` has no
+        ``freq_file``, the EAGLE head when ``draft`` is unset (an error when none ships) and, with that shipped
+        head, the shipped trained policy when ``router`` is unset."""
+        if self.vocab == "fr-spec" and self.freq_file is None:
+            from .models.registry import shipped_token_map
+
+            found = shipped_token_map(model)
+            if found is not None:
+                return self.replace(freq_file=str(found)).for_model(model)
         if self.drafter != "eagle":
             return self
         shipped = self.draft is None

@@ -115,6 +115,11 @@ def configure(specs: list[MethodSpec], model: str, *, depth: int | None = None, 
             found = shipped_policy(model, name)
             if files.get(name) is None and found is not None:
                 files[name] = str(found)
+    if files.get("fr-spec") is None:  # the model's shipped FR-Spec map (from training-side corpora)
+        from ..models.registry import shipped_token_map
+
+        found = shipped_token_map(model)
+        files["fr-spec"] = None if found is None else str(found)
     out = []
     for s in specs:
         if s.method is None:

@@ -12,7 +12,7 @@ from ..bench.analyze import ANALYSES, DEFAULT_SIZES, DEFAULT_W
 from ..bench.metrics import lossless_verdict
 from ..compose import Method, eagle_head_path, load_heads, set_threads
 from ..errors import MicrospecError
-from ..models.registry import load_model
+from ..models.registry import load_model, shipped_token_map
 from ..vocab.frequency import parse_size
 from .common import add_model_args, positive, split_list
 
@@ -32,7 +32,8 @@ def add(sub) -> None:
     p.add_argument("--what", default=",".join(ANALYSES), help=f"comma-separated subset of {', '.join(ANALYSES)}")
     p.add_argument("--w-max-values", default=",".join(map(str, DEFAULT_W)))
     p.add_argument("--sizes", default=",".join(DEFAULT_SIZES), help="static shortlist sizes for the oracle")
-    p.add_argument("--freq-file", default=None, help="token map for fr-spec shortlists and static curves")
+    p.add_argument("--freq-file", default=None, help="token map for fr-spec shortlists and static curves (default: "
+                   "the map that ships for the model)")
     p.add_argument("--draft", default=None, help="EAGLE head directory (default: the model's shipped head)")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--depth", type=int, default=None)
@@ -59,6 +60,9 @@ def run(args: argparse.Namespace) -> int:
     positive(limit=args.limit, max_new_tokens=args.max_new_tokens)
     if args.repetition_penalty <= 0:
         raise MicrospecError(f"--repetition-penalty must be > 0, got {args.repetition_penalty}")
+    if args.freq_file is None:
+        found = shipped_token_map(args.model)
+        args.freq_file = None if found is None else str(found)
     if args.freq_file is not None and not Path(args.freq_file).is_file():
         raise MicrospecError(f"token map {args.freq_file} not found")
     if any(w != "overlap" for w in what):

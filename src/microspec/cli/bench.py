@@ -39,7 +39,8 @@ def add(sub) -> None:
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--draft", default=None, help="EAGLE head directory (default: the model's shipped head)")
-    p.add_argument("--freq-file", default=None, help="fr-spec-K: token map of corpus frequencies (microspec freq)")
+    p.add_argument("--freq-file", default=None, help="fr-spec-K: token map of corpus frequencies (microspec freq; "
+                   "default: the map that ships for the model)")
     p.add_argument("--vocabtrim-file", default=None,
                    help="vocabtrim-K: token map of the target's own generations (microspec freq --generate)")
     p.add_argument("--dynaspec", default=None, help="dynaspec: router directory (microspec train dynaspec; default: "

@@ -76,7 +76,8 @@ def add_vocab_args(p, default: str = "full") -> None:
     p.add_argument("--router", default=None,
                    help="dynaspec / specvocab / coral: the trained router, ranker or partition router directory "
                         "(microspec train ...)")
-    p.add_argument("--freq-file", default=None, help="fr-spec / vocabtrim: token map (SGLang format)")
+    p.add_argument("--freq-file", default=None, help="fr-spec / vocabtrim: token map (SGLang format; fr-spec "
+                   "default: the map that ships for the model, 32k ids from training-side corpora)")
     p.add_argument("--shortlist-size", "--vocab-size", dest="shortlist_size", default=None,
                    help="fr-spec / vocabtrim: K, the shortlist's size, e.g. 8k, 16k, 32k (default) or 3000")
     p.add_argument("--w-max", type=int, default=None, help="microspec: window over the candidate stream (3072)")

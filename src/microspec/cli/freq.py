@@ -10,6 +10,7 @@ from ..decoding.config import GenerationConfig
 from ..errors import MicrospecError
 from ..models.registry import DEFAULT_MODEL, load_model
 from ..vocab import frequency as fq
+from .common import positive
 
 
 def add(sub) -> None:
@@ -35,6 +36,8 @@ def add(sub) -> None:
                    help="append the ids of this token map that were not counted, in its order (e.g. a VocabTrim map "
                         "from little generated text, filled up with the FR-Spec corpus order so that top-K exists "
                         "for every K)")
+    p.add_argument("--top", type=int, default=None, metavar="N",
+                   help="keep only the N most frequent ids (e.g. 32768 for an FR-Spec-32k map)")
     p.set_defaults(func=run)
 
 
@@ -43,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
         raise MicrospecError("--ids-field counts ids in JSONL files; it does not go with --generate or --field")
     if args.generate == bool(args.files):
         raise MicrospecError("give text files (FR-Spec) or --generate --prompts FILE (VocabTrim), not both")
+    positive(top=args.top)
     if args.generate and not args.prompts:
         raise MicrospecError("--generate needs --prompts FILE")
     if args.generate:
@@ -57,5 +61,5 @@ def run(args: argparse.Namespace) -> int:
         lm = load_model(args.model, dtype=args.dtype, device=args.device)
         counts = fq.count_tokens(lm.tokenizer, fq.iter_texts(args.files, tuple(args.field or ["text"])),
                                  lm.model.spec.vocab_size)
-    print(fq.write_token_map(counts, args.out, args.fill), file=sys.stderr)
+    print(fq.write_token_map(counts, args.out, args.fill, args.top), file=sys.stderr)
     return 0

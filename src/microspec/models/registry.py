@@ -76,6 +76,13 @@ def shipped_eagle_head(name: str | os.PathLike) -> Path | None:
     return path if str(name) in BUILTINS and (path / "config.json").is_file() else None
 
 
+def shipped_token_map(name: str | os.PathLike) -> Path | None:
+    """The FR-Spec token map that ships for built-in model ``name`` (``heads/<name>/fr-spec/token_map.pt``, SGLang's
+    format, built from training-side corpora; its ``training.json`` says how), if any."""
+    path = HEADS_DIR / str(name) / "fr-spec" / "token_map.pt"
+    return path if str(name) in BUILTINS and path.is_file() else None
+
+
 def shipped_policy(name: str | os.PathLike, method: str) -> Path | None:
     """The trained vocabulary policy (``dynaspec``, ``specvocab``, ``coral``) that ships for built-in model ``name``
     (``heads/<name>/<method>/``), if any."""

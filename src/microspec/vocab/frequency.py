@@ -166,9 +166,11 @@ def count_id_field(paths: Iterable[str], field: str, vocab_size: int) -> np.ndar
     return counts
 
 
-def write_token_map(counts: np.ndarray, out: str | Path, fill: str | Path | None = None) -> str:
+def write_token_map(counts: np.ndarray, out: str | Path, fill: str | Path | None = None,
+                    top: int | None = None) -> str:
     """Write the map of ``counts`` (most frequent first; with ``fill``, then the ids of that map not counted, in its
-    order); one summary line: tokens, distinct ids, and the share of tokens the top 8k / 16k / 32k cover."""
+    order; with ``top``, only its first ``top`` ids); one summary line: tokens, distinct ids, and the share of tokens
+    the top 8k / 16k / 32k cover."""
     token_map = token_map_from_counts(counts)
     if not token_map:
         raise MicrospecError("no tokens were counted")
@@ -176,9 +178,10 @@ def write_token_map(counts: np.ndarray, out: str | Path, fill: str | Path | None
     if fill is not None:
         seen = set(token_map)
         token_map += [t for t in load_token_map(fill, len(counts)) if t not in seen]
-    save_token_map(token_map, out)
+    save_token_map(token_map[:top], out)
     total = int(counts.sum())
     cover = {k: float(counts[token_map[:k]].sum()) / total for k in (8192, 16384, 32768)}
     filled = f" (+ {len(token_map) - counted} from {fill})" if fill is not None else ""
-    return (f"[microspec] {total} tokens, {counted} distinct ids{filled} -> {out}; share of tokens covered by the "
+    kept = f" (the first {min(top, len(token_map))} kept)" if top is not None else ""
+    return (f"[microspec] {total} tokens, {counted} distinct ids{filled}{kept} -> {out}; share of tokens covered by the "
             f"top 8k / 16k / 32k: {cover[8192]:.4f} / {cover[16384]:.4f} / {cover[32768]:.4f}")
