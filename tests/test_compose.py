@@ -22,6 +22,9 @@ def test_method_names_parse_to_descriptions():
     assert (m.w_max, m.gather, m.sources, m.k_pre_positions, m.depth, m.top_k) == (1024, "indexed", "ctx", 8, 3, 2)
     assert Method.parse("microspec-w8", w_max=16).w_max == 16  # an explicit option wins over the name's
     assert Method(drafter="eagle", top_k=2, total_tokens="6").total_tokens == 6  # the CLI's string, as an int
+    assert Method.parse("microspec@adaptive") == Method(drafter="eagle", vocab="microspec", adaptive=True)
+    with pytest.raises(MicrospecError, match="--adaptive needs a drafter"):
+        Method.parse("ar@adaptive")
     for bad, needle in (("foo", "unknown method"), ("ngram+microspec", "LM head"), ("microspec-zz", "options are"),
                         ("eagle+fr-spec-lots", "unknown vocabulary")):
         with pytest.raises(MicrospecError, match=needle):

@@ -328,3 +328,51 @@ def test_coverage_asks_only_for_drafted_depths():
                      drafter=Chain3(truth, len(PROMPT), 0), vocab=vocab)
     assert r.token_ids == truth and r.stats.mean_accept_len > 3.5
     assert max(vocab.asked) == 2 and r.stats.to_dict()["coverage"] == 1.0
+
+
+def test_adaptive_steps_follow_the_measured_rates():
+    from microspec.decoding.adaptive import AdaptiveSteps
+
+    a = AdaptiveSteps(decay=0.5, probe=4, warmup=2)
+    assert [a.draft_now() for _ in range(1)] == [True]
+    a.observe(True, 1, 0.1)  # drafting: 10 tok/s
+    assert a.draft_now() is True
+    a.observe(True, 1, 0.1)
+    assert a.draft_now() is False  # now measure plain steps
+    a.observe(False, 1, 0.05)  # plain: 20 tok/s
+    assert a.draft_now() is False
+    a.observe(False, 1, 0.05)
+    choices = [a.draft_now() for _ in range(8)]
+    assert choices == [False, False, False, True, False, False, False, True]  # plain wins; every 4th step probes
+    for _ in range(3):
+        a.observe(True, 4, 0.1)  # drafting now commits 4 tokens a step: 40 tok/s
+    assert a.rate[True] > a.rate[False] and a.draft_now() is True
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_adaptive_mode_is_lossless_and_steps_aside(greedy):
+    """Whatever the adaptive mode chooses, the output is the target's own; with a draft that is never accepted it
+    ends up taking plain steps."""
+    from microspec.decoding.adaptive import AdaptiveSteps
+
+    _, nm = tiny_pair("llama")
+    cfg = dict(max_new_tokens=40, ignore_eos=True, repetition_penalty=1.2)
+    if not greedy:
+        cfg.update(temperature=0.8, seed=5)
+
+    class Useless(Drafter):  # drafts tokens the target never chooses, slowly
+        def propose(self, ctx):
+            import time
+
+            time.sleep(0.01)
+            return DraftTree.chain([VOCAB - 1] * 3)
+
+    ref = generate_ids(nm, PROMPT, GenerationConfig(**cfg))
+    r = generate_ids(nm, PROMPT, GenerationConfig(**cfg), drafter=Useless(), adaptive=AdaptiveSteps(probe=8))
+    if greedy:
+        assert r.token_ids == ref.token_ids
+    assert r.stats.to_dict()["skipped_steps"] > r.stats.steps // 2  # it stepped aside
+    e = generate_ids(nm, PROMPT, GenerationConfig(**cfg), drafter=EarlyExitDrafter(1, depth=3),
+                     adaptive=AdaptiveSteps())
+    if greedy:
+        assert e.token_ids == ref.token_ids

@@ -19,7 +19,8 @@ generates.  Every command (``generate``, ``coverage``, ``bench``, ``analyze``) a
 Method names (also the ``bench --methods`` names): ``ar``, ``ngram``, ``early-exit``, ``eagle-full`` (EAGLE-2),
 ``microspec`` (the EAGLE head with MicroSpec's vocabulary), ``microspec-<opts>`` (``w<N>``, ``ctx`` / ``ext``,
 ``indexed`` / ``packed``, ``kp<N>``), ``dynaspec``, ``specvocab``, ``coral``, ``fr-spec-<K>``, ``vocabtrim-<K>``
-and ``<drafter>+<vocab>`` with any of those vocabularies (e.g. ``eagle+microspec``, ``early-exit+fr-spec-16k``).
+and ``<drafter>+<vocab>`` with any of those vocabularies (e.g. ``eagle+microspec``, ``early-exit+fr-spec-16k``);
+``<name>@adaptive`` decides step by step whether drafting pays (e.g. ``microspec@adaptive``).
 """
 
 from __future__ import annotations
@@ -127,6 +128,7 @@ class Method:
     gather: str | None = None
     sources: str | None = None
     position_aware: str | tuple[int, int] | None = None
+    adaptive: bool = False  # decide step by step whether drafting pays (decoding/adaptive.py)
 
     def __post_init__(self) -> None:
         self._check_drafter()
@@ -173,6 +175,8 @@ class Method:
                 check_tree_args(depth, self.top_k, sized if sized is not None else depth * self.top_k)
         if d == "model" and self.draft is None:
             raise MicrospecError("--drafter model needs --draft (the draft model)")
+        if self.adaptive and d == "none":
+            raise MicrospecError("--adaptive needs a drafter (it decides when drafting pays)")
         if self.draft is not None and d not in ("model", "eagle"):
             raise MicrospecError("--draft names the draft model (--drafter model) or EAGLE head (--drafter eagle)")
 
@@ -236,6 +240,8 @@ class Method:
     def parse(cls, name: str, **options: Any) -> "Method":
         """A method by name (see the module docstring), with further options (``depth=...``, ``draft=...``)."""
         n = str(name).strip()
+        if n.endswith("@adaptive"):  # any method, deciding step by step whether to draft
+            return cls.parse(n[: -len("@adaptive")], **{"adaptive": True, **options})
         if n in _ALIASES:
             drafter, vocab = _ALIASES[n]
             return cls(**{"drafter": drafter, "vocab": vocab, **options})
@@ -289,7 +295,8 @@ class Method:
         """The policy options that were set (for reports)."""
         keys = ("shortlist_size", "w_max", "k_pre", "k_ver", "k_pre_positions", "gather", "sources",
                 "position_aware")
-        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+        out = {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+        return {**out, "adaptive": True} if self.adaptive else out
 
 
 def _vocab_fields(text: str, method: str, plus: bool) -> dict:
@@ -420,11 +427,13 @@ class Engine:
                      vocab: "VocabPolicy | None" = None) -> "GenerationResult":
         """:func:`microspec.decoding.generate_ids` with this method (``vocab``: a policy made by :meth:`policy`,
         when the caller wants to watch it; else a fresh one)."""
+        from .decoding.adaptive import AdaptiveSteps
         from .decoding.loop import generate_ids
 
+        adaptive = AdaptiveSteps() if self.method.adaptive and self.drafter is not None else None
         return generate_ids(self.lm.model, prompt_ids, cfg, self.lm.eos_token_ids, stop_check, drafter=self.drafter,
                             head_mode=self.head_mode, vocab=vocab if vocab is not None else self.policy(),
-                            on_step=on_step)
+                            on_step=on_step, adaptive=adaptive)
 
     def generate(self, prompt: str, cfg: "GenerationConfig | None" = None, chat: bool | None = None,
                  **overrides: Any) -> "GenerationResult":

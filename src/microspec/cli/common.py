@@ -64,6 +64,9 @@ def add_drafter_args(p, default: str = "none") -> None:
                         "eagle drafter: the EAGLE checkpoint directory (default: the head shipped for the model)")
     p.add_argument("--draft-layers", type=int, default=None,
                    help="early-exit: target layers the draft uses (default: two thirds of them)")
+    p.add_argument("--adaptive", action="store_true",
+                   help="decide step by step whether drafting pays on this device and text (measured tokens per "
+                        "second of drafted and plain steps); plain steps where it does not")
     add_tree_args(p)
 
 
@@ -104,7 +107,7 @@ def method_from_args(args: argparse.Namespace) -> Method:
         top_k=args.top_k, total_tokens=args.total_tokens, head_mode=args.head_mode, freq_file=args.freq_file,
         shortlist_size=args.shortlist_size, router=args.router, w_max=args.w_max, k_pre=args.k_pre,
         k_ver=args.k_ver, k_pre_positions=args.k_pre_positions, gather=args.gather,
-        position_aware=args.position_aware)
+        position_aware=args.position_aware, adaptive=args.adaptive)
     method = method.for_model(args.model)
     method.check_artifacts()
     return method

@@ -51,10 +51,11 @@ def run(args: argparse.Namespace) -> int:
             "total_tokens": engine.tree.get("total_tokens"), "vocab": args.vocab, "stats": stats,
         }))
     else:
+        adaptive = f" (adaptive: {stats['skipped_steps']} plain steps)" if args.adaptive else ""
         print(result.text)
         print(f"[microspec] {lm.name} {args.dtype} {args.device} | {stats['new_tokens']} tokens in "
               f"{stats['wall_s']:.2f} s = {stats['tokens_per_s']:.2f} tok/s (prefill {stats['prefill_s']:.2f} s, "
               f"decode {stats['decode_tokens_per_s']:.2f} tok/s) | steps {stats['steps']} | "
-              f"mean accept len {stats['mean_accept_len']:.2f} | drafter {args.drafter} | "
+              f"mean accept len {stats['mean_accept_len']:.2f} | drafter {args.drafter}{adaptive} | "
               f"finish {result.finish_reason}", file=sys.stderr)
     return 0

@@ -18,6 +18,7 @@ from ..errors import MicrospecError, check
 from ..kernels import cpu_linear
 from ..models.native import NativeCausalLM
 from .config import GenerationConfig
+from .adaptive import AdaptiveSteps
 from .context import DraftContext
 from .observers import CoverageObserver
 from .processors import LogitsPipeline
@@ -88,6 +89,7 @@ def generate_ids(
     head_mode: str | None = None,
     vocab: VocabPolicy | None = None,
     on_step: Callable[[int], None] | None = None,
+    adaptive: AdaptiveSteps | None = None,
 ) -> GenerationResult:
     """Generate after ``prompt_ids``; stop at an EOS / stop token, at ``stop_check(tokens)`` or after exactly
     ``cfg.max_new_tokens`` tokens.
@@ -99,7 +101,9 @@ def generate_ids(
     the prefill and every verification here; while drafting, only the drafter's head talks to it (it is handed to
     the drafter at prefill).  Ground-truth coverage is kept by a :class:`CoverageObserver`.  ``on_step(n)``, when
     given, is called before each draft with the number of tokens so far (the root is token n - 1): analyses read
-    the policy's state there (``microspec analyze``); it costs nothing when absent.
+    the policy's state there (``microspec analyze``); it costs nothing when absent.  ``adaptive``: decide step by
+    step whether drafting pays (:class:`~microspec.decoding.adaptive.AdaptiveSteps`); a step it skips is a plain
+    decode step, counted in ``stats.skipped_steps``.
     """
     if not isinstance(model, NativeCausalLM):
         raise MicrospecError("generate_ids needs a NativeCausalLM (use microspec.load_model)")
@@ -151,7 +155,10 @@ def generate_ids(
         t0 = clock.elapsed()
         if on_step is not None:
             on_step(len(tokens))
-        tree = draft(drafter, DraftContext(tokens, model, cache, cfg.max_new_tokens - len(out) - 1, pipe))
+        drafting = drafter is not None and (adaptive is None or adaptive.draft_now())
+        tree = draft(drafter if drafting else None,
+                     DraftContext(tokens, model, cache, cfg.max_new_tokens - len(out) - 1, pipe))
+        stats.skipped_steps += drafter is not None and not drafting
         t1 = clock.elapsed()
         start = cache.length
         hidden = verify_forward(model, cache, tree, tokens[-1])
@@ -173,6 +180,8 @@ def generate_ids(
                           t2 - t1, walk.head_rows)
         if drafter is not None:
             drafter.commit(new, hidden[branch])
+        if adaptive is not None:
+            adaptive.observe(drafting, len(new), clock.elapsed() - t0)
         emitted = len(out)
         finish = emit(new)
         if coverage is not None:

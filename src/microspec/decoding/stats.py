@@ -39,6 +39,7 @@ class GenerationStats:
     # the updates after verification are part of draft_s)
     covered: int = 0  # committed tokens that were in the draft vocabulary at the depth they were committed at
     coverage_tokens: int = 0  # committed tokens checked for coverage (with a policy and a drafting step)
+    skipped_steps: int = 0  # steps the adaptive mode took without drafting (it judged drafting would not pay)
 
     def record_step(self, committed: int, drafted: int, depth: int, draft_s: float, verify_s: float,
                     head_rows: int) -> None:
@@ -100,6 +101,7 @@ class GenerationStats:
                 "head_s": round(self.head_s, 6), "vocab_s": round(self.vocab_s, 6),
                 "head_calls": len(self.active_sizes)} if self.active_sizes else {}),
             **({"coverage": round(self.coverage, 4)} if self.coverage is not None else {}),
+            "skipped_steps": self.skipped_steps,
         }
 
 
