@@ -210,6 +210,16 @@ def test_sampling_run_reports_no_token_comparison(capsys, tiny_model_dir, tmp_pa
     assert res["mismatches"] is None
     line = json.loads((tmp_path / "s" / "T0.8" / "answers" / "ngram.jsonl").read_text().splitlines()[0])
     assert [c["index"] for c in line["choices"]] == [0, 1]
+    rc, out, err = _run(capsys, "bench", "--model", tiny_model_dir, "--dtype", "fp32", "--data", _data(tmp_path),
+                        "--methods", "ar,ngram", "--max-new-tokens", "4", "--temperatures", "0,0.7",
+                        "--repetition-penalties", "1.0,1.2", "--limit", "1", "--warmup", "0", "--out", tmp_path / "m")
+    assert rc == 0, err
+    assert sorted(p.name for p in (tmp_path / "m").iterdir() if p.is_dir()) == ["T0.7", "T0.7-rp1.2", "greedy",
+                                                                                 "greedy-rp1.2"]
+    assert json.loads((tmp_path / "m" / "greedy" / "results.json").read_text())["mismatches"] == {}
+    rc, _, err = _run(capsys, "bench", "--model", tiny_model_dir, "--data", _data(tmp_path), "--temperatures",
+                      "0,-1", "--out", tmp_path / "x")
+    assert rc == 2 and "--temperatures" in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("extra, needle", [

@@ -30,7 +30,10 @@ def add(sub) -> None:
     p.add_argument("--categories", default=None, help="comma-separated categories to keep")
     p.add_argument("--limit", type=int, default=None, help="the first N questions of each category")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--temperatures", "--temperature", dest="temperatures", default="0",
+                   help="comma-separated: one decoding configuration per temperature and repetition penalty (0 = "
+                        "greedy, the default; > 0 samples with top-p 1.0, seeded by --seed, the repeat and the turn), "
+                        "e.g. 0,0.7,1.0")
     p.add_argument("--repetition-penalties", default="1.0,1.2",
                    help="one decoding configuration per value (default: plain and 1.2, both reported)")
     p.add_argument("--repeats", type=int, default=1, help="runs of each question (one answer choice each)")
@@ -61,15 +64,19 @@ def run(args: argparse.Namespace) -> int:
              top_k=args.top_k, total_tokens=args.total_tokens, draft_layers=args.draft_layers)
     if args.warmup < 0:
         raise MicrospecError(f"--warmup must be >= 0, got {args.warmup}")
-    if args.temperature < 0:
-        raise MicrospecError(f"--temperature must be >= 0, got {args.temperature}")
+    try:
+        temperatures = [float(x) for x in split_list(args.temperatures)]
+    except ValueError:
+        raise MicrospecError(f"--temperatures must be numbers, got {args.temperatures!r}") from None
+    if not temperatures or any(t < 0 for t in temperatures):
+        raise MicrospecError(f"--temperatures must be numbers >= 0, got {args.temperatures!r}")
     try:
         penalties = [float(x) for x in split_list(args.repetition_penalties)]
     except ValueError:
         raise MicrospecError(f"--repetition-penalties must be numbers, got {args.repetition_penalties!r}") from None
     if not penalties or any(p <= 0 for p in penalties):
         raise MicrospecError(f"--repetition-penalties must be positive numbers, got {args.repetition_penalties!r}")
-    decodings = [Decoding(args.temperature, p) for p in dict.fromkeys(penalties)]
+    decodings = [Decoding(t, p) for t in dict.fromkeys(temperatures) for p in dict.fromkeys(penalties)]
     records = load_questions(split_list(args.data), args.categories, args.limit)
     specs = configure(specs, args.model, depth=args.depth, top_k=args.top_k, total_tokens=args.total_tokens,
                       draft=args.draft, head_mode=args.head_mode, draft_layers=args.draft_layers,
