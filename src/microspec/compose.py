@@ -257,27 +257,25 @@ class Method:
     def replace(self, **changes: Any) -> "Method":
         return dataclasses.replace(self, **changes)
 
-    def for_model(self, model: str) -> "Method":
-        """Fill in what ships with built-in ``model``: the FR-Spec token map when ``--vocab fr-spec`` has no
-        ``freq_file``, the EAGLE head when ``draft`` is unset (an error when none ships) and, with that shipped
-        head, the shipped trained policy when ``router`` is unset."""
+    def with_shipped_artifacts(self, model: str) -> "Method":
+        """The policy artifacts that ship with built-in ``model``, where none is given: the FR-Spec token map for
+        ``--vocab fr-spec`` without ``freq_file``; for the eagle drafter with the shipped head (``draft`` unset),
+        the shipped trained policy when ``router`` is unset."""
+        from .models.registry import shipped_policy, shipped_token_map
+
         if self.vocab == "fr-spec" and self.freq_file is None:
-            from .models.registry import shipped_token_map
-
             found = shipped_token_map(model)
-            if found is not None:
-                return self.replace(freq_file=str(found)).for_model(model)
-        if self.drafter != "eagle":
-            return self
-        shipped = self.draft is None
-        out = self.replace(draft=eagle_head_path(self.draft, model))
-        if shipped and self.vocab in TRAINED and self.router is None:
-            from .models.registry import shipped_policy
-
+            return self if found is None else self.replace(freq_file=str(found))
+        if self.drafter == "eagle" and self.draft is None and self.vocab in TRAINED and self.router is None:
             found = shipped_policy(model, self.vocab)
-            if found is not None:
-                out = out.replace(router=str(found))
-        return out
+            return self if found is None else self.replace(router=str(found))
+        return self
+
+    def for_model(self, model: str) -> "Method":
+        """Fill in what ships with built-in ``model``: its policy artifacts (:meth:`with_shipped_artifacts`) and,
+        for the eagle drafter without ``draft``, its EAGLE head (an error when none ships)."""
+        out = self.with_shipped_artifacts(model)
+        return out if out.drafter != "eagle" else out.replace(draft=eagle_head_path(out.draft, model))
 
     def check_artifacts(self) -> None:
         """Files the method needs exist (the token map of a shortlist, a trained policy's directory)."""
@@ -455,8 +453,7 @@ def build(method: Method | str, lm: "LoadedModel", heads: dict | None = None) ->
     from .drafters import make_drafter, tree_defaults
     from .models.registry import load_model
 
-    method = as_method(method).for_model(lm.name)
-    method.check_artifacts()
+    method = as_method(method).for_model(lm.name)  # artifacts are checked by the policy build() makes below
     if method.drafter == "none":
         return Engine(method, lm, None, {})
     if method.drafter == "ngram":

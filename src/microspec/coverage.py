@@ -112,5 +112,8 @@ def measure(engine, records: Sequence[dict], cfg, chat=None, token_map: Sequence
         line = (f"[microspec] coverage {i}/{len(records)} {rec['category']}: {st.coverage_tokens} tokens, "
                 f"coverage {st.coverage if st.coverage is not None else float('nan'):.4f}, "
                 f"tau {st.mean_accept_len:.2f}")
-        print(line, file=sys.stderr) if log is None else log(line)
+        if log is None:
+            print(line, file=sys.stderr)
+        else:
+            log(line)
     return summarize(out, token_map, vocab_size=engine.lm.model.spec.vocab_size)

@@ -105,37 +105,16 @@ def configure(specs: list[MethodSpec], model: str, *, depth: int | None = None, 
     """The run's shared options given to every engine method that takes them: the tree (not to ``ngram``, which
     drafts a chain of ``depth``; ``draft_layers`` to early-exit only), the EAGLE head ``draft`` (default: the one
     shipped for ``model``), the verification ``head_mode``, and per policy the file or directory it needs
-    (``artifacts``: fr-spec / vocabtrim token maps, dynaspec / specvocab / coral directories; with the shipped head,
-    the shipped trained policies are the defaults).  One clear error for a method whose artifact is missing."""
+    (``artifacts``: fr-spec / vocabtrim token maps, dynaspec / specvocab / coral directories; what ships with the
+    model fills the others in, :meth:`~microspec.compose.Method.with_shipped_artifacts`).  One clear error for a
+    method whose artifact is missing."""
     files = dict(artifacts or {})
-    if draft is None:  # with the shipped head, its shipped policies are the defaults
-        from ..models.registry import shipped_policy
-
-        for name in TRAINED:
-            found = shipped_policy(model, name)
-            if files.get(name) is None and found is not None:
-                files[name] = str(found)
-    if files.get("fr-spec") is None:  # the model's shipped FR-Spec map (from training-side corpora)
-        from ..models.registry import shipped_token_map
-
-        found = shipped_token_map(model)
-        files["fr-spec"] = None if found is None else str(found)
     out = []
     for s in specs:
         if s.method is None:
             out.append(s)
             continue
         m, vocab = s.method, s.method.vocab
-        if vocab in ARTIFACT_FLAGS:
-            path = files.get(vocab)
-            if vocab in TRAINED:
-                if path is None or not Path(path).is_dir():
-                    raise MicrospecError(f"method {s.name} needs --{vocab} DIR (made by `microspec train {vocab}`)")
-            elif path is None:
-                raise MicrospecError(f"method {s.name} needs {ARTIFACT_FLAGS[vocab]} (a token map made by "
-                                     f"`microspec freq`)")
-            elif not Path(path).is_file():
-                raise MicrospecError(f"token map {path} not found")
         changes: dict = {"head_mode": head_mode}
         if m.drafter == "ngram":
             changes["depth"] = depth
@@ -146,9 +125,19 @@ def configure(specs: list[MethodSpec], model: str, *, depth: int | None = None, 
         if m.drafter == "eagle":
             changes["draft"] = draft
         if vocab in TRAINED:
-            changes["router"] = files[vocab]
+            changes["router"] = files.get(vocab)
         elif vocab in ("fr-spec", "vocabtrim"):
-            changes["freq_file"] = files[vocab]
-        m = m.replace(**changes)
+            changes["freq_file"] = files.get(vocab)
+        m = m.replace(**changes).with_shipped_artifacts(model)
+        if vocab in ARTIFACT_FLAGS:
+            path = m.router if vocab in TRAINED else m.freq_file
+            if vocab in TRAINED:
+                if path is None or not Path(path).is_dir():
+                    raise MicrospecError(f"method {s.name} needs --{vocab} DIR (made by `microspec train {vocab}`)")
+            elif path is None:
+                raise MicrospecError(f"method {s.name} needs {ARTIFACT_FLAGS[vocab]} (a token map made by "
+                                     f"`microspec freq`)")
+            elif not Path(path).is_file():
+                raise MicrospecError(f"token map {path} not found")
         out.append(MethodSpec(s.name, s.kind, m.for_model(model), s.hf_mode))
     return out

@@ -6,7 +6,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..bench import Decoding, bench, configure, default_meta, load_questions, parse_methods
+from ..bench import (
+    Decoding,
+    bench,
+    configure,
+    default_meta,
+    load_questions,
+    parse_methods,
+)
 from ..bench.metrics import lossless_verdict
 from ..bench.report import summary_lines
 from ..compose import load_heads, set_threads

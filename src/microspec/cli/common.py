@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from ..compose import Method
+from ..compose import Engine, Method, build, load_heads, log_sizing, set_threads
 from ..decoding.config import GenerationConfig
 from ..errors import MicrospecError
-from ..models.registry import BUILTINS, DEFAULT_MODEL
+from ..models.registry import BUILTINS, DEFAULT_MODEL, load_model
 
 
 class Parser(argparse.ArgumentParser):
@@ -111,6 +111,19 @@ def method_from_args(args: argparse.Namespace) -> Method:
     method = method.for_model(args.model)
     method.check_artifacts()
     return method
+
+
+def engine_from_args(args: argparse.Namespace) -> tuple[GenerationConfig, Engine]:
+    """What ``generate`` and ``coverage`` decode with: ``--threads`` applied, the decoding configuration and the
+    method checked, the EAGLE head loaded before the target, then the method built for the loaded model."""
+    set_threads(args.threads)
+    cfg = config_from_args(args)
+    method = method_from_args(args)
+    heads = load_heads([method])
+    lm = load_model(args.model, dtype=args.dtype, device=args.device)
+    engine = build(method, lm, heads)
+    log_sizing(engine)
+    return cfg, engine
 
 
 def config_from_args(args: argparse.Namespace) -> GenerationConfig:

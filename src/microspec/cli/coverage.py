@@ -6,20 +6,10 @@ import argparse
 import json
 
 from ..bench import load_questions
-from ..compose import build, load_heads, log_sizing, set_threads
 from ..coverage import format_table, measure
 from ..errors import MicrospecError
-from ..models.registry import load_model
 from ..vocab.frequency import load_token_map
-from .common import (
-    add_decoding_args,
-    add_drafter_args,
-    add_model_args,
-    add_vocab_args,
-    config_from_args,
-    method_from_args,
-    positive,
-)
+from .common import add_decoding_args, add_drafter_args, add_model_args, add_vocab_args, engine_from_args, positive
 
 
 def add(sub) -> None:
@@ -48,13 +38,8 @@ def run(args: argparse.Namespace) -> int:
         raise MicrospecError("coverage needs a drafter with an LM head (early-exit, eagle or model)")
     positive(limit=args.limit)
     records = load_questions([args.data], args.categories, args.limit)
-    set_threads(args.threads)
-    cfg = config_from_args(args)
-    method = method_from_args(args)
-    heads = load_heads([method])
-    lm = load_model(args.model, dtype=args.dtype, device=args.device)
-    engine = build(method, lm, heads)
-    log_sizing(engine)
+    cfg, engine = engine_from_args(args)
+    lm = engine.lm
     curve_path = args.curve_map or args.freq_file
     token_map = load_token_map(curve_path, lm.model.spec.vocab_size) if curve_path else None
     summary = measure(engine, records, cfg, args.chat, token_map)

@@ -7,17 +7,8 @@ import json
 import sys
 
 from ..api import generate
-from ..compose import build, load_heads, log_sizing, set_threads
 from ..errors import MicrospecError
-from ..models.registry import load_model
-from .common import (
-    add_decoding_args,
-    add_drafter_args,
-    add_model_args,
-    add_vocab_args,
-    config_from_args,
-    method_from_args,
-)
+from .common import add_decoding_args, add_drafter_args, add_model_args, add_vocab_args, engine_from_args
 
 
 def add(sub) -> None:
@@ -35,13 +26,8 @@ def run(args: argparse.Namespace) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not prompt.strip():
         raise MicrospecError("the prompt is empty")
-    set_threads(args.threads)
-    cfg = config_from_args(args)
-    method = method_from_args(args)
-    heads = load_heads([method])
-    lm = load_model(args.model, dtype=args.dtype, device=args.device)
-    engine = build(method, lm, heads)
-    log_sizing(engine)
+    cfg, engine = engine_from_args(args)
+    lm = engine.lm
     result = generate(lm, prompt, cfg, chat=args.chat, method=engine)
     stats = result.stats.to_dict()
     if args.json:

@@ -20,6 +20,17 @@ def _run(what: str):
     return run
 
 
+def _policy_args(p) -> None:
+    """What every trained policy's command takes: the target, the features and head it trains on, where it goes."""
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--features", required=True, help="a `microspec train eagle --out` directory (its features/)")
+    p.add_argument("--draft", default=None, help="EAGLE head directory (default: the model's shipped head)")
+    p.add_argument("--out", required=True, help="output directory (the trained artifact)")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=None)
+
+
 def add(sub) -> None:
     p = sub.add_parser("train", help="train a draft head (eagle) or a trained vocabulary policy (dynaspec, "
                        "specvocab, coral)", description="Train a draft head for a target.")
@@ -81,13 +92,7 @@ def add(sub) -> None:
                         description="Cluster the LM head (spherical k-means), label the features `train eagle` saved "
                                     "with the full-vocabulary drafter's top-L tokens, train the router (BCE) and pick "
                                     "the cluster budgets on a held-out split.")
-    d.add_argument("--model", default=DEFAULT_MODEL)
-    d.add_argument("--features", required=True, help="a `microspec train eagle --out` directory (its features/)")
-    d.add_argument("--draft", default=None, help="EAGLE head directory (default: the model's shipped head)")
-    d.add_argument("--out", required=True, help="output directory (the router artifact)")
-    d.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
-    d.add_argument("--device", default="cpu")
-    d.add_argument("--threads", type=int, default=None)
+    _policy_args(d)
     d.add_argument("--k0", type=int, default=None, help="clusters at draft depth 0 (default: tuned, --coverage)")
     d.add_argument("--k1", type=int, default=None, help="clusters at draft depth 1 (default: k0 // 2)")
     for name, default, kind in (("clusters", 1024, int), ("kmeans-iters", 15, int), ("top-l", 8, int),
@@ -99,13 +104,7 @@ def add(sub) -> None:
     v = tsub.add_parser("specvocab", help="SpecVocab low-rank vocabulary ranker on an EAGLE head's outputs",
                         description="Distil the full-vocabulary draft distribution into a low-rank ranker "
                                     "s = W_vocab W_down h (EAGLE head frozen; starts from the LM head's SVD).")
-    v.add_argument("--model", default=DEFAULT_MODEL)
-    v.add_argument("--features", required=True, help="a `microspec train eagle --out` directory (its features/)")
-    v.add_argument("--draft", default=None, help="EAGLE head directory (default: the model's shipped head)")
-    v.add_argument("--out", required=True)
-    v.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
-    v.add_argument("--device", default="cpu")
-    v.add_argument("--threads", type=int, default=None)
+    _policy_args(v)
     v.add_argument("--rank", type=int, default=None, help="d' (default d/16; d/8 is the paper's other option)")
     for name, default, kind in (("k", 2048, int), ("positions", 50_000, int), ("heldout", 0.05, float),
                                 ("q-top", 256, int), ("epochs", 3.0, float), ("lr", 1e-3, float),
@@ -116,13 +115,7 @@ def add(sub) -> None:
                         description="Partition the vocabulary offline (spherical k-means on the LM head) and train a "
                                     "one-layer router over the draft's hidden state to pick partitions (the simplest "
                                     "faithful variant of CORAL's description).")
-    c.add_argument("--model", default=DEFAULT_MODEL)
-    c.add_argument("--features", required=True, help="a `microspec train eagle --out` directory (its features/)")
-    c.add_argument("--draft", default=None, help="EAGLE head directory (default: the model's shipped head)")
-    c.add_argument("--out", required=True)
-    c.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
-    c.add_argument("--device", default="cpu")
-    c.add_argument("--threads", type=int, default=None)
+    _policy_args(c)
     c.add_argument("--r", type=int, default=None, help="partitions per draft token (default: tuned, --coverage)")
     for name, default, kind in (("partitions", 64, int), ("kmeans-iters", 15, int), ("positions", 100_000, int),
                                 ("heldout", 0.05, float), ("epochs", 3.0, float), ("lr", 1e-3, float),
