@@ -229,3 +229,18 @@ def test_gemma_shipped_fr_spec_map_is_the_default_and_lossless(gemma, gemma_ar):
     assert res.token_ids == gemma_ar[prompt]
     st = res.stats.to_dict()
     assert 16384 <= st["active_vocab_max"] <= 16384 + 300  # the shortlist plus EOS and special ids
+
+
+def test_gemma_drafts_under_processors_keep_the_output_exact(gemma):
+    """Drafts scored under the repetition penalty and no-repeat-n-gram (the README's decoding) still give the
+    target's own greedy tokens on the real vocabulary, for the shipped head with the full and MicroSpec
+    vocabularies and the shipped FR-Spec shortlist."""
+    from microspec.api import generate
+
+    cfg = GenerationConfig(max_new_tokens=40, repetition_penalty=1.2, no_repeat_ngram_size=3)
+    prompt = SPEC_PROMPTS[1]
+    ref = generate(gemma, prompt, cfg).token_ids
+    for method in ("eagle-full", "microspec", "fr-spec-16k"):
+        res = generate(gemma, prompt, cfg, method=method)
+        assert res.token_ids == ref, method
+        assert res.stats.mean_accept_len > 1.0, method  # drafts were accepted, not only bonus tokens
