@@ -244,3 +244,52 @@ def test_gemma_drafts_under_processors_keep_the_output_exact(gemma):
         res = generate(gemma, prompt, cfg, method=method)
         assert res.token_ids == ref, method
         assert res.stats.mean_accept_len > 1.0, method  # drafts were accepted, not only bonus tokens
+
+
+# ------------------------------------------------------------------------------ GGUF weights kept packed
+@pytest.mark.parametrize("name", ["gemma-3-270m", "smollm2-135m-instruct"])
+def test_gguf_weights_match_the_dequantized_reference(gemma, name):
+    """--weights gguf-f32: the file's blocks multiplied by fp32 activations equal transformers' dequantization run
+    through the fp32 path (within the order of fp32 sums); --weights gguf (int8 activations per 32-element block,
+    as llama.cpp does) stays within its activation rounding and picks the same next token at nearly every
+    position of a real prompt."""
+    from microspec.models.gguf import QuantTensor
+
+    dense = gemma if name == "gemma-3-270m" else load_model(name, dtype="fp32")
+    ids = torch.tensor(encode_prompt(dense, SPEC_PROMPTS[1] + " The second stage is condensation, when"))
+
+    def logits(lm):
+        return lm.model.head(lm.model.forward(ids, lm.model.new_cache(128)))
+
+    ref = logits(dense)
+    scale = float(ref.abs().max())
+    for weights, tol in (("gguf-f32", 1e-5), ("gguf", 8e-2)):  # measured 1e-6 to 3e-6 and 3e-2 to 5e-2
+        lm = load_model(name, dtype=weights)
+        assert isinstance(lm.model.head_weight, QuantTensor) and lm.weights == weights
+        got = logits(lm)
+        assert float((got - ref).abs().max()) / scale < tol, weights
+        agree = float((got.argmax(-1) == ref.argmax(-1)).float().mean())
+        assert agree >= (1.0 if weights == "gguf-f32" else 0.9), (weights, agree)
+
+
+@pytest.fixture(scope="module")
+def gemma_gguf():
+    return load_model("gemma-3-270m", dtype="gguf")
+
+
+def test_gemma_gguf_speculation_is_bit_identical_for_every_drafter_and_policy(gemma_gguf):
+    """On the packed path rows are batch-invariant, so every speculative method gives plain greedy's tokens bit for
+    bit — with the shipped head's full, MicroSpec and FR-Spec vocabularies, a trained router, early exit and
+    n-grams — and with the README's processors."""
+    from microspec.api import generate
+
+    for cfg in (GenerationConfig(max_new_tokens=40),
+                GenerationConfig(max_new_tokens=40, repetition_penalty=1.2, no_repeat_ngram_size=3)):
+        for prompt in SPEC_PROMPTS[:2]:
+            ref = generate(gemma_gguf, prompt, cfg).token_ids
+            accepted = {}
+            for method in ("eagle-full", "microspec", "fr-spec-32k", "dynaspec", "early-exit+microspec", "ngram"):
+                res = generate(gemma_gguf, prompt, cfg, method=method)
+                assert res.token_ids == ref, (method, prompt, cfg.repetition_penalty)
+                accepted[method] = res.stats.mean_accept_len
+            assert accepted["microspec"] > 1.0 and accepted["eagle-full"] > 1.0, accepted

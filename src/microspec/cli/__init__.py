@@ -11,7 +11,7 @@ import sys
 
 from ..errors import MicrospecError
 from . import analyze, bench, coverage, freq, generate, train
-from .common import Parser
+from .common import Parser, resolve_weights
 
 COMMANDS = (generate, coverage, freq, train, bench, analyze)
 
@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         args.argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
+        resolve_weights(args)
         return args.func(args)
     except MicrospecError as exc:
         msg = str(exc)

@@ -7,7 +7,7 @@ import argparse
 from ..compose import Engine, Method, build, load_heads, log_sizing, set_threads
 from ..decoding.config import GenerationConfig
 from ..errors import MicrospecError
-from ..models.registry import BUILTINS, DEFAULT_MODEL, load_model
+from ..models.registry import BUILTINS, DEFAULT_MODEL, WEIGHTS, default_weights, load_model
 
 
 class Parser(argparse.ArgumentParser):
@@ -19,13 +19,21 @@ def add_model_args(p) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"built-in name ({', '.join(BUILTINS)}), a .gguf file or a HF model directory "
                         f"(default {DEFAULT_MODEL})")
-    p.add_argument("--dtype", choices=["fp32", "bf16"], default="bf16")
+    p.add_argument("--weights", "--dtype", dest="dtype", choices=list(WEIGHTS), default=None,
+                   help="gguf: a GGUF model's quantized blocks kept packed, fp32 activations (CPU); bf16 or fp32: "
+                        "dense weights (default: gguf for a GGUF model on a CPU, else bf16)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
     chat = p.add_mutually_exclusive_group()
     chat.add_argument("--chat", dest="chat", action="store_true", default=None,
                       help="apply the chat template (default: when the tokenizer has one)")
     chat.add_argument("--no-chat", dest="chat", action="store_false")
+
+
+def resolve_weights(args: argparse.Namespace) -> None:
+    """Fill in ``--weights`` when it was not given (see :func:`~microspec.models.registry.default_weights`)."""
+    if getattr(args, "dtype", "") is None and hasattr(args, "model"):
+        args.dtype = default_weights(args.model, args.device)
 
 
 def add_decoding_args(p, max_new_tokens: int = 128) -> None:

@@ -22,6 +22,13 @@ def add(sub) -> None:
     p.set_defaults(func=run)
 
 
+def bandwidth(stats: dict) -> str:
+    """Weight bytes per target step and the bandwidth that achieves (empty when not measured)."""
+    if "achieved_gb_s" not in stats:
+        return ""
+    return f"weights {stats['weight_bytes_per_step'] / 1e6:.0f} MB/step, {stats['achieved_gb_s']:.1f} GB/s | "
+
+
 def run(args: argparse.Namespace) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not prompt.strip():
@@ -33,15 +40,15 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({
             "text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
-            "model": lm.name, "dtype": args.dtype, "device": args.device, "drafter": args.drafter,
+            "model": lm.name, "dtype": lm.weights, "device": args.device, "drafter": args.drafter,
             "total_tokens": engine.tree.get("total_tokens"), "vocab": args.vocab, "stats": stats,
         }))
     else:
         adaptive = f" (adaptive: {stats['skipped_steps']} plain steps)" if args.adaptive else ""
         print(result.text)
-        print(f"[microspec] {lm.name} {args.dtype} {args.device} | {stats['new_tokens']} tokens in "
+        print(f"[microspec] {lm.name} {lm.weights} {args.device} | {stats['new_tokens']} tokens in "
               f"{stats['wall_s']:.2f} s = {stats['tokens_per_s']:.2f} tok/s (prefill {stats['prefill_s']:.2f} s, "
               f"decode {stats['decode_tokens_per_s']:.2f} tok/s) | steps {stats['steps']} | "
               f"mean accept len {stats['mean_accept_len']:.2f} | drafter {args.drafter}{adaptive} | "
-              f"finish {result.finish_reason}", file=sys.stderr)
+              f"{bandwidth(stats)}finish {result.finish_reason}", file=sys.stderr)
     return 0

@@ -115,7 +115,7 @@ def generate_ids(
     pipe = LogitsPipeline(cfg, model.spec.vocab_size, device)
     tokens = list(prompt_ids)
     pipe.commit(tokens)
-    stats = GenerationStats(prompt_tokens=len(prompt_ids))
+    stats = GenerationStats(prompt_tokens=len(prompt_ids), weight_bytes=model.weight_bytes())
     cache = model.new_cache(len(prompt_ids) + cfg.max_new_tokens + CACHE_MARGIN)
     out: list[int] = []
     walker = greedy_walk if cfg.greedy else sample_walk

@@ -21,6 +21,11 @@ class GenerationStats:
     ``steps`` counts target decode steps after the prefill; each commits ``accept_lengths[i]`` tokens (accepted
     draft tokens plus the bonus token), so ``mean_accept_len`` (tau) is 1.0 for autoregressive decoding.  The first
     token, which the prefill produces, belongs to no step.
+
+    ``achieved_gb_s``: the target's weight bytes (``weight_bytes``, every matrix once) times its steps, over the
+    decode time — the bandwidth plain decoding achieves, to read against the machine's (``benchmarks/bandwidth.py``);
+    for speculative decoding it counts one read per verify pass (the head may be read more than once, the draft's
+    own weights are not counted).
     """
 
     new_tokens: int = 0
@@ -40,6 +45,7 @@ class GenerationStats:
     covered: int = 0  # committed tokens that were in the draft vocabulary at the depth they were committed at
     coverage_tokens: int = 0  # committed tokens checked for coverage (with a policy and a drafting step)
     skipped_steps: int = 0  # steps the adaptive mode took without drafting (it judged drafting would not pay)
+    weight_bytes: int = 0  # bytes of target weights one target step reads (every matrix once)
 
     def record_step(self, committed: int, drafted: int, depth: int, draft_s: float, verify_s: float,
                     head_rows: int) -> None:
@@ -102,6 +108,9 @@ class GenerationStats:
                 "head_calls": len(self.active_sizes)} if self.active_sizes else {}),
             **({"coverage": round(self.coverage, 4)} if self.coverage is not None else {}),
             "skipped_steps": self.skipped_steps,
+            **({"weight_bytes_per_step": self.weight_bytes,
+                "achieved_gb_s": round(self.weight_bytes * self.steps / decode_s / 1e9, 2)}
+               if self.weight_bytes and (decode_s := self.wall_s - self.prefill_s) > 0 and self.steps else {}),
         }
 
 

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from ..decoding.stats import DeviceTimer
 from ..errors import check
 from ..kernels import cpu_linear
+from ..models.gguf import QuantTensor
 from ..vocab.base import VocabPolicy, active_size
 from ..vocab.packed import PackedRows
 
@@ -95,6 +96,8 @@ class DraftHead:
             return self._matmul(hidden, self.weight if active is None else self._rows)
 
     def _matmul(self, hidden: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if isinstance(w, QuantTensor):  # rows of a GGUF head kept packed (the whole head, or a shortlist's rows)
+            return self._cap(w.linear(hidden))
         if cpu_linear.applies(w):
             return self._cap(cpu_linear.linear(hidden, w, out_dtype=torch.float32))
         return self._cap(F.linear(hidden.to(w.dtype), w).float())

@@ -30,13 +30,9 @@ built or the CPU lacks AVX2/FMA, :func:`available` is False and the models keep 
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import os
-import sys
-import threading
-
 import torch
+
+from ._build import Extension
 
 _SOURCE = r"""
 #include <torch/extension.h>
@@ -102,15 +98,6 @@ inline void tile(const float* x, int64_t K, const uint16_t* w, int64_t m0, int64
 }
 
 
-inline float dot_bf16(const float* x, const uint16_t* w, int64_t K) {
-  __m256 acc = _mm256_setzero_ps();
-  const int64_t K8 = K & ~int64_t(7);
-  for (int64_t k = 0; k < K8; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), load_bf16x8(w + k), acc);
-  float s = hsum8(acc);
-  for (int64_t k = K8; k < K; ++k) s += x[k] * bf16_to_f32(w[k]);
-  return s;
-}
-
 }  // namespace
 
 // x: [M, K] fp32 (contiguous), w: [N, K] bf16, bias: [N] fp32 or empty.  Returns [M, N] in out_dtype.
@@ -175,10 +162,68 @@ torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, torch::Tensor bias, 
 // row may see, in slot order: scores in fp32 (the dot products as in linear_bf16), a sequential fp32 softmax sum and
 // a sequential fp32 weighted sum of the values.  A row's result depends only on its own visible keys, not on the
 // other rows of the call nor on masked slots: the one-token decode step and a tree-verify pass agree bit for bit.
-// q: [H, T, D] bf16; k, v: [G, S, D] bf16 with unit stride along D; allowed: [T, S] bool or empty (all visible).
-torch::Tensor attend_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor allowed, double scale) {
-  TORCH_CHECK(q.dtype() == torch::kBFloat16 && k.dtype() == torch::kBFloat16 && v.dtype() == torch::kBFloat16,
-              "q, k, v: bf16");
+// q: [H, T, D]; k, v: [G, S, D] with unit stride along D, all bf16 (E = uint16_t) or all fp32 (E = float);
+// allowed: [T, S] bool or empty (all visible).
+inline __m256 load8(const uint16_t* p) { return load_bf16x8(p); }
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline float to_f32(uint16_t h) { return bf16_to_f32(h); }
+inline float to_f32(float f) { return f; }
+inline void store_f32(uint16_t* p, float f) { *p = f32_to_bf16(f); }
+inline void store_f32(float* p, float f) { *p = f; }
+
+template <typename E>
+inline float dot_e(const float* x, const E* w, int64_t K) {
+  __m256 acc = _mm256_setzero_ps();
+  const int64_t K8 = K & ~int64_t(7);
+  for (int64_t k = 0; k < K8; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), load8(w + k), acc);
+  float s = hsum8(acc);
+  for (int64_t k = K8; k < K; ++k) s += x[k] * to_f32(w[k]);
+  return s;
+}
+
+template <typename E>
+void attend_impl(const E* qp, const E* kp, const E* vp, const bool* mp, E* op, int64_t H, int64_t T, int64_t D,
+                 int64_t S, int64_t ks0, int64_t ks1, int64_t vs0, int64_t vs1, int64_t rep, float sc) {
+  const int64_t D8 = D & ~int64_t(7);
+  at::parallel_for(0, H * T, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<float> qf(D), scores(S), acc(D);
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t h = b / T, t = b % T, g = h / rep;
+      const E* qrow = qp + (h * T + t) * D;
+      for (int64_t d = 0; d < D; ++d) qf[d] = to_f32(qrow[d]);
+      const bool* mrow = mp ? mp + t * S : nullptr;
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < S; ++j) {
+        if (mrow && !mrow[j]) continue;
+        const float s = dot_e(qf.data(), kp + g * ks0 + j * ks1, D) * sc;
+        scores[j] = s;
+        mx = std::max(mx, s);
+      }
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      float sum = 0.0f;
+      if (mx != -INFINITY) {
+        for (int64_t j = 0; j < S; ++j) {
+          if (mrow && !mrow[j]) continue;
+          const float e = std::exp(scores[j] - mx);
+          sum += e;
+          const E* vrow = vp + g * vs0 + j * vs1;
+          const __m256 ev = _mm256_set1_ps(e);
+          for (int64_t d = 0; d < D8; d += 8)
+            _mm256_storeu_ps(acc.data() + d, _mm256_fmadd_ps(ev, load8(vrow + d), _mm256_loadu_ps(acc.data() + d)));
+          for (int64_t d = D8; d < D; ++d) acc[d] += e * to_f32(vrow[d]);
+        }
+      }
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      E* orow = op + (h * T + t) * D;
+      for (int64_t d = 0; d < D; ++d) store_f32(orow + d, acc[d] * inv);
+    }
+  });
+}
+
+torch::Tensor attend_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor allowed, double scale) {
+  const auto dt = q.scalar_type();
+  TORCH_CHECK((dt == torch::kBFloat16 || dt == torch::kFloat32) && k.scalar_type() == dt && v.scalar_type() == dt,
+              "q, k, v: all bf16 or all fp32");
   q = q.contiguous();
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q [H, T, D], k and v [G, S, D]");
   const int64_t H = q.size(0), T = q.size(1), D = q.size(2), G = k.size(0), S = k.size(1);
@@ -190,108 +235,30 @@ torch::Tensor attend_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, tor
     TORCH_CHECK(allowed.dtype() == torch::kBool && allowed.is_contiguous() && allowed.dim() == 2 &&
                 allowed.size(0) == T && allowed.size(1) == S, "allowed: contiguous bool [T, S]");
   auto out = torch::empty({H, T, D}, q.options());
-  const uint16_t* qp = reinterpret_cast<const uint16_t*>(q.data_ptr<at::BFloat16>());
-  const uint16_t* kp = reinterpret_cast<const uint16_t*>(k.data_ptr<at::BFloat16>());
-  const uint16_t* vp = reinterpret_cast<const uint16_t*>(v.data_ptr<at::BFloat16>());
   const bool* mp = has_mask ? allowed.data_ptr<bool>() : nullptr;
-  uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-  const int64_t ks0 = k.stride(0), ks1 = k.stride(1), vs0 = v.stride(0), vs1 = v.stride(1), rep = H / G;
   const float sc = static_cast<float>(scale);
-  const int64_t D8 = D & ~int64_t(7);
-  at::parallel_for(0, H * T, 1, [&](int64_t b0, int64_t b1) {
-    std::vector<float> qf(D), scores(S), acc(D);
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t h = b / T, t = b % T, g = h / rep;
-      const uint16_t* qrow = qp + (h * T + t) * D;
-      for (int64_t d = 0; d < D; ++d) qf[d] = bf16_to_f32(qrow[d]);
-      const bool* mrow = has_mask ? mp + t * S : nullptr;
-      float mx = -INFINITY;
-      for (int64_t j = 0; j < S; ++j) {
-        if (mrow && !mrow[j]) continue;
-        const float s = dot_bf16(qf.data(), kp + g * ks0 + j * ks1, D) * sc;
-        scores[j] = s;
-        mx = std::max(mx, s);
-      }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      float sum = 0.0f;
-      if (mx != -INFINITY) {
-        for (int64_t j = 0; j < S; ++j) {
-          if (mrow && !mrow[j]) continue;
-          const float e = std::exp(scores[j] - mx);
-          sum += e;
-          const uint16_t* vrow = vp + g * vs0 + j * vs1;
-          const __m256 ev = _mm256_set1_ps(e);
-          for (int64_t d = 0; d < D8; d += 8)
-            _mm256_storeu_ps(acc.data() + d, _mm256_fmadd_ps(ev, load_bf16x8(vrow + d), _mm256_loadu_ps(acc.data() + d)));
-          for (int64_t d = D8; d < D; ++d) acc[d] += e * bf16_to_f32(vrow[d]);
-        }
-      }
-      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-      uint16_t* orow = op + (h * T + t) * D;
-      for (int64_t d = 0; d < D; ++d) orow[d] = f32_to_bf16(acc[d] * inv);
-    }
-  });
+  if (dt == torch::kBFloat16) {
+    auto ptr = [](torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); };
+    attend_impl<uint16_t>(ptr(q), ptr(k), ptr(v), mp, ptr(out), H, T, D, S, k.stride(0), k.stride(1), v.stride(0),
+                          v.stride(1), H / G, sc);
+  } else {
+    attend_impl<float>(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), mp, out.data_ptr<float>(), H,
+                       T, D, S, k.stride(0), k.stride(1), v.stride(0), v.stride(1), H / G, sc);
+  }
   return out;
 }
 """
 
 _CPP_DECL = ("torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, torch::Tensor bias, bool out_bf16);\n"
-             "torch::Tensor attend_bf16(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor allowed, "
+             "torch::Tensor attend_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor allowed, "
              "double scale);")
 
-_lock = threading.Lock()
-_module = None
-_failed: str | None = None
-
-
-def _setting() -> str:
-    return os.environ.get("MICROSPEC_CPU_KERNEL", "auto").strip().lower()
-
-
-@functools.cache
-def _cpu_ok() -> bool:
-    try:
-        cap = torch.backends.cpu.get_cpu_capability()
-    except Exception:  # noqa: BLE001 - older torch: no probe, no kernel
-        return False
-    return cap in ("AVX2", "AVX512") and sys.platform.startswith("linux")
-
-
-def _load():
-    global _module, _failed
-    with _lock:
-        if _module is not None or _failed is not None:
-            return _module
-        from torch.utils import cpp_extension
-
-        from ..paths import cache_root
-
-        key = hashlib.sha256((_SOURCE + torch.__version__).encode()).hexdigest()[:12]
-        build = cache_root() / "kernels" / f"cpu_linear-{key}"
-        build.mkdir(parents=True, exist_ok=True)
-        try:
-            _module = cpp_extension.load_inline(
-                name=f"microspec_cpu_linear_{key}", cpp_sources=[_CPP_DECL, _SOURCE],
-                functions=["linear_bf16", "attend_bf16"],
-                extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], build_directory=str(build), verbose=False)
-        except Exception as exc:  # noqa: BLE001 - no compiler, no headers, ...: torch's matmul stays
-            _failed = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
-            if _setting() == "1":
-                from ..errors import MicrospecError
-
-                raise MicrospecError(f"the CPU bf16 kernel could not be built ({_failed})") from None
-        return _module
+_EXT = Extension("cpu_linear", _SOURCE, _CPP_DECL, ["linear_bf16", "attend_rows"], "CPU bf16 kernel")
 
 
 def available() -> bool:
     """Whether bf16 CPU products go through this kernel (built on first call; False when disabled or unbuildable)."""
-    if _setting() in ("0", "off", "false", "no"):
-        return False
-    if _module is not None:  # the hot path: asked before every product with a bf16 weight
-        return True
-    if _failed is not None or not _cpu_ok():
-        return False
-    return _load() is not None
+    return _EXT.available()
 
 
 def applies(weight: torch.Tensor) -> bool:
@@ -303,14 +270,16 @@ ATTENTION_MAX_ROWS = 64
 
 
 def attention_applies(q: torch.Tensor) -> bool:
-    """Whether :func:`attend` serves an attention call of ``q`` [H, T, D]: bf16 on a CPU, at most
-    :data:`ATTENTION_MAX_ROWS` query rows (decode steps and tree verification; a prefill keeps torch's attention)."""
-    return q.dtype == torch.bfloat16 and q.device.type == "cpu" and q.shape[-2] <= ATTENTION_MAX_ROWS and available()
+    """Whether :func:`attend` serves an attention call of ``q`` [H, T, D]: bf16 (or fp32, the activations of the
+    quantized engine) on a CPU, at most :data:`ATTENTION_MAX_ROWS` query rows (decode steps and tree verification;
+    a prefill keeps torch's attention)."""
+    return (q.dtype in (torch.bfloat16, torch.float32) and q.device.type == "cpu"
+            and q.shape[-2] <= ATTENTION_MAX_ROWS and available())
 
 
 def build_error() -> str | None:
     """Why the kernel could not be built, if it could not."""
-    return _failed
+    return _EXT.failed
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -320,7 +289,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1]).to(torch.float32).contiguous()
     b = bias.to(torch.float32).contiguous() if bias is not None else torch.empty(0)
-    out = _module.linear_bf16(x2, weight.contiguous(), b, out_dtype == torch.bfloat16)
+    out = _EXT.module.linear_bf16(x2, weight.contiguous(), b, out_dtype == torch.bfloat16)
     if out_dtype not in (torch.bfloat16, torch.float32):
         out = out.to(out_dtype)
     return out.reshape(*lead, weight.shape[0])
@@ -335,13 +304,13 @@ def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
     """Attention of ``q`` [H, T, D] over ``k``, ``v`` [G, S, D] (grouped heads: head h reads group h // (H / G)),
-    ``mask`` [T, S] or [1, 1, T, S] bool (True = may attend) or None; bf16 in, bf16 out [H, T, D].
+    ``mask`` [T, S] or [1, 1, T, S] bool (True = may attend) or None; bf16 in, bf16 out [H, T, D] (or all fp32).
 
     One (head, row) pair at a time over exactly the keys the row may see, in slot order, with fp32 scores and
     sequential fp32 sums: a row's result does not depend on the other rows of the call nor on masked slots, so a
     one-token decode step and a tree-verify pass compute the same values for the same token."""
     m = torch.empty(0, dtype=torch.bool) if mask is None else mask.reshape(q.shape[1], k.shape[1]).contiguous()
-    return _module.attend_bf16(q, k, v, m, float(scale))
+    return _EXT.module.attend_rows(q, k, v, m, float(scale))
 
 
 def attention_reference(q, k, v, mask, scale):

@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import MicrospecError
-from ..kernels import cpu_linear
+from ..kernels import cpu_linear, cpu_quant
+from .gguf import QuantTensor
 from .kv_cache import KVCache
 
 SUPPORTED_FAMILIES = {
@@ -172,6 +173,8 @@ class RMSNorm(nn.Module):
         self.gemma = gemma
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if cpu_quant.rows_apply(x) and not (torch.is_grad_enabled() and self.weight.requires_grad):
+            return cpu_quant.rms_norm(x, 1.0 + self.weight if self.gemma else self.weight, self.eps)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.gemma:  # (x * (1 + w)) in fp32, then cast: Gemma's convention
@@ -189,6 +192,10 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(dim_out)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.weight, QuantTensor):  # GGUF blocks kept packed: fp32-accumulating, batch-invariant
+            y = self.weight.linear(x)
+            y = y if self.bias is None else y + self.bias.float()
+            return y if y.dtype == x.dtype else y.to(x.dtype)
         if cpu_linear.applies(self.weight):  # bf16 on a CPU: fp32-accumulating, batch-invariant kernel
             return cpu_linear.linear(x, self.weight, self.bias, out_dtype=x.dtype)
         return F.linear(x, self.weight, self.bias)
@@ -311,7 +318,21 @@ class NativeCausalLM(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
+        """The dtype of activations and the KV cache (fp32 when the matrices are packed GGUF blocks)."""
         return next(self.parameters()).dtype
+
+    def weight_bytes(self) -> int:
+        """Bytes of weights a one-token step reads (:func:`microspec.models.gguf.weight_bytes`), computed once."""
+        if getattr(self, "_weight_bytes", None) is None:
+            from .gguf import weight_bytes
+
+            self._weight_bytes = weight_bytes(self)
+        return self._weight_bytes
+
+    @property
+    def quantized(self) -> bool:
+        """Whether the matrices are GGUF blocks kept packed (``--weights gguf``)."""
+        return isinstance(self.head_weight, QuantTensor)
 
     @property
     def device(self) -> torch.device:
@@ -323,7 +344,8 @@ class NativeCausalLM(nn.Module):
 
     # ------------------------------------------------------------------ forward pieces
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        x = F.embedding(input_ids, self.model.embed_tokens.weight)
+        w = self.model.embed_tokens.weight
+        x = w.rows(input_ids).to(self.dtype) if isinstance(w, QuantTensor) else F.embedding(input_ids, w)
         if self._embed_scale is not None:
             x = x * torch.tensor(self._embed_scale, dtype=x.dtype)
         return x
@@ -433,15 +455,20 @@ class NativeCausalLM(nn.Module):
         nh, nkv, hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
         lead, t = x.shape[:-2], x.shape[-2]
         h = layer.input_layernorm(x) if layer.input_layernorm is not None else x
-        q = attn.q_proj(h).view(*lead, t, nh, hd).transpose(-2, -3)
-        k = attn.k_proj(h).view(*lead, t, nkv, hd).transpose(-2, -3)
+        q = attn.q_proj(h).view(*lead, t, nh, hd)
+        k = attn.k_proj(h).view(*lead, t, nkv, hd)
         v = attn.v_proj(h).view(*lead, t, nkv, hd).transpose(-2, -3)
-        if spec.qk_norm:
-            q = attn.q_norm(q)
-            k = attn.k_norm(k)
         cos, sin = rope[spec.layer_rope[i]]
-        q = _rotate(q, cos, sin)
-        k = _rotate(k, cos, sin)
+        if not lead and cpu_quant.rows_apply(q):  # fp32 CPU step: norms and RoPE fused, on [T, heads, hd]
+            if spec.qk_norm:
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q = cpu_quant.rope(q, cos, sin).transpose(0, 1)
+            k = cpu_quant.rope(k, cos, sin).transpose(0, 1)
+        else:
+            q, k = q.transpose(-2, -3), k.transpose(-2, -3)
+            if spec.qk_norm:
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         o = attend(i, q, k, v)
         o = attn.o_proj(o.transpose(-2, -3).reshape(*lead, t, nh * hd))
         if spec.gemma:
@@ -511,10 +538,13 @@ class NativeCausalLM(nn.Module):
 
         The product runs in the model dtype, as transformers does, and is cast to fp32 afterwards; with bf16
         weights on a CPU it runs through :mod:`microspec.kernels.cpu_linear` (fp32 sums of the bf16 products,
-        returned unrounded, the same values for a row whatever the number of rows).
+        returned unrounded, the same values for a row whatever the number of rows); with GGUF weights kept packed
+        through :mod:`microspec.kernels.cpu_quant` (fp32, batch-invariant likewise).
         """
         w = self.head_weight if vocab_ids is None else self.head_weight.index_select(0, vocab_ids)
-        if cpu_linear.applies(w):
+        if isinstance(w, QuantTensor):
+            logits = w.linear(hidden)
+        elif cpu_linear.applies(w):
             logits = cpu_linear.linear(hidden, w, out_dtype=torch.float32)
         else:
             logits = F.linear(hidden, w)

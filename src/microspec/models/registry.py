@@ -60,6 +60,7 @@ class LoadedModel:
     name: str
     source: Path
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    weights: str = "fp32"  # gguf (packed GGUF blocks), bf16 or fp32
 
     @property
     def max_context(self) -> int:
@@ -90,12 +91,32 @@ def shipped_policy(name: str | os.PathLike, method: str) -> Path | None:
     return path if str(name) in BUILTINS and (path / "config.json").is_file() else None
 
 
+WEIGHTS = ("gguf", "gguf-f32", "bf16", "fp32")
+
+
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """The torch dtype of activations for a ``--weights`` / ``--dtype`` value (``gguf``: fp32 activations)."""
     if isinstance(dtype, torch.dtype):
         return dtype
+    if dtype in ("gguf", "gguf-f32"):
+        return torch.float32
     if dtype not in DTYPES:
-        raise MicrospecError(f"unknown dtype {dtype!r}; choose fp32 or bf16")
+        raise MicrospecError(f"unknown dtype {dtype!r}; choose {', '.join(WEIGHTS)}")
     return DTYPES[dtype]
+
+
+def default_weights(name_or_path: str | os.PathLike, device: str | torch.device = "cpu") -> str:
+    """What ``--weights`` means when not given: ``gguf`` (the file's blocks kept packed) for a GGUF model on a CPU
+    where the quantized kernel builds, ``bf16`` otherwise."""
+    from ..kernels import cpu_quant
+
+    try:
+        _, kind, _ = resolve(name_or_path)
+    except MicrospecError:
+        return "bf16"  # load_model reports the unknown model
+    if kind == "gguf" and torch.device(device).type == "cpu" and cpu_quant.available():
+        return "gguf"
+    return "bf16"
 
 
 def parse_device(device: str | torch.device) -> torch.device:
@@ -239,8 +260,10 @@ def hf_directory(lm: LoadedModel) -> Path:
     return lm.source
 
 
-def read_weights(directory: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of ``directory``'s *.safetensors files, else of its pytorch_model*.bin files."""
+def read_weights(directory: Path, skip: set[str] = frozenset()) -> dict[str, torch.Tensor]:
+    """Every tensor of ``directory``'s *.safetensors files, else of its pytorch_model*.bin files, but those named in
+    ``skip`` (never read from disk: the matrices a GGUF model keeps packed)."""
+    from safetensors import safe_open
     from safetensors.torch import load_file
 
     files = sorted(directory.glob("*.safetensors"))
@@ -250,8 +273,12 @@ def read_weights(directory: Path) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     try:
         for f in files or bins:
-            state.update(load_file(str(f)) if f.suffix == ".safetensors"
-                         else torch.load(str(f), map_location="cpu", weights_only=True))
+            if f.suffix == ".safetensors" and skip:
+                with safe_open(str(f), framework="pt") as st:
+                    state.update({k: st.get_tensor(k) for k in st.keys() if k not in skip})
+            else:
+                state.update(load_file(str(f)) if f.suffix == ".safetensors"
+                             else torch.load(str(f), map_location="cpu", weights_only=True))
     except Exception as exc:  # a damaged file raises many kinds of errors
         raise MicrospecError(f"could not read the weights in {directory} ({type(exc).__name__}: {exc})") from exc
     return state
@@ -269,12 +296,31 @@ def load_model(
     dtype: str | torch.dtype = "fp32",
     device: str | torch.device = "cpu",
 ) -> LoadedModel:
-    """Load a model by built-in name, local ``.gguf`` file or local Hugging Face directory, fully offline."""
+    """Load a model by built-in name, local ``.gguf`` file or local Hugging Face directory, fully offline.
+
+    ``dtype``: ``fp32`` or ``bf16`` (dense weights), or ``gguf``: a GGUF model's matrices stay in the file's own
+    block formats (memory-mapped, products through :mod:`microspec.kernels.cpu_quant` on its integer path: int8
+    activations per 32-element block, as llama.cpp does), activations and KV cache in fp32 — a CPU path; where its
+    kernel cannot be built it falls back to dense fp32 with a one-line notice.  ``gguf-f32``: the same packed
+    weights multiplied by fp32 activations (slower; equal to dequantize-then-fp32 up to the order of fp32 sums)."""
     from transformers import AutoConfig, AutoTokenizer
 
+    quantized = dtype in ("gguf", "gguf-f32")
     torch_dtype = parse_dtype(dtype)
     dev = parse_device(device)
     name, kind, path = resolve(name_or_path)
+    if quantized:
+        from ..kernels import cpu_quant
+
+        if kind != "gguf":
+            raise MicrospecError(f"--weights gguf needs a GGUF model; {path} is a Hugging Face directory "
+                                 f"(use --weights bf16 or fp32)")
+        if dev.type != "cpu":
+            raise MicrospecError("--weights gguf runs on a CPU; on CUDA use --weights bf16")
+        if not cpu_quant.available():
+            print(f"microspec: the quantized CPU kernel is unavailable ({cpu_quant.build_error() or 'disabled'}): "
+                  f"dense fp32 weights instead", file=sys.stderr)
+            quantized = False
     if kind == "gguf":
         with path.open("rb") as f:
             if f.read(4) != b"GGUF":
@@ -295,7 +341,16 @@ def load_model(
         raise MicrospecError(f"could not read the model in {directory} ({type(exc).__name__}: {exc})") from exc
     with torch.device("meta"):
         model = NativeCausalLM.from_config(cfg)
-    state = _strip_prefix(read_weights(directory))
+    if quantized:
+        from .gguf import install, packed_weights
+
+        packed = packed_weights(path, model.spec, integer=dtype == "gguf")
+        if model.spec.tie_embeddings:
+            packed.pop("lm_head.weight", None)
+        install(model, packed)
+        state = _strip_prefix(read_weights(directory, skip=set(packed)))
+    else:
+        state = _strip_prefix(read_weights(directory))
     model.load_hf_state_dict(state, assign=True)
     model = model.to(device=dev, dtype=torch_dtype).eval()
     for p in model.parameters():
@@ -303,4 +358,6 @@ def load_model(
     eos = list(model.spec.eos_token_ids)
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
         eos.append(int(tokenizer.eos_token_id))
-    return LoadedModel(model, tokenizer, cfg, name, path, tuple(eos))
+    weights = dtype if quantized else str(torch_dtype).removeprefix("torch.").replace("float32", "fp32").replace(
+        "bfloat16", "bf16").replace("float16", "fp16")
+    return LoadedModel(model, tokenizer, cfg, name, path, tuple(eos), weights)

@@ -1,0 +1,85 @@
+"""Building the CPU kernels: C++ compiled once with the system compiler through ``torch.utils.cpp_extension`` (a few
+tens of seconds, kept under ``$MICROSPEC_CACHE/kernels/``), on AVX2 + FMA Linux CPUs only.
+
+``MICROSPEC_CPU_KERNEL=0`` turns every CPU kernel off (torch's own operations stay); ``=1`` makes a build failure
+an error instead of a quiet fallback.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import sys
+import threading
+
+import torch
+
+
+def setting() -> str:
+    return os.environ.get("MICROSPEC_CPU_KERNEL", "auto").strip().lower()
+
+
+_OFF = ("0", "off", "false", "no")
+
+
+def disabled() -> bool:
+    value = os.environ.get("MICROSPEC_CPU_KERNEL")  # asked before every product: kept to one lookup
+    return value is not None and value.strip().lower() in _OFF
+
+
+@functools.cache
+def cpu_ok() -> bool:
+    try:
+        cap = torch.backends.cpu.get_cpu_capability()
+    except Exception:  # noqa: BLE001 - older torch: no probe, no kernel
+        return False
+    return cap in ("AVX2", "AVX512") and sys.platform.startswith("linux")
+
+
+class Extension:
+    """One C++ source with its declarations and exported functions, built on first use (see the module doc)."""
+
+    def __init__(self, name: str, source: str, declarations: str, functions: list[str], what: str,
+                 flags: tuple[str, ...] = ()):
+        self.name, self.source, self.declarations, self.functions = name, source, declarations, functions
+        self.what = what
+        self.flags = ("-O3", "-mavx2", "-mfma", "-fopenmp") + tuple(flags)
+        self.module = None
+        self.failed: str | None = None
+        self._lock = threading.Lock()
+
+    def load(self):
+        with self._lock:
+            if self.module is not None or self.failed is not None:
+                return self.module
+            from torch.utils import cpp_extension
+
+            from ..paths import cache_root
+
+            key = hashlib.sha256((self.source + " ".join(self.flags) + torch.__version__).encode()).hexdigest()[:12]
+            build = cache_root() / "kernels" / f"{self.name}-{key}"
+            build.mkdir(parents=True, exist_ok=True)
+            try:
+                self.module = cpp_extension.load_inline(
+                    name=f"microspec_{self.name}_{key}", cpp_sources=[self.declarations, self.source],
+                    functions=self.functions, extra_cflags=list(self.flags), build_directory=str(build),
+                    verbose=False)
+            except Exception as exc:  # noqa: BLE001 - no compiler, no headers, ...: torch's operations stay
+                text = str(exc).strip()
+                self.failed = f"{type(exc).__name__}: {text.splitlines()[-1] if text else ''}"
+                if setting() == "1":
+                    from ..errors import MicrospecError
+
+                    raise MicrospecError(f"the {self.what} could not be built ({self.failed})") from None
+            return self.module
+
+    def available(self) -> bool:
+        """Whether the kernel serves calls (built on first call; False when disabled or unbuildable)."""
+        if disabled():
+            return False
+        if self.module is not None:  # the hot path: asked before every product
+            return True
+        if self.failed is not None or not cpu_ok():
+            return False
+        return self.load() is not None

@@ -1,0 +1,746 @@
+"""CPU products with GGUF-quantized weights kept packed: ``y = x W^T`` for W in its GGUF block format.
+
+Why: a GGUF file is ~2x smaller than its bf16 dequantization (Gemma 3 270M: 247 MB against 536 MB; the tied Q8_0
+embedding / LM head is 178 MB of it), and one decode step reads every weight once, so the packed bytes are the
+bandwidth floor.  Each call walks the weight rows in chunks that fit in L2: a chunk's blocks are unpacked once into
+fp32 (AVX2 + F16C, in the cache) and every input row of the call is multiplied against them (FMA, fp32 sums).  One
+row streams the packed weights once; R rows (a verify pass) share that read and the unpacking.
+
+Types: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (GGML's layouts; what Gemma 3 270M's Q4_K_M
+file and SmolLM2's Q4_1 file hold, and what common files use).  Another type is refused at load with one line.
+
+Exactness: a block unpacks to exactly the fp32 values the ``gguf`` package's ``dequantize`` gives (same products
+and sums in the same order, no fused multiply-add: ``-ffp-contract=off``), and every output element is the same
+fixed-order fp32 dot product as in :mod:`.cpu_linear` (8 lanes along K, fixed horizontal sum, scalar tail),
+whatever the number of rows in the call or where a row falls in it.  A row's result is therefore batch-invariant
+(a tree-verify pass computes what the one-token step computes: greedy speculation is bit-identical to greedy
+decoding on this path), and it differs from "dequantize with gguf, then fp32 matmul" only in the order of the fp32
+sum (tests: relative error below 1e-5 of the row's magnitude).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._build import Extension
+
+# type name -> (GGML type id as in gguf.GGMLQuantizationType, block size in elements, bytes per block)
+TYPES = {
+    "F32": (0, 1, 4), "F16": (1, 1, 2), "Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q5_0": (6, 32, 22),
+    "Q5_1": (7, 32, 24), "Q8_0": (8, 32, 34), "Q4_K": (12, 256, 144), "Q5_K": (13, 256, 176),
+    "Q6_K": (14, 256, 210), "BF16": (30, 1, 2),
+}
+TYPE_NAMES = {v[0]: k for k, v in TYPES.items()}
+INTEGER_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")  # those linear_q8 serves
+
+_SOURCE = r"""
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+inline float h2f(const uint8_t* p) { uint16_t h; std::memcpy(&h, p, 2); return _cvtsh_ss(h); }
+
+inline float hsum8(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v);
+  __m128 hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  __m128 sh = _mm_movehdup_ps(lo);
+  __m128 s = _mm_add_ps(lo, sh);
+  sh = _mm_movehl_ps(sh, s);
+  s = _mm_add_ss(s, sh);
+  return _mm_cvtss_f32(s);
+}
+
+// 8 unsigned bytes (the low 8 of v) as fp32 lanes
+inline __m256 u8_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
+
+// 32 elements whose low 4 bits are the nibbles of qs[16] (elements 0..15: low nibbles, 16..31: high nibbles) as
+// four 8-byte groups of values 0..15.
+inline void nibbles(const uint8_t* qs, __m128i& lo, __m128i& hi) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i m4 = _mm_set1_epi8(15);
+  lo = _mm_and_si128(raw, m4);
+  hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
+}
+
+// y[8] = d * (q - off) or (d * q) + m, as the gguf package computes them
+inline void put_dq(float* y, __m256 q, __m256 d, __m256 off) { _mm256_storeu_ps(y, _mm256_mul_ps(d, _mm256_sub_ps(q, off))); }
+inline void put_dm(float* y, __m256 q, __m256 d, __m256 m) { _mm256_storeu_ps(y, _mm256_add_ps(_mm256_mul_ps(d, q), m)); }
+
+void deq_q4_0(const uint8_t* b, float* y) {
+  const __m256 d = _mm256_set1_ps(h2f(b)), off = _mm256_set1_ps(8.0f);
+  __m128i lo, hi;
+  nibbles(b + 2, lo, hi);
+  put_dq(y, u8_ps(lo), d, off); put_dq(y + 8, u8_ps(_mm_srli_si128(lo, 8)), d, off);
+  put_dq(y + 16, u8_ps(hi), d, off); put_dq(y + 24, u8_ps(_mm_srli_si128(hi, 8)), d, off);
+}
+
+void deq_q4_1(const uint8_t* b, float* y) {
+  const __m256 d = _mm256_set1_ps(h2f(b)), m = _mm256_set1_ps(h2f(b + 2));
+  __m128i lo, hi;
+  nibbles(b + 4, lo, hi);
+  put_dm(y, u8_ps(lo), d, m); put_dm(y + 8, u8_ps(_mm_srli_si128(lo, 8)), d, m);
+  put_dm(y + 16, u8_ps(hi), d, m); put_dm(y + 24, u8_ps(_mm_srli_si128(hi, 8)), d, m);
+}
+
+// the 5th bits of elements e0..e0+7 of a Q5 block, as 0 or 16 per lane
+inline __m256i fifth(uint32_t qh, int e0) {
+  const __m256i sh = _mm256_add_epi32(_mm256_set1_epi32(e0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  return _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(int(qh)), sh), _mm256_set1_epi32(1)), 4);
+}
+
+inline __m256 q5_ps(__m128i low8, uint32_t qh, int e0) {
+  return _mm256_cvtepi32_ps(_mm256_or_si256(_mm256_cvtepu8_epi32(low8), fifth(qh, e0)));
+}
+
+void deq_q5_0(const uint8_t* b, float* y) {
+  const __m256 d = _mm256_set1_ps(h2f(b)), off = _mm256_set1_ps(16.0f);
+  uint32_t qh; std::memcpy(&qh, b + 2, 4);
+  __m128i lo, hi;
+  nibbles(b + 6, lo, hi);
+  put_dq(y, q5_ps(lo, qh, 0), d, off); put_dq(y + 8, q5_ps(_mm_srli_si128(lo, 8), qh, 8), d, off);
+  put_dq(y + 16, q5_ps(hi, qh, 16), d, off); put_dq(y + 24, q5_ps(_mm_srli_si128(hi, 8), qh, 24), d, off);
+}
+
+void deq_q5_1(const uint8_t* b, float* y) {
+  const __m256 d = _mm256_set1_ps(h2f(b)), m = _mm256_set1_ps(h2f(b + 2));
+  uint32_t qh; std::memcpy(&qh, b + 4, 4);
+  __m128i lo, hi;
+  nibbles(b + 8, lo, hi);
+  put_dm(y, q5_ps(lo, qh, 0), d, m); put_dm(y + 8, q5_ps(_mm_srli_si128(lo, 8), qh, 8), d, m);
+  put_dm(y + 16, q5_ps(hi, qh, 16), d, m); put_dm(y + 24, q5_ps(_mm_srli_si128(hi, 8), qh, 24), d, m);
+}
+
+void deq_q8_0(const uint8_t* b, float* y) {
+  const __m256 d = _mm256_set1_ps(h2f(b));
+  for (int g = 0; g < 4; ++g) {
+    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * g));
+    _mm256_storeu_ps(y + 8 * g, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), d));
+  }
+}
+
+// Q4_K / Q5_K: 8 sub-blocks of 32 with 6-bit scales and mins packed in 12 bytes
+inline void scale_min_k4(const uint8_t* s, int j, int& sc, int& m) {
+  if (j < 4) { sc = s[j] & 63; m = s[j + 4] & 63; }
+  else { sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4); m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4); }
+}
+
+// y[32] = (d*sc) * q - (dmin*m) for the 32 values q (as fp32) of groups g0..g3
+inline void put_k(float* y, const __m256* q, float dsc, float dm) {
+  const __m256 a = _mm256_set1_ps(dsc), c = _mm256_set1_ps(dm);
+  for (int g = 0; g < 4; ++g) _mm256_storeu_ps(y + 8 * g, _mm256_sub_ps(_mm256_mul_ps(a, q[g]), c));
+}
+
+void deq_q4_k(const uint8_t* b, float* y) {
+  const float d = h2f(b), dmin = h2f(b + 2);
+  const uint8_t* sc = b + 4;
+  const uint8_t* qs = b + 16;
+  for (int c = 0; c < 4; ++c) {  // 32 bytes: sub-block 2c in the low nibbles, 2c+1 in the high ones
+    __m128i lo0, hi0, lo1, hi1;
+    nibbles(qs + 32 * c, lo0, hi0);        // bytes 0..15
+    nibbles(qs + 32 * c + 16, lo1, hi1);   // bytes 16..31
+    for (int h = 0; h < 2; ++h) {
+      const __m128i a = h ? hi0 : lo0, bb = h ? hi1 : lo1;
+      __m256 q[4] = {u8_ps(a), u8_ps(_mm_srli_si128(a, 8)), u8_ps(bb), u8_ps(_mm_srli_si128(bb, 8))};
+      int s, m;
+      scale_min_k4(sc, 2 * c + h, s, m);
+      put_k(y + 64 * c + 32 * h, q, d * float(s), dmin * float(m));
+    }
+  }
+}
+
+void deq_q5_k(const uint8_t* b, float* y) {
+  const float d = h2f(b), dmin = h2f(b + 2);
+  const uint8_t* sc = b + 4;
+  const uint8_t* qh = b + 16;
+  const uint8_t* qs = b + 48;
+  for (int c = 0; c < 4; ++c) {
+    __m128i lo0, hi0, lo1, hi1;
+    nibbles(qs + 32 * c, lo0, hi0);
+    nibbles(qs + 32 * c + 16, lo1, hi1);
+    for (int h = 0; h < 2; ++h) {
+      const int sub = 2 * c + h;
+      const __m128i a = h ? hi0 : lo0, bb = h ? hi1 : lo1;
+      const __m128i hb0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qh));
+      const __m128i hb1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qh + 16));
+      const __m128i one = _mm_set1_epi8(1);
+      // bit `sub` of qh[p] << 4, for p in 0..15 and 16..31
+      const __m128i f0 = _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(hb0, _mm_cvtsi32_si128(sub)), one), 4);
+      const __m128i f1 = _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(hb1, _mm_cvtsi32_si128(sub)), one), 4);
+      const __m128i v0 = _mm_or_si128(a, f0), v1 = _mm_or_si128(bb, f1);
+      __m256 q[4] = {u8_ps(v0), u8_ps(_mm_srli_si128(v0, 8)), u8_ps(v1), u8_ps(_mm_srli_si128(v1, 8))};
+      int s, m;
+      scale_min_k4(sc, sub, s, m);
+      put_k(y + 32 * sub, q, d * float(s), dmin * float(m));
+    }
+  }
+}
+
+void deq_q6_k(const uint8_t* b, float* y) {
+  const uint8_t* ql = b;
+  const uint8_t* qh = b + 128;
+  const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
+  const float d = h2f(b + 208);
+  const __m256 off = _mm256_set1_ps(32.0f);
+  // element e = h*128 + s*64 + p (p < 64): low bits = nibble s of ql[h*64 + p], high bits = bits 2*(2s + p/32) of
+  // qh[h*32 + p%32]; scale scales[e / 16]
+  for (int h = 0; h < 2; ++h)
+    for (int s = 0; s < 2; ++s)
+      for (int p = 0; p < 64; p += 8) {
+        const __m128i l = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(ql + h * 64 + p));
+        const __m128i lv = s ? _mm_and_si128(_mm_srli_epi16(l, 4), _mm_set1_epi8(15)) : _mm_and_si128(l, _mm_set1_epi8(15));
+        const __m128i hb = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qh + h * 32 + (p % 32)));
+        const int shift = 2 * (2 * s + p / 32);
+        const __m128i hv = _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(hb, _mm_cvtsi32_si128(shift)), _mm_set1_epi8(3)), 4);
+        const __m256 q = _mm256_sub_ps(u8_ps(_mm_or_si128(lv, hv)), off);
+        const int e = h * 128 + s * 64 + p;
+        const __m256 dv = _mm256_set1_ps(d * float(scales[e / 16]));
+        _mm256_storeu_ps(y + e, _mm256_mul_ps(dv, q));
+      }
+}
+
+struct QType { int block; int bytes; void (*deq)(const uint8_t*, float*); };
+
+void deq_f32(const uint8_t* b, float* y) { std::memcpy(y, b, 4); }
+void deq_f16(const uint8_t* b, float* y) { *y = h2f(b); }
+void deq_bf16(const uint8_t* b, float* y) { uint32_t u = uint32_t(b[0] | (b[1] << 8)) << 16; std::memcpy(y, &u, 4); }
+
+QType qtype(int64_t t) {
+  switch (t) {
+    case 0: return {1, 4, deq_f32};
+    case 1: return {1, 2, deq_f16};
+    case 2: return {32, 18, deq_q4_0};
+    case 3: return {32, 20, deq_q4_1};
+    case 6: return {32, 22, deq_q5_0};
+    case 7: return {32, 24, deq_q5_1};
+    case 8: return {32, 34, deq_q8_0};
+    case 12: return {256, 144, deq_q4_k};
+    case 13: return {256, 176, deq_q5_k};
+    case 14: return {256, 210, deq_q6_k};
+    case 30: return {1, 2, deq_bf16};
+  }
+  TORCH_CHECK(false, "unsupported GGML type ", t);
+}
+
+inline void deq_row(const QType& q, const uint8_t* row, int64_t K, float* y) {
+  if (q.block == 1 && q.bytes == 4) { std::memcpy(y, row, K * 4); return; }
+  if (q.block == 1 && q.bytes == 2 && q.deq == deq_f16) {
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8)
+      _mm256_storeu_ps(y + k, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k))));
+    for (; k < K; ++k) y[k] = h2f(row + 2 * k);
+    return;
+  }
+  for (int64_t k = 0, b = 0; k < K; k += q.block, b += q.bytes) q.deq(row + b, y + k);
+}
+
+// The dot products of a tile: input rows m0..m0+MT-1 against the fp32 weight rows w[0..NT-1] (row stride K).  The
+// sum of each (row, weight row) is the same fixed sequence whatever MT, NT, the tile or the call.
+template <int MT, int NT>
+inline void tile(const float* x, int64_t K, const float* w, int64_t m0, float* out) {
+  __m256 acc[MT][NT];
+  for (int i = 0; i < MT; ++i)
+    for (int j = 0; j < NT; ++j) acc[i][j] = _mm256_setzero_ps();
+  const int64_t K8 = K & ~int64_t(7);
+  for (int64_t k = 0; k < K8; k += 8) {
+    __m256 wv[NT];
+    for (int j = 0; j < NT; ++j) wv[j] = _mm256_loadu_ps(w + j * K + k);
+    for (int i = 0; i < MT; ++i) {
+      const __m256 xv = _mm256_loadu_ps(x + (m0 + i) * K + k);
+      for (int j = 0; j < NT; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < MT; ++i)
+    for (int j = 0; j < NT; ++j) {
+      float s = hsum8(acc[i][j]);
+      for (int64_t k = K8; k < K; ++k) s = std::fma(x[(m0 + i) * K + k], w[j * K + k], s);
+      out[i * NT + j] = s;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The integer path (as ggml does it): activations quantized per 32-element block to int8 with an fp32 scale, each
+// 32-element group of a weight row as 32 int8 values q with scales (s_lo for elements 0..15, s_hi for 16..31) and,
+// for the types with a minimum, a min term mm, so that weight = s * q + mm; a group's dot product is then an exact
+// int32 sum of int8 products:  sum_k w_k x_k = dx * (s * sum_k q_k qx_k) + mm * (dx * sum_k qx_k).
+// Q8_0 is read straight from its blocks; the other types are unpacked per chunk of rows into int8 groups.
+
+inline __m256i load256(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline void store256(int8_t* p, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
+
+// 32 nibbles of qs[16]: element i < 16 the low nibble of qs[i], element 16 + i its high nibble
+inline __m256i nib32v(const uint8_t* qs) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i m4 = _mm_set1_epi8(15);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), _mm_and_si128(raw, m4));
+}
+// 16 in byte i where bit i of the 32-bit qh is set, else 0
+inline __m256i bit16(const uint8_t* qh4) {
+  uint32_t qh; std::memcpy(&qh, qh4, 4);
+  const __m256i sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                       2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+  const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(int(qh)), sel);
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(16));
+}
+
+struct I8Q4_0 { static constexpr int block = 32, bytes = 18; static constexpr bool min = false;
+  static void unpack(const uint8_t* b, int8_t* q, float* s, float*) {
+    store256(q, _mm256_sub_epi8(nib32v(b + 2), _mm256_set1_epi8(8))); s[0] = s[1] = h2f(b); } };
+struct I8Q4_1 { static constexpr int block = 32, bytes = 20; static constexpr bool min = true;
+  static void unpack(const uint8_t* b, int8_t* q, float* s, float* mm) {
+    store256(q, nib32v(b + 4)); s[0] = s[1] = h2f(b); mm[0] = h2f(b + 2); } };
+struct I8Q5_0 { static constexpr int block = 32, bytes = 22; static constexpr bool min = false;
+  static void unpack(const uint8_t* b, int8_t* q, float* s, float*) {
+    store256(q, _mm256_sub_epi8(_mm256_or_si256(nib32v(b + 6), bit16(b + 2)), _mm256_set1_epi8(16)));
+    s[0] = s[1] = h2f(b); } };
+struct I8Q5_1 { static constexpr int block = 32, bytes = 24; static constexpr bool min = true;
+  static void unpack(const uint8_t* b, int8_t* q, float* s, float* mm) {
+    store256(q, _mm256_or_si256(nib32v(b + 8), bit16(b + 4))); s[0] = s[1] = h2f(b); mm[0] = h2f(b + 2); } };
+struct I8Q4_K { static constexpr int block = 256, bytes = 144; static constexpr bool min = true;
+  static void unpack(const uint8_t* b, int8_t* q, float* s, float* mm) {
+    const float d = h2f(b), dmin = h2f(b + 2);
+    const __m256i m4 = _mm256_set1_epi8(15);
+    for (int c = 0; c < 4; ++c) {
+      const __m256i v = load256(b + 16 + 32 * c);
+      store256(q + 64 * c, _mm256_and_si256(v, m4));
+      store256(q + 64 * c + 32, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+    }
+    for (int j = 0; j < 8; ++j) {
+      int sc, m;
+      scale_min_k4(b + 4, j, sc, m);
+      s[2 * j] = s[2 * j + 1] = d * float(sc);
+      mm[j] = -(dmin * float(m));
+    } } };
+struct I8Q5_K { static constexpr int block = 256, bytes = 176; static constexpr bool min = true;
+  static void unpack(const uint8_t* b, int8_t* q, float* s, float* mm) {
+    const float d = h2f(b), dmin = h2f(b + 2);
+    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+    const __m256i qh = load256(b + 16);
+    for (int c = 0; c < 4; ++c) {
+      const __m256i v = load256(b + 48 + 32 * c);
+      const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c)), one), 4);
+      const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c + 1)), one), 4);
+      store256(q + 64 * c, _mm256_or_si256(_mm256_and_si256(v, m4), h0));
+      store256(q + 64 * c + 32, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), h1));
+    }
+    for (int j = 0; j < 8; ++j) {
+      int sc, m;
+      scale_min_k4(b + 4, j, sc, m);
+      s[2 * j] = s[2 * j + 1] = d * float(sc);
+      mm[j] = -(dmin * float(m));
+    } } };
+struct I8Q6_K { static constexpr int block = 256, bytes = 210; static constexpr bool min = false;
+  static void unpack(const uint8_t* b, int8_t* q, float* s, float*) {
+    const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
+    const float d = h2f(b + 208);
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
+    for (int g = 0; g < 8; ++g) {  // elements 32g..: ql bytes h*64 + p0.., nibble (g%4)/2; qh bytes h*32.., bits 2*(g%4)
+      const int h = g / 4, p0 = (g % 2) * 32;
+      const __m256i l = load256(b + h * 64 + p0);
+      const __m256i lo = ((g % 4) / 2) ? _mm256_and_si256(_mm256_srli_epi16(l, 4), m4) : _mm256_and_si256(l, m4);
+      const __m256i hh = _mm256_and_si256(_mm256_srl_epi16(load256(b + 128 + h * 32), _mm_cvtsi32_si128(2 * (g % 4))), m2);
+      store256(q + 32 * g, _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hh, 4)), off));
+      s[2 * g] = d * float(scales[2 * g]);
+      s[2 * g + 1] = d * float(scales[2 * g + 1]);
+    } } };
+
+// Row x[K] -> int8 qx[K], per 32-block scale dx = max|x| / 127 and dxs = dx * sum(qx): qx = round-to-nearest-even
+// (x * (1 / dx)), all in fp32 (what `quantize_activations` in the Python module computes).
+void quant_row(const float* x, int64_t K, int8_t* qx, float* dx, float* dxs) {
+  for (int64_t b = 0; b < K / 32; ++b) {
+    const float* xb = x + 32 * b;
+    __m256 mx = _mm256_setzero_ps();
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int g = 0; g < 4; ++g) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + 8 * g)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float d = _mm_cvtss_f32(m4) / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int sum = 0;
+    for (int g = 0; g < 4; ++g) {
+      const __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + 8 * g), _mm256_set1_ps(id)),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      alignas(32) int32_t tmp[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(tmp), _mm256_cvtps_epi32(v));
+      for (int j = 0; j < 8; ++j) { qx[32 * b + 8 * g + j] = int8_t(tmp[j]); sum += tmp[j]; }
+    }
+    dx[b] = d;
+    dxs[b] = d * float(sum);
+  }
+}
+
+struct Act { const int8_t* q; const float* d; const float* ds; int64_t K, G; };
+
+// Where a tile reads its weight groups: Q8_0 blocks as they are, or unpacked int8 groups.
+struct Q8Direct {
+  const uint8_t* w; int64_t RB;
+  static constexpr bool min = false;
+  inline void group(int64_t j, int64_t g, __m256i& q, __m256& sv, float&) const {
+    const uint8_t* b = w + j * RB + g * 34;
+    if ((g & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(b + 32 * RB), _MM_HINT_T1);
+    q = load256(b + 2);
+    sv = _mm256_set1_ps(h2f(b));
+  }
+  Q8Direct shifted(int64_t j) const { return {w + j * RB, RB}; }
+};
+template <bool MIN>
+struct Unpacked {
+  const int8_t* q; const float* s; const float* mm; int64_t G;
+  static constexpr bool min = MIN;
+  inline void group(int64_t j, int64_t g, __m256i& qv, __m256& sv, float& m) const {
+    const int64_t i = j * G + g;
+    qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i * 32));
+    sv = _mm256_set_m128(_mm_set1_ps(s[2 * i + 1]), _mm_set1_ps(s[2 * i]));
+    if (MIN) m = mm[i];
+  }
+  Unpacked shifted(int64_t j) const { return {q + j * G * 32, s + j * G * 2, mm + j * G, G}; }
+};
+
+// Tile: activation rows m0..m0+MT-1 against weight rows 0..NT-1 of `src`.  Each (row, weight row) sum:
+// acc = fma(s_lanes * dx, int32 lanes, acc) over the groups in order, then hsum, then + the min terms summed in order.
+template <class Src, int MT, int NT>
+inline void tile_i8(const Act& a, const Src& src, int64_t m0, float* out) {
+  __m256 acc[MT][NT];
+  float accm[MT][NT];
+  for (int i = 0; i < MT; ++i)
+    for (int j = 0; j < NT; ++j) { acc[i][j] = _mm256_setzero_ps(); accm[i][j] = 0.0f; }
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t g = 0; g < a.G; ++g) {
+    __m256i q[NT], aq[NT];
+    __m256 sv[NT];
+    float mm[NT];
+    for (int j = 0; j < NT; ++j) {
+      src.group(j, g, q[j], sv[j], mm[j]);
+      aq[j] = _mm256_sign_epi8(q[j], q[j]);
+    }
+    for (int i = 0; i < MT; ++i) {
+      const int64_t r = m0 + i;
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + r * a.K + g * 32));
+      const __m256 d = _mm256_set1_ps(a.d[r * a.G + g]);
+      for (int j = 0; j < NT; ++j) {
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aq[j], _mm256_sign_epi8(xv, q[j])), ones);
+        acc[i][j] = _mm256_fmadd_ps(_mm256_mul_ps(sv[j], d), _mm256_cvtepi32_ps(p), acc[i][j]);
+        if (Src::min) accm[i][j] += mm[j] * a.ds[r * a.G + g];
+      }
+    }
+  }
+  for (int i = 0; i < MT; ++i)
+    for (int j = 0; j < NT; ++j) out[i * NT + j] = Src::min ? hsum8(acc[i][j]) + accm[i][j] : hsum8(acc[i][j]);
+}
+
+// All activation rows mb..me-1 against weight rows t0..t0+nt-1 (nt <= NT) of `src`, written to out[M, N]: tiles of
+// up to MT_MAX activation rows by NT weight rows (register tiles; the sums do not depend on the tiling).
+constexpr int MT_MAX = 4;
+constexpr int NT_I8 = 2;
+
+template <class Src, int NT, int MT>
+inline void tile_or_columns(const Act& a, const Src& src, int64_t m0, int64_t nt, float* buf) {
+  if (nt == NT) { tile_i8<Src, MT, NT>(a, src, m0, buf); return; }
+  for (int64_t j = 0; j < nt; ++j) {
+    float one[MT];
+    tile_i8<Src, MT, 1>(a, src.shifted(j), m0, one);
+    for (int i = 0; i < MT; ++i) buf[i * NT + j] = one[i];
+  }
+}
+
+template <class Src>
+inline void rows_i8(const Act& a, const Src& src, int64_t mb, int64_t me, int64_t nt, int64_t t0, int64_t N, float* op) {
+  constexpr int NT = NT_I8;
+  if (me - mb == 1) {  // one row (a decode step): one weight row at a time streams fastest (measured)
+    for (int64_t j = 0; j < nt; ++j) {
+      float v;
+      tile_i8<Src, 1, 1>(a, src.shifted(j), mb, &v);
+      op[mb * N + t0 + j] = v;
+    }
+    return;
+  }
+  float buf[MT_MAX * NT];
+  for (int64_t m0 = mb; m0 < me; m0 += MT_MAX) {
+    const int64_t mt = std::min<int64_t>(MT_MAX, me - m0);
+    switch (mt) {
+      case 4: tile_or_columns<Src, NT, 4>(a, src, m0, nt, buf); break;
+      case 3: tile_or_columns<Src, NT, 3>(a, src, m0, nt, buf); break;
+      case 2: tile_or_columns<Src, NT, 2>(a, src, m0, nt, buf); break;
+      default: tile_or_columns<Src, NT, 1>(a, src, m0, nt, buf); break;
+    }
+    for (int64_t i = 0; i < mt; ++i)
+      for (int64_t j = 0; j < nt; ++j) op[(m0 + i) * N + t0 + j] = buf[i * NT + j];
+  }
+}
+
+}  // namespace
+
+// x: [M, K] fp32 contiguous; w: [N, row_bytes] uint8, each row K elements of GGML type `type`.  Returns [M, N] fp32.
+torch::Tensor linear_q(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.is_contiguous() && x.dim() == 2 && x.size(1) == K,
+              "x: contiguous fp32 [M, K]");
+  TORCH_CHECK(w.dtype() == torch::kUInt8 && w.dim() == 2 && w.stride(1) == 1, "w: uint8 [N, row bytes]");
+  const QType q = qtype(type);
+  TORCH_CHECK(K % q.block == 0 && w.size(1) == K / q.block * q.bytes, "w's row bytes disagree with K and the type");
+  const int64_t M = x.size(0), N = w.size(0), RB = w.stride(0);
+  auto out = torch::empty({M, N}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  float* op = out.data_ptr<float>();
+  constexpr int NT = 4;
+  constexpr int64_t MB = 16;
+  // Chunks of weight rows whose fp32 unpacking fits in ~96 KiB (L2), 4 rows per register tile.  Inside a chunk the
+  // input rows go in blocks of MB, 2 rows per tile: every weight block is read and unpacked once per call.
+  const int64_t chunk = std::max<int64_t>(NT, (int64_t(96) * 1024 / (K * 4)) / NT * NT);
+  at::parallel_for(0, (N + chunk - 1) / chunk, 1, [&](int64_t c0, int64_t c1) {
+    std::vector<float> wb(chunk * K);
+    float buf[2 * NT];
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t n0 = c * chunk, n1 = std::min(N, n0 + chunk);
+      for (int64_t n = n0; n < n1; ++n) deq_row(q, wp + n * RB, K, wb.data() + (n - n0) * K);
+      for (int64_t mb = 0; mb < M; mb += MB) {
+        const int64_t me = std::min(M, mb + MB);
+        for (int64_t t0 = n0; t0 < n1; t0 += NT) {
+          const int64_t nt = std::min<int64_t>(NT, n1 - t0);
+          const float* wt = wb.data() + (t0 - n0) * K;
+          for (int64_t m0 = mb; m0 < me; m0 += 2) {
+            const int64_t mt = std::min<int64_t>(2, me - m0);
+            if (nt == NT) {
+              if (mt == 2) tile<2, NT>(xp, K, wt, m0, buf);
+              else tile<1, NT>(xp, K, wt, m0, buf);
+            } else {
+              for (int64_t j = 0; j < nt; ++j) {
+                float one[2];
+                if (mt == 2) tile<2, 1>(xp, K, wt + j * K, m0, one);
+                else tile<1, 1>(xp, K, wt + j * K, m0, one);
+                for (int64_t i = 0; i < mt; ++i) buf[i * NT + j] = one[i];
+              }
+            }
+            for (int64_t i = 0; i < mt; ++i)
+              for (int64_t j = 0; j < nt; ++j) op[(m0 + i) * N + t0 + j] = buf[i * NT + j];
+          }
+        }
+      }
+    }
+  });
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Row-wise fp32 operations of the decode step, one call each instead of torch's chain of small ops (on a 2-core CPU
+// a step of a small model spends more time dispatching those than multiplying).  Each row is computed alone, in a
+// fixed order: batch-invariant like the products.
+
+// y = (x * (1 / sqrt(mean(x^2) + eps))) * w over the last dimension d of x [R, d]
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && w.dtype() == torch::kFloat32 && w.dim() == 1, "fp32 x and w");
+  x = x.contiguous();
+  const int64_t d = w.size(0);
+  TORCH_CHECK(x.size(-1) == d, "x's last dimension differs from w's");
+  const int64_t R = x.numel() / d;
+  auto out = torch::empty_like(x);
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.contiguous().data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t d8 = d & ~int64_t(7);
+  at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = xp + r * d;
+      float* yr = op + r * d;
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t k = 0; k < d8; k += 8) { const __m256 v = _mm256_loadu_ps(xr + k); acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v)); }
+      float ss = hsum8(acc);
+      for (int64_t k = d8; k < d; ++k) ss += xr[k] * xr[k];
+      const float inv = 1.0f / std::sqrt(ss / float(d) + float(eps));
+      const __m256 iv = _mm256_set1_ps(inv);
+      for (int64_t k = 0; k < d8; k += 8)
+        _mm256_storeu_ps(yr + k, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + k), iv), _mm256_loadu_ps(wp + k)));
+      for (int64_t k = d8; k < d; ++k) yr[k] = (xr[k] * inv) * wp[k];
+    }
+  });
+  return out;
+}
+
+// Rotary embedding of x [T, H, D] with cos, sin [T, D]: x * cos + rotate_half(x) * sin (two products, one sum, as
+// torch computes them: the same values)
+torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && cos.dtype() == torch::kFloat32 && sin.dtype() == torch::kFloat32 &&
+              x.dim() == 3, "fp32 x [T, H, D], cos and sin [T, D]");
+  x = x.contiguous(); cos = cos.contiguous(); sin = sin.contiguous();
+  const int64_t T = x.size(0), H = x.size(1), D = x.size(2), half = D / 2;
+  TORCH_CHECK(cos.size(0) == T && cos.size(1) == D && sin.size(0) == T && sin.size(1) == D && D % 2 == 0,
+              "cos and sin: [T, D]");
+  auto out = torch::empty_like(x);
+  const float* xp = x.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h) {
+      const float* xr = xp + (t * H + h) * D;
+      float* yr = op + (t * H + h) * D;
+      const float* c = cp + t * D;
+      const float* s = sp + t * D;
+      for (int64_t i = 0; i < half; ++i) yr[i] = xr[i] * c[i] + (-xr[i + half]) * s[i];
+      for (int64_t i = half; i < D; ++i) yr[i] = xr[i] * c[i] + xr[i - half] * s[i];
+    }
+  return out;
+}
+
+// Rows `ids` of w, unpacked to fp32 [n, K] (the embedding lookup, packed draft buffers, dequantization).
+torch::Tensor dequant_rows(torch::Tensor w, int64_t type, int64_t K, torch::Tensor ids) {
+  TORCH_CHECK(w.dtype() == torch::kUInt8 && w.dim() == 2 && w.stride(1) == 1, "w: uint8 [N, row bytes]");
+  TORCH_CHECK(ids.dtype() == torch::kLong && ids.dim() == 1, "ids: int64 [n]");
+  const QType q = qtype(type);
+  TORCH_CHECK(K % q.block == 0 && w.size(1) == K / q.block * q.bytes, "w's row bytes disagree with K and the type");
+  ids = ids.contiguous();
+  const int64_t n = ids.size(0), N = w.size(0), RB = w.stride(0);
+  const int64_t* ip = ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) TORCH_CHECK(ip[i] >= 0 && ip[i] < N, "row id ", ip[i], " out of range");
+  auto out = torch::empty({n, K}, torch::dtype(torch::kFloat32));
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, n, 64, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) deq_row(q, wp + ip[i] * RB, K, op + i * K);
+  });
+  return out;
+}
+// The integer path of linear_q: x quantized per row and 32-block to int8 (see quant_row), weight groups as int8,
+// exact int32 group sums, fp32 accumulation in a fixed order (batch-invariant like linear_q).
+template <class T>
+void linear_q8_unpacked(const Act& a, const uint8_t* wp, int64_t N, int64_t RB, float* op, int64_t M) {
+  const int64_t K = a.K, G = a.G;
+  constexpr int64_t MB = 16;
+  const int64_t chunk = std::max<int64_t>(4, (int64_t(48) * 1024 / K) / 4 * 4);
+  at::parallel_for(0, (N + chunk - 1) / chunk, 1, [&](int64_t c0, int64_t c1) {
+    std::vector<int8_t> wq(chunk * K);
+    std::vector<float> ws(chunk * G * 2), wm(chunk * G);
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t n0 = c * chunk, n1 = std::min(N, n0 + chunk);
+      for (int64_t n = n0; n < n1; ++n) {
+        const uint8_t* row = wp + n * RB;
+        for (int64_t k = 0, b = 0; k < K; k += T::block, b += T::bytes) {
+          const int64_t gi = (n - n0) * G + k / 32;
+          T::unpack(row + b, wq.data() + gi * 32, ws.data() + gi * 2, wm.data() + gi);
+        }
+      }
+      for (int64_t mb = 0; mb < M; mb += MB)
+        for (int64_t t0 = n0; t0 < n1; t0 += NT_I8) {
+          const int64_t base = (t0 - n0) * G;
+          const Unpacked<T::min> src{wq.data() + base * 32, ws.data() + base * 2, wm.data() + base, G};
+          rows_i8(a, src, mb, std::min(M, mb + MB), std::min<int64_t>(NT_I8, n1 - t0), t0, N, op);
+        }
+    }
+  });
+}
+
+void linear_q8_direct(const Act& a, const uint8_t* wp, int64_t N, int64_t RB, float* op, int64_t M) {
+  constexpr int64_t MB = 16;
+  const int64_t chunk = std::max<int64_t>(4, (int64_t(48) * 1024 / RB) / 4 * 4);
+  at::parallel_for(0, (N + chunk - 1) / chunk, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t n0 = c * chunk, n1 = std::min(N, n0 + chunk);
+      for (int64_t mb = 0; mb < M; mb += MB)
+        for (int64_t t0 = n0; t0 < n1; t0 += NT_I8)
+          rows_i8(a, Q8Direct{wp + t0 * RB, RB}, mb, std::min(M, mb + MB), std::min<int64_t>(NT_I8, n1 - t0), t0, N, op);
+    }
+  });
+}
+
+torch::Tensor linear_q8(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.is_contiguous() && x.dim() == 2 && x.size(1) == K && K % 32 == 0,
+              "x: contiguous fp32 [M, K], K a multiple of 32");
+  TORCH_CHECK(w.dtype() == torch::kUInt8 && w.dim() == 2 && w.stride(1) == 1, "w: uint8 [N, row bytes]");
+  const QType q = qtype(type);
+  TORCH_CHECK(K % q.block == 0 && w.size(1) == K / q.block * q.bytes, "w's row bytes disagree with K and the type");
+  const int64_t M = x.size(0), N = w.size(0), RB = w.stride(0), G = K / 32;
+  auto out = torch::empty({M, N}, x.options());
+  std::vector<int8_t> qx(M * K);
+  std::vector<float> dx(M * G), dxs(M * G);
+  const float* xp = x.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) quant_row(xp + m * K, K, qx.data() + m * K, dx.data() + m * G, dxs.data() + m * G);
+  const Act a{qx.data(), dx.data(), dxs.data(), K, G};
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  float* op = out.data_ptr<float>();
+  switch (type) {
+    case 8: linear_q8_direct(a, wp, N, RB, op, M); break;
+    case 2: linear_q8_unpacked<I8Q4_0>(a, wp, N, RB, op, M); break;
+    case 3: linear_q8_unpacked<I8Q4_1>(a, wp, N, RB, op, M); break;
+    case 6: linear_q8_unpacked<I8Q5_0>(a, wp, N, RB, op, M); break;
+    case 7: linear_q8_unpacked<I8Q5_1>(a, wp, N, RB, op, M); break;
+    case 12: linear_q8_unpacked<I8Q4_K>(a, wp, N, RB, op, M); break;
+    case 13: linear_q8_unpacked<I8Q5_K>(a, wp, N, RB, op, M); break;
+    case 14: linear_q8_unpacked<I8Q6_K>(a, wp, N, RB, op, M); break;
+    default: TORCH_CHECK(false, "GGML type ", type, " has no integer path");
+  }
+  return out;
+}
+"""
+
+_CPP_DECL = ("torch::Tensor linear_q(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K);\n"
+             "torch::Tensor dequant_rows(torch::Tensor w, int64_t type, int64_t K, torch::Tensor ids);\n"
+             "torch::Tensor linear_q8(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K);\n"
+             "torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);\n"
+             "torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);")
+
+_EXT = Extension("cpu_quant", _SOURCE, _CPP_DECL, ["linear_q", "dequant_rows", "linear_q8", "rms_norm", "rope"], "CPU quantized-weight kernel",
+                 flags=("-mf16c", "-ffp-contract=off"))
+
+
+def available() -> bool:
+    """Whether products with packed GGUF weights can run here (built on first call)."""
+    return _EXT.available()
+
+
+def build_error() -> str | None:
+    return _EXT.failed
+
+
+def linear(x: torch.Tensor, data: torch.Tensor, type_id: int, cols: int) -> torch.Tensor:
+    """``x`` [..., K] (any float dtype) times the packed rows ``data`` [N, row bytes] of GGML type ``type_id``,
+    transposed: fp32 [..., N]."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, cols).to(torch.float32).contiguous()
+    return _EXT.module.linear_q(x2, data, type_id, cols).reshape(*lead, data.shape[0])
+
+
+def linear_q8(x: torch.Tensor, data: torch.Tensor, type_id: int, cols: int) -> torch.Tensor:
+    """:func:`linear` on the integer path: ``x`` quantized per row and 32-element block to int8 (see
+    :func:`quantize_activations`), exact int32 block sums; fp32 [..., N]."""
+    if x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous():  # the decode step's shape: no reshapes
+        return _EXT.module.linear_q8(x, data, type_id, cols)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, cols).to(torch.float32).contiguous()
+    return _EXT.module.linear_q8(x2, data, type_id, cols).reshape(*lead, data.shape[0])
+
+
+def quantize_activations(x: torch.Tensor) -> torch.Tensor:
+    """What the integer path multiplies in place of ``x`` [..., K]: each 32-element block rounded to int8 steps of
+    max|x| / 127 (fp32, round half to even), returned dequantized in fp32 (the tests' reference)."""
+    xb = x.float().reshape(*x.shape[:-1], -1, 32)
+    d = xb.abs().amax(-1, keepdim=True) / 127.0
+    inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
+    return (torch.round(xb * inv) * d).reshape(x.shape)
+
+
+def rows_apply(x: torch.Tensor) -> bool:
+    """Whether the fused row-wise operations (:func:`rms_norm`, :func:`rope`) serve ``x``: fp32 on a CPU, no
+    gradient wanted, kernel available."""
+    return (x.dtype == torch.float32 and x.device.type == "cpu" and not (torch.is_grad_enabled() and x.requires_grad)
+            and available())
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x * rsqrt(mean(x^2) + eps) * weight`` over the last dimension, fp32, one row at a time."""
+    return _EXT.module.rms_norm(x, weight, eps)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x * cos + rotate_half(x) * sin`` for ``x`` [T, H, D] and ``cos``, ``sin`` [T, D] (fp32)."""
+    return _EXT.module.rope(x, cos, sin)
+
+
+def dequant_rows(data: torch.Tensor, type_id: int, cols: int, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ``ids`` of the packed ``data``, unpacked to fp32 [len(ids), K]."""
+    return _EXT.module.dequant_rows(data, type_id, cols, ids.reshape(-1).to(torch.long).cpu())

@@ -1,0 +1,296 @@
+"""GGUF weights as they are: a small reader of the file's tensor table, and :class:`QuantTensor`, a [N, K] matrix
+kept in its GGUF block format (memory-mapped from the file, never dequantized as a whole) whose products run in
+:mod:`microspec.kernels.cpu_quant`.
+
+``load_model(..., dtype="gguf")`` (``--weights gguf``) puts a ``QuantTensor`` in place of every linear layer's
+weight, of the embedding and of the LM head; norms and biases come from the converted safetensors cache as before
+(transformers' conversion already undid GGUF's conventions for them, e.g. Gemma's ``1 + w`` norms).  The one
+convention that touches the matrices — llama.cpp stores the query and key rows of ``llama`` models permuted for its
+RoPE layout — is undone by permuting packed rows, which needs no unpacking.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import MicrospecError
+from ..kernels import cpu_quant
+
+# GGUF metadata value types: struct format of the scalars (8: string, 9: array)
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]  # GGUF order: the first dimension is the contiguous one (K of a [N, K] matrix)
+    type_id: int
+    offset: int  # from the start of the file
+
+
+class GGUFFile:
+    """The metadata scalars and the tensor table of a GGUF file (v2/v3), read without unpacking its (large)
+    vocabulary arrays; tensor data is memory-mapped on demand."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        try:
+            with self.path.open("rb") as f:
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            self.metadata: dict[str, object] = {}
+            self.tensors: dict[str, TensorInfo] = {}
+            self._parse()
+        except MicrospecError:
+            raise
+        except (OSError, ValueError, struct.error, UnicodeDecodeError, IndexError) as exc:
+            raise MicrospecError(f"{self.path} is a corrupt or truncated GGUF file ({type(exc).__name__}: {exc})") \
+                from exc
+
+    def _parse(self) -> None:
+        buf = self._map
+        if buf[:4] != b"GGUF":
+            raise MicrospecError(f"{self.path} is not a GGUF file (bad magic bytes)")
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+        if version not in (2, 3):
+            raise MicrospecError(f"{self.path}: GGUF version {version} is not supported (2 or 3)")
+        pos = 24
+
+        def string(p: int) -> tuple[str, int]:
+            (n,) = struct.unpack_from("<Q", buf, p)
+            return bytes(buf[p + 8 : p + 8 + n]).decode("utf-8", errors="replace"), p + 8 + n
+
+        def value(p: int, vtype: int, keep: bool) -> tuple[object, int]:
+            if vtype in _SCALARS:
+                fmt = _SCALARS[vtype]
+                return struct.unpack_from(fmt, buf, p)[0], p + struct.calcsize(fmt)
+            if vtype == 8:
+                return string(p)
+            if vtype == 9:
+                etype, count = struct.unpack_from("<IQ", buf, p)
+                p += 12
+                if etype in _SCALARS:  # skipped whole: a fixed-size run
+                    return None, p + count * struct.calcsize(_SCALARS[etype])
+                for _ in range(count):  # strings (the vocabulary): only their lengths are read
+                    _, p = value(p, etype, False)
+                return None, p
+            raise ValueError(f"unknown metadata value type {vtype}")
+
+        for _ in range(n_kv):
+            key, pos = string(pos)
+            (vtype,) = struct.unpack_from("<I", buf, pos)
+            val, pos = value(pos + 4, vtype, True)
+            if val is not None:
+                self.metadata[key] = val
+        infos = []
+        for _ in range(n_tensors):
+            name, pos = string(pos)
+            (n_dims,) = struct.unpack_from("<I", buf, pos)
+            dims = struct.unpack_from(f"<{n_dims}Q", buf, pos + 4)
+            type_id, offset = struct.unpack_from("<IQ", buf, pos + 4 + 8 * n_dims)
+            pos += 4 + 8 * n_dims + 12
+            infos.append((name, tuple(int(d) for d in dims), int(type_id), int(offset)))
+        align = int(self.metadata.get("general.alignment", 32))
+        start = (pos + align - 1) // align * align
+        for name, dims, type_id, offset in infos:
+            self.tensors[name] = TensorInfo(name, dims, type_id, start + offset)
+            if start + offset + self.nbytes(self.tensors[name]) > len(buf):
+                raise ValueError(f"tensor {name} runs past the end of the file")
+
+    @property
+    def architecture(self) -> str:
+        return str(self.metadata.get("general.architecture", ""))
+
+    @staticmethod
+    def nbytes(info: TensorInfo) -> int:
+        name = cpu_quant.TYPE_NAMES.get(info.type_id)
+        if name is None:
+            return 0  # an unsupported type is refused where the tensor is used
+        _, block, size = cpu_quant.TYPES[name]
+        return int(np.prod(info.shape)) // block * size
+
+    def packed(self, name: str, integer: bool = True) -> QuantTensor:
+        """Tensor ``name`` (2 dims) as a :class:`QuantTensor` over the mapped file (no copy); ``integer``: its
+        products on the integer path where its type has one."""
+        info = self.tensors[name]
+        qtype = cpu_quant.TYPE_NAMES.get(info.type_id)
+        if qtype is None:
+            try:
+                from gguf import GGMLQuantizationType
+
+                label = GGMLQuantizationType(info.type_id).name
+            except Exception:  # noqa: BLE001 - an id gguf does not know either
+                label = f"type id {info.type_id}"
+            raise MicrospecError(f"{self.path.name}: tensor {name} is {label}, which the gguf weights path does not "
+                                 f"support ({', '.join(cpu_quant.TYPES)}); use --weights bf16")
+        if len(info.shape) != 2:
+            raise MicrospecError(f"{self.path.name}: tensor {name} has {len(info.shape)} dimensions, expected 2")
+        cols, rows = info.shape
+        _, block, size = cpu_quant.TYPES[qtype]
+        if cols % block:
+            raise MicrospecError(f"{self.path.name}: tensor {name} has rows of {cols} elements, not a whole number of "
+                                 f"{qtype} blocks of {block}")
+        row_bytes = cols // block * size
+        array = np.frombuffer(self._map, dtype=np.uint8, count=rows * row_bytes, offset=info.offset)
+        import warnings
+
+        with warnings.catch_warnings():  # the map is read-only; nothing ever writes through this tensor
+            warnings.simplefilter("ignore", UserWarning)
+            data = torch.from_numpy(array).view(rows, row_bytes)
+        return QuantTensor(data, qtype, cols, integer)
+
+
+class QuantTensor:
+    """A [N, K] weight matrix in a GGUF block format: ``data`` [N, row bytes] uint8, one packed row per output row.
+
+    It stands where the models and drafters expect a weight tensor and offers what they use:
+    :meth:`linear` (the product, fp32), :meth:`index_select` (a subset of rows, still packed: static shortlists and
+    head rows), indexing with ids (rows unpacked to fp32: the embedding lookup and MicroSpec's packed draft buffer),
+    ``new_zeros`` (fp32) and :meth:`float` (the whole matrix unpacked, for training code)."""
+
+    def __init__(self, data: torch.Tensor, qtype: str, cols: int, integer: bool = True):
+        self.data = data
+        self.qtype = qtype
+        self.type_id = cpu_quant.TYPES[qtype][0]
+        self.cols = cols
+        # products on the integer path (int8 activations, exact int32 block sums) where the type has one
+        self.integer = integer and qtype in cpu_quant.INTEGER_TYPES
+
+    # ------------------------------------------------------------------ tensor-like surface
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.data.shape[0], self.cols))
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """What products with it return (fp32)."""
+        return torch.float32
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+    def dim(self) -> int:
+        return 2
+
+    def size(self, dim: int | None = None):
+        return self.shape if dim is None else self.shape[dim]
+
+    def __repr__(self) -> str:
+        return f"QuantTensor({self.qtype}, shape={tuple(self.shape)}, {self.nbytes / 2**20:.1f} MiB)"
+
+    def index_select(self, dim: int, ids: torch.Tensor) -> QuantTensor:
+        if dim != 0:
+            raise ValueError("a QuantTensor selects rows only")
+        return QuantTensor(self.data.index_select(0, ids.to(torch.long).cpu()), self.qtype, self.cols, self.integer)
+
+    def __getitem__(self, ids) -> torch.Tensor:
+        if isinstance(ids, slice):
+            ids = torch.arange(self.shape[0])[ids]
+        ids = torch.as_tensor(ids, dtype=torch.long)
+        return self.rows(ids)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` (any shape) unpacked to fp32 [*ids.shape, K]."""
+        return cpu_quant.dequant_rows(self.data, self.type_id, self.cols, ids).reshape(*ids.shape, self.cols)
+
+    def new_zeros(self, *size, **kwargs) -> torch.Tensor:
+        return torch.zeros(*size, dtype=kwargs.get("dtype", torch.float32), device=self.device)
+
+    def float(self) -> torch.Tensor:
+        return self.rows(torch.arange(self.shape[0]))
+
+    def linear(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` [..., K] times this matrix transposed: fp32 [..., N], batch-invariant (see :mod:`.cpu_quant`)."""
+        if self.integer:
+            return cpu_quant.linear_q8(x, self.data, self.type_id, self.cols)
+        return cpu_quant.linear(x, self.data, self.type_id, self.cols)
+
+    def permute_rows(self, order: torch.Tensor) -> QuantTensor:
+        return QuantTensor(self.data.index_select(0, order), self.qtype, self.cols, self.integer)
+
+
+# GGUF tensor names -> Hugging Face names, for the matrices the native model holds (the families it supports)
+_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output.weight": "lm_head.weight"}
+_LAYER = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+          "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+          "ffn_down": "mlp.down_proj"}
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """The Hugging Face parameter a GGUF matrix fills (None: not a matrix the packed path keeps)."""
+    if gguf_name in _GLOBAL:
+        return _GLOBAL[gguf_name]
+    parts = gguf_name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[3] == "weight" and parts[2] in _LAYER:
+        return f"model.layers.{parts[1]}.{_LAYER[parts[2]]}.weight"
+    return None
+
+
+def _unpermute(n_rows: int, n_head: int) -> torch.Tensor:
+    """Row order that undoes llama.cpp's query/key permutation (transformers' ``reverse_permute_weights``) for a
+    matrix of ``n_rows`` rows over ``n_head`` heads: row i of the result is row ``order[i]`` of the file."""
+    dim = n_rows // n_head // 2
+    return torch.arange(n_rows).reshape(n_head, dim, 2).transpose(1, 2).reshape(n_rows)
+
+
+def packed_weights(path: Path, spec, integer: bool = True) -> dict[str, QuantTensor]:
+    """Every matrix of the GGUF file at ``path`` as a :class:`QuantTensor`, keyed by its Hugging Face name (query
+    and key rows of ``llama`` files put back in Hugging Face order); ``integer``: products on the integer path."""
+    f = GGUFFile(path)
+    out: dict[str, QuantTensor] = {}
+    for name in f.tensors:
+        hf = hf_name(name)
+        if hf is None:
+            continue
+        q = f.packed(name, integer)
+        if f.architecture == "llama" and (".attn_q." in name or ".attn_k." in name):
+            heads = spec.num_heads if ".attn_q." in name else spec.num_kv_heads
+            q = q.permute_rows(_unpermute(q.shape[0], heads))
+        out[hf] = q
+    return out
+
+
+def install(model: torch.nn.Module, weights: dict[str, QuantTensor]) -> None:
+    """Put each packed matrix in place of the parameter of the same name (the parameter is removed)."""
+    for name, q in weights.items():
+        owner, attr = name.rsplit(".", 1)
+        module = model.get_submodule(owner)
+        expected = tuple(getattr(module, attr).shape)
+        if tuple(q.shape) != expected:
+            raise MicrospecError(f"GGUF tensor for {name} is {tuple(q.shape)}, the model expects {expected}")
+        module._parameters.pop(attr, None)
+        setattr(module, attr, q)
+
+
+def weight_bytes(model) -> int:
+    """Bytes of weights one decode step of ``model`` (a :class:`~microspec.models.native.NativeCausalLM`) reads:
+    every matrix once — packed or dense —, norms and biases; the embedding only where it is the (tied) LM head (a
+    step reads one embedding row otherwise)."""
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    skip = embed if embed is not None and not model.spec.tie_embeddings else None
+    seen: set[int] = set()
+    total = 0
+    for module in model.modules():
+        if module is skip:
+            continue
+        for value in list(vars(module).values()) + list(module._parameters.values()):
+            if id(value) in seen:
+                continue
+            if isinstance(value, QuantTensor):
+                total += value.nbytes
+            elif isinstance(value, torch.Tensor):
+                total += value.numel() * value.element_size()
+            else:
+                continue
+            seen.add(id(value))
+    return total

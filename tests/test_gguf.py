@@ -1,0 +1,253 @@
+"""GGUF weights kept packed (``--weights gguf`` / ``gguf-f32``): the kernels, the reader and a model written to a
+GGUF file by the test itself, against references that dequantize the same tensors with the ``gguf`` package.
+
+Tolerances (relative to the largest magnitude of the output): the fp32-activation path differs from
+"dequantize, then fp32 matmul" only in the order of fp32 sums (< 1e-5 per product, < 1e-4 through a model); the
+integer path equals "quantize the activations the same way, dequantize the weights, fp32 matmul" within the same
+bounds, and differs from the fp32 reference by its activation rounding (reported, < 2e-2 per random product).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from microspec.errors import MicrospecError
+
+gguf = pytest.importorskip("gguf")
+cq = pytest.importorskip("microspec.kernels.cpu_quant")
+
+if not cq.available():  # pragma: no cover - a machine without a compiler or AVX2
+    pytest.skip(f"the quantized CPU kernel is unavailable here ({cq.build_error()})", allow_module_level=True)
+
+from gguf import GGMLQuantizationType as G
+
+from microspec.models.gguf import (
+    GGUFFile,
+    QuantTensor,
+    hf_name,
+    install,
+    packed_weights,
+)
+
+QUANTIZED = [t for t in cq.TYPES if t not in ("F32", "F16", "BF16")]
+
+
+def random_rows(qtype: str, rows: int, cols: int, rng: np.random.Generator, scale: float = 0.02) -> np.ndarray:
+    """[rows, row bytes] of valid ``qtype`` blocks: what gguf's quantizer makes where it has one, else random
+    quant bits under small fp16 scales (K-quants)."""
+    _, block, size = cq.TYPES[qtype]
+    values = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+    if qtype == "F32":
+        return values.view(np.uint8).reshape(rows, -1)
+    if qtype == "F16":
+        return values.astype(np.float16).view(np.uint8).reshape(rows, -1)
+    try:
+        return gguf.quants.quantize(values, G[qtype]).reshape(rows, -1)
+    except NotImplementedError:
+        raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+
+        def f16(s):
+            return (np.abs(rng.standard_normal(raw.shape[:2])) * s).astype(np.float16).view(np.uint8).reshape(
+                *raw.shape[:2], 2)
+
+        if qtype in ("Q4_K", "Q5_K"):
+            raw[..., 0:2], raw[..., 2:4] = f16(scale / 200), f16(scale / 200)
+        elif qtype == "Q6_K":
+            raw[..., 208:210] = f16(scale / 400)
+        return raw.reshape(rows, -1)
+
+
+def dequantize(qtype: str, raw: np.ndarray, cols: int) -> torch.Tensor:
+    return torch.from_numpy(gguf.quants.dequantize(raw, G[qtype]).reshape(raw.shape[0], cols).astype(np.float32))
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+@pytest.mark.parametrize("qtype", list(cq.TYPES))
+def test_every_type_unpacks_exactly_as_gguf_does(qtype):
+    rng = np.random.default_rng(1)
+    raw = random_rows(qtype, 19, 512, rng)
+    ref = dequantize(qtype, raw, 512)
+    q = QuantTensor(torch.from_numpy(raw), qtype, 512)
+    assert torch.equal(q.float(), ref)
+    ids = torch.tensor([[3, 0], [18, 3]])
+    assert torch.equal(q[ids], ref[ids])  # indexing with ids: the embedding lookup and packed draft buffers
+    sub = q.index_select(0, torch.tensor([5, 2]))
+    assert isinstance(sub, QuantTensor) and torch.equal(sub.float(), ref[[5, 2]])
+
+
+@pytest.mark.parametrize("qtype", list(cq.TYPES))
+def test_products_match_the_dequantized_reference(qtype):
+    rng = np.random.default_rng(2)
+    raw = random_rows(qtype, 45, 512, rng)
+    ref = dequantize(qtype, raw, 512)
+    x = torch.randn(7, 512)
+    f32 = QuantTensor(torch.from_numpy(raw), qtype, 512, integer=False)
+    assert rel(f32.linear(x), x @ ref.T) < 1e-5
+    if qtype in cq.INTEGER_TYPES:
+        i8 = QuantTensor(torch.from_numpy(raw), qtype, 512)
+        assert i8.integer
+        y = i8.linear(x)
+        assert rel(y, cq.quantize_activations(x) @ ref.T) < 1e-5  # exact int32 sums; fp32 only in the scaling
+        assert rel(y, x @ ref.T) < 2e-2  # the activations' int8 rounding
+
+
+@pytest.mark.parametrize("integer", [False, True])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K", "F16"])
+def test_rows_are_batch_invariant(qtype, integer):
+    """A row's result is bit for bit the same whatever the rows computed with it (what lossless greedy
+    speculation on this path rests on)."""
+    rng = np.random.default_rng(3)
+    q = QuantTensor(torch.from_numpy(random_rows(qtype, 77, 768, rng)), qtype, 768, integer=integer)
+    x = torch.randn(37, 768)
+    full = q.linear(x)
+    for size in (1, 2, 3, 5, 16):
+        parts = torch.cat([q.linear(x[i : i + size]) for i in range(0, 37, size)])
+        assert torch.equal(parts, full), size
+
+
+def test_fused_row_operations_equal_torch():
+    x = torch.randn(5, 3, 64)
+    w = torch.randn(64)
+    ref = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)) * w
+    assert rel(cq.rms_norm(x, w, 1e-6), ref) < 1e-6
+    cos, sin = torch.randn(5, 64), torch.randn(5, 64)
+    rot = torch.cat((-x[..., 32:], x[..., :32]), -1)
+    assert torch.equal(cq.rope(x, cos, sin), x * cos[:, None] + rot * sin[:, None])
+
+
+# ------------------------------------------------------------------------------------------------ a GGUF model
+def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's query/key row order for ``llama`` files (the inverse of what the loader undoes)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+LAYER_TYPES = {"attn_q": "Q5_0", "attn_k": "Q8_0", "attn_v": "Q4_1", "attn_output": "Q4_K", "ffn_gate": "Q5_K",
+               "ffn_up": "Q4_0", "ffn_down": "Q6_K"}
+
+
+@pytest.fixture(scope="module")
+def gguf_model(tmp_path_factory):
+    """(native model with packed weights read from a GGUF file the test wrote, dense fp32 reference with the same
+    values, the file): a llama model (so query/key rows are stored permuted) using every type the engine serves."""
+    from conftest import tiny_pair
+
+    _, model = tiny_pair("llama", hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=64, vocab_size=160)
+    spec = model.spec
+    rng = np.random.default_rng(4)
+    path = tmp_path_factory.mktemp("gguf") / "tiny-llama.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    dense = {}
+    names = {"token_embd.weight": ("Q8_0", model.model.embed_tokens.weight.shape)}
+    for i in range(spec.num_layers):
+        for short, qtype in LAYER_TYPES.items():
+            hf = hf_name(f"blk.{i}.{short}.weight")
+            names[f"blk.{i}.{short}.weight"] = (qtype, model.get_parameter(hf).shape)
+    for name, (qtype, shape) in names.items():
+        raw = random_rows(qtype, shape[0], shape[1], rng, scale=0.05)
+        values = dequantize(qtype, raw, shape[1])
+        dense[hf_name(name)] = values
+        if ".attn_q." in name or ".attn_k." in name:
+            raw = _permute(raw, spec.num_heads if ".attn_q." in name else spec.num_kv_heads)
+        writer.add_tensor(name, raw, raw_dtype=G[qtype])
+    writer.add_tensor("output_norm.weight", np.ones(spec.hidden_size, dtype=np.float32))  # not a matrix: skipped
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    with torch.no_grad():
+        for name, values in dense.items():
+            model.get_parameter(name).copy_(values)
+    reference = model
+    packed_model = type(model)(model.spec, {k: (v.clone(), s) for k, (v, s) in model._rope.items()})
+    packed_model.load_state_dict(model.state_dict())
+    packed_model.eval().requires_grad_(False)
+    install(packed_model, packed_weights(path, spec))
+    return packed_model, reference, path
+
+
+def test_reader_agrees_with_the_gguf_package(gguf_model):
+    _, _, path = gguf_model
+    ours = GGUFFile(path)
+    theirs = gguf.GGUFReader(str(path))
+    assert ours.architecture == "llama"
+    assert len(ours.tensors) == len(theirs.tensors)
+    for t in theirs.tensors:
+        info = ours.tensors[t.name]
+        assert info.type_id == int(t.tensor_type) and info.offset == int(t.data_offset)
+        assert info.shape == tuple(int(d) for d in t.shape)
+
+
+def _logits(model, ids, integer: bool | None = None):
+    from microspec.models.gguf import QuantTensor
+
+    if integer is not None:
+        for m in model.modules():
+            for v in vars(m).values():
+                if isinstance(v, QuantTensor):
+                    v.integer = integer and v.qtype in cq.INTEGER_TYPES
+    cache = model.new_cache(64)
+    return model.head(model.forward(ids, cache))
+
+
+def test_packed_model_matches_the_dequantized_reference(gguf_model):
+    packed, reference, _ = gguf_model
+    ids = torch.tensor([1, 5, 9, 33, 70, 2, 101, 150, 7])
+    ref = _logits(reference, ids)
+    assert rel(_logits(packed, ids, integer=False), ref) < 1e-4
+    assert rel(_logits(packed, ids, integer=True), ref) < 5e-2  # int8 activations at every product
+    assert isinstance(packed.head_weight, QuantTensor) and packed.quantized and not reference.quantized
+
+
+@pytest.mark.parametrize("integer", [False, True])
+def test_packed_model_speculative_greedy_is_bit_identical(gguf_model, integer):
+    """Rows batch-invariant through the whole model: tree verification computes what the one-token step does, so
+    speculative greedy output equals plain greedy output on the packed path (here with an early-exit tree that
+    drafts often wrong, and an n-gram chain)."""
+    from microspec.decoding import GenerationConfig, generate_ids
+    from microspec.drafters import make_drafter
+    from microspec.vocab import MicroSpecVocab
+
+    packed, _, _ = gguf_model
+    _logits(packed, torch.tensor([1]), integer=integer)
+    prompt = [1, 5, 9, 33, 70, 5, 9, 33, 70, 5]
+    cfg = GenerationConfig(max_new_tokens=24, ignore_eos=True)
+    plain = generate_ids(packed, prompt, cfg, ()).token_ids
+    for drafter, vocab in ((make_drafter("early-exit", depth=3, top_k=2, total_tokens=5, draft_layers=1),
+                            MicroSpecVocab(160, w_max=64)),
+                           (make_drafter("ngram"), None)):
+        out = generate_ids(packed, prompt, cfg, (), drafter=drafter, vocab=vocab)
+        assert out.token_ids == plain
+
+
+def test_bad_files_give_one_clear_error(gguf_model, tmp_path):
+    _, _, path = gguf_model
+    data = path.read_bytes()
+    short = tmp_path / "short.gguf"
+    short.write_bytes(data[: len(data) // 2])
+    with pytest.raises(MicrospecError, match="corrupt or truncated"):
+        GGUFFile(short)
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUX" + data[4:])
+    with pytest.raises(MicrospecError, match="not a GGUF file"):
+        GGUFFile(bad)
+    f = GGUFFile(path)
+    info = f.tensors["token_embd.weight"]
+    f.tensors["token_embd.weight"] = type(info)(info.name, info.shape, int(G.IQ2_XS), info.offset)
+    with pytest.raises(MicrospecError, match="IQ2_XS.*does not support"):
+        f.packed("token_embd.weight")
+
+
+def test_weights_option_is_checked(tiny_model_dir):
+    from microspec.models.registry import load_model
+
+    with pytest.raises(MicrospecError, match="needs a GGUF model"):
+        load_model(tiny_model_dir, dtype="gguf")
+    with pytest.raises(MicrospecError, match="unknown dtype"):
+        load_model(tiny_model_dir, dtype="int3")
