@@ -20,8 +20,9 @@ def add_model_args(p) -> None:
                    help=f"built-in name ({', '.join(BUILTINS)}), a .gguf file or a HF model directory "
                         f"(default {DEFAULT_MODEL})")
     p.add_argument("--weights", "--dtype", dest="dtype", choices=list(WEIGHTS), default=None,
-                   help="gguf: a GGUF model's quantized blocks kept packed, fp32 activations (CPU); bf16 or fp32: "
-                        "dense weights (default: gguf for a GGUF model on a CPU, else bf16)")
+                   help="gguf: a GGUF model's quantized blocks kept packed, int8 activations as in llama.cpp (CPU); "
+                        "gguf-f32: the same blocks times fp32 activations (exact, slower); bf16 or fp32: dense "
+                        "weights (default: gguf for a GGUF model on a CPU, else bf16)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
     chat = p.add_mutually_exclusive_group()
