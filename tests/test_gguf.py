@@ -251,3 +251,21 @@ def test_weights_option_is_checked(tiny_model_dir):
         load_model(tiny_model_dir, dtype="gguf")
     with pytest.raises(MicrospecError, match="unknown dtype"):
         load_model(tiny_model_dir, dtype="int3")
+
+
+def test_fused_layer_equals_the_layer_by_layer_path(gguf_model):
+    """``cpu_quant.layer_step`` runs a packed layer in one call: the very values the Python layer computes."""
+    packed, _, _ = gguf_model
+    ids = torch.tensor([1, 5, 9, 33, 70, 2, 101])
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    outs = []
+    for fused in (True, False):
+        packed._fused = False if fused else None  # False: build on next use; None: never
+        cache = packed.new_cache(32)
+        h0 = packed.forward(ids, cache)
+        h1 = packed.forward(torch.tensor([7, 8, 9]), cache, positions=torch.tensor([7, 8, 8]), mask=tree)
+        outs.append((h0, h1, cache.kv[:, :, :, : cache.length].clone()))
+    assert packed._fused is None
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+    packed._fused = False

@@ -32,46 +32,10 @@ from __future__ import annotations
 
 import torch
 
-from ._build import Extension
+from ._build import COMMON_CPP, Extension
 
-_SOURCE = r"""
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <immintrin.h>
-#include <cstring>
-
+_SOURCE = COMMON_CPP + r"""
 namespace {
-
-inline __m256 load_bf16x8(const uint16_t* p) {
-  __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
-}
-
-inline float hsum8(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v);
-  __m128 hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  __m128 sh = _mm_movehdup_ps(lo);
-  __m128 s = _mm_add_ps(lo, sh);
-  sh = _mm_movehl_ps(sh, s);
-  s = _mm_add_ss(s, sh);
-  return _mm_cvtss_f32(s);
-}
-
-inline float bf16_to_f32(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-inline uint16_t f32_to_bf16(float f) {  // round to nearest even, NaN kept quiet
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
 
 // One dot product over K: 8 fp32 lanes in k order, then the fixed horizontal sum, then the scalar tail.  Every
 // tile below computes exactly this sequence for each (row, column), so results do not depend on tiling or M.
@@ -158,102 +122,11 @@ torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, torch::Tensor bias, 
   return out;
 }
 
-// Attention of a few query rows over the cached keys, one (head, query) pair at a time, over exactly the keys the
-// row may see, in slot order: scores in fp32 (the dot products as in linear_bf16), a sequential fp32 softmax sum and
-// a sequential fp32 weighted sum of the values.  A row's result depends only on its own visible keys, not on the
-// other rows of the call nor on masked slots: the one-token decode step and a tree-verify pass agree bit for bit.
-// q: [H, T, D]; k, v: [G, S, D] with unit stride along D, all bf16 (E = uint16_t) or all fp32 (E = float);
-// allowed: [T, S] bool or empty (all visible).
-inline __m256 load8(const uint16_t* p) { return load_bf16x8(p); }
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline float to_f32(uint16_t h) { return bf16_to_f32(h); }
-inline float to_f32(float f) { return f; }
-inline void store_f32(uint16_t* p, float f) { *p = f32_to_bf16(f); }
-inline void store_f32(float* p, float f) { *p = f; }
-
-template <typename E>
-inline float dot_e(const float* x, const E* w, int64_t K) {
-  __m256 acc = _mm256_setzero_ps();
-  const int64_t K8 = K & ~int64_t(7);
-  for (int64_t k = 0; k < K8; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), load8(w + k), acc);
-  float s = hsum8(acc);
-  for (int64_t k = K8; k < K; ++k) s += x[k] * to_f32(w[k]);
-  return s;
-}
-
-template <typename E>
-void attend_impl(const E* qp, const E* kp, const E* vp, const bool* mp, E* op, int64_t H, int64_t T, int64_t D,
-                 int64_t S, int64_t ks0, int64_t ks1, int64_t vs0, int64_t vs1, int64_t rep, float sc) {
-  const int64_t D8 = D & ~int64_t(7);
-  at::parallel_for(0, H * T, 1, [&](int64_t b0, int64_t b1) {
-    std::vector<float> qf(D), scores(S), acc(D);
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t h = b / T, t = b % T, g = h / rep;
-      const E* qrow = qp + (h * T + t) * D;
-      for (int64_t d = 0; d < D; ++d) qf[d] = to_f32(qrow[d]);
-      const bool* mrow = mp ? mp + t * S : nullptr;
-      float mx = -INFINITY;
-      for (int64_t j = 0; j < S; ++j) {
-        if (mrow && !mrow[j]) continue;
-        const float s = dot_e(qf.data(), kp + g * ks0 + j * ks1, D) * sc;
-        scores[j] = s;
-        mx = std::max(mx, s);
-      }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      float sum = 0.0f;
-      if (mx != -INFINITY) {
-        for (int64_t j = 0; j < S; ++j) {
-          if (mrow && !mrow[j]) continue;
-          const float e = std::exp(scores[j] - mx);
-          sum += e;
-          const E* vrow = vp + g * vs0 + j * vs1;
-          const __m256 ev = _mm256_set1_ps(e);
-          for (int64_t d = 0; d < D8; d += 8)
-            _mm256_storeu_ps(acc.data() + d, _mm256_fmadd_ps(ev, load8(vrow + d), _mm256_loadu_ps(acc.data() + d)));
-          for (int64_t d = D8; d < D; ++d) acc[d] += e * to_f32(vrow[d]);
-        }
-      }
-      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-      E* orow = op + (h * T + t) * D;
-      for (int64_t d = 0; d < D; ++d) store_f32(orow + d, acc[d] * inv);
-    }
-  });
-}
-
-torch::Tensor attend_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor allowed, double scale) {
-  const auto dt = q.scalar_type();
-  TORCH_CHECK((dt == torch::kBFloat16 || dt == torch::kFloat32) && k.scalar_type() == dt && v.scalar_type() == dt,
-              "q, k, v: all bf16 or all fp32");
-  q = q.contiguous();
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q [H, T, D], k and v [G, S, D]");
-  const int64_t H = q.size(0), T = q.size(1), D = q.size(2), G = k.size(0), S = k.size(1);
-  TORCH_CHECK(k.size(2) == D && v.size(2) == D && v.size(0) == G && v.size(1) == S && G > 0 && H % G == 0,
-              "q, k, v shapes disagree");
-  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1, "k, v: unit stride along D");
-  const bool has_mask = allowed.defined() && allowed.numel() > 0;
-  if (has_mask)
-    TORCH_CHECK(allowed.dtype() == torch::kBool && allowed.is_contiguous() && allowed.dim() == 2 &&
-                allowed.size(0) == T && allowed.size(1) == S, "allowed: contiguous bool [T, S]");
-  auto out = torch::empty({H, T, D}, q.options());
-  const bool* mp = has_mask ? allowed.data_ptr<bool>() : nullptr;
-  const float sc = static_cast<float>(scale);
-  if (dt == torch::kBFloat16) {
-    auto ptr = [](torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); };
-    attend_impl<uint16_t>(ptr(q), ptr(k), ptr(v), mp, ptr(out), H, T, D, S, k.stride(0), k.stride(1), v.stride(0),
-                          v.stride(1), H / G, sc);
-  } else {
-    attend_impl<float>(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), mp, out.data_ptr<float>(), H,
-                       T, D, S, k.stride(0), k.stride(1), v.stride(0), v.stride(1), H / G, sc);
-  }
-  return out;
-}
 """
 
-_CPP_DECL = ("torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, torch::Tensor bias, bool out_bf16);\n"
-             "torch::Tensor attend_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor allowed, "
-             "double scale);")
+_CPP_DECL = "torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, torch::Tensor bias, bool out_bf16);"
 
-_EXT = Extension("cpu_linear", _SOURCE, _CPP_DECL, ["linear_bf16", "attend_rows"], "CPU bf16 kernel")
+_EXT = Extension("cpu_linear", _SOURCE, _CPP_DECL, ["linear_bf16"], "CPU bf16 kernel")
 
 
 def available() -> bool:
@@ -273,8 +146,10 @@ def attention_applies(q: torch.Tensor) -> bool:
     """Whether :func:`attend` serves an attention call of ``q`` [H, T, D]: bf16 (or fp32, the activations of the
     quantized engine) on a CPU, at most :data:`ATTENTION_MAX_ROWS` query rows (decode steps and tree verification;
     a prefill keeps torch's attention)."""
+    from . import cpu_quant  # the attention kernel is built with the quantized-weight kernels
+
     return (q.dtype in (torch.bfloat16, torch.float32) and q.device.type == "cpu"
-            and q.shape[-2] <= ATTENTION_MAX_ROWS and available())
+            and q.shape[-2] <= ATTENTION_MAX_ROWS and cpu_quant.available())
 
 
 def build_error() -> str | None:
@@ -310,7 +185,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     sequential fp32 sums: a row's result does not depend on the other rows of the call nor on masked slots, so a
     one-token decode step and a tree-verify pass compute the same values for the same token."""
     m = torch.empty(0, dtype=torch.bool) if mask is None else mask.reshape(q.shape[1], k.shape[1]).contiguous()
-    return _EXT.module.attend_rows(q, k, v, m, float(scale))
+    from . import cpu_quant
+
+    return cpu_quant.attend_rows(q, k, v, m, float(scale))
 
 
 def attention_reference(q, k, v, mask, scale):

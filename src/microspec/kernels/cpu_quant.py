@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from ._build import Extension
+from ._build import COMMON_CPP, Extension
 
 # type name -> (GGML type id as in gguf.GGMLQuantizationType, block size in elements, bytes per block)
 TYPES = {
@@ -33,27 +33,10 @@ TYPES = {
 TYPE_NAMES = {v[0]: k for k, v in TYPES.items()}
 INTEGER_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")  # those linear_q8 serves
 
-_SOURCE = r"""
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <immintrin.h>
-#include <cstring>
-#include <vector>
-
+_SOURCE = COMMON_CPP + r"""
 namespace {
 
 inline float h2f(const uint8_t* p) { uint16_t h; std::memcpy(&h, p, 2); return _cvtsh_ss(h); }
-
-inline float hsum8(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v);
-  __m128 hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  __m128 sh = _mm_movehdup_ps(lo);
-  __m128 s = _mm_add_ps(lo, sh);
-  sh = _mm_movehl_ps(sh, s);
-  s = _mm_add_ss(s, sh);
-  return _mm_cvtss_f32(s);
-}
 
 // 8 unsigned bytes (the low 8 of v) as fp32 lanes
 inline __m256 u8_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
@@ -588,6 +571,148 @@ torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
   return out;
 }
 
+// Attention of a few query rows over the cached keys, one (head, query) pair at a time, over exactly the keys the
+// row may see, in slot order: scores in fp32 (the dot products as in linear_bf16), a sequential fp32 softmax sum and
+// a sequential fp32 weighted sum of the values.  A row's result depends only on its own visible keys, not on the
+// other rows of the call nor on masked slots: the one-token decode step and a tree-verify pass agree bit for bit.
+// q: [H, T, D]; k, v: [G, S, D] with unit stride along D, all bf16 (E = uint16_t) or all fp32 (E = float);
+// allowed: [T, S] bool or empty (all visible).
+inline __m256 load8(const uint16_t* p) { return load_bf16x8(p); }
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline float to_f32(uint16_t h) { return bf16_to_f32(h); }
+inline float to_f32(float f) { return f; }
+inline void store_f32(uint16_t* p, float f) { *p = f32_to_bf16(f); }
+inline void store_f32(float* p, float f) { *p = f; }
+
+template <typename E>
+inline float dot_e(const float* x, const E* w, int64_t K) {
+  __m256 acc = _mm256_setzero_ps();
+  const int64_t K8 = K & ~int64_t(7);
+  for (int64_t k = 0; k < K8; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), load8(w + k), acc);
+  float s = hsum8(acc);
+  for (int64_t k = K8; k < K; ++k) s += x[k] * to_f32(w[k]);
+  return s;
+}
+
+template <typename E>
+void attend_impl(const E* qp, const E* kp, const E* vp, const bool* mp, E* op, int64_t H, int64_t T, int64_t D,
+                 int64_t S, int64_t ks0, int64_t ks1, int64_t vs0, int64_t vs1, int64_t rep, float sc) {
+  const int64_t D8 = D & ~int64_t(7);
+  at::parallel_for(0, H * T, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<float> qf(D), scores(S), acc(D);
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t h = b / T, t = b % T, g = h / rep;
+      const E* qrow = qp + (h * T + t) * D;
+      for (int64_t d = 0; d < D; ++d) qf[d] = to_f32(qrow[d]);
+      const bool* mrow = mp ? mp + t * S : nullptr;
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < S; ++j) {
+        if (mrow && !mrow[j]) continue;
+        const float s = dot_e(qf.data(), kp + g * ks0 + j * ks1, D) * sc;
+        scores[j] = s;
+        mx = std::max(mx, s);
+      }
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      float sum = 0.0f;
+      if (mx != -INFINITY) {
+        for (int64_t j = 0; j < S; ++j) {
+          if (mrow && !mrow[j]) continue;
+          const float e = std::exp(scores[j] - mx);
+          sum += e;
+          const E* vrow = vp + g * vs0 + j * vs1;
+          const __m256 ev = _mm256_set1_ps(e);
+          for (int64_t d = 0; d < D8; d += 8)
+            _mm256_storeu_ps(acc.data() + d, _mm256_fmadd_ps(ev, load8(vrow + d), _mm256_loadu_ps(acc.data() + d)));
+          for (int64_t d = D8; d < D; ++d) acc[d] += e * to_f32(vrow[d]);
+        }
+      }
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      E* orow = op + (h * T + t) * D;
+      for (int64_t d = 0; d < D; ++d) store_f32(orow + d, acc[d] * inv);
+    }
+  });
+}
+
+torch::Tensor attend_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor allowed, double scale) {
+  const auto dt = q.scalar_type();
+  TORCH_CHECK((dt == torch::kBFloat16 || dt == torch::kFloat32) && k.scalar_type() == dt && v.scalar_type() == dt,
+              "q, k, v: all bf16 or all fp32");
+  q = q.contiguous();
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q [H, T, D], k and v [G, S, D]");
+  const int64_t H = q.size(0), T = q.size(1), D = q.size(2), G = k.size(0), S = k.size(1);
+  TORCH_CHECK(k.size(2) == D && v.size(2) == D && v.size(0) == G && v.size(1) == S && G > 0 && H % G == 0,
+              "q, k, v shapes disagree");
+  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1, "k, v: unit stride along D");
+  const bool has_mask = allowed.defined() && allowed.numel() > 0;
+  if (has_mask)
+    TORCH_CHECK(allowed.dtype() == torch::kBool && allowed.is_contiguous() && allowed.dim() == 2 &&
+                allowed.size(0) == T && allowed.size(1) == S, "allowed: contiguous bool [T, S]");
+  auto out = torch::empty({H, T, D}, q.options());
+  const bool* mp = has_mask ? allowed.data_ptr<bool>() : nullptr;
+  const float sc = static_cast<float>(scale);
+  if (dt == torch::kBFloat16) {
+    auto ptr = [](torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); };
+    attend_impl<uint16_t>(ptr(q), ptr(k), ptr(v), mp, ptr(out), H, T, D, S, k.stride(0), k.stride(1), v.stride(0),
+                          v.stride(1), H / G, sc);
+  } else {
+    attend_impl<float>(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), mp, out.data_ptr<float>(), H,
+                       T, D, S, k.stride(0), k.stride(1), v.stride(0), v.stride(1), H / G, sc);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// One decoder layer of a packed GGUF model on fp32 rows: the operations of NativeCausalLM.layer, in its order,
+// through the same kernels and torch operations — the same values, without a Python dispatch per operation (on a
+// 2-core CPU that dispatch cost a small model's decode step as much as its products).
+torch::Tensor linear_q8(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K);
+
+torch::Tensor lin(const torch::Tensor& x, const torch::Tensor& w, int64_t type, int64_t K, int64_t integer,
+                  const torch::Tensor& bias) {
+  torch::Tensor y = integer ? linear_q8(x, w, type, K) : linear_q(x, w, type, K);
+  return bias.defined() && bias.numel() ? y + bias : y;
+}
+
+// mats: q, k, v, o, gate, up, down (packed data); meta: type, K, integer for each; biases: the same 7 (empty: none);
+// norms: input, post_attention, pre_feedforward, post_feedforward, q, k (effective fp32 weights; empty: absent);
+// kv: this layer's [2, G, capacity, hd] cache; keys lo..start+T-1 visible through `allowed` [T, S'] (empty: all);
+// dims: heads, kv heads, head dim, activation (0 silu, 1 gelu tanh, 2 gelu), gemma sandwich norms (0/1).
+torch::Tensor layer_step(torch::Tensor x, std::vector<torch::Tensor> mats, std::vector<int64_t> meta,
+                         std::vector<torch::Tensor> biases, std::vector<torch::Tensor> norms, torch::Tensor cos,
+                         torch::Tensor sin, torch::Tensor kv, int64_t start, int64_t lo, torch::Tensor allowed,
+                         std::vector<int64_t> dims, double eps, double scale) {
+  TORCH_CHECK(mats.size() == 7 && meta.size() == 21 && biases.size() == 7 && norms.size() == 6 && dims.size() == 5,
+              "layer_step: 7 matrices, 21 meta values, 7 biases, 6 norms, 5 dims");
+  const int64_t T = x.size(0), nh = dims[0], nkv = dims[1], hd = dims[2], act = dims[3];
+  const bool gemma = dims[4] != 0;
+  auto L = [&](int i, const torch::Tensor& in) { return lin(in, mats[i], meta[3 * i], meta[3 * i + 1], meta[3 * i + 2], biases[i]); };
+  auto N = [&](int i, const torch::Tensor& in) { return rms_norm(in, norms[i], eps); };
+  const torch::Tensor h = norms[0].numel() ? N(0, x) : x;
+  torch::Tensor q = L(0, h).view({T, nh, hd});
+  torch::Tensor k = L(1, h).view({T, nkv, hd});
+  const torch::Tensor v = L(2, h).view({T, nkv, hd}).transpose(0, 1);
+  if (norms[4].numel()) { q = N(4, q); k = N(5, k); }
+  q = rope(q, cos, sin).transpose(0, 1);
+  k = rope(k, cos, sin).transpose(0, 1);
+  kv.select(0, 0).narrow(1, start, T).copy_(k);
+  kv.select(0, 1).narrow(1, start, T).copy_(v);
+  const int64_t S = start + T;
+  const torch::Tensor keys = kv.select(0, 0).narrow(1, lo, S - lo), values = kv.select(0, 1).narrow(1, lo, S - lo);
+  torch::Tensor o = attend_rows(q, keys, values, allowed, scale);
+  o = L(3, o.transpose(0, 1).reshape({T, nh * hd}));
+  auto mlp = [&](const torch::Tensor& in) {
+    torch::Tensor g = L(4, in);
+    g = act == 0 ? at::silu(g) : act == 1 ? at::gelu(g, "tanh") : at::gelu(g);
+    return L(6, g * L(5, in));
+  };
+  if (gemma) {
+    x = x + N(1, o);
+    return x + N(3, mlp(N(2, x)));
+  }
+  x = x + o;
+  return x + mlp(N(1, x));
+}
+
 // Rows `ids` of w, unpacked to fp32 [n, K] (the embedding lookup, packed draft buffers, dequantization).
 torch::Tensor dequant_rows(torch::Tensor w, int64_t type, int64_t K, torch::Tensor ids) {
   TORCH_CHECK(w.dtype() == torch::kUInt8 && w.dim() == 2 && w.stride(1) == 1, "w: uint8 [N, row bytes]");
@@ -682,9 +807,16 @@ _CPP_DECL = ("torch::Tensor linear_q(torch::Tensor x, torch::Tensor w, int64_t t
              "torch::Tensor dequant_rows(torch::Tensor w, int64_t type, int64_t K, torch::Tensor ids);\n"
              "torch::Tensor linear_q8(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K);\n"
              "torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);\n"
-             "torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);")
+             "torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);\n"
+             "torch::Tensor attend_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor allowed, "
+             "double scale);\n"
+             "torch::Tensor layer_step(torch::Tensor x, std::vector<torch::Tensor> mats, std::vector<int64_t> meta, "
+             "std::vector<torch::Tensor> biases, std::vector<torch::Tensor> norms, torch::Tensor cos, "
+             "torch::Tensor sin, torch::Tensor kv, int64_t start, int64_t lo, torch::Tensor allowed, "
+             "std::vector<int64_t> dims, double eps, double scale);")
 
-_EXT = Extension("cpu_quant", _SOURCE, _CPP_DECL, ["linear_q", "dequant_rows", "linear_q8", "rms_norm", "rope"], "CPU quantized-weight kernel",
+_EXT = Extension("cpu_quant", _SOURCE, _CPP_DECL, ["linear_q", "dequant_rows", "linear_q8", "rms_norm", "rope", "attend_rows",
+                  "layer_step"], "CPU quantized-weight kernel",
                  flags=("-mf16c", "-ffp-contract=off"))
 
 
@@ -739,6 +871,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """``x * cos + rotate_half(x) * sin`` for ``x`` [T, H, D] and ``cos``, ``sin`` [T, D] (fp32)."""
     return _EXT.module.rope(x, cos, sin)
+
+
+def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float):
+    """Row-wise attention (see :func:`microspec.kernels.cpu_linear.attend`), bf16 or fp32."""
+    return _EXT.module.attend_rows(q, k, v, allowed, scale)
+
+
+def layer_step(x, mats, meta, biases, norms, cos, sin, kv, start, lo, allowed, dims, eps, scale):
+    """One decoder layer of a packed model on fp32 rows ``x`` [T, d], writing its keys and values into ``kv``
+    [2, kv heads, capacity, hd] at ``start`` (see the C++ comment for the arguments)."""
+    return _EXT.module.layer_step(x, mats, meta, biases, norms, cos, sin, kv, start, lo, allowed, dims, eps, scale)
 
 
 def dequant_rows(data: torch.Tensor, type_id: int, cols: int, ids: torch.Tensor) -> torch.Tensor:

@@ -272,6 +272,29 @@ def install(model: torch.nn.Module, weights: dict[str, QuantTensor]) -> None:
         setattr(module, attr, q)
 
 
+def quantize_linears(module: torch.nn.Module, qtype: str = "Q8_0") -> int:
+    """Replace the weight of every dense linear layer in ``module`` whose input size is a whole number of blocks by
+    a :class:`QuantTensor` of ``qtype`` (quantized with the ``gguf`` package; products on the integer path): a
+    draft network beside a packed target reads a quarter of its fp32 bytes and runs the same kernels.  Returns how
+    many layers were packed."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    from .native import Linear
+
+    _, block, _ = cpu_quant.TYPES[qtype]
+    packed = 0
+    for layer in module.modules():
+        w = layer._parameters.get("weight") if isinstance(layer, Linear) else None
+        if w is None or w.dim() != 2 or w.shape[1] % block:
+            continue
+        raw = quantize(w.detach().float().cpu().numpy(), GGMLQuantizationType[qtype])
+        layer._parameters.pop("weight")
+        layer.weight = QuantTensor(torch.from_numpy(raw.reshape(w.shape[0], -1)), qtype, int(w.shape[1]))
+        packed += 1
+    return packed
+
+
 def weight_bytes(model) -> int:
     """Bytes of weights one decode step of ``model`` (a :class:`~microspec.models.native.NativeCausalLM`) reads:
     every matrix once — packed or dense —, norms and biases; the embedding only where it is the (tied) LM head (a

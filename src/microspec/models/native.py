@@ -172,9 +172,19 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.gemma = gemma
 
+    def effective_weight(self) -> torch.Tensor:
+        """What the normalised rows are multiplied by, fp32: ``1 + w`` (Gemma) or ``w`` (recomputed when the
+        weight changes)."""
+        w = self.weight
+        key = (w.data_ptr(), w._version, w.dtype)
+        if getattr(self, "_effective_key", None) != key:
+            self._effective = (1.0 + w.float() if self.gemma else w.float()).detach()
+            self._effective_key = key
+        return self._effective
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if cpu_quant.rows_apply(x) and not (torch.is_grad_enabled() and self.weight.requires_grad):
-            return cpu_quant.rms_norm(x, 1.0 + self.weight if self.gemma else self.weight, self.eps)
+            return cpu_quant.rms_norm(x, self.effective_weight(), self.eps)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.gemma:  # (x * (1 + w)) in fp32, then cast: Gemma's convention
@@ -441,8 +451,16 @@ class NativeCausalLM(nn.Module):
             amask, lo = masks[spec.layer_windows[i]]
             return self._attend(q, keys[:, lo:s], values[:, lo:s], amask, gqa)
 
+        fused = self._fused_layers() if t <= cpu_linear.ATTENTION_MAX_ROWS and cpu_quant.rows_apply(x) else None
         for i, layer in enumerate(layers):
-            x = self.layer(i, layer, x, rope, attend)
+            if fused is not None:  # packed GGUF layers on fp32 rows: the whole layer in one kernel call
+                amask, lo = masks[spec.layer_windows[i]]
+                allowed = self._no_mask if amask is None else amask.reshape(t, s - lo).contiguous()
+                cos, sin = rope[spec.layer_rope[i]]
+                x = cpu_quant.layer_step(x, *fused[i][:4], cos, sin, cache.kv[i], start, lo, allowed, fused[i][4],
+                                         spec.rms_norm_eps, spec.attn_scale)
+            else:
+                x = self.layer(i, layer, x, rope, attend)
         cache.length = s
         return self.model.norm(x) if self.model.norm is not None else x
 
@@ -477,6 +495,39 @@ class NativeCausalLM(nn.Module):
             return x + layer.post_feedforward_layernorm(self._mlp(layer.mlp, h))
         x = x + o
         return x + self._mlp(layer.mlp, layer.post_attention_layernorm(x))
+
+    _ACTIVATIONS = {"silu": 0, "swish": 0, "gelu_pytorch_tanh": 1, "gelu_tanh": 1, "gelu": 2}
+
+    def _fused_layers(self) -> list | None:
+        """Per layer, what :func:`microspec.kernels.cpu_quant.layer_step` takes (matrices, their types, biases,
+        effective norm weights, dims), when every layer's matrices are packed GGUF blocks and nothing the kernel
+        lacks is needed (attention soft-capping); None otherwise.  Built once."""
+        if getattr(self, "_fused", False) is not False:
+            return self._fused
+        spec = self.spec
+        self._fused = None
+        self._no_mask = torch.empty(0, dtype=torch.bool)
+        if spec.attn_softcap is not None or spec.hidden_act not in self._ACTIVATIONS or not cpu_quant.available():
+            return None
+        empty = torch.empty(0)
+        out = []
+        for layer in self.model.layers:
+            a, m = layer.self_attn, layer.mlp
+            linears = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
+            if not all(isinstance(lin.weight, QuantTensor) for lin in linears):
+                return None
+            meta = [v for lin in linears for v in (lin.weight.type_id, lin.weight.cols, int(lin.weight.integer))]
+            biases = [empty if lin.bias is None else lin.bias.float() for lin in linears]
+            norms = [layer.input_layernorm, layer.post_attention_layernorm,
+                     getattr(layer, "pre_feedforward_layernorm", None), getattr(layer, "post_feedforward_layernorm",
+                                                                            None),
+                     getattr(a, "q_norm", None), getattr(a, "k_norm", None)]
+            norms = [empty if n is None else n.effective_weight() for n in norms]
+            dims = [spec.num_heads, spec.num_kv_heads, spec.head_dim, self._ACTIVATIONS[spec.hidden_act],
+                    int(spec.gemma)]
+            out.append(([lin.weight.data for lin in linears], meta, biases, norms, dims))
+        self._fused = out
+        return out
 
     def run_causal_batch(self, x: torch.Tensor, store=None) -> torch.Tensor:
         """Causal forward of a batch of sequences ``x`` [B, T, d] from position 0, without a cache: EAGLE head
