@@ -292,6 +292,7 @@ def test_tree_defaults_per_device():
 
     assert tree_defaults("eagle", "cuda", None, None, None) == (6, 10, 59)  # EAGLE-2: 60 with the root
     assert tree_defaults("eagle", "cpu", None, None, None) == tuple(TREE_DEFAULTS["cpu"].values())
+    assert tree_defaults("eagle", "cpu-gguf", None, None, None) == (1, 1, 1)  # packed GGUF target: one token
     assert tree_defaults("early-exit", "cpu", None, None, None) == (None, None, None)  # a chain
     assert tree_defaults("early-exit", "cuda", 3, None, None) == (3, 10, 59)
     assert tree_defaults("eagle", "cpu", 5, 3, None) == (5, 3, 15)
@@ -347,6 +348,27 @@ def test_adaptive_steps_follow_the_measured_rates():
     for _ in range(3):
         a.observe(True, 4, 0.1)  # drafting now commits 4 tokens a step: 40 tok/s
     assert a.rate[True] > a.rate[False] and a.draft_now() is True
+
+
+def test_adaptive_probes_back_off_while_the_other_kind_keeps_losing():
+    from microspec.decoding.adaptive import AdaptiveSteps
+
+    a = AdaptiveSteps(probe=4, warmup=1, max_probe=32)
+    drafted = []
+    for i in range(300):
+        d = a.draft_now()
+        a.observe(d, 1, 0.1 if d else 0.05)  # drafting always half as fast
+        drafted.append(d)
+    probes = [i for i, d in enumerate(drafted) if d][1:]  # after the warm-up step
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps[:4] == [8, 16, 32, 32] and set(gaps[4:]) == {32}  # 4 steps, then doubling up to the cap
+    assert a.interval == 32
+    intervals = []
+    for _ in range(60):  # drafting turns fast: a probe finds it, the choice flips and the interval resets, then
+        d = a.draft_now()  # grows again while plain steps, now the losing kind, keep losing
+        a.observe(d, 8 if d else 1, 0.1 if d else 0.05)
+        intervals.append(a.interval)
+    assert a.draft_now() is True and 4 in intervals and intervals[-1] > 4
 
 
 @pytest.mark.parametrize("greedy", [True, False])

@@ -468,7 +468,8 @@ def build(method: Method | str, lm: "LoadedModel", heads: dict | None = None) ->
             raise MicrospecError(f"draft model {draft.name!r} uses another tokenizer than {lm.name!r}")
         draft_model = draft.model
     auto = method.total_tokens == "auto"
-    depth, top_k, total = tree_defaults(method.drafter, lm.model.device.type, method.depth, method.top_k,
+    device_type = "cpu-gguf" if lm.model.device.type == "cpu" and lm.model.quantized else lm.model.device.type
+    depth, top_k, total = tree_defaults(method.drafter, device_type, method.depth, method.top_k,
                                         None if auto else method.total_tokens)
     sizing = None
     if auto:

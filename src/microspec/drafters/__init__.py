@@ -12,21 +12,26 @@ from .ngram import NGramDrafter
 DRAFTERS = ("none", "ngram", "early-exit", "eagle", "model")
 
 # Tree shape when the user gives none: on a GPU, EAGLE-2's published default (60 tokens with the root, depth 5 =
-# 6 draft levels, top-k 10); on a CPU, where a verify pass grows with every node (BENCHMARKS.md), small trees.
+# 6 draft levels, top-k 10); on a CPU, where a verify pass grows with every node (BENCHMARKS.md), small trees; with
+# packed GGUF weights on a CPU ("cpu-gguf") one drafted token: there a plain step costs ~17 ms and each further
+# verify row ~2 ms in the body and ~3.4 ms in the head, so only the first draft position pays (measured on Gemma 3
+# 270M: depth 1 1.10x plain decoding, depth 2 0.99x, the bf16 CPU tree 0.79x; BENCHMARKS.md).
 TREE_DEFAULTS = {
     "cuda": {"depth": 6, "top_k": 10, "total_tokens": 59},
     "cpu": {"depth": 4, "top_k": 2, "total_tokens": 8},
+    "cpu-gguf": {"depth": 1, "top_k": 1, "total_tokens": 1},
 }
 
 
 def tree_defaults(name: str, device_type: str, depth, top_k, total_tokens):
     """Fill unset tree settings for model-based drafters: the eagle drafter drafts a tree by default on every
-    device, early-exit and model drafters on CUDA only (a chain of ``depth`` tokens on a CPU)."""
+    device, early-exit and model drafters on CUDA only (a chain of ``depth`` tokens on a CPU).  ``device_type``:
+    ``cuda``, ``cpu`` or ``cpu-gguf`` (a packed GGUF target on a CPU)."""
     if name not in ("eagle", "early-exit", "model") or (top_k is None and total_tokens is not None):
         return depth, top_k, total_tokens
     if name != "eagle" and device_type != "cuda" and top_k is None:
         return depth, top_k, total_tokens
-    d = TREE_DEFAULTS["cuda" if device_type == "cuda" else "cpu"]
+    d = TREE_DEFAULTS[device_type if device_type in TREE_DEFAULTS else "cpu"]
     explicit_k = top_k is not None
     depth = d["depth"] if depth is None else depth
     top_k = d["top_k"] if top_k is None else top_k
