@@ -446,6 +446,9 @@ class Engine:
                 **({} if self.drafter is None else {"tree": dict(self.tree)})}
 
 
+PACKED_CPU_PROMPT_POSITIONS = 64
+
+
 def build(method: Method | str, lm: "LoadedModel", heads: dict | None = None) -> Engine:
     """The drafter and policy of ``method`` for ``lm``: shipped artifacts filled in (:meth:`Method.for_model`),
     the EAGLE head (from ``heads``, see :func:`load_heads`) or draft model loaded, the tree defaults of the model's
@@ -469,6 +472,11 @@ def build(method: Method | str, lm: "LoadedModel", heads: dict | None = None) ->
         draft_model = draft.model
     auto = method.total_tokens == "auto"
     device_type = "cpu-gguf" if lm.model.device.type == "cpu" and lm.model.quantized else lm.model.device.type
+    if device_type == "cpu-gguf" and method.vocab == "microspec" and method.k_pre_positions is None:
+        # C_pre from the last 64 prompt positions: the target's top-k at every position of a long prompt costs a
+        # full-vocabulary head row each (~3.4 ms packed on 2 cores): rag / summarization 0.66x plain decoding
+        # with every position, 1.01x with 64, the same tau (BENCHMARKS.md)
+        method = dataclasses.replace(method, k_pre_positions=PACKED_CPU_PROMPT_POSITIONS)
     depth, top_k, total = tree_defaults(method.drafter, device_type, method.depth, method.top_k,
                                         None if auto else method.total_tokens)
     sizing = None

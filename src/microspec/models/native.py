@@ -176,7 +176,11 @@ class RMSNorm(nn.Module):
         """What the normalised rows are multiplied by, fp32: ``1 + w`` (Gemma) or ``w`` (recomputed when the
         weight changes)."""
         w = self.weight
-        key = (w.data_ptr(), w._version, w.dtype)
+        try:
+            version = w._version
+        except RuntimeError:  # an inference tensor keeps no version counter (and is not modified in place)
+            version = -1
+        key = (w.data_ptr(), version, w.dtype)
         if getattr(self, "_effective_key", None) != key:
             self._effective = (1.0 + w.float() if self.gemma else w.float()).detach()
             self._effective_key = key
