@@ -247,3 +247,20 @@ def test_a_biased_verifier_would_be_caught(pair, exact):
         loop.sample_walk = original
     with pytest.raises(AssertionError):
         _check(counts, m2, "biased")
+
+
+def test_inverse_cdf_sample_draws_exactly_the_distribution_and_never_a_zero():
+    """``processors.sample`` (the loop's sampler, in place of torch.multinomial): chi-square against the weights,
+    rows handled independently, ids of weight 0 never drawn."""
+    from scipy.stats import chisquare
+
+    from microspec.decoding.processors import sample
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.tensor([0.0, 3.0, 0.0, 1.0, 0.5, 0.0, 2.5, 0.0])
+    draws = sample(w.expand(20000, -1), g)[:, 0]
+    assert draws.shape == (20000,) and sample(w, g).shape == (1,)
+    counts = torch.bincount(draws, minlength=8)
+    assert int(counts[w == 0].sum()) == 0
+    expected = (w[w > 0].double() / w.sum().double() * 20000).numpy()
+    assert chisquare(counts[w > 0].double().numpy(), expected * (20000 / expected.sum())).pvalue > 1e-3

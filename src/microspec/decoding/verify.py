@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .processors import LogitsPipeline
+from .processors import LogitsPipeline, sample
 from .tree import DraftTree
 
 HEAD_MODES = ("all", "visited", "path")
@@ -150,7 +150,7 @@ def sample_walk(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline) -> W
                 break
             p = p / total
         if chosen is None:
-            bonus = int(torch.multinomial(p, 1, generator=gen))
+            bonus = int(sample(p, gen))
             return Walk(accepted, path_tokens + [bonus], logits_of.computed, chosen_from)
         accepted.append(chosen)
         path_tokens.append(tree.tokens[chosen])

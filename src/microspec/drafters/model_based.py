@@ -11,6 +11,7 @@ from abc import abstractmethod
 
 import torch
 
+from ..decoding.processors import sample
 from ..decoding.tree import DraftTree
 from ..errors import check
 from ..models.kv_cache import KVCache
@@ -120,7 +121,7 @@ class ForwardDrafter(Drafter):
                 token = self.head.to_full_ids(logits.argmax(dim=-1))
             else:  # sample from the draft's own distribution, warped like the target's; verification needs it
                 q = ctx.pipe.probs(logits)
-                token = self.head.to_full_ids(torch.multinomial(q, 1, generator=ctx.pipe.generator)[0])
+                token = self.head.to_full_ids(sample(q, ctx.pipe.generator)[0])
                 qs.append(self.head.full_distribution(q)[0])
             out.append(int(token))
         return DraftTree.chain(out, torch.stack(qs) if qs else None)
