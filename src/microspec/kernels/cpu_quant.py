@@ -54,20 +54,15 @@ inline void nibbles(const uint8_t* qs, __m128i& lo, __m128i& hi) {
 inline void put_dq(float* y, __m256 q, __m256 d, __m256 off) { _mm256_storeu_ps(y, _mm256_mul_ps(d, _mm256_sub_ps(q, off))); }
 inline void put_dm(float* y, __m256 q, __m256 d, __m256 m) { _mm256_storeu_ps(y, _mm256_add_ps(_mm256_mul_ps(d, q), m)); }
 
-void deq_q4_0(const uint8_t* b, float* y) {
-  const __m256 d = _mm256_set1_ps(h2f(b)), off = _mm256_set1_ps(8.0f);
+// Q4_0 (MIN = false: d * (q - 8)) and Q4_1 (MIN = true: d * q + m), blocks of 32 with 4-bit q
+template <bool MIN>
+void deq_q4(const uint8_t* b, float* y) {
+  const __m256 d = _mm256_set1_ps(h2f(b)), c = _mm256_set1_ps(MIN ? h2f(b + 2) : 8.0f);
+  auto put = [&](float* o, __m256 q) { if (MIN) put_dm(o, q, d, c); else put_dq(o, q, d, c); };
   __m128i lo, hi;
-  nibbles(b + 2, lo, hi);
-  put_dq(y, u8_ps(lo), d, off); put_dq(y + 8, u8_ps(_mm_srli_si128(lo, 8)), d, off);
-  put_dq(y + 16, u8_ps(hi), d, off); put_dq(y + 24, u8_ps(_mm_srli_si128(hi, 8)), d, off);
-}
-
-void deq_q4_1(const uint8_t* b, float* y) {
-  const __m256 d = _mm256_set1_ps(h2f(b)), m = _mm256_set1_ps(h2f(b + 2));
-  __m128i lo, hi;
-  nibbles(b + 4, lo, hi);
-  put_dm(y, u8_ps(lo), d, m); put_dm(y + 8, u8_ps(_mm_srli_si128(lo, 8)), d, m);
-  put_dm(y + 16, u8_ps(hi), d, m); put_dm(y + 24, u8_ps(_mm_srli_si128(hi, 8)), d, m);
+  nibbles(b + (MIN ? 4 : 2), lo, hi);
+  put(y, u8_ps(lo)); put(y + 8, u8_ps(_mm_srli_si128(lo, 8)));
+  put(y + 16, u8_ps(hi)); put(y + 24, u8_ps(_mm_srli_si128(hi, 8)));
 }
 
 // the 5th bits of elements e0..e0+7 of a Q5 block, as 0 or 16 per lane
@@ -80,22 +75,16 @@ inline __m256 q5_ps(__m128i low8, uint32_t qh, int e0) {
   return _mm256_cvtepi32_ps(_mm256_or_si256(_mm256_cvtepu8_epi32(low8), fifth(qh, e0)));
 }
 
-void deq_q5_0(const uint8_t* b, float* y) {
-  const __m256 d = _mm256_set1_ps(h2f(b)), off = _mm256_set1_ps(16.0f);
-  uint32_t qh; std::memcpy(&qh, b + 2, 4);
+// Q5_0 (MIN = false: d * (q - 16)) and Q5_1 (MIN = true: d * q + m), blocks of 32 with 5-bit q
+template <bool MIN>
+void deq_q5(const uint8_t* b, float* y) {
+  const __m256 d = _mm256_set1_ps(h2f(b)), c = _mm256_set1_ps(MIN ? h2f(b + 2) : 16.0f);
+  auto put = [&](float* o, __m256 q) { if (MIN) put_dm(o, q, d, c); else put_dq(o, q, d, c); };
+  uint32_t qh; std::memcpy(&qh, b + (MIN ? 4 : 2), 4);
   __m128i lo, hi;
-  nibbles(b + 6, lo, hi);
-  put_dq(y, q5_ps(lo, qh, 0), d, off); put_dq(y + 8, q5_ps(_mm_srli_si128(lo, 8), qh, 8), d, off);
-  put_dq(y + 16, q5_ps(hi, qh, 16), d, off); put_dq(y + 24, q5_ps(_mm_srli_si128(hi, 8), qh, 24), d, off);
-}
-
-void deq_q5_1(const uint8_t* b, float* y) {
-  const __m256 d = _mm256_set1_ps(h2f(b)), m = _mm256_set1_ps(h2f(b + 2));
-  uint32_t qh; std::memcpy(&qh, b + 4, 4);
-  __m128i lo, hi;
-  nibbles(b + 8, lo, hi);
-  put_dm(y, q5_ps(lo, qh, 0), d, m); put_dm(y + 8, q5_ps(_mm_srli_si128(lo, 8), qh, 8), d, m);
-  put_dm(y + 16, q5_ps(hi, qh, 16), d, m); put_dm(y + 24, q5_ps(_mm_srli_si128(hi, 8), qh, 24), d, m);
+  nibbles(b + (MIN ? 8 : 6), lo, hi);
+  put(y, q5_ps(lo, qh, 0)); put(y + 8, q5_ps(_mm_srli_si128(lo, 8), qh, 8));
+  put(y + 16, q5_ps(hi, qh, 16)); put(y + 24, q5_ps(_mm_srli_si128(hi, 8), qh, 24));
 }
 
 void deq_q8_0(const uint8_t* b, float* y) {
@@ -196,10 +185,10 @@ QType qtype(int64_t t) {
   switch (t) {
     case 0: return {1, 4, deq_f32};
     case 1: return {1, 2, deq_f16};
-    case 2: return {32, 18, deq_q4_0};
-    case 3: return {32, 20, deq_q4_1};
-    case 6: return {32, 22, deq_q5_0};
-    case 7: return {32, 24, deq_q5_1};
+    case 2: return {32, 18, deq_q4<false>};
+    case 3: return {32, 20, deq_q4<true>};
+    case 6: return {32, 22, deq_q5<false>};
+    case 7: return {32, 24, deq_q5<true>};
     case 8: return {32, 34, deq_q8_0};
     case 12: return {256, 144, deq_q4_k};
     case 13: return {256, 176, deq_q5_k};
