@@ -36,12 +36,11 @@ def default_head_mode(device: torch.device, head_weight: torch.Tensor | None = N
     if device.type == "cuda":
         return "path"
     from ..kernels import cpu_linear
-
     from ..models.gguf import QuantTensor
 
-    if isinstance(head_weight, QuantTensor):  # packed GGUF head: 7.3 / 9.4 / 14.8 ms for 1 / 2 / 4 rows
-        return "path"
-    return "path" if head_weight is not None and cpu_linear.applies(head_weight) else "visited"
+    # a packed GGUF head: 6.7 / 8.8 / 14.6 ms for 1 / 2 / 4 rows (BENCHMARKS.md)
+    batched = isinstance(head_weight, QuantTensor) or (head_weight is not None and cpu_linear.applies(head_weight))
+    return "path" if batched else "visited"
 
 
 @dataclass

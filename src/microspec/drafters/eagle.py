@@ -130,13 +130,12 @@ class EagleDrafter(ForwardDrafter):
         if next(self.eagle.parameters()).dtype != target.dtype or \
                 next(self.eagle.parameters()).device != target.device:
             self.eagle.to(device=target.device, dtype=target.dtype)
-        if target.quantized and not getattr(self.eagle, "packed", False):
+        from ..models.gguf import QuantTensor, quantize_linears
+
+        if target.quantized and not isinstance(self.eagle.fc.weight, QuantTensor):
             # beside a packed GGUF target the head's matrices go Q8_0 through the same integer kernels (a quarter
             # of the fp32 bytes per draft level; drafts only: verification decides what is kept)
-            from ..models.gguf import quantize_linears
-
             quantize_linears(self.eagle)
-            self.eagle.packed = True
         self.cache = self.eagle.body.new_cache(len(prompt_ids) + 256)
         self.pending = hidden
         return target.head_weight, target.spec.final_softcap

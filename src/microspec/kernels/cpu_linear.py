@@ -32,35 +32,12 @@ from __future__ import annotations
 
 import torch
 
+# the row-wise attention kernel is built with the quantized-weight kernels
+from . import cpu_quant
 from ._build import COMMON_CPP, Extension
 
 _SOURCE = COMMON_CPP + r"""
 namespace {
-
-// One dot product over K: 8 fp32 lanes in k order, then the fixed horizontal sum, then the scalar tail.  Every
-// tile below computes exactly this sequence for each (row, column), so results do not depend on tiling or M.
-template <int MT, int NT>
-inline void tile(const float* x, int64_t K, const uint16_t* w, int64_t m0, int64_t n0, float* out) {
-  __m256 acc[MT][NT];
-  for (int i = 0; i < MT; ++i)
-    for (int j = 0; j < NT; ++j) acc[i][j] = _mm256_setzero_ps();
-  const int64_t K8 = K & ~int64_t(7);
-  for (int64_t k = 0; k < K8; k += 8) {
-    __m256 wv[NT];
-    for (int j = 0; j < NT; ++j) wv[j] = load_bf16x8(w + (n0 + j) * K + k);
-    for (int i = 0; i < MT; ++i) {
-      __m256 xv = _mm256_loadu_ps(x + (m0 + i) * K + k);
-      for (int j = 0; j < NT; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
-    }
-  }
-  for (int i = 0; i < MT; ++i)
-    for (int j = 0; j < NT; ++j) {
-      float s = hsum8(acc[i][j]);
-      for (int64_t k = K8; k < K; ++k) s += x[(m0 + i) * K + k] * bf16_to_f32(w[(n0 + j) * K + k]);
-      out[i * NT + j] = s;
-    }
-}
-
 
 }  // namespace
 
@@ -97,13 +74,13 @@ torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, torch::Tensor bias, 
           for (int64_t m0 = mb; m0 < me; m0 += 2) {
             const int64_t mt = std::min<int64_t>(2, me - m0);
             if (nt == NT) {
-              if (mt == 2) tile<2, NT>(xp, K, wp, m0, n0, buf);
-              else tile<1, NT>(xp, K, wp, m0, n0, buf);
+              if (mt == 2) tile<2, NT>(xp, K, wp + n0 * K, m0, buf);
+              else tile<1, NT>(xp, K, wp + n0 * K, m0, buf);
             } else {
               for (int64_t j = 0; j < nt; ++j) {
                 float one[2];
-                if (mt == 2) tile<2, 1>(xp, K, wp, m0, n0 + j, one);
-                else tile<1, 1>(xp, K, wp, m0, n0 + j, one);
+                if (mt == 2) tile<2, 1>(xp, K, wp + (n0 + j) * K, m0, one);
+                else tile<1, 1>(xp, K, wp + (n0 + j) * K, m0, one);
                 for (int64_t i = 0; i < mt; ++i) buf[i * NT + j] = one[i];
               }
             }
@@ -146,8 +123,6 @@ def attention_applies(q: torch.Tensor) -> bool:
     """Whether :func:`attend` serves an attention call of ``q`` [H, T, D]: bf16 (or fp32, the activations of the
     quantized engine) on a CPU, at most :data:`ATTENTION_MAX_ROWS` query rows (decode steps and tree verification;
     a prefill keeps torch's attention)."""
-    from . import cpu_quant  # the attention kernel is built with the quantized-weight kernels
-
     return (q.dtype in (torch.bfloat16, torch.float32) and q.device.type == "cpu"
             and q.shape[-2] <= ATTENTION_MAX_ROWS and cpu_quant.available())
 
@@ -185,8 +160,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     sequential fp32 sums: a row's result does not depend on the other rows of the call nor on masked slots, so a
     one-token decode step and a tree-verify pass compute the same values for the same token."""
     m = torch.empty(0, dtype=torch.bool) if mask is None else mask.reshape(q.shape[1], k.shape[1]).contiguous()
-    from . import cpu_quant
-
     return cpu_quant.attend_rows(q, k, v, m, float(scale))
 
 

@@ -210,30 +210,6 @@ inline void deq_row(const QType& q, const uint8_t* row, int64_t K, float* y) {
   for (int64_t k = 0, b = 0; k < K; k += q.block, b += q.bytes) q.deq(row + b, y + k);
 }
 
-// The dot products of a tile: input rows m0..m0+MT-1 against the fp32 weight rows w[0..NT-1] (row stride K).  The
-// sum of each (row, weight row) is the same fixed sequence whatever MT, NT, the tile or the call.
-template <int MT, int NT>
-inline void tile(const float* x, int64_t K, const float* w, int64_t m0, float* out) {
-  __m256 acc[MT][NT];
-  for (int i = 0; i < MT; ++i)
-    for (int j = 0; j < NT; ++j) acc[i][j] = _mm256_setzero_ps();
-  const int64_t K8 = K & ~int64_t(7);
-  for (int64_t k = 0; k < K8; k += 8) {
-    __m256 wv[NT];
-    for (int j = 0; j < NT; ++j) wv[j] = _mm256_loadu_ps(w + j * K + k);
-    for (int i = 0; i < MT; ++i) {
-      const __m256 xv = _mm256_loadu_ps(x + (m0 + i) * K + k);
-      for (int j = 0; j < NT; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
-    }
-  }
-  for (int i = 0; i < MT; ++i)
-    for (int j = 0; j < NT; ++j) {
-      float s = hsum8(acc[i][j]);
-      for (int64_t k = K8; k < K; ++k) s = std::fma(x[(m0 + i) * K + k], w[j * K + k], s);
-      out[i * NT + j] = s;
-    }
-}
-
 // ---------------------------------------------------------------------------------------------------------------
 // The integer path (as ggml does it): activations quantized per 32-element block to int8 with an fp32 scale, each
 // 32-element group of a weight row as 32 int8 values q with scales (s_lo for elements 0..15, s_hi for 16..31) and,
@@ -260,6 +236,16 @@ inline __m256i bit16(const uint8_t* qh4) {
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(16));
 }
 
+// Q4_K / Q5_K: the 8 sub-blocks' scales d * sc (both halves) and min terms -(dmin * m)
+inline void k4_scales(const uint8_t* b, float d, float dmin, float* s, float* mm) {
+  for (int j = 0; j < 8; ++j) {
+    int sc, m;
+    scale_min_k4(b + 4, j, sc, m);
+    s[2 * j] = s[2 * j + 1] = d * float(sc);
+    mm[j] = -(dmin * float(m));
+  }
+}
+
 struct I8Q4_0 { static constexpr int block = 32, bytes = 18; static constexpr bool min = false;
   static void unpack(const uint8_t* b, int8_t* q, float* s, float*) {
     store256(q, _mm256_sub_epi8(nib32v(b + 2), _mm256_set1_epi8(8))); s[0] = s[1] = h2f(b); } };
@@ -282,12 +268,7 @@ struct I8Q4_K { static constexpr int block = 256, bytes = 144; static constexpr 
       store256(q + 64 * c, _mm256_and_si256(v, m4));
       store256(q + 64 * c + 32, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
     }
-    for (int j = 0; j < 8; ++j) {
-      int sc, m;
-      scale_min_k4(b + 4, j, sc, m);
-      s[2 * j] = s[2 * j + 1] = d * float(sc);
-      mm[j] = -(dmin * float(m));
-    } } };
+    k4_scales(b, d, dmin, s, mm); } };
 struct I8Q5_K { static constexpr int block = 256, bytes = 176; static constexpr bool min = true;
   static void unpack(const uint8_t* b, int8_t* q, float* s, float* mm) {
     const float d = h2f(b), dmin = h2f(b + 2);
@@ -300,12 +281,7 @@ struct I8Q5_K { static constexpr int block = 256, bytes = 176; static constexpr 
       store256(q + 64 * c, _mm256_or_si256(_mm256_and_si256(v, m4), h0));
       store256(q + 64 * c + 32, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), h1));
     }
-    for (int j = 0; j < 8; ++j) {
-      int sc, m;
-      scale_min_k4(b + 4, j, sc, m);
-      s[2 * j] = s[2 * j + 1] = d * float(sc);
-      mm[j] = -(dmin * float(m));
-    } } };
+    k4_scales(b, d, dmin, s, mm); } };
 struct I8Q6_K { static constexpr int block = 256, bytes = 210; static constexpr bool min = false;
   static void unpack(const uint8_t* b, int8_t* q, float* s, float*) {
     const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
@@ -566,12 +542,6 @@ torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
 // other rows of the call nor on masked slots: the one-token decode step and a tree-verify pass agree bit for bit.
 // q: [H, T, D]; k, v: [G, S, D] with unit stride along D, all bf16 (E = uint16_t) or all fp32 (E = float);
 // allowed: [T, S] bool or empty (all visible).
-inline __m256 load8(const uint16_t* p) { return load_bf16x8(p); }
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline float to_f32(uint16_t h) { return bf16_to_f32(h); }
-inline float to_f32(float f) { return f; }
-inline void store_f32(uint16_t* p, float f) { *p = f32_to_bf16(f); }
-inline void store_f32(float* p, float f) { *p = f; }
 
 template <typename E>
 inline float dot_e(const float* x, const E* w, int64_t K) {

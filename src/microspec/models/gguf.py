@@ -65,7 +65,7 @@ class GGUFFile:
             (n,) = struct.unpack_from("<Q", buf, p)
             return bytes(buf[p + 8 : p + 8 + n]).decode("utf-8", errors="replace"), p + 8 + n
 
-        def value(p: int, vtype: int, keep: bool) -> tuple[object, int]:
+        def value(p: int, vtype: int) -> tuple[object, int]:
             if vtype in _SCALARS:
                 fmt = _SCALARS[vtype]
                 return struct.unpack_from(fmt, buf, p)[0], p + struct.calcsize(fmt)
@@ -77,14 +77,14 @@ class GGUFFile:
                 if etype in _SCALARS:  # skipped whole: a fixed-size run
                     return None, p + count * struct.calcsize(_SCALARS[etype])
                 for _ in range(count):  # strings (the vocabulary): only their lengths are read
-                    _, p = value(p, etype, False)
+                    _, p = value(p, etype)
                 return None, p
             raise ValueError(f"unknown metadata value type {vtype}")
 
         for _ in range(n_kv):
             key, pos = string(pos)
             (vtype,) = struct.unpack_from("<I", buf, pos)
-            val, pos = value(pos + 4, vtype, True)
+            val, pos = value(pos + 4, vtype)
             if val is not None:
                 self.metadata[key] = val
         infos = []
@@ -215,9 +215,6 @@ class QuantTensor:
             return cpu_quant.linear_q8(x, self.data, self.type_id, self.cols)
         return cpu_quant.linear(x, self.data, self.type_id, self.cols)
 
-    def permute_rows(self, order: torch.Tensor) -> QuantTensor:
-        return QuantTensor(self.data.index_select(0, order), self.qtype, self.cols, self.integer)
-
 
 # GGUF tensor names -> Hugging Face names, for the matrices the native model holds (the families it supports)
 _GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output.weight": "lm_head.weight"}
@@ -255,7 +252,7 @@ def packed_weights(path: Path, spec, integer: bool = True) -> dict[str, QuantTen
         q = f.packed(name, integer)
         if f.architecture == "llama" and (".attn_q." in name or ".attn_k." in name):
             heads = spec.num_heads if ".attn_q." in name else spec.num_kv_heads
-            q = q.permute_rows(_unpermute(q.shape[0], heads))
+            q = q.index_select(0, _unpermute(q.shape[0], heads))
         out[hf] = q
     return out
 
@@ -306,14 +303,11 @@ def weight_bytes(model) -> int:
     for module in model.modules():
         if module is skip:
             continue
-        for value in list(vars(module).values()) + list(module._parameters.values()):
-            if id(value) in seen:
-                continue
-            if isinstance(value, QuantTensor):
-                total += value.nbytes
-            elif isinstance(value, torch.Tensor):
-                total += value.numel() * value.element_size()
-            else:
+        # parameters and packed matrices only: other tensor attributes are derived (cached norm weights, masks)
+        packed = [v for v in vars(module).values() if isinstance(v, QuantTensor)]
+        for value in [*module._parameters.values(), *packed]:
+            if value is None or id(value) in seen:
                 continue
             seen.add(id(value))
+            total += value.nbytes if isinstance(value, QuantTensor) else value.numel() * value.element_size()
     return total

@@ -92,6 +92,7 @@ def shipped_policy(name: str | os.PathLike, method: str) -> Path | None:
 
 
 WEIGHTS = ("gguf", "gguf-f32", "bf16", "fp32")
+_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}  # LoadedModel.weights of a dtype
 
 
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -358,6 +359,5 @@ def load_model(
     eos = list(model.spec.eos_token_ids)
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
         eos.append(int(tokenizer.eos_token_id))
-    weights = dtype if quantized else str(torch_dtype).removeprefix("torch.").replace("float32", "fp32").replace(
-        "bfloat16", "bf16").replace("float16", "fp16")
+    weights = dtype if quantized else _NAMES[torch_dtype]
     return LoadedModel(model, tokenizer, cfg, name, path, tuple(eos), weights)
