@@ -155,7 +155,7 @@ def test_accept_per_position_arithmetic():
 
     s = GenerationStats()
     for committed, depth in [(3, 4), (1, 4), (5, 4), (1, 0), (2, 2)]:
-        s.record_step(committed, depth, depth, 0.0, 0.0, 1)
+        s.record_step(committed, depth, depth, 1)
     # depth>=1: 4 steps, accepted (2,0,4,1) -> >=1: 3/4; >=2: 2/4; depth>=3: 3 steps (2,0,4) -> >=3: 1/3; >=4: 1/3
     assert s.accept_per_position == [0.75, 0.5, round(1 / 3, 4), round(1 / 3, 4)]
     assert s.mean_accept_len == 12 / 5

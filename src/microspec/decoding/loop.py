@@ -7,6 +7,7 @@ and host reads only of the chosen tokens (needed anyway to walk the tree and tes
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -17,12 +18,12 @@ import torch.nn.functional as F
 from ..errors import MicrospecError, check
 from ..kernels import cpu_linear
 from ..models.native import NativeCausalLM
-from .config import GenerationConfig
 from .adaptive import AdaptiveSteps
+from .config import GenerationConfig
 from .context import DraftContext
 from .observers import CoverageObserver
 from .processors import LogitsPipeline
-from .stats import DeviceTimer, GenerationStats, Stopwatch
+from .stats import DeviceTimer, GenerationStats, StepClock
 from .tree import DraftTree
 from .verify import HEAD_MODES, LazyHead, default_head_mode, greedy_walk, sample_walk
 
@@ -134,7 +135,8 @@ def generate_ids(
                 return "stop"
         return None
 
-    clock = Stopwatch(device)
+    clock = StepClock(device)  # marks read once, at the end: no wait for the device inside a step
+    spans: list[tuple[int, int, int, int]] = []  # per step: marks at draft start, verify start, verify end, end
     vocab_timer = DeviceTimer(device)
     coverage = CoverageObserver(vocab, device) if vocab is not None and drafter is not None else None
     hidden = model(torch.as_tensor(tokens, dtype=torch.long, device=device), cache)
@@ -150,16 +152,16 @@ def generate_ids(
     if pipe.active:
         pipe.process(logits)
     finish = emit([int(pipe.choose(logits))])
-    stats.prefill_s = clock.elapsed()
+    prefill_end = clock.mark()
     while finish is None:
-        t0 = clock.elapsed()
+        t0, host_t0 = clock.mark(), time.perf_counter()
         if on_step is not None:
             on_step(len(tokens))
         drafting = drafter is not None and (adaptive is None or adaptive.draft_now())
         tree = draft(drafter if drafting else None,
                      DraftContext(tokens, model, cache, cfg.max_new_tokens - len(out) - 1, pipe))
         stats.skipped_steps += drafter is not None and not drafting
-        t1 = clock.elapsed()
+        t1 = clock.mark()
         start = cache.length
         hidden = verify_forward(model, cache, tree, tokens[-1])
         walk_head = LazyHead(model.head, hidden, tree, head_mode)
@@ -169,24 +171,29 @@ def generate_ids(
             cache.keep(list(range(start)) + [start + r for r in branch])
         if coverage is not None:
             coverage.on_verified(tree, walk.tokens)
-        t2 = clock.elapsed()
+        t2 = clock.mark()
         if vocab is not None:  # the logits the target chose from on the validated branch (the walk has them)
             with vocab_timer:
                 vocab.on_verify(torch.tensor(tree.tokens, dtype=torch.long, device=device),
                                 torch.stack(walk.logits) if vocab.wants_verify_logits
                                 else hidden.new_zeros(0, model.spec.vocab_size), walk.tokens)
-        new = walk.tokens  # the policy's update is drafting work: it counts in draft_s
-        stats.record_step(len(new), len(tree), max(tree.depths(), default=0), t1 - t0 + clock.elapsed() - t2,
-                          t2 - t1, walk.head_rows)
+        spans.append((t0, t1, t2, clock.mark()))
+        new = walk.tokens
+        stats.record_step(len(new), len(tree), max(tree.depths(), default=0), walk.head_rows)
         if drafter is not None:
             drafter.commit(new, hidden[branch])
-        if adaptive is not None:
-            adaptive.observe(drafting, len(new), clock.elapsed() - t0)
+        if adaptive is not None:  # the host's clock: the walk has read the accepted tokens, so it tracks the device
+            adaptive.observe(drafting, len(new), time.perf_counter() - host_t0)
         emitted = len(out)
         finish = emit(new)
         if coverage is not None:
             coverage.on_emitted(len(out) - emitted)
-    stats.wall_s = clock.elapsed()
+    end = clock.mark()
+    seconds = clock.resolve()
+    stats.prefill_s, stats.wall_s = seconds[prefill_end], seconds[end]
+    for t0, t1, t2, t3 in spans:  # the policy's update is drafting work: it counts in draft_s
+        stats.draft_s += seconds[t1] - seconds[t0] + seconds[t3] - seconds[t2]
+        stats.verify_s += seconds[t2] - seconds[t1]
     stats.new_tokens = len(out)
     stats.vocab_s = vocab_timer.seconds
     if coverage is not None:

@@ -17,6 +17,7 @@ import torch
 
 from ..errors import check
 from ..models.native import NativeCausalLM
+from .stats import sync
 
 CANDIDATES = (4, 8, 12, 16, 24, 32, 48, 60, 80)
 
@@ -41,13 +42,11 @@ def verify_cost_s(model: NativeCausalLM, n: int, prefix: int = 128, repeats: int
     pos = torch.arange(prefix, prefix + n + 1, device=device)
     best = math.inf
     for i in range(repeats + 1):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        sync(device)
         t0 = time.perf_counter()
         h = model(ids, cache, positions=pos, mask=mask)
         model.head(h[:1])
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        sync(device)
         if i:  # the first run warms up
             best = min(best, time.perf_counter() - t0)
         cache.truncate(prefix)

@@ -47,13 +47,11 @@ class GenerationStats:
     skipped_steps: int = 0  # steps the adaptive mode took without drafting (it judged drafting would not pay)
     weight_bytes: int = 0  # bytes of target weights one target step reads (every matrix once)
 
-    def record_step(self, committed: int, drafted: int, depth: int, draft_s: float, verify_s: float,
-                    head_rows: int) -> None:
+    def record_step(self, committed: int, drafted: int, depth: int, head_rows: int) -> None:
+        """One step's counts (its times come at the end of the generation: :class:`StepClock`)."""
         self.accept_lengths.append(committed)
         self.draft_sizes.append(drafted)
         self.draft_depths.append(depth)
-        self.draft_s += draft_s
-        self.verify_s += verify_s
         self.head_rows += head_rows
 
     @property
@@ -114,17 +112,38 @@ class GenerationStats:
         }
 
 
-class Stopwatch:
-    """Wall-clock timer that synchronises the device before each reading."""
+def uses_events(device: torch.device | str) -> bool:
+    """Whether timing on ``device`` goes through CUDA events (read once) rather than the host's clock."""
+    return torch.device(device).type == "cuda"
 
-    def __init__(self, device: torch.device):
-        self.device = device
-        sync(device)
-        self.t0 = time.perf_counter()
 
-    def elapsed(self) -> float:
-        sync(self.device)
-        return time.perf_counter() - self.t0
+class StepClock:
+    """Time marks of one generation that never wait for the device: on a CPU the host's clock; on CUDA an event
+    recorded on the current stream per mark, all read by one synchronisation in :meth:`resolve` at the end — so a
+    step keeps its only host read, the accepted tokens, and a side stream's work can overlap the next draft.
+
+    ``mark()`` returns a mark's index; ``resolve()`` returns the seconds of every mark since the first."""
+
+    def __init__(self, device: torch.device | str):
+        self.events = uses_events(device)
+        self._marks: list = []
+        self.mark()
+
+    def mark(self) -> int:
+        if self.events:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._marks.append(event)
+        else:
+            self._marks.append(time.perf_counter())
+        return len(self._marks) - 1
+
+    def resolve(self) -> list[float]:
+        first = self._marks[0]
+        if not self.events:
+            return [t - first for t in self._marks]
+        torch.cuda.synchronize()
+        return [first.elapsed_time(e) / 1000.0 for e in self._marks]
 
 
 class DeviceTimer:
@@ -132,7 +151,7 @@ class DeviceTimer:
     once, by :attr:`seconds`), the wall clock on a CPU."""
 
     def __init__(self, device: torch.device | str):
-        self.cuda = torch.device(device).type == "cuda"
+        self.cuda = uses_events(device)
         self._events: list = []
         self._seconds = 0.0
         self._t0 = 0.0
