@@ -9,6 +9,19 @@ from .errors import check
 from .models.registry import LoadedModel
 
 
+def stop_string_check(tokenizer, stops):
+    """A ``stop_check`` for the generation loop that stops once the text of the last tokens holds one of ``stops``
+    (None when there are none)."""
+    if not stops:
+        return None
+
+    def stop_check(tokens: list[int]) -> bool:
+        tail = tokenizer.decode(tokens[-32:], skip_special_tokens=True)
+        return any(s in tail for s in stops)
+
+    return stop_check
+
+
 def has_chat_template(lm: LoadedModel) -> bool:
     return bool(getattr(lm.tokenizer, "chat_template", None))
 
@@ -64,14 +77,6 @@ def generate(lm: LoadedModel, prompt: str, cfg: GenerationConfig | None = None, 
     check(engine.lm is lm, "the engine was built for another model")
     cfg = cfg or GenerationConfig(**overrides)
     ids = encode_prompt(lm, prompt, chat)
-    stop_check = None
-    if cfg.stop_strings:
-        stops = cfg.stop_strings
-
-        def stop_check(tokens: list[int]) -> bool:
-            tail = lm.tokenizer.decode(tokens[-32:], skip_special_tokens=True)
-            return any(s in tail for s in stops)
-
-    result = engine.generate_ids(ids, cfg, stop_check)
+    result = engine.generate_ids(ids, cfg, stop_string_check(lm.tokenizer, cfg.stop_strings))
     result.text = lm.tokenizer.decode(result.token_ids, skip_special_tokens=True)
     return result

@@ -422,16 +422,16 @@ class Engine:
                             always=set(lm.eos_token_ids) | set(special_ids(lm.tokenizer)))
 
     def generate_ids(self, prompt_ids, cfg: "GenerationConfig", stop_check=None, on_step=None,
-                     vocab: "VocabPolicy | None" = None) -> "GenerationResult":
+                     vocab: "VocabPolicy | None" = None, on_commit=None) -> "GenerationResult":
         """:func:`microspec.decoding.generate_ids` with this method (``vocab``: a policy made by :meth:`policy`,
-        when the caller wants to watch it; else a fresh one)."""
+        when the caller wants to watch it; else a fresh one; ``on_commit``: hears each step's tokens)."""
         from .decoding.adaptive import AdaptiveSteps
         from .decoding.loop import generate_ids
 
         adaptive = AdaptiveSteps() if self.method.adaptive and self.drafter is not None else None
         return generate_ids(self.lm.model, prompt_ids, cfg, self.lm.eos_token_ids, stop_check, drafter=self.drafter,
                             head_mode=self.head_mode, vocab=vocab if vocab is not None else self.policy(),
-                            on_step=on_step, adaptive=adaptive)
+                            on_step=on_step, adaptive=adaptive, on_commit=on_commit)
 
     def generate(self, prompt: str, cfg: "GenerationConfig | None" = None, chat: bool | None = None,
                  **overrides: Any) -> "GenerationResult":

@@ -1,0 +1,105 @@
+"""The server's counters and gauges, in Prometheus' text format.
+
+Speculative decoding uses vLLM's metric names (``vllm:spec_decode_*``): drafts (steps that drafted), draft tokens
+(nodes proposed), accepted tokens and accepted tokens per position (steps whose drafts reached depth k that
+accepted at least k), so dashboards made for vLLM read them; the mean acceptance length (tau, committed tokens per
+drafted step: 1 + accepted / drafts) and the decode speed have ``microspec:`` names.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from ..decoding.stats import GenerationStats
+
+
+class Metrics:
+    def __init__(self, model: str):
+        self.model = model
+        self.lock = threading.Lock()
+        self.drafts = self.draft_tokens = self.accepted = 0
+        self.accepted_per_pos: list[int] = []
+        self.prompt_tokens = self.generation_tokens = 0
+        self.decode_seconds = 0.0  # time in generation (prefill included) of the finished requests
+        self.finished: dict[str, int] = {}  # finish reason -> requests
+        self.cancelled = self.errors = self.rejected = self.timeouts = 0
+
+    def on_request(self, stats: GenerationStats, finish: str) -> None:
+        """A finished generation."""
+        with self.lock:
+            for committed, drafted, depth in zip(stats.accept_lengths, stats.draft_sizes, stats.draft_depths):
+                if not drafted:
+                    continue
+                accepted = committed - 1
+                self.drafts += 1
+                self.draft_tokens += drafted
+                self.accepted += accepted
+                if len(self.accepted_per_pos) < depth:
+                    self.accepted_per_pos += [0] * (depth - len(self.accepted_per_pos))
+                for k in range(min(accepted, depth)):
+                    self.accepted_per_pos[k] += 1
+            self.prompt_tokens += stats.prompt_tokens
+            self.generation_tokens += stats.new_tokens
+            self.decode_seconds += stats.wall_s
+            self.finished[finish] = self.finished.get(finish, 0) + 1
+
+    def count(self, what: str) -> None:
+        """One more cancelled / errors / rejected / timeouts request."""
+        with self.lock:
+            setattr(self, what, getattr(self, what) + 1)
+
+    def render(self, waiting: int, running: int) -> str:
+        """The Prometheus text exposition (format 0.0.4)."""
+        label = f'model_name="{self.model}"'
+        lines: list[str] = []
+
+        def metric(name: str, kind: str, doc: str, samples: list[tuple[str, float]]) -> None:
+            lines.append(f"# HELP {name} {doc}")
+            lines.append(f"# TYPE {name} {kind}")
+            suffix = "_total" if kind == "counter" else ""
+            for extra, value in samples:
+                labels = label + (f",{extra}" if extra else "")
+                lines.append(f"{name}{suffix}{{{labels}}} {value}")
+
+        with self.lock:
+            metric("vllm:num_requests_waiting", "gauge", "Requests waiting in the queue.", [("", waiting)])
+            metric("vllm:num_requests_running", "gauge", "Requests being decoded.", [("", running)])
+            metric("vllm:prompt_tokens", "counter", "Prompt tokens processed.", [("", self.prompt_tokens)])
+            metric("vllm:generation_tokens", "counter", "Tokens generated.", [("", self.generation_tokens)])
+            metric("vllm:request_success", "counter", "Requests finished, by finish reason.",
+                   [(f'finished_reason="{r}"', n) for r, n in sorted(self.finished.items())] or [("", 0)])
+            metric("vllm:spec_decode_num_drafts", "counter", "Decode steps that drafted.", [("", self.drafts)])
+            metric("vllm:spec_decode_num_draft_tokens", "counter", "Draft tokens proposed.",
+                   [("", self.draft_tokens)])
+            metric("vllm:spec_decode_num_accepted_tokens", "counter", "Draft tokens accepted.",
+                   [("", self.accepted)])
+            metric("vllm:spec_decode_num_accepted_tokens_per_pos", "counter",
+                   "Drafted steps that accepted at least position+1 draft tokens.",
+                   [(f'position="{k}"', n) for k, n in enumerate(self.accepted_per_pos)] or [('position="0"', 0)])
+            tau = 1 + self.accepted / self.drafts if self.drafts else 1.0
+            metric("microspec:spec_decode_mean_acceptance_length", "gauge",
+                   "Tokens committed per drafted step (1 + accepted / drafts).", [("", round(tau, 4))])
+            rate = self.generation_tokens / self.decode_seconds if self.decode_seconds else 0.0
+            metric("microspec:generation_tokens_per_second", "gauge",
+                   "Generated tokens over the time spent generating them (finished requests).",
+                   [("", round(rate, 3))])
+            for name, value, doc in (("cancelled", self.cancelled, "Generations cancelled by their client."),
+                                     ("errors", self.errors, "Requests that failed inside the worker."),
+                                     ("rejected", self.rejected, "Requests refused because the queue was full."),
+                                     ("timeouts", self.timeouts, "Requests that ran past the request timeout.")):
+                metric(f"microspec:requests_{name}", "counter", doc, [("", value)])
+        rss = resident_bytes()
+        if rss is not None:  # the standard process metric (no model label: it is the process's)
+            lines += ["# HELP process_resident_memory_bytes Resident memory size in bytes.",
+                      "# TYPE process_resident_memory_bytes gauge", f"process_resident_memory_bytes {rss}"]
+        return "\n".join(lines) + "\n"
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory (Linux; None elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None

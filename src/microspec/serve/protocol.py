@@ -1,0 +1,217 @@
+"""The OpenAI wire format: requests parsed and checked into :class:`Request`, responses and stream chunks built.
+
+Only what the HTTP side can judge is checked here (JSON types, ranges, the served model's name); what needs the
+model — a prompt over the context, a conversation without a chat template — is checked by the worker before the
+first token, and still answers 400 (:class:`~microspec.serve.worker.Worker`).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from ..decoding.config import GenerationConfig
+from ..errors import MicrospecError
+
+ROLES = ("system", "user", "assistant", "developer")
+MAX_STOPS = 4  # as OpenAI
+DEFAULT_MAX_TOKENS = {"completion": 16, "chat": 256}  # OpenAI's legacy completions default; chat: the server's
+
+
+class APIError(Exception):
+    """An error answered as OpenAI does: ``{"error": {"message", "type", "param", "code"}}`` with an HTTP status."""
+
+    TYPES: ClassVar[dict[int, str]] = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_exceeded", 500: "server_error",
+             503: "service_unavailable", 504: "timeout"}
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "error"),
+                          "param": self.param, "code": self.code}}
+
+
+@dataclass
+class Request:
+    kind: str  # "completion" or "chat"
+    cfg: GenerationConfig  # its stop strings are the request's "stop"
+    stream: bool = False
+    prompt: str | None = None  # completion: text ...
+    prompt_ids: list[int] | None = None  # ... or token ids
+    messages: list[dict] = field(default_factory=list)  # chat
+    id: str = ""
+    created: int = 0
+
+    def __post_init__(self) -> None:
+        prefix = "cmpl" if self.kind == "completion" else "chatcmpl"
+        self.id = self.id or f"{prefix}-{uuid.uuid4().hex}"
+        self.created = self.created or int(time.time())
+
+
+def _bad(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param)
+
+
+def _number(body: dict, name: str, default, kind=(int, float)):
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise _bad(f"'{name}' must be a {'integer' if kind is int else 'number'}, got {type(value).__name__}", name)
+    return value
+
+
+def _stops(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise _bad("'stop' must be a non-empty string or a list of non-empty strings", "stop")
+    if len(stops) > MAX_STOPS:
+        raise _bad(f"'stop' takes at most {MAX_STOPS} sequences, got {len(stops)}", "stop")
+    return tuple(stops)
+
+
+def _content(message: dict, i: int) -> str:
+    content = message.get("content")
+    if isinstance(content, list):  # content parts: text only
+        texts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise _bad(f"messages[{i}].content: only text parts are supported", "messages")
+            texts.append(part["text"])
+        content = "".join(texts)
+    if not isinstance(content, str):
+        raise _bad(f"messages[{i}].content must be a string", "messages")
+    return content
+
+
+def _messages(body: dict) -> list[dict]:
+    if "messages" not in body:
+        raise _bad("'messages' is required", "messages")
+    messages = body["messages"]
+    if not isinstance(messages, list) or not messages:
+        raise _bad("'messages' must be a non-empty list", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise _bad(f"messages[{i}] must be an object", "messages")
+        role = m.get("role")
+        if role not in ROLES:
+            raise _bad(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}", "messages")
+        out.append({"role": "system" if role == "developer" else role, "content": _content(m, i)})
+    if not any(m["content"].strip() for m in out):
+        raise _bad("the messages are all empty", "messages")
+    return out
+
+
+def _prompt(body: dict) -> tuple[str | None, list[int] | None]:
+    if "prompt" not in body:
+        raise _bad("'prompt' is required", "prompt")
+    prompt = body["prompt"]
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise _bad("the prompt is empty", "prompt")
+        return prompt, None
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return None, list(prompt)
+    if isinstance(prompt, list) and not prompt:
+        raise _bad("the prompt is empty", "prompt")
+    raise _bad("'prompt' must be a string, a list of one string or a list of token ids (one prompt per request)",
+               "prompt")
+
+
+def parse(body, kind: str, model_name: str) -> Request:
+    """The request of a ``/v1/completions`` (``kind`` "completion") or ``/v1/chat/completions`` ("chat") body, or
+    an :class:`APIError`."""
+    if not isinstance(body, dict):
+        raise _bad("the request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _bad("'model' must be a string", "model")
+    if model not in (None, model_name):
+        raise APIError(404, f"the model {model!r} does not exist here; this server serves {model_name!r}", "model",
+                       "model_not_found")
+    n = _number(body, "n", 1, int)
+    if n != 1:
+        raise _bad("only n = 1 is supported", "n")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise _bad("'stream' must be a boolean", "stream")
+    name = "max_completion_tokens" if kind == "chat" and "max_completion_tokens" in body else "max_tokens"
+    max_tokens = _number(body, name, DEFAULT_MAX_TOKENS[kind], int)
+    if max_tokens <= 0:
+        raise _bad(f"'{name}' must be >= 1, got {max_tokens}", name)
+    temperature = _number(body, "temperature", 1.0)  # OpenAI's default: sampling
+    if temperature < 0:
+        raise _bad(f"'temperature' must be >= 0, got {temperature}", "temperature")
+    top_p = _number(body, "top_p", 1.0)
+    if not 0 < top_p <= 1:
+        raise _bad(f"'top_p' must be in (0, 1], got {top_p}", "top_p")
+    seed = _number(body, "seed", None, int)
+    penalty = _number(body, "repetition_penalty", 1.0)
+    if penalty <= 0:
+        raise _bad(f"'repetition_penalty' must be > 0, got {penalty}", "repetition_penalty")
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise _bad("'ignore_eos' must be a boolean", "ignore_eos")
+    try:
+        cfg = GenerationConfig(max_new_tokens=max_tokens, temperature=float(temperature), top_p=float(top_p),
+                               seed=seed, repetition_penalty=float(penalty), stop_strings=_stops(body),
+                               ignore_eos=ignore_eos)
+    except MicrospecError as exc:
+        raise _bad(str(exc)) from None
+    if kind == "chat":
+        return Request(kind, cfg, stream, messages=_messages(body))
+    prompt, prompt_ids = _prompt(body)
+    return Request(kind, cfg, stream, prompt=prompt, prompt_ids=prompt_ids)
+
+
+# ---------------------------------------------------------------- responses
+FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def response(req: Request, model: str, text: str, finish: str, use: dict, extra: dict) -> dict:
+    """The whole answer of a non-streamed request."""
+    if req.kind == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                  "finish_reason": FINISH[finish]}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": FINISH[finish]}
+        obj = "text_completion"
+    return {"id": req.id, "object": obj, "created": req.created, "model": model, "choices": [choice],
+            "usage": use, "microspec": extra}
+
+
+def chunk(req: Request, model: str, text: str | None, finish: str | None = None, use: dict | None = None,
+          first: bool = False, extra: dict | None = None) -> dict:
+    """One server-sent event of a streamed answer: a text delta, or (with ``finish``) the last one, which carries
+    the usage."""
+    if req.kind == "chat":
+        delta = {} if text is None else {"content": text}
+        if first:
+            delta = {"role": "assistant", **delta}
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish and FINISH[finish]}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish and FINISH[finish]}
+        obj = "text_completion"
+    out = {"id": req.id, "object": obj, "created": req.created, "model": model, "choices": [choice]}
+    if use is not None:
+        out["usage"] = use
+    if extra is not None:
+        out["microspec"] = extra
+    return out

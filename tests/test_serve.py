@@ -1,0 +1,352 @@
+"""``microspec serve``: a real server process on a loopback port, talked to with the official ``openai`` client and
+with raw HTTP for the error cases (issue 25)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import write_tiny_model_dir
+
+openai = pytest.importorskip("openai")
+
+METHOD = ["--drafter", "early-exit", "--vocab", "microspec"]
+CHAT_TEMPLATE = ("{% for m in messages %}<bos> {{ m['role'] }} {{ m['content'] }} {% endfor %}"
+                 "{% if add_generation_prompt %}<bos> assistant {% endif %}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _model_dir(path: Path, **overrides) -> Path:
+    """The tiny llama of conftest with a chat template."""
+    d = write_tiny_model_dir(path, **overrides)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = CHAT_TEMPLATE
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return d
+
+
+class Server:
+    def __init__(self, model: Path | str, *extra: str, log_dir: Path | None = None):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open((log_dir or Path(model).parent) / f"server-{self.port}.log", "w+")  # noqa: SIM115
+        self.proc = subprocess.Popen([sys.executable, "-m", "microspec", "serve", "--model", str(model), "--port",
+                                      str(self.port), *extra], stdout=self.log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            assert self.proc.poll() is None, f"the server died: {self.output()}"
+            try:
+                if self.get("/health")[0] == 200:
+                    return
+            except OSError:
+                time.sleep(0.3)
+        raise AssertionError(f"the server did not come up: {self.output()}")
+
+    def output(self) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def client(self):
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+    def request(self, method: str, path: str, body: bytes | None = None, timeout: float = 60):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        data = r.read()
+        conn.close()
+        return r.status, data
+
+    def get(self, path: str):
+        return self.request("GET", path, timeout=5)
+
+    def post(self, path: str, obj) -> tuple[int, dict]:
+        status, data = self.request("POST", path, obj if isinstance(obj, bytes) else json.dumps(obj).encode())
+        return status, json.loads(data)
+
+    def metric(self, name: str) -> float:
+        text = self.get("/metrics")[1].decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(name + "{"))
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    return _model_dir(tmp_path_factory.mktemp("serve") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    s = Server(model, *METHOD)
+    yield s
+    s.close()
+
+
+def _generate(model: Path | str, prompt: str, n: int, chat: bool, method=METHOD) -> dict:
+    out = subprocess.run(check=False, args=[sys.executable, "-m", "microspec", "generate", "--model", str(model), "--prompt", prompt,
+                          "--max-new-tokens", str(n), "--chat" if chat else "--no-chat", "--json", *method],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+PROMPTS = ["w1 w2 w3", "w10 w11 w12 w10 w11", "w40 w7", "w5 w5 w5 w9", "w60 w61 w62 w63", "w3", "w20 w30 w20",
+           "w88 w87 w86"]
+
+
+def test_models_and_health(server):
+    status, data = server.get("/health")
+    assert status == 200 and json.loads(data)["status"] == "ok"
+    models = server.client().models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+
+
+def test_greedy_completion_equals_generate(server, model):
+    want = _generate(model, PROMPTS[0], 24, chat=False)
+    r = server.client().completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=24, temperature=0)
+    assert r.choices[0].text == want["text"]
+    assert r.choices[0].finish_reason == ("length" if want["finish_reason"] == "length" else "stop")
+    assert r.usage.completion_tokens == len(want["token_ids"]) and r.usage.prompt_tokens == 3
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_greedy_chat_equals_generate(server, model):
+    want = _generate(model, "w7 w8 w9", 20, chat=True)
+    r = server.client().chat.completions.create(model="tiny", messages=[{"role": "user", "content": "w7 w8 w9"}],
+                                                max_tokens=20, temperature=0)
+    assert r.choices[0].message.content == want["text"] and r.choices[0].message.role == "assistant"
+    assert r.usage.completion_tokens == len(want["token_ids"])
+
+
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_stream_reassembles_to_the_whole_answer(server, kind):
+    client = server.client()
+    kw = dict(model="tiny", max_tokens=40, temperature=0, extra_body={"ignore_eos": True})
+    if kind == "chat":
+        msgs = [{"role": "system", "content": "w2"}, {"role": "user", "content": "w4 w5"}]
+        whole = client.chat.completions.create(messages=msgs, **kw)
+        chunks = list(client.chat.completions.create(messages=msgs, stream=True, **kw))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert chunks[0].choices[0].delta.role == "assistant"
+        expect = whole.choices[0].message.content
+    else:
+        whole = client.completions.create(prompt=PROMPTS[1], **kw)
+        chunks = list(client.completions.create(prompt=PROMPTS[1], stream=True, **kw))
+        text = "".join(c.choices[0].text for c in chunks)
+        expect = whole.choices[0].text
+    assert text == expect and text
+    deltas = [c for c in chunks if c.choices and (c.choices[0].finish_reason is None)]
+    assert len(deltas) >= 3  # one chunk per committed batch, not one at the end
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert chunks[-1].usage.completion_tokens == 40 == whole.usage.completion_tokens
+
+
+def test_stop_sequences_and_seeded_sampling(server):
+    client = server.client()
+    full = client.completions.create(model="tiny", prompt=PROMPTS[4], max_tokens=30, temperature=0,
+                                     extra_body={"ignore_eos": True}).choices[0].text
+    words = full.split()
+    stop = " " + words[5]
+    cut = full[: full.index(stop)]
+    r = client.completions.create(model="tiny", prompt=PROMPTS[4], max_tokens=30, temperature=0, stop=[stop],
+                                  extra_body={"ignore_eos": True})
+    assert r.choices[0].text == cut and r.choices[0].finish_reason == "stop"
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="tiny", prompt=PROMPTS[4], max_tokens=30, temperature=0, stop=stop, stream=True,
+        extra_body={"ignore_eos": True}))
+    assert streamed == cut
+    a, b = (client.completions.create(model="tiny", prompt=PROMPTS[2], max_tokens=20, temperature=1.0, top_p=0.9,
+                                      seed=7).choices[0].text for _ in range(2))
+    assert a == b
+
+
+def test_eight_concurrent_clients(server):
+    client = server.client()
+    want = {p: client.completions.create(model="tiny", prompt=p, max_tokens=32, temperature=0).choices[0].text
+            for p in PROMPTS}
+    got, errors = {}, []
+
+    def ask(i: int, prompt: str) -> None:
+        try:
+            c = server.client()
+            if i % 2:
+                got[prompt] = "".join(ch.choices[0].text for ch in c.completions.create(
+                    model="tiny", prompt=prompt, max_tokens=32, temperature=0, stream=True))
+            else:
+                got[prompt] = c.completions.create(model="tiny", prompt=prompt, max_tokens=32,
+                                                   temperature=0).choices[0].text
+        except Exception as exc:  # noqa: BLE001
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=ask, args=(i, p)) for i, p in enumerate(PROMPTS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and got == want
+
+
+def test_metrics_in_vllm_names(server):
+    server.client().completions.create(model="tiny", prompt=PROMPTS[3], max_tokens=16, temperature=0)
+    text = server.get("/metrics")[1].decode()
+    for name in ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+                 "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+                 "vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:generation_tokens_total",
+                 "microspec:spec_decode_mean_acceptance_length", "microspec:generation_tokens_per_second"):
+        assert f"\n{name}{{" in text, name
+    drafts = server.metric("vllm:spec_decode_num_drafts_total")
+    accepted = server.metric("vllm:spec_decode_num_accepted_tokens_total")
+    assert drafts > 0 and 0 <= accepted <= server.metric("vllm:spec_decode_num_draft_tokens_total")
+    tau = server.metric("microspec:spec_decode_mean_acceptance_length")
+    assert tau == pytest.approx(1 + accepted / drafts, abs=1e-3)
+    assert server.metric('vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="tiny",position="0"') \
+        <= drafts
+
+
+BAD = [
+    ("/v1/completions", b"{not json", 400),
+    ("/v1/completions", b"[1, 2]", 400),
+    ("/v1/completions", {"max_tokens": 4}, 400),  # no prompt
+    ("/v1/completions", {"prompt": ""}, 400),
+    ("/v1/completions", {"prompt": 5}, 400),
+    ("/v1/completions", {"prompt": "w1", "max_tokens": 0}, 400),
+    ("/v1/completions", {"prompt": "w1", "max_tokens": "many"}, 400),
+    ("/v1/completions", {"prompt": "w1", "max_tokens": 100000}, 400),  # beyond the context
+    ("/v1/completions", {"prompt": "w1 " * 300}, 400),  # the prompt alone beyond the context
+    ("/v1/completions", {"prompt": "w1", "temperature": -1}, 400),
+    ("/v1/completions", {"prompt": "w1", "temperature": "hot"}, 400),
+    ("/v1/completions", {"prompt": "w1", "top_p": 0}, 400),
+    ("/v1/completions", {"prompt": "w1", "n": 2}, 400),
+    ("/v1/completions", {"prompt": "w1", "stream": "yes"}, 400),
+    ("/v1/completions", {"prompt": "w1", "stop": 3}, 400),
+    ("/v1/completions", {"prompt": "w1", "model": "gpt-4"}, 404),
+    ("/v1/chat/completions", {"max_tokens": 4}, 400),  # no messages
+    ("/v1/chat/completions", {"messages": []}, 400),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": ""}]}, 400),
+    ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "w1"}]}, 400),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 3}]}, 400),
+    ("/v1/chat/completions", {"messages": "w1"}, 400),
+    ("/v1/nothing", {"prompt": "w1"}, 404),
+]
+
+
+@pytest.mark.parametrize("path,body,status", BAD, ids=[f"{i}" for i in range(len(BAD))])
+def test_bad_requests_get_openai_errors(server, path, body, status):
+    got, obj = server.post(path, body)
+    assert got == status, obj
+    assert set(obj["error"]) == {"message", "type", "param", "code"} and obj["error"]["message"]
+    assert "Traceback" not in obj["error"]["message"]
+
+
+def test_wrong_method_and_worker_survives(server):
+    status, data = server.request("GET", "/v1/completions")
+    assert status == 405 and "error" in json.loads(data)
+    # after every bad request above, the worker still answers
+    r = server.client().completions.create(model="tiny", prompt="w1 w2", max_tokens=4, temperature=0)
+    assert r.usage.completion_tokens >= 1
+    assert server.get("/health")[0] == 200
+
+
+def _open_stream(server, max_tokens: int, prompt: str = "w1 w2 w3") -> http.client.HTTPConnection:
+    """A streamed request whose first event has been read (the generation is running)."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    conn.request("POST", "/v1/completions", body=json.dumps(
+        {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True}),
+        headers={"Content-Type": "application/json"})
+    r = conn.getresponse()
+    assert r.status == 200
+    assert r.readline().startswith(b"data: ")
+    return conn
+
+
+@pytest.fixture(scope="module")
+def long_server(tmp_path_factory):
+    """A model with a long context (long generations to interrupt), a queue of one and a short timeout."""
+    d = _model_dir(tmp_path_factory.mktemp("serve-long") / "long", max_position_embeddings=8192)
+    s = Server(d, "--max-queue", "1", "--request-timeout", "3")
+    yield s
+    s.close()
+
+
+def test_disconnect_cancels_without_stalling_others(long_server):
+    s = long_server
+    before = s.metric("microspec:requests_cancelled_total")
+    conn = _open_stream(s, 8000)
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    t = time.time()
+    r = s.client().completions.create(model="long", prompt="w4 w5", max_tokens=8, temperature=0)
+    assert r.usage.completion_tokens == 8 or r.choices[0].finish_reason == "stop"
+    assert time.time() - t < 2.5, "the other client waited for the abandoned generation"
+    assert s.metric("microspec:requests_cancelled_total") == before + 1
+    assert s.get("/health")[0] == 200
+
+
+def test_full_queue_429_and_timeout_504(long_server):
+    s = long_server
+    running = _open_stream(s, 8000)  # the worker is busy with it
+    waiting: dict = {}
+    t = threading.Thread(target=lambda: waiting.update(r=s.post("/v1/completions", {"prompt": "w9", "max_tokens": 4,
+                                                                                   "temperature": 0})))
+    t.start()
+    deadline = time.time() + 10
+    while s.metric("vllm:num_requests_waiting") < 1 and time.time() < deadline:
+        time.sleep(0.05)
+    status, obj = s.post("/v1/completions", {"prompt": "w9", "max_tokens": 4})
+    assert status == 429 and obj["error"]["code"] == "queue_full"
+    t.join(30)
+    assert waiting["r"][0] == 504  # it waited behind the long stream past the 3 s timeout
+    assert s.metric("vllm:num_requests_running") == 1  # a stream that has started is not cut by the timeout
+    running.sock.shutdown(socket.SHUT_RDWR)
+    running.close()
+    deadline = time.time() + 10  # the stream stops at its next step; the timed-out job leaves the queue unrun
+    while s.metric("vllm:num_requests_running") + s.metric("vllm:num_requests_waiting") and time.time() < deadline:
+        time.sleep(0.05)
+    status, obj = s.post("/v1/completions", {"prompt": "w1", "max_tokens": 8000, "temperature": 0,
+                                             "ignore_eos": True})
+    assert status == 504 and obj["error"]["type"] == "timeout"
+    assert s.metric("microspec:requests_timeouts_total") >= 2
+    assert s.post("/v1/completions", {"prompt": "w1", "max_tokens": 3, "temperature": 0})[0] == 200
+
+
+@pytest.mark.real
+def test_real_gemma_served_greedy_equals_generate(tmp_path):
+    """The default model on its default (packed GGUF) weights with EAGLE + MicroSpec: the server's greedy answer,
+    streamed and not, is `microspec generate`'s."""
+    method = ["--drafter", "eagle", "--vocab", "microspec"]
+    prompt = "The three laws of robotics are"
+    want = _generate("gemma-3-270m", prompt, 32, chat=False, method=method)
+    s = Server("gemma-3-270m", *method, log_dir=tmp_path)
+    try:
+        client = s.client()
+        r = client.completions.create(model="gemma-3-270m", prompt=prompt, max_tokens=32, temperature=0)
+        assert r.choices[0].text == want["text"] and r.usage.completion_tokens == len(want["token_ids"])
+        streamed = "".join(c.choices[0].text for c in client.completions.create(
+            model="gemma-3-270m", prompt=prompt, max_tokens=32, temperature=0, stream=True))
+        assert streamed == want["text"]
+        assert s.metric("vllm:spec_decode_num_drafts_total") > 0
+    finally:
+        s.close()
