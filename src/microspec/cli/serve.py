@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     args.max_new_tokens, args.temperature, args.top_p, args.seed = 1, 0.0, 1.0, None
     args.repetition_penalty, args.no_repeat_ngram_size, args.stop, args.ignore_eos = 1.0, 0, [], False
     _, engine = engine_from_args(args)
-    app = create_app(Worker(engine, args.max_queue), args.request_timeout, args.served_model_name)
+    app = create_app(Worker(engine, args.max_queue, args.served_model_name), args.request_timeout,
+                     args.served_model_name)
     name = args.served_model_name or engine.lm.name
     print(f"[microspec] serving {name} ({engine.lm.weights}, drafter {args.drafter}, vocab {args.vocab}) on "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)

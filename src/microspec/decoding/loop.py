@@ -91,7 +91,7 @@ def generate_ids(
     vocab: VocabPolicy | None = None,
     on_step: Callable[[int], None] | None = None,
     adaptive: AdaptiveSteps | None = None,
-    on_commit: Callable[[list[int]], None] | None = None,
+    on_commit: Callable[[list[int]], bool | None] | None = None,
 ) -> GenerationResult:
     """Generate after ``prompt_ids``; stop at an EOS / stop token, at ``stop_check(tokens)`` or after exactly
     ``cfg.max_new_tokens`` tokens.
@@ -106,8 +106,9 @@ def generate_ids(
     the policy's state there (``microspec analyze``); it costs nothing when absent.  ``adaptive``: decide step by
     step whether drafting pays (:class:`~microspec.decoding.adaptive.AdaptiveSteps`); a step it skips is a plain
     decode step, counted in ``stats.skipped_steps``.  ``on_commit(tokens)``, when given, hears the tokens each step
-    commits (the prefill's token first) as soon as they are emitted — a streaming server sends them; an exception
-    it raises ends the generation there (a cancelled request).
+    commits (the prefill's token first) as soon as they are emitted — a streaming server sends them; a true return
+    ends the generation there (finish reason "stop": the caller found a stop of its own), an exception it raises
+    ends it too (a cancelled request).
     """
     if not isinstance(model, NativeCausalLM):
         raise MicrospecError("generate_ids needs a NativeCausalLM (use microspec.load_model)")
@@ -155,8 +156,8 @@ def generate_ids(
     if pipe.active:
         pipe.process(logits)
     finish = emit([int(pipe.choose(logits))])
-    if on_commit is not None:
-        on_commit(list(out))
+    if on_commit is not None and on_commit(list(out)):
+        finish = finish or "stop"
     prefill_end = clock.mark()
     while finish is None:
         t0, host_t0 = clock.mark(), time.perf_counter()
@@ -191,8 +192,8 @@ def generate_ids(
             adaptive.observe(drafting, len(new), time.perf_counter() - host_t0)
         emitted = len(out)
         finish = emit(new)
-        if on_commit is not None:
-            on_commit(out[emitted:])
+        if on_commit is not None and on_commit(out[emitted:]):
+            finish = finish or "stop"
         if coverage is not None:
             coverage.on_emitted(len(out) - emitted)
     end = clock.mark()

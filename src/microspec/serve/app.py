@@ -35,8 +35,32 @@ from .protocol import APIError
 from .worker import Job, Result, Worker
 
 
+class ClientGone(Exception):
+    """The client disconnected before its answer."""
+
+
 def error_response(exc: APIError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json(raw: bytes):
+    """The body as JSON, or a 400 (strict JSON: no NaN / Infinity; Python's limits on digits and nesting)."""
+    try:
+        return json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError are ValueErrors
+        raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+
+
+async def _disconnected(request: HTTPRequest) -> None:
+    """Returns when the client disconnects (the body has been read: the next message can only be that)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
 
 
 def sse(obj) -> str:
@@ -75,49 +99,53 @@ class Server:
     async def _generate(self, request: HTTPRequest, kind: str) -> Response:
         deadline = time.monotonic() + self.timeout
         try:
-            try:
-                body = json.loads(await request.body())
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise APIError(400, f"the request body is not valid JSON: {exc}") from None
-            req = protocol.parse(body, kind, self.model)
+            req = protocol.parse(parse_json(await request.body()), kind, self.model)
             job = Job(req, asyncio.get_running_loop())
             self.worker.submit(job)
         except APIError as exc:
             return error_response(exc)
         try:
-            first = await self._next(job, deadline)  # "start", or the error that came before it
+            first = await self._next(job, deadline, request)  # "start", or the error that came before it
             if first[0] == "error":
                 return error_response(first[1])
             if req.stream:
                 return StreamingResponse(self._stream(job), media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache"})
-            while True:
-                event = await self._next(job, deadline)
-                if event[0] == "done":
-                    r: Result = event[1]
-                    use = protocol.usage(r.prompt_tokens, r.completion_tokens)
-                    return JSONResponse(protocol.response(req, self.model, r.text, r.finish, use, r.stats))
-                if event[0] == "error":
-                    return error_response(event[1])
+            event = await self._next(job, deadline, request)  # a whole answer: "done" or "error"
+            if event[0] == "error":
+                return error_response(event[1])
+            r: Result = event[1]
+            use = protocol.usage(r.prompt_tokens, r.completion_tokens)
+            return JSONResponse(protocol.response(req, self.model, r.text, r.finish, use, r.stats))
         except APIError as exc:  # the deadline
             job.cancel()
             return error_response(exc)
-        except BaseException:  # the request's task was cancelled (server shutting down)
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it ("client closed request")
+        except BaseException:  # the server is shutting down
             job.cancel()
             raise
 
-    async def _next(self, job: Job, deadline: float | None) -> tuple:
-        if deadline is None:
-            return await job.events.get()
-        left = deadline - time.monotonic()
+    async def _next(self, job: Job, deadline: float, request: HTTPRequest) -> tuple:
+        """The job's next event, or a 504 past the deadline; a client that disconnects meanwhile cancels the job
+        (a waiting client is watched for ``http.disconnect``, so an abandoned request does not hold the worker)."""
+        get = asyncio.ensure_future(job.events.get())
+        gone = asyncio.ensure_future(_disconnected(request))
         try:
-            if left <= 0:
-                raise asyncio.TimeoutError
-            return await asyncio.wait_for(job.events.get(), left)
-        except asyncio.TimeoutError:
-            self.worker.metrics.count("timeouts")
-            raise APIError(504, f"the request took longer than the server's timeout of {self.timeout:g} s",
-                           code="timeout") from None
+            done, _ = await asyncio.wait({get, gone}, timeout=max(0.0, deadline - time.monotonic()),
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (get, gone):
+                if not task.done():
+                    task.cancel()
+        if get in done:
+            return get.result()
+        if gone in done:
+            job.cancel()
+            raise ClientGone
+        self.worker.metrics.count("timeouts")
+        raise APIError(504, f"the request took longer than the server's timeout of {self.timeout:g} s",
+                       code="timeout")
 
     async def _stream(self, job: Job) -> AsyncIterator[str]:
         req, first = job.request, True
@@ -143,6 +171,10 @@ class Server:
             job.cancel()
 
 
+async def _internal(request: HTTPRequest, exc: Exception) -> Response:
+    return error_response(APIError(500, f"internal error: {type(exc).__name__}"))
+
+
 async def _not_found(request: HTTPRequest, exc: HTTPException) -> Response:
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
     return JSONResponse({"error": {"message": f"{request.method} {request.url.path}: {exc.detail}",
@@ -163,6 +195,7 @@ def create_app(worker: Worker, request_timeout: float = 600.0, model_name: str |
         yield
         worker.stop()
 
-    app = Starlette(routes=routes, exception_handlers={HTTPException: _not_found}, lifespan=lifespan)
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _not_found, Exception: _internal},
+                    lifespan=lifespan)
     app.state.server = server
     return app

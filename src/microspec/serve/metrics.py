@@ -22,7 +22,7 @@ class Metrics:
         self.accepted_per_pos: list[int] = []
         self.prompt_tokens = self.generation_tokens = 0
         self.decode_seconds = 0.0  # time in generation (prefill included) of the finished requests
-        self.finished: dict[str, int] = {}  # finish reason -> requests
+        self.finished = {"stop": 0, "length": 0}  # requests by finish reason
         self.cancelled = self.errors = self.rejected = self.timeouts = 0
 
     def on_request(self, stats: GenerationStats, finish: str) -> None:
@@ -42,7 +42,8 @@ class Metrics:
             self.prompt_tokens += stats.prompt_tokens
             self.generation_tokens += stats.new_tokens
             self.decode_seconds += stats.wall_s
-            self.finished[finish] = self.finished.get(finish, 0) + 1
+            reason = "length" if finish == "length" else "stop"  # OpenAI's finish reasons (an EOS is a stop)
+            self.finished[reason] = self.finished.get(reason, 0) + 1
 
     def count(self, what: str) -> None:
         """One more cancelled / errors / rejected / timeouts request."""
@@ -50,17 +51,18 @@ class Metrics:
             setattr(self, what, getattr(self, what) + 1)
 
     def render(self, waiting: int, running: int) -> str:
-        """The Prometheus text exposition (format 0.0.4)."""
-        label = f'model_name="{self.model}"'
+        """The Prometheus text exposition (format 0.0.4; a counter named with its ``_total`` suffix throughout, as
+        prometheus_client writes it)."""
+        label = f'model_name="{escape(self.model)}"'
         lines: list[str] = []
 
         def metric(name: str, kind: str, doc: str, samples: list[tuple[str, float]]) -> None:
+            name += "_total" if kind == "counter" else ""
             lines.append(f"# HELP {name} {doc}")
             lines.append(f"# TYPE {name} {kind}")
-            suffix = "_total" if kind == "counter" else ""
             for extra, value in samples:
                 labels = label + (f",{extra}" if extra else "")
-                lines.append(f"{name}{suffix}{{{labels}}} {value}")
+                lines.append(f"{name}{{{labels}}} {value}")
 
         with self.lock:
             metric("vllm:num_requests_waiting", "gauge", "Requests waiting in the queue.", [("", waiting)])
@@ -68,7 +70,7 @@ class Metrics:
             metric("vllm:prompt_tokens", "counter", "Prompt tokens processed.", [("", self.prompt_tokens)])
             metric("vllm:generation_tokens", "counter", "Tokens generated.", [("", self.generation_tokens)])
             metric("vllm:request_success", "counter", "Requests finished, by finish reason.",
-                   [(f'finished_reason="{r}"', n) for r, n in sorted(self.finished.items())] or [("", 0)])
+                   [(f'finished_reason="{r}"', n) for r, n in sorted(self.finished.items())])
             metric("vllm:spec_decode_num_drafts", "counter", "Decode steps that drafted.", [("", self.drafts)])
             metric("vllm:spec_decode_num_draft_tokens", "counter", "Draft tokens proposed.",
                    [("", self.draft_tokens)])
@@ -94,6 +96,11 @@ class Metrics:
             lines += ["# HELP process_resident_memory_bytes Resident memory size in bytes.",
                       "# TYPE process_resident_memory_bytes gauge", f"process_resident_memory_bytes {rss}"]
         return "\n".join(lines) + "\n"
+
+
+def escape(value: str) -> str:
+    """A label value as the text format writes it."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def resident_bytes() -> int | None:

@@ -7,6 +7,7 @@ first token, and still answers 400 (:class:`~microspec.serve.worker.Worker`).
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -62,7 +63,24 @@ def _number(body: dict, name: str, default, kind=(int, float)):
         return default
     if isinstance(value, bool) or not isinstance(value, kind):
         raise _bad(f"'{name}' must be a {'integer' if kind is int else 'number'}, got {type(value).__name__}", name)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _bad(f"'{name}' must be a finite number", name)
+    if isinstance(value, int) and not -(2**63) <= value < 2**63:
+        raise _bad(f"'{name}' is out of range", name)
     return value
+
+
+# options of the OpenAI API this server does not implement, with the values that mean "not used"
+UNSUPPORTED = {"echo": (False,), "best_of": (1,), "logprobs": (False, 0), "top_logprobs": (0,), "suffix": ("",),
+               "logit_bias": ({},), "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "tools": ([],),
+               "functions": ([],), "tool_choice": ("none",), "response_format": ({"type": "text"},)}
+
+
+def _unsupported(body: dict) -> None:
+    for name, unused in UNSUPPORTED.items():
+        value = body.get(name)
+        if value is not None and not any(value == u and type(value) is type(u) for u in unused):
+            raise _bad(f"'{name}' is not supported by this server", name)
 
 
 def _stops(body: dict) -> tuple[str, ...]:
@@ -139,6 +157,7 @@ def parse(body, kind: str, model_name: str) -> Request:
     if model not in (None, model_name):
         raise APIError(404, f"the model {model!r} does not exist here; this server serves {model_name!r}", "model",
                        "model_not_found")
+    _unsupported(body)
     n = _number(body, "n", 1, int)
     if n != 1:
         raise _bad("only n = 1 is supported", "n")

@@ -1,10 +1,11 @@
-"""Text of a generation as it streams: safe deltas, stop sequences cut out.
+"""Text of a generation as it streams: incremental deltas, stop sequences cut out.
 
-Each step's committed tokens are decoded with everything before them (a token alone may be half a character or
-lose its leading space), and a delta goes out only up to what later tokens cannot change: not a trailing
-replacement character (bytes of a character still to come), not a tail that could be the start of a stop sequence.
-The text ends before the first stop sequence (OpenAI's semantics: the stop sequence is not returned).  The deltas
-sent always add up to :attr:`text`.
+Each step's tokens are decoded with the previous step's tokens before them (a token alone may be half a character
+or lose its leading space): the delta is what the longer decode adds to the shorter one, as vLLM's incremental
+detokenizer does, so a step costs the decode of two steps' tokens however long the generation.  Nothing is released
+while the decode ends in a replacement character (bytes of a character still to come).  The text is the sum of the
+deltas — the same for a streamed and a whole answer — and ends before the first stop sequence (OpenAI's semantics);
+a streamed delta holds back a tail that may still grow into a stop sequence.
 """
 
 from __future__ import annotations
@@ -14,46 +15,53 @@ class TextStream:
     def __init__(self, tokenizer, stops: tuple[str, ...] = ()):
         self.tokenizer, self.stops = tokenizer, stops
         self.tokens: list[int] = []
-        self.sent = ""  # the text already handed out
+        self.prefix_offset = self.read_offset = 0  # tokens[prefix:read] decoded as context; read: released up to
+        self.decoded = ""  # the text of tokens[:read_offset]
+        self.sent = 0  # characters of the text already handed out
         self.stopped = False  # a stop sequence was found: the text is final
 
-    def _decoded(self) -> str:
-        return self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+    def _decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
-    def _cut(self, text: str) -> str:
-        """``text`` up to its first stop sequence (marking the stream stopped when there is one)."""
-        hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+    def _advance(self, final: bool) -> None:
+        """Move the decoded text forward over the tokens not yet read (all of them when ``final``)."""
+        if self.read_offset == len(self.tokens):
+            return
+        context = self._decode(self.tokens[self.prefix_offset:self.read_offset])
+        text = self._decode(self.tokens[self.prefix_offset:])
+        if (len(text) > len(context) and not text.endswith("\ufffd")) or final:
+            self.decoded += text[len(context):]
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.tokens)
+        hits = [i for i in (self.decoded.find(s) for s in self.stops) if i >= 0]
         if hits:
             self.stopped = True
-            return text[: min(hits)]
-        return text
+            self.decoded = self.decoded[: min(hits)]
 
     def push(self, tokens: list[int]) -> str:
         """Take a step's tokens; the new text that is safe to send now (may be empty)."""
         if self.stopped:
             return ""
         self.tokens.extend(tokens)
-        text = self._cut(self._decoded())
+        self._advance(final=False)
+        safe = len(self.decoded)
         if not self.stopped:
-            safe = len(text.rstrip("\ufffd"))
             for s in self.stops:  # hold back a tail that may grow into a stop sequence
                 for k in range(min(len(s) - 1, safe), 0, -1):
-                    if text[:safe].endswith(s[:k]):
-                        safe -= k
+                    if self.decoded.endswith(s[:k]):
+                        safe = min(safe, len(self.decoded) - k)
                         break
-            text = text[:safe]
-        return self._send(text)
+        return self._send(max(safe, self.sent))
 
     def finish(self) -> str:
         """The rest of the text, at the end of the generation."""
-        return self._send(self.text)
+        if not self.stopped:
+            self._advance(final=True)
+        return self._send(len(self.decoded))
 
     @property
     def text(self) -> str:
-        return self._cut(self._decoded())
+        return self.decoded
 
-    def _send(self, text: str) -> str:
-        if not text.startswith(self.sent):  # a decoder that rewrote earlier text: nothing until it settles
-            return ""
-        delta, self.sent = text[len(self.sent):], text
+    def _send(self, upto: int) -> str:
+        delta, self.sent = self.decoded[self.sent:upto], upto
         return delta

@@ -4,14 +4,16 @@ The HTTP side (:mod:`microspec.serve.app`) submits a :class:`Job` and reads its 
 worker thread encodes the prompt, checks it, runs the engine's generation loop and posts, from the thread, through
 the event loop: ``("start", prompt_tokens)`` once the request is accepted (its status can still be 400 before that),
 ``("delta", text)`` per committed batch of tokens (streamed requests), then ``("done", result)``, or ``("error",
-APIError)``.  A cancelled job (its client went away, or it timed out) stops at the next step: the loop's
-``on_commit`` raises :class:`Cancelled`.  Nothing a request does kills the worker.
+APIError)``: 400 for what the request got wrong (found before "start"), 500 for a failure after it.  A cancelled
+job (its client went away, or it timed out) leaves its place in the queue at once (:class:`JobQueue` counts only
+live jobs) and, when running, stops at the next step: the loop's ``on_commit`` raises :class:`Cancelled`.  Nothing
+a request does kills the worker.
 """
 
 from __future__ import annotations
 
 import asyncio
-import queue
+import collections
 import sys
 import threading
 import traceback
@@ -47,6 +49,41 @@ class Job:
         self.cancelled.set()
 
 
+class JobQueue:
+    """A bounded FIFO of jobs whose bound and length count live jobs only: a cancelled job still in it takes no
+    place (it is dropped when reached)."""
+
+    def __init__(self, maxsize: int):
+        self.maxsize = maxsize
+        self._jobs: collections.deque[Job | None] = collections.deque()
+        self._ready = threading.Condition()
+
+    def qsize(self) -> int:
+        with self._ready:
+            return sum(j is not None and not j.cancelled.is_set() for j in self._jobs)
+
+    def put(self, job: Job | None, force: bool = False) -> bool:
+        """Append ``job`` (None: the stop signal, always taken with ``force``); False when full."""
+        with self._ready:
+            live = sum(j is not None and not j.cancelled.is_set() for j in self._jobs)
+            if not force and live >= self.maxsize:
+                return False
+            self._jobs = collections.deque(j for j in self._jobs if j is None or not j.cancelled.is_set())
+            self._jobs.append(job)
+            self._ready.notify()
+            return True
+
+    def get(self) -> Job | None:
+        """The next live job (None: stop), waiting for one."""
+        with self._ready:
+            while True:
+                while not self._jobs:
+                    self._ready.wait()
+                job = self._jobs.popleft()
+                if job is None or not job.cancelled.is_set():
+                    return job
+
+
 @dataclass
 class Result:
     text: str
@@ -57,10 +94,10 @@ class Result:
 
 
 class Worker:
-    def __init__(self, engine: Engine, max_queue: int = 64):
+    def __init__(self, engine: Engine, max_queue: int = 64, model_name: str | None = None):
         self.engine, self.lm = engine, engine.lm
-        self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
-        self.metrics = Metrics(self.lm.name)
+        self.queue = JobQueue(max_queue)
+        self.metrics = Metrics(model_name or self.lm.name)
         self.running = 0
         self.thread = threading.Thread(target=self._loop, name="microspec-worker", daemon=True)
 
@@ -68,10 +105,7 @@ class Worker:
         self.thread.start()
 
     def stop(self) -> None:
-        try:
-            self.queue.put_nowait(None)
-        except queue.Full:
-            pass
+        self.queue.put(None, force=True)
 
     @property
     def waiting(self) -> int:
@@ -79,12 +113,10 @@ class Worker:
 
     def submit(self, job: Job) -> None:
         """Queue ``job``, or answer 429 when the queue is full."""
-        try:
-            self.queue.put_nowait(job)
-        except queue.Full:
+        if not self.queue.put(job):
             self.metrics.count("rejected")
             raise APIError(429, f"the server is busy: {self.queue.maxsize} requests are waiting; retry later",
-                           code="queue_full") from None
+                           code="queue_full")
 
     # ---------------------------------------------------------------- the thread
     def _loop(self) -> None:
@@ -92,24 +124,26 @@ class Worker:
             job = self.queue.get()
             if job is None:
                 return
-            if job.cancelled.is_set():
-                self.metrics.count("cancelled")
-                continue
             self.running = 1
+            started = [False]
             try:
-                job.post(("done", self._generate(job)))
+                job.post(("done", self._generate(job, started)))
             except Cancelled:
                 self.metrics.count("cancelled")
-            except MicrospecError as exc:
-                job.post(("error", APIError(400, str(exc))))
-            except APIError as exc:
-                job.post(("error", exc))
+            except (MicrospecError, APIError) as exc:
+                if not started[0]:  # the request's own fault, found before anything was answered
+                    job.post(("error", exc if isinstance(exc, APIError) else APIError(400, str(exc))))
+                else:
+                    self._failed(job, exc)
             except Exception as exc:  # noqa: BLE001 - a request must never kill the worker
-                self.metrics.count("errors")
-                traceback.print_exc(file=sys.stderr)
-                job.post(("error", APIError(500, f"internal error: {type(exc).__name__}: {exc}")))
+                self._failed(job, exc)
             finally:
                 self.running = 0
+
+    def _failed(self, job: Job, exc: BaseException) -> None:
+        self.metrics.count("errors")
+        traceback.print_exc(file=sys.stderr)
+        job.post(("error", APIError(500, f"internal error: {type(exc).__name__}: {exc}")))
 
     def encode(self, req: Request) -> list[int]:
         tok = self.lm.tokenizer
@@ -117,34 +151,40 @@ class Worker:
             if not getattr(tok, "chat_template", None):
                 raise APIError(400, f"model {self.lm.name!r} has no chat template: use /v1/completions",
                                "messages")
-            text = tok.apply_chat_template(req.messages, tokenize=False, add_generation_prompt=True)
+            try:
+                text = tok.apply_chat_template(req.messages, tokenize=False, add_generation_prompt=True)
+            except Exception as exc:  # noqa: BLE001 - a template's own checks (e.g. roles must alternate)
+                raise APIError(400, f"the chat template rejected the messages: {exc}", "messages") from None
             return list(tok(text, add_special_tokens=False).input_ids)
         if req.prompt_ids is not None:
             return req.prompt_ids
         return list(tok(req.prompt).input_ids)
 
-    def _generate(self, job: Job) -> Result:
+    def _generate(self, job: Job, started: list[bool]) -> Result:
         req, lm = job.request, self.lm
         ids = self.encode(req)
         from ..decoding.loop import check_prompt
 
         check_prompt(lm.model, ids, req.cfg)  # a 400 before anything streams
         job.post(("start", len(ids)))
+        started[0] = True
         text = TextStream(lm.tokenizer, req.cfg.stop_strings)
 
-        def on_commit(tokens: list[int]) -> None:
+        def on_commit(tokens: list[int]) -> bool:
             if job.cancelled.is_set():
                 raise Cancelled
             delta = text.push(tokens)
             if delta and req.stream:
                 job.post(("delta", delta))
+            return text.stopped  # a stop sequence the loop's tail check missed ends it too
 
         result = self.engine.generate_ids(ids, req.cfg, stop_string_check(lm.tokenizer, req.cfg.stop_strings),
                                           on_commit=on_commit)
         rest = text.finish()
         if rest and req.stream:
             job.post(("delta", rest))
-        self.metrics.on_request(result.stats, result.finish_reason)
+        finish = "stop" if text.stopped else result.finish_reason
+        self.metrics.on_request(result.stats, finish)
         stats = result.stats.to_dict()
         extra = {k: stats[k] for k in ("mean_accept_len", "tokens_per_s", "decode_tokens_per_s", "steps")}
-        return Result(text.text, result.finish_reason, len(ids), len(result.token_ids), extra)
+        return Result(text.text, finish, len(ids), len(result.token_ids), extra)
