@@ -328,3 +328,12 @@ def test_overlap_terms_bound_holds_at_every_step(tiny_model_dir, tmp_path):
     for r in rows[:-1]:
         assert 0 < r["p_S"] < 1 and r["overlap"] >= r["bound"] - 1e-6 and r["size"] == 20
     assert rows[-1]["p_S"] == 1.0 and rows[-1]["overlap"] == pytest.approx(1 - rows[-1]["tv"], abs=1e-6)
+
+
+def test_turn_seeds_fixed_per_question_and_distinct_between_questions():
+    from microspec.bench.run import turn_seed
+
+    assert turn_seed(0, "q1", 0, 0) == turn_seed(0, "q1", 0, 0)  # every method gets the same seed
+    seeds = {turn_seed(0, q, r, t) for q in ("q1", "q2", 81, 82) for r in range(2) for t in range(2)}
+    assert len(seeds) == 16 and all(0 <= s < 2**63 for s in seeds)
+    assert turn_seed(1, "q1", 0, 0) != turn_seed(0, "q1", 0, 0)

@@ -40,8 +40,22 @@ def test_generate_plain_prints_text_and_one_summary_line(capsys, tiny_model_dir)
     assert rc == 0
     assert len(err.strip().splitlines()) == 1 and "tok/s" in err and "mean accept len 1.00" in err
     assert "| 4 tokens in " in err
+    assert "plain decoding (auto: no EAGLE head for this model)" in err  # what --drafter auto chose, and why
     rc, js, _ = _run(capsys, *args, "--json")  # the same seeded sample: the plain output is its text, one line
     assert rc == 0 and out == json.loads(js)["text"] + "\n"
+    assert json.loads(js)["drafter"] == "none" and json.loads(js)["auto"]
+
+
+def test_generate_compare_prints_what_speculation_bought(capsys, tiny_model_dir):
+    args = ["generate", "--model", str(tiny_model_dir), "--prompt", "w5 w6", "--max-new-tokens", "12", "--ignore-eos",
+            "--drafter", "early-exit", "--draft-layers", "1", "--compare"]
+    rc, out, err = _run(capsys, *args)
+    lines = err.strip().splitlines()
+    assert rc == 0 and len(lines) == 2 and "draft " in lines[0] and "verify " in lines[0]
+    assert "plain decoding (--drafter none) on the same prompt" in lines[1] and "x" in lines[1].split("->")[1]
+    rc, js, _ = _run(capsys, *args, "--json")
+    obj = json.loads(js)
+    assert obj["plain_stats"]["new_tokens"] == 12 and obj["auto"] is None and obj["drafter"] == "early-exit"
 
 
 BAD = [

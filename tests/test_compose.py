@@ -90,3 +90,18 @@ def test_python_api_reaches_every_method_in_one_line(tiny_model_dir, tmp_path):
         generate(other, "w5", method=engine)
     with pytest.raises(MicrospecError, match="no EAGLE head ships"):
         generate(lm, "w5", method="eagle+microspec")  # a local model has no shipped head
+
+
+def test_auto_method_speculates_where_it_measured_faster():
+    from microspec.compose import auto_method
+    from microspec.decoding import GenerationConfig
+
+    greedy, penalty = GenerationConfig(), GenerationConfig(repetition_penalty=1.2)
+    sampling = GenerationConfig(temperature=0.7)
+    assert auto_method("gemma-3-270m", "cpu-gguf", greedy)[:3] == ("eagle", "microspec", True)
+    for cfg in (penalty, sampling, GenerationConfig(no_repeat_ngram_size=3)):  # measured slower there: plain
+        assert auto_method("gemma-3-270m", "cpu-gguf", cfg)[:3] == ("none", "full", False)
+    assert auto_method("gemma-3-270m", "cpu", penalty)[:3] == ("eagle", "microspec", True)  # bf16: adaptive
+    assert auto_method("gemma-3-270m", "cpu-gguf", None)[:3] == ("eagle", "microspec", True)  # a server: adaptive
+    drafter, _, _, why = auto_method("/some/model/dir", "cpu", greedy)
+    assert drafter == "none" and "no EAGLE head" in why

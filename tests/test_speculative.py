@@ -334,41 +334,66 @@ def test_coverage_asks_only_for_drafted_depths():
 def test_adaptive_steps_follow_the_measured_rates():
     from microspec.decoding.adaptive import AdaptiveSteps
 
-    a = AdaptiveSteps(decay=0.5, probe=4, warmup=2)
-    assert [a.draft_now() for _ in range(1)] == [True]
+    a = AdaptiveSteps(probe=4, warmup=2, probe_steps=3)
+    assert a.draft_now() is True
+    a.observe(True, 1, 10.0)  # the first drafted step catches up (the prompt's features): not measured
+    assert a.seen[True] == 0 and a.draft_now() is True
     a.observe(True, 1, 0.1)  # drafting: 10 tok/s
     assert a.draft_now() is True
     a.observe(True, 1, 0.1)
+    assert a.rate(True) == pytest.approx(10.0)
     assert a.draft_now() is False  # now measure plain steps
     a.observe(False, 1, 0.05)  # plain: 20 tok/s
     assert a.draft_now() is False
     a.observe(False, 1, 0.05)
-    choices = [a.draft_now() for _ in range(8)]
-    assert choices == [False, False, False, True, False, False, False, True]  # plain wins; every 4th step probes
-    for _ in range(3):
-        a.observe(True, 4, 0.1)  # drafting now commits 4 tokens a step: 40 tok/s
-    assert a.rate[True] > a.rate[False] and a.draft_now() is True
+    choices = []
+    for _ in range(11):
+        d = a.draft_now()
+        choices.append(d)
+        a.observe(d, 1, 0.1 if d else 0.05)
+    # plain wins; the 4th step starts a 3-step drafting probe (its first step unmeasured), which loses
+    assert choices == [False, False, False, True, True, True, False, False, False, False, False]
+    assert a.interval == 8 and a.chosen[True] == 6
+    for _ in range(40):  # drafting now commits 4 tokens a step: 40 tok/s; the next probe finds it and switches
+        d = a.draft_now()
+        a.observe(d, 4 if d else 1, 0.1 if d else 0.05)
+    assert a.rate(True) > a.rate(False) and a.draft_now() is True
 
 
 def test_adaptive_probes_back_off_while_the_other_kind_keeps_losing():
     from microspec.decoding.adaptive import AdaptiveSteps
 
-    a = AdaptiveSteps(probe=4, warmup=1, max_probe=32)
+    a = AdaptiveSteps(probe=4, warmup=1, max_probe=32, probe_steps=2)
     drafted = []
     for i in range(300):
         d = a.draft_now()
         a.observe(d, 1, 0.1 if d else 0.05)  # drafting always half as fast
         drafted.append(d)
-    probes = [i for i, d in enumerate(drafted) if d][1:]  # after the warm-up step
-    gaps = [b - a for a, b in zip(probes, probes[1:])]
-    assert gaps[:4] == [8, 16, 32, 32] and set(gaps[4:]) == {32}  # 4 steps, then doubling up to the cap
+    starts = [i for i in range(3, 300) if drafted[i] and not drafted[i - 1]]  # drafting probes after the warm-up
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert gaps[:4] == [9, 17, 33, 33] and set(gaps[4:]) == {33}  # 2-step probes, doubling intervals up to 32
     assert a.interval == 32
     intervals = []
-    for _ in range(60):  # drafting turns fast: a probe finds it, the choice flips and the interval resets, then
+    for _ in range(80):  # drafting turns fast: a probe finds it, the choice flips and the interval resets, then
         d = a.draft_now()  # grows again while plain steps, now the losing kind, keep losing
         a.observe(d, 8 if d else 1, 0.1 if d else 0.05)
         intervals.append(a.interval)
     assert a.draft_now() is True and 4 in intervals and intervals[-1] > 4
+
+
+def test_adaptive_switching_cost_does_not_count_against_drafting():
+    """A drafter that skipped steps pays a catch-up on its next drafted step; steady drafting is faster than plain
+    decoding here, and the adaptive mode must see it and keep drafting."""
+    from microspec.decoding.adaptive import AdaptiveSteps
+
+    a = AdaptiveSteps(probe=4, warmup=2)
+    last = None
+    for _ in range(200):
+        d = a.draft_now()
+        cost = (0.02 + (0.2 if last is False or last is None else 0.0)) if d else 0.017  # catch-up after plain
+        a.observe(d, 2 if d else 1, cost)
+        last = d
+    assert a.chosen[True] > 0.9 * 200
 
 
 @pytest.mark.parametrize("greedy", [True, False])

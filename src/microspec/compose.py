@@ -86,6 +86,37 @@ def eagle_head_path(draft: str | Path | None, model: str) -> str:
     return str(found)
 
 
+# where ``--drafter auto`` decodes plainly although the model has a head: (device kind, decoding) pairs measured
+# slower with speculation than without on Gemma 3 270M — a packed GGUF target on the 2-core CPU, where one drafted
+# token is all a verify pass affords: EAGLE + MicroSpec 0.89x plain decoding with repetition penalty 1.2, 0.93x at
+# temperature 0.7, 0.82x at 1.0, and adaptive 0.93x on the README's 64-token command, whose probes cost more than
+# they find; 1.05-1.10x on plain greedy decoding (BENCHMARKS.md, issue 21)
+PLAIN_WHERE_SPECULATION_LOSES = {"cpu-gguf": ("penalty", "sampling")}
+
+
+def decoding_kind(cfg) -> str:
+    """``greedy``, ``penalty`` (greedy with a repetition penalty or no-repeat n-grams) or ``sampling``."""
+    if cfg.temperature > 0:
+        return "sampling"
+    return "penalty" if cfg.repetition_penalty != 1.0 or cfg.no_repeat_ngram_size else "greedy"
+
+
+def auto_method(model: str | Path, device_kind: str | None = None, cfg=None) -> tuple[str, str, bool, str]:
+    """What ``--drafter auto`` (``generate``'s and ``serve``'s default) means: (drafter, vocabulary, adaptive,
+    why).  The best method the model has — the EAGLE head shipped for a built-in model with
+    MicroSpec's in-context vocabulary, adaptive, so that it steps aside where drafting stops paying — except on a
+    device and decoding where speculation measured slower than plain decoding (``PLAIN_WHERE_SPECULATION_LOSES``;
+    ``cfg`` None: not known in advance, as for a server), and plain decoding for a model without a head."""
+    from .models.registry import shipped_eagle_head
+
+    if shipped_eagle_head(model) is None:
+        return "none", "full", False, "no EAGLE head for this model"
+    if cfg is not None and decoding_kind(cfg) in PLAIN_WHERE_SPECULATION_LOSES.get(device_kind, ()):
+        return "none", "full", False, f"speculation measured slower than plain decoding on {device_kind} with " \
+                                      f"{decoding_kind(cfg)}"
+    return "eagle", "microspec", True, "the model's EAGLE head + MicroSpec, adaptive"
+
+
 def load_heads(methods, heads: dict | None = None) -> dict:
     """The EAGLE heads ``methods`` draft with, loaded once per directory into ``heads`` ({path: EagleHead}, made
     when None) — before the target is loaded, so a bad ``--draft`` fails first; several engines built with the same

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,12 @@ class Decoding:
         return GenerationConfig(max_new_tokens=max_new_tokens, temperature=self.temperature,
                                 repetition_penalty=self.repetition_penalty,
                                 seed=seed if self.temperature > 0 else None, **kw)
+
+
+def turn_seed(seed: int, question_id, repeat: int, turn: int) -> int:
+    """The sampling seed of one turn: fixed per question (a stable hash of its id), repeat and turn, the same for
+    every method, so that methods sample against the same seeds and questions do not share one."""
+    return (seed + zlib.crc32(str(question_id).encode()) * 1000 + 100 * repeat + turn) % 2**63
 
 
 def _log(msg: str) -> None:
@@ -73,7 +80,7 @@ def run_decoding(lm: LoadedModel, runners: dict[str, object], records: Sequence[
                     for ti in range(len(rec["turns"])):
                         ids = encode_conversation(lm, rec["turns"][: ti + 1], answers, chat)
                         turn_cfg = cfg if decoding.temperature == 0 else \
-                            decoding.config(max_new_tokens, seed + 1000 * r + ti, ignore_eos=ignore_eos)
+                            decoding.config(max_new_tokens, turn_seed(seed, rec["id"], r, ti), ignore_eos=ignore_eos)
                         turn = runner.run(ids, turn_cfg)
                         text = lm.tokenizer.decode(turn.token_ids, skip_special_tokens=True)
                         answers.append(text)

@@ -39,7 +39,7 @@ def add(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperatures", "--temperature", dest="temperatures", default="0",
                    help="comma-separated: one decoding configuration per temperature and repetition penalty (0 = "
-                        "greedy, the default; > 0 samples with top-p 1.0, seeded by --seed, the repeat and the turn), "
+                        "greedy, the default; > 0 samples with top-p 1.0, seeded by --seed, the question, the repeat and the turn), "
                         "e.g. 0,0.7,1.0")
     p.add_argument("--repetition-penalties", default="1.0,1.2",
                    help="one decoding configuration per value (default: plain and 1.2, both reported)")

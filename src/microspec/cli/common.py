@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..compose import Engine, Method, build, load_heads, log_sizing, set_threads
+from ..compose import Engine, Method, auto_method, build, load_heads, log_sizing, set_threads
 from ..decoding.config import GenerationConfig
 from ..errors import MicrospecError
 from ..models.registry import BUILTINS, DEFAULT_MODEL, WEIGHTS, default_weights, load_model
@@ -67,7 +67,10 @@ def add_tree_args(p, total_tokens_type=str) -> None:
 
 
 def add_drafter_args(p, default: str = "none") -> None:
-    p.add_argument("--drafter", default=default, help="none (autoregressive), ngram, early-exit, eagle or model")
+    p.add_argument("--drafter", default=default,
+                   help="auto (the best the model has: its EAGLE head + MicroSpec, adaptive, for a model with a "
+                        "shipped head, else plain decoding), none (autoregressive), ngram, early-exit, eagle or model "
+                        f"(default {default})")
     p.add_argument("--draft", default=None,
                    help="model drafter: the draft model (built-in name, .gguf or HF directory; same tokenizer); "
                         "eagle drafter: the EAGLE checkpoint directory (default: the head shipped for the model)")
@@ -108,9 +111,10 @@ def add_vocab_args(p, default: str = "full") -> None:
                         "K0,K1 count clusters and override the trained budgets)")
 
 
-def method_from_args(args: argparse.Namespace) -> Method:
-    """The method the drafter and vocabulary arguments describe, validated, with what ships for ``--model``
-    filled in (before any model is loaded)."""
+def method_from_args(args: argparse.Namespace, cfg: GenerationConfig | None = None) -> Method:
+    """The method the drafter and vocabulary arguments describe (``--drafter auto`` resolved for ``cfg``),
+    validated, with what ships for ``--model`` filled in (before any model is loaded)."""
+    resolve_drafter(args, cfg)
     method = Method(
         drafter=args.drafter, vocab=args.vocab, draft=args.draft, draft_layers=args.draft_layers, depth=args.depth,
         top_k=args.top_k, total_tokens=args.total_tokens, head_mode=args.head_mode, freq_file=args.freq_file,
@@ -122,12 +126,27 @@ def method_from_args(args: argparse.Namespace) -> Method:
     return method
 
 
-def engine_from_args(args: argparse.Namespace) -> tuple[GenerationConfig, Engine]:
-    """What ``generate`` and ``coverage`` decode with: ``--threads`` applied, the decoding configuration and the
-    method checked, the EAGLE head loaded before the target, then the method built for the loaded model."""
+def resolve_drafter(args: argparse.Namespace, cfg: GenerationConfig | None = None) -> None:
+    """``--drafter auto``: the drafter, vocabulary (``--vocab`` when given other than full) and adaptive mode it means
+    for ``--model`` on this device and, when known, this decoding (``args.auto``: why, when it was chosen)."""
+    args.auto = None
+    if args.drafter == "auto":
+        kind = "cpu-gguf" if args.device == "cpu" and str(args.dtype).startswith("gguf") else args.device
+        drafter, vocab, adaptive, why = auto_method(args.model, kind, cfg)
+        if args.draft is not None:  # a draft model or an EAGLE head: the drafter must say which
+            drafter, vocab, adaptive, why = "none", "full", False, "--draft given without --drafter"
+        args.drafter, args.adaptive, args.auto = drafter, args.adaptive or adaptive, why
+        if args.vocab == "full":
+            args.vocab = vocab
+
+
+def engine_from_args(args: argparse.Namespace, per_request: bool = False) -> tuple[GenerationConfig, Engine]:
+    """What ``generate``, ``coverage`` and ``serve`` decode with: ``--threads`` applied, the decoding configuration
+    and the method checked, the EAGLE head loaded before the target, then the method built for the loaded model
+    (``per_request``: the decoding is each request's own, unknown here — a server's)."""
     set_threads(args.threads)
     cfg = config_from_args(args)
-    method = method_from_args(args)
+    method = method_from_args(args, None if per_request else cfg)
     heads = load_heads([method])
     lm = load_model(args.model, dtype=args.dtype, device=args.device)
     engine = build(method, lm, heads)

@@ -17,7 +17,9 @@ def add(sub) -> None:
     p.add_argument("--prompt", required=True, help="prompt text ('-' reads standard input)")
     add_decoding_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (text, token_ids, stats)")
-    add_drafter_args(p)
+    p.add_argument("--compare", action="store_true",
+                   help="also decode the prompt plainly (--drafter none) and print what speculation bought")
+    add_drafter_args(p, default="auto")
     add_vocab_args(p)
     p.set_defaults(func=run)
 
@@ -37,18 +39,43 @@ def run(args: argparse.Namespace) -> int:
     lm = engine.lm
     result = generate(lm, prompt, cfg, chat=args.chat, method=engine)
     stats = result.stats.to_dict()
+    plain = None
+    if args.compare:
+        plain = generate(lm, prompt, cfg, chat=args.chat, method="ar")
+        if plain.token_ids != result.token_ids and cfg.greedy and lm.weights in ("fp32", "gguf", "gguf-f32"):
+            print("[microspec] warning: speculative and plain greedy tokens differ (a bug: please report it)",
+                  file=sys.stderr)
     if args.json:
         print(json.dumps({
             "text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
             "model": lm.name, "dtype": lm.weights, "device": args.device, "drafter": args.drafter,
-            "total_tokens": engine.tree.get("total_tokens"), "vocab": args.vocab, "stats": stats,
+            "auto": args.auto, "adaptive": args.adaptive, "total_tokens": engine.tree.get("total_tokens"),
+            "vocab": args.vocab, "stats": stats,
+            **({"plain_stats": plain.stats.to_dict()} if plain is not None else {}),
         }))
     else:
-        adaptive = f" (adaptive: {stats['skipped_steps']} plain steps)" if args.adaptive else ""
         print(result.text)
-        print(f"[microspec] {lm.name} {lm.weights} {args.device} | {stats['new_tokens']} tokens in "
-              f"{stats['wall_s']:.2f} s = {stats['tokens_per_s']:.2f} tok/s (prefill {stats['prefill_s']:.2f} s, "
-              f"decode {stats['decode_tokens_per_s']:.2f} tok/s) | steps {stats['steps']} | "
-              f"mean accept len {stats['mean_accept_len']:.2f} | drafter {args.drafter}{adaptive} | "
-              f"{bandwidth(stats)}finish {result.finish_reason}", file=sys.stderr)
+        print(stats_line(args, lm, stats, result.finish_reason), file=sys.stderr)
+        if plain is not None:
+            p = plain.stats.to_dict()
+            speedup = stats["decode_tokens_per_s"] / p["decode_tokens_per_s"] if p["decode_tokens_per_s"] else 0
+            print(f"[microspec] plain decoding (--drafter none) on the same prompt: {p['decode_tokens_per_s']:.2f} "
+                  f"tok/s decode -> speculation {speedup:.2f}x", file=sys.stderr)
     return 0
+
+
+def stats_line(args: argparse.Namespace, lm, stats: dict, finish: str) -> str:
+    """What the generation cost and what speculation bought, in one line."""
+    if args.drafter == "none":
+        method = "plain decoding" + (f" (auto: {args.auto})" if args.auto else "")
+    else:
+        method = f"drafter {args.drafter}" + (f"+{args.vocab}" if args.drafter in ("eagle", "early-exit", "model")
+                                              else "")
+        if args.adaptive:
+            drafted = stats["steps"] - stats["skipped_steps"]
+            method += f" (adaptive: drafted {drafted} of {stats['steps']} steps)"
+        method += f" | draft {stats['draft_s']:.2f} s, verify {stats['verify_s']:.2f} s"
+    return (f"[microspec] {lm.name} {lm.weights} {args.device} | {stats['new_tokens']} tokens in "
+            f"{stats['wall_s']:.2f} s = {stats['tokens_per_s']:.2f} tok/s (prefill {stats['prefill_s']:.2f} s, "
+            f"decode {stats['decode_tokens_per_s']:.2f} tok/s) | steps {stats['steps']} | "
+            f"mean accept len {stats['mean_accept_len']:.2f} | {method} | {bandwidth(stats)}finish {finish}")

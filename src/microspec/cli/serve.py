@@ -29,7 +29,7 @@ def add(sub) -> None:
                    help="seconds a request may wait for its answer (streamed: for its first token), queue "
                         "included; beyond it answers 504 (default 600)")
     p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: --model)")
-    add_drafter_args(p)
+    add_drafter_args(p, default="auto")
     add_vocab_args(p)
     p.set_defaults(func=run)
 
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     # the request's own settings replace these; they only let engine_from_args check and build the method
     args.max_new_tokens, args.temperature, args.top_p, args.seed = 1, 0.0, 1.0, None
     args.repetition_penalty, args.no_repeat_ngram_size, args.stop, args.ignore_eos = 1.0, 0, [], False
-    _, engine = engine_from_args(args)
+    _, engine = engine_from_args(args, per_request=True)
     app = create_app(Worker(engine, args.max_queue, args.served_model_name), args.request_timeout,
                      args.served_model_name)
     name = args.served_model_name or engine.lm.name
