@@ -112,8 +112,8 @@ def auto_method(model: str | Path, device_kind: str | None = None, cfg=None) -> 
     if shipped_eagle_head(model) is None:
         return "none", "full", False, "no EAGLE head for this model"
     if cfg is not None and decoding_kind(cfg) in PLAIN_WHERE_SPECULATION_LOSES.get(device_kind, ()):
-        return "none", "full", False, f"speculation measured slower than plain decoding on {device_kind} with " \
-                                      f"{decoding_kind(cfg)}"
+        why = f"speculation measured slower than plain decoding on {device_kind} with {decoding_kind(cfg)}"
+        return "none", "full", False, why
     return "eagle", "microspec", True, "the model's EAGLE head + MicroSpec, adaptive"
 
 

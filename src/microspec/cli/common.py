@@ -4,10 +4,24 @@ from __future__ import annotations
 
 import argparse
 
-from ..compose import Engine, Method, auto_method, build, load_heads, log_sizing, set_threads
+from ..compose import (
+    Engine,
+    Method,
+    auto_method,
+    build,
+    load_heads,
+    log_sizing,
+    set_threads,
+)
 from ..decoding.config import GenerationConfig
 from ..errors import MicrospecError
-from ..models.registry import BUILTINS, DEFAULT_MODEL, WEIGHTS, default_weights, load_model
+from ..models.registry import (
+    BUILTINS,
+    DEFAULT_MODEL,
+    WEIGHTS,
+    default_weights,
+    load_model,
+)
 
 
 class Parser(argparse.ArgumentParser):

@@ -8,7 +8,13 @@ import sys
 
 from ..api import generate
 from ..errors import MicrospecError
-from .common import add_decoding_args, add_drafter_args, add_model_args, add_vocab_args, engine_from_args
+from .common import (
+    add_decoding_args,
+    add_drafter_args,
+    add_model_args,
+    add_vocab_args,
+    engine_from_args,
+)
 
 
 def add(sub) -> None:
