@@ -477,7 +477,7 @@ class Engine:
                 **({} if self.drafter is None else {"tree": dict(self.tree)})}
 
 
-PACKED_CPU_PROMPT_POSITIONS = 64
+PACKED_CPU_PROMPT_POSITIONS = 0
 
 
 def build(method: Method | str, lm: "LoadedModel", heads: dict | None = None) -> Engine:
@@ -504,9 +504,10 @@ def build(method: Method | str, lm: "LoadedModel", heads: dict | None = None) ->
     auto = method.total_tokens == "auto"
     device_type = "cpu-gguf" if lm.model.device.type == "cpu" and lm.model.quantized else lm.model.device.type
     if device_type == "cpu-gguf" and method.vocab == "microspec" and method.k_pre_positions is None:
-        # C_pre from the last 64 prompt positions: the target's top-k at every position of a long prompt costs a
-        # full-vocabulary head row each (~3.4 ms packed on 2 cores): rag / summarization 0.66x plain decoding
-        # with every position, 1.01x with 64, the same tau (BENCHMARKS.md)
+        # no C_pre on a packed CPU target: the target's top-k at a prompt position costs a full-vocabulary head
+        # row (~3.4 ms packed on 2 cores): with every position rag / summarization ran at 0.66x plain decoding;
+        # on Spec-Bench 2/category + HumanEval, greedy: 64 positions 1.04x ar, 16 positions 1.08x, none 1.10x,
+        # tau 1.55 / 1.55 / 1.54 (coverage 0.945 / 0.940 / 0.929; BENCHMARKS.md)
         method = dataclasses.replace(method, k_pre_positions=PACKED_CPU_PROMPT_POSITIONS)
     depth, top_k, total = tree_defaults(method.drafter, device_type, method.depth, method.top_k,
                                         None if auto else method.total_tokens)
