@@ -337,3 +337,60 @@ def test_turn_seeds_fixed_per_question_and_distinct_between_questions():
     seeds = {turn_seed(0, q, r, t) for q in ("q1", "q2", 81, 82) for r in range(2) for t in range(2)}
     assert len(seeds) == 16 and all(0 <= s < 2**63 for s in seeds)
     assert turn_seed(1, "q1", 0, 0) != turn_seed(0, "q1", 0, 0)
+
+
+def test_protocol_averages_task_means_decode_speed_draft_time_and_repeat_spread():
+    def rec(qid, cat, tokens, wall, prefill, draft, steps, repeats=1):
+        c = {"turns": ["x"], "new_tokens": [tokens], "wall_time": [wall], "accept_lengths": [1] * steps,
+             "draft_depths": [0] * steps, "token_ids": [[1, 2, 3]], "prefill_s": prefill, "draft_s": draft,
+             "decoding_steps": [steps]}
+        return {"question_id": qid, "category": cat, "choices": [dict(c) for _ in range(repeats)]}
+
+    ar = [rec(1, "a", 11, 1.0, 0.5, 0.0, 10), rec(2, "a", 11, 0.5, 0.0, 0.0, 10), rec(3, "b", 11, 2.0, 1.0, 0.0, 10)]
+    # question speeds 11, 22, 5.5: mean over questions 12.83; task means a = 16.5, b = 5.5 -> 11.0
+    m = summarize({"ar": ar, "x": [rec(1, "a", 11, 0.5, 0.25, 0.1, 5), rec(2, "a", 11, 0.5, 0.0, 0.2, 5),
+                                   rec(3, "b", 11, 1.0, 0.5, 0.05, 5)]})["methods"]
+    o = m["ar"]["overall"]
+    assert o["tokens_per_s"] == pytest.approx((11 + 22 + 5.5) / 3, abs=1e-3)
+    assert o["task_mean_tokens_per_s"] == pytest.approx(11.0)
+    # decode-only: the 10 tokens after the prefill's over the time after it: 20, 20, 10
+    assert o["decode_tokens_per_s"] == pytest.approx(50 / 3, abs=1e-3)
+    x = m["x"]["overall"]
+    assert x["task_mean_speedup"] == pytest.approx((((22 + 22) / 2 + 11) / 2) / 11.0, abs=1e-3)
+    assert x["decode_speedup"] == pytest.approx(x["decode_tokens_per_s"] / o["decode_tokens_per_s"], abs=1e-3)
+    assert x["draft_ms_per_step"] == {"mean": pytest.approx(70 / 3, abs=1e-3), "min": 10.0, "max": 40.0}
+    assert "draft_ms_per_step" not in o and "tokens_per_s_std_over_repeats" not in o
+    two = [rec(1, "a", 10, 1.0, 0.0, 0.0, 9, repeats=2)]
+    two[0]["choices"][1]["wall_time"] = [0.5]  # repeats at 10 and 20 tok/s: std 7.07
+    assert aggregate(two)["tokens_per_s_std_over_repeats"] == pytest.approx(50 ** 0.5, abs=1e-3)
+
+
+def test_cpu_protocol_and_resume_of_an_interrupted_run(capsys, tiny_model_dir, tmp_path):
+    path = tmp_path / "q.jsonl"
+    rows = [{"question_id": i, "category": "qa", "turns": [f"w{10 + i} w{20 + i}"]} for i in range(7)]
+    rows += [{"question_id": 100 + i, "category": "humaneval", "turns": [f"w{30 + i}"]} for i in range(12)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "b"
+    base = ["bench", "--model", tiny_model_dir, "--dtype", "fp32", "--data", path, "--methods", "ar,ngram",
+            "--repetition-penalties", "1.0", "--protocol", "cpu", "--max-new-tokens", "6", "--ignore-eos",
+            "--out", out]
+    rc, _, err = _run(capsys, *base)
+    assert rc == 0, err
+    res = json.loads((out / "greedy" / "results.json").read_text())
+    assert res["meta"]["questions"] == 5 + 10 and res["meta"]["max_new_tokens"] == 6  # 5 per category, 10 HumanEval
+    assert "| method | speedup: questions / task means |" in (out / "report.md").read_text()
+    answers = out / "greedy" / "answers" / "ngram.jsonl"
+    full = answers.read_text().splitlines()
+    ar_full = (out / "greedy" / "answers" / "ar.jsonl").read_text().splitlines()
+    # interrupt: ngram had answered 4 questions, the 5th line cut short; ar had answered all
+    answers.write_text("\n".join(full[:4]) + "\n" + full[4][: len(full[4]) // 2])
+    rc, _, err = _run(capsys, *base, "--resume")
+    assert rc == 0, err
+    assert "resuming, ar 15/15 done, ngram 4/15 done" in err
+    again = answers.read_text().splitlines()
+    assert [json.loads(x)["question_id"] for x in again] == [json.loads(x)["question_id"] for x in full]
+    assert again[:4] == full[:4]  # kept as they were, not run again
+    assert (out / "greedy" / "answers" / "ar.jsonl").read_text().splitlines() == ar_full
+    assert [json.loads(x)["choices"][0]["token_ids"] for x in again] == \
+        [json.loads(x)["choices"][0]["token_ids"] for x in ar_full]
+    assert json.loads((out / "greedy" / "results.json").read_text())["mismatches"] == {}

@@ -59,13 +59,14 @@ def read_records(path: str | Path) -> list[dict]:
     return out
 
 
-def first_per_category(records: list[dict], n: int) -> list[dict]:
-    """The first ``n`` records of each category, in file order."""
+def first_per_category(records: list[dict], n: int | None, limits: dict[str, int] | None = None) -> list[dict]:
+    """The first ``n`` records of each category (``limits[category]`` where given; None: all), in file order."""
     seen: dict[str, int] = {}
     out = []
     for r in records:
         seen[r["category"]] = seen.get(r["category"], 0) + 1
-        if seen[r["category"]] <= n:
+        cap = (limits or {}).get(r["category"], n)
+        if cap is None or seen[r["category"]] <= cap:
             out.append(r)
     return out
 

@@ -33,9 +33,18 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores"
 
 
-def load_questions(paths: Sequence[str], categories: str | None = None, limit: int | None = None) -> list[dict]:
+# evaluation protocols (issue 24): the questions and length of a run a reader can compare with the papers' (``paper``:
+# every question, 1,024 tokens — for GPUs) or afford on a CPU (``cpu``: the first 5 questions of each category and
+# the first 10 of HumanEval, 256 tokens); ``--limit`` / ``--max-new-tokens`` given on the command line win
+PROTOCOLS = {"paper": {"limit": None, "limits": {}, "max_new_tokens": 1024},
+             "cpu": {"limit": 5, "limits": {"humaneval": 10}, "max_new_tokens": 256}}
+
+
+def load_questions(paths: Sequence[str], categories: str | None = None, limit: int | None = None,
+                   limits: dict[str, int] | None = None) -> list[dict]:
     """Questions of every file (Spec-Bench / MT-bench, HumanEval, JSONL with ``prompt``, .txt), filtered by
-    category and cut to the first ``limit`` of each; question ids made unique across files."""
+    category and cut to the first ``limit`` of each (``limits[category]`` where given); question ids made unique
+    across files."""
     from ..bench_data import first_per_category, read_records
 
     records = [r for p in paths for r in read_records(p)]
@@ -45,8 +54,8 @@ def load_questions(paths: Sequence[str], categories: str | None = None, limit: i
         if unknown:
             raise MicrospecError(f"no questions of categories {sorted(unknown)} in {', '.join(paths)}")
         records = [r for r in records if r["category"] in keep]
-    if limit is not None:
-        records = first_per_category(records, limit)
+    if limit is not None or limits:
+        records = first_per_category(records, limit, limits)
     seen: dict[str, int] = {}
     for r in records:
         key = str(r["id"])
@@ -58,13 +67,13 @@ def load_questions(paths: Sequence[str], categories: str | None = None, limit: i
 def bench(lm, specs: list[MethodSpec], records: list[dict], decodings: list[Decoding], out_dir: Path, *,
           dtype, max_new_tokens: int = 128, repeats: int = 1, warmup: int = 1, seed: int = 0, chat=None,
           draft_layers=None, threads=None, ignore_eos: bool = False, meta: dict | None = None,
-          runners: dict | None = None, heads: dict | None = None) -> dict:
+          runners: dict | None = None, heads: dict | None = None, resume: bool = False) -> dict:
     """Run every decoding configuration; write ``<decoding>/results.json``, ``<decoding>/answers/*.jsonl``, the
     plots and ``report.md`` under ``out_dir``; return ``{decoding name: results}``.  Engine methods run as
     configured (:func:`.methods.configure` gives them the run's tree, head and artifacts); ``draft_layers`` and
     ``threads`` go to the peers; engine methods with the same EAGLE head share one (``heads``, see
     :func:`microspec.compose.load_heads`).  ``runners`` replaces the runners built from ``specs`` (tests use it to
-    corrupt one)."""
+    corrupt one).  ``resume``: keep the answers an interrupted run already wrote under ``out_dir``."""
     from .report import write_report
     from .runners import make_runner
 
@@ -83,7 +92,7 @@ def bench(lm, specs: list[MethodSpec], records: list[dict], decodings: list[Deco
     for dec in decodings:
         res = run_decoding(lm, runners, records, dec, max_new_tokens=max_new_tokens, out_dir=out_dir / dec.name,
                            repeats=repeats, warmup=warmup, seed=seed, chat=chat, model_id=lm.name,
-                           ignore_eos=ignore_eos)
+                           ignore_eos=ignore_eos, resume=resume)
         res["meta"] = {**meta, "decoding": dec.name, "temperature": dec.temperature,
                        "repetition_penalty": dec.repetition_penalty}
         (out_dir / dec.name / "results.json").write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
@@ -102,5 +111,5 @@ def default_meta(args_model: str, dtype: str, device: str) -> dict:
             "command": " ".join(["microspec", *sys.argv[1:]])}
 
 
-__all__ = ["Decoding", "MethodSpec", "aggregate", "bench", "configure", "default_meta", "load_questions", "machine",
+__all__ = ["PROTOCOLS", "Decoding", "MethodSpec", "aggregate", "bench", "configure", "default_meta", "load_questions", "machine",
            "mismatches", "parse_methods", "summarize"]

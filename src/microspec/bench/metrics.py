@@ -6,7 +6,10 @@ An answer record: ``{"question_id", "category", "choices": [{"turns", "new_token
 
 Conventions (Spec-Bench's ``speed.py``): a question's speed is its new tokens over its wall time; a method's
 tokens/s is the mean of its questions' speeds; the speedup is the ratio of two such means; tau is the mean of all
-accept lengths (tokens committed per target step, bonus token included).
+accept lengths (tokens committed per target step, bonus token included).  Beside them (issue 24's protocol): the
+mean of task means (the MicroSpec paper's average: each category's tokens/s, then their mean), decode-only tokens/s
+(a question's tokens after each turn's first over its time after the prefills), the draft time per decode step per
+question (mean, min, max: the paper's Fig. 4), and the spread of tokens/s over repeats.
 """
 
 from __future__ import annotations
@@ -19,6 +22,36 @@ def question_speed(rec: dict) -> float:
     tokens = sum(sum(c["new_tokens"]) for c in rec["choices"])
     wall = sum(sum(c["wall_time"]) for c in rec["choices"])
     return tokens / wall if wall > 0 else 0.0
+
+
+def question_decode_speed(rec: dict) -> float | None:
+    """Tokens after each turn's first (the prefill makes that one) over the time after the prefills."""
+    if any("prefill_s" not in c for c in rec["choices"]):  # a peer: its prefill is not timed apart
+        return None
+    turns = sum(len(c["new_tokens"]) for c in rec["choices"])
+    tokens = sum(sum(c["new_tokens"]) for c in rec["choices"]) - turns
+    decode = sum(sum(c["wall_time"]) - c.get("prefill_s", 0.0) for c in rec["choices"])
+    return tokens / decode if decode > 0 and tokens > 0 else None
+
+
+def question_draft_ms(rec: dict) -> float | None:
+    """Drafting time per decode step of a question, ms (None without steps)."""
+    steps = sum(n for c in rec["choices"] for n in c.get("decoding_steps", []) if n)
+    return 1000 * sum(c.get("draft_s", 0.0) for c in rec["choices"]) / steps if steps else None
+
+
+def repeat_spread(records: Sequence[dict]) -> float | None:
+    """Standard deviation over repeats of the mean tokens/s of each repeat's answers (None with one repeat)."""
+    repeats = min((len(r["choices"]) for r in records), default=0)
+    if repeats < 2:
+        return None
+    means = []
+    for i in range(repeats):
+        speeds = [sum(c["new_tokens"]) / sum(c["wall_time"]) for r in records for c in [r["choices"][i]]
+                  if sum(c["wall_time"]) > 0]
+        means.append(sum(speeds) / len(speeds))
+    mu = sum(means) / len(means)
+    return (sum((m - mu) ** 2 for m in means) / (len(means) - 1)) ** 0.5
 
 
 def repeated_ngrams(tokens: Sequence[int], n: int = 4) -> tuple[int, int]:
@@ -48,6 +81,9 @@ def aggregate(records: Sequence[dict]) -> dict:
     rep = [repeated_ngrams(ids) for c in choices for ids in c.get("token_ids", [])]
     grams = sum(g for _, g in rep)
     speeds = [question_speed(r) for r in records]
+    decode = [v for v in (question_decode_speed(r) for r in records) if v is not None]
+    draft = [v for v in (question_draft_ms(r) for r in records) if v is not None]
+    spread = repeat_spread(records)
     out = {
         "questions": len(records),
         "new_tokens": sum(sum(c["new_tokens"]) for c in choices),
@@ -57,7 +93,13 @@ def aggregate(records: Sequence[dict]) -> dict:
         "accept_per_position": accept_per_position(accepts, depths) if depths and len(depths) == len(accepts)
         else [],
         "repetition_4gram": round(sum(r for r, _ in rep) / grams, 4) if grams else None,
+        "decode_tokens_per_s": round(sum(decode) / len(decode), 4) if decode else None,
     }
+    if spread is not None:
+        out["tokens_per_s_std_over_repeats"] = round(spread, 4)
+    if draft and any(v > 0 for v in draft):
+        out["draft_ms_per_step"] = {"mean": round(sum(draft) / len(draft), 4), "min": round(min(draft), 4),
+                                    "max": round(max(draft), 4)}
     if accepts and wall > 0:
         timed = sum(parts.values())
         out["time_split"] = {k[:-2]: round(v / wall, 4) for k, v in parts.items()} | {
@@ -79,12 +121,21 @@ def summarize(methods: dict[str, Sequence[dict]], reference: str = "ar") -> dict
         cats = sorted({r["category"] for r in recs})
         out[name] = {"overall": aggregate(recs),
                      "categories": {c: aggregate([r for r in recs if r["category"] == c]) for c in cats}}
+    for block in out.values():  # the paper's average: the mean of the categories' tokens/s
+        cats = [c["tokens_per_s"] for c in block["categories"].values()]
+        block["overall"]["task_mean_tokens_per_s"] = round(sum(cats) / len(cats), 4) if cats else 0.0
     ref = out.get(reference)
     for block in out.values():
         for scope, m in [("overall", block["overall"]), *block["categories"].items()]:
             base = ref["overall"] if scope == "overall" and ref else (ref or {}).get("categories", {}).get(scope)
             m["speedup"] = round(m["tokens_per_s"] / base["tokens_per_s"], 4) \
                 if base and base["tokens_per_s"] > 0 else None
+            if scope != "overall" or not base:
+                continue
+            m["task_mean_speedup"] = round(m["task_mean_tokens_per_s"] / base["task_mean_tokens_per_s"], 4) \
+                if base["task_mean_tokens_per_s"] > 0 else None
+            if m.get("decode_tokens_per_s") and base.get("decode_tokens_per_s"):
+                m["decode_speedup"] = round(m["decode_tokens_per_s"] / base["decode_tokens_per_s"], 4)
     return {"methods": out}
 
 

@@ -25,6 +25,24 @@ def speed_table(methods: dict) -> list[str]:
     return lines
 
 
+def protocol_table(methods: dict) -> list[str]:
+    """The averages a reader of the papers compares: mean over questions and mean of task means (speed-up and
+    tokens/s), decode-only tokens/s, the draft time per step (mean, min, max over questions) and the spread over
+    repeats."""
+    lines = ["| method | speedup: questions / task means | tokens/s: questions / task means | decode tokens/s "
+             "(speedup) | draft ms per step: mean (min–max) | tokens/s std over repeats |", "|---|---|---|---|---|---|"]
+    for name, m in methods.items():
+        o = m["overall"]
+        d = o.get("draft_ms_per_step")
+        draft = f"{d['mean']:.2f} ({d['min']:.2f}–{d['max']:.2f})" if d else "–"
+        dec = "–" if o.get("decode_tokens_per_s") is None else \
+            f"{o['decode_tokens_per_s']:.2f} ({_fmt(o.get('decode_speedup'))}x)"
+        lines.append(f"| {name} | {_fmt(o.get('speedup'))}x / {_fmt(o.get('task_mean_speedup'))}x | "
+                     f"{_fmt(o['tokens_per_s'])} / {_fmt(o.get('task_mean_tokens_per_s'))} | {dec} | {draft} | "
+                     f"{_fmt(o.get('tokens_per_s_std_over_repeats'))} |")
+    return lines
+
+
 def detail_table(methods: dict) -> list[str]:
     lines = ["| method | draft / verify / prefill / other | active vocab mean (max) | coverage | "
              "repeated 4-grams | acceptance by draft position |", "|---|---|---|---|---|---|"]
@@ -164,6 +182,7 @@ def write_report(results: dict, meta: dict, out_dir: Path, peers: set[str]) -> P
     for dec, res in results.items():
         lines += [f"## {dec}", ""]
         lines += speed_table(res["methods"]) + [""]
+        lines += protocol_table(res["methods"]) + [""]
         lines += detail_table(res["methods"]) + [""]
         lines += lossless_lines(res.get("mismatches"), peers) + [""]
         for p in plots:

@@ -55,13 +55,23 @@ def _log(msg: str) -> None:
 def run_decoding(lm: LoadedModel, runners: dict[str, object], records: Sequence[dict], decoding: Decoding, *,
                  max_new_tokens: int, out_dir: Path, repeats: int = 1, warmup: int = 1, seed: int = 0,
                  chat: bool | None = None, model_id: str = "", ignore_eos: bool = False,
-                 log: Callable[[str], None] = _log) -> dict:
+                 log: Callable[[str], None] = _log, resume: bool = False) -> dict:
     """Run ``records`` through ``runners`` under one decoding configuration; write ``answers/<method>.jsonl``
     (Spec-Bench's answer format, plus our per-step fields) under ``out_dir`` and return
-    ``{"methods": ..., "mismatches": ...}`` (mismatches only for greedy decoding, against ``ar``)."""
+    ``{"methods": ..., "mismatches": ...}`` (mismatches only for greedy decoding, against ``ar``).  ``resume``:
+    keep the answers already in those files (a run that was interrupted) and run only the questions they lack."""
     answers_dir = out_dir / "answers"
     answers_dir.mkdir(parents=True, exist_ok=True)
+    wanted = {str(r["id"]) for r in records}
+    done = {name: read_answers(answers_dir / f"{name}.jsonl", wanted) if resume else {} for name in runners}
     files = {name: (answers_dir / f"{name}.jsonl").open("w", encoding="utf-8") for name in runners}
+    for name, answers in done.items():  # rewritten whole: a line cut by the interruption is dropped
+        for answer in answers.values():
+            files[name].write(json.dumps(answer) + "\n")
+        files[name].flush()
+    if any(done.values()):
+        log(f"bench {decoding.name}: resuming, " + ", ".join(f"{n} {len(a)}/{len(records)} done"
+                                                             for n, a in done.items()))
     results: dict[str, list[dict]] = {name: [] for name in runners}
     cfg = decoding.config(max_new_tokens, seed, ignore_eos=ignore_eos)
     warm_prompt = encode_conversation(lm, [records[0]["turns"][0]], [], chat)
@@ -72,6 +82,11 @@ def run_decoding(lm: LoadedModel, runners: dict[str, object], records: Sequence[
     try:
         for qi, rec in enumerate(records, 1):
             for name, runner in runners.items():
+                if str(rec["id"]) in done[name]:
+                    answer = done[name][str(rec["id"])]
+                    results[name].append(answer)
+                    _check(lm, rec, name, answer, results, decoding, cfg, chat, found, log)
+                    continue
                 choices = []
                 for r in range(repeats):
                     answers: list[str] = []
@@ -106,16 +121,7 @@ def run_decoding(lm: LoadedModel, runners: dict[str, object], records: Sequence[
                 results[name].append(answer)
                 files[name].write(json.dumps(answer) + "\n")
                 files[name].flush()
-                if decoding.temperature == 0 and name != "ar" and "ar" in results:
-                    bad = mismatches(results["ar"][-1:], [answer])
-                    if bad:
-                        bad[0].update(divergence_gap(lm, rec, results["ar"][-1], bad[0], cfg, chat))
-                        for later in bad[1:]:  # later turns continue from a different conversation
-                            later["after_divergence"] = True
-                        found.setdefault(name, []).extend(bad)
-                        log(f"LOSSLESS MISMATCH: {name} differs from ar on question {rec['id']} "
-                            f"({rec['category']}), turn {bad[0]['turn']}, token {bad[0]['position']}"
-                            + (f"; {describe_gap(bad[0])}" if "gap" in bad[0] else ""))
+                _check(lm, rec, name, answer, results, decoding, cfg, chat, found, log)
             log(_progress(decoding.name, qi, len(records), rec["category"], results))
     finally:
         for f in files.values():
@@ -123,6 +129,41 @@ def run_decoding(lm: LoadedModel, runners: dict[str, object], records: Sequence[
     summary = summarize(results)
     summary["mismatches"] = found if decoding.temperature == 0 else None
     return summary
+
+
+def read_answers(path: Path, wanted: set[str]) -> dict[str, dict]:
+    """The complete answer records of an answers file, by question id (only questions of this run; a line cut
+    short by an interruption, or anything unreadable, is left out: that question runs again)."""
+    out: dict[str, dict] = {}
+    if not path.is_file():
+        return out
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            answer = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(answer, dict) and str(answer.get("question_id")) in wanted and answer.get("choices"):
+            out[str(answer["question_id"])] = answer
+    return out
+
+
+def _check(lm, rec: dict, name: str, answer: dict, results: dict, decoding: Decoding, cfg, chat, found: dict,
+           log) -> None:
+    """Greedy decoding: ``answer``'s tokens against ``ar``'s answer to the same question (found mismatches, with the
+    logit gap where they first diverge, go into ``found``)."""
+    if decoding.temperature != 0 or name == "ar" or not results.get("ar"):
+        return
+    ref = results["ar"][-1]
+    if str(ref["question_id"]) != str(rec["id"]):
+        return
+    bad = mismatches([ref], [answer])
+    if bad:
+        bad[0].update(divergence_gap(lm, rec, ref, bad[0], cfg, chat))
+        for later in bad[1:]:  # later turns continue from a different conversation
+            later["after_divergence"] = True
+        found.setdefault(name, []).extend(bad)
+        log(f"LOSSLESS MISMATCH: {name} differs from ar on question {rec['id']} ({rec['category']}), turn "
+            f"{bad[0]['turn']}, token {bad[0]['position']}" + (f"; {describe_gap(bad[0])}" if "gap" in bad[0] else ""))
 
 
 # How close two logits may be and still count as a tie that the dtype's rounding can flip, relative to the largest

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from ..bench import (
+    PROTOCOLS,
     Decoding,
     bench,
     configure,
@@ -36,7 +37,13 @@ def add(sub) -> None:
                    "HumanEval (.jsonl[.gz]), any JSONL with a prompt field (optional category), .txt")
     p.add_argument("--categories", default=None, help="comma-separated categories to keep")
     p.add_argument("--limit", type=int, default=None, help="the first N questions of each category")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per answer (default 128, or the "
+                   "protocol's)")
+    p.add_argument("--protocol", choices=sorted(PROTOCOLS), default=None,
+                   help="paper: every question, 1,024 tokens (for GPUs); cpu: the first 5 questions of each category "
+                        "and 10 of HumanEval, 256 tokens; --limit / --max-new-tokens given here win")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted run in --out: the answers already there are kept, the rest run")
     p.add_argument("--temperatures", "--temperature", dest="temperatures", default="0",
                    help="comma-separated: one decoding configuration per temperature and repetition penalty (0 = "
                         "greedy, the default; > 0 samples with top-p 1.0, seeded by --seed, the question, the repeat and the turn), "
@@ -67,6 +74,10 @@ def add(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     specs = parse_methods(args.methods)
+    preset = PROTOCOLS.get(args.protocol, {"limit": None, "limits": {}, "max_new_tokens": 128})
+    limits = {} if args.limit is not None else preset["limits"]
+    args.limit = preset["limit"] if args.limit is None else args.limit
+    args.max_new_tokens = preset["max_new_tokens"] if args.max_new_tokens is None else args.max_new_tokens
     positive(limit=args.limit, repeats=args.repeats, max_new_tokens=args.max_new_tokens, depth=args.depth,
              top_k=args.top_k, total_tokens=args.total_tokens, draft_layers=args.draft_layers)
     if args.warmup < 0:
@@ -84,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     if not penalties or any(p <= 0 for p in penalties):
         raise MicrospecError(f"--repetition-penalties must be positive numbers, got {args.repetition_penalties!r}")
     decodings = [Decoding(t, p) for t in dict.fromkeys(temperatures) for p in dict.fromkeys(penalties)]
-    records = load_questions(split_list(args.data), args.categories, args.limit)
+    records = load_questions(split_list(args.data), args.categories, args.limit, limits)
     specs = configure(specs, args.model, depth=args.depth, top_k=args.top_k, total_tokens=args.total_tokens,
                       draft=args.draft, head_mode=args.head_mode, draft_layers=args.draft_layers,
                       artifacts={"fr-spec": args.freq_file, "vocabtrim": args.vocabtrim_file,
@@ -99,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     results = bench(lm, specs, records, decodings, out, dtype=parse_dtype(args.dtype),
                     max_new_tokens=args.max_new_tokens, repeats=args.repeats, warmup=args.warmup, seed=args.seed,
                     chat=args.chat, draft_layers=args.draft_layers, threads=args.threads,
-                    ignore_eos=args.ignore_eos, meta=meta, heads=heads)
+                    ignore_eos=args.ignore_eos, meta=meta, heads=heads, resume=args.resume)
     print("\n".join(summary_lines(results)))
     print(f"report: {out / 'report.md'}")
     warning, error = lossless_verdict([r["mismatches"] for r in results.values()], out / "report.md",
