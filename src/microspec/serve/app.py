@@ -118,7 +118,7 @@ class Server:
             use = protocol.usage(r.prompt_tokens, r.completion_tokens)
             return JSONResponse(protocol.response(req, self.model, r.text, r.finish, use, r.stats))
         except APIError as exc:  # the deadline
-            job.cancel()
+            job.cancel("timeout")
             return error_response(exc)
         except ClientGone:
             return Response(status_code=499)  # nobody reads it ("client closed request")

@@ -37,6 +37,7 @@ class Job:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    reason: str = ""  # why it was cancelled: "client" (it went away) or "timeout"
 
     def post(self, event: tuple) -> None:
         """Hand an event to the request's coroutine (from the worker thread)."""
@@ -45,13 +46,15 @@ class Job:
         except RuntimeError:  # the event loop is closed: the server is shutting down
             self.cancelled.set()
 
-    def cancel(self) -> None:
+    def cancel(self, reason: str = "client") -> None:
+        if not self.cancelled.is_set():
+            self.reason = reason
         self.cancelled.set()
 
 
 class JobQueue:
     """A bounded FIFO of jobs whose bound and length count live jobs only: a cancelled job still in it takes no
-    place (it is dropped when reached)."""
+    place (the worker drops it when it reaches it)."""
 
     def __init__(self, maxsize: int):
         self.maxsize = maxsize
@@ -68,20 +71,16 @@ class JobQueue:
             live = sum(j is not None and not j.cancelled.is_set() for j in self._jobs)
             if not force and live >= self.maxsize:
                 return False
-            self._jobs = collections.deque(j for j in self._jobs if j is None or not j.cancelled.is_set())
             self._jobs.append(job)
             self._ready.notify()
             return True
 
     def get(self) -> Job | None:
-        """The next live job (None: stop), waiting for one."""
+        """The next job, cancelled or not (None: stop), waiting for one."""
         with self._ready:
-            while True:
-                while not self._jobs:
-                    self._ready.wait()
-                job = self._jobs.popleft()
-                if job is None or not job.cancelled.is_set():
-                    return job
+            while not self._jobs:
+                self._ready.wait()
+            return self._jobs.popleft()
 
 
 @dataclass
@@ -124,26 +123,33 @@ class Worker:
             job = self.queue.get()
             if job is None:
                 return
+            if job.cancelled.is_set():  # gone while it waited (a timeout is counted where it happened)
+                if job.reason == "client":
+                    self.metrics.count("cancelled")
+                continue
             self.running = 1
             started = [False]
+            event = None
             try:
-                job.post(("done", self._generate(job, started)))
+                event = ("done", self._generate(job, started))
             except Cancelled:
-                self.metrics.count("cancelled")
+                if job.reason == "client":
+                    self.metrics.count("cancelled")
             except (MicrospecError, APIError) as exc:
                 if not started[0]:  # the request's own fault, found before anything was answered
-                    job.post(("error", exc if isinstance(exc, APIError) else APIError(400, str(exc))))
+                    event = ("error", exc if isinstance(exc, APIError) else APIError(400, str(exc)))
                 else:
-                    self._failed(job, exc)
+                    event = self._failed(exc)
             except Exception as exc:  # noqa: BLE001 - a request must never kill the worker
-                self._failed(job, exc)
-            finally:
-                self.running = 0
+                event = self._failed(exc)
+            self.running = 0  # before the answer: a client that has it sees the worker free
+            if event is not None:
+                job.post(event)
 
-    def _failed(self, job: Job, exc: BaseException) -> None:
+    def _failed(self, exc: BaseException) -> tuple:
         self.metrics.count("errors")
         traceback.print_exc(file=sys.stderr)
-        job.post(("error", APIError(500, f"internal error: {type(exc).__name__}: {exc}")))
+        return ("error", APIError(500, f"internal error: {type(exc).__name__}: {exc}"))
 
     def encode(self, req: Request) -> list[int]:
         tok = self.lm.tokenizer
