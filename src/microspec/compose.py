@@ -94,6 +94,13 @@ def eagle_head_path(draft: str | Path | None, model: str) -> str:
 PLAIN_WHERE_SPECULATION_LOSES = {"cpu-gguf": ("penalty", "sampling")}
 
 
+def device_kind(device: str, packed: bool) -> str:
+    """The kind of device the measured defaults are keyed by: ``cuda``, ``cpu`` or ``cpu-gguf`` (a packed GGUF
+    target on a CPU), from the device's type and whether the target's weights stay packed."""
+    device = str(device).split(":")[0]
+    return "cpu-gguf" if device == "cpu" and packed else device
+
+
 def decoding_kind(cfg) -> str:
     """``greedy``, ``penalty`` (greedy with a repetition penalty or no-repeat n-grams) or ``sampling``."""
     if cfg.temperature > 0:
@@ -502,7 +509,7 @@ def build(method: Method | str, lm: "LoadedModel", heads: dict | None = None) ->
             raise MicrospecError(f"draft model {draft.name!r} uses another tokenizer than {lm.name!r}")
         draft_model = draft.model
     auto = method.total_tokens == "auto"
-    device_type = "cpu-gguf" if lm.model.device.type == "cpu" and lm.model.quantized else lm.model.device.type
+    device_type = device_kind(lm.model.device.type, lm.model.quantized)
     if device_type == "cpu-gguf" and method.vocab == "microspec" and method.k_pre_positions is None:
         # no C_pre on a packed CPU target: the target's top-k at a prompt position costs a full-vocabulary head
         # row (~3.4 ms packed on 2 cores): with every position rag / summarization ran at 0.66x plain decoding;

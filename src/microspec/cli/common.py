@@ -9,6 +9,7 @@ from ..compose import (
     Method,
     auto_method,
     build,
+    device_kind,
     load_heads,
     log_sizing,
     set_threads,
@@ -145,7 +146,7 @@ def resolve_drafter(args: argparse.Namespace, cfg: GenerationConfig | None = Non
     for ``--model`` on this device and, when known, this decoding (``args.auto``: why, when it was chosen)."""
     args.auto = None
     if args.drafter == "auto":
-        kind = "cpu-gguf" if args.device == "cpu" and str(args.dtype).startswith("gguf") else args.device
+        kind = device_kind(args.device, str(args.dtype).startswith("gguf"))
         drafter, vocab, adaptive, why = auto_method(args.model, kind, cfg)
         if args.draft is not None:  # a draft model or an EAGLE head: the drafter must say which
             drafter, vocab, adaptive, why = "none", "full", False, "--draft given without --drafter"
@@ -154,13 +155,14 @@ def resolve_drafter(args: argparse.Namespace, cfg: GenerationConfig | None = Non
             args.vocab = vocab
 
 
-def engine_from_args(args: argparse.Namespace, per_request: bool = False) -> tuple[GenerationConfig, Engine]:
+def engine_from_args(args: argparse.Namespace,
+                     per_request: bool = False) -> tuple[GenerationConfig | None, Engine]:
     """What ``generate``, ``coverage`` and ``serve`` decode with: ``--threads`` applied, the decoding configuration
     and the method checked, the EAGLE head loaded before the target, then the method built for the loaded model
-    (``per_request``: the decoding is each request's own, unknown here — a server's)."""
+    (``per_request``: the decoding is each request's own, unknown here — a server's: no configuration)."""
     set_threads(args.threads)
-    cfg = config_from_args(args)
-    method = method_from_args(args, None if per_request else cfg)
+    cfg = None if per_request else config_from_args(args)
+    method = method_from_args(args, cfg)
     heads = load_heads([method])
     lm = load_model(args.model, dtype=args.dtype, device=args.device)
     engine = build(method, lm, heads)

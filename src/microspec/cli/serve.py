@@ -46,10 +46,7 @@ def run(args: argparse.Namespace) -> int:
         from ..serve import Worker, create_app
     except ImportError as exc:
         raise MicrospecError(f"the server needs starlette and uvicorn ({exc}); pip install microspec") from None
-    # the request's own settings replace these; they only let engine_from_args check and build the method
-    args.max_new_tokens, args.temperature, args.top_p, args.seed = 1, 0.0, 1.0, None
-    args.repetition_penalty, args.no_repeat_ngram_size, args.stop, args.ignore_eos = 1.0, 0, [], False
-    _, engine = engine_from_args(args, per_request=True)
+    _, engine = engine_from_args(args, per_request=True)  # each request brings its own decoding settings
     app = create_app(Worker(engine, args.max_queue, args.served_model_name), args.request_timeout,
                      args.served_model_name)
     name = args.served_model_name or engine.lm.name
