@@ -215,10 +215,12 @@ inline void deq_row(const QType& q, const uint8_t* row, int64_t K, float* y) {
 // 32-element group of a weight row as 32 int8 values q with scales (s_lo for elements 0..15, s_hi for 16..31) and,
 // for the types with a minimum, a min term mm, so that weight = s * q + mm; a group's dot product is then an exact
 // int32 sum of int8 products:  sum_k w_k x_k = dx * (s * sum_k q_k qx_k) + mm * (dx * sum_k qx_k).
-// Q8_0 is read straight from its blocks; the other types are unpacked per chunk of rows into int8 groups.
+// The weight blocks are unpacked in registers, group by group, inside the product (no unpacked copy in memory).
+// Types whose q is unsigned (all but Q8_0) go straight into maddubs (unsigned x signed); an offset type (weight =
+// s * (u - OFF): Q4_0, Q5_0, Q6_K) subtracts the row's per-lane sums of OFF * qx, computed once per call: the same
+// int32 lanes as sum (u - OFF) qx, exactly.  Q8_0's signed q uses the sign trick (|q| x sign(qx, q)).
 
 inline __m256i load256(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-inline void store256(int8_t* p, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
 
 // 32 nibbles of qs[16]: element i < 16 the low nibble of qs[i], element 16 + i its high nibble
 inline __m256i nib32v(const uint8_t* qs) {
@@ -236,66 +238,92 @@ inline __m256i bit16(const uint8_t* qh4) {
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(16));
 }
 
-// Q4_K / Q5_K: the 8 sub-blocks' scales d * sc (both halves) and min terms -(dmin * m)
-inline void k4_scales(const uint8_t* b, float d, float dmin, float* s, float* mm) {
+// Q4_K / Q5_K: sub-block j's scale d * sc and min term -(dmin * m)
+inline void k4_scale(const uint8_t* b, int j, float& s, float& mm) {
+  int sc, m;
+  scale_min_k4(b + 4, j, sc, m);
+  s = h2f(b) * float(sc);
+  mm = -(h2f(b + 2) * float(m));
+}
+
+// Weight types on the integer path.  A block (BLOCK elements, BYTES bytes) holds BLOCK / 32 groups; `prep` decodes
+// what its groups share (the K-quants' sub-block scales), `group` gives group j (elements 32j..32j+31 of the block)
+// as q (int8 lanes), scales sv (s_lo in lanes 0..3, s_hi in 4..7) and min term mm.  SIGNED: q signed (sign trick);
+// else q unsigned, weight = s * (q - OFF) (+ mm where MIN).
+struct NoPrep {};
+#define WTYPE32(NAME, BYTES, OFF, MIN, SIGNED) \
+  struct NAME { static constexpr int block = 32, bytes = BYTES, off = OFF; \
+                static constexpr bool min = MIN, sign = SIGNED; using Prep = NoPrep; \
+                static inline void prep(const uint8_t*, Prep&) {} \
+                static inline void group(const Prep&, const uint8_t* b, int, __m256i& q, __m256& sv, float& mm); }; \
+  inline void NAME::group(const Prep&, const uint8_t* b, int, __m256i& q, __m256& sv, float& mm)
+
+WTYPE32(WQ8_0, 34, 0, false, true) { q = load256(b + 2); sv = _mm256_set1_ps(h2f(b)); (void)mm; }
+WTYPE32(WQ4_0, 18, 8, false, false) { q = nib32v(b + 2); sv = _mm256_set1_ps(h2f(b)); (void)mm; }
+WTYPE32(WQ4_1, 20, 0, true, false) { q = nib32v(b + 4); sv = _mm256_set1_ps(h2f(b)); mm = h2f(b + 2); }
+WTYPE32(WQ5_0, 22, 16, false, false) {
+  q = _mm256_or_si256(nib32v(b + 6), bit16(b + 2)); sv = _mm256_set1_ps(h2f(b)); (void)mm;
+}
+WTYPE32(WQ5_1, 24, 0, true, false) {
+  q = _mm256_or_si256(nib32v(b + 8), bit16(b + 4)); sv = _mm256_set1_ps(h2f(b)); mm = h2f(b + 2);
+}
+#undef WTYPE32
+
+// Q4_K / Q5_K: the 8 sub-blocks' scales d * sc and min terms -(dmin * m)
+struct K4Prep { float s[8], mm[8]; };
+inline void k4_prep(const uint8_t* b, K4Prep& p) {
+  const float d = h2f(b), dmin = h2f(b + 2);
   for (int j = 0; j < 8; ++j) {
     int sc, m;
     scale_min_k4(b + 4, j, sc, m);
-    s[2 * j] = s[2 * j + 1] = d * float(sc);
-    mm[j] = -(dmin * float(m));
+    p.s[j] = d * float(sc);
+    p.mm[j] = -(dmin * float(m));
   }
 }
-
-struct I8Q4_0 { static constexpr int block = 32, bytes = 18; static constexpr bool min = false;
-  static void unpack(const uint8_t* b, int8_t* q, float* s, float*) {
-    store256(q, _mm256_sub_epi8(nib32v(b + 2), _mm256_set1_epi8(8))); s[0] = s[1] = h2f(b); } };
-struct I8Q4_1 { static constexpr int block = 32, bytes = 20; static constexpr bool min = true;
-  static void unpack(const uint8_t* b, int8_t* q, float* s, float* mm) {
-    store256(q, nib32v(b + 4)); s[0] = s[1] = h2f(b); mm[0] = h2f(b + 2); } };
-struct I8Q5_0 { static constexpr int block = 32, bytes = 22; static constexpr bool min = false;
-  static void unpack(const uint8_t* b, int8_t* q, float* s, float*) {
-    store256(q, _mm256_sub_epi8(_mm256_or_si256(nib32v(b + 6), bit16(b + 2)), _mm256_set1_epi8(16)));
-    s[0] = s[1] = h2f(b); } };
-struct I8Q5_1 { static constexpr int block = 32, bytes = 24; static constexpr bool min = true;
-  static void unpack(const uint8_t* b, int8_t* q, float* s, float* mm) {
-    store256(q, _mm256_or_si256(nib32v(b + 8), bit16(b + 4))); s[0] = s[1] = h2f(b); mm[0] = h2f(b + 2); } };
-struct I8Q4_K { static constexpr int block = 256, bytes = 144; static constexpr bool min = true;
-  static void unpack(const uint8_t* b, int8_t* q, float* s, float* mm) {
-    const float d = h2f(b), dmin = h2f(b + 2);
-    const __m256i m4 = _mm256_set1_epi8(15);
-    for (int c = 0; c < 4; ++c) {
-      const __m256i v = load256(b + 16 + 32 * c);
-      store256(q + 64 * c, _mm256_and_si256(v, m4));
-      store256(q + 64 * c + 32, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
-    }
-    k4_scales(b, d, dmin, s, mm); } };
-struct I8Q5_K { static constexpr int block = 256, bytes = 176; static constexpr bool min = true;
-  static void unpack(const uint8_t* b, int8_t* q, float* s, float* mm) {
-    const float d = h2f(b), dmin = h2f(b + 2);
-    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
-    const __m256i qh = load256(b + 16);
-    for (int c = 0; c < 4; ++c) {
-      const __m256i v = load256(b + 48 + 32 * c);
-      const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c)), one), 4);
-      const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c + 1)), one), 4);
-      store256(q + 64 * c, _mm256_or_si256(_mm256_and_si256(v, m4), h0));
-      store256(q + 64 * c + 32, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), h1));
-    }
-    k4_scales(b, d, dmin, s, mm); } };
-struct I8Q6_K { static constexpr int block = 256, bytes = 210; static constexpr bool min = false;
-  static void unpack(const uint8_t* b, int8_t* q, float* s, float*) {
-    const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
-    const float d = h2f(b + 208);
-    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
-    for (int g = 0; g < 8; ++g) {  // elements 32g..: ql bytes h*64 + p0.., nibble (g%4)/2; qh bytes h*32.., bits 2*(g%4)
-      const int h = g / 4, p0 = (g % 2) * 32;
-      const __m256i l = load256(b + h * 64 + p0);
-      const __m256i lo = ((g % 4) / 2) ? _mm256_and_si256(_mm256_srli_epi16(l, 4), m4) : _mm256_and_si256(l, m4);
-      const __m256i hh = _mm256_and_si256(_mm256_srl_epi16(load256(b + 128 + h * 32), _mm_cvtsi32_si128(2 * (g % 4))), m2);
-      store256(q + 32 * g, _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hh, 4)), off));
-      s[2 * g] = d * float(scales[2 * g]);
-      s[2 * g + 1] = d * float(scales[2 * g + 1]);
-    } } };
+struct WQ4_K {  // sub-block j: the low (j even) or high nibbles of bytes 32 (j / 2)..
+  static constexpr int block = 256, bytes = 144, off = 0;
+  static constexpr bool min = true, sign = false;
+  using Prep = K4Prep;
+  static inline void prep(const uint8_t* b, Prep& p) { k4_prep(b, p); }
+  static inline void group(const Prep& p, const uint8_t* b, int j, __m256i& q, __m256& sv, float& mm) {
+    const __m256i v = load256(b + 16 + 32 * (j >> 1));
+    q = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(15));
+    sv = _mm256_set1_ps(p.s[j]); mm = p.mm[j];
+  }
+};
+struct WQ5_K {  // as Q4_K, with bit j of qh[p] as the 5th bit of element p
+  static constexpr int block = 256, bytes = 176, off = 0;
+  static constexpr bool min = true, sign = false;
+  using Prep = K4Prep;
+  static inline void prep(const uint8_t* b, Prep& p) { k4_prep(b, p); }
+  static inline void group(const Prep& p, const uint8_t* b, int j, __m256i& q, __m256& sv, float& mm) {
+    const __m256i v = load256(b + 48 + 32 * (j >> 1));
+    const __m256i lo = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(15));
+    const __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(load256(b + 16), j), _mm256_set1_epi8(1)), 4);
+    q = _mm256_or_si256(lo, hi);
+    sv = _mm256_set1_ps(p.s[j]); mm = p.mm[j];
+  }
+};
+struct Q6Prep { float s[16]; };
+struct WQ6_K {  // elements 32j..: ql bytes h*64 + p0.., nibble (j%4)/2; qh bits 2*(j%4); scales d * sc[16]
+  static constexpr int block = 256, bytes = 210, off = 32;
+  static constexpr bool min = false, sign = false;
+  using Prep = Q6Prep;
+  static inline void prep(const uint8_t* b, Prep& p) {
+    const __m256 d = _mm256_set1_ps(h2f(b + 208));
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192));
+    _mm256_storeu_ps(p.s, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+    _mm256_storeu_ps(p.s + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)))));
+  }
+  static inline void group(const Prep& p, const uint8_t* b, int j, __m256i& q, __m256& sv, float&) {
+    const int h = j / 4, p0 = (j % 2) * 32;
+    const __m256i l = load256(b + h * 64 + p0);
+    const __m256i lo = _mm256_and_si256((j % 4) / 2 ? _mm256_srli_epi16(l, 4) : l, _mm256_set1_epi8(15));
+    const __m256i hh = _mm256_and_si256(_mm256_srli_epi16(load256(b + 128 + h * 32), 2 * (j % 4)), _mm256_set1_epi8(3));
+    q = _mm256_or_si256(lo, _mm256_slli_epi16(hh, 4));
+    sv = _mm256_set_m128(_mm_set1_ps(p.s[2 * j + 1]), _mm_set1_ps(p.s[2 * j]));
+  }
+};
 
 // Row x[K] -> int8 qx[K], per 32-block scale dx = max|x| / 127 and dxs = dx * sum(qx): qx = round-to-nearest-even
 // (x * (1 / dx)), all in fp32 (what `quantize_activations` in the Python module computes).
@@ -323,87 +351,78 @@ void quant_row(const float* x, int64_t K, int8_t* qx, float* dx, float* dxs) {
   }
 }
 
-struct Act { const int8_t* q; const float* d; const float* ds; int64_t K, G; };
+// Quantized activation rows: int8 q [M, K], scales d and d * sum(q) [M, G], and for an offset type the per-lane
+// sums of OFF * q [M, G, 8] (int32).
+struct Act { const int8_t* q; const float* d; const float* ds; const int32_t* off; int64_t K, G; };
 
-// Where a tile reads its weight groups: Q8_0 blocks as they are, or unpacked int8 groups.
-struct Q8Direct {
-  const uint8_t* w; int64_t RB;
-  static constexpr bool min = false;
-  inline void group(int64_t j, int64_t g, __m256i& q, __m256& sv, float&) const {
-    const uint8_t* b = w + j * RB + g * 34;
-    if ((g & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(b + 32 * RB), _MM_HINT_T1);
-    q = load256(b + 2);
-    sv = _mm256_set1_ps(h2f(b));
-  }
-  Q8Direct shifted(int64_t j) const { return {w + j * RB, RB}; }
-};
-template <bool MIN>
-struct Unpacked {
-  const int8_t* q; const float* s; const float* mm; int64_t G;
-  static constexpr bool min = MIN;
-  inline void group(int64_t j, int64_t g, __m256i& qv, __m256& sv, float& m) const {
-    const int64_t i = j * G + g;
-    qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i * 32));
-    sv = _mm256_set_m128(_mm_set1_ps(s[2 * i + 1]), _mm_set1_ps(s[2 * i]));
-    if (MIN) m = mm[i];
-  }
-  Unpacked shifted(int64_t j) const { return {q + j * G * 32, s + j * G * 2, mm + j * G, G}; }
-};
-
-// Tile: activation rows m0..m0+MT-1 against weight rows 0..NT-1 of `src`.  Each (row, weight row) sum:
+// Tile: activation rows m0..m0+MT-1 against the NT weight rows at w, w + RB, ...  Each (row, weight row) sum:
 // acc = fma(s_lanes * dx, int32 lanes, acc) over the groups in order, then hsum, then + the min terms summed in order.
-template <class Src, int MT, int NT>
-inline void tile_i8(const Act& a, const Src& src, int64_t m0, float* out) {
+template <class W, int MT, int NT>
+inline void tile_i8(const Act& a, const uint8_t* w, int64_t RB, int64_t m0, float* out) {
   __m256 acc[MT][NT];
   float accm[MT][NT];
   for (int i = 0; i < MT; ++i)
     for (int j = 0; j < NT; ++j) { acc[i][j] = _mm256_setzero_ps(); accm[i][j] = 0.0f; }
   const __m256i ones = _mm256_set1_epi16(1);
-  for (int64_t g = 0; g < a.G; ++g) {
-    __m256i q[NT], aq[NT];
-    __m256 sv[NT];
-    float mm[NT];
-    for (int j = 0; j < NT; ++j) {
-      src.group(j, g, q[j], sv[j], mm[j]);
-      aq[j] = _mm256_sign_epi8(q[j], q[j]);
-    }
-    for (int i = 0; i < MT; ++i) {
-      const int64_t r = m0 + i;
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + r * a.K + g * 32));
-      const __m256 d = _mm256_set1_ps(a.d[r * a.G + g]);
+  constexpr int GPB = W::block / 32;
+  for (int64_t blk = 0; blk < a.G / GPB; ++blk) {
+    typename W::Prep pr[NT];
+    for (int j = 0; j < NT; ++j) W::prep(w + j * RB + blk * W::bytes, pr[j]);
+    _mm_prefetch(reinterpret_cast<const char*>(w + 32 * RB + blk * W::bytes), _MM_HINT_T1);
+#pragma GCC unroll 8
+    for (int jj = 0; jj < GPB; ++jj) {
+      const int64_t g = blk * GPB + jj;
+      __m256i q[NT], aq[NT];
+      __m256 sv[NT];
+      float mm[NT];
       for (int j = 0; j < NT; ++j) {
-        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aq[j], _mm256_sign_epi8(xv, q[j])), ones);
-        acc[i][j] = _mm256_fmadd_ps(_mm256_mul_ps(sv[j], d), _mm256_cvtepi32_ps(p), acc[i][j]);
-        if (Src::min) accm[i][j] += mm[j] * a.ds[r * a.G + g];
+        W::group(pr[j], w + j * RB + blk * W::bytes, jj, q[j], sv[j], mm[j]);
+        if (W::sign) aq[j] = _mm256_sign_epi8(q[j], q[j]);
+      }
+      for (int i = 0; i < MT; ++i) {
+        const int64_t r = m0 + i;
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + r * a.K + g * 32));
+        const __m256 d = _mm256_set1_ps(a.d[r * a.G + g]);
+        __m256i ov = _mm256_setzero_si256();
+        if (W::off) ov = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.off + (r * a.G + g) * 8));
+        for (int j = 0; j < NT; ++j) {
+          const __m256i p16 = W::sign ? _mm256_maddubs_epi16(aq[j], _mm256_sign_epi8(xv, q[j]))
+                                      : _mm256_maddubs_epi16(q[j], xv);
+          __m256i p = _mm256_madd_epi16(p16, ones);
+          if (W::off) p = _mm256_sub_epi32(p, ov);
+          acc[i][j] = _mm256_fmadd_ps(_mm256_mul_ps(sv[j], d), _mm256_cvtepi32_ps(p), acc[i][j]);
+          if (W::min) accm[i][j] += mm[j] * a.ds[r * a.G + g];
+        }
       }
     }
   }
   for (int i = 0; i < MT; ++i)
-    for (int j = 0; j < NT; ++j) out[i * NT + j] = Src::min ? hsum8(acc[i][j]) + accm[i][j] : hsum8(acc[i][j]);
+    for (int j = 0; j < NT; ++j) out[i * NT + j] = W::min ? hsum8(acc[i][j]) + accm[i][j] : hsum8(acc[i][j]);
 }
 
-// All activation rows mb..me-1 against weight rows t0..t0+nt-1 (nt <= NT) of `src`, written to out[M, N]: tiles of
-// up to MT_MAX activation rows by NT weight rows (register tiles; the sums do not depend on the tiling).
+// All activation rows mb..me-1 against weight rows t0..t0+nt-1 (nt <= NT) at w (row t0), written to out[M, N]:
+// tiles of up to MT_MAX activation rows by NT weight rows (register tiles; the sums do not depend on the tiling).
 constexpr int MT_MAX = 4;
 constexpr int NT_I8 = 2;
 
-template <class Src, int NT, int MT>
-inline void tile_or_columns(const Act& a, const Src& src, int64_t m0, int64_t nt, float* buf) {
-  if (nt == NT) { tile_i8<Src, MT, NT>(a, src, m0, buf); return; }
+template <class W, int NT, int MT>
+inline void tile_or_columns(const Act& a, const uint8_t* w, int64_t RB, int64_t m0, int64_t nt, float* buf) {
+  if (nt == NT) { tile_i8<W, MT, NT>(a, w, RB, m0, buf); return; }
   for (int64_t j = 0; j < nt; ++j) {
     float one[MT];
-    tile_i8<Src, MT, 1>(a, src.shifted(j), m0, one);
+    tile_i8<W, MT, 1>(a, w + j * RB, RB, m0, one);
     for (int i = 0; i < MT; ++i) buf[i * NT + j] = one[i];
   }
 }
 
-template <class Src>
-inline void rows_i8(const Act& a, const Src& src, int64_t mb, int64_t me, int64_t nt, int64_t t0, int64_t N, float* op) {
+template <class W>
+inline void rows_i8(const Act& a, const uint8_t* w, int64_t RB, int64_t mb, int64_t me, int64_t nt, int64_t t0,
+                    int64_t N, float* op) {
   constexpr int NT = NT_I8;
-  if (me - mb == 1) {  // one row (a decode step): one weight row at a time streams fastest (measured)
+  if (me - mb == 1) {  // one row (a decode step)
     for (int64_t j = 0; j < nt; ++j) {
       float v;
-      tile_i8<Src, 1, 1>(a, src.shifted(j), mb, &v);
+      tile_i8<W, 1, 1>(a, w + j * RB, RB, mb, &v);
       op[mb * N + t0 + j] = v;
     }
     return;
@@ -412,10 +431,10 @@ inline void rows_i8(const Act& a, const Src& src, int64_t mb, int64_t me, int64_
   for (int64_t m0 = mb; m0 < me; m0 += MT_MAX) {
     const int64_t mt = std::min<int64_t>(MT_MAX, me - m0);
     switch (mt) {
-      case 4: tile_or_columns<Src, NT, 4>(a, src, m0, nt, buf); break;
-      case 3: tile_or_columns<Src, NT, 3>(a, src, m0, nt, buf); break;
-      case 2: tile_or_columns<Src, NT, 2>(a, src, m0, nt, buf); break;
-      default: tile_or_columns<Src, NT, 1>(a, src, m0, nt, buf); break;
+      case 4: tile_or_columns<W, NT, 4>(a, w, RB, m0, nt, buf); break;
+      case 3: tile_or_columns<W, NT, 3>(a, w, RB, m0, nt, buf); break;
+      case 2: tile_or_columns<W, NT, 2>(a, w, RB, m0, nt, buf); break;
+      default: tile_or_columns<W, NT, 1>(a, w, RB, m0, nt, buf); break;
     }
     for (int64_t i = 0; i < mt; ++i)
       for (int64_t j = 0; j < nt; ++j) op[(m0 + i) * N + t0 + j] = buf[i * NT + j];
@@ -690,36 +709,22 @@ torch::Tensor dequant_rows(torch::Tensor w, int64_t type, int64_t K, torch::Tens
   });
   return out;
 }
-// The integer path of linear_q: x quantized per row and 32-block to int8 (see quant_row), weight groups as int8,
-// exact int32 group sums, fp32 accumulation in a fixed order (batch-invariant like linear_q).
-template <class T>
-void linear_q8_unpacked(const Act& a, const uint8_t* wp, int64_t N, int64_t RB, float* op, int64_t M) {
-  const int64_t K = a.K, G = a.G;
-  constexpr int64_t MB = 16;
-  const int64_t chunk = std::max<int64_t>(4, (int64_t(48) * 1024 / K) / 4 * 4);
-  at::parallel_for(0, (N + chunk - 1) / chunk, 1, [&](int64_t c0, int64_t c1) {
-    std::vector<int8_t> wq(chunk * K);
-    std::vector<float> ws(chunk * G * 2), wm(chunk * G);
-    for (int64_t c = c0; c < c1; ++c) {
-      const int64_t n0 = c * chunk, n1 = std::min(N, n0 + chunk);
-      for (int64_t n = n0; n < n1; ++n) {
-        const uint8_t* row = wp + n * RB;
-        for (int64_t k = 0, b = 0; k < K; k += T::block, b += T::bytes) {
-          const int64_t gi = (n - n0) * G + k / 32;
-          T::unpack(row + b, wq.data() + gi * 32, ws.data() + gi * 2, wm.data() + gi);
-        }
-      }
-      for (int64_t mb = 0; mb < M; mb += MB)
-        for (int64_t t0 = n0; t0 < n1; t0 += NT_I8) {
-          const int64_t base = (t0 - n0) * G;
-          const Unpacked<T::min> src{wq.data() + base * 32, ws.data() + base * 2, wm.data() + base, G};
-          rows_i8(a, src, mb, std::min(M, mb + MB), std::min<int64_t>(NT_I8, n1 - t0), t0, N, op);
-        }
-    }
-  });
-}
 
-void linear_q8_direct(const Act& a, const uint8_t* wp, int64_t N, int64_t RB, float* op, int64_t M) {
+// The integer path of linear_q: x quantized per row and 32-block to int8 (see quant_row), weight groups unpacked in
+// registers, exact int32 group sums, fp32 accumulation in a fixed order (batch-invariant like linear_q).  The weight
+// rows go in chunks of ~48 KiB (L2) and 2 rows per tile; inside a chunk the input rows go in blocks of 16.
+template <class W>
+void linear_q8_type(const int8_t* qx, const float* dx, const float* dxs, int64_t M, int64_t K, const uint8_t* wp,
+                    int64_t N, int64_t RB, float* op) {
+  const int64_t G = K / 32;
+  std::vector<int32_t> off(W::off ? M * G * 8 : 0);
+  if (W::off) {  // per-lane sums of OFF * qx, as the products' madd lanes sum them
+    const __m256i c = _mm256_set1_epi8(W::off), ones = _mm256_set1_epi16(1);
+    for (int64_t i = 0; i < M * G; ++i)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(off.data() + 8 * i),
+                          _mm256_madd_epi16(_mm256_maddubs_epi16(c, load256(reinterpret_cast<const uint8_t*>(qx + 32 * i))), ones));
+  }
+  const Act a{qx, dx, dxs, off.data(), K, G};
   constexpr int64_t MB = 16;
   const int64_t chunk = std::max<int64_t>(4, (int64_t(48) * 1024 / RB) / 4 * 4);
   at::parallel_for(0, (N + chunk - 1) / chunk, 1, [&](int64_t c0, int64_t c1) {
@@ -727,7 +732,7 @@ void linear_q8_direct(const Act& a, const uint8_t* wp, int64_t N, int64_t RB, fl
       const int64_t n0 = c * chunk, n1 = std::min(N, n0 + chunk);
       for (int64_t mb = 0; mb < M; mb += MB)
         for (int64_t t0 = n0; t0 < n1; t0 += NT_I8)
-          rows_i8(a, Q8Direct{wp + t0 * RB, RB}, mb, std::min(M, mb + MB), std::min<int64_t>(NT_I8, n1 - t0), t0, N, op);
+          rows_i8<W>(a, wp + t0 * RB, RB, mb, std::min(M, mb + MB), std::min<int64_t>(NT_I8, n1 - t0), t0, N, op);
     }
   });
 }
@@ -744,18 +749,20 @@ torch::Tensor linear_q8(torch::Tensor x, torch::Tensor w, int64_t type, int64_t 
   std::vector<float> dx(M * G), dxs(M * G);
   const float* xp = x.data_ptr<float>();
   for (int64_t m = 0; m < M; ++m) quant_row(xp + m * K, K, qx.data() + m * K, dx.data() + m * G, dxs.data() + m * G);
-  const Act a{qx.data(), dx.data(), dxs.data(), K, G};
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
+  auto run = [&](auto tag) {
+    linear_q8_type<decltype(tag)>(qx.data(), dx.data(), dxs.data(), M, K, wp, N, RB, op);
+  };
   switch (type) {
-    case 8: linear_q8_direct(a, wp, N, RB, op, M); break;
-    case 2: linear_q8_unpacked<I8Q4_0>(a, wp, N, RB, op, M); break;
-    case 3: linear_q8_unpacked<I8Q4_1>(a, wp, N, RB, op, M); break;
-    case 6: linear_q8_unpacked<I8Q5_0>(a, wp, N, RB, op, M); break;
-    case 7: linear_q8_unpacked<I8Q5_1>(a, wp, N, RB, op, M); break;
-    case 12: linear_q8_unpacked<I8Q4_K>(a, wp, N, RB, op, M); break;
-    case 13: linear_q8_unpacked<I8Q5_K>(a, wp, N, RB, op, M); break;
-    case 14: linear_q8_unpacked<I8Q6_K>(a, wp, N, RB, op, M); break;
+    case 8: run(WQ8_0{}); break;
+    case 2: run(WQ4_0{}); break;
+    case 3: run(WQ4_1{}); break;
+    case 6: run(WQ5_0{}); break;
+    case 7: run(WQ5_1{}); break;
+    case 12: run(WQ4_K{}); break;
+    case 13: run(WQ5_K{}); break;
+    case 14: run(WQ6_K{}); break;
     default: TORCH_CHECK(false, "GGML type ", type, " has no integer path");
   }
   return out;
