@@ -120,6 +120,22 @@ def test_fused_row_operations_equal_torch():
     assert torch.equal(cq.rope(x, cos, sin), x * cos[:, None] + rot * sin[:, None])
 
 
+def test_argmax_is_torchs():
+    """First index among equal maxima, the first NaN where there is one, any length (vector body and tail)."""
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 7, 8, 9, 1000, 262147):
+        cases = [torch.randn(n, generator=g), torch.randint(-2, 2, (n,), generator=g).float(),
+                 torch.full((n,), float("-inf"))]
+        x = torch.randn(n, generator=g)
+        x[n // 2] = float("nan")
+        x[-1] = float("nan")
+        cases.append(x)
+        for x in cases:
+            assert cq.argmax(x) == int(x.argmax()), n
+    x64 = torch.randn(10, dtype=torch.float64, generator=g)  # another dtype: torch's operation
+    assert cq.argmax(x64) == int(x64.argmax())
+
+
 # ------------------------------------------------------------------------------------------------ a GGUF model
 def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's query/key row order for ``llama`` files (the inverse of what the loader undoes)."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..kernels import cpu_quant
 from .processors import LogitsPipeline, sample
 from .tree import DraftTree
 
@@ -92,7 +93,7 @@ def greedy_walk(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline) -> W
         if pipe.active:
             logits = pipe.process(logits[None].clone(), [path_tokens])[0]
         chosen_from.append(logits)
-        target = int(logits.argmax())
+        target = cpu_quant.argmax(logits)
         child = next((c for c in children[row] if tree.tokens[c] == target), None)
         if child is None:
             return Walk(accepted, path_tokens + [target], logits_of.computed, chosen_from)

@@ -691,6 +691,37 @@ torch::Tensor layer_step(torch::Tensor x, std::vector<torch::Tensor> mats, std::
   return x + mlp(N(1, x));
 }
 
+// Index of the largest value of the fp32 vector x (the first one among equals; the first NaN if there is one: what
+// torch.argmax returns), in one vectorized pass for the maximum and one for its first index.
+int64_t argmax_f32(torch::Tensor x) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 1 && x.is_contiguous() && x.numel() > 0,
+              "x: contiguous non-empty fp32 vector");
+  const float* p = x.data_ptr<float>();
+  const int64_t n = x.numel(), n8 = n & ~int64_t(7);
+  __m256 mx = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n8; i += 8) {
+    const __m256 v = _mm256_loadu_ps(p + i);
+    mx = _mm256_max_ps(mx, v);
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, mx);
+  float m = lanes[0];
+  for (int j = 1; j < 8; ++j) m = std::max(m, lanes[j]);
+  bool has_nan = _mm256_movemask_ps(nan) != 0;
+  for (int64_t i = n8; i < n; ++i) { if (std::isnan(p[i])) has_nan = true; else m = std::max(m, p[i]); }
+  if (has_nan) {
+    for (int64_t i = 0; i < n; ++i) if (std::isnan(p[i])) return i;
+  }
+  const __m256 mv = _mm256_set1_ps(m);
+  for (int64_t i = 0; i < n8; i += 8) {
+    const int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(p + i), mv, _CMP_EQ_OQ));
+    if (mask) return i + __builtin_ctz(mask);
+  }
+  for (int64_t i = n8; i < n; ++i) if (p[i] == m) return i;
+  return 0;  // unreachable: m is one of the values
+}
+
 // Rows `ids` of w, unpacked to fp32 [n, K] (the embedding lookup, packed draft buffers, dequantization).
 torch::Tensor dequant_rows(torch::Tensor w, int64_t type, int64_t K, torch::Tensor ids) {
   TORCH_CHECK(w.dtype() == torch::kUInt8 && w.dim() == 2 && w.stride(1) == 1, "w: uint8 [N, row bytes]");
@@ -771,6 +802,7 @@ torch::Tensor linear_q8(torch::Tensor x, torch::Tensor w, int64_t type, int64_t 
 
 _CPP_DECL = ("torch::Tensor linear_q(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K);\n"
              "torch::Tensor dequant_rows(torch::Tensor w, int64_t type, int64_t K, torch::Tensor ids);\n"
+             "int64_t argmax_f32(torch::Tensor x);\n"
              "torch::Tensor linear_q8(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K);\n"
              "torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);\n"
              "torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);\n"
@@ -781,7 +813,7 @@ _CPP_DECL = ("torch::Tensor linear_q(torch::Tensor x, torch::Tensor w, int64_t t
              "torch::Tensor sin, torch::Tensor kv, int64_t start, int64_t lo, torch::Tensor allowed, "
              "std::vector<int64_t> dims, double eps, double scale);")
 
-_EXT = Extension("cpu_quant", _SOURCE, _CPP_DECL, ["linear_q", "dequant_rows", "linear_q8", "rms_norm", "rope", "attend_rows",
+_EXT = Extension("cpu_quant", _SOURCE, _CPP_DECL, ["linear_q", "dequant_rows", "argmax_f32", "linear_q8", "rms_norm", "rope", "attend_rows",
                   "layer_step"], "CPU quantized-weight kernel",
                  flags=("-mf16c", "-ffp-contract=off"))
 
@@ -848,6 +880,16 @@ def layer_step(x, mats, meta, biases, norms, cos, sin, kv, start, lo, allowed, d
     """One decoder layer of a packed model on fp32 rows ``x`` [T, d], writing its keys and values into ``kv``
     [2, kv heads, capacity, hd] at ``start`` (see the C++ comment for the arguments)."""
     return _EXT.module.layer_step(x, mats, meta, biases, norms, cos, sin, kv, start, lo, allowed, dims, eps, scale)
+
+
+def argmax(x: torch.Tensor) -> int:
+    """``int(x.argmax())`` for a vector ``x``: the first index of the largest value, the first NaN's if any (as
+    torch); a vectorized pass on a CPU fp32 vector (torch's took ~0.4 ms for Gemma's 262,144 logits, ~3% of a
+    packed decode step), torch's operation otherwise."""
+    if x.dim() == 1 and x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous() and x.numel() \
+            and available():
+        return int(_EXT.module.argmax_f32(x))
+    return int(x.argmax())
 
 
 def dequant_rows(data: torch.Tensor, type_id: int, cols: int, ids: torch.Tensor) -> torch.Tensor:

@@ -267,6 +267,7 @@ def install(model: torch.nn.Module, weights: dict[str, QuantTensor]) -> None:
             raise MicrospecError(f"GGUF tensor for {name} is {tuple(q.shape)}, the model expects {expected}")
         module._parameters.pop(attr, None)
         setattr(module, attr, q)
+    model.__dict__.pop("_first_param", None)  # NativeCausalLM's cached first parameter may be one just removed
 
 
 def quantize_linears(module: torch.nn.Module, qtype: str = "Q8_0") -> int:
@@ -289,6 +290,8 @@ def quantize_linears(module: torch.nn.Module, qtype: str = "Q8_0") -> int:
         layer._parameters.pop("weight")
         layer.weight = QuantTensor(torch.from_numpy(raw.reshape(w.shape[0], -1)), qtype, int(w.shape[1]))
         packed += 1
+    for m in module.modules():
+        m.__dict__.pop("_first_param", None)
     return packed
 
 
