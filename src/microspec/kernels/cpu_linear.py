@@ -156,9 +156,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     """Attention of ``q`` [H, T, D] over ``k``, ``v`` [G, S, D] (grouped heads: head h reads group h // (H / G)),
     ``mask`` [T, S] or [1, 1, T, S] bool (True = may attend) or None; bf16 in, bf16 out [H, T, D] (or all fp32).
 
-    One (head, row) pair at a time over exactly the keys the row may see, in slot order, with fp32 scores and
-    sequential fp32 sums: a row's result does not depend on the other rows of the call nor on masked slots, so a
-    one-token decode step and a tree-verify pass compute the same values for the same token."""
+    Each row over exactly the keys it may see, in slot order, with fp32 scores, a vectorized expf and sequential
+    fp32 sums (the heads of a key group share each key and value read): a row's result does not depend on the
+    other rows of the call nor on masked slots, so a one-token decode step and a tree-verify pass compute the same
+    values for the same token."""
     m = torch.empty(0, dtype=torch.bool) if mask is None else mask.reshape(q.shape[1], k.shape[1]).contiguous()
     return cpu_quant.attend_rows(q, k, v, m, float(scale))
 
