@@ -93,15 +93,56 @@ def test_python_api_reaches_every_method_in_one_line(tiny_model_dir, tmp_path):
 
 
 def test_auto_method_speculates_where_it_measured_faster():
-    from microspec.compose import auto_method
+    from microspec.compose import AUTO_OVERRIDES, auto_method, decoding_kind
     from microspec.decoding import GenerationConfig
 
     greedy, penalty = GenerationConfig(), GenerationConfig(repetition_penalty=1.2)
     sampling = GenerationConfig(temperature=0.7)
-    assert auto_method("gemma-3-270m", "cpu-gguf", greedy)[:3] == ("eagle", "microspec", True)
-    for cfg in (penalty, sampling, GenerationConfig(no_repeat_ngram_size=3)):  # measured slower there: plain
-        assert auto_method("gemma-3-270m", "cpu-gguf", cfg)[:3] == ("none", "full", False)
-    assert auto_method("gemma-3-270m", "cpu", penalty)[:3] == ("eagle", "microspec", True)  # bf16: adaptive
-    assert auto_method("gemma-3-270m", "cpu-gguf", None)[:3] == ("eagle", "microspec", True)  # a server: adaptive
-    drafter, _, _, why = auto_method("/some/model/dir", "cpu", greedy)
+    assert [decoding_kind(c) for c in (greedy, penalty, sampling, GenerationConfig(no_repeat_ngram_size=3))] == \
+        ["greedy", "penalty", "sampling", "penalty"]
+    # a packed CPU target: prompt lookup (adaptive) on greedy decoding, plain decoding where every method lost
+    assert auto_method("gemma-3-270m", "cpu-gguf", "greedy")[:3] == ("ngram", "full", True)
+    assert auto_method("/some/model/dir", "cpu-gguf", "greedy")[:3] == ("ngram", "full", True)  # needs no head
+    for kind in ("penalty", "sampling"):
+        assert auto_method("gemma-3-270m", "cpu-gguf", kind)[:3] == ("none", "full", False)
+    for kind in ("greedy", "penalty", "sampling"):  # bf16 / CUDA: the head + MicroSpec, adaptive
+        assert ("cpu", kind) not in AUTO_OVERRIDES
+        assert auto_method("gemma-3-270m", "cpu", kind)[:3] == ("eagle", "microspec", True)
+    with pytest.raises(MicrospecError, match="unknown decoding kind"):
+        auto_method("gemma-3-270m", "cpu", "beam")
+    drafter, _, _, why = auto_method("/some/model/dir", "cpu", "greedy")
     assert drafter == "none" and "no EAGLE head" in why
+
+
+def test_auto_engine_runs_each_request_on_its_decodings_engine(tiny_model_dir, tmp_path):
+    """A server's ``--drafter auto`` (the decoding is each request's): one engine per decoding kind on one model,
+    the request's kind picks it, and every kind's output is plain decoding's."""
+    from microspec import load_model
+    from microspec.compose import AutoEngine
+    from microspec.decoding import GenerationConfig
+
+    lm = load_model(str(tiny_model_dir), dtype="fp32")
+    head, _, _ = official_checkpoint(tmp_path / "eagle")
+    eagle = build(Method.parse("eagle+microspec@adaptive", draft=str(head)), lm)
+    auto = AutoEngine({"greedy": build("ngram@adaptive", lm), "penalty": eagle, "sampling": build("ar", lm)})
+    assert auto.lm is lm
+    assert auto.summary() == "greedy: ngram (adaptive); penalty: eagle+microspec (adaptive); sampling: plain"
+    ids = lm.tokenizer("w5 w6 w7 w5 w6").input_ids
+    plain = build("ar", lm)
+    for cfg, want in ((GenerationConfig(max_new_tokens=10, ignore_eos=True), "ngram"),
+                      (GenerationConfig(max_new_tokens=10, ignore_eos=True, repetition_penalty=1.3), "eagle"),
+                      (GenerationConfig(max_new_tokens=10, ignore_eos=True, temperature=0.8, seed=3), "none")):
+        assert auto.engine_for(cfg).method.drafter == want
+        assert auto.generate_ids(ids, cfg).token_ids == plain.generate_ids(ids, cfg).token_ids
+    with pytest.raises(MicrospecError, match="every decoding kind"):
+        AutoEngine({"greedy": plain})
+
+
+def test_prompt_lookup_draft_length_by_device():
+    """Prompt lookup drafts up to 10 tokens, 3 on a packed CPU target (measured), what --depth says otherwise."""
+    from microspec.drafters import tree_defaults
+
+    assert tree_defaults("ngram", "cpu", None, None, None)[0] == 10
+    assert tree_defaults("ngram", "cuda", None, None, None)[0] == 10
+    assert tree_defaults("ngram", "cpu-gguf", None, None, None)[0] == 3
+    assert tree_defaults("ngram", "cpu-gguf", 7, None, None)[0] == 7

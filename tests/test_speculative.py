@@ -296,7 +296,7 @@ def test_tree_defaults_per_device():
     assert tree_defaults("early-exit", "cpu", None, None, None) == (None, None, None)  # a chain
     assert tree_defaults("early-exit", "cuda", 3, None, None) == (3, 10, 59)
     assert tree_defaults("eagle", "cpu", 5, 3, None) == (5, 3, 15)
-    assert tree_defaults("ngram", "cuda", None, None, None) == (None, None, None)
+    assert tree_defaults("ngram", "cuda", None, None, None) == (10, None, None)  # a draft length only
 
 
 def test_coverage_asks_only_for_drafted_depths():

@@ -86,12 +86,20 @@ def eagle_head_path(draft: str | Path | None, model: str) -> str:
     return str(found)
 
 
-# where ``--drafter auto`` decodes plainly although the model has a head: (device kind, decoding) pairs measured
-# slower with speculation than without on Gemma 3 270M — a packed GGUF target on the 2-core CPU, where one drafted
-# token is all a verify pass affords: EAGLE + MicroSpec 0.89x plain decoding with repetition penalty 1.2, 0.93x at
-# temperature 0.7, 0.82x at 1.0, and adaptive 0.93x on the README's 64-token command, whose probes cost more than
-# they find; 1.05-1.10x on plain greedy decoding (BENCHMARKS.md, issue 21)
-PLAIN_WHERE_SPECULATION_LOSES = {"cpu-gguf": ("penalty", "sampling")}
+# What ``--drafter auto`` runs where a measurement found something better than its default (the model's EAGLE head
+# + MicroSpec, adaptive), by device kind and decoding: (drafter, vocabulary, adaptive, why).  Measured on Gemma 3
+# 270M with a packed GGUF target on the 2-core CPU (BENCHMARKS.md, "Packed kernel, second pass"; Spec-Bench 2 per
+# category + HumanEval 2, 128 tokens), where a plain step got cheap (13 ms) and a verify row did not (~4 ms in the
+# body, ~3 ms in the LM head): greedy — prompt lookup, adaptive, 1.11x plain decoding, EAGLE + MicroSpec adaptive
+# 0.95x, fixed 0.89x; repetition penalty 1.2 — every speculative method below plain (best: EAGLE + MicroSpec
+# adaptive 0.91x, prompt lookup adaptive 0.90x); sampling — below plain at T 0.7 and 1.0 (issue 21's run).
+_PLAIN = ("none", "full", False)
+AUTO_OVERRIDES = {
+    ("cpu-gguf", "greedy"): ("ngram", "full", True, "prompt lookup, adaptive: measured fastest on a packed CPU target"),
+    ("cpu-gguf", "penalty"): (*_PLAIN, "speculation measured slower than plain decoding on cpu-gguf with penalty"),
+    ("cpu-gguf", "sampling"): (*_PLAIN, "speculation measured slower than plain decoding on cpu-gguf with sampling"),
+}
+DECODING_KINDS = ("greedy", "penalty", "sampling")
 
 
 def device_kind(device: str, packed: bool) -> str:
@@ -108,19 +116,20 @@ def decoding_kind(cfg) -> str:
     return "penalty" if cfg.repetition_penalty != 1.0 or cfg.no_repeat_ngram_size else "greedy"
 
 
-def auto_method(model: str | Path, device_kind: str | None = None, cfg=None) -> tuple[str, str, bool, str]:
-    """What ``--drafter auto`` (``generate``'s and ``serve``'s default) means: (drafter, vocabulary, adaptive,
-    why).  The best method the model has — the EAGLE head shipped for a built-in model with
-    MicroSpec's in-context vocabulary, adaptive, so that it steps aside where drafting stops paying — except on a
-    device and decoding where speculation measured slower than plain decoding (``PLAIN_WHERE_SPECULATION_LOSES``;
-    ``cfg`` None: not known in advance, as for a server), and plain decoding for a model without a head."""
+def auto_method(model: str | Path, device_kind: str | None = None, kind: str = "greedy") -> tuple[str, str, bool, str]:
+    """What ``--drafter auto`` (``generate``'s and ``serve``'s default) means for decoding ``kind`` (see
+    :func:`decoding_kind`): (drafter, vocabulary, adaptive, why).  What measured fastest on this kind of device
+    (``AUTO_OVERRIDES``); elsewhere the best method the model has — the EAGLE head shipped for a built-in model with
+    MicroSpec's in-context vocabulary, adaptive, so that it steps aside where drafting stops paying —, and plain
+    decoding for a model without a head."""
     from .models.registry import shipped_eagle_head
 
+    if kind not in DECODING_KINDS:
+        raise MicrospecError(f"unknown decoding kind {kind!r} (one of {', '.join(DECODING_KINDS)})")
+    if (device_kind, kind) in AUTO_OVERRIDES:
+        return AUTO_OVERRIDES[device_kind, kind]
     if shipped_eagle_head(model) is None:
         return "none", "full", False, "no EAGLE head for this model"
-    if cfg is not None and decoding_kind(cfg) in PLAIN_WHERE_SPECULATION_LOSES.get(device_kind, ()):
-        why = f"speculation measured slower than plain decoding on {device_kind} with {decoding_kind(cfg)}"
-        return "none", "full", False, why
     return "eagle", "microspec", True, "the model's EAGLE head + MicroSpec, adaptive"
 
 
@@ -484,6 +493,37 @@ class Engine:
                 **({} if self.drafter is None else {"tree": dict(self.tree)})}
 
 
+class AutoEngine:
+    """``--drafter auto`` for a server, where each request brings its own decoding: the engine built for each
+    decoding kind (:func:`decoding_kind`: greedy, penalty, sampling — :func:`auto_method` may pick another method
+    for each), all on one loaded model and one EAGLE head; a request runs on its kind's engine."""
+
+    def __init__(self, engines: dict[str, Engine]):
+        check(set(engines) == set(DECODING_KINDS), "AutoEngine needs an engine for every decoding kind")
+        self.engines = engines
+        self.lm = next(iter(engines.values())).lm
+
+    def engine_for(self, cfg: "GenerationConfig") -> Engine:
+        return self.engines[decoding_kind(cfg)]
+
+    def generate_ids(self, prompt_ids, cfg: "GenerationConfig", stop_check=None, **kwargs) -> "GenerationResult":
+        return self.engine_for(cfg).generate_ids(prompt_ids, cfg, stop_check, **kwargs)
+
+    def describe(self) -> dict:
+        return {kind: e.describe() for kind, e in self.engines.items()}
+
+    def summary(self) -> str:
+        """E.g. ``greedy: ngram (adaptive); penalty: plain; sampling: plain``."""
+        def one(e: Engine) -> str:
+            m = e.method
+            if m.drafter == "none":
+                return "plain"
+            name = m.drafter if m.vocab == "full" else f"{m.drafter}+{m.vocab}"
+            return name + (" (adaptive)" if m.adaptive else "")
+
+        return "; ".join(f"{kind}: {one(e)}" for kind, e in self.engines.items())
+
+
 PACKED_CPU_PROMPT_POSITIONS = 0
 
 
@@ -497,8 +537,9 @@ def build(method: Method | str, lm: "LoadedModel", heads: dict | None = None) ->
     method = as_method(method).for_model(lm.name)  # artifacts are checked by the policy build() makes below
     if method.drafter == "none":
         return Engine(method, lm, None, {})
+    device_type = device_kind(lm.model.device.type, lm.model.quantized)
     if method.drafter == "ngram":
-        tree = {"depth": method.depth}
+        tree = {"depth": tree_defaults("ngram", device_type, method.depth, None, None)[0]}
         return Engine(method, lm, make_drafter("ngram", **tree), tree)
     eagle_head = draft_model = None
     if method.drafter == "eagle":
@@ -509,7 +550,6 @@ def build(method: Method | str, lm: "LoadedModel", heads: dict | None = None) ->
             raise MicrospecError(f"draft model {draft.name!r} uses another tokenizer than {lm.name!r}")
         draft_model = draft.model
     auto = method.total_tokens == "auto"
-    device_type = device_kind(lm.model.device.type, lm.model.quantized)
     if device_type == "cpu-gguf" and method.vocab == "microspec" and method.k_pre_positions is None:
         # no C_pre on a packed CPU target: the target's top-k at a prompt position costs a full-vocabulary head
         # row (~3.4 ms packed on 2 cores): with every position rag / summarization ran at 0.66x plain decoding;

@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 
 from ..compose import (
+    DECODING_KINDS,
+    AutoEngine,
     Engine,
     Method,
     auto_method,
     build,
+    decoding_kind,
     device_kind,
     load_heads,
     log_sizing,
@@ -141,13 +144,14 @@ def method_from_args(args: argparse.Namespace, cfg: GenerationConfig | None = No
     return method
 
 
-def resolve_drafter(args: argparse.Namespace, cfg: GenerationConfig | None = None) -> None:
+def resolve_drafter(args: argparse.Namespace, cfg: GenerationConfig | None = None, kind: str | None = None) -> None:
     """``--drafter auto``: the drafter, vocabulary (``--vocab`` when given other than full) and adaptive mode it means
-    for ``--model`` on this device and, when known, this decoding (``args.auto``: why, when it was chosen)."""
+    for ``--model`` on this device and this decoding (``cfg``'s, or ``kind``; greedy when neither is known) —
+    ``args.auto``: why, when it was chosen."""
     args.auto = None
     if args.drafter == "auto":
-        kind = device_kind(args.device, str(args.dtype).startswith("gguf"))
-        drafter, vocab, adaptive, why = auto_method(args.model, kind, cfg)
+        dk = device_kind(args.device, str(args.dtype).startswith("gguf"))
+        drafter, vocab, adaptive, why = auto_method(args.model, dk, kind or (decoding_kind(cfg) if cfg else "greedy"))
         if args.draft is not None:  # a draft model or an EAGLE head: the drafter must say which
             drafter, vocab, adaptive, why = "none", "full", False, "--draft given without --drafter"
         args.drafter, args.adaptive, args.auto = drafter, args.adaptive or adaptive, why
@@ -156,12 +160,27 @@ def resolve_drafter(args: argparse.Namespace, cfg: GenerationConfig | None = Non
 
 
 def engine_from_args(args: argparse.Namespace,
-                     per_request: bool = False) -> tuple[GenerationConfig | None, Engine]:
+                     per_request: bool = False) -> tuple[GenerationConfig | None, "Engine | AutoEngine"]:
     """What ``generate``, ``coverage`` and ``serve`` decode with: ``--threads`` applied, the decoding configuration
-    and the method checked, the EAGLE head loaded before the target, then the method built for the loaded model
-    (``per_request``: the decoding is each request's own, unknown here — a server's: no configuration)."""
+    and the method checked, the EAGLE head loaded before the target, then the method built for the loaded model.
+    ``per_request``: the decoding is each request's own, unknown here (a server's: no configuration); with
+    ``--drafter auto`` an :class:`~microspec.compose.AutoEngine` then holds the method of every decoding kind."""
     set_threads(args.threads)
     cfg = None if per_request else config_from_args(args)
+    if per_request and args.drafter == "auto":
+        methods = {}
+        for kind in DECODING_KINDS:
+            each = argparse.Namespace(**vars(args))
+            resolve_drafter(each, kind=kind)
+            methods[kind] = method_from_args(each)
+        heads = load_heads(methods.values())
+        lm = load_model(args.model, dtype=args.dtype, device=args.device)
+        built: dict = {}
+        for m in methods.values():
+            if m not in built:
+                built[m] = build(m, lm, heads)
+                log_sizing(built[m])
+        return None, AutoEngine({kind: built[m] for kind, m in methods.items()})
     method = method_from_args(args, cfg)
     heads = load_heads([method])
     lm = load_model(args.model, dtype=args.dtype, device=args.device)

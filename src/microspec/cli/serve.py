@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..compose import AutoEngine
 from ..errors import MicrospecError
 from .common import (
     add_drafter_args,
@@ -50,8 +51,10 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(Worker(engine, args.max_queue, args.served_model_name), args.request_timeout,
                      args.served_model_name)
     name = args.served_model_name or engine.lm.name
-    print(f"[microspec] serving {name} ({engine.lm.weights}, drafter {args.drafter}, vocab {args.vocab}) on "
-          f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    method = (f"drafter auto: {engine.summary()}" if isinstance(engine, AutoEngine)
+              else f"drafter {args.drafter}, vocab {args.vocab}")
+    print(f"[microspec] serving {name} ({engine.lm.weights}, {method}) on http://{args.host}:{args.port}/v1",
+          file=sys.stderr, flush=True)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
     except OSError as exc:

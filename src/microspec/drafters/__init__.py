@@ -22,11 +22,18 @@ TREE_DEFAULTS = {
     "cpu-gguf": {"depth": 1, "top_k": 1, "total_tokens": 1},
 }
 
+# prompt lookup's longest draft: 10 tokens, but 3 on a packed CPU target, where a verify row costs a third of a plain
+# step (Spec-Bench 2/category + HumanEval 2, greedy, 128 tokens, adaptive: 3 tokens 1.16x plain decoding with every
+# category >= 1.02x, 5 tokens 1.15x, 10 tokens 1.11x; fixed: 1.15x / 1.07x / 0.97x; BENCHMARKS.md)
+NGRAM_TOKENS = {"default": 10, "cpu-gguf": 3}
+
 
 def tree_defaults(name: str, device_type: str, depth, top_k, total_tokens):
-    """Fill unset tree settings for model-based drafters: the eagle drafter drafts a tree by default on every
-    device, early-exit and model drafters on CUDA only (a chain of ``depth`` tokens on a CPU).  ``device_type``:
+    """Fill unset tree settings: the eagle drafter drafts a tree by default on every device, early-exit and model
+    drafters on CUDA only (a chain of ``depth`` tokens on a CPU); prompt lookup's draft length by device.  ``device_type``:
     ``cuda``, ``cpu`` or ``cpu-gguf`` (a packed GGUF target on a CPU)."""
+    if name == "ngram" and depth is None:
+        return NGRAM_TOKENS.get(device_type, NGRAM_TOKENS["default"]), top_k, total_tokens
     if name not in ("eagle", "early-exit", "model") or (top_k is None and total_tokens is not None):
         return depth, top_k, total_tokens
     if name != "eagle" and device_type != "cuda" and top_k is None:

@@ -20,7 +20,7 @@ import traceback
 from dataclasses import dataclass, field
 
 from ..api import stop_string_check
-from ..compose import Engine
+from ..compose import AutoEngine, Engine
 from ..errors import MicrospecError
 from .metrics import Metrics
 from .protocol import APIError, Request
@@ -93,7 +93,7 @@ class Result:
 
 
 class Worker:
-    def __init__(self, engine: Engine, max_queue: int = 64, model_name: str | None = None):
+    def __init__(self, engine: Engine | AutoEngine, max_queue: int = 64, model_name: str | None = None):
         self.engine, self.lm = engine, engine.lm
         self.queue = JobQueue(max_queue)
         self.metrics = Metrics(model_name or self.lm.name)
