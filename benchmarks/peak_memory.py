@@ -3,7 +3,7 @@
     python benchmarks/peak_memory.py                          # gemma-3-270m, gguf and bf16, 64 tokens
     python benchmarks/peak_memory.py --weights gguf,gguf-f32,bf16,fp32 --model smollm2-135m-instruct
 
-Each setting runs ``microspec generate`` (plain decoding, or ``--method``'s drafter options) in its own Python
+Each setting runs ``microspec generate`` (plain decoding, or ``--extra``'s drafter options) in its own Python
 process; the peak RSS the kernel reports for that process (``ru_maxrss``) covers loading, the prefill and
 decoding.  With ``gguf`` the packed blocks are memory-mapped from the GGUF file, so the pages a step reads count
 in RSS like any other weights: what is compared is the whole footprint.
@@ -41,7 +41,8 @@ def main() -> None:
     ap.add_argument("--weights", default="gguf,bf16")
     ap.add_argument("--prompt", default="The three laws of robotics are")
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--extra", default="", help="more generate options, e.g. '--drafter eagle --vocab microspec'")
+    ap.add_argument("--extra", default="--drafter none",
+                    help="more generate options (default: plain decoding), e.g. '--drafter eagle --vocab microspec'")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     out = {}
