@@ -280,7 +280,7 @@ def test_analyze_tiny_run(capsys, tiny_model_dir, tmp_path):
     rc, out, err = _run(capsys, "analyze", "--model", tiny_model_dir, "--dtype", "fp32", "--data", _data(tmp_path),
                         "--max-new-tokens", "8", "--draft", head, "--freq-file", fmap, "--sizes", "64,16",
                         "--w-max-values", "8,3072", "--warmup", "0", "--limit", "1", "--top-k", "2", "--depth", "2",
-                        "--out", tmp_path / "a")
+                        "--ignore-eos", "--out", tmp_path / "a")
     assert rc == 0, err
     res = json.loads((tmp_path / "a" / "analysis.json").read_text())
     assert [r["w_max"] for r in res["wmax"]] == [8, 3072]
@@ -298,6 +298,8 @@ def test_analyze_tiny_run(capsys, tiny_model_dir, tmp_path):
     assert ms["size"] < 96 and ms["p_S"] < 1.0 and ms["overlap"] >= ms["bound"] - 1e-4
     # the share of repeated 4-grams in the reference (ar) answers of the run the analysis made, counted here
     (ar_file,) = (tmp_path / "a" / "bench").rglob("ar.jsonl")
+    assert res["meta"]["ignore_eos"] and all(  # --ignore-eos: every turn runs its whole budget
+        n == 8 for line in ar_file.read_text().splitlines() for n in json.loads(line)["choices"][0]["new_tokens"])
     outputs = [ids for x in map(json.loads, ar_file.read_text().splitlines()) for ch in x["choices"]
                for ids in ch["token_ids"]]
     grams = [[tuple(ids[i : i + 4]) for i in range(len(ids) - 3)] for ids in outputs]

@@ -193,7 +193,8 @@ def analyze_overlap(lm, head, records: Sequence[dict], engines: dict, cfg, chat=
 def run_analysis(lm, records: Sequence[dict], what: Sequence[str], out: Path, *, draft: str,
                  heads: dict | None = None, w_values: Sequence[int] = DEFAULT_W, sizes: Sequence[str] = DEFAULT_SIZES,
                  freq_file: str | None = None, repetition_penalty: float = 1.0, max_new_tokens: int = 128,
-                 warmup: int = 1, chat=None, tree: tuple = (None, None, None), meta: dict | None = None) -> dict:
+                 warmup: int = 1, chat=None, tree: tuple = (None, None, None), meta: dict | None = None,
+                 ignore_eos: bool = False) -> dict:
     """``microspec analyze``: one bench run under ``out/bench`` feeds the timed analyses (``wmax``, ``ablation``,
     ``oracle``, ``coverage``, ``repetition``), an instrumented pass the ``overlap`` terms, all with the EAGLE head
     ``draft`` (``heads``: heads already loaded, see :func:`microspec.compose.load_heads`); writes analysis.json,
@@ -209,7 +210,7 @@ def run_analysis(lm, records: Sequence[dict], what: Sequence[str], out: Path, *,
     dtype = str(lm.model.dtype).removeprefix("torch.")
     meta = {**default_meta(lm.name, (meta or {}).get("dtype", dtype), str(lm.model.device)), **(meta or {})}
     dec = Decoding(0.0, repetition_penalty)
-    meta.update(questions=len(records), max_new_tokens=max_new_tokens, decoding=dec.name)
+    meta.update(questions=len(records), max_new_tokens=max_new_tokens, decoding=dec.name, ignore_eos=ignore_eos)
     results: dict = {"meta": meta}
     depth, top_k, total = tree
     timed = [w for w in what if w != "overlap"]
@@ -218,7 +219,8 @@ def run_analysis(lm, records: Sequence[dict], what: Sequence[str], out: Path, *,
         specs = configure(parse_methods(",".join(names)), lm.name, depth=depth, top_k=top_k, total_tokens=total,
                           draft=draft, artifacts={"fr-spec": freq_file})
         res = bench(lm, specs, records, [dec], out / "bench", dtype=parse_dtype(lm.model.dtype),
-                    max_new_tokens=max_new_tokens, warmup=warmup, chat=chat, meta=meta, heads=heads)[dec.name]
+                    max_new_tokens=max_new_tokens, warmup=warmup, chat=chat, meta=meta, heads=heads,
+                    ignore_eos=ignore_eos)[dec.name]
         methods = res["methods"]
         results["bench"] = str(out / "bench" / dec.name / "results.json")
         results["mismatches"] = res["mismatches"]

@@ -29,6 +29,8 @@ def add(sub) -> None:
     p.add_argument("--limit", type=int, default=None, help="the first N questions of each category")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="always generate --max-new-tokens tokens (a W_max sweep needs generations that fill the window)")
     p.add_argument("--what", default=",".join(ANALYSES), help=f"comma-separated subset of {', '.join(ANALYSES)}")
     p.add_argument("--w-max-values", default=",".join(map(str, DEFAULT_W)))
     p.add_argument("--sizes", default=",".join(DEFAULT_SIZES), help="static shortlist sizes for the oracle")
@@ -76,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     results, path = an.run_analysis(
         lm, records, what, out, draft=draft, heads=heads, w_values=w_values, sizes=sizes, freq_file=args.freq_file,
         repetition_penalty=args.repetition_penalty, max_new_tokens=args.max_new_tokens, warmup=args.warmup,
-        chat=args.chat, tree=(args.depth, args.top_k, args.total_tokens),
+        chat=args.chat, tree=(args.depth, args.top_k, args.total_tokens), ignore_eos=args.ignore_eos,
         meta={"command": "microspec " + " ".join(args.argv), "data": args.data, "dtype": args.dtype})
     print(f"analysis: {path}")
     warning, error = lossless_verdict([results.get("mismatches")], out / "bench" / "report.md")
