@@ -19,10 +19,15 @@ def _run(capsys, *args):
 
 def test_generate_json_with_a_local_hf_directory(capsys, tiny_model_dir):
     rc, out, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2 w3 w4",
-                        "--max-new-tokens", "9", "--ignore-eos", "--dtype", "fp32", "--json")
+                        "--max-new-tokens", "9", "--ignore-eos", "--dtype", "fp32", "--json", "--drafter", "none")
     assert rc == 0, err
     obj = json.loads(out)
     assert len(obj["token_ids"]) == 9
+    # the default on a dense CPU target, greedy: prompt lookup, adaptive (--drafter auto), the same tokens
+    rc, out, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2 w3 w4",
+                        "--max-new-tokens", "9", "--ignore-eos", "--dtype", "fp32", "--json")
+    auto = json.loads(out)
+    assert rc == 0 and auto["token_ids"] == obj["token_ids"] and auto["drafter"] == "ngram" and auto["adaptive"]
     assert obj["stats"]["new_tokens"] == 9 and obj["stats"]["mean_accept_len"] == 1.0
     assert obj["stats"]["steps"] == 8
     for key in ("wall_s", "tokens_per_s"):

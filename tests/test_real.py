@@ -81,10 +81,10 @@ def test_cli_json_default_model_equals_transformers_greedy(gemma):
     hf = AutoModelForCausalLM.from_pretrained(str(_gguf_cache_dir(gemma.name, gemma.source)),
                                               dtype=torch.float32).eval()
     assert obj["token_ids"] == _hf_greedy(hf, encode_prompt(gemma, prompt), N)
-    # the default method speculates (--drafter auto: the shipped head + MicroSpec, adaptive), and the tokens are
-    # still transformers' own greedy tokens
+    # the default method speculates (--drafter auto on a dense CPU target, greedy: prompt lookup, adaptive), and the
+    # tokens are still transformers' own greedy tokens
     assert obj["model"] == "gemma-3-270m" and (obj["drafter"], obj["vocab"], obj["adaptive"]) == \
-        ("eagle", "microspec", True)
+        ("ngram", "full", True)
 
 
 SPEC_PROMPTS = [

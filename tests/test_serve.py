@@ -320,8 +320,9 @@ def long_server(tmp_path_factory):
 
 def test_default_drafter_is_auto_per_decoding(long_server):
     """`serve` without a drafter option: --drafter auto resolved for each decoding kind (a model without an EAGLE
-    head on a CPU: plain decoding for all three), said at start."""
-    assert "drafter auto: greedy: plain; penalty: plain; sampling: plain" in long_server.output()
+    head on a dense CPU target: prompt lookup for greedy decoding, plain decoding with a penalty and, the head being
+    absent, for sampling), said at start."""
+    assert "drafter auto: greedy: ngram (adaptive); penalty: plain; sampling: plain" in long_server.output()
 
 
 def test_disconnect_cancels_without_stalling_others(long_server):

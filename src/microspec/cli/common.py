@@ -86,8 +86,9 @@ def add_tree_args(p, total_tokens_type=str) -> None:
 
 def add_drafter_args(p, default: str = "none") -> None:
     p.add_argument("--drafter", default=default,
-                   help="auto (the best the model has: its EAGLE head + MicroSpec, adaptive, for a model with a "
-                        "shipped head, else plain decoding), none (autoregressive), ngram, early-exit, eagle or model "
+                   help="auto (what measured fastest for this device and decoding, else the best the model has: "
+                        "its EAGLE head + MicroSpec, adaptive, for a model with a shipped head, else plain decoding), "
+                        "none (autoregressive), ngram, early-exit, eagle or model "
                         f"(default {default})")
     p.add_argument("--draft", default=None,
                    help="model drafter: the draft model (built-in name, .gguf or HF directory; same tokenizer); "
