@@ -82,7 +82,7 @@ def test_train_refuses_evaluation_sets_and_bad_settings(capsys, tmp_path, tiny_m
     ok = tmp_path / "p.txt"
     ok.write_text("w1 w2\n")
     for extra, needle in ((["--stages", "fly"], "--stages"), (["--epochs", "0"], "--epochs"),
-                          (["--stages", "train"], "no answers")):
+                          (["--stages", "train"], "no answers"), (["--gen-dtype", "gguf"], "--gen-batch 1")):
         rc, _, err = _run(capsys, "train", "eagle", "--model", tiny_model_dir, "--prompts", ok, "--out",
                           tmp_path / "o2", *extra)
         assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err

@@ -117,6 +117,20 @@ def test_train_dynaspec_router_learns_and_drafts_losslessly(capsys, trained_rout
     assert obj["stats"]["active_vocab_mean"] < 96
     rc, got, err = _run(capsys, *base, "--vocab", "dynaspec", "--router", out, "--position-aware", "1,1")
     assert rc == 0 and json.loads(got)["token_ids"] == json.loads(ref)["token_ids"], err
+    # DynaSpec-F (a fixed cluster budget at every depth: the artifact's k1, or the one given) and PA-FR's schedule
+    for pa in ("fixed", "fixed:2", "pa-fr:3"):
+        rc, got, err = _run(capsys, *base, "--vocab", "dynaspec", "--router", out, "--position-aware", pa)
+        assert rc == 0 and json.loads(got)["token_ids"] == json.loads(ref)["token_ids"], (pa, err)
+    from microspec.vocab.dynaspec import load_dynaspec
+
+    fixed = load_dynaspec(out, 96, schedule="fixed")
+    assert fixed.k0 == fixed.k1 == res["k1"] and fixed.name == "dynaspec-f"
+    emb, feat = torch.randn(2, 64), torch.randn(2, 64)
+    sizes = []
+    for depth in range(4):  # the same budget at every depth: the same clusters for the same inputs
+        fixed.on_draft_inputs(emb, feat, depth)
+        sizes.append(len(fixed.active(depth)))
+    assert len(set(sizes)) == 1
 
 
 def test_dynaspec_errors(capsys, trained_router, tiny_model_dir):

@@ -364,12 +364,27 @@ def test_position_aware_schedule_values():
     assert [budget(t, 8, 4) for t in range(5)] == [8, 4, 1, 1, 1]
     assert [budget(t, 32768, 16384) for t in range(5)] == [32768, 16384, 4096, 2731, 2048]
     assert [budget(t, 100, 60) for t in range(2, 6)] == [(60 + t) // (2 * t) for t in range(2, 6)]
-    assert parse_budgets("4k,2k") == (4096, 2048)
-    for bad in ("4k", "1,2,3", "0,5", "a,b"):
+    assert parse_budgets("4k,2k") == (4096, 2048, "dynaspec")
+    # PA-FR (DynaSpec App. A.3): k_max at depths 0 and 1, floor(k_max / (t + 1)) after; fixed: one budget
+    assert parse_budgets("pa-fr:32k") == (32768, 32768, "pa-fr")
+    assert [budget(t, 32768, 32768, "pa-fr") for t in range(5)] == [32768, 32768, 10922, 8192, 6553]
+    assert parse_budgets("fixed:8") == (8, 8, "fixed") and parse_budgets("fixed") == (None, None, "fixed")
+    assert [budget(t, 8, 8, "fixed") for t in range(4)] == [8, 8, 8, 8]
+    for bad in ("4k", "1,2,3", "0,5", "a,b", "pa-fr:", "pa-fr:0", "eq3:4", "fixed:4,2", "pa-fr"):
         with pytest.raises(MicrospecError):
             parse_budgets(bad)
     with pytest.raises(MicrospecError):
         Method(drafter="eagle", vocab="full", position_aware="4,2")
+    with pytest.raises(MicrospecError, match="fixed:K"):  # a bare "fixed" is a trained policy's own budget
+        Method(drafter="eagle", vocab="microspec", position_aware="fixed")
+    # the method names of the paper's variants
+    m = Method.parse("pa-fr-16k")
+    assert (m.drafter, m.vocab, m.shortlist_size, m.position_aware) == ("eagle", "fr-spec", "16k", "pa-fr:16k")
+    assert Method.parse("pa-fr").budgets() == (32768, 32768, "pa-fr")
+    assert Method.parse("early-exit+pa-fr-8k").drafter == "early-exit"
+    m = Method.parse("dynaspec-f")
+    assert (m.vocab, m.position_aware) == ("dynaspec", "fixed")
+    assert Method.parse("dynaspec-f-12").budgets() == (12, 12, "fixed")
 
 
 def test_position_aware_budgets_follow_rank_order():
@@ -379,6 +394,9 @@ def test_position_aware_budgets_follow_rank_order():
     assert static.active(0).tolist() == sorted([9, 4, 7, 1, 95])
     assert static.active(1).tolist() == sorted([9, 4, 7, 95])
     assert static.active(2).tolist() == sorted([9, 95])  # floor((3+2)/4) = 1
+    pafr = PositionAware(StaticShortlist([9, 4, 7, 1, 30, 2], 6), 3, 3, "pa-fr")
+    assert [pafr.active(d).tolist() for d in range(4)] == [[4, 7, 9], [4, 7, 9], [9], [9]]  # 3, 3, 1, 1 ids
+    assert pafr.name == "fr-spec+pa-fr"
     recency = PositionAware(MicroSpecVocab(VOCAB, w_max=10, k_pre=0, k_ver=0), 3, 2)
     recency.on_prefill(torch.tensor([5, 6, 5, 7, 8, 6]), None)
     assert recency.ranked().tolist() == [6, 8, 7, 5]  # most recent first, repeats dropped

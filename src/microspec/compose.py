@@ -18,8 +18,8 @@ generates.  Every command (``generate``, ``coverage``, ``bench``, ``analyze``) a
 
 Method names (also the ``bench --methods`` names): ``ar``, ``ngram``, ``early-exit``, ``eagle-full`` (EAGLE-2),
 ``microspec`` (the EAGLE head with MicroSpec's vocabulary), ``microspec-<opts>`` (``w<N>``, ``ctx`` / ``ext``,
-``indexed`` / ``packed``, ``kp<N>``), ``dynaspec``, ``specvocab``, ``coral``, ``fr-spec-<K>``, ``vocabtrim-<K>``
-and ``<drafter>+<vocab>`` with any of those vocabularies (e.g. ``eagle+microspec``, ``early-exit+fr-spec-16k``);
+``indexed`` / ``packed``, ``kp<N>``), ``dynaspec``, ``dynaspec-f[-<N>]`` (fixed cluster budget), ``specvocab``,
+``coral``, ``fr-spec-<K>``, ``pa-fr-<K>`` (FR-Spec, position-aware as DynaSpec's App. A.3), ``vocabtrim-<K>`` and ``<drafter>+<vocab>`` with any of those vocabularies (e.g. ``eagle+microspec``, ``early-exit+fr-spec-16k``);
 ``<name>@adaptive`` decides step by step whether drafting pays (e.g. ``microspec@adaptive``).
 """
 
@@ -60,6 +60,8 @@ _ALIASES = {  # method name -> (drafter, vocab)
 }
 _MICROSPEC_OPT = re.compile(r"^(ctx|ext|indexed|packed|w\d+|kp\d+)$")
 _SHORTLIST = re.compile(r"^(fr-spec|vocabtrim)(?:-(\d+(?:\.\d+)?[kK]?))?$")
+_PA_FR = re.compile(r"^pa-fr(?:-(\d+(?:\.\d+)?[kK]?))?$")
+_DYNASPEC_F = re.compile(r"^dynaspec-f(?:-?(\d+))?$")
 
 
 def set_threads(threads: int | None) -> None:
@@ -278,16 +280,23 @@ class Method:
                 if name == "full":
                     raise MicrospecError("--position-aware needs a policy that ranks its ids (fr-spec, vocabtrim, "
                                          "microspec)")
-                self.budgets()
+                if self.budgets()[0] is None:
+                    raise MicrospecError("--position-aware fixed needs a size for a shortlist or MicroSpec "
+                                         "(fixed:K)")
         if name != "full" and self.drafter in HEADLESS:
             raise MicrospecError(f"--vocab {name} needs a drafter with an LM head (early-exit, eagle or model)")
 
-    def budgets(self) -> tuple[int, int] | None:
-        """``position_aware`` as (k0, k1)."""
+    def budgets(self) -> tuple[int | None, int | None, str] | None:
+        """``position_aware`` as (k0, k1, schedule) (see :func:`microspec.vocab.position.parse_budgets`; a pair
+        (k0, k1) is DynaSpec's schedule)."""
         from .vocab.position import parse_budgets
 
         pa = self.position_aware
-        return None if pa is None else parse_budgets(pa) if isinstance(pa, str) else tuple(pa)
+        if pa is None:
+            return None
+        if isinstance(pa, str):
+            return parse_budgets(pa)
+        return (*pa, "dynaspec") if len(pa) == 2 else tuple(pa)
 
     # ------------------------------------------------------------------ derived descriptions
     @classmethod
@@ -352,10 +361,18 @@ class Method:
 
 
 def _vocab_fields(text: str, method: str, plus: bool) -> dict:
-    """The policy part of a method name: full, microspec[-opts], fr-spec-K / vocabtrim-K, dynaspec, specvocab,
-    coral."""
+    """The policy part of a method name: full, microspec[-opts], fr-spec-K / vocabtrim-K, pa-fr-K (FR-Spec with
+    DynaSpec's App. A.3 schedule: K ids at depths 0 and 1, floor(K / (t + 1)) after), dynaspec, dynaspec-f[-N]
+    (a fixed budget of N clusters at every depth; default the artifact's depth-1 budget), specvocab, coral."""
     if text in ("full", "microspec") or (plus and text in TRAINED):
         return {"vocab": text}
+    m = _PA_FR.match(text)
+    if m:
+        size = m.group(1) or DEFAULT_SHORTLIST
+        return {"vocab": "fr-spec", "shortlist_size": size, "position_aware": f"pa-fr:{size}"}
+    m = _DYNASPEC_F.match(text)
+    if m:
+        return {"vocab": "dynaspec", "position_aware": f"fixed:{m.group(1)}" if m.group(1) else "fixed"}
     m = _SHORTLIST.match(text)
     if m:
         return {"vocab": m.group(1), "shortlist_size": m.group(2) or DEFAULT_SHORTLIST}
@@ -380,14 +397,14 @@ def _vocab_fields(text: str, method: str, plus: bool) -> dict:
         return out
     if plus:
         raise MicrospecError(f"method {method!r}: unknown vocabulary {text!r} (full, microspec, fr-spec-K, "
-                             f"vocabtrim-K, dynaspec, specvocab, coral)")
+                             f"pa-fr-K, vocabtrim-K, dynaspec, dynaspec-f[-N], specvocab, coral)")
     raise MicrospecError(f"unknown method {method!r}; choose from {', '.join(method_names())} "
                          f"(or DRAFTER+VOCAB, e.g. early-exit+microspec)")
 
 
 def method_names() -> list[str]:
-    return ["ar", "ngram", "early-exit", "eagle-full", "microspec", "microspec-OPTS", "dynaspec", "specvocab",
-            "coral", "fr-spec-K", "vocabtrim-K"]
+    return ["ar", "ngram", "early-exit", "eagle-full", "microspec", "microspec-OPTS", "dynaspec", "dynaspec-f[-N]",
+            "specvocab", "coral", "fr-spec-K", "pa-fr-K", "vocabtrim-K"]
 
 
 def as_method(method: "Method | str") -> Method:
@@ -419,8 +436,9 @@ def build_policy(method: Method, vocab_size: int, device: "torch.device | str" =
             return load_coral(method.router, vocab_size, always=keep, device=device)
         from .vocab.dynaspec import load_dynaspec
 
-        k0, k1 = budgets if budgets is not None else (None, None)
-        return load_dynaspec(method.router, vocab_size, always=keep, device=device, k0=k0, k1=k1)
+        k0, k1, schedule = budgets if budgets is not None else (None, None, "dynaspec")
+        return load_dynaspec(method.router, vocab_size, always=keep, device=device, k0=k0, k1=k1,
+                             schedule=schedule)
     fused = method.gather == "fused"
     if fused:
         from .kernels.gather_matmul import available

@@ -124,10 +124,12 @@ def add_vocab_args(p, default: str = "full") -> None:
                    help="restricted vocabularies: how the draft head gets its rows: packed (microspec's default; a "
                         "[W_max, d] buffer updated incrementally), indexed (W[idx] gathered when the set changes: "
                         "the ablation) or fused (a Triton kernel reads the rows inside the matmul)")
-    p.add_argument("--position-aware", default=None, metavar="K0,K1",
+    p.add_argument("--position-aware", default=None, metavar="K0,K1|pa-fr:K|fixed:K",
                    help="position-aware budget (DynaSpec): K0 ids at draft depth 0, K1 at depth 1, "
                         "floor((K1+t)/(2t)) at depth t (ranked policies: fr-spec, vocabtrim, microspec; for dynaspec "
-                        "K0,K1 count clusters and override the trained budgets)")
+                        "K0,K1 count clusters and override the trained budgets); pa-fr:K: K at depths 0 and 1, "
+                        "floor(K/(t+1)) after (DynaSpec App. A.3); fixed:K (or, for dynaspec, fixed: its own "
+                        "depth-1 budget) at every depth")
 
 
 def method_from_args(args: argparse.Namespace, cfg: GenerationConfig | None = None) -> Method:

@@ -62,7 +62,9 @@ def add(sub) -> None:
                         "every prompt once with each (e.g. 1.0 1.2: the plain and the penalised decodings)")
     e.add_argument("--chat", dest="chat", action="store_true", default=None)
     e.add_argument("--no-chat", dest="chat", action="store_false")
-    e.add_argument("--gen-dtype", choices=["fp32", "bf16"], default="fp32", help="dtype for generating answers")
+    e.add_argument("--gen-dtype", choices=["fp32", "bf16", "gguf"], default="fp32",
+                   help="weights for generating answers: dense fp32 / bf16, or gguf (a GGUF target's packed weights, "
+                        "the CPU default at inference; with --gen-batch 1)")
     e.add_argument("--gen-batch", type=int, default=48,
                    help="answers decoded together (shared cache, one head read per step); 1 = the generation loop")
     e.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="target dtype for capture and training")

@@ -173,6 +173,8 @@ def train_eagle(opts) -> dict:
         raise MicrospecError("give training --prompts (answered by the target) and/or --texts (trained as they are)")
     if opts.text_tokens is not None and opts.text_tokens < 1:
         raise MicrospecError("--text-tokens must be >= 1")
+    if opts.gen_dtype == "gguf" and opts.gen_batch != 1 and "generate" in stages:
+        raise MicrospecError("--gen-dtype gguf answers one prompt at a time: add --gen-batch 1")
     if not opts.prompts and "generate" in stages:
         stages.remove("generate")  # nothing to answer
     prompts = read_training_prompts(opts.prompts, allow_eval=opts.allow_eval) if opts.prompts else []

@@ -160,12 +160,17 @@ class DynaSpecVocab(VocabPolicy):
     wants_draft_inputs = True
 
     def __init__(self, artifact: DynaSpecRouter, always: Sequence[int] = (), device: torch.device | str = "cpu",
-                 k0: int | None = None, k1: int | None = None):
+                 k0: int | None = None, k1: int | None = None, schedule: str = "dynaspec"):
         super().__init__(always, device)
         self.art = artifact
+        if schedule == "fixed" and k0 is None:  # DynaSpec-F at the artifact's depth-1 budget: near the mean
+            k0 = k1 = artifact.k1  # budget Eq. 3 spends over a small tree's depths
         self.k0 = artifact.k0 if k0 is None else k0
         self.k1 = artifact.k1 if k1 is None else k1
+        self.schedule = schedule  # "fixed": DynaSpec-F (k0 clusters at every depth)
         check(self.k0 >= 1 and self.k1 >= 1, f"DynaSpec budgets must be >= 1, got {self.k0},{self.k1}")
+        if schedule != "dynaspec":
+            self.name = f"dynaspec-{'f' if schedule == 'fixed' else schedule}"
         self.clusters = artifact.clusters.to(device)
         self.router = artifact.router.to(device)
         self._sets: dict[int, torch.Tensor] = {}
@@ -179,7 +184,7 @@ class DynaSpecVocab(VocabPolicy):
             self.router.to(embeds.dtype)
         check(embeds.shape[-1] == self.art.hidden_size,
               f"DynaSpec router hidden size {self.art.hidden_size} does not match the draft's {embeds.shape[-1]}")
-        k = min(budget(depth, self.k0, self.k1), self.clusters.num_clusters)
+        k = min(budget(depth, self.k0, self.k1, self.schedule), self.clusters.num_clusters)
         scores = self.router(embeds, features)
         chosen = torch.unique(torch.topk(scores, k, dim=-1).indices.flatten())
         ids = self.clusters.members(chosen)

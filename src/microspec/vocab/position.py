@@ -9,6 +9,12 @@ The first drafted tokens decide most of the acceptance, so they get the larger d
 and at depth t the draft head scores ``policy.budgeted(k(t))``: the policy's k(t) highest-ranked ids (frequency
 order for a static shortlist, recency for MicroSpec; a clustering policy counts clusters, as DynaSpec does).  The
 wrapped policy still hears every prefill and verification; the wrapper only narrows what it answers.
+
+Two more schedules, for the variants the DynaSpec paper compares:
+
+- ``pa-fr`` (its Appendix A.3, "PA-FR" over a frequency shortlist): k(t) = k_max at t in {0, 1}, then
+  floor(k_max / (t + 1));
+- ``fixed`` (its "-F" variants, DynaSpec-F / FR-Spec-F): k(t) = k at every depth.
 """
 
 from __future__ import annotations
@@ -19,8 +25,16 @@ from ..errors import MicrospecError, check
 from .base import ActiveSet, VocabPolicy
 
 
-def budget(t: int, k0: int, k1: int) -> int:
-    """DynaSpec's k_c(t) (at least 1)."""
+SCHEDULES = ("dynaspec", "pa-fr", "fixed")
+
+
+def budget(t: int, k0: int, k1: int, schedule: str = "dynaspec") -> int:
+    """The budget at draft depth ``t`` (at least 1): DynaSpec's k_c(t) (Eq. 3), PA-FR's K_fr(t) with k_max = ``k0``
+    (App. A.3), or ``k0`` at every depth (``fixed``)."""
+    if schedule == "fixed":
+        return k0
+    if schedule == "pa-fr":
+        return k0 if t <= 1 else max(1, k0 // (t + 1))
     if t <= 0:
         return k0
     if t == 1:
@@ -28,26 +42,39 @@ def budget(t: int, k0: int, k1: int) -> int:
     return max(1, (k1 + t) // (2 * t))
 
 
-def parse_budgets(text: str) -> tuple[int, int]:
-    """``"k0,k1"`` (sizes may use k suffixes: ``"4k,2k"``)."""
+def parse_budgets(text: str) -> tuple[int | None, int | None, str]:
+    """(k0, k1, schedule) from ``"k0,k1"`` (DynaSpec's Eq. 3), ``"pa-fr:K"`` (PA-FR with k_max = K) or
+    ``"fixed:K"``; sizes may use k suffixes (``"4k,2k"``, ``"pa-fr:32k"``).  A bare ``"fixed"`` (sizes None) keeps
+    a trained policy's own budget at every depth."""
     from .frequency import parse_size
 
-    parts = [p.strip() for p in str(text).split(",")]
+    text = str(text).strip()
+    if text == "fixed":  # a trained clustering policy's own budget, at every depth (DynaSpec-F)
+        return None, None, "fixed"
+    kind, colon, rest = text.partition(":")
+    if colon:
+        if kind not in ("pa-fr", "fixed") or not rest.strip() or "," in rest:
+            raise MicrospecError(f"--position-aware takes k0,k1, pa-fr:K or fixed:K, got {text!r}")
+        k = parse_size(rest.strip())
+        check(k >= 1, f"--position-aware budgets must be >= 1, got {text!r}")
+        return k, k, kind
+    parts = [p.strip() for p in text.split(",")]
     if len(parts) != 2 or not all(parts):
-        raise MicrospecError(f"--position-aware takes k0,k1 (two budgets), got {text!r}")
+        raise MicrospecError(f"--position-aware takes k0,k1 (two budgets), pa-fr:K or fixed:K, got {text!r}")
     k0, k1 = (parse_size(p) for p in parts)
     check(k0 >= 1 and k1 >= 1, f"--position-aware budgets must be >= 1, got {text!r}")
-    return k0, k1
+    return k0, k1, "dynaspec"
 
 
 class PositionAware(VocabPolicy):
-    def __init__(self, policy: VocabPolicy, k0: int, k1: int):
+    def __init__(self, policy: VocabPolicy, k0: int, k1: int, schedule: str = "dynaspec"):
         check(k0 >= 1 and k1 >= 1, f"position-aware budgets must be >= 1, got {k0},{k1}")
+        check(schedule in SCHEDULES, f"unknown budget schedule {schedule!r} (one of {', '.join(SCHEDULES)})")
         if type(policy).ranked is VocabPolicy.ranked:
             raise MicrospecError(f"--position-aware needs a policy that ranks its ids (fr-spec, vocabtrim, "
                                  f"microspec), not {policy.name}")
-        self.policy, self.k0, self.k1 = policy, k0, k1
-        self.name = f"{policy.name}+pa"
+        self.policy, self.k0, self.k1, self.schedule = policy, k0, k1, schedule
+        self.name = f"{policy.name}+{'pa' if schedule == 'dynaspec' else schedule}"
         self.prompt_topk = policy.prompt_topk
         self.prompt_positions = policy.prompt_positions
         self.wants_verify_logits = policy.wants_verify_logits
@@ -76,7 +103,7 @@ class PositionAware(VocabPolicy):
         if self._seen != self.policy.version:
             self._cache.clear()
             self._seen = self.policy.version
-        k = budget(depth, self.k0, self.k1)
+        k = budget(depth, self.k0, self.k1, self.schedule)
         if k not in self._cache:  # depths with one budget share one tensor, so the head gathers once
             self._cache[k] = self.policy.budgeted(k)
         return self._cache[k]
