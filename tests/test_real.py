@@ -312,3 +312,57 @@ def test_gemma_gguf_speculation_is_bit_identical_for_every_drafter_and_policy(ge
                 assert res.token_ids == ref, (method, prompt, cfg.repetition_penalty)
                 accepted[method] = res.stats.mean_accept_len
             assert accepted["microspec"] > 1.0 and accepted["eagle-full"] > 1.0, accepted
+
+
+# ------------------------------------------------------------------------------ SmolLM2-135M-Instruct's head
+SMOL_PROMPTS = ["Write a Python function that returns the n-th Fibonacci number.",
+                "What are the three primary colors, and why are they called primary?"]
+
+
+@pytest.fixture(scope="module")
+def smollm2_gguf():
+    return load_model("smollm2-135m-instruct", dtype="gguf")
+
+
+def test_smollm2_shipped_head_and_fr_spec_map_out_of_the_box(smollm2_gguf):
+    """The chat model's shipped EAGLE head and FR-Spec map are the defaults of its eagle methods; every vocabulary
+    policy over them gives plain greedy's tokens under the chat template (packed weights: rows batch-invariant),
+    and the trained head is accepted far more often than chance."""
+    from microspec.api import generate
+    from microspec.models.registry import shipped_eagle_head, shipped_token_map
+    from microspec.vocab.frequency import load_token_map
+
+    lm = smollm2_gguf
+    assert shipped_eagle_head(lm.name) is not None and shipped_token_map(lm.name) is not None
+    assert len(set(load_token_map(shipped_token_map(lm.name), 49152))) == 32768
+    cfg = GenerationConfig(max_new_tokens=48)
+    taus = []
+    for prompt in SMOL_PROMPTS:
+        ref = generate(lm, prompt, cfg, method="ar").token_ids
+        for method in ("eagle-full", "microspec", "fr-spec-8k", "pa-fr-8k"):
+            res = generate(lm, prompt, cfg, method=method)
+            assert res.token_ids == ref, (prompt, method)
+            if method == "eagle-full":
+                taus.append(res.stats.mean_accept_len)
+    assert sum(taus) / len(taus) > 1.3, taus  # an untrained head: ~1.0
+
+
+def test_train_eagle_answers_with_packed_weights(smollm2_gguf, tmp_path):
+    """`train eagle --gen-dtype gguf --gen-batch 1`: the answers are the packed model's own greedy answers under
+    the chat template (what the CPU runs at inference)."""
+    from microspec.api import generate
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in SMOL_PROMPTS))
+    out = tmp_path / "o"
+    proc = subprocess.run([sys.executable, "-m", "microspec", "train", "eagle", "--model", "smollm2-135m-instruct",
+                           "--prompts", str(prompts), "--out", str(out), "--max-new-tokens", "12",
+                           "--repetition-penalty", "1.0", "--gen-dtype", "gguf", "--gen-batch", "1",
+                           "--stages", "generate"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    recs = sorted((json.loads(x) for x in (out / "responses.jsonl").read_text().splitlines()),
+                  key=lambda r: r["index"])
+    for prompt, rec in zip(SMOL_PROMPTS, recs):
+        assert rec["prompt_ids"] == encode_prompt(smollm2_gguf, prompt)
+        assert rec["response_ids"] == generate(smollm2_gguf, prompt, GenerationConfig(max_new_tokens=12),
+                                               method="ar").token_ids

@@ -13,9 +13,13 @@ Names (``--methods``):
                             ``kp<N>`` (the prefill's top-K_pre at the last N prompt positions only: the CPU
                             departure of ``--k-pre-positions``); e.g. microspec-w1024, microspec-ctx, microspec-kp64
 ``dynaspec``                the EAGLE head with DynaSpec's trained cluster router (``--dynaspec DIR``)
+``dynaspec-f[-<N>]``        DynaSpec-F: the same router with a fixed budget of N clusters at every depth (default:
+                            the router's depth-1 budget)
 ``specvocab``               the EAGLE head with SpecVocab's trained low-rank ranker (``--specvocab DIR``)
 ``coral``                   the EAGLE head with the CORAL-style partition router (``--coral DIR``)
 ``fr-spec-<K>``             the EAGLE head with FR-Spec's static top-K shortlist (``--freq-file``), e.g. fr-spec-32k
+``pa-fr-<K>``               PA-FR (DynaSpec's App. A.3): FR-Spec's top-K at draft depths 0 and 1, floor(K/(t+1))
+                            at depth t
 ``vocabtrim-<K>``           the EAGLE head with VocabTrim's shortlist (``--vocabtrim-file``), e.g. vocabtrim-32k
 ``<drafter>+<vocab>``       any engine drafter (early-exit, eagle) with any policy above, e.g. early-exit+microspec
                             (engine methods are :class:`microspec.compose.Method` descriptions, parsed there)
