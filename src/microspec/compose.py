@@ -19,7 +19,8 @@ generates.  Every command (``generate``, ``coverage``, ``bench``, ``analyze``) a
 Method names (also the ``bench --methods`` names): ``ar``, ``ngram``, ``early-exit``, ``eagle-full`` (EAGLE-2),
 ``microspec`` (the EAGLE head with MicroSpec's vocabulary), ``microspec-<opts>`` (``w<N>``, ``ctx`` / ``ext``,
 ``indexed`` / ``packed``, ``kp<N>``), ``dynaspec``, ``dynaspec-f[-<N>]`` (fixed cluster budget), ``specvocab``,
-``coral``, ``fr-spec-<K>``, ``pa-fr-<K>`` (FR-Spec, position-aware as DynaSpec's App. A.3), ``vocabtrim-<K>`` and ``<drafter>+<vocab>`` with any of those vocabularies (e.g. ``eagle+microspec``, ``early-exit+fr-spec-16k``);
+``coral``, ``fr-spec-<K>``, ``pa-fr-<K>`` (FR-Spec, position-aware as DynaSpec's App. A.3), ``vocabtrim-<K>`` and
+``<drafter>+<vocab>`` with any of those vocabularies (e.g. ``eagle+microspec``, ``early-exit+fr-spec-16k``);
 ``<name>@adaptive`` decides step by step whether drafting pays (e.g. ``microspec@adaptive``).
 """
 

@@ -29,7 +29,7 @@ from torch import nn
 from ..errors import MicrospecError, check
 from .artifact import load_artifact, save_artifact
 from .base import VocabPolicy
-from .position import budget
+from .position import SCHEDULES, budget
 
 
 @torch.no_grad()
@@ -162,6 +162,7 @@ class DynaSpecVocab(VocabPolicy):
     def __init__(self, artifact: DynaSpecRouter, always: Sequence[int] = (), device: torch.device | str = "cpu",
                  k0: int | None = None, k1: int | None = None, schedule: str = "dynaspec"):
         super().__init__(always, device)
+        check(schedule in SCHEDULES, f"unknown budget schedule {schedule!r} (one of {', '.join(SCHEDULES)})")
         self.art = artifact
         if schedule == "fixed" and k0 is None:  # DynaSpec-F at the artifact's depth-1 budget: near the mean
             k0 = k1 = artifact.k1  # budget Eq. 3 spends over a small tree's depths
