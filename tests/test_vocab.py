@@ -391,17 +391,56 @@ def test_position_aware_budgets_follow_rank_order():
     from microspec.vocab import PositionAware, StaticShortlist
 
     static = PositionAware(StaticShortlist([9, 4, 7, 1, 30, 2], 6, always=[95]), 4, 3)
-    assert static.active(0).tolist() == sorted([9, 4, 7, 1, 95])
-    assert static.active(1).tolist() == sorted([9, 4, 7, 95])
-    assert static.active(2).tolist() == sorted([9, 95])  # floor((3+2)/4) = 1
+    # a static ranking answers prefixes of one order (the always ids first): the head gathers no budget alone
+    assert static.active(0).ids.tolist() == [95, 9, 4, 7, 1]
+    assert static.active(1).ids.tolist() == [95, 9, 4, 7]
+    assert static.active(2).ids.tolist() == [95, 9]  # floor((3+2)/4) = 1
+    assert static.active(0).order is static.active(2).order
     pafr = PositionAware(StaticShortlist([9, 4, 7, 1, 30, 2], 6), 3, 3, "pa-fr")
-    assert [pafr.active(d).tolist() for d in range(4)] == [[4, 7, 9], [4, 7, 9], [9], [9]]  # 3, 3, 1, 1 ids
+    assert [pafr.active(d).ids.tolist() for d in range(4)] == [[9, 4, 7], [9, 4, 7], [9], [9]]  # 3, 3, 1, 1 ids
     assert pafr.name == "fr-spec+pa-fr"
+    # an always id inside the order counts once; budgets beyond the order stop at it
+    inside = PositionAware(StaticShortlist([9, 4, 7], 3, always=[4]), 2, 9, "fixed")
+    assert inside.active(0).ids.tolist() == [4, 9] and inside.policy.prefix(2).n == 2
+    assert inside.policy.prefix(3).ids.tolist() == [4, 9, 7] and inside.policy.prefix(50).n == 3
     recency = PositionAware(MicroSpecVocab(VOCAB, w_max=10, k_pre=0, k_ver=0), 3, 2)
     recency.on_prefill(torch.tensor([5, 6, 5, 7, 8, 6]), None)
     assert recency.ranked().tolist() == [6, 8, 7, 5]  # most recent first, repeats dropped
     assert recency.active(0).tolist() == [6, 7, 8] and recency.active(1).tolist() == [6, 8]
     assert recency.active(0) is recency.active(0)  # cached until the policy moves on
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_draft_head_scores_a_budget_prefix_as_a_view_of_one_gather(packed, tmp_path):
+    from microspec.drafters.head import DraftHead
+    from microspec.vocab import PositionAware, StaticShortlist
+
+    torch.manual_seed(0)
+    w = torch.randn(VOCAB, 64)
+    if packed:  # a Q8_0 head kept packed, as the GGUF path holds it
+        gguf = pytest.importorskip("gguf")
+        from microspec.models.gguf import QuantTensor
+
+        raw = gguf.quants.quantize(w.numpy(), gguf.GGMLQuantizationType.Q8_0).reshape(VOCAB, -1)
+        w = QuantTensor(torch.from_numpy(raw.copy()), "Q8_0", 64)
+    order = torch.randperm(VOCAB)[:40].tolist()
+    policy = PositionAware(StaticShortlist(order, 40, always=[order[5], 3]), 40, 40, "pa-fr")
+    head = DraftHead(w, policy=policy)
+    h = torch.randn(2, 64)
+    gathers = []
+    for depth in range(5):
+        active = policy.active(depth)
+        logits = head.logits(h, depth)
+        ids = active.ids
+        assert logits.shape == (2, ids.numel())
+        ref = head._matmul(h, w.index_select(0, ids))
+        assert torch.equal(logits, ref)  # a row's sums do not depend on which rows sit beside it
+        assert torch.equal(head.to_full_ids(torch.arange(ids.numel())), ids)
+        cols = head.columns_of(torch.tensor([ids[-1].item(), order[-1]]))
+        assert cols[0].item() == ids.numel() - 1 and (cols[1].item() == -1) == (order[-1] not in ids.tolist())
+        gathers.append(head._source)
+    assert all(g is gathers[0] for g in gathers)  # one gather for every depth's budget
+    assert [policy.active(d).n for d in range(5)] == [41, 41, 14, 11, 9]  # 40 ids + 1 always id outside them
 
 
 @pytest.mark.parametrize("greedy", [True, False])

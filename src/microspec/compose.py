@@ -99,12 +99,14 @@ def eagle_head_path(draft: str | Path | None, model: str) -> str:
 # A dense (bf16/fp32) CPU target, same model and 2-core CPU (BENCHMARKS.md, "Issue 21's bf16 run"; Spec-Bench 1 per
 # category + HumanEval 1, 128 tokens, one run): greedy — prompt lookup, adaptive, 1.94x plain decoding, EAGLE +
 # MicroSpec 1.26x fixed, 1.23x adaptive; repetition penalty 1.2 — every speculative method below plain (prompt
-# lookup adaptive 0.98x, EAGLE + MicroSpec adaptive 0.84x, fixed 0.77x).  Sampling on a dense CPU target is not
-# measured: it keeps the default, which steps aside on its own where drafting loses.
+# lookup adaptive 0.98x, EAGLE + MicroSpec adaptive 0.84x, fixed 0.77x); sampling at T 0.7 — EAGLE + MicroSpec
+# adaptive 0.91x, fixed 0.70x, prompt lookup adaptive 1.04x overall but 0.69-0.95x in four of seven categories
+# ("Sampling on a dense CPU target"), so plain decoding.
 _PLAIN = ("none", "full", False)
 AUTO_OVERRIDES = {
     ("cpu", "greedy"): ("ngram", "full", True, "prompt lookup, adaptive: measured fastest on a dense CPU target"),
     ("cpu", "penalty"): (*_PLAIN, "speculation measured slower than plain decoding on cpu with penalty"),
+    ("cpu", "sampling"): (*_PLAIN, "speculation measured slower than plain decoding on cpu with sampling"),
     ("cpu-gguf", "greedy"): ("ngram", "full", True, "prompt lookup, adaptive: measured fastest on a packed CPU target"),
     ("cpu-gguf", "penalty"): (*_PLAIN, "speculation measured slower than plain decoding on cpu-gguf with penalty"),
     ("cpu-gguf", "sampling"): (*_PLAIN, "speculation measured slower than plain decoding on cpu-gguf with sampling"),

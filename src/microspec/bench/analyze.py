@@ -125,12 +125,13 @@ def analyze_repetition(methods: dict) -> dict:
 
 # ------------------------------------------------------------------ overlap (DynaSpec Theorem 5.1's quantities)
 def _active_ids(policy) -> torch.Tensor | None:
+    from ..vocab.base import RankedPrefix
     from ..vocab.packed import PackedRows
 
     a = policy.active(0)
     if a is None:
         return None
-    return (a.ids() if isinstance(a, PackedRows) else a).detach().clone()
+    return (a.ids() if isinstance(a, PackedRows) else a.ids if isinstance(a, RankedPrefix) else a).detach().clone()
 
 
 @torch.inference_mode()

@@ -10,7 +10,9 @@ At each call the head asks the policy for the set of draft depth ``depth`` and c
   masked to -inf — the policy copied only the rows that entered the set;
 - an id list: the indexed path, ``W[idx] @ h`` — rows gathered whenever the list changes (the ablation baseline),
   or, for a policy made with ``--gather fused``, a Triton kernel that reads the rows inside the matmul
-  (:mod:`microspec.kernels`).
+  (:mod:`microspec.kernels`);
+- a prefix of a fixed order (:class:`~microspec.vocab.base.RankedPrefix`: a static shortlist under a per-depth
+  budget): the order's rows gathered once, each budget a view of their leading rows.
 It keeps the time it spent (``seconds``, device-timed) and the size of each set it used (``sizes``).
 """
 
@@ -23,7 +25,7 @@ from ..decoding.stats import DeviceTimer
 from ..errors import check
 from ..kernels import cpu_linear
 from ..models.gguf import QuantTensor
-from ..vocab.base import VocabPolicy, active_size
+from ..vocab.base import RankedPrefix, VocabPolicy, active_size
 from ..vocab.packed import PackedRows
 
 
@@ -37,8 +39,8 @@ class DraftHead:
         self.softcap = softcap
         self.vocab_size = weight.shape[0]
         self.policy = policy
-        self.active: torch.Tensor | PackedRows | None = None  # what the last logits() call used
-        self._source: torch.Tensor | None = None  # the id list whose rows are in _rows
+        self.active: torch.Tensor | PackedRows | RankedPrefix | None = None  # what the last logits() call used
+        self._source: torch.Tensor | None = None  # the id list (or a prefix's order) whose rows are in _rows
         self._rows: torch.Tensor | None = None
         self._inverse: tuple[torch.Tensor, torch.Tensor] | None = None  # (id list, [V] column of each id or -1)
         self._fused = policy is not None and policy.fused
@@ -60,9 +62,10 @@ class DraftHead:
 
     def _select(self, depth: int):
         active = self.policy.active(depth) if self.policy is not None else None
-        if isinstance(active, torch.Tensor) and active is not self._source and not self._fused:
-            self._source = active
-            self._rows = self.weight.index_select(0, active)  # the indexed path: W[idx]
+        source = active.order if isinstance(active, RankedPrefix) else active
+        if isinstance(source, torch.Tensor) and source is not self._source and not self._fused:
+            self._source = source
+            self._rows = self.weight.index_select(0, source)  # the indexed path: W[idx]
         self.active = active
         self.sizes.append(active_size(active, self.vocab_size))
         return active
@@ -89,10 +92,15 @@ class DraftHead:
                 out = self._matmul(hidden, active.rows[: active.extent])
                 out.masked_fill_(~active.valid(), float("-inf"))
                 return out
-            if isinstance(active, torch.Tensor) and self._fused:
+            ids = active.ids if isinstance(active, RankedPrefix) else active
+            if isinstance(ids, torch.Tensor) and self._fused:
                 from ..kernels.gather_matmul import gather_matmul
 
-                return self._cap(gather_matmul(hidden, self.weight, active))
+                return self._cap(gather_matmul(hidden, self.weight, ids))
+            if isinstance(active, RankedPrefix):  # a view of the order's leading rows
+                rows = self._rows
+                return self._matmul(hidden, rows.leading(active.n) if isinstance(rows, QuantTensor) else
+                                    rows[: active.n])
             return self._matmul(hidden, self.weight if active is None else self._rows)
 
     def _matmul(self, hidden: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -112,11 +120,13 @@ class DraftHead:
             return ids
         if isinstance(active, PackedRows):
             return active.slot_of[ids]  # occupied slots lie below the extent the logits cover
-        if self._inverse is None or self._inverse[0] is not active:
-            inverse = torch.full((self.vocab_size,), -1, dtype=torch.long, device=active.device)
-            inverse[active] = torch.arange(active.numel(), device=active.device)
-            self._inverse = (active, inverse)
-        return self._inverse[1][ids.to(active.device)]
+        source = active.order if isinstance(active, RankedPrefix) else active
+        if self._inverse is None or self._inverse[0] is not source:
+            inverse = torch.full((self.vocab_size,), -1, dtype=torch.long, device=source.device)
+            inverse[source] = torch.arange(source.numel(), device=source.device)
+            self._inverse = (source, inverse)
+        cols = self._inverse[1][ids.to(source.device)]
+        return cols.masked_fill(cols >= active.n, -1) if isinstance(active, RankedPrefix) else cols
 
     def to_full_ids(self, columns: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary ids of columns of the last :meth:`logits` call."""
@@ -124,6 +134,8 @@ class DraftHead:
             return columns
         if isinstance(self.active, PackedRows):
             return self.active.to_full_ids(columns)
+        if isinstance(self.active, RankedPrefix):
+            return self.active.order[columns]
         return self.active[columns]
 
     def topk(self, hidden: torch.Tensor, k: int, depth: int = 0, pipe=None,

@@ -193,6 +193,10 @@ class QuantTensor:
             raise ValueError("a QuantTensor selects rows only")
         return QuantTensor(self.data.index_select(0, ids.to(torch.long).cpu()), self.qtype, self.cols, self.integer)
 
+    def leading(self, n: int) -> QuantTensor:
+        """The first ``n`` rows, still packed: a view, no copy."""
+        return QuantTensor(self.data[:n], self.qtype, self.cols, self.integer)
+
     def __getitem__(self, ids) -> torch.Tensor:
         if isinstance(ids, slice):
             ids = torch.arange(self.shape[0])[ids]

@@ -16,13 +16,30 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Union
 
 import torch
 
 from .packed import PackedRows
 
-ActiveSet = Union[None, torch.Tensor, PackedRows]
+
+
+@dataclass(frozen=True, eq=False)
+class RankedPrefix:
+    """The first ``n`` ids of ``order``, one fixed ranking (the same tensor every step): what a static shortlist
+    answers under a per-depth budget (PA-FR).  The draft head gathers ``order``'s rows once and scores a prefix view
+    of them, so the depths' budgets cost no gather of their own."""
+
+    order: torch.Tensor
+    n: int
+
+    @property
+    def ids(self) -> torch.Tensor:
+        return self.order[: self.n]
+
+
+ActiveSet = Union[None, torch.Tensor, PackedRows, RankedPrefix]
 
 
 class VocabPolicy(ABC):
@@ -84,6 +101,11 @@ class VocabPolicy(ABC):
         return torch.unique(torch.cat([head, self.always.to(head.device)])) if self.always.numel() else \
             head.sort().values
 
+    def prefix(self, budget: int) -> RankedPrefix | None:
+        """:meth:`budgeted`'s set as a prefix of one fixed order (None: the policy's ranking moves from step to step,
+        or it has none)."""
+        return None
+
     def contains(self, ids: torch.Tensor, depth: int = 0) -> torch.Tensor:
         """[n] bool: which of ``ids`` the head could draft at ``depth`` this step."""
         return contains(self.active(depth), ids)
@@ -94,6 +116,8 @@ def contains(active: ActiveSet, ids: torch.Tensor) -> torch.Tensor:
         return torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
     if isinstance(active, PackedRows):
         return active.contains(ids)
+    if isinstance(active, RankedPrefix):
+        active = active.ids
     return torch.isin(ids.to(active.device), active)
 
 
@@ -103,6 +127,8 @@ def active_size(active: ActiveSet, vocab_size: int) -> torch.Tensor | int:
         return vocab_size
     if isinstance(active, PackedRows):
         return active.size()
+    if isinstance(active, RankedPrefix):
+        return active.n
     return active.numel()
 
 

@@ -15,7 +15,7 @@ import torch
 
 from ..bench_data import json_lines, open_text
 from ..errors import MicrospecError, check
-from .base import VocabPolicy
+from .base import RankedPrefix, VocabPolicy
 
 
 def parse_size(text: str | int) -> int:
@@ -42,12 +42,24 @@ class StaticShortlist(VocabPolicy):
         self.name = name
         self.order = torch.tensor([int(t) for t in list(token_map)[:size]], dtype=torch.long, device=device)
         self.ids = torch.unique(torch.cat([self.order, self.always]))
+        self._prefix: tuple[torch.Tensor, list[int]] | None = None
 
     def active(self, depth: int = 0) -> torch.Tensor:
         return self.ids  # the same tensor every step: the draft head gathers its rows once
 
     def ranked(self) -> torch.Tensor:
         return self.order  # most frequent first
+
+    def prefix(self, budget: int) -> RankedPrefix:
+        if self._prefix is None:  # the always ids, then the order's other ids; sizes[k]: |always + order[:k]|
+            seen = dict.fromkeys(self.always.tolist())
+            sizes = [len(seen)]
+            for t in self.order.tolist():
+                seen[t] = None
+                sizes.append(len(seen))
+            self._prefix = (torch.tensor(list(seen), dtype=torch.long, device=self.order.device), sizes)
+        order, sizes = self._prefix
+        return RankedPrefix(order, sizes[min(budget, len(sizes) - 1)])
 
 
 def save_token_map(token_map: Sequence[int], path: str | Path) -> None:

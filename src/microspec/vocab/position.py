@@ -97,15 +97,17 @@ class PositionAware(VocabPolicy):
         self.policy.on_verify(tree_ids, verify_logits, committed)
 
     def attach(self, weight: torch.Tensor) -> None:
-        pass  # the budgeted sets are id lists, gathered by the head (the wrapped policy's buffer is not used)
+        pass  # the budgeted sets are id lists or prefixes, read by the head (the wrapped policy's buffer is unused)
 
     def active(self, depth: int = 0) -> ActiveSet:
         if self._seen != self.policy.version:
             self._cache.clear()
             self._seen = self.policy.version
         k = budget(depth, self.k0, self.k1, self.schedule)
-        if k not in self._cache:  # depths with one budget share one tensor, so the head gathers once
-            self._cache[k] = self.policy.budgeted(k)
+        if k not in self._cache:  # depths with one budget share one set, so the head gathers once
+            # a fixed ranking (a static shortlist) answers a prefix of one order: the head gathers no budget alone
+            prefix = self.policy.prefix(k)
+            self._cache[k] = prefix if prefix is not None else self.policy.budgeted(k)
         return self._cache[k]
 
     def ranked(self) -> torch.Tensor | None:
