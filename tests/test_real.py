@@ -325,21 +325,24 @@ def smollm2_gguf():
 
 
 def test_smollm2_shipped_head_and_fr_spec_map_out_of_the_box(smollm2_gguf):
-    """The chat model's shipped EAGLE head and FR-Spec map are the defaults of its eagle methods; every vocabulary
-    policy over them gives plain greedy's tokens under the chat template (packed weights: rows batch-invariant),
-    and the trained head is accepted far more often than chance."""
+    """The chat model's shipped EAGLE head, FR-Spec map and trained policies are the defaults of its eagle methods;
+    every vocabulary policy over them gives plain greedy's tokens under the chat template (packed weights: rows
+    batch-invariant), and the trained head is accepted far more often than chance."""
     from microspec.api import generate
-    from microspec.models.registry import shipped_eagle_head, shipped_token_map
+    from microspec.models.registry import shipped_eagle_head, shipped_policy, shipped_token_map
     from microspec.vocab.frequency import load_token_map
 
     lm = smollm2_gguf
     assert shipped_eagle_head(lm.name) is not None and shipped_token_map(lm.name) is not None
+    assert all(shipped_policy(lm.name, m) is not None for m in ("dynaspec", "specvocab", "coral"))
     assert len(set(load_token_map(shipped_token_map(lm.name), 49152))) == 32768
     cfg = GenerationConfig(max_new_tokens=48)
     taus = []
-    for prompt in SMOL_PROMPTS:
+    for i, prompt in enumerate(SMOL_PROMPTS):
         ref = generate(lm, prompt, cfg, method="ar").token_ids
-        for method in ("eagle-full", "microspec", "fr-spec-8k", "pa-fr-8k"):
+        # the trained policies (shipped beside the head) on one prompt each: they load with no path and stay lossless
+        trained = (("dynaspec", "specvocab", "coral", "dynaspec-f")[i::len(SMOL_PROMPTS)])
+        for method in ("eagle-full", "microspec", "fr-spec-8k", "pa-fr-8k", *trained):
             res = generate(lm, prompt, cfg, method=method)
             assert res.token_ids == ref, (prompt, method)
             if method == "eagle-full":
