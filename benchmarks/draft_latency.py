@@ -36,6 +36,7 @@ import torch
 from microspec.drafters.eagle import EagleHead, _layer_config
 from microspec.drafters.head import DraftHead
 from microspec.vocab import MicroSpecVocab, StaticShortlist
+from microspec.vocab.base import active_size
 from microspec.vocab.dynaspec import DynaSpecRouter, DynaSpecVocab, Router
 from microspec.vocab.specvocab import Ranker, SpecVocab, SpecVocabRanker
 
@@ -215,7 +216,7 @@ def measure(path: str, syn: Synthetic, timer: Timer, depth: int) -> dict:
         head_call(k)
     head_ms = timer.ms(head_call)
     active = head.active
-    rows = int(active.extent) if hasattr(active, "extent") else (syn.vocab if active is None else active.numel())
+    rows = int(active_size(active, syn.vocab)) if not hasattr(active, "extent") else int(active.extent)
     head_bytes = rows * syn.d * syn.weight.element_size()
     out = {"active_rows": rows, "head_ms": head_ms, "head_bytes": head_bytes,
            "head_gb_s": round(head_bytes / (head_ms / 1000) / 1e9, 2),

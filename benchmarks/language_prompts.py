@@ -9,7 +9,7 @@ OASST1-en, the plain-text demos, XQuAD-de, OASST code answers, the prompt pool):
 - natural languages: MGSM's questions (de, es, fr, ja, ru, zh, th, sw; an evaluation set, never trained on), each
   followed by a line "Answer:" in no language in particular; Genesis in Finnish, Portuguese and Swedish (NLTK);
 - programming languages: source files this machine holds — Python's standard library, Java's class library
-  (the JDK's ``lib/src.zip``), C++'s standard library headers (libstdc++), JavaScript (npm's own sources) —
+  (``java.util`` from the JDK's ``lib/src.zip``), C++'s standard library headers (libstdc++), JavaScript (npm's own sources) —
   each prompt a passage of a file from an unindented line picked at random after its licence comment, cut at a
   line end.
 
@@ -31,7 +31,7 @@ from pathlib import Path
 
 MGSM = ("de", "es", "fr", "ja", "ru", "zh", "th", "sw")
 GENESIS = {"fi": ("genesis/finnish.txt", "latin-1"), "pt": ("genesis/portuguese.txt", "utf-8"),
-           "sv": ("genesis/swedish.txt", "cp437")}  # the files' own encodings
+           "sv": ("genesis/swedish.txt", "cp865")}  # the files' own encodings (NLTK's genesis reader's)
 CODE = {  # language: (glob or zip member suffix, where)
     "python": ("/usr/lib/python3*/*.py", None),
     "java": (".java", "/usr/lib/jvm/*/lib/src.zip"),
@@ -115,16 +115,19 @@ def genesis_prompts(data: Path, member: tuple[str, str], k: int, rng: random.Ran
     if not path.is_file():
         return []
     with zipfile.ZipFile(path) as z:
+        if member[0] not in z.namelist():
+            return []
         lines = [ln for ln in z.read(member[0]).decode(member[1]).splitlines() if ln.strip()]
     out = []
-    for start in sorted(rng.sample(range(len(lines) - 40), k)):
+    for start in sorted(rng.sample(range(max(0, len(lines) - 40)), min(k, max(0, len(lines) - 40)))):
         chunk, n = [], 0
         for ln in lines[start:]:
             if n + len(ln) + 1 > max_chars:
                 break
             chunk.append(ln)
             n += len(ln) + 1
-        out.append((f"{path}:{member[0]}:{start + 1}", "\n".join(chunk) + "\n"))
+        if chunk:
+            out.append((f"{path}:{member[0]}:{start + 1}", "\n".join(chunk) + "\n"))
     return out
 
 
@@ -136,6 +139,8 @@ def main() -> None:
     ap.add_argument("--max-chars", type=int, default=900, help="length of a passage or file opening")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
+    if a.per_language < 1 or a.max_chars < 60:
+        raise SystemExit("language_prompts: --per-language must be >= 1 and --max-chars >= 60")
     data = Path(a.data)
     records = []
     sources: list[tuple[str, list[tuple[str, str]]]] = []
@@ -148,7 +153,8 @@ def main() -> None:
         sources.append((lang, code_prompts(lang, a.per_language, random.Random(f"{a.seed}:{lang}"), a.max_chars)))
     for lang, prompts in sources:
         if not prompts:
-            print(f"[language_prompts] {lang}: no source on this machine, left out", file=sys.stderr)
+            print(f"[language_prompts] {lang}: no source on this machine (or no usable passage), left out",
+                  file=sys.stderr)
         for i, (src, text) in enumerate(prompts):
             records.append({"question_id": f"{lang}-{i}", "category": lang, "source": src, "prompt": text})
     with open(a.out, "w", encoding="utf-8") as f:

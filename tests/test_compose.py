@@ -58,7 +58,7 @@ def test_build_policy_by_description(tmp_path):
     p = build_policy(Method(drafter="eagle", vocab="fr-spec", freq_file=str(tmp_path / "map.pt"), shortlist_size=5,
                             position_aware="3,2"), 100, always=[0])
     assert isinstance(p, PositionAware) and isinstance(p.policy, StaticShortlist)
-    assert p.active(0).tolist() == [0, 97, 98, 99]  # the 3 most frequent ids and the always-kept 0
+    assert p.active(0).ids.tolist() == [0, 99, 98, 97]  # the always-kept 0, then the 3 most frequent ids
     m = build_policy(Method.parse("microspec-w16-indexed-kp4"), 100)
     assert isinstance(m, MicroSpecVocab) and (m.w_max, m.gather, m.prompt_positions, m.fused) == (16, "indexed", 4,
                                                                                                  False)

@@ -34,6 +34,12 @@ SCRIPT = textwrap.dedent("""
     h = torch.randn(2, 32, generator=g)
     torch.testing.assert_close(fused.logits(h), plain.logits(h), rtol=1e-5, atol=1e-5)
     assert fused.topk(h, 2)[1].tolist() == plain.topk(h, 2)[1].tolist()
+    from microspec.vocab import PositionAware  # a budget prefix (PA-FR) read by the fused kernel
+    order = torch.randperm(500, generator=g)[:40].tolist()
+    fused = DraftHead(w, policy=PositionAware(StaticShortlist(order, 40, fused=True), 40, 40, "pa-fr"))
+    plain = DraftHead(w, policy=PositionAware(StaticShortlist(order, 40), 40, 40, "pa-fr"))
+    for depth in range(4):
+        torch.testing.assert_close(fused.logits(h, depth), plain.logits(h, depth), rtol=1e-5, atol=1e-5)
     print("ok")
 """)
 

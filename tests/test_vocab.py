@@ -399,10 +399,15 @@ def test_position_aware_budgets_follow_rank_order():
     pafr = PositionAware(StaticShortlist([9, 4, 7, 1, 30, 2], 6), 3, 3, "pa-fr")
     assert [pafr.active(d).ids.tolist() for d in range(4)] == [[9, 4, 7], [9, 4, 7], [9], [9]]  # 3, 3, 1, 1 ids
     assert pafr.name == "fr-spec+pa-fr"
-    # an always id inside the order counts once; budgets beyond the order stop at it
-    inside = PositionAware(StaticShortlist([9, 4, 7], 3, always=[4]), 2, 9, "fixed")
-    assert inside.active(0).ids.tolist() == [4, 9] and inside.policy.prefix(2).n == 2
-    assert inside.policy.prefix(3).ids.tolist() == [4, 9, 7] and inside.policy.prefix(50).n == 3
+    # an always id inside the order counts once; a repeated id in the map too; budgets beyond the order stop at it
+    inside = StaticShortlist([9, 4, 9, 7], 4, always=[4])
+    for k in range(6):
+        assert sorted(inside.prefix(k).ids.tolist()) == inside.budgeted(k).unique().tolist()  # budgeted's set
+    assert inside.prefix(3).ids.tolist() == [4, 9] and inside.prefix(4).ids.tolist() == [4, 9, 7]
+    assert inside.prefix(50).n == 3
+    assert inside.prefix(2, longest=2).order.tolist() == [4, 9]  # cut to the longest budget asked for
+    with pytest.raises(MicrospecError, match="beyond the longest"):
+        inside.prefix(3, longest=2)
     recency = PositionAware(MicroSpecVocab(VOCAB, w_max=10, k_pre=0, k_ver=0), 3, 2)
     recency.on_prefill(torch.tensor([5, 6, 5, 7, 8, 6]), None)
     assert recency.ranked().tolist() == [6, 8, 7, 5]  # most recent first, repeats dropped
@@ -414,6 +419,7 @@ def test_position_aware_budgets_follow_rank_order():
 def test_draft_head_scores_a_budget_prefix_as_a_view_of_one_gather(packed, tmp_path):
     from microspec.drafters.head import DraftHead
     from microspec.vocab import PositionAware, StaticShortlist
+    from microspec.vocab.position import budget
 
     torch.manual_seed(0)
     w = torch.randn(VOCAB, 64)
@@ -432,14 +438,18 @@ def test_draft_head_scores_a_budget_prefix_as_a_view_of_one_gather(packed, tmp_p
         active = policy.active(depth)
         logits = head.logits(h, depth)
         ids = active.ids
+        assert sorted(ids.tolist()) == policy.policy.budgeted(budget(depth, 40, 40, "pa-fr")).tolist()
         assert logits.shape == (2, ids.numel())
         ref = head._matmul(h, w.index_select(0, ids))
         assert torch.equal(logits, ref)  # a row's sums do not depend on which rows sit beside it
         assert torch.equal(head.to_full_ids(torch.arange(ids.numel())), ids)
         cols = head.columns_of(torch.tensor([ids[-1].item(), order[-1]]))
         assert cols[0].item() == ids.numel() - 1 and (cols[1].item() == -1) == (order[-1] not in ids.tolist())
-        gathers.append(head._source)
-    assert all(g is gathers[0] for g in gathers)  # one gather for every depth's budget
+        probs = torch.softmax(logits, -1)
+        full = head.full_distribution(probs)
+        assert torch.equal(full[:, ids], probs) and torch.allclose(full.sum(-1), torch.ones(2))
+        gathers.append((head._source, head._rows))
+    assert all(s is gathers[0][0] and r is gathers[0][1] for s, r in gathers)  # one gather for every depth
     assert [policy.active(d).n for d in range(5)] == [41, 41, 14, 11, 9]  # 40 ids + 1 always id outside them
 
 

@@ -135,7 +135,7 @@ class DraftHead:
         if isinstance(self.active, PackedRows):
             return self.active.to_full_ids(columns)
         if isinstance(self.active, RankedPrefix):
-            return self.active.order[columns]
+            return self.active.ids[columns]
         return self.active[columns]
 
     def topk(self, hidden: torch.Tensor, k: int, depth: int = 0, pipe=None,

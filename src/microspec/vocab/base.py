@@ -3,13 +3,14 @@
 A policy hears the prefill (the prompt ids and the top-k ids of the target's logits at every prompt position) and
 every verification (all token ids of the draft tree, and the target's logits on the validated branch), and answers
 ``active(depth)``: what the draft head computes at that draft depth (0 = the first drafted token) — None for the
-whole vocabulary, a 1-D tensor of ids (the head gathers their rows: the indexed path), or a
-:class:`~microspec.vocab.packed.PackedRows` buffer the policy keeps up to date itself (the packed path).  Drafts are
+whole vocabulary, a 1-D tensor of ids (the head gathers their rows: the indexed path), a
+:class:`~microspec.vocab.packed.PackedRows` buffer the policy keeps up to date itself (the packed path), or a
+:class:`RankedPrefix` of one fixed order (the head gathers the order once and scores a view of its first rows).  Drafts are
 chosen among the active ids and mapped back to full-vocabulary ids; verification always uses the full vocabulary,
 so no policy can change what is generated (tests/test_vocab.py checks that for each one).
 
-A policy that can rank its ids (``ranked``) also works under a per-depth budget (``budgeted``), which is what
-:class:`~microspec.vocab.position.PositionAware` uses.
+A policy that can rank its ids (``ranked``) also works under a per-depth budget (``budgeted``, or ``prefix`` where
+the ranking never changes), which is what :class:`~microspec.vocab.position.PositionAware` uses.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from typing import Union
 import torch
 
 from .packed import PackedRows
-
 
 
 @dataclass(frozen=True, eq=False)
@@ -101,9 +101,10 @@ class VocabPolicy(ABC):
         return torch.unique(torch.cat([head, self.always.to(head.device)])) if self.always.numel() else \
             head.sort().values
 
-    def prefix(self, budget: int) -> RankedPrefix | None:
-        """:meth:`budgeted`'s set as a prefix of one fixed order (None: the policy's ranking moves from step to step,
-        or it has none)."""
+    def prefix(self, budget: int, longest: int | None = None) -> RankedPrefix | None:
+        """:meth:`budgeted`'s set as a prefix of one fixed order, the same order for every budget up to ``longest``
+        (the largest budget the caller will ask for; None: any) — None where the policy's ranking moves from step to
+        step, or where it has none."""
         return None
 
     def contains(self, ids: torch.Tensor, depth: int = 0) -> torch.Tensor:

@@ -42,7 +42,7 @@ class StaticShortlist(VocabPolicy):
         self.name = name
         self.order = torch.tensor([int(t) for t in list(token_map)[:size]], dtype=torch.long, device=device)
         self.ids = torch.unique(torch.cat([self.order, self.always]))
-        self._prefix: tuple[torch.Tensor, list[int]] | None = None
+        self._prefix: dict[int | None, tuple[torch.Tensor, list[int]]] = {}  # by longest budget: (order, sizes)
 
     def active(self, depth: int = 0) -> torch.Tensor:
         return self.ids  # the same tensor every step: the draft head gathers its rows once
@@ -50,15 +50,16 @@ class StaticShortlist(VocabPolicy):
     def ranked(self) -> torch.Tensor:
         return self.order  # most frequent first
 
-    def prefix(self, budget: int) -> RankedPrefix:
-        if self._prefix is None:  # the always ids, then the order's other ids; sizes[k]: |always + order[:k]|
+    def prefix(self, budget: int, longest: int | None = None) -> RankedPrefix:
+        if longest not in self._prefix:  # the always ids, then the order's other ids (each once), up to `longest`
             seen = dict.fromkeys(self.always.tolist())
-            sizes = [len(seen)]
-            for t in self.order.tolist():
+            sizes = [len(seen)]  # sizes[k] = |always + order[:k]|
+            for t in self.order[:longest].tolist():
                 seen[t] = None
                 sizes.append(len(seen))
-            self._prefix = (torch.tensor(list(seen), dtype=torch.long, device=self.order.device), sizes)
-        order, sizes = self._prefix
+            self._prefix[longest] = (torch.tensor(list(seen), dtype=torch.long, device=self.order.device), sizes)
+        order, sizes = self._prefix[longest]
+        check(longest is None or budget <= longest, f"budget {budget} beyond the longest asked for, {longest}")
         return RankedPrefix(order, sizes[min(budget, len(sizes) - 1)])
 
 

@@ -7,7 +7,9 @@ The first drafted tokens decide most of the acceptance, so they get the larger d
            floor((k1 + t) / (2t))  t >= 2
 
 and at depth t the draft head scores ``policy.budgeted(k(t))``: the policy's k(t) highest-ranked ids (frequency
-order for a static shortlist, recency for MicroSpec; a clustering policy counts clusters, as DynaSpec does).  The
+order for a static shortlist, recency for MicroSpec; a clustering policy counts clusters, as DynaSpec does).  A
+ranking that never changes (a static shortlist) answers ``policy.prefix(k(t))`` instead: every depth's set is a
+prefix of one order, whose rows the head gathers once.  The
 wrapped policy still hears every prefill and verification; the wrapper only narrows what it answers.
 
 Two more schedules, for the variants the DynaSpec paper compares:
@@ -80,7 +82,7 @@ class PositionAware(VocabPolicy):
         self.wants_verify_logits = policy.wants_verify_logits
         self.always = policy.always
         self.fused = policy.fused
-        self._cache: dict[int, torch.Tensor] = {}
+        self._cache: dict[int, ActiveSet] = {}
         self._seen = -1
 
     @property
@@ -106,7 +108,7 @@ class PositionAware(VocabPolicy):
         k = budget(depth, self.k0, self.k1, self.schedule)
         if k not in self._cache:  # depths with one budget share one set, so the head gathers once
             # a fixed ranking (a static shortlist) answers a prefix of one order: the head gathers no budget alone
-            prefix = self.policy.prefix(k)
+            prefix = self.policy.prefix(k, max(self.k0, self.k1))
             self._cache[k] = prefix if prefix is not None else self.policy.budgeted(k)
         return self._cache[k]
 
