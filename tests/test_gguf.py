@@ -31,7 +31,8 @@ from microspec.models.gguf import (
     packed_weights,
 )
 
-QUANTIZED = [t for t in cq.TYPES if t not in ("F32", "F16", "BF16")]
+GGML_TYPES = [t for t in cq.TYPES if t not in cq.INTERLEAVED.values()]  # the file types (not the repacked forms)
+QUANTIZED = [t for t in GGML_TYPES if t not in ("F32", "F16", "BF16")]
 
 
 def random_rows(qtype: str, rows: int, cols: int, rng: np.random.Generator, scale: float = 0.02) -> np.ndarray:
@@ -67,7 +68,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max())
 
 
-@pytest.mark.parametrize("qtype", list(cq.TYPES))
+@pytest.mark.parametrize("qtype", GGML_TYPES)
 def test_every_type_unpacks_exactly_as_gguf_does(qtype):
     rng = np.random.default_rng(1)
     raw = random_rows(qtype, 19, 512, rng)
@@ -80,7 +81,7 @@ def test_every_type_unpacks_exactly_as_gguf_does(qtype):
     assert isinstance(sub, QuantTensor) and torch.equal(sub.float(), ref[[5, 2]])
 
 
-@pytest.mark.parametrize("qtype", list(cq.TYPES))
+@pytest.mark.parametrize("qtype", GGML_TYPES)
 def test_products_match_the_dequantized_reference(qtype):
     rng = np.random.default_rng(2)
     raw = random_rows(qtype, 45, 512, rng)
@@ -108,6 +109,40 @@ def test_rows_are_batch_invariant(qtype, integer):
     for size in (1, 2, 3, 5, 16):
         parts = torch.cat([q.linear(x[i : i + size]) for i in range(0, 37, size)])
         assert torch.equal(parts, full), size
+
+
+@pytest.mark.parametrize("qtype", list(cq.INTERLEAVED))
+def test_interleaved_forms_hold_the_same_values_and_products(qtype):
+    """An interleaved matrix (8 rows' blocks together, the same bits) unpacks to gguf's values, its integer
+    products equal the packed blocks' within fp32 rounding (exact int32 sums both; the sums of the groups in another
+    order), and each row is batch-invariant (bit for bit whatever the rows computed with it)."""
+    rng = np.random.default_rng(5)
+    raw = torch.from_numpy(random_rows(qtype, 56, 640, rng))
+    packed = QuantTensor(raw, qtype, 640)
+    form = cq.INTERLEAVED[qtype]
+    x8 = QuantTensor(cq.repack(raw, qtype), form, 640)
+    assert x8.integer and x8.shape == (56, 640) and x8.nbytes == 56 * 20 * cq.TYPES[form][2]
+    ref = dequantize(qtype, raw.numpy(), 640)
+    assert torch.equal(x8.float(), ref)
+    ids = torch.tensor([[9, 55], [0, 17]])
+    assert torch.equal(x8[ids], ref[ids])
+    x = torch.randn(19, 640)
+    full = x8.linear(x)
+    assert rel(full, packed.linear(x)) < 1e-6
+    assert rel(full, cq.quantize_activations(x) @ ref.T) < 1e-5
+    for size in (1, 2, 3, 4, 5, 16):
+        assert torch.equal(torch.cat([x8.linear(x[i : i + size]) for i in range(0, 19, size)]), full), size
+    f32 = QuantTensor(x8.data, form, 640, integer=False)  # the fp32-activation path serves the form too
+    assert torch.equal(f32.linear(x), QuantTensor(raw, qtype, 640, integer=False).linear(x))
+    assert x8.leading(16).shape == (16, 640) and torch.equal(x8.leading(16).float(), ref[:16])
+    sub = x8.index_select(0, torch.tensor([50, 1, 2, 50]))  # rows back in the file's blocks (shortlists, heads)
+    assert sub.qtype == qtype and torch.equal(sub.data, raw[[50, 1, 2, 50]])
+    with pytest.raises(ValueError, match="not whole tiles"):
+        x8.leading(5)
+    with pytest.raises(RuntimeError, match="multiple of 8"):
+        cq.repack(raw[:12], qtype)
+    with pytest.raises(RuntimeError, match="Q5_1 or Q8_0 only"):
+        cq.repack(torch.from_numpy(random_rows("Q4_K", 8, 256, rng)), "Q4_K")
 
 
 def test_fused_row_operations_equal_torch():
@@ -186,6 +221,28 @@ def gguf_model(tmp_path_factory):
     packed_model.eval().requires_grad_(False)
     install(packed_model, packed_weights(path, spec))
     return packed_model, reference, path
+
+
+def test_loads_interleave_the_32_blocks_unless_asked_not_to(gguf_model, monkeypatch):
+    """What the loader keeps: the interleaved form of Q4_0 / Q4_1 / Q5_0 / Q8_0 on the integer path (query rows put back
+    in Hugging Face order first), the file's own blocks with ``MICROSPEC_REPACK=0`` or on the fp32-activation path;
+    every other type as the file has it."""
+    from microspec.models.gguf import _unpermute, repack_setting
+
+    packed, reference, path = gguf_model
+    f = GGUFFile(path)
+    q = f.packed("blk.0.attn_q.weight", order=_unpermute(256, 4))
+    assert q.qtype == "Q5_0_X8" and torch.equal(q.float(), reference.model.layers[0].self_attn.q_proj.weight)
+    assert f.packed("blk.0.attn_v.weight").qtype == "Q4_1_X8"
+    assert f.packed("blk.0.ffn_up.weight").qtype == "Q4_0_X8"
+    assert f.packed("blk.0.ffn_down.weight").qtype == "Q6_K"
+    assert f.packed("token_embd.weight").qtype == "Q8_0_X8"
+    assert f.packed("blk.0.attn_q.weight", integer=False).qtype == "Q5_0"
+    assert f.packed("blk.0.attn_q.weight", repack=False).qtype == "Q5_0"
+    assert packed.model.layers[0].self_attn.q_proj.weight.qtype == "Q5_0_X8"
+    monkeypatch.setenv("MICROSPEC_REPACK", "0")
+    assert not repack_setting()
+    assert all(not q.qtype.endswith("_X8") for q in packed_weights(path, packed.spec).values())
 
 
 def test_reader_agrees_with_the_gguf_package(gguf_model):

@@ -8,6 +8,10 @@ row streams the packed weights once; R rows (a verify pass) share that read and 
 
 Types: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (GGML's layouts; what Gemma 3 270M's Q4_K_M
 file and SmolLM2's Q4_1 file hold, and what common files use).  Another type is refused at load with one line.
+Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 matrices whose rows come in eights are kept, by default, in an interleaved form
+(:func:`repack`, as llama.cpp repacks for its CPU kernels): the same bits in the same bytes, 8 rows' blocks side by
+side so that one integer multiply serves 8 rows and the scaling runs once per 8 rows (``*_X8`` types; the rows go
+back to the file's blocks where a subset is taken: shortlists, draft heads).
 
 Exactness: a block unpacks to exactly the fp32 values the ``gguf`` package's ``dequantize`` gives (same products
 and sums in the same order, no fused multiply-add: ``-ffp-contract=off``), and every output element is the same
@@ -29,9 +33,16 @@ TYPES = {
     "F32": (0, 1, 4), "F16": (1, 1, 2), "Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q5_0": (6, 32, 22),
     "Q5_1": (7, 32, 24), "Q8_0": (8, 32, 34), "Q4_K": (12, 256, 144), "Q5_K": (13, 256, 176),
     "Q6_K": (14, 256, 210), "BF16": (30, 1, 2),
+    # interleaved forms (see repack): 8 rows' blocks together, the same bytes; not GGML types
+    "Q4_0_X8": (1002, 32, 18), "Q4_1_X8": (1003, 32, 20), "Q5_0_X8": (1006, 32, 22), "Q5_1_X8": (1007, 32, 24),
+    "Q8_0_X8": (1008, 32, 34),
 }
 TYPE_NAMES = {v[0]: k for k, v in TYPES.items()}
-INTEGER_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")  # those linear_q8 serves
+INTEGER_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K",
+                 "Q4_0_X8", "Q4_1_X8", "Q5_0_X8", "Q5_1_X8", "Q8_0_X8")  # those linear_q8 serves
+INTERLEAVED = {"Q4_0": "Q4_0_X8", "Q4_1": "Q4_1_X8", "Q5_0": "Q5_0_X8", "Q5_1": "Q5_1_X8",
+               "Q8_0": "Q8_0_X8"}  # file type -> its interleaved form
+ROWS_PER_TILE = 8  # rows of an interleaved form held together
 
 _SOURCE = COMMON_CPP + r"""
 namespace {
@@ -198,6 +209,89 @@ QType qtype(int64_t t) {
   TORCH_CHECK(false, "unsupported GGML type ", t);
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// Interleaved forms (repack_x8): the rows of a Q4_0 / Q4_1 / Q5_0 / Q5_1 matrix in tiles of 8, the same bits in
+// the same number of bytes, laid out so that one maddubs multiplies 8 rows.  Per 32-element group g a tile holds:
+//   - the 8 rows' fp16 scales d (16 bytes), then for the types with a minimum their 8 fp16 m (16 bytes);
+//   - 4 nibble vectors of 32 bytes: in vector v, byte 4s + e holds row s's element 4v + e (low nibble) and element
+//     16 + 4v + e (high nibble);
+//   - for Q5_0 / Q5_1 a bit plane of 32 bytes: bit c of byte 4s + e is the 5th bit of row s's element 4c + e.
+// "Chunk" c (c = 0..7) is then a 32-byte vector of 4 consecutive elements 4c..4c+3 of each of the 8 rows (row s at
+// bytes 4s..4s+3), unsigned q; a row's weights are d * (q - OFF) (Q4_0: OFF 8, Q5_0: 16) or d * q + m: the file's
+// values.  Against a broadcast of 4 activation bytes, maddubs + madd give 8 int32 lanes, one per row.
+inline __m256i load256(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+template <int OFF, bool MIN, bool Q5>
+struct X8 {
+  static constexpr int off = OFF, head = MIN ? 32 : 16, gbytes = head + 128 + (Q5 ? 32 : 0);
+  static constexpr bool min = MIN, q5 = Q5, sign = false;
+  // chunks whose maddubs pair sums (<= 2 x qmax x 127) add up in int16 without overflow: 8 for q <= 15, 4 for 31
+  static constexpr int ch16 = Q5 ? 4 : 8;
+  // chunk c of group b (b: the group's first byte)
+  static inline __m256i chunk(const uint8_t* b, int c) {
+    const __m256i v = load256(b + head + 32 * (c & 3));
+    const __m256i m4 = _mm256_set1_epi8(15);
+    __m256i q = _mm256_and_si256(c < 4 ? v : _mm256_srli_epi16(v, 4), m4);
+    if (Q5) {
+      const __m256i hb = _mm256_and_si256(load256(b + head + 128), _mm256_set1_epi8(char(1 << c)));
+      q = _mm256_or_si256(q, c < 4 ? _mm256_slli_epi16(hb, 4 - c) : c > 4 ? _mm256_srli_epi16(hb, c - 4) : hb);
+    }
+    return q;
+  }
+};
+// Q8_0: 8 chunk vectors of 32 signed bytes after the scales (no nibbles); signed q go through the sign trick
+// (|q| x sign(x, q)), whose pair sums (<= 2 x 127 x 127) leave no room to add chunks in int16.
+struct XQ8_0 {
+  static constexpr int off = 0, head = 16, gbytes = 16 + 256, ch16 = 1;
+  static constexpr bool min = false, q5 = false, sign = true;
+  static inline __m256i chunk(const uint8_t* b, int c) { return load256(b + head + 32 * c); }
+};
+using XQ4_0 = X8<8, false, false>;
+using XQ4_1 = X8<0, true, false>;
+using XQ5_0 = X8<16, false, true>;
+using XQ5_1 = X8<0, true, true>;
+
+struct X8Info {
+  bool ok; int off; bool min; bool q5; int gbytes; bool q8 = false;
+  int head() const { return min ? 32 : 16; }
+};
+inline X8Info x8_info(int64_t t) {
+  switch (t) {
+    case 1008: return {true, 0, false, false, 272, true};
+    case 1002: return {true, 8, false, false, 144};
+    case 1003: return {true, 0, true, false, 160};
+    case 1006: return {true, 16, false, true, 176};
+    case 1007: return {true, 0, true, true, 192};
+  }
+  return {false, 0, false, false, 0};
+}
+
+// Where element k (< 32) of row s of a group lives: its nibble (byte offset from the nibble vectors, high or low)
+// and its 5th bit (byte of the plane, bit)
+inline int x8_byte(int s, int k) { return 32 * ((k & 15) >> 2) + 4 * s + (k & 3); }
+
+// Row n (of the matrix) of an interleaved form at w (tiles of RB bytes), unpacked to y[K] with the file's values
+// (the same fp32 products as the packed blocks' unpacking)
+void x8_row(const X8Info& x, const uint8_t* w, int64_t RB, int64_t n, int64_t K, float* y) {
+  const uint8_t* t = w + (n / 8) * RB;
+  const int s = int(n % 8);
+  for (int64_t g = 0; g < K / 32; ++g) {
+    const uint8_t* b = t + g * x.gbytes;
+    const float d = h2f(b + 2 * s), m = x.min ? h2f(b + 16 + 2 * s) : 0.0f;
+    if (x.q8) {  // as deq_q8_0: fp32(q) * d
+      for (int k = 0; k < 32; ++k)
+        y[32 * g + k] = float(int8_t(b[16 + 32 * (k >> 2) + 4 * s + (k & 3)])) * d;
+      continue;
+    }
+    for (int k = 0; k < 32; ++k) {
+      const uint8_t nb = b[x.head() + x8_byte(s, k)];
+      int q = k < 16 ? (nb & 15) : (nb >> 4);
+      if (x.q5) q |= ((b[x.head() + 128 + 4 * s + (k & 3)] >> (k >> 2)) & 1) << 4;
+      y[32 * g + k] = x.min ? d * float(q) + m : d * (float(q) - float(x.off));
+    }
+  }
+}
+
 inline void deq_row(const QType& q, const uint8_t* row, int64_t K, float* y) {
   if (q.block == 1 && q.bytes == 4) { std::memcpy(y, row, K * 4); return; }
   if (q.block == 1 && q.bytes == 2 && q.deq == deq_f16) {
@@ -219,8 +313,6 @@ inline void deq_row(const QType& q, const uint8_t* row, int64_t K, float* y) {
 // Types whose q is unsigned (all but Q8_0) go straight into maddubs (unsigned x signed); an offset type (weight =
 // s * (u - OFF): Q4_0, Q5_0, Q6_K) subtracts the row's per-lane sums of OFF * qx, computed once per call: the same
 // int32 lanes as sum (u - OFF) qx, exactly.  Q8_0's signed q uses the sign trick (|q| x sign(qx, q)).
-
-inline __m256i load256(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
 // 32 nibbles of qs[16]: element i < 16 the low nibble of qs[i], element 16 + i its high nibble
 inline __m256i nib32v(const uint8_t* qs) {
@@ -448,9 +540,11 @@ torch::Tensor linear_q(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K
   TORCH_CHECK(x.dtype() == torch::kFloat32 && x.is_contiguous() && x.dim() == 2 && x.size(1) == K,
               "x: contiguous fp32 [M, K]");
   TORCH_CHECK(w.dtype() == torch::kUInt8 && w.dim() == 2 && w.stride(1) == 1, "w: uint8 [N, row bytes]");
-  const QType q = qtype(type);
-  TORCH_CHECK(K % q.block == 0 && w.size(1) == K / q.block * q.bytes, "w's row bytes disagree with K and the type");
-  const int64_t M = x.size(0), N = w.size(0), RB = w.stride(0);
+  const X8Info xi = x8_info(type);
+  const QType q = xi.ok ? QType{32, 0, nullptr} : qtype(type);
+  TORCH_CHECK(K % q.block == 0 && w.size(1) == (xi.ok ? K / 32 * xi.gbytes : K / q.block * q.bytes),
+              "w's row bytes disagree with K and the type");
+  const int64_t M = x.size(0), N = w.size(0) * (xi.ok ? 8 : 1), RB = w.stride(0);
   auto out = torch::empty({M, N}, x.options());
   const float* xp = x.data_ptr<float>();
   const uint8_t* wp = w.data_ptr<uint8_t>();
@@ -465,7 +559,10 @@ torch::Tensor linear_q(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K
     float buf[2 * NT];
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t n0 = c * chunk, n1 = std::min(N, n0 + chunk);
-      for (int64_t n = n0; n < n1; ++n) deq_row(q, wp + n * RB, K, wb.data() + (n - n0) * K);
+      for (int64_t n = n0; n < n1; ++n) {
+        if (xi.ok) x8_row(xi, wp, RB, n, K, wb.data() + (n - n0) * K);
+        else deq_row(q, wp + n * RB, K, wb.data() + (n - n0) * K);
+      }
       for (int64_t mb = 0; mb < M; mb += MB) {
         const int64_t me = std::min(M, mb + MB);
         for (int64_t t0 = n0; t0 < n1; t0 += NT) {
@@ -809,17 +906,22 @@ int64_t argmax_f32(torch::Tensor x) {
 torch::Tensor dequant_rows(torch::Tensor w, int64_t type, int64_t K, torch::Tensor ids) {
   TORCH_CHECK(w.dtype() == torch::kUInt8 && w.dim() == 2 && w.stride(1) == 1, "w: uint8 [N, row bytes]");
   TORCH_CHECK(ids.dtype() == torch::kLong && ids.dim() == 1, "ids: int64 [n]");
-  const QType q = qtype(type);
-  TORCH_CHECK(K % q.block == 0 && w.size(1) == K / q.block * q.bytes, "w's row bytes disagree with K and the type");
+  const X8Info xi = x8_info(type);
+  const QType q = xi.ok ? QType{32, 0, nullptr} : qtype(type);
+  TORCH_CHECK(K % q.block == 0 && w.size(1) == (xi.ok ? K / 32 * xi.gbytes : K / q.block * q.bytes),
+              "w's row bytes disagree with K and the type");
   ids = ids.contiguous();
-  const int64_t n = ids.size(0), N = w.size(0), RB = w.stride(0);
+  const int64_t n = ids.size(0), N = w.size(0) * (xi.ok ? 8 : 1), RB = w.stride(0);
   const int64_t* ip = ids.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) TORCH_CHECK(ip[i] >= 0 && ip[i] < N, "row id ", ip[i], " out of range");
   auto out = torch::empty({n, K}, torch::dtype(torch::kFloat32));
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
   at::parallel_for(0, n, 64, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) deq_row(q, wp + ip[i] * RB, K, op + i * K);
+    for (int64_t i = i0; i < i1; ++i) {
+      if (xi.ok) x8_row(xi, wp, RB, ip[i], K, op + i * K);
+      else deq_row(q, wp + ip[i] * RB, K, op + i * K);
+    }
   });
   return out;
 }
@@ -851,13 +953,101 @@ void linear_q8_type(const int8_t* qx, const float* dx, const float* dxs, int64_t
   });
 }
 
+// Activation rows m0..m0+MT-1 against one tile of an interleaved form (8 weight rows, lanes 0..7): per group, the
+// exact int32 sums of the 8 rows (int16 pair sums of CH16 chunks added before each madd: no overflow, see X8), less
+// OFF * sum(qx) for the offset types, then acc = fma(fp32(sum), d_rows * dx, acc) over the groups in order; the min
+// term accm = fma(m_rows, dx * sum(qx), accm) beside it; out = acc (+ accm).  Each lane is one (row, weight row)
+// chain whatever MT or the call: batch-invariant.
+template <class T, int MT>
+inline void tile_x8(const Act& a, const int32_t* offs, const uint8_t* w, int64_t m0, float* out) {
+  __m256 acc[MT], accm[MT];
+  for (int i = 0; i < MT; ++i) { acc[i] = _mm256_setzero_ps(); accm[i] = _mm256_setzero_ps(); }
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t g = 0; g < a.G; ++g) {
+    const uint8_t* b = w + g * T::gbytes;
+    const __m256 sv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+    __m256i t32[MT];
+    for (int h = 0; h < 8 / T::ch16; ++h) {
+      __m256i t16[MT];
+      for (int i = 0; i < MT; ++i) t16[i] = _mm256_setzero_si256();
+      for (int c = h * T::ch16; c < (h + 1) * T::ch16; ++c) {
+        const __m256i wv = T::chunk(b, c);
+        const __m256i uw = T::sign ? _mm256_sign_epi8(wv, wv) : wv;
+        for (int i = 0; i < MT; ++i) {
+          int32_t xs;
+          std::memcpy(&xs, a.q + (m0 + i) * a.K + 32 * g + 4 * c, 4);
+          __m256i xv = _mm256_set1_epi32(xs);
+          if (T::sign) xv = _mm256_sign_epi8(xv, wv);
+          const __m256i p16 = _mm256_maddubs_epi16(uw, xv);
+          t16[i] = T::ch16 == 1 ? p16 : _mm256_add_epi16(t16[i], p16);
+        }
+      }
+      for (int i = 0; i < MT; ++i) {
+        const __m256i p = _mm256_madd_epi16(t16[i], ones);
+        t32[i] = h == 0 ? p : _mm256_add_epi32(t32[i], p);
+      }
+    }
+    for (int i = 0; i < MT; ++i) {
+      const int64_t r = m0 + i;
+      __m256i p = t32[i];
+      if (T::off) p = _mm256_sub_epi32(p, _mm256_set1_epi32(offs[r * a.G + g]));
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(sv, _mm256_set1_ps(a.d[r * a.G + g])), acc[i]);
+      if (T::min) {
+        const __m256 mm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16)));
+        accm[i] = _mm256_fmadd_ps(mm, _mm256_set1_ps(a.ds[r * a.G + g]), accm[i]);
+      }
+    }
+  }
+  for (int i = 0; i < MT; ++i) _mm256_storeu_ps(out + 8 * i, T::min ? _mm256_add_ps(acc[i], accm[i]) : acc[i]);
+}
+
+// The integer product with an interleaved form: tiles in chunks of ~48 KiB (L2), the input rows in blocks of 16
+// and register tiles of up to 4 rows; every weight byte is read once per call.
+template <class T>
+void linear_x8_type(const int8_t* qx, const float* dx, const float* dxs, int64_t M, int64_t K, const uint8_t* wp,
+                    int64_t tiles, int64_t RB, float* op) {
+  const int64_t G = K / 32, N = tiles * 8;
+  std::vector<int32_t> offs(T::off ? M * G : 0);
+  for (int64_t i = 0; T::off && i < M * G; ++i) {  // OFF * sum(qx) of each row's group
+    int32_t sum = 0;
+    for (int k = 0; k < 32; ++k) sum += qx[32 * i + k];
+    offs[i] = T::off * sum;
+  }
+  const Act a{qx, dx, dxs, nullptr, K, G};
+  constexpr int64_t MB = 16;
+  const int64_t chunk = std::max<int64_t>(1, int64_t(48) * 1024 / RB);
+  at::parallel_for(0, (tiles + chunk - 1) / chunk, 1, [&](int64_t c0, int64_t c1) {
+    float buf[4 * 8];
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t t0 = c * chunk, t1 = std::min(tiles, t0 + chunk);
+      for (int64_t mb = 0; mb < M; mb += MB) {
+        const int64_t me = std::min(M, mb + MB);
+        for (int64_t t = t0; t < t1; ++t)
+          for (int64_t m0 = mb; m0 < me; m0 += 4) {
+            const int64_t mt = std::min<int64_t>(4, me - m0);
+            const uint8_t* wt = wp + t * RB;
+            switch (mt) {
+              case 4: tile_x8<T, 4>(a, offs.data(), wt, m0, buf); break;
+              case 3: tile_x8<T, 3>(a, offs.data(), wt, m0, buf); break;
+              case 2: tile_x8<T, 2>(a, offs.data(), wt, m0, buf); break;
+              default: tile_x8<T, 1>(a, offs.data(), wt, m0, buf); break;
+            }
+            for (int64_t i = 0; i < mt; ++i) std::memcpy(op + (m0 + i) * N + 8 * t, buf + 8 * i, 8 * sizeof(float));
+          }
+      }
+    }
+  });
+}
+
 torch::Tensor linear_q8(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
   TORCH_CHECK(x.dtype() == torch::kFloat32 && x.is_contiguous() && x.dim() == 2 && x.size(1) == K && K % 32 == 0,
               "x: contiguous fp32 [M, K], K a multiple of 32");
   TORCH_CHECK(w.dtype() == torch::kUInt8 && w.dim() == 2 && w.stride(1) == 1, "w: uint8 [N, row bytes]");
-  const QType q = qtype(type);
-  TORCH_CHECK(K % q.block == 0 && w.size(1) == K / q.block * q.bytes, "w's row bytes disagree with K and the type");
-  const int64_t M = x.size(0), N = w.size(0), RB = w.stride(0), G = K / 32;
+  const X8Info xi = x8_info(type);
+  const QType q = xi.ok ? QType{32, 0, nullptr} : qtype(type);
+  TORCH_CHECK(K % q.block == 0 && w.size(1) == (xi.ok ? K / 32 * xi.gbytes : K / q.block * q.bytes),
+              "w's row bytes disagree with K and the type");
+  const int64_t M = x.size(0), N = w.size(0) * (xi.ok ? 8 : 1), RB = w.stride(0), G = K / 32;
   auto out = torch::empty({M, N}, x.options());
   std::vector<int8_t> qx(M * K);
   std::vector<float> dx(M * G), dxs(M * G);
@@ -868,7 +1058,15 @@ torch::Tensor linear_q8(torch::Tensor x, torch::Tensor w, int64_t type, int64_t 
   auto run = [&](auto tag) {
     linear_q8_type<decltype(tag)>(qx.data(), dx.data(), dxs.data(), M, K, wp, N, RB, op);
   };
+  auto run_x8 = [&](auto tag) {
+    linear_x8_type<decltype(tag)>(qx.data(), dx.data(), dxs.data(), M, K, wp, w.size(0), RB, op);
+  };
   switch (type) {
+    case 1008: run_x8(XQ8_0{}); break;
+    case 1002: run_x8(XQ4_0{}); break;
+    case 1003: run_x8(XQ4_1{}); break;
+    case 1006: run_x8(XQ5_0{}); break;
+    case 1007: run_x8(XQ5_1{}); break;
     case 8: run(WQ8_0{}); break;
     case 2: run(WQ4_0{}); break;
     case 3: run(WQ4_1{}); break;
@@ -881,12 +1079,99 @@ torch::Tensor linear_q8(torch::Tensor x, torch::Tensor w, int64_t type, int64_t 
   }
   return out;
 }
+
+// Rows `ids` of an interleaved form w (type) back in the file's block format [n, row bytes] (a static shortlist's
+// or a draft head's rows: the same bytes as the file's rows)
+torch::Tensor x8_gather(torch::Tensor w, int64_t type, int64_t K, torch::Tensor ids) {
+  const X8Info xi = x8_info(type);
+  TORCH_CHECK(xi.ok, "x8_gather: not an interleaved form");
+  TORCH_CHECK(w.dtype() == torch::kUInt8 && w.dim() == 2 && w.stride(1) == 1 && w.size(1) == K / 32 * xi.gbytes,
+              "w: uint8 [N / 8, tile bytes]");
+  TORCH_CHECK(ids.dtype() == torch::kLong && ids.dim() == 1, "ids: int64 [n]");
+  ids = ids.contiguous();
+  const QType q = qtype(type - 1000);
+  const int64_t n = ids.size(0), N = w.size(0) * 8, RB = w.stride(0), G = K / 32;
+  const int64_t* ip = ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) TORCH_CHECK(ip[i] >= 0 && ip[i] < N, "row id ", ip[i], " out of range");
+  auto out = torch::zeros({n, G * q.bytes}, w.options().memory_format(at::MemoryFormat::Contiguous));
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  uint8_t* op = out.data_ptr<uint8_t>();
+  const int lead = xi.min ? 4 : 2;
+  at::parallel_for(0, n, 64, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t t = ip[i] / 8;
+      const int s = int(ip[i] % 8);
+      for (int64_t g = 0; g < G; ++g) {
+        const uint8_t* b = wp + t * RB + g * xi.gbytes;
+        uint8_t* o = op + i * G * q.bytes + g * q.bytes;
+        std::memcpy(o, b + 2 * s, 2);
+        if (xi.q8) {
+          for (int k = 0; k < 32; ++k) o[2 + k] = b[16 + 32 * (k >> 2) + 4 * s + (k & 3)];
+          continue;
+        }
+        if (xi.min) std::memcpy(o + 2, b + 16 + 2 * s, 2);
+        uint32_t qh = 0;
+        uint8_t* qs = o + lead + (xi.q5 ? 4 : 0);
+        for (int k = 0; k < 32; ++k) {
+          const uint8_t nb = b[xi.head() + x8_byte(s, k)];
+          if (k < 16) qs[k] = nb & 15; else qs[k - 16] |= uint8_t(nb & 0xF0);
+          if (xi.q5) qh |= uint32_t((b[xi.head() + 128 + 4 * s + (k & 3)] >> (k >> 2)) & 1) << k;
+        }
+        if (xi.q5) std::memcpy(o + lead, &qh, 4);
+      }
+    }
+  });
+  return out;
+}
+
+// Q4_0, Q4_1, Q5_0, Q5_1 rows w [N, row bytes] (N a multiple of 8) -> their interleaved form (type + 1000, see X8):
+// [N / 8, 8 x row bytes], the same scales, mins and quant bits.
+torch::Tensor repack_x8(torch::Tensor w, int64_t type) {
+  TORCH_CHECK(w.dtype() == torch::kUInt8 && w.dim() == 2 && w.stride(1) == 1, "w: uint8 [N, row bytes]");
+  TORCH_CHECK(type == 2 || type == 3 || type == 6 || type == 7 || type == 8,
+              "repack_x8: Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 only");
+  const QType q = qtype(type);
+  const X8Info xi = x8_info(type + 1000);
+  TORCH_CHECK(w.size(1) % q.bytes == 0, "w's row bytes are not whole blocks");
+  TORCH_CHECK(w.size(0) % 8 == 0, "repack_x8: the number of rows must be a multiple of 8");
+  const int64_t N = w.size(0), RB = w.stride(0), G = w.size(1) / q.bytes;
+  const int lead = xi.min ? 4 : 2;  // scale (+ min) bytes of a packed block
+  auto out = torch::zeros({N / 8, G * xi.gbytes}, w.options().memory_format(at::MemoryFormat::Contiguous));
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  uint8_t* op = out.data_ptr<uint8_t>();
+  at::parallel_for(0, N / 8, 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t g = 0; g < G; ++g) {
+        uint8_t* o = op + t * G * xi.gbytes + g * xi.gbytes;
+        for (int s = 0; s < 8; ++s) {
+          const uint8_t* b = wp + (8 * t + s) * RB + g * q.bytes;
+          std::memcpy(o + 2 * s, b, 2);
+          if (xi.q8) {
+            for (int k = 0; k < 32; ++k) o[16 + 32 * (k >> 2) + 4 * s + (k & 3)] = b[2 + k];
+            continue;
+          }
+          if (xi.min) std::memcpy(o + 16 + 2 * s, b + 2, 2);
+          uint32_t qh = 0;
+          if (xi.q5) std::memcpy(&qh, b + lead, 4);
+          const uint8_t* qs = b + lead + (xi.q5 ? 4 : 0);
+          for (int k = 0; k < 32; ++k) {
+            const int nib = k < 16 ? (qs[k] & 15) : (qs[k - 16] >> 4);
+            o[xi.head() + x8_byte(s, k)] |= uint8_t(k < 16 ? nib : nib << 4);
+            if (xi.q5) o[xi.head() + 128 + 4 * s + (k & 3)] |= uint8_t(((qh >> k) & 1) << (k >> 2));
+          }
+        }
+      }
+  });
+  return out;
+}
 """
 
 _CPP_DECL = ("torch::Tensor linear_q(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K);\n"
              "torch::Tensor dequant_rows(torch::Tensor w, int64_t type, int64_t K, torch::Tensor ids);\n"
              "int64_t argmax_f32(torch::Tensor x);\n"
              "torch::Tensor linear_q8(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K);\n"
+             "torch::Tensor repack_x8(torch::Tensor w, int64_t type);\n"
+             "torch::Tensor x8_gather(torch::Tensor w, int64_t type, int64_t K, torch::Tensor ids);\n"
              "torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);\n"
              "torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);\n"
              "torch::Tensor attend_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor allowed, "
@@ -896,7 +1181,7 @@ _CPP_DECL = ("torch::Tensor linear_q(torch::Tensor x, torch::Tensor w, int64_t t
              "torch::Tensor sin, torch::Tensor kv, int64_t start, int64_t lo, torch::Tensor allowed, "
              "std::vector<int64_t> dims, double eps, double scale);")
 
-_EXT = Extension("cpu_quant", _SOURCE, _CPP_DECL, ["linear_q", "dequant_rows", "argmax_f32", "linear_q8", "rms_norm", "rope", "attend_rows",
+_EXT = Extension("cpu_quant", _SOURCE, _CPP_DECL, ["linear_q", "dequant_rows", "argmax_f32", "linear_q8", "repack_x8", "x8_gather", "rms_norm", "rope", "attend_rows",
                   "layer_step"], "CPU quantized-weight kernel",
                  flags=("-mf16c", "-ffp-contract=off"))
 
@@ -915,7 +1200,8 @@ def linear(x: torch.Tensor, data: torch.Tensor, type_id: int, cols: int) -> torc
     transposed: fp32 [..., N]."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, cols).to(torch.float32).contiguous()
-    return _EXT.module.linear_q(x2, data, type_id, cols).reshape(*lead, data.shape[0])
+    y = _EXT.module.linear_q(x2, data, type_id, cols)
+    return y.reshape(*lead, y.shape[-1])
 
 
 def linear_q8(x: torch.Tensor, data: torch.Tensor, type_id: int, cols: int) -> torch.Tensor:
@@ -925,7 +1211,20 @@ def linear_q8(x: torch.Tensor, data: torch.Tensor, type_id: int, cols: int) -> t
         return _EXT.module.linear_q8(x, data, type_id, cols)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, cols).to(torch.float32).contiguous()
-    return _EXT.module.linear_q8(x2, data, type_id, cols).reshape(*lead, data.shape[0])
+    y = _EXT.module.linear_q8(x2, data, type_id, cols)
+    return y.reshape(*lead, y.shape[-1])
+
+
+def repack(data: torch.Tensor, qtype: str) -> torch.Tensor:
+    """The rows ``data`` [N, row bytes] (N a multiple of 8) of a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 matrix in their
+    interleaved form ``INTERLEAVED[qtype]`` ([N / 8, 8 x row bytes]: 8 rows' groups together, the same bits; see
+    the C++ comment).  The same weight values; the integer product multiplies 8 rows at once."""
+    return _EXT.module.repack_x8(data, TYPES[qtype][0])
+
+
+def gather_interleaved(data: torch.Tensor, type_id: int, cols: int, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ``ids`` of an interleaved form, back in the file's block format [len(ids), row bytes]."""
+    return _EXT.module.x8_gather(data, type_id, cols, ids.reshape(-1).to(torch.long).cpu())
 
 
 def quantize_activations(x: torch.Tensor) -> torch.Tensor:

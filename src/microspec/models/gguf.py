@@ -12,6 +12,7 @@ RoPE layout — is undone by permuting packed rows, which needs no unpacking.
 from __future__ import annotations
 
 import mmap
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,9 +115,14 @@ class GGUFFile:
         _, block, size = cpu_quant.TYPES[name]
         return int(np.prod(info.shape)) // block * size
 
-    def packed(self, name: str, integer: bool = True) -> QuantTensor:
+    def packed(self, name: str, integer: bool = True, repack: bool = True,
+               order: torch.Tensor | None = None) -> QuantTensor:
         """Tensor ``name`` (2 dims) as a :class:`QuantTensor` over the mapped file (no copy); ``integer``: its
-        products on the integer path where its type has one."""
+        products on the integer path where its type has one; ``order``: its rows in this order (a copy).
+        ``repack`` (with ``integer``): a Q4_0 / Q4_1 / Q5_0 / Q5_1 tensor whose rows come in eights is read once
+        and kept in its interleaved form (:func:`~microspec.kernels.cpu_quant.repack`: 8 rows' blocks together,
+        one unsigned q per byte; 34 or 36 bytes per 32 weights instead of 18 to 24): the same values, products
+        without unpacking, 8 rows at a time (BENCHMARKS.md measures it)."""
         info = self.tensors[name]
         qtype = cpu_quant.TYPE_NAMES.get(info.type_id)
         if qtype is None:
@@ -136,13 +142,26 @@ class GGUFFile:
             raise MicrospecError(f"{self.path.name}: tensor {name} has rows of {cols} elements, not a whole number of "
                                  f"{qtype} blocks of {block}")
         row_bytes = cols // block * size
+        if integer and repack and qtype in cpu_quant.INTERLEAVED and rows % cpu_quant.ROWS_PER_TILE == 0 \
+                and cpu_quant.available():
+            # read from the file, not through the map: the packed pages never become part of the process
+            with self.path.open("rb") as f:
+                f.seek(info.offset)
+                raw = np.empty((rows, row_bytes), dtype=np.uint8)
+                if f.readinto(memoryview(raw).cast("B")) != raw.nbytes:
+                    raise MicrospecError(f"{self.path.name}: tensor {name} runs past the end of the file")
+            data = torch.from_numpy(raw)
+            if order is not None:
+                data = data.index_select(0, order)
+            return QuantTensor(cpu_quant.repack(data, qtype), cpu_quant.INTERLEAVED[qtype], cols, integer)
         array = np.frombuffer(self._map, dtype=np.uint8, count=rows * row_bytes, offset=info.offset)
         import warnings
 
         with warnings.catch_warnings():  # the map is read-only; nothing ever writes through this tensor
             warnings.simplefilter("ignore", UserWarning)
             data = torch.from_numpy(array).view(rows, row_bytes)
-        return QuantTensor(data, qtype, cols, integer)
+        q = QuantTensor(data, qtype, cols, integer)
+        return q if order is None else q.index_select(0, order)
 
 
 class QuantTensor:
@@ -160,11 +179,13 @@ class QuantTensor:
         self.cols = cols
         # products on the integer path (int8 activations, exact int32 block sums) where the type has one
         self.integer = integer and qtype in cpu_quant.INTEGER_TYPES
+        # an interleaved form holds 8 rows per data row (cpu_quant.repack)
+        self.tile = cpu_quant.ROWS_PER_TILE if qtype in cpu_quant.INTERLEAVED.values() else 1
 
     # ------------------------------------------------------------------ tensor-like surface
     @property
     def shape(self) -> torch.Size:
-        return torch.Size((self.data.shape[0], self.cols))
+        return torch.Size((self.data.shape[0] * self.tile, self.cols))
 
     @property
     def device(self) -> torch.device:
@@ -191,11 +212,17 @@ class QuantTensor:
     def index_select(self, dim: int, ids: torch.Tensor) -> QuantTensor:
         if dim != 0:
             raise ValueError("a QuantTensor selects rows only")
+        if self.tile != 1:  # the rows back in the file's format
+            base = next(k for k, v in cpu_quant.INTERLEAVED.items() if v == self.qtype)
+            return QuantTensor(cpu_quant.gather_interleaved(self.data, self.type_id, self.cols, ids), base, self.cols,
+                               self.integer)
         return QuantTensor(self.data.index_select(0, ids.to(torch.long).cpu()), self.qtype, self.cols, self.integer)
 
     def leading(self, n: int) -> QuantTensor:
         """The first ``n`` rows, still packed: a view, no copy."""
-        return QuantTensor(self.data[:n], self.qtype, self.cols, self.integer)
+        if n % self.tile:
+            raise ValueError(f"{self.qtype} holds rows in tiles of {self.tile}: {n} rows are not whole tiles")
+        return QuantTensor(self.data[: n // self.tile], self.qtype, self.cols, self.integer)
 
     def __getitem__(self, ids) -> torch.Tensor:
         if isinstance(ids, slice):
@@ -244,20 +271,28 @@ def _unpermute(n_rows: int, n_head: int) -> torch.Tensor:
     return torch.arange(n_rows).reshape(n_head, dim, 2).transpose(1, 2).reshape(n_rows)
 
 
-def packed_weights(path: Path, spec, integer: bool = True) -> dict[str, QuantTensor]:
+def repack_setting() -> bool:
+    """Whether GGUF loads keep Q4_0 / Q4_1 / Q5_0 / Q5_1 matrices in their interleaved form (see
+    :meth:`GGUFFile.packed`); ``MICROSPEC_REPACK=0``: every tensor as the file has it (to measure the difference)."""
+    return os.environ.get("MICROSPEC_REPACK", "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def packed_weights(path: Path, spec, integer: bool = True, repack: bool | None = None) -> dict[str, QuantTensor]:
     """Every matrix of the GGUF file at ``path`` as a :class:`QuantTensor`, keyed by its Hugging Face name (query
-    and key rows of ``llama`` files put back in Hugging Face order); ``integer``: products on the integer path."""
+    and key rows of ``llama`` files put back in Hugging Face order); ``integer``: products on the integer path;
+    ``repack``: see :meth:`GGUFFile.packed` (default: :func:`repack_setting`)."""
+    repack = repack_setting() if repack is None else repack
     f = GGUFFile(path)
     out: dict[str, QuantTensor] = {}
     for name in f.tensors:
         hf = hf_name(name)
         if hf is None:
             continue
-        q = f.packed(name, integer)
+        order = None
         if f.architecture == "llama" and (".attn_q." in name or ".attn_k." in name):
             heads = spec.num_heads if ".attn_q." in name else spec.num_kv_heads
-            q = q.index_select(0, _unpermute(q.shape[0], heads))
-        out[hf] = q
+            order = _unpermute(f.tensors[name].shape[1], heads)
+        out[hf] = f.packed(name, integer, repack, order)
     return out
 
 
