@@ -100,9 +100,9 @@ def test_auto_method_speculates_where_it_measured_faster():
     sampling = GenerationConfig(temperature=0.7)
     assert [decoding_kind(c) for c in (greedy, penalty, sampling, GenerationConfig(no_repeat_ngram_size=3))] == \
         ["greedy", "penalty", "sampling", "penalty"]
-    # a packed CPU target: prompt lookup (adaptive) on greedy decoding, plain decoding where every method lost
-    assert auto_method("gemma-3-270m", "cpu-gguf", "greedy")[:3] == ("ngram", "full", True)
-    assert auto_method("/some/model/dir", "cpu-gguf", "greedy")[:3] == ("ngram", "full", True)  # needs no head
+    # a packed CPU target: prompt lookup on greedy decoding, plain decoding where every method lost
+    assert auto_method("gemma-3-270m", "cpu-gguf", "greedy")[:3] == ("ngram", "full", False)
+    assert auto_method("/some/model/dir", "cpu-gguf", "greedy")[:3] == ("ngram", "full", False)  # needs no head
     for kind in ("penalty", "sampling"):
         assert auto_method("gemma-3-270m", "cpu-gguf", kind)[:3] == ("none", "full", False)
     # a dense CPU target: prompt lookup on greedy decoding, plain decoding with a penalty and when sampling

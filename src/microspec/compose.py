@@ -91,11 +91,11 @@ def eagle_head_path(draft: str | Path | None, model: str) -> str:
 
 # What ``--drafter auto`` runs where a measurement found something better than its default (the model's EAGLE head
 # + MicroSpec, adaptive), by device kind and decoding: (drafter, vocabulary, adaptive, why).  Measured on Gemma 3
-# 270M with a packed GGUF target on the 2-core CPU (BENCHMARKS.md, "Packed kernel, second pass"; Spec-Bench 2 per
-# category + HumanEval 2, 128 tokens), where a plain step got cheap (13 ms) and a verify row did not (~4 ms in the
-# body, ~3 ms in the LM head): greedy — prompt lookup, adaptive, 1.11x plain decoding, EAGLE + MicroSpec adaptive
-# 0.95x, fixed 0.89x; repetition penalty 1.2 — every speculative method below plain (best: EAGLE + MicroSpec
-# adaptive 0.91x, prompt lookup adaptive 0.90x); sampling — below plain at T 0.7 and 1.0 (issue 21's run).
+# 270M with a packed GGUF target on the 2-core CPU (BENCHMARKS.md, "Interleaved 8-row blocks"; Spec-Bench 2 per
+# category + HumanEval 2, 128 tokens), with verify rows made cheap by the interleaved kernel: greedy — prompt
+# lookup 1.62x plain decoding (no category below 1.38x), adaptive 1.50x, EAGLE + MicroSpec 1.12x, adaptive 1.10x;
+# repetition penalty 1.2 — every speculative method below plain (best: prompt lookup adaptive 0.97x, EAGLE +
+# MicroSpec adaptive 0.96x); sampling — below plain at T 0.7 and 1.0 (issue 21's run, before that kernel).
 # A dense (bf16/fp32) CPU target, same model and 2-core CPU (BENCHMARKS.md, "Issue 21's bf16 run"; Spec-Bench 1 per
 # category + HumanEval 1, 128 tokens, one run): greedy — prompt lookup, adaptive, 1.94x plain decoding, EAGLE +
 # MicroSpec 1.26x fixed, 1.23x adaptive; repetition penalty 1.2 — every speculative method below plain (prompt
@@ -107,7 +107,7 @@ AUTO_OVERRIDES = {
     ("cpu", "greedy"): ("ngram", "full", True, "prompt lookup, adaptive: measured fastest on a dense CPU target"),
     ("cpu", "penalty"): (*_PLAIN, "speculation measured slower than plain decoding on cpu with penalty"),
     ("cpu", "sampling"): (*_PLAIN, "speculation measured slower than plain decoding on cpu with sampling"),
-    ("cpu-gguf", "greedy"): ("ngram", "full", True, "prompt lookup, adaptive: measured fastest on a packed CPU target"),
+    ("cpu-gguf", "greedy"): ("ngram", "full", False, "prompt lookup: measured fastest on a packed CPU target"),
     ("cpu-gguf", "penalty"): (*_PLAIN, "speculation measured slower than plain decoding on cpu-gguf with penalty"),
     ("cpu-gguf", "sampling"): (*_PLAIN, "speculation measured slower than plain decoding on cpu-gguf with sampling"),
 }

@@ -144,16 +144,20 @@ class GGUFFile:
         row_bytes = cols // block * size
         if integer and repack and qtype in cpu_quant.INTERLEAVED and rows % cpu_quant.ROWS_PER_TILE == 0 \
                 and cpu_quant.available():
-            # read from the file, not through the map: the packed pages never become part of the process
+            # read from the file, not through the map (the packed pages never become part of the process), a slab
+            # of rows at a time (the peak memory of a load stays near the interleaved copy's own size)
+            tile = cpu_quant.ROWS_PER_TILE
+            slab = rows if order is not None else max(tile, (1 << 24) // row_bytes // tile * tile)
+            out = torch.empty(rows // tile, row_bytes * tile, dtype=torch.uint8)
             with self.path.open("rb") as f:
                 f.seek(info.offset)
-                raw = np.empty((rows, row_bytes), dtype=np.uint8)
-                if f.readinto(memoryview(raw).cast("B")) != raw.nbytes:
-                    raise MicrospecError(f"{self.path.name}: tensor {name} runs past the end of the file")
-            data = torch.from_numpy(raw)
-            if order is not None:
-                data = data.index_select(0, order)
-            return QuantTensor(cpu_quant.repack(data, qtype), cpu_quant.INTERLEAVED[qtype], cols, integer)
+                for r0 in range(0, rows, slab):
+                    raw = np.empty((min(slab, rows - r0), row_bytes), dtype=np.uint8)
+                    if f.readinto(memoryview(raw).cast("B")) != raw.nbytes:
+                        raise MicrospecError(f"{self.path.name}: tensor {name} runs past the end of the file")
+                    data = torch.from_numpy(raw) if order is None else torch.from_numpy(raw).index_select(0, order)
+                    out[r0 // tile : (r0 + len(raw)) // tile] = cpu_quant.repack(data, qtype)
+            return QuantTensor(out, cpu_quant.INTERLEAVED[qtype], cols, integer)
         array = np.frombuffer(self._map, dtype=np.uint8, count=rows * row_bytes, offset=info.offset)
         import warnings
 
