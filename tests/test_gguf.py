@@ -145,6 +145,48 @@ def test_interleaved_forms_hold_the_same_values_and_products(qtype):
         cq.repack(torch.from_numpy(random_rows("Q4_K", 8, 256, rng)), "Q4_K")
 
 
+@pytest.mark.parametrize("qtype", list(cq.INTERLEAVED))
+def test_interleaved_products_at_the_quant_extremes(qtype):
+    """The int16 sums of several chunks before one madd cannot overflow: every quant at its largest (or Q8_0's
+    -128 / 127) against activations at +-127 gives the exact products of the dequantized weights."""
+    _, _, size = cq.TYPES[qtype]
+    raw = np.zeros((8, 2 * size), dtype=np.uint8)  # 8 rows of 64 elements: 2 blocks each
+    scale = np.array([1.0], dtype=np.float16).view(np.uint8)
+    for b in range(2):
+        blk = raw[:, b * size : (b + 1) * size]
+        blk[:, 0:2] = scale
+        if qtype == "Q8_0":
+            blk[:, 2:] = np.array([-128, 127] * 16, dtype=np.int8).view(np.uint8)
+        else:
+            lead = 4 if qtype in ("Q4_1", "Q5_1") else 2
+            if lead == 4:
+                blk[:, 2:4] = np.array([0.0], dtype=np.float16).view(np.uint8)
+            blk[:, lead:] = 0xFF  # every nibble 15, every fifth bit set: q = 15 or 31
+    packed = QuantTensor(torch.from_numpy(raw), qtype, 64)
+    x8 = QuantTensor(cq.repack(torch.from_numpy(raw), qtype), cq.INTERLEAVED[qtype], 64)
+    ref = dequantize(qtype, raw, 64)
+    x = torch.full((3, 64), 1.0)
+    x[1] = -1.0
+    x[2, ::2] = -1.0
+    ref_y = cq.quantize_activations(x) @ ref.T  # an int16 overflow would be off by thousands
+    assert rel(x8.linear(x), ref_y) < 1e-5 and rel(packed.linear(x), ref_y) < 1e-5
+
+
+def test_interleaving_reads_a_tensor_in_slabs(gguf_model, monkeypatch):
+    """A tensor larger than a slab is read and interleaved a slab at a time (the last one partial): the same
+    bytes as in one piece; a row order of the wrong length is refused."""
+    import microspec.models.gguf as mg
+
+    _, _, path = gguf_model
+    f = GGUFFile(path)
+    whole = f.packed("token_embd.weight")
+    monkeypatch.setattr(mg, "SLAB_BYTES", 24 * 272)  # 24 rows of 272 bytes a slab: 6 slabs and a partial one
+    sliced = f.packed("token_embd.weight")
+    assert whole.qtype == sliced.qtype == "Q8_0_X8" and torch.equal(whole.data, sliced.data)
+    with pytest.raises(MicrospecError, match="row order"):
+        f.packed("blk.0.attn_q.weight", order=torch.arange(5))
+
+
 def test_fused_row_operations_equal_torch():
     x = torch.randn(5, 3, 64)
     w = torch.randn(64)

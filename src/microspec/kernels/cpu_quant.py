@@ -14,12 +14,15 @@ side so that one integer multiply serves 8 rows and the scaling runs once per 8 
 back to the file's blocks where a subset is taken: shortlists, draft heads).
 
 Exactness: a block unpacks to exactly the fp32 values the ``gguf`` package's ``dequantize`` gives (same products
-and sums in the same order, no fused multiply-add: ``-ffp-contract=off``), and every output element is the same
-fixed-order fp32 dot product as in :mod:`.cpu_linear` (8 lanes along K, fixed horizontal sum, scalar tail),
-whatever the number of rows in the call or where a row falls in it.  A row's result is therefore batch-invariant
-(a tree-verify pass computes what the one-token step computes: greedy speculation is bit-identical to greedy
-decoding on this path), and it differs from "dequantize with gguf, then fp32 matmul" only in the order of the fp32
-sum (tests: relative error below 1e-5 of the row's magnitude).
+and sums in the same order, no fused multiply-add: ``-ffp-contract=off``).  On the fp32-activation path (``linear``)
+every output element is the same fixed-order fp32 dot product as in :mod:`.cpu_linear` (8 lanes along K, fixed
+horizontal sum, scalar tail); it differs from "dequantize with gguf, then fp32 matmul" only in the order of the fp32
+sum (tests: relative error below 1e-5 of the row's magnitude).  On the integer path (``linear_q8``) each 32-element
+group's product is an exact int32 sum, scaled and summed in fp32 in a fixed order: over 8 lanes then a horizontal
+sum for the file's layout, one lane per row for the interleaved forms (so the two layouts differ by fp32 rounding).
+Either way a row's result does not depend on the other rows of the call or where it falls in it: rows are
+batch-invariant, so a tree-verify pass computes what the one-token step computes and greedy speculation is
+bit-identical to greedy decoding on this path.
 """
 
 from __future__ import annotations
@@ -210,7 +213,7 @@ QType qtype(int64_t t) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Interleaved forms (repack_x8): the rows of a Q4_0 / Q4_1 / Q5_0 / Q5_1 matrix in tiles of 8, the same bits in
+// Interleaved forms (repack_x8): the rows of a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 matrix in tiles of 8, the same bits in
 // the same number of bytes, laid out so that one maddubs multiplies 8 rows.  Per 32-element group g a tile holds:
 //   - the 8 rows' fp16 scales d (16 bytes), then for the types with a minimum their 8 fp16 m (16 bytes);
 //   - 4 nibble vectors of 32 bytes: in vector v, byte 4s + e holds row s's element 4v + e (low nibble) and element
@@ -1002,7 +1005,8 @@ inline void tile_x8(const Act& a, const int32_t* offs, const uint8_t* w, int64_t
 }
 
 // The integer product with an interleaved form: tiles in chunks of ~48 KiB (L2), the input rows in blocks of 16
-// and register tiles of up to 4 rows; every weight byte is read once per call.
+// and register tiles of up to 4 rows (each tile unpacks the weights it multiplies); every weight byte comes from
+// memory once per call.
 template <class T>
 void linear_x8_type(const int8_t* qx, const float* dx, const float* dxs, int64_t M, int64_t K, const uint8_t* wp,
                     int64_t tiles, int64_t RB, float* op) {
@@ -1124,7 +1128,7 @@ torch::Tensor x8_gather(torch::Tensor w, int64_t type, int64_t K, torch::Tensor 
   return out;
 }
 
-// Q4_0, Q4_1, Q5_0, Q5_1 rows w [N, row bytes] (N a multiple of 8) -> their interleaved form (type + 1000, see X8):
+// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 rows w [N, row bytes] (N a multiple of 8) -> their interleaved form (type + 1000, see X8):
 // [N / 8, 8 x row bytes], the same scales, mins and quant bits.
 torch::Tensor repack_x8(torch::Tensor w, int64_t type) {
   TORCH_CHECK(w.dtype() == torch::kUInt8 && w.dim() == 2 && w.stride(1) == 1, "w: uint8 [N, row bytes]");

@@ -1,5 +1,6 @@
 """GGUF weights as they are: a small reader of the file's tensor table, and :class:`QuantTensor`, a [N, K] matrix
-kept in its GGUF block format (memory-mapped from the file, never dequantized as a whole) whose products run in
+kept in its GGUF block format (memory-mapped from the file, or for Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 read once into
+an interleaved arrangement of the same bytes; never dequantized as a whole) whose products run in
 :mod:`microspec.kernels.cpu_quant`.
 
 ``load_model(..., dtype="gguf")`` (``--weights gguf``) puts a ``QuantTensor`` in place of every linear layer's
@@ -119,10 +120,10 @@ class GGUFFile:
                order: torch.Tensor | None = None) -> QuantTensor:
         """Tensor ``name`` (2 dims) as a :class:`QuantTensor` over the mapped file (no copy); ``integer``: its
         products on the integer path where its type has one; ``order``: its rows in this order (a copy).
-        ``repack`` (with ``integer``): a Q4_0 / Q4_1 / Q5_0 / Q5_1 tensor whose rows come in eights is read once
-        and kept in its interleaved form (:func:`~microspec.kernels.cpu_quant.repack`: 8 rows' blocks together,
-        one unsigned q per byte; 34 or 36 bytes per 32 weights instead of 18 to 24): the same values, products
-        without unpacking, 8 rows at a time (BENCHMARKS.md measures it)."""
+        ``repack`` (with ``integer``): a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 tensor whose rows come in eights is read
+        from the file, a slab of rows at a time, into its interleaved form (:func:`~microspec.kernels.cpu_quant.
+        repack`: 8 rows' blocks side by side, the same bits in the same bytes; a copy in the process's memory
+        instead of mapped pages): one integer multiply serves 8 rows (BENCHMARKS.md measures it)."""
         info = self.tensors[name]
         qtype = cpu_quant.TYPE_NAMES.get(info.type_id)
         if qtype is None:
@@ -142,12 +143,14 @@ class GGUFFile:
             raise MicrospecError(f"{self.path.name}: tensor {name} has rows of {cols} elements, not a whole number of "
                                  f"{qtype} blocks of {block}")
         row_bytes = cols // block * size
-        if integer and repack and qtype in cpu_quant.INTERLEAVED and rows % cpu_quant.ROWS_PER_TILE == 0 \
+        if order is not None and len(order) != rows:
+            raise MicrospecError(f"{self.path.name}: tensor {name}: a row order of {len(order)} for {rows} rows")
+        if integer and repack and qtype in cpu_quant.INTERLEAVED and rows and rows % cpu_quant.ROWS_PER_TILE == 0 \
                 and cpu_quant.available():
             # read from the file, not through the map (the packed pages never become part of the process), a slab
             # of rows at a time (the peak memory of a load stays near the interleaved copy's own size)
             tile = cpu_quant.ROWS_PER_TILE
-            slab = rows if order is not None else max(tile, (1 << 24) // row_bytes // tile * tile)
+            slab = rows if order is not None else max(tile, SLAB_BYTES // row_bytes // tile * tile)
             out = torch.empty(rows // tile, row_bytes * tile, dtype=torch.uint8)
             with self.path.open("rb") as f:
                 f.seek(info.offset)
@@ -169,7 +172,8 @@ class GGUFFile:
 
 
 class QuantTensor:
-    """A [N, K] weight matrix in a GGUF block format: ``data`` [N, row bytes] uint8, one packed row per output row.
+    """A [N, K] weight matrix in a GGUF block format: ``data`` [N, row bytes] uint8, one packed row per output row
+    — or, for an interleaved form (``*_X8``, ``tile`` 8), [N / 8, 8 x row bytes], one tile of 8 rows per data row.
 
     It stands where the models and drafters expect a weight tensor and offers what they use:
     :meth:`linear` (the product, fp32), :meth:`index_select` (a subset of rows, still packed: static shortlists and
@@ -223,7 +227,7 @@ class QuantTensor:
         return QuantTensor(self.data.index_select(0, ids.to(torch.long).cpu()), self.qtype, self.cols, self.integer)
 
     def leading(self, n: int) -> QuantTensor:
-        """The first ``n`` rows, still packed: a view, no copy."""
+        """The first ``n`` rows (whole tiles for an interleaved form), still packed: a view, no copy."""
         if n % self.tile:
             raise ValueError(f"{self.qtype} holds rows in tiles of {self.tile}: {n} rows are not whole tiles")
         return QuantTensor(self.data[: n // self.tile], self.qtype, self.cols, self.integer)
@@ -275,8 +279,12 @@ def _unpermute(n_rows: int, n_head: int) -> torch.Tensor:
     return torch.arange(n_rows).reshape(n_head, dim, 2).transpose(1, 2).reshape(n_rows)
 
 
+# bytes of file rows read per slab while interleaving a tensor (the load's peak memory stays near the copy's size)
+SLAB_BYTES = 1 << 24
+
+
 def repack_setting() -> bool:
-    """Whether GGUF loads keep Q4_0 / Q4_1 / Q5_0 / Q5_1 matrices in their interleaved form (see
+    """Whether GGUF loads keep Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 matrices in their interleaved form (see
     :meth:`GGUFFile.packed`); ``MICROSPEC_REPACK=0``: every tensor as the file has it (to measure the difference)."""
     return os.environ.get("MICROSPEC_REPACK", "1").strip().lower() not in ("0", "off", "false", "no")
 
@@ -290,8 +298,8 @@ def packed_weights(path: Path, spec, integer: bool = True, repack: bool | None =
     out: dict[str, QuantTensor] = {}
     for name in f.tensors:
         hf = hf_name(name)
-        if hf is None:
-            continue
+        if hf is None or (hf == "lm_head.weight" and getattr(spec, "tie_embeddings", False)):
+            continue  # not a matrix the packed path keeps, or a head the tied embedding stands for
         order = None
         if f.architecture == "llama" and (".attn_q." in name or ".attn_k." in name):
             heads = spec.num_heads if ".attn_q." in name else spec.num_kv_heads
