@@ -45,6 +45,7 @@ INTEGER_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K",
                  "Q4_0_X8", "Q4_1_X8", "Q5_0_X8", "Q5_1_X8", "Q8_0_X8")  # those linear_q8 serves
 INTERLEAVED = {"Q4_0": "Q4_0_X8", "Q4_1": "Q4_1_X8", "Q5_0": "Q5_0_X8", "Q5_1": "Q5_1_X8",
                "Q8_0": "Q8_0_X8"}  # file type -> its interleaved form
+FILE_TYPE = {v: k for k, v in INTERLEAVED.items()}  # interleaved form -> the file type it holds
 ROWS_PER_TILE = 8  # rows of an interleaved form held together
 
 _SOURCE = COMMON_CPP + r"""
@@ -246,7 +247,7 @@ struct X8 {
 // (|q| x sign(x, q)), whose pair sums (<= 2 x 127 x 127) leave no room to add chunks in int16.
 struct XQ8_0 {
   static constexpr int off = 0, head = 16, gbytes = 16 + 256, ch16 = 1;
-  static constexpr bool min = false, q5 = false, sign = true;
+  static constexpr bool min = false, q5 = false, sign = true;  // sign: signed q (the sign trick)
   static inline __m256i chunk(const uint8_t* b, int c) { return load256(b + head + 32 * c); }
 };
 using XQ4_0 = X8<8, false, false>;
@@ -254,24 +255,27 @@ using XQ4_1 = X8<0, true, false>;
 using XQ5_0 = X8<16, false, true>;
 using XQ5_1 = X8<0, true, true>;
 
-struct X8Info {
-  bool ok; int off; bool min; bool q5; int gbytes; bool q8 = false;
-  int head() const { return min ? 32 : 16; }
-};
+// An interleaved form's layout at run time (what the X8 / XQ8_0 structs say at compile time); ok: the type is one
+struct X8Info { bool ok; int off; bool min; bool q5; bool q8; int head; int gbytes; };
+template <class T>
+constexpr X8Info x8_of() { return {true, T::off, T::min, T::q5, T::sign, T::head, T::gbytes}; }
 inline X8Info x8_info(int64_t t) {
   switch (t) {
-    case 1008: return {true, 0, false, false, 272, true};
-    case 1002: return {true, 8, false, false, 144};
-    case 1003: return {true, 0, true, false, 160};
-    case 1006: return {true, 16, false, true, 176};
-    case 1007: return {true, 0, true, true, 192};
+    case 1002: return x8_of<XQ4_0>();
+    case 1003: return x8_of<XQ4_1>();
+    case 1006: return x8_of<XQ5_0>();
+    case 1007: return x8_of<XQ5_1>();
+    case 1008: return x8_of<XQ8_0>();
   }
-  return {false, 0, false, false, 0};
+  return {false, 0, false, false, false, 0, 0};
 }
 
-// Where element k (< 32) of row s of a group lives: its nibble (byte offset from the nibble vectors, high or low)
-// and its 5th bit (byte of the plane, bit)
-inline int x8_byte(int s, int k) { return 32 * ((k & 15) >> 2) + 4 * s + (k & 3); }
+// Where element k (< 32) of row s of a group lives, counted from the group's first quant byte (after the scales):
+// its byte in chunk k / 4 (Q8_0); its nibble's byte (the low nibble for k < 16, the high one for k >= 16); the byte
+// of the 5th-bit plane after the nibble vectors (bit k / 4)
+inline int x8_chunk_byte(int s, int k) { return 32 * (k >> 2) + 4 * s + (k & 3); }
+inline int x8_byte(int s, int k) { return x8_chunk_byte(s, k & 15); }
+inline int x8_bit_byte(int s, int k) { return 128 + 4 * s + (k & 3); }
 
 // Row n (of the matrix) of an interleaved form at w (tiles of RB bytes), unpacked to y[K] with the file's values
 // (the same fp32 products as the packed blocks' unpacking)
@@ -283,16 +287,35 @@ void x8_row(const X8Info& x, const uint8_t* w, int64_t RB, int64_t n, int64_t K,
     const float d = h2f(b + 2 * s), m = x.min ? h2f(b + 16 + 2 * s) : 0.0f;
     if (x.q8) {  // as deq_q8_0: fp32(q) * d
       for (int k = 0; k < 32; ++k)
-        y[32 * g + k] = float(int8_t(b[16 + 32 * (k >> 2) + 4 * s + (k & 3)])) * d;
+        y[32 * g + k] = float(int8_t(b[x.head + x8_chunk_byte(s, k)])) * d;
       continue;
     }
     for (int k = 0; k < 32; ++k) {
-      const uint8_t nb = b[x.head() + x8_byte(s, k)];
+      const uint8_t nb = b[x.head + x8_byte(s, k)];
       int q = k < 16 ? (nb & 15) : (nb >> 4);
-      if (x.q5) q |= ((b[x.head() + 128 + 4 * s + (k & 3)] >> (k >> 2)) & 1) << 4;
+      if (x.q5) q |= ((b[x.head + x8_bit_byte(s, k)] >> (k >> 2)) & 1) << 4;
       y[32 * g + k] = x.min ? d * float(q) + m : d * (float(q) - float(x.off));
     }
   }
+}
+
+inline void deq_row(const QType& q, const uint8_t* row, int64_t K, float* y);
+
+// A weight matrix w [data rows, row bytes] of `type` (a GGML type or an interleaved form), rows of K elements: its
+// layout, checked, and its number of matrix rows N
+struct WLayout { X8Info xi; QType q; int64_t N; };
+WLayout layout(const torch::Tensor& w, int64_t type, int64_t K) {
+  const X8Info xi = x8_info(type);
+  const QType q = xi.ok ? QType{32, 0, nullptr} : qtype(type);
+  TORCH_CHECK(K % q.block == 0 && w.size(1) == (xi.ok ? K / 32 * xi.gbytes : K / q.block * q.bytes),
+              "w's row bytes disagree with K and the type");
+  return {xi, q, w.size(0) * (xi.ok ? 8 : 1)};
+}
+
+// Matrix row n of w (data rows of RB bytes) unpacked to y[K]
+inline void unpack_row(const WLayout& l, const uint8_t* w, int64_t RB, int64_t n, int64_t K, float* y) {
+  if (l.xi.ok) x8_row(l.xi, w, RB, n, K, y);
+  else deq_row(l.q, w + n * RB, K, y);
 }
 
 inline void deq_row(const QType& q, const uint8_t* row, int64_t K, float* y) {
@@ -543,11 +566,8 @@ torch::Tensor linear_q(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K
   TORCH_CHECK(x.dtype() == torch::kFloat32 && x.is_contiguous() && x.dim() == 2 && x.size(1) == K,
               "x: contiguous fp32 [M, K]");
   TORCH_CHECK(w.dtype() == torch::kUInt8 && w.dim() == 2 && w.stride(1) == 1, "w: uint8 [N, row bytes]");
-  const X8Info xi = x8_info(type);
-  const QType q = xi.ok ? QType{32, 0, nullptr} : qtype(type);
-  TORCH_CHECK(K % q.block == 0 && w.size(1) == (xi.ok ? K / 32 * xi.gbytes : K / q.block * q.bytes),
-              "w's row bytes disagree with K and the type");
-  const int64_t M = x.size(0), N = w.size(0) * (xi.ok ? 8 : 1), RB = w.stride(0);
+  const WLayout wl = layout(w, type, K);
+  const int64_t M = x.size(0), N = wl.N, RB = w.stride(0);
   auto out = torch::empty({M, N}, x.options());
   const float* xp = x.data_ptr<float>();
   const uint8_t* wp = w.data_ptr<uint8_t>();
@@ -562,10 +582,7 @@ torch::Tensor linear_q(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K
     float buf[2 * NT];
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t n0 = c * chunk, n1 = std::min(N, n0 + chunk);
-      for (int64_t n = n0; n < n1; ++n) {
-        if (xi.ok) x8_row(xi, wp, RB, n, K, wb.data() + (n - n0) * K);
-        else deq_row(q, wp + n * RB, K, wb.data() + (n - n0) * K);
-      }
+      for (int64_t n = n0; n < n1; ++n) unpack_row(wl, wp, RB, n, K, wb.data() + (n - n0) * K);
       for (int64_t mb = 0; mb < M; mb += MB) {
         const int64_t me = std::min(M, mb + MB);
         for (int64_t t0 = n0; t0 < n1; t0 += NT) {
@@ -909,22 +926,16 @@ int64_t argmax_f32(torch::Tensor x) {
 torch::Tensor dequant_rows(torch::Tensor w, int64_t type, int64_t K, torch::Tensor ids) {
   TORCH_CHECK(w.dtype() == torch::kUInt8 && w.dim() == 2 && w.stride(1) == 1, "w: uint8 [N, row bytes]");
   TORCH_CHECK(ids.dtype() == torch::kLong && ids.dim() == 1, "ids: int64 [n]");
-  const X8Info xi = x8_info(type);
-  const QType q = xi.ok ? QType{32, 0, nullptr} : qtype(type);
-  TORCH_CHECK(K % q.block == 0 && w.size(1) == (xi.ok ? K / 32 * xi.gbytes : K / q.block * q.bytes),
-              "w's row bytes disagree with K and the type");
+  const WLayout wl = layout(w, type, K);
   ids = ids.contiguous();
-  const int64_t n = ids.size(0), N = w.size(0) * (xi.ok ? 8 : 1), RB = w.stride(0);
+  const int64_t n = ids.size(0), N = wl.N, RB = w.stride(0);
   const int64_t* ip = ids.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) TORCH_CHECK(ip[i] >= 0 && ip[i] < N, "row id ", ip[i], " out of range");
   auto out = torch::empty({n, K}, torch::dtype(torch::kFloat32));
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
   at::parallel_for(0, n, 64, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      if (xi.ok) x8_row(xi, wp, RB, ip[i], K, op + i * K);
-      else deq_row(q, wp + ip[i] * RB, K, op + i * K);
-    }
+    for (int64_t i = i0; i < i1; ++i) unpack_row(wl, wp, RB, ip[i], K, op + i * K);
   });
   return out;
 }
@@ -1047,11 +1058,7 @@ torch::Tensor linear_q8(torch::Tensor x, torch::Tensor w, int64_t type, int64_t 
   TORCH_CHECK(x.dtype() == torch::kFloat32 && x.is_contiguous() && x.dim() == 2 && x.size(1) == K && K % 32 == 0,
               "x: contiguous fp32 [M, K], K a multiple of 32");
   TORCH_CHECK(w.dtype() == torch::kUInt8 && w.dim() == 2 && w.stride(1) == 1, "w: uint8 [N, row bytes]");
-  const X8Info xi = x8_info(type);
-  const QType q = xi.ok ? QType{32, 0, nullptr} : qtype(type);
-  TORCH_CHECK(K % q.block == 0 && w.size(1) == (xi.ok ? K / 32 * xi.gbytes : K / q.block * q.bytes),
-              "w's row bytes disagree with K and the type");
-  const int64_t M = x.size(0), N = w.size(0) * (xi.ok ? 8 : 1), RB = w.stride(0), G = K / 32;
+  const int64_t M = x.size(0), N = layout(w, type, K).N, RB = w.stride(0), G = K / 32;
   auto out = torch::empty({M, N}, x.options());
   std::vector<int8_t> qx(M * K);
   std::vector<float> dx(M * G), dxs(M * G);
@@ -1110,16 +1117,16 @@ torch::Tensor x8_gather(torch::Tensor w, int64_t type, int64_t K, torch::Tensor 
         uint8_t* o = op + i * G * q.bytes + g * q.bytes;
         std::memcpy(o, b + 2 * s, 2);
         if (xi.q8) {
-          for (int k = 0; k < 32; ++k) o[2 + k] = b[16 + 32 * (k >> 2) + 4 * s + (k & 3)];
+          for (int k = 0; k < 32; ++k) o[2 + k] = b[xi.head + x8_chunk_byte(s, k)];
           continue;
         }
         if (xi.min) std::memcpy(o + 2, b + 16 + 2 * s, 2);
         uint32_t qh = 0;
         uint8_t* qs = o + lead + (xi.q5 ? 4 : 0);
         for (int k = 0; k < 32; ++k) {
-          const uint8_t nb = b[xi.head() + x8_byte(s, k)];
+          const uint8_t nb = b[xi.head + x8_byte(s, k)];
           if (k < 16) qs[k] = nb & 15; else qs[k - 16] |= uint8_t(nb & 0xF0);
-          if (xi.q5) qh |= uint32_t((b[xi.head() + 128 + 4 * s + (k & 3)] >> (k >> 2)) & 1) << k;
+          if (xi.q5) qh |= uint32_t((b[xi.head + x8_bit_byte(s, k)] >> (k >> 2)) & 1) << k;
         }
         if (xi.q5) std::memcpy(o + lead, &qh, 4);
       }
@@ -1151,7 +1158,7 @@ torch::Tensor repack_x8(torch::Tensor w, int64_t type) {
           const uint8_t* b = wp + (8 * t + s) * RB + g * q.bytes;
           std::memcpy(o + 2 * s, b, 2);
           if (xi.q8) {
-            for (int k = 0; k < 32; ++k) o[16 + 32 * (k >> 2) + 4 * s + (k & 3)] = b[2 + k];
+            for (int k = 0; k < 32; ++k) o[xi.head + x8_chunk_byte(s, k)] = b[2 + k];
             continue;
           }
           if (xi.min) std::memcpy(o + 16 + 2 * s, b + 2, 2);
@@ -1160,8 +1167,8 @@ torch::Tensor repack_x8(torch::Tensor w, int64_t type) {
           const uint8_t* qs = b + lead + (xi.q5 ? 4 : 0);
           for (int k = 0; k < 32; ++k) {
             const int nib = k < 16 ? (qs[k] & 15) : (qs[k - 16] >> 4);
-            o[xi.head() + x8_byte(s, k)] |= uint8_t(k < 16 ? nib : nib << 4);
-            if (xi.q5) o[xi.head() + 128 + 4 * s + (k & 3)] |= uint8_t(((qh >> k) & 1) << (k >> 2));
+            o[xi.head + x8_byte(s, k)] |= uint8_t(k < 16 ? nib : nib << 4);
+            if (xi.q5) o[xi.head + x8_bit_byte(s, k)] |= uint8_t(((qh >> k) & 1) << (k >> 2));
           }
         }
       }

@@ -188,7 +188,7 @@ class QuantTensor:
         # products on the integer path (int8 activations, exact int32 block sums) where the type has one
         self.integer = integer and qtype in cpu_quant.INTEGER_TYPES
         # an interleaved form holds 8 rows per data row (cpu_quant.repack)
-        self.tile = cpu_quant.ROWS_PER_TILE if qtype in cpu_quant.INTERLEAVED.values() else 1
+        self.tile = cpu_quant.ROWS_PER_TILE if qtype in cpu_quant.FILE_TYPE else 1
 
     # ------------------------------------------------------------------ tensor-like surface
     @property
@@ -221,9 +221,8 @@ class QuantTensor:
         if dim != 0:
             raise ValueError("a QuantTensor selects rows only")
         if self.tile != 1:  # the rows back in the file's format
-            base = next(k for k, v in cpu_quant.INTERLEAVED.items() if v == self.qtype)
-            return QuantTensor(cpu_quant.gather_interleaved(self.data, self.type_id, self.cols, ids), base, self.cols,
-                               self.integer)
+            return QuantTensor(cpu_quant.gather_interleaved(self.data, self.type_id, self.cols, ids),
+                               cpu_quant.FILE_TYPE[self.qtype], self.cols, self.integer)
         return QuantTensor(self.data.index_select(0, ids.to(torch.long).cpu()), self.qtype, self.cols, self.integer)
 
     def leading(self, n: int) -> QuantTensor:
