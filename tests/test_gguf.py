@@ -117,55 +117,69 @@ def test_interleaved_forms_hold_the_same_values_and_products(qtype):
     products equal the packed blocks' within fp32 rounding (exact int32 sums both; the sums of the groups in another
     order), and each row is batch-invariant (bit for bit whatever the rows computed with it)."""
     rng = np.random.default_rng(5)
-    raw = torch.from_numpy(random_rows(qtype, 56, 640, rng))
-    packed = QuantTensor(raw, qtype, 640)
+    cols = 768  # 24 groups of 32, 3 K-quant blocks of 256
+    raw = torch.from_numpy(random_rows(qtype, 56, cols, rng))
+    packed = QuantTensor(raw, qtype, cols)
     form = cq.INTERLEAVED[qtype]
-    x8 = QuantTensor(cq.repack(raw, qtype), form, 640)
-    assert x8.integer and x8.shape == (56, 640) and x8.nbytes == 56 * 20 * cq.TYPES[form][2]
-    ref = dequantize(qtype, raw.numpy(), 640)
+    x8 = QuantTensor(cq.repack(raw, qtype), form, cols)
+    _, block, size = cq.TYPES[form]
+    assert x8.integer and x8.shape == (56, cols) and x8.nbytes == 56 * cols // block * size
+    assert size == cq.TYPES[qtype][2] + (4 if qtype == "Q4_K" else 0)  # the same bytes (Q4_K: scales unpacked)
+    ref = dequantize(qtype, raw.numpy(), cols)
     assert torch.equal(x8.float(), ref)
     ids = torch.tensor([[9, 55], [0, 17]])
     assert torch.equal(x8[ids], ref[ids])
-    x = torch.randn(19, 640)
+    x = torch.randn(19, cols)
     full = x8.linear(x)
     assert rel(full, packed.linear(x)) < 1e-6
     assert rel(full, cq.quantize_activations(x) @ ref.T) < 1e-5
-    for size in (1, 2, 3, 4, 5, 16):
-        assert torch.equal(torch.cat([x8.linear(x[i : i + size]) for i in range(0, 19, size)]), full), size
-    f32 = QuantTensor(x8.data, form, 640, integer=False)  # the fp32-activation path serves the form too
-    assert torch.equal(f32.linear(x), QuantTensor(raw, qtype, 640, integer=False).linear(x))
-    assert x8.leading(16).shape == (16, 640) and torch.equal(x8.leading(16).float(), ref[:16])
+    for rows in (1, 2, 3, 4, 5, 16):
+        assert torch.equal(torch.cat([x8.linear(x[i : i + rows]) for i in range(0, 19, rows)]), full), rows
+    f32 = QuantTensor(x8.data, form, cols, integer=False)  # the fp32-activation path serves the form too
+    assert torch.equal(f32.linear(x), QuantTensor(raw, qtype, cols, integer=False).linear(x))
+    assert x8.leading(16).shape == (16, cols) and torch.equal(x8.leading(16).float(), ref[:16])
     sub = x8.index_select(0, torch.tensor([50, 1, 2, 50]))  # rows back in the file's blocks (shortlists, heads)
     assert sub.qtype == qtype and torch.equal(sub.data, raw[[50, 1, 2, 50]])
     with pytest.raises(ValueError, match="not whole tiles"):
         x8.leading(5)
     with pytest.raises(RuntimeError, match="multiple of 8"):
         cq.repack(raw[:12], qtype)
-    with pytest.raises(RuntimeError, match="Q5_1 or Q8_0 only"):
-        cq.repack(torch.from_numpy(random_rows("Q4_K", 8, 256, rng)), "Q4_K")
+    with pytest.raises(RuntimeError, match="Q4_K or Q6_K only"):
+        cq.repack(torch.from_numpy(random_rows("Q5_K", 8, 256, rng)), "Q5_K")
 
 
 @pytest.mark.parametrize("qtype", list(cq.INTERLEAVED))
 def test_interleaved_products_at_the_quant_extremes(qtype):
     """The int16 sums of several chunks before one madd cannot overflow: every quant at its largest (or Q8_0's
-    -128 / 127) against activations at +-127 gives the exact products of the dequantized weights."""
-    _, _, size = cq.TYPES[qtype]
-    raw = np.zeros((8, 2 * size), dtype=np.uint8)  # 8 rows of 64 elements: 2 blocks each
+    -128 / 127; the K-quants' sub-block scales at their extremes too) against activations at +-127 gives the exact
+    products of the dequantized weights."""
+    _, block, size = cq.TYPES[qtype]
+    cols = 2 * block
+    raw = np.zeros((8, 2 * size), dtype=np.uint8)  # 8 rows of 2 blocks
     scale = np.array([1.0], dtype=np.float16).view(np.uint8)
     for b in range(2):
         blk = raw[:, b * size : (b + 1) * size]
-        blk[:, 0:2] = scale
-        if qtype == "Q8_0":
+        if qtype == "Q4_K":  # d = dmin = 1, every 6-bit scale and min 63, every nibble 15
+            blk[:, 0:2] = blk[:, 2:4] = scale
+            blk[:, 4:] = 0xFF
+        elif qtype == "Q6_K":  # scales -128 (rows 0..3) or 127 (4..7); q = 63 (even rows) or 0 (odd rows)
+            blk[:, 208:210] = scale
+            blk[:4, 192:208] = 0x80
+            blk[4:, 192:208] = 0x7F
+            blk[::2, :192] = 0xFF
+        elif qtype == "Q8_0":
+            blk[:, 0:2] = scale
             blk[:, 2:] = np.array([-128, 127] * 16, dtype=np.int8).view(np.uint8)
         else:
+            blk[:, 0:2] = scale
             lead = 4 if qtype in ("Q4_1", "Q5_1") else 2
             if lead == 4:
                 blk[:, 2:4] = np.array([0.0], dtype=np.float16).view(np.uint8)
             blk[:, lead:] = 0xFF  # every nibble 15, every fifth bit set: q = 15 or 31
-    packed = QuantTensor(torch.from_numpy(raw), qtype, 64)
-    x8 = QuantTensor(cq.repack(torch.from_numpy(raw), qtype), cq.INTERLEAVED[qtype], 64)
-    ref = dequantize(qtype, raw, 64)
-    x = torch.full((3, 64), 1.0)
+    packed = QuantTensor(torch.from_numpy(raw), qtype, cols)
+    x8 = QuantTensor(cq.repack(torch.from_numpy(raw), qtype), cq.INTERLEAVED[qtype], cols)
+    ref = dequantize(qtype, raw, cols)
+    x = torch.full((3, cols), 1.0)
     x[1] = -1.0
     x[2, ::2] = -1.0
     ref_y = cq.quantize_activations(x) @ ref.T  # an int16 overflow would be off by thousands
@@ -265,8 +279,8 @@ def gguf_model(tmp_path_factory):
     return packed_model, reference, path
 
 
-def test_loads_interleave_the_32_blocks_unless_asked_not_to(gguf_model, monkeypatch):
-    """What the loader keeps: the interleaved form of Q4_0 / Q4_1 / Q5_0 / Q8_0 on the integer path (query rows put back
+def test_loads_interleave_unless_asked_not_to(gguf_model, monkeypatch):
+    """What the loader keeps: the interleaved form of Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q6_K on the integer path (query rows put back
     in Hugging Face order first), the file's own blocks with ``MICROSPEC_REPACK=0`` or on the fp32-activation path;
     every other type as the file has it."""
     from microspec.models.gguf import _unpermute, repack_setting
@@ -277,7 +291,9 @@ def test_loads_interleave_the_32_blocks_unless_asked_not_to(gguf_model, monkeypa
     assert q.qtype == "Q5_0_X8" and torch.equal(q.float(), reference.model.layers[0].self_attn.q_proj.weight)
     assert f.packed("blk.0.attn_v.weight").qtype == "Q4_1_X8"
     assert f.packed("blk.0.ffn_up.weight").qtype == "Q4_0_X8"
-    assert f.packed("blk.0.ffn_down.weight").qtype == "Q6_K"
+    assert f.packed("blk.0.ffn_down.weight").qtype == "Q6_K_X8"
+    assert f.packed("blk.0.attn_output.weight").qtype == "Q4_K_X8"
+    assert f.packed("blk.0.ffn_gate.weight").qtype == "Q5_K"
     assert f.packed("token_embd.weight").qtype == "Q8_0_X8"
     assert f.packed("blk.0.attn_q.weight", integer=False).qtype == "Q5_0"
     assert f.packed("blk.0.attn_q.weight", repack=False).qtype == "Q5_0"

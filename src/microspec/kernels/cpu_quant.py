@@ -8,9 +8,9 @@ row streams the packed weights once; R rows (a verify pass) share that read and 
 
 Types: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (GGML's layouts; what Gemma 3 270M's Q4_K_M
 file and SmolLM2's Q4_1 file hold, and what common files use).  Another type is refused at load with one line.
-Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 matrices whose rows come in eights are kept, by default, in an interleaved form
-(:func:`repack`, as llama.cpp repacks for its CPU kernels): the same bits in the same bytes, 8 rows' blocks side by
-side so that one integer multiply serves 8 rows and the scaling runs once per 8 rows (``*_X8`` types; the rows go
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K matrices whose rows come in eights are kept, by default, in an
+interleaved form (:func:`repack`, as llama.cpp repacks for its CPU kernels): the same bits in the same bytes (Q4_K:
+its 6-bit sub-block scales unpacked, 3% more), 8 rows' blocks side by side so that one integer multiply serves 8 rows and the scaling runs once per 8 rows (``*_X8`` types; the rows go
 back to the file's blocks where a subset is taken: shortlists, draft heads).
 
 Exactness: a block unpacks to exactly the fp32 values the ``gguf`` package's ``dequantize`` gives (same products
@@ -39,12 +39,14 @@ TYPES = {
     # interleaved forms (see repack): 8 rows' blocks together, the same bytes; not GGML types
     "Q4_0_X8": (1002, 32, 18), "Q4_1_X8": (1003, 32, 20), "Q5_0_X8": (1006, 32, 22), "Q5_1_X8": (1007, 32, 24),
     "Q8_0_X8": (1008, 32, 34),
+    # the K-quants' (bytes per row and 256-block; Q4_K's scales unpacked to bytes: 148 against the file's 144)
+    "Q4_K_X8": (1012, 256, 148), "Q6_K_X8": (1014, 256, 210),
 }
 TYPE_NAMES = {v[0]: k for k, v in TYPES.items()}
 INTEGER_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K",
-                 "Q4_0_X8", "Q4_1_X8", "Q5_0_X8", "Q5_1_X8", "Q8_0_X8")  # those linear_q8 serves
+                 "Q4_0_X8", "Q4_1_X8", "Q5_0_X8", "Q5_1_X8", "Q8_0_X8", "Q4_K_X8", "Q6_K_X8")  # linear_q8 serves
 INTERLEAVED = {"Q4_0": "Q4_0_X8", "Q4_1": "Q4_1_X8", "Q5_0": "Q5_0_X8", "Q5_1": "Q5_1_X8",
-               "Q8_0": "Q8_0_X8"}  # file type -> its interleaved form
+               "Q8_0": "Q8_0_X8", "Q4_K": "Q4_K_X8", "Q6_K": "Q6_K_X8"}  # file type -> its interleaved form
 FILE_TYPE = {v: k for k, v in INTERLEAVED.items()}  # interleaved form -> the file type it holds
 ROWS_PER_TILE = 8  # rows of an interleaved form held together
 
@@ -224,6 +226,11 @@ QType qtype(int64_t t) {
 // bytes 4s..4s+3), unsigned q; a row's weights are d * (q - OFF) (Q4_0: OFF 8, Q5_0: 16) or d * q + m: the file's
 // values.  Against a broadcast of 4 activation bytes, maddubs + madd give 8 int32 lanes, one per row.
 inline __m256i load256(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+// chunk c of the 4 nibble vectors at q: vector c % 4, its low nibbles for c < 4, its high ones for c >= 4
+inline __m256i nib_chunk(const uint8_t* q, int c) {
+  const __m256i v = load256(q + 32 * (c & 3));
+  return _mm256_and_si256(c < 4 ? v : _mm256_srli_epi16(v, 4), _mm256_set1_epi8(15));
+}
 
 template <int OFF, bool MIN, bool Q5>
 struct X8 {
@@ -231,11 +238,10 @@ struct X8 {
   static constexpr bool min = MIN, q5 = Q5, sign = false;
   // chunks whose maddubs pair sums (<= 2 x qmax x 127) add up in int16 without overflow: 8 for q <= 15, 4 for 31
   static constexpr int ch16 = Q5 ? 4 : 8;
+  static constexpr int kq = 0;  // not a K-quant
   // chunk c of group b (b: the group's first byte)
   static inline __m256i chunk(const uint8_t* b, int c) {
-    const __m256i v = load256(b + head + 32 * (c & 3));
-    const __m256i m4 = _mm256_set1_epi8(15);
-    __m256i q = _mm256_and_si256(c < 4 ? v : _mm256_srli_epi16(v, 4), m4);
+    __m256i q = nib_chunk(b + head, c);
     if (Q5) {
       const __m256i hb = _mm256_and_si256(load256(b + head + 128), _mm256_set1_epi8(char(1 << c)));
       q = _mm256_or_si256(q, c < 4 ? _mm256_slli_epi16(hb, 4 - c) : c > 4 ? _mm256_srli_epi16(hb, c - 4) : hb);
@@ -246,7 +252,7 @@ struct X8 {
 // Q8_0: 8 chunk vectors of 32 signed bytes after the scales (no nibbles); signed q go through the sign trick
 // (|q| x sign(x, q)), whose pair sums (<= 2 x 127 x 127) leave no room to add chunks in int16.
 struct XQ8_0 {
-  static constexpr int off = 0, head = 16, gbytes = 16 + 256, ch16 = 1;
+  static constexpr int off = 0, head = 16, gbytes = 16 + 256, ch16 = 1, kq = 0;
   static constexpr bool min = false, q5 = false, sign = true;  // sign: signed q (the sign trick)
   static inline __m256i chunk(const uint8_t* b, int c) { return load256(b + head + 32 * c); }
 };
@@ -255,21 +261,6 @@ using XQ4_1 = X8<0, true, false>;
 using XQ5_0 = X8<16, false, true>;
 using XQ5_1 = X8<0, true, true>;
 
-// An interleaved form's layout at run time (what the X8 / XQ8_0 structs say at compile time); ok: the type is one
-struct X8Info { bool ok; int off; bool min; bool q5; bool q8; int head; int gbytes; };
-template <class T>
-constexpr X8Info x8_of() { return {true, T::off, T::min, T::q5, T::sign, T::head, T::gbytes}; }
-inline X8Info x8_info(int64_t t) {
-  switch (t) {
-    case 1002: return x8_of<XQ4_0>();
-    case 1003: return x8_of<XQ4_1>();
-    case 1006: return x8_of<XQ5_0>();
-    case 1007: return x8_of<XQ5_1>();
-    case 1008: return x8_of<XQ8_0>();
-  }
-  return {false, 0, false, false, false, 0, 0};
-}
-
 // Where element k (< 32) of row s of a group lives, counted from the group's first quant byte (after the scales):
 // its byte in chunk k / 4 (Q8_0); its nibble's byte (the low nibble for k < 16, the high one for k >= 16); the byte
 // of the 5th-bit plane after the nibble vectors (bit k / 4)
@@ -277,11 +268,146 @@ inline int x8_chunk_byte(int s, int k) { return 32 * (k >> 2) + 4 * s + (k & 3);
 inline int x8_byte(int s, int k) { return x8_chunk_byte(s, k & 15); }
 inline int x8_bit_byte(int s, int k) { return 128 + 4 * s + (k & 3); }
 
+// The K-quants interleaved (Q4_K, Q6_K): per 256-element block, a tile-block of the 8 rows' blocks (tbytes bytes):
+//   - the 8 rows' fp16 d (16 bytes), for Q4_K then their 8 fp16 dmin (16 bytes);
+//   - per 32-element group j (0..7), 16 bytes of the sub-block scales, row s at bytes 2s, 2s + 1:
+//       Q4_K: sub-block j's 6-bit scale sc and min m, unpacked to a byte each (the file packs them in 12 bytes a row,
+//             so a Q4_K tile-block holds 32 bytes more than the 8 file blocks: 1,184 against 1,152);
+//       Q6_K: the int8 scales of the group's two 16-element sub-blocks 2j and 2j + 1 (the same 128 bytes);
+//   - then per group j the quants as in X8: 4 nibble vectors (chunk c = elements 4c..4c+3 of the 8 rows), and for
+//     Q6_K a plane of the high 2 bits: 2 vectors of 32 bytes, vector c / 4 holding chunk c's bits at bits 2 (c % 4)
+//     (q = 0..63, weight d * sc * (q - 32)); a Q6_K tile-block is 1,680 bytes, 8 x 210.
+// The sub-block scales go into the int32 sums as madd's multipliers (int16 pairs (sc, sc) per lane), so a group
+// still needs one fp32 multiply-add per row: Q4_K's int16 pair sums of 8 chunks (<= 8 x 2 x 15 x 127) times sc
+// (<= 63), Q6_K's of 2 chunks (<= 2 x 2 x 63 x 127 = 32,004) times |sc| <= 128, both far inside int32.
+struct XQ4_K {
+  static constexpr int off = 0, head = 0, gbytes = 148, kq = 12, tbytes = 1184, soff = 32, qoff = 160, qbytes = 128;
+  static constexpr bool min = true, q5 = false, sign = false;
+  static inline __m256i chunk(const uint8_t* q, int c) { return nib_chunk(q, c); }
+};
+struct XQ6_K {
+  static constexpr int off = 32, head = 0, gbytes = 210, kq = 14, tbytes = 1680, soff = 16, qoff = 144, qbytes = 192;
+  static constexpr bool min = false, q5 = false, sign = false;
+  static inline __m256i chunk(const uint8_t* q, int c) {  // chunk c's 2 high bits moved to bits 4, 5 (one shift)
+    const __m256i h = load256(q + 128 + 32 * (c >> 2)), m = _mm256_set1_epi8(0x30);
+    const int b = c & 3;
+    const __m256i hb = _mm256_and_si256(b == 0 ? _mm256_slli_epi16(h, 4) : b == 1 ? _mm256_slli_epi16(h, 2)
+                                        : b == 2 ? h : _mm256_srli_epi16(h, 2), m);
+    return _mm256_or_si256(nib_chunk(q, c), hb);
+  }
+};
+
+// Row s's file block <-> its place in a K-quant tile-block tb (kq 12: Q4_K, 14: Q6_K)
+inline int q6_get(const uint8_t* b, int e) {  // quant e (0..255) of a Q6_K file block, 0..63
+  const int h = e / 128, r = e % 128, s = r / 64, p = r % 64;
+  return ((b[h * 64 + p] >> (4 * s)) & 15) | (((b[128 + h * 32 + p % 32] >> (2 * (2 * s + p / 32))) & 3) << 4);
+}
+inline void q6_set(uint8_t* b, int e, int q) {  // into a zeroed Q6_K file block
+  const int h = e / 128, r = e % 128, s = r / 64, p = r % 64;
+  b[h * 64 + p] |= uint8_t((q & 15) << (4 * s));
+  b[128 + h * 32 + p % 32] |= uint8_t((q >> 4) << (2 * (2 * s + p / 32)));
+}
+// the byte and shift of element k (< 32) of row s in a Q6_K group's high-bit plane (after its nibble vectors)
+inline int k8_hi_byte(int s, int k) { return 128 + 32 * (k >> 4) + 4 * s + (k & 3); }
+inline int k8_hi_shift(int k) { return 2 * ((k >> 2) & 3); }
+
+void k8_put(int kq, const uint8_t* fb, int s, uint8_t* tb) {  // into a zeroed tile-block
+  if (kq == 12) {
+    std::memcpy(tb + 2 * s, fb, 2);
+    std::memcpy(tb + 16 + 2 * s, fb + 2, 2);
+    for (int j = 0; j < 8; ++j) {
+      int sc, m;
+      scale_min_k4(fb + 4, j, sc, m);
+      tb[32 + 16 * j + 2 * s] = uint8_t(sc);
+      tb[32 + 16 * j + 2 * s + 1] = uint8_t(m);
+      uint8_t* q = tb + 160 + 128 * j;
+      for (int k = 0; k < 32; ++k) {
+        const int v = (fb[16 + 32 * (j >> 1) + k] >> (4 * (j & 1))) & 15;
+        q[x8_byte(s, k)] |= uint8_t(k < 16 ? v : v << 4);
+      }
+    }
+    return;
+  }
+  std::memcpy(tb + 2 * s, fb + 208, 2);
+  for (int j = 0; j < 8; ++j) {
+    tb[16 + 16 * j + 2 * s] = fb[192 + 2 * j];
+    tb[16 + 16 * j + 2 * s + 1] = fb[192 + 2 * j + 1];
+    uint8_t* q = tb + 144 + 192 * j;
+    for (int k = 0; k < 32; ++k) {
+      const int v = q6_get(fb, 32 * j + k);
+      q[x8_byte(s, k)] |= uint8_t(k < 16 ? (v & 15) : (v & 15) << 4);
+      q[k8_hi_byte(s, k)] |= uint8_t((v >> 4) << k8_hi_shift(k));
+    }
+  }
+}
+
+void k8_get(int kq, const uint8_t* tb, int s, uint8_t* fb) {  // into a zeroed file block
+  if (kq == 12) {
+    std::memcpy(fb, tb + 2 * s, 2);
+    std::memcpy(fb + 2, tb + 16 + 2 * s, 2);
+    uint8_t* p = fb + 4;  // the inverse of scale_min_k4: every one of the 96 bits is used, so the bytes are the file's
+    for (int j = 0; j < 8; ++j) {
+      const int sc = tb[32 + 16 * j + 2 * s], m = tb[32 + 16 * j + 2 * s + 1];
+      if (j < 4) { p[j] |= uint8_t(sc); p[j + 4] |= uint8_t(m); }
+      else {
+        p[j + 4] = uint8_t((sc & 15) | ((m & 15) << 4));
+        p[j - 4] |= uint8_t((sc >> 4) << 6);
+        p[j] |= uint8_t((m >> 4) << 6);
+      }
+      const uint8_t* q = tb + 160 + 128 * j;
+      for (int k = 0; k < 32; ++k) {
+        const uint8_t nb = q[x8_byte(s, k)];
+        fb[16 + 32 * (j >> 1) + k] |= uint8_t(((k < 16 ? nb : nb >> 4) & 15) << (4 * (j & 1)));
+      }
+    }
+    return;
+  }
+  std::memcpy(fb + 208, tb + 2 * s, 2);
+  for (int j = 0; j < 8; ++j) {
+    fb[192 + 2 * j] = tb[16 + 16 * j + 2 * s];
+    fb[192 + 2 * j + 1] = tb[16 + 16 * j + 2 * s + 1];
+    const uint8_t* q = tb + 144 + 192 * j;
+    for (int k = 0; k < 32; ++k) {
+      const uint8_t nb = q[x8_byte(s, k)];
+      const int lo = (k < 16 ? nb : nb >> 4) & 15, hi = (q[k8_hi_byte(s, k)] >> k8_hi_shift(k)) & 3;
+      q6_set(fb, 32 * j + k, lo | (hi << 4));
+    }
+  }
+}
+
+// An interleaved form's layout at run time (what the X8 / XQ8_0 structs say at compile time); ok: the type is one
+// (kq: the K-quant's GGML type, 0 for the others; gbytes: a tile's bytes per 32 elements)
+struct X8Info { bool ok; int off; bool min; bool q5; bool q8; int head; int gbytes; int kq; };
+template <class T>
+constexpr X8Info x8_of() { return {true, T::off, T::min, T::q5, T::sign, T::head, T::gbytes, T::kq}; }
+inline X8Info x8_info(int64_t t) {
+  switch (t) {
+    case 1002: return x8_of<XQ4_0>();
+    case 1003: return x8_of<XQ4_1>();
+    case 1006: return x8_of<XQ5_0>();
+    case 1007: return x8_of<XQ5_1>();
+    case 1008: return x8_of<XQ8_0>();
+    case 1012: return x8_of<XQ4_K>();
+    case 1014: return x8_of<XQ6_K>();
+  }
+  return {false, 0, false, false, false, 0, 0, 0};
+}
+
 // Row n (of the matrix) of an interleaved form at w (tiles of RB bytes), unpacked to y[K] with the file's values
 // (the same fp32 products as the packed blocks' unpacking)
 void x8_row(const X8Info& x, const uint8_t* w, int64_t RB, int64_t n, int64_t K, float* y) {
   const uint8_t* t = w + (n / 8) * RB;
   const int s = int(n % 8);
+  if (x.kq) {  // a K-quant: the row's file block, unpacked as the file's
+    const QType q = qtype(x.kq);
+    alignas(32) uint8_t fb[256];
+    for (int64_t b = 0; b < K / 256; ++b) {
+      std::memset(fb, 0, sizeof fb);
+      k8_get(x.kq, t + b * 8 * x.gbytes, s, fb);
+      q.deq(fb, y + 256 * b);
+    }
+    return;
+  }
   for (int64_t g = 0; g < K / 32; ++g) {
     const uint8_t* b = t + g * x.gbytes;
     const float d = h2f(b + 2 * s), m = x.min ? h2f(b + 16 + 2 * s) : 0.0f;
@@ -307,7 +433,7 @@ struct WLayout { X8Info xi; QType q; int64_t N; };
 WLayout layout(const torch::Tensor& w, int64_t type, int64_t K) {
   const X8Info xi = x8_info(type);
   const QType q = xi.ok ? QType{32, 0, nullptr} : qtype(type);
-  TORCH_CHECK(K % q.block == 0 && w.size(1) == (xi.ok ? K / 32 * xi.gbytes : K / q.block * q.bytes),
+  TORCH_CHECK(K % (xi.kq ? 256 : q.block) == 0 && w.size(1) == (xi.ok ? K / 32 * xi.gbytes : K / q.block * q.bytes),
               "w's row bytes disagree with K and the type");
   return {xi, q, w.size(0) * (xi.ok ? 8 : 1)};
 }
@@ -1015,6 +1141,70 @@ inline void tile_x8(const Act& a, const int32_t* offs, const uint8_t* w, int64_t
   for (int i = 0; i < MT; ++i) _mm256_storeu_ps(out + 8 * i, T::min ? _mm256_add_ps(acc[i], accm[i]) : acc[i]);
 }
 
+// Activation rows m0..m0+MT-1 against one tile-block row of a K-quant's interleaved form (XQ4_K, XQ6_K): per group,
+// the int16 pair sums of chunks (8 for Q4_K, 2 for Q6_K) go through madd with the lanes' sub-block scales (sc, sc),
+// so t32 = sum over the group of sc * q * qx, exactly; Q6_K subtracts 32 * (sc_a * sum(qx of elements 0..15) +
+// sc_b * sum(qx of 16..31)), the offset of its q - 32 (offs: those two sums as an int16 pair per row and group);
+// then acc = fma(fp32(t32), d_rows * dx, acc) over the groups in order, and for Q4_K the min term
+// accm = fnma(dmin_rows * m, dx * sum(qx), accm) beside it.  One lane per (row, weight row): batch-invariant.
+template <class T, int MT>
+inline void tile_k8(const Act& a, const int32_t* offs, const uint8_t* w, int64_t m0, float* out) {
+  constexpr bool Q6 = T::kq == 14;
+  __m256 acc[MT], accm[MT];
+  for (int i = 0; i < MT; ++i) { acc[i] = _mm256_setzero_ps(); accm[i] = _mm256_setzero_ps(); }
+  const __m256i hi16 = _mm256_set1_epi32(int32_t(0xFFFF0000u));
+  for (int64_t blk = 0; blk < a.G / 8; ++blk) {
+    const uint8_t* B = w + blk * T::tbytes;
+    const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B)));
+    const __m256 dminv = T::min ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B + 16)))
+                                : _mm256_setzero_ps();
+    for (int j = 0; j < 8; ++j) {
+      const int64_t g = blk * 8 + j;
+      const __m128i sb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(B + T::soff + 16 * j));
+      // lane s: the int16 pair (byte 2s, byte 2s + 1): Q4_K (sc, m) unsigned, Q6_K (sc_a, sc_b) signed
+      const __m256i sx = Q6 ? _mm256_cvtepi8_epi16(sb) : _mm256_cvtepu8_epi16(sb);
+      const __m256i sa = _mm256_slli_epi32(sx, 16);
+      const __m256i pa = _mm256_or_si256(sa, _mm256_srli_epi32(sa, 16));  // (sc_a, sc_a)
+      const __m256i hb = _mm256_and_si256(sx, hi16);
+      const __m256i pb = _mm256_or_si256(hb, _mm256_srli_epi32(hb, 16));  // Q6_K: (sc_b, sc_b)
+      const uint8_t* q = B + T::qoff + T::qbytes * j;
+      constexpr int CH16 = Q6 ? 2 : 8;
+      __m256i t32[MT];
+      for (int h = 0; h < 8 / CH16; ++h) {
+        __m256i t16[MT];
+        for (int i = 0; i < MT; ++i) t16[i] = _mm256_setzero_si256();
+        for (int c = h * CH16; c < (h + 1) * CH16; ++c) {
+          const __m256i wv = T::chunk(q, c);
+          for (int i = 0; i < MT; ++i) {
+            int32_t xs;
+            std::memcpy(&xs, a.q + (m0 + i) * a.K + 32 * g + 4 * c, 4);
+            t16[i] = _mm256_add_epi16(t16[i], _mm256_maddubs_epi16(wv, _mm256_set1_epi32(xs)));
+          }
+        }
+        for (int i = 0; i < MT; ++i) {
+          const __m256i p = _mm256_madd_epi16(t16[i], Q6 && h >= 2 ? pb : pa);
+          t32[i] = h == 0 ? p : _mm256_add_epi32(t32[i], p);
+        }
+      }
+      const __m256 mf = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(sx, 16)), dminv);  // Q4_K: dmin * m
+      for (int i = 0; i < MT; ++i) {
+        const int64_t r = m0 + i;
+        __m256i p = t32[i];
+        if (Q6) p = _mm256_sub_epi32(p, _mm256_slli_epi32(_mm256_madd_epi16(sx, _mm256_set1_epi32(offs[r * a.G + g])), 5));
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dv, _mm256_set1_ps(a.d[r * a.G + g])), acc[i]);
+        if (T::min) accm[i] = _mm256_fnmadd_ps(mf, _mm256_set1_ps(a.ds[r * a.G + g]), accm[i]);
+      }
+    }
+  }
+  for (int i = 0; i < MT; ++i) _mm256_storeu_ps(out + 8 * i, T::min ? _mm256_add_ps(acc[i], accm[i]) : acc[i]);
+}
+
+template <class T, int MT>
+inline void tile_any(const Act& a, const int32_t* offs, const uint8_t* w, int64_t m0, float* out) {
+  if constexpr (T::kq != 0) tile_k8<T, MT>(a, offs, w, m0, out);
+  else tile_x8<T, MT>(a, offs, w, m0, out);
+}
+
 // The integer product with an interleaved form: tiles in chunks of ~48 KiB (L2), the input rows in blocks of 16
 // and register tiles of up to 4 rows (each tile unpacks the weights it multiplies); every weight byte comes from
 // memory once per call.
@@ -1023,10 +1213,10 @@ void linear_x8_type(const int8_t* qx, const float* dx, const float* dxs, int64_t
                     int64_t tiles, int64_t RB, float* op) {
   const int64_t G = K / 32, N = tiles * 8;
   std::vector<int32_t> offs(T::off ? M * G : 0);
-  for (int64_t i = 0; T::off && i < M * G; ++i) {  // OFF * sum(qx) of each row's group
-    int32_t sum = 0;
-    for (int k = 0; k < 32; ++k) sum += qx[32 * i + k];
-    offs[i] = T::off * sum;
+  for (int64_t i = 0; T::off && i < M * G; ++i) {  // per row and group: OFF * sum(qx); Q6_K: the halves' sums
+    int32_t lo = 0, hi = 0;
+    for (int k = 0; k < 16; ++k) { lo += qx[32 * i + k]; hi += qx[32 * i + 16 + k]; }
+    offs[i] = T::kq == 14 ? int32_t((uint32_t(lo) & 0xFFFFu) | (uint32_t(hi) << 16)) : T::off * (lo + hi);
   }
   const Act a{qx, dx, dxs, nullptr, K, G};
   constexpr int64_t MB = 16;
@@ -1042,10 +1232,10 @@ void linear_x8_type(const int8_t* qx, const float* dx, const float* dxs, int64_t
             const int64_t mt = std::min<int64_t>(4, me - m0);
             const uint8_t* wt = wp + t * RB;
             switch (mt) {
-              case 4: tile_x8<T, 4>(a, offs.data(), wt, m0, buf); break;
-              case 3: tile_x8<T, 3>(a, offs.data(), wt, m0, buf); break;
-              case 2: tile_x8<T, 2>(a, offs.data(), wt, m0, buf); break;
-              default: tile_x8<T, 1>(a, offs.data(), wt, m0, buf); break;
+              case 4: tile_any<T, 4>(a, offs.data(), wt, m0, buf); break;
+              case 3: tile_any<T, 3>(a, offs.data(), wt, m0, buf); break;
+              case 2: tile_any<T, 2>(a, offs.data(), wt, m0, buf); break;
+              default: tile_any<T, 1>(a, offs.data(), wt, m0, buf); break;
             }
             for (int64_t i = 0; i < mt; ++i) std::memcpy(op + (m0 + i) * N + 8 * t, buf + 8 * i, 8 * sizeof(float));
           }
@@ -1078,6 +1268,8 @@ torch::Tensor linear_q8(torch::Tensor x, torch::Tensor w, int64_t type, int64_t 
     case 1003: run_x8(XQ4_1{}); break;
     case 1006: run_x8(XQ5_0{}); break;
     case 1007: run_x8(XQ5_1{}); break;
+    case 1012: run_x8(XQ4_K{}); break;
+    case 1014: run_x8(XQ6_K{}); break;
     case 8: run(WQ8_0{}); break;
     case 2: run(WQ4_0{}); break;
     case 3: run(WQ4_1{}); break;
@@ -1104,7 +1296,8 @@ torch::Tensor x8_gather(torch::Tensor w, int64_t type, int64_t K, torch::Tensor 
   const int64_t n = ids.size(0), N = w.size(0) * 8, RB = w.stride(0), G = K / 32;
   const int64_t* ip = ids.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) TORCH_CHECK(ip[i] >= 0 && ip[i] < N, "row id ", ip[i], " out of range");
-  auto out = torch::zeros({n, G * q.bytes}, w.options().memory_format(at::MemoryFormat::Contiguous));
+  const int64_t row_bytes = K / q.block * q.bytes;
+  auto out = torch::zeros({n, row_bytes}, w.options().memory_format(at::MemoryFormat::Contiguous));
   const uint8_t* wp = w.data_ptr<uint8_t>();
   uint8_t* op = out.data_ptr<uint8_t>();
   const int lead = xi.min ? 4 : 2;
@@ -1112,9 +1305,14 @@ torch::Tensor x8_gather(torch::Tensor w, int64_t type, int64_t K, torch::Tensor 
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t t = ip[i] / 8;
       const int s = int(ip[i] % 8);
+      if (xi.kq) {  // out is zeroed
+        for (int64_t b = 0; b < K / 256; ++b)
+          k8_get(xi.kq, wp + t * RB + b * 8 * xi.gbytes, s, op + i * row_bytes + b * q.bytes);
+        continue;
+      }
       for (int64_t g = 0; g < G; ++g) {
         const uint8_t* b = wp + t * RB + g * xi.gbytes;
-        uint8_t* o = op + i * G * q.bytes + g * q.bytes;
+        uint8_t* o = op + i * row_bytes + g * q.bytes;
         std::memcpy(o, b + 2 * s, 2);
         if (xi.q8) {
           for (int k = 0; k < 32; ++k) o[2 + k] = b[xi.head + x8_chunk_byte(s, k)];
@@ -1139,19 +1337,24 @@ torch::Tensor x8_gather(torch::Tensor w, int64_t type, int64_t K, torch::Tensor 
 // [N / 8, 8 x row bytes], the same scales, mins and quant bits.
 torch::Tensor repack_x8(torch::Tensor w, int64_t type) {
   TORCH_CHECK(w.dtype() == torch::kUInt8 && w.dim() == 2 && w.stride(1) == 1, "w: uint8 [N, row bytes]");
-  TORCH_CHECK(type == 2 || type == 3 || type == 6 || type == 7 || type == 8,
-              "repack_x8: Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 only");
+  TORCH_CHECK(type == 2 || type == 3 || type == 6 || type == 7 || type == 8 || type == 12 || type == 14,
+              "repack_x8: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K or Q6_K only");
   const QType q = qtype(type);
   const X8Info xi = x8_info(type + 1000);
   TORCH_CHECK(w.size(1) % q.bytes == 0, "w's row bytes are not whole blocks");
   TORCH_CHECK(w.size(0) % 8 == 0, "repack_x8: the number of rows must be a multiple of 8");
-  const int64_t N = w.size(0), RB = w.stride(0), G = w.size(1) / q.bytes;
+  const int64_t N = w.size(0), RB = w.stride(0), G = w.size(1) / q.bytes * (q.block / 32);  // 32-element groups
   const int lead = xi.min ? 4 : 2;  // scale (+ min) bytes of a packed block
   auto out = torch::zeros({N / 8, G * xi.gbytes}, w.options().memory_format(at::MemoryFormat::Contiguous));
   const uint8_t* wp = w.data_ptr<uint8_t>();
   uint8_t* op = out.data_ptr<uint8_t>();
   at::parallel_for(0, N / 8, 16, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t)
+    for (int64_t t = t0; t < t1; ++t) {
+      if (xi.kq) {
+        for (int64_t b = 0; b < G / 8; ++b)
+          for (int s = 0; s < 8; ++s) k8_put(xi.kq, wp + (8 * t + s) * RB + b * q.bytes, s, op + t * G * xi.gbytes + b * 8 * xi.gbytes);
+        continue;
+      }
       for (int64_t g = 0; g < G; ++g) {
         uint8_t* o = op + t * G * xi.gbytes + g * xi.gbytes;
         for (int s = 0; s < 8; ++s) {
@@ -1172,6 +1375,7 @@ torch::Tensor repack_x8(torch::Tensor w, int64_t type) {
           }
         }
       }
+    }
   });
   return out;
 }
@@ -1227,9 +1431,10 @@ def linear_q8(x: torch.Tensor, data: torch.Tensor, type_id: int, cols: int) -> t
 
 
 def repack(data: torch.Tensor, qtype: str) -> torch.Tensor:
-    """The rows ``data`` [N, row bytes] (N a multiple of 8) of a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 matrix in their
-    interleaved form ``INTERLEAVED[qtype]`` ([N / 8, 8 x row bytes]: 8 rows' groups together, the same bits; see
-    the C++ comment).  The same weight values; the integer product multiplies 8 rows at once."""
+    """The rows ``data`` [N, row bytes] (N a multiple of 8) of a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q6_K
+    matrix in their interleaved form ``INTERLEAVED[qtype]`` ([N / 8, 8 x row bytes]: 8 rows' groups together, the
+    same bits; Q4_K's sub-block scales unpacked to a byte each, 148 bytes a block instead of 144; see the C++
+    comments).  The same weight values; the integer product multiplies 8 rows at once."""
     return _EXT.module.repack_x8(data, TYPES[qtype][0])
 
 

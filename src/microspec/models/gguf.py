@@ -1,6 +1,6 @@
 """GGUF weights as they are: a small reader of the file's tensor table, and :class:`QuantTensor`, a [N, K] matrix
-kept in its GGUF block format (memory-mapped from the file, or for Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 read once into
-an interleaved arrangement of the same bytes; never dequantized as a whole) whose products run in
+kept in its GGUF block format (memory-mapped from the file, or for Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q6_K
+read once into an interleaved arrangement of the same bytes; never dequantized as a whole) whose products run in
 :mod:`microspec.kernels.cpu_quant`.
 
 ``load_model(..., dtype="gguf")`` (``--weights gguf``) puts a ``QuantTensor`` in place of every linear layer's
@@ -120,10 +120,10 @@ class GGUFFile:
                order: torch.Tensor | None = None) -> QuantTensor:
         """Tensor ``name`` (2 dims) as a :class:`QuantTensor` over the mapped file (no copy); ``integer``: its
         products on the integer path where its type has one; ``order``: its rows in this order (a copy).
-        ``repack`` (with ``integer``): a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 tensor whose rows come in eights is read
-        from the file, a slab of rows at a time, into its interleaved form (:func:`~microspec.kernels.cpu_quant.
-        repack`: 8 rows' blocks side by side, the same bits in the same bytes; a copy in the process's memory
-        instead of mapped pages): one integer multiply serves 8 rows (BENCHMARKS.md measures it)."""
+        ``repack`` (with ``integer``): a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q6_K tensor whose rows come in
+        eights is read from the file, a slab of rows at a time, into its interleaved form (:func:`~microspec.
+        kernels.cpu_quant.repack`: 8 rows' blocks side by side, the same bits in the same bytes, Q4_K's scales
+        unpacked; a copy in the process's memory instead of mapped pages): one integer multiply serves 8 rows (BENCHMARKS.md measures it)."""
         info = self.tensors[name]
         qtype = cpu_quant.TYPE_NAMES.get(info.type_id)
         if qtype is None:
@@ -151,7 +151,8 @@ class GGUFFile:
             # of rows at a time (the peak memory of a load stays near the interleaved copy's own size)
             tile = cpu_quant.ROWS_PER_TILE
             slab = rows if order is not None else max(tile, SLAB_BYTES // row_bytes // tile * tile)
-            out = torch.empty(rows // tile, row_bytes * tile, dtype=torch.uint8)
+            out = torch.empty(rows // tile, cols // block * cpu_quant.TYPES[cpu_quant.INTERLEAVED[qtype]][2] * tile,
+                              dtype=torch.uint8)
             with self.path.open("rb") as f:
                 f.seek(info.offset)
                 for r0 in range(0, rows, slab):
@@ -283,8 +284,8 @@ SLAB_BYTES = 1 << 24
 
 
 def repack_setting() -> bool:
-    """Whether GGUF loads keep Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 matrices in their interleaved form (see
-    :meth:`GGUFFile.packed`); ``MICROSPEC_REPACK=0``: every tensor as the file has it (to measure the difference)."""
+    """Whether GGUF loads keep Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q6_K matrices in their interleaved form
+    (see :meth:`GGUFFile.packed`); ``MICROSPEC_REPACK=0``: every tensor as the file has it (to measure the difference)."""
     return os.environ.get("MICROSPEC_REPACK", "1").strip().lower() not in ("0", "off", "false", "no")
 
 
