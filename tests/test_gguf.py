@@ -280,9 +280,9 @@ def gguf_model(tmp_path_factory):
 
 
 def test_loads_interleave_unless_asked_not_to(gguf_model, monkeypatch):
-    """What the loader keeps: the interleaved form of Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q6_K on the integer path (query rows put back
-    in Hugging Face order first), the file's own blocks with ``MICROSPEC_REPACK=0`` or on the fp32-activation path;
-    every other type as the file has it."""
+    """What the loader keeps: the interleaved form of Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q6_K on the integer path
+    (query rows put back in Hugging Face order first), the file's own blocks with ``MICROSPEC_REPACK=0`` or on the
+    fp32-activation path; every other type (here Q5_K) as the file has it."""
     from microspec.models.gguf import _unpermute, repack_setting
 
     packed, reference, path = gguf_model

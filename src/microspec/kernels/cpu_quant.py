@@ -10,8 +10,9 @@ Types: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (GGML's la
 file and SmolLM2's Q4_1 file hold, and what common files use).  Another type is refused at load with one line.
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K matrices whose rows come in eights are kept, by default, in an
 interleaved form (:func:`repack`, as llama.cpp repacks for its CPU kernels): the same bits in the same bytes (Q4_K:
-its 6-bit sub-block scales unpacked, 3% more), 8 rows' blocks side by side so that one integer multiply serves 8 rows and the scaling runs once per 8 rows (``*_X8`` types; the rows go
-back to the file's blocks where a subset is taken: shortlists, draft heads).
+its 6-bit sub-block scales unpacked, 3% more), 8 rows' blocks side by side so that one integer multiply serves 8
+rows and the scaling runs once per 8 rows (``*_X8`` types; the rows go back to the file's blocks where a subset is
+taken: shortlists, draft heads).
 
 Exactness: a block unpacks to exactly the fp32 values the ``gguf`` package's ``dequantize`` gives (same products
 and sums in the same order, no fused multiply-add: ``-ffp-contract=off``).  On the fp32-activation path (``linear``)
@@ -217,7 +218,8 @@ QType qtype(int64_t t) {
 
 // ---------------------------------------------------------------------------------------------------------------
 // Interleaved forms (repack_x8): the rows of a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 matrix in tiles of 8, the same bits in
-// the same number of bytes, laid out so that one maddubs multiplies 8 rows.  Per 32-element group g a tile holds:
+// the same number of bytes, laid out so that one maddubs multiplies 8 rows (Q4_K and Q6_K: see XQ4_K below).  Per
+// 32-element group g a tile holds:
 //   - the 8 rows' fp16 scales d (16 bytes), then for the types with a minimum their 8 fp16 m (16 bytes);
 //   - 4 nibble vectors of 32 bytes: in vector v, byte 4s + e holds row s's element 4v + e (low nibble) and element
 //     16 + 4v + e (high nibble);
@@ -398,13 +400,29 @@ inline X8Info x8_info(int64_t t) {
 void x8_row(const X8Info& x, const uint8_t* w, int64_t RB, int64_t n, int64_t K, float* y) {
   const uint8_t* t = w + (n / 8) * RB;
   const int s = int(n % 8);
-  if (x.kq) {  // a K-quant: the row's file block, unpacked as the file's
-    const QType q = qtype(x.kq);
-    alignas(32) uint8_t fb[256];
+  if (x.kq) {  // a K-quant, with the fp32 operations of deq_q4_k / deq_q6_k (the same values)
     for (int64_t b = 0; b < K / 256; ++b) {
-      std::memset(fb, 0, sizeof fb);
-      k8_get(x.kq, t + b * 8 * x.gbytes, s, fb);
-      q.deq(fb, y + 256 * b);
+      const uint8_t* tb = t + b * 8 * x.gbytes;
+      const float d = h2f(tb + 2 * s);
+      float* yb = y + 256 * b;
+      for (int j = 0; j < 8; ++j) {
+        if (x.kq == 12) {  // (d * sc) * q - (dmin * m)
+          const float a = d * float(tb[32 + 16 * j + 2 * s]), c = h2f(tb + 16 + 2 * s) * float(tb[33 + 16 * j + 2 * s]);
+          const uint8_t* q = tb + 160 + 128 * j;
+          for (int k = 0; k < 32; ++k) {
+            const uint8_t nb = q[x8_byte(s, k)];
+            yb[32 * j + k] = a * float((k < 16 ? nb : nb >> 4) & 15) - c;
+          }
+          continue;
+        }
+        const uint8_t* q = tb + 144 + 192 * j;  // Q6_K: (d * sc) * (q - 32)
+        for (int k = 0; k < 32; ++k) {
+          const uint8_t nb = q[x8_byte(s, k)];
+          const int v = ((k < 16 ? nb : nb >> 4) & 15) | (((q[k8_hi_byte(s, k)] >> k8_hi_shift(k)) & 3) << 4);
+          const float a = d * float(int8_t(tb[16 + 16 * j + 2 * s + (k >> 4)]));
+          yb[32 * j + k] = a * (float(v) - 32.0f);
+        }
+      }
     }
     return;
   }
@@ -1190,7 +1208,8 @@ inline void tile_k8(const Act& a, const int32_t* offs, const uint8_t* w, int64_t
       for (int i = 0; i < MT; ++i) {
         const int64_t r = m0 + i;
         __m256i p = t32[i];
-        if (Q6) p = _mm256_sub_epi32(p, _mm256_slli_epi32(_mm256_madd_epi16(sx, _mm256_set1_epi32(offs[r * a.G + g])), 5));
+        if (Q6)  // - 32 (sc_a * sum(qx[0..15]) + sc_b * sum(qx[16..31]))
+          p = _mm256_sub_epi32(p, _mm256_slli_epi32(_mm256_madd_epi16(sx, _mm256_set1_epi32(offs[r * a.G + g])), 5));
         acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dv, _mm256_set1_ps(a.d[r * a.G + g])), acc[i]);
         if (T::min) accm[i] = _mm256_fnmadd_ps(mf, _mm256_set1_ps(a.ds[r * a.G + g]), accm[i]);
       }
@@ -1291,6 +1310,7 @@ torch::Tensor x8_gather(torch::Tensor w, int64_t type, int64_t K, torch::Tensor 
   TORCH_CHECK(w.dtype() == torch::kUInt8 && w.dim() == 2 && w.stride(1) == 1 && w.size(1) == K / 32 * xi.gbytes,
               "w: uint8 [N / 8, tile bytes]");
   TORCH_CHECK(ids.dtype() == torch::kLong && ids.dim() == 1, "ids: int64 [n]");
+  TORCH_CHECK(K % (xi.kq ? 256 : 32) == 0, "x8_gather: K is not a whole number of blocks");
   ids = ids.contiguous();
   const QType q = qtype(type - 1000);
   const int64_t n = ids.size(0), N = w.size(0) * 8, RB = w.stride(0), G = K / 32;
@@ -1352,7 +1372,8 @@ torch::Tensor repack_x8(torch::Tensor w, int64_t type) {
     for (int64_t t = t0; t < t1; ++t) {
       if (xi.kq) {
         for (int64_t b = 0; b < G / 8; ++b)
-          for (int s = 0; s < 8; ++s) k8_put(xi.kq, wp + (8 * t + s) * RB + b * q.bytes, s, op + t * G * xi.gbytes + b * 8 * xi.gbytes);
+          for (int s = 0; s < 8; ++s)
+            k8_put(xi.kq, wp + (8 * t + s) * RB + b * q.bytes, s, op + t * G * xi.gbytes + b * 8 * xi.gbytes);
         continue;
       }
       for (int64_t g = 0; g < G; ++g) {

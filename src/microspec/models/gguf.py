@@ -1,6 +1,7 @@
 """GGUF weights as they are: a small reader of the file's tensor table, and :class:`QuantTensor`, a [N, K] matrix
 kept in its GGUF block format (memory-mapped from the file, or for Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q6_K
-read once into an interleaved arrangement of the same bytes; never dequantized as a whole) whose products run in
+read once into an interleaved arrangement of the same bytes, Q4_K's sub-block scales unpacked; never dequantized as
+a whole) whose products run in
 :mod:`microspec.kernels.cpu_quant`.
 
 ``load_model(..., dtype="gguf")`` (``--weights gguf``) puts a ``QuantTensor`` in place of every linear layer's
@@ -123,7 +124,8 @@ class GGUFFile:
         ``repack`` (with ``integer``): a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q6_K tensor whose rows come in
         eights is read from the file, a slab of rows at a time, into its interleaved form (:func:`~microspec.
         kernels.cpu_quant.repack`: 8 rows' blocks side by side, the same bits in the same bytes, Q4_K's scales
-        unpacked; a copy in the process's memory instead of mapped pages): one integer multiply serves 8 rows (BENCHMARKS.md measures it)."""
+        unpacked; a copy in the process's memory instead of mapped pages): one integer multiply serves 8 rows
+        (BENCHMARKS.md measures it)."""
         info = self.tensors[name]
         qtype = cpu_quant.TYPE_NAMES.get(info.type_id)
         if qtype is None:
@@ -285,7 +287,8 @@ SLAB_BYTES = 1 << 24
 
 def repack_setting() -> bool:
     """Whether GGUF loads keep Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q6_K matrices in their interleaved form
-    (see :meth:`GGUFFile.packed`); ``MICROSPEC_REPACK=0``: every tensor as the file has it (to measure the difference)."""
+    (see :meth:`GGUFFile.packed`); ``MICROSPEC_REPACK=0``: every tensor as the file has it (to measure the
+    difference)."""
     return os.environ.get("MICROSPEC_REPACK", "1").strip().lower() not in ("0", "off", "false", "no")
 
 
