@@ -294,7 +294,14 @@ def test_loads_interleave_unless_asked_not_to(gguf_model, monkeypatch):
     assert f.packed("blk.0.ffn_down.weight").qtype == "Q6_K_X8"
     assert f.packed("blk.0.attn_output.weight").qtype == "Q4_K_X8"
     assert f.packed("blk.0.ffn_gate.weight").qtype == "Q5_K"
-    assert f.packed("token_embd.weight").qtype == "Q8_0_X8"
+    emb = f.packed("token_embd.weight")
+    assert emb.qtype == "Q8_0_X8"
+    ids = torch.tensor([5, 0, 77, 5])  # subsets copy the file's rows from the map: the bytes a gather gives back
+    sub = emb.index_select(0, ids)
+    assert emb.file_rows is not None and sub.qtype == "Q8_0"
+    assert torch.equal(sub.data, cq.gather_interleaved(emb.data, emb.type_id, emb.cols, ids))
+    assert torch.equal(emb.leading(16).index_select(0, ids[:2]).data, sub.data[:2])
+    assert q.file_rows is None and torch.equal(q.index_select(0, ids).float(), q.float()[ids])  # rows reordered
     assert f.packed("blk.0.attn_q.weight", integer=False).qtype == "Q5_0"
     assert f.packed("blk.0.attn_q.weight", repack=False).qtype == "Q5_0"
     assert packed.model.layers[0].self_attn.q_proj.weight.qtype == "Q5_0_X8"
