@@ -171,7 +171,6 @@ class GGUFFile:
         q = QuantTensor(self._mapped(info, rows, row_bytes), qtype, cols, integer)
         return q if order is None else q.index_select(0, order)
 
-
     def _mapped(self, info: TensorInfo, rows: int, row_bytes: int) -> torch.Tensor:
         """The tensor's rows as a [rows, row bytes] uint8 view of the mapped file (no copy; pages read on use)."""
         array = np.frombuffer(self._map, dtype=np.uint8, count=rows * row_bytes, offset=info.offset)
