@@ -244,6 +244,14 @@ def test_eagle_drafter_via_cli(capsys, tiny_model_dir, tmp_path):
     rc, out2, err = _run(capsys, *base, "--drafter", "eagle", "--draft", str(path), "--top-k", "3", "--depth", "3")
     assert rc == 0, err
     assert json.loads(out2)["token_ids"] == json.loads(out)["token_ids"]
+    # prompt lookup first, then the head: same tokens, the lookup's steps counted
+    rc, out3, err = _run(capsys, *base, "--drafter", "eagle", "--draft", str(path), "--lookup", "--vocab", "microspec")
+    assert rc == 0, err
+    looked = json.loads(out3)
+    assert looked["token_ids"] == json.loads(out)["token_ids"] and looked["lookup"] == 2
+    assert "lookup_steps" in looked["stats"]
+    rc, _, err = _run(capsys, *base, "--drafter", "ngram", "--lookup", "3")
+    assert rc == 2 and "--lookup puts prompt lookup before a model drafter" in err
     rc, _, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w1", "--drafter", "eagle")
     assert rc == 2 and "--draft" in err
     rc, _, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w1", "--drafter", "eagle",

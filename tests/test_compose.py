@@ -25,6 +25,14 @@ def test_method_names_parse_to_descriptions():
     assert Method.parse("microspec@adaptive") == Method(drafter="eagle", vocab="microspec", adaptive=True)
     with pytest.raises(MicrospecError, match="--adaptive needs a drafter"):
         Method.parse("ar@adaptive")
+    assert Method.parse("microspec@lookup") == Method(drafter="eagle", vocab="microspec", lookup=2)
+    assert Method.parse("eagle-full@lookup3@adaptive") == Method(drafter="eagle", lookup=3, adaptive=True)
+    assert Method.parse("early-exit+microspec@adaptive@lookup1").lookup == 1
+    for bad in ("ngram@lookup", "ar@lookup"):
+        with pytest.raises(MicrospecError, match="--lookup puts prompt lookup before a model drafter"):
+            Method.parse(bad)
+    with pytest.raises(MicrospecError, match="must be >= 1"):
+        Method.parse("microspec@lookup0")
     for bad, needle in (("foo", "unknown method"), ("ngram+microspec", "LM head"), ("microspec-zz", "options are"),
                         ("eagle+fr-spec-lots", "unknown vocabulary")):
         with pytest.raises(MicrospecError, match=needle):
@@ -140,6 +148,17 @@ def test_auto_engine_runs_each_request_on_its_decodings_engine(tiny_model_dir, t
         assert auto.generate_ids(ids, cfg).token_ids == plain.generate_ids(ids, cfg).token_ids
     with pytest.raises(MicrospecError, match="every decoding kind"):
         AutoEngine({"greedy": plain})
+    # prompt lookup first, around the EAGLE drafter: built from the method, described, lossless
+    from microspec.drafters.lookup_first import LookupFirst
+
+    looked = build(Method.parse("eagle+microspec@lookup", draft=str(head)), lm)
+    assert isinstance(looked.drafter, LookupFirst) and looked.tree["lookup"] == {"min_ngram": 2, "tokens": 10}
+    assert looked.describe()["lookup"] == 2
+    assert AutoEngine({"greedy": looked, "penalty": plain, "sampling": plain}).summary().startswith(
+        "greedy: eagle+microspec, prompt lookup first;")
+    cfg = GenerationConfig(max_new_tokens=12, ignore_eos=True)
+    r = looked.generate_ids(ids, cfg)
+    assert r.token_ids == plain.generate_ids(ids, cfg).token_ids and r.stats.lookup_steps is not None
 
 
 def test_prompt_lookup_draft_length_by_device():

@@ -86,6 +86,31 @@ def test_eagle_greedy_identity(tmp_path, family, top_k, depth, total, processors
     assert len(PROMPT) <= drafter.cache.length <= len(PROMPT) + len(ref)
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.parametrize("processors", [{}, {"repetition_penalty": 1.2, "no_repeat_ngram_size": 3}])
+@pytest.mark.parametrize("policy", [None, "microspec"])
+def test_eagle_with_prompt_lookup_first_is_lossless(tmp_path, family, processors, policy):
+    """Prompt lookup first, the EAGLE tree elsewhere: both draft in one generation (the head catches up on the
+    features of the steps the lookup drafted), and the output is the target's own."""
+    from microspec.drafters import NGramDrafter
+    from microspec.drafters.lookup_first import LookupFirst
+    from microspec.vocab import MicroSpecVocab
+
+    _, nm = tiny_pair(family)
+    path, _, _ = official_checkpoint(tmp_path / "ck", d=nm.spec.hidden_size)
+    cfg = GenerationConfig(max_new_tokens=48, ignore_eos=True, **processors)
+    ref = generate_ids(nm, PROMPT, cfg).token_ids
+    eagle = EagleDrafter(EagleHead.load(path), depth=3, top_k=2, total_tokens=4)
+    drafter = LookupFirst(eagle, NGramDrafter(num_tokens=3, min_ngram=2))
+    vocab = MicroSpecVocab(VOCAB, w_max=16, k_pre=1, k_ver=2) if policy else None
+    r = generate_ids(nm, PROMPT, cfg, drafter=drafter, vocab=vocab)
+    assert r.token_ids == ref
+    drafted = r.stats.steps
+    assert 0 < r.stats.lookup_steps < drafted  # both proposed: the lookup where the text repeats, EAGLE elsewhere
+    assert drafter.steps == {"lookup": 0, "model": 0}  # read and reset by the loop
+    assert len(PROMPT) <= eagle.cache.length <= len(PROMPT) + len(ref)
+
+
 def test_eagle_pairs_each_target_feature_with_the_next_token():
     """EAGLE's alignment: the head sees (f_t, x_{t+1}), f_t being the target's final post-norm hidden state."""
     _, nm = tiny_pair("llama")

@@ -12,6 +12,7 @@ from microspec.decoding import GenerationConfig, generate_ids
 from microspec.decoding.tree import DraftTree
 from microspec.drafters import EagleDrafter, EagleHead, EarlyExitDrafter, NGramDrafter
 from microspec.drafters.base import DraftContext, Drafter
+from microspec.drafters.lookup_first import LookupFirst
 
 PROMPT = [1, 10, 20, 30, 11, 21, 10, 20]
 N = 1000
@@ -81,6 +82,22 @@ class RandomTreeDrafter(Drafter):
         return DraftTree(tokens, parents, torch.stack(qs), self.scheme)
 
 
+class EveryOtherMatch(Drafter):
+    """Prompt lookup's part for a 3-token test, where the sampled text rarely repeats the prompt that soon: every
+    other generation "finds a match" and proposes the chain that followed ``10 20`` in the prompt (a point-mass
+    draft), the others find none and the EAGLE tree drafts (a switch inside one long generation is tested greedily
+    in test_eagle.py)."""
+
+    made = 0
+
+    def __init__(self):
+        EveryOtherMatch.made += 1
+        self.matches = EveryOtherMatch.made % 2 == 1
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        return DraftTree.chain([30, 11][: ctx.max_depth]) if self.matches else DraftTree()
+
+
 def _check(counts: torch.Tensor, p: torch.Tensor, label: str) -> None:
     n = counts.sum()
     expected = p * n
@@ -124,6 +141,9 @@ def _drafters(exact):
         "ngram": lambda: NGramDrafter(num_tokens=3),
         "eagle-chain": lambda: EagleDrafter(_eagle_head(), depth=2),
         "eagle-tree": lambda: EagleDrafter(_eagle_head(), depth=2, top_k=3, total_tokens=6),
+        # prompt lookup first: a copied chain (a point-mass draft) at some steps, the EAGLE tree at the others
+        "eagle-lookup": lambda: LookupFirst(EagleDrafter(_eagle_head(), depth=2, top_k=3, total_tokens=6),
+                                            EveryOtherMatch()),
     }
 
 
@@ -142,24 +162,28 @@ def _eagle_head():
 
 
 @pytest.mark.parametrize("name", ["iid-bad", "iid-good", "without-replacement", "deterministic-topk", "zero-mass",
-                                  "early-exit-chain", "early-exit-tree", "ngram", "eagle-chain", "eagle-tree"])
+                                  "early-exit-chain", "early-exit-tree", "ngram", "eagle-chain", "eagle-tree",
+                                  "eagle-lookup"])
 def test_speculative_sampling_matches_exact_distribution(pair, exact, name):
     _, nm = pair
     p1, m2, m3 = exact
     make = _drafters(exact)[name]
     counts = torch.zeros(3, VOCAB)
-    accepted = 0
+    accepted = looked = steps = 0
     for seed in range(N):
         r = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=3, seed=seed, ignore_eos=True, **SETTINGS),
                          drafter=make())
         for i, t in enumerate(r.token_ids):
             counts[i, t] += 1
         accepted += sum(a - 1 for a in r.stats.accept_lengths)
+        looked, steps = looked + (r.stats.lookup_steps or 0), steps + r.stats.steps
     _check(counts[0], p1, f"{name} token 1")
     _check(counts[1], m2, f"{name} token 2")
     _check(counts[2], m3, f"{name} token 3")
     if name in ("iid-good", "deterministic-topk"):
         assert accepted > N * 0.3  # the test exercises acceptance, not only the bonus path
+    if name == "eagle-lookup":
+        assert 0.1 * steps < looked < 0.9 * steps  # both drafted
 
 
 def _restricted(name):
@@ -185,7 +209,7 @@ def _restricted(name):
 @pytest.mark.parametrize("drafter, policy", [("eagle-chain", "microspec"), ("eagle-tree", "microspec"),
                                              ("early-exit-chain", "microspec-indexed"), ("eagle-chain", "fr-spec"),
                                              ("eagle-tree", "fr-spec-pa"), ("eagle-chain", "dynaspec"),
-                                             ("eagle-tree", "dynaspec")])
+                                             ("eagle-tree", "dynaspec"), ("eagle-lookup", "microspec")])
 def test_sampling_with_a_restricted_draft_vocabulary_matches_exact_distribution(pair, exact, drafter, policy):
     """Drafts over a restricted vocabulary put zero mass outside it (and are processed and warped like the target):
     the committed tokens still follow the target's distribution exactly."""

@@ -63,6 +63,8 @@ _MICROSPEC_OPT = re.compile(r"^(ctx|ext|indexed|packed|w\d+|kp\d+)$")
 _SHORTLIST = re.compile(r"^(fr-spec|vocabtrim)(?:-(\d+(?:\.\d+)?[kK]?))?$")
 _PA_FR = re.compile(r"^pa-fr(?:-(\d+(?:\.\d+)?[kK]?))?$")
 _DYNASPEC_F = re.compile(r"^dynaspec-f(?:-?(\d+))?$")
+_LOOKUP = re.compile(r"@lookup(\d*)$")
+DEFAULT_LOOKUP = 2  # prompt lookup first: the shortest match it takes (a single repeated token predicts little)
 
 
 def set_threads(threads: int | None) -> None:
@@ -191,6 +193,7 @@ class Method:
     sources: str | None = None
     position_aware: str | tuple[int, int] | None = None
     adaptive: bool = False  # decide step by step whether drafting pays (decoding/adaptive.py)
+    lookup: int | None = None  # prompt lookup first (drafters/lookup_first.py): the shortest n-gram match it takes
 
     def __post_init__(self) -> None:
         self._check_drafter()
@@ -239,6 +242,11 @@ class Method:
             raise MicrospecError("--drafter model needs --draft (the draft model)")
         if self.adaptive and d == "none":
             raise MicrospecError("--adaptive needs a drafter (it decides when drafting pays)")
+        if self.lookup is not None:
+            if d not in ("early-exit", "model", "eagle"):
+                raise MicrospecError("--lookup puts prompt lookup before a model drafter (eagle, early-exit or "
+                                     f"model), not {d!r}")
+            check(self.lookup >= 1, f"--lookup (the shortest n-gram match) must be >= 1, got {self.lookup}")
         if self.draft is not None and d not in ("model", "eagle"):
             raise MicrospecError("--draft names the draft model (--drafter model) or EAGLE head (--drafter eagle)")
 
@@ -311,6 +319,9 @@ class Method:
         n = str(name).strip()
         if n.endswith("@adaptive"):  # any method, deciding step by step whether to draft
             return cls.parse(n[: -len("@adaptive")], **{"adaptive": True, **options})
+        m = _LOOKUP.search(n)
+        if m:  # a model drafter with prompt lookup first (matches of >= N tokens; default 2)
+            return cls.parse(n[: m.start()], **{"lookup": int(m.group(1) or DEFAULT_LOOKUP), **options})
         if n in _ALIASES:
             drafter, vocab = _ALIASES[n]
             return cls(**{"drafter": drafter, "vocab": vocab, **options})
@@ -363,6 +374,8 @@ class Method:
         keys = ("shortlist_size", "w_max", "k_pre", "k_ver", "k_pre_positions", "gather", "sources",
                 "position_aware")
         out = {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+        if self.lookup is not None:
+            out["lookup"] = self.lookup
         return {**out, "adaptive": True} if self.adaptive else out
 
 
@@ -410,7 +423,7 @@ def _vocab_fields(text: str, method: str, plus: bool) -> dict:
 
 def method_names() -> list[str]:
     return ["ar", "ngram", "early-exit", "eagle-full", "microspec", "microspec-OPTS", "dynaspec", "dynaspec-f[-N]",
-            "specvocab", "coral", "fr-spec-K", "pa-fr-K", "vocabtrim-K"]
+            "specvocab", "coral", "fr-spec-K", "pa-fr-K", "vocabtrim-K", "NAME@adaptive", "NAME@lookup[N]"]
 
 
 def as_method(method: "Method | str") -> Method:
@@ -550,6 +563,7 @@ class AutoEngine:
             if m.drafter == "none":
                 return "plain"
             name = m.drafter if m.vocab == "full" else f"{m.drafter}+{m.vocab}"
+            name += ", prompt lookup first" if m.lookup is not None else ""
             return name + (" (adaptive)" if m.adaptive else "")
 
         return "; ".join(f"{kind}: {one(e)}" for kind, e in self.engines.items())
@@ -599,6 +613,14 @@ def build(method: Method | str, lm: "LoadedModel", heads: dict | None = None) ->
         tree["draft_layers"] = method.draft_layers
     drafter = make_drafter(method.drafter, num_layers_target=lm.model.spec.num_layers, draft_model=draft_model,
                            eagle_head=eagle_head, **tree)
+    if method.lookup is not None:
+        from .drafters import NGRAM_TOKENS, NGramDrafter
+        from .drafters.lookup_first import LookupFirst
+
+        chain = NGRAM_TOKENS.get(device_type, NGRAM_TOKENS["default"])
+        drafter = LookupFirst(drafter, NGramDrafter(num_tokens=chain, min_ngram=method.lookup,
+                                                    max_ngram=max(3, method.lookup)))
+        tree["lookup"] = {"min_ngram": method.lookup, "tokens": chain}
     engine = Engine(method, lm, drafter, tree, sizing)
     engine._spare = engine.policy()  # fail now (a short map, a broken artifact), not at the first generation
     return engine

@@ -98,6 +98,9 @@ def add_drafter_args(p, default: str = "none") -> None:
     p.add_argument("--adaptive", action="store_true",
                    help="decide step by step whether drafting pays on this device and text (measured tokens per "
                         "second of drafted and plain steps); plain steps where it does not")
+    p.add_argument("--lookup", type=int, nargs="?", const=2, default=None, metavar="N",
+                   help="prompt lookup first: where the last N or more tokens (default 2) occurred before, draft the "
+                        "tokens that followed them; the model drafter (eagle, early-exit or model) elsewhere")
     add_tree_args(p)
 
 
@@ -141,7 +144,7 @@ def method_from_args(args: argparse.Namespace, cfg: GenerationConfig | None = No
         top_k=args.top_k, total_tokens=args.total_tokens, head_mode=args.head_mode, freq_file=args.freq_file,
         shortlist_size=args.shortlist_size, router=args.router, w_max=args.w_max, k_pre=args.k_pre,
         k_ver=args.k_ver, k_pre_positions=args.k_pre_positions, gather=args.gather,
-        position_aware=args.position_aware, adaptive=args.adaptive)
+        position_aware=args.position_aware, adaptive=args.adaptive, lookup=getattr(args, "lookup", None))
     method = method.for_model(args.model)
     method.check_artifacts()
     return method

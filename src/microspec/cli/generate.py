@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({
             "text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
             "model": lm.name, "dtype": lm.weights, "device": args.device, "drafter": args.drafter,
-            "auto": args.auto, "adaptive": args.adaptive, "total_tokens": engine.tree.get("total_tokens"),
+            "auto": args.auto, "adaptive": args.adaptive, "lookup": args.lookup, "total_tokens": engine.tree.get("total_tokens"),
             "vocab": args.vocab, "stats": stats,
             **({"plain_stats": plain.stats.to_dict()} if plain is not None else {}),
         }))
@@ -77,6 +77,8 @@ def stats_line(args: argparse.Namespace, lm, stats: dict, finish: str) -> str:
     else:
         method = f"drafter {args.drafter}" + (f"+{args.vocab}" if args.drafter in ("eagle", "early-exit", "model")
                                               else "")
+        if stats.get("lookup_steps") is not None:
+            method += f" with prompt lookup first ({stats['lookup_steps']} steps)"
         if args.adaptive:
             drafted = stats["steps"] - stats["skipped_steps"]
             method += f" (adaptive: drafted {drafted} of {stats['steps']} steps)"

@@ -45,6 +45,7 @@ class GenerationStats:
     covered: int = 0  # committed tokens that were in the draft vocabulary at the depth they were committed at
     coverage_tokens: int = 0  # committed tokens checked for coverage (with a policy and a drafting step)
     skipped_steps: int = 0  # steps the adaptive mode took without drafting (it judged drafting would not pay)
+    lookup_steps: int | None = None  # prompt lookup first: the drafted steps prompt lookup proposed (else None)
     weight_bytes: int = 0  # bytes of target weights one target step reads (every matrix once)
 
     def record_step(self, committed: int, drafted: int, depth: int, head_rows: int) -> None:
@@ -106,6 +107,7 @@ class GenerationStats:
                 "head_calls": len(self.active_sizes)} if self.active_sizes else {}),
             **({"coverage": round(self.coverage, 4)} if self.coverage is not None else {}),
             "skipped_steps": self.skipped_steps,
+            **({"lookup_steps": self.lookup_steps} if self.lookup_steps is not None else {}),
             **({"weight_bytes_per_step": self.weight_bytes,
                 "achieved_gb_s": round(self.weight_bytes * self.steps / decode_s / 1e9, 2)}
                if self.weight_bytes and (decode_s := self.wall_s - self.prefill_s) > 0 and self.steps else {}),

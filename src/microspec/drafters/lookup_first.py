@@ -1,0 +1,56 @@
+"""Prompt lookup first: a chain copied from the context where the text repeats itself, a model drafter elsewhere.
+
+Prompt lookup drafts for free and, where the text repeats (code, quoted names, a summary of its source, the
+question's own words), proposes several tokens the target accepts; a trained drafter (an EAGLE head) drafts
+anywhere, but costs a head pass per level and rarely proposes a long run.  Each step takes the lookup's chain when
+the last ``min_ngram`` or more tokens occurred earlier in prompt + output, and the model drafter's tree otherwise.
+The model drafter hears every commit, whoever drafted (an EAGLE head runs the features it missed at its next
+draft), so a switch costs only that catch-up.  Verification is the loop's as always: lossless whichever proposed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..decoding.context import DraftContext
+from ..decoding.tree import DraftTree
+from ..models.native import NativeCausalLM
+from ..vocab.base import VocabPolicy
+from .base import Drafter
+from .ngram import NGramDrafter
+
+
+class LookupFirst(Drafter):
+    """``lookup``'s chain when it finds one, else ``drafter``'s tree; ``steps`` counts which drafted
+    (``{"lookup": n, "model": m}``; read and reset by :meth:`take_steps`)."""
+
+    def __init__(self, drafter: Drafter, lookup: NGramDrafter):
+        self.drafter, self.lookup = drafter, lookup
+        self.name = f"{drafter.name}+lookup"
+        self.steps = {"lookup": 0, "model": 0}
+
+    @property
+    def head(self):  # the model drafter's draft head (its timer and active sizes feed the stats)
+        return getattr(self.drafter, "head", None)
+
+    def prefill(self, target: NativeCausalLM, prompt_ids: list[int], hidden: torch.Tensor,
+                vocab: VocabPolicy | None = None) -> None:
+        self.drafter.prefill(target, prompt_ids, hidden, vocab)
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        tree = self.lookup.propose(ctx)
+        if len(tree):
+            self.steps["lookup"] += 1
+            return tree
+        self.steps["model"] += 1
+        return self.drafter.propose(ctx)
+
+    def commit(self, accepted_tokens: list[int], hidden: torch.Tensor) -> None:
+        self.drafter.commit(accepted_tokens, hidden)
+
+    def take_steps(self) -> dict[str, int]:
+        out, self.steps = self.steps, {"lookup": 0, "model": 0}
+        return out
+
+
+__all__ = ["LookupFirst"]
