@@ -83,13 +83,15 @@ def _run(capsys, *argv):
 def test_bench_tiny_run_writes_results_answers_report_and_plots(capsys, tiny_model_dir, tmp_path):
     out_dir = tmp_path / "bench"
     rc, out, err = _run(capsys, "bench", "--model", tiny_model_dir, "--dtype", "fp32", "--data", _data(tmp_path),
-                        "--methods", "ar,ngram,early-exit+microspec,early-exit+full", "--max-new-tokens", "10",
+                        "--methods", "ar,ngram,early-exit+microspec,early-exit+full,early-exit+microspec@lookup1",
+                        "--max-new-tokens", "10",
                         "--ignore-eos", "--draft-layers", "1", "--out", out_dir)
     assert rc == 0, err
     assert "LOSSLESS MISMATCH" not in err and "bench greedy [" in err
     for dec in ("greedy", "greedy-rp1.2"):
         res = json.loads((out_dir / dec / "results.json").read_text())
-        assert set(res["methods"]) == {"ar", "ngram", "early-exit+microspec", "early-exit+full"}
+        assert set(res["methods"]) == {"ar", "ngram", "early-exit+microspec", "early-exit+full",
+                                       "early-exit+microspec@lookup1"}
         assert res["mismatches"] == {} and res["meta"]["repetition_penalty"] == (1.0 if dec == "greedy" else 1.2)
         ar, ms = res["methods"]["ar"], res["methods"]["early-exit+microspec"]
         assert ar["overall"]["speedup"] == 1.0 and ar["overall"]["mean_accept_len"] == 1.0
@@ -119,6 +121,15 @@ def test_bench_tiny_run_writes_results_answers_report_and_plots(capsys, tiny_mod
 
         assert ms["overall"]["speedup"] == pytest.approx(mean_speed(lines) / mean_speed(ref), rel=1e-3)
         assert (out_dir / dec / "speed.png").stat().st_size > 0 and (out_dir / dec / "acceptance.png").is_file()
+        # prompt lookup first: its share of the steps, from the answer files; lossless like the rest
+        looked = [json.loads(x) for x in (out_dir / dec / "answers" / "early-exit+microspec@lookup1.jsonl")
+                  .read_text().splitlines()]
+        assert [x["choices"][0]["token_ids"] for x in ref] == [x["choices"][0]["token_ids"] for x in looked]
+        n_look = sum(ch["lookup_steps"] for x in looked for ch in x["choices"])
+        n_steps = sum(n for x in looked for ch in x["choices"] for n in ch["decoding_steps"])
+        assert 0 < n_look <= n_steps
+        assert res["methods"]["early-exit+microspec@lookup1"]["overall"]["lookup_share"] == round(n_look / n_steps, 4)
+        assert "lookup_share" not in ms["overall"]
     report = (out_dir / "report.md").read_text()
     assert "## greedy-rp1.2" in report and "| early-exit+microspec |" in report and "Lossless check" in report
 

@@ -209,7 +209,8 @@ def _restricted(name):
 @pytest.mark.parametrize("drafter, policy", [("eagle-chain", "microspec"), ("eagle-tree", "microspec"),
                                              ("early-exit-chain", "microspec-indexed"), ("eagle-chain", "fr-spec"),
                                              ("eagle-tree", "fr-spec-pa"), ("eagle-chain", "dynaspec"),
-                                             ("eagle-tree", "dynaspec"), ("eagle-lookup", "microspec")])
+                                             ("eagle-tree", "dynaspec"), ("eagle-lookup", "microspec"),
+                                             ("eagle-lookup", "dynaspec")])
 def test_sampling_with_a_restricted_draft_vocabulary_matches_exact_distribution(pair, exact, drafter, policy):
     """Drafts over a restricted vocabulary put zero mass outside it (and are processed and warped like the target):
     the committed tokens still follow the target's distribution exactly."""

@@ -50,6 +50,7 @@ POLICIES = ("full", "fr-spec", "vocabtrim", "microspec", "dynaspec", "specvocab"
 TRAINED = ("dynaspec", "specvocab", "coral")  # policies loaded from a trained artifact directory (--router)
 SHORTLISTS = ("fr-spec", "vocabtrim")  # static top-K of a token map (--freq-file, --shortlist-size)
 HEADLESS = ("none", "ngram")  # drafters without an LM head: no draft vocabulary
+MODEL_DRAFTERS = ("early-exit", "model", "eagle")  # drafters that run a network with an LM head
 DEFAULT_SHORTLIST = "32k"
 
 _ALIASES = {  # method name -> (drafter, vocab)
@@ -232,7 +233,7 @@ class Method:
             if sized is not None and self.top_k is None:
                 raise MicrospecError(f"--total-tokens needs --top-k (a tree); without it the {d} drafter drafts "
                                      "a chain")
-        if d in ("early-exit", "model", "eagle"):
+        if d in MODEL_DRAFTERS:
             check(self.draft_layers is None or self.draft_layers >= 1,
                   f"--draft-layers must be >= 1, got {self.draft_layers}")
             if self.top_k is not None:
@@ -243,7 +244,7 @@ class Method:
         if self.adaptive and d == "none":
             raise MicrospecError("--adaptive needs a drafter (it decides when drafting pays)")
         if self.lookup is not None:
-            if d not in ("early-exit", "model", "eagle"):
+            if d not in MODEL_DRAFTERS:
                 raise MicrospecError("--lookup puts prompt lookup before a model drafter (eagle, early-exit or "
                                      f"model), not {d!r}")
             check(self.lookup >= 1, f"--lookup (the shortest n-gram match) must be >= 1, got {self.lookup}")
@@ -321,6 +322,8 @@ class Method:
             return cls.parse(n[: -len("@adaptive")], **{"adaptive": True, **options})
         m = _LOOKUP.search(n)
         if m:  # a model drafter with prompt lookup first (matches of >= N tokens; default 2)
+            if "lookup" in options:
+                raise MicrospecError(f"method {name!r}: @lookup given twice")
             return cls.parse(n[: m.start()], **{"lookup": int(m.group(1) or DEFAULT_LOOKUP), **options})
         if n in _ALIASES:
             drafter, vocab = _ALIASES[n]
@@ -328,7 +331,7 @@ class Method:
         drafter, plus, vocab_text = n.partition("+")
         if not plus:
             drafter, vocab_text = "eagle", n
-        elif drafter not in ("eagle", "early-exit", "model"):
+        elif drafter not in MODEL_DRAFTERS:
             raise MicrospecError(f"method {n!r}: a draft vocabulary needs a drafter with an LM head (eagle, "
                                  f"early-exit or model), not {drafter!r}")
         fields = _vocab_fields(vocab_text, n, plus=bool(plus))
@@ -634,5 +637,5 @@ def log_sizing(engine: Engine, file=None) -> None:
           + ", ".join(f"{n}: {c * 1000:.0f}" for n, c in engine.sizing.items()) + ")", file=file or sys.stderr)
 
 
-__all__ = ["DRAFTERS", "Engine", "Method", "POLICIES", "as_method", "build", "build_policy", "eagle_head_path",
+__all__ = ["DRAFTERS", "MODEL_DRAFTERS", "Engine", "Method", "POLICIES", "as_method", "build", "build_policy", "eagle_head_path",
            "load_heads", "set_threads"]

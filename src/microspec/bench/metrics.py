@@ -2,7 +2,8 @@
 
 An answer record: ``{"question_id", "category", "choices": [{"turns", "new_tokens", "wall_time", "accept_lengths",
 "decoding_steps", "token_ids", "draft_depths", "draft_s", "verify_s", "prefill_s", "active_vocab", "covered",
-"coverage_tokens"}, ...]}`` — one choice per repeat; ``accept_lengths`` is flat over the turns (as Spec-Bench's).
+"coverage_tokens", "lookup_steps"}, ...]}`` — one choice per repeat; ``accept_lengths`` is flat over the turns (as
+Spec-Bench's); ``lookup_steps`` only for prompt lookup first (the steps the lookup drafted).
 
 Conventions (Spec-Bench's ``speed.py``): a question's speed is its new tokens over its wall time; a method's
 tokens/s is the mean of its questions' speeds; the speedup is the ratio of two such means; tau is the mean of all
@@ -110,6 +111,10 @@ def aggregate(records: Sequence[dict]) -> dict:
         out["active_vocab_max"] = max(c["active_vocab"]["max"] for c in choices if c.get("active_vocab"))
     if cov_tokens:
         out["coverage"] = round(sum(c.get("covered", 0) for c in choices) / cov_tokens, 4)
+    looked = [c for c in choices if "lookup_steps" in c]  # prompt lookup first: the share of steps it drafted
+    steps = sum(n for c in looked for n in c.get("decoding_steps", []) if n)
+    if looked and steps:
+        out["lookup_share"] = round(sum(c["lookup_steps"] for c in looked) / steps, 4)
     return out
 
 

@@ -52,6 +52,8 @@ def detail_table(methods: dict) -> list[str]:
         split_s = " / ".join(f"{split[k]:.0%}" for k in ("draft", "verify", "prefill", "other")) if split else "–"
         vocab = f"{o['active_vocab_mean']:.0f} ({o['active_vocab_max']})" if "active_vocab_mean" in o else "–"
         pos = " ".join(f"{p:.2f}" for p in o.get("accept_per_position", [])) or "–"
+        if "lookup_share" in o:  # prompt lookup first
+            pos += f" (lookup drafted {o['lookup_share']:.0%} of steps)"
         lines.append(f"| {name} | {split_s} | {vocab} | {_fmt(o.get('coverage'), '.3f')} | "
                      f"{_fmt(o.get('repetition_4gram'), '.1%')} | {pos} |")
     return lines

@@ -32,7 +32,8 @@ class Turn:
                 "decoding_steps": st.steps, "prefill_s": st.prefill_s, "draft_s": st.draft_s, "verify_s": st.verify_s,
                 "active_vocab": {"sum": sum(st.active_sizes), "calls": len(st.active_sizes),
                                  "max": max(st.active_sizes, default=0)},
-                "covered": st.covered, "coverage_tokens": st.coverage_tokens}
+                "covered": st.covered, "coverage_tokens": st.coverage_tokens,
+                **({"lookup_steps": st.lookup_steps} if st.lookup_steps is not None else {})}
 
 
 class EngineRunner:

@@ -6,6 +6,7 @@ import argparse
 
 from ..compose import (
     DECODING_KINDS,
+    MODEL_DRAFTERS,
     AutoEngine,
     Engine,
     Method,
@@ -160,6 +161,9 @@ def resolve_drafter(args: argparse.Namespace, cfg: GenerationConfig | None = Non
         drafter, vocab, adaptive, why = auto_method(args.model, dk, kind or (decoding_kind(cfg) if cfg else "greedy"))
         if args.draft is not None:  # a draft model or an EAGLE head: the drafter must say which
             drafter, vocab, adaptive, why = "none", "full", False, "--draft given without --drafter"
+        if getattr(args, "lookup", None) is not None and drafter not in MODEL_DRAFTERS:
+            args.lookup = None  # prompt lookup first needs a model drafter behind it: auto chose none here
+            why += f"; --lookup does not apply to {'plain decoding' if drafter == 'none' else drafter}"
         args.drafter, args.adaptive, args.auto = drafter, args.adaptive or adaptive, why
         if args.vocab == "full":
             args.vocab = vocab

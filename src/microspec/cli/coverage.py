@@ -36,6 +36,8 @@ def add(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.drafter in ("none", "ngram"):
         raise MicrospecError("coverage needs a drafter with an LM head (early-exit, eagle or model)")
+    if args.lookup is not None:
+        raise MicrospecError("coverage measures the draft head's vocabulary: --lookup does not apply")
     positive(limit=args.limit)
     records = load_questions([args.data], args.categories, args.limit)
     cfg, engine = engine_from_args(args)

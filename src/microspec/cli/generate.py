@@ -7,6 +7,7 @@ import json
 import sys
 
 from ..api import generate
+from ..compose import MODEL_DRAFTERS
 from ..errors import MicrospecError
 from .common import (
     add_decoding_args,
@@ -75,7 +76,7 @@ def stats_line(args: argparse.Namespace, lm, stats: dict, finish: str) -> str:
     if args.drafter == "none":
         method = "plain decoding" + (f" (auto: {args.auto})" if args.auto else "")
     else:
-        method = f"drafter {args.drafter}" + (f"+{args.vocab}" if args.drafter in ("eagle", "early-exit", "model")
+        method = f"drafter {args.drafter}" + (f"+{args.vocab}" if args.drafter in MODEL_DRAFTERS
                                               else "")
         if stats.get("lookup_steps") is not None:
             method += f" with prompt lookup first ({stats['lookup_steps']} steps)"

@@ -52,7 +52,9 @@ def run(args: argparse.Namespace) -> int:
                      args.served_model_name)
     name = args.served_model_name or engine.lm.name
     method = (f"drafter auto: {engine.summary()}" if isinstance(engine, AutoEngine)
-              else f"drafter {args.drafter}, vocab {args.vocab}")
+              else f"drafter {args.drafter}, vocab {args.vocab}"
+              + (f", prompt lookup first (N={args.lookup})" if args.lookup is not None else "")
+              + (", adaptive" if args.adaptive else ""))
     print(f"[microspec] serving {name} ({engine.lm.weights}, {method}) on http://{args.host}:{args.port}/v1",
           file=sys.stderr, flush=True)
     try:

@@ -175,8 +175,8 @@ def generate_ids(
         branch = [0] + [1 + a for a in walk.accepted]  # verify rows of the root and the accepted nodes
         if len(tree):
             cache.keep(list(range(start)) + [start + r for r in branch])
-        if coverage is not None:
-            coverage.on_verified(tree, walk.tokens)
+        if coverage is not None:  # a step drafted without the draft head (a copied chain) is not scored
+            coverage.on_verified(tree, walk.tokens, scored=not drafting or drafter.head_drafted)
         t2 = clock.mark()
         if vocab is not None:  # the logits the target chose from on the validated branch (the walk has them);
             # a step the adaptive mode took plain feeds the policy its committed tokens only (a top-k over the

@@ -25,10 +25,11 @@ class CoverageObserver:
         self.tokens = 0
         self._hits: list[torch.Tensor] = []
 
-    def on_verified(self, tree: DraftTree, tokens: list[int]) -> None:
-        """The step's committed tokens, before the policy's sets move on."""
+    def on_verified(self, tree: DraftTree, tokens: list[int], scored: bool = True) -> None:
+        """The step's committed tokens, before the policy's sets move on (``scored=False``: a step whose draft did
+        not come from the draft head, e.g. a chain prompt lookup copied; not counted)."""
         self._hits = []
-        if len(tree) or not self.routed:
+        if scored and (len(tree) or not self.routed):
             last = max(tree.depths()) - 1 if len(tree) else 0
             self._hits = [self.policy.contains(torch.tensor([t], device=self.device), min(j, last))
                           for j, t in enumerate(tokens)]

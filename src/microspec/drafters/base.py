@@ -16,6 +16,9 @@ __all__ = ["DraftContext", "Drafter"]
 
 class Drafter(ABC):
     name = "drafter"
+    # False when the last proposal did not come from the draft head the vocabulary policy serves (prompt lookup
+    # first: a copied chain); the loop then reads no ground-truth coverage for the step
+    head_drafted = True
 
     def prefill(self, target: NativeCausalLM, prompt_ids: list[int], hidden: torch.Tensor,
                 vocab: VocabPolicy | None = None) -> None:

@@ -6,6 +6,9 @@ anywhere, but costs a head pass per level and rarely proposes a long run.  Each 
 the last ``min_ngram`` or more tokens occurred earlier in prompt + output, and the model drafter's tree otherwise.
 The model drafter hears every commit, whoever drafted (an EAGLE head runs the features it missed at its next
 draft), so a switch costs only that catch-up.  Verification is the loop's as always: lossless whichever proposed.
+A vocabulary policy hears every verification (a copied chain's tokens enter MicroSpec's stream like a drafted
+tree's); ground-truth coverage is read only at the steps the model drafter drafted (``head_drafted``): a copied
+chain was never scored against a draft vocabulary, and a routed policy has no set before its first draft.
 """
 
 from __future__ import annotations
@@ -35,10 +38,12 @@ class LookupFirst(Drafter):
 
     def prefill(self, target: NativeCausalLM, prompt_ids: list[int], hidden: torch.Tensor,
                 vocab: VocabPolicy | None = None) -> None:
+        self.steps = {"lookup": 0, "model": 0}  # a generation that ended in an exception was not read
         self.drafter.prefill(target, prompt_ids, hidden, vocab)
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         tree = self.lookup.propose(ctx)
+        self.head_drafted = not len(tree)  # a copied chain: no draft-vocabulary set was asked for this step
         if len(tree):
             self.steps["lookup"] += 1
             return tree
