@@ -617,10 +617,10 @@ def build(method: Method | str, lm: "LoadedModel", heads: dict | None = None) ->
     drafter = make_drafter(method.drafter, num_layers_target=lm.model.spec.num_layers, draft_model=draft_model,
                            eagle_head=eagle_head, **tree)
     if method.lookup is not None:
-        from .drafters import NGRAM_TOKENS, NGramDrafter
+        from .drafters import NGramDrafter
         from .drafters.lookup_first import LookupFirst
 
-        chain = NGRAM_TOKENS.get(device_type, NGRAM_TOKENS["default"])
+        chain = tree_defaults("ngram", device_type, None, None, None)[0]  # prompt lookup's own length here
         drafter = LookupFirst(drafter, NGramDrafter(num_tokens=chain, min_ngram=method.lookup,
                                                     max_ngram=max(3, method.lookup)))
         tree["lookup"] = {"min_ngram": method.lookup, "tokens": chain}
@@ -637,5 +637,5 @@ def log_sizing(engine: Engine, file=None) -> None:
           + ", ".join(f"{n}: {c * 1000:.0f}" for n, c in engine.sizing.items()) + ")", file=file or sys.stderr)
 
 
-__all__ = ["DRAFTERS", "MODEL_DRAFTERS", "Engine", "Method", "POLICIES", "as_method", "build", "build_policy", "eagle_head_path",
-           "load_heads", "set_threads"]
+__all__ = ["DRAFTERS", "MODEL_DRAFTERS", "Engine", "Method", "POLICIES", "as_method", "build", "build_policy",
+           "eagle_head_path", "load_heads", "set_threads"]

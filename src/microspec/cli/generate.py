@@ -56,8 +56,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({
             "text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
             "model": lm.name, "dtype": lm.weights, "device": args.device, "drafter": args.drafter,
-            "auto": args.auto, "adaptive": args.adaptive, "lookup": args.lookup, "total_tokens": engine.tree.get("total_tokens"),
-            "vocab": args.vocab, "stats": stats,
+            "auto": args.auto, "adaptive": args.adaptive, "lookup": args.lookup,
+            "total_tokens": engine.tree.get("total_tokens"), "vocab": args.vocab, "stats": stats,
             **({"plain_stats": plain.stats.to_dict()} if plain is not None else {}),
         }))
     else:

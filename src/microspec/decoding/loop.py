@@ -210,8 +210,8 @@ def generate_ids(
         stats.covered, stats.coverage_tokens = int(coverage.covered), coverage.tokens
     if drafter is not None:
         stats.head_s, stats.active_sizes = _take_head_stats(drafter)
-        if hasattr(drafter, "take_steps"):  # prompt lookup first: how many drafted steps the lookup proposed
-            stats.lookup_steps = drafter.take_steps()["lookup"]
+        if hasattr(drafter, "take_lookup_steps"):  # prompt lookup first: how many drafted steps the lookup proposed
+            stats.lookup_steps = drafter.take_lookup_steps()
     return GenerationResult(out, finish, stats)
 
 

@@ -24,13 +24,13 @@ from .ngram import NGramDrafter
 
 
 class LookupFirst(Drafter):
-    """``lookup``'s chain when it finds one, else ``drafter``'s tree; ``steps`` counts which drafted
-    (``{"lookup": n, "model": m}``; read and reset by :meth:`take_steps`)."""
+    """``lookup``'s chain when it finds one, else ``drafter``'s tree; ``lookup_steps`` counts the steps the lookup
+    drafted (read and reset by :meth:`take_lookup_steps`)."""
 
     def __init__(self, drafter: Drafter, lookup: NGramDrafter):
         self.drafter, self.lookup = drafter, lookup
         self.name = f"{drafter.name}+lookup"
-        self.steps = {"lookup": 0, "model": 0}
+        self.lookup_steps = 0
 
     @property
     def head(self):  # the model drafter's draft head (its timer and active sizes feed the stats)
@@ -38,23 +38,22 @@ class LookupFirst(Drafter):
 
     def prefill(self, target: NativeCausalLM, prompt_ids: list[int], hidden: torch.Tensor,
                 vocab: VocabPolicy | None = None) -> None:
-        self.steps = {"lookup": 0, "model": 0}  # a generation that ended in an exception was not read
+        self.lookup_steps = 0  # a generation that ended in an exception was not read
         self.drafter.prefill(target, prompt_ids, hidden, vocab)
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         tree = self.lookup.propose(ctx)
         self.head_drafted = not len(tree)  # a copied chain: no draft-vocabulary set was asked for this step
         if len(tree):
-            self.steps["lookup"] += 1
+            self.lookup_steps += 1
             return tree
-        self.steps["model"] += 1
         return self.drafter.propose(ctx)
 
     def commit(self, accepted_tokens: list[int], hidden: torch.Tensor) -> None:
         self.drafter.commit(accepted_tokens, hidden)
 
-    def take_steps(self) -> dict[str, int]:
-        out, self.steps = self.steps, {"lookup": 0, "model": 0}
+    def take_lookup_steps(self) -> int:
+        out, self.lookup_steps = self.lookup_steps, 0
         return out
 
 
