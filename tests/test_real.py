@@ -298,8 +298,8 @@ def gemma_gguf():
 
 def test_gemma_gguf_speculation_is_bit_identical_for_every_drafter_and_policy(gemma_gguf):
     """On the packed path rows are batch-invariant, so every speculative method gives plain greedy's tokens bit for
-    bit — with the shipped head's full, MicroSpec and FR-Spec vocabularies, a trained router, early exit and
-    n-grams — and with the README's processors."""
+    bit — with the shipped head's full, MicroSpec and FR-Spec vocabularies, a trained router, early exit,
+    n-grams and prompt lookup first — and with the README's processors."""
     from microspec.api import generate
 
     for cfg in (GenerationConfig(max_new_tokens=40),
@@ -307,7 +307,8 @@ def test_gemma_gguf_speculation_is_bit_identical_for_every_drafter_and_policy(ge
         for prompt in SPEC_PROMPTS[:2]:
             ref = generate(gemma_gguf, prompt, cfg).token_ids
             accepted = {}
-            for method in ("eagle-full", "microspec", "fr-spec-32k", "dynaspec", "early-exit+microspec", "ngram"):
+            for method in ("eagle-full", "microspec", "fr-spec-32k", "dynaspec", "early-exit+microspec", "ngram",
+                           "microspec@lookup", "dynaspec@lookup"):  # prompt lookup first, with a routed policy too
                 res = generate(gemma_gguf, prompt, cfg, method=method)
                 assert res.token_ids == ref, (method, prompt, cfg.repetition_penalty)
                 accepted[method] = res.stats.mean_accept_len
