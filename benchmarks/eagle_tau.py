@@ -1,4 +1,4 @@
-"""Acceptance of an EAGLE head: tau (mean tokens per target step, bonus included) per category, full vocabulary.
+"""Acceptance of an EAGLE head (EAGLE-1/2 or EAGLE-3): tau (mean tokens per target step, bonus included) per category, full vocabulary.
 
     python benchmarks/eagle_tau.py --model gemma-3-270m --dtype fp32 \
         --data ../shared/data/spec_bench/question.jsonl ../shared/data/humaneval/HumanEval.jsonl.gz \
@@ -25,7 +25,7 @@ from microspec import load_model
 from microspec.api import encode_prompt
 from microspec.bench_data import first_per_category, read_records
 from microspec.decoding import GenerationConfig, generate_ids
-from microspec.drafters import EagleDrafter, EagleHead, TREE_DEFAULTS
+from microspec.drafters import TREE_DEFAULTS, load_eagle_head, make_drafter
 from microspec.models.registry import shipped_eagle_head
 
 TREES = {"eagle2": TREE_DEFAULTS["cuda"], "cpu": TREE_DEFAULTS["cpu"]}
@@ -50,7 +50,7 @@ def main() -> None:
     head_path = args.head or shipped_eagle_head(args.model)
     if head_path is None:
         raise SystemExit(f"no head given and none ships for {args.model}")
-    head = EagleHead.load(head_path)
+    head = load_eagle_head(head_path)  # EAGLE-1/2 or EAGLE-3, by its config
     records = [r for path in args.data for r in first_per_category(read_records(path), args.per_category)]
     if args.categories:
         keep = {c.strip() for c in args.categories.split(",")}
@@ -65,7 +65,7 @@ def main() -> None:
         ref = generate_ids(lm.model, ids, cfg, lm.eos_token_ids).token_ids
         for tree in trees:
             shape = TREES[tree]
-            drafter = EagleDrafter(head, depth=shape["depth"], top_k=shape["top_k"],
+            drafter = make_drafter("eagle", eagle_head=head, depth=shape["depth"], top_k=shape["top_k"],
                                    total_tokens=shape["total_tokens"])
             res = generate_ids(lm.model, ids, cfg, lm.eos_token_ids, drafter=drafter)
             same = res.token_ids == ref

@@ -62,6 +62,9 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--penalty", type=float, default=1.2)
     ap.add_argument("--scales", default="0.7,1,1.4")
+    ap.add_argument("--offsets", default="0",
+                    help="constants added to the draft's pre-cap logits before the penalty (its effect depends on "
+                         "their absolute size)")
     ap.add_argument("--refs", type=Path, default=None)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
@@ -73,7 +76,10 @@ def main() -> None:
     refs = references(lm, args.data, args.per_category, args.max_new_tokens, args.penalty, args.refs)
     scales = [float(s) for s in args.scales.split(",")]
     cap = target.spec.final_softcap
+    offsets = [float(c) for c in args.offsets.split(",")]
     hits = {s: 0 for s in scales}
+    off_hits = {c: 0 for c in offsets}
+    oracle_hits = 0  # the draft's logits minus the target's own penalty amounts: the size of the penalty made exact
     topk_hits = {2: 0, 3: 0, 4: 0}  # the target's penalised choice among the draft's penalised top k
     raw_hits = n = target_self = 0
     top_t, top_d, slopes = [], [], []
@@ -105,6 +111,9 @@ def main() -> None:
             for s in scales:
                 d = penalise(ld[j] * s, hist, args.penalty)
                 hits[s] += int(d.argmax()) == want
+            for c in offsets:
+                off_hits[c] += int(penalise(ld[j] + c, hist, args.penalty).argmax()) == want
+            oracle_hits += int((ld[j] - (lt[j] - penalise(lt[j], hist, args.penalty))).argmax()) == want
             d = penalise(ld[j], hist, args.penalty)
             for k in topk_hits:
                 topk_hits[k] += bool((torch.topk(d, k).indices == want).any())
@@ -117,6 +126,10 @@ def main() -> None:
     print(f"raw (no penalty) top-1 agreement: {raw_hits / n:.3f}")
     for s in scales:
         print(f"draft logits x {s:<5g} then the penalty: agreement {hits[s] / n:.3f}")
+    for c in offsets:
+        print(f"draft logits + {c:<5g} then the penalty: agreement {off_hits[c] / n:.3f}")
+    print(f"draft logits less the target's own penalty amounts (an oracle for the penalty's size): "
+          f"{oracle_hits / n:.3f}")
     print("the target's penalised choice among the draft's penalised top k: "
           + ", ".join(f"k={k} {v / n:.3f}" for k, v in topk_hits.items()))
 

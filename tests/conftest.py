@@ -11,6 +11,18 @@ import torch
 
 VOCAB = 96
 
+# Tiny models run on one thread: their products take microseconds, and torch's two-thread hand-off costs more than
+# the work (a [3, 64] x [64, 128] product: ~14 us on one thread, ~70 us on two on this 2-core machine, most of the
+# difference spinning in the kernel).  The real-model tests (test_real) keep two.
+REAL_MODEL_MODULES = {"test_real"}
+
+
+@pytest.fixture(autouse=True)
+def _threads(request):
+    want = 2 if request.module.__name__ in REAL_MODEL_MODULES else 1
+    if torch.get_num_threads() != want:
+        torch.set_num_threads(want)
+
 
 def tiny_config(family: str, **overrides):
     from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config, Qwen3Config
@@ -94,6 +106,18 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return write_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "tiny-llama")
 
 
+def write_checkpoint(path, cfg: dict, state: dict, fmt: str) -> None:
+    """A checkpoint directory: config.json and the weights as pytorch_model.bin (``fmt`` "bin") or safetensors."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(cfg))
+    if fmt == "bin":
+        torch.save(state, path / "pytorch_model.bin")
+    else:
+        from safetensors.torch import save_file
+
+        save_file(state, str(path / "model.safetensors"))
+
+
 def official_checkpoint(path, d=64, heads=4, kv=2, inter=96, vocab=VOCAB, fc_bias=True, qkv_bias=False, seed=0,
                         bias_key=True, fmt="bin"):
     """An EAGLE-1/2 checkpoint laid out exactly like the released ones (random weights)."""
@@ -119,12 +143,41 @@ def official_checkpoint(path, d=64, heads=4, kv=2, inter=96, vocab=VOCAB, fc_bia
            "rms_norm_eps": 1e-6, "max_position_embeddings": 512, "rope_theta": 10000.0, "hidden_act": "silu"}
     if bias_key:
         cfg["bias"] = fc_bias
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(cfg))
-    if fmt == "bin":
-        torch.save(state, path / "pytorch_model.bin")
-    else:
-        from safetensors.torch import save_file
-
-        save_file(state, str(path / "model.safetensors"))
+    write_checkpoint(path, cfg, state, fmt)
     return path, state, cfg
+
+
+def eagle3_checkpoint(path, d=64, heads=4, kv=2, inter=96, vocab=VOCAB, draft_vocab=64, layers=(0, 1, 2), seed=0,
+                      specforge=False, fmt="safetensors", t2d=True):
+    """An EAGLE-3 checkpoint laid out like the released ones (random weights; draft ids a random subset of the
+    vocabulary, ``draft_vocab == vocab`` with d2t all zeros for a head over the whole vocabulary)."""
+    g = torch.Generator().manual_seed(seed)
+    hd = d // heads
+
+    def w(*shape, s=0.08):
+        return torch.randn(*shape, generator=g) * s
+
+    ids = torch.arange(vocab) if draft_vocab == vocab else torch.randperm(vocab, generator=g)[:draft_vocab].sort()[0]
+    state = {"fc.weight": w(d, 3 * d, s=0.05), "midlayer.input_layernorm.weight": 1 + w(d, s=0.1),
+             "midlayer.hidden_norm.weight": 1 + w(d, s=0.1), "midlayer.post_attention_layernorm.weight": 1 + w(d, s=0.1),
+             "midlayer.self_attn.q_proj.weight": w(heads * hd, 2 * d), "midlayer.self_attn.k_proj.weight": w(kv * hd, 2 * d),
+             "midlayer.self_attn.v_proj.weight": w(kv * hd, 2 * d), "midlayer.self_attn.o_proj.weight": w(d, heads * hd),
+             "midlayer.mlp.gate_proj.weight": w(inter, d), "midlayer.mlp.up_proj.weight": w(inter, d),
+             "midlayer.mlp.down_proj.weight": w(d, inter), "norm.weight": 1 + w(d, s=0.1),
+             "lm_head.weight": w(draft_vocab, d, s=0.3), "d2t": ids - torch.arange(draft_vocab),
+             "embed_tokens.weight": w(vocab, d)}
+    if t2d:
+        mask = torch.zeros(vocab, dtype=torch.bool)
+        mask[ids] = True
+        state["t2d"] = mask
+    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": d,
+           "intermediate_size": inter, "num_attention_heads": heads, "num_key_value_heads": kv, "num_hidden_layers": 1,
+           "vocab_size": vocab, "draft_vocab_size": draft_vocab, "rms_norm_eps": 1e-6, "max_position_embeddings": 512,
+           "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False}
+    if layers is not None:
+        if specforge:
+            cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(layers), "use_aux_hidden_state": True}
+        else:
+            cfg["eagle_aux_hidden_state_layer_ids"] = list(layers)
+    write_checkpoint(path, cfg, state, fmt)
+    return path, state, cfg, ids

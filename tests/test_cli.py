@@ -268,6 +268,25 @@ def test_eagle_drafter_via_cli(capsys, tiny_model_dir, tmp_path):
     assert rc == 2 and "hidden size" in err and len(err.strip().splitlines()) == 1
 
 
+def test_eagle3_head_via_cli(capsys, tiny_model_dir, tmp_path):
+    """--drafter eagle --draft takes an EAGLE-3 checkpoint as it is (recognised by its config): same tokens as plain
+    decoding, with MicroSpec over its draft vocabulary too; a head for other layers is one clear error line."""
+    from conftest import eagle3_checkpoint
+
+    path = eagle3_checkpoint(tmp_path / "eagle3", draft_vocab=48, layers=(0, 1, 2))[0]
+    base = ["generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2 w3", "--max-new-tokens", "16",
+            "--ignore-eos", "--dtype", "fp32", "--json"]
+    _, out, _ = _run(capsys, *base, "--drafter", "none")
+    for extra in ([], ["--vocab", "microspec"], ["--lookup"]):
+        rc, out2, err = _run(capsys, *base, "--drafter", "eagle", "--draft", str(path), *extra)
+        assert rc == 0, err
+        obj = json.loads(out2)
+        assert obj["token_ids"] == json.loads(out)["token_ids"] and obj["head"] == "EAGLE-3", extra
+    deep = eagle3_checkpoint(tmp_path / "deep", layers=(0, 1, 5))[0]
+    rc, _, err = _run(capsys, *base, "--drafter", "eagle", "--draft", str(deep))
+    assert rc == 2 and "outside the target's" in err and len(err.strip().splitlines()) == 1
+
+
 def test_microspec_vocab_via_cli(capsys, tiny_model_dir):
     base = ["generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2 w3 w1 w2", "--max-new-tokens", "16",
             "--ignore-eos", "--dtype", "fp32", "--json"]

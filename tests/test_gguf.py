@@ -407,3 +407,31 @@ def test_fused_layer_equals_the_layer_by_layer_path(gguf_model):
     for a, b in zip(*outs):
         assert torch.equal(a, b)
     packed._fused = False
+
+
+def test_eagle3_on_a_packed_target_is_bit_identical(gguf_model, tmp_path):
+    """An EAGLE-3 head beside a packed target: the tapped features come out of the fused layer kernel the same as
+    out of the layer-by-layer path, and drafting (the head's matrices packed Q8_0 too) changes no output token."""
+    from conftest import eagle3_checkpoint
+    from microspec.decoding import GenerationConfig, generate_ids
+    from microspec.drafters import load_eagle_head, make_drafter
+    from microspec.models.native import Taps
+    from microspec.vocab import MicroSpecVocab
+
+    packed, _, _ = gguf_model
+    ids = torch.tensor([1, 5, 9, 33, 70, 2, 101])
+    outs = []
+    for fused in (True, False):
+        packed._fused = False if fused else None
+        taps = Taps((0, 1, 2))
+        packed.forward(ids, packed.new_cache(16), taps=taps)
+        outs.append(taps.out)
+    packed._fused = False
+    assert torch.equal(*outs)
+    path = eagle3_checkpoint(tmp_path / "ck", d=256, heads=4, kv=2, inter=128, vocab=160, draft_vocab=100)[0]
+    prompt = [1, 5, 9, 33, 70, 5, 9, 33, 70, 5]
+    cfg = GenerationConfig(max_new_tokens=24, ignore_eos=True)
+    plain = generate_ids(packed, prompt, cfg, ()).token_ids
+    for vocab in (None, MicroSpecVocab(160, w_max=64)):
+        drafter = make_drafter("eagle", eagle_head=load_eagle_head(path), depth=3, top_k=2, total_tokens=5)
+        assert generate_ids(packed, prompt, cfg, (), drafter=drafter, vocab=vocab).token_ids == plain

@@ -7,10 +7,10 @@ import pytest
 import torch
 from scipy.stats import chi2 as chi2_dist
 
-from conftest import VOCAB, official_checkpoint, tiny_pair
+from conftest import VOCAB, eagle3_checkpoint, official_checkpoint, tiny_pair
 from microspec.decoding import GenerationConfig, generate_ids
 from microspec.decoding.tree import DraftTree
-from microspec.drafters import EagleDrafter, EagleHead, EarlyExitDrafter, NGramDrafter
+from microspec.drafters import Eagle3Drafter, Eagle3Head, EagleDrafter, EagleHead, EarlyExitDrafter, NGramDrafter
 from microspec.drafters.base import DraftContext, Drafter
 from microspec.drafters.lookup_first import LookupFirst
 
@@ -144,6 +144,8 @@ def _drafters(exact):
         # prompt lookup first: a copied chain (a point-mass draft) at some steps, the EAGLE tree at the others
         "eagle-lookup": lambda: LookupFirst(EagleDrafter(_eagle_head(), depth=2, top_k=3, total_tokens=6),
                                             EveryOtherMatch()),
+        # EAGLE-3 over a draft vocabulary of its own (48 of the 96 ids): zero draft mass outside it
+        "eagle3-tree": lambda: Eagle3Drafter(_eagle3_head(), depth=2, top_k=3, total_tokens=6),
     }
 
 
@@ -159,6 +161,17 @@ def _eagle_head():
             path, _, _ = official_checkpoint(Path(tmp) / "ck")
             _HEAD["head"] = EagleHead.load(path)
     return _HEAD["head"]
+
+
+def _eagle3_head():
+    if "eagle3" not in _HEAD:
+        import tempfile
+        from pathlib import Path
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = eagle3_checkpoint(Path(tmp) / "ck", draft_vocab=48, layers=(0, 1, 2))[0]
+            _HEAD["eagle3"] = Eagle3Head.load(path)
+    return _HEAD["eagle3"]
 
 
 @pytest.mark.parametrize("name", ["iid-bad", "iid-good", "without-replacement", "deterministic-topk", "zero-mass",
@@ -210,7 +223,7 @@ def _restricted(name):
                                              ("early-exit-chain", "microspec-indexed"), ("eagle-chain", "fr-spec"),
                                              ("eagle-tree", "fr-spec-pa"), ("eagle-chain", "dynaspec"),
                                              ("eagle-tree", "dynaspec"), ("eagle-lookup", "microspec"),
-                                             ("eagle-lookup", "dynaspec")])
+                                             ("eagle-lookup", "dynaspec"), ("eagle3-tree", "microspec")])
 def test_sampling_with_a_restricted_draft_vocabulary_matches_exact_distribution(pair, exact, drafter, policy):
     """Drafts over a restricted vocabulary put zero mass outside it (and are processed and warped like the target):
     the committed tokens still follow the target's distribution exactly."""

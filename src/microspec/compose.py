@@ -155,12 +155,12 @@ def load_heads(methods, heads: dict | None = None) -> dict:
     """The EAGLE heads ``methods`` draft with, loaded once per directory into ``heads`` ({path: EagleHead}, made
     when None) — before the target is loaded, so a bad ``--draft`` fails first; several engines built with the same
     dict share one head."""
-    from .drafters.eagle import EagleHead
+    from .drafters import load_eagle_head
 
     heads = {} if heads is None else heads
     for m in methods:
         if m is not None and m.drafter == "eagle" and m.draft is not None and str(m.draft) not in heads:
-            heads[str(m.draft)] = EagleHead.load(m.draft)
+            heads[str(m.draft)] = load_eagle_head(m.draft)
     return heads
 
 
@@ -536,7 +536,9 @@ class Engine:
 
     def describe(self) -> dict:
         m = self.method
+        inner = getattr(self.drafter, "drafter", self.drafter)  # the model drafter behind prompt lookup first
         return {"drafter": m.drafter, "vocab": m.vocab, **m.options(),
+                **({"head": "EAGLE-3"} if getattr(inner, "name", None) == "eagle3" else {}),
                 **({} if self.drafter is None else {"tree": dict(self.tree)})}
 
 

@@ -57,12 +57,13 @@ def run(args: argparse.Namespace) -> int:
             "text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
             "model": lm.name, "dtype": lm.weights, "device": args.device, "drafter": args.drafter,
             "auto": args.auto, "adaptive": args.adaptive, "lookup": args.lookup,
-            "total_tokens": engine.tree.get("total_tokens"), "vocab": args.vocab, "stats": stats,
+            "total_tokens": engine.tree.get("total_tokens"), "vocab": args.vocab,
+            **{k: v for k, v in engine.describe().items() if k == "head"}, "stats": stats,
             **({"plain_stats": plain.stats.to_dict()} if plain is not None else {}),
         }))
     else:
         print(result.text)
-        print(stats_line(args, lm, stats, result.finish_reason), file=sys.stderr)
+        print(stats_line(args, lm, stats, result.finish_reason, engine.describe().get("head")), file=sys.stderr)
         if plain is not None:
             p = plain.stats.to_dict()
             speedup = stats["decode_tokens_per_s"] / p["decode_tokens_per_s"] if p["decode_tokens_per_s"] else 0
@@ -71,13 +72,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def stats_line(args: argparse.Namespace, lm, stats: dict, finish: str) -> str:
-    """What the generation cost and what speculation bought, in one line."""
+def stats_line(args: argparse.Namespace, lm, stats: dict, finish: str, head: str | None = None) -> str:
+    """What the generation cost and what speculation bought, in one line (``head``: the draft head's kind when it is
+    not the drafter's usual one, e.g. EAGLE-3)."""
     if args.drafter == "none":
         method = "plain decoding" + (f" (auto: {args.auto})" if args.auto else "")
     else:
         method = f"drafter {args.drafter}" + (f"+{args.vocab}" if args.drafter in MODEL_DRAFTERS
-                                              else "")
+                                              else "") + (f" ({head} head)" if head else "")
         if stats.get("lookup_steps") is not None:
             method += f" with prompt lookup first ({stats['lookup_steps']} steps)"
         if args.adaptive:

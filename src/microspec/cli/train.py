@@ -1,4 +1,4 @@
-"""``microspec train eagle | dynaspec | specvocab | coral``: argument handling for :mod:`microspec.training.jobs`."""
+"""``microspec train eagle | eagle3 | dynaspec | specvocab | coral``: argument handling for :mod:`microspec.training.jobs`."""
 
 from __future__ import annotations
 
@@ -31,13 +31,8 @@ def _policy_args(p) -> None:
     p.add_argument("--threads", type=int, default=None)
 
 
-def add(sub) -> None:
-    p = sub.add_parser("train", help="train a draft head (eagle) or a trained vocabulary policy (dynaspec, "
-                       "specvocab, coral)", description="Train a draft head for a target.")
-    tsub = p.add_subparsers(dest="what", required=True, parser_class=Parser)
-    e = tsub.add_parser("eagle", help="EAGLE-1/2 head by self-distillation",
-                        description="Generate the target's answers to training prompts, capture its features, and "
-                                    "train an EAGLE-1/2 head (resumable; everything goes under --out).")
+def _eagle_args(e) -> None:
+    """What train eagle and train eagle3 share: the data, the answers, the capture, the optimisation."""
     e.add_argument("--model", default=DEFAULT_MODEL)
     e.add_argument("--prompts", nargs="+", default=[],
                    help="training prompt files (JSONL with prompt / OASST1 messages / self-instruct / .txt); "
@@ -89,7 +84,30 @@ def add(sub) -> None:
         e.add_argument(f"--{name}", type=kind, default=default)
     e.add_argument("--batch-tokens", type=int, default=None,
                    help="padded tokens per training micro-batch (default: 1024 on a CPU, 16384 on CUDA)")
+
+
+def add(sub) -> None:
+    p = sub.add_parser("train", help="train a draft head (eagle, eagle3) or a trained vocabulary policy (dynaspec, "
+                       "specvocab, coral)", description="Train a draft head for a target.")
+    tsub = p.add_subparsers(dest="what", required=True, parser_class=Parser)
+    e = tsub.add_parser("eagle", help="EAGLE-1/2 head by self-distillation",
+                        description="Generate the target's answers to training prompts, capture its features, and "
+                                    "train an EAGLE-1/2 head (resumable; everything goes under --out).")
+    _eagle_args(e)
     e.set_defaults(func=_run("eagle"))
+    e3 = tsub.add_parser("eagle3", help="EAGLE-3 head (tapped features, training-time test, a draft vocabulary)",
+                         description="train eagle's stages for an EAGLE-3 head: capture the inputs of three target "
+                                     "layers, train with training-time test on the token loss alone, over a draft "
+                                     "vocabulary of the most frequent training ids (d2t); the head goes to "
+                                     "--out/head in the official EAGLE-3 layout.")
+    _eagle_args(e3)
+    e3.add_argument("--ttt-steps", type=int, default=7,
+                    help="training-time-test steps (the paper's 7; each costs about one more head pass and loss)")
+    e3.add_argument("--draft-vocab", type=int, default=32768,
+                    help="draft vocabulary: this many of the most frequent training ids (EAGLE-3's 32k)")
+    e3.add_argument("--feature-layers", type=lambda v: [int(x) for x in v.split(",")], default=None,
+                    metavar="A,B,C", help="target layers whose inputs are fused (default: 2, L/2, L-3, as vLLM)")
+    e3.set_defaults(func=_run("eagle3"))
     d = tsub.add_parser("dynaspec", help="DynaSpec cluster router over an EAGLE head's inputs",
                         description="Cluster the LM head (spherical k-means), label the features `train eagle` saved "
                                     "with the full-vocabulary drafter's top-L tokens, train the router (BCE) and pick "

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from ..errors import MicrospecError, check
 from ..kernels import cpu_linear
-from ..models.native import NativeCausalLM
+from ..models.native import NativeCausalLM, Taps
 from .adaptive import AdaptiveSteps
 from .config import GenerationConfig
 from .context import DraftContext
@@ -143,7 +143,10 @@ def generate_ids(
     spans: list[tuple[int, int, int, int]] = []  # per step: marks at draft start, verify start, verify end, end
     vocab_timer = DeviceTimer(device)
     coverage = CoverageObserver(vocab, device) if vocab is not None and drafter is not None else None
-    hidden = model(torch.as_tensor(tokens, dtype=torch.long, device=device), cache)
+    # a drafter fed layers other than the last (EAGLE-3) gets them tapped from every forward it hears of
+    layers = drafter.feature_layers(model) if drafter is not None else None
+    taps = Taps(layers) if layers else None
+    hidden = model(torch.as_tensor(tokens, dtype=torch.long, device=device), cache, taps=taps)
     if vocab is not None:
         vocab.reset()
         tail = hidden if vocab.prompt_positions is None else hidden[max(0, len(tokens) - vocab.prompt_positions):]
@@ -151,7 +154,7 @@ def generate_ids(
         with vocab_timer:
             vocab.on_prefill(torch.as_tensor(tokens, dtype=torch.long, device=device), top)
     if drafter is not None:
-        drafter.prefill(model, tokens, hidden, vocab)  # the draft head takes its sets from the policy
+        drafter.prefill(model, tokens, hidden if taps is None else taps.out, vocab)  # the head's sets: the policy's
     logits = model.head(hidden[-1:])
     if pipe.active:
         pipe.process(logits)
@@ -169,7 +172,7 @@ def generate_ids(
         stats.skipped_steps += drafter is not None and not drafting
         t1 = clock.mark()
         start = cache.length
-        hidden = verify_forward(model, cache, tree, tokens[-1])
+        hidden = verify_forward(model, cache, tree, tokens[-1], taps)
         walk_head = LazyHead(model.head, hidden, tree, head_mode)
         walk = walker(tree, walk_head, pipe)
         branch = [0] + [1 + a for a in walk.accepted]  # verify rows of the root and the accepted nodes
@@ -189,7 +192,7 @@ def generate_ids(
         new = walk.tokens
         stats.record_step(len(new), len(tree), max(tree.depths(), default=0), walk.head_rows)
         if drafter is not None:
-            drafter.commit(new, hidden[branch])
+            drafter.commit(new, (hidden if taps is None else taps.out)[branch])
         if adaptive is not None:  # the host's clock: the walk has read the accepted tokens, so it tracks the device
             adaptive.observe(drafting, len(new), time.perf_counter() - host_t0)
         emitted = len(out)
@@ -224,14 +227,14 @@ def draft(drafter: Drafter | None, ctx: DraftContext) -> DraftTree:
     return tree.first(ctx.cache.capacity - ctx.cache.length - 1)
 
 
-def verify_forward(model: NativeCausalLM, cache, tree: DraftTree, root: int) -> torch.Tensor:
+def verify_forward(model: NativeCausalLM, cache, tree: DraftTree, root: int, taps: Taps | None = None) -> torch.Tensor:
     """The target over the root and the tree in one pass (hidden states [1 + N, d]); with no tree, the one-token
-    decode step (no mask)."""
+    decode step (no mask).  ``taps``: layers whose inputs to keep as well (EAGLE-3's features)."""
     device = model.device
     if len(tree):
         ids, positions, mask = tree.verify_inputs(root, cache.length, device)
-        return model(ids, cache, positions=positions, mask=mask)
-    return model(torch.tensor([root], dtype=torch.long, device=device), cache)
+        return model(ids, cache, positions=positions, mask=mask, taps=taps)
+    return model(torch.tensor([root], dtype=torch.long, device=device), cache, taps=taps)
 
 
 def _take_head_stats(drafter: Drafter) -> tuple[float, list[int]]:

@@ -6,6 +6,7 @@ from ..errors import MicrospecError
 from .base import DraftContext, Drafter
 from .draft_model import DraftModelDrafter
 from .eagle import EagleDrafter, EagleHead
+from .eagle3 import Eagle3Drafter, Eagle3Head, is_eagle3_checkpoint
 from .early_exit import EarlyExitDrafter
 from .ngram import NGramDrafter
 
@@ -66,7 +67,8 @@ def make_drafter(name: str, *, draft_layers: int | None = None, depth: int | Non
     if name == "eagle":
         if eagle_head is None:
             raise MicrospecError("the eagle drafter needs its EAGLE head")
-        return EagleDrafter(eagle_head, depth=depth, top_k=top_k, total_tokens=total_tokens)
+        cls = Eagle3Drafter if isinstance(eagle_head, Eagle3Head) else EagleDrafter
+        return cls(eagle_head, depth=depth, top_k=top_k, total_tokens=total_tokens)
     if name == "model":
         if draft_model is None:
             raise MicrospecError("the model drafter needs its draft model")
@@ -74,5 +76,15 @@ def make_drafter(name: str, *, draft_layers: int | None = None, depth: int | Non
     raise MicrospecError(f"unknown drafter {name!r}; choose from {', '.join(DRAFTERS)}")
 
 
-__all__ = ["DRAFTERS", "DraftContext", "DraftModelDrafter", "Drafter", "EagleDrafter", "EagleHead",
-           "EarlyExitDrafter", "NGramDrafter", "make_drafter"]
+def load_eagle_head(path) -> EagleHead | Eagle3Head:
+    """An EAGLE head from its checkpoint directory: EAGLE-3 (by its config) or EAGLE-1/2."""
+    from pathlib import Path
+
+    directory = Path(path).expanduser()
+    if directory.is_dir() and is_eagle3_checkpoint(directory):
+        return Eagle3Head.load(directory)
+    return EagleHead.load(directory)
+
+
+__all__ = ["DRAFTERS", "DraftContext", "DraftModelDrafter", "Drafter", "Eagle3Drafter", "Eagle3Head", "EagleDrafter",
+           "EagleHead", "EarlyExitDrafter", "NGramDrafter", "load_eagle_head", "make_drafter"]

@@ -26,10 +26,16 @@ class Drafter(ABC):
         vocabulary policy a draft head takes its sets from (None: the whole vocabulary; drafters without an LM head
         ignore it)."""
 
+    def feature_layers(self, target: NativeCausalLM) -> tuple[int, ...] | None:
+        """Layers of ``target`` whose inputs the drafter drafts from (:class:`~microspec.models.native.Taps`):
+        :meth:`prefill` and :meth:`commit` then get their concatenation instead of the final hidden states.  None
+        (the default): the final hidden states."""
+        return None
+
     @abstractmethod
     def propose(self, ctx: DraftContext) -> DraftTree:
         """A token tree to verify below ``ctx.tokens[-1]`` (may be empty)."""
 
     def commit(self, accepted_tokens: list[int], hidden: torch.Tensor) -> None:
         """Called after each verification with the committed tokens and the target's hidden states of the root and
-        the accepted nodes (the features an EAGLE head needs)."""
+        the accepted nodes (the features an EAGLE head needs; the tapped ones where :meth:`feature_layers` asks)."""

@@ -29,14 +29,53 @@ from ..vocab.base import RankedPrefix, VocabPolicy, active_size
 from ..vocab.packed import PackedRows
 
 
+class DraftVocabRows:
+    """An LM head with a draft vocabulary of its own (EAGLE-3's ``d2t``): ``rows`` [V_draft, d], row r scoring target
+    id ``ids[r]``, seen by vocabulary policies and the draft head as a [V, d] matrix of the whole vocabulary.  Rows of
+    ids outside the draft vocabulary read as row 0; the draft head masks them to -inf wherever they are scored, so a
+    restricted set (MicroSpec's, a shortlist) is intersected with the draft vocabulary."""
+
+    def __init__(self, rows, ids: torch.Tensor, vocab_size: int):
+        self.rows = rows
+        self.ids = ids.to(torch.long)
+        self.row_of = torch.full((vocab_size + 1,), -1, dtype=torch.long, device=self.ids.device)
+        self.row_of[self.ids] = torch.arange(self.ids.numel(), device=self.ids.device)
+        self.present = self.row_of >= 0  # [V + 1]: index V (and -1) is False
+        self.shape = torch.Size((vocab_size, rows.shape[1]))
+
+    @property
+    def device(self) -> torch.device:
+        return self.rows.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.rows.dtype
+
+    def _rows_of(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.row_of[ids.to(torch.long)].clamp(min=0)
+
+    def index_select(self, dim: int, ids: torch.Tensor):
+        check(dim == 0, "a draft vocabulary selects rows only")
+        return self.rows.index_select(0, self._rows_of(ids))
+
+    def __getitem__(self, ids):
+        return self.rows[self._rows_of(torch.as_tensor(ids))]
+
+    def new_zeros(self, *size, **kwargs) -> torch.Tensor:
+        return self.rows.new_zeros(*size, **kwargs)
+
+
 class DraftHead:
     """The draft head over ``weight`` [V, d] (shared with the model it came from, no copy), scoring the sets of
     ``policy`` (None: the whole vocabulary).  The head is the policy's only contact while drafting: it asks for the
     sets, hands a router what the draft network was fed (:meth:`route`) and a ranker the hidden states it scores."""
 
-    def __init__(self, weight: torch.Tensor, softcap: float | None = None, policy: VocabPolicy | None = None):
+    def __init__(self, weight: torch.Tensor | DraftVocabRows, softcap: float | None = None,
+                 policy: VocabPolicy | None = None, norm=None):
         self.weight = weight
         self.softcap = softcap
+        self.norm = norm  # applied to the hidden states before scoring (an EAGLE-3 head's final norm)
+        self.mapped = weight if isinstance(weight, DraftVocabRows) else None
         self.vocab_size = weight.shape[0]
         self.policy = policy
         self.active: torch.Tensor | PackedRows | RankedPrefix | None = None  # what the last logits() call used
@@ -44,6 +83,8 @@ class DraftHead:
         self._rows: torch.Tensor | None = None
         self._inverse: tuple[torch.Tensor, torch.Tensor] | None = None  # (id list, [V] column of each id or -1)
         self._fused = policy is not None and policy.fused
+        check(not (self._fused and self.mapped is not None),
+              "--gather fused reads rows of the full vocabulary: not with a head that has a draft vocabulary")
         self.timer = DeviceTimer(weight.device)
         self.sizes: list = []  # active size of each call (device scalars for packed buffers: read at the end)
         if policy is not None:
@@ -85,23 +126,34 @@ class DraftHead:
 
     def _logits(self, hidden: torch.Tensor, depth: int) -> torch.Tensor:
         with self.timer:
-            if self.policy is not None and self.policy.wants_head_input:
-                self.policy.on_head_input(hidden, depth)
-            active = self._select(depth)
-            if isinstance(active, PackedRows):
-                out = self._matmul(hidden, active.rows[: active.extent])
-                out.masked_fill_(~active.valid(), float("-inf"))
-                return out
-            ids = active.ids if isinstance(active, RankedPrefix) else active
-            if isinstance(ids, torch.Tensor) and self._fused:
-                from ..kernels.gather_matmul import gather_matmul
+            if self.norm is not None:
+                hidden = self.norm(hidden)
+            out = self._scores(hidden, depth)
+            if self.mapped is not None and self.active is not None:  # ids outside the draft vocabulary
+                out.masked_fill_(~self.mapped.present[self.to_full_ids(
+                    torch.arange(out.shape[-1], device=out.device))], float("-inf"))
+            return out
 
-                return self._cap(gather_matmul(hidden, self.weight, ids))
-            if isinstance(active, RankedPrefix):  # a view of the order's leading rows
-                rows = self._rows
-                return self._matmul(hidden, rows.leading(active.n) if isinstance(rows, QuantTensor) else
-                                    rows[: active.n])
-            return self._matmul(hidden, self.weight if active is None else self._rows)
+    def _scores(self, hidden: torch.Tensor, depth: int) -> torch.Tensor:
+        if self.policy is not None and self.policy.wants_head_input:
+            self.policy.on_head_input(hidden, depth)
+        active = self._select(depth)
+        if isinstance(active, PackedRows):
+            out = self._matmul(hidden, active.rows[: active.extent])
+            out.masked_fill_(~active.valid(), float("-inf"))
+            return out
+        ids = active.ids if isinstance(active, RankedPrefix) else active
+        if isinstance(ids, torch.Tensor) and self._fused:
+            from ..kernels.gather_matmul import gather_matmul
+
+            return self._cap(gather_matmul(hidden, self.weight, ids))
+        if isinstance(active, RankedPrefix):  # a view of the order's leading rows
+            rows = self._rows
+            return self._matmul(hidden, rows.leading(active.n) if isinstance(rows, QuantTensor) else
+                                rows[: active.n])
+        if active is None:
+            return self._matmul(hidden, self.weight if self.mapped is None else self.mapped.rows)
+        return self._matmul(hidden, self._rows)
 
     def _matmul(self, hidden: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if isinstance(w, QuantTensor):  # rows of a GGUF head kept packed (the whole head, or a shortlist's rows)
@@ -117,7 +169,7 @@ class DraftHead:
         """Columns [n] of the last :meth:`logits` call that hold ``ids`` (-1 for an id outside the set)."""
         active = self.active
         if active is None:
-            return ids
+            return ids if self.mapped is None else self.mapped.row_of[ids]
         if isinstance(active, PackedRows):
             return active.slot_of[ids]  # occupied slots lie below the extent the logits cover
         source = active.order if isinstance(active, RankedPrefix) else active
@@ -131,7 +183,7 @@ class DraftHead:
     def to_full_ids(self, columns: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary ids of columns of the last :meth:`logits` call."""
         if self.active is None:
-            return columns
+            return columns if self.mapped is None else self.mapped.ids[columns]
         if isinstance(self.active, PackedRows):
             return self.active.to_full_ids(columns)
         if isinstance(self.active, RankedPrefix):
@@ -152,7 +204,7 @@ class DraftHead:
     def full_distribution(self, probs_active: torch.Tensor) -> torch.Tensor:
         """Scatter a distribution over the columns of the last :meth:`logits` call [R, A] into the full vocabulary
         [R, V] (zeros elsewhere)."""
-        if self.active is None:
+        if self.active is None and self.mapped is None:
             return probs_active
         ids = self.to_full_ids(torch.arange(probs_active.shape[-1], device=probs_active.device))
         out = probs_active.new_zeros(probs_active.shape[0], self.vocab_size + 1)

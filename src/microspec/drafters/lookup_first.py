@@ -36,6 +36,9 @@ class LookupFirst(Drafter):
     def head(self):  # the model drafter's draft head (its timer and active sizes feed the stats)
         return getattr(self.drafter, "head", None)
 
+    def feature_layers(self, target: NativeCausalLM) -> tuple[int, ...] | None:
+        return self.drafter.feature_layers(target)
+
     def prefill(self, target: NativeCausalLM, prompt_ids: list[int], hidden: torch.Tensor,
                 vocab: VocabPolicy | None = None) -> None:
         self.lookup_steps = 0  # a generation that ended in an exception was not read

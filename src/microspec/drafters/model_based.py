@@ -36,7 +36,7 @@ class ForwardDrafter(Drafter):
 
     def prefill(self, target: NativeCausalLM, prompt_ids: list[int], hidden: torch.Tensor,
                 vocab: VocabPolicy | None = None) -> None:
-        self.head = DraftHead(*self._start(target, prompt_ids, hidden), policy=vocab)
+        self.head = DraftHead(*self._start(target, prompt_ids, hidden), policy=vocab, norm=self._head_norm())
 
     def _route(self, depth: int) -> None:
         """Before the head scores ``depth``: what the draft network was fed (for a routing policy)."""
@@ -63,6 +63,11 @@ class ForwardDrafter(Drafter):
                hidden: torch.Tensor) -> tuple[torch.Tensor, float | None]:
         """A new generation (the target's prefill is done): check the target, set up caches; the draft head's
         weight [V, d] and final soft-cap."""
+
+    def _head_norm(self):
+        """The norm the draft head applies to the hidden states it scores (None: they come normed; an EAGLE-3 head
+        scores its normed outputs but feeds deeper steps the outputs themselves)."""
+        return None
 
     def _backlog(self, ctx: DraftContext) -> int:
         """Committed tokens (before the root) that ``_root`` must still run through the draft."""

@@ -270,6 +270,20 @@ class _Body(nn.Module):
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.gemma) if final_norm else None
 
 
+class Taps:
+    """Layers whose inputs a forward hands out beside its final hidden states: the fused low / middle / high
+    features an EAGLE-3 head drafts from.  ``layers`` are indices in [0, num_layers]: i is the residual stream entering
+    layer i (as vLLM's and SGLang's aux hidden states), num_layers the last layer's output before the final norm.
+    After a forward, ``out`` holds their concatenation, in the order of ``layers``: [..., T, len(layers) * d]."""
+
+    def __init__(self, layers):
+        self.layers = tuple(int(i) for i in layers)
+        self.out: torch.Tensor | None = None
+
+    def collect(self, tapped: dict[int, torch.Tensor], last: torch.Tensor) -> None:
+        self.out = torch.cat([tapped.get(i, last) for i in self.layers], dim=-1)
+
+
 def window_mask(qpos: torch.Tensor, kpos: torch.Tensor, window: int | None) -> torch.Tensor:
     """[Tq, Tk] bool: key position ``kpos[j]`` is visible from query position ``qpos[i]`` — at or before it, and
     with a sliding ``window`` fewer than ``window`` positions behind it."""
@@ -431,6 +445,7 @@ class NativeCausalLM(nn.Module):
         positions: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
         num_layers: int | None = None,
+        taps: "Taps | None" = None,
     ) -> torch.Tensor:
         """Run the new tokens ``input_ids`` [T] through the model, appending their keys/values to ``cache``.
 
@@ -441,9 +456,10 @@ class NativeCausalLM(nn.Module):
             behind the query.
         num_layers: run only the first ``num_layers`` layers (early-exit drafting); the final norm still applies,
             and only those layers' cache entries are written.
+        taps: layers whose inputs to hand out as well (:class:`Taps`, EAGLE-3's features; not with ``num_layers``).
         Returns the final-normed hidden states [T, d].
         """
-        return self.run(self.embed(input_ids), cache, positions, mask, num_layers)
+        return self.run(self.embed(input_ids), cache, positions, mask, num_layers, taps)
 
     def run(
         self,
@@ -452,6 +468,7 @@ class NativeCausalLM(nn.Module):
         positions: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
         num_layers: int | None = None,
+        taps: "Taps | None" = None,
     ) -> torch.Tensor:
         """:meth:`forward` from input vectors ``x`` [T, d] instead of token ids (final norm applied if present)."""
         spec = self.spec
@@ -473,7 +490,10 @@ class NativeCausalLM(nn.Module):
             return self._attend(q, keys[:, lo:s], values[:, lo:s], amask, gqa)
 
         fused = self._fused_layers() if t <= cpu_linear.ATTENTION_MAX_ROWS and cpu_quant.rows_apply(x) else None
+        tapped = {} if taps is not None and num_layers is None else None
         for i, layer in enumerate(layers):
+            if tapped is not None and i in taps.layers:
+                tapped[i] = x
             if fused is not None:  # packed GGUF layers on fp32 rows: the whole layer in one kernel call
                 amask, lo = masks[spec.layer_windows[i]]
                 allowed = self._no_mask if amask is None else amask.reshape(t, s - lo).contiguous()
@@ -483,6 +503,8 @@ class NativeCausalLM(nn.Module):
             else:
                 x = self.layer(i, layer, x, rope, attend)
         cache.length = s
+        if tapped is not None:
+            taps.collect(tapped, x)
         return self.model.norm(x) if self.model.norm is not None else x
 
     def layer(self, i: int, layer: nn.Module, x: torch.Tensor, rope: dict, attend) -> torch.Tensor:
@@ -490,10 +512,20 @@ class NativeCausalLM(nn.Module):
         [..., kv_heads, T, hd] (RoPE applied) and returns [..., heads, T, hd].  :meth:`run` attends through its
         cache; batched callers (answer generation, head training) attend their own way."""
         spec = self.spec
-        attn = layer.self_attn
-        nh, nkv, hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
-        lead, t = x.shape[:-2], x.shape[-2]
         h = layer.input_layernorm(x) if layer.input_layernorm is not None else x
+        o = self.attention(i, layer.self_attn, h, rope, attend)
+        if spec.gemma:
+            x = x + layer.post_attention_layernorm(o)
+            h = layer.pre_feedforward_layernorm(x)
+            return x + layer.post_feedforward_layernorm(self._mlp(layer.mlp, h))
+        x = x + o
+        return x + self._mlp(layer.mlp, layer.post_attention_layernorm(x))
+
+    def attention(self, i: int, attn: Attention, h: torch.Tensor, rope: dict, attend) -> torch.Tensor:
+        """Layer ``i``'s attention block on its normed input ``h`` [..., T, d_in], through ``o_proj``."""
+        spec = self.spec
+        nh, nkv, hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        lead, t = h.shape[:-2], h.shape[-2]
         q = attn.q_proj(h).view(*lead, t, nh, hd)
         k = attn.k_proj(h).view(*lead, t, nkv, hd)
         v = attn.v_proj(h).view(*lead, t, nkv, hd).transpose(-2, -3)
@@ -509,13 +541,7 @@ class NativeCausalLM(nn.Module):
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         o = attend(i, q, k, v)
-        o = attn.o_proj(o.transpose(-2, -3).reshape(*lead, t, nh * hd))
-        if spec.gemma:
-            x = x + layer.post_attention_layernorm(o)
-            h = layer.pre_feedforward_layernorm(x)
-            return x + layer.post_feedforward_layernorm(self._mlp(layer.mlp, h))
-        x = x + o
-        return x + self._mlp(layer.mlp, layer.post_attention_layernorm(x))
+        return attn.o_proj(o.transpose(-2, -3).reshape(*lead, t, nh * hd))
 
     _ACTIVATIONS = {"silu": 0, "swish": 0, "gelu_pytorch_tanh": 1, "gelu_tanh": 1, "gelu": 2}
 
@@ -550,7 +576,7 @@ class NativeCausalLM(nn.Module):
         self._fused = out
         return out
 
-    def run_causal_batch(self, x: torch.Tensor, store=None) -> torch.Tensor:
+    def run_causal_batch(self, x: torch.Tensor, store=None, taps: "Taps | None" = None) -> torch.Tensor:
         """Causal forward of a batch of sequences ``x`` [B, T, d] from position 0, without a cache: EAGLE head
         training, and the grouped prefills of batched answer generation (``store(i, k, v)`` receives layer ``i``'s
         keys and values [B, kv_heads, T, hd]).  Right-padded sequences are exact at their real positions (a causal
@@ -567,8 +593,13 @@ class NativeCausalLM(nn.Module):
                 store(i, k, v)
             return self.attend_batch(q, k, v, masks[spec.layer_windows[i]], causal=True)
 
+        tapped = {} if taps is not None else None
         for i, layer in enumerate(self.model.layers):
+            if tapped is not None and i in taps.layers:
+                tapped[i] = x
             x = self.layer(i, layer, x, rope, attend)
+        if tapped is not None:
+            taps.collect(tapped, x)
         return self.model.norm(x) if self.model.norm is not None else x
 
     def _mlp(self, mlp: MLP, h: torch.Tensor) -> torch.Tensor:

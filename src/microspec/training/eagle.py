@@ -34,7 +34,7 @@ from ..decoding.config import GenerationConfig
 from ..decoding.loop import generate_ids
 from ..drafters.eagle import EagleHead, _layer_config
 from ..errors import MicrospecError, check
-from ..models.native import NativeCausalLM
+from ..models.native import NativeCausalLM, Taps
 from .batch_generate import generate_batched
 from .data import append_jsonl, read_jsonl
 
@@ -75,9 +75,9 @@ def init_head(head: EagleHead, source: EagleHead) -> None:
             v.copy_(theirs[k].to(v.dtype))
 
 
-def new_head(target: NativeCausalLM, intermediate_size: int | None = None, seed: int = 0) -> EagleHead:
-    """An untrained head shaped for ``target``: its hidden size, attention shape and RoPE base, one Llama-style
-    decoder layer; weights drawn as EAGLE's (normal, std 0.02; norms at one; fc as torch's Linear)."""
+def head_config(target: NativeCausalLM, intermediate_size: int | None = None):
+    """The config of a draft head's decoder layer for ``target``: its hidden size, attention shape and RoPE base,
+    one Llama-style layer."""
     s = target.spec
     tables = target._rope  # Gemma 3 has a local (sliding) and a global table: the head takes the local one
     rope = tables.get("sliding_attention") or tables.get("default") or next(iter(tables.values()))
@@ -85,23 +85,32 @@ def new_head(target: NativeCausalLM, intermediate_size: int | None = None, seed:
            "num_attention_heads": s.num_heads, "num_key_value_heads": s.num_kv_heads, "head_dim": s.head_dim,
            "rms_norm_eps": s.rms_norm_eps, "max_position_embeddings": s.max_position,
            "rope_theta": _rope_theta(rope[0], s.head_dim), "hidden_act": "silu", "vocab_size": s.vocab_size}
-    head = EagleHead(_layer_config(raw, qkv_bias=False), fc_bias=True)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in head.named_parameters():
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            elif name == "fc.weight":
-                bound = 1 / math.sqrt(p.shape[1])
-                p.uniform_(-bound, bound, generator=g)
-            elif name == "fc.bias":
-                p.zero_()
-            elif p.dim() == 2:
-                p.normal_(0.0, 0.02, generator=g)
-            else:
-                p.zero_()
-    head.vocab_size = s.vocab_size
+    return _layer_config(raw, qkv_bias=False)
+
+
+def new_head(target: NativeCausalLM, intermediate_size: int | None = None, seed: int = 0) -> EagleHead:
+    """An untrained head shaped for ``target`` (:func:`head_config`); weights drawn as EAGLE's (normal, std 0.02;
+    norms at one; fc as torch's Linear)."""
+    head = EagleHead(head_config(target, intermediate_size), fc_bias=True)
+    init_weights(head, seed)
+    head.vocab_size = target.spec.vocab_size
     return head
+
+
+@torch.no_grad()
+def init_weights(head: torch.nn.Module, seed: int) -> None:
+    """EAGLE's initialisation: matrices normal (std 0.02), norms at one, fc as torch's Linear, biases zero."""
+    g = torch.Generator().manual_seed(seed)
+    for name, p in head.named_parameters():
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+        elif name == "fc.weight":
+            bound = 1 / math.sqrt(p.shape[1])
+            p.uniform_(-bound, bound, generator=g)
+        elif p.dim() == 2:
+            p.normal_(0.0, 0.02, generator=g)
+        else:
+            p.zero_()
 
 
 def _rope_theta(inv_freq: torch.Tensor, head_dim: int) -> float:
@@ -207,13 +216,15 @@ def generate_responses(lm, prompts: list[str], out: Path, cfg: GenerationConfig,
 
 @torch.inference_mode()
 def capture_features(target: NativeCausalLM, samples: list[dict], out: Path, max_len: int, shard_size: int = 64,
-                     log=print, prefix: str = "shard") -> list[Path]:
+                     log=print, prefix: str = "shard", taps: tuple[int, ...] | None = None) -> list[Path]:
     """Stage 2 (resumable by shard): final hidden states of prompt + answer, bf16, for the answers whose features
     batched generation did not already keep (those are its ``features/gen*.pt``), as ``features/<prefix>NNNNN.pt``.
-    Returns the shards of ``samples``."""
+    With ``taps`` (an EAGLE-3 head's layers) every answer is captured, and each record also keeps ``taps``: the
+    inputs of those layers, concatenated.  Returns the shards of ``samples``."""
     fdir = out / "features"
     fdir.mkdir(parents=True, exist_ok=True)
-    samples = [rec for rec in samples if "features" not in rec]
+    if taps is None:
+        samples = [rec for rec in samples if "features" not in rec]
     shards: list[Path] = []
     for s0 in range(0, len(samples), shard_size):
         path = fdir / f"{prefix}{s0 // shard_size:05d}.pt"
@@ -226,20 +237,25 @@ def capture_features(target: NativeCausalLM, samples: list[dict], out: Path, max
             if len(ids) < 3 or len(rec["prompt_ids"]) >= len(ids):
                 continue
             t = torch.tensor(ids, dtype=torch.long, device=target.device)
-            hidden = target(t, target.new_cache(len(ids)))
+            tapped = Taps(taps) if taps is not None else None
+            hidden = target(t, target.new_cache(len(ids)), taps=tapped)
             recs.append({"ids": t.cpu(), "features": hidden.to("cpu", torch.bfloat16),
-                         "prompt_len": len(rec["prompt_ids"])})
+                         "prompt_len": len(rec["prompt_ids"]),
+                         **({"taps": tapped.out.to("cpu", torch.bfloat16)} if tapped is not None else {})})
         torch.save(recs, path)
         log(f"capture: shard {path.name} ({len(recs)} sequences)")
     return shards
 
 
 FEATURE_SHARDS = ("gen*.pt", "shard*.pt", "text*.pt")  # batched generation's, capture's, the text corpora's
+TAPPED_SHARDS = ("e3shard*.pt", "e3text*.pt")  # `train eagle3`'s: with the tapped layers' features
 
 
-def feature_shards(out: Path) -> list[Path]:
-    """Every feature shard a `train eagle --out` directory holds (under features/), in a fixed order."""
-    return [p for pat in FEATURE_SHARDS for p in sorted((Path(out) / "features").glob(pat))]
+def feature_shards(out: Path, tapped: bool = False) -> list[Path]:
+    """Every feature shard a `train eagle --out` directory holds (under features/), in a fixed order; ``tapped``:
+    `train eagle3`'s."""
+    return [p for pat in (TAPPED_SHARDS if tapped else FEATURE_SHARDS)
+            for p in sorted((Path(out) / "features").glob(pat))]
 
 
 def load_features(shards: list[Path], hidden_size: int | None = None) -> list[dict]:

@@ -13,15 +13,16 @@ from ..drafters.eagle import EagleHead
 from ..errors import MicrospecError
 
 
-def extra_feature_shards(paths: list[str]) -> list:
-    """The shard files named by --extra-features (a directory stands for the shards of its features/)."""
+def extra_feature_shards(paths: list[str], tapped: bool = False) -> list:
+    """The shard files named by --extra-features (a directory stands for the shards of its features/; ``tapped``:
+    the shards `train eagle3` captured there)."""
     from pathlib import Path
 
     from .eagle import feature_shards
 
     out: list[Path] = []
     for p in map(Path, paths):
-        found = feature_shards(p) if p.is_dir() else [p] if p.is_file() else []
+        found = feature_shards(p, tapped) if p.is_dir() else [p] if p.is_file() else []
         if not found:
             raise MicrospecError(f"--extra-features {p}: no feature shards there (a .pt shard, or a `train eagle "
                                  f"--out` directory with features/)")
@@ -134,6 +135,23 @@ def train_dynaspec(opts) -> dict:
                          {"router": None, "k0": report["k0"], "k1": report["k1"]})
 
 
+def _feature_layers(opts, target) -> tuple[int, ...]:
+    """``--feature-layers`` (default: vLLM's 2, L/2, L-3), checked against the target."""
+    from ..drafters.eagle3 import default_feature_layers
+
+    layers = tuple(opts.feature_layers) if opts.feature_layers else default_feature_layers(target.spec.num_layers)
+    if len(layers) < 1 or not all(0 <= i <= target.spec.num_layers for i in layers) or len(set(layers)) != len(layers):
+        raise MicrospecError(f"--feature-layers must be distinct layers in 0..{target.spec.num_layers}, got "
+                             f"{list(layers)}")
+    return layers
+
+
+def train_eagle3(opts) -> dict:
+    """``microspec train eagle3``: ``train eagle``'s stages for an EAGLE-3 head (see :mod:`.eagle3`)."""
+    opts.arch = "eagle3"
+    return train_eagle(opts)
+
+
 def train_eagle(opts) -> dict:
     import time
     from pathlib import Path
@@ -173,6 +191,9 @@ def train_eagle(opts) -> dict:
         raise MicrospecError("give training --prompts (answered by the target) and/or --texts (trained as they are)")
     if opts.text_tokens is not None and opts.text_tokens < 1:
         raise MicrospecError("--text-tokens must be >= 1")
+    eagle3 = getattr(opts, "arch", "eagle") == "eagle3"
+    if eagle3 and (opts.ttt_steps < 1 or opts.draft_vocab < 1):
+        raise MicrospecError("--ttt-steps and --draft-vocab must be >= 1")
     if opts.gen_dtype == "gguf" and opts.gen_batch != 1 and "generate" in stages:
         raise MicrospecError("--gen-dtype gguf answers one prompt at a time: add --gen-batch 1")
     if not opts.prompts and "generate" in stages:
@@ -186,7 +207,7 @@ def train_eagle(opts) -> dict:
         for docs in text_docs:
             random.Random(opts.seed).shuffle(docs)
     prompts = prompts[: opts.limit]
-    extra = extra_feature_shards(opts.extra_features)
+    extra = extra_feature_shards(opts.extra_features, tapped=eagle3)
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
@@ -206,18 +227,26 @@ def train_eagle(opts) -> dict:
     # a text window trains every position: its first token (the BOS) stands as the "prompt"
     texts = [{"prompt_ids": w[:1], "response_ids": w[1:]}
              for docs in text_docs for w in text_windows(lm.tokenizer, docs, opts.max_len, opts.text_tokens)]
-    if "capture" in stages:
+    taps = _feature_layers(opts, lm.model) if eagle3 else None
+    if "capture" in stages and eagle3:  # every answer again: batched generation keeps no tapped features
+        shards = capture_features(lm.model, samples, out, opts.max_len, log=log_stderr, prefix="e3shard", taps=taps)
+        shards += capture_features(lm.model, texts, out, opts.max_len, log=log_stderr, prefix="e3text", taps=taps)
+    elif "capture" in stages:
         shards = sorted((out / "features").glob("gen*.pt"))  # answers whose features batched generation kept
         shards += capture_features(lm.model, samples, out, opts.max_len, log=log_stderr)
         shards += capture_features(lm.model, texts, out, opts.max_len, log=log_stderr, prefix="text")
     else:
-        shards = feature_shards(out)
+        shards = feature_shards(out, tapped=eagle3)
     if "train" not in stages:
         return {}
     shards += extra
     if not shards:
         raise MicrospecError(f"no features under {out / 'features'}: run the capture stage first")
     data = load_features(shards, lm.model.spec.hidden_size)
+    if eagle3 and not all("taps" in r and r["taps"].shape[-1] == len(taps) * lm.model.spec.hidden_size
+                          for r in data):
+        raise MicrospecError(f"features without the taps of layers {list(taps)} (an EAGLE-1/2 capture, or other "
+                             f"--feature-layers): capture again with `train eagle3`")
     tcfg = TrainConfig(epochs=opts.epochs, lr=opts.lr, warmup_steps=opts.warmup_steps,
                        tokens_per_step=opts.tokens_per_step, max_len=opts.max_len, heldout=opts.heldout,
                        seed=opts.seed, save_every=opts.save_every, noise_std=opts.noise_std, p_w=opts.p_w,
@@ -227,12 +256,25 @@ def train_eagle(opts) -> dict:
         torch.backends.cuda.matmul.allow_tf32 = True
     train, held = split_heldout(data, tcfg.heldout, tcfg.seed)
     torch.manual_seed(tcfg.seed)
-    head = new_head(lm.model, opts.intermediate_size, seed=tcfg.seed)
-    if opts.init is not None:
-        if opts.resume:
-            raise MicrospecError("--init and --resume exclude each other")
-        init_head(head, EagleHead.load(opts.init))
-    trainer = Trainer(lm.model, head, tcfg, out, log=log_stderr)
+    if opts.init is not None and opts.resume:
+        raise MicrospecError("--init and --resume exclude each other")
+    if eagle3:
+        from dataclasses import replace
+
+        from ..drafters import load_eagle_head
+        from .eagle3 import Eagle3Trainer, draft_vocabulary, new_eagle3_head
+
+        tcfg = replace(tcfg, p_w=1.0, v_w=0.0, noise_std=0.0, ce_vocab="full")  # the token loss only
+        ids = draft_vocabulary(train, opts.draft_vocab, lm.model.spec.vocab_size, lm.model.spec.eos_token_ids)
+        head = new_eagle3_head(lm.model, ids, opts.feature_layers, opts.intermediate_size, seed=tcfg.seed)
+        if opts.init is not None:
+            init_head(head, load_eagle_head(opts.init))  # its draft vocabulary too
+        trainer = Eagle3Trainer(lm.model, head, tcfg, out, steps=opts.ttt_steps, log=log_stderr)
+    else:
+        head = new_head(lm.model, opts.intermediate_size, seed=tcfg.seed)
+        if opts.init is not None:
+            init_head(head, EagleHead.load(opts.init))
+        trainer = Trainer(lm.model, head, tcfg, out, log=log_stderr)
     result = trainer.fit(train, held, resume=opts.resume)
     meta = {"model": opts.model, "prompts": opts.prompts, "prompt_count": len(prompts), "answers": len(samples),
             "answer_tokens": sum(len(r["response_ids"]) for r in samples), "texts": opts.texts,
@@ -243,8 +285,12 @@ def train_eagle(opts) -> dict:
             "config": vars(tcfg), "wall_s": round(time.perf_counter() - t_start, 1),
             "device": str(lm.model.device), "torch": torch.__version__,
             "command": "microspec " + " ".join(getattr(opts, "argv", []))}
+    if eagle3:
+        meta.update(arch="eagle3", ttt_steps=opts.ttt_steps, draft_vocab=int(head.d2t.numel()), feature_layers=taps)
     path = export_head(head, out, torch.bfloat16 if opts.head_dtype == "bf16" else torch.float32, meta)
-    EagleHead.load(path)  # the exported head loads as the eagle drafter will load it
+    from ..drafters import load_eagle_head
+
+    load_eagle_head(path)  # the exported head loads as the eagle drafter will load it
     return {"head": str(path), "heldout": result["heldout"], "steps": result["steps"]}
 
 
