@@ -146,6 +146,8 @@ def test_eagle3_greedy_identity(tmp_path, family, shape, processors, draft_vocab
         assert r.token_ids == ref, name
         drafted = {t for tree in proposed for t in tree.tokens}
         assert drafted and drafted <= allowed, name
+        if name is None:  # the rows an unrestricted draft scores: its own vocabulary
+            assert r.stats.active_sizes and max(r.stats.active_sizes) == draft_vocab
 
 
 def test_eagle3_feeds_the_tapped_features_of_each_pair(tmp_path):

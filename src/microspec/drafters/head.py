@@ -108,7 +108,9 @@ class DraftHead:
             self._source = source
             self._rows = self.weight.index_select(0, source)  # the indexed path: W[idx]
         self.active = active
-        self.sizes.append(active_size(active, self.vocab_size))
+        # a head with a draft vocabulary of its own scores its rows when unrestricted (a restricted set may hold ids
+        # outside it: they are masked, and counted as the rows the product read)
+        self.sizes.append(active_size(active, self.vocab_size if self.mapped is None else self.mapped.rows.shape[0]))
         return active
 
     # ---------------------------------------------------------------- scoring
