@@ -189,7 +189,8 @@ class Eagle3Head(nn.Module):
 
 
 def is_eagle3_checkpoint(directory: Path) -> bool:
-    """Whether ``directory`` holds an EAGLE-3 head (by its config's architecture, else its weight names)."""
+    """Whether ``directory`` holds an EAGLE-3 head (by its config: an ``*Eagle3`` architecture, or a
+    ``draft_vocab_size``)."""
     try:
         raw = json.loads((directory / "config.json").read_text())
     except (OSError, json.JSONDecodeError):
@@ -209,13 +210,9 @@ class Eagle3Drafter(EagleDrafter):
 
     def _start(self, target: NativeCausalLM, prompt_ids, hidden: torch.Tensor):
         head = self.eagle
-        check(head.hidden_size == target.spec.hidden_size,
-              f"EAGLE-3 head hidden size {head.hidden_size} does not match the target's {target.spec.hidden_size}")
-        check(head.vocab_size == target.spec.vocab_size,
-              f"EAGLE-3 head vocabulary {head.vocab_size} does not match the target's {target.spec.vocab_size}")
+        super()._start(target, prompt_ids, hidden)  # checks the head's width and vocabulary against the target's
         check(hidden.shape[-1] == head.num_features * head.hidden_size,
               "the EAGLE-3 drafter needs the target's tapped features (the generation loop asks for them)")
-        super()._start(target, prompt_ids, hidden)
         ids = head.target_ids()
         if ids.numel() == head.vocab_size and bool((head.d2t == 0).all()):
             return head.lm_head.weight, None  # a head over the whole vocabulary: rows are ids

@@ -576,7 +576,7 @@ class NativeCausalLM(nn.Module):
         self._fused = out
         return out
 
-    def run_causal_batch(self, x: torch.Tensor, store=None, taps: "Taps | None" = None) -> torch.Tensor:
+    def run_causal_batch(self, x: torch.Tensor, store=None) -> torch.Tensor:
         """Causal forward of a batch of sequences ``x`` [B, T, d] from position 0, without a cache: EAGLE head
         training, and the grouped prefills of batched answer generation (``store(i, k, v)`` receives layer ``i``'s
         keys and values [B, kv_heads, T, hd]).  Right-padded sequences are exact at their real positions (a causal
@@ -593,13 +593,8 @@ class NativeCausalLM(nn.Module):
                 store(i, k, v)
             return self.attend_batch(q, k, v, masks[spec.layer_windows[i]], causal=True)
 
-        tapped = {} if taps is not None else None
         for i, layer in enumerate(self.model.layers):
-            if tapped is not None and i in taps.layers:
-                tapped[i] = x
             x = self.layer(i, layer, x, rope, attend)
-        if tapped is not None:
-            taps.collect(tapped, x)
         return self.model.norm(x) if self.model.norm is not None else x
 
     def _mlp(self, mlp: MLP, h: torch.Tensor) -> torch.Tensor:

@@ -49,15 +49,10 @@ def new_eagle3_head(target: NativeCausalLM, draft_ids: torch.Tensor, layers: tup
                       tuple(layers) if layers else None, num_features=len(taps))
     init_weights(head, seed)
     with torch.no_grad():
-        head.lm_head.weight.copy_(_rows(target.head_weight, draft_ids))
+        head.lm_head.weight.copy_(target.head_weight[draft_ids].float())  # dense or packed rows
         head.d2t.copy_(draft_ids - torch.arange(draft_ids.numel()))
     head.taps_for(s.num_layers)  # layers inside the target
     return head
-
-
-def _rows(weight, ids: torch.Tensor) -> torch.Tensor:
-    """Rows ``ids`` of a dense or packed (GGUF) matrix, fp32."""
-    return weight.rows(ids) if hasattr(weight, "rows") else weight.index_select(0, ids).float()
 
 
 def ttt_mask(t: int, j: int, device=None) -> torch.Tensor:
@@ -106,7 +101,7 @@ class Eagle3Trainer(Trainer):
         check(steps >= 1, f"--ttt-steps must be >= 1, got {steps}")
         super().__init__(target, head, cfg, out, log)
         self.steps = steps
-        self.label_rows = _rows(target.head_weight, head.target_ids().to(target.device)).detach()
+        self.label_rows = target.head_weight[head.target_ids().to(target.device)].float().detach()
 
     def restrict_ce(self, data: list[dict]) -> int:
         return int(self.label_rows.shape[0])  # the draft vocabulary is the restriction
@@ -149,7 +144,8 @@ class Eagle3Trainer(Trainer):
                 logq = torch.log_softmax(self.head.lm_head(self.head.norm(out[valid])).float(), -1)
                 total = total + STEP_WEIGHT ** j * -(p[rows] * logq).sum()
                 hits = int((logq.argmax(-1) == want[rows]).sum())
-                top1 = hits if j == 0 else top1
+                if j == 0:
+                    top1 = hits
                 last = hits * count // max(1, int(rows.sum()))  # scaled to the step-0 count
             if train:
                 (total / norm).backward()

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from ..compose import eagle_head_path, set_threads
+from ..drafters import load_eagle_head
 from ..drafters.eagle import EagleHead
 from ..errors import MicrospecError
 
@@ -261,7 +262,6 @@ def train_eagle(opts) -> dict:
     if eagle3:
         from dataclasses import replace
 
-        from ..drafters import load_eagle_head
         from .eagle3 import Eagle3Trainer, draft_vocabulary, new_eagle3_head
 
         tcfg = replace(tcfg, p_w=1.0, v_w=0.0, noise_std=0.0, ce_vocab="full")  # the token loss only
@@ -288,8 +288,6 @@ def train_eagle(opts) -> dict:
     if eagle3:
         meta.update(arch="eagle3", ttt_steps=opts.ttt_steps, draft_vocab=int(head.d2t.numel()), feature_layers=taps)
     path = export_head(head, out, torch.bfloat16 if opts.head_dtype == "bf16" else torch.float32, meta)
-    from ..drafters import load_eagle_head
-
     load_eagle_head(path)  # the exported head loads as the eagle drafter will load it
     return {"head": str(path), "heldout": result["heldout"], "steps": result["steps"]}
 
