@@ -2,7 +2,7 @@
 
     python benchmarks/penalty_agreement.py --model gemma-3-270m \
         --data ../shared/data/spec_bench/question.jsonl ../shared/data/human_eval/HumanEval.jsonl.gz \
-        --per-category 2 --max-new-tokens 128 --penalty 1.2 [--refs refs.json] [--scales 0.8,1,1.2,1.5]
+        --per-category 2 --max-new-tokens 128 --penalty 1.2 [--refs refs.json] [--scales 0.8,1,1.2,1.5] [--draft DIR]
 
 The target (its default weights) decodes each prompt greedily under the penalty (kept in ``--refs``); then the
 shipped head runs over prompt + answer with the target's features, and for every answer token compares the head's
@@ -66,12 +66,13 @@ def main() -> None:
                     help="constants added to the draft's pre-cap logits before the penalty (its effect depends on "
                          "their absolute size)")
     ap.add_argument("--refs", type=Path, default=None)
+    ap.add_argument("--draft", default=None, help="an EAGLE head directory (default: the model's shipped head)")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     lm = load_model(args.model, dtype="gguf")
     target = lm.model
-    head = EagleHead.load(shipped_eagle_head(args.model))
+    head = EagleHead.load(args.draft or shipped_eagle_head(args.model))
     quantize_linears(head)  # as the drafter runs it beside a packed target
     refs = references(lm, args.data, args.per_category, args.max_new_tokens, args.penalty, args.refs)
     scales = [float(s) for s in args.scales.split(",")]

@@ -323,3 +323,62 @@ def test_text_corpora_are_trained_at_every_position(capsys, tmp_path, tiny_model
                           (["--texts", corpus, "--text-tokens", 0], "--text-tokens")):
         rc, _, err = _run(capsys, "train", "eagle", "--model", tiny_model_dir, "--out", tmp_path / "o3", *extra)
         assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("ce_vocab", ["full", "seen"])
+def test_penalty_loss_is_the_draft_acceptance_under_the_penalty(tmp_path, ce_vocab):
+    """--penalty-loss: each answer's loss and top-1 are those of draft and target both under HF's repetition
+    penalty (transformers' own processor) over that answer's history, prompt included; an answer without a
+    penalty trains exactly as without the option; a batch mixing both is the sum of its sequences."""
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    from conftest import tiny_pair
+    from microspec.drafters.eagle import eagle_forward_reference
+    from microspec.training.eagle import TrainConfig, Trainer, new_head
+
+    _, model = tiny_pair("llama", seed=1)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        data = []
+        for n, plen, pen in ((21, 6, 1.5), (14, 4, None), (17, 5, 0.7)):
+            ids = torch.randint(3, 40, (n,), generator=g)  # a small range: many repeats
+            data.append({"ids": ids, "features": model(ids, model.new_cache(n)), "prompt_len": plen,
+                         **({"penalty": pen} if pen else {})})
+    head = new_head(model, seed=0)
+    trainer = Trainer(model, head, TrainConfig(noise_std=0.0, penalty_loss=True, ce_vocab=ce_vocab, chunk_rows=5),
+                      tmp_path)
+    plain = Trainer(model, head, TrainConfig(noise_std=0.0, ce_vocab=ce_vocab, chunk_rows=5), tmp_path)
+    if ce_vocab == "seen":
+        for t in (trainer, plain):
+            t.restrict_ce(data)
+    cols = trainer.ce_rows if trainer.ce_rows is not None else torch.arange(model.spec.vocab_size)
+    for r in data:
+        got = trainer.sequence_loss(r, train=False)
+        if "penalty" not in r:
+            assert got == plain.sequence_loss(r, train=False)
+            continue
+        ids, feats, n = r["ids"], r["features"], len(r["ids"])
+        with torch.no_grad():
+            pred = eagle_forward_reference(head, model.embed(ids[1:]), feats[:-1])
+        proc = RepetitionPenaltyLogitsProcessor(r["penalty"])
+        ploss, top1 = 0.0, 0
+        for j in range(r["prompt_len"] - 2, n - 1):  # position j drafts token j + 2 after ids[: j + 2]
+            full_t = torch.full((1, model.spec.vocab_size), -1e4)
+            full_d = full_t.clone()
+            full_t[0, cols] = trainer._logits(feats[j + 1 : j + 2])[0]
+            full_d[0, cols] = trainer._logits(pred[j : j + 1])[0]
+            lt = proc(ids[None, : j + 2], full_t)[0, cols]
+            ld = proc(ids[None, : j + 2], full_d)[0, cols]
+            ploss -= float((torch.softmax(lt, -1) * torch.log_softmax(ld, -1)).sum())
+            top1 += int(lt.argmax() == ld.argmax())
+        assert got["tokens"] == n - r["prompt_len"] + 1
+        assert got["ploss"] == pytest.approx(ploss, rel=1e-5) and got["top1"] == top1
+        assert got["ploss"] != pytest.approx(plain.sequence_loss(r, train=False)["ploss"], rel=1e-5)  # it acts
+    head.zero_grad()
+    whole = trainer.batch_loss(data, train=True, norm=10.0)
+    grad = head.fc.weight.grad.clone()
+    head.zero_grad()
+    parts = [trainer.batch_loss([r], train=True, norm=10.0) for r in data]
+    assert whole["top1"] == sum(p["top1"] for p in parts)
+    assert whole["ploss"] == pytest.approx(sum(p["ploss"] for p in parts), rel=1e-5)
+    torch.testing.assert_close(grad, head.fc.weight.grad, rtol=1e-4, atol=1e-6)

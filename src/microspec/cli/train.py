@@ -94,6 +94,10 @@ def add(sub) -> None:
                         description="Generate the target's answers to training prompts, capture its features, and "
                                     "train an EAGLE-1/2 head (resumable; everything goes under --out).")
     _eagle_args(e)
+    e.add_argument("--penalty-loss", action="store_true",
+                   help="train each answer under the repetition penalty it was generated with: the loss compares "
+                        "draft and target after HF's penalty over the answer's own history (the acceptance of a "
+                        "draft under that penalty), not their raw distributions")
     e.set_defaults(func=_run("eagle"))
     e3 = tsub.add_parser("eagle3", help="EAGLE-3 head (tapped features, training-time test, a draft vocabulary)",
                          description="train eagle's stages for an EAGLE-3 head: capture the inputs of three target "

@@ -59,6 +59,7 @@ class TrainConfig:
     topk: int = 3
     loss_on: str = "answer"  # "answer" (EAGLE: the answer tokens) or "all" (prompt tokens too: teacher-forced text)
     ce_vocab: str = "full"  # "full" (EAGLE) or "seen": the cross-entropy over the ids present in the training data
+    penalty_loss: bool = False  # the loss compares draft and target under each answer's own repetition penalty
 
 
 # ---------------------------------------------------------------------------------------------------- heads
@@ -186,7 +187,7 @@ def generate_responses(lm, prompts: list[str], out: Path, cfg: GenerationConfig,
 
     def record(k: int, answer: list[int]) -> dict:
         rec = {"index": k, "prompt_ids": encoded[k], "response_ids": answer}
-        if len(pens) > 1:
+        if len(pens) > 1 or pens[0] != 1.0:
             rec["repetition_penalty"] = pens[k % len(pens)]
         return rec
 
@@ -201,7 +202,8 @@ def generate_responses(lm, prompts: list[str], out: Path, cfg: GenerationConfig,
             feat = None
             if hidden is not None:
                 ids = (encoded[k] + ans[:-1])[:max_len]
-                feat = {"ids": torch.tensor(ids), "features": hidden[: len(ids)], "prompt_len": len(encoded[k])}
+                feat = {"ids": torch.tensor(ids), "features": hidden[: len(ids)], "prompt_len": len(encoded[k]),
+                        **_penalty_entry(pens[k % len(pens)])}
             save(record(k, ans), feat)
         flush()
     else:
@@ -240,11 +242,17 @@ def capture_features(target: NativeCausalLM, samples: list[dict], out: Path, max
             tapped = Taps(taps) if taps is not None else None
             hidden = target(t, target.new_cache(len(ids)), taps=tapped)
             recs.append({"ids": t.cpu(), "features": hidden.to("cpu", torch.bfloat16),
-                         "prompt_len": len(rec["prompt_ids"]),
+                         "prompt_len": len(rec["prompt_ids"]), **_penalty_entry(rec.get("repetition_penalty", 1.0)),
                          **({"taps": tapped.out.to("cpu", torch.bfloat16)} if tapped is not None else {})})
         torch.save(recs, path)
         log(f"capture: shard {path.name} ({len(recs)} sequences)")
     return shards
+
+
+def _penalty_entry(penalty: float) -> dict:
+    """A feature record's ``penalty``: the repetition penalty its answer was decoded with (absent: none), which
+    ``TrainConfig.penalty_loss`` trains under."""
+    return {"penalty": float(penalty)} if float(penalty) != 1.0 else {}
 
 
 FEATURE_SHARDS = ("gen*.pt", "shard*.pt", "text*.pt")  # batched generation's, capture's, the text corpora's
@@ -356,18 +364,20 @@ class Trainer:
         pm, tm = pred[mask], feats[:, 1:][mask]
         vloss = F.smooth_l1_loss(pm, tm, reduction="none").mean(-1).sum()
         pd = pm.detach().requires_grad_(train)
+        penalised = self._penalty_rows(recs, ids, mask) if cfg.penalty_loss else None
         ploss_sum = torch.zeros((), device=dev)
         top1 = torch.zeros((), dtype=torch.long, device=dev)
         topk = torch.zeros((), dtype=torch.long, device=dev)
         rows = cfg.chunk_rows or (2048 if dev.type == "cuda" else 128)
         for c in range(0, count, rows):
+            pen = penalised(c, c + rows) if penalised is not None else None
             with torch.no_grad():
-                t_logits = self._logits(tm[c : c + rows])
+                t_logits = _penalise(self._logits(tm[c : c + rows]), pen)
                 p = torch.softmax(t_logits, -1)
                 t_top = t_logits.argmax(-1)
                 del t_logits
             with torch.set_grad_enabled(train):
-                logq = torch.log_softmax(self._logits(pd[c : c + rows]), -1)
+                logq = torch.log_softmax(_penalise(self._logits(pd[c : c + rows]), pen), -1)
                 loss = -(p * logq).sum()
                 if train:
                     (loss * (cfg.p_w / norm)).backward()
@@ -380,6 +390,28 @@ class Trainer:
             torch.autograd.backward([vloss * (cfg.v_w / norm), pm], [None, pd.grad])
         return {"tokens": count, "vloss": float(vloss.detach()), "ploss": float(ploss_sum), "top1": int(top1),
                 "topk": int(topk)}
+
+    def _penalty_rows(self, recs: list[dict], ids: torch.Tensor, mask: torch.Tensor):
+        """``penalty_loss``: for the trained positions (``mask``'s, in its order), a function of a row range giving
+        (seen [rows, C], penalty [rows, 1]) or None where no sequence of the batch has a penalty.  A position j
+        predicts token j + 2, so its history (HF's: prompt and answer so far) is ids[: j + 2]; C are the columns
+        of the cross-entropy (``ce_rows``, else the vocabulary)."""
+        pens = torch.tensor([float(r.get("penalty", 1.0)) for r in recs], device=mask.device)
+        if bool((pens == 1.0).all()):
+            return None
+        b, t = ids.shape
+        first = torch.full((b, self.target.spec.vocab_size), t, dtype=torch.long, device=mask.device)
+        for i, r in enumerate(recs):  # where each id first occurs in each sequence (t: never)
+            n = len(r["ids"])
+            first[i].scatter_reduce_(0, ids[i, :n], torch.arange(n, device=mask.device), "amin")
+        if self.ce_rows is not None:
+            first = first[:, self.ce_rows]
+        bi, ji = mask.nonzero(as_tuple=True)
+
+        def rows(c0: int, c1: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return first[bi[c0:c1]] <= (ji[c0:c1] + 1)[:, None], pens[bi[c0:c1]][:, None]
+
+        return rows
 
     def _batch_size(self) -> int:
         return self.cfg.batch_tokens or (16384 if self.target.device.type == "cuda" else 1024)
@@ -482,6 +514,15 @@ class Trainer:
                     "scheduler": self.sched.state_dict(), "step": self.step, "seen": seen,
                     "history": self.history, "config": asdict(self.cfg)}, tmp)
         tmp.replace(path)
+
+
+def _penalise(logits: torch.Tensor, pen: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """HF's repetition penalty on rows of logits: (seen, penalty) from :meth:`Trainer._penalty_rows` (None: as
+    they are).  Differentiable: the draft is trained through it."""
+    if pen is None:
+        return logits
+    seen, penalty = pen
+    return torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
 
 
 def _summary(agg: dict, cfg: TrainConfig) -> dict:

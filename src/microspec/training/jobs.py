@@ -252,7 +252,7 @@ def train_eagle(opts) -> dict:
                        tokens_per_step=opts.tokens_per_step, max_len=opts.max_len, heldout=opts.heldout,
                        seed=opts.seed, save_every=opts.save_every, noise_std=opts.noise_std, p_w=opts.p_w,
                        v_w=opts.v_w, ce_vocab=opts.ce_vocab, batch_tokens=opts.batch_tokens,
-                       loss_on=opts.loss_on)
+                       loss_on=opts.loss_on, penalty_loss=getattr(opts, "penalty_loss", False))
     if lm.model.device.type == "cuda":  # TF32 for the full-vocabulary products of the loss (fp32 elsewhere)
         torch.backends.cuda.matmul.allow_tf32 = True
     train, held = split_heldout(data, tcfg.heldout, tcfg.seed)
