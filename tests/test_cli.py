@@ -77,6 +77,9 @@ BAD = [
     (["--repetition-penalty", "0"], "repetition_penalty"),
     (["--dtype", "int3"], "invalid choice"),
     (["--max-new-tokens", "many"], "invalid int"),
+    (["--drafter", "eagle", "--vocab", "full", "--d2t", "replace"], "restricted draft vocabulary"),
+    (["--drafter", "early-exit", "--vocab", "microspec", "--d2t", "replace"], "--d2t applies"),
+    (["--d2t", "swap"], "invalid choice"),
 ]
 
 
@@ -277,7 +280,7 @@ def test_eagle3_head_via_cli(capsys, tiny_model_dir, tmp_path):
     base = ["generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2 w3", "--max-new-tokens", "16",
             "--ignore-eos", "--dtype", "fp32", "--json"]
     _, out, _ = _run(capsys, *base, "--drafter", "none")
-    for extra in ([], ["--vocab", "microspec"], ["--lookup"]):
+    for extra in ([], ["--vocab", "microspec"], ["--lookup"], ["--vocab", "microspec", "--d2t", "replace"]):
         rc, out2, err = _run(capsys, *base, "--drafter", "eagle", "--draft", str(path), *extra)
         assert rc == 0, err
         obj = json.loads(out2)

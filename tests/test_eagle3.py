@@ -150,6 +150,61 @@ def test_eagle3_greedy_identity(tmp_path, family, shape, processors, draft_vocab
             assert r.stats.active_sizes and max(r.stats.active_sizes) == draft_vocab
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.parametrize("processors", [{}, {"repetition_penalty": 1.2, "no_repeat_ngram_size": 3}])
+def test_eagle3_d2t_replace(tmp_path, family, processors):
+    """``d2t="replace"``: a restricted set's ids outside the draft vocabulary are scored with the target's own LM
+    head rows (the head's rows for its own ids), so drafts may propose them — and the output is still the target's
+    own greedy output, for every kind of restricted set, chains and trees."""
+    from microspec.drafters.head import DraftVocabRows
+
+    _, nm = tiny_pair(family)
+    path, _, _, ids = eagle3_checkpoint(tmp_path / "ck", draft_vocab=48)
+    head = load_eagle_head(path)
+    rows = DraftVocabRows(head.lm_head.weight, ids, VOCAB, fallback=nm.head_weight)
+    every = torch.arange(VOCAB)
+    want = nm.head_weight.detach().clone()
+    want[ids] = head.lm_head.weight.detach()
+    torch.testing.assert_close(rows[every], want)
+    torch.testing.assert_close(rows.index_select(0, every.flip(0)), want.flip(0))
+    assert bool(rows.present[:VOCAB].all()) and not bool(rows.present[VOCAB])
+    cfg = GenerationConfig(max_new_tokens=32, ignore_eos=True, **processors)
+    ref = generate_ids(nm, PROMPT, cfg).token_ids
+    allowed, outside = set(ids.tolist()), set()
+    for shape in ((None, 3, None), (2, 3, 5)):
+        for name, policy in _policies().items():
+            if name is None:
+                continue
+            top_k, depth, total = shape
+            drafter = make_drafter("eagle", eagle_head=head, depth=depth, top_k=top_k, total_tokens=total,
+                                   d2t="replace")
+            proposed = []
+            propose = drafter.propose
+            drafter.propose = lambda ctx: proposed.append(tree := propose(ctx)) or tree
+            r = generate_ids(nm, PROMPT, cfg, drafter=drafter, vocab=policy())
+            assert r.token_ids == ref, (name, shape)
+            outside |= {t for tree in proposed for t in tree.tokens} - allowed
+    assert outside  # the set's ids beyond the draft vocabulary were drafted (intersect never drafts them)
+
+
+def test_d2t_option_is_checked_where_methods_are_described(tmp_path):
+    from microspec.compose import Method
+
+    assert Method.parse("microspec@d2t-replace") == Method(drafter="eagle", vocab="microspec", d2t="replace")
+    assert Method.parse("microspec@d2t-replace@adaptive").d2t == "replace"
+    assert Method.parse("fr-spec-8k@d2t-intersect").options()["d2t"] == "intersect"
+    for kwargs, message in ((dict(drafter="eagle", vocab="full", d2t="replace"), "restricted"),
+                            (dict(drafter="eagle", vocab="microspec", d2t="swap"), "unknown --d2t"),
+                            (dict(drafter="early-exit", vocab="microspec", d2t="replace"), "eagle drafter")):
+        with pytest.raises(MicrospecError, match=message):
+            Method(**kwargs)
+    from microspec.training.eagle import new_head
+
+    _, nm = tiny_pair("llama")
+    with pytest.raises(MicrospecError, match="EAGLE-3 head"):  # an EAGLE-2 head: refused when the drafter is made
+        make_drafter("eagle", eagle_head=new_head(nm), depth=2, d2t="replace")
+
+
 def test_eagle3_feeds_the_tapped_features_of_each_pair(tmp_path):
     """The head's first call pairs the prompt's tapped features F_0..F_{L-1} with tokens x_1..x_L."""
     _, nm = tiny_pair("gemma3")

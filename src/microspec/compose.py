@@ -65,6 +65,8 @@ _SHORTLIST = re.compile(r"^(fr-spec|vocabtrim)(?:-(\d+(?:\.\d+)?[kK]?))?$")
 _PA_FR = re.compile(r"^pa-fr(?:-(\d+(?:\.\d+)?[kK]?))?$")
 _DYNASPEC_F = re.compile(r"^dynaspec-f(?:-?(\d+))?$")
 _LOOKUP = re.compile(r"@lookup(\d*)$")
+_D2T = re.compile(r"@d2t-(\w+)$")
+D2T_MODES = ("intersect", "replace")  # an EAGLE-3 head's draft vocabulary against a restricted set
 DEFAULT_LOOKUP = 2  # prompt lookup first: the shortest match it takes (a single repeated token predicts little)
 
 
@@ -195,6 +197,7 @@ class Method:
     position_aware: str | tuple[int, int] | None = None
     adaptive: bool = False  # decide step by step whether drafting pays (decoding/adaptive.py)
     lookup: int | None = None  # prompt lookup first (drafters/lookup_first.py): the shortest n-gram match it takes
+    d2t: str | None = None  # EAGLE-3 head: a restricted set intersected with its draft vocabulary, or replacing it
 
     def __post_init__(self) -> None:
         self._check_drafter()
@@ -253,6 +256,14 @@ class Method:
 
     def _check_vocab(self) -> None:
         name = self.vocab
+        if self.d2t is not None:
+            if self.d2t not in D2T_MODES:
+                raise MicrospecError(f"unknown --d2t {self.d2t!r}; choose from {', '.join(D2T_MODES)}")
+            if self.drafter != "eagle":
+                raise MicrospecError("--d2t applies to the eagle drafter with an EAGLE-3 head")
+            if self.d2t == "replace" and name == "full":
+                raise MicrospecError("--d2t replace needs a restricted draft vocabulary (microspec, fr-spec, "
+                                     "vocabtrim): it scores the set's ids outside the head's own with the target's rows")
         if name != "microspec":
             if self.k_pre_positions is not None:
                 raise MicrospecError("--k-pre-positions applies to --vocab microspec")
@@ -320,6 +331,9 @@ class Method:
         n = str(name).strip()
         if n.endswith("@adaptive"):  # any method, deciding step by step whether to draft
             return cls.parse(n[: -len("@adaptive")], **{"adaptive": True, **options})
+        m = _D2T.search(n)
+        if m:  # an EAGLE-3 head's draft vocabulary and the policy's set: intersect (default) or replace
+            return cls.parse(n[: m.start()], **{"d2t": m.group(1), **options})
         m = _LOOKUP.search(n)
         if m:  # a model drafter with prompt lookup first (matches of >= N tokens; default 2)
             if "lookup" in options:
@@ -379,6 +393,8 @@ class Method:
         out = {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
         if self.lookup is not None:
             out["lookup"] = self.lookup
+        if self.d2t is not None:
+            out["d2t"] = self.d2t
         return {**out, "adaptive": True} if self.adaptive else out
 
 
@@ -426,7 +442,8 @@ def _vocab_fields(text: str, method: str, plus: bool) -> dict:
 
 def method_names() -> list[str]:
     return ["ar", "ngram", "early-exit", "eagle-full", "microspec", "microspec-OPTS", "dynaspec", "dynaspec-f[-N]",
-            "specvocab", "coral", "fr-spec-K", "pa-fr-K", "vocabtrim-K", "NAME@adaptive", "NAME@lookup[N]"]
+            "specvocab", "coral", "fr-spec-K", "pa-fr-K", "vocabtrim-K", "NAME@adaptive", "NAME@lookup[N]",
+            "NAME@d2t-replace"]
 
 
 def as_method(method: "Method | str") -> Method:
@@ -617,7 +634,7 @@ def build(method: Method | str, lm: "LoadedModel", heads: dict | None = None) ->
     if method.drafter == "early-exit":
         tree["draft_layers"] = method.draft_layers
     drafter = make_drafter(method.drafter, num_layers_target=lm.model.spec.num_layers, draft_model=draft_model,
-                           eagle_head=eagle_head, **tree)
+                           eagle_head=eagle_head, d2t=method.d2t, **tree)
     if method.lookup is not None:
         from .drafters import NGramDrafter
         from .drafters.lookup_first import LookupFirst

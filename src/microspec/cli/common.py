@@ -128,6 +128,10 @@ def add_vocab_args(p, default: str = "full") -> None:
                    help="restricted vocabularies: how the draft head gets its rows: packed (microspec's default; a "
                         "[W_max, d] buffer updated incrementally), indexed (W[idx] gathered when the set changes: "
                         "the ablation) or fused (a Triton kernel reads the rows inside the matmul)")
+    p.add_argument("--d2t", default=None, choices=["intersect", "replace"],
+                   help="an EAGLE-3 head's own draft vocabulary against a restricted set: intersect (default: only "
+                        "the set's ids the head has rows for) or replace (the set's other ids scored with the "
+                        "target's LM head rows)")
     p.add_argument("--position-aware", default=None, metavar="K0,K1|pa-fr:K|fixed:K",
                    help="position-aware budget (DynaSpec): K0 ids at draft depth 0, K1 at depth 1, "
                         "floor((K1+t)/(2t)) at depth t (ranked policies: fr-spec, vocabtrim, microspec; for dynaspec "
@@ -145,7 +149,8 @@ def method_from_args(args: argparse.Namespace, cfg: GenerationConfig | None = No
         top_k=args.top_k, total_tokens=args.total_tokens, head_mode=args.head_mode, freq_file=args.freq_file,
         shortlist_size=args.shortlist_size, router=args.router, w_max=args.w_max, k_pre=args.k_pre,
         k_ver=args.k_ver, k_pre_positions=args.k_pre_positions, gather=args.gather,
-        position_aware=args.position_aware, adaptive=args.adaptive, lookup=getattr(args, "lookup", None))
+        position_aware=args.position_aware, adaptive=args.adaptive, lookup=getattr(args, "lookup", None),
+        d2t=getattr(args, "d2t", None))
     method = method.for_model(args.model)
     method.check_artifacts()
     return method

@@ -50,7 +50,8 @@ def tree_defaults(name: str, device_type: str, depth, top_k, total_tokens):
 
 def make_drafter(name: str, *, draft_layers: int | None = None, depth: int | None = None,
                  top_k: int | None = None, total_tokens: int | None = None,
-                 num_layers_target: int | None = None, draft_model=None, eagle_head=None) -> Drafter | None:
+                 num_layers_target: int | None = None, draft_model=None, eagle_head=None,
+                 d2t: str | None = None) -> Drafter | None:
     """A drafter by name (None for ``none``); ``top_k`` makes model-based drafters build an EAGLE-2 dynamic tree
     instead of a chain.  Options are validated where methods are described (:class:`microspec.compose.Method`);
     the constructors check their own invariants."""
@@ -67,8 +68,12 @@ def make_drafter(name: str, *, draft_layers: int | None = None, depth: int | Non
     if name == "eagle":
         if eagle_head is None:
             raise MicrospecError("the eagle drafter needs its EAGLE head")
-        cls = Eagle3Drafter if isinstance(eagle_head, Eagle3Head) else EagleDrafter
-        return cls(eagle_head, depth=depth, top_k=top_k, total_tokens=total_tokens)
+        if isinstance(eagle_head, Eagle3Head):
+            return Eagle3Drafter(eagle_head, depth=depth, top_k=top_k, total_tokens=total_tokens,
+                                 d2t=d2t or "intersect")
+        if d2t is not None:
+            raise MicrospecError("--d2t applies to an EAGLE-3 head (one with a draft vocabulary of its own)")
+        return EagleDrafter(eagle_head, depth=depth, top_k=top_k, total_tokens=total_tokens)
     if name == "model":
         if draft_model is None:
             raise MicrospecError("the model drafter needs its draft model")

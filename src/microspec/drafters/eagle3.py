@@ -204,6 +204,13 @@ class Eagle3Drafter(EagleDrafter):
     """EAGLE-2's dynamic tree (or a chain) drafted by an :class:`Eagle3Head`."""
 
     name = "eagle3"
+    D2T_MODES = ("intersect", "replace")
+
+    def __init__(self, head: "Eagle3Head", depth: int = 4, top_k: int | None = None, total_tokens: int | None = None,
+                 d2t: str = "intersect"):
+        check(d2t in self.D2T_MODES, f"unknown d2t mode {d2t!r}; choose from {', '.join(self.D2T_MODES)}")
+        super().__init__(head, depth=depth, top_k=top_k, total_tokens=total_tokens)
+        self.d2t = d2t  # how a restricted set meets the draft vocabulary: intersected with it, or replacing it
 
     def feature_layers(self, target: NativeCausalLM) -> tuple[int, ...]:
         return self.eagle.taps_for(target.spec.num_layers)
@@ -216,7 +223,10 @@ class Eagle3Drafter(EagleDrafter):
         ids = head.target_ids()
         if ids.numel() == head.vocab_size and bool((head.d2t == 0).all()):
             return head.lm_head.weight, None  # a head over the whole vocabulary: rows are ids
-        return DraftVocabRows(head.lm_head.weight, ids, head.vocab_size), None
+        # replace: ids of a restricted set outside the draft vocabulary are scored with the target's own LM head rows
+        # (an EAGLE-3 head's rows start as the target's; its final norm stands where the target's was)
+        fallback = target.head_weight if self.d2t == "replace" else None
+        return DraftVocabRows(head.lm_head.weight, ids, head.vocab_size, fallback), None
 
     def prefill(self, target: NativeCausalLM, prompt_ids, hidden: torch.Tensor, vocab=None) -> None:
         check(vocab is None or not (vocab.wants_draft_inputs or vocab.wants_head_input),

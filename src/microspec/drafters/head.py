@@ -31,16 +31,23 @@ from ..vocab.packed import PackedRows
 
 class DraftVocabRows:
     """An LM head with a draft vocabulary of its own (EAGLE-3's ``d2t``): ``rows`` [V_draft, d], row r scoring target
-    id ``ids[r]``, seen by vocabulary policies and the draft head as a [V, d] matrix of the whole vocabulary.  Rows of
-    ids outside the draft vocabulary read as row 0; the draft head masks them to -inf wherever they are scored, so a
-    restricted set (MicroSpec's, a shortlist) is intersected with the draft vocabulary."""
+    id ``ids[r]``, seen by vocabulary policies and the draft head as a [V, d] matrix of the whole vocabulary.
 
-    def __init__(self, rows, ids: torch.Tensor, vocab_size: int):
+    Without ``fallback`` (*intersect*), rows of ids outside the draft vocabulary read as row 0 and the draft head
+    masks them to -inf wherever they are scored, so a restricted set (MicroSpec's, a shortlist) is intersected with
+    the draft vocabulary.  With ``fallback`` [V, d] (*replace*: the target's own LM head), those ids read the
+    fallback's rows instead and are scored like the others, so a restricted set replaces the draft vocabulary (an
+    unrestricted draft still scores the head's own rows only)."""
+
+    def __init__(self, rows, ids: torch.Tensor, vocab_size: int, fallback=None):
         self.rows = rows
         self.ids = ids.to(torch.long)
+        self.fallback = fallback
         self.row_of = torch.full((vocab_size + 1,), -1, dtype=torch.long, device=self.ids.device)
         self.row_of[self.ids] = torch.arange(self.ids.numel(), device=self.ids.device)
-        self.present = self.row_of >= 0  # [V + 1]: index V (and -1) is False
+        self.own = self.row_of >= 0  # [V + 1]: index V (and -1) is False
+        # the ids the draft head may score: its own (intersect), or every id (replace); index V (a free slot) never
+        self.present = self.own if fallback is None else torch.arange(vocab_size + 1, device=self.ids.device) < vocab_size
         self.shape = torch.Size((vocab_size, rows.shape[1]))
 
     @property
@@ -56,10 +63,19 @@ class DraftVocabRows:
 
     def index_select(self, dim: int, ids: torch.Tensor):
         check(dim == 0, "a draft vocabulary selects rows only")
+        if self.fallback is not None:
+            return self[ids]  # rows from two matrices: unpacked (a restricted set's few thousand rows)
         return self.rows.index_select(0, self._rows_of(ids))
 
     def __getitem__(self, ids):
-        return self.rows[self._rows_of(torch.as_tensor(ids))]
+        ids = torch.as_tensor(ids).to(torch.long)
+        if self.fallback is None:
+            return self.rows[self._rows_of(ids)]
+        own = self.own[ids]
+        out = self.fallback[ids].to(self.dtype)
+        if bool(own.any()):
+            out[own] = self.rows[self.row_of[ids[own]]].to(out.dtype)
+        return out
 
     def new_zeros(self, *size, **kwargs) -> torch.Tensor:
         return self.rows.new_zeros(*size, **kwargs)
