@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .drafters import DRAFTERS
+from .drafters.eagle3 import D2T_MODES
 from .errors import MicrospecError, check
 from .vocab.microspec import GATHERS, SOURCES
 
@@ -66,7 +67,6 @@ _PA_FR = re.compile(r"^pa-fr(?:-(\d+(?:\.\d+)?[kK]?))?$")
 _DYNASPEC_F = re.compile(r"^dynaspec-f(?:-?(\d+))?$")
 _LOOKUP = re.compile(r"@lookup(\d*)$")
 _D2T = re.compile(r"@d2t-(\w+)$")
-D2T_MODES = ("intersect", "replace")  # an EAGLE-3 head's draft vocabulary against a restricted set
 DEFAULT_LOOKUP = 2  # prompt lookup first: the shortest match it takes (a single repeated token predicts little)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..compose import (
+    D2T_MODES,
     DECODING_KINDS,
     MODEL_DRAFTERS,
     AutoEngine,
@@ -128,7 +129,7 @@ def add_vocab_args(p, default: str = "full") -> None:
                    help="restricted vocabularies: how the draft head gets its rows: packed (microspec's default; a "
                         "[W_max, d] buffer updated incrementally), indexed (W[idx] gathered when the set changes: "
                         "the ablation) or fused (a Triton kernel reads the rows inside the matmul)")
-    p.add_argument("--d2t", default=None, choices=["intersect", "replace"],
+    p.add_argument("--d2t", default=None, choices=list(D2T_MODES),
                    help="an EAGLE-3 head's own draft vocabulary against a restricted set: intersect (default: only "
                         "the set's ids the head has rows for) or replace (the set's other ids scored with the "
                         "target's LM head rows)")

@@ -36,6 +36,9 @@ from .eagle import EagleDrafter, _layer_config
 from .head import DraftVocabRows
 
 
+D2T_MODES = ("intersect", "replace")  # a restricted set against the head's draft vocabulary (Eagle3Drafter)
+
+
 def default_feature_layers(num_layers: int) -> tuple[int, int, int]:
     """The layers EAGLE-3 taps when its config names none (vLLM's and SGLang's default)."""
     return 2, num_layers // 2, num_layers - 3
@@ -204,11 +207,10 @@ class Eagle3Drafter(EagleDrafter):
     """EAGLE-2's dynamic tree (or a chain) drafted by an :class:`Eagle3Head`."""
 
     name = "eagle3"
-    D2T_MODES = ("intersect", "replace")
 
     def __init__(self, head: "Eagle3Head", depth: int = 4, top_k: int | None = None, total_tokens: int | None = None,
                  d2t: str = "intersect"):
-        check(d2t in self.D2T_MODES, f"unknown d2t mode {d2t!r}; choose from {', '.join(self.D2T_MODES)}")
+        check(d2t in D2T_MODES, f"unknown d2t mode {d2t!r}; choose from {', '.join(D2T_MODES)}")
         super().__init__(head, depth=depth, top_k=top_k, total_tokens=total_tokens)
         self.d2t = d2t  # how a restricted set meets the draft vocabulary: intersected with it, or replacing it
 
