@@ -104,7 +104,9 @@ def gemma_ar(gemma):
             for p in SPEC_PROMPTS}
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "early-exit", "early-exit-tree", "early-exit-tree-microspec"])
+# (a full-vocabulary early-exit tree ran here too, ~60-80 s of the suite's budget: trees over the full 262k vocabulary
+# stay covered on this model by the shipped head's eagle-full cases, and on tiny models for every drafter)
+@pytest.mark.parametrize("drafter", ["ngram", "early-exit", "early-exit-tree-microspec"])
 def test_gemma_speculative_greedy_identity(gemma, gemma_ar, drafter):
     from microspec.drafters import make_drafter
     from microspec.vocab import MicroSpecVocab
@@ -115,8 +117,6 @@ def test_gemma_speculative_greedy_identity(gemma, gemma_ar, drafter):
         if drafter == "early-exit-tree-microspec":
             d = make_drafter("early-exit", depth=2, top_k=2, total_tokens=3, draft_layers=12)
             vocab = MicroSpecVocab(262144, always=gemma.eos_token_ids)
-        elif drafter == "early-exit-tree":
-            d = make_drafter("early-exit", depth=2, top_k=2, total_tokens=3, draft_layers=6)
         else:
             d = make_drafter(drafter, depth=2 if drafter == "early-exit" else None,
                              num_layers_target=gemma.model.spec.num_layers)
