@@ -26,6 +26,7 @@ from microspec import load_model
 from microspec.api import encode_prompt
 from microspec.bench_data import first_per_category, read_records
 from microspec.decoding import GenerationConfig, generate_ids
+from microspec.decoding.processors import penalised
 from microspec.drafters import EagleHead
 from microspec.models.gguf import quantize_linears
 from microspec.models.registry import shipped_eagle_head
@@ -49,7 +50,7 @@ def penalise(logits: torch.Tensor, history: torch.Tensor, penalty: float) -> tor
     seen = torch.unique(history)
     v = logits[seen]
     out = logits.clone()
-    out[seen] = torch.where(v > 0, v / penalty, v * penalty)
+    out[seen] = penalised(v, penalty)
     return out
 
 

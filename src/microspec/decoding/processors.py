@@ -19,6 +19,13 @@ import torch
 from .config import GenerationConfig
 
 
+def penalised(logits: torch.Tensor, penalty: float | torch.Tensor) -> torch.Tensor:
+    """HF's repetition penalty rule on ``logits`` (every one of them, seen or not: callers choose where it applies):
+    a negative logit multiplied by ``penalty``, any other divided by it; ``penalty`` a number or a tensor that
+    broadcasts (one per row).  Differentiable."""
+    return torch.where(logits < 0, logits * penalty, logits / penalty)
+
+
 class RepetitionPenalty:
     """HF ``RepetitionPenaltyLogitsProcessor``: for every token already in the sequence, a positive logit is divided
     by the penalty and a negative one multiplied by it.  State: a [V] bitmap of seen tokens on the model's device."""
@@ -52,7 +59,7 @@ class RepetitionPenalty:
             cols = cols[cols >= 0]
             if cols.numel():
                 row = logits[r, cols]
-                logits[r, cols] = torch.where(row < 0, row * self.penalty, row / self.penalty)
+                logits[r, cols] = penalised(row, self.penalty)
         return logits
 
     def apply(self, logits: torch.Tensor, extra: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
@@ -63,8 +70,7 @@ class RepetitionPenalty:
             for r, toks in enumerate(extra):
                 if len(toks):
                     seen[r, torch.as_tensor(list(toks), dtype=torch.long, device=seen.device)] = True
-        penalised = torch.where(logits < 0, logits * self.penalty, logits / self.penalty)
-        return torch.where(seen, penalised, logits, out=logits)
+        return torch.where(seen, penalised(logits, self.penalty), logits, out=logits)
 
 
 class NoRepeatNGram:

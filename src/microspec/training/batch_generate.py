@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
+from ..decoding.processors import penalised
 from ..models.native import NativeCausalLM, window_mask
 
 
@@ -102,9 +103,7 @@ def generate_batched(
         live_t = torch.tensor(live, device=device)
         logits = torch.stack([rows[r]["logits"] for r in live])
         if any_penalty:  # HF's rule; a penalty of 1 leaves the logits exactly as they are
-            pen = row_penalty[live_t]
-            pen = torch.where(logits < 0, logits * pen, logits / pen)
-            logits = torch.where(seen[live_t], pen, logits)
+            logits = torch.where(seen[live_t], penalised(logits, row_penalty[live_t]), logits)
         nxt = logits.argmax(-1)
         seen[live_t, nxt] = True
         nxt_list, done_list = nxt.tolist(), torch.isin(nxt, stops).tolist()

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from ..api import encode_prompt
 from ..decoding.config import GenerationConfig
 from ..decoding.loop import generate_ids
+from ..decoding.processors import penalised
 from ..drafters.eagle import EagleHead, _layer_config
 from ..errors import MicrospecError, check
 from ..models.native import NativeCausalLM, Taps
@@ -522,7 +523,7 @@ def _penalise(logits: torch.Tensor, pen: tuple[torch.Tensor, torch.Tensor] | Non
     if pen is None:
         return logits
     seen, penalty = pen
-    return torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
+    return torch.where(seen, penalised(logits, penalty), logits)
 
 
 def _summary(agg: dict, cfg: TrainConfig) -> dict:
