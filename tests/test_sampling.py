@@ -146,6 +146,9 @@ def _drafters(exact):
                                             EveryOtherMatch()),
         # EAGLE-3 over a draft vocabulary of its own (48 of the 96 ids): zero draft mass outside it
         "eagle3-tree": lambda: Eagle3Drafter(_eagle3_head(), depth=2, top_k=3, total_tokens=6),
+        # the same with the set replacing the draft vocabulary (ids outside it scored with the target's rows)
+        "eagle3-tree-replace": lambda: Eagle3Drafter(_eagle3_head(), depth=2, top_k=3, total_tokens=6,
+                                                     d2t="replace"),
     }
 
 
@@ -223,7 +226,8 @@ def _restricted(name):
                                              ("early-exit-chain", "microspec-indexed"), ("eagle-chain", "fr-spec"),
                                              ("eagle-tree", "fr-spec-pa"), ("eagle-chain", "dynaspec"),
                                              ("eagle-tree", "dynaspec"), ("eagle-lookup", "microspec"),
-                                             ("eagle-lookup", "dynaspec"), ("eagle3-tree", "microspec")])
+                                             ("eagle-lookup", "dynaspec"), ("eagle3-tree", "microspec"),
+                                             ("eagle3-tree-replace", "microspec")])
 def test_sampling_with_a_restricted_draft_vocabulary_matches_exact_distribution(pair, exact, drafter, policy):
     """Drafts over a restricted vocabulary put zero mass outside it (and are processed and warped like the target):
     the committed tokens still follow the target's distribution exactly."""
