@@ -9,7 +9,8 @@ OASST1-en, the plain-text demos, XQuAD-de, OASST code answers, the prompt pool):
 - natural languages: MGSM's questions (de, es, fr, ja, ru, zh, th, sw; an evaluation set, never trained on), each
   followed by a line "Answer:" in no language in particular; Genesis in Finnish, Portuguese and Swedish (NLTK);
 - programming languages: source files this machine holds — Python's standard library, Java's class library
-  (``java.util`` from the JDK's ``lib/src.zip``), C++'s standard library headers (libstdc++), JavaScript (npm's own sources) —
+  (``java.util`` from the JDK's ``lib/src.zip``), C++'s standard library headers (libstdc++), JavaScript (npm's own sources), Go's standard library's top-level
+  packages (Debian's ``golang-*-src``; tests left out) —
   each prompt a passage of a file from an unindented line picked at random after its licence comment, cut at a
   line end.
 
@@ -37,6 +38,7 @@ CODE = {  # language: (glob or zip member suffix, where)
     "java": (".java", "/usr/lib/jvm/*/lib/src.zip"),
     "cpp": ("/usr/include/c++/*/bits/*.h", None),
     "javascript": ("/usr/lib/node_modules/npm/lib/**/*.js", None),
+    "go": ("/usr/share/go-*/src/*/*.go", None),  # Debian's golang-*-src: the top-level packages (fmt, strings, ...)
 }
 COMMENT = ("#", "//", "/*", "*", "'use strict'", '"use strict"', "#!/")
 
@@ -73,7 +75,7 @@ def code_prompts(lang: str, k: int, rng: random.Random, max_chars: int) -> list[
     pattern, where = CODE[lang]
     texts: list[tuple[str, str]] = []
     if where is None:
-        files = sorted(glob.glob(pattern, recursive=True))
+        files = sorted(f for f in glob.glob(pattern, recursive=True) if not f.endswith("_test.go"))
         rng.shuffle(files)
         for f in files:
             try:
