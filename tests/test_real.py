@@ -45,15 +45,21 @@ def test_gemma_loads_with_its_real_shape(gemma):
     assert 260e6 < n_params < 275e6
 
 
-def test_gemma_greedy_equals_transformers(gemma):
+@pytest.fixture(scope="module")
+def gemma_hf(gemma):
+    """transformers' own Gemma 3 on the same weights (loaded once: the two comparisons below share it)."""
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(str(_gguf_cache_dir(gemma.name, gemma.source)),
-                                              dtype=torch.float32).eval()
-    for prompt in ("The capital of France is", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number."):
-        ids = encode_prompt(gemma, prompt)
-        ours = generate_ids(gemma.model, ids, GenerationConfig(max_new_tokens=N), gemma.eos_token_ids)
-        assert ours.token_ids == _hf_greedy(hf, ids, N)
+    return AutoModelForCausalLM.from_pretrained(str(_gguf_cache_dir(gemma.name, gemma.source)),
+                                                dtype=torch.float32).eval()
+
+
+def test_gemma_greedy_equals_transformers(gemma, gemma_hf):
+    # code here; prose through the command below (one prompt each: transformers' fp32 greedy over the 262k vocabulary
+    # is the slowest part of the suite)
+    ids = encode_prompt(gemma, "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.")
+    ours = generate_ids(gemma.model, ids, GenerationConfig(max_new_tokens=N), gemma.eos_token_ids)
+    assert ours.token_ids == _hf_greedy(gemma_hf, ids, N)
 
 
 def test_smollm2_greedy_equals_transformers_loading_the_gguf_itself():
@@ -70,17 +76,13 @@ def test_smollm2_greedy_equals_transformers_loading_the_gguf_itself():
     assert ours.token_ids == _hf_greedy(hf, ids, N)
 
 
-def test_cli_json_default_model_equals_transformers_greedy(gemma):
-    from transformers import AutoModelForCausalLM
-
+def test_cli_json_default_model_equals_transformers_greedy(gemma, gemma_hf):
     prompt = "Speculative decoding is"
     proc = subprocess.run([sys.executable, "-m", "microspec", "generate", "--prompt", prompt, "--dtype", "fp32",
                            "--max-new-tokens", str(N), "--json"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     obj = json.loads(proc.stdout)
-    hf = AutoModelForCausalLM.from_pretrained(str(_gguf_cache_dir(gemma.name, gemma.source)),
-                                              dtype=torch.float32).eval()
-    assert obj["token_ids"] == _hf_greedy(hf, encode_prompt(gemma, prompt), N)
+    assert obj["token_ids"] == _hf_greedy(gemma_hf, encode_prompt(gemma, prompt), N)
     # the default method speculates (--drafter auto on a dense CPU target, greedy: prompt lookup, adaptive), and the
     # tokens are still transformers' own greedy tokens
     assert obj["model"] == "gemma-3-270m" and (obj["drafter"], obj["vocab"], obj["adaptive"]) == \
