@@ -35,6 +35,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+from language_prompts import take_lines  # this folder's (run as a script, the folder is on sys.path)
+
 UDHR = ("arb", "ben", "bul", "cat", "ces", "cmn_hans", "cmn_hant", "dan", "deu", "ell", "eng", "est", "fin", "fra",
         "heb", "hin", "hrv", "hun", "ind", "ita", "jpn", "kor", "lit", "lav", "nld", "nob", "pes", "pol", "por_BR",
         "por_PT", "ron", "rus", "slk", "slv", "spa", "srp_cyrl", "swe", "swh", "tam", "tha", "tur", "ukr", "urd",
@@ -47,13 +49,7 @@ def _passage(text: str, max_chars: int, rng: random.Random) -> str | None:
     if not lines:
         return None
     start = rng.randrange(max(1, len(lines) - 20))
-    out, n = [], 0
-    for line in lines[start:]:
-        if n + len(line) + 1 > max_chars:
-            break
-        out.append(line)
-        n += len(line) + 1
-    body = "\n".join(out).strip("\n")
+    body = "\n".join(take_lines(lines[start:], max_chars)).strip("\n")
     return body if len(body) >= 200 else None
 
 

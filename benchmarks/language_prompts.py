@@ -43,6 +43,17 @@ CODE = {  # language: (glob or zip member suffix, where)
 COMMENT = ("#", "//", "/*", "*", "'use strict'", '"use strict"', "#!/")
 
 
+def take_lines(lines: list[str], max_chars: int) -> list[str]:
+    """The leading ``lines`` that fit in ``max_chars`` characters, newlines counted."""
+    out, n = [], 0
+    for line in lines:
+        if n + len(line) + 1 > max_chars:
+            break
+        out.append(line)
+        n += len(line) + 1
+    return out
+
+
 def _passage(text: str, max_chars: int, rng: random.Random) -> str | None:
     """A passage of a source file: from a line picked at random after the file's leading comment block (licence,
     module docstring), starting at a line with no indentation, cut at a line end near ``max_chars`` (None: too
@@ -61,13 +72,7 @@ def _passage(text: str, max_chars: int, rng: random.Random) -> str | None:
               not lines[j][0].isspace() and not lines[j].lstrip().startswith(COMMENT)]
     if not starts:
         return None
-    out, n = [], 0
-    for line in lines[rng.choice(starts):]:
-        if n + len(line) + 1 > max_chars:
-            break
-        out.append(line)
-        n += len(line) + 1
-    body = "\n".join(out).rstrip()
+    body = "\n".join(take_lines(lines[rng.choice(starts):], max_chars)).rstrip()
     return body + "\n" if len(body) >= max_chars // 3 else None
 
 
@@ -122,12 +127,7 @@ def genesis_prompts(data: Path, member: tuple[str, str], k: int, rng: random.Ran
         lines = [ln for ln in z.read(member[0]).decode(member[1]).splitlines() if ln.strip()]
     out = []
     for start in sorted(rng.sample(range(max(0, len(lines) - 40)), min(k, max(0, len(lines) - 40)))):
-        chunk, n = [], 0
-        for ln in lines[start:]:
-            if n + len(ln) + 1 > max_chars:
-                break
-            chunk.append(ln)
-            n += len(ln) + 1
+        chunk = take_lines(lines[start:], max_chars)
         if chunk:
             out.append((f"{path}:{member[0]}:{start + 1}", "\n".join(chunk) + "\n"))
     return out
