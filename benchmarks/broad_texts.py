@@ -7,7 +7,8 @@ Writes one ``{"text": ...}`` JSONL file per source, for ``train eagle --texts`` 
 own predictions on the text are the labels, so the text needs no answers). Every source is disjoint from what
 ``benchmarks/language_prompts.py`` evaluates on (MGSM's questions, Genesis, and the source files it draws from):
 
-- ``udhr.jsonl``: the Universal Declaration of Human Rights (NLTK udhr2, public domain) in ``--udhr-languages``;
+- ``udhr.jsonl``: the Universal Declaration of Human Rights (NLTK udhr2, public domain) in the 44 languages of
+  ``UDHR``;
 - ``xquad.jsonl``: XQuAD's contexts in its twelve languages (CC BY-SA 4.0; a reading-comprehension set, not one
   of the project's evaluation sets; its questions are left out);
 - ``oasst_fi.jsonl``: OASST1 messages translated to Finnish (Apache-2.0);
@@ -20,9 +21,10 @@ own predictions on the text are the labels, so the text needs no answers). Every
   the evaluation draws from the top-level ones, ``src/fmt``, ``src/strings``, ...), from Debian's ``golang-*-src``,
   tests and test data left out.
 
-A source file becomes one document: a passage of at most ``--max-chars`` characters from a line picked at random.
-Files and passages are picked by a seeded shuffle, so the same command writes the same files on the same machine.
-A source missing on this machine is left out with a line on stderr.
+Disjointness is also enforced, not only planned: no file the evaluation's globs match (``language_prompts.CODE``)
+is read here. A source file becomes one document: a passage of at most ``--max-chars`` characters from a line
+picked at random. Files and passages are picked by a seeded shuffle, so the same command writes the same files on
+the same machine. A source missing on this machine is left out with a line on stderr.
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ import sys
 import zipfile
 from pathlib import Path
 
-from language_prompts import take_lines  # this folder's (run as a script, the folder is on sys.path)
+# this folder's (a script: the folder is on sys.path)
+from language_prompts import CODE, JAVA_PACKAGE, held_out_files, take_lines
 
-UDHR = ("arb", "ben", "bul", "cat", "ces", "cmn_hans", "cmn_hant", "dan", "deu", "ell", "eng", "est", "fin", "fra",
-        "heb", "hin", "hrv", "hun", "ind", "ita", "jpn", "kor", "lit", "lav", "nld", "nob", "pes", "pol", "por_BR",
+UDHR = ("arb", "ben", "bul", "cat", "ces", "cmn_hans", "cmn_hant", "dan", "deu", "eng", "est", "fin", "fra",
+        "heb", "hin", "hrv", "hun", "ind", "ita", "jpn", "kor", "lit", "lav", "nld", "nob", "pol", "por_BR",
         "por_PT", "ron", "rus", "slk", "slv", "spa", "srp_cyrl", "swe", "swh", "tam", "tha", "tur", "ukr", "urd",
         "vie", "yor", "zul")
 
@@ -54,9 +57,9 @@ def _passage(text: str, max_chars: int, rng: random.Random) -> str | None:
 
 
 def _files(patterns: list[str], exclude: tuple[str, ...]) -> list[str]:
-    files = sorted({f for p in patterns for f in glob.glob(p, recursive=True)
-                    if Path(f).is_file() and not any(x in f for x in exclude)})
-    return files
+    held_out = {f for pattern, where in CODE.values() if where is None for f in held_out_files(pattern)}
+    return sorted({f for p in patterns for f in glob.glob(p, recursive=True)
+                   if Path(f).is_file() and not any(x in f for x in exclude) and f not in held_out})
 
 
 def code_docs(files: list[str], rng: random.Random, max_chars: int, limit: int) -> list[str]:
@@ -77,7 +80,7 @@ def java_docs(rng: random.Random, max_chars: int, limit: int) -> list[str]:
     if not zips:
         return []
     with zipfile.ZipFile(zips[0]) as z:  # the evaluation's own zip: the same library, other packages
-        names = sorted(n for n in z.namelist() if n.endswith(".java") and "/java/util/" not in n)
+        names = sorted(n for n in z.namelist() if n.endswith(".java") and JAVA_PACKAGE not in n)
         rng.shuffle(names)
         docs = []
         for n in names[:limit]:
@@ -100,11 +103,13 @@ def udhr_docs(data: Path, languages: tuple[str, ...], chunk_chars: int) -> list[
                 continue
             text = z.read(member).decode("utf-8", "replace")
             chunk: list[str] = []
+            size = 0
             for para in (p.strip() for p in text.split("\n") if p.strip()):
                 chunk.append(para)
-                if sum(len(c) + 1 for c in chunk) >= chunk_chars:
+                size += len(para) + 1
+                if size >= chunk_chars:
                     docs.append("\n".join(chunk))
-                    chunk = []
+                    chunk, size = [], 0
             if chunk:
                 docs.append("\n".join(chunk))
     return docs

@@ -9,10 +9,10 @@ OASST1-en, the plain-text demos, XQuAD-de, OASST code answers, the prompt pool):
 - natural languages: MGSM's questions (de, es, fr, ja, ru, zh, th, sw; an evaluation set, never trained on), each
   followed by a line "Answer:" in no language in particular; Genesis in Finnish, Portuguese and Swedish (NLTK);
 - programming languages: source files this machine holds — Python's standard library, Java's class library
-  (``java.util`` from the JDK's ``lib/src.zip``), C++'s standard library headers (libstdc++), JavaScript (npm's own sources), Go's standard library's top-level
-  packages (Debian's ``golang-*-src``; tests left out) —
-  each prompt a passage of a file from an unindented line picked at random after its licence comment, cut at a
-  line end.
+  (``java.util`` from the JDK's ``lib/src.zip``), C++'s standard library headers (libstdc++), JavaScript (npm's
+  own sources), Go's standard library's top-level packages (Debian's ``golang-*-src``; tests left out) — each
+  prompt a passage of a file from an unindented line picked at random after its licence comment, cut at a line
+  end.
 
 Files and passages are picked by a seeded shuffle, so the same command writes the same prompts on the same
 machine. A language whose source is missing here is left out, with a line on stderr. Records: ``question_id``,
@@ -40,7 +40,13 @@ CODE = {  # language: (glob or zip member suffix, where)
     "javascript": ("/usr/lib/node_modules/npm/lib/**/*.js", None),
     "go": ("/usr/share/go-*/src/*/*.go", None),  # Debian's golang-*-src: the top-level packages (fmt, strings, ...)
 }
+JAVA_PACKAGE = "/java/util/"  # the package of the JDK's src.zip that Java's prompts come from
 COMMENT = ("#", "//", "/*", "*", "'use strict'", '"use strict"', "#!/")
+
+
+def held_out_files(pattern: str) -> list[str]:
+    """The source files a glob of ``CODE`` draws prompts from (Go's tests left out)."""
+    return sorted(f for f in glob.glob(pattern, recursive=True) if not f.endswith("_test.go"))
 
 
 def take_lines(lines: list[str], max_chars: int) -> list[str]:
@@ -80,7 +86,7 @@ def code_prompts(lang: str, k: int, rng: random.Random, max_chars: int) -> list[
     pattern, where = CODE[lang]
     texts: list[tuple[str, str]] = []
     if where is None:
-        files = sorted(f for f in glob.glob(pattern, recursive=True) if not f.endswith("_test.go"))
+        files = held_out_files(pattern)
         rng.shuffle(files)
         for f in files:
             try:
@@ -96,7 +102,7 @@ def code_prompts(lang: str, k: int, rng: random.Random, max_chars: int) -> list[
     if not zips:
         return []
     with zipfile.ZipFile(zips[0]) as z:
-        names = sorted(n for n in z.namelist() if n.endswith(pattern) and "/java/util/" in n)
+        names = sorted(n for n in z.namelist() if n.endswith(pattern) and JAVA_PACKAGE in n)
         rng.shuffle(names)
         for n in names:
             body = _passage(z.read(n).decode("utf-8", "replace"), max_chars, rng)
