@@ -108,13 +108,13 @@ def test_host_reads_per_step_do_not_grow(monkeypatch):
 
 
 def test_draft_latency_script_at_a_reduced_shape(tmp_path):
-    """benchmarks/draft_latency.py (the paper's Figure 4 on its own shapes, for a GPU) runs end to end on a CPU at
+    """benchmarks/measure/draft_latency.py (the paper's Figure 4 on its own shapes, for a GPU) runs end to end on a CPU at
     the tiny shape, and its figures are consistent: every path measured, bytes = rows x d x 2 for bf16, the
     fixed-size sets hold what they should."""
     import importlib.util
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "draft_latency.py"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "measure" / "draft_latency.py"
     spec = importlib.util.spec_from_file_location("draft_latency", script)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
