@@ -178,7 +178,7 @@ def test_drafter_json_equals_autoregressive(capsys, tiny_model_dir, drafter):
     (["--drafter", "ngram", "--depth", "0"], "depth"),
     (["--drafter", "ngram", "--head-mode", "some"], "head-mode"),
     (["--drafter", "early-exit", "--top-k", "0"], "top-k"),
-    (["--drafter", "ngram", "--top-k", "3"], "chain"),
+    (["--drafter", "ngram", "--top-k", "3"], "--top-k applies to --drafter early-exit, eagle or model, not to --drafter ngram"),
     (["--drafter", "early-exit", "--total-tokens", "8"], "needs --top-k"),
     (["--drafter", "early-exit", "--top-k", "2", "--total-tokens", "0"], "total-tokens"),
     (["--drafter", "early-exit", "--top-k", "2", "--depth", "99"], "depth"),
@@ -254,7 +254,7 @@ def test_eagle_drafter_via_cli(capsys, tiny_model_dir, tmp_path):
     assert looked["token_ids"] == json.loads(out)["token_ids"] and looked["lookup"] == 2
     assert looked["stats"]["lookup_steps"] > 0  # the tiny model repeats itself
     rc, _, err = _run(capsys, *base, "--drafter", "ngram", "--lookup", "3")
-    assert rc == 2 and "--lookup puts prompt lookup before a model drafter" in err
+    assert rc == 2 and "--lookup applies to --drafter early-exit, eagle or model" in err
     # --drafter auto picks prompt lookup alone here (a dense CPU target, greedy): --lookup is dropped, and said
     rc, out4, err = _run(capsys, *base, "--lookup")
     auto = json.loads(out4)
@@ -302,7 +302,7 @@ def test_microspec_vocab_via_cli(capsys, tiny_model_dir):
     assert 0 < obj["stats"]["active_vocab_max"] <= 21
     for extra, needle in ((["--vocab", "microspec"], "needs a drafter"), (["--vocab", "nope"], "unknown vocabulary"),
                           (["--drafter", "early-exit", "--vocab", "microspec", "--w-max", "0"], "w-max"),
-                          (["--drafter", "early-exit", "--w-max", "10"], "apply to --vocab microspec")):
+                          (["--drafter", "early-exit", "--w-max", "10"], "applies to --vocab microspec")):
         rc, _, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w1", *extra)
         assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, (extra, err)
 
@@ -328,9 +328,9 @@ def test_vocab_variants_via_cli(capsys, tiny_model_dir, extra):
 @pytest.mark.parametrize("extra,needle", [
     (["--drafter", "early-exit", "--vocab", "microspec", "--position-aware", "5"], "k0,k1"),
     (["--drafter", "early-exit", "--vocab", "microspec", "--position-aware", "0,3"], ">= 1"),
-    (["--drafter", "early-exit", "--position-aware", "4,2"], "ranks its ids"),
-    (["--drafter", "early-exit", "--vocab", "microspec", "--gather", "nope"], "unknown --gather"),
-    (["--drafter", "early-exit", "--gather", "indexed"], "not --vocab full"),
+    (["--drafter", "early-exit", "--position-aware", "4,2"], "--position-aware applies to --vocab fr-spec"),
+    (["--drafter", "early-exit", "--vocab", "microspec", "--gather", "nope"], "argument --gather: invalid choice"),
+    (["--drafter", "early-exit", "--gather", "indexed"], "not to --vocab full"),
 ])
 def test_bad_vocab_variant_input(capsys, tiny_model_dir, extra, needle):
     rc, out, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2", *extra)

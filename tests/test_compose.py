@@ -23,13 +23,13 @@ def test_method_names_parse_to_descriptions():
     assert Method.parse("microspec-w8", w_max=16).w_max == 16  # an explicit option wins over the name's
     assert Method(drafter="eagle", top_k=2, total_tokens="6").total_tokens == 6  # the CLI's string, as an int
     assert Method.parse("microspec@adaptive") == Method(drafter="eagle", vocab="microspec", adaptive=True)
-    with pytest.raises(MicrospecError, match="--adaptive needs a drafter"):
+    with pytest.raises(MicrospecError, match="--adaptive applies to --drafter ngram"):
         Method.parse("ar@adaptive")
     assert Method.parse("microspec@lookup") == Method(drafter="eagle", vocab="microspec", lookup=2)
     assert Method.parse("eagle-full@lookup3@adaptive") == Method(drafter="eagle", lookup=3, adaptive=True)
     assert Method.parse("early-exit+microspec@adaptive@lookup1").lookup == 1
     for bad in ("ngram@lookup", "ar@lookup"):
-        with pytest.raises(MicrospecError, match="--lookup puts prompt lookup before a model drafter"):
+        with pytest.raises(MicrospecError, match="--lookup applies to --drafter early-exit, eagle or model"):
             Method.parse(bad)
     with pytest.raises(MicrospecError, match="must be >= 1"):
         Method.parse("microspec@lookup0")
@@ -42,19 +42,19 @@ def test_method_names_parse_to_descriptions():
 
 
 @pytest.mark.parametrize("options, needle", [
-    (dict(drafter="ngram", top_k=2), "proposes a chain"),
+    (dict(drafter="ngram", top_k=2), "--top-k applies to --drafter early-exit, eagle or model, not to --drafter ngram"),
     (dict(drafter="eagle", total_tokens=8), "needs --top-k"),
     (dict(drafter="eagle", total_tokens="auto"), "auto needs --top-k"),
     (dict(drafter="eagle", total_tokens="many", top_k=2), "integer or 'auto'"),
-    (dict(drafter="eagle", draft_layers=2), "applies to early-exit"),
+    (dict(drafter="eagle", draft_layers=2), "--draft-layers applies to --drafter early-exit"),
     (dict(drafter="model"), "needs --draft"),
-    (dict(drafter="ngram", draft="x"), "--draft names"),
+    (dict(drafter="ngram", draft="x"), "--draft applies to --drafter eagle or model"),
     (dict(drafter="eagle", depth=0), "--depth must be >= 1"),
     (dict(drafter="eagle", head_mode="some"), "--head-mode"),
-    (dict(drafter="eagle", vocab="dynaspec", w_max=5), "do not apply"),
-    (dict(drafter="eagle", vocab="microspec", router="d"), "--router applies"),
+    (dict(drafter="eagle", vocab="dynaspec", w_max=5), "--w-max applies to --vocab microspec, not to --vocab dynaspec"),
+    (dict(drafter="eagle", vocab="microspec", artifact="d"), "reads no file"),
     (dict(drafter="eagle", vocab="microspec", gather="rows"), "--gather"),
-    (dict(drafter="eagle", vocab="full", position_aware="4,2"), "ranks its ids"),
+    (dict(drafter="eagle", vocab="full", position_aware="4,2"), "--position-aware applies to --vocab fr-spec"),
     (dict(drafter="eagle", vocab="microspec", position_aware="4"), "two budgets"),
 ])
 def test_bad_methods_fail_in_one_line_before_any_model(options, needle):
@@ -65,7 +65,7 @@ def test_bad_methods_fail_in_one_line_before_any_model(options, needle):
 
 def test_build_policy_by_description(tmp_path):
     torch.save(list(range(100))[::-1], tmp_path / "map.pt")
-    p = build_policy(Method(drafter="eagle", vocab="fr-spec", freq_file=str(tmp_path / "map.pt"), shortlist_size=5,
+    p = build_policy(Method(drafter="eagle", vocab="fr-spec", artifact=str(tmp_path / "map.pt"), shortlist_size=5,
                             position_aware="3,2"), 100, always=[0])
     assert isinstance(p, PositionAware) and isinstance(p.policy, StaticShortlist)
     assert p.active(0).ids.tolist() == [0, 99, 98, 97]  # the always-kept 0, then the 3 most frequent ids

@@ -195,7 +195,7 @@ def test_d2t_option_is_checked_where_methods_are_described(tmp_path):
     assert Method.parse("fr-spec-8k@d2t-intersect").options()["d2t"] == "intersect"
     for kwargs, message in ((dict(drafter="eagle", vocab="full", d2t="replace"), "restricted"),
                             (dict(drafter="eagle", vocab="microspec", d2t="swap"), "unknown --d2t"),
-                            (dict(drafter="early-exit", vocab="microspec", d2t="replace"), "eagle drafter")):
+                            (dict(drafter="early-exit", vocab="microspec", d2t="replace"), "--d2t applies to --drafter eagle")):
         with pytest.raises(MicrospecError, match=message):
             Method(**kwargs)
     from microspec.training.eagle import new_head

@@ -25,11 +25,11 @@ from gguf import GGMLQuantizationType as G
 
 from microspec.models.gguf import (
     GGUFFile,
-    QuantTensor,
     hf_name,
     install,
     packed_weights,
 )
+from microspec.models.quant import QuantTensor
 
 GGML_TYPES = [t for t in cq.TYPES if t not in cq.INTERLEAVED.values()]  # the file types (not the repacked forms)
 QUANTIZED = [t for t in GGML_TYPES if t not in ("F32", "F16", "BF16")]
@@ -323,7 +323,7 @@ def test_reader_agrees_with_the_gguf_package(gguf_model):
 
 
 def _logits(model, ids, integer: bool | None = None):
-    from microspec.models.gguf import QuantTensor
+    from microspec.models.quant import QuantTensor
 
     if integer is not None:
         for m in model.modules():

@@ -1,16 +1,24 @@
-"""The Triton gather-matmul kernel, run by Triton's interpreter on the CPU (TRITON_INTERPRET=1); skipped when
-Triton is not installed.  On a GPU the same kernel compiles for real (see BENCHMARKS.md for what was timed)."""
+"""The kernels: the Triton gather-matmul kernel, run by Triton's interpreter on the CPU (TRITON_INTERPRET=1; skipped
+when Triton is not installed; on a GPU the same kernel compiles for real, see BENCHMARKS.md for what was timed), and
+where the CPU kernels' C++ lives (``src/microspec/kernels/csrc``, shipped with the package, none in Python strings)
+and how a build of it reports a compiler error."""
 
 from __future__ import annotations
 
+import ast
+import fnmatch
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+import tomllib
+from pathlib import Path
 
 import pytest
 
-pytest.importorskip("triton")
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "src" / "microspec"
 
 SCRIPT = textwrap.dedent("""
     import torch
@@ -45,6 +53,87 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_gather_matmul_matches_torch_under_the_interpreter():
+    pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1")
     out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+# what C++ source in a Python string would contain (the kernels' code lives in csrc/*.cpp and csrc/*.h)
+CPP_MARKERS = ("#include", "__m256", "_mm256_", "TORCH_CHECK", "PYBIND11")
+
+
+def test_no_cpp_source_in_python_strings():
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                hits = [m for m in CPP_MARKERS if m in node.value]
+                if hits:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {hits}")
+    assert not found, "C++ in Python strings (move it to src/microspec/kernels/csrc):\n" + "\n".join(found)
+
+
+def _package_data() -> list[str]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["microspec"]
+
+
+def test_kernel_sources_exist_and_are_packaged():
+    from microspec.kernels import cpu_linear, cpu_quant
+    from microspec.kernels._build import CSRC
+
+    patterns = _package_data()
+
+    def packaged(path: Path) -> bool:
+        return any(fnmatch.fnmatch(path.relative_to(PACKAGE).as_posix(), p) for p in patterns)
+
+    used = set()
+    for ext in (cpu_quant._EXT, cpu_linear._EXT):
+        files = ext.files()
+        assert files[:len(ext.sources)] == [CSRC / s for s in ext.sources]
+        for path in files:
+            assert path.is_file(), f"{ext.name}: {path} is missing"
+            assert path.parent == CSRC and packaged(path), f"{ext.name}: {path} is not in the package data"
+        assert any(f.suffix == ".h" for f in files), f"{ext.name}: no header found through its includes"
+        bindings = [s for s in ext.sources
+                    if "PYBIND11_MODULE(TORCH_EXTENSION_NAME" in (CSRC / s).read_text(encoding="utf-8")]
+        assert len(bindings) == 1, f"{ext.name}: one bindings source expected, got {bindings}"
+        used |= set(files)
+    for path in CSRC.iterdir():  # everything in csrc is shipped and built by some extension
+        assert packaged(path) and path in used, f"{path.name}: not packaged or not used by any extension"
+
+
+def test_kernel_build_key_follows_the_headers(tmp_path):
+    from microspec.kernels._build import Extension
+
+    (tmp_path / "a.cpp").write_text('#include "a.h"\nint f() { return g(); }\n')
+    (tmp_path / "a.h").write_text('#pragma once\n#include "b.h"\n')
+    (tmp_path / "b.h").write_text("inline int g() { return 1; }\n")
+    (tmp_path / "unused.h").write_text("")
+    ext = Extension("t", ["a.cpp"], "test kernel", root=tmp_path)
+    assert [p.name for p in ext.files()] == ["a.cpp", "a.h", "b.h"]
+    key = ext.key()
+    (tmp_path / "unused.h").write_text("// edited")
+    assert ext.key() == key
+    (tmp_path / "b.h").write_text("inline int g() { return 2; }\n")
+    assert ext.key() != key
+    assert Extension("t", ["a.cpp"], "test kernel", flags=("-g",), root=tmp_path).key() != ext.key()
+
+
+@pytest.mark.skipif(shutil.which("c++") is None or shutil.which("ninja") is None, reason="no C++ compiler or ninja")
+def test_kernel_build_error_names_the_file_and_line(tmp_path, monkeypatch):
+    from microspec.errors import MicrospecError
+    from microspec.kernels._build import Extension
+
+    monkeypatch.setenv("MICROSPEC_CACHE", str(tmp_path / "cache"))
+    src = tmp_path / "csrc"
+    src.mkdir()
+    (src / "bad.cpp").write_text("int f() {\n  return not_declared;\n}\n")
+    monkeypatch.setenv("MICROSPEC_CPU_KERNEL", "auto")
+    ext = Extension("bad", ["bad.cpp"], "test kernel", root=src)
+    assert ext.load() is None  # a quiet fallback
+    assert "bad.cpp:2:" in ext.failed and "error" in ext.failed and "\n" not in ext.failed, ext.failed
+    monkeypatch.setenv("MICROSPEC_CPU_KERNEL", "1")  # another name: torch does not rebuild a name it has tried
+    with pytest.raises(MicrospecError, match=r"bad\.cpp:2:.*not_declared") as info:
+        Extension("bad_strict", ["bad.cpp"], "test kernel", root=src).load()
+    assert "\n" not in str(info.value)

@@ -162,7 +162,7 @@ def test_head_over_vocab_subset_equals_full_head_columns(family):
 def test_unsupported_architecture_is_a_clear_error():
     from transformers import GPT2Config
 
-    from microspec.models.native import spec_from_config
+    from microspec.models.spec import spec_from_config
 
     with pytest.raises(MicrospecError, match="unsupported architecture"):
         spec_from_config(GPT2Config())

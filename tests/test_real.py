@@ -137,7 +137,7 @@ def test_gemma_every_policy_is_lossless(gemma, gemma_ar, policy):
     """The other policies (and MicroSpec's other backend and gather) on the real 262k vocabulary, one prompt."""
     from microspec.drafters import make_drafter
     from microspec.vocab import MicroSpecVocab, PositionAware, StaticShortlist
-    from microspec.vocab.frequency import count_tokens, token_map_from_counts
+    from microspec.training.token_maps import count_tokens, token_map_from_counts
 
     prompt = SPEC_PROMPTS[1]
     if policy == "fr-spec":  # a deliberately small shortlist from unrelated text: drafts miss often, output same
@@ -208,7 +208,7 @@ def test_gemma_shipped_trained_policy_is_lossless(gemma, gemma_ar, policy):
 
     found = shipped_policy("gemma-3-270m", policy)
     assert found is not None, f"the Gemma 3 270M {policy} artifact must ship in the package"
-    vocab = build_policy(Method(drafter="eagle", vocab=policy, router=str(found)), 262144, always=gemma.eos_token_ids)
+    vocab = build_policy(Method(drafter="eagle", vocab=policy, artifact=str(found)), 262144, always=gemma.eos_token_ids)
     head = EagleHead.load(shipped_eagle_head("gemma-3-270m"))
     prompt = SPEC_PROMPTS[2]
     r = generate_ids(gemma.model, encode_prompt(gemma, prompt), GenerationConfig(max_new_tokens=AR_TOKENS),
@@ -255,7 +255,7 @@ def test_gemma_shipped_fr_spec_map_is_the_default_and_lossless(gemma, gemma_ar):
     token_map = load_token_map(path, 262144)
     assert len(token_map) == 32768 and len(set(token_map)) == 32768
     engine = build("fr-spec-16k", gemma)
-    assert engine.method.freq_file == str(path)
+    assert engine.method.artifact == str(path)
     prompt = SPEC_PROMPTS[0]
     res = generate(gemma, prompt, method=engine, max_new_tokens=AR_TOKENS)
     assert res.token_ids == gemma_ar[prompt]
@@ -285,7 +285,7 @@ def test_gguf_weights_match_the_dequantized_reference(gemma, name):
     through the fp32 path (within the order of fp32 sums); --weights gguf (int8 activations per 32-element block,
     as llama.cpp does) stays within its activation rounding and picks the same next token at nearly every
     position of a real prompt."""
-    from microspec.models.gguf import QuantTensor
+    from microspec.models.quant import QuantTensor
 
     dense = gemma if name == "gemma-3-270m" else load_model(name, dtype="fp32")
     ids = torch.tensor(encode_prompt(dense, SPEC_PROMPTS[1] + " The second stage is condensation, when"))

@@ -110,16 +110,16 @@ def test_train_dynaspec_router_learns_and_drafts_losslessly(capsys, trained_rout
             "--depth", "3"]
     _, ref, _ = _run(capsys, "generate", "--model", tiny_model_dir, "--prompt", "w7 w8 w9 w8 w7",
                      "--max-new-tokens", "20", "--ignore-eos", "--dtype", "fp32", "--json")
-    rc, got, err = _run(capsys, *base, "--vocab", "dynaspec", "--router", out)
+    rc, got, err = _run(capsys, *base, "--vocab", "dynaspec", "--dynaspec", out)
     assert rc == 0, err
     obj = json.loads(got)
     assert obj["token_ids"] == json.loads(ref)["token_ids"]
     assert obj["stats"]["active_vocab_mean"] < 96
-    rc, got, err = _run(capsys, *base, "--vocab", "dynaspec", "--router", out, "--position-aware", "1,1")
+    rc, got, err = _run(capsys, *base, "--vocab", "dynaspec", "--dynaspec", out, "--position-aware", "1,1")
     assert rc == 0 and json.loads(got)["token_ids"] == json.loads(ref)["token_ids"], err
     # DynaSpec-F (a fixed cluster budget at every depth: the artifact's k1, or the one given) and PA-FR's schedule
     for pa in ("fixed", "fixed:2", "pa-fr:3"):
-        rc, got, err = _run(capsys, *base, "--vocab", "dynaspec", "--router", out, "--position-aware", pa)
+        rc, got, err = _run(capsys, *base, "--vocab", "dynaspec", "--dynaspec", out, "--position-aware", pa)
         assert rc == 0 and json.loads(got)["token_ids"] == json.loads(ref)["token_ids"], (pa, err)
     from microspec.vocab.dynaspec import load_dynaspec
 
@@ -136,14 +136,16 @@ def test_train_dynaspec_router_learns_and_drafts_losslessly(capsys, trained_rout
 def test_dynaspec_errors(capsys, trained_router, tiny_model_dir):
     tmp, feats, head, out, args = trained_router
     base = ["generate", "--model", tiny_model_dir, "--prompt", "w7 w8", "--max-new-tokens", "4"]
-    for extra, needle in [(["--drafter", "eagle", "--draft", head, "--vocab", "dynaspec"], "needs --router"),
-                          (["--drafter", "eagle", "--draft", head, "--vocab", "dynaspec", "--router", tmp / "nope"],
+    for extra, needle in [(["--drafter", "eagle", "--draft", head, "--vocab", "dynaspec"], "needs --dynaspec DIR"),
+                          (["--drafter", "eagle", "--draft", head, "--vocab", "dynaspec", "--dynaspec", tmp / "nope"],
                            "not found"),
-                          (["--drafter", "eagle", "--draft", head, "--vocab", "dynaspec", "--router", head],
+                          (["--drafter", "eagle", "--draft", head, "--vocab", "dynaspec", "--dynaspec", head],
                            "not a DynaSpec artifact"),
                           (["--drafter", "eagle", "--draft", head, "--vocab", "full", "--router", head],
-                           "--router applies to --vocab dynaspec"),
-                          (["--drafter", "early-exit", "--draft-layers", "1", "--vocab", "dynaspec", "--router", out],
+                           "--router applies to --vocab dynaspec"),  # the older spelling, still understood
+                          (["--drafter", "eagle", "--draft", head, "--vocab", "full", "--dynaspec", head],
+                           "--dynaspec applies to --vocab dynaspec, not --vocab full"),
+                          (["--drafter", "early-exit", "--draft-layers", "1", "--vocab", "dynaspec", "--dynaspec", out],
                            "needs the eagle drafter")]:
         rc, _, err = _run(capsys, *base, *extra)
         assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, (extra, err)
@@ -205,13 +207,13 @@ def test_train_specvocab_and_draft_losslessly(capsys, trained_router, tiny_model
             "--ignore-eos", "--dtype", "fp32", "--json"]
     _, ref, _ = _run(capsys, *base)
     rc, got, err = _run(capsys, *base, "--drafter", "eagle", "--draft", head, "--top-k", "2", "--depth", "3",
-                        "--vocab", "specvocab", "--router", out)
+                        "--vocab", "specvocab", "--specvocab", out)
     assert rc == 0, err
     obj = json.loads(got)
     assert obj["token_ids"] == json.loads(ref)["token_ids"] and obj["stats"]["active_vocab_max"] <= 2 * 16 + 4
-    rc, _, err = _run(capsys, *base, "--drafter", "eagle", "--draft", head, "--vocab", "specvocab", "--router",
+    rc, _, err = _run(capsys, *base, "--drafter", "eagle", "--draft", head, "--vocab", "specvocab", "--specvocab",
                       out, "--position-aware", "2,1")
-    assert rc == 2 and "do not apply" in err
+    assert rc == 2 and "--position-aware applies to" in err
 
 
 def test_train_coral_and_draft_losslessly(capsys, trained_router, tiny_model_dir):
@@ -229,9 +231,9 @@ def test_train_coral_and_draft_losslessly(capsys, trained_router, tiny_model_dir
             "--ignore-eos", "--dtype", "fp32", "--json"]
     _, ref, _ = _run(capsys, *base)
     rc, got, err = _run(capsys, *base, "--drafter", "eagle", "--draft", head, "--top-k", "2", "--depth", "3",
-                        "--vocab", "coral", "--router", out)
+                        "--vocab", "coral", "--coral", out)
     assert rc == 0, err
     assert json.loads(got)["token_ids"] == json.loads(ref)["token_ids"]
-    rc, _, err = _run(capsys, *base, "--drafter", "eagle", "--draft", head, "--vocab", "coral", "--router",
+    rc, _, err = _run(capsys, *base, "--drafter", "eagle", "--draft", head, "--vocab", "coral", "--coral",
                       tmp / "router")  # a DynaSpec artifact is not a CORAL one
     assert rc == 2 and "not a CORAL artifact" in err

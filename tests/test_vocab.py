@@ -158,7 +158,7 @@ def test_build_policy_and_bad_settings():
     assert (p.w_max, p.gather, p.prompt_positions) == (8, "indexed", 4)
     for bad in (dict(vocab="frequency"), dict(vocab="microspec", w_max=0), dict(vocab="microspec", k_ver=-1),
                 dict(vocab="full", w_max=100), dict(vocab="fr-spec", shortlist_size="lots"),
-                dict(vocab="microspec", freq_file="x.pt"), dict(vocab="full", gather="packed")):
+                dict(vocab="microspec", artifact="x.pt"), dict(vocab="full", gather="packed")):
         with pytest.raises(MicrospecError):
             Method(drafter="eagle", **bad)
     with pytest.raises(MicrospecError, match="needs a drafter with an LM head"):
@@ -171,8 +171,8 @@ def test_frequency_table_token_map_round_trip_and_shortlist(tmp_path, tiny_model
 
     from transformers import AutoTokenizer
 
-    from microspec.vocab.frequency import (count_tokens, iter_texts, load_token_map, parse_size, save_token_map,
-                                           token_map_from_counts)
+    from microspec.training.token_maps import count_tokens, iter_texts, token_map_from_counts
+    from microspec.vocab.frequency import load_token_map, parse_size, save_token_map
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     (tmp_path / "a.txt").write_text("w5 w5 w5 w7\nw7 w9\n")
@@ -195,7 +195,7 @@ def test_frequency_table_token_map_round_trip_and_shortlist(tmp_path, tiny_model
         parse_size("lots")
     with pytest.raises(MicrospecError):
         load_token_map(tmp_path / "a.txt")
-    v = build_policy(Method(drafter="eagle", vocab="fr-spec", freq_file=str(tmp_path / "map.pt"), shortlist_size=2),
+    v = build_policy(Method(drafter="eagle", vocab="fr-spec", artifact=str(tmp_path / "map.pt"), shortlist_size=2),
                      VOCAB, always=[2])
     assert v.active().tolist() == sorted([w("w9"), w("w5"), 2])
     assert v.active() is v.active()  # a fixed set: the draft head gathers it once
@@ -425,7 +425,7 @@ def test_draft_head_scores_a_budget_prefix_as_a_view_of_one_gather(packed, tmp_p
     w = torch.randn(VOCAB, 64)
     if packed:  # a Q8_0 head kept packed, as the GGUF path holds it
         gguf = pytest.importorskip("gguf")
-        from microspec.models.gguf import QuantTensor
+        from microspec.models.quant import QuantTensor
 
         raw = gguf.quants.quantize(w.numpy(), gguf.GGMLQuantizationType.Q8_0).reshape(VOCAB, -1)
         w = QuantTensor(torch.from_numpy(raw.copy()), "Q8_0", 64)
@@ -555,10 +555,10 @@ def test_short_token_map_is_refused_and_freq_fill_completes_it(tmp_path, tiny_mo
 
     save_token_map([5, 6, 7], tmp_path / "short.pt")
     with pytest.raises(MicrospecError, match="fewer than the 8"):
-        build_policy(Method(drafter="eagle", vocab="vocabtrim", freq_file=str(tmp_path / "short.pt"),
+        build_policy(Method(drafter="eagle", vocab="vocabtrim", artifact=str(tmp_path / "short.pt"),
                             shortlist_size="8"), VOCAB, always=[2])
     save_token_map(list(range(VOCAB)), tmp_path / "all.pt")  # the whole vocabulary: any K is fine
-    assert build_policy(Method(drafter="eagle", vocab="fr-spec", freq_file=str(tmp_path / "all.pt"),
+    assert build_policy(Method(drafter="eagle", vocab="fr-spec", artifact=str(tmp_path / "all.pt"),
                                shortlist_size="32k"), VOCAB, always=[2]).active().numel() == VOCAB
     path = tmp_path / "responses.jsonl"
     path.write_text('{"response_ids": [9, 9, 4]}\n')

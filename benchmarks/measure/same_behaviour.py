@@ -1,7 +1,9 @@
 """Do two source trees of microspec behave the same?  Runs the same commands with each on tiny random models and
 compares everything that is not a timing: generated ids, text, finish reasons, steps, accept lengths, draft depths,
-active vocabulary sizes, coverage (``generate --json``, ``coverage --json``), and a small ``bench`` (every answer's
-token ids and accept lengths, every method's tau and coverage).
+active vocabulary sizes, coverage (``generate --json`` with every drafter and ``--drafter auto``, ``coverage --json``),
+a small ``bench`` (every answer's token ids and accept lengths, every method's tau and coverage), ``analyze``, ``freq``,
+and the Python API: ``microspec.generate(lm, prompt)`` in the new tree against ``microspec generate`` (auto) in the
+old.
 
 Used for restructurings that must not change behaviour (issue 20): keep the old tree with
 ``git worktree add /tmp/old <commit>`` and run
@@ -28,7 +30,8 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-TIMING = {"wall_s", "prefill_s", "tokens_per_s", "decode_tokens_per_s", "draft_s", "verify_s", "other_s", "head_s",
+TIMING = {"achieved_gb_s", "wall_s", "prefill_s", "tokens_per_s", "decode_tokens_per_s", "draft_s", "verify_s",
+          "other_s", "head_s",
           "vocab_s", "time_split", "wall_time", "date", "command", "torch", "transformers", "machine", "threads",
           "speedup", "question_tokens_per_s", "oracle_tokens_per_s", "actual_over_oracle", "draft_share"}
 
@@ -54,7 +57,7 @@ def setup(root: Path) -> dict:
 
 def commands(f: dict, root: Path) -> dict[str, list[str]]:
     gen = ["generate", "--json", "--prompt", "w5 w6 w7 w5 w6 w7 w8", "--max-new-tokens", "24", "--ignore-eos",
-           "--dtype", "fp32"]
+           "--dtype", "fp32", "--drafter", "none"]  # a later --drafter wins
     eagle = ["--drafter", "eagle", "--draft", str(f["eagle"])]
     cmds: dict[str, list[str]] = {}
     for fam in ("llama", "gemma3"):
@@ -63,6 +66,8 @@ def commands(f: dict, root: Path) -> dict[str, list[str]]:
         cmds[f"{fam}-ar-penalty"] = gen + m + ["--repetition-penalty", "1.3", "--no-repeat-ngram-size", "3"]
         cmds[f"{fam}-ar-sample"] = gen + m + ["--temperature", "0.9", "--top-p", "0.9", "--seed", "3"]
         cmds[f"{fam}-ngram"] = gen + m + ["--drafter", "ngram"]
+        cmds[f"{fam}-auto"] = gen + m + ["--drafter", "auto"]  # generate's default
+        cmds[f"{fam}-auto-penalty"] = gen + m + ["--drafter", "auto", "--repetition-penalty", "1.3"]
         cmds[f"{fam}-early-exit"] = gen + m + ["--drafter", "early-exit", "--draft-layers", "1"]
         cmds[f"{fam}-early-exit-tree-microspec"] = gen + m + ["--drafter", "early-exit", "--draft-layers", "1",
                                                               "--top-k", "3", "--depth", "3", "--vocab", "microspec",
@@ -91,6 +96,59 @@ def run(src: str, argv: list[str], parse: bool = True) -> dict:
     if p.returncode != 0:
         return {"exit": p.returncode, "stderr": p.stderr.strip().splitlines()[-1:] if p.stderr else []}
     return json.loads(p.stdout.strip().splitlines()[-1]) if parse else {}
+
+
+API_CODE = """
+import json, sys
+import microspec
+lm = microspec.load_model(sys.argv[1], dtype="fp32")
+kw = json.loads(sys.argv[2])
+r = microspec.generate(lm, kw.pop("prompt"), **kw)
+print(json.dumps({"text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason,
+                  "stats": r.stats.to_dict()}))
+"""
+
+
+def run_api(src: str, model: str, options: dict) -> dict:
+    """The Python API's ``microspec.generate(lm, prompt, **options)`` (its default method: auto) in tree ``src``."""
+    env = dict(os.environ, PYTHONPATH=str(Path(src).resolve()), TOKENIZERS_PARALLELISM="false")
+    p = subprocess.run([sys.executable, "-c", API_CODE, model, json.dumps(options)], capture_output=True, text=True,
+                       env=env, timeout=900)
+    if p.returncode != 0:
+        return {"exit": p.returncode, "stderr": p.stderr.strip().splitlines()[-1:] if p.stderr else []}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def api_checks(files: dict, new: str, old: str) -> int:
+    """The Python API speculates as the command line does: ``microspec.generate(lm, prompt)`` in the new tree gives
+    the tokens and stats of ``microspec generate`` (``--drafter auto``) in the old tree, greedy and with a penalty."""
+    failures = 0
+    for fam in ("llama", "gemma3"):
+        for label, extra, options in (("", [], {}), ("-penalty", ["--repetition-penalty", "1.3"],
+                                                     {"repetition_penalty": 1.3})):
+            cli = strip(run(old, ["generate", "--json", "--prompt", "w5 w6 w7 w5 w6 w7 w8", "--max-new-tokens", "24",
+                                  "--ignore-eos", "--dtype", "fp32", "--model", str(files[fam]), *extra]))
+            api = strip(run_api(new, str(files[fam]), {"prompt": "w5 w6 w7 w5 w6 w7 w8", "max_new_tokens": 24,
+                                                       "ignore_eos": True, **options}))
+            want = {k: cli.get(k) for k in ("text", "token_ids", "finish_reason", "stats")}
+            if not label and "stats" in api:  # greedy: prompt lookup, adaptive (see ADAPTIVE_STATS)
+                want, api = outputs_only(want), outputs_only(api)
+            found = diff(want, api) if "exit" not in cli and "exit" not in api else [f"failed: {cli} {api}"]
+            failures += bool(found)
+            print(f"{'same' if not found else 'DIFFERENT'}: api-{fam}-auto{label} (new API vs old CLI)"
+                  + ("" if not found else "\n  " + "\n  ".join(found[:8])), flush=True)
+    return failures
+
+
+# auto on a CPU target decodes greedily with prompt lookup, adaptive: which steps draft follows measured times, so
+# only what it generated is compared there (the output is plain decoding's whatever it chooses)
+ADAPTIVE_STATS = {"steps", "skipped_steps", "mean_accept_len", "accept_lengths", "draft_depths", "drafted_tokens",
+                  "accepted_tokens", "acceptance_rate", "achieved_gb_s", "weight_bytes_per_step", "verify_rows"}
+
+
+def outputs_only(view: dict) -> dict:
+    return {k: ({s: v for s, v in view[k].items() if s not in ADAPTIVE_STATS} if k == "stats" else view[k])
+            for k in view}
 
 
 def strip(obj):
@@ -218,13 +276,18 @@ def main() -> int:
                     got = run(src, [str(out) if a == "OUT" else a for a in argv], parse=False)
                     views.append(got if "exit" in got else file_view(name, out))
                 else:
-                    views.append(strip(run(src, argv)))
+                    got = strip(run(src, argv))
+                    views.append(outputs_only(got) if name.endswith("-auto") and "stats" in got else got)
             found = diff(*views)
             errors = [f"{side} failed: {v}" for side, v in zip(("old", "new"), views) if "exit" in v]
             found = errors + found  # a command that fails on both sides proves nothing
             failures += bool(found)
             print(f"{'same' if not found else 'DIFFERENT'}: {name}" + ("" if not found else "\n  " + "\n  ".join(
                 found[:8])), flush=True)
+        if not args.only:
+            api_failed = api_checks(files, args.new, args.old)
+            failures += api_failed
+            cmds.update({f"api-{i}": [] for i in range(4)})
         print(f"{len(cmds) - failures} of {len(cmds)} commands behave the same")
         return 1 if failures else 0
 

@@ -243,7 +243,7 @@ def run_analysis(lm, records: Sequence[dict], what: Sequence[str], out: Path, *,
         engines = {"full": build(Method(drafter="eagle", **tree_opts), lm, heads),
                    "microspec": build(Method(drafter="eagle", vocab="microspec", **tree_opts), lm, heads)}
         if freq_file:
-            engines["fr-spec-32k"] = build(Method(drafter="eagle", vocab="fr-spec", freq_file=freq_file,
+            engines["fr-spec-32k"] = build(Method(drafter="eagle", vocab="fr-spec", artifact=freq_file,
                                                   shortlist_size="32k", **tree_opts), lm, heads)
         results["overlap"] = analyze_overlap(lm, heads[str(draft)], records, engines,
                                              dec.config(max_new_tokens, None), chat)

@@ -36,7 +36,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..compose import TRAINED, Method, method_names
+from ..method import Method, method_names
+from ..vocab.registry import ARTIFACTS
 from ..errors import MicrospecError
 
 PEERS = ("hf-ar", "hf-prompt-lookup", "hf-early-exit", "llama-cpp")
@@ -99,19 +100,15 @@ def parse_methods(text: str) -> list[MethodSpec]:
     return (ar or [parse_method("ar")]) + [s for s in specs if s.name != "ar"]
 
 
-ARTIFACT_FLAGS = {"fr-spec": "--freq-file", "vocabtrim": "--vocabtrim-file", "dynaspec": "--dynaspec",
-                  "specvocab": "--specvocab", "coral": "--coral"}
-
-
 def configure(specs: list[MethodSpec], model: str, *, depth: int | None = None, top_k: int | None = None,
               total_tokens: int | None = None, draft: str | None = None, head_mode: str | None = None,
               draft_layers: int | None = None, artifacts: dict[str, str | None] | None = None) -> list[MethodSpec]:
     """The run's shared options given to every engine method that takes them: the tree (not to ``ngram``, which
     drafts a chain of ``depth``; ``draft_layers`` to early-exit only), the EAGLE head ``draft`` (default: the one
-    shipped for ``model``), the verification ``head_mode``, and per policy the file or directory it needs
-    (``artifacts``: fr-spec / vocabtrim token maps, dynaspec / specvocab / coral directories; what ships with the
-    model fills the others in, :meth:`~microspec.compose.Method.with_shipped_artifacts`).  One clear error for a
-    method whose artifact is missing."""
+    shipped for ``model``), the verification ``head_mode``, and per policy the file or directory it reads
+    (``artifacts``: {policy: path}, from each policy's own flag; what ships with the model fills the others in,
+    :meth:`~microspec.method.Method.with_shipped_artifacts`).  One clear error for a method whose artifact is
+    missing."""
     files = dict(artifacts or {})
     out = []
     for s in specs:
@@ -128,20 +125,13 @@ def configure(specs: list[MethodSpec], model: str, *, depth: int | None = None, 
                 changes["draft_layers"] = draft_layers
         if m.drafter == "eagle":
             changes["draft"] = draft
-        if vocab in TRAINED:
-            changes["router"] = files.get(vocab)
-        elif vocab in ("fr-spec", "vocabtrim"):
-            changes["freq_file"] = files.get(vocab)
+        if vocab in ARTIFACTS:
+            changes["artifact"] = files.get(vocab)
         m = m.replace(**changes).with_shipped_artifacts(model)
-        if vocab in ARTIFACT_FLAGS:
-            path = m.router if vocab in TRAINED else m.freq_file
-            if vocab in TRAINED:
-                if path is None or not Path(path).is_dir():
-                    raise MicrospecError(f"method {s.name} needs --{vocab} DIR (made by `microspec train {vocab}`)")
-            elif path is None:
-                raise MicrospecError(f"method {s.name} needs {ARTIFACT_FLAGS[vocab]} (a token map made by "
-                                     f"`microspec freq`)")
-            elif not Path(path).is_file():
-                raise MicrospecError(f"token map {path} not found")
+        if vocab in ARTIFACTS:
+            try:
+                m.check_artifacts()
+            except MicrospecError as exc:
+                raise MicrospecError(f"method {s.name}: {exc}") from None
         out.append(MethodSpec(s.name, s.kind, m.for_model(model), s.hf_mode))
     return out

@@ -15,12 +15,14 @@ from ..bench import (
     load_questions,
     parse_methods,
 )
+from ..bench.methods import available_methods
 from ..bench.metrics import lossless_verdict
 from ..bench.report import summary_lines
 from ..compose import load_heads, set_threads
 from ..errors import MicrospecError
 from ..models.registry import load_model, parse_dtype
-from .common import add_model_args, add_tree_args, positive, split_list
+from ..vocab.registry import ARTIFACTS
+from .common import add_artifact_args, add_model_args, add_tree_args, positive, split_list
 
 
 def add(sub) -> None:
@@ -30,9 +32,7 @@ def add(sub) -> None:
                                    "Spec-Bench answer files, report.md and plots per decoding configuration.")
     add_model_args(p)
     p.add_argument("--methods", default="ar,eagle-full,microspec",
-                   help="comma-separated: ar, ngram, early-exit, eagle-full, microspec, microspec-OPTS (w<N>, ctx / "
-                        "ext, indexed / packed, kp<N>), dynaspec, specvocab, coral, fr-spec-K, vocabtrim-K, "
-                        "DRAFTER+VOCAB, hf-ar, hf-prompt-lookup, hf-early-exit, llama-cpp (ar always runs)")
+                   help=f"comma-separated: {', '.join(available_methods())}, DRAFTER+VOCAB (ar always runs)")
     p.add_argument("--data", required=True, help="comma-separated question files: Spec-Bench / MT-bench JSONL, "
                    "HumanEval (.jsonl[.gz]), any JSONL with a prompt field (optional category), .txt")
     p.add_argument("--categories", default=None, help="comma-separated categories to keep")
@@ -56,16 +56,7 @@ def add(sub) -> None:
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--draft", default=None, help="EAGLE head directory (default: the model's shipped head)")
-    p.add_argument("--freq-file", default=None, help="fr-spec-K: token map of corpus frequencies (microspec freq; "
-                   "default: the map that ships for the model)")
-    p.add_argument("--vocabtrim-file", default=None,
-                   help="vocabtrim-K: token map of the target's own generations (microspec freq --generate)")
-    p.add_argument("--dynaspec", default=None, help="dynaspec: router directory (microspec train dynaspec; default: "
-                   "the one shipped with the shipped head)")
-    p.add_argument("--specvocab", default=None, help="specvocab: ranker directory (microspec train specvocab; "
-                   "default: the shipped one)")
-    p.add_argument("--coral", default=None, help="coral: router directory (microspec train coral; default: the "
-                   "shipped one)")
+    add_artifact_args(p)
     p.add_argument("--draft-layers", type=int, default=None, help="early-exit / hf-early-exit: layers that draft")
     add_tree_args(p, total_tokens_type=int)
     p.set_defaults(func=run)
@@ -98,8 +89,7 @@ def run(args: argparse.Namespace) -> int:
     records = load_questions(split_list(args.data), args.categories, args.limit, limits)
     specs = configure(specs, args.model, depth=args.depth, top_k=args.top_k, total_tokens=args.total_tokens,
                       draft=args.draft, head_mode=args.head_mode, draft_layers=args.draft_layers,
-                      artifacts={"fr-spec": args.freq_file, "vocabtrim": args.vocabtrim_file,
-                                 "dynaspec": args.dynaspec, "specvocab": args.specvocab, "coral": args.coral})
+                      artifacts={name: getattr(args, art.dest) for name, art in ARTIFACTS.items()})
     set_threads(args.threads)
     heads = load_heads(s.method for s in specs)
     lm = load_model(args.model, dtype=args.dtype, device=args.device)

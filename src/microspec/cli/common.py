@@ -3,24 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
-from ..compose import (
-    D2T_MODES,
-    DECODING_KINDS,
-    MODEL_DRAFTERS,
-    AutoEngine,
-    Engine,
-    Method,
-    auto_method,
-    build,
-    decoding_kind,
-    device_kind,
-    load_heads,
-    log_sizing,
-    set_threads,
-)
+from ..auto import DECODING_KINDS, decoding_kind, device_kind, resolve
+from ..compose import AutoEngine, Engine, build, load_heads, log_sizing, set_threads
 from ..decoding.config import GenerationConfig
+from ..decoding.verify import HEAD_MODE
+from ..drafters import registry as drafter_specs
+from ..drafters.lookup_first import DEFAULT_LOOKUP
+from ..drafters.model_based import DEPTH, TOP_K, TOTAL_TOKENS
 from ..errors import MicrospecError
+from ..method import OPTIONS as METHOD_OPTIONS
+from ..method import Method
 from ..models.registry import (
     BUILTINS,
     DEFAULT_MODEL,
@@ -28,6 +22,7 @@ from ..models.registry import (
     default_weights,
     load_model,
 )
+from ..vocab import registry as policy_specs
 
 
 class Parser(argparse.ArgumentParser):
@@ -68,111 +63,109 @@ def add_decoding_args(p, max_new_tokens: int = 128) -> None:
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's EOS tokens")
 
 
+def _add(p, option, **changes) -> None:
+    (option if not changes else dataclasses.replace(option, **changes)).add_to(p)
+
+
 def add_tree_args(p, total_tokens_type=str) -> None:
-    p.add_argument("--depth", type=int, default=None,
-                   help="draft levels (ngram: tokens proposed, default 10; tree drafters: the device's tree; "
-                        "early-exit / model chains: 4)")
-    p.add_argument("--top-k", type=int, default=None,
-                   help="tree drafters (eagle, early-exit, model): build an EAGLE-2 dynamic tree expanding the "
-                        "top-k nodes per level (default: eagle everywhere and the others on CUDA draft the device's "
-                        "tree; early-exit and model draft a chain on a CPU)")
-    p.add_argument("--total-tokens", type=total_tokens_type, default=None,
-                   help="tree drafters: nodes kept after reranking (default: the device's tree, or depth x top-k)"
-                        + (", or 'auto' to size the tree by timing the target's verify pass on this device"
-                           if total_tokens_type is str else ""))
-    p.add_argument("--head-mode", default=None,
-                   help="how verification computes the target's LM head: all, visited or path (default: path where "
-                        "a batch of head rows costs little more than one row — CUDA, and a CPU with bf16 weights "
-                        "through the CPU kernel — else visited)")
+    """The chain / tree shape (``bench`` and ``analyze`` take an integer ``--total-tokens``: no timing there) and the
+    verification's head mode."""
+    _add(p, DEPTH)
+    _add(p, TOP_K)
+    if total_tokens_type is str:
+        _add(p, TOTAL_TOKENS)
+    else:
+        _add(p, TOTAL_TOKENS, convert=None, help="tree drafters: nodes kept after reranking (default: the device's "
+                                                 "tree, or depth x top-k)")
+        p._option_string_actions["--total-tokens"].type = total_tokens_type
+    _add(p, HEAD_MODE)
+
+
+def _drafter_options() -> list:
+    """Every drafter's options but the tree's, each once, in registry order."""
+    seen, out = {o.name for o in (DEPTH, TOP_K, TOTAL_TOKENS, HEAD_MODE)}, []
+    for spec in drafter_specs.SPECS.values():
+        for o in spec.options:
+            if o.name not in seen:
+                seen.add(o.name)
+                out.append(o)
+    return out
 
 
 def add_drafter_args(p, default: str = "none") -> None:
+    names = ", ".join(f"{n} ({s.summary})" for n, s in drafter_specs.SPECS.items() if n != "none")
     p.add_argument("--drafter", default=default,
-                   help="auto (what measured fastest for this device and decoding, else the best the model has: "
-                        "its EAGLE head + MicroSpec, adaptive, for a model with a shipped head, else plain decoding), "
-                        "none (autoregressive), ngram, early-exit, eagle or model "
-                        f"(default {default})")
-    p.add_argument("--draft", default=None,
-                   help="model drafter: the draft model (built-in name, .gguf or HF directory; same tokenizer); "
-                        "eagle drafter: the EAGLE checkpoint directory (default: the head shipped for the model)")
-    p.add_argument("--draft-layers", type=int, default=None,
-                   help="early-exit: target layers the draft uses (default: two thirds of them)")
-    p.add_argument("--adaptive", action="store_true",
-                   help="decide step by step whether drafting pays on this device and text (measured tokens per "
-                        "second of drafted and plain steps); plain steps where it does not")
-    p.add_argument("--lookup", type=int, nargs="?", const=2, default=None, metavar="N",
-                   help="prompt lookup first: where the last N or more tokens (default 2) occurred before, draft the "
-                        "tokens that followed them; the model drafter (eagle, early-exit or model) elsewhere")
+                   help="auto (what measured fastest for this device and decoding, else the best the model has: its "
+                        "EAGLE head + MicroSpec, adaptive, for a model with a shipped head, else plain decoding), none "
+                        f"(autoregressive), {names} (default {default})")
+    for o in _drafter_options():
+        if o.name == "lookup":  # a bare --lookup takes the default shortest match
+            p.add_argument(o.flag, dest=o.name, type=int, nargs="?", const=DEFAULT_LOOKUP, default=None,
+                           metavar=o.metavar, help=o.help)
+        else:
+            o.add_to(p)
     add_tree_args(p)
 
 
+def add_artifact_args(p, only: tuple[str, ...] | None = None) -> None:
+    """Each policy's artifact flag (one name per artifact on every command): --freq-file, --vocabtrim-file,
+    --dynaspec, --specvocab, --coral."""
+    for name, art in policy_specs.ARTIFACTS.items():
+        if only is None or name in only:
+            art.add_to(p, name)
+
+
 def add_vocab_args(p, default: str = "full") -> None:
-    p.add_argument("--vocab", default=default,
-                   help="draft vocabulary policy: full (EAGLE-2), fr-spec / vocabtrim (static top-K shortlist from "
-                        "--freq-file), microspec (in-context vocabulary, Algorithm 1), dynaspec (trained cluster "
-                        "router), specvocab (trained low-rank ranker) or coral (trained partition router; all three "
-                        "with --router, default: the ones shipped with the shipped head)")
-    p.add_argument("--router", default=None,
-                   help="dynaspec / specvocab / coral: the trained router, ranker or partition router directory "
-                        "(microspec train ...)")
-    p.add_argument("--freq-file", default=None, help="fr-spec / vocabtrim: token map (SGLang format; fr-spec "
-                   "default: the map that ships for the model, 32k ids from training-side corpora)")
-    p.add_argument("--shortlist-size", "--vocab-size", dest="shortlist_size", default=None,
-                   help="fr-spec / vocabtrim: K, the shortlist's size, e.g. 8k, 16k, 32k (default) or 3000")
-    p.add_argument("--w-max", type=int, default=None, help="microspec: window over the candidate stream (3072)")
-    p.add_argument("--k-pre", type=int, default=None, help="microspec: top-k per prompt position at prefill (3)")
-    p.add_argument("--k-ver", type=int, default=None, help="microspec: top-k of the verify logits per step (3)")
-    p.add_argument("--k-pre-positions", type=int, default=None,
-                   help="microspec: take the prefill's top-k at the last N prompt positions only (default: all, as "
-                        "Algorithm 1; on a CPU the head over every prompt position costs ~6 ms a position)")
-    p.add_argument("--gather", default=None,
-                   help="restricted vocabularies: how the draft head gets its rows: packed (microspec's default; a "
-                        "[W_max, d] buffer updated incrementally), indexed (W[idx] gathered when the set changes: "
-                        "the ablation) or fused (a Triton kernel reads the rows inside the matmul)")
-    p.add_argument("--d2t", default=None, choices=list(D2T_MODES),
-                   help="an EAGLE-3 head's own draft vocabulary against a restricted set: intersect (default: only "
-                        "the set's ids the head has rows for) or replace (the set's other ids scored with the "
-                        "target's LM head rows)")
-    p.add_argument("--position-aware", default=None, metavar="K0,K1|pa-fr:K|fixed:K",
-                   help="position-aware budget (DynaSpec): K0 ids at draft depth 0, K1 at depth 1, "
-                        "floor((K1+t)/(2t)) at depth t (ranked policies: fr-spec, vocabtrim, microspec; for dynaspec "
-                        "K0,K1 count clusters and override the trained budgets); pa-fr:K: K at depths 0 and 1, "
-                        "floor(K/(t+1)) after (DynaSpec App. A.3); fixed:K (or, for dynaspec, fixed: its own "
-                        "depth-1 budget) at every depth")
+    names = "; ".join(f"{n}: {s.summary}" for n, s in policy_specs.SPECS.items())
+    p.add_argument("--vocab", default=default, help=f"draft vocabulary policy ({names}) (default {default})")
+    seen: set[str] = set()
+    for spec in policy_specs.SPECS.values():
+        for o in spec.options:
+            if o.name not in seen:
+                seen.add(o.name)
+                o.add_to(p)
+    add_artifact_args(p)
+    p.add_argument("--router", dest="router", default=None, help=argparse.SUPPRESS)  # older spelling of the three
+
+
+def policy_artifact(args: argparse.Namespace, vocab: str) -> str | None:
+    """The artifact flag of policy ``vocab`` (one clear line when another policy's flag was given instead)."""
+    given = {name: getattr(args, art.dest, None) for name, art in policy_specs.ARTIFACTS.items()}
+    for name, value in given.items():
+        if value is not None and name != vocab:
+            raise MicrospecError(f"{policy_specs.ARTIFACTS[name].flag} applies to --vocab {name}, not --vocab {vocab}")
+    router = getattr(args, "router", None)
+    if router is not None:  # the older --router: the chosen trained policy's directory
+        art = policy_specs.ARTIFACTS.get(vocab)
+        if art is None or art.kind != "dir":
+            raise MicrospecError(f"--router applies to --vocab dynaspec / specvocab / coral (now {', '.join(a.flag for a in policy_specs.ARTIFACTS.values() if a.kind == 'dir')})")
+        return router
+    return given.get(vocab)
 
 
 def method_from_args(args: argparse.Namespace, cfg: GenerationConfig | None = None) -> Method:
     """The method the drafter and vocabulary arguments describe (``--drafter auto`` resolved for ``cfg``),
     validated, with what ships for ``--model`` filled in (before any model is loaded)."""
     resolve_drafter(args, cfg)
-    method = Method(
-        drafter=args.drafter, vocab=args.vocab, draft=args.draft, draft_layers=args.draft_layers, depth=args.depth,
-        top_k=args.top_k, total_tokens=args.total_tokens, head_mode=args.head_mode, freq_file=args.freq_file,
-        shortlist_size=args.shortlist_size, router=args.router, w_max=args.w_max, k_pre=args.k_pre,
-        k_ver=args.k_ver, k_pre_positions=args.k_pre_positions, gather=args.gather,
-        position_aware=args.position_aware, adaptive=args.adaptive, lookup=getattr(args, "lookup", None),
-        d2t=getattr(args, "d2t", None))
+    options = {name: getattr(args, name, None) for name in METHOD_OPTIONS if name != "artifact"}
+    method = Method(drafter=args.drafter, vocab=args.vocab, artifact=policy_artifact(args, args.vocab), **options)
     method = method.for_model(args.model)
     method.check_artifacts()
     return method
 
 
 def resolve_drafter(args: argparse.Namespace, cfg: GenerationConfig | None = None, kind: str | None = None) -> None:
-    """``--drafter auto``: the drafter, vocabulary (``--vocab`` when given other than full) and adaptive mode it means
-    for ``--model`` on this device and this decoding (``cfg``'s, or ``kind``; greedy when neither is known) —
+    """``--drafter auto``: the drafter, vocabulary and adaptive mode :func:`microspec.auto.resolve` chooses for
+    ``--model`` on this device and this decoding (``cfg``'s, or ``kind``; greedy when neither is known) —
     ``args.auto``: why, when it was chosen."""
     args.auto = None
     if args.drafter == "auto":
         dk = device_kind(args.device, str(args.dtype).startswith("gguf"))
-        drafter, vocab, adaptive, why = auto_method(args.model, dk, kind or (decoding_kind(cfg) if cfg else "greedy"))
-        if args.draft is not None:  # a draft model or an EAGLE head: the drafter must say which
-            drafter, vocab, adaptive, why = "none", "full", False, "--draft given without --drafter"
-        if getattr(args, "lookup", None) is not None and drafter not in MODEL_DRAFTERS:
-            args.lookup = None  # prompt lookup first needs a model drafter behind it: auto chose none here
-            why += f"; --lookup does not apply to {'plain decoding' if drafter == 'none' else drafter}"
-        args.drafter, args.adaptive, args.auto = drafter, args.adaptive or adaptive, why
-        if args.vocab == "full":
-            args.vocab = vocab
+        fields, args.auto = resolve(args.model, dk, kind or (decoding_kind(cfg) if cfg else "greedy"),
+                                    vocab=args.vocab, draft=args.draft, lookup=getattr(args, "lookup", None),
+                                    adaptive=args.adaptive)
+        args.drafter, args.vocab, args.adaptive, args.lookup = (fields["drafter"], fields["vocab"],
+                                                                fields["adaptive"], fields["lookup"])
 
 
 def engine_from_args(args: argparse.Namespace,

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     records = load_questions([args.data], args.categories, args.limit)
     cfg, engine = engine_from_args(args)
     lm = engine.lm
-    curve_path = args.curve_map or args.freq_file
+    curve_path = args.curve_map or args.artifact_freq_file
     token_map = load_token_map(curve_path, lm.model.spec.vocab_size) if curve_path else None
     summary = measure(engine, records, cfg, args.chat, token_map)
     if args.json:

@@ -9,7 +9,7 @@ from ..bench_data import read_prompts
 from ..decoding.config import GenerationConfig
 from ..errors import MicrospecError
 from ..models.registry import DEFAULT_MODEL, load_model
-from ..vocab import frequency as fq
+from ..training import token_maps as tm
 from .common import positive
 
 
@@ -53,13 +53,13 @@ def run(args: argparse.Namespace) -> int:
         prompts = read_prompts(args.prompts)[: args.limit]
         cfg = GenerationConfig(max_new_tokens=args.max_new_tokens, repetition_penalty=args.repetition_penalty)
         lm = load_model(args.model, dtype=args.dtype, device=args.device)
-        counts = fq.count_generated(lm, prompts, cfg, log=lambda line: print(line, file=sys.stderr))
+        counts = tm.count_generated(lm, prompts, cfg, log=lambda line: print(line, file=sys.stderr))
     elif args.ids_field is not None:
         lm = load_model(args.model, dtype=args.dtype, device=args.device)
-        counts = fq.count_id_field(args.files, args.ids_field, lm.model.spec.vocab_size)
+        counts = tm.count_id_field(args.files, args.ids_field, lm.model.spec.vocab_size)
     else:
         lm = load_model(args.model, dtype=args.dtype, device=args.device)
-        counts = fq.count_tokens(lm.tokenizer, fq.iter_texts(args.files, tuple(args.field or ["text"])),
+        counts = tm.count_tokens(lm.tokenizer, tm.iter_texts(args.files, tuple(args.field or ["text"])),
                                  lm.model.spec.vocab_size)
-    print(fq.write_token_map(counts, args.out, args.fill, args.top), file=sys.stderr)
+    print(tm.write_token_map(counts, args.out, args.fill, args.top), file=sys.stderr)
     return 0

@@ -27,17 +27,23 @@ from dataclasses import dataclass, field
 import torch
 
 from ..kernels import cpu_quant
+from ..options import Option
 from .processors import LogitsPipeline, sample
 from .tree import DraftTree
 
 HEAD_MODES = ("all", "visited", "path")
+HEAD_MODE = Option(
+    "head_mode", choices=HEAD_MODES,
+    help="how verification computes the target's LM head: all, visited or path (default: path where a batch of head "
+         "rows costs little more than one row — CUDA, and a CPU with bf16 weights through the CPU kernel — else "
+         "visited)")
 
 
 def default_head_mode(device: torch.device, head_weight: torch.Tensor | None = None) -> str:
     if device.type == "cuda":
         return "path"
     from ..kernels import cpu_linear
-    from ..models.gguf import QuantTensor
+    from ..models.quant import QuantTensor
 
     # a packed GGUF head: 6.7 / 8.8 / 14.6 ms for 1 / 2 / 4 rows (BENCHMARKS.md)
     batched = isinstance(head_weight, QuantTensor) or (head_weight is not None and cpu_linear.applies(head_weight))

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from ..errors import MicrospecError
 from .base import DraftContext, Drafter
 from .draft_model import DraftModelDrafter
 from .eagle import EagleDrafter, EagleHead
-from .eagle3 import Eagle3Drafter, Eagle3Head, is_eagle3_checkpoint
+from .eagle3 import Eagle3Drafter, Eagle3Head, load_eagle_head
 from .early_exit import EarlyExitDrafter
 from .ngram import NGramDrafter
-
-DRAFTERS = ("none", "ngram", "early-exit", "eagle", "model")
+from .registry import DRAFTERS, spec
 
 # Tree shape when the user gives none: on a GPU, EAGLE-2's published default (60 tokens with the root, depth 5 =
 # 6 draft levels, top-k 10); on a CPU, where a verify pass grows with every node (BENCHMARKS.md), small trees; with
@@ -52,43 +50,14 @@ def make_drafter(name: str, *, draft_layers: int | None = None, depth: int | Non
                  top_k: int | None = None, total_tokens: int | None = None,
                  num_layers_target: int | None = None, draft_model=None, eagle_head=None,
                  d2t: str | None = None) -> Drafter | None:
-    """A drafter by name (None for ``none``); ``top_k`` makes model-based drafters build an EAGLE-2 dynamic tree
-    instead of a chain.  Options are validated where methods are described (:class:`microspec.compose.Method`);
-    the constructors check their own invariants."""
-    if name == "none":
+    """A drafter by name (None for ``none``), made by its module's factory (:mod:`microspec.drafters.registry`);
+    ``top_k`` makes model-based drafters build an EAGLE-2 dynamic tree instead of a chain.  Options are validated
+    where methods are described (:class:`microspec.method.Method`); the constructors check their own invariants."""
+    found = spec(name)
+    if found.make is None:
         return None
-    if name == "ngram":
-        return NGramDrafter(num_tokens=10 if depth is None else depth)
-    depth = 4 if depth is None else depth
-    if name == "early-exit":
-        # Untrained exits need depth: on Gemma 3 270M (18 layers) 4 or 8 layers accepted nothing, 12 gave tau 1.63
-        # and 15 gave 1.94 (32 greedy tokens, one prompt): default to two thirds of the target's layers.
-        layers = draft_layers if draft_layers is not None else max(1, (2 * (num_layers_target or 3)) // 3)
-        return EarlyExitDrafter(layers, depth=depth, top_k=top_k, total_tokens=total_tokens)
-    if name == "eagle":
-        if eagle_head is None:
-            raise MicrospecError("the eagle drafter needs its EAGLE head")
-        if isinstance(eagle_head, Eagle3Head):
-            return Eagle3Drafter(eagle_head, depth=depth, top_k=top_k, total_tokens=total_tokens,
-                                 d2t=d2t or "intersect")
-        if d2t is not None:
-            raise MicrospecError("--d2t applies to an EAGLE-3 head (one with a draft vocabulary of its own)")
-        return EagleDrafter(eagle_head, depth=depth, top_k=top_k, total_tokens=total_tokens)
-    if name == "model":
-        if draft_model is None:
-            raise MicrospecError("the model drafter needs its draft model")
-        return DraftModelDrafter(draft_model, depth=depth, top_k=top_k, total_tokens=total_tokens)
-    raise MicrospecError(f"unknown drafter {name!r}; choose from {', '.join(DRAFTERS)}")
-
-
-def load_eagle_head(path) -> EagleHead | Eagle3Head:
-    """An EAGLE head from its checkpoint directory: EAGLE-3 (by its config) or EAGLE-1/2."""
-    from pathlib import Path
-
-    directory = Path(path).expanduser()
-    if directory.is_dir() and is_eagle3_checkpoint(directory):
-        return Eagle3Head.load(directory)
-    return EagleHead.load(directory)
+    return found.make(draft_layers=draft_layers, depth=depth, top_k=top_k, total_tokens=total_tokens,
+                      num_layers_target=num_layers_target, draft_model=draft_model, eagle_head=eagle_head, d2t=d2t)
 
 
 __all__ = ["DRAFTERS", "DraftContext", "DraftModelDrafter", "Drafter", "Eagle3Drafter", "Eagle3Head", "EagleDrafter",

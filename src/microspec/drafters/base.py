@@ -11,7 +11,13 @@ from ..decoding.tree import DraftTree
 from ..models.native import NativeCausalLM
 from ..vocab.base import VocabPolicy
 
-__all__ = ["DraftContext", "Drafter"]
+from ..options import Option
+
+__all__ = ["DRAFT", "DraftContext", "Drafter"]
+
+DRAFT = Option("draft", metavar="NAME|PATH",
+               help="model drafter: the draft model (built-in name, .gguf or HF directory; same tokenizer); eagle "
+                    "drafter: the EAGLE checkpoint directory (default: the head shipped for the model)")
 
 
 class Drafter(ABC):

@@ -11,14 +11,17 @@ import torch
 
 from ..errors import MicrospecError, check
 from ..models.native import NativeCausalLM
-from .base import DraftContext
-from .model_based import ForwardDrafter
+from ..decoding.adaptive import ADAPTIVE
+from ..options import DrafterSpec
+from .base import DRAFT, DraftContext
+from .lookup_first import LOOKUP
+from .model_based import CHAIN_DEPTH, TREE_OPTIONS, ForwardDrafter, check_shape
 
 
 class DraftModelDrafter(ForwardDrafter):
     name = "model"
 
-    def __init__(self, draft: NativeCausalLM, depth: int = 4, top_k: int | None = None,
+    def __init__(self, draft: NativeCausalLM, depth: int = CHAIN_DEPTH, top_k: int | None = None,
                  total_tokens: int | None = None):
         super().__init__(depth, top_k, total_tokens)
         self.draft = draft
@@ -53,3 +56,21 @@ class DraftModelDrafter(ForwardDrafter):
 
     def _done(self, ctx: DraftContext, root_slot: int) -> None:
         self.cache.truncate(root_slot + 1)  # the root is committed: keep it
+
+
+def _check(method) -> None:
+    if method.draft is None:
+        raise MicrospecError("--drafter model needs --draft (the draft model)")
+    check_shape(method)
+
+
+def _make(*, draft_model=None, depth=None, top_k=None, total_tokens=None, **_):
+    if draft_model is None:
+        raise MicrospecError("the model drafter needs its draft model")
+    return DraftModelDrafter(draft_model, depth=CHAIN_DEPTH if depth is None else depth, top_k=top_k,
+                             total_tokens=total_tokens)
+
+
+SPEC = DrafterSpec(
+    "model", "a separate draft model with the target's tokenizer (--draft), its own KV cache",
+    options=(DRAFT, *TREE_OPTIONS, ADAPTIVE, LOOKUP), head=True, check=_check, make=_make)

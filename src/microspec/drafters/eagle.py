@@ -23,10 +23,11 @@ import torch
 from torch import nn
 
 from ..errors import MicrospecError, check
-from ..models.native import Linear, NativeCausalLM
+from ..models.layers import Linear
+from ..models.native import NativeCausalLM
 from ..models.registry import read_weights
 from .base import DraftContext
-from .model_based import ForwardDrafter
+from .model_based import CHAIN_DEPTH, ForwardDrafter
 
 
 def _layer_config(raw: dict, qkv_bias: bool):
@@ -114,7 +115,8 @@ class EagleDrafter(ForwardDrafter):
 
     name = "eagle"
 
-    def __init__(self, head: EagleHead, depth: int = 4, top_k: int | None = None, total_tokens: int | None = None):
+    def __init__(self, head: EagleHead, depth: int = CHAIN_DEPTH, top_k: int | None = None,
+                 total_tokens: int | None = None):
         super().__init__(depth, top_k, total_tokens)
         self.eagle = head
         self.cache = None
@@ -130,7 +132,8 @@ class EagleDrafter(ForwardDrafter):
         if next(self.eagle.parameters()).dtype != target.dtype or \
                 next(self.eagle.parameters()).device != target.device:
             self.eagle.to(device=target.device, dtype=target.dtype)
-        from ..models.gguf import QuantTensor, quantize_linears
+        from ..models.gguf import quantize_linears
+        from ..models.quant import QuantTensor
 
         if target.quantized and not isinstance(self.eagle.fc.weight, QuantTensor):
             # beside a packed GGUF target the head's matrices go Q8_0 through the same integer kernels (a quarter

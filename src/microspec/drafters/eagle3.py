@@ -30,13 +30,23 @@ import torch
 from torch import nn
 
 from ..errors import MicrospecError, check
-from ..models.native import Linear, NativeCausalLM, RMSNorm, Taps
+from ..models.layers import Linear, RMSNorm
+from ..models.native import NativeCausalLM, Taps
 from ..models.registry import read_weights
-from .eagle import EagleDrafter, _layer_config
+from ..decoding.adaptive import ADAPTIVE
+from ..options import DrafterSpec, Option
+from .base import DRAFT
+from .eagle import EagleDrafter, EagleHead, _layer_config
 from .head import DraftVocabRows
+from .lookup_first import LOOKUP
+from .model_based import CHAIN_DEPTH, TREE_OPTIONS, check_shape
 
 
 D2T_MODES = ("intersect", "replace")  # a restricted set against the head's draft vocabulary (Eagle3Drafter)
+D2T = Option("d2t", choices=D2T_MODES,
+             help="an EAGLE-3 head's own draft vocabulary against a restricted set: intersect (default: only the "
+                  "set's ids the head has rows for) or replace (the set's other ids scored with the target's LM head "
+                  "rows)")
 
 
 def default_feature_layers(num_layers: int) -> tuple[int, int, int]:
@@ -208,7 +218,8 @@ class Eagle3Drafter(EagleDrafter):
 
     name = "eagle3"
 
-    def __init__(self, head: "Eagle3Head", depth: int = 4, top_k: int | None = None, total_tokens: int | None = None,
+    def __init__(self, head: "Eagle3Head", depth: int = CHAIN_DEPTH, top_k: int | None = None,
+                 total_tokens: int | None = None,
                  d2t: str = "intersect"):
         check(d2t in D2T_MODES, f"unknown d2t mode {d2t!r}; choose from {', '.join(D2T_MODES)}")
         super().__init__(head, depth=depth, top_k=top_k, total_tokens=total_tokens)
@@ -241,3 +252,36 @@ class Eagle3Drafter(EagleDrafter):
 
 
 __all__ = ["Eagle3Drafter", "Eagle3Head", "Taps", "default_feature_layers", "is_eagle3_checkpoint"]
+
+
+# The eagle drafter as methods see it, for both head kinds (EAGLE-1/2 and EAGLE-3: the loaded head decides).
+def _check(method) -> None:
+    check_shape(method)
+    if method.d2t == "replace" and method.vocab == "full":
+        raise MicrospecError("--d2t replace needs a restricted draft vocabulary (microspec, fr-spec, vocabtrim): it "
+                             "scores the set's ids outside the head's own with the target's rows")
+
+
+def _make(*, eagle_head=None, depth=None, top_k=None, total_tokens=None, d2t=None, **_):
+    if eagle_head is None:
+        raise MicrospecError("the eagle drafter needs its EAGLE head")
+    depth = CHAIN_DEPTH if depth is None else depth
+    if isinstance(eagle_head, Eagle3Head):
+        return Eagle3Drafter(eagle_head, depth=depth, top_k=top_k, total_tokens=total_tokens, d2t=d2t or "intersect")
+    if d2t is not None:
+        raise MicrospecError("--d2t applies to an EAGLE-3 head (one with a draft vocabulary of its own)")
+    return EagleDrafter(eagle_head, depth=depth, top_k=top_k, total_tokens=total_tokens)
+
+
+def load_eagle_head(path) -> EagleHead | Eagle3Head:
+    """An EAGLE head from its checkpoint directory: EAGLE-3 (by its config) or EAGLE-1/2."""
+    directory = Path(path).expanduser()
+    if directory.is_dir() and is_eagle3_checkpoint(directory):
+        return Eagle3Head.load(directory)
+    return EagleHead.load(directory)
+
+
+SPEC = DrafterSpec(
+    "eagle", "a trained EAGLE head (EAGLE-1/2, or EAGLE-3 by its checkpoint) on the target's features, chain or "
+             "EAGLE-2 tree", options=(DRAFT, D2T, *TREE_OPTIONS, ADAPTIVE, LOOKUP), aliases=("eagle-full", "eagle2"),
+    head=True, check=_check, make=_make)

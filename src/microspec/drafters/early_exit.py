@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import torch
 
+from ..decoding.adaptive import ADAPTIVE
 from ..errors import check
+from ..options import DrafterSpec, Option
 from .base import DraftContext
-from .model_based import ForwardDrafter
+from .lookup_first import LOOKUP
+from .model_based import CHAIN_DEPTH, TREE_OPTIONS, ForwardDrafter, check_shape
 
 
 class EarlyExitDrafter(ForwardDrafter):
     name = "early-exit"
 
-    def __init__(self, num_layers: int, depth: int = 4, top_k: int | None = None, total_tokens: int | None = None):
+    def __init__(self, num_layers: int, depth: int = CHAIN_DEPTH, top_k: int | None = None, total_tokens: int | None = None):
         check(num_layers >= 1, f"--draft-layers must be >= 1, got {num_layers}")
         super().__init__(depth, top_k, total_tokens)
         self.num_layers = num_layers
@@ -37,3 +40,24 @@ class EarlyExitDrafter(ForwardDrafter):
 
     def _forward(self, ctx, ids, positions, mask, parent_hidden):
         return ctx.target(ids, ctx.cache, positions=positions, mask=mask, num_layers=self.num_layers)
+
+
+DRAFT_LAYERS = Option("draft_layers", type=int, low=1,
+                      help="early-exit: target layers the draft uses (default: two thirds of them)")
+
+
+def default_layers(num_layers_target: int | None) -> int:
+    """Untrained exits need depth: on Gemma 3 270M (18 layers) 4 or 8 layers accepted nothing, 12 gave tau 1.63 and
+    15 gave 1.94 (32 greedy tokens, one prompt): two thirds of the target's layers."""
+    return max(1, (2 * (num_layers_target or 3)) // 3)
+
+
+def _make(*, draft_layers=None, depth=None, top_k=None, total_tokens=None, num_layers_target=None, **_):
+    layers = draft_layers if draft_layers is not None else default_layers(num_layers_target)
+    return EarlyExitDrafter(layers, depth=CHAIN_DEPTH if depth is None else depth, top_k=top_k,
+                            total_tokens=total_tokens)
+
+
+SPEC = DrafterSpec(
+    "early-exit", "the target's first layers, final norm and LM head: a chain, or a tree with --top-k",
+    options=(DRAFT_LAYERS, *TREE_OPTIONS, ADAPTIVE, LOOKUP), head=True, check=check_shape, make=_make)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from ..decoding.stats import DeviceTimer
 from ..errors import check
 from ..kernels import cpu_linear
-from ..models.gguf import QuantTensor
+from ..models.quant import QuantTensor
 from ..vocab.base import RankedPrefix, VocabPolicy, active_size
 from ..vocab.packed import PackedRows
 

@@ -19,8 +19,15 @@ from ..decoding.context import DraftContext
 from ..decoding.tree import DraftTree
 from ..models.native import NativeCausalLM
 from ..vocab.base import VocabPolicy
+from ..options import Option
 from .base import Drafter
 from .ngram import NGramDrafter
+
+DEFAULT_LOOKUP = 2  # the shortest match it takes (a single repeated token predicts little)
+LOOKUP = Option("lookup", type=int, low=1, metavar="N",
+                help=f"prompt lookup first: where the last N or more tokens (default {DEFAULT_LOOKUP}) occurred "
+                     "before, draft the tokens that followed them; the model drafter (eagle, early-exit or model) "
+                     "elsewhere")
 
 
 class LookupFirst(Drafter):

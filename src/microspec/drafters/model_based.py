@@ -13,17 +13,56 @@ import torch
 
 from ..decoding.processors import sample
 from ..decoding.tree import DraftTree
-from ..errors import check
+from ..errors import MicrospecError, check
 from ..models.kv_cache import KVCache
 from ..models.native import NativeCausalLM
+from ..options import Option
 from ..vocab.base import VocabPolicy
 from .base import DraftContext, Drafter
 from .head import DraftHead
 from .tree_search import PartialTree, check_tree_args, dynamic_tree
 
 
+CHAIN_DEPTH = 4  # a chain's length, and a tree's depth when the device's tree is not used
+
+
+def _total_tokens(value):
+    if value == "auto" or isinstance(value, int):
+        return value
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise MicrospecError(f"--total-tokens must be an integer or 'auto', got {value!r}") from None
+
+
+DEPTH = Option("depth", type=int, low=1,
+               help="draft levels (ngram: tokens proposed, default 10, 3 on a packed CPU target; tree drafters: the "
+                    f"device's tree; early-exit / model chains: {CHAIN_DEPTH})")
+TOP_K = Option("top_k", type=int, low=1,
+               help="tree drafters (eagle, early-exit, model): build an EAGLE-2 dynamic tree expanding the top-k "
+                    "nodes per level (default: eagle everywhere and the others on CUDA draft the device's tree; "
+                    "early-exit and model draft a chain on a CPU)")
+TOTAL_TOKENS = Option("total_tokens", convert=_total_tokens, metavar="N|auto",
+                      help="tree drafters: nodes kept after reranking (default: the device's tree, or depth x top-k), "
+                           "or 'auto' to size the tree by timing the target's verify pass on this device")
+TREE_OPTIONS = (DEPTH, TOP_K, TOTAL_TOKENS)
+
+
+def check_shape(method) -> None:
+    """A model drafter's chain or tree settings, each problem in one line."""
+    total, top_k, name = method.total_tokens, method.top_k, method.drafter
+    if total == "auto" and top_k is None:
+        raise MicrospecError("--total-tokens auto needs --top-k (a tree drafter)")
+    sized = total if isinstance(total, int) else None
+    if sized is not None and top_k is None:
+        raise MicrospecError(f"--total-tokens needs --top-k (a tree); without it the {name} drafter drafts a chain")
+    if top_k is not None:
+        depth = CHAIN_DEPTH if method.depth is None else method.depth
+        check_tree_args(depth, top_k, sized if sized is not None else depth * top_k)
+
+
 class ForwardDrafter(Drafter):
-    def __init__(self, depth: int = 4, top_k: int | None = None, total_tokens: int | None = None):
+    def __init__(self, depth: int = CHAIN_DEPTH, top_k: int | None = None, total_tokens: int | None = None):
         check(depth >= 1, f"--depth must be >= 1, got {depth}")
         if top_k is not None:
             total_tokens = depth * top_k if total_tokens is None else total_tokens

@@ -6,7 +6,10 @@ import torch
 
 from ..decoding.tree import DraftTree
 from ..errors import check
+from ..decoding.adaptive import ADAPTIVE
+from ..options import DrafterSpec
 from .base import DraftContext, Drafter
+from .model_based import DEPTH
 
 
 class NGramDrafter(Drafter):
@@ -33,3 +36,9 @@ class NGramDrafter(Drafter):
                 if follow.numel():
                     return DraftTree.chain(follow.tolist())
         return DraftTree()
+
+
+SPEC = DrafterSpec(
+    "ngram", "prompt lookup: the tokens that followed the last 3..1 tokens' latest earlier occurrence, a chain",
+    options=(DEPTH, ADAPTIVE), aliases=("prompt-lookup",),
+    make=lambda *, depth=None, **_: NGramDrafter(num_tokens=10 if depth is None else depth))

@@ -1,5 +1,12 @@
 """Building the CPU kernels: C++ compiled once with the system compiler through ``torch.utils.cpp_extension`` (a few
-tens of seconds, kept under ``$MICROSPEC_CACHE/kernels/``), on AVX2 + FMA Linux CPUs only.
+minutes on a 2-core CPU, one file per job in parallel; kept under ``$MICROSPEC_CACHE/kernels/``), on AVX2 + FMA Linux
+CPUs only.
+
+The C++ lives in ``csrc/`` beside this module (shipped with the package): the shared helpers in headers
+(``common.h``, ``blocks.h``), each extension's kernels in ``.cpp`` files and its Python bindings in ``bindings_*.cpp``.
+An :class:`Extension` names its ``.cpp`` files; the build directory's name is a hash of those files, of the headers
+they include, of the flags and of torch's version, so any edit rebuilds, and a compiler error names its file and
+line.
 
 ``MICROSPEC_CPU_KERNEL=0`` turns every CPU kernel off (torch's own operations stay); ``=1`` makes a build failure
 an error instead of a quiet fallback.
@@ -10,8 +17,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import re
 import sys
 import threading
+from pathlib import Path
 
 import torch
 
@@ -37,95 +46,57 @@ def cpu_ok() -> bool:
     return cap in ("AVX2", "AVX512") and sys.platform.startswith("linux")
 
 
-# Headers and small helpers every CPU kernel source starts with.
-COMMON_CPP = r"""
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <immintrin.h>
-#include <cmath>
-#include <cstring>
-#include <vector>
+CSRC = Path(__file__).with_name("csrc")  # the C++ sources and headers
 
-namespace {
-inline __m256 load_bf16x8(const uint16_t* p) {
-  __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
-}
+_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
 
-inline float hsum8(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v);
-  __m128 hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  __m128 sh = _mm_movehdup_ps(lo);
-  __m128 s = _mm_add_ps(lo, sh);
-  sh = _mm_movehl_ps(sh, s);
-  s = _mm_add_ss(s, sh);
-  return _mm_cvtss_f32(s);
-}
 
-inline float bf16_to_f32(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+def files(sources, root: Path = CSRC) -> list[Path]:
+    """The ``.cpp`` files ``sources`` (names in ``root``) and every header of ``root`` they include, directly or
+    through other headers (their quoted include lines), in a fixed order: what a build of them reads from ``root``."""
+    found: dict[Path, None] = {}
+    todo = [root / s for s in sources]
+    while todo:
+        path = todo.pop(0)
+        if path in found:
+            continue
+        found[path] = None
+        if path.exists():
+            text = path.read_text(encoding="utf-8", errors="replace")
+            todo += [path.parent / name for name in _INCLUDE.findall(text)]
+    return list(found)
 
-inline uint16_t f32_to_bf16(float f) {  // round to nearest even, NaN kept quiet
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
 
-// Weight rows of bf16 (uint16_t) or fp32 elements: 8 lanes widened to fp32, one element, a result stored back.
-inline __m256 load8(const uint16_t* p) { return load_bf16x8(p); }
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline float to_f32(uint16_t h) { return bf16_to_f32(h); }
-inline float to_f32(float f) { return f; }
-inline void store_f32(uint16_t* p, float f) { *p = f32_to_bf16(f); }
-inline void store_f32(float* p, float f) { *p = f; }
-
-// The dot products of a register tile: input rows m0..m0+MT-1 of x [M, K] (fp32) against the NT weight rows at w
-// (row stride K).  Each (row, weight row) is one fixed sequence — 8 fp32 lanes in k order, a fixed horizontal sum,
-// the scalar tail — whatever MT, NT, the tile or the call: a row's result does not depend on its batch.
-template <int MT, int NT, typename E>
-inline void tile(const float* x, int64_t K, const E* w, int64_t m0, float* out) {
-  __m256 acc[MT][NT];
-  for (int i = 0; i < MT; ++i)
-    for (int j = 0; j < NT; ++j) acc[i][j] = _mm256_setzero_ps();
-  const int64_t K8 = K & ~int64_t(7);
-  for (int64_t k = 0; k < K8; k += 8) {
-    __m256 wv[NT];
-    for (int j = 0; j < NT; ++j) wv[j] = load8(w + j * K + k);
-    for (int i = 0; i < MT; ++i) {
-      const __m256 xv = _mm256_loadu_ps(x + (m0 + i) * K + k);
-      for (int j = 0; j < NT; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
-    }
-  }
-  for (int i = 0; i < MT; ++i)
-    for (int j = 0; j < NT; ++j) {
-      float s = hsum8(acc[i][j]);
-      for (int64_t k = K8; k < K; ++k) s += x[(m0 + i) * K + k] * to_f32(w[j * K + k]);
-      out[i * NT + j] = s;
-    }
-}
-
-}  // namespace
-"""
+def _detail(exc: Exception) -> str:
+    """One line for a build failure: the compiler's first error (``file:line:col: error: ...``) when there is one,
+    else the last line of the exception."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    errors = [line for line in lines if ": error:" in line or ": fatal error:" in line]
+    return f"{type(exc).__name__}: {errors[0] if errors else lines[-1] if lines else ''}"
 
 
 class Extension:
-    """One C++ source with its declarations and exported functions, built on first use (see the module doc)."""
+    """One Python module built from C++ files of ``csrc/`` (``sources``: the kernels and one ``bindings_*.cpp`` with
+    the module's definition), built on first use (see the module doc)."""
 
-    def __init__(self, name: str, source: str, declarations: str, functions: list[str], what: str,
-                 flags: tuple[str, ...] = ()):
-        self.name, self.source, self.declarations, self.functions = name, source, declarations, functions
-        self.what = what
+    def __init__(self, name: str, sources: list[str], what: str, flags: tuple[str, ...] = (), root: Path = CSRC):
+        self.name, self.sources, self.what, self.root = name, tuple(sources), what, root
         self.flags = ("-O3", "-mavx2", "-mfma", "-fopenmp") + tuple(flags)
         self.module = None
         self.failed: str | None = None
         self._lock = threading.Lock()
+
+    def files(self) -> list[Path]:
+        """The sources and the headers they include (all of what the build reads from ``csrc/``)."""
+        return files(self.sources, self.root)
+
+    def key(self) -> str:
+        """A hash of the sources' and headers' names and contents, the flags and torch's version."""
+        h = hashlib.sha256()
+        for path in self.files():
+            h.update(path.name.encode() + b"\0" + (path.read_bytes() if path.exists() else b"") + b"\0")
+        h.update((" ".join(self.flags) + " " + torch.__version__).encode())
+        return h.hexdigest()[:12]
 
     def load(self):
         with self._lock:
@@ -135,17 +106,15 @@ class Extension:
 
             from ..paths import cache_root
 
-            key = hashlib.sha256((self.source + " ".join(self.flags) + torch.__version__).encode()).hexdigest()[:12]
-            build = cache_root() / "kernels" / f"{self.name}-{key}"
-            build.mkdir(parents=True, exist_ok=True)
             try:
-                self.module = cpp_extension.load_inline(
-                    name=f"microspec_{self.name}_{key}", cpp_sources=[self.declarations, self.source],
-                    functions=self.functions, extra_cflags=list(self.flags), build_directory=str(build),
-                    verbose=False)
+                key = self.key()
+                build = cache_root() / "kernels" / f"{self.name}-{key}"
+                build.mkdir(parents=True, exist_ok=True)
+                self.module = cpp_extension.load(
+                    name=f"microspec_{self.name}_{key}", sources=[str(self.root / s) for s in self.sources],
+                    extra_cflags=list(self.flags), build_directory=str(build), verbose=False)
             except Exception as exc:  # noqa: BLE001 - no compiler, no headers, ...: torch's operations stay
-                text = str(exc).strip()
-                self.failed = f"{type(exc).__name__}: {text.splitlines()[-1] if text else ''}"
+                self.failed = _detail(exc)
                 if setting() == "1":
                     from ..errors import MicrospecError
 

@@ -22,9 +22,11 @@ only on its visible keys.  With the linear rows above, a bf16 tree-verify pass c
 one-token step does, and bf16 greedy speculation equals bf16 autoregressive decoding (tested).  Prefills (more rows)
 keep SDPA: the autoregressive reference prefills the same way.
 
-It is compiled once with the system C++ compiler through ``torch.utils.cpp_extension`` (a few tens of seconds, kept
-under ``$MICROSPEC_CACHE/kernels/``) and runs on torch's own thread pool (``at::parallel_for``).  Where it cannot be
-built or the CPU lacks AVX2/FMA, :func:`available` is False and the models keep torch's matmul.
+The product's C++ is ``csrc/linear_bf16.cpp``, the attention's ``csrc/attention.cpp`` (built into the
+quantized-weight extension, :mod:`.cpu_quant`).  They are compiled once with the system C++ compiler through
+``torch.utils.cpp_extension`` (a few minutes on a 2-core CPU, kept under ``$MICROSPEC_CACHE/kernels/``) and run on
+torch's own thread pool (``at::parallel_for``).  Where they cannot be built or the CPU lacks AVX2/FMA,
+:func:`available` is False and the models keep torch's matmul.
 ``MICROSPEC_CPU_KERNEL=0`` turns it off (``=1`` makes a build failure an error instead of a fallback).
 """
 
@@ -32,78 +34,13 @@ from __future__ import annotations
 
 import torch
 
-# the row-wise attention kernel is built with the quantized-weight kernels
+# the row-wise attention kernel (csrc/attention.cpp) is built into the quantized-weight extension (cpu_quant)
 from . import cpu_quant
-from ._build import COMMON_CPP, Extension
+from ._build import Extension
 
-_SOURCE = COMMON_CPP + r"""
-namespace {
-
-}  // namespace
-
-// x: [M, K] fp32 (contiguous), w: [N, K] bf16, bias: [N] fp32 or empty.  Returns [M, N] in out_dtype.
-torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, torch::Tensor bias, bool out_bf16) {
-  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.is_contiguous() && x.dim() == 2, "x: contiguous fp32 [M, K]");
-  TORCH_CHECK(w.dtype() == torch::kBFloat16 && w.is_contiguous() && w.dim() == 2, "w: contiguous bf16 [N, K]");
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  TORCH_CHECK(w.size(1) == K, "x and w disagree on K");
-  const bool has_bias = bias.defined() && bias.numel() > 0;
-  if (has_bias) TORCH_CHECK(bias.dtype() == torch::kFloat32 && bias.numel() == N, "bias: fp32 [N]");
-  auto out = torch::empty({M, N}, x.options().dtype(out_bf16 ? torch::kBFloat16 : torch::kFloat32));
-  const float* xp = x.data_ptr<float>();
-  const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
-  const float* bp = has_bias ? bias.data_ptr<float>() : nullptr;
-  void* op = out.data_ptr();
-  constexpr int NT = 4;
-  // Blocking: each thread takes a range of 4-row weight tiles; it walks them in sub-chunks of ~128 KiB of weights
-  // (kept in L2) and, inside a sub-chunk, the input rows in blocks of MB (kept in L1/L2), 2 rows x 4 weight rows
-  // per register tile.  One row: the weights stream once.  Many rows (a prefill): each weight sub-chunk is read
-  // once from memory for all of them.  The order of every dot product is the same in all cases.
-  constexpr int64_t MB = 16;
-  const int64_t sub_tiles = std::max<int64_t>(1, (int64_t(128) * 1024 / (K * 2)) / NT);
-  const int64_t grain = std::max<int64_t>(1, 64 / NT);
-  at::parallel_for(0, (N + NT - 1) / NT, grain, [&](int64_t b0, int64_t b1) {
-    float buf[2 * NT];
-    for (int64_t s0 = b0; s0 < b1; s0 += sub_tiles) {
-      const int64_t s1 = std::min(b1, s0 + sub_tiles);
-      for (int64_t mb = 0; mb < M; mb += MB) {
-        const int64_t me = std::min(M, mb + MB);
-        for (int64_t b = s0; b < s1; ++b) {
-          const int64_t n0 = b * NT;
-          const int64_t nt = std::min<int64_t>(NT, N - n0);
-          for (int64_t m0 = mb; m0 < me; m0 += 2) {
-            const int64_t mt = std::min<int64_t>(2, me - m0);
-            if (nt == NT) {
-              if (mt == 2) tile<2, NT>(xp, K, wp + n0 * K, m0, buf);
-              else tile<1, NT>(xp, K, wp + n0 * K, m0, buf);
-            } else {
-              for (int64_t j = 0; j < nt; ++j) {
-                float one[2];
-                if (mt == 2) tile<2, 1>(xp, K, wp + (n0 + j) * K, m0, one);
-                else tile<1, 1>(xp, K, wp + (n0 + j) * K, m0, one);
-                for (int64_t i = 0; i < mt; ++i) buf[i * NT + j] = one[i];
-              }
-            }
-            for (int64_t i = 0; i < mt; ++i)
-              for (int64_t j = 0; j < nt; ++j) {
-                float v = buf[i * NT + j] + (has_bias ? bp[n0 + j] : 0.0f);
-                const int64_t at = (m0 + i) * N + n0 + j;
-                if (out_bf16) static_cast<uint16_t*>(op)[at] = f32_to_bf16(v);
-                else static_cast<float*>(op)[at] = v;
-              }
-          }
-        }
-      }
-    }
-  });
-  return out;
-}
-
-"""
-
-_CPP_DECL = "torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, torch::Tensor bias, bool out_bf16);"
-
-_EXT = Extension("cpu_linear", _SOURCE, _CPP_DECL, ["linear_bf16"], "CPU bf16 kernel")
+# The C++: csrc/linear_bf16.cpp (with common.h's register tile) and its bindings, built with the default
+# floating-point contraction (as always: its outputs are what the tests and benchmarks were checked against).
+_EXT = Extension("cpu_linear", ["linear_bf16.cpp", "bindings_linear.cpp"], "CPU bf16 kernel")
 
 
 def available() -> bool:

@@ -1,7 +1,7 @@
-"""GGUF weights as they are: a small reader of the file's tensor table, and :class:`QuantTensor`, a [N, K] matrix
-kept in its GGUF block format (memory-mapped from the file, or for Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q6_K
-read once into an interleaved arrangement of the same bytes, Q4_K's sub-block scales unpacked; never dequantized as
-a whole) whose products run in
+"""GGUF weights as they are: a small reader of the file's tensor table, which hands its matrices out as
+:class:`~microspec.models.quant.QuantTensor` objects: [N, K] matrices kept in their GGUF block format
+(memory-mapped from the file, or for Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q6_K read once into an interleaved
+arrangement of the same bytes, Q4_K's sub-block scales unpacked; never dequantized as a whole) whose products run in
 :mod:`microspec.kernels.cpu_quant`.
 
 ``load_model(..., dtype="gguf")`` (``--weights gguf``) puts a ``QuantTensor`` in place of every linear layer's
@@ -24,6 +24,8 @@ import torch
 
 from ..errors import MicrospecError
 from ..kernels import cpu_quant
+from .layers import Linear
+from .quant import QuantTensor
 
 # GGUF metadata value types: struct format of the scalars (8: string, 9: array)
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -181,95 +183,6 @@ class GGUFFile:
             return torch.from_numpy(array).view(rows, row_bytes)
 
 
-class QuantTensor:
-    """A [N, K] weight matrix in a GGUF block format: ``data`` [N, row bytes] uint8, one packed row per output row
-    — or, for an interleaved form (``*_X8``, ``tile`` 8), [N / 8, 8 x row bytes], one tile of 8 rows per data row.
-
-    It stands where the models and drafters expect a weight tensor and offers what they use:
-    :meth:`linear` (the product, fp32), :meth:`index_select` (a subset of rows, still packed: static shortlists and
-    head rows), indexing with ids (rows unpacked to fp32: the embedding lookup and MicroSpec's packed draft buffer),
-    ``new_zeros`` (fp32) and :meth:`float` (the whole matrix unpacked, for training code)."""
-
-    def __init__(self, data: torch.Tensor, qtype: str, cols: int, integer: bool = True,
-                 file_rows: torch.Tensor | None = None):
-        self.data = data
-        # for an interleaved form: the same rows in the file's blocks (a view of the mapped file), where subsets are
-        # copied from (the same bytes x8_gather would give back, faster)
-        self.file_rows = file_rows
-        self.qtype = qtype
-        self.type_id = cpu_quant.TYPES[qtype][0]
-        self.cols = cols
-        # products on the integer path (int8 activations, exact int32 block sums) where the type has one
-        self.integer = integer and qtype in cpu_quant.INTEGER_TYPES
-        # an interleaved form holds 8 rows per data row (cpu_quant.repack)
-        self.tile = cpu_quant.ROWS_PER_TILE if qtype in cpu_quant.FILE_TYPE else 1
-
-    # ------------------------------------------------------------------ tensor-like surface
-    @property
-    def shape(self) -> torch.Size:
-        return torch.Size((self.data.shape[0] * self.tile, self.cols))
-
-    @property
-    def device(self) -> torch.device:
-        return self.data.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """What products with it return (fp32)."""
-        return torch.float32
-
-    @property
-    def nbytes(self) -> int:
-        return self.data.numel()
-
-    def dim(self) -> int:
-        return 2
-
-    def size(self, dim: int | None = None):
-        return self.shape if dim is None else self.shape[dim]
-
-    def __repr__(self) -> str:
-        return f"QuantTensor({self.qtype}, shape={tuple(self.shape)}, {self.nbytes / 2**20:.1f} MiB)"
-
-    def index_select(self, dim: int, ids: torch.Tensor) -> QuantTensor:
-        if dim != 0:
-            raise ValueError("a QuantTensor selects rows only")
-        if self.tile != 1:  # the rows back in the file's format
-            rows = self.file_rows.index_select(0, ids.to(torch.long).cpu()) if self.file_rows is not None else \
-                cpu_quant.gather_interleaved(self.data, self.type_id, self.cols, ids)
-            return QuantTensor(rows, cpu_quant.FILE_TYPE[self.qtype], self.cols, self.integer)
-        return QuantTensor(self.data.index_select(0, ids.to(torch.long).cpu()), self.qtype, self.cols, self.integer)
-
-    def leading(self, n: int) -> QuantTensor:
-        """The first ``n`` rows (whole tiles for an interleaved form), still packed: a view, no copy."""
-        if n % self.tile:
-            raise ValueError(f"{self.qtype} holds rows in tiles of {self.tile}: {n} rows are not whole tiles")
-        return QuantTensor(self.data[: n // self.tile], self.qtype, self.cols, self.integer,
-                           None if self.file_rows is None else self.file_rows[:n])
-
-    def __getitem__(self, ids) -> torch.Tensor:
-        if isinstance(ids, slice):
-            ids = torch.arange(self.shape[0])[ids]
-        ids = torch.as_tensor(ids, dtype=torch.long)
-        return self.rows(ids)
-
-    def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows ``ids`` (any shape) unpacked to fp32 [*ids.shape, K]."""
-        return cpu_quant.dequant_rows(self.data, self.type_id, self.cols, ids).reshape(*ids.shape, self.cols)
-
-    def new_zeros(self, *size, **kwargs) -> torch.Tensor:
-        return torch.zeros(*size, dtype=kwargs.get("dtype", torch.float32), device=self.device)
-
-    def float(self) -> torch.Tensor:
-        return self.rows(torch.arange(self.shape[0]))
-
-    def linear(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` [..., K] times this matrix transposed: fp32 [..., N], batch-invariant (see :mod:`.cpu_quant`)."""
-        if self.integer:
-            return cpu_quant.linear_q8(x, self.data, self.type_id, self.cols)
-        return cpu_quant.linear(x, self.data, self.type_id, self.cols)
-
-
 # GGUF tensor names -> Hugging Face names, for the matrices the native model holds (the families it supports)
 _GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output.weight": "lm_head.weight"}
 _LAYER = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -345,8 +258,6 @@ def quantize_linears(module: torch.nn.Module, qtype: str = "Q8_0") -> int:
     from gguf import GGMLQuantizationType
     from gguf.quants import quantize
 
-    from .native import Linear
-
     _, block, _ = cpu_quant.TYPES[qtype]
     packed = 0
     for layer in module.modules():
@@ -360,24 +271,3 @@ def quantize_linears(module: torch.nn.Module, qtype: str = "Q8_0") -> int:
     for m in module.modules():
         m.__dict__.pop("_first_param", None)
     return packed
-
-
-def weight_bytes(model) -> int:
-    """Bytes of weights one decode step of ``model`` (a :class:`~microspec.models.native.NativeCausalLM`) reads:
-    every matrix once — packed or dense —, norms and biases; the embedding only where it is the (tied) LM head (a
-    step reads one embedding row otherwise)."""
-    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
-    skip = embed if embed is not None and not model.spec.tie_embeddings else None
-    seen: set[int] = set()
-    total = 0
-    for module in model.modules():
-        if module is skip:
-            continue
-        # parameters and packed matrices only: other tensor attributes are derived (cached norm weights, masks)
-        packed = [v for v in vars(module).values() if isinstance(v, QuantTensor)]
-        for value in [*module._parameters.values(), *packed]:
-            if value is None or id(value) in seen:
-                continue
-            seen.add(id(value))
-            total += value.nbytes if isinstance(value, QuantTensor) else value.numel() * value.element_size()
-    return total

@@ -1,21 +1,21 @@
-"""A lean native implementation of decoder-only transformers for speculative decoding.
+"""A lean native implementation of decoder-only transformers for speculative decoding: :class:`NativeCausalLM`.
 
 Covers the Llama, Qwen2, Qwen3 and Gemma 3 (text) families.  Parameter names are the Hugging Face ones, so a
 transformers state dict loads as it is, and the numerics follow transformers step for step (norms in fp32, RoPE
 tables in fp32 cast to the model dtype, SDPA attention) so that the logits agree; ``tests/test_native.py`` checks
-that for every family.
+that for every family.  The architecture description is :mod:`microspec.models.spec`, the layers' parameters and
+small functions :mod:`microspec.models.layers`; the forward itself is here.
 
 Why native rather than driving transformers modules: speculative decoding needs a forward over arbitrary new tokens
 with explicit positions and a tree-shaped mask, a KV cache that can be compacted to an arbitrary set of kept slots,
 and the LM head as its own step.  transformers' cache and mask machinery can do some of that, but every call pays
 for mask construction, cache bookkeeping and module hooks; on this 2-core CPU the native path decodes faster than a
-bare ``model.model(...)`` loop (see BENCHMARKS.md) and keeps the hot path in one short file.
+bare ``model.model(...)`` loop (see BENCHMARKS.md) and keeps the hot path in a few short files.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,240 +24,10 @@ from torch import nn
 
 from ..errors import MicrospecError
 from ..kernels import cpu_linear, cpu_quant
-from .gguf import QuantTensor
 from .kv_cache import KVCache
-
-SUPPORTED_FAMILIES = {
-    "llama": "llama",
-    "mistral": "llama",
-    "qwen2": "qwen2",
-    "qwen3": "qwen3",
-    "gemma3_text": "gemma3",
-}
-
-
-@dataclass(frozen=True)
-class ArchSpec:
-    """Everything the forward pass needs to know about an architecture, read once from a HF config."""
-
-    family: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    max_position: int
-    layer_windows: tuple[int | None, ...]  # sliding window of each layer, None for full attention
-    layer_rope: tuple[str, ...]  # which RoPE table each layer uses
-    attn_bias: bool
-    o_bias: bool
-    mlp_bias: bool
-    qk_norm: bool
-    gemma: bool  # (1 + w) norms, sandwich norms, scaled embeddings
-    attn_scale: float
-    attn_softcap: float | None
-    final_softcap: float | None
-    tie_embeddings: bool
-    hidden_act: str
-    bos_token_id: int | None
-    eos_token_ids: tuple[int, ...]
-
-
-def _get(cfg: Any, name: str, default: Any = None) -> Any:
-    value = getattr(cfg, name, default)
-    return default if value is None else value
-
-
-def _eos_ids(value: Any) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, int):
-        return (value,)
-    return tuple(int(v) for v in value)
-
-
-def spec_from_config(cfg: Any) -> ArchSpec:
-    """Build an :class:`ArchSpec` from a transformers config object."""
-    model_type = getattr(cfg, "model_type", None)
-    family = SUPPORTED_FAMILIES.get(model_type)
-    if family is None:
-        raise MicrospecError(
-            f"unsupported architecture {model_type!r}; supported: {', '.join(sorted(SUPPORTED_FAMILIES))}"
-        )
-    if _get(cfg, "partial_rotary_factor", 1.0) != 1.0:
-        raise MicrospecError("partial rotary embeddings are not supported")
-    n_layers = int(cfg.num_hidden_layers)
-    n_heads = int(cfg.num_attention_heads)
-    head_dim = int(_get(cfg, "head_dim", cfg.hidden_size // n_heads))
-    layer_types = list(_get(cfg, "layer_types", ["full_attention"] * n_layers))
-    window = _get(cfg, "sliding_window", None)
-    windows = tuple(int(window) if t == "sliding_attention" and window else None for t in layer_types)
-    per_type_rope = isinstance(_get(cfg, "rope_parameters", None), dict) and all(
-        t in cfg.rope_parameters for t in set(layer_types)
-    )
-    rope_keys = tuple(t if per_type_rope else "default" for t in layer_types)
-    gemma = family == "gemma3"
-    attn_bias = bool(_get(cfg, "attention_bias", False))
-    return ArchSpec(
-        family=family,
-        vocab_size=int(cfg.vocab_size),
-        hidden_size=int(cfg.hidden_size),
-        intermediate_size=int(cfg.intermediate_size),
-        num_layers=n_layers,
-        num_heads=n_heads,
-        num_kv_heads=int(_get(cfg, "num_key_value_heads", n_heads)),
-        head_dim=head_dim,
-        rms_norm_eps=float(_get(cfg, "rms_norm_eps", 1e-6)),
-        max_position=int(_get(cfg, "max_position_embeddings", 2048)),
-        layer_windows=windows,
-        layer_rope=rope_keys,
-        attn_bias=attn_bias or family == "qwen2",  # Qwen2 always has q/k/v biases and never an o_proj bias
-        o_bias=attn_bias and family != "qwen2",
-        mlp_bias=bool(_get(cfg, "mlp_bias", False)),
-        qk_norm=family in ("qwen3", "gemma3"),
-        gemma=gemma,
-        attn_scale=(float(cfg.query_pre_attn_scalar) ** -0.5) if gemma else head_dim**-0.5,
-        attn_softcap=_get(cfg, "attn_logit_softcapping", None),
-        final_softcap=_get(cfg, "final_logit_softcapping", None),
-        tie_embeddings=bool(_get(cfg, "tie_word_embeddings", False)),
-        hidden_act=str(_get(cfg, "hidden_activation", _get(cfg, "hidden_act", "silu"))),
-        bos_token_id=_get(cfg, "bos_token_id", None),
-        eos_token_ids=_eos_ids(_get(cfg, "eos_token_id", None)),
-    )
-
-
-def _rope_inv_freq(cfg: Any, spec: ArchSpec) -> dict[str, tuple[torch.Tensor, float]]:
-    """Inverse frequencies (and attention scaling) of each RoPE table, computed as transformers does."""
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    tables: dict[str, tuple[torch.Tensor, float]] = {}
-    params = _get(cfg, "rope_parameters", None) or {}
-    for key in sorted(set(spec.layer_rope)):
-        p = params.get(key, params) if key != "default" else params
-        rope_type = (p or {}).get("rope_type", "default")
-        if rope_type == "default":
-            base = float((p or {}).get("rope_theta", _get(cfg, "rope_theta", 10000.0)))
-            dim = spec.head_dim
-            inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-            tables[key] = (inv, 1.0)
-        else:
-            fn = ROPE_INIT_FUNCTIONS.get(rope_type)
-            if fn is None:
-                raise MicrospecError(f"unsupported RoPE type {rope_type!r}")
-            if key == "default":
-                inv, scale = fn(cfg, None)
-            else:
-                inv, scale = fn(cfg, None, layer_type=key)
-            tables[key] = (inv.float(), float(scale))
-    return tables
-
-
-def _act(name: str):
-    if name in ("silu", "swish"):
-        return F.silu
-    if name in ("gelu_pytorch_tanh", "gelu_tanh"):
-        return lambda x: F.gelu(x, approximate="tanh")
-    if name == "gelu":
-        return F.gelu
-    raise MicrospecError(f"unsupported activation {name!r}")
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float, gemma: bool):
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(dim) if gemma else torch.ones(dim))
-        self.eps = eps
-        self.gemma = gemma
-
-    def effective_weight(self) -> torch.Tensor:
-        """What the normalised rows are multiplied by, fp32: ``1 + w`` (Gemma) or ``w`` (recomputed when the
-        weight changes)."""
-        w = self.weight
-        try:
-            version = w._version
-        except RuntimeError:  # an inference tensor keeps no version counter (and is not modified in place)
-            version = -1
-        key = (w.data_ptr(), version, w.dtype)
-        if getattr(self, "_effective_key", None) != key:
-            self._effective = (1.0 + w.float() if self.gemma else w.float()).detach()
-            self._effective_key = key
-        return self._effective
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if cpu_quant.rows_apply(x) and not (torch.is_grad_enabled() and self.weight.requires_grad):
-            return cpu_quant.rms_norm(x, self.effective_weight(), self.eps)
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.gemma:  # (x * (1 + w)) in fp32, then cast: Gemma's convention
-            return (xf * (1.0 + self.weight.float())).type_as(x)
-        return self.weight * xf.to(x.dtype)  # Llama's convention: cast, then scale
-
-
-class Linear(nn.Module):
-    """``y = x W^T (+ b)`` with uninitialised parameters: weights always come from a checkpoint, and skipping
-    nn.Linear's random init saves seconds per load."""
-
-    def __init__(self, dim_in: int, dim_out: int, bias: bool):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(dim_out, dim_in))
-        self.bias = nn.Parameter(torch.empty(dim_out)) if bias else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if isinstance(self.weight, QuantTensor):  # GGUF blocks kept packed: fp32-accumulating, batch-invariant
-            y = self.weight.linear(x)
-            y = y if self.bias is None else y + self.bias.float()
-            return y if y.dtype == x.dtype else y.to(x.dtype)
-        if cpu_linear.applies(self.weight):  # bf16 on a CPU: fp32-accumulating, batch-invariant kernel
-            return cpu_linear.linear(x, self.weight, self.bias, out_dtype=x.dtype)
-        return F.linear(x, self.weight, self.bias)
-
-
-def _linear(dim_in: int, dim_out: int, bias: bool) -> Linear:
-    return Linear(dim_in, dim_out, bias)
-
-
-class Embedding(nn.Module):
-    def __init__(self, num: int, dim: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(num, dim))
-
-
-class Attention(nn.Module):
-    def __init__(self, spec: ArchSpec):
-        super().__init__()
-        d, h, kv, hd = spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim
-        self.q_proj = _linear(d, h * hd, spec.attn_bias)
-        self.k_proj = _linear(d, kv * hd, spec.attn_bias)
-        self.v_proj = _linear(d, kv * hd, spec.attn_bias)
-        self.o_proj = _linear(h * hd, d, spec.o_bias)
-        if spec.qk_norm:
-            self.q_norm = RMSNorm(hd, spec.rms_norm_eps, spec.gemma)
-            self.k_norm = RMSNorm(hd, spec.rms_norm_eps, spec.gemma)
-
-
-class MLP(nn.Module):
-    def __init__(self, spec: ArchSpec):
-        super().__init__()
-        d, f = spec.hidden_size, spec.intermediate_size
-        self.gate_proj = _linear(d, f, spec.mlp_bias)
-        self.up_proj = _linear(d, f, spec.mlp_bias)
-        self.down_proj = _linear(f, d, spec.mlp_bias)
-
-
-class DecoderLayer(nn.Module):
-    def __init__(self, spec: ArchSpec, input_norm: bool = True):
-        super().__init__()
-        eps, g = spec.rms_norm_eps, spec.gemma
-        self.self_attn = Attention(spec)
-        self.mlp = MLP(spec)
-        self.input_layernorm = RMSNorm(spec.hidden_size, eps, g) if input_norm else None
-        self.post_attention_layernorm = RMSNorm(spec.hidden_size, eps, g)
-        if g:
-            self.pre_feedforward_layernorm = RMSNorm(spec.hidden_size, eps, g)
-            self.post_feedforward_layernorm = RMSNorm(spec.hidden_size, eps, g)
+from .layers import MLP, Attention, DecoderLayer, Embedding, Linear, RMSNorm, activation, rotate, window_mask
+from .quant import QuantTensor, weight_bytes
+from .spec import ArchSpec, rope_inv_freq, spec_from_config
 
 
 class _Body(nn.Module):
@@ -284,21 +54,6 @@ class Taps:
         self.out = torch.cat([tapped.get(i, last) for i in self.layers], dim=-1)
 
 
-def window_mask(qpos: torch.Tensor, kpos: torch.Tensor, window: int | None) -> torch.Tensor:
-    """[Tq, Tk] bool: key position ``kpos[j]`` is visible from query position ``qpos[i]`` — at or before it, and
-    with a sliding ``window`` fewer than ``window`` positions behind it."""
-    allowed = kpos[None, :] <= qpos[:, None]
-    if window is not None:
-        allowed = allowed & (kpos[None, :] > qpos[:, None] - window)
-    return allowed
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
-
-
 class NativeCausalLM(nn.Module):
     """Decoder-only LM with an explicit-position, explicit-mask forward and the LM head as a separate step.
 
@@ -318,7 +73,7 @@ class NativeCausalLM(nn.Module):
         # RoPE inverse frequencies stay fp32 whatever the model dtype (kept out of the module's buffers so that
         # ``.to(dtype)`` cannot round them); copied to the model's device on first use.
         self._rope = {key: (inv.detach().to("cpu", torch.float32), scale) for key, (inv, scale) in rope.items()}
-        self._act = _act(spec.hidden_act)
+        self._act = activation(spec.hidden_act)
         self._embed_scale = math.sqrt(spec.hidden_size) if spec.gemma else None
 
     # ------------------------------------------------------------------ construction
@@ -326,7 +81,7 @@ class NativeCausalLM(nn.Module):
     def from_config(cls, cfg: Any, **options) -> "NativeCausalLM":
         spec = spec_from_config(cfg)
         with torch.device("cpu"):
-            rope = _rope_inv_freq(cfg, spec)
+            rope = rope_inv_freq(cfg, spec)
         return cls(spec, rope, **options)
 
     def load_hf_state_dict(self, state: dict[str, torch.Tensor], assign: bool = False) -> None:
@@ -367,10 +122,8 @@ class NativeCausalLM(nn.Module):
         return self._first_parameter().dtype
 
     def weight_bytes(self) -> int:
-        """Bytes of weights a one-token step reads (:func:`microspec.models.gguf.weight_bytes`), computed once."""
+        """Bytes of weights a one-token step reads (:func:`microspec.models.quant.weight_bytes`), computed once."""
         if getattr(self, "_weight_bytes", None) is None:
-            from .gguf import weight_bytes
-
             self._weight_bytes = weight_bytes(self)
         return self._weight_bytes
 
@@ -539,7 +292,7 @@ class NativeCausalLM(nn.Module):
             q, k = q.transpose(-2, -3), k.transpose(-2, -3)
             if spec.qk_norm:
                 q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         o = attend(i, q, k, v)
         return attn.o_proj(o.transpose(-2, -3).reshape(*lead, t, nh * hd))
 

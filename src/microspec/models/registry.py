@@ -23,7 +23,8 @@ import torch
 
 from ..errors import MicrospecError
 from ..paths import cache_root
-from .native import NativeCausalLM, spec_from_config
+from .native import NativeCausalLM
+from .spec import spec_from_config
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}

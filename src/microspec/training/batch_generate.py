@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 
 from ..decoding.processors import penalised
-from ..models.native import NativeCausalLM, window_mask
+from ..models.layers import window_mask
+from ..models.native import NativeCausalLM
 
 
 @torch.inference_mode()

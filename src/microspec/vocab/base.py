@@ -22,6 +22,7 @@ from typing import Union
 
 import torch
 
+from ..options import PolicySpec
 from .packed import PackedRows
 
 
@@ -140,3 +141,8 @@ class FullVocab(VocabPolicy):
 
     def active(self, depth: int = 0) -> None:
         return None
+
+
+FULL = PolicySpec("full", "every vocabulary row (EAGLE-2)", names=("full",),
+                  parse_name=lambda text, method: {"vocab": "full"} if text == "full" else None,
+                  build=lambda method, vocab_size, device, always: FullVocab(), restricts=False)

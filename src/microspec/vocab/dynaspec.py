@@ -19,6 +19,7 @@ Artifact: a directory with ``config.json`` (M, router width, k0, k1, L, how it w
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,7 +30,8 @@ from torch import nn
 from ..errors import MicrospecError, check
 from .artifact import load_artifact, save_artifact
 from .base import VocabPolicy
-from .position import SCHEDULES, budget
+from ..options import Artifact, PolicySpec
+from .position import POSITION_AWARE, SCHEDULES, budget, budgets_of
 
 
 @torch.no_grad()
@@ -206,3 +208,36 @@ def load_dynaspec(path: str | Path, vocab_size: int | None = None, **kw) -> Dyna
     if vocab_size is not None and art.vocab_size != vocab_size:
         raise MicrospecError(f"DynaSpec artifact {path} covers {art.vocab_size} ids, the target has {vocab_size}")
     return DynaSpecVocab(art, **kw)
+
+
+def _shipped(model: str):
+    from ..models.registry import shipped_policy
+
+    return shipped_policy(model, "dynaspec")
+
+
+ROUTER = Artifact("--dynaspec", "dir", "trained cluster router", "`microspec train dynaspec`", shipped=_shipped,
+                  for_eagle_head_only=True)
+
+
+def parse_name(text: str, method: str) -> dict | None:
+    """``dynaspec``, and ``dynaspec-f[-N]``: DynaSpec-F, a fixed budget of N clusters at every depth (default: the
+    router's depth-1 budget)."""
+    if text == "dynaspec":
+        return {"vocab": "dynaspec"}
+    m = re.match(r"^dynaspec-f(?:-?(\d+))?$", text)
+    if m:
+        return {"vocab": "dynaspec", "position_aware": f"fixed:{m.group(1)}" if m.group(1) else "fixed"}
+    return None
+
+
+def build(method, vocab_size: int, device, always) -> "DynaSpecVocab":
+    found = budgets_of(method.position_aware)
+    k0, k1, schedule = found if found is not None else (None, None, "dynaspec")
+    return load_dynaspec(method.artifact, vocab_size, always=always, device=device, k0=k0, k1=k1, schedule=schedule)
+
+
+SPEC = PolicySpec(
+    "dynaspec", "DynaSpec: a trained router over token clusters, a position-aware cluster budget",
+    options=(POSITION_AWARE,), artifact=ROUTER, names=("dynaspec", "dynaspec-f[-N]"), parse_name=parse_name,
+    build=build)

@@ -40,9 +40,13 @@ from collections.abc import Sequence
 
 import torch
 
-from ..errors import check
+import re
+
+from ..errors import MicrospecError, check
+from ..options import Option, PolicySpec
 from .base import ActiveSet, VocabPolicy
-from .packed import PackedRows
+from .packed import GATHER, GATHERS, PackedRows
+from .position import POSITION_AWARE, check_ranked, with_budgets
 from .window import WINDOWS, CandidateWindow, SideStream, WindowRows
 
 
@@ -60,8 +64,18 @@ def topk_ids(logits: torch.Tensor, k: int, block: int = 512) -> torch.Tensor:
     return best.gather(1, cols // block) * block + cols % block
 
 
-GATHERS = ("packed", "indexed", "fused")  # fused: indexed sets, read by a Triton kernel inside the matmul
 SOURCES = ("ctx+ext", "ctx", "ext")
+# Algorithm 1's settings at the paper's values
+W_MAX = Option("w_max", type=int, default=3072, low=1, help="microspec: window over the candidate stream (3072)")
+K_PRE = Option("k_pre", type=int, default=3, low=0, help="microspec: top-k per prompt position at prefill (3)")
+K_VER = Option("k_ver", type=int, default=3, low=0, help="microspec: top-k of the verify logits per step (3)")
+K_PRE_POSITIONS = Option(
+    "k_pre_positions", type=int, low=0,
+    help="microspec: take the prefill's top-k at the last N prompt positions only (default: all, as Algorithm 1; on "
+         "a CPU the head over every prompt position costs ~6 ms a position)")
+SOURCES_OPTION = Option("sources", choices=SOURCES, default="ctx+ext",
+                        help="microspec: the stream's sources: ctx+ext (Algorithm 1), ctx or ext (the paper's Ctx. "
+                             "Only / Ext. Only ablation)")
 
 
 class MicroSpecVocab(VocabPolicy):
@@ -88,9 +102,11 @@ class MicroSpecVocab(VocabPolicy):
 
     name = "microspec"
 
-    def __init__(self, vocab_size: int, w_max: int = 3072, k_pre: int = 3, k_ver: int = 3,
+    def __init__(self, vocab_size: int, w_max: int = W_MAX.default, k_pre: int = K_PRE.default,
+                 k_ver: int = K_VER.default,
                  always: Sequence[int] = (), device: torch.device | str = "cpu", gather: str = "packed",
-                 backend: str | None = None, k_pre_positions: int | None = None, sources: str = "ctx+ext"):
+                 backend: str | None = None, k_pre_positions: int | None = None,
+                 sources: str = SOURCES_OPTION.default):
         check(w_max >= 1, f"--w-max must be >= 1, got {w_max}")
         check(k_pre >= 0, f"--k-pre must be >= 0, got {k_pre}")
         check(k_ver >= 0, f"--k-ver must be >= 0, got {k_ver}")
@@ -193,3 +209,48 @@ class MicroSpecVocab(VocabPolicy):
         self.sources = sources
         self.prompt_topk = self.k_pre if "ctx" in sources else 0
         self.wants_verify_logits = self.k_ver > 0 and "ext" in sources
+
+
+_NAME_OPTION = re.compile(r"^(ctx|ext|indexed|packed|w\d+|kp\d+)$")
+
+
+def parse_name(text: str, method: str) -> dict | None:
+    """``microspec`` and ``microspec-<opts>``: options joined by ``-``: ``w<N>`` (W_max), ``ctx`` / ``ext`` (the
+    sources ablation), ``indexed`` / ``packed`` (the gather), ``kp<N>`` (K_pre at the last N prompt positions)."""
+    if text == "microspec":
+        return {"vocab": "microspec"}
+    if not text.startswith("microspec-"):
+        return None
+    opts = text[len("microspec-"):].split("-")
+    bad = [o for o in opts if not _NAME_OPTION.match(o)]
+    if bad or len(set(opts)) != len(opts) or {"ctx", "ext"} <= set(opts) or {"indexed", "packed"} <= set(opts):
+        raise MicrospecError(f"method {method!r}: microspec options are w<N>, ctx or ext, indexed or packed, kp<N> "
+                             "(e.g. microspec-w1024-indexed, microspec-kp64)")
+    out: dict = {"vocab": "microspec"}
+    for o in opts:
+        if o in ("ctx", "ext"):
+            out["sources"] = o
+        elif o in ("indexed", "packed"):
+            out["gather"] = o
+        elif o.startswith("kp"):
+            out["k_pre_positions"] = int(o[2:])
+        else:
+            out["w_max"] = int(o[1:])
+    return out
+
+
+def build(method, vocab_size: int, device, always) -> VocabPolicy:
+    from .packed import check_fused
+
+    check_fused(method.gather, device)
+    policy = MicroSpecVocab(vocab_size, w_max=W_MAX.value(method), k_pre=K_PRE.value(method),
+                            k_ver=K_VER.value(method), always=always, device=device,
+                            gather=method.gather or "packed", k_pre_positions=method.k_pre_positions,
+                            sources=SOURCES_OPTION.value(method))
+    return with_budgets(policy, method)
+
+
+SPEC = PolicySpec(
+    "microspec", "MicroSpec's in-context vocabulary (Algorithm 1): prompt, the target's top predictions, recent drafts",
+    options=(W_MAX, K_PRE, K_VER, K_PRE_POSITIONS, SOURCES_OPTION, GATHER, POSITION_AWARE),
+    names=("microspec", "microspec-OPTS"), parse_name=parse_name, build=build, check=check_ranked)

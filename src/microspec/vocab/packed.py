@@ -24,6 +24,27 @@ import heapq
 
 import torch
 
+from ..options import Option
+
+GATHERS = ("packed", "indexed", "fused")  # fused: indexed sets, read by a Triton kernel inside the matmul
+GATHER = Option(
+    "gather", choices=GATHERS,
+    help="restricted vocabularies: how the draft head gets its rows: packed (microspec's default; a [W_max, d] buffer "
+         "updated incrementally), indexed (W[idx] gathered when the set changes: the ablation) or fused (a Triton "
+         "kernel reads the rows inside the matmul)")
+
+
+def check_fused(gather: str | None, device) -> bool:
+    """Whether ``gather`` asks for the fused kernel, refused where it cannot run."""
+    if gather != "fused":
+        return False
+    from ..errors import MicrospecError
+    from ..kernels.gather_matmul import available
+
+    if not available(device):
+        raise MicrospecError("--gather fused needs Triton and a CUDA device (or TRITON_INTERPRET=1 on a CPU)")
+    return True
+
 
 class PackedRows:
     def __init__(self, weight: torch.Tensor, capacity: int, pinned: torch.Tensor | None = None):

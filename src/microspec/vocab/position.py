@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import MicrospecError, check
+from ..options import Option
 from .base import ActiveSet, VocabPolicy
 
 
@@ -114,3 +115,40 @@ class PositionAware(VocabPolicy):
 
     def ranked(self) -> torch.Tensor | None:
         return self.policy.ranked()
+
+
+def _checked(value):
+    """A ``--position-aware`` string, checked (a (k0, k1) or (k0, k1, schedule) tuple from Python passes as is)."""
+    if isinstance(value, str):
+        parse_budgets(value)
+    return value
+
+
+POSITION_AWARE = Option(
+    "position_aware", convert=_checked, metavar="K0,K1|pa-fr:K|fixed:K",
+    help="position-aware budget (DynaSpec): K0 ids at draft depth 0, K1 at depth 1, floor((K1+t)/(2t)) at depth t "
+         "(ranked policies: fr-spec, vocabtrim, microspec; for dynaspec K0,K1 count clusters and override the "
+         "trained budgets); pa-fr:K: K at depths 0 and 1, floor(K/(t+1)) after (DynaSpec App. A.3); fixed:K (or, for "
+         "dynaspec, fixed: its own depth-1 budget) at every depth")
+
+
+def budgets_of(value) -> tuple[int | None, int | None, str] | None:
+    """A ``position_aware`` value as (k0, k1, schedule) (a pair (k0, k1) is DynaSpec's schedule); None when unset."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return parse_budgets(value)
+    return (*value, "dynaspec") if len(value) == 2 else tuple(value)
+
+
+def check_ranked(method) -> None:
+    """A ranked policy's budget needs sizes: ``fixed`` alone names a trained policy's own budget."""
+    found = budgets_of(method.position_aware)
+    if found is not None and found[0] is None:
+        raise MicrospecError("--position-aware fixed needs a size for a shortlist or MicroSpec (fixed:K)")
+
+
+def with_budgets(policy: VocabPolicy, method) -> VocabPolicy:
+    """``policy`` under ``method``'s position-aware budget, or as it is."""
+    found = budgets_of(method.position_aware)
+    return policy if found is None else PositionAware(policy, *found)

@@ -1,0 +1,111 @@
+"""``auto``, the default method of ``generate``, ``serve`` and :func:`microspec.generate`: what measured fastest for
+this kind of device and this decoding, else the best method the model has.
+
+:data:`MEASURED` is the table of measured choices — one row per (device kind, decoding kind), each with the numbers
+behind it and the BENCHMARKS.md section that has the run (command, date, machine).  Where it has no row (CUDA, for
+one), ``auto`` means the model's shipped EAGLE head with MicroSpec's in-context vocabulary, adaptive, so that it steps
+aside where drafting stops paying; a model without a head decodes plainly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import MicrospecError
+
+DECODING_KINDS = ("greedy", "penalty", "sampling")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A measured choice: the method (drafter, vocabulary, adaptive), why, the measurement and where it is."""
+
+    drafter: str
+    vocab: str
+    adaptive: bool
+    why: str
+    measured: str
+    source: str  # a section of BENCHMARKS.md
+
+    def as_tuple(self) -> tuple[str, str, bool, str]:
+        return self.drafter, self.vocab, self.adaptive, self.why
+
+
+_GGUF_GREEDY = "BENCHMARKS.md, \"Interleaved 8-row blocks\" (Spec-Bench 2/category + HumanEval 2, 128 tokens)"
+_BF16 = "BENCHMARKS.md, \"Issue 21's bf16 run\" (Spec-Bench 1/category + HumanEval 1, 128 tokens, one run)"
+MEASURED: dict[tuple[str, str], Choice] = {
+    ("cpu", "greedy"): Choice(
+        "ngram", "full", True, "prompt lookup, adaptive: measured fastest on a dense CPU target",
+        "Gemma 3 270M bf16, 2-core CPU: prompt lookup adaptive 1.94x plain decoding; EAGLE + MicroSpec 1.26x fixed, "
+        "1.23x adaptive", _BF16),
+    ("cpu", "penalty"): Choice(
+        "none", "full", False, "speculation measured slower than plain decoding on cpu with penalty",
+        "repetition penalty 1.2: prompt lookup adaptive 0.98x, EAGLE + MicroSpec adaptive 0.84x, fixed 0.77x", _BF16),
+    ("cpu", "sampling"): Choice(
+        "none", "full", False, "speculation measured slower than plain decoding on cpu with sampling",
+        "T 0.7: EAGLE + MicroSpec adaptive 0.91x, fixed 0.70x; prompt lookup adaptive 1.04x overall but 0.69-0.95x in "
+        "four of seven categories", "BENCHMARKS.md, \"Sampling on a dense CPU target\""),
+    ("cpu-gguf", "greedy"): Choice(
+        "ngram", "full", False, "prompt lookup: measured fastest on a packed CPU target",
+        "Gemma 3 270M packed Q4_K_M, 2-core CPU: prompt lookup 1.62x plain decoding (no category below 1.38x), "
+        "adaptive 1.50x; EAGLE + MicroSpec 1.12x, adaptive 1.10x", _GGUF_GREEDY),
+    ("cpu-gguf", "penalty"): Choice(
+        "none", "full", False, "speculation measured slower than plain decoding on cpu-gguf with penalty",
+        "repetition penalty 1.2: every speculative method below plain (best: prompt lookup adaptive 0.97x, EAGLE + "
+        "MicroSpec adaptive 0.96x)", _GGUF_GREEDY),
+    ("cpu-gguf", "sampling"): Choice(
+        "ngram", "full", True, "prompt lookup, adaptive: measured fastest on a packed CPU target when sampling",
+        "T 0.7, `bench --protocol cpu` (40 questions, 256 tokens): prompt lookup adaptive 1.32x plain decoding, every "
+        "category >= 1.17x; EAGLE + MicroSpec 1.11x (summarization 0.65x)",
+        "BENCHMARKS.md, \"The CPU protocol run\""),
+}
+
+
+def device_kind(device: str, packed: bool) -> str:
+    """The kind of device the measured choices are keyed by: ``cuda``, ``cpu`` or ``cpu-gguf`` (a packed GGUF target
+    on a CPU), from the device's type and whether the target's weights stay packed."""
+    device = str(device).split(":")[0]
+    return "cpu-gguf" if device == "cpu" and packed else device
+
+
+def decoding_kind(cfg) -> str:
+    """``greedy``, ``penalty`` (greedy with a repetition penalty or no-repeat n-grams) or ``sampling``."""
+    if cfg.temperature > 0:
+        return "sampling"
+    return "penalty" if cfg.repetition_penalty != 1.0 or cfg.no_repeat_ngram_size else "greedy"
+
+
+def auto_method(model: str | Path, device_kind: str | None = None,
+                kind: str = "greedy") -> tuple[str, str, bool, str]:
+    """What ``auto`` means for ``model`` on ``device_kind`` under decoding ``kind`` (see :func:`decoding_kind`):
+    (drafter, vocabulary, adaptive, why)."""
+    from .models.registry import shipped_eagle_head
+
+    if kind not in DECODING_KINDS:
+        raise MicrospecError(f"unknown decoding kind {kind!r} (one of {', '.join(DECODING_KINDS)})")
+    if (device_kind, kind) in MEASURED:
+        return MEASURED[device_kind, kind].as_tuple()
+    if shipped_eagle_head(model) is None:
+        return "none", "full", False, "no EAGLE head for this model"
+    return "eagle", "microspec", True, "the model's EAGLE head + MicroSpec, adaptive"
+
+
+def resolve(model: str | Path, device_kind: str, kind: str, *, vocab: str = "full", draft: str | None = None,
+            lookup: int | None = None, adaptive: bool = False) -> tuple[dict, str]:
+    """``auto`` with what the user also said: the method's fields (drafter, vocab, adaptive, lookup) and why.
+
+    A ``draft`` (a draft model or an EAGLE head) needs the drafter named, so auto decodes plainly; a ``vocab`` other
+    than full replaces the chosen one; prompt lookup first applies only where auto chose a model drafter;
+    ``adaptive`` adds to the choice's own."""
+    from .drafters.registry import MODEL_DRAFTERS
+
+    drafter, chosen_vocab, chosen_adaptive, why = auto_method(model, device_kind, kind)
+    if draft is not None:
+        drafter, chosen_vocab, chosen_adaptive, why = "none", "full", False, "--draft given without --drafter"
+    if lookup is not None and drafter not in MODEL_DRAFTERS:
+        lookup = None  # prompt lookup first needs a model drafter behind it
+        why += f"; --lookup does not apply to {'plain decoding' if drafter == 'none' else drafter}"
+    fields = {"drafter": drafter, "vocab": chosen_vocab if vocab == "full" else vocab,
+              "adaptive": adaptive or chosen_adaptive, "lookup": lookup}
+    return fields, why

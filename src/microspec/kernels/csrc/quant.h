@@ -1,0 +1,27 @@
+// The functions of the cpu_quant extension (bindings_quant.cpp exports them under these names).
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <vector>
+
+// dequant.cpp
+torch::Tensor dequant_rows(torch::Tensor w, int64_t type, int64_t K, torch::Tensor ids);
+// quant_linear.cpp
+torch::Tensor linear_q(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K);
+torch::Tensor linear_q8(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K);
+// repack.cpp
+torch::Tensor repack_x8(torch::Tensor w, int64_t type);
+torch::Tensor x8_gather(torch::Tensor w, int64_t type, int64_t K, torch::Tensor ids);
+// row_ops.cpp
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);
+torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
+int64_t argmax_f32(torch::Tensor x);
+// attention.cpp
+torch::Tensor attend_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor allowed, double scale);
+// layer_step.cpp
+torch::Tensor layer_step(torch::Tensor x, std::vector<torch::Tensor> mats, std::vector<int64_t> meta,
+                         std::vector<torch::Tensor> biases, std::vector<torch::Tensor> norms, torch::Tensor cos,
+                         torch::Tensor sin, torch::Tensor kv, int64_t start, int64_t lo, torch::Tensor allowed,
+                         std::vector<int64_t> dims, double eps, double scale);

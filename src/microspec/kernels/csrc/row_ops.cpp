@@ -1,0 +1,94 @@
+// ---------------------------------------------------------------------------------------------------------------
+// Row-wise fp32 operations of the decode step, one call each instead of torch's chain of small ops (on a 2-core CPU
+// a step of a small model spends more time dispatching those than multiplying).  Each row is computed alone, in a
+// fixed order: batch-invariant like the products.
+// Also argmax_f32, the first index of a vector's largest value (the greedy pick over the logits).
+#include "common.h"
+#include "quant.h"
+
+// y = (x * (1 / sqrt(mean(x^2) + eps))) * w over the last dimension d of x [R, d]
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && w.dtype() == torch::kFloat32 && w.dim() == 1, "fp32 x and w");
+  x = x.contiguous();
+  const int64_t d = w.size(0);
+  TORCH_CHECK(x.size(-1) == d, "x's last dimension differs from w's");
+  const int64_t R = x.numel() / d;
+  auto out = torch::empty_like(x);
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.contiguous().data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t d8 = d & ~int64_t(7);
+  at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = xp + r * d;
+      float* yr = op + r * d;
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t k = 0; k < d8; k += 8) { const __m256 v = _mm256_loadu_ps(xr + k); acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v)); }
+      float ss = hsum8(acc);
+      for (int64_t k = d8; k < d; ++k) ss += xr[k] * xr[k];
+      const float inv = 1.0f / std::sqrt(ss / float(d) + float(eps));
+      const __m256 iv = _mm256_set1_ps(inv);
+      for (int64_t k = 0; k < d8; k += 8)
+        _mm256_storeu_ps(yr + k, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + k), iv), _mm256_loadu_ps(wp + k)));
+      for (int64_t k = d8; k < d; ++k) yr[k] = (xr[k] * inv) * wp[k];
+    }
+  });
+  return out;
+}
+
+// Rotary embedding of x [T, H, D] with cos, sin [T, D]: x * cos + rotate_half(x) * sin (two products, one sum, as
+// torch computes them: the same values)
+torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && cos.dtype() == torch::kFloat32 && sin.dtype() == torch::kFloat32 &&
+              x.dim() == 3, "fp32 x [T, H, D], cos and sin [T, D]");
+  x = x.contiguous(); cos = cos.contiguous(); sin = sin.contiguous();
+  const int64_t T = x.size(0), H = x.size(1), D = x.size(2), half = D / 2;
+  TORCH_CHECK(cos.size(0) == T && cos.size(1) == D && sin.size(0) == T && sin.size(1) == D && D % 2 == 0,
+              "cos and sin: [T, D]");
+  auto out = torch::empty_like(x);
+  const float* xp = x.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h) {
+      const float* xr = xp + (t * H + h) * D;
+      float* yr = op + (t * H + h) * D;
+      const float* c = cp + t * D;
+      const float* s = sp + t * D;
+      for (int64_t i = 0; i < half; ++i) yr[i] = xr[i] * c[i] + (-xr[i + half]) * s[i];
+      for (int64_t i = half; i < D; ++i) yr[i] = xr[i] * c[i] + xr[i - half] * s[i];
+    }
+  return out;
+}
+
+// Index of the largest value of the fp32 vector x (the first one among equals; the first NaN if there is one: what
+// torch.argmax returns), in one vectorized pass for the maximum and one for its first index.
+int64_t argmax_f32(torch::Tensor x) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 1 && x.is_contiguous() && x.numel() > 0,
+              "x: contiguous non-empty fp32 vector");
+  const float* p = x.data_ptr<float>();
+  const int64_t n = x.numel(), n8 = n & ~int64_t(7);
+  __m256 mx = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n8; i += 8) {
+    const __m256 v = _mm256_loadu_ps(p + i);
+    mx = _mm256_max_ps(mx, v);
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, mx);
+  float m = lanes[0];
+  for (int j = 1; j < 8; ++j) m = std::max(m, lanes[j]);
+  bool has_nan = _mm256_movemask_ps(nan) != 0;
+  for (int64_t i = n8; i < n; ++i) { if (std::isnan(p[i])) has_nan = true; else m = std::max(m, p[i]); }
+  if (has_nan) {
+    for (int64_t i = 0; i < n; ++i) if (std::isnan(p[i])) return i;
+  }
+  const __m256 mv = _mm256_set1_ps(m);
+  for (int64_t i = 0; i < n8; i += 8) {
+    const int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(p + i), mv, _CMP_EQ_OQ));
+    if (mask) return i + __builtin_ctz(mask);
+  }
+  for (int64_t i = n8; i < n; ++i) if (p[i] == m) return i;
+  return 0;  // unreachable: m is one of the values
+}
