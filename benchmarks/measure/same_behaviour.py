@@ -13,8 +13,9 @@ Used for restructurings that must not change behaviour (issue 20): keep the old 
 Exit status 0 when every command agrees, 1 otherwise (the first differences are printed).  Each command runs in a
 subprocess with ``PYTHONPATH`` set to one tree, so the two never share a module.  Takes a few minutes on 2 cores.
 
-``--speed MODEL`` instead times both trees on a real model in one run: plain decoding and EAGLE + MicroSpec, bf16,
-on one prompt, the two trees alternating (``--rounds`` times each), and checks their tokens agree::
+``--speed MODEL`` instead times both trees on a real model in one run: plain decoding and EAGLE + MicroSpec
+(``--weights``: bf16 by default, or gguf), on one prompt, the two trees alternating (``--rounds`` times each), and
+checks their tokens agree::
 
     python benchmarks/measure/same_behaviour.py --old /tmp/old/src --new src --speed gemma-3-270m
 """
@@ -210,9 +211,10 @@ def speed(args) -> int:
     """Decode tokens/s of plain decoding and EAGLE + MicroSpec with each tree, alternating, on one prompt."""
     import statistics
 
-    base = ["generate", "--json", "--model", args.speed, "--prompt", args.prompt, "--max-new-tokens", "64",
-            "--repetition-penalty", str(args.repetition_penalty), "--dtype", "bf16", "--threads", "2"]
-    methods = {"ar": [], "eagle+microspec": ["--drafter", "eagle", "--vocab", "microspec"]}
+    base = ["generate", "--json", "--model", args.speed, "--prompt", args.prompt, "--max-new-tokens",
+            str(args.max_new_tokens), "--repetition-penalty", str(args.repetition_penalty), "--dtype", args.weights,
+            "--threads", "2"]
+    methods = {"ar": ["--drafter", "none"], "eagle+microspec": ["--drafter", "eagle", "--vocab", "microspec"]}
     runs: dict = {(m, side): [] for m in methods for side in ("old", "new")}
     tokens: dict = {}
     taus: dict = {}
@@ -246,6 +248,8 @@ def main() -> int:
     ap.add_argument("--only", default=None, help="comma-separated command names to run (default: all)")
     ap.add_argument("--prompt", default="The three laws of robotics are")
     ap.add_argument("--repetition-penalty", type=float, default=1.2)
+    ap.add_argument("--weights", default="bf16", help="--speed: the model's weights (bf16, gguf, ...)")
+    ap.add_argument("--max-new-tokens", type=int, default=64, help="--speed: tokens per generation")
     args = ap.parse_args()
     if args.speed:
         return speed(args)

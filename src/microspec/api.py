@@ -19,7 +19,14 @@ from .decoding.config import GenerationConfig
 from .decoding.loop import GenerationResult
 from .errors import check
 from .models.registry import LoadedModel
-from .prompts import encode_conversation, encode_prompt, generate_text, has_chat_template, stop_string_check
+from .prompts import (
+    encode_conversation,
+    encode_messages,
+    encode_prompt,
+    generate_text,
+    has_chat_template,
+    stop_string_check,
+)
 
 _AUTO: dict[int, AutoEngine] = {}  # id(lm) -> its auto engine, built at the first call and dropped with the model
 
@@ -55,4 +62,4 @@ def generate(lm: LoadedModel, prompt: str, cfg: GenerationConfig | None = None, 
 
 
 __all__ = ["AutoEngine", "Engine", "GenerationConfig", "GenerationResult", "Method", "build", "encode_conversation",
-           "encode_prompt", "generate", "has_chat_template", "stop_string_check"]
+           "encode_messages", "encode_prompt", "generate", "has_chat_template", "stop_string_check"]

@@ -18,7 +18,6 @@ method measured fastest for it on this kind of device.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .auto import DECODING_KINDS, MEASURED, auto_method, decoding_kind, device_kind, resolve

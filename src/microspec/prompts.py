@@ -38,10 +38,22 @@ def encode_prompt(lm: LoadedModel, prompt: str, chat: bool | None = None) -> lis
     tok = lm.tokenizer
     if use_chat:
         check(has_chat_template(lm), f"model {lm.name!r} has no chat template; use --no-chat")
-        text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                       add_generation_prompt=True)
-        return list(tok(text, add_special_tokens=False).input_ids)
+        return encode_messages(lm, [{"role": "user", "content": prompt}])
     return list(tok(prompt).input_ids)
+
+
+def encode_messages(lm: LoadedModel, messages: list[dict]) -> list[int]:
+    """Token ids of chat ``messages`` (any roles the template takes, system ones among them) through the chat
+    template, ending in the assistant's turn; what the template refuses is one clear error."""
+    check(has_chat_template(lm), f"model {lm.name!r} has no chat template")
+    tok = lm.tokenizer
+    try:
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as exc:  # noqa: BLE001 - a template's own checks (e.g. roles must alternate)
+        from .errors import MicrospecError
+
+        raise MicrospecError(f"the chat template rejected the messages: {exc}") from None
+    return list(tok(text, add_special_tokens=False).input_ids)
 
 
 def encode_conversation(lm: LoadedModel, questions: list[str], answers: list[str],
@@ -63,8 +75,7 @@ def encode_conversation(lm: LoadedModel, questions: list[str], answers: list[str
             messages.append({"role": "user", "content": q})
             if i < len(answers):
                 messages.append({"role": "assistant", "content": answers[i]})
-        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return list(tok(text, add_special_tokens=False).input_ids)
+        return encode_messages(lm, messages)
     parts = [p for pair in zip(questions, answers) for p in pair] + [questions[-1]]
     return list(tok("\n\n".join(p.strip() for p in parts)).input_ids)
 

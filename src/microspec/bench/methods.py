@@ -34,7 +34,6 @@ Names (``--methods``):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..method import Method, method_names
 from ..vocab.registry import ARTIFACTS

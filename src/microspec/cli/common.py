@@ -138,7 +138,8 @@ def policy_artifact(args: argparse.Namespace, vocab: str) -> str | None:
     if router is not None:  # the older --router: the chosen trained policy's directory
         art = policy_specs.ARTIFACTS.get(vocab)
         if art is None or art.kind != "dir":
-            raise MicrospecError(f"--router applies to --vocab dynaspec / specvocab / coral (now {', '.join(a.flag for a in policy_specs.ARTIFACTS.values() if a.kind == 'dir')})")
+            dirs = ", ".join(a.flag for a in policy_specs.ARTIFACTS.values() if a.kind == "dir")
+            raise MicrospecError(f"--router applies to --vocab dynaspec / specvocab / coral (now {dirs})")
         return router
     return given.get(vocab)
 

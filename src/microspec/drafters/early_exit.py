@@ -20,7 +20,8 @@ from .model_based import CHAIN_DEPTH, TREE_OPTIONS, ForwardDrafter, check_shape
 class EarlyExitDrafter(ForwardDrafter):
     name = "early-exit"
 
-    def __init__(self, num_layers: int, depth: int = CHAIN_DEPTH, top_k: int | None = None, total_tokens: int | None = None):
+    def __init__(self, num_layers: int, depth: int = CHAIN_DEPTH, top_k: int | None = None,
+                 total_tokens: int | None = None):
         check(num_layers >= 1, f"--draft-layers must be >= 1, got {num_layers}")
         super().__init__(depth, top_k, total_tokens)
         self.num_layers = num_layers

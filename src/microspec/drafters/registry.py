@@ -1,5 +1,5 @@
-"""Every drafter methods can name, each described by its own module's ``SPEC`` (:class:`~microspec.options.DrafterSpec`):
-its options, checks and factory.  A new drafter is a module with its ``SPEC`` and one line here."""
+"""Every drafter methods can name, each described by its own module's ``SPEC``
+(:class:`~microspec.options.DrafterSpec`): its options, checks and factory.  A new drafter is a module with its ``SPEC`` and one line here."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ import threading
 import traceback
 from dataclasses import dataclass, field
 
-from ..api import encode_prompt, has_chat_template, stop_string_check
+from ..api import encode_messages, encode_prompt, has_chat_template, stop_string_check
 from ..compose import AutoEngine, Engine
 from ..errors import MicrospecError
 from .metrics import Metrics
@@ -162,17 +162,14 @@ class Worker:
         return encode_prompt(self.lm, req.prompt, chat=False)
 
     def encode_messages(self, messages: list[dict]) -> list[int]:
-        """Chat ``messages`` (any roles the template takes, system ones among them) through the chat template,
-        ending in the assistant's turn, as :func:`microspec.api.encode_conversation` encodes a user / assistant
-        conversation; what the model or the template refuses is a 400."""
-        tok = self.lm.tokenizer
+        """Chat ``messages`` through the chat template (:func:`microspec.api.encode_messages`); what the model or
+        the template refuses is a 400."""
         if not has_chat_template(self.lm):
             raise APIError(400, f"model {self.lm.name!r} has no chat template: use /v1/completions", "messages")
         try:
-            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        except Exception as exc:  # noqa: BLE001 - a template's own checks (e.g. roles must alternate)
-            raise APIError(400, f"the chat template rejected the messages: {exc}", "messages") from None
-        return list(tok(text, add_special_tokens=False).input_ids)
+            return encode_messages(self.lm, messages)
+        except MicrospecError as exc:
+            raise APIError(400, str(exc), "messages") from None
 
     def _generate(self, job: Job, started: list[bool]) -> Result:
         req, lm = job.request, self.lm

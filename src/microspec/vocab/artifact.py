@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from ..errors import MicrospecError, check
+from ..options import Artifact, PolicySpec
 
 
 def save_artifact(directory: str | Path, cfg: dict, state: dict[str, torch.Tensor]) -> Path:
@@ -38,3 +39,23 @@ def load_artifact(directory: str | Path, method: str, build):
 
 
 LABELS = {"dynaspec": "DynaSpec", "specvocab": "SpecVocab", "coral": "CORAL"}
+
+
+def trained_artifact(name: str, what: str) -> Artifact:
+    """The directory trained policy ``name`` reads: flag ``--<name>``, made by ``microspec train <name>``; the one
+    shipped beside the shipped EAGLE head fills in for that head."""
+    def shipped(model: str):
+        from ..models.registry import shipped_policy
+
+        return shipped_policy(model, name)
+
+    return Artifact(f"--{name}", "dir", what, f"`microspec train {name}`", shipped=shipped, for_eagle_head_only=True)
+
+
+def trained_spec(name: str, summary: str, what: str, load) -> PolicySpec:
+    """A trained policy with no option but its artifact, named by its name alone and built by ``load(path,
+    vocab_size, always=..., device=...)``."""
+    return PolicySpec(name, summary, artifact=trained_artifact(name, what), names=(name,),
+                      parse_name=lambda text, method: {"vocab": name} if text == name else None,
+                      build=lambda method, vocab_size, device, always: load(method.artifact, vocab_size,
+                                                                            always=always, device=device))

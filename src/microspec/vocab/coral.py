@@ -23,8 +23,7 @@ import torch
 from torch import nn
 
 from ..errors import MicrospecError, check
-from ..options import Artifact, PolicySpec
-from .artifact import load_artifact, save_artifact
+from .artifact import load_artifact, save_artifact, trained_spec
 from .base import VocabPolicy
 from .dynaspec import Clusters
 
@@ -103,16 +102,5 @@ def load_coral(path: str | Path, vocab_size: int | None = None, **kw) -> CoralVo
     return CoralVocab(art, **kw)
 
 
-def _shipped(model: str):
-    from ..models.registry import shipped_policy
-
-    return shipped_policy(model, "coral")
-
-
-ARTIFACT = Artifact("--coral", "dir", "trained partition router", "`microspec train coral`", shipped=_shipped,
-                    for_eagle_head_only=True)
-SPEC = PolicySpec(
-    "coral", "CORAL-style routing: a trained router over vocabulary partitions", artifact=ARTIFACT, names=("coral",),
-    parse_name=lambda text, method: {"vocab": "coral"} if text == "coral" else None,
-    build=lambda method, vocab_size, device, always: load_coral(method.artifact, vocab_size, always=always,
-                                                                 device=device))
+SPEC = trained_spec("coral", "CORAL-style routing: a trained router over vocabulary partitions",
+                    "trained partition router", load_coral)

@@ -28,9 +28,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import MicrospecError, check
-from .artifact import load_artifact, save_artifact
+from .artifact import load_artifact, save_artifact, trained_artifact
 from .base import VocabPolicy
-from ..options import Artifact, PolicySpec
+from ..options import PolicySpec
 from .position import POSITION_AWARE, SCHEDULES, budget, budgets_of
 
 
@@ -210,15 +210,8 @@ def load_dynaspec(path: str | Path, vocab_size: int | None = None, **kw) -> Dyna
     return DynaSpecVocab(art, **kw)
 
 
-def _shipped(model: str):
-    from ..models.registry import shipped_policy
 
-    return shipped_policy(model, "dynaspec")
-
-
-ROUTER = Artifact("--dynaspec", "dir", "trained cluster router", "`microspec train dynaspec`", shipped=_shipped,
-                  for_eagle_head_only=True)
-
+ROUTER = trained_artifact("dynaspec", "trained cluster router")
 
 def parse_name(text: str, method: str) -> dict | None:
     """``dynaspec``, and ``dynaspec-f[-N]``: DynaSpec-F, a fixed budget of N clusters at every depth (default: the

@@ -28,8 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import MicrospecError, check
-from ..options import Artifact, PolicySpec
-from .artifact import load_artifact, save_artifact
+from .artifact import load_artifact, save_artifact, trained_spec
 from .base import VocabPolicy
 
 
@@ -140,16 +139,5 @@ def load_specvocab(path: str | Path, vocab_size: int | None = None, **kw) -> Spe
     return SpecVocab(art, **kw)
 
 
-def _shipped(model: str):
-    from ..models.registry import shipped_policy
-
-    return shipped_policy(model, "specvocab")
-
-
-ARTIFACT = Artifact("--specvocab", "dir", "trained low-rank ranker", "`microspec train specvocab`", shipped=_shipped,
-                    for_eagle_head_only=True)
-SPEC = PolicySpec(
-    "specvocab", "SpecVocab: a trained low-rank ranker's top-k per draft-head call", artifact=ARTIFACT, names=("specvocab",),
-    parse_name=lambda text, method: {"vocab": "specvocab"} if text == "specvocab" else None,
-    build=lambda method, vocab_size, device, always: load_specvocab(method.artifact, vocab_size, always=always,
-                                                                 device=device))
+SPEC = trained_spec("specvocab", "SpecVocab: a trained low-rank ranker's top-k per draft-head call",
+                    "trained low-rank ranker", load_specvocab)
