@@ -83,7 +83,7 @@ def test_python_api_reaches_every_method_in_one_line(tiny_model_dir, tmp_path):
     lm = load_model(str(tiny_model_dir), dtype="fp32")
     head, _, _ = official_checkpoint(tmp_path / "eagle")
     cfg = dict(max_new_tokens=12, ignore_eos=True, repetition_penalty=1.2)
-    ref = generate(lm, "w5 w6 w7 w5 w6", **cfg)
+    ref = generate(lm, "w5 w6 w7 w5 w6", method="ar", **cfg)
     assert ref.stats.steps == 11  # plain decoding: one token a step after the prefill's
     for method in ("ngram", Method.parse("eagle+microspec", draft=str(head)),
                    Method.parse("microspec-w8-indexed", draft=str(head), top_k=2, depth=3),
@@ -103,7 +103,7 @@ def test_python_api_reaches_every_method_in_one_line(tiny_model_dir, tmp_path):
 
 
 def test_auto_method_speculates_where_it_measured_faster():
-    from microspec.compose import AUTO_OVERRIDES, auto_method, decoding_kind
+    from microspec.auto import MEASURED, auto_method, decoding_kind
     from microspec.decoding import GenerationConfig
 
     greedy, penalty = GenerationConfig(), GenerationConfig(repetition_penalty=1.2)
@@ -120,7 +120,7 @@ def test_auto_method_speculates_where_it_measured_faster():
     for kind in ("penalty", "sampling"):
         assert auto_method("gemma-3-270m", "cpu", kind)[:3] == ("none", "full", False)
     for kind in ("greedy", "penalty", "sampling"):  # CUDA: the head + MicroSpec, adaptive
-        assert ("cuda", kind) not in AUTO_OVERRIDES
+        assert ("cuda", kind) not in MEASURED
         assert auto_method("gemma-3-270m", "cuda", kind)[:3] == ("eagle", "microspec", True)
     with pytest.raises(MicrospecError, match="unknown decoding kind"):
         auto_method("gemma-3-270m", "cpu", "beam")

@@ -234,7 +234,7 @@ def test_freq_command(tmp_path, tiny_model_dir, capsys):
 
     lm = load_model(str(tiny_model_dir), dtype="fp32")
     answered = Counter(t for p in read_prompts(tmp_path / "p.jsonl")
-                       for t in generate(lm, p, GenerationConfig(max_new_tokens=5)).token_ids)
+                       for t in generate(lm, p, GenerationConfig(max_new_tokens=5), method="ar").token_ids)
     assert torch.load(tmp_path / "g.pt") == sorted(answered, key=lambda t: (-answered[t], t))
     capsys.readouterr()
     assert main(["freq", "--model", str(tiny_model_dir), "--out", str(tmp_path / "x.pt")]) == 2

@@ -28,32 +28,28 @@ from .prompts import (
     stop_string_check,
 )
 
-_AUTO: dict[int, AutoEngine] = {}  # id(lm) -> its auto engine, built at the first call and dropped with the model
-
 
 def _auto_engine(lm: LoadedModel) -> AutoEngine:
-    import weakref
-
-    engine = _AUTO.get(id(lm))
-    if engine is None or engine.lm is not lm:
-        engine = _AUTO[id(lm)] = AutoEngine.for_model(lm)
-        weakref.finalize(lm, _AUTO.pop, id(lm), None)
+    """The model's auto engine, made at its first use and kept on the model (it goes when the model goes)."""
+    engine = lm.__dict__.get("_auto_engine")
+    if engine is None:
+        engine = lm.__dict__["_auto_engine"] = AutoEngine.for_model(lm)
     return engine
 
 
 def generate(lm: LoadedModel, prompt: str, cfg: GenerationConfig | None = None, chat: bool | None = None,
-             method: "Method | Engine | AutoEngine | str" = "auto", **overrides) -> GenerationResult:
+             method: "Method | Engine | AutoEngine | str | None" = "auto", **overrides) -> GenerationResult:
     """Generate a continuation of ``prompt`` with ``lm``; keyword overrides build a :class:`GenerationConfig`
     (``max_new_tokens``, ``temperature``, ``top_p``, ``seed``, ``repetition_penalty``, ``stop_strings``, ...).
 
-    ``method``: how to decode — ``"auto"`` (the default, as ``microspec generate``: what measured fastest for this
-    device and decoding, else the model's EAGLE head + MicroSpec; :mod:`microspec.auto`), a method name (``"ar"``:
-    plain decoding; ``"eagle+microspec"``, ``"microspec"``, ``"eagle-full"``, ``"fr-spec-32k"``, ... see
+    ``method``: how to decode — ``"auto"`` (the default, also None; as ``microspec generate``: what measured fastest
+    for this device and decoding, else the model's EAGLE head + MicroSpec; :mod:`microspec.auto`), a method name
+    (``"ar"``: plain decoding; ``"eagle+microspec"``, ``"microspec"``, ``"eagle-full"``, ``"fr-spec-32k"``, ... see
     :mod:`microspec.method`), a :class:`~microspec.method.Method`, or an engine built once with
     :func:`~microspec.compose.build` and reused across calls.  The output is plain decoding's whatever the method."""
     if isinstance(method, (Engine, AutoEngine)):
         engine = method
-    elif isinstance(method, str) and method.strip() == "auto":
+    elif method is None or (isinstance(method, str) and method.strip() == "auto"):
         engine = _auto_engine(lm)
     else:
         engine = build(method, lm)

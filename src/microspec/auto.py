@@ -95,7 +95,8 @@ def resolve(model: str | Path, device_kind: str, kind: str, *, vocab: str = "ful
             lookup: int | None = None, adaptive: bool = False) -> tuple[dict, str]:
     """``auto`` with what the user also said: the method's fields (drafter, vocab, adaptive, lookup) and why.
 
-    A ``draft`` (a draft model or an EAGLE head) needs the drafter named, so auto decodes plainly; a ``vocab`` other
+    A ``draft`` (a draft model or an EAGLE head) needs the drafter named: auto resolves to plain decoding, which refuses
+    ``--draft`` in one line, saying which drafters take it; a ``vocab`` other
     than full replaces the chosen one; prompt lookup first applies only where auto chose a model drafter;
     ``adaptive`` adds to the choice's own."""
     from .drafters.registry import MODEL_DRAFTERS

@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .auto import DECODING_KINDS, MEASURED, auto_method, decoding_kind, device_kind, resolve
+from .auto import DECODING_KINDS, auto_method, decoding_kind, device_kind, resolve
 from .drafters.eagle3 import D2T_MODES
 from .drafters.registry import DRAFTERS, HEADLESS, MODEL_DRAFTERS
 from .errors import MicrospecError, check
@@ -36,9 +36,6 @@ if TYPE_CHECKING:
     from .drafters.base import Drafter
     from .models.registry import LoadedModel
     from .vocab.base import VocabPolicy
-
-AUTO_OVERRIDES = {key: choice.as_tuple() for key, choice in MEASURED.items()}  # (drafter, vocab, adaptive, why)
-
 
 def set_threads(threads: int | None) -> None:
     """``--threads``: torch's CPU threads (None: torch's choice)."""
@@ -145,11 +142,14 @@ class AutoEngine:
               "AutoEngine needs a method for every decoding kind and the model")
         self.lm, self.methods, self.heads, self.why = lm, methods, heads if heads is not None else {}, why or {}
         self.engines: dict[str, Engine] = dict(engines or {})
+        self._built: dict[Method, Engine] = {methods[k]: e for k, e in self.engines.items()}  # by the asked method
 
     @classmethod
     def for_model(cls, lm: "LoadedModel", heads: dict | None = None, **options: Any) -> "AutoEngine":
         """``auto`` for ``lm`` on its device, with the user's ``options`` (``vocab``, ``draft``, ``lookup``,
         ``adaptive``, as :func:`~microspec.auto.resolve` takes them, and any other method option)."""
+        if "drafter" in options:
+            raise MicrospecError("auto chooses the drafter: build the method you want instead (build(\"ngram\", lm))")
         said = {k: options.pop(k) for k in ("vocab", "draft", "lookup", "adaptive") if k in options}
         said = {k: v for k, v in said.items() if v is not None}
         dk = device_kind(lm.model.device.type, lm.model.quantized)
@@ -164,8 +164,9 @@ class AutoEngine:
         kind = decoding_kind(cfg)
         if kind not in self.engines:
             method = self.methods[kind]
-            same = [e for e in self.engines.values() if e.method == method]
-            self.engines[kind] = same[0] if same else build(method, self.lm, load_heads([method], self.heads))
+            if method not in self._built:  # kinds that chose the same method share one engine
+                self._built[method] = build(method, self.lm, load_heads([method], self.heads))
+            self.engines[kind] = self._built[method]
         return self.engines[kind]
 
     def generate_ids(self, prompt_ids, cfg: "GenerationConfig", stop_check=None, **kwargs) -> "GenerationResult":
@@ -263,6 +264,6 @@ def log_sizing(engine: Engine, file=None) -> None:
           + ", ".join(f"{n}: {c * 1000:.0f}" for n, c in engine.sizing.items()) + ")", file=file or sys.stderr)
 
 
-__all__ = ["AUTO_OVERRIDES", "D2T_MODES", "DECODING_KINDS", "DRAFTERS", "MODEL_DRAFTERS", "POLICIES", "AutoEngine",
+__all__ = ["D2T_MODES", "DECODING_KINDS", "DRAFTERS", "MODEL_DRAFTERS", "POLICIES", "AutoEngine",
            "Engine", "Method", "as_method", "auto_method", "build", "build_policy", "decoding_kind", "device_kind",
            "eagle_head_path", "load_heads", "log_sizing", "method_names", "set_threads"]

@@ -40,7 +40,7 @@ def _either(names: list[str]) -> str:
 
 def owners(option: str) -> str:
     """Who takes ``option``, as a user would say it (``--drafter early-exit``, ``--vocab microspec``)."""
-    ds = [n for n, s in drafters.SPECS.items() if s.takes(option)]
+    ds = [n for n, s in drafters.SPECS.items() if s.takes(option) and n != "none"]  # none takes shapes to ignore
     ps = [n for n, s in policies.SPECS.items() if s.takes(option)]
     return " and ".join(x for x in (ds and f"--drafter {_either(ds)}", ps and f"--vocab {_either(ps)}") if x)
 
@@ -51,16 +51,24 @@ class Method:
     w_max=1024)``); an unset option reads as None (``adaptive`` as False) and means the owner's default — for the
     tree, EAGLE-2's shape on CUDA and a small tree on a CPU (:func:`microspec.drafters.tree_defaults`).  ``draft``: the
     EAGLE head directory (default: the one shipped for the model) or the draft model; ``artifact``: the file or
-    directory the policy reads (default: the one shipped for the model, where one ships).  Immutable and hashable."""
+    directory the policy reads (default: the one shipped for the model, where one ships; ``freq_file=`` and
+    ``router=`` are its earlier names).  Immutable and hashable."""
 
     __slots__ = ("drafter", "vocab", "_opts")
 
     def __init__(self, drafter: str = "none", vocab: str = "full", **options: Any):
+        for older in ("freq_file", "router"):  # the artifact's earlier keywords (a token map, a trained directory)
+            if older in options:
+                value = options.pop(older)
+                if value is not None and options.get("artifact") not in (None, value):
+                    raise MicrospecError(f"{older}= and artifact= name two different files")
+                options["artifact"] = value if value is not None else options.get("artifact")
         unknown = sorted(set(options) - set(OPTIONS))
         if unknown:
             raise MicrospecError(f"unknown method option {unknown[0]!r}; choose from {', '.join(sorted(OPTIONS))}")
         opts = {}
-        for name, value in options.items():
+        for name in OPTIONS:  # one order whatever the caller's (reports list the options in it)
+            value = options.get(name)
             if value is None or value is False:
                 continue
             opts[name] = OPTIONS[name].normalise(value)
@@ -77,6 +85,9 @@ class Method:
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("a Method is immutable: use .replace(...)")
+
+    def __reduce__(self):  # pickling and copying make it anew (and check it again)
+        return _remake, (self.drafter, self.vocab, dict(self._opts))
 
     def _key(self) -> tuple:
         return self.drafter, self.vocab, tuple(sorted(self._opts.items()))
@@ -189,6 +200,10 @@ class Method:
         out = {k: v for k, v in self._opts.items() if p.takes(k)}
         out.update({k: self._opts[k] for k in ("lookup", "d2t") if k in self._opts})
         return {**out, "adaptive": True} if self.adaptive else out
+
+
+def _remake(drafter: str, vocab: str, options: dict) -> Method:
+    return Method(drafter=drafter, vocab=vocab, **options)
 
 
 def method_names() -> list[str]:

@@ -57,9 +57,10 @@ class Option:
         if self.low is not None and isinstance(value, int) and value < self.low:
             raise MicrospecError(f"{self.flag} must be >= {self.low}, got {value}")
 
-    def add_to(self, parser, help_default: bool = True) -> None:
-        """This option as a flag of an argparse parser (default None: unset)."""
-        kwargs: dict = {"dest": self.name, "default": None, "help": self.help}
+    def add_to(self, parser) -> None:
+        """This option as a flag of an argparse parser (default None: unset; the help names the owner's default)."""
+        shown = self.help if self.default is None else f"{self.help} (default {self.default})"
+        kwargs: dict = {"dest": self.name, "default": None, "help": shown}
         if self.type is bool:
             kwargs.update(action="store_true", default=False)
         else:
@@ -103,7 +104,9 @@ class Artifact:
     def add_to(self, parser, policy: str) -> None:
         parser.add_argument(self.flag, dest=self.dest, default=None, metavar="DIR" if self.kind == "dir" else "FILE",
                             help=f"{policy}: the {self.what} ({self.made_by}"
-                                 + ("; default: the one that ships for the model" if self.shipped else "") + ")")
+                                 + (("; default: the one shipped with the model's shipped EAGLE head"
+                                     if self.for_eagle_head_only else "; default: the one that ships for the model")
+                                    if self.shipped else "") + ")")
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,7 @@ class PolicySpec:
     "shortlist_size": "16k"}``), None when ``text`` is not this policy's; ``names``: those forms as listed to users;
     ``build(method, vocab_size, device, always)``: a fresh :class:`~microspec.vocab.base.VocabPolicy`;
     ``check(method)``: rules beyond each option's own (one line each); ``restricts``: the draft head scores a subset
-    (so ``--d2t replace`` and row gathering apply)."""
+    (so ``--d2t replace`` applies)."""
 
     name: str
     summary: str

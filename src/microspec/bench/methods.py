@@ -22,7 +22,7 @@ Names (``--methods``):
                             at depth t
 ``vocabtrim-<K>``           the EAGLE head with VocabTrim's shortlist (``--vocabtrim-file``), e.g. vocabtrim-32k
 ``<drafter>+<vocab>``       any engine drafter (early-exit, eagle) with any policy above, e.g. early-exit+microspec
-                            (engine methods are :class:`microspec.compose.Method` descriptions, parsed there)
+                            (engine methods are :class:`microspec.method.Method` descriptions, parsed there)
 ``hf-ar``                   peer: transformers ``generate()``, same model, dtype, device and prompts
 ``hf-prompt-lookup``        peer: transformers ``generate(prompt_lookup_num_tokens=10)``
 ``hf-early-exit``           peer: transformers ``generate(assistant_early_exit=L)`` (L: ``--draft-layers`` or 2/3 of
@@ -35,9 +35,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import MicrospecError
 from ..method import Method, method_names
 from ..vocab.registry import ARTIFACTS
-from ..errors import MicrospecError
 
 PEERS = ("hf-ar", "hf-prompt-lookup", "hf-early-exit", "llama-cpp")
 

@@ -68,16 +68,15 @@ def _add(p, option, **changes) -> None:
 
 
 def add_tree_args(p, total_tokens_type=str) -> None:
-    """The chain / tree shape (``bench`` and ``analyze`` take an integer ``--total-tokens``: no timing there) and the
-    verification's head mode."""
+    """The chain / tree shape (``bench`` takes an integer ``--total-tokens``: no timing there) and the verification's
+    head mode."""
     _add(p, DEPTH)
     _add(p, TOP_K)
     if total_tokens_type is str:
         _add(p, TOTAL_TOKENS)
     else:
-        _add(p, TOTAL_TOKENS, convert=None, help="tree drafters: nodes kept after reranking (default: the device's "
-                                                 "tree, or depth x top-k)")
-        p._option_string_actions["--total-tokens"].type = total_tokens_type
+        _add(p, TOTAL_TOKENS, type=total_tokens_type, convert=None, metavar="N",
+             help="tree drafters: nodes kept after reranking (default: the device's tree, or depth x top-k)")
     _add(p, HEAD_MODE)
 
 
@@ -107,12 +106,11 @@ def add_drafter_args(p, default: str = "none") -> None:
     add_tree_args(p)
 
 
-def add_artifact_args(p, only: tuple[str, ...] | None = None) -> None:
+def add_artifact_args(p) -> None:
     """Each policy's artifact flag (one name per artifact on every command): --freq-file, --vocabtrim-file,
     --dynaspec, --specvocab, --coral."""
     for name, art in policy_specs.ARTIFACTS.items():
-        if only is None or name in only:
-            art.add_to(p, name)
+        art.add_to(p, name)
 
 
 def add_vocab_args(p, default: str = "full") -> None:
@@ -129,8 +127,12 @@ def add_vocab_args(p, default: str = "full") -> None:
 
 
 def policy_artifact(args: argparse.Namespace, vocab: str) -> str | None:
-    """The artifact flag of policy ``vocab`` (one clear line when another policy's flag was given instead)."""
+    """The artifact flag of policy ``vocab`` (one clear line when another policy's flag was given instead).  Two
+    older spellings are still read: ``--router`` for a trained policy's directory, and ``--freq-file`` for
+    VocabTrim's token map."""
     given = {name: getattr(args, art.dest, None) for name, art in policy_specs.ARTIFACTS.items()}
+    if vocab == "vocabtrim" and given["vocabtrim"] is None and given["fr-spec"] is not None:
+        given["vocabtrim"], given["fr-spec"] = given["fr-spec"], None
     for name, value in given.items():
         if value is not None and name != vocab:
             raise MicrospecError(f"{policy_specs.ARTIFACTS[name].flag} applies to --vocab {name}, not --vocab {vocab}")
@@ -140,6 +142,8 @@ def policy_artifact(args: argparse.Namespace, vocab: str) -> str | None:
         if art is None or art.kind != "dir":
             dirs = ", ".join(a.flag for a in policy_specs.ARTIFACTS.values() if a.kind == "dir")
             raise MicrospecError(f"--router applies to --vocab dynaspec / specvocab / coral (now {dirs})")
+        if given.get(vocab) is not None:
+            raise MicrospecError(f"--router and {art.flag} both name the {vocab} directory: give one")
         return router
     return given.get(vocab)
 

@@ -25,7 +25,7 @@ def add(sub) -> None:
     p.add_argument("--limit", type=int, default=None, help="use the first N prompts of each category")
     p.add_argument("--categories", default=None, help="comma-separated categories to keep")
     p.add_argument("--curve-map", default=None,
-                   help="token map for the static top-K curves (default: --freq-file when given)")
+                   help="token map for the static top-K curves (default: --freq-file or --vocabtrim-file when given)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_decoding_args(p, max_new_tokens=128)
     add_drafter_args(p, default="early-exit")
@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     records = load_questions([args.data], args.categories, args.limit)
     cfg, engine = engine_from_args(args)
     lm = engine.lm
-    curve_path = args.curve_map or args.artifact_freq_file
+    curve_path = args.curve_map or args.artifact_freq_file or args.artifact_vocabtrim_file
     token_map = load_token_map(curve_path, lm.model.spec.vocab_size) if curve_path else None
     summary = measure(engine, records, cfg, args.chat, token_map)
     if args.json:

@@ -7,6 +7,7 @@ from .draft_model import DraftModelDrafter
 from .eagle import EagleDrafter, EagleHead
 from .eagle3 import Eagle3Drafter, Eagle3Head, load_eagle_head
 from .early_exit import EarlyExitDrafter
+from .ngram import TOKENS as NGRAM_DEFAULT
 from .ngram import NGramDrafter
 from .registry import DRAFTERS, spec
 
@@ -24,7 +25,7 @@ TREE_DEFAULTS = {
 # prompt lookup's longest draft: 10 tokens, but 3 on a packed CPU target, where a verify row costs a third of a plain
 # step (Spec-Bench 2/category + HumanEval 2, greedy, 128 tokens, adaptive: 3 tokens 1.16x plain decoding with every
 # category >= 1.02x, 5 tokens 1.15x, 10 tokens 1.11x; fixed: 1.15x / 1.07x / 0.97x; BENCHMARKS.md)
-NGRAM_TOKENS = {"default": 10, "cpu-gguf": 3}
+NGRAM_TOKENS = {"default": NGRAM_DEFAULT, "cpu-gguf": 3}
 
 
 def tree_defaults(name: str, device_type: str, depth, top_k, total_tokens):

@@ -9,9 +9,8 @@ import torch
 from ..decoding.context import DraftContext
 from ..decoding.tree import DraftTree
 from ..models.native import NativeCausalLM
-from ..vocab.base import VocabPolicy
-
 from ..options import Option
+from ..vocab.base import VocabPolicy
 
 __all__ = ["DRAFT", "DraftContext", "Drafter"]
 

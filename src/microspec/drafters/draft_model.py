@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
+from ..decoding.adaptive import ADAPTIVE
 from ..errors import MicrospecError, check
 from ..models.native import NativeCausalLM
-from ..decoding.adaptive import ADAPTIVE
 from ..options import DrafterSpec
 from .base import DRAFT, DraftContext
 from .lookup_first import LOOKUP

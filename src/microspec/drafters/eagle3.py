@@ -29,18 +29,17 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..decoding.adaptive import ADAPTIVE
 from ..errors import MicrospecError, check
 from ..models.layers import Linear, RMSNorm
 from ..models.native import NativeCausalLM, Taps
 from ..models.registry import read_weights
-from ..decoding.adaptive import ADAPTIVE
 from ..options import DrafterSpec, Option
 from .base import DRAFT
 from .eagle import EagleDrafter, EagleHead, _layer_config
 from .head import DraftVocabRows
 from .lookup_first import LOOKUP
 from .model_based import CHAIN_DEPTH, TREE_OPTIONS, check_shape
-
 
 D2T_MODES = ("intersect", "replace")  # a restricted set against the head's draft vocabulary (Eagle3Drafter)
 D2T = Option("d2t", choices=D2T_MODES,
@@ -257,7 +256,9 @@ __all__ = ["Eagle3Drafter", "Eagle3Head", "Taps", "default_feature_layers", "is_
 # The eagle drafter as methods see it, for both head kinds (EAGLE-1/2 and EAGLE-3: the loaded head decides).
 def _check(method) -> None:
     check_shape(method)
-    if method.d2t == "replace" and method.vocab == "full":
+    from ..vocab.registry import spec
+
+    if method.d2t == "replace" and not spec(method.vocab).restricts:
         raise MicrospecError("--d2t replace needs a restricted draft vocabulary (microspec, fr-spec, vocabtrim): it "
                              "scores the set's ids outside the head's own with the target's rows")
 

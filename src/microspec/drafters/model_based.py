@@ -22,7 +22,6 @@ from .base import DraftContext, Drafter
 from .head import DraftHead
 from .tree_search import PartialTree, check_tree_args, dynamic_tree
 
-
 CHAIN_DEPTH = 4  # a chain's length, and a tree's depth when the device's tree is not used
 
 
@@ -48,11 +47,15 @@ TOTAL_TOKENS = Option("total_tokens", convert=_total_tokens, metavar="N|auto",
 TREE_OPTIONS = (DEPTH, TOP_K, TOTAL_TOKENS)
 
 
+def check_auto_size(method) -> None:
+    if method.total_tokens == "auto" and method.top_k is None:
+        raise MicrospecError("--total-tokens auto needs --top-k (a tree drafter)")
+
+
 def check_shape(method) -> None:
     """A model drafter's chain or tree settings, each problem in one line."""
     total, top_k, name = method.total_tokens, method.top_k, method.drafter
-    if total == "auto" and top_k is None:
-        raise MicrospecError("--total-tokens auto needs --top-k (a tree drafter)")
+    check_auto_size(method)
     sized = total if isinstance(total, int) else None
     if sized is not None and top_k is None:
         raise MicrospecError(f"--total-tokens needs --top-k (a tree); without it the {name} drafter drafts a chain")

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import torch
 
+from ..decoding.adaptive import ADAPTIVE
 from ..decoding.tree import DraftTree
 from ..errors import check
-from ..decoding.adaptive import ADAPTIVE
 from ..options import DrafterSpec
 from .base import DraftContext, Drafter
 from .model_based import DEPTH
+
+TOKENS = 10  # the longest chain it proposes, where the device's measured default (drafters.NGRAM_TOKENS) says none
 
 
 class NGramDrafter(Drafter):
@@ -18,7 +20,7 @@ class NGramDrafter(Drafter):
 
     name = "ngram"
 
-    def __init__(self, num_tokens: int = 10, max_ngram: int = 3, min_ngram: int = 1):
+    def __init__(self, num_tokens: int = TOKENS, max_ngram: int = 3, min_ngram: int = 1):
         check(num_tokens >= 1, f"ngram draft length must be >= 1, got {num_tokens}")
         check(1 <= min_ngram <= max_ngram, f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.num_tokens, self.max_ngram, self.min_ngram = num_tokens, max_ngram, min_ngram
@@ -41,4 +43,4 @@ class NGramDrafter(Drafter):
 SPEC = DrafterSpec(
     "ngram", "prompt lookup: the tokens that followed the last 3..1 tokens' latest earlier occurrence, a chain",
     options=(DEPTH, ADAPTIVE), aliases=("prompt-lookup",),
-    make=lambda *, depth=None, **_: NGramDrafter(num_tokens=10 if depth is None else depth))
+    make=lambda *, depth=None, **_: NGramDrafter(num_tokens=TOKENS if depth is None else depth))

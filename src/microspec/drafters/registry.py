@@ -1,5 +1,6 @@
 """Every drafter methods can name, each described by its own module's ``SPEC``
-(:class:`~microspec.options.DrafterSpec`): its options, checks and factory.  A new drafter is a module with its ``SPEC`` and one line here."""
+(:class:`~microspec.options.DrafterSpec`): its options, checks and factory.  A new drafter is a module with its
+``SPEC`` and one line here."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ from ..decoding.verify import HEAD_MODE
 from ..errors import MicrospecError
 from ..options import DrafterSpec
 from . import draft_model, eagle3, early_exit, ngram
+from .model_based import TREE_OPTIONS, check_auto_size
 
-NONE = DrafterSpec("none", "plain (autoregressive) decoding: no drafter", aliases=("ar",))
+# Plain decoding takes the shape options and ignores them: a command line that sets a tree for --drafter auto keeps
+# working where auto chooses plain decoding (with a penalty, say).
+NONE = DrafterSpec("none", "plain (autoregressive) decoding: no drafter", aliases=("ar",),
+                   options=(early_exit.DRAFT_LAYERS, *TREE_OPTIONS), check=check_auto_size)
 
 SPECS: dict[str, DrafterSpec] = {s.name: s for s in (NONE, ngram.SPEC, early_exit.SPEC, eagle3.SPEC, draft_model.SPEC)}
 DRAFTERS = tuple(SPECS)

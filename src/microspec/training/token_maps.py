@@ -117,5 +117,5 @@ def write_token_map(counts: np.ndarray, out: str | Path, fill: str | Path | None
     cover = {k: float(counts[token_map[:k]].sum()) / total for k in (8192, 16384, 32768)}
     filled = f" (+ {len(token_map) - counted} from {fill})" if fill is not None else ""
     kept = f" (the first {min(top, len(token_map))} kept)" if top is not None else ""
-    return (f"[microspec] {total} tokens, {counted} distinct ids{filled}{kept} -> {out}; share of tokens covered by the "
-            f"top 8k / 16k / 32k: {cover[8192]:.4f} / {cover[16384]:.4f} / {cover[32768]:.4f}")
+    return (f"[microspec] {total} tokens, {counted} distinct ids{filled}{kept} -> {out}; share of tokens covered by "
+            f"the top 8k / 16k / 32k: {cover[8192]:.4f} / {cover[16384]:.4f} / {cover[32768]:.4f}")

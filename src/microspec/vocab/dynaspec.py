@@ -28,9 +28,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import MicrospecError, check
+from ..options import PolicySpec
 from .artifact import load_artifact, save_artifact, trained_artifact
 from .base import VocabPolicy
-from ..options import PolicySpec
 from .position import POSITION_AWARE, SCHEDULES, budget, budgets_of
 
 

@@ -36,11 +36,10 @@ by default) are added to I at every step, so a draft may end where the target wo
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import torch
-
-import re
 
 from ..errors import MicrospecError, check
 from ..options import Option, PolicySpec
@@ -66,14 +65,14 @@ def topk_ids(logits: torch.Tensor, k: int, block: int = 512) -> torch.Tensor:
 
 SOURCES = ("ctx+ext", "ctx", "ext")
 # Algorithm 1's settings at the paper's values
-W_MAX = Option("w_max", type=int, default=3072, low=1, help="microspec: window over the candidate stream (3072)")
-K_PRE = Option("k_pre", type=int, default=3, low=0, help="microspec: top-k per prompt position at prefill (3)")
-K_VER = Option("k_ver", type=int, default=3, low=0, help="microspec: top-k of the verify logits per step (3)")
+W_MAX = Option("w_max", type=int, default=3072, low=1, help="microspec: W_max, the window over the candidate stream")
+K_PRE = Option("k_pre", type=int, default=3, low=0, help="microspec: K_pre, the top-k per prompt position at prefill")
+K_VER = Option("k_ver", type=int, default=3, low=0, help="microspec: K_ver, the top-k of the verify logits per step")
 K_PRE_POSITIONS = Option(
     "k_pre_positions", type=int, low=0,
     help="microspec: take the prefill's top-k at the last N prompt positions only (default: all, as Algorithm 1; on "
          "a CPU the head over every prompt position costs ~6 ms a position)")
-SOURCES_OPTION = Option("sources", choices=SOURCES, default="ctx+ext",
+SOURCES_OPTION = Option("sources", choices=SOURCES, default=SOURCES[0],
                         help="microspec: the stream's sources: ctx+ext (Algorithm 1), ctx or ext (the paper's Ctx. "
                              "Only / Ext. Only ablation)")
 
@@ -245,8 +244,8 @@ def build(method, vocab_size: int, device, always) -> VocabPolicy:
     check_fused(method.gather, device)
     policy = MicroSpecVocab(vocab_size, w_max=W_MAX.value(method), k_pre=K_PRE.value(method),
                             k_ver=K_VER.value(method), always=always, device=device,
-                            gather=method.gather or "packed", k_pre_positions=method.k_pre_positions,
-                            sources=SOURCES_OPTION.value(method))
+                            k_pre_positions=method.k_pre_positions, sources=SOURCES_OPTION.value(method),
+                            **({} if method.gather is None else {"gather": method.gather}))
     return with_budgets(policy, method)
 
 

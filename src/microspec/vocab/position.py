@@ -27,7 +27,6 @@ from ..errors import MicrospecError, check
 from ..options import Option
 from .base import ActiveSet, VocabPolicy
 
-
 SCHEDULES = ("dynaspec", "pa-fr", "fixed")
 
 
