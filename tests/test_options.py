@@ -12,7 +12,7 @@ from microspec.cli import build_parser
 from microspec.drafters import registry as drafters
 from microspec.errors import MicrospecError
 from microspec.method import OPTIONS, Method, method_names
-from microspec.options import Option, OptionTable
+from microspec.options import Option, unique
 from microspec.vocab import registry as policies
 
 
@@ -33,8 +33,8 @@ def test_every_option_of_every_spec_is_a_flag_of_the_decoding_commands(command):
 def test_an_option_is_defined_once():
     a, b = Option("w_max", "one"), Option("w_max", "two")
     with pytest.raises(RuntimeError, match="defined twice"):
-        OptionTable.of([[a], [b]])
-    assert OptionTable.of([[a], [a]]).options == {"w_max": a}  # shared by two specs: the same object
+        unique([[a], [b]])
+    assert unique([[a], [a]]) == [a]  # shared by two specs: the same object
 
 
 def test_method_names_come_from_the_specs():

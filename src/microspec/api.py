@@ -23,7 +23,6 @@ from .prompts import (
     encode_conversation,
     encode_messages,
     encode_prompt,
-    generate_text,
     has_chat_template,
     stop_string_check,
 )
@@ -54,7 +53,7 @@ def generate(lm: LoadedModel, prompt: str, cfg: GenerationConfig | None = None, 
     else:
         engine = build(method, lm)
     check(engine.lm is lm, "the engine was built for another model")
-    return generate_text(engine, prompt, cfg or GenerationConfig(**overrides), chat)
+    return engine.generate(prompt, cfg, chat, **overrides)
 
 
 __all__ = ["AutoEngine", "Engine", "GenerationConfig", "GenerationResult", "Method", "build", "encode_conversation",

@@ -72,7 +72,21 @@ def build_policy(method: Method, vocab_size: int, device: "torch.device | str" =
     return policies.spec(method.vocab).build(method, vocab_size, device, sorted({int(t) for t in always}))
 
 
-class Engine:
+class _TextOut:
+    """``generate``: text in, text out, for an engine with ``lm`` and ``generate_ids``."""
+
+    lm: "LoadedModel"
+
+    def generate(self, prompt: str, cfg: "GenerationConfig | None" = None, chat: bool | None = None,
+                 **overrides: Any) -> "GenerationResult":
+        """Text in, text out (see :func:`microspec.api.generate`); keyword overrides build the configuration."""
+        from .decoding.config import GenerationConfig
+        from .prompts import generate_text
+
+        return generate_text(self, prompt, cfg or GenerationConfig(**overrides), chat)
+
+
+class Engine(_TextOut):
     """A method built for a loaded model: its drafter (None for plain decoding), its resolved tree settings, and a
     fresh vocabulary policy for each generation.  Build with :func:`build`."""
 
@@ -111,14 +125,6 @@ class Engine:
                             head_mode=self.head_mode, vocab=vocab if vocab is not None else self.policy(),
                             on_step=on_step, adaptive=adaptive, on_commit=on_commit)
 
-    def generate(self, prompt: str, cfg: "GenerationConfig | None" = None, chat: bool | None = None,
-                 **overrides: Any) -> "GenerationResult":
-        """Text in, text out (see :func:`microspec.api.generate`)."""
-        from .decoding.config import GenerationConfig
-        from .prompts import generate_text
-
-        return generate_text(self, prompt, cfg or GenerationConfig(**overrides), chat)
-
     def describe(self) -> dict:
         m = self.method
         inner = getattr(self.drafter, "drafter", self.drafter)  # the model drafter behind prompt lookup first
@@ -127,7 +133,7 @@ class Engine:
                 **({} if self.drafter is None else {"tree": dict(self.tree)})}
 
 
-class AutoEngine:
+class AutoEngine(_TextOut):
     """``auto``: for each decoding kind (:func:`~microspec.auto.decoding_kind`: greedy, penalty, sampling) the method
     :func:`~microspec.auto.resolve` chose for it, on one loaded model and one EAGLE head; a generation runs on its
     decoding's engine.  Made from built engines (a server builds every kind before it serves) or with
@@ -161,7 +167,10 @@ class AutoEngine:
         return cls(lm=lm, methods=methods, heads=heads, why=why)
 
     def engine_for(self, cfg: "GenerationConfig") -> Engine:
-        kind = decoding_kind(cfg)
+        return self.engine_of(decoding_kind(cfg))
+
+    def engine_of(self, kind: str) -> Engine:
+        """The engine of decoding kind ``kind``, built at its first use."""
         if kind not in self.engines:
             method = self.methods[kind]
             if method not in self._built:  # kinds that chose the same method share one engine
@@ -171,14 +180,6 @@ class AutoEngine:
 
     def generate_ids(self, prompt_ids, cfg: "GenerationConfig", stop_check=None, **kwargs) -> "GenerationResult":
         return self.engine_for(cfg).generate_ids(prompt_ids, cfg, stop_check, **kwargs)
-
-    def generate(self, prompt: str, cfg: "GenerationConfig | None" = None, chat: bool | None = None,
-                 **overrides: Any) -> "GenerationResult":
-        """Text in, text out, on the engine of ``cfg``'s decoding kind."""
-        from .decoding.config import GenerationConfig
-        from .prompts import generate_text
-
-        return generate_text(self, prompt, cfg or GenerationConfig(**overrides), chat)
 
     def describe(self) -> dict:
         return {kind: (self.engines[kind].describe() if kind in self.engines else

@@ -22,14 +22,15 @@ from typing import Any
 from .drafters import registry as drafters
 from .drafters.lookup_first import DEFAULT_LOOKUP
 from .errors import MicrospecError
-from .options import Option, OptionTable
+from .options import Option, unique
 from .vocab import registry as policies
 from .vocab.position import budgets_of
 
 ARTIFACT = Option("artifact", help="the file or directory the policy reads (each policy's own flag on the command "
                                    "line: --freq-file, --vocabtrim-file, --dynaspec, --specvocab, --coral)")
-OPTIONS = OptionTable.of([drafters.COMMON_OPTIONS, [ARTIFACT], *(s.options for s in drafters.SPECS.values()),
-                          *(s.options for s in policies.SPECS.values())]).options
+OPTIONS = {o.name: o for o in unique([drafters.COMMON_OPTIONS, [ARTIFACT],
+                                        *(s.options for s in drafters.SPECS.values()),
+                                        *(s.options for s in policies.SPECS.values())])}
 _LOOKUP = re.compile(r"@lookup(\d*)$")
 _D2T = re.compile(r"@d2t-(\w+)$")
 

@@ -11,7 +11,7 @@ method names and artifact flags.  Adding a policy is one module with its ``SPEC`
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -151,18 +151,12 @@ class DrafterSpec:
         return any(o.name == option for o in self.options)
 
 
-@dataclass(frozen=True)
-class OptionTable:
-    """Every option of every spec, by name, each defined once (two specs that share an option share the object)."""
-
-    options: dict[str, Option] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, groups: Sequence[Sequence[Option]]) -> "OptionTable":
-        out: dict[str, Option] = {}
-        for group in groups:
-            for o in group:
-                if o.name in out and out[o.name] is not o:
-                    raise RuntimeError(f"option {o.name!r} is defined twice")  # a programming error, caught by a test
-                out[o.name] = o
-        return cls(out)
+def unique(groups: Sequence[Sequence[Option]]) -> list[Option]:
+    """The options of ``groups`` each once, in order (two specs that share an option share the object; a name defined
+    twice is a programming error, caught by a test)."""
+    out: dict[str, Option] = {}
+    for group in groups:
+        for o in group:
+            if out.setdefault(o.name, o) is not o:
+                raise RuntimeError(f"option {o.name!r} is defined twice")
+    return list(out.values())

@@ -15,6 +15,7 @@ from ..drafters.model_based import DEPTH, TOP_K, TOTAL_TOKENS
 from ..errors import MicrospecError
 from ..method import OPTIONS as METHOD_OPTIONS
 from ..method import Method
+from ..options import unique
 from ..models.registry import (
     BUILTINS,
     DEFAULT_MODEL,
@@ -80,24 +81,16 @@ def add_tree_args(p, total_tokens_type=str) -> None:
     _add(p, HEAD_MODE)
 
 
-def _drafter_options() -> list:
-    """Every drafter's options but the tree's, each once, in registry order."""
-    seen, out = {o.name for o in (DEPTH, TOP_K, TOTAL_TOKENS, HEAD_MODE)}, []
-    for spec in drafter_specs.SPECS.values():
-        for o in spec.options:
-            if o.name not in seen:
-                seen.add(o.name)
-                out.append(o)
-    return out
-
-
 def add_drafter_args(p, default: str = "none") -> None:
     names = ", ".join(f"{n} ({s.summary})" for n, s in drafter_specs.SPECS.items() if n != "none")
     p.add_argument("--drafter", default=default,
                    help="auto (what measured fastest for this device and decoding, else the best the model has: its "
                         "EAGLE head + MicroSpec, adaptive, for a model with a shipped head, else plain decoding), none "
                         f"(autoregressive), {names} (default {default})")
-    for o in _drafter_options():
+    tree = {o.name for o in (DEPTH, TOP_K, TOTAL_TOKENS, HEAD_MODE)}  # added by add_tree_args
+    for o in unique([s.options for s in drafter_specs.SPECS.values()]):
+        if o.name in tree:
+            continue
         if o.name == "lookup":  # a bare --lookup takes the default shortest match
             p.add_argument(o.flag, dest=o.name, type=int, nargs="?", const=DEFAULT_LOOKUP, default=None,
                            metavar=o.metavar, help=o.help)
@@ -116,12 +109,8 @@ def add_artifact_args(p) -> None:
 def add_vocab_args(p, default: str = "full") -> None:
     names = "; ".join(f"{n}: {s.summary}" for n, s in policy_specs.SPECS.items())
     p.add_argument("--vocab", default=default, help=f"draft vocabulary policy ({names}) (default {default})")
-    seen: set[str] = set()
-    for spec in policy_specs.SPECS.values():
-        for o in spec.options:
-            if o.name not in seen:
-                seen.add(o.name)
-                o.add_to(p)
+    for o in unique([s.options for s in policy_specs.SPECS.values()]):
+        o.add_to(p)
     add_artifact_args(p)
     p.add_argument("--router", dest="router", default=None, help=argparse.SUPPRESS)  # older spelling of the three
 
@@ -189,12 +178,10 @@ def engine_from_args(args: argparse.Namespace,
             methods[kind] = method_from_args(each)
         heads = load_heads(methods.values())
         lm = load_model(args.model, dtype=args.dtype, device=args.device)
-        built: dict = {}
-        for m in methods.values():
-            if m not in built:
-                built[m] = build(m, lm, heads)
-                log_sizing(built[m])
-        return None, AutoEngine({kind: built[m] for kind, m in methods.items()})
+        auto = AutoEngine(lm=lm, methods=methods, heads=heads)
+        for engine in {id(e): e for e in map(auto.engine_of, DECODING_KINDS)}.values():  # each built engine once
+            log_sizing(engine)
+        return None, auto
     method = method_from_args(args, cfg)
     heads = load_heads([method])
     lm = load_model(args.model, dtype=args.dtype, device=args.device)

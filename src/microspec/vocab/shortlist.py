@@ -12,7 +12,13 @@ from .packed import GATHER, check_fused
 from .position import POSITION_AWARE, check_ranked, with_budgets
 
 DEFAULT_SIZE = "32k"
-SHORTLIST_SIZE = Option("shortlist_size", convert=lambda v: (parse_size(v), v)[1], aliases=("--vocab-size",),
+def _checked_size(value):
+    """A shortlist size as given (``"16k"``, ``3000``), checked."""
+    parse_size(value)
+    return value
+
+
+SHORTLIST_SIZE = Option("shortlist_size", convert=_checked_size, aliases=("--vocab-size",),
                         help=f"fr-spec / vocabtrim: K, the shortlist's size, e.g. 8k, 16k, {DEFAULT_SIZE} (default) "
                              "or 3000")
 _SIZE = r"(\d+(?:\.\d+)?[kK]?)"
