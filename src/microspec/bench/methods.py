@@ -28,12 +28,17 @@ Names (``--methods``):
 ``hf-early-exit``           peer: transformers ``generate(assistant_early_exit=L)`` (L: ``--draft-layers`` or 2/3 of
                             the layers, as our early-exit drafter)
 ``llama-cpp``               peer: llama.cpp (``llama-cpp-python``) on the model's GGUF file, when installed
+``vllm``                    peer: vLLM without speculation (bf16), run by a vLLM environment's Python
+                            ($MICROSPEC_VLLM_PYTHON, or this Python when it has vLLM)
+``vllm-eagle``              peer: vLLM drafting with the model's EAGLE head through the microspec plugin, full
+                            vocabulary (a chain of ``--depth`` tokens, default 3)
+``vllm-<vocab>``            the same over another draft vocabulary: vllm-fr-spec-32k, vllm-microspec, ...
 
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import MicrospecError
 from ..method import Method, method_names
@@ -48,9 +53,11 @@ class MethodSpec:
     or a peer (``kind`` "hf" with ``hf_mode`` "ar" / "prompt-lookup" / "early-exit", or "llama-cpp")."""
 
     name: str
-    kind: str  # "engine", "hf" or "llama-cpp"
+    kind: str  # "engine", "hf", "llama-cpp" or "vllm"
     method: Method | None = None
     hf_mode: str | None = None
+    vllm_vocab: str | None = None  # vllm: the plugin's draft vocabulary (None: no speculation)
+    tokens: int = 3  # vllm: draft chain length
 
     @property
     def is_peer(self) -> bool:
@@ -68,6 +75,18 @@ class MethodSpec:
 def parse_method(name: str) -> MethodSpec:
     """A method by name (see the module docstring); one clear error for an unknown or unavailable one."""
     n = name.strip()
+    if n == "vllm" or n.startswith("vllm-"):
+        vocab = n[5:] or None
+        vocab = "full" if vocab == "eagle" else vocab
+        if vocab is not None:
+            try:
+                drafter = Method.parse(vocab).drafter
+            except MicrospecError as exc:
+                raise MicrospecError(f"method {n!r}: {exc}") from None
+            if drafter != "eagle":
+                raise MicrospecError(f"method {n!r}: vllm-VOCAB takes a draft vocabulary (vllm-eagle, "
+                                     f"vllm-fr-spec-32k, vllm-microspec, ...), not {vocab!r}")
+        return MethodSpec(n, "vllm", vllm_vocab=vocab)
     if n in PEERS:
         if n == "llama-cpp":
             return MethodSpec(n, "llama-cpp")
@@ -82,7 +101,7 @@ def parse_method(name: str) -> MethodSpec:
 
 
 def available_methods() -> list[str]:
-    return [*method_names(), *PEERS]
+    return [*method_names(), *PEERS, "vllm", "vllm-eagle", "vllm-VOCAB"]
 
 
 def parse_methods(text: str) -> list[MethodSpec]:
@@ -111,6 +130,9 @@ def configure(specs: list[MethodSpec], model: str, *, depth: int | None = None, 
     files = dict(artifacts or {})
     out = []
     for s in specs:
+        if s.kind == "vllm":
+            out.append(replace(s, tokens=depth or s.tokens))
+            continue
         if s.method is None:
             out.append(s)
             continue

@@ -1,5 +1,5 @@
 """How each kind of method generates one turn: the engine (every microspec method, ``ar`` included, on the same
-loop), transformers ``generate()`` and llama.cpp.  Each runner returns the generated ids, the wall time measured
+loop), transformers ``generate()``, llama.cpp and vLLM.  Each runner returns the generated ids, the wall time measured
 around generation only (device synchronised on CUDA) and, for the engine, the loop's statistics."""
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ class Turn:
     token_ids: list[int]
     wall_s: float
     stats: GenerationStats | None = None  # engine methods only
+    fields: dict | None = None  # a speculative peer's acceptance (vLLM's counters, as accept lengths)
 
     def choice_fields(self) -> dict:
         """What this turn adds to an answer record's choice (see :mod:`microspec.bench.metrics`)."""
         st = self.stats
         if st is None:
-            return {"accept_lengths": [], "draft_depths": [], "decoding_steps": None}
+            return self.fields or {"accept_lengths": [], "draft_depths": [], "decoding_steps": None}
         return {"accept_lengths": list(st.accept_lengths), "draft_depths": list(st.draft_depths),
                 "decoding_steps": st.steps, "prefill_s": st.prefill_s, "draft_s": st.draft_s, "verify_s": st.verify_s,
                 "active_vocab": {"sum": sum(st.active_sizes), "calls": len(st.active_sizes),
@@ -138,6 +139,93 @@ class LlamaCppRunner:
         return Turn(out, time.perf_counter() - t0)
 
 
+class VllmRunner:
+    """A peer: vLLM (``vllm``: no speculation; ``vllm-VOCAB``: drafting with the model's EAGLE head through the
+    microspec plugin over draft vocabulary VOCAB), in a worker process run by a vLLM environment's Python
+    (:mod:`microspec.vllm.peer`); every vllm method of a run shares the worker, and the speculative ones one engine.
+    Its tokens come from vLLM's own bf16 model: compared with ``ar``'s for information, not expected to match."""
+
+    _workers: dict[tuple, Any] = {}
+
+    def __init__(self, spec: MethodSpec, lm: LoadedModel, *, python: str | None = None):
+        self.spec, self.lm = spec, lm
+        self.python = python or vllm_python()
+        key = (self.python, lm.name, spec.tokens)
+        if key not in VllmRunner._workers:
+            VllmRunner._workers[key] = _VllmWorker(self.python, lm, spec.tokens)
+        self.worker = VllmRunner._workers[key]
+
+    def describe(self) -> dict:
+        return {"peer": f"vLLM {self.worker.version} (bf16, eager, in-process)",
+                **({"draft_vocab": self.spec.vllm_vocab, "num_speculative_tokens": self.spec.tokens}
+                   if self.spec.vllm_vocab else {})}
+
+    def run(self, prompt_ids: list[int], cfg: GenerationConfig) -> Turn:
+        answer = self.worker.ask({"prompt_ids": list(prompt_ids), "max_tokens": cfg.max_new_tokens,
+                                  "temperature": cfg.temperature, "top_p": cfg.top_p,
+                                  "repetition_penalty": cfg.repetition_penalty, "seed": cfg.seed,
+                                  "ignore_eos": cfg.ignore_eos, "vocab": self.spec.vllm_vocab})
+        return Turn(answer["token_ids"], answer["wall_s"], fields=_vllm_fields(answer["spec"], self.spec.tokens)
+                    if self.spec.vllm_vocab else None)
+
+
+def _vllm_fields(spec: dict, tokens: int) -> dict:
+    """vLLM's spec-decode counters of one request as accept lengths: of ``num_drafts`` verified chains,
+    ``per_pos[k]`` accepted at least k + 1 tokens (a chain accepts a prefix), so the lengths are exact as a
+    multiset."""
+    drafts = int(spec.get("num_drafts", 0))
+    per_pos = list(spec.get("num_accepted_tokens_per_pos") or [0] * tokens)
+    reach = [drafts, *per_pos, 0]
+    lengths = [j + 1 for j in range(len(reach) - 1) for _ in range(max(0, reach[j] - reach[j + 1]))]
+    return {"accept_lengths": lengths, "draft_depths": [tokens] * len(lengths), "decoding_steps": drafts}
+
+
+def vllm_python() -> str:
+    """The Python that runs vLLM with this project installed: $MICROSPEC_VLLM_PYTHON, else this one if it has vLLM."""
+    import importlib.util
+    import os
+    import sys
+
+    given = os.environ.get("MICROSPEC_VLLM_PYTHON")
+    if given:
+        return given
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    raise MicrospecError("methods vllm and vllm-VOCAB need a Python with vLLM and microspec (the [vllm] extra, see "
+                         "the README): set MICROSPEC_VLLM_PYTHON to it")
+
+
+class _VllmWorker:
+    def __init__(self, python: str, lm: LoadedModel, tokens: int):
+        import json
+        import subprocess
+
+        from ..paths import cache_root
+        from ..vllm.prepare import prepare
+
+        target, head = prepare(lm.name if lm.source.suffix.lower() == ".gguf" else str(lm.source), "full",
+                               out=cache_root() / "vllm" / f"{lm.name}-bench")
+        self._json = json
+        self.proc = subprocess.Popen([python, "-m", "microspec.vllm.peer", str(target), str(head), str(tokens)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        hello = self._read()
+        self.version = hello.get("vllm", "?")
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise MicrospecError(f"the vLLM worker ended (exit status {self.proc.poll()}); its errors are above")
+        return self._json.loads(line)
+
+    def ask(self, request: dict) -> dict:
+        self.proc.stdin.write(self._json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        answer = self._read()
+        if "error" in answer:
+            raise MicrospecError(f"vLLM: {answer['error']}")
+        return answer
+
+
 def make_runner(spec: MethodSpec, lm: LoadedModel, *, dtype: torch.dtype, draft_layers: int | None = None,
                 threads: int | None = None, heads: dict | None = None):
     """The runner of ``spec`` (an engine method's options were given by :func:`.methods.configure`)."""
@@ -145,4 +233,6 @@ def make_runner(spec: MethodSpec, lm: LoadedModel, *, dtype: torch.dtype, draft_
         return EngineRunner(spec, lm, heads)
     if spec.kind == "hf":
         return HFRunner(spec, lm, dtype=dtype, draft_layers=draft_layers)
+    if spec.kind == "vllm":
+        return VllmRunner(spec, lm)
     return LlamaCppRunner(spec, lm, threads=threads)

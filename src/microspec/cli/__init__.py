@@ -1,4 +1,4 @@
-"""Command line: ``microspec generate | serve | coverage | freq | train | bench | analyze``.
+"""Command line: ``microspec generate | serve | coverage | freq | train | bench | analyze | vllm-prepare``.
 
 One module per command, each only turning arguments into library calls (:mod:`microspec.compose` builds every
 method).  Bad input ends with one line on stderr (``microspec: error: ...``) and exit status 2, never a traceback.
@@ -10,10 +10,10 @@ import os
 import sys
 
 from ..errors import MicrospecError
-from . import analyze, bench, coverage, freq, generate, serve, train
+from . import analyze, bench, coverage, freq, generate, serve, train, vllm_prepare
 from .common import Parser, resolve_weights
 
-COMMANDS = (generate, serve, coverage, freq, train, bench, analyze)
+COMMANDS = (generate, serve, coverage, freq, train, bench, analyze, vllm_prepare)
 
 
 def build_parser() -> Parser:

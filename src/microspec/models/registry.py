@@ -227,6 +227,7 @@ def _convert_gguf(path: Path, out: Path) -> None:
         cfg = hf.config.to_dict()
         cfg.pop("quantization_config", None)
         cfg["dtype"] = "float32"
+        cfg["architectures"] = [type(hf).__name__]  # Hugging Face and vLLM pick the model class from it
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
         tok.save_pretrained(str(tmp))
         (tmp / "SOURCE").write_text(str(path) + "\n")

