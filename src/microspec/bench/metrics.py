@@ -101,7 +101,7 @@ def aggregate(records: Sequence[dict]) -> dict:
     if draft and any(v > 0 for v in draft):
         out["draft_ms_per_step"] = {"mean": round(sum(draft) / len(draft), 4), "min": round(min(draft), 4),
                                     "max": round(max(draft), 4)}
-    if accepts and wall > 0:
+    if accepts and wall > 0 and sum(parts.values()) > 0:  # a speculative peer reports acceptance, not its parts
         timed = sum(parts.values())
         out["time_split"] = {k[:-2]: round(v / wall, 4) for k, v in parts.items()} | {
             "other": round(max(0.0, wall - timed) / wall, 4)}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import time
 
 from vllm import ModelRegistry
 from vllm.model_executor.layers.linear import ReplicatedLinear
@@ -96,9 +97,13 @@ def _propose(self, *args, **kwargs):
     bound = _SIGNATURE.bind(self, *args, **kwargs)
     _keep_logits(self.model)
     drafter.use_local_argmax_reduction = True  # greedy drafts: the draft model's get_top_tokens (ids, no [R, V])
+    t0 = time.perf_counter()
     model.microspec_before(Step(self, bound.arguments))
+    t1 = time.perf_counter()
     drafts = _ORIGINAL(self, *args, **kwargs)
     model.microspec_after(drafts)
+    # (what the vocabularies heard, the whole draft step: that, vLLM's draft passes and the draft head)
+    model.draft_time.append((t1 - t0, time.perf_counter() - t0))
     return drafts
 
 
@@ -106,6 +111,15 @@ def install() -> None:
     """Wrap the runner's proposal step (idempotent; a pass-through for every drafter but the plugin's)."""
     if GPUModelRunner.propose_draft_token_ids is not _propose:
         GPUModelRunner.propose_draft_token_ids = _propose
+
+
+def draft_model(llm):
+    """The plugin's draft model inside an in-process ``LLM`` (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the ``uni``
+    executor), for measurements; None where it cannot be reached."""
+    try:
+        return llm.llm_engine.model_executor.driver_worker.worker.model_runner.drafter.model
+    except AttributeError:
+        return None
 
 
 def problems() -> list[str]:

@@ -13,6 +13,7 @@ keeps and the policies' options.
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Iterable
 
@@ -56,6 +57,10 @@ class EagleMicrospecForCausalLM(nn.Module):
     def __init__(self, *, vllm_config, prefix: str = ""):
         super().__init__()
         internals.install()
+        if vllm_config.parallel_config.tensor_parallel_size > 1:
+            # each rank would hold a shard of the LM head, and the draft vocabularies index the whole one
+            raise ValueError("microspec's vLLM drafter scores draft vocabularies over the whole LM head: run it with "
+                             "tensor_parallel_size 1")
         self.config = config = vllm_config.speculative_config.draft_model_config.hf_config
         target = vllm_config.model_config.hf_config
         target = getattr(target, "text_config", target)
@@ -66,6 +71,8 @@ class EagleMicrospecForCausalLM(nn.Module):
         self.softcap = getattr(target, "final_logit_softcapping", None)
         self.settings = dict(_setting(config, "microspec", {}) or {})
         self.vocab: BatchVocab | None = None  # made at the first use, once the target's LM head is shared in
+        # seconds of each draft step: (hearing the step, the whole step), filled by internals' hook
+        self.draft_time: collections.deque = collections.deque(maxlen=1 << 16)
 
     # ------------------------------------------------------------------ the network
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:

