@@ -95,6 +95,9 @@ def test_batch_rows_follow_each_requests_vocabulary():
         batch.before(_step(["c"], [[9]], [0], [1], [0], torch.randn(1, D, generator=g), vocabs=["nonsense"]))
     assert set(batch.requests) == {"c"} and batch.requests["c"].name == "full"
     assert any("nonsense" in str(x.message) for x in seen)
+    kept = batch.requests["c"]
+    batch.before(_step(["c"], [[9]], [1], [1], [0], torch.randn(1, D, generator=g), vocabs=["nonsense"]))
+    assert batch.requests["c"] is kept  # the fallback is not rebuilt at every step
     # a dummy run (rows that do not match the batch) is scored over the full vocabulary
     h3 = torch.randn(3, D, generator=g)
     assert batch.top_tokens(h3).tolist() == (h3 @ w.T).argmax(-1).tolist()

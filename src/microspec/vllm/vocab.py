@@ -41,12 +41,13 @@ _PROMPT_BLOCK = 64  # prompt positions scored by the target's LM head at a time 
 
 @dataclass
 class _Request:
-    name: str
+    name: str  # the vocabulary drafting (the default where the asked one could not be made)
     head: DraftHead
     shared: bool  # a static policy's head, shared by requests
     ready: bool = False  # the prompt is complete and the policy has heard it
     topk: list = field(default_factory=list)  # prompt top-k ids of the chunks seen so far
     drafted: torch.Tensor | None = None  # the last proposal's tokens (C_draft of the next step)
+    asked: str = ""  # the vocabulary the request named
 
 
 def _stateless(policy) -> bool:
@@ -132,8 +133,9 @@ class BatchVocab:
             req = self.requests.get(rid)
             extra = getattr(step.params[i], "extra_args", None) or {}
             name = str(extra.get(REQUEST_KEY, self.default))
-            if req is None or req.name != name or (step.computed[i] == 0 and n):
+            if req is None or req.asked != name or (step.computed[i] == 0 and n):
                 req = self.requests[rid] = self._for_request(name)  # a new (or recomputed) request
+                req.asked = name
             rows = step.hidden[offset: offset + n]
             if not req.ready and n:
                 self._prefill(req, prompt, step.computed[i], rows)
