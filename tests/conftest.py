@@ -181,3 +181,11 @@ def eagle3_checkpoint(path, d=64, heads=4, kv=2, inter=96, vocab=VOCAB, draft_vo
             cfg["eagle_aux_hidden_state_layer_ids"] = list(layers)
     write_checkpoint(path, cfg, state, fmt)
     return path, state, cfg, ids
+
+
+def pytest_collection_finish(session) -> None:
+    """Where the selected tests include vLLM's, start building their environment now, beside the other tests."""
+    for item in session.items:
+        if "vllm_run" in getattr(item, "fixturenames", ()):
+            item.module.start_vllm_env()
+            return

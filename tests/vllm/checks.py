@@ -19,7 +19,7 @@ import time
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n", "Once upon a time, in a small village,",
            "The three laws of robotics are"]
 VOCABS = ["full", "fr-spec-32k", "microspec"]
-TOKENS = 24
+TOKENS = 16
 
 
 def engine(target: str, head: str | None):
@@ -60,8 +60,12 @@ def run(llm, prompts, vocabs, temperature=0.0, seed=None):
 def main(target: str, head: str, out_path: str, second: tuple = ()) -> None:
     from microspec.vllm import internals
 
-    result: dict = {"problems": internals.problems()}
+    result: dict = {"problems": internals.problems(), "timing": {}}
     t0 = time.time()
+
+    def mark(name: str) -> None:
+        result["timing"][name] = round(time.time() - t0, 1)
+
     plain = engine(target, None)
     result["start_s"] = time.time() - t0
     result["plain"] = {"batch": run(plain, PROMPTS, [None] * 4), "alone": run(plain, PROMPTS[:1], [None])}
@@ -69,16 +73,20 @@ def main(target: str, head: str, out_path: str, second: tuple = ()) -> None:
     import gc
 
     gc.collect()
+    mark("plain")
     spec = engine(target, head)
+    mark("spec engine")
     result["spec"] = {}
     for vocab in VOCABS:
         before = spec_metrics(spec)
         batch = run(spec, PROMPTS, [vocab] * 4)
         result["spec"][vocab] = {"batch": batch, "metrics": delta(spec_metrics(spec), before),
                                  "alone": run(spec, PROMPTS[:1], [vocab])}
+    mark("vocabularies")
     result["mixed"] = run(spec, PROMPTS, ["microspec", "full", "fr-spec-32k", "microspec"])
     result["sampled"] = run(spec, PROMPTS[:2], ["microspec", "full"], temperature=0.8, seed=7)
     result["bad_vocab"] = run(spec, PROMPTS[:1], ["no-such-vocabulary"])  # drafts with the default instead
+    mark("mixed, sampled")
     del spec
     gc.collect()
     if second:
@@ -91,6 +99,7 @@ def main(target: str, head: str, out_path: str, second: tuple = ()) -> None:
         result["second"]["microspec"] = run(spec, PROMPTS, ["microspec"] * 4)
         result["second"]["metrics"] = delta(spec_metrics(spec), before)
         result["second"]["mixed"] = run(spec, PROMPTS, ["microspec", "full", "fr-spec-32k", "microspec"])
+    mark("second model")
     result["seconds"] = time.time() - t0
     with open(out_path, "w") as f:
         json.dump(result, f)
