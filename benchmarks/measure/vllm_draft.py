@@ -38,6 +38,7 @@ def main() -> int:
 
     from microspec.paths import cache_root
     from microspec.vllm import internals
+    from microspec.vllm.peer import spec_counters
     from microspec.vllm.prepare import prepare
 
     prompts = [json.loads(line)["prompt"] for line in open(args.prompts) if line.strip()][: args.limit]
@@ -45,13 +46,6 @@ def main() -> int:
     common = dict(model=str(target), dtype="bfloat16", enforce_eager=True, max_model_len=4096, max_num_seqs=16,
                   kv_cache_memory_bytes=1 << 30, distributed_executor_backend="uni", disable_log_stats=False,
                   enable_prefix_caching=False)
-
-    def counters(llm):
-        out = {}
-        for m in llm.get_metrics():
-            if m.name.startswith("vllm:spec_decode"):
-                out[m.name.removeprefix("vllm:spec_decode_")] = getattr(m, "values", None) or getattr(m, "value", 0)
-        return out
 
     def timed(llm, batch, vocab):
         params = SamplingParams(temperature=0, max_tokens=args.max_new_tokens, ignore_eos=True,
@@ -79,14 +73,14 @@ def main() -> int:
         timed(spec, prompts[:1], vocab)  # warm-up
         for mode, groups in (("batch1", [[p] for p in prompts]), (f"batch{args.batch}",
                              [prompts[i: i + args.batch] for i in range(0, len(prompts), args.batch)])):
-            before = counters(spec)
+            before = spec_counters(spec)
             if model is not None:
                 model.draft_time.clear()
             wall = toks = 0
             for g in groups:
                 w, t = timed(spec, g, vocab)
                 wall, toks = wall + w, toks + t
-            after = counters(spec)
+            after = spec_counters(spec)
             drafts = after["num_drafts"] - before["num_drafts"]
             per_pos = [a - b for a, b in zip(after["num_accepted_tokens_per_pos"],
                                              before["num_accepted_tokens_per_pos"])]

@@ -32,14 +32,6 @@ def engine(target: str, head: str | None):
     return LLM(**kw)
 
 
-def spec_metrics(llm) -> dict:
-    out = {}
-    for m in llm.get_metrics():
-        if m.name.startswith("vllm:spec_decode"):
-            out[m.name.removeprefix("vllm:spec_decode_")] = getattr(m, "values", None) or getattr(m, "value", None)
-    return out
-
-
 def delta(after: dict, before: dict) -> dict:
     out = {}
     for k, v in after.items():
@@ -59,6 +51,7 @@ def run(llm, prompts, vocabs, temperature=0.0, seed=None):
 
 def main(target: str, head: str, out_path: str, second: tuple = ()) -> None:
     from microspec.vllm import internals
+    from microspec.vllm.peer import spec_counters
 
     result: dict = {"problems": internals.problems(), "timing": {}}
     t0 = time.time()
@@ -78,9 +71,9 @@ def main(target: str, head: str, out_path: str, second: tuple = ()) -> None:
     mark("spec engine")
     result["spec"] = {}
     for vocab in VOCABS:
-        before = spec_metrics(spec)
+        before = spec_counters(spec)
         batch = run(spec, PROMPTS, [vocab] * 4)
-        result["spec"][vocab] = {"batch": batch, "metrics": delta(spec_metrics(spec), before),
+        result["spec"][vocab] = {"batch": batch, "metrics": delta(spec_counters(spec), before),
                                  "alone": run(spec, PROMPTS[:1], [vocab])}
     mark("vocabularies")
     result["mixed"] = run(spec, PROMPTS, ["microspec", "full", "fr-spec-32k", "microspec"])
@@ -95,9 +88,9 @@ def main(target: str, head: str, out_path: str, second: tuple = ()) -> None:
         del plain
         gc.collect()
         spec = engine(*second)
-        before = spec_metrics(spec)
+        before = spec_counters(spec)
         result["second"]["microspec"] = run(spec, PROMPTS, ["microspec"] * 4)
-        result["second"]["metrics"] = delta(spec_metrics(spec), before)
+        result["second"]["metrics"] = delta(spec_counters(spec), before)
         result["second"]["mixed"] = run(spec, PROMPTS, ["microspec", "full", "fr-spec-32k", "microspec"])
     mark("second model")
     result["seconds"] = time.time() - t0

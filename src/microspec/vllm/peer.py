@@ -20,7 +20,9 @@ import sys
 import time
 
 
-def _counters(llm) -> dict:
+def spec_counters(llm) -> dict:
+    """vLLM's spec-decode counters (``num_drafts``, ``num_draft_tokens``, ``num_accepted_tokens``,
+    ``num_accepted_tokens_per_pos``) as they stand, from its own metrics."""
     out = {}
     for m in llm.get_metrics():
         if m.name.startswith("vllm:spec_decode"):
@@ -58,11 +60,11 @@ class Peer:
                                 repetition_penalty=float(req.get("repetition_penalty", 1.0)), seed=req.get("seed"),
                                 ignore_eos=bool(req.get("ignore_eos", False)),
                                 extra_args=None if vocab is None else {"microspec_vocab": vocab})
-        before = _counters(llm)
+        before = spec_counters(llm)
         t0 = time.perf_counter()
         out = llm.generate([TokensPrompt(prompt_token_ids=list(req["prompt_ids"]))], params, use_tqdm=False)
         wall = time.perf_counter() - t0
-        after = _counters(llm)
+        after = spec_counters(llm)
         spec = {}
         for k, v in after.items():
             b = before.get(k)
