@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -31,59 +30,52 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=4, help="prompts at once in the batched pass")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
+    from microspec.vllm.peer import counter_delta, engine_args, in_process, spec_counters, vocab_args
 
+    in_process()
     from vllm import LLM, SamplingParams
 
     from microspec.paths import cache_root
     from microspec.vllm import internals
-    from microspec.vllm.peer import spec_counters
     from microspec.vllm.prepare import prepare
 
     prompts = [json.loads(line)["prompt"] for line in open(args.prompts) if line.strip()][: args.limit]
     target, head = prepare(args.model, "full", out=cache_root() / "vllm" / f"{args.model}-measure")
-    common = dict(model=str(target), dtype="bfloat16", enforce_eager=True, max_model_len=4096, max_num_seqs=16,
-                  kv_cache_memory_bytes=1 << 30, distributed_executor_backend="uni", disable_log_stats=False,
-                  enable_prefix_caching=False)
+    modes = {"batch1": [[p] for p in prompts],
+             f"batch{args.batch}": [prompts[i: i + args.batch] for i in range(0, len(prompts), args.batch)]}
 
-    def timed(llm, batch, vocab):
+    def timed(llm, groups, vocab) -> tuple[float, int]:
+        """Seconds and tokens generating ``groups`` of prompts one group after the other."""
         params = SamplingParams(temperature=0, max_tokens=args.max_new_tokens, ignore_eos=True,
-                                extra_args=None if vocab is None else {"microspec_vocab": vocab})
-        t0 = time.perf_counter()
-        outs = llm.generate(batch, params, use_tqdm=False)
-        return time.perf_counter() - t0, sum(len(o.outputs[0].token_ids) for o in outs)
+                                extra_args=vocab_args(vocab))
+        wall = toks = 0
+        for g in groups:
+            t0 = time.perf_counter()
+            outs = llm.generate(g, params, use_tqdm=False)
+            wall += time.perf_counter() - t0
+            toks += sum(len(o.outputs[0].token_ids) for o in outs)
+        return wall, toks
 
     results: dict = {"command": " ".join(["python", *sys.argv]), "prompts": len(prompts),
                      "max_new_tokens": args.max_new_tokens, "num_speculative_tokens": args.tokens, "runs": {}}
-    plain = LLM(**common)
-    timed(plain, prompts[:1], None)  # warm-up
-    for mode, groups in (("batch1", [[p] for p in prompts]), (f"batch{args.batch}",
-                         [prompts[i: i + args.batch] for i in range(0, len(prompts), args.batch)])):
-        wall = toks = 0
-        for g in groups:
-            w, t = timed(plain, g, None)
-            wall, toks = wall + w, toks + t
+    common = dict(max_num_seqs=16, enable_prefix_caching=False)
+    plain = LLM(**engine_args(target, **common))
+    timed(plain, [prompts[:1]], None)  # warm-up
+    for mode, groups in modes.items():
+        wall, toks = timed(plain, groups, None)
         results["runs"][f"plain/{mode}"] = {"tok_s": toks / wall, "wall_s": wall, "tokens": toks}
     del plain
-    spec = LLM(**common, speculative_config={"method": "eagle", "model": str(head),
-                                              "num_speculative_tokens": args.tokens})
+    spec = LLM(**engine_args(target, head, args.tokens, **common))
     model = internals.draft_model(spec)
     for vocab in args.vocabs.split(","):
-        timed(spec, prompts[:1], vocab)  # warm-up
-        for mode, groups in (("batch1", [[p] for p in prompts]), (f"batch{args.batch}",
-                             [prompts[i: i + args.batch] for i in range(0, len(prompts), args.batch)])):
+        timed(spec, [prompts[:1]], vocab)  # warm-up
+        for mode, groups in modes.items():
             before = spec_counters(spec)
             if model is not None:
                 model.draft_time.clear()
-            wall = toks = 0
-            for g in groups:
-                w, t = timed(spec, g, vocab)
-                wall, toks = wall + w, toks + t
-            after = spec_counters(spec)
-            drafts = after["num_drafts"] - before["num_drafts"]
-            per_pos = [a - b for a, b in zip(after["num_accepted_tokens_per_pos"],
-                                             before["num_accepted_tokens_per_pos"])]
+            wall, toks = timed(spec, groups, vocab)
+            gained = counter_delta(spec_counters(spec), before)
+            drafts, per_pos = gained["num_drafts"], gained["num_accepted_tokens_per_pos"]
             steps = list(model.draft_time) if model is not None else []
             row = {"tok_s": toks / wall, "wall_s": wall, "tokens": toks, "drafts": drafts,
                    "accepted_per_position": [round(x / max(drafts, 1), 4) for x in per_pos],

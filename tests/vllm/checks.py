@@ -12,7 +12,6 @@ batch whose requests each use another vocabulary; seeded sampling; a request nam
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 
@@ -25,33 +24,25 @@ TOKENS = 16
 def engine(target: str, head: str | None):
     from vllm import LLM
 
-    kw = dict(model=target, enforce_eager=True, dtype="bfloat16", max_model_len=1024, max_num_seqs=8,
-              kv_cache_memory_bytes=1 << 30, distributed_executor_backend="uni", disable_log_stats=False, seed=0)
-    if head:
-        kw["speculative_config"] = {"method": "eagle", "model": head, "num_speculative_tokens": 3}
-    return LLM(**kw)
+    from microspec.vllm.peer import engine_args
 
-
-def delta(after: dict, before: dict) -> dict:
-    out = {}
-    for k, v in after.items():
-        b = before.get(k, 0 if not isinstance(v, list) else [0] * len(v))
-        out[k] = [x - y for x, y in zip(v, b)] if isinstance(v, list) else v - b
-    return out
+    return LLM(**engine_args(target, head, max_model_len=1024, seed=0))
 
 
 def run(llm, prompts, vocabs, temperature=0.0, seed=None):
     from vllm import SamplingParams
 
+    from microspec.vllm.peer import vocab_args
+
     params = [SamplingParams(temperature=temperature, seed=seed, max_tokens=TOKENS, ignore_eos=True,
-                             extra_args=None if v is None else {"microspec_vocab": v}) for v in vocabs]
+                             extra_args=vocab_args(v)) for v in vocabs]
     outs = llm.generate(prompts, params, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
 def main(target: str, head: str, out_path: str, second: tuple = ()) -> None:
     from microspec.vllm import internals
-    from microspec.vllm.peer import spec_counters
+    from microspec.vllm.peer import counter_delta, spec_counters
 
     result: dict = {"problems": internals.problems(), "timing": {}}
     t0 = time.time()
@@ -73,7 +64,7 @@ def main(target: str, head: str, out_path: str, second: tuple = ()) -> None:
     for vocab in VOCABS:
         before = spec_counters(spec)
         batch = run(spec, PROMPTS, [vocab] * 4)
-        result["spec"][vocab] = {"batch": batch, "metrics": delta(spec_counters(spec), before),
+        result["spec"][vocab] = {"batch": batch, "metrics": counter_delta(spec_counters(spec), before),
                                  "alone": run(spec, PROMPTS[:1], [vocab])}
     mark("vocabularies")
     result["mixed"] = run(spec, PROMPTS, ["microspec", "full", "fr-spec-32k", "microspec"])
@@ -90,7 +81,7 @@ def main(target: str, head: str, out_path: str, second: tuple = ()) -> None:
         spec = engine(*second)
         before = spec_counters(spec)
         result["second"]["microspec"] = run(spec, PROMPTS, ["microspec"] * 4)
-        result["second"]["metrics"] = delta(spec_counters(spec), before)
+        result["second"]["metrics"] = counter_delta(spec_counters(spec), before)
         result["second"]["mixed"] = run(spec, PROMPTS, ["microspec", "full", "fr-spec-32k", "microspec"])
     mark("second model")
     result["seconds"] = time.time() - t0
@@ -99,5 +90,7 @@ def main(target: str, head: str, out_path: str, second: tuple = ()) -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from microspec.vllm.peer import in_process
+
+    in_process()
     main(*sys.argv[1:4], second=tuple(sys.argv[4:6]))

@@ -79,13 +79,13 @@ def parse_method(name: str) -> MethodSpec:
         vocab = n[5:] or None
         vocab = "full" if vocab == "eagle" else vocab
         if vocab is not None:
+            from ..vllm.vocab import draft_method
+
             try:
-                drafter = Method.parse(vocab).drafter
+                draft_method(vocab)
             except MicrospecError as exc:
-                raise MicrospecError(f"method {n!r}: {exc}") from None
-            if drafter != "eagle":
-                raise MicrospecError(f"method {n!r}: vllm-VOCAB takes a draft vocabulary (vllm-eagle, "
-                                     f"vllm-fr-spec-32k, vllm-microspec, ...), not {vocab!r}")
+                raise MicrospecError(f"method {n!r}: {exc}; vllm-VOCAB takes one: vllm-eagle, vllm-fr-spec-32k, "
+                                     "vllm-microspec, ...") from None
         return MethodSpec(n, "vllm", vllm_vocab=vocab)
     if n in PEERS:
         if n == "llama-cpp":

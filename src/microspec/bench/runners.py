@@ -203,8 +203,7 @@ class _VllmWorker:
         from ..paths import cache_root
         from ..vllm.prepare import prepare
 
-        target, head = prepare(lm.name if lm.source.suffix.lower() == ".gguf" else str(lm.source), "full",
-                               out=cache_root() / "vllm" / f"{lm.name}-bench")
+        target, head = prepare(lm.name, "full", out=cache_root() / "vllm" / f"{lm.name}-bench", lm=lm)
         self._json = json
         self.proc = subprocess.Popen([python, "-m", "microspec.vllm.peer", str(target), str(head), str(tokens)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

@@ -19,6 +19,40 @@ import os
 import sys
 import time
 
+from .vocab import REQUEST_KEY
+
+
+def in_process() -> None:
+    """Run vLLM in this process (no engine process of its own) on every CPU core (unless the environment says
+    otherwise); set before vLLM is imported."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
+
+
+def engine_args(target: str, head: str | None = None, tokens: int = 3, **overrides) -> dict:
+    """``LLM(...)`` arguments for a prepared target (and head: drafting ``tokens`` tokens with the plugin) on a CPU:
+    bf16, eager, the in-process executor, 1 GiB of KV cache (vLLM's CPU backend otherwise asks for 92% of a memory
+    node), spec-decode metrics on."""
+    kw = dict(model=str(target), dtype="bfloat16", enforce_eager=True, max_model_len=4096, max_num_seqs=8,
+              kv_cache_memory_bytes=1 << 30, distributed_executor_backend="uni", disable_log_stats=False)
+    if head is not None:
+        kw["speculative_config"] = {"method": "eagle", "model": str(head), "num_speculative_tokens": tokens}
+    return {**kw, **overrides}
+
+
+def vocab_args(vocab: str | None) -> dict | None:
+    """``SamplingParams.extra_args`` naming a request's draft vocabulary (None: the engine's default)."""
+    return None if vocab is None else {REQUEST_KEY: vocab}
+
+
+def counter_delta(after: dict, before: dict) -> dict:
+    """What vLLM's counters (:func:`spec_counters`) gained from ``before`` to ``after``."""
+    out = {}
+    for k, v in after.items():
+        b = before.get(k, [0] * len(v) if isinstance(v, list) else 0)
+        out[k] = [x - y for x, y in zip(v, b)] if isinstance(v, list) else v - b
+    return out
+
 
 def spec_counters(llm) -> dict:
     """vLLM's spec-decode counters (``num_drafts``, ``num_draft_tokens``, ``num_accepted_tokens``,
@@ -39,13 +73,8 @@ class Peer:
         from vllm import LLM
 
         if speculative not in self.engines:
-            kw = dict(model=self.target, dtype="bfloat16", enforce_eager=True, max_model_len=4096, max_num_seqs=8,
-                      kv_cache_memory_bytes=1 << 30, distributed_executor_backend="uni", disable_log_stats=False,
-                      enable_prefix_caching=False)
-            if speculative:
-                kw["speculative_config"] = {"method": "eagle", "model": self.head,
-                                            "num_speculative_tokens": self.tokens}
-            self.engines[speculative] = LLM(**kw)
+            self.engines[speculative] = LLM(**engine_args(self.target, self.head if speculative else None,
+                                                          self.tokens, enable_prefix_caching=False))
         return self.engines[speculative]
 
     def run(self, req: dict) -> dict:
@@ -59,17 +88,13 @@ class Peer:
                                 top_p=float(req.get("top_p", 1.0)) if temperature > 0 else 1.0,
                                 repetition_penalty=float(req.get("repetition_penalty", 1.0)), seed=req.get("seed"),
                                 ignore_eos=bool(req.get("ignore_eos", False)),
-                                extra_args=None if vocab is None else {"microspec_vocab": vocab})
+                                extra_args=vocab_args(vocab))
         before = spec_counters(llm)
         t0 = time.perf_counter()
         out = llm.generate([TokensPrompt(prompt_token_ids=list(req["prompt_ids"]))], params, use_tqdm=False)
         wall = time.perf_counter() - t0
-        after = spec_counters(llm)
-        spec = {}
-        for k, v in after.items():
-            b = before.get(k)
-            spec[k] = [x - y for x, y in zip(v, b or [0] * len(v))] if isinstance(v, list) else v - (b or 0)
-        return {"token_ids": list(out[0].outputs[0].token_ids), "wall_s": wall, "spec": spec}
+        return {"token_ids": list(out[0].outputs[0].token_ids), "wall_s": wall,
+                "spec": counter_delta(spec_counters(llm), before)}
 
 
 def main(argv: list[str]) -> int:
@@ -92,6 +117,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
+    in_process()
     sys.exit(main(sys.argv[1:]))

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from ..errors import check
-from ..method import Method, eagle_head_path
+from ..method import eagle_head_path
 from ..paths import cache_root
 from . import ARCHITECTURE
 
@@ -59,20 +59,21 @@ def head_config(head: Path, model: str | None, vocab: str, always, options: dict
 
 
 def prepare(model: str, vocab: str = "microspec", draft: str | None = None, out: str | os.PathLike | None = None,
-            options: dict | None = None) -> tuple[Path, Path]:
-    """(target directory, head directory) for vLLM: ``model`` a built-in name or a model path; ``vocab`` the draft
-    vocabulary requests use unless they name one (``full``, ``fr-spec-32k``, ``microspec``, ...)."""
+            options: dict | None = None, lm=None) -> tuple[Path, Path]:
+    """(target directory, head directory) for vLLM: ``model`` a built-in name or a model path (or ``lm``, the model
+    already loaded); ``vocab`` the draft vocabulary requests use unless they name one (``full``, ``fr-spec-32k``,
+    ``microspec``, ...)."""
     from ..models.registry import BUILTINS, hf_directory, load_model
     from ..vocab.frequency import special_ids
+    from .vocab import draft_method
 
-    lm = load_model(model, "bf16")
+    lm = lm if lm is not None else load_model(model, "bf16")
     target = hf_directory(lm)
     name_architecture(target)
     name = lm.name if lm.name in BUILTINS else None
     head = Path(eagle_head_path(draft, lm.name))
     check(head.is_dir(), f"no EAGLE head for {lm.name}: give one with --draft DIR")
-    method = Method.parse(vocab if vocab != "full" else "eagle")
-    check(method.drafter == "eagle", f"{vocab!r} is not a draft vocabulary (full, fr-spec-32k, microspec, ...)")
+    method = draft_method(vocab)
     if name:
         method.for_model(name).check_artifacts()
     always = set(lm.eos_token_ids) | set(special_ids(lm.tokenizer))

@@ -39,6 +39,15 @@ REQUEST_KEY = "microspec_vocab"  # SamplingParams.extra_args key naming a reques
 _PROMPT_BLOCK = 64  # prompt positions scored by the target's LM head at a time (bounds the [rows, V] logits)
 
 
+def draft_method(name: str) -> Method:
+    """The method of draft-vocabulary name ``name`` (``full``, ``fr-spec-32k``, ``microspec``, ...): the EAGLE
+    drafter over that vocabulary; one clear error for a name that is not one."""
+    method = Method.parse(name if name != "full" else "eagle")
+    if method.drafter != "eagle":
+        raise MicrospecError(f"{name!r} is not a draft vocabulary (full, fr-spec-32k, microspec, ...)")
+    return method
+
+
 @dataclass
 class _Request:
     name: str  # the vocabulary drafting (the default where the asked one could not be made)
@@ -77,18 +86,16 @@ class BatchVocab:
 
     # ------------------------------------------------------------------ policies
     def method(self, name: str) -> Method:
-        """The draft method of a vocabulary name (the EAGLE drafter, with the model's shipped artifacts)."""
+        """The draft method of a vocabulary name (the EAGLE drafter, with the engine's options for its policy and
+        the model's shipped artifacts)."""
         try:
-            method = Method.parse(name if name != "full" else "eagle", **self._options_for(name))
-            if method.drafter != "eagle":
-                raise MicrospecError(f"{name!r} is not a draft vocabulary (full, fr-spec-32k, microspec, ...)")
+            method = draft_method(name)
+            options = self.options.get(method.vocab)
+            if options:
+                method = method.replace(**options)
             return method.for_model(self.model) if self.model else method
         except MicrospecError as exc:
             raise MicrospecError(f"draft vocabulary {name!r}: {exc}") from None
-
-    def _options_for(self, name: str) -> dict:
-        owner = Method.parse(name if name != "full" else "eagle").vocab
-        return {k: v for k, v in self.options.get(owner, {}).items()}
 
     def _for_request(self, name: str) -> _Request:
         """A request's draft vocabulary; a name that does not make one falls back to the default, with one warning
