@@ -435,3 +435,96 @@ def test_eagle3_on_a_packed_target_is_bit_identical(gguf_model, tmp_path):
     for vocab in (None, MicroSpecVocab(160, w_max=64)):
         drafter = make_drafter("eagle", eagle_head=load_eagle_head(path), depth=3, top_k=2, total_tokens=5)
         assert generate_ids(packed, prompt, cfg, (), drafter=drafter, vocab=vocab).token_ids == plain
+
+
+# ------------------------------------------------------------------------------------------------ several at once
+def test_forward_many_equals_each_forward_alone(gguf_model):
+    """The rows of several sequences through one fused call per layer (each with its own cache, a one-token step, a
+    token tree, a chain, a prefill too long to join): each sequence's hidden states and cache are its own forward's,
+    bit for bit."""
+    packed, _, _ = gguf_model
+    prompts = [[1, 5, 9, 33], [70, 2, 101, 150, 7, 8], [3] * 80, [11, 12]]
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    steps = [(torch.tensor([40]), None, None),
+             (torch.tensor([7, 8, 9]), torch.tensor([6, 7, 7]), tree),
+             (torch.tensor([4, 5]), None, None),
+             (torch.tensor(list(range(20, 90))), None, None)]  # 70 rows: runs on its own
+    alone, caches = [], []
+    for p, (ids, pos, mask) in zip(prompts, steps):
+        cache = packed.new_cache(200)
+        packed.forward(torch.tensor(p), cache)
+        caches.append(cache)
+        c = packed.new_cache(200)
+        packed.forward(torch.tensor(p), c)
+        alone.append((packed.forward(ids, c, positions=pos, mask=mask), c))
+    together = packed.forward_many([(ids, c, pos, mask) for (ids, pos, mask), c in zip(steps, caches)])
+    for (h, c), h2, c2 in zip(alone, together, caches):
+        assert torch.equal(h, h2)
+        assert c.length == c2.length and torch.equal(c.kv[:, :, :, : c.length], c2.kv[:, :, :, : c2.length])
+
+
+@pytest.mark.parametrize("integer", [False, True])
+def test_requests_stepped_together_decode_as_each_alone(gguf_model, integer):
+    """Continuous batching (:func:`step_many`): requests with different drafters, policies, decodings and lengths
+    join at different steps, one is cancelled mid-way, the batch's depth cap changes from step to step, and each
+    one's tokens equal its own generation alone — greedy token for token, seeded sampling draw for draw (its own
+    random generator; a seeded request keeps its method's depth)."""
+    from microspec.decoding import GenerationConfig, generate_ids
+    from microspec.decoding.loop import Generation, step_many
+    from microspec.drafters import make_drafter
+    from microspec.vocab import MicroSpecVocab
+
+    packed, _, _ = gguf_model
+    _logits(packed, torch.tensor([1]), integer=integer)
+
+    class Gone(Exception):
+        pass
+
+    def drafter(kind):
+        if kind == "early-exit":
+            return make_drafter("early-exit", depth=3, top_k=2, total_tokens=5, draft_layers=1)
+        return make_drafter("ngram") if kind == "ngram" else None
+
+    cases = [  # (prompt, config, drafter, with a MicroSpec policy, joins at step, cancelled after n tokens)
+        ([1, 5, 9, 33, 70, 5, 9, 33, 70, 5], GenerationConfig(max_new_tokens=30, ignore_eos=True), "early-exit",
+         True, 0, None),
+        ([7, 8, 9, 7, 8], GenerationConfig(max_new_tokens=12, ignore_eos=True), "ngram", False, 0, None),
+        ([2, 4, 6, 8, 10, 12], GenerationConfig(max_new_tokens=20, temperature=0.8, seed=3, ignore_eos=True),
+         "early-exit", False, 2, None),
+        ([100, 101, 102], GenerationConfig(max_new_tokens=25, repetition_penalty=1.3, ignore_eos=True),
+         "early-exit", False, 3, None),
+        ([9, 9, 9, 9], GenerationConfig(max_new_tokens=40, temperature=1.0, top_p=0.9, seed=5, ignore_eos=True),
+         "ngram", False, 1, 9),
+        ([50, 60, 70, 80], GenerationConfig(max_new_tokens=16, ignore_eos=True), "ngram", False, 6, None),
+    ]
+    alone = [generate_ids(packed, p, cfg, (), drafter=drafter(d),
+                          vocab=MicroSpecVocab(160, w_max=64) if v else None).token_ids
+             for p, cfg, d, v, _, _ in cases]
+
+    def on_commit(limit):
+        def hear(tokens):
+            hear.n += len(tokens)
+            if limit is not None and hear.n >= limit:
+                raise Gone
+        hear.n = 0
+        return hear
+
+    gens = [None] * len(cases)
+    errors = [None] * len(cases)
+    for step in range(200):
+        for k, (p, cfg, d, v, joins, limit) in enumerate(cases):
+            if joins == step:
+                gens[k] = Generation(packed, p, cfg, (), drafter=drafter(d),
+                                     vocab=MicroSpecVocab(160, w_max=64) if v else None, on_commit=on_commit(limit))
+                gens[k].prefill()
+        live = [k for k, g in enumerate(gens) if g is not None and g.finish is None]
+        if not live and all(g is not None for g in gens):
+            break
+        for k, e in zip(live, step_many(packed, [gens[k] for k in live], max_depth=None if step % 2 else 2)):
+            errors[k] = errors[k] or e
+    for k, (gen, want) in enumerate(zip(gens, alone)):
+        if cases[k][5] is not None:  # cancelled: what it committed before is the start of its own output
+            assert isinstance(errors[k], Gone) and gen.finish == "error"
+            assert gen.out == want[: len(gen.out)] and len(gen.out) >= cases[k][5]
+        else:
+            assert errors[k] is None and gen.result().token_ids == want, k

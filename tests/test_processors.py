@@ -60,9 +60,72 @@ def test_warp_probs_matches_hf(temperature, top_p):
     torch.testing.assert_close(warp_probs(logits, temperature, top_p), torch.softmax(ref, -1))
 
 
+def _reference_warp(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float):
+    """The warpers written out row by row in plain torch: a sort of each row, cut-offs taken in HF's order."""
+    out = torch.zeros_like(logits)
+    for r, row in enumerate(logits / temperature):
+        keep = torch.ones_like(row, dtype=torch.bool)
+        if top_k:
+            keep &= row >= row.sort(descending=True).values[min(top_k, len(row)) - 1]
+        if top_p < 1:
+            p = torch.where(keep, row, torch.tensor(float("-inf"))).softmax(-1)
+            order = p.argsort(descending=True, stable=True)
+            before = p[order].cumsum(0) - p[order]  # the mass of the more probable tokens
+            kept = torch.zeros_like(keep)
+            kept[order[(before < top_p) | (torch.arange(len(row)) == 0)]] = True
+            keep &= kept
+        if min_p:
+            p = torch.where(keep, row, torch.tensor(float("-inf"))).softmax(-1)
+            keep &= p >= min_p * p.max()
+        out[r] = torch.where(keep, row, torch.tensor(float("-inf"))).softmax(-1)
+    return out
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p,min_p", [(1.0, 5, 1.0, 0.0), (0.7, 0, 1.0, 0.1),
+                                                           (1.3, 12, 0.8, 0.05), (0.5, 1, 1.0, 0.0),
+                                                           (1.0, 100, 1.0, 1.0), (0.9, 20, 0.9, 0.2)])
+def test_top_k_and_min_p_match_plain_torch_and_hf(temperature, top_k, top_p, min_p):
+    """warp_probs with top-k / min-p against a plain-torch reference and transformers' warpers (HF order:
+    temperature, top-k, top-p, min-p); a cut token has probability 0 exactly."""
+    from transformers.generation.logits_process import (MinPLogitsWarper, TemperatureLogitsWarper,
+                                                        TopKLogitsWarper, TopPLogitsWarper)
+
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(4, V, generator=g) * 2
+    logits[1, :3] = logits[1, 3]  # ties at the k-th score are kept
+    got = warp_probs(logits, temperature, top_p, top_k, min_p)
+    torch.testing.assert_close(got, _reference_warp(logits, temperature, top_k, top_p, min_p))
+    ref = TemperatureLogitsWarper(temperature)(None, logits.clone())
+    for warper, on in ((TopKLogitsWarper(max(top_k, 1)), top_k), (TopPLogitsWarper(top_p), top_p < 1),
+                       (MinPLogitsWarper(min_p), min_p)):
+        ref = warper(None, ref) if on else ref
+    torch.testing.assert_close(got, torch.softmax(ref, -1))
+    kept = (got > 0).sum(-1)
+    assert (kept[[0, 2, 3]] <= (top_k or V)).all() and (kept >= 1).all()  # row 1: ties at the k-th score
+
+
+def test_warpers_only_shape_sampling_and_tiny_temperatures_are_greedy():
+    from microspec.decoding.processors import LogitsPipeline
+
+    logits = torch.randn(2, V, generator=torch.Generator().manual_seed(3))
+    greedy = LogitsPipeline(GenerationConfig(top_k=3, min_p=0.5), V, torch.device("cpu"))
+    assert torch.equal(greedy.choose(logits.clone()), logits.argmax(-1))  # greedy ignores them, as HF does
+    for t in (1e-40, 5e-324, 9e-6):
+        cfg = GenerationConfig(temperature=t)
+        assert cfg.greedy and cfg.temperature == 0.0
+    assert not GenerationConfig(temperature=1e-5).greedy
+    sampled = LogitsPipeline(GenerationConfig(temperature=1.0, top_k=2, seed=0), V, torch.device("cpu"))
+    top2 = logits.topk(2, dim=-1).indices
+    for _ in range(20):
+        assert (sampled.choose(logits.clone())[:, None] == top2).any(-1).all()
+
+
 @pytest.mark.parametrize("kwargs", [dict(max_new_tokens=0), dict(max_new_tokens=-3), dict(temperature=-0.1),
+                                    dict(temperature=float("nan")), dict(temperature=float("inf")),
                                     dict(top_p=0.0), dict(top_p=1.5), dict(repetition_penalty=0.0),
-                                    dict(no_repeat_ngram_size=-1)])
+                                    dict(no_repeat_ngram_size=-1), dict(top_k=-1), dict(top_k=2.5),
+                                    dict(top_k=True), dict(min_p=-0.1), dict(min_p=1.5),
+                                    dict(min_p=float("nan"))])
 def test_bad_generation_config(kwargs):
     with pytest.raises(MicrospecError):
         GenerationConfig(**kwargs)

@@ -17,6 +17,8 @@ from microspec.drafters.lookup_first import LookupFirst
 PROMPT = [1, 10, 20, 30, 11, 21, 10, 20]
 N = 1000
 SETTINGS = {"temperature": 0.8, "top_p": 0.95, "repetition_penalty": 1.3}
+# top-k and min-p cut the target's distribution (drafts outside it are rejected; the residual has holes)
+SETTINGS_K = {"temperature": 1.2, "top_k": 12, "min_p": 0.05, "top_p": 0.95, "repetition_penalty": 1.3}
 
 
 @pytest.fixture(scope="module")
@@ -24,34 +26,42 @@ def pair():
     return tiny_pair("llama", seed=3, scale=0.25)  # peaked distributions: drafts get accepted
 
 
-def _warp(hf, seqs: torch.Tensor) -> torch.Tensor:
-    """Exact next-token distributions of a batch of sequences under SETTINGS, with transformers' processors."""
-    from transformers.generation.logits_process import (RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
-                                                        TopPLogitsWarper)
+def _warp(hf, seqs: torch.Tensor, settings: dict = SETTINGS) -> torch.Tensor:
+    """Exact next-token distributions of a batch of sequences under ``settings``, with transformers' processors
+    (in generate's order: repetition penalty, temperature, top-k, top-p, min-p)."""
+    from transformers.generation.logits_process import (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
+                                                        TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
     with torch.no_grad():
         logits = hf(seqs).logits[:, -1].float()
-    logits = RepetitionPenaltyLogitsProcessor(SETTINGS["repetition_penalty"])(seqs, logits)
-    logits = TemperatureLogitsWarper(SETTINGS["temperature"])(seqs, logits)
-    logits = TopPLogitsWarper(SETTINGS["top_p"])(seqs, logits)
+    logits = RepetitionPenaltyLogitsProcessor(settings["repetition_penalty"])(seqs, logits)
+    logits = TemperatureLogitsWarper(settings["temperature"])(seqs, logits)
+    if settings.get("top_k"):
+        logits = TopKLogitsWarper(settings["top_k"])(seqs, logits)
+    logits = TopPLogitsWarper(settings["top_p"])(seqs, logits)
+    if settings.get("min_p"):
+        logits = MinPLogitsWarper(settings["min_p"])(seqs, logits)
     return torch.softmax(logits, -1)
 
 
-@pytest.fixture(scope="module")
-def exact(pair):
-    """Marginals of the 2nd and 3rd generated tokens (the 1st comes from the prefill, before any draft)."""
-    hf, _ = pair
+def _marginals(hf, settings: dict):
+    """Marginals of the 1st, 2nd and 3rd generated tokens (the 1st comes from the prefill, before any draft)."""
     base = torch.tensor(PROMPT)
-    p1 = _warp(hf, base[None])[0]
+    p1 = _warp(hf, base[None], settings)[0]
     seqs = torch.cat([base.repeat(VOCAB, 1), torch.arange(VOCAB)[:, None]], 1)
-    p2 = _warp(hf, seqs)  # [t1, t2]
+    p2 = _warp(hf, seqs, settings)  # [t1, t2]
     m3 = torch.zeros(VOCAB)
     for a in range(VOCAB):
         if p1[a] < 1e-9:
             continue
         s3 = torch.cat([base.repeat(VOCAB, 1), torch.full((VOCAB, 1), a), torch.arange(VOCAB)[:, None]], 1)
-        m3 += p1[a] * (p2[a][:, None] * _warp(hf, s3)).sum(0)
+        m3 += p1[a] * (p2[a][:, None] * _warp(hf, s3, settings)).sum(0)
     return p1, p1 @ p2, m3
+
+
+@pytest.fixture(scope="module")
+def exact(pair):
+    return _marginals(pair[0], SETTINGS)
 
 
 class RandomTreeDrafter(Drafter):
@@ -247,6 +257,28 @@ def test_sampling_with_a_restricted_draft_vocabulary_matches_exact_distribution(
     _check(counts[0], p1, f"{label} token 1")
     _check(counts[1], m2, f"{label} token 2")
     _check(counts[2], m3, f"{label} token 3")
+
+
+@pytest.mark.parametrize("drafter, policy", [("iid-bad", None), ("eagle-tree", "microspec")])
+def test_sampling_with_top_k_and_min_p_matches_exact_distribution(pair, exact, drafter, policy):
+    """top-k and min-p warp the target's rows and the drafts alike (a draft over a restricted vocabulary takes its
+    own top-k): the committed tokens follow the target's warped distribution exactly."""
+    hf, nm = pair
+    want = _marginals(hf, SETTINGS_K)
+    assert (want[1] > 0).sum() < VOCAB // 2  # the warpers really cut
+    make = _drafters(exact)[drafter]
+    counts = torch.zeros(3, VOCAB)
+    accepted = 0
+    for seed in range(N):
+        r = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=3, seed=seed, ignore_eos=True, **SETTINGS_K),
+                         drafter=make(), vocab=_restricted(policy) if policy else None)
+        for i, t in enumerate(r.token_ids):
+            counts[i, t] += 1
+        accepted += sum(a - 1 for a in r.stats.accept_lengths)
+    for i in range(3):
+        _check(counts[i], want[i], f"{drafter}+{policy} top-k/min-p token {i + 1}")
+    if policy:
+        assert accepted > N * 0.1  # drafts get accepted under the cut distribution
 
 
 def test_autoregressive_sampling_matches_exact_distribution(pair, exact):

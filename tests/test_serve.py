@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -39,13 +40,16 @@ def _model_dir(path: Path, template: str = CHAT_TEMPLATE, **overrides) -> Path:
 
 
 class Server:
-    def __init__(self, model: Path | str, *extra: str, log_dir: Path | None = None):
+    def __init__(self, model: Path | str, *extra: str, log_dir: Path | None = None, api_key: str | None = None):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.api_key = api_key
         self.log = open((log_dir or Path(model).parent) / f"server-{self.port}.log", "w+")  # noqa: SIM115
+        key = ["--api-key", api_key] if api_key else []
+        env = {k: v for k, v in os.environ.items() if k != "MICROSPEC_API_KEY"}
         self.proc = subprocess.Popen([sys.executable, "-m", "microspec", "serve", "--model", str(model), "--port",
-                                      str(self.port), *extra], stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                      str(self.port), *key, *extra], stdout=self.log, stderr=subprocess.STDOUT,
+                                     env={**env, "PYTHONUNBUFFERED": "1"})
         deadline = time.time() + 180
         while time.time() < deadline:
             assert self.proc.poll() is None, f"the server died: {self.output()}"
@@ -63,11 +67,20 @@ class Server:
         return self.log.read()
 
     def client(self):
-        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=self.api_key or "unused", max_retries=0, timeout=120)
 
-    def request(self, method: str, path: str, body: bytes | None = None, timeout: float = 60):
+    def headers(self, extra: dict | None = None) -> dict:
+        """JSON and the API key, updated with ``extra`` (a None value drops a header)."""
+        h = {"Content-Type": "application/json"}
+        if self.api_key:
+            h["Authorization"] = f"Bearer {self.api_key}"
+        h.update(extra or {})
+        return {k: v for k, v in h.items() if v is not None}
+
+    def request(self, method: str, path: str, body: bytes | None = None, timeout: float = 60,
+                headers: dict | None = None):
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
+        conn.request(method, path, body=body, headers=self.headers(headers))
         r = conn.getresponse()
         data = r.read()
         conn.close()
@@ -76,9 +89,18 @@ class Server:
     def get(self, path: str):
         return self.request("GET", path, timeout=5)
 
-    def post(self, path: str, obj) -> tuple[int, dict]:
-        status, data = self.request("POST", path, obj if isinstance(obj, bytes) else json.dumps(obj).encode())
+    def post(self, path: str, obj, headers: dict | None = None) -> tuple[int, dict]:
+        status, data = self.request("POST", path, obj if isinstance(obj, bytes) else json.dumps(obj).encode(),
+                                    headers=headers)
         return status, json.loads(data)
+
+    def events(self, path: str, obj) -> list:
+        """The server-sent events of a streamed request: JSON objects, then "[DONE]"."""
+        status, data = self.request("POST", path, json.dumps(obj).encode())
+        assert status == 200, data
+        lines = [line for line in data.decode().split("\n\n") if line]
+        assert all(line.startswith("data: ") for line in lines), lines
+        return [line[6:] if line == "data: [DONE]" else json.loads(line[6:]) for line in lines]
 
     def metric(self, name: str) -> float:
         text = self.get("/metrics")[1].decode()
@@ -107,8 +129,9 @@ def server(model):
 
 
 def _generate(model: Path | str, prompt: str, n: int, chat: bool, method=METHOD) -> dict:
-    out = subprocess.run(check=False, args=[sys.executable, "-m", "microspec", "generate", "--model", str(model), "--prompt", prompt,
-                          "--max-new-tokens", str(n), "--chat" if chat else "--no-chat", "--json", *method],
+    out = subprocess.run(check=False, args=[sys.executable, "-m", "microspec", "generate", "--model", str(model),
+                                            "--prompt", prompt, "--max-new-tokens", str(n),
+                                            "--chat" if chat else "--no-chat", "--json", *method],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
@@ -146,24 +169,27 @@ def test_greedy_chat_equals_generate(server, model):
 def test_stream_reassembles_to_the_whole_answer(server, kind):
     client = server.client()
     kw = dict(model="tiny", max_tokens=40, temperature=0, extra_body={"ignore_eos": True})
+    usage = {"include_usage": True}
     if kind == "chat":
         msgs = [{"role": "system", "content": "w2"}, {"role": "user", "content": "w4 w5"}]
         whole = client.chat.completions.create(messages=msgs, **kw)
-        chunks = list(client.chat.completions.create(messages=msgs, stream=True, **kw))
+        chunks = list(client.chat.completions.create(messages=msgs, stream=True, stream_options=usage, **kw))
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert chunks[0].choices[0].delta.role == "assistant"
         expect = whole.choices[0].message.content
     else:
         whole = client.completions.create(prompt=PROMPTS[1], **kw)
-        chunks = list(client.completions.create(prompt=PROMPTS[1], stream=True, **kw))
-        text = "".join(c.choices[0].text for c in chunks)
+        chunks = list(client.completions.create(prompt=PROMPTS[1], stream=True, stream_options=usage, **kw))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
         expect = whole.choices[0].text
     assert text == expect and text
     deltas = [c for c in chunks if c.choices and c.choices[0].finish_reason is None
               and (c.choices[0].delta.content if kind == "chat" else c.choices[0].text)]
     assert len(deltas) >= 3  # one chunk per committed batch, not one at the end
-    assert chunks[-1].choices[0].finish_reason == "length"
-    assert chunks[-1].usage.completion_tokens == 40 == whole.usage.completion_tokens
+    # as OpenAI streams with include_usage: the usage in an extra last chunk without choices, null before it
+    assert chunks[-2].choices[0].finish_reason == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 40 == whole.usage.completion_tokens
+    assert all(c.usage is None for c in chunks[:-1])
 
 
 def test_stop_sequences_and_seeded_sampling(server):
@@ -275,6 +301,25 @@ BAD = [
     ("/v1/chat/completions", {"messages": [{"role": "user"}]}, 400),  # no content
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}], "presence_penalty": 0.5}, 400),
     ("/v1/nothing", {"prompt": "w1"}, 404),
+    # text that is not Unicode: JSON escapes spelling a lone surrogate
+    ("/v1/completions", b'{"prompt": "w1 \\ud800"}', 400),
+    ("/v1/completions", b'{"prompt": ["\\udfff"]}', 400),
+    ("/v1/completions", b'{"prompt": "w1", "stop": ["\\ud83d"]}', 400),
+    ("/v1/completions", b'{"prompt": "w1", "model": "\\ud800"}', 400),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud800"}]}', 400),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\udc00"}]}]}',
+     400),
+    ("/v1/completions", b'{"prompt": "w1"}\xff', 400),  # not UTF-8
+    # stream options, top-k, min-p
+    ("/v1/completions", {"prompt": "w1", "stream": True, "stream_options": {"include_usage": "yes"}}, 400),
+    ("/v1/completions", {"prompt": "w1", "stream": True, "stream_options": [True]}, 400),
+    ("/v1/completions", {"prompt": "w1", "stream_options": {"include_usage": True}}, 400),  # not streamed
+    ("/v1/completions", {"prompt": "w1", "top_k": -2}, 400),
+    ("/v1/completions", {"prompt": "w1", "top_k": 1.5}, 400),
+    ("/v1/completions", {"prompt": "w1", "min_p": 1.5}, 400),
+    ("/v1/completions", {"prompt": "w1", "min_p": -0.1}, 400),
+    ("/v1/completions", {"prompt": "w1", "min_p": "low"}, 400),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}], "max_completion_tokens": 0}, 400),
 ]
 
 
@@ -283,7 +328,8 @@ def test_bad_requests_get_openai_errors(server, path, body, status):
     got, obj = server.post(path, body)
     assert got == status, obj
     assert set(obj["error"]) == {"message", "type", "param", "code"} and obj["error"]["message"]
-    assert "Traceback" not in obj["error"]["message"]
+    message = obj["error"]["message"]
+    assert "Traceback" not in message and not re.search(r"[A-Z][a-z]+(Error|Exception)\b", message), message
 
 
 def test_wrong_method_and_worker_survives(server):
@@ -296,24 +342,27 @@ def test_wrong_method_and_worker_survives(server):
 
 
 def _open_stream(server, max_tokens: int, prompt: str = "w1 w2 w3") -> http.client.HTTPConnection:
-    """A streamed request whose first event has been read (the generation is running)."""
+    """A streamed request whose first event has been read (the generation is running); its response is
+    ``conn.stream``."""
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
     conn.request("POST", "/v1/completions", body=json.dumps(
         {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True}),
-        headers={"Content-Type": "application/json"})
+        headers=server.headers())
     r = conn.getresponse()
     assert r.status == 200
     assert r.readline().startswith(b"data: ")
+    conn.stream = r
     return conn
 
 
 @pytest.fixture(scope="module")
 def long_server(tmp_path_factory):
-    """A model with a long context (long generations to interrupt), a queue of one and a short timeout."""
+    """A model with a long context (long generations to interrupt), one request decoded at a time, a queue of one
+    and a short timeout."""
     refusing = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('no system messages') }}{% endif %}"
     d = _model_dir(tmp_path_factory.mktemp("serve-long") / "long", refusing + CHAT_TEMPLATE,
                    max_position_embeddings=8192)
-    s = Server(d, "--max-queue", "1", "--request-timeout", "3")
+    s = Server(d, "--max-queue", "1", "--max-num-seqs", "1", "--request-timeout", "3")
     yield s
     s.close()
 
@@ -359,12 +408,15 @@ def test_a_chat_template_that_refuses_is_a_400(long_server):
     assert ok[0] == 200 and ok[1]["usage"]["completion_tokens"] >= 1
 
 
-def test_full_queue_429_and_timeout_504(long_server):
+def test_full_queue_429_and_timeouts_504(long_server):
+    """A full queue answers 429; the 3 s timeout bounds the whole request: a waiting one is a 504, a stream that has
+    started ends with an error event (code timeout) then [DONE], and its generation stops."""
     s = long_server
+    start = time.time()
     running = _open_stream(s, 8000)  # the worker is busy with it
     waiting: dict = {}
-    t = threading.Thread(target=lambda: waiting.update(r=s.post("/v1/completions", {"prompt": "w9", "max_tokens": 4,
-                                                                                   "temperature": 0})))
+    t = threading.Thread(target=lambda: waiting.update(r=s.post("/v1/completions", {
+        "prompt": "w9", "max_tokens": 8000, "temperature": 0, "ignore_eos": True})))  # cannot end within 3 s
     t.start()
     deadline = time.time() + 10
     while s.metric("vllm:num_requests_waiting") < 1 and time.time() < deadline:
@@ -372,18 +424,18 @@ def test_full_queue_429_and_timeout_504(long_server):
     assert s.metric("vllm:num_requests_waiting") == 1
     status, obj = s.post("/v1/completions", {"prompt": "w9", "max_tokens": 4})
     assert status == 429 and obj["error"]["code"] == "queue_full"
-    t.join(30)
-    assert waiting["r"][0] == 504  # it waited behind the long stream past the 3 s timeout
-    assert s.metric("vllm:num_requests_running") == 1  # a stream that has started is not cut by the timeout
-    assert s.metric("vllm:num_requests_waiting") == 0  # the timed-out request gave its place back
-    running.sock.shutdown(socket.SHUT_RDWR)
+    rest = running.stream.read().decode()  # the stream ends by itself at the timeout
+    ended = time.time() - start
     running.close()
-    deadline = time.time() + 10  # the stream stops at its next step; the timed-out job leaves the queue unrun
+    events = [e[6:] for e in rest.split("\n\n") if e]
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "timeout", events[-3:]
+    assert 2.5 < ended < 8
+    t.join(30)
+    assert waiting["r"][0] == 504 and waiting["r"][1]["error"]["type"] == "timeout"
+    deadline = time.time() + 10  # both generations stop at their next step
     while s.metric("vllm:num_requests_running") + s.metric("vllm:num_requests_waiting") and time.time() < deadline:
         time.sleep(0.05)
-    status, obj = s.post("/v1/completions", {"prompt": "w1", "max_tokens": 8000, "temperature": 0,
-                                             "ignore_eos": True})
-    assert status == 504 and obj["error"]["type"] == "timeout"
+    assert s.metric("vllm:num_requests_running") + s.metric("vllm:num_requests_waiting") == 0
     assert s.metric("microspec:requests_timeouts_total") >= 2
     assert s.post("/v1/completions", {"prompt": "w1", "max_tokens": 3, "temperature": 0})[0] == 200
 
@@ -404,6 +456,32 @@ def test_real_gemma_served_greedy_equals_generate(tmp_path):
             model="gemma-3-270m", prompt=prompt, max_tokens=32, temperature=0, stream=True))
         assert streamed == want["text"]
         assert s.metric("vllm:spec_decode_num_drafts_total") > 0
+        # continuous batching on the packed path: requests of mixed decodings and lengths decoded together give
+        # what each gives alone (asked one at a time first)
+        asks = [dict(prompt=prompt, max_tokens=24, temperature=0),
+                dict(prompt="def fibonacci(n):", max_tokens=40, temperature=0),
+                dict(prompt="Once upon a time", max_tokens=16, temperature=0.8, seed=3),
+                dict(prompt="The capital of France is", max_tokens=30, temperature=0,
+                     extra_body={"repetition_penalty": 1.2})]
+        alone = [client.completions.create(model="gemma-3-270m", **a).choices[0].text for a in asks]
+        together, errors = [None] * len(asks), []
+
+        def ask(i: int) -> None:
+            try:
+                together[i] = s.client().completions.create(model="gemma-3-270m", **asks[i]).choices[0].text
+            except Exception as exc:  # noqa: BLE001
+                errors.append(repr(exc))
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(asks))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        assert not errors and together == alone
+        text = s.get("/metrics")[1].decode()
+        batched = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                      if line.startswith("microspec:decode_steps_total{") and 'batch_size="1"' not in line)
+        assert batched > 0, "no step decoded more than one request"
     finally:
         s.close()
 

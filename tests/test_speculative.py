@@ -360,6 +360,28 @@ def test_adaptive_steps_follow_the_measured_rates():
     assert a.rate(True) > a.rate(False) and a.draft_now() is True
 
 
+def test_batch_depth_measures_each_cap_per_batch_size_and_keeps_the_fastest():
+    from microspec.decoding.adaptive import BatchDepth
+
+    b = BatchDepth(caps=(0, 2, 4), window=4, warmup=2, probe=10, probe_steps=3)
+    assert b.depth(1) is None  # a lone request drafts as its method says
+    rates = {0: 30.0, 2: 50.0, 4: 40.0}  # tokens a second of the whole batch at each cap (batch of 4)
+    taken = []
+    for _ in range(60):
+        cap = b.depth(4)
+        taken.append(cap)
+        b.observe(4, cap, int(rates[cap]), 1.0)
+    assert [b.seen[(4, c)] >= 2 for c in (0, 2, 4)] == [True, True, True]
+    assert b.best(4) == 2 and taken[-1] == 2
+    assert b.chosen[(4, 0)] > 2 and b.chosen[(4, 4)] > 2  # probed again later, not only at the start
+    assert b.chosen[(4, 2)] > 40
+    for _ in range(200):  # drafting stops paying (another text): a probe notices and the batch steps aside
+        cap = b.depth(4)
+        b.observe(4, cap, {0: 60, 2: 20, 4: 10}[cap], 1.0)
+    assert b.best(4) == 0 and b.best(3) == 0 and b.depth(4) in (0, 2, 4) and (8, 0) not in b.seen
+    assert b.depth(8) == 0 and b.depth(5) == 0  # 5-8 requests are measured on their own, from the start
+
+
 def test_adaptive_probes_back_off_while_the_other_kind_keeps_losing():
     from microspec.decoding.adaptive import AdaptiveSteps
 

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     import torch
 
     from .decoding.config import GenerationConfig
-    from .decoding.loop import GenerationResult
+    from .decoding.loop import Generation, GenerationResult
     from .drafters.base import Drafter
     from .models.registry import LoadedModel
     from .vocab.base import VocabPolicy
@@ -125,6 +125,17 @@ class Engine(_TextOut):
                             head_mode=self.head_mode, vocab=vocab if vocab is not None else self.policy(),
                             on_step=on_step, adaptive=adaptive, on_commit=on_commit)
 
+    def start(self, prompt_ids, cfg: "GenerationConfig", stop_check=None, on_commit=None) -> "Generation":
+        """A :class:`~microspec.decoding.loop.Generation` of this method, not yet prefilled, with a drafter and a
+        policy of its own: a server steps several at once (:func:`~microspec.decoding.loop.step_many`)."""
+        from .decoding.adaptive import AdaptiveSteps
+        from .decoding.loop import Generation
+
+        drafter = self.drafter.fresh() if self.drafter is not None else None
+        adaptive = AdaptiveSteps() if self.method.adaptive and drafter is not None else None
+        return Generation(self.lm.model, prompt_ids, cfg, self.lm.eos_token_ids, stop_check, drafter=drafter,
+                          head_mode=self.head_mode, vocab=self.policy(), adaptive=adaptive, on_commit=on_commit)
+
     def describe(self) -> dict:
         m = self.method
         inner = getattr(self.drafter, "drafter", self.drafter)  # the model drafter behind prompt lookup first
@@ -180,6 +191,9 @@ class AutoEngine(_TextOut):
 
     def generate_ids(self, prompt_ids, cfg: "GenerationConfig", stop_check=None, **kwargs) -> "GenerationResult":
         return self.engine_for(cfg).generate_ids(prompt_ids, cfg, stop_check, **kwargs)
+
+    def start(self, prompt_ids, cfg: "GenerationConfig", stop_check=None, on_commit=None) -> "Generation":
+        return self.engine_for(cfg).start(prompt_ids, cfg, stop_check, on_commit)
 
     def describe(self) -> dict:
         return {kind: (self.engines[kind].describe() if kind in self.engines else

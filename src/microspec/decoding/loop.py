@@ -109,113 +109,200 @@ def generate_ids(
     commits (the prefill's token first) as soon as they are emitted — a streaming server sends them; a true return
     ends the generation there (finish reason "stop": the caller found a stop of its own), an exception it raises
     ends it too (a cancelled request).
-    """
-    if not isinstance(model, NativeCausalLM):
-        raise MicrospecError("generate_ids needs a NativeCausalLM (use microspec.load_model)")
-    check_prompt(model, prompt_ids, cfg)
-    head_mode = head_mode or default_head_mode(model.device, model.head_weight)
-    check(head_mode in HEAD_MODES, f"unknown head mode {head_mode!r}; choose from {', '.join(HEAD_MODES)}")
-    device = model.device
-    stops = set(cfg.stop_token_ids) | (set() if cfg.ignore_eos else {int(t) for t in eos_token_ids})
-    pipe = LogitsPipeline(cfg, model.spec.vocab_size, device)
-    tokens = list(prompt_ids)
-    pipe.commit(tokens)
-    stats = GenerationStats(prompt_tokens=len(prompt_ids), weight_bytes=model.weight_bytes())
-    cache = model.new_cache(len(prompt_ids) + cfg.max_new_tokens + CACHE_MARGIN)
-    out: list[int] = []
-    walker = greedy_walk if cfg.greedy else sample_walk
 
-    def emit(new: list[int]) -> str | None:
+    The steps are those of a :class:`Generation`; a server decoding several requests at once drives one per request
+    with :func:`step_many` instead.
+    """
+    gen = Generation(model, prompt_ids, cfg, eos_token_ids, stop_check, drafter, head_mode, vocab, on_step,
+                     adaptive, on_commit)
+    gen.prefill()
+    while gen.finish is None:
+        tree = gen.plan()
+        gen.settle(verify_forward(model, gen.cache, tree, gen.tokens[-1], gen.taps))
+    return gen.result()
+
+
+@torch.inference_mode()
+def step_many(model: NativeCausalLM, gens: list[Generation], max_depth: int | None = None) -> list[BaseException | None]:
+    """One step of each unfinished generation in ``gens`` (all on ``model``), their verify passes in one forward
+    (:meth:`NativeCausalLM.forward_many`: one read of the weights for every row).  Each generation's tokens are
+    those it decodes alone (row-wise kernels, its own cache, drafter, policy and random generator).  ``max_depth``:
+    the deepest draft node this step (fewer draft rows as the batch grows) for every generation but those sampling
+    with a seed: another tree shape would draw other random numbers, and a seeded request is to give the same text
+    whatever it was batched with (a greedy one does whatever the depth).  What one generation raises (its
+    ``on_commit``'s cancellation, a drafter's failure) ends that one only: the exceptions, per generation (None:
+    it went on), the failed ones marked finished with reason "error"."""
+    errors: list[BaseException | None] = [None] * len(gens)
+    live, trees = [], []
+    for k, gen in enumerate(gens):
+        if gen.finish is not None:
+            continue
+        try:
+            trees.append(gen.plan(max_depth if gen.cfg.greedy or gen.cfg.seed is None else None))
+            live.append(k)
+        except Exception as exc:  # noqa: BLE001 - one request's failure is its own
+            errors[k], gen.finish = exc, "error"
+    inputs = [gens[k].verify_inputs(tree) for k, tree in zip(live, trees)]
+    hiddens = model.forward_many([(ids, gens[k].cache, positions, mask)
+                                  for k, (ids, positions, mask) in zip(live, inputs)],
+                                 [gens[k].taps for k in live])
+    # the rows every walk starts from, through the full-vocabulary head in one pass (one read of its weights)
+    rows = [LazyHead.first_rows(tree, gens[k].head_mode) for k, tree in zip(live, trees)]
+    logits = model.head(torch.cat([h[r] for h, r in zip(hiddens, rows)])).split([len(r) for r in rows])
+    for k, hidden, first in zip(live, hiddens, logits):
+        try:
+            gens[k].settle(hidden, first)
+        except Exception as exc:  # noqa: BLE001
+            errors[k], gens[k].finish = exc, "error"
+    return errors
+
+
+class Generation:
+    """One generation's state and steps: :meth:`prefill`, then while :attr:`finish` is None :meth:`plan` (the draft
+    tree), the target's verify pass over :meth:`verify_inputs` in the generation's own :attr:`cache`, and
+    :meth:`settle` (walk, keep, commit); :meth:`result` at the end.  :func:`generate_ids` drives one;
+    :func:`step_many` drives several whose verify passes share a forward."""
+
+    def __init__(self, model: NativeCausalLM, prompt_ids: Sequence[int], cfg: GenerationConfig,
+                 eos_token_ids: Sequence[int] = (), stop_check: Callable[[list[int]], bool] | None = None,
+                 drafter: Drafter | None = None, head_mode: str | None = None, vocab: VocabPolicy | None = None,
+                 on_step: Callable[[int], None] | None = None, adaptive: AdaptiveSteps | None = None,
+                 on_commit: Callable[[list[int]], bool | None] | None = None):
+        if not isinstance(model, NativeCausalLM):
+            raise MicrospecError("generate_ids needs a NativeCausalLM (use microspec.load_model)")
+        check_prompt(model, prompt_ids, cfg)
+        head_mode = head_mode or default_head_mode(model.device, model.head_weight)
+        check(head_mode in HEAD_MODES, f"unknown head mode {head_mode!r}; choose from {', '.join(HEAD_MODES)}")
+        self.model, self.cfg, self.drafter, self.head_mode, self.vocab = model, cfg, drafter, head_mode, vocab
+        self.stop_check, self.on_step, self.adaptive, self.on_commit = stop_check, on_step, adaptive, on_commit
+        device = model.device
+        self.stops = set(cfg.stop_token_ids) | (set() if cfg.ignore_eos else {int(t) for t in eos_token_ids})
+        self.pipe = LogitsPipeline(cfg, model.spec.vocab_size, device)
+        self.tokens = list(prompt_ids)
+        self.pipe.commit(self.tokens)
+        self.stats = GenerationStats(prompt_tokens=len(prompt_ids), weight_bytes=model.weight_bytes())
+        self.cache = model.new_cache(len(prompt_ids) + cfg.max_new_tokens + CACHE_MARGIN)
+        self.out: list[int] = []
+        self.walker = greedy_walk if cfg.greedy else sample_walk
+        self.clock = StepClock(device)  # marks read once, at the end: no wait for the device inside a step
+        self.spans: list[tuple[int, int, int, int]] = []  # per step: marks at draft start, verify start/end, end
+        self.vocab_timer = DeviceTimer(device)
+        self.coverage = CoverageObserver(vocab, device) if vocab is not None and drafter is not None else None
+        # a drafter fed layers other than the last (EAGLE-3) gets them tapped from every forward it hears of
+        layers = drafter.feature_layers(model) if drafter is not None else None
+        self.taps = Taps(layers) if layers else None
+        self.finish: str | None = None
+        self._step: tuple | None = None  # the planned step: (t0 mark, host t0, drafting, tree, cache length)
+
+    def _emit(self, new: list[int]) -> str | None:
         """Commit ``new`` tokens one by one; the reason to stop, if any (later tokens are dropped)."""
         for t in new:
-            out.append(t)
-            tokens.append(t)
-            pipe.commit((t,))
-            if t in stops:
+            self.out.append(t)
+            self.tokens.append(t)
+            self.pipe.commit((t,))
+            if t in self.stops:
                 return "eos"
-            if len(out) >= cfg.max_new_tokens:
+            if len(self.out) >= self.cfg.max_new_tokens:
                 return "length"
-            if stop_check is not None and stop_check(out):
+            if self.stop_check is not None and self.stop_check(self.out):
                 return "stop"
         return None
 
-    clock = StepClock(device)  # marks read once, at the end: no wait for the device inside a step
-    spans: list[tuple[int, int, int, int]] = []  # per step: marks at draft start, verify start, verify end, end
-    vocab_timer = DeviceTimer(device)
-    coverage = CoverageObserver(vocab, device) if vocab is not None and drafter is not None else None
-    # a drafter fed layers other than the last (EAGLE-3) gets them tapped from every forward it hears of
-    layers = drafter.feature_layers(model) if drafter is not None else None
-    taps = Taps(layers) if layers else None
-    hidden = model(torch.as_tensor(tokens, dtype=torch.long, device=device), cache, taps=taps)
-    if vocab is not None:
-        vocab.reset()
-        tail = hidden if vocab.prompt_positions is None else hidden[max(0, len(tokens) - vocab.prompt_positions):]
-        top = prompt_topk(model, tail, vocab.prompt_topk) if vocab.prompt_topk > 0 and len(tail) else None
-        with vocab_timer:
-            vocab.on_prefill(torch.as_tensor(tokens, dtype=torch.long, device=device), top)
-    if drafter is not None:
-        drafter.prefill(model, tokens, hidden if taps is None else taps.out, vocab)  # the head's sets: the policy's
-    logits = model.head(hidden[-1:])
-    if pipe.active:
-        pipe.process(logits)
-    finish = emit([int(pipe.choose(logits))])
-    if on_commit is not None and on_commit(list(out)):
-        finish = finish or "stop"
-    prefill_end = clock.mark()
-    while finish is None:
-        t0, host_t0 = clock.mark(), time.perf_counter()
-        if on_step is not None:
-            on_step(len(tokens))
-        drafting = drafter is not None and (adaptive is None or adaptive.draft_now())
+    def _commit(self, new: list[int]) -> None:
+        emitted = len(self.out)
+        self.finish = self._emit(new)
+        if self.on_commit is not None and self.on_commit(self.out[emitted:]):
+            self.finish = self.finish or "stop"
+
+    def prefill(self) -> None:
+        """The target over the prompt (its own forward), the policy's and drafter's start, the first token."""
+        model, tokens, vocab, drafter, device = self.model, self.tokens, self.vocab, self.drafter, self.model.device
+        hidden = model(torch.as_tensor(tokens, dtype=torch.long, device=device), self.cache, taps=self.taps)
+        if vocab is not None:
+            vocab.reset()
+            tail = hidden if vocab.prompt_positions is None else hidden[max(0, len(tokens) - vocab.prompt_positions):]
+            top = prompt_topk(model, tail, vocab.prompt_topk) if vocab.prompt_topk > 0 and len(tail) else None
+            with self.vocab_timer:
+                vocab.on_prefill(torch.as_tensor(tokens, dtype=torch.long, device=device), top)
+        if drafter is not None:  # the head's sets: the policy's
+            drafter.prefill(model, tokens, hidden if self.taps is None else self.taps.out, vocab)
+        logits = model.head(hidden[-1:])
+        if self.pipe.active:
+            self.pipe.process(logits)
+        self._commit([int(self.pipe.choose(logits))])
+        self.prefill_end = self.clock.mark()
+
+    def plan(self, max_depth: int | None = None) -> DraftTree:
+        """The step's draft tree (empty for a plain step), at most ``max_depth`` levels deep when given."""
+        t0, host_t0 = self.clock.mark(), time.perf_counter()
+        if self.on_step is not None:
+            self.on_step(len(self.tokens))
+        drafter = self.drafter
+        drafting = drafter is not None and (self.adaptive is None or self.adaptive.draft_now())
+        depth = self.cfg.max_new_tokens - len(self.out) - 1
         tree = draft(drafter if drafting else None,
-                     DraftContext(tokens, model, cache, cfg.max_new_tokens - len(out) - 1, pipe))
-        stats.skipped_steps += drafter is not None and not drafting
-        t1 = clock.mark()
-        start = cache.length
-        hidden = verify_forward(model, cache, tree, tokens[-1], taps)
-        walk_head = LazyHead(model.head, hidden, tree, head_mode)
-        walk = walker(tree, walk_head, pipe)
+                     DraftContext(self.tokens, self.model, self.cache,
+                                  depth if max_depth is None else min(depth, max_depth), self.pipe))
+        self.stats.skipped_steps += drafter is not None and not drafting
+        self._step = (t0, host_t0, drafting, tree, self.cache.length, self.clock.mark())
+        return tree
+
+    def verify_inputs(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(ids, positions, mask) of the verify pass over the root and ``tree`` (no positions or mask: one token)."""
+        if len(tree):
+            return tree.verify_inputs(self.tokens[-1], self.cache.length, self.model.device)
+        return torch.tensor([self.tokens[-1]], dtype=torch.long, device=self.model.device), None, None
+
+    def settle(self, hidden: torch.Tensor, first: torch.Tensor | None = None) -> None:
+        """After the verify pass (``hidden``: its final hidden states; ``first``: the logits of the rows the walk
+        starts from, when computed already): walk the tree, keep the accepted slots, tell the policy and the
+        drafter, commit the tokens."""
+        t0, host_t0, drafting, tree, start, t1 = self._step
+        model, vocab, drafter, device = self.model, self.vocab, self.drafter, self.model.device
+        walk_head = LazyHead(model.head, hidden, tree, self.head_mode, first)
+        walk = self.walker(tree, walk_head, self.pipe)
         branch = [0] + [1 + a for a in walk.accepted]  # verify rows of the root and the accepted nodes
         if len(tree):
-            cache.keep(list(range(start)) + [start + r for r in branch])
-        if coverage is not None:  # a step drafted without the draft head (a copied chain) is not scored
-            coverage.on_verified(tree, walk.tokens, scored=not drafting or drafter.head_drafted)
-        t2 = clock.mark()
+            self.cache.keep(list(range(start)) + [start + r for r in branch])
+        if self.coverage is not None:  # a step drafted without the draft head (a copied chain) is not scored
+            self.coverage.on_verified(tree, walk.tokens, scored=not drafting or drafter.head_drafted)
+        t2 = self.clock.mark()
         if vocab is not None:  # the logits the target chose from on the validated branch (the walk has them);
             # a step the adaptive mode took plain feeds the policy its committed tokens only (a top-k over the
             # full vocabulary costs ~0.4 ms of a 17 ms packed CPU step: stepping aside must cost nothing)
-            with vocab_timer:
+            with self.vocab_timer:
                 vocab.on_verify(torch.tensor(tree.tokens, dtype=torch.long, device=device),
                                 torch.stack(walk.logits) if vocab.wants_verify_logits and drafting
                                 else hidden.new_zeros(0, model.spec.vocab_size), walk.tokens)
-        spans.append((t0, t1, t2, clock.mark()))
+        self.spans.append((t0, t1, t2, self.clock.mark()))
         new = walk.tokens
-        stats.record_step(len(new), len(tree), max(tree.depths(), default=0), walk.head_rows)
+        self.stats.record_step(len(new), len(tree), max(tree.depths(), default=0), walk.head_rows)
         if drafter is not None:
-            drafter.commit(new, (hidden if taps is None else taps.out)[branch])
-        if adaptive is not None:  # the host's clock: the walk has read the accepted tokens, so it tracks the device
-            adaptive.observe(drafting, len(new), time.perf_counter() - host_t0)
-        emitted = len(out)
-        finish = emit(new)
-        if on_commit is not None and on_commit(out[emitted:]):
-            finish = finish or "stop"
-        if coverage is not None:
-            coverage.on_emitted(len(out) - emitted)
-    end = clock.mark()
-    seconds = clock.resolve()
-    stats.prefill_s, stats.wall_s = seconds[prefill_end], seconds[end]
-    for t0, t1, t2, t3 in spans:  # the policy's update is drafting work: it counts in draft_s
-        stats.draft_s += seconds[t1] - seconds[t0] + seconds[t3] - seconds[t2]
-        stats.verify_s += seconds[t2] - seconds[t1]
-    stats.new_tokens = len(out)
-    stats.vocab_s = vocab_timer.seconds
-    if coverage is not None:
-        stats.covered, stats.coverage_tokens = int(coverage.covered), coverage.tokens
-    if drafter is not None:
-        stats.head_s, stats.active_sizes = _take_head_stats(drafter)
-        if hasattr(drafter, "take_lookup_steps"):  # prompt lookup first: how many drafted steps the lookup proposed
-            stats.lookup_steps = drafter.take_lookup_steps()
-    return GenerationResult(out, finish, stats)
+            drafter.commit(new, (hidden if self.taps is None else self.taps.out)[branch])
+        if self.adaptive is not None:  # the host's clock: the walk has read the accepted tokens (device in step)
+            self.adaptive.observe(drafting, len(new), time.perf_counter() - host_t0)
+        emitted = len(self.out)
+        self._commit(new)
+        if self.coverage is not None:
+            self.coverage.on_emitted(len(self.out) - emitted)
+
+    def result(self) -> GenerationResult:
+        stats, drafter = self.stats, self.drafter
+        end = self.clock.mark()
+        seconds = self.clock.resolve()
+        stats.prefill_s, stats.wall_s = seconds[self.prefill_end], seconds[end]
+        for t0, t1, t2, t3 in self.spans:  # the policy's update is drafting work: it counts in draft_s
+            stats.draft_s += seconds[t1] - seconds[t0] + seconds[t3] - seconds[t2]
+            stats.verify_s += seconds[t2] - seconds[t1]
+        stats.new_tokens = len(self.out)
+        stats.vocab_s = self.vocab_timer.seconds
+        if self.coverage is not None:
+            stats.covered, stats.coverage_tokens = int(self.coverage.covered), self.coverage.tokens
+        if drafter is not None:
+            stats.head_s, stats.active_sizes = _take_head_stats(drafter)
+            if hasattr(drafter, "take_lookup_steps"):  # prompt lookup first: the drafted steps the lookup proposed
+                stats.lookup_steps = drafter.take_lookup_steps()
+        return GenerationResult(self.out, self.finish, stats)
 
 
 def draft(drafter: Drafter | None, ctx: DraftContext) -> DraftTree:

@@ -162,14 +162,17 @@ class LogitsPipeline:
 
     def draft_logp(self, logits: torch.Tensor) -> torch.Tensor:
         """Log-probabilities [R, A] a draft ranks its candidates by: of the processed logits when greedy, of the
-        sampling distribution (temperature, top-p) otherwise (-inf outside the nucleus)."""
+        sampling distribution (temperature, top-k, top-p, min-p) otherwise (-inf where the warpers cut)."""
         if self.cfg.greedy:
             return torch.log_softmax(logits, dim=-1)
         return torch.log(self.probs(logits))
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """The sampling distribution [R, V] of processed logits: temperature, then top-p (HF semantics)."""
-        return warp_probs(logits, self.cfg.temperature, self.cfg.top_p)
+        """The sampling distribution [R, V] of processed logits: temperature, top-k, top-p, then min-p (HF order
+        and semantics).  Verification warps the target's rows and drafts warp theirs with it, so sampling stays
+        exact under every warper."""
+        cfg = self.cfg
+        return warp_probs(logits, cfg.temperature, cfg.top_p, cfg.top_k, cfg.min_p)
 
     def choose(self, logits: torch.Tensor) -> torch.Tensor:
         """Next token of each row of processed logits [R, V]: argmax when greedy, else a sample."""
@@ -191,10 +194,20 @@ def sample(p: torch.Tensor, generator: torch.Generator | None = None) -> torch.T
     return torch.searchsorted(cdf, u * cdf[..., -1:]).clamp_(max=p.shape[-1] - 1)
 
 
-def warp_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """softmax(logits / T) restricted to the top-p nucleus, renormalised (HF ``TopPLogitsWarper`` semantics: keep
-    the smallest set of most probable tokens whose mass reaches ``top_p``, always at least one)."""
+def warp_probs(logits: torch.Tensor, temperature: float, top_p: float, top_k: int = 0,
+               min_p: float = 0.0) -> torch.Tensor:
+    """softmax of ``logits / temperature`` after Hugging Face's warpers, in HF's order and with their semantics,
+    renormalised over what is kept:
+
+    - top-k (``TopKLogitsWarper``; 0 = off): keep the tokens scoring at least the k-th highest score (ties kept);
+    - top-p (``TopPLogitsWarper``): keep the smallest set of most probable tokens whose mass reaches ``top_p``,
+      always at least one;
+    - min-p (``MinPLogitsWarper``; 0 = off): drop the tokens less probable than ``min_p`` times the most probable
+      one (which always stays)."""
     scores = logits / temperature
+    if 0 < top_k < scores.shape[-1]:
+        kth = torch.topk(scores, top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
     if top_p < 1.0:
         sorted_logits, sorted_idx = torch.sort(scores, descending=False, dim=-1)
         cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
@@ -202,4 +215,7 @@ def warp_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.
         remove_sorted[..., -1] = False
         remove = remove_sorted.scatter(-1, sorted_idx, remove_sorted)
         scores = scores.masked_fill(remove, float("-inf"))
+    if min_p > 0:
+        probs = torch.softmax(scores, dim=-1)
+        scores = scores.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
     return torch.softmax(scores, dim=-1)

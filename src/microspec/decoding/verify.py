@@ -63,19 +63,32 @@ class LazyHead:
     """Full-vocabulary logits of verify rows, computed on demand according to a head mode."""
 
     def __init__(self, head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, tree: DraftTree,
-                 mode: str):
+                 mode: str, first: torch.Tensor | None = None):
+        """``first``: the logits of :meth:`first_rows` already computed (a batch of walks shares one head pass)."""
         self.head, self.hidden, self.rows = head, hidden, {}
         self.computed = 0
+        rows = self.first_rows(tree, mode)
+        if first is None:
+            self._fill(rows)
+        else:
+            self.computed += len(rows)
+            self.rows.update(zip(rows, first))
+
+    @staticmethod
+    def first_rows(tree: DraftTree, mode: str) -> list[int]:
+        """The verify rows a walk's head computes up front: every row (``all``), the draft's most probable path
+        (``path``), the root (``visited``: every walk starts there)."""
         if mode == "all":
-            self._fill(list(range(hidden.shape[0])))
-        elif mode == "path":
+            return list(range(1 + len(tree)))
+        if mode == "path":
             children, row, main = tree.children(), 0, [0]
             while children[row]:
                 row = children[row][0] + 1
                 main.append(row)
-            self._fill(main)
-        elif mode != "visited":
+            return main
+        if mode != "visited":
             raise ValueError(f"unknown head mode {mode!r}; choose from {HEAD_MODES}")
+        return [0]
 
     def _fill(self, rows: list[int]) -> None:
         logits = self.head(self.hidden[rows])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 
 import torch
@@ -30,6 +31,12 @@ class Drafter(ABC):
         """Called once per generation after the target's prefill with its final hidden states of the prompt and the
         vocabulary policy a draft head takes its sets from (None: the whole vocabulary; drafters without an LM head
         ignore it)."""
+
+    def fresh(self) -> "Drafter":
+        """A drafter of the same kind and settings for another generation running beside this one's (a server
+        decoding several requests at once): it shares the weights, not the state.  The state a drafter keeps
+        is set up again by :meth:`prefill`, so a shallow copy serves; a drafter made of drafters copies them too."""
+        return copy.copy(self)
 
     def feature_layers(self, target: NativeCausalLM) -> tuple[int, ...] | None:
         """Layers of ``target`` whose inputs the drafter drafts from (:class:`~microspec.models.native.Taps`):

@@ -39,6 +39,9 @@ class LookupFirst(Drafter):
         self.name = f"{drafter.name}+lookup"
         self.lookup_steps = 0
 
+    def fresh(self) -> "LookupFirst":
+        return LookupFirst(self.drafter.fresh(), self.lookup.fresh())
+
     @property
     def head(self):  # the model drafter's draft head (its timer and active sizes feed the stats)
         return getattr(self.drafter, "head", None)

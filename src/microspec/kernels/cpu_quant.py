@@ -137,11 +137,15 @@ def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torc
 
 
 def layer_step(x: torch.Tensor, mats: list[torch.Tensor], meta: list[int], biases: list[torch.Tensor],
-               norms: list[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, kv: torch.Tensor, start: int, lo: int,
-               allowed: torch.Tensor, dims: list[int], eps: float, scale: float) -> torch.Tensor:
-    """One decoder layer of a packed model on fp32 rows ``x`` [T, d], writing its keys and values into ``kv``
-    [2, kv heads, capacity, hd] at ``start`` (see ``csrc/layer_step.cpp`` for the arguments)."""
-    return _EXT.module.layer_step(x, mats, meta, biases, norms, cos, sin, kv, start, lo, allowed, dims, eps, scale)
+               norms: list[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
+               segments: list[tuple[torch.Tensor, int, int, int, torch.Tensor]], dims: list[int], eps: float,
+               scale: float) -> torch.Tensor:
+    """One decoder layer of a packed model on fp32 rows ``x`` [T, d], the rows in ``segments`` of one sequence each:
+    (``kv`` [2, kv heads, capacity, hd], its row count, the slot its keys and values go to, its first visible key,
+    its mask), in row order (see ``csrc/layer_step.cpp``).  The products read the weights once for all rows."""
+    kvs, rows, starts, los, masks = (list(part) for part in zip(*segments))
+    return _EXT.module.layer_step(x, mats, meta, biases, norms, cos, sin, kvs, rows, starts, los, masks, dims, eps,
+                                  scale)
 
 
 def argmax(x: torch.Tensor) -> int:

@@ -244,21 +244,84 @@ class NativeCausalLM(nn.Module):
 
         fused = self._fused_layers() if t <= cpu_linear.ATTENTION_MAX_ROWS and cpu_quant.rows_apply(x) else None
         tapped = {} if taps is not None and num_layers is None else None
-        for i, layer in enumerate(layers):
-            if tapped is not None and i in taps.layers:
-                tapped[i] = x
-            if fused is not None:  # packed GGUF layers on fp32 rows: the whole layer in one kernel call
-                amask, lo = masks[spec.layer_windows[i]]
-                allowed = self._no_mask if amask is None else amask.reshape(t, s - lo).contiguous()
-                cos, sin = rope[spec.layer_rope[i]]
-                x = cpu_quant.layer_step(x, *fused[i][:4], cos, sin, cache.kv[i], start, lo, allowed, fused[i][4],
-                                         spec.rms_norm_eps, spec.attn_scale)
-            else:
+        if fused is not None:  # packed GGUF layers on fp32 rows: each whole layer in one kernel call
+            x = self._fused_run(x, [(cache, t, masks)], rope, fused[: len(layers)],
+                                tapped if tapped is None else (taps.layers, tapped))
+        else:
+            for i, layer in enumerate(layers):
+                if tapped is not None and i in taps.layers:
+                    tapped[i] = x
                 x = self.layer(i, layer, x, rope, attend)
         cache.length = s
         if tapped is not None:
             taps.collect(tapped, x)
         return self.model.norm(x) if self.model.norm is not None else x
+
+    def _fused_run(self, x: torch.Tensor, segments: list, rope: dict, fused: list, tap) -> torch.Tensor:
+        """The fused layers over ``x``, whose rows are ``segments`` of one sequence each: (its cache, its row count,
+        its masks by window as :meth:`_masks` gives them).  ``tap``: None, or (layers, dict) to fill with the input
+        of each of those layers.  Leaves the caches' lengths to the caller."""
+        spec = self.spec
+        for i in range(len(fused)):
+            if tap is not None and i in tap[0]:
+                tap[1][i] = x
+            parts = []
+            for cache, t, masks in segments:
+                amask, lo = masks[spec.layer_windows[i]]
+                start = cache.length
+                allowed = self._no_mask if amask is None else amask.reshape(t, start + t - lo).contiguous()
+                parts.append((cache.kv[i], t, start, lo, allowed))
+            cos, sin = rope[spec.layer_rope[i]]
+            x = cpu_quant.layer_step(x, *fused[i][:4], cos, sin, parts, fused[i][4], spec.rms_norm_eps,
+                                     spec.attn_scale)
+        return x
+
+    def forward_many(self, batch: list[tuple[torch.Tensor, KVCache, torch.Tensor | None, torch.Tensor | None]],
+                     taps: list["Taps | None"] | None = None) -> list[torch.Tensor]:
+        """:meth:`forward` of several sequences at once, each ``(input_ids, cache, positions, mask)`` with a cache of
+        its own; the final hidden states of each, in order.
+
+        On a packed CPU model the rows of every sequence of at most ``ATTENTION_MAX_ROWS`` new tokens go through
+        each layer in one fused call — one read of the packed weights for all of them — with attention per sequence
+        over its own cache; every kernel is row-wise, so a row gets the values it gets alone and each sequence's
+        output is its own :meth:`forward`'s, bit for bit.  Other models and longer sequences run one by one."""
+        taps = list(taps) if taps is not None else [None] * len(batch)
+        out: list[torch.Tensor | None] = [None] * len(batch)
+        joint = [j for j, b in enumerate(batch) if len(b[0]) <= cpu_linear.ATTENTION_MAX_ROWS]
+        fused = self._fused_layers() if len(joint) > 1 and \
+            cpu_quant.rows_apply(torch.empty(0, dtype=self.dtype, device=self.device)) else None
+        if fused is None:
+            joint = []
+        for j in set(range(len(batch))) - set(joint):
+            ids, cache, positions, mask = batch[j]
+            out[j] = self.forward(ids, cache, positions, mask, taps=taps[j])
+        if not joint:
+            return out
+        segments, xs, pos = [], [], []
+        for j in joint:
+            ids, cache, positions, mask = batch[j]
+            t, start = len(ids), cache.length
+            if start + t > cache.capacity:
+                raise MicrospecError(f"KV cache capacity {cache.capacity} exceeded ({start + t} slots needed)")
+            p = positions if positions is not None else torch.arange(start, start + t, device=ids.device)
+            cache.pos[start : start + t] = p
+            segments.append((cache, t, self._masks(cache, start, positions, mask, t)))
+            xs.append(self.embed(ids))
+            pos.append(p)
+        x = torch.cat(xs)
+        layers = sorted({i for j in joint if taps[j] is not None for i in taps[j].layers})
+        tapped: dict[int, torch.Tensor] = {}
+        x = self._fused_run(x, segments, self._rope_tables(torch.cat(pos), self.dtype), fused,
+                            (layers, tapped) if layers else None)
+        hidden = self.model.norm(x) if self.model.norm is not None else x
+        r0 = 0
+        for j, (cache, t, _) in zip(joint, segments):
+            cache.length += t
+            if taps[j] is not None:
+                taps[j].collect({i: v[r0 : r0 + t] for i, v in tapped.items()}, x[r0 : r0 + t])
+            out[j] = hidden[r0 : r0 + t]
+            r0 += t
+        return out
 
     def layer(self, i: int, layer: nn.Module, x: torch.Tensor, rope: dict, attend) -> torch.Tensor:
         """Decoder layer ``i`` on ``x`` [..., T, d]: ``attend(i, q, k, v)`` gets q [..., heads, T, hd] and k, v

@@ -24,6 +24,14 @@ class Metrics:
         self.decode_seconds = 0.0  # time in generation (prefill included) of the finished requests
         self.finished = {"stop": 0, "length": 0}  # requests by finish reason
         self.cancelled = self.errors = self.rejected = self.timeouts = 0
+        self.batch_steps: dict[tuple[int, str], int] = {}  # decode steps by (requests in the step, depth cap)
+
+    def on_step(self, requests: int, depth: int | None) -> None:
+        """One decode step of ``requests`` requests together, each drafting at most ``depth`` levels (None: as its
+        method says)."""
+        key = (requests, "method" if depth is None else str(depth))
+        with self.lock:
+            self.batch_steps[key] = self.batch_steps.get(key, 0) + 1
 
     def on_request(self, stats: GenerationStats, finish: str) -> None:
         """A finished generation."""
@@ -86,6 +94,11 @@ class Metrics:
             metric("microspec:generation_tokens_per_second", "gauge",
                    "Generated tokens over the time spent generating them (finished requests).",
                    [("", round(rate, 3))])
+            metric("microspec:decode_steps", "counter",
+                   "Decode steps, by the requests decoded together and the depth cap they drafted to (method: "
+                   "the method's own).",
+                   [(f'batch_size="{n}",depth="{d}"', c) for (n, d), c in sorted(self.batch_steps.items())]
+                   or [('batch_size="1",depth="method"', 0)])
             for name, value, doc in (("cancelled", self.cancelled, "Generations cancelled by their client."),
                                      ("errors", self.errors, "Requests that failed inside the worker."),
                                      ("rejected", self.rejected, "Requests refused because the queue was full."),

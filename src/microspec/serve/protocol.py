@@ -1,8 +1,10 @@
 """The OpenAI wire format: requests parsed and checked into :class:`Request`, responses and stream chunks built.
 
-Only what the HTTP side can judge is checked here (JSON types, ranges, the served model's name); what needs the
-model — a prompt over the context, a conversation without a chat template — is checked by the worker before the
-first token, and still answers 400 (:class:`~microspec.serve.worker.Worker`).
+Only what the HTTP side can judge is checked here (JSON types, ranges, text that is valid Unicode, the served
+model's name, the server's cap on ``max_tokens``); what needs the model — a prompt over the context, a
+conversation without a chat template — is checked by the worker before the first token, and still answers 400
+(:class:`~microspec.serve.worker.Worker`).  A JSON ``null`` is an absent option throughout, as OpenAI's schema
+has it.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ DEFAULT_MAX_TOKENS = {"completion": 16, "chat": 256}  # OpenAI's legacy completi
 class APIError(Exception):
     """An error answered as OpenAI does: ``{"error": {"message", "type", "param", "code"}}`` with an HTTP status."""
 
-    TYPES: ClassVar[dict[int, str]] = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_exceeded", 500: "server_error",
-             503: "service_unavailable", 504: "timeout"}
+    TYPES: ClassVar[dict[int, str]] = {
+        400: "invalid_request_error", 401: "invalid_request_error", 404: "not_found_error",
+        405: "invalid_request_error", 408: "timeout", 413: "invalid_request_error", 415: "invalid_request_error",
+        429: "rate_limit_exceeded", 500: "server_error", 503: "service_unavailable", 504: "timeout"}
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
@@ -41,6 +45,8 @@ class Request:
     kind: str  # "completion" or "chat"
     cfg: GenerationConfig  # its stop strings are the request's "stop"
     stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage and no choices
+    max_tokens_given: bool = True  # False: cfg.max_new_tokens is the default, cut to what the context leaves
     prompt: str | None = None  # completion: text ...
     prompt_ids: list[int] | None = None  # ... or token ids
     messages: list[dict] = field(default_factory=list)  # chat
@@ -57,12 +63,32 @@ def _bad(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param)
 
 
+def _text(value: str, where: str, param: str) -> str:
+    """``value``, or a 400 when it is not Unicode text: JSON's ``\\u`` escapes can spell a lone UTF-16 surrogate
+    (``"\\ud800"``), which Python's json module lets through and no tokenizer can encode."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise _bad(f"{where} is not valid Unicode text: it holds a lone UTF-16 surrogate "
+                   f"(\\u{ord(value[exc.start]):04x} at character {exc.start})", param) from None
+    return value
+
+
+def json_type(value) -> str:
+    """What a parsed JSON value is, in JSON's words."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return {str: "a string", list: "an array", dict: "an object"}.get(type(value), "null")
+
+
 def _number(body: dict, name: str, default, kind=(int, float)):
     value = body.get(name, default)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, kind):
-        raise _bad(f"'{name}' must be a {'integer' if kind is int else 'number'}, got {type(value).__name__}", name)
+        raise _bad(f"'{name}' must be {'an integer' if kind is int else 'a number'}, got {json_type(value)}", name)
     if isinstance(value, float) and not math.isfinite(value):
         raise _bad(f"'{name}' must be a finite number", name)
     if isinstance(value, int) and not -(2**63) <= value < 2**63:
@@ -92,7 +118,7 @@ def _stops(body: dict) -> tuple[str, ...]:
         raise _bad("'stop' must be a non-empty string or a list of non-empty strings", "stop")
     if len(stops) > MAX_STOPS:
         raise _bad(f"'stop' takes at most {MAX_STOPS} sequences, got {len(stops)}", "stop")
-    return tuple(stops)
+    return tuple(_text(s, "'stop'", "stop") for s in stops)
 
 
 def _content(message: dict, i: int) -> str:
@@ -106,7 +132,7 @@ def _content(message: dict, i: int) -> str:
         content = "".join(texts)
     if not isinstance(content, str):
         raise _bad(f"messages[{i}].content must be a string", "messages")
-    return content
+    return _text(content, f"messages[{i}].content", "messages")
 
 
 def _messages(body: dict) -> list[dict]:
@@ -135,6 +161,7 @@ def _prompt(body: dict) -> tuple[str | None, list[int] | None]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
+        _text(prompt, "'prompt'", "prompt")
         if not prompt.strip():
             raise _bad("the prompt is empty", "prompt")
         return prompt, None
@@ -146,14 +173,52 @@ def _prompt(body: dict) -> tuple[str | None, list[int] | None]:
                "prompt")
 
 
-def parse(body, kind: str, model_name: str) -> Request:
+def _stream(body: dict) -> tuple[bool, bool]:
+    """(stream, include_usage) of ``stream`` and ``stream_options``."""
+    stream = body.get("stream")
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise _bad("'stream' must be a boolean", "stream")
+    options = body.get("stream_options")
+    if options is None:
+        return stream, False
+    if not isinstance(options, dict):
+        raise _bad("'stream_options' must be an object", "stream_options")
+    if not stream:
+        raise _bad("'stream_options' is only allowed when 'stream' is true", "stream_options")
+    include_usage = options.get("include_usage")
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise _bad("'stream_options.include_usage' must be a boolean", "stream_options")
+    return stream, bool(include_usage)
+
+
+def _max_tokens(body: dict, kind: str, cap: int | None) -> int:
+    """``max_tokens`` (chat: ``max_completion_tokens`` first, unless null), at most ``cap`` (the server's
+    ``--max-tokens``: a request above it is a 400; an absent one takes the default, cut to the cap here and to what
+    the context leaves after the prompt by the HTTP side)."""
+    name = "max_completion_tokens" if kind == "chat" and body.get("max_completion_tokens") is not None \
+        else "max_tokens"
+    value = _number(body, name, None, int)
+    if value is None:
+        return DEFAULT_MAX_TOKENS[kind] if cap is None else min(DEFAULT_MAX_TOKENS[kind], cap)
+    if value <= 0:
+        raise _bad(f"'{name}' must be >= 1, got {value}", name)
+    if cap is not None and value > cap:
+        raise _bad(f"'{name}' is {value}, more than this server's limit of {cap} tokens", name)
+    return value
+
+
+def parse(body, kind: str, model_name: str, max_tokens_cap: int | None = None) -> Request:
     """The request of a ``/v1/completions`` (``kind`` "completion") or ``/v1/chat/completions`` ("chat") body, or
-    an :class:`APIError`."""
+    an :class:`APIError`.  ``max_tokens_cap``: the most tokens a request may ask for (None: no cap here)."""
     if not isinstance(body, dict):
         raise _bad("the request body must be a JSON object")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise _bad("'model' must be a string", "model")
+    if model is not None:
+        _text(model, "'model'", "model")
     if model not in (None, model_name):
         raise APIError(404, f"the model {model!r} does not exist here; this server serves {model_name!r}", "model",
                        "model_not_found")
@@ -161,36 +226,39 @@ def parse(body, kind: str, model_name: str) -> Request:
     n = _number(body, "n", 1, int)
     if n != 1:
         raise _bad("only n = 1 is supported", "n")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise _bad("'stream' must be a boolean", "stream")
-    name = "max_completion_tokens" if kind == "chat" and "max_completion_tokens" in body else "max_tokens"
-    max_tokens = _number(body, name, DEFAULT_MAX_TOKENS[kind], int)
-    if max_tokens <= 0:
-        raise _bad(f"'{name}' must be >= 1, got {max_tokens}", name)
-    temperature = _number(body, "temperature", 1.0)  # OpenAI's default: sampling
+    stream, include_usage = _stream(body)
+    max_tokens = _max_tokens(body, kind, max_tokens_cap)
+    temperature = _number(body, "temperature", 1.0)  # OpenAI's default: sampling; below 1e-5: greedy (vLLM)
     if temperature < 0:
         raise _bad(f"'temperature' must be >= 0, got {temperature}", "temperature")
     top_p = _number(body, "top_p", 1.0)
     if not 0 < top_p <= 1:
         raise _bad(f"'top_p' must be in (0, 1], got {top_p}", "top_p")
+    top_k = _number(body, "top_k", 0, int)  # vLLM's extension; 0 or -1: off
+    if top_k < -1:
+        raise _bad(f"'top_k' must be >= 1, or 0 or -1 for all tokens, got {top_k}", "top_k")
+    min_p = _number(body, "min_p", 0.0)  # vLLM's extension; 0: off
+    if not 0 <= min_p <= 1:
+        raise _bad(f"'min_p' must be in [0, 1], got {min_p}", "min_p")
     seed = _number(body, "seed", None, int)
     penalty = _number(body, "repetition_penalty", 1.0)
     if penalty <= 0:
         raise _bad(f"'repetition_penalty' must be > 0, got {penalty}", "repetition_penalty")
-    ignore_eos = body.get("ignore_eos", False)
+    ignore_eos = body.get("ignore_eos")
+    ignore_eos = False if ignore_eos is None else ignore_eos
     if not isinstance(ignore_eos, bool):
         raise _bad("'ignore_eos' must be a boolean", "ignore_eos")
     try:
         cfg = GenerationConfig(max_new_tokens=max_tokens, temperature=float(temperature), top_p=float(top_p),
-                               seed=seed, repetition_penalty=float(penalty), stop_strings=_stops(body),
-                               ignore_eos=ignore_eos)
+                               top_k=max(top_k, 0), min_p=float(min_p), seed=seed,
+                               repetition_penalty=float(penalty), stop_strings=_stops(body), ignore_eos=ignore_eos)
     except MicrospecError as exc:
         raise _bad(str(exc)) from None
+    given = body.get("max_tokens") is not None or (kind == "chat" and body.get("max_completion_tokens") is not None)
     if kind == "chat":
-        return Request(kind, cfg, stream, messages=_messages(body))
+        return Request(kind, cfg, stream, include_usage, given, messages=_messages(body))
     prompt, prompt_ids = _prompt(body)
-    return Request(kind, cfg, stream, prompt=prompt, prompt_ids=prompt_ids)
+    return Request(kind, cfg, stream, include_usage, given, prompt=prompt, prompt_ids=prompt_ids)
 
 
 # ---------------------------------------------------------------- responses
@@ -215,10 +283,11 @@ def response(req: Request, model: str, text: str, finish: str, use: dict, extra:
             "usage": use, "microspec": extra}
 
 
-def chunk(req: Request, model: str, text: str | None, finish: str | None = None, use: dict | None = None,
-          first: bool = False, extra: dict | None = None) -> dict:
-    """One server-sent event of a streamed answer: a text delta, or (with ``finish``) the last one, which carries
-    the usage."""
+def chunk(req: Request, model: str, text: str | None, finish: str | None = None, first: bool = False,
+          extra: dict | None = None) -> dict:
+    """One server-sent event of a streamed answer: a text delta, or (with ``finish``) the last one with choices.
+    With ``stream_options.include_usage`` every chunk has ``"usage": null`` (the usage comes in
+    :func:`usage_chunk`), as OpenAI streams; without it, none has a usage."""
     if req.kind == "chat":
         delta = {} if text is None else {"content": text}
         if first:
@@ -229,8 +298,14 @@ def chunk(req: Request, model: str, text: str | None, finish: str | None = None,
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish and FINISH[finish]}
         obj = "text_completion"
     out = {"id": req.id, "object": obj, "created": req.created, "model": model, "choices": [choice]}
-    if use is not None:
-        out["usage"] = use
+    if req.include_usage:
+        out["usage"] = None
     if extra is not None:
         out["microspec"] = extra
     return out
+
+
+def usage_chunk(req: Request, model: str, use: dict) -> dict:
+    """The extra last chunk of a stream with ``stream_options.include_usage``: no choices, the whole usage."""
+    obj = "chat.completion.chunk" if req.kind == "chat" else "text_completion"
+    return {"id": req.id, "object": obj, "created": req.created, "model": model, "choices": [], "usage": use}

@@ -1,13 +1,23 @@
-"""One worker owns the model: requests wait in a bounded queue and are decoded one at a time.
+"""One worker owns the model and decodes every running request together: continuous batching.
 
-The HTTP side (:mod:`microspec.serve.app`) submits a :class:`Job` and reads its events from an asyncio queue; the
-worker thread encodes the prompt, checks it, runs the engine's generation loop and posts, from the thread, through
-the event loop: ``("start", prompt_tokens)`` once the request is accepted (its status can still be 400 before that),
+The HTTP side (:mod:`microspec.serve.app`) tokenizes and checks a request off this thread (:meth:`Worker.prepare`),
+submits a :class:`Job` and reads its events from an asyncio queue.  Jobs wait in a bounded queue; at each step
+boundary the worker admits waiting jobs while fewer than ``max_num_seqs`` run (a newcomer's prefill is its own
+forward, then it joins), takes one step of every running request — each drafts its own tree, and all verify passes
+share one forward of the target (:func:`~microspec.decoding.loop.step_many`: one read of the packed weights for
+every row) — and lets finished, cancelled and failed requests leave.  Each request keeps its own decoding
+settings, stop conditions, KV cache, drafter and vocabulary policy (:meth:`Engine.start`), so its tokens are those
+it decodes alone.  How deep the requests of a batch draft is measured, per batch size
+(:class:`~microspec.decoding.adaptive.BatchDepth`: the depth cap with the best committed tokens per second of the
+whole batch, 0 meaning nobody drafts), since each extra row delays every request of the batch; a fixed cap
+(``batch_depth``) replaces it; a lone request drafts as its method says.
+
+Events, posted from the thread through the event loop: ``("start", prompt_tokens)`` when the request is admitted,
 ``("delta", text)`` per committed batch of tokens (streamed requests), then ``("done", result)``, or ``("error",
-APIError)``: 400 for what the request got wrong (found before "start"), 500 for a failure after it.  A cancelled
-job (its client went away, or it timed out) leaves its place in the queue at once (:class:`JobQueue` counts only
-live jobs) and, when running, stops at the next step: the loop's ``on_commit`` raises :class:`Cancelled`.  Nothing
-a request does kills the worker.
+APIError)``: 400 for what the request got wrong (found before "start"), 503 when the server shuts down before it
+ran, 500 for a failure after it started.  A cancelled job (its client went away, or it timed out) leaves the queue
+at once and, when running, its slot at the next step boundary (its ``on_commit`` raises :class:`Cancelled`).
+Nothing a request does kills the worker or the other requests.
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ import asyncio
 import collections
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 
@@ -38,6 +49,8 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     reason: str = ""  # why it was cancelled: "client" (it went away) or "timeout"
+    ids: list[int] | None = None  # the prompt's ids, from Worker.prepare (off the decoding thread)
+    queue: "JobQueue | None" = None  # the queue it waits in: a cancelled job leaves it at once
 
     def post(self, event: tuple) -> None:
         """Hand an event to the request's coroutine (from the worker thread)."""
@@ -50,11 +63,12 @@ class Job:
         if not self.cancelled.is_set():
             self.reason = reason
         self.cancelled.set()
+        if self.queue is not None and self.queue.discard(self):
+            self.ids = None  # its prompt is not kept while nobody waits for it
 
 
 class JobQueue:
-    """A bounded FIFO of jobs whose bound and length count live jobs only: a cancelled job still in it takes no
-    place (the worker drops it when it reaches it)."""
+    """A bounded FIFO of jobs; a cancelled job leaves it at once (:meth:`discard`)."""
 
     def __init__(self, maxsize: int):
         self.maxsize = maxsize
@@ -63,24 +77,41 @@ class JobQueue:
 
     def qsize(self) -> int:
         with self._ready:
-            return sum(j is not None and not j.cancelled.is_set() for j in self._jobs)
+            return sum(j is not None for j in self._jobs)
 
     def put(self, job: Job | None, force: bool = False) -> bool:
         """Append ``job`` (None: the stop signal, always taken with ``force``); False when full."""
         with self._ready:
-            live = sum(j is not None and not j.cancelled.is_set() for j in self._jobs)
-            if not force and live >= self.maxsize:
+            if not force and sum(j is not None for j in self._jobs) >= self.maxsize:
                 return False
             self._jobs.append(job)
             self._ready.notify()
             return True
 
-    def get(self) -> Job | None:
-        """The next job, cancelled or not (None: stop), waiting for one."""
+    def discard(self, job: Job) -> bool:
+        """Take ``job`` out if it is waiting; whether it was."""
+        with self._ready:
+            try:
+                self._jobs.remove(job)
+            except ValueError:
+                return False
+            return True
+
+    def get(self, block: bool = True) -> Job | None | bool:
+        """The next job (None: stop); without ``block``, False when there is none."""
         with self._ready:
             while not self._jobs:
+                if not block:
+                    return False
                 self._ready.wait()
             return self._jobs.popleft()
+
+    def drain(self) -> list[Job]:
+        """Take every waiting job out."""
+        with self._ready:
+            jobs = [j for j in self._jobs if j is not None]
+            self._jobs = collections.deque(j for j in self._jobs if j is None)
+            return jobs
 
 
 @dataclass
@@ -92,18 +123,45 @@ class Result:
     stats: dict
 
 
+@dataclass
+class _Running:
+    job: Job
+    gen: object  # its microspec.decoding.loop.Generation
+    text: TextStream
+
+
 class Worker:
-    def __init__(self, engine: Engine | AutoEngine, max_queue: int = 64, model_name: str | None = None):
+    def __init__(self, engine: Engine | AutoEngine, max_queue: int = 64, model_name: str | None = None,
+                 max_num_seqs: int = 8, batch_depth: int | None = None, threads: int | None = None):
+        """``batch_depth``: the deepest level every request of a batch of several drafts (None: measured).
+        ``threads``: torch's CPU threads for the decoding thread (None: as they are).  A server should load the
+        model with one thread and give the decoding thread the real count here: OpenMP keeps a team of threads per
+        thread that ran parallel work, and with more of them than cores its idle threads stop spinning between
+        parallel regions, so each of a step's ~150 regions pays a wake-up (measured on 2 cores: 31 ms a plain
+        Gemma 3 270M step on a decoding thread after a multi-threaded load in the main thread, 17 ms otherwise)."""
+        from ..decoding.adaptive import BatchDepth
+
         self.engine, self.lm = engine, engine.lm
         self.queue = JobQueue(max_queue)
         self.metrics = Metrics(model_name or self.lm.name)
+        self.max_num_seqs, self.batch_depth, self.threads = max_num_seqs, batch_depth, threads
+        self.depths = BatchDepth()
         self.running = 0
+        self.closing = False
         self.thread = threading.Thread(target=self._loop, name="microspec-worker", daemon=True)
 
     def start(self) -> None:
         self.thread.start()
 
     def stop(self) -> None:
+        """End the thread once the running requests have finished (waiting ones are answered 503)."""
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """Stop taking requests: new ones and those still waiting are answered 503; the running ones finish."""
+        self.closing = True
+        for job in self.queue.drain():
+            job.post(("error", APIError(503, "the server is shutting down", code="shutting_down")))
         self.queue.put(None, force=True)
 
     @property
@@ -111,45 +169,143 @@ class Worker:
         return self.queue.qsize()
 
     def submit(self, job: Job) -> None:
-        """Queue ``job``, or answer 429 when the queue is full."""
+        """Queue ``job``, or answer 429 when the queue is full (503 once the server is shutting down)."""
+        if self.closing:
+            raise APIError(503, "the server is shutting down", code="shutting_down")
+        job.queue = self.queue
         if not self.queue.put(job):
             self.metrics.count("rejected")
             raise APIError(429, f"the server is busy: {self.queue.maxsize} requests are waiting; retry later",
                            code="queue_full")
+        if job.cancelled.is_set():  # cancelled before it was queued
+            self.queue.discard(job)
+
+    def depth(self, n: int) -> int | None:
+        """How many levels each of ``n`` running requests drafts this step (None: as its method says)."""
+        if n <= 1:
+            return None
+        return self.depths.depth(n) if self.batch_depth is None else self.batch_depth
 
     # ---------------------------------------------------------------- the thread
     def _loop(self) -> None:
+        from ..decoding.loop import step_many
+
+        if self.threads is not None:
+            import torch
+
+            torch.set_num_threads(self.threads)
+        running: list[_Running] = []
+        stopping = False
         while True:
-            job = self.queue.get()
-            if job is None:
-                return
-            if job.cancelled.is_set():  # gone while it waited (a timeout is counted where it happened)
-                if job.reason == "client":
-                    self.metrics.count("cancelled")
+            while not stopping and len(running) < self.max_num_seqs:
+                job = self.queue.get(block=not running)
+                if job is False:
+                    break
+                if job is None:
+                    stopping = True
+                    break
+                r = self._admit(job)
+                if r is not None:
+                    running.append(r)
+            if not running:
+                if stopping:
+                    return
                 continue
-            self.running = 1
-            started = [False]
-            event = None
-            try:
-                event = ("done", self._generate(job, started))
-            except Cancelled:
-                if job.reason == "client":
-                    self.metrics.count("cancelled")
-            except (MicrospecError, APIError) as exc:
-                if not started[0]:  # the request's own fault, found before anything was answered
-                    event = ("error", exc if isinstance(exc, APIError) else APIError(400, str(exc)))
+            self.running = len(running)
+            n, before = len(running), sum(len(r.gen.out) for r in running)
+            depth, t0 = self.depth(n), time.perf_counter()
+            errors = step_many(self.lm.model, [r.gen for r in running], depth)
+            self.metrics.on_step(n, depth)
+            if self.batch_depth is None:
+                self.depths.observe(n, depth, sum(len(r.gen.out) for r in running) - before,
+                                    time.perf_counter() - t0)
+            ended = [(r, e) for r, e in zip(running, errors) if e is not None or r.gen.finish is not None]
+            running = [r for r, e in zip(running, errors) if e is None and r.gen.finish is None]
+            self.running = len(running)  # before the answers: a client that has one sees its slot free
+            for r, error in ended:
+                if error is not None:
+                    self._end(r.job, error, started=True)
                 else:
-                    event = self._failed(exc)
-            except Exception as exc:  # noqa: BLE001 - a request must never kill the worker
-                event = self._failed(exc)
-            self.running = 0  # before the answer: a client that has it sees the worker free
-            if event is not None:
-                job.post(event)
+                    self._finish(r)
+
+    def _admit(self, job: Job) -> _Running | None:
+        """Start ``job``: its generation, prefilled, its first token committed; None when it ended already."""
+        if job.cancelled.is_set():  # gone while it waited (a timeout is counted where it happened)
+            if job.reason == "client":
+                self.metrics.count("cancelled")
+            return None
+        started = False
+        try:
+            req = job.request
+            ids = job.ids if job.ids is not None else self.prepare(req)  # a 400 before anything streams
+            text = TextStream(self.lm.tokenizer, req.cfg.stop_strings)
+            gen = self.engine.start(ids, req.cfg, stop_string_check(self.lm.tokenizer, req.cfg.stop_strings),
+                                    on_commit=self._on_commit(job, text))
+            job.post(("start", len(ids)))
+            started = True
+            gen.prefill()
+        except Exception as exc:  # noqa: BLE001 - a request must never kill the worker
+            self._end(job, exc, started)
+            return None
+        r = _Running(job, gen, text)
+        if gen.finish is not None:
+            self._finish(r)
+            return None
+        return r
+
+    def _on_commit(self, job: Job, text: TextStream):
+        def on_commit(tokens: list[int]) -> bool:
+            if job.cancelled.is_set():
+                raise Cancelled
+            delta = text.push(tokens)
+            if delta and job.request.stream:
+                job.post(("delta", delta))
+            return text.stopped  # a stop sequence the loop's tail check missed ends it too
+
+        return on_commit
+
+    def _end(self, job: Job, exc: Exception, started: bool) -> None:
+        """A job that raised ``exc``: cancelled (nothing to answer), the request's fault before it started (400),
+        or a failure (500)."""
+        if isinstance(exc, Cancelled):
+            if job.reason == "client":
+                self.metrics.count("cancelled")
+            return
+        if isinstance(exc, (MicrospecError, APIError)) and not started:
+            job.post(("error", exc if isinstance(exc, APIError) else APIError(400, str(exc))))
+            return
+        job.post(self._failed(exc))
+
+    def _finish(self, r: _Running) -> None:
+        gen, text, req = r.gen, r.text, r.job.request
+        result = gen.result()
+        rest = text.finish()
+        if rest and req.stream:
+            r.job.post(("delta", rest))
+        finish = "stop" if text.stopped else result.finish_reason
+        self.metrics.on_request(result.stats, finish)
+        stats = result.stats.to_dict()
+        extra = {k: stats[k] for k in ("mean_accept_len", "tokens_per_s", "decode_tokens_per_s", "steps")}
+        r.job.post(("done", Result(text.text, finish, len(gen.tokens) - len(result.token_ids),
+                                   len(result.token_ids), extra)))
 
     def _failed(self, exc: BaseException) -> tuple:
         self.metrics.count("errors")
-        traceback.print_exc(file=sys.stderr)
-        return ("error", APIError(500, f"internal error: {type(exc).__name__}: {exc}"))
+        traceback.print_exception(exc, file=sys.stderr)
+        return ("error", APIError(500, "internal error while generating; the server log has the details"))
+
+    def prepare(self, req: Request) -> list[int]:
+        """The request's prompt ids, checked against the model (context, vocabulary): what the request got wrong is
+        an :class:`APIError` 400.  Thread-safe; the HTTP side calls it in a thread pool before :meth:`submit`, so
+        that tokenizing a long prompt never holds the decoding thread."""
+        from ..decoding.loop import check_prompt
+
+        ids = self.encode(req)
+        try:
+            check_prompt(self.lm.model, ids, req.cfg)
+        except MicrospecError as exc:
+            raise APIError(400, str(exc)) from None
+        return ids
 
     def encode(self, req: Request) -> list[int]:
         """The request's prompt ids: a completion's text as :func:`microspec.api.encode_prompt` encodes plain text
@@ -170,32 +326,3 @@ class Worker:
             return encode_messages(self.lm, messages)
         except MicrospecError as exc:
             raise APIError(400, str(exc), "messages") from None
-
-    def _generate(self, job: Job, started: list[bool]) -> Result:
-        req, lm = job.request, self.lm
-        ids = self.encode(req)
-        from ..decoding.loop import check_prompt
-
-        check_prompt(lm.model, ids, req.cfg)  # a 400 before anything streams
-        job.post(("start", len(ids)))
-        started[0] = True
-        text = TextStream(lm.tokenizer, req.cfg.stop_strings)
-
-        def on_commit(tokens: list[int]) -> bool:
-            if job.cancelled.is_set():
-                raise Cancelled
-            delta = text.push(tokens)
-            if delta and req.stream:
-                job.post(("delta", delta))
-            return text.stopped  # a stop sequence the loop's tail check missed ends it too
-
-        result = self.engine.generate_ids(ids, req.cfg, stop_string_check(lm.tokenizer, req.cfg.stop_strings),
-                                          on_commit=on_commit)
-        rest = text.finish()
-        if rest and req.stream:
-            job.post(("delta", rest))
-        finish = "stop" if text.stopped else result.finish_reason
-        self.metrics.on_request(result.stats, finish)
-        stats = result.stats.to_dict()
-        extra = {k: stats[k] for k in ("mean_accept_len", "tokens_per_s", "decode_tokens_per_s", "steps")}
-        return Result(text.text, finish, len(ids), len(result.token_ids), extra)

@@ -5,5 +5,5 @@
 #include "linear_bf16.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("linear_bf16", torch::wrap_pybind_function(linear_bf16), "linear_bf16");
+  m.def("linear_bf16", torch::wrap_pybind_function_no_gil(linear_bf16), "linear_bf16");
 }

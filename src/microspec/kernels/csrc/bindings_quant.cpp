@@ -1,18 +1,20 @@
 // The Python module of the cpu_quant extension (the name comes from the build: TORCH_EXTENSION_NAME), with the
-// error handling torch's load_inline gave these functions (torch::wrap_pybind_function).
+// error handling torch's load_inline gave these functions (torch::wrap_pybind_function).  The products, the
+// attention and the fused layer release the GIL while they run (wrap_pybind_function_no_gil): a server's HTTP
+// thread answers, tokenizes and streams meanwhile instead of waiting for the decoding thread's next bytecode.
 #include <torch/extension.h>
 
 #include "quant.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("linear_q", torch::wrap_pybind_function(linear_q), "linear_q");
-  m.def("dequant_rows", torch::wrap_pybind_function(dequant_rows), "dequant_rows");
+  m.def("linear_q", torch::wrap_pybind_function_no_gil(linear_q), "linear_q");
+  m.def("dequant_rows", torch::wrap_pybind_function_no_gil(dequant_rows), "dequant_rows");
   m.def("argmax_f32", torch::wrap_pybind_function(argmax_f32), "argmax_f32");
-  m.def("linear_q8", torch::wrap_pybind_function(linear_q8), "linear_q8");
-  m.def("repack_x8", torch::wrap_pybind_function(repack_x8), "repack_x8");
-  m.def("x8_gather", torch::wrap_pybind_function(x8_gather), "x8_gather");
+  m.def("linear_q8", torch::wrap_pybind_function_no_gil(linear_q8), "linear_q8");
+  m.def("repack_x8", torch::wrap_pybind_function_no_gil(repack_x8), "repack_x8");
+  m.def("x8_gather", torch::wrap_pybind_function_no_gil(x8_gather), "x8_gather");
   m.def("rms_norm", torch::wrap_pybind_function(rms_norm), "rms_norm");
   m.def("rope", torch::wrap_pybind_function(rope), "rope");
-  m.def("attend_rows", torch::wrap_pybind_function(attend_rows), "attend_rows");
-  m.def("layer_step", torch::wrap_pybind_function(layer_step), "layer_step");
+  m.def("attend_rows", torch::wrap_pybind_function_no_gil(attend_rows), "attend_rows");
+  m.def("layer_step", torch::wrap_pybind_function_no_gil(layer_step), "layer_step");
 }

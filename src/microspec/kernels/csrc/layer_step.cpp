@@ -17,14 +17,22 @@ torch::Tensor lin(const torch::Tensor& x, const torch::Tensor& w, int64_t type, 
 
 // mats: q, k, v, o, gate, up, down (packed data); meta: type, K, integer for each; biases: the same 7 (empty: none);
 // norms: input, post_attention, pre_feedforward, post_feedforward, q, k (effective fp32 weights; empty: absent);
-// kv: this layer's [2, G, capacity, hd] cache; keys lo..start+T-1 visible through `allowed` [T, S'] (empty: all);
+// The rows are segments of one or more sequences, each with its own cache: segment j is rows[j] consecutive rows of
+// x, kvs[j] its sequence's [2, G, capacity, hd] cache of this layer, where its keys and values go at starts[j]; it
+// sees keys los[j]..starts[j]+rows[j]-1 through alloweds[j] [rows[j], S'] (empty: all).  The products run once over
+// all rows (one read of the packed weights); attention runs per segment over its own cache, so a row's result is the
+// one it has alone (attention.cpp visits exactly its visible keys).
 // dims: heads, kv heads, head dim, activation (0 silu, 1 gelu tanh, 2 gelu), gemma sandwich norms (0/1).
 torch::Tensor layer_step(torch::Tensor x, std::vector<torch::Tensor> mats, std::vector<int64_t> meta,
                          std::vector<torch::Tensor> biases, std::vector<torch::Tensor> norms, torch::Tensor cos,
-                         torch::Tensor sin, torch::Tensor kv, int64_t start, int64_t lo, torch::Tensor allowed,
+                         torch::Tensor sin, std::vector<torch::Tensor> kvs, std::vector<int64_t> rows,
+                         std::vector<int64_t> starts, std::vector<int64_t> los, std::vector<torch::Tensor> alloweds,
                          std::vector<int64_t> dims, double eps, double scale) {
   TORCH_CHECK(mats.size() == 7 && meta.size() == 21 && biases.size() == 7 && norms.size() == 6 && dims.size() == 5,
               "layer_step: 7 matrices, 21 meta values, 7 biases, 6 norms, 5 dims");
+  const size_t nseg = kvs.size();
+  TORCH_CHECK(nseg > 0 && rows.size() == nseg && starts.size() == nseg && los.size() == nseg &&
+              alloweds.size() == nseg, "layer_step: one cache, row count, start, first key and mask per segment");
   const int64_t T = x.size(0), nh = dims[0], nkv = dims[1], hd = dims[2], act = dims[3];
   const bool gemma = dims[4] != 0;
   auto L = [&](int i, const torch::Tensor& in) { return lin(in, mats[i], meta[3 * i], meta[3 * i + 1], meta[3 * i + 2], biases[i]); };
@@ -36,11 +44,19 @@ torch::Tensor layer_step(torch::Tensor x, std::vector<torch::Tensor> mats, std::
   if (norms[4].numel()) { q = N(4, q); k = N(5, k); }
   q = rope(q, cos, sin).transpose(0, 1);
   k = rope(k, cos, sin).transpose(0, 1);
-  kv.select(0, 0).narrow(1, start, T).copy_(k);
-  kv.select(0, 1).narrow(1, start, T).copy_(v);
-  const int64_t S = start + T;
-  const torch::Tensor keys = kv.select(0, 0).narrow(1, lo, S - lo), values = kv.select(0, 1).narrow(1, lo, S - lo);
-  torch::Tensor o = attend_rows(q, keys, values, allowed, scale);
+  std::vector<torch::Tensor> outs;
+  int64_t r0 = 0;
+  for (size_t j = 0; j < nseg; ++j) {
+    const int64_t t = rows[j], start = starts[j], lo = los[j], S = start + t;
+    const torch::Tensor& kv = kvs[j];
+    kv.select(0, 0).narrow(1, start, t).copy_(k.narrow(1, r0, t));
+    kv.select(0, 1).narrow(1, start, t).copy_(v.narrow(1, r0, t));
+    const torch::Tensor keys = kv.select(0, 0).narrow(1, lo, S - lo), values = kv.select(0, 1).narrow(1, lo, S - lo);
+    outs.push_back(attend_rows(q.narrow(1, r0, t), keys, values, alloweds[j], scale));
+    r0 += t;
+  }
+  TORCH_CHECK(r0 == T, "layer_step: the segments' rows do not add up to x's");
+  torch::Tensor o = nseg == 1 ? outs[0] : torch::cat(outs, 1);
   o = L(3, o.transpose(0, 1).reshape({T, nh * hd}));
   auto mlp = [&](const torch::Tensor& in) {
     torch::Tensor g = L(4, in);

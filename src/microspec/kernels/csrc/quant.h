@@ -23,5 +23,6 @@ torch::Tensor attend_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, tor
 // layer_step.cpp
 torch::Tensor layer_step(torch::Tensor x, std::vector<torch::Tensor> mats, std::vector<int64_t> meta,
                          std::vector<torch::Tensor> biases, std::vector<torch::Tensor> norms, torch::Tensor cos,
-                         torch::Tensor sin, torch::Tensor kv, int64_t start, int64_t lo, torch::Tensor allowed,
+                         torch::Tensor sin, std::vector<torch::Tensor> kvs, std::vector<int64_t> rows,
+                         std::vector<int64_t> starts, std::vector<int64_t> los, std::vector<torch::Tensor> alloweds,
                          std::vector<int64_t> dims, double eps, double scale);
