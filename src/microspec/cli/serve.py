@@ -9,7 +9,7 @@ import os
 import socket
 import sys
 
-from ..compose import AutoEngine
+from ..compose import AutoEngine, set_threads
 from ..errors import MicrospecError
 from .common import (
     add_drafter_args,
@@ -21,37 +21,23 @@ from .common import (
 API_KEY_ENV = "MICROSPEC_API_KEY"
 
 
-def count(text: str) -> int:
-    """An argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
+def integer(low: int, high: int | None = None, what: str = "an integer"):
+    """An argparse type: an integer in ``low``..``high`` (no upper bound when None)."""
+    bound = f">= {low}" if high is None else f"in {low}..{high}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be {what} {bound}, got {text!r}")
+        return value
+
+    return parse
 
 
-def depth(text: str) -> int:
-    """An argparse type: an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return value
-
-
-def port(text: str) -> int:
-    """An argparse type: a TCP port, 1..65535."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 0 < value < 65536:
-        raise argparse.ArgumentTypeError(f"must be a port number in 1..65535, got {text!r}")
-    return value
+count, depth, port = integer(1), integer(0), integer(1, 65535, "a port number")
 
 
 def seconds(text: str, zero: bool = False) -> float:
@@ -164,9 +150,8 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         # the decoding thread gets the threads; the main thread loads with one (see Worker's ``threads``)
-        if args.threads is not None and args.threads <= 0:
-            raise MicrospecError(f"--threads must be positive, got {args.threads}")
-        threads = args.threads or torch.get_num_threads()
+        set_threads(args.threads)  # checked; no parallel work has run yet, so no thread team exists
+        threads = torch.get_num_threads()
         torch.set_num_threads(1)
         loading = argparse.Namespace(**{**vars(args), "threads": None})
         _, engine = engine_from_args(loading, per_request=True)  # each request brings its own decoding settings

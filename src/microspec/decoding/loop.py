@@ -117,8 +117,8 @@ def generate_ids(
                      adaptive, on_commit)
     gen.prefill()
     while gen.finish is None:
-        tree = gen.plan()
-        gen.settle(verify_forward(model, gen.cache, tree, gen.tokens[-1], gen.taps))
+        ids, positions, mask = gen.verify_inputs(gen.plan())
+        gen.settle(model(ids, gen.cache, positions=positions, mask=mask, taps=gen.taps))
     return gen.result()
 
 
@@ -312,16 +312,6 @@ def draft(drafter: Drafter | None, ctx: DraftContext) -> DraftTree:
         return DraftTree()
     tree = drafter.propose(ctx).truncated(ctx.max_depth)
     return tree.first(ctx.cache.capacity - ctx.cache.length - 1)
-
-
-def verify_forward(model: NativeCausalLM, cache, tree: DraftTree, root: int, taps: Taps | None = None) -> torch.Tensor:
-    """The target over the root and the tree in one pass (hidden states [1 + N, d]); with no tree, the one-token
-    decode step (no mask).  ``taps``: layers whose inputs to keep as well (EAGLE-3's features)."""
-    device = model.device
-    if len(tree):
-        ids, positions, mask = tree.verify_inputs(root, cache.length, device)
-        return model(ids, cache, positions=positions, mask=mask, taps=taps)
-    return model(torch.tensor([root], dtype=torch.long, device=device), cache, taps=taps)
 
 
 def _take_head_stats(drafter: Drafter) -> tuple[float, list[int]]:

@@ -228,11 +228,7 @@ class NativeCausalLM(nn.Module):
         t = int(x.shape[0])
         start = cache.length
         s = start + t
-        if s > cache.capacity:
-            raise MicrospecError(f"KV cache capacity {cache.capacity} exceeded ({s} slots needed)")
-        pos = positions if positions is not None else torch.arange(start, s, device=x.device)
-        cache.pos[start:s] = pos
-        masks = self._masks(cache, start, positions, mask, t)
+        pos, masks = self._place(cache, t, positions, mask)
         rope = self._rope_tables(pos, self.dtype)
         gqa = self.spec.num_heads != self.spec.num_kv_heads
         layers = self.model.layers if num_layers is None else self.model.layers[:num_layers]
@@ -256,6 +252,18 @@ class NativeCausalLM(nn.Module):
         if tapped is not None:
             taps.collect(tapped, x)
         return self.model.norm(x) if self.model.norm is not None else x
+
+    def _place(self, cache: KVCache, t: int, positions: torch.Tensor | None,
+               mask: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
+        """Room for ``t`` new tokens after ``cache.length`` (checked), their position ids (``positions``, default
+        the slots) written to ``cache.pos``, and their masks by window (:meth:`_masks`): (positions, masks)."""
+        start = cache.length
+        s = start + t
+        if s > cache.capacity:
+            raise MicrospecError(f"KV cache capacity {cache.capacity} exceeded ({s} slots needed)")
+        pos = positions if positions is not None else torch.arange(start, s, device=cache.device)
+        cache.pos[start:s] = pos
+        return pos, self._masks(cache, start, positions, mask, t)
 
     def _fused_run(self, x: torch.Tensor, segments: list, rope: dict, fused: list, tap) -> torch.Tensor:
         """The fused layers over ``x``, whose rows are ``segments`` of one sequence each: (its cache, its row count,
@@ -300,12 +308,8 @@ class NativeCausalLM(nn.Module):
         segments, xs, pos = [], [], []
         for j in joint:
             ids, cache, positions, mask = batch[j]
-            t, start = len(ids), cache.length
-            if start + t > cache.capacity:
-                raise MicrospecError(f"KV cache capacity {cache.capacity} exceeded ({start + t} slots needed)")
-            p = positions if positions is not None else torch.arange(start, start + t, device=ids.device)
-            cache.pos[start : start + t] = p
-            segments.append((cache, t, self._masks(cache, start, positions, mask, t)))
+            p, masks = self._place(cache, len(ids), positions, mask)
+            segments.append((cache, len(ids), masks))
             xs.append(self.embed(ids))
             pos.append(p)
         x = torch.cat(xs)

@@ -49,7 +49,7 @@ from starlette.responses import (
 from starlette.routing import Route
 
 from . import protocol
-from .protocol import APIError
+from .protocol import APIError, shutting_down
 from .worker import Job, Result, Worker
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a request body's cap by default: 4 MiB
@@ -129,7 +129,6 @@ class Server:
         self.longest_token = longest_token_chars(worker.lm.tokenizer)
         self.closing = False
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.waiting: dict[int, Job] = {}  # submitted jobs not yet started, by id() (answered 503 on shutdown)
 
     # ---------------------------------------------------------------- routes
     async def completions(self, request: HTTPRequest) -> Response:
@@ -165,13 +164,7 @@ class Server:
         self.closing = True
         print("[microspec] shutting down: new and waiting requests are answered 503; running ones may finish",
               file=sys.stderr, flush=True)
-        shutdown = getattr(self.worker, "shutdown", None)
-        if callable(shutdown):
-            shutdown()
-            return
-        for job in list(self.waiting.values()):  # a worker without shutdown(): its waiting jobs are answered here
-            job.cancel("shutdown")
-            job.events.put_nowait(("error", _shutting_down()))
+        self.worker.shutdown()
 
     # ---------------------------------------------------------------- generation
     def _remaining(self, deadline: float) -> float:
@@ -229,7 +222,7 @@ class Server:
             protocol.Request, Job]:
         """The request read, parsed, tokenized, checked and submitted: its job (an :class:`APIError` otherwise)."""
         if self.closing:
-            raise _shutting_down()
+            raise shutting_down()
         if not is_json(request.headers.get("content-type")):
             raise APIError(415, "the request body must be JSON, sent with 'Content-Type: application/json'",
                            code="unsupported_media_type")
@@ -248,7 +241,7 @@ class Server:
             req.cfg = dataclasses.replace(req.cfg, max_new_tokens=max(1, min(default, self.max_model_len - len(ids))))
         self._check_length(req, len(ids))
         if self.closing:  # it began while the prompt was being tokenized
-            raise _shutting_down()
+            raise shutting_down()
         job = Job(req, asyncio.get_running_loop(), ids=ids)
         self.worker.submit(job)
         return req, job
@@ -262,10 +255,8 @@ class Server:
             return error_response(exc)
         except ClientGone:
             return Response(status_code=499)
-        self.waiting[id(job)] = job
         try:
             first = await self._next(job, deadline, request)  # "start", or the error that came before it
-            self.waiting.pop(id(job), None)
             if first[0] == "error":
                 return error_response(first[1])
             if req.stream:
@@ -286,8 +277,6 @@ class Server:
         except BaseException:  # the server is shutting down
             job.cancel()
             raise
-        finally:
-            self.waiting.pop(id(job), None)
 
     def _timed_out(self) -> APIError:
         self.worker.metrics.count("timeouts")
@@ -345,10 +334,6 @@ class Server:
             yield "data: [DONE]\n\n"
         finally:  # the client went away (or the stream ended): a running generation stops at its next step
             job.cancel()
-
-
-def _shutting_down() -> APIError:
-    return APIError(503, "the server is shutting down", code="shutting_down")
 
 
 async def _internal(request: HTTPRequest, exc: Exception) -> Response:
@@ -449,8 +434,7 @@ def create_app(worker: Worker, request_timeout: float = 600.0, model_name: str |
         server.loop = asyncio.get_running_loop()
         worker.start()
         yield
-        server.begin_shutdown()
-        worker.stop()
+        server.begin_shutdown()  # the worker's shutdown (once, whether a signal began it or not)
 
     app = Starlette(routes=routes, exception_handlers={HTTPException: _not_found, Exception: _internal},
                     lifespan=lifespan)

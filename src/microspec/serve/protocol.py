@@ -40,6 +40,11 @@ class APIError(Exception):
                           "param": self.param, "code": self.code}}
 
 
+def shutting_down() -> APIError:
+    """The answer to a request the server will not run: it is shutting down (503)."""
+    return APIError(503, "the server is shutting down", code="shutting_down")
+
+
 @dataclass
 class Request:
     kind: str  # "completion" or "chat"

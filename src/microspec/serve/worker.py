@@ -34,7 +34,7 @@ from ..api import encode_messages, encode_prompt, has_chat_template, stop_string
 from ..compose import AutoEngine, Engine
 from ..errors import MicrospecError
 from .metrics import Metrics
-from .protocol import APIError, Request
+from .protocol import APIError, Request, shutting_down
 from .text import TextStream
 
 
@@ -153,15 +153,12 @@ class Worker:
     def start(self) -> None:
         self.thread.start()
 
-    def stop(self) -> None:
-        """End the thread once the running requests have finished (waiting ones are answered 503)."""
-        self.shutdown()
-
     def shutdown(self) -> None:
-        """Stop taking requests: new ones and those still waiting are answered 503; the running ones finish."""
+        """Stop taking requests: new ones and those still waiting are answered 503; the running ones finish, then
+        the thread ends."""
         self.closing = True
         for job in self.queue.drain():
-            job.post(("error", APIError(503, "the server is shutting down", code="shutting_down")))
+            job.post(("error", shutting_down()))
         self.queue.put(None, force=True)
 
     @property
@@ -171,7 +168,7 @@ class Worker:
     def submit(self, job: Job) -> None:
         """Queue ``job``, or answer 429 when the queue is full (503 once the server is shutting down)."""
         if self.closing:
-            raise APIError(503, "the server is shutting down", code="shutting_down")
+            raise shutting_down()
         job.queue = self.queue
         if not self.queue.put(job):
             self.metrics.count("rejected")
