@@ -1,5 +1,6 @@
-"""The kernels: the Triton gather-matmul kernel, run by Triton's interpreter on the CPU (TRITON_INTERPRET=1; skipped
-when Triton is not installed; on a GPU the same kernel compiles for real, see BENCHMARKS.md for what was timed), and
+"""The kernels: the Triton gather-matmul kernel and the device window's update and row gather, run by Triton's
+interpreter on the CPU (TRITON_INTERPRET=1; skipped when Triton is not installed; on a GPU the same kernels compile
+for real in tests/test_cuda.py, see BENCHMARKS.md for what was timed), and
 where the CPU kernels' C++ lives (``src/microspec/kernels/csrc``, shipped with the package, none in Python strings)
 and how a build of it reports a compiler error."""
 
@@ -57,6 +58,16 @@ def test_gather_matmul_matches_torch_under_the_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
     out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+def test_window_kernels_match_torch_and_the_host_window_under_the_interpreter():
+    """MicroSpec's device window update and row gather (kernels/window_update.py) against the plain-torch window and
+    the host window over 400 random appends, bit for bit (tests/window_checks.py; 5,000 on CUDA in test_cuda.py)."""
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT / "src")]))
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "window_checks.py"), "cpu", "400"], env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0 and out.stdout.strip() == "ok 400", out.stdout[-2000:] + out.stderr[-3000:]
 
 
 # what C++ source in a Python string would contain (the kernels' code lives in csrc/*.cpp and csrc/*.h)

@@ -11,13 +11,19 @@ One speculative step's drafting, per path: the policy's update for one verificat
 which half are ids new to the window, plus the top-3 of 3 verified rows), then ``--depth`` levels of EAGLE-2
 expansion, each the EAGLE head over ``--rows`` nodes (EAGLE-2's top-k) and the draft head over the path's
 vocabulary (with the router or ranker a trained policy runs first).  Paths: ``full`` (EAGLE-2), ``fr-spec-32k/16k/8k``
-(a static shortlist), ``microspec-{packed,indexed,fused}-{300,1k,3k}`` (the in-context window holding that many ids;
-``fused`` needs Triton on CUDA), ``specvocab`` (the low-rank ranker, rank d/16, top 2048 per row), ``dynaspec`` (the
-router over 1024 clusters, 32 at depth 0 and 16 after).
+(a static shortlist), ``microspec-{packed,async,triton,indexed,fused}-{300,1k,3k}`` (the in-context window holding
+that many ids; packed: the window's tensor update on the main stream, async: on a CUDA side stream, triton: the Triton
+window kernels on the side stream, indexed: ``W[idx]`` gathered when the set changes, fused: a Triton kernel reads the
+rows inside the matmul; triton and fused need Triton on CUDA), ``specvocab`` (the low-rank ranker, rank d/16, top 2048
+per row), ``dynaspec`` (the router over 1024 clusters, 32 at depth 0 and 16 after).  ``--graphs`` replays the EAGLE
+head's levels as CUDA graphs (:mod:`microspec.models.graphs`).
 
 Reported per path: ``draft_ms`` (the step's drafting, as above), ``head_ms`` (one draft-head call over the rows,
 the path's set already chosen), ``layer_ms`` (one EAGLE-head level), ``policy_ms`` (the update, router or ranker of
-one step; the trained policies' router or ranker runs inside every head call, so it is in ``head_ms`` too), the head's ``head_bytes`` (weight rows one call reads) and ``head_gb_s``; beside them the device's copy
+one step; the trained policies' router or ranker runs inside every head call, so it is in ``head_ms`` too),
+``draft_no_update_ms`` (MicroSpec: the step with the window left as it is, so ``update_overhead`` = draft_ms /
+draft_no_update_ms is what the update and its row gather add), the head's ``head_bytes`` (weight rows one call
+reads) and ``head_gb_s``; beside them the device's copy
 bandwidth (read + write of a large tensor), so that every bandwidth reads against what the device can do.  Times
 are the best of 3 means of ``--repeats`` calls, synchronised around each mean only (CUDA events on a GPU).
 """
@@ -43,10 +49,15 @@ from microspec.vocab.specvocab import Ranker, SpecVocab, SpecVocabRanker
 SHAPES = {  # hidden, intermediate, heads, kv heads, head dim, vocabulary
     "llama3-8b": (4096, 14336, 32, 8, 128, 128256),
     "llama3.2-1b": (2048, 8192, 32, 8, 64, 128256),
+    "qwen2-7b": (3584, 18944, 28, 4, 128, 152064),
     "gemma3-270m": (640, 2048, 4, 1, 256, 262144),
     "tiny": (64, 128, 4, 2, 16, 8192),
 }
 SIZES = {"300": 300, "1k": 1024, "3k": 3072}
+# MicroSpec's system paths: packed (the window's tensor update on the main stream, then the head), async (the same
+# update on a side stream, hidden behind the draft backbone), triton (the Triton window kernels on the side stream),
+# indexed (W[idx] gathered when the set changes: the ablation), fused (a Triton kernel reads the rows in the matmul)
+MICROSPEC_PATHS = ("packed", "async", "triton", "indexed", "fused")
 
 
 def parse_args(argv=None):
@@ -60,13 +71,14 @@ def parse_args(argv=None):
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--paths", default="all", help="comma-separated paths (default: all)")
     ap.add_argument("--copy-mib", type=int, default=1024, help="size of the copy-bandwidth probe")
+    ap.add_argument("--graphs", action="store_true", help="replay the EAGLE head's levels as CUDA graphs")
     ap.add_argument("--out", default=None, help="also write the JSON here")
     return ap.parse_args(argv)
 
 
 def all_paths() -> list[str]:
     return (["full"] + [f"fr-spec-{s}" for s in ("32k", "16k", "8k")]
-            + [f"microspec-{g}-{n}" for g in ("packed", "indexed", "fused") for n in SIZES]
+            + [f"microspec-{g}-{n}" for g in MICROSPEC_PATHS for n in SIZES]
             + ["specvocab", "dynaspec"])
 
 
@@ -116,23 +128,22 @@ class Synthetic:
     def __init__(self, shape: str, device: torch.device, dtype: torch.dtype, rows: int, context: int):
         d, inter, heads, kv, head_dim, vocab = SHAPES[shape]
         self.d, self.vocab, self.rows, self.device, self.dtype = d, vocab, rows, device, dtype
-        gen = torch.Generator(device="cpu").manual_seed(0)
-        self.weight = (torch.randn(vocab, d, generator=gen) * d**-0.5).to(device=device, dtype=dtype)
+        gen = torch.Generator(device=device).manual_seed(0)  # drawn where they live: GBs of weights on a GPU
+        self.weight = (torch.randn(vocab, d, generator=gen, device=device) * d**-0.5).to(dtype)
         cfg = _layer_config(dict(hidden_size=d, intermediate_size=inter, num_attention_heads=heads,
                                  num_key_value_heads=kv, head_dim=head_dim, rms_norm_eps=1e-6,
                                  max_position_embeddings=context + 64, rope_theta=500000.0, vocab_size=vocab,
                                  hidden_act="silu"), qkv_bias=False)
-        self.eagle = EagleHead(cfg, fc_bias=False)
+        self.eagle = EagleHead(cfg, fc_bias=False).to(device=device, dtype=dtype).eval()
         with torch.no_grad():
             for p in self.eagle.parameters():
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
-        self.eagle = self.eagle.to(device=device, dtype=dtype).eval()
+                p.copy_(torch.randn(p.shape, generator=gen, device=device) * 0.02)
         self.context = context
         self.cache = self.eagle.body.new_cache(context + rows + 1)
-        x = torch.randn(context, d, generator=gen).to(device=device, dtype=dtype)
+        x = torch.randn(context, d, generator=gen, device=device).to(dtype)
         self.eagle(x, x, self.cache)
-        self.embeds = torch.randn(rows, d, generator=gen).to(device=device, dtype=dtype)
-        self.features = torch.randn(rows, d, generator=gen).to(device=device, dtype=dtype)
+        self.embeds = torch.randn(rows, d, generator=gen, device=device).to(dtype)
+        self.features = torch.randn(rows, d, generator=gen, device=device).to(dtype)
         self.positions = torch.full((rows,), context, dtype=torch.long, device=device)
         self.mask = torch.eye(rows, dtype=torch.bool, device=device)  # siblings: each sees the cache and itself
 
@@ -153,10 +164,11 @@ def make_policy(path: str, syn: Synthetic):
         size = min(int(path.removeprefix("fr-spec-").removesuffix("k")) * 1024, v)
         return StaticShortlist(torch.randperm(v, generator=gen).tolist(), size, device=dev), None
     if path.startswith("microspec-"):
-        _, gather, size = path.split("-")
+        _, kind, size = path.split("-")
         n = min(SIZES[size], v // 2)
-        backend = "device" if dev.type == "cuda" else "host"
-        policy = MicroSpecVocab(v, w_max=n, gather=gather, backend=backend, device=dev)
+        gather = kind if kind in ("indexed", "fused") else "packed"
+        backend = "triton" if kind == "triton" else "device" if dev.type == "cuda" else "host"
+        policy = MicroSpecVocab(v, w_max=n, gather=gather, backend=backend, device=dev, side_stream=kind != "packed")
         policy.on_prefill(torch.randperm(v, generator=gen)[:n].to(dev), None)  # a full window of n distinct ids
         verify_logits = torch.randn(3, v, generator=gen).to(dev)
         fresh = torch.randint(0, v, (4096, 4), generator=gen).to(dev)
@@ -184,11 +196,11 @@ def make_policy(path: str, syn: Synthetic):
 
 
 def measure(path: str, syn: Synthetic, timer: Timer, depth: int) -> dict:
-    if path.startswith("microspec-fused-"):
+    if path.startswith(("microspec-fused-", "microspec-triton-")):
         from microspec.kernels import gather_matmul
 
         if not gather_matmul.available(syn.device):
-            return {"skipped": "the fused gather needs Triton on a CUDA device"}
+            return {"skipped": "needs Triton on a CUDA device"}
     policy, update = make_policy(path, syn)
     head = DraftHead(syn.weight, policy=policy)
     hidden = syn.level()
@@ -204,8 +216,8 @@ def measure(path: str, syn: Synthetic, timer: Timer, depth: int) -> dict:
         elif policy is not None and policy.wants_head_input:
             policy.on_head_input(hidden, 0)
 
-    def draft_step():
-        if update is not None:
+    def draft_step(with_update: bool = True):
+        if with_update and update is not None:
             update()
         for k in range(depth):
             syn.level()
@@ -223,6 +235,9 @@ def measure(path: str, syn: Synthetic, timer: Timer, depth: int) -> dict:
            "layer_ms": timer.ms(syn.level),
            "policy_ms": timer.ms(update if update is not None else router_or_ranker),
            "draft_ms": timer.ms(draft_step)}
+    if update is not None:  # the same step with the window left as it is: what the update adds to the step
+        out["draft_no_update_ms"] = timer.ms(lambda: draft_step(False))
+        out["update_overhead"] = round(out["draft_ms"] / out["draft_no_update_ms"], 3)
     return out
 
 
@@ -239,6 +254,8 @@ def main(argv=None) -> dict:
     paths = all_paths() if args.paths == "all" else args.paths.split(",")
     timer = Timer(device, args.repeats)
     syn = Synthetic(args.shape, device, dtype, args.rows, args.context)
+    if args.graphs:
+        syn.eagle.body.use_cuda_graphs(device.type == "cuda")
     d, inter, heads, kv, head_dim, vocab = SHAPES[args.shape]
     result = {
         "date": date.today().isoformat(), "shape": args.shape,
@@ -247,6 +264,7 @@ def main(argv=None) -> dict:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__, "dtype": args.dtype, "rows": args.rows, "depth": args.depth,
         "context": args.context, "repeats": args.repeats,
+        "graphs": bool(args.graphs and device.type == "cuda"),
         "copy_gb_s": copy_gb_s(device, args.copy_mib, timer),
         "paths": {p: measure(p, syn, timer, args.depth) for p in paths},
     }

@@ -20,9 +20,16 @@ from ..bench.metrics import lossless_verdict
 from ..bench.report import summary_lines
 from ..compose import load_heads, set_threads
 from ..errors import MicrospecError
-from ..models.registry import load_model, parse_dtype
+from ..models.registry import parse_dtype
 from ..vocab.registry import ARTIFACTS
-from .common import add_artifact_args, add_model_args, add_tree_args, positive, split_list
+from .common import (
+    add_artifact_args,
+    add_model_args,
+    add_tree_args,
+    load_model_from_args,
+    positive,
+    split_list,
+)
 
 
 def add(sub) -> None:
@@ -92,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
                       artifacts={name: getattr(args, art.dest) for name, art in ARTIFACTS.items()})
     set_threads(args.threads)
     heads = load_heads(s.method for s in specs)
-    lm = load_model(args.model, dtype=args.dtype, device=args.device)
+    lm = load_model_from_args(args)
     meta = default_meta(lm.name, args.dtype, str(lm.model.device))
     meta["command"] = "microspec " + " ".join(args.argv)
     meta["data"] = args.data

@@ -41,10 +41,20 @@ def add_model_args(p) -> None:
                         "weights (default: gguf for a GGUF model on a CPU, else bf16)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
+    p.add_argument("--cuda-graphs", choices=("on", "off"), default="on",
+                   help="on CUDA: replay the verify pass and the EAGLE head's draft levels as CUDA graphs, eager "
+                        "where a shape cannot be captured (default on; no effect on a CPU)")
     chat = p.add_mutually_exclusive_group()
     chat.add_argument("--chat", dest="chat", action="store_true", default=None,
                       help="apply the chat template (default: when the tokenizer has one)")
     chat.add_argument("--no-chat", dest="chat", action="store_false")
+
+
+def load_model_from_args(args: argparse.Namespace):
+    """The model of ``--model``/``--weights``/``--device``, with ``--cuda-graphs`` applied."""
+    lm = load_model(args.model, dtype=args.dtype, device=args.device)
+    lm.model.use_cuda_graphs(getattr(args, "cuda_graphs", "off") == "on" and lm.model.device.type == "cuda")
+    return lm
 
 
 def resolve_weights(args: argparse.Namespace) -> None:
@@ -177,14 +187,14 @@ def engine_from_args(args: argparse.Namespace,
             resolve_drafter(each, kind=kind)
             methods[kind] = method_from_args(each)
         heads = load_heads(methods.values())
-        lm = load_model(args.model, dtype=args.dtype, device=args.device)
+        lm = load_model_from_args(args)
         auto = AutoEngine(lm=lm, methods=methods, heads=heads)
         for engine in {id(e): e for e in map(auto.engine_of, DECODING_KINDS)}.values():  # each built engine once
             log_sizing(engine)
         return None, auto
     method = method_from_args(args, cfg)
     heads = load_heads([method])
-    lm = load_model(args.model, dtype=args.dtype, device=args.device)
+    lm = load_model_from_args(args)
     engine = build(method, lm, heads)
     log_sizing(engine)
     return cfg, engine

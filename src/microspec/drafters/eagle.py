@@ -139,6 +139,8 @@ class EagleDrafter(ForwardDrafter):
             # beside a packed GGUF target the head's matrices go Q8_0 through the same integer kernels (a quarter
             # of the fp32 bytes per draft level; drafts only: verification decides what is kept)
             quantize_linears(self.eagle)
+        if (self.eagle.body.cuda_graphs is None) != (target.cuda_graphs is None):
+            self.eagle.body.use_cuda_graphs(target.cuda_graphs is not None)  # the levels graphed where the target is
         self.cache = self.eagle.body.new_cache(len(prompt_ids) + 256)
         self.pending = hidden
         return target.head_weight, target.spec.final_softcap

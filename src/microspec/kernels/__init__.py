@@ -1,2 +1,3 @@
 """Kernels: ``cpu_linear`` (bf16 weights) and ``cpu_quant`` (packed GGUF weights) on AVX2 CPUs, C++ in ``csrc/``
-compiled on first use (``_build``), and ``gather_matmul`` (Triton, GPU or ``TRITON_INTERPRET=1``; optional)."""
+compiled on first use (``_build``); in Triton (GPU, or ``TRITON_INTERPRET=1`` on a CPU; optional): ``gather_matmul``
+(the indexed head's fused gather) and ``window_update`` (MicroSpec's device window update and row gather)."""

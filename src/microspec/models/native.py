@@ -136,6 +136,14 @@ class NativeCausalLM(nn.Module):
     def device(self) -> torch.device:
         return self._first_parameter().device
 
+    cuda_graphs = None  # a CudaGraphs (models/graphs.py) once use_cuda_graphs(True): run() replays where it can
+
+    def use_cuda_graphs(self, on: bool = True, **options) -> None:
+        """Replay CUDA graphs of :meth:`run` on a CUDA device (:mod:`microspec.models.graphs`); off: eager only."""
+        from .graphs import CudaGraphs
+
+        self.cuda_graphs = CudaGraphs(self, **options) if on else None
+
     def new_cache(self, capacity: int) -> KVCache:
         s = self.spec
         return KVCache(s.num_layers, s.num_kv_heads, s.head_dim, capacity, self.dtype, self.device)
@@ -224,6 +232,10 @@ class NativeCausalLM(nn.Module):
         taps: "Taps | None" = None,
     ) -> torch.Tensor:
         """:meth:`forward` from input vectors ``x`` [T, d] instead of token ids (final norm applied if present)."""
+        if self.cuda_graphs is not None and num_layers is None and taps is None:
+            out = self.cuda_graphs.run(x, cache, positions, mask)
+            if out is not None:
+                return out
         spec = self.spec
         t = int(x.shape[0])
         start = cache.length

@@ -105,7 +105,7 @@ class MicroSpecVocab(VocabPolicy):
                  k_ver: int = K_VER.default,
                  always: Sequence[int] = (), device: torch.device | str = "cpu", gather: str = "packed",
                  backend: str | None = None, k_pre_positions: int | None = None,
-                 sources: str = SOURCES_OPTION.default):
+                 sources: str = SOURCES_OPTION.default, side_stream: bool = True):
         check(w_max >= 1, f"--w-max must be >= 1, got {w_max}")
         check(k_pre >= 0, f"--k-pre must be >= 0, got {k_pre}")
         check(k_ver >= 0, f"--k-ver must be >= 0, got {k_ver}")
@@ -114,7 +114,7 @@ class MicroSpecVocab(VocabPolicy):
         check(gather in GATHERS, f"unknown gather {gather!r}; choose from {', '.join(GATHERS)}")
         device = torch.device(device)
         backend = backend or ("device" if device.type == "cuda" else "host")
-        check(backend in WINDOWS, f"unknown backend {backend!r}; choose device or host")
+        check(backend in WINDOWS, f"unknown backend {backend!r}; choose from {', '.join(WINDOWS)}")
         super().__init__(always, device)
         self.vocab_size, self.w_max, self.k_pre, self.k_ver, self.gather = vocab_size, w_max, k_pre, k_ver, gather
         self.backend, self.device, self.fused = backend, device, gather == "fused"
@@ -122,7 +122,7 @@ class MicroSpecVocab(VocabPolicy):
         self.prompt_positions = k_pre_positions  # None: every prompt position, as Algorithm 1
         self.suffix: CandidateWindow = WINDOWS[backend](vocab_size, w_max, device)  # Suffix(S, W_max)
         self.rows: WindowRows | None = None  # the packed rows of I (gather "packed", once attached)
-        self.side = SideStream(device, enabled=gather == "packed" and backend == "device")
+        self.side = SideStream(device, enabled=side_stream and gather == "packed" and backend != "host")
         self._ids: tuple[int, torch.Tensor] | None = None  # (version, I as ids) for the id-list gathers
 
     # ---------------------------------------------------------------- Algorithm 1

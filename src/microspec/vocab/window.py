@@ -229,7 +229,43 @@ class DeviceWindow(CandidateWindow):
         return [t for t in ring[p:] + ring[:p] if t >= 0]
 
 
-WINDOWS = {"host": HostWindow, "device": DeviceWindow}
+class KernelWindow(DeviceWindow):
+    """:class:`DeviceWindow`'s state, updated by the Triton kernels of :mod:`microspec.kernels.window_update`: one
+    launch per append, and with packed rows bound (:meth:`bind`) the same launch frees and hands out their slots and
+    a second one gathers the entering rows — no listener, no host read."""
+
+    def __init__(self, vocab_size: int, w_max: int, device: torch.device):
+        super().__init__(vocab_size, w_max, device)
+        from ..kernels.window_update import WindowKernels
+
+        self.kernels = WindowKernels(vocab_size, self.device)
+        self.bound: PackedRows | None = None
+        self._slots = None
+
+    def bind(self, packed: PackedRows) -> None:
+        """Keep ``packed``'s slots and rows in step with the window from now on."""
+        from ..kernels.window_update import Slots
+
+        if packed.weight.stride(-1) != 1 or packed.rows.stride(-1) != 1:
+            raise ValueError("the packed rows' weight and buffer must be row-major")
+        self.bound = packed
+        self._slots = Slots(packed.slot_ids, packed.slot_of, packed.pinned, packed.capacity)
+
+    def extend(self, ids: torch.Tensor, unique: bool, skip: torch.Tensor | None = None) -> None:
+        if ids.numel() == 0:
+            return
+        from ..kernels.window_update import gather_rows
+
+        ban = None if skip is None else skip.to(self.device, torch.long).flatten().contiguous()
+        copy_ids, copy_slots, n = self.kernels.window_update(ids.contiguous(), ban, self.ring, self.ptr,
+                                                             self._counts, unique, self._slots)
+        if self.bound is not None:
+            packed = self.bound
+            gather_rows(packed.weight, packed.rows, copy_ids, copy_slots, n, min(ids.numel(), packed.capacity))
+            packed._changed()
+
+
+WINDOWS = {"host": HostWindow, "device": DeviceWindow, "triton": KernelWindow}
 
 
 class WindowRows:
@@ -240,7 +276,10 @@ class WindowRows:
     def __init__(self, window: CandidateWindow, weight: torch.Tensor, capacity: int, pinned: torch.Tensor):
         self.packed = PackedRows(weight, capacity, pinned=pinned)
         self.packed.reset(window.counts.nonzero().flatten())
-        window.listener = self
+        if isinstance(window, KernelWindow):
+            window.bind(self.packed)
+        else:
+            window.listener = self
 
     def changed(self, change: Change) -> None:
         if change.left_mask is None:

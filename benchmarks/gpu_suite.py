@@ -1,0 +1,368 @@
+"""Everything this project measures on a GPU, in one command that fits one device call (≤ 9 minutes on an H100).
+
+    python3 benchmarks/gpu_suite.py --out $OUT --commit <git commit>          # on the GPU machine, from the repo root
+    python3 benchmarks/gpu_suite.py --out /tmp/gpu-dry --dry-run              # here: every code path, tiny, on a CPU
+
+On the GPU machine the package runs from the copied tree (``PYTHONPATH=src``; nothing is installed: the machine has
+no registry).  The parts, in order, each written to ``--out`` as soon as it ends (``gpu-suite.json`` and
+``gpu-suite.md``), so a run cut short keeps what it measured:
+
+1. ``tests`` — ``pytest -m cuda`` (tests/test_cuda.py): the side stream and its event order, the Triton kernels
+   (window update and row gather against the plain-torch window and the host window over 5,000 random appends,
+   gather-matmul), CUDA graphs against the eager forward, greedy identity of every drafter x policy on tiny random
+   models on CUDA, and the host synchronisations of a generation as CUDA's sync detector counts them;
+2. ``figure4`` — the MicroSpec paper's Figure 4: one draft step's time by vocabulary path (EAGLE-2's full head,
+   FR-Spec 32k/16k/8k, MicroSpec packed / async / Triton window / indexed / fused at 1k and 3k ids, DynaSpec,
+   SpecVocab) on the Llama-3-8B, Llama-3.2-1B and Qwen2-7B shapes with random weights
+   (benchmarks/measure/draft_latency.py), with the head's achieved bandwidth against the device's measured copy
+   bandwidth;
+3. ``ablation`` — the paper's Table 3 system ablation on the 8B shape (indexed GEMM / packed / packed + async
+   gather / + Triton window), read from part 2, with what the window update adds to a draft step
+   (``update_overhead``: the step with the update over the step without), and the same step with the EAGLE head's
+   levels replayed as CUDA graphs;
+4. ``e2e`` — end-to-end speed of AR, EAGLE-2, FR-Spec and MicroSpec with ``microspec bench`` on a real model, when
+   one has been staged on the machine (benchmarks/gpu_stage.py; ``--model``), on the prompts of ``--e2e-data``;
+   without a staged model the part says so and the suite reports component times only.
+
+``--dry-run`` runs the same code at the tiny shape on a CPU, collects the CUDA tests without running them and runs
+the end-to-end part on the installed default model for a few tokens; tests/test_gpu_suite.py runs it in CI, so the
+first call on a GPU cannot fail on a typo.  Nothing here projects a number: every figure is a measurement of this
+run, on the device it names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from datetime import date
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPES = ("llama3-8b", "llama3.2-1b", "qwen2-7b")
+FIG4_PATHS = ("full", "fr-spec-32k", "fr-spec-16k", "fr-spec-8k", "microspec-packed-1k", "microspec-packed-3k",
+              "microspec-async-1k", "microspec-async-3k", "microspec-triton-1k", "microspec-triton-3k",
+              "microspec-indexed-1k", "microspec-indexed-3k", "microspec-fused-3k", "dynaspec", "specvocab")
+GRAPH_PATHS = ("full", "fr-spec-32k", "microspec-async-3k", "microspec-triton-3k")
+ABLATION = (("indexed GEMM", "microspec-indexed-3k"), ("packed", "microspec-packed-3k"),
+            ("packed + async gather", "microspec-async-3k"), ("packed + async, Triton window", "microspec-triton-3k"))
+E2E_METHODS = "ar,eagle-full,fr-spec-32768,eagle+microspec"
+PARTS = ("tests", "figure4", "ablation", "e2e")
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="folder for gpu-suite.json, gpu-suite.md and the logs")
+    ap.add_argument("--dry-run", action="store_true", help="every code path at tiny shapes on a CPU")
+    ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
+    ap.add_argument("--commit", default=None, help="the commit the tree is at (the GPU machine has no .git)")
+    ap.add_argument("--repeats", type=int, default=20, help="timed calls per mean (draft_latency.py)")
+    ap.add_argument("--model", default=None, help="e2e: a staged .gguf or HF directory (default: the first "
+                                                  "/tmp/microspec-stage/*.gguf)")
+    ap.add_argument("--e2e-data", default=None, help="e2e: the question file (JSONL or .txt) for microspec bench")
+    ap.add_argument("--e2e-limit", type=int, default=10)
+    ap.add_argument("--e2e-tokens", type=int, default=128)
+    args = ap.parse_args(argv)
+    bad = set(args.parts.split(",")) - set(PARTS)
+    if bad:
+        ap.error(f"unknown parts {sorted(bad)}; choose from {', '.join(PARTS)}")
+    return args
+
+
+def environment(commit: str | None) -> dict:
+    env = {"date": date.today().isoformat(), "torch": torch.__version__, "python": platform.python_version(),
+           "cpu_count": os.cpu_count(), "commit": commit or _git_commit()}
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except Exception:  # noqa: BLE001 - absent or broken: say so
+        env["triton"] = None
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        env.update(device=props.name, cuda=torch.version.cuda, sm_count=props.multi_processor_count,
+                   memory_gib=round(props.total_memory / 2**30, 1), capability=f"{props.major}.{props.minor}",
+                   driver=_driver())
+    else:
+        env.update(device=f"cpu ({platform.processor() or platform.machine()})", cuda=None, driver=None)
+    return env
+
+
+def _driver() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _env_with_src() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH")) if p)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+# ---------------------------------------------------------------- part 1: the CUDA tests
+def run_tests(out: Path, dry: bool) -> dict:
+    xml = out / "cuda-tests.xml"
+    cmd = [sys.executable, "-m", "pytest", "-m", "cuda", str(ROOT / "tests" / "test_cuda.py"), "-p",
+           "no:cacheprovider", "-q", "-rfE", "-s", f"--junitxml={xml}", "-o", "addopts="]
+    if dry:
+        cmd.append("--collect-only")
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=_env_with_src())
+    wall = round(time.perf_counter() - t, 1)
+    (out / "cuda-tests.log").write_text(proc.stdout + proc.stderr)
+    result: dict = {"returncode": proc.returncode, "wall_s": wall}
+    if dry:
+        found = re.search(r"(\d+) tests? collected", proc.stdout)
+        result["collected"] = int(found.group(1)) if found else 0
+        return result
+    if xml.exists():
+        suite = ET.parse(xml).getroot()
+        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+        result.update({k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")})
+        failed = []
+        for case in suite.iter("testcase"):
+            bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+            if bad is not None:
+                failed.append({"test": case.get("name"), "message": (bad.get("message") or "")[:300]})
+        result["failed"] = failed
+    result["syncs"] = [line.strip() for line in proc.stdout.splitlines() if ": syncs " in line]
+    return result
+
+
+# ---------------------------------------------------------------- parts 2 and 3: draft latency
+def _draft_latency():
+    path = ROOT / "benchmarks" / "measure" / "draft_latency.py"
+    spec = importlib.util.spec_from_file_location("draft_latency", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def latency(shape: str, paths, device: str, repeats: int, graphs: bool = False, dry: bool = False) -> dict:
+    argv = ["--shape", shape, "--device", device, "--repeats", str(repeats), "--paths", ",".join(paths)]
+    if dry:
+        argv += ["--depth", "2", "--copy-mib", "8"]
+    if graphs:
+        argv.append("--graphs")
+    with contextlib.redirect_stdout(io.StringIO()):  # the script prints its JSON too
+        result = _draft_latency().main(argv)
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+def figure4(device: str, repeats: int, dry: bool) -> dict:
+    shapes = ("tiny",) if dry else SHAPES
+    return {shape: latency(shape, FIG4_PATHS, device, repeats, dry=dry) for shape in shapes}
+
+
+def ablation(fig4: dict, device: str, repeats: int, dry: bool) -> dict:
+    shape = "tiny" if dry else "llama3-8b"
+    paths = fig4[shape]["paths"]
+    rows = []
+    for label, path in ABLATION:
+        p = paths.get(path, {})
+        rows.append({"system": label, "path": path, **{k: p.get(k) for k in (
+            "draft_ms", "draft_no_update_ms", "update_overhead", "head_ms", "policy_ms", "skipped")}})
+    graphed = latency(shape, GRAPH_PATHS, device, repeats, graphs=True, dry=dry)
+    return {"shape": shape, "rows": rows, "graphs": {
+        p: {"eager_draft_ms": paths.get(p, {}).get("draft_ms"), "graphed_draft_ms": g.get("draft_ms"),
+            "eager_layer_ms": paths.get(p, {}).get("layer_ms"), "graphed_layer_ms": g.get("layer_ms")}
+        for p, g in graphed["paths"].items()}, "graphs_on": graphed["graphs"]}
+
+
+# ---------------------------------------------------------------- part 4: end to end
+def staged_model(given: str | None) -> Path | None:
+    if given:
+        return Path(given)
+    found = sorted(Path("/tmp/microspec-stage").glob("*.gguf"))
+    return found[0] if found else None
+
+
+def e2e(out: Path, args, device: str) -> dict:
+    dry = args.dry_run
+    model = None if dry else staged_model(args.model)
+    if not dry and (model is None or not model.exists()):
+        return {"skipped": "no model staged on this machine (benchmarks/gpu_stage.py): component times only"}
+    data = args.e2e_data
+    if data is None:
+        data = out / "e2e-prompts.txt"
+        data.write_text("Write a short story about a lighthouse keeper.\n")
+    cmd = [sys.executable, "-m", "microspec", "bench", "--device", device, "--methods",
+           "ar,microspec" if dry else E2E_METHODS, "--data", str(data), "--limit",
+           "1" if dry else str(args.e2e_limit), "--max-new-tokens", "4" if dry else str(args.e2e_tokens),
+           "--repeats", "1", "--warmup", "0" if dry else "1", "--out", str(out / "e2e")]
+    if model is not None:
+        cmd += ["--model", str(model), "--weights", "bf16"]
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=_env_with_src())
+    (out / "e2e.log").write_text(proc.stdout + proc.stderr)
+    result: dict = {"returncode": proc.returncode, "wall_s": round(time.perf_counter() - t, 1),
+                    "model": str(model) if model else "the installed default model", "command": " ".join(cmd)}
+    decodings = {}
+    for report in sorted((out / "e2e").glob("*/results.json")):
+        res = json.loads(report.read_text())
+        decodings[report.parent.name] = {
+            "methods": {m: {k: r["overall"].get(k) for k in ("tokens_per_s", "speedup", "mean_accept_len",
+                                                              "draft_ms_per_step", "active_vocab_mean")}
+                        for m, r in res["methods"].items()},
+            "mismatches": res.get("mismatches")}
+    if decodings and proc.returncode == 0:
+        result["decodings"] = decodings
+    else:
+        result["error"] = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+    return result
+
+
+# ---------------------------------------------------------------- the report
+def _fmt(x, nd=3) -> str:
+    return "—" if x is None else f"{x:.{nd}f}" if isinstance(x, float) else str(x)
+
+
+def markdown(r: dict) -> str:
+    env = r["environment"]
+    lines = [f"# GPU suite — {env.get('device')}", "",
+             f"{env['date']}, commit {env.get('commit')}, driver {env.get('driver')}, CUDA {env.get('cuda')}, "
+             f"torch {env['torch']}, Triton {env.get('triton')}" + (" — DRY RUN (tiny shapes, CPU)" if r["dry_run"]
+                                                                     else ""), ""]
+    tests = r.get("tests")
+    if tests:
+        lines += ["## CUDA tests (`pytest -m cuda`)", ""]
+        if "tests" in tests:
+            lines.append(f"{tests['tests']} tests: {tests['failures']} failed, {tests['errors']} errors, "
+                         f"{tests['skipped']} skipped ({tests['wall_s']} s)")
+            lines += [f"- FAILED {f['test']}: {f['message']}" for f in tests.get("failed", [])]
+            lines += [f"- {s}" for s in tests.get("syncs") or []]
+        else:
+            lines.append(f"collected {tests.get('collected')} (return code {tests['returncode']})")
+        lines.append("")
+    for shape, res in (r.get("figure4") or {}).items():
+        lines += [f"## Draft step by vocabulary path — {shape} (Figure 4)", "",
+                  f"copy bandwidth {res['copy_gb_s']} GB/s (read + write); rows {res['rows']}, depth {res['depth']}, "
+                  f"context {res['context']}, {res['dtype']}", "",
+                  "| path | rows | draft ms | vs full | head ms | head GB/s | share of copy bw | layer ms | "
+                  "policy ms | update overhead |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for name, p in res["paths"].items():
+            if "skipped" in p:
+                lines.append(f"| {name} | skipped: {p['skipped']} |||||||||")
+                continue
+            lines.append(f"| {name} | {p['active_rows']} | {_fmt(p['draft_ms'])} | {_fmt(p.get('draft_vs_full'))} | "
+                         f"{_fmt(p['head_ms'])} | {_fmt(p['head_gb_s'], 1)} | "
+                         f"{_fmt(p.get('head_share_of_copy_bw'))} | {_fmt(p['layer_ms'])} | {_fmt(p['policy_ms'])} | "
+                         f"{_fmt(p.get('update_overhead'))} |")
+        lines.append("")
+    abl = r.get("ablation")
+    if abl:
+        lines += [f"## System ablation — {abl['shape']} (Table 3), 3k ids", "",
+                  "| system | draft ms | without the update | update overhead | head ms | update ms |",
+                  "|---|---|---|---|---|---|"]
+        for row in abl["rows"]:
+            lines.append(f"| {row['system']} | {_fmt(row['draft_ms'])} | {_fmt(row['draft_no_update_ms'])} | "
+                         f"{_fmt(row['update_overhead'])} | {_fmt(row['head_ms'])} | {_fmt(row['policy_ms'])} |"
+                         if row.get("skipped") is None else f"| {row['system']} | skipped: {row['skipped']} |||||")
+        lines += ["", f"CUDA graphs of the EAGLE head's levels ({'on' if abl['graphs_on'] else 'off: no CUDA'}):", "",
+                  "| path | eager draft ms | graphed draft ms | eager level ms | graphed level ms |",
+                  "|---|---|---|---|---|"]
+        for p, g in abl["graphs"].items():
+            lines.append(f"| {p} | {_fmt(g['eager_draft_ms'])} | {_fmt(g['graphed_draft_ms'])} | "
+                         f"{_fmt(g['eager_layer_ms'])} | {_fmt(g['graphed_layer_ms'])} |")
+        lines.append("")
+    end = r.get("e2e")
+    if end:
+        lines += ["## End to end", ""]
+        if "skipped" in end:
+            lines.append(end["skipped"])
+        elif "decodings" in end:
+            lines += [f"model {end['model']}; `{end['command']}`", "",
+                      "| decoding | method | tok/s | speedup | accepted per step | draft ms per step | mismatches |",
+                      "|---|---|---|---|---|---|---|"]
+            for name, dec in end["decodings"].items():
+                for m, v in dec["methods"].items():
+                    draft = (v.get("draft_ms_per_step") or {}).get("mean")
+                    lines.append(f"| {name} | {m} | {_fmt(v['tokens_per_s'], 1)} | {_fmt(v['speedup'], 2)} | "
+                                 f"{_fmt(v['mean_accept_len'], 2)} | {_fmt(draft, 2)} | "
+                                 f"{len(dec['mismatches'].get(m, [])) if dec['mismatches'] else 0} |")
+        else:
+            lines.append(f"failed (return code {end['returncode']}): {end.get('error')}")
+        lines.append("")
+    parts = ", ".join(f"{k} {v} s" for k, v in r["part_s"].items())
+    lines.append(f"Suite wall time: {r.get('wall_s')} s; parts: {parts}")
+    return "\n".join(lines) + "\n"
+
+
+def write(out: Path, result: dict) -> None:
+    (out / "gpu-suite.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "gpu-suite.md").write_text(markdown(result))
+
+
+@torch.inference_mode()
+def run_parts(args, out: Path, result: dict) -> None:
+    device = "cpu" if args.dry_run else "cuda"
+    repeats = 1 if args.dry_run else args.repeats
+    parts = args.parts.split(",")
+    for part in PARTS:
+        if part not in parts:
+            continue
+        t = time.perf_counter()
+        try:
+            if part == "tests":
+                result["tests"] = run_tests(out, args.dry_run)
+            elif part == "figure4":
+                result["figure4"] = figure4(device, repeats, args.dry_run)
+            elif part == "ablation":
+                if "figure4" not in result:
+                    result["figure4"] = figure4(device, repeats, args.dry_run)
+                result["ablation"] = ablation(result["figure4"], device, repeats, args.dry_run)
+            elif part == "e2e":
+                result["e2e"] = e2e(out, args, device)
+        except Exception as exc:  # noqa: BLE001 - one part failing must not lose the others
+            result.setdefault("errors", {})[part] = f"{type(exc).__name__}: {exc}"
+            if args.dry_run:
+                raise
+        result["part_s"][part] = round(time.perf_counter() - t, 1)
+        print(f"gpu_suite: {part} done in {result['part_s'][part]} s", flush=True)
+        write(out, result)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not args.dry_run and not torch.cuda.is_available():
+        print("error: no CUDA device here (use --dry-run on a CPU)", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t = time.perf_counter()
+    result = {"environment": environment(args.commit), "dry_run": args.dry_run, "part_s": {}}
+    run_parts(args, out, result)
+    result["wall_s"] = round(time.perf_counter() - t, 1)
+    write(out, result)
+    print((out / "gpu-suite.md").read_text())
+    return 1 if result.get("errors") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""CUDA graphs of a model's forward over a KV cache: the verify pass and the draft levels with fixed shapes.
+
+A decode step launches a few hundred small kernels; on a GPU their launch cost is a large part of a small model's
+step, and a CUDA graph replays them in one launch.  A graph fixes every shape and address, while
+:meth:`NativeCausalLM.run <microspec.models.native.NativeCausalLM.run>` attends over exactly the cache's live slots
+and writes at a host-side offset.  :func:`static_run` is the same forward in fixed shapes:
+
+- the new keys and values go to the slots in a device tensor (``index_copy_``), not to a host offset;
+- attention covers the first ``S`` slots, ``S`` the cache length rounded up to a bucket of ``bucket`` slots, with a
+  mask [T, S] built before the replay that hides every slot past the live ones (and what the tree mask and the
+  sliding windows hide);
+- the position ids, the slots and the masks are inputs, copied into the graph's static buffers before each replay.
+
+:class:`CudaGraphs` captures one graph per (rows, bucket, cache) on first use and replays it afterwards; anything it
+cannot run (no CUDA, more rows than ``max_rows``, taps or an early exit, a capture that fails) goes to the eager
+forward, which is also what every CPU run uses.  One memory pool serves all graphs of a model; a cache's graphs go
+when the cache does (a finished request's).
+
+Attention over a bucket with masked slots adds exact zeros to each softmax, but a GPU kernel may sum in another
+order over a longer row, so graphed logits can differ from eager ones in the last bits: a model uses one path for
+the whole generation (its AR baseline included), so speculative output still equals that model's greedy output.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from .kv_cache import KVCache
+
+BUCKET = 256  # cache slots per attention bucket: a graph serves lengths up to a multiple of this
+MAX_ROWS = 64  # the most new rows a graphed forward takes (a verify tree, a draft level)
+
+
+def bucket_of(slots: int, bucket: int, capacity: int) -> int:
+    """The attention span for ``slots`` live slots: rounded up to a multiple of ``bucket``, at most ``capacity``."""
+    return min(-(-slots // bucket) * bucket, capacity)
+
+
+def static_masks(model, cache: KVCache, start: int, t: int, positions: torch.Tensor | None,
+                 mask: torch.Tensor | None, span: int) -> dict:
+    """Per distinct sliding window: a bool mask [1, 1, t, span] (True = may attend) for ``t`` new rows at slots
+    ``start..start+t`` over the first ``span`` slots; ``cache.pos`` must already hold the new rows' positions."""
+    dev = cache.device
+    s = start + t
+    qpos = positions if positions is not None else torch.arange(start, s, device=dev)
+    live = torch.arange(span, device=dev) < s
+    if mask is None:
+        base = torch.ones(t, span, dtype=torch.bool, device=dev).tril(diagonal=start)
+    elif mask.dim() == 2 and mask.shape == (t, t):
+        base = live[None, :].expand(t, span).clone()
+        base[:, start:s] = mask
+    else:
+        base = torch.zeros(t, span, dtype=torch.bool, device=dev)
+        base[:, :s] = mask.reshape(t, s).to(torch.bool)
+    base &= live[None, :]
+    kpos = cache.pos[:span]
+    out = {}
+    for w in set(model.spec.layer_windows):
+        out[w] = (base if w is None else base & (kpos[None, :] > qpos[:, None] - w))[None, None]
+    return out
+
+
+def static_run(model, x: torch.Tensor, cache: KVCache, slots: torch.Tensor, positions: torch.Tensor,
+               masks: dict, span: int) -> torch.Tensor:
+    """The forward of ``x`` [T, d] in fixed shapes: keys and values written at ``slots`` [T], attention over the
+    first ``span`` slots under ``masks`` (from :func:`static_masks`).  Leaves ``cache.length`` alone."""
+    spec = model.spec
+    rope = model._rope_tables(positions, model.dtype)
+    gqa = spec.num_heads != spec.num_kv_heads
+
+    def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        buf = cache.kv[i]
+        buf[0].index_copy_(1, slots, k)
+        buf[1].index_copy_(1, slots, v)
+        return model._attend(q, buf[0][:, :span], buf[1][:, :span], masks[spec.layer_windows[i]], gqa)
+
+    for i, layer in enumerate(model.model.layers):
+        x = model.layer(i, layer, x, rope, attend)
+    return model.model.norm(x) if model.model.norm is not None else x
+
+
+class _Graph:
+    def __init__(self, x, slots, positions, masks, out, graph):
+        self.x, self.slots, self.positions, self.masks, self.out, self.graph = x, slots, positions, masks, out, graph
+
+
+class CudaGraphs:
+    """Graphed forwards of ``model`` (see the module's doc); :meth:`run` returns None where the eager forward must
+    run instead."""
+
+    def __init__(self, model, bucket: int = BUCKET, max_rows: int = MAX_ROWS):
+        self.model, self.bucket, self.max_rows = model, bucket, max_rows
+        # per cache (gone with it), per (rows, span, dtype, buffer address, capacity): a graph, or None where the
+        # capture failed (eager from then on)
+        self.graphs: weakref.WeakKeyDictionary[KVCache, dict[tuple, _Graph | None]] = weakref.WeakKeyDictionary()
+        self.pool = None
+        self.replays = 0
+        self.captures = 0
+
+    def run(self, x: torch.Tensor, cache: KVCache, positions: torch.Tensor | None,
+            mask: torch.Tensor | None) -> torch.Tensor | None:
+        t = int(x.shape[0])
+        if not x.is_cuda or t == 0 or t > self.max_rows:
+            return None
+        start = cache.length
+        pos, _ = self.model._place(cache, t, positions, mask)  # checks the capacity, writes cache.pos
+        span = bucket_of(start + t, self.bucket, cache.capacity)
+        masks = static_masks(self.model, cache, start, t, positions, mask, span)
+        slots = torch.arange(start, start + t, device=x.device)
+        graphs = self.graphs.setdefault(cache, {})
+        key = (t, span, x.dtype, cache.kv.data_ptr(), cache.capacity)
+        entry = graphs.get(key, False)
+        if entry is False:
+            entry = graphs[key] = self._capture(x, cache, slots, pos, masks, span)
+        if entry is None:
+            return None
+        entry.x.copy_(x)
+        entry.slots.copy_(slots)
+        entry.positions.copy_(pos)
+        for w, m in masks.items():
+            entry.masks[w].copy_(m)
+        entry.graph.replay()
+        self.replays += 1
+        cache.length = start + t
+        return entry.out.clone()
+
+    def _capture(self, x, cache, slots, pos, masks, span) -> _Graph | None:
+        model = self.model
+        static = (x.clone(), slots.clone(), pos.clone().to(torch.long), {w: m.clone() for w, m in masks.items()})
+
+        def body():
+            return static_run(model, static[0], cache, static[1], static[2], static[3], span)
+
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):  # warm-up: lazy initialisations happen outside the capture
+                    body()
+            torch.cuda.current_stream().wait_stream(side)
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                out = body()
+        except Exception:  # noqa: BLE001 - anything a capture refuses runs eagerly
+            return None
+        self.captures += 1
+        return _Graph(*static[:3], static[3], out, graph)

@@ -1,0 +1,195 @@
+"""What only a GPU can check: the side stream and its event order, the Triton kernels compiled for real, CUDA graphs
+against the eager forward, greedy identity of every drafter x policy on tiny random models on CUDA, and the host
+synchronisations of a generation.  Every test here is marked ``cuda`` and skipped without a CUDA device;
+``benchmarks/gpu_suite.py`` runs them (``pytest -m cuda``) on a GPU machine."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from conftest import VOCAB, official_checkpoint, tiny_pair
+from microspec.decoding import GenerationConfig, generate_ids
+from microspec.drafters import EagleDrafter, EagleHead, EarlyExitDrafter, NGramDrafter
+from microspec.drafters.lookup_first import LookupFirst
+from microspec.vocab import MicroSpecVocab, StaticShortlist
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+PROMPT = [1, 10, 20, 30, 11, 21, 31, 12, 10, 20, 30]
+DEV = torch.device("cuda")
+
+
+def _model(family="llama", dtype=torch.float32, graphs=False):
+    _, nm = tiny_pair(family)
+    nm = nm.to(DEV, dtype)
+    nm.use_cuda_graphs(graphs)
+    return nm
+
+
+def _triton() -> bool:
+    from microspec.kernels import window_update
+
+    return window_update.available(DEV)
+
+
+# ---------------------------------------------------------------- kernels
+def test_window_kernels_on_cuda():
+    if not _triton():
+        pytest.skip("no Triton")
+    import window_checks
+
+    window_checks.check_gather("cuda")
+    assert window_checks.check_windows("cuda", 5000) == 5000
+
+
+def test_gather_matmul_on_cuda():
+    from microspec.kernels.gather_matmul import available, gather_matmul, reference
+
+    if not available(DEV):
+        pytest.skip("no Triton")
+    g = torch.Generator().manual_seed(0)
+    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
+        for r, v, d, a in ((1, 3000, 256, 1000), (10, 32000, 1024, 3072), (3, 50, 8, 50)):
+            w = torch.randn(v, d, generator=g).to(DEV, dtype)
+            h = torch.randn(r, d, generator=g).to(DEV)
+            idx = torch.randperm(v, generator=g)[:a].to(DEV)
+            torch.testing.assert_close(gather_matmul(h, w, idx), reference(h, w, idx), rtol=tol, atol=tol * d ** 0.5)
+
+
+# ---------------------------------------------------------------- the side stream
+@pytest.mark.parametrize("backend", ["device", "triton"])
+def test_side_stream_appends_are_seen_by_the_head(backend):
+    """The appends run on the side stream while the main stream is busy; the packed rows the head reads after
+    ``active()`` are always the host window's (the event orders them)."""
+    if backend == "triton" and not _triton():
+        pytest.skip("no Triton")
+    g = torch.Generator().manual_seed(0)
+    v, w_max = 5000, 256
+    weight = torch.randn(v, 64, generator=g)
+    dev_policy = MicroSpecVocab(v, w_max=w_max, device=DEV, backend=backend)
+    host = MicroSpecVocab(v, w_max=w_max)
+    assert dev_policy.side.stream is not None
+    dev_policy.attach(weight.to(DEV))
+    host.attach(weight)
+    busy = torch.randn(4096, 4096, device=DEV)
+    for step in range(300):
+        ids = torch.randint(0, v, (12,), generator=g)
+        logits = torch.randn(3, v, generator=g)
+        for _ in range(3):
+            busy = busy @ busy * 1e-3  # keep the main stream busy: an unordered read would see stale rows
+        dev_policy.on_verify(ids.to(DEV), logits.to(DEV))
+        host.on_verify(ids, logits)
+        packed, want = dev_policy.active(), host.active()
+        got = packed.slot_ids[: packed.capacity].cpu()
+        assert torch.equal(got, want.slot_ids[: want.capacity]), step
+        held = got[got >= 0]
+        assert torch.equal(packed.rows[: packed.capacity].cpu()[got >= 0], weight[held]), step
+
+
+# ---------------------------------------------------------------- CUDA graphs
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_graphs_replay_the_eager_forward(family):
+    eager, graphed = _model(family), _model(family, graphs=True)
+    ce, cg = eager.new_cache(600), graphed.new_cache(600)
+    ids = torch.randint(3, VOCAB, (300,), device=DEV)
+    for a, b in ((0, 11), (11, 12), (12, 17), (17, 260), (260, 261), (261, 266)):  # crosses a 256-slot bucket
+        he = eager.forward(ids[a:b], ce)
+        hg = graphed.forward(ids[a:b], cg)
+        torch.testing.assert_close(hg, he, rtol=1e-4, atol=1e-4)
+    t = 4  # a tree under a mask, twice at the same shape: captured once, replayed
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool, device=DEV)
+    pos = torch.tensor([266, 267, 267, 268], device=DEV)
+    for _ in range(2):
+        he = eager.forward(ids[:t], ce, pos, tree)
+        hg = graphed.forward(ids[:t], cg, pos, tree)
+        torch.testing.assert_close(hg, he, rtol=1e-4, atol=1e-4)
+        ce.truncate(266)
+        cg.truncate(266)
+    cg_stats = graphed.cuda_graphs
+    assert cg_stats.captures >= 5 and cg_stats.replays > cg_stats.captures
+
+
+# ---------------------------------------------------------------- greedy identity on CUDA
+DRAFTERS = {
+    "ngram": lambda path: NGramDrafter(num_tokens=5),
+    "early-exit": lambda path: EarlyExitDrafter(1, depth=3, top_k=2, total_tokens=5),
+    "eagle": lambda path: EagleDrafter(EagleHead.load(path).to(DEV), depth=3, top_k=2, total_tokens=5),
+    "eagle+lookup": lambda path: LookupFirst(EagleDrafter(EagleHead.load(path).to(DEV), depth=3, top_k=2,
+                                                          total_tokens=4),
+                                             NGramDrafter(num_tokens=3, min_ngram=2)),
+}
+POLICIES = {
+    "full": lambda: None,
+    "microspec-device": lambda: MicroSpecVocab(VOCAB, w_max=24, k_pre=1, k_ver=2, device=DEV, backend="device"),
+    "microspec-triton": lambda: MicroSpecVocab(VOCAB, w_max=24, k_pre=1, k_ver=2, device=DEV, backend="triton"),
+    "microspec-indexed": lambda: MicroSpecVocab(VOCAB, w_max=24, device=DEV, gather="indexed"),
+    "fr-spec": lambda: StaticShortlist(list(range(VOCAB)), 48, device=DEV),
+}
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+@pytest.mark.parametrize("policy", list(POLICIES))
+@pytest.mark.parametrize("drafter", list(DRAFTERS))
+@pytest.mark.parametrize("processors", [{}, {"repetition_penalty": 1.2}])
+def test_greedy_identity_on_cuda(tmp_path, drafter, policy, processors, graphs):
+    if policy == "microspec-triton" and not _triton():
+        pytest.skip("no Triton")
+    if drafter == "ngram" and policy != "full":
+        pytest.skip("prompt lookup has no draft head")
+    nm = _model(graphs=graphs)
+    path, _, _ = official_checkpoint(tmp_path / "ck", d=nm.spec.hidden_size)
+    cfg = GenerationConfig(max_new_tokens=40, ignore_eos=True, **processors)
+    ref = generate_ids(nm, PROMPT, cfg).token_ids
+    r = generate_ids(nm, PROMPT, cfg, drafter=DRAFTERS[drafter](path), vocab=POLICIES[policy]())
+    assert r.token_ids == ref
+    if graphs:
+        assert nm.cuda_graphs.replays > 0
+
+
+def test_bf16_greedy_identity_on_cuda(tmp_path):
+    nm = _model("gemma3", torch.bfloat16)
+    path, _, _ = official_checkpoint(tmp_path / "ck", d=nm.spec.hidden_size)
+    cfg = GenerationConfig(max_new_tokens=40, ignore_eos=True)
+    ref = generate_ids(nm, PROMPT, cfg).token_ids
+    head = EagleHead.load(path).to(DEV, torch.bfloat16)
+    r = generate_ids(nm, PROMPT, cfg, drafter=EagleDrafter(head, depth=3, top_k=2, total_tokens=5),
+                     vocab=MicroSpecVocab(VOCAB, w_max=24, device=DEV))
+    assert r.token_ids == ref
+
+
+# ---------------------------------------------------------------- host synchronisations
+@pytest.mark.parametrize("method", ["ar", "early-exit", "microspec"])
+def test_synchronisations_do_not_grow_with_the_length(method):
+    """CUDA's own sync detector (``torch.cuda.set_sync_debug_mode``) counts the operations that wait for the
+    device: a generation's count must not grow with its length beyond the one read per step of accepted tokens."""
+    nm = _model()
+    counts = []
+    for n in (8, 32):
+        drafter = vocab = None
+        if method != "ar":
+            drafter = EarlyExitDrafter(1, depth=3, top_k=2, total_tokens=5)
+            vocab = MicroSpecVocab(VOCAB, w_max=24, device=DEV) if method == "microspec" else None
+        generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=4, ignore_eos=True), drafter=drafter,
+                     vocab=vocab)  # warm-up
+        if drafter is not None:
+            drafter = EarlyExitDrafter(1, depth=3, top_k=2, total_tokens=5)
+            vocab = MicroSpecVocab(VOCAB, w_max=24, device=DEV) if method == "microspec" else None
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                out = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=n, ignore_eos=True),
+                                   drafter=drafter, vocab=vocab)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        syncs = sum("synchroniz" in str(w.message) for w in seen)
+        counts.append((syncs, out.stats.steps))
+    (c0, s0), (c1, s1) = counts
+    per_step = (c1 - c0) / max(1, s1 - s0)
+    print(f"{method}: syncs {counts} -> {per_step:.2f} per step")
+    assert per_step <= 1.0 + 1e-9, f"{method}: {per_step:.2f} synchronisations per step ({counts})"

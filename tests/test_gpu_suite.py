@@ -1,0 +1,60 @@
+"""benchmarks/gpu_suite.py, the one command a GPU machine runs, end to end on a CPU (``--dry-run``): the CUDA tests
+collected, the paper's Figure 4 and Table 3 at the tiny shape (benchmarks/measure/draft_latency.py), the end-to-end
+bench on the installed default model for a few tokens; the JSON and the markdown table written, every figure
+consistent.  A typo in any part fails here, not on the GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_gpu_suite_dry_run(tmp_path):
+    suite = _load("gpu_suite", ROOT / "benchmarks" / "gpu_suite.py")
+    latency = _load("draft_latency", ROOT / "benchmarks" / "measure" / "draft_latency.py")
+    assert suite.main(["--out", str(tmp_path), "--dry-run"]) == 0
+    r = json.loads((tmp_path / "gpu-suite.json").read_text())
+    md = (tmp_path / "gpu-suite.md").read_text()
+    assert r["dry_run"] and not r.get("errors") and set(r["part_s"]) == set(suite.PARTS)
+    assert r["environment"]["torch"] and "DRY RUN" in md
+
+    tests = r["tests"]  # collected, not run: every CUDA test imports and parametrizes
+    assert tests["returncode"] == 0 and tests["collected"] >= 50
+
+    fig = r["figure4"]["tiny"]
+    d, vocab = fig["shape_detail"]["hidden"], fig["shape_detail"]["vocab"]
+    assert set(fig["paths"]) == set(suite.FIG4_PATHS) and fig["copy_gb_s"] > 0
+    assert set(suite.FIG4_PATHS) <= set(latency.all_paths())
+    for name, p in fig["paths"].items():
+        if name.startswith(("microspec-fused", "microspec-triton")):
+            assert "skipped" in p  # Triton compiles for CUDA only
+            continue
+        assert p["head_bytes"] == p["active_rows"] * d * 2  # bf16 rows
+        assert p["draft_ms"] > 0 and p["layer_ms"] > 0 and p["head_ms"] > 0
+        assert ("update_overhead" in p) == name.startswith("microspec-")
+        assert f"| {name} | {p['active_rows']} |" in md
+    assert fig["paths"]["full"]["active_rows"] == vocab
+    assert fig["paths"]["fr-spec-8k"]["active_rows"] == 8192 and fig["paths"]["fr-spec-32k"]["active_rows"] == vocab
+    assert fig["paths"]["microspec-indexed-1k"]["active_rows"] == 1024
+    assert 1024 <= fig["paths"]["microspec-packed-1k"]["active_rows"] <= 1028  # the packed extent
+
+    abl = r["ablation"]
+    assert [row["system"] for row in abl["rows"]] == [label for label, _ in suite.ABLATION]
+    assert abl["graphs_on"] is False and set(abl["graphs"]) == set(suite.GRAPH_PATHS)
+
+    e2e = r["e2e"]
+    assert e2e["returncode"] == 0, e2e
+    for dec in e2e["decodings"].values():
+        assert set(dec["methods"]) == {"ar", "microspec"} and not any(dec["mismatches"].values())
+        assert all(v["tokens_per_s"] > 0 for v in dec["methods"].values())
+    assert "| greedy | microspec |" in md

@@ -1,0 +1,78 @@
+"""The device window's Triton kernels against their plain-torch references and the host window, over random appends:
+run by tests/test_kernels.py under ``TRITON_INTERPRET=1`` on a CPU, and by tests/test_cuda.py compiled on a GPU.
+
+Every step appends a random tuple (repeats, ids new and old, ``unique`` or not, sometimes a skip list, sometimes
+more than W_max entries) to three windows with packed rows bound — :class:`KernelWindow` (the kernels),
+:class:`DeviceWindow` + tensor :class:`PackedRows` updates (the plain-torch reference) and :class:`HostWindow` +
+host-list updates — and checks, bit for bit: the window's entries, the counts, the slot of every id and the packed
+rows.  ``python tests/window_checks.py DEVICE STEPS`` runs it alone.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from microspec.kernels.window_update import WindowKernels, gather_rows, gather_rows_reference
+from microspec.vocab.window import DeviceWindow, HostWindow, KernelWindow, WindowRows
+
+
+def check_windows(device: str, steps: int, seed: int = 0, vocab: int = 200, w_max: int = 24, dim: int = 8) -> int:
+    dev = torch.device(device)
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randn(vocab, dim, generator=g).to(dev)
+    pinned = torch.tensor([1, 2])
+    kinds = {"kernel": KernelWindow, "torch": DeviceWindow, "host": HostWindow}
+    wins = {k: cls(vocab, w_max, dev) for k, cls in kinds.items()}
+    rows = {k: WindowRows(w, weight, w_max + 2, pinned) for k, w in wins.items()}
+    for step in range(steps):
+        m = int(torch.randint(0, 3 * w_max // 2 if step % 50 == 0 else 10, (1,), generator=g))
+        hi = int(torch.randint(4, vocab, (1,), generator=g))  # a narrow range now and then: many repeats
+        ids = torch.randint(0, hi, (m,), generator=g)
+        unique = bool(torch.randint(0, 2, (1,), generator=g))
+        skip = torch.randint(0, hi, (3,), generator=g) if step % 3 == 0 else None
+        for w in wins.values():
+            w.extend(w.load(ids), unique, skip)
+        host = wins["host"]
+        want_rows = rows["host"].packed
+        for k in ("kernel", "torch"):
+            w, packed = wins[k], rows[k].packed
+            assert w.entries() == host.entries(), (step, k, "entries")
+            assert torch.equal(w.counts.cpu(), host.counts.cpu()), (step, k, "counts")
+            assert torch.equal(packed.slot_ids.cpu()[:-1], want_rows.slot_ids.cpu()[:-1]), (step, k, "slots")
+            assert torch.equal(packed.slot_of.cpu()[:-1], want_rows.slot_of.cpu()[:-1]), (step, k, "slot_of")
+            assert torch.equal(packed.rows.cpu()[:-1], want_rows.rows.cpu()[:-1]), (step, k, "rows")
+        if step % 97 == 96:  # a new request
+            for k in wins:
+                wins[k].reset()
+                rows[k].reset()
+    return steps
+
+
+def check_gather(device: str, seed: int = 0) -> None:
+    dev = torch.device(device)
+    g = torch.Generator().manual_seed(seed)
+    for dtype in (torch.float32, torch.bfloat16):
+        for v, d, cap, most in ((50, 8, 10, 6), (300, 300, 40, 17), (40, 1, 5, 5)):
+            weight = torch.randn(v, d, generator=g).to(dev, dtype)
+            got = torch.randn(cap + 1, d, generator=g).to(dev, dtype)
+            want = got.clone()
+            ids = torch.randperm(v, generator=g)[:most].to(dev)
+            slots = torch.randperm(cap, generator=g)[:most].to(dev)
+            for n in (0, most // 2, most):
+                count = torch.tensor([n], dtype=torch.int32, device=dev)
+                gather_rows(weight, got, ids, slots, count, most)
+                gather_rows_reference(weight, want, ids, slots, count)
+                assert torch.equal(got, want), (dtype, v, d, n)
+    kern = WindowKernels(64, dev)  # the window alone (no rows bound): the ring and the counts
+    ring = torch.full((9,), -1, dtype=torch.long, device=dev)
+    ptr = torch.zeros((), dtype=torch.long, device=dev)
+    counts = torch.zeros(64, dtype=torch.int32, device=dev)
+    kern.window_update(torch.tensor([5, 5, 7, 1], device=dev), None, ring, ptr, counts, unique=True)
+    assert ring[:3].tolist() == [5, 7, 1] and int(ptr) == 3 and int(counts.sum()) == 3
+
+
+if __name__ == "__main__":
+    check_gather(sys.argv[1])
+    print("ok", check_windows(sys.argv[1], int(sys.argv[2])))
