@@ -124,14 +124,19 @@ def _env_with_src() -> dict:
 
 
 # ---------------------------------------------------------------- part 1: the CUDA tests
-def run_tests(out: Path, dry: bool) -> dict:
+def run_tests(out: Path, dry: bool, timeout: int = 300) -> dict:
     xml = out / "cuda-tests.xml"
     cmd = [sys.executable, "-m", "pytest", "-m", "cuda", str(ROOT / "tests" / "test_cuda.py"), "-p",
            "no:cacheprovider", "-q", "-rfE", "-s", f"--junitxml={xml}", "-o", "addopts="]
     if dry:
         cmd.append("--collect-only")
     t = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=_env_with_src())
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=_env_with_src(), timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        text = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        (out / "cuda-tests.log").write_text(text)
+        return {"returncode": None, "timed_out_s": timeout}
     wall = round(time.perf_counter() - t, 1)
     (out / "cuda-tests.log").write_text(proc.stdout + proc.stderr)
     result: dict = {"returncode": proc.returncode, "wall_s": wall}
@@ -252,7 +257,9 @@ def markdown(r: dict) -> str:
     tests = r.get("tests")
     if tests:
         lines += ["## CUDA tests (`pytest -m cuda`)", ""]
-        if "tests" in tests:
+        if tests.get("timed_out_s"):
+            lines.append(f"timed out after {tests['timed_out_s']} s (the log holds what ran)")
+        elif "tests" in tests:
             lines.append(f"{tests['tests']} tests: {tests['failures']} failed, {tests['errors']} errors, "
                          f"{tests['skipped']} skipped ({tests['wall_s']} s)")
             lines += [f"- FAILED {f['test']}: {f['message']}" for f in tests.get("failed", [])]
