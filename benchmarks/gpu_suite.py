@@ -11,16 +11,18 @@ no registry).  The parts, in order, each written to ``--out`` as soon as it ends
    (window update and row gather against the plain-torch window and the host window over 5,000 random appends,
    gather-matmul), CUDA graphs against the eager forward, greedy identity of every drafter x policy on tiny random
    models on CUDA, and the host synchronisations of a generation as CUDA's sync detector counts them;
-2. ``figure4`` — the MicroSpec paper's Figure 4: one draft step's time by vocabulary path (EAGLE-2's full head,
+2. ``syncs`` — the host synchronisations of a generation per decode step and where they happen, for plain
+   decoding, prompt lookup, early exit, EAGLE and EAGLE + MicroSpec, eager and graphed
+   (benchmarks/measure/sync_sites.py);
+3. ``figure4`` — the MicroSpec paper's Figure 4: one draft step's time by vocabulary path (EAGLE-2's full head,
    FR-Spec 32k/16k/8k, MicroSpec packed / async / Triton window / indexed / fused at 1k and 3k ids, DynaSpec,
    SpecVocab) on the Llama-3-8B, Llama-3.2-1B and Qwen2-7B shapes with random weights
-   (benchmarks/measure/draft_latency.py), with the head's achieved bandwidth against the device's measured copy
-   bandwidth;
-3. ``ablation`` — the paper's Table 3 system ablation on the 8B shape (indexed GEMM / packed / packed + async
-   gather / + Triton window), read from part 2, with what the window update adds to a draft step
-   (``update_overhead``: the step with the update over the step without), and the same step with the EAGLE head's
-   levels replayed as CUDA graphs;
-4. ``e2e`` — end-to-end speed of AR, EAGLE-2, FR-Spec and MicroSpec with ``microspec bench`` on a real model, when
+   (benchmarks/measure/draft_latency.py), eager and with the EAGLE head's levels and the packed head's product
+   replayed as CUDA graphs, with the head product's bandwidth against the device's measured copy bandwidth;
+4. ``ablation`` — the paper's Table 3 system ablation on the 8B shape (indexed GEMM / packed / packed + async
+   gather / + Triton window), read from part 3, with what the window update adds to a draft step
+   (``update_overhead``: the step with the update over the step without);
+5. ``e2e`` — end-to-end speed of AR, EAGLE-2, FR-Spec and MicroSpec with ``microspec bench`` on a real model, when
    one has been staged on the machine (benchmarks/gpu_stage.py; ``--model``), on the prompts of ``--e2e-data``;
    without a staged model the part says so and the suite reports component times only.
 
@@ -54,11 +56,11 @@ SHAPES = ("llama3-8b", "llama3.2-1b", "qwen2-7b")
 FIG4_PATHS = ("full", "fr-spec-32k", "fr-spec-16k", "fr-spec-8k", "microspec-packed-1k", "microspec-packed-3k",
               "microspec-async-1k", "microspec-async-3k", "microspec-triton-1k", "microspec-triton-3k",
               "microspec-indexed-1k", "microspec-indexed-3k", "microspec-fused-3k", "dynaspec", "specvocab")
-GRAPH_PATHS = ("full", "fr-spec-32k", "microspec-async-3k", "microspec-triton-3k")
+GRAPH_PATHS = ("full", "fr-spec-32k", "microspec-async-3k", "microspec-triton-3k")  # a dry run's graphed subset
 ABLATION = (("indexed GEMM", "microspec-indexed-3k"), ("packed", "microspec-packed-3k"),
             ("packed + async gather", "microspec-async-3k"), ("packed + async, Triton window", "microspec-triton-3k"))
 E2E_METHODS = "ar,eagle-full,fr-spec-32768,eagle+microspec"
-PARTS = ("tests", "figure4", "ablation", "e2e")
+PARTS = ("tests", "syncs", "figure4", "ablation", "e2e")
 
 
 def parse_args(argv=None):
@@ -181,23 +183,41 @@ def latency(shape: str, paths, device: str, repeats: int, graphs: bool = False, 
 
 
 def figure4(device: str, repeats: int, dry: bool) -> dict:
+    """Each shape eager and graphed (the EAGLE head's levels and the packed head's product replayed as CUDA graphs;
+    a dry run times the graphed subset only, eagerly: a CPU has no graphs)."""
     shapes = ("tiny",) if dry else SHAPES
-    return {shape: latency(shape, FIG4_PATHS, device, repeats, dry=dry) for shape in shapes}
+    return {shape: {"eager": latency(shape, FIG4_PATHS, device, repeats, dry=dry),
+                    "graphed": latency(shape, GRAPH_PATHS if dry else FIG4_PATHS, device, repeats, graphs=True,
+                                       dry=dry)} for shape in shapes}
 
 
-def ablation(fig4: dict, device: str, repeats: int, dry: bool) -> dict:
+def ablation(fig4: dict, dry: bool) -> dict:
     shape = "tiny" if dry else "llama3-8b"
-    paths = fig4[shape]["paths"]
+    eager, graphed = fig4[shape]["eager"]["paths"], fig4[shape]["graphed"]["paths"]
     rows = []
     for label, path in ABLATION:
-        p = paths.get(path, {})
-        rows.append({"system": label, "path": path, **{k: p.get(k) for k in (
-            "draft_ms", "draft_no_update_ms", "update_overhead", "head_ms", "policy_ms", "skipped")}})
-    graphed = latency(shape, GRAPH_PATHS, device, repeats, graphs=True, dry=dry)
-    return {"shape": shape, "rows": rows, "graphs": {
-        p: {"eager_draft_ms": paths.get(p, {}).get("draft_ms"), "graphed_draft_ms": g.get("draft_ms"),
-            "eager_layer_ms": paths.get(p, {}).get("layer_ms"), "graphed_layer_ms": g.get("layer_ms")}
-        for p, g in graphed["paths"].items()}, "graphs_on": graphed["graphs"]}
+        e, g = eager.get(path, {}), graphed.get(path, {})
+        rows.append({"system": label, "path": path, "skipped": e.get("skipped"),
+                     **{f"eager_{k}": e.get(k) for k in ("draft_ms", "draft_no_update_ms", "update_overhead")},
+                     **{f"graphed_{k}": g.get(k) for k in ("draft_ms", "draft_no_update_ms", "update_overhead")},
+                     "policy_ms": e.get("policy_ms")})
+    full = graphed.get("full", {}).get("draft_ms")
+    return {"shape": shape, "rows": rows, "graphs_on": fig4[shape]["graphed"]["graphs"], "full_graphed_ms": full}
+
+
+# ---------------------------------------------------------------- host synchronisations
+def syncs(out: Path, dry: bool) -> dict:
+    path = ROOT / "benchmarks" / "measure" / "sync_sites.py"
+    spec = importlib.util.spec_from_file_location("sync_sites", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # a dry run checks that it imports
+    if dry:
+        return {"skipped": "the sync detector needs a CUDA device"}
+    result = {}
+    for mode, argv in (("eager", []), ("graphed", ["--graphs"])):
+        with contextlib.redirect_stdout(io.StringIO()):
+            result[mode] = mod.main(argv + ["--out", str(out / f"syncs-{mode}.json")])
+    return result
 
 
 # ---------------------------------------------------------------- part 4: end to end
@@ -267,37 +287,50 @@ def markdown(r: dict) -> str:
         else:
             lines.append(f"collected {tests.get('collected')} (return code {tests['returncode']})")
         lines.append("")
-    for shape, res in (r.get("figure4") or {}).items():
+    sy = r.get("syncs")
+    if sy:
+        lines += ["## Host synchronisations per decode step (CUDA's sync detector, tiny random target)", ""]
+        if "skipped" in sy:
+            lines.append(sy["skipped"])
+        else:
+            lines += ["| method | eager: per step | graphed: per step | sites per step (eager) |", "|---|---|---|---|"]
+            for m, v in sy["eager"]["methods"].items():
+                g = sy["graphed"]["methods"].get(m, {})
+                where = "; ".join(f"{k} x{n}" for k, n in list(v["sites_per_step"].items())[:4])
+                lines.append(f"| {m} | {v['per_step']} | {g.get('per_step')} | {where} |")
+        lines.append("")
+    for shape, both in (r.get("figure4") or {}).items():
+        res, gr = both["eager"], both["graphed"]
+        gp = gr["paths"]
         lines += [f"## Draft step by vocabulary path — {shape} (Figure 4)", "",
                   f"copy bandwidth {res['copy_gb_s']} GB/s (read + write); rows {res['rows']}, depth {res['depth']}, "
-                  f"context {res['context']}, {res['dtype']}", "",
-                  "| path | rows | draft ms | vs full | head ms | head GB/s | share of copy bw | layer ms | "
-                  "policy ms | update overhead |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  f"context {res['context']}, {res['dtype']}; graphed: {gr['graphs']}", "",
+                  "| path | rows | draft ms eager | draft ms graphed | graphed vs full | head ms graphed | "
+                  "product GB/s | share of copy bw | level ms eager / graphed | update ms | update overhead graphed |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        full = gp.get("full", {}).get("draft_ms")
         for name, p in res["paths"].items():
             if "skipped" in p:
-                lines.append(f"| {name} | skipped: {p['skipped']} |||||||||")
+                lines.append(f"| {name} | skipped: {p['skipped']} ||||||||||")
                 continue
-            lines.append(f"| {name} | {p['active_rows']} | {_fmt(p['draft_ms'])} | {_fmt(p.get('draft_vs_full'))} | "
-                         f"{_fmt(p['head_ms'])} | {_fmt(p['head_gb_s'], 1)} | "
-                         f"{_fmt(p.get('head_share_of_copy_bw'))} | {_fmt(p['layer_ms'])} | {_fmt(p['policy_ms'])} | "
-                         f"{_fmt(p.get('update_overhead'))} |")
+            g = gp.get(name, {})
+            vs = g["draft_ms"] / full if full and g.get("draft_ms") else None
+            lines.append(f"| {name} | {p['active_rows']} | {_fmt(p['draft_ms'])} | {_fmt(g.get('draft_ms'))} | "
+                         f"{_fmt(vs)} | {_fmt(g.get('head_ms'))} | {_fmt(p.get('gemm_gb_s'), 1)} | "
+                         f"{_fmt(p.get('gemm_share_of_copy_bw'))} | {_fmt(p['layer_ms'])} / "
+                         f"{_fmt(g.get('layer_ms'))} | {_fmt(p['policy_ms'])} | {_fmt(g.get('update_overhead'))} |")
         lines.append("")
     abl = r.get("ablation")
     if abl:
         lines += [f"## System ablation — {abl['shape']} (Table 3), 3k ids", "",
-                  "| system | draft ms | without the update | update overhead | head ms | update ms |",
-                  "|---|---|---|---|---|---|"]
+                  "| system | draft ms eager | draft ms graphed | graphed, window unchanged | update overhead graphed "
+                  "| update ms |", "|---|---|---|---|---|---|"]
         for row in abl["rows"]:
-            lines.append(f"| {row['system']} | {_fmt(row['draft_ms'])} | {_fmt(row['draft_no_update_ms'])} | "
-                         f"{_fmt(row['update_overhead'])} | {_fmt(row['head_ms'])} | {_fmt(row['policy_ms'])} |"
-                         if row.get("skipped") is None else f"| {row['system']} | skipped: {row['skipped']} |||||")
-        lines += ["", f"CUDA graphs of the EAGLE head's levels ({'on' if abl['graphs_on'] else 'off: no CUDA'}):", "",
-                  "| path | eager draft ms | graphed draft ms | eager level ms | graphed level ms |",
-                  "|---|---|---|---|---|"]
-        for p, g in abl["graphs"].items():
-            lines.append(f"| {p} | {_fmt(g['eager_draft_ms'])} | {_fmt(g['graphed_draft_ms'])} | "
-                         f"{_fmt(g['eager_layer_ms'])} | {_fmt(g['graphed_layer_ms'])} |")
-        lines.append("")
+            lines.append(f"| {row['system']} | skipped: {row['skipped']} |||||" if row.get("skipped") else
+                         f"| {row['system']} | {_fmt(row['eager_draft_ms'])} | {_fmt(row['graphed_draft_ms'])} | "
+                         f"{_fmt(row['graphed_draft_no_update_ms'])} | {_fmt(row['graphed_update_overhead'])} | "
+                         f"{_fmt(row['policy_ms'])} |")
+        lines += ["", f"EAGLE-2 (full head), graphed: {_fmt(abl['full_graphed_ms'])} ms", ""]
     end = r.get("e2e")
     if end:
         lines += ["## End to end", ""]
@@ -338,12 +371,14 @@ def run_parts(args, out: Path, result: dict) -> None:
         try:
             if part == "tests":
                 result["tests"] = run_tests(out, args.dry_run)
+            elif part == "syncs":
+                result["syncs"] = syncs(out, args.dry_run)
             elif part == "figure4":
                 result["figure4"] = figure4(device, repeats, args.dry_run)
             elif part == "ablation":
                 if "figure4" not in result:
                     result["figure4"] = figure4(device, repeats, args.dry_run)
-                result["ablation"] = ablation(result["figure4"], device, repeats, args.dry_run)
+                result["ablation"] = ablation(result["figure4"], args.dry_run)
             elif part == "e2e":
                 result["e2e"] = e2e(out, args, device)
         except Exception as exc:  # noqa: BLE001 - one part failing must not lose the others

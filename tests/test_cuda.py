@@ -165,7 +165,9 @@ def test_bf16_greedy_identity_on_cuda(tmp_path):
 @pytest.mark.parametrize("method", ["ar", "early-exit", "microspec"])
 def test_synchronisations_do_not_grow_with_the_length(method):
     """CUDA's own sync detector (``torch.cuda.set_sync_debug_mode``) counts the operations that wait for the
-    device: a generation's count must not grow with its length beyond the one read per step of accepted tokens."""
+    device.  Per step a generation may read back the accepted tokens (one read: the rows of the draft's main path
+    come back together) and, drafting a dynamic tree, each level's top-k (the host builds the tree: one read per
+    level); nothing else may grow with its length (benchmarks/measure/sync_sites.py lists where they happen)."""
     nm = _model()
     counts = []
     for n in (8, 32):
@@ -192,4 +194,5 @@ def test_synchronisations_do_not_grow_with_the_length(method):
     (c0, s0), (c1, s1) = counts
     per_step = (c1 - c0) / max(1, s1 - s0)
     print(f"{method}: syncs {counts} -> {per_step:.2f} per step")
-    assert per_step <= 1.0 + 1e-9, f"{method}: {per_step:.2f} synchronisations per step ({counts})"
+    levels = 0 if method == "ar" else 3  # the tree's depth: the root's top-k and two expansions
+    assert per_step <= 1 + levels + 0.5, f"{method}: {per_step:.2f} synchronisations per step ({counts})"

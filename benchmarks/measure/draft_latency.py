@@ -16,14 +16,15 @@ that many ids; packed: the window's tensor update on the main stream, async: on 
 window kernels on the side stream, indexed: ``W[idx]`` gathered when the set changes, fused: a Triton kernel reads the
 rows inside the matmul; triton and fused need Triton on CUDA), ``specvocab`` (the low-rank ranker, rank d/16, top 2048
 per row), ``dynaspec`` (the router over 1024 clusters, 32 at depth 0 and 16 after).  ``--graphs`` replays the EAGLE
-head's levels as CUDA graphs (:mod:`microspec.models.graphs`).
+head's levels and the packed head's product as CUDA graphs (:mod:`microspec.models.graphs`).
 
 Reported per path: ``draft_ms`` (the step's drafting, as above), ``head_ms`` (one draft-head call over the rows,
 the path's set already chosen), ``layer_ms`` (one EAGLE-head level), ``policy_ms`` (the update, router or ranker of
 one step; the trained policies' router or ranker runs inside every head call, so it is in ``head_ms`` too),
 ``draft_no_update_ms`` (MicroSpec: the step with the window left as it is, so ``update_overhead`` = draft_ms /
 draft_no_update_ms is what the update and its row gather add), the head's ``head_bytes`` (weight rows one call
-reads) and ``head_gb_s``; beside them the device's copy
+reads) and ``head_gb_s``, and ``gemm_ms`` / ``gemm_gb_s`` (the head's product alone; on CUDA 20 of them replayed as
+one graph, so the kernel's bandwidth without launch gaps); beside them the device's copy
 bandwidth (read + write of a large tensor), so that every bandwidth reads against what the device can do.  Times
 are the best of 3 means of ``--repeats`` calls, synchronised around each mean only (CUDA events on a GPU).
 """
@@ -71,7 +72,8 @@ def parse_args(argv=None):
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--paths", default="all", help="comma-separated paths (default: all)")
     ap.add_argument("--copy-mib", type=int, default=1024, help="size of the copy-bandwidth probe")
-    ap.add_argument("--graphs", action="store_true", help="replay the EAGLE head's levels as CUDA graphs")
+    ap.add_argument("--graphs", action="store_true",
+                    help="replay the EAGLE head's levels and the packed head's product as CUDA graphs")
     ap.add_argument("--out", default=None, help="also write the JSON here")
     return ap.parse_args(argv)
 
@@ -174,10 +176,10 @@ def make_policy(path: str, syn: Synthetic):
         fresh = torch.randint(0, v, (4096, 4), generator=gen).to(dev)
         step = {"i": 0}
 
-        def update():  # an 8-node tree, 4 of its ids new, then the top-3 of 3 verified rows
+        def update():  # an 8-node tree, 4 of its ids new (the other 4 the last step's: in the window), then the
+            # top-3 of 3 verified rows; built on the device, nothing read back (as in decoding)
             i = step["i"] = (step["i"] + 1) % fresh.shape[0]
-            old = policy.ranked()[:4]
-            policy.on_verify(torch.cat([old, fresh[i]]), verify_logits)
+            policy.on_verify(torch.cat([fresh[i - 1], fresh[i]]), verify_logits)
 
         return policy, update
     if path == "specvocab":
@@ -195,7 +197,7 @@ def make_policy(path: str, syn: Synthetic):
     raise SystemExit(f"unknown path {path!r}; choose from {', '.join(all_paths())}")
 
 
-def measure(path: str, syn: Synthetic, timer: Timer, depth: int) -> dict:
+def measure(path: str, syn: Synthetic, timer: Timer, depth: int, graphs: bool = False) -> dict:
     if path.startswith(("microspec-fused-", "microspec-triton-")):
         from microspec.kernels import gather_matmul
 
@@ -203,6 +205,7 @@ def measure(path: str, syn: Synthetic, timer: Timer, depth: int) -> dict:
             return {"skipped": "needs Triton on a CUDA device"}
     policy, update = make_policy(path, syn)
     head = DraftHead(syn.weight, policy=policy)
+    head.use_cuda_graphs(graphs)
     hidden = syn.level()
     inputs = (syn.embeds, syn.features)
 
@@ -238,7 +241,24 @@ def measure(path: str, syn: Synthetic, timer: Timer, depth: int) -> dict:
     if update is not None:  # the same step with the window left as it is: what the update adds to the step
         out["draft_no_update_ms"] = timer.ms(lambda: draft_step(False))
         out["update_overhead"] = round(out["draft_ms"] / out["draft_no_update_ms"], 3)
+    w = syn.weight if active is None else active.rows[: active.extent] if hasattr(active, "extent") else head._rows
+    if isinstance(w, torch.Tensor):  # the head's product alone: the bandwidth its kernel reaches
+        out["gemm_ms"] = product_ms(hidden, w, timer)
+        out["gemm_gb_s"] = round(w.numel() * w.element_size() / (out["gemm_ms"] / 1000) / 1e9, 2)
     return out
+
+
+def product_ms(hidden: torch.Tensor, w: torch.Tensor, timer: Timer, calls: int = 20) -> float:
+    """One ``hidden @ w.T``; on CUDA ``calls`` of them replayed as one graph, so that launch gaps do not count."""
+    fn = lambda: torch.nn.functional.linear(hidden, w)  # noqa: E731
+    if hidden.device.type != "cuda":
+        return timer.ms(fn)
+    from microspec.models.graphs import capture
+
+    captured = capture(lambda: [fn() for _ in range(calls)], torch.cuda.graph_pool_handle())
+    if captured is None:
+        return timer.ms(fn)
+    return round(timer.ms(captured[0].replay) / calls, 5)
 
 
 @torch.inference_mode()
@@ -254,8 +274,8 @@ def main(argv=None) -> dict:
     paths = all_paths() if args.paths == "all" else args.paths.split(",")
     timer = Timer(device, args.repeats)
     syn = Synthetic(args.shape, device, dtype, args.rows, args.context)
-    if args.graphs:
-        syn.eagle.body.use_cuda_graphs(device.type == "cuda")
+    graphs = args.graphs and device.type == "cuda"
+    syn.eagle.body.use_cuda_graphs(graphs)
     d, inter, heads, kv, head_dim, vocab = SHAPES[args.shape]
     result = {
         "date": date.today().isoformat(), "shape": args.shape,
@@ -264,9 +284,9 @@ def main(argv=None) -> dict:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__, "dtype": args.dtype, "rows": args.rows, "depth": args.depth,
         "context": args.context, "repeats": args.repeats,
-        "graphs": bool(args.graphs and device.type == "cuda"),
+        "graphs": graphs,
         "copy_gb_s": copy_gb_s(device, args.copy_mib, timer),
-        "paths": {p: measure(p, syn, timer, args.depth) for p in paths},
+        "paths": {p: measure(p, syn, timer, args.depth, graphs) for p in paths},
     }
     full = result["paths"].get("full")
     if full:
@@ -276,6 +296,8 @@ def main(argv=None) -> dict:
     for r in result["paths"].values():
         if "head_gb_s" in r:
             r["head_share_of_copy_bw"] = round(r["head_gb_s"] / result["copy_gb_s"], 3)
+        if "gemm_gb_s" in r:
+            r["gemm_share_of_copy_bw"] = round(r["gemm_gb_s"] / result["copy_gb_s"], 3)
     text = json.dumps(result, indent=1)
     if args.out:
         with open(args.out, "w") as f:

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from ..errors import MicrospecError, check
 from ..kernels import cpu_linear
 from ..models.native import NativeCausalLM, Taps
+from ..transfer import rows_of, to_device
 from .adaptive import AdaptiveSteps
 from .config import GenerationConfig
 from .context import DraftContext
@@ -148,7 +149,7 @@ def step_many(model: NativeCausalLM, gens: list[Generation], max_depth: int | No
                                  [gens[k].taps for k in live])
     # the rows every walk starts from, through the full-vocabulary head in one pass (one read of its weights)
     rows = [LazyHead.first_rows(tree, gens[k].head_mode) for k, tree in zip(live, trees)]
-    logits = model.head(torch.cat([h[r] for h, r in zip(hiddens, rows)])).split([len(r) for r in rows])
+    logits = model.head(torch.cat([rows_of(h, r) for h, r in zip(hiddens, rows)])).split([len(r) for r in rows])
     for k, hidden, first in zip(live, hiddens, logits):
         try:
             gens[k].settle(hidden, first)
@@ -251,7 +252,7 @@ class Generation:
         """(ids, positions, mask) of the verify pass over the root and ``tree`` (no positions or mask: one token)."""
         if len(tree):
             return tree.verify_inputs(self.tokens[-1], self.cache.length, self.model.device)
-        return torch.tensor([self.tokens[-1]], dtype=torch.long, device=self.model.device), None, None
+        return to_device([self.tokens[-1]], self.model.device), None, None
 
     def settle(self, hidden: torch.Tensor, first: torch.Tensor | None = None) -> None:
         """After the verify pass (``hidden``: its final hidden states; ``first``: the logits of the rows the walk
@@ -263,7 +264,7 @@ class Generation:
         walk = self.walker(tree, walk_head, self.pipe)
         branch = [0] + [1 + a for a in walk.accepted]  # verify rows of the root and the accepted nodes
         if len(tree):
-            self.cache.keep(list(range(start)) + [start + r for r in branch])
+            self.cache.keep_from(start, branch)
         if self.coverage is not None:  # a step drafted without the draft head (a copied chain) is not scored
             self.coverage.on_verified(tree, walk.tokens, scored=not drafting or drafter.head_drafted)
         t2 = self.clock.mark()
@@ -271,14 +272,14 @@ class Generation:
             # a step the adaptive mode took plain feeds the policy its committed tokens only (a top-k over the
             # full vocabulary costs ~0.4 ms of a 17 ms packed CPU step: stepping aside must cost nothing)
             with self.vocab_timer:
-                vocab.on_verify(torch.tensor(tree.tokens, dtype=torch.long, device=device),
+                vocab.on_verify(to_device(tree.tokens, device),
                                 torch.stack(walk.logits) if vocab.wants_verify_logits and drafting
                                 else hidden.new_zeros(0, model.spec.vocab_size), walk.tokens)
         self.spans.append((t0, t1, t2, self.clock.mark()))
         new = walk.tokens
         self.stats.record_step(len(new), len(tree), max(tree.depths(), default=0), walk.head_rows)
         if drafter is not None:
-            drafter.commit(new, (hidden if self.taps is None else self.taps.out)[branch])
+            drafter.commit(new, rows_of(hidden if self.taps is None else self.taps.out, branch))
         if self.adaptive is not None:  # the host's clock: the walk has read the accepted tokens (device in step)
             self.adaptive.observe(drafting, len(new), time.perf_counter() - host_t0)
         emitted = len(self.out)
@@ -319,6 +320,8 @@ def _take_head_stats(drafter: Drafter) -> tuple[float, list[int]]:
     head = getattr(drafter, "head", None)
     if head is None:
         return 0.0, []
-    sizes = [int(n) for n in head.sizes]
+    on_device = [n for n in head.sizes if isinstance(n, torch.Tensor)]  # read back at once: one wait, not one each
+    read = iter(torch.stack(on_device).tolist() if on_device else [])
+    sizes = [int(next(read)) if isinstance(n, torch.Tensor) else int(n) for n in head.sizes]
     head.sizes.clear()
     return head.timer.take(), sizes

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..transfer import to_device
+
 if TYPE_CHECKING:
     from ..vocab.base import VocabPolicy
     from .tree import DraftTree
@@ -31,8 +33,8 @@ class CoverageObserver:
         self._hits = []
         if scored and (len(tree) or not self.routed):
             last = max(tree.depths()) - 1 if len(tree) else 0
-            self._hits = [self.policy.contains(torch.tensor([t], device=self.device), min(j, last))
-                          for j, t in enumerate(tokens)]
+            ids = to_device(tokens, self.device)
+            self._hits = [self.policy.contains(ids[j : j + 1], min(j, last)) for j in range(len(tokens))]
 
     def on_emitted(self, count: int) -> None:
         """How many of them were kept (generation may stop inside a step)."""

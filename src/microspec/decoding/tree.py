@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..transfer import to_device
+
 SCHEMES = ("deterministic", "iid", "without-replacement")
 
 
@@ -95,9 +97,8 @@ class DraftTree:
         """(ids [N+1], positions [N+1], mask [N+1, N+1]) of the verify pass: root then nodes, each row seeing its
         ancestors and itself; the root sits at position ``start`` (the cache length)."""
         n = len(self) + 1
-        ids = torch.tensor([root] + self.tokens, dtype=torch.long, device=device)
-        depth = [0] + self.depths()
-        positions = torch.tensor(depth, dtype=torch.long, device=device) + start
+        ids = to_device([root] + self.tokens, device)
+        positions = to_device([start + d for d in [0] + self.depths()], device)
         mask = torch.zeros(n, n, dtype=torch.bool)
         mask[:, 0] = True
         for i, p in enumerate(self.parents):
@@ -105,4 +106,4 @@ class DraftTree:
             mask[row] = mask[p + 1]
             mask[row, row] = True
         mask[0, 0] = True
-        return ids, positions, mask.to(device)
+        return ids, positions, to_device(mask, device, torch.bool)

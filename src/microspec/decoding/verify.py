@@ -28,6 +28,7 @@ import torch
 
 from ..kernels import cpu_quant
 from ..options import Option
+from ..transfer import rows_of
 from .processors import LogitsPipeline, sample
 from .tree import DraftTree
 
@@ -67,12 +68,15 @@ class LazyHead:
         """``first``: the logits of :meth:`first_rows` already computed (a batch of walks shares one head pass)."""
         self.head, self.hidden, self.rows = head, hidden, {}
         self.computed = 0
+        self._blocks: list[tuple[list[int], torch.Tensor]] = []  # rows computed together, argmax not read yet
+        self._argmax: dict[int, int] = {}
         rows = self.first_rows(tree, mode)
         if first is None:
             self._fill(rows)
         else:
             self.computed += len(rows)
             self.rows.update(zip(rows, first))
+            self._blocks.append((rows, first))
 
     @staticmethod
     def first_rows(tree: DraftTree, mode: str) -> list[int]:
@@ -91,15 +95,27 @@ class LazyHead:
         return [0]
 
     def _fill(self, rows: list[int]) -> None:
-        logits = self.head(self.hidden[rows])
+        logits = self.head(rows_of(self.hidden, rows))
         self.computed += len(rows)
         for i, r in enumerate(rows):
             self.rows[r] = logits[i]
+        self._blocks.append((rows, logits))
 
     def __call__(self, row: int) -> torch.Tensor:
         if row not in self.rows:
             self._fill([row])
         return self.rows[row]
+
+    def argmax(self, row: int) -> int:
+        """The id of the largest logit of ``row``.  On a GPU the rows computed together with it are read back in
+        the same transfer (one wait for the draft's whole main path, not one per accepted token)."""
+        logits = self(row)
+        if not logits.is_cuda:
+            return cpu_quant.argmax(logits)
+        if row not in self._argmax:
+            rows, block = next(b for b in self._blocks if row in b[0])
+            self._argmax.update(zip(rows, block.argmax(dim=-1).tolist()))
+        return self._argmax[row]
 
 
 def greedy_walk(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline) -> Walk:
@@ -111,8 +127,10 @@ def greedy_walk(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline) -> W
         logits = logits_of(row)
         if pipe.active:
             logits = pipe.process(logits[None].clone(), [path_tokens])[0]
+            target = cpu_quant.argmax(logits)
+        else:
+            target = logits_of.argmax(row)
         chosen_from.append(logits)
-        target = cpu_quant.argmax(logits)
         child = next((c for c in children[row] if tree.tokens[c] == target), None)
         if child is None:
             return Walk(accepted, path_tokens + [target], logits_of.computed, chosen_from)

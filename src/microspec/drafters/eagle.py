@@ -26,6 +26,7 @@ from ..errors import MicrospecError, check
 from ..models.layers import Linear
 from ..models.native import NativeCausalLM
 from ..models.registry import read_weights
+from ..transfer import to_device
 from .base import DraftContext
 from .model_based import CHAIN_DEPTH, ForwardDrafter
 
@@ -161,7 +162,7 @@ class EagleDrafter(ForwardDrafter):
     def _root(self, ctx: DraftContext):
         start, n = self.cache.length, len(self.pending)
         # pair t = (f_t, x_{t+1}); the last pending pair ends with the root token
-        tokens = torch.tensor(ctx.tokens[start + 1 : start + 1 + n], dtype=torch.long, device=self.cache.device)
+        tokens = to_device(ctx.tokens[start + 1 : start + 1 + n], self.cache.device)
         embeds = ctx.target.embed(tokens)
         hidden = self.eagle(embeds, self.pending, self.cache)
         self.last_inputs = (embeds[-1:], self.pending[-1:])  # the root's pair: (x_root, f_before_root)

@@ -7,11 +7,10 @@ pass overwrites those slots anyway.  Drafts a chain (``top_k=None``) or an EAGLE
 
 from __future__ import annotations
 
-import torch
-
 from ..decoding.adaptive import ADAPTIVE
 from ..errors import check
 from ..options import DrafterSpec, Option
+from ..transfer import to_device
 from .base import DraftContext
 from .lookup_first import LOOKUP
 from .model_based import CHAIN_DEPTH, TREE_OPTIONS, ForwardDrafter, check_shape
@@ -36,7 +35,7 @@ class EarlyExitDrafter(ForwardDrafter):
 
     def _root(self, ctx: DraftContext):
         slot = ctx.cache.length
-        root = torch.tensor([ctx.tokens[-1]], dtype=torch.long, device=ctx.cache.device)
+        root = to_device([ctx.tokens[-1]], ctx.cache.device)
         return self._forward(ctx, root, None, None, None), slot
 
     def _forward(self, ctx, ids, positions, mask, parent_hidden):

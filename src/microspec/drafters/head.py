@@ -102,6 +102,7 @@ class DraftHead:
         check(not (self._fused and self.mapped is not None),
               "--gather fused reads rows of the full vocabulary: not with a head that has a draft vocabulary")
         self.timer = DeviceTimer(weight.device)
+        self.graphs = None  # a GraphedCall once use_cuda_graphs(True): the packed product replayed
         self.sizes: list = []  # active size of each call (device scalars for packed buffers: read at the end)
         if policy is not None:
             policy.attach(weight)
@@ -157,9 +158,11 @@ class DraftHead:
             self.policy.on_head_input(hidden, depth)
         active = self._select(depth)
         if isinstance(active, PackedRows):
-            out = self._matmul(hidden, active.rows[: active.extent])
-            out.masked_fill_(~active.valid(), float("-inf"))
-            return out
+            if self.graphs is not None and hidden.is_cuda and active.fixed_shape:  # fixed shape: one graph
+                out = self.graphs((id(active), hidden.shape, hidden.dtype), lambda h: self._packed(h, active), hidden)
+                if out is not None:
+                    return out
+            return self._packed(hidden, active)
         ids = active.ids if isinstance(active, RankedPrefix) else active
         if isinstance(ids, torch.Tensor) and self._fused:
             from ..kernels.gather_matmul import gather_matmul
@@ -172,6 +175,17 @@ class DraftHead:
         if active is None:
             return self._matmul(hidden, self.weight if self.mapped is None else self.mapped.rows)
         return self._matmul(hidden, self._rows)
+
+    def _packed(self, hidden: torch.Tensor, active: PackedRows) -> torch.Tensor:
+        """One product over the packed buffer's leading rows, free slots at -inf."""
+        out = self._matmul(hidden, active.rows[: active.extent])
+        return out.masked_fill_(~active.valid(), float("-inf"))
+
+    def use_cuda_graphs(self, on: bool = True) -> None:
+        """Replay the packed head's product and mask as a CUDA graph (on CUDA, with a fixed-shape buffer)."""
+        from ..models.graphs import GraphedCall
+
+        self.graphs = GraphedCall() if on else None
 
     def _matmul(self, hidden: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if isinstance(w, QuantTensor):  # rows of a GGUF head kept packed (the whole head, or a shortlist's rows)

@@ -17,6 +17,7 @@ from ..errors import MicrospecError, check
 from ..models.kv_cache import KVCache
 from ..models.native import NativeCausalLM
 from ..options import Option
+from ..transfer import to_device
 from ..vocab.base import VocabPolicy
 from .base import DraftContext, Drafter
 from .head import DraftHead
@@ -79,6 +80,7 @@ class ForwardDrafter(Drafter):
     def prefill(self, target: NativeCausalLM, prompt_ids: list[int], hidden: torch.Tensor,
                 vocab: VocabPolicy | None = None) -> None:
         self.head = DraftHead(*self._start(target, prompt_ids, hidden), policy=vocab, norm=self._head_norm())
+        self.head.use_cuda_graphs(target.cuda_graphs is not None)  # graphed where the target is
 
     def _route(self, depth: int) -> None:
         """Before the head scores ``depth``: what the draft network was fed (for a routing policy)."""
@@ -153,16 +155,18 @@ class ForwardDrafter(Drafter):
 
     def _chain(self, ctx: DraftContext, hidden: torch.Tensor, root_slot: int, steps: int) -> DraftTree:
         device = self._cache(ctx).device
-        out: list[int] = []
+        out: list[int] = []  # the chain so far on the host: what the processors need
+        drafted: list[torch.Tensor] = []  # the chain on the device, read back once at the end
         qs: list[torch.Tensor] = []
+        processed = ctx.pipe is not None and ctx.pipe.active
         for i in range(steps):
             if i:
-                hidden = self._forward(ctx, token, torch.tensor([root_slot + i], device=device), None, hidden)
+                hidden = self._forward(ctx, token, to_device([root_slot + i], device), None, hidden)
                 self._route(i)
             logits = self.head.logits(hidden, depth=i, pipe=ctx.pipe, paths=[out])
             if logits.shape[-1] == 0:  # an empty draft vocabulary drafts nothing
                 break
-            if ctx.pipe is not None and ctx.pipe.active and logits.max() == float("-inf"):
+            if processed and logits.max() == float("-inf"):
                 break  # the processors banned every id the draft could propose
             if ctx.greedy:
                 token = self.head.to_full_ids(logits.argmax(dim=-1))
@@ -170,7 +174,11 @@ class ForwardDrafter(Drafter):
                 q = ctx.pipe.probs(logits)
                 token = self.head.to_full_ids(sample(q, ctx.pipe.generator)[0])
                 qs.append(self.head.full_distribution(q)[0])
-            out.append(int(token))
+            drafted.append(token.reshape(-1))
+            if processed:
+                out.append(int(token))
+        if not processed and drafted:
+            out = torch.cat(drafted).tolist()
         return DraftTree.chain(out, torch.stack(qs) if qs else None)
 
     def _tree(self, ctx: DraftContext, root_hidden: torch.Tensor, root_slot: int, steps: int) -> DraftTree:
@@ -190,11 +198,10 @@ class ForwardDrafter(Drafter):
                     mask[j, slots[a]] = True
                 mask[j, s0 + j] = True
                 slots[node] = s0 + j
-            ids = torch.tensor([tree.tokens[f] for f in frontier], dtype=torch.long, device=device)
-            positions = torch.tensor([root_slot + tree.depths[f] for f in frontier], dtype=torch.long,
-                                     device=device)
+            ids = to_device([tree.tokens[f] for f in frontier], device)
+            positions = to_device([root_slot + tree.depths[f] for f in frontier], device)
             parent_hidden = torch.stack([outs[tree.parents[f]] for f in frontier])
-            hidden = self._forward(ctx, ids, positions, mask.to(device), parent_hidden)
+            hidden = self._forward(ctx, ids, positions, to_device(mask, device, torch.bool), parent_hidden)
             for j, node in enumerate(frontier):
                 outs[node] = hidden[j]
             self._route(tree.depths[frontier[0]])

@@ -47,6 +47,12 @@ def check_tree_args(depth: int, top_k: int, total_tokens: int) -> None:
     check(1 <= total_tokens <= 512, f"--total-tokens must be in [1, 512], got {total_tokens}")
 
 
+def _read(logp: torch.Tensor, ids: torch.Tensor) -> tuple[list, list]:
+    """(logp.tolist(), ids.tolist()) in one read back from the device (ids < 2^53 are exact in float64)."""
+    both = torch.stack([logp.double(), ids.double()]).tolist()
+    return both[0], [[int(t) for t in row] for row in both[1]] if ids.dim() == 2 else [int(t) for t in both[1]]
+
+
 def dynamic_tree(root_logp: torch.Tensor, root_ids: torch.Tensor, expand: Expand, depth: int, top_k: int,
                  total_tokens: int, max_depth: int) -> DraftTree:
     """Build the tree; ``root_logp`` / ``root_ids`` [k] are the root's top-k children."""
@@ -55,8 +61,7 @@ def dynamic_tree(root_logp: torch.Tensor, root_ids: torch.Tensor, expand: Expand
         return DraftTree()
     tree = PartialTree()
     # children of -inf log-probability (a draft vocabulary smaller than top_k) are not drafted
-    layer = [tree.add(int(t), -1, float(s)) for s, t in zip(root_logp.tolist(), root_ids.tolist())
-             if s != float("-inf")]
+    layer = [tree.add(int(t), -1, float(s)) for s, t in zip(*_read(root_logp, root_ids)) if s != float("-inf")]
     for _ in range(1, depth):
         frontier = sorted(layer, key=lambda i: (-tree.scores[i], i))[:top_k]
         if not frontier:
@@ -64,7 +69,7 @@ def dynamic_tree(root_logp: torch.Tensor, root_ids: torch.Tensor, expand: Expand
         logp, ids = expand(frontier, tree)
         logp = logp.clamp(max=0.0)  # log-probabilities; guards the parent-before-child argument above
         layer = []
-        for node, lp_row, id_row in zip(frontier, logp.tolist(), ids.tolist()):
+        for node, lp_row, id_row in zip(frontier, *_read(logp, ids)):
             for lp, tok in zip(lp_row, id_row):
                 if lp == float("-inf"):
                     continue

@@ -129,23 +129,56 @@ class CudaGraphs:
     def _capture(self, x, cache, slots, pos, masks, span) -> _Graph | None:
         model = self.model
         static = (x.clone(), slots.clone(), pos.clone().to(torch.long), {w: m.clone() for w, m in masks.items()})
-
-        def body():
-            return static_run(model, static[0], cache, static[1], static[2], static[3], span)
-
-        try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):  # warm-up: lazy initialisations happen outside the capture
-                    body()
-            torch.cuda.current_stream().wait_stream(side)
-            if self.pool is None:
-                self.pool = torch.cuda.graph_pool_handle()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                out = body()
-        except Exception:  # noqa: BLE001 - anything a capture refuses runs eagerly
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        captured = capture(lambda: static_run(model, static[0], cache, static[1], static[2], static[3], span),
+                           self.pool)
+        if captured is None:
             return None
         self.captures += 1
-        return _Graph(*static[:3], static[3], out, graph)
+        return _Graph(*static[:3], static[3], captured[1], captured[0])
+
+
+def capture(body, pool) -> tuple[torch.cuda.CUDAGraph, object] | None:
+    """(graph, outputs) of ``body()`` captured after two warm-up runs on a side stream; None where the capture is
+    refused (a host read inside, an operation CUDA graphs do not take)."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):  # warm-up: lazy initialisations happen outside the capture
+                body()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = body()
+    except Exception:  # noqa: BLE001 - anything a capture refuses runs eagerly
+        return None
+    return graph, out
+
+
+class GraphedCall:
+    """``fn(x)`` replayed as a CUDA graph, one per key (the caller's: what fixes the shapes and addresses ``fn``
+    reads), ``x`` copied into the graph's static input; the result is a fresh tensor.  :meth:`__call__` returns
+    None where the capture was refused (the caller runs ``fn`` itself)."""
+
+    def __init__(self):
+        self.graphs: dict = {}
+        self.pool = None
+        self.replays = 0
+
+    def __call__(self, key, fn, x: torch.Tensor) -> torch.Tensor | None:
+        entry = self.graphs.get(key, False)
+        if entry is False:
+            static = x.clone()
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            captured = capture(lambda: fn(static), self.pool)
+            entry = self.graphs[key] = None if captured is None else (static, *captured)
+        if entry is None:
+            return None
+        static, graph, out = entry
+        static.copy_(x)
+        graph.replay()
+        self.replays += 1
+        return out.clone()

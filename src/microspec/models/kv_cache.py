@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
+from ..transfer import to_device
+
 
 class KVCache:
     """Keys and values of every layer in one tensor ``kv`` [layers, 2, kv_heads, capacity, head_dim].
@@ -57,6 +59,19 @@ class KVCache:
             tail = idx[first:]
             self.kv[:, :, :, first:n] = self.kv[:, :, :, tail]
             self.pos[first:n] = self.pos[tail]
+        self.length = n
+
+    def keep_from(self, start: int, rows: Sequence[int]) -> None:
+        """Keep slots ``[0, start)`` and then ``start + r`` for each of ``rows`` (ascending): a verification's accepted
+        rows.  Decided on the host: rows already in place stay, only the rest is copied (no read back)."""
+        n = start + len(rows)
+        if n > self.length:
+            raise ValueError(f"cannot keep {n} slots of a cache holding {self.length}")
+        first = next((i for i, r in enumerate(rows) if r != i), len(rows))
+        if first < len(rows):
+            tail = to_device([start + r for r in rows[first:]], self.device)
+            self.kv[:, :, :, start + first : n] = self.kv[:, :, :, tail]
+            self.pos[start + first : n] = self.pos[tail]
         self.length = n
 
     def grow(self, capacity: int) -> None:

@@ -80,8 +80,8 @@ class PackedRows:
         ids = torch.where(mask, ids, self.vocab_size)
         ids = torch.where(self.pinned[ids], self.vocab_size, ids)
         slot = self.slot_of[ids]
-        self.slot_ids[torch.where(slot >= 0, slot, self.capacity)] = -1
-        self.slot_of[ids] = -1
+        self.slot_ids.index_fill_(0, torch.where(slot >= 0, slot, self.capacity), -1)  # (a scalar put would wait)
+        self.slot_of.index_fill_(0, ids, -1)
         self._changed()
 
     def insert(self, ids: torch.Tensor, mask: torch.Tensor) -> None:
@@ -95,13 +95,13 @@ class PackedRows:
         free_rank = torch.cumsum(free, 0) - 1
         by_rank = torch.full((cap + 1,), cap, dtype=torch.long, device=ids.device)
         by_rank[torch.where(free, free_rank, cap)] = self._slots
-        by_rank[cap] = cap
+        by_rank[cap:].fill_(cap)
         rank = (torch.cumsum(mask, 0) - 1).clamp(0, cap)
         slot = torch.where(mask, by_rank[rank], cap)
         self.slot_ids[slot] = torch.where(mask, ids, -1)
-        self.slot_ids[cap] = -1
+        self.slot_ids[cap:].fill_(-1)
         self.slot_of[torch.where(mask & (slot < cap), ids, self.vocab_size)] = slot
-        self.slot_of[self.vocab_size] = -1
+        self.slot_of[self.vocab_size:].fill_(-1)
         self.rows[slot] = self.weight[torch.where(mask, ids, 0)]
         self._changed()
 

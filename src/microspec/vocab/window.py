@@ -31,6 +31,7 @@ from typing import NamedTuple, Protocol, Union
 
 import torch
 
+from ..transfer import to_device
 from .packed import PackedRows
 
 
@@ -176,12 +177,12 @@ class DeviceWindow(CandidateWindow):
         self._counts.zero_()
 
     def load(self, ids: torch.Tensor) -> torch.Tensor:
-        return ids.to(self.device, torch.long).flatten()
+        return to_device(ids.flatten(), self.device)
 
     def extend(self, ids: torch.Tensor, unique: bool, skip: torch.Tensor | None = None) -> None:
         m = ids.numel()
         idx = self._arange[:m] if m <= self._arange.numel() else torch.arange(m, device=ids.device)
-        among = None if skip is None else ~torch.isin(ids, skip.to(ids.device))
+        among = None if skip is None else ~(ids[:, None] == to_device(skip.flatten(), ids.device)[None, :]).any(1)
         keep = self._first(ids, idx, among) if unique else torch.ones(m, dtype=torch.bool, device=ids.device)
         if among is not None and not unique:
             keep = keep & among
@@ -205,7 +206,7 @@ class DeviceWindow(CandidateWindow):
         first = self._scratch  # all unset between calls, so the cost is O(m), not O(V)
         first.scatter_reduce_(0, ids, idx if among is None else torch.where(among, idx, self._unset), reduce="amin")
         out = first[ids] == idx
-        first[ids] = self._unset
+        first.index_fill_(0, ids, self._unset)
         return out if among is None else out & among
 
     def present(self) -> torch.Tensor:
