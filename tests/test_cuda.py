@@ -195,4 +195,5 @@ def test_synchronisations_do_not_grow_with_the_length(method):
     per_step = (c1 - c0) / max(1, s1 - s0)
     print(f"{method}: syncs {counts} -> {per_step:.2f} per step")
     levels = 0 if method == "ar" else 3  # the tree's depth: the root's top-k and two expansions
-    assert per_step <= 1 + levels + 0.5, f"{method}: {per_step:.2f} synchronisations per step ({counts})"
+    # the accepted tokens: one read, two when the walk leaves the draft's main path
+    assert per_step <= 2 + levels, f"{method}: {per_step:.2f} synchronisations per step ({counts})"

@@ -227,11 +227,25 @@ class DraftHead:
         """(log-probabilities [R, k], full-vocabulary ids [R, k]) of the k most probable active tokens (a set
         smaller than k, or a top-p nucleus, yields -inf entries, which drafters skip).  With ``pipe``: under the
         decoding's processors (see :meth:`logits`) and, when sampling, its temperature and top-p."""
+        packed = getattr(self.policy, "packed", None)
+        if self.graphs is not None and hidden.is_cuda and isinstance(packed, PackedRows) and packed.fixed_shape \
+                and self.norm is None and self.mapped is None and not self.policy.wants_head_input \
+                and (pipe is None or (pipe.cfg.greedy and not pipe.active)):
+            with self.timer:  # the packed head whole (product, mask, log-softmax, top-k, ids) as one graph
+                active = self._select(depth)
+                k = min(k, active.extent)
+                out = self.graphs((id(active), "topk", k, hidden.shape, hidden.dtype),
+                                  lambda h: self._packed_topk(h, active, k), hidden)
+                return out if out is not None else self._packed_topk(hidden, active, k)  # not capturable: eager
         logits = self.logits(hidden, depth, pipe, paths)
         logp = pipe.draft_logp(logits) if pipe is not None else torch.log_softmax(logits, dim=-1)
         k = min(k, logp.shape[-1])
         values, cols = torch.topk(logp, k, dim=-1)
         return values, self.to_full_ids(cols)
+
+    def _packed_topk(self, hidden: torch.Tensor, active: PackedRows, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        values, cols = torch.topk(torch.log_softmax(self._packed(hidden, active), dim=-1), k, dim=-1)
+        return values, active.to_full_ids(cols)
 
     def full_distribution(self, probs_active: torch.Tensor) -> torch.Tensor:
         """Scatter a distribution over the columns of the last :meth:`logits` call [R, A] into the full vocabulary

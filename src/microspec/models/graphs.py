@@ -159,7 +159,7 @@ def capture(body, pool) -> tuple[torch.cuda.CUDAGraph, object] | None:
 
 class GraphedCall:
     """``fn(x)`` replayed as a CUDA graph, one per key (the caller's: what fixes the shapes and addresses ``fn``
-    reads), ``x`` copied into the graph's static input; the result is a fresh tensor.  :meth:`__call__` returns
+    reads), ``x`` copied into the graph's static input; the result (a tensor or a tuple of them) is fresh.  :meth:`__call__` returns
     None where the capture was refused (the caller runs ``fn`` itself)."""
 
     def __init__(self):
@@ -181,4 +181,4 @@ class GraphedCall:
         static.copy_(x)
         graph.replay()
         self.replays += 1
-        return out.clone()
+        return tuple(t.clone() for t in out) if isinstance(out, tuple) else out.clone()
