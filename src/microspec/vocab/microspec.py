@@ -10,10 +10,13 @@ In-Context Vocabularies" (Chen et al.).
 :class:`MicroSpecVocab` is those lines; what lies under them is in :mod:`microspec.vocab.window`.  The stream is never
 stored whole: only its last ``W_max`` entries matter, so it lives in a :class:`~microspec.vocab.window.CandidateWindow`
 — a ring buffer of W_max token ids with a count per vocabulary id of how often it occurs in the ring; ``I`` is the set
-of ids with a non-zero count.  Two backends keep the same state.  ``device`` (default on CUDA,
-:class:`~microspec.vocab.window.DeviceWindow`): appending is a handful of fixed-shape tensor operations on the model's
-device (first-occurrence dedup by scatter-min, ring positions by cumulative sum, count updates by index_add), with the
-write pointer itself a device tensor: no host synchronisation per update.  ``host`` (default on a CPU,
+of ids with a non-zero count.  Three backends keep the same state.  ``triton`` (default on CUDA where Triton runs,
+:class:`~microspec.vocab.window.KernelWindow`): one Triton kernel per append updates the ring, the counts and the
+packed rows' slots, a second gathers the entering rows (:mod:`microspec.kernels.window_update`).  ``device``
+(:class:`~microspec.vocab.window.DeviceWindow`, the plain-torch reference and the CUDA fallback): appending is a
+handful of fixed-shape tensor operations on the model's device (first-occurrence dedup by scatter-min, ring positions
+by cumulative sum, count updates by index_add), with the write pointer itself a device tensor.  Neither reads
+anything back to the host.  ``host`` (default on a CPU,
 :class:`~microspec.vocab.window.HostWindow`) keeps the ring and the counts in Python and walks the few ids of each
 append one by one: on a CPU every tensor operation costs ~10 us of dispatch whatever its size, and the device
 version's ~60 operations per verification cost ~1.3 ms where the host walk costs tens of microseconds (measured,
@@ -113,7 +116,11 @@ class MicroSpecVocab(VocabPolicy):
               f"--k-pre-positions must be >= 0, got {k_pre_positions}")
         check(gather in GATHERS, f"unknown gather {gather!r}; choose from {', '.join(GATHERS)}")
         device = torch.device(device)
-        backend = backend or ("device" if device.type == "cuda" else "host")
+        if backend is None:  # CUDA: the Triton window kernels where Triton runs (the tensor window's update costs
+            # ~5x their host time: 1.6 vs 0.3 ms a step on an H200, BENCHMARKS.md), else the tensor window
+            from ..kernels.window_update import available
+
+            backend = "host" if device.type != "cuda" else "triton" if available(device) else "device"
         check(backend in WINDOWS, f"unknown backend {backend!r}; choose from {', '.join(WINDOWS)}")
         super().__init__(always, device)
         self.vocab_size, self.w_max, self.k_pre, self.k_ver, self.gather = vocab_size, w_max, k_pre, k_ver, gather

@@ -3,11 +3,14 @@ kept in step with it, and the CUDA side stream its appends run on.
 
 :class:`CandidateWindow` holds ``Suffix(S, W_max)``: the stream S is never stored whole, only its last W_max entries
 matter, so they live in a ring of W_max token ids with a count per vocabulary id of how often it occurs in the ring;
-``Unique(Suffix(S, W_max))`` is the set of ids with a non-zero count.  Two implementations keep the same state:
+``Unique(Suffix(S, W_max))`` is the set of ids with a non-zero count.  Three implementations keep the same state:
 
-- :class:`DeviceWindow` (default on CUDA): the ring, the write pointer and the counts are tensors on the model's
-  device, and an append is a handful of fixed-shape tensor operations (first-occurrence dedup by scatter-min, ring
-  positions by cumulative sum, count updates by index_add) — no host synchronisation per update;
+- :class:`DeviceWindow`: the ring, the write pointer and the counts are tensors on the model's device, and an append
+  is a handful of fixed-shape tensor operations (first-occurrence dedup by scatter-min, ring positions by cumulative
+  sum, count updates by index_add) — no host synchronisation per update;
+- :class:`KernelWindow` (default on CUDA where Triton runs): the same tensors, updated by the Triton kernels of
+  :mod:`microspec.kernels.window_update` — one launch per append, the packed rows' slots handed out in it and the
+  entering rows gathered by a second;
 - :class:`HostWindow` (default on a CPU): the ring and the counts in Python, walking the few ids of each append one by
   one.  On a CPU every tensor operation costs ~10 us of dispatch whatever its size, and the device version's ~60
   operations per verification cost ~1.3 ms where the host walk costs tens of microseconds (measured, BENCHMARKS.md).
