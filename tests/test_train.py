@@ -382,3 +382,128 @@ def test_penalty_loss_is_the_draft_acceptance_under_the_penalty(tmp_path, ce_voc
     assert whole["top1"] == sum(p["top1"] for p in parts)
     assert whole["ploss"] == pytest.approx(sum(p["ploss"] for p in parts), rel=1e-5)
     torch.testing.assert_close(grad, head.fc.weight.grad, rtol=1e-4, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------ GGUF without the gguf package
+def _gpu_train():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_train.py"
+    spec = importlib.util.spec_from_file_location("gpu_train", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_dense_reader_dequantizes_every_type_as_gguf_does():
+    """microspec's pure-torch dequantization gives gguf's values bit for bit (the values transformers' conversion
+    writes), for every type it reads."""
+    np = pytest.importorskip("numpy")
+    gguf = pytest.importorskip("gguf")
+    from microspec.kernels.cpu_quant import TYPES
+    from microspec.models.gguf import DENSE_TYPES, _dequant_blocks
+
+    rng = np.random.default_rng(0)
+    for qtype in DENSE_TYPES:
+        _, block, size = TYPES[qtype]
+        n = 64
+        if qtype in ("F32", "F16", "BF16"):
+            values = rng.standard_normal(n).astype(np.float32)
+            raw = (values.view(np.uint32) >> 16).astype(np.uint16) if qtype == "BF16" else \
+                values.astype(np.float16) if qtype == "F16" else values
+            raw = raw.view(np.uint8).reshape(n, size)
+        else:
+            raw = rng.integers(0, 256, (n, size), dtype=np.uint8)
+            scales = {"Q6_K": [208]}.get(qtype, [0, 2] if qtype in ("Q4_1", "Q5_1", "Q4_K", "Q5_K") else [0])
+            for at in scales:  # finite fp16 scales
+                raw[:, at : at + 2] = (rng.standard_normal((n, 1)) * 0.01).astype(np.float16).view(np.uint8)
+        want = gguf.quants.dequantize(raw.reshape(-1), gguf.GGMLQuantizationType[qtype]).reshape(n, block)
+        got = _dequant_blocks(torch.from_numpy(raw), qtype)
+        assert torch.equal(got, torch.from_numpy(want.astype(np.float32))), qtype
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_dense_state_dict_undoes_the_gguf_conventions(tmp_path, family):
+    """A model written as a GGUF file the way llama.cpp writes it (llama: query/key rows permuted; Gemma: norms as
+    1 + w) reads back as its Hugging Face state dict."""
+    from conftest import tiny_hf_model
+    from microspec.models.gguf import dense_name, dense_state_dict
+    from microspec.models.spec import spec_from_config
+
+    hf = tiny_hf_model(family, tie_word_embeddings=True)
+    spec = spec_from_config(hf.config)
+    shorts = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down", "attn_norm", "ffn_norm",
+              "post_attention_norm", "post_ffw_norm", "attn_q_norm", "attn_k_norm"]
+    names = {dense_name(g, family): g for g in ["token_embd.weight", "output_norm.weight"] +
+             [f"blk.{i}.{s}.weight" for i in range(spec.num_layers) for s in shorts]}
+    state = {k: v for k, v in hf.state_dict().items() if k != "lm_head.weight"}
+    tensors, want = {}, {}
+    for k, v in state.items():
+        g = names[k]
+        if family == "llama" and (".attn_q." in g or ".attn_k." in g):  # llama.cpp's RoPE row order
+            heads = spec.num_heads if ".attn_q." in g else spec.num_kv_heads
+            v = v.reshape(heads, 2, v.shape[0] // heads // 2, -1).transpose(1, 2).reshape(v.shape)
+        plus_one = family == "gemma3" and g.endswith("norm.weight")
+        tensors[g] = v + 1 if plus_one else v
+        want[k] = (v + 1) - 1 if plus_one else state[k]
+    path = tmp_path / f"{family}.gguf"
+    _gpu_train().write_gguf(path, family, {}, tensors)
+    got = dense_state_dict(path, spec)
+    assert got.keys() == want.keys()
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+
+
+def test_a_gguf_without_the_gguf_package_says_so(tmp_path, monkeypatch):
+    import sys
+
+    from microspec import load_model
+    from microspec.errors import MicrospecError
+
+    gguf_file, assets = _gpu_train().tiny_model(tmp_path)
+    monkeypatch.setenv("MICROSPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("MICROSPEC_GGUF_ASSETS", raising=False)
+    monkeypatch.setitem(sys.modules, "gguf", None)  # the package missing
+    with pytest.raises(MicrospecError, match="needs the gguf package") as err:
+        load_model(str(gguf_file))
+    assert "\n" not in str(err.value)
+    monkeypatch.setenv("MICROSPEC_GGUF_ASSETS", str(assets))  # the cache built from the assets instead
+    lm = load_model(str(gguf_file))
+    assert lm.model.spec.family == "gemma3" and (tmp_path / "cache" / "models").is_dir()
+
+
+def test_gpu_train_dry_run_stops_by_its_budget_and_resumes(tmp_path, capsys):
+    """benchmarks/gpu_train.py --dry-run (a tiny Gemma 3 GGUF, no gguf package needed): with a budget spent at once
+    every call still goes on by a step (an answer, a shard, an optimizer step), exits 3 saying where it stopped,
+    and the calls end in the head one uninterrupted call trains; a half-written answer line left by a killed call
+    is dropped."""
+    from microspec.drafters import load_eagle_head
+
+    gpu_train = _gpu_train()
+    args = ["--dry-run", "--out", tmp_path, "--time-budget", "0.001"]
+    stages, err = [], ""
+    for _ in range(40):
+        rc = gpu_train.main([str(a) for a in args])
+        cap = capsys.readouterr()
+        err += cap.err
+        status = json.loads(cap.out.strip().splitlines()[-1])
+        if rc == 0:
+            break
+        assert rc == 3 and status["status"] == "stopped", cap.err
+        stages.append(status["stage"])
+        if len(stages) == 1:
+            with (tmp_path / "train" / "responses.jsonl").open("a") as f:
+                f.write('{"index": 5, "prompt_')  # a killed writer's last line
+    assert rc == 0 and status["status"] == "done", err
+    order = {"generate": 0, "capture": 1, "train": 2}
+    assert stages[0] == "generate" and "train" in stages and stages == sorted(stages, key=order.get)
+    assert "resumed at step" in err
+    assert gpu_train.main(["--dry-run", "--out", str(tmp_path / "whole")]) == 0  # the same run in one call
+    whole = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (whole["steps"], whole["heldout"]) == (status["steps"], status["heldout"])
+    answers = [json.loads(x) for x in (tmp_path / "train" / "responses.jsonl").read_text().splitlines()]
+    assert sorted(a["index"] for a in answers) == list(range(6))
+    head = load_eagle_head(tmp_path / "train" / "head")
+    ck = torch.load(tmp_path / "train" / "checkpoint.pt", weights_only=False)
+    assert torch.equal(head.d2t, ck["head"]["d2t"]) and head.d2t.numel() == 48

@@ -22,14 +22,17 @@ def open_text(path: str | Path, what: str = "file") -> tuple[TextIO, str]:
     return p.open(encoding="utf-8"), p.name
 
 
-def json_lines(f: TextIO, label: str | Path) -> Iterator[tuple[int, object]]:
-    """(line number, record) of each non-blank line of a JSON-lines stream."""
+def json_lines(f: TextIO, label: str | Path, partial_last: bool = False) -> Iterator[tuple[int, object]]:
+    """(line number, record) of each non-blank line of a JSON-lines stream; ``partial_last``: a last line without
+    its newline that is not JSON (a write cut short) is skipped, not an error."""
     for n, line in enumerate(f, 1):
         if not line.strip():
             continue
         try:
             yield n, json.loads(line)
         except json.JSONDecodeError:
+            if partial_last and not line.endswith("\n"):
+                return
             raise MicrospecError(f"{label}:{n}: not a JSON line") from None
 
 
@@ -45,7 +48,7 @@ def read_records(path: str | Path) -> list[dict]:
     with f:
         if not name.endswith(".jsonl"):
             return [{"prompt": line.rstrip("\n"), "turns": [line.rstrip("\n")], "category": "default",
-                     "subcategory": "default"} for line in f if line.strip()]
+                     "subcategory": "default", "id": n} for n, line in enumerate(f, 1) if line.strip()]
         for n, rec in json_lines(f, path):
             turns = rec.get("turns") or ([rec["prompt"]] if isinstance(rec.get("prompt"), str) else None)
             if not turns:

@@ -7,6 +7,8 @@ import json
 from ..models.registry import DEFAULT_MODEL
 from .common import Parser
 
+STOPPED = 3  # exit status of a run its --time-budget stopped: not finished, run the same command again
+
 
 def _run(what: str):
     def run(args) -> int:
@@ -15,7 +17,7 @@ def _run(what: str):
         summary = getattr(jobs, f"train_{what}")(args)
         if summary:
             print(json.dumps(summary))
-        return 0
+        return STOPPED if summary and summary.get("status") == "stopped" else 0
 
     return run
 
@@ -68,6 +70,10 @@ def _eagle_args(e) -> None:
     e.add_argument("--threads", type=int, default=None)
     e.add_argument("--stages", default="generate,capture,train", help="comma-separated subset, in order")
     e.add_argument("--resume", action="store_true", help="continue training from --out/checkpoint.pt")
+    e.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                   help="stop at the next safe point once this many seconds have passed (answers saved, a feature "
+                        "shard written, a checkpoint after an optimizer step): prints status stopped with the stage "
+                        "and exits with status 3; the same command with --resume goes on from there")
     e.add_argument("--init", default=None, metavar="DIR",
                    help="start from the weights of an EAGLE head (e.g. a shipped one, to go on with more data)")
     e.add_argument("--intermediate-size", type=int, default=None, help="head MLP width (default: the target's)")

@@ -9,6 +9,11 @@ weight, of the embedding and of the LM head; norms and biases come from the conv
 (transformers' conversion already undid GGUF's conventions for them, e.g. Gemma's ``1 + w`` norms).  The one
 convention that touches the matrices — llama.cpp stores the query and key rows of ``llama`` models permuted for its
 RoPE layout — is undone by permuting packed rows, which needs no unpacking.
+
+:func:`dense_state_dict` reads every tensor of a file dequantized to fp32 in plain torch (no ``gguf`` package, no
+compiled kernel), with GGUF's conventions undone as transformers' conversion undoes them: the dense weights of a
+safetensors cache built where the ``gguf`` package is missing (``MICROSPEC_GGUF_ASSETS``, see
+:mod:`microspec.models.registry`).
 """
 
 from __future__ import annotations
@@ -271,3 +276,131 @@ def quantize_linears(module: torch.nn.Module, qtype: str = "Q8_0") -> int:
     for m in module.modules():
         m.__dict__.pop("_first_param", None)
     return packed
+
+
+# ---------------------------------------------------------------------------------------------- dense fp32 reading
+# GGUF names of the other tensors (norms, biases) -> Hugging Face names; ``ffn_norm`` is Gemma's pre-feedforward norm
+_DENSE_LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+                "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm",
+                "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+_NORM_PLUS_ONE = ("gemma", "gemma2", "gemma3")  # llama.cpp stores these families' norm weights as 1 + w
+
+
+def dense_name(gguf_name: str, architecture: str) -> str | None:
+    """The Hugging Face parameter a GGUF tensor fills, norms and biases included (None: a tensor the native model
+    has no place for)."""
+    if gguf_name == "output_norm.weight":
+        return "model.norm.weight"
+    parts = gguf_name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[3] == "bias" and parts[2] in _LAYER:
+        return f"model.layers.{parts[1]}.{_LAYER[parts[2]]}.bias"
+    if len(parts) == 4 and parts[0] == "blk" and parts[3] == "weight" and parts[2] in _DENSE_LAYER:
+        short = "pre_feedforward_layernorm" if parts[2] == "ffn_norm" and architecture.startswith("gemma") else \
+            _DENSE_LAYER[parts[2]]
+        return f"model.layers.{parts[1]}.{short}.weight"
+    return hf_name(gguf_name)
+
+
+def _f16(b: torch.Tensor) -> torch.Tensor:
+    """[n, 2] little-endian fp16 bytes -> [n, 1] fp32."""
+    return b.contiguous().view(torch.float16).float()
+
+
+def _nibbles(qs: torch.Tensor, width: int) -> torch.Tensor:
+    """[n, k * width] bytes -> [n, k, 2 * width]: each run of ``width`` bytes as its low nibbles then its high ones."""
+    q = qs.reshape(qs.shape[0], -1, 1, width).int() >> torch.tensor([0, 4], dtype=torch.int32).reshape(1, 1, 2, 1)
+    return (q & 0x0F).reshape(qs.shape[0], -1, 2 * width)
+
+
+def _high_bits(qh: torch.Tensor) -> torch.Tensor:
+    """[n, 4] bytes of a little-endian uint32 -> [n, 32]: bit j of it at j."""
+    bits = qh.contiguous().view(torch.int32).reshape(-1, 1) >> torch.arange(32, dtype=torch.int32).reshape(1, 32)
+    return bits & 1
+
+
+def _k_scales(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K / Q5_K: [n, 12] packed 6-bit scales and minimums -> two [n, 8, 1] fp32."""
+    s = s.int().reshape(-1, 3, 4)
+    d, m, md = s[:, 0], s[:, 1], s[:, 2]
+    sc = torch.cat([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], dim=-1)
+    mn = torch.cat([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], dim=-1)
+    return sc.float().unsqueeze(-1), mn.float().unsqueeze(-1)
+
+
+def _dequant_blocks(b: torch.Tensor, qtype: str) -> torch.Tensor:
+    """[n, block bytes] uint8 blocks of ``qtype`` -> [n, block size] fp32, in the operations and order of
+    ``gguf.quants`` (so the values are those transformers' conversion writes, bit for bit)."""
+    n = b.shape[0]
+    if qtype == "F32":
+        return b.contiguous().view(torch.float32)
+    if qtype == "F16":
+        return b.contiguous().view(torch.float16).float()
+    if qtype == "BF16":
+        return b.contiguous().view(torch.bfloat16).float()
+    if qtype in ("Q4_0", "Q4_1"):
+        q = _nibbles(b[:, -16:], 16).reshape(n, 32)
+        return _f16(b[:, :2]) * (q - 8).float() if qtype == "Q4_0" else _f16(b[:, :2]) * q.float() + _f16(b[:, 2:4])
+    if qtype in ("Q5_0", "Q5_1"):
+        q = _nibbles(b[:, -16:], 16).reshape(n, 32) | (_high_bits(b[:, -20:-16]) << 4)
+        return _f16(b[:, :2]) * (q - 16).float() if qtype == "Q5_0" else _f16(b[:, :2]) * q.float() + _f16(b[:, 2:4])
+    if qtype == "Q8_0":
+        return b[:, 2:].contiguous().view(torch.int8).float() * _f16(b[:, :2])
+    if qtype in ("Q4_K", "Q5_K"):
+        sc, mn = _k_scales(b[:, 4:16])
+        q = _nibbles(b[:, -128:], 32).reshape(n, 8, 32)
+        if qtype == "Q5_K":
+            qh = b[:, 16:48].int().reshape(n, 1, 32) >> torch.arange(8, dtype=torch.int32).reshape(1, 8, 1)
+            q = q | ((qh & 1) << 4)
+        d, dmin = _f16(b[:, :2]).unsqueeze(-1), _f16(b[:, 2:4]).unsqueeze(-1)
+        return ((d * sc) * q.float() - dmin * mn).reshape(n, 256)
+    if qtype == "Q6_K":
+        ql = _nibbles(b[:, :128], 64).reshape(n, 8, 32)
+        shifts = torch.tensor([0, 2, 4, 6], dtype=torch.int32).reshape(1, 1, 4, 1)
+        qh = b[:, 128:192].int().reshape(n, 2, 1, 32) >> shifts
+        q = (ql | ((qh & 3).reshape(n, 8, 32) << 4)) - 32
+        d = _f16(b[:, 208:210]) * b[:, 192:208].contiguous().view(torch.int8).float()
+        return (d.reshape(n, 16, 1) * q.reshape(n, 16, 16).float()).reshape(n, 256)
+    raise ValueError(qtype)
+
+
+DENSE_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+
+
+def dequantize(f: GGUFFile, name: str, blocks_per_slab: int = 1 << 16) -> torch.Tensor:
+    """Tensor ``name`` of ``f`` as fp32, in Hugging Face's dimension order (GGUF's reversed), read a slab of blocks
+    at a time."""
+    info = f.tensors[name]
+    qtype = cpu_quant.TYPE_NAMES.get(info.type_id)
+    if qtype not in DENSE_TYPES:
+        raise MicrospecError(f"{f.path.name}: tensor {name} is of type id {info.type_id}, which the dense GGUF reader "
+                             f"does not support ({', '.join(DENSE_TYPES)})")
+    _, block, size = cpu_quant.TYPES[qtype]
+    count = int(np.prod(info.shape))
+    if count % block:
+        raise MicrospecError(f"{f.path.name}: tensor {name} holds {count} values, not whole {qtype} blocks")
+    raw = f._mapped(info, count // block, size)
+    out = torch.empty(count // block, block)
+    for s in range(0, count // block, blocks_per_slab):
+        out[s : s + blocks_per_slab] = _dequant_blocks(raw[s : s + blocks_per_slab], qtype)
+    return out.reshape(tuple(reversed(info.shape)))
+
+
+def dense_state_dict(path: str | Path, spec) -> dict[str, torch.Tensor]:
+    """Every tensor of the GGUF file at ``path`` the native model for ``spec`` holds, dequantized to fp32 and keyed by
+    its Hugging Face name, GGUF's conventions undone as transformers' conversion undoes them (``llama`` query and key
+    rows put back in Hugging Face order; Gemma's norm weights, stored as 1 + w, back to w; the LM head left out
+    where the embedding is tied).  Pure torch: neither the ``gguf`` package nor the compiled kernel is needed."""
+    f = GGUFFile(path)
+    arch = f.architecture
+    out: dict[str, torch.Tensor] = {}
+    for name in f.tensors:
+        hf = dense_name(name, arch)
+        if hf is None or (hf == "lm_head.weight" and getattr(spec, "tie_embeddings", False)):
+            continue
+        w = dequantize(f, name)
+        if arch == "llama" and (".attn_q." in name or ".attn_k." in name):
+            w = w[_unpermute(w.shape[0], spec.num_heads if ".attn_q." in name else spec.num_kv_heads)]
+        if arch in _NORM_PLUS_ONE and name.endswith("norm.weight"):
+            w = w - 1
+        out[hf] = w
+    return out

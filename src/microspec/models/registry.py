@@ -3,7 +3,11 @@
 A GGUF file is dequantised by transformers once (about a minute for Gemma 3 270M on 2 cores) and written to a
 safetensors cache, ``$MICROSPEC_CACHE`` (default ``~/.cache/microspec``) / ``models/<name>-<key>/``; later loads read
 that cache in seconds.  The key hashes the file's size and its first and last MiB, so a replaced file is converted
-again.  Nothing here ever downloads anything.
+again.  Where the ``gguf`` package transformers' conversion needs is missing (or to keep a transformers version's
+own GGUF tokenizer out of it), ``MICROSPEC_GGUF_ASSETS`` names a directory holding the model's ``config.json`` and
+tokenizer files (those of a converted cache, each plain or gzipped): the cache is then built from them and from the
+file's tensors dequantized by microspec's own reader (:func:`microspec.models.gguf.dense_state_dict`, the same fp32
+values as transformers' conversion).  Nothing here ever downloads anything.
 """
 
 from __future__ import annotations
@@ -184,10 +188,13 @@ def _file_key(path: Path) -> str:
 
 
 def _check_gguf(path: Path) -> None:
-    """Fail with one clear line if ``path`` is not a complete, readable GGUF file."""
+    """Fail with one clear line if ``path`` is not a complete, readable GGUF file (or the gguf package is missing)."""
     try:
         from gguf import GGUFReader
-
+    except ImportError:
+        raise MicrospecError(f"converting {path.name} needs the gguf package (pip install gguf), or {ASSETS_ENV}="
+                             f"DIR: a directory with the model's config.json and tokenizer files") from None
+    try:
         reader = GGUFReader(str(path))
         size = path.stat().st_size
         for t in reader.tensors:
@@ -230,6 +237,71 @@ def _convert_gguf(path: Path, out: Path) -> None:
         cfg["architectures"] = [type(hf).__name__]  # Hugging Face and vLLM pick the model class from it
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
         tok.save_pretrained(str(tmp))
+        (tmp / "SOURCE").write_text(str(path) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+ASSETS_ENV = "MICROSPEC_GGUF_ASSETS"
+# what a safetensors cache holds beside the weights (each may come gzipped, NAME.gz)
+ASSET_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+               "special_tokens_map.json", "tokenizer.model", "chat_template.jinja")
+
+
+def gguf_assets() -> Path | None:
+    """The directory ``$MICROSPEC_GGUF_ASSETS`` names (config.json and tokenizer files for GGUF models), if set."""
+    value = os.environ.get(ASSETS_ENV, "").strip()
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    if not ((path / "config.json").is_file() or (path / "config.json.gz").is_file()):
+        raise MicrospecError(f"{ASSETS_ENV}={value}: no config.json there")
+    return path
+
+
+def _dense_gguf(path: Path, out: Path, assets: Path) -> None:
+    """Write the safetensors cache ``out`` of a GGUF file without transformers' conversion: config.json and the
+    tokenizer files copied from ``assets`` (gzipped ones unpacked), the weights dequantized by
+    :func:`~microspec.models.gguf.dense_state_dict`."""
+    import gzip
+
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoTokenizer
+
+    from .gguf import GGUFFile, dense_state_dict
+
+    print(f"microspec: building a safetensors cache of {path.name} in {out} from {assets} (one time only)",
+          file=sys.stderr)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
+    try:
+        for name in ASSET_FILES:
+            if (assets / name).is_file():
+                shutil.copyfile(assets / name, tmp / name)
+            elif (assets / (name + ".gz")).is_file():
+                with gzip.open(assets / (name + ".gz"), "rb") as src, (tmp / name).open("wb") as dst:
+                    shutil.copyfileobj(src, dst)
+        if not (tmp / "tokenizer.json").is_file() and not (tmp / "tokenizer.model").is_file():
+            raise MicrospecError(f"{ASSETS_ENV}={assets}: no tokenizer.json (or tokenizer.model) there")
+        try:
+            cfg = AutoConfig.from_pretrained(str(tmp), local_files_only=True)
+            tok = AutoTokenizer.from_pretrained(str(tmp), local_files_only=True)
+        except Exception as exc:
+            raise MicrospecError(f"could not read the config and tokenizer in {assets} ({type(exc).__name__}: "
+                                 f"{exc})") from exc
+        spec = spec_from_config(cfg)
+        f = GGUFFile(path)
+        arch = f.architecture
+        sizes = (f.metadata.get(f"{arch}.embedding_length"), f.metadata.get(f"{arch}.block_count"))
+        if sizes != (spec.hidden_size, spec.num_layers):
+            raise MicrospecError(f"{assets}/config.json (hidden size {spec.hidden_size}, {spec.num_layers} layers) "
+                                 f"is not the config of {path.name} ({sizes[0]}, {sizes[1]} layers)")
+        check_tokenizer(tok, str(assets))
+        save_file(dense_state_dict(path, spec), str(tmp / "model.safetensors"))
         (tmp / "SOURCE").write_text(str(path) + "\n")
         if out.exists():
             shutil.rmtree(out)
@@ -330,8 +402,12 @@ def load_model(
                 raise MicrospecError(f"{path} is not a GGUF file (bad magic bytes)")
         directory = _gguf_cache_dir(name, path)
         if not (directory / "model.safetensors").is_file():
-            _check_gguf(path)  # a full parse takes ~30 s on a 262k vocabulary: only before converting
-            _convert_gguf(path, directory)
+            assets = gguf_assets()
+            if assets is not None:
+                _dense_gguf(path, directory, assets)
+            else:
+                _check_gguf(path)  # a full parse takes ~30 s on a 262k vocabulary: only before converting
+                _convert_gguf(path, directory)
     else:
         directory = path
     try:

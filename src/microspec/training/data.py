@@ -124,8 +124,22 @@ def append_jsonl(path: Path, rec: dict) -> None:
         f.write(json.dumps(rec) + "\n")
 
 
-def read_jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path, repair: bool = False) -> list[dict]:
+    """The records of a JSON-lines file that is appended to (none if it does not exist).  A last line cut short (a
+    writer killed mid-line) is skipped; ``repair`` also cuts it off the file (or ends a complete one with its
+    newline), so that lines appended next start on a line of their own."""
     if not path.is_file():
         return []
     with path.open(encoding="utf-8") as f:
-        return [rec for _, rec in json_lines(f, path)]
+        recs = [rec for _, rec in json_lines(f, path, partial_last=True)]
+    if repair:
+        with path.open("rb+") as f:
+            data = f.read()
+            if data and not data.endswith(b"\n"):
+                end = data.rfind(b"\n") + 1
+                try:
+                    json.loads(data[end:])
+                    f.write(b"\n")
+                except ValueError:
+                    f.truncate(end)
+    return recs

@@ -13,7 +13,9 @@
 
 Everything lives in one output directory: ``responses.jsonl``, ``features/*.pt``, ``checkpoint.pt`` (head,
 optimizer, scheduler, step: ``resume`` continues from it) and ``head/`` (the EAGLE checkpoint layout the ``eagle``
-drafter loads, in the dtype asked for).
+drafter loads, in the dtype asked for).  Each stage takes a ``deadline`` (:mod:`.budget`): past it, the stage stops
+at its next safe point (answers saved, a shard written, a checkpoint after an optimizer step; never before the call's
+first).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from ..drafters.eagle import EagleHead, _layer_config
 from ..errors import MicrospecError, check
 from ..models.native import NativeCausalLM, Taps
 from .batch_generate import generate_batched
+from .budget import OutOfTime, stop_if_late
 from .data import append_jsonl, read_jsonl
 
 
@@ -125,7 +128,8 @@ def _rope_theta(inv_freq: torch.Tensor, head_dim: int) -> float:
 # ---------------------------------------------------------------------------------------------------- stages
 def generate_responses(lm, prompts: list[str], out: Path, cfg: GenerationConfig, chat: bool | None = None,
                        batch: int = 1, max_prompt_len: int | None = None, max_len: int | None = None,
-                       shard_size: int = 64, log=print, penalties: list[float] | None = None) -> list[dict]:
+                       shard_size: int = 64, log=print, penalties: list[float] | None = None,
+                       deadline: float | None = None) -> list[dict]:
     """Stage 1 (resumable): the target's own answers, as token ids, one JSONL line per answer (with its index, as
     batched generation finishes answers out of order).  ``batch`` > 1 decodes that many answers together
     (:func:`generate_batched`, greedy with the repetition penalty only); 1 uses the generation loop itself.
@@ -134,11 +138,13 @@ def generate_responses(lm, prompts: list[str], out: Path, cfg: GenerationConfig,
     Prompts longer than ``max_prompt_len`` tokens are skipped (their answers would be cut away by ``--max-len``).
     Batched generation also keeps the final hidden states it computes on the way (when ``max_len`` is given): the
     features of prompt + answer[:-1], cut to ``max_len``, written as ``features/genNNNNN.pt`` shards together with
-    the answers (``"features"`` names the shard), which spares the capture stage a second forward over them."""
+    the answers (``"features"`` names the shard), which spares the capture stage a second forward over them.
+    ``deadline``: :class:`OutOfTime` once it has passed, checked each time answers are saved (with features: a
+    shard at a time)."""
     path = out / "responses.jsonl"
     pens = list(penalties) if penalties else [cfg.repetition_penalty]
     jobs = len(prompts) * len(pens)
-    done = read_jsonl(path)
+    done = read_jsonl(path, repair=True)
     check(len(done) <= jobs, f"{path} has more answers than there are prompts: wrong directory?")
     have = {rec.get("index", i) for i, rec in enumerate(done)}
     encoded: dict[int, list[int]] = {}
@@ -160,17 +166,21 @@ def generate_responses(lm, prompts: list[str], out: Path, cfg: GenerationConfig,
         nonlocal tokens, n, last_log
         if feat is not None:  # answers and their features land together, a shard at a time
             pending.append((rec, feat))
-            if len(pending) >= shard_size:
+            saved = len(pending) >= shard_size
+            if saved:
                 flush()
         else:
             append_jsonl(path, rec)
             done.append(rec)
+            saved = True
         tokens += len(rec["response_ids"])
         n += 1
         now = time.perf_counter()
         if now - last_log >= 5.0 or n == jobs:
             last_log = now
             log(f"generate {n}/{jobs}: {tokens} answer tokens, {tokens / (now - t0):.1f} tok/s")
+        if saved:
+            stop_if_late(deadline, "generate")
 
     def flush() -> None:
         if not pending:
@@ -219,21 +229,28 @@ def generate_responses(lm, prompts: list[str], out: Path, cfg: GenerationConfig,
 
 @torch.inference_mode()
 def capture_features(target: NativeCausalLM, samples: list[dict], out: Path, max_len: int, shard_size: int = 64,
-                     log=print, prefix: str = "shard", taps: tuple[int, ...] | None = None) -> list[Path]:
+                     log=print, prefix: str = "shard", taps: tuple[int, ...] | None = None,
+                     deadline: float | None = None) -> list[Path]:
     """Stage 2 (resumable by shard): final hidden states of prompt + answer, bf16, for the answers whose features
     batched generation did not already keep (those are its ``features/gen*.pt``), as ``features/<prefix>NNNNN.pt``.
     With ``taps`` (an EAGLE-3 head's layers) every answer is captured, and each record also keeps ``taps``: the
-    inputs of those layers, concatenated.  Returns the shards of ``samples``."""
+    inputs of those layers, concatenated.  Each shard is written whole (a temporary file renamed); ``deadline``:
+    :class:`OutOfTime` between shards once it has passed (one shard is always computed first, so that every call
+    goes on).  Returns the shards of ``samples``."""
     fdir = out / "features"
     fdir.mkdir(parents=True, exist_ok=True)
     if taps is None:
         samples = [rec for rec in samples if "features" not in rec]
     shards: list[Path] = []
+    computed = 0
     for s0 in range(0, len(samples), shard_size):
         path = fdir / f"{prefix}{s0 // shard_size:05d}.pt"
         shards.append(path)
         if path.is_file():
             continue
+        if computed:
+            stop_if_late(deadline, "capture")
+        computed += 1
         recs = []
         for rec in samples[s0 : s0 + shard_size]:
             ids = (rec["prompt_ids"] + rec["response_ids"])[:max_len]
@@ -245,7 +262,9 @@ def capture_features(target: NativeCausalLM, samples: list[dict], out: Path, max
             recs.append({"ids": t.cpu(), "features": hidden.to("cpu", torch.bfloat16),
                          "prompt_len": len(rec["prompt_ids"]), **_penalty_entry(rec.get("repetition_penalty", 1.0)),
                          **({"taps": tapped.out.to("cpu", torch.bfloat16)} if tapped is not None else {})})
-        torch.save(recs, path)
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(recs, tmp)
+        tmp.replace(path)
         log(f"capture: shard {path.name} ({len(recs)} sequences)")
     return shards
 
@@ -454,7 +473,9 @@ class Trainer:
         self.head.train()
         return _summary(agg, self.cfg)
 
-    def fit(self, train: list[dict], heldout: list[dict], resume: bool = False) -> dict:
+    def fit(self, train: list[dict], heldout: list[dict], resume: bool = False, deadline: float | None = None) -> dict:
+        """Train (from ``out/checkpoint.pt`` with ``resume``) to the schedule's end, then evaluate on ``heldout``;
+        past ``deadline``, after an optimizer step: the checkpoint saved, :class:`OutOfTime` raised."""
         cfg = self.cfg
         if cfg.ce_vocab == "seen" and self.ce_rows is None:
             self.log(f"cross-entropy over the {self.restrict_ce(train + heldout)} ids seen in the data")
@@ -504,6 +525,9 @@ class Trainer:
             t0 = time.perf_counter()
             if self.step % cfg.save_every == 0 or self.step == self.total_steps:
                 self._save(ck, seen)
+            if self.step < self.total_steps and deadline is not None and time.perf_counter() >= deadline:
+                self._save(ck, seen)
+                raise OutOfTime("train")
         result = {"steps": self.step, "train_tokens": tokens_total, "heldout": self.evaluate(heldout) if heldout
                   else None, "history": self.history}
         self._save(ck, seen)
@@ -572,5 +596,5 @@ def log_stderr(msg: str) -> None:
     print(f"[microspec] {msg}", file=sys.stderr, flush=True)
 
 
-__all__ = ["TrainConfig", "Trainer", "capture_features", "export_head", "generate_responses", "init_head", "load_features",
-           "new_head", "split_heldout"]
+__all__ = ["TrainConfig", "Trainer", "capture_features", "export_head", "generate_responses", "init_head",
+           "load_features", "new_head", "split_heldout"]

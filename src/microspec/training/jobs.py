@@ -6,7 +6,6 @@ any object with the same names: see ``microspec train ... --help``) and returns 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from ..compose import eagle_head_path, set_threads
 from ..drafters import load_eagle_head
@@ -154,6 +153,25 @@ def train_eagle3(opts) -> dict:
 
 
 def train_eagle(opts) -> dict:
+    """``microspec train eagle``: the summary of the finished run (``status`` done: the exported head, its held-out
+    numbers) or, where ``--time-budget`` ran out first, ``status`` stopped with the ``stage`` it stopped in (the
+    answers, shards and checkpoint made so far kept: the same command with ``--resume`` goes on)."""
+    import time
+
+    from .budget import OutOfTime
+
+    t0 = time.perf_counter()
+    budget = getattr(opts, "time_budget", None)
+    if budget is not None and budget <= 0:
+        raise MicrospecError("--time-budget must be > 0 seconds")
+    try:
+        return _train_eagle(opts, None if budget is None else t0 + budget)
+    except OutOfTime as stop:
+        return {"status": "stopped", "stage": stop.stage, "out": str(opts.out),
+                "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def _train_eagle(opts, deadline: float | None) -> dict:
     import time
     from pathlib import Path
 
@@ -161,6 +179,7 @@ def train_eagle(opts) -> dict:
 
     from ..decoding.config import GenerationConfig
     from ..models.registry import load_model
+    from .budget import OutOfTime
     from .data import read_training_prompts, read_training_texts, text_windows
     from .eagle import (
         TrainConfig,
@@ -216,8 +235,10 @@ def train_eagle(opts) -> dict:
     if "generate" in stages:
         lm = load_model(opts.model, dtype=opts.gen_dtype, device=opts.device)
         cfg = GenerationConfig(max_new_tokens=opts.max_new_tokens, repetition_penalty=opts.repetition_penalty[0])
-        samples = generate_responses(lm, prompts, out, cfg, opts.chat, opts.gen_batch, opts.max_len // 2, opts.max_len,
-                                     log=log_stderr, penalties=opts.repetition_penalty)
+        # EAGLE-3 captures every answer again with its taps: no features kept on the way
+        samples = generate_responses(lm, prompts, out, cfg, opts.chat, opts.gen_batch, opts.max_len // 2,
+                                     None if eagle3 else opts.max_len, log=log_stderr,
+                                     penalties=opts.repetition_penalty, deadline=deadline)
     lm = load_model(opts.model, dtype=opts.dtype, device=opts.device)
     if samples is None:
         from .data import read_jsonl
@@ -229,17 +250,23 @@ def train_eagle(opts) -> dict:
     texts = [{"prompt_ids": w[:1], "response_ids": w[1:]}
              for docs in text_docs for w in text_windows(lm.tokenizer, docs, opts.max_len, opts.text_tokens)]
     taps = _feature_layers(opts, lm.model) if eagle3 else None
+    captured = len(feature_shards(out, tapped=eagle3))
     if "capture" in stages and eagle3:  # every answer again: batched generation keeps no tapped features
-        shards = capture_features(lm.model, samples, out, opts.max_len, log=log_stderr, prefix="e3shard", taps=taps)
-        shards += capture_features(lm.model, texts, out, opts.max_len, log=log_stderr, prefix="e3text", taps=taps)
+        shards = capture_features(lm.model, samples, out, opts.max_len, log=log_stderr, prefix="e3shard", taps=taps,
+                                  deadline=deadline)
+        shards += capture_features(lm.model, texts, out, opts.max_len, log=log_stderr, prefix="e3text", taps=taps,
+                                   deadline=deadline)
     elif "capture" in stages:
         shards = sorted((out / "features").glob("gen*.pt"))  # answers whose features batched generation kept
-        shards += capture_features(lm.model, samples, out, opts.max_len, log=log_stderr)
-        shards += capture_features(lm.model, texts, out, opts.max_len, log=log_stderr, prefix="text")
+        shards += capture_features(lm.model, samples, out, opts.max_len, log=log_stderr, deadline=deadline)
+        shards += capture_features(lm.model, texts, out, opts.max_len, log=log_stderr, prefix="text",
+                                   deadline=deadline)
     else:
         shards = feature_shards(out, tapped=eagle3)
     if "train" not in stages:
         return {}
+    if deadline is not None and time.perf_counter() >= deadline and len(feature_shards(out, tapped=eagle3)) > captured:
+        raise OutOfTime("train")  # this call made progress: the features load in the next one
     shards += extra
     if not shards:
         raise MicrospecError(f"no features under {out / 'features'}: run the capture stage first")
@@ -265,7 +292,15 @@ def train_eagle(opts) -> dict:
         from .eagle3 import Eagle3Trainer, draft_vocabulary, new_eagle3_head
 
         tcfg = replace(tcfg, p_w=1.0, v_w=0.0, noise_std=0.0, ce_vocab="full")  # the token loss only
-        ids = draft_vocabulary(train, opts.draft_vocab, lm.model.spec.vocab_size, lm.model.spec.eos_token_ids)
+        ck = out / "checkpoint.pt"
+        if opts.resume and ck.is_file():  # the draft vocabulary the checkpoint was trained over
+            d2t = torch.load(ck, map_location="cpu", weights_only=False)["head"].get("d2t")
+            if d2t is None:
+                raise MicrospecError(f"{ck} is not an EAGLE-3 head's checkpoint (no d2t): use another --out or "
+                                     f"leave out --resume")
+            ids = d2t + torch.arange(d2t.numel())
+        else:
+            ids = draft_vocabulary(train, opts.draft_vocab, lm.model.spec.vocab_size, lm.model.spec.eos_token_ids)
         head = new_eagle3_head(lm.model, ids, opts.feature_layers, opts.intermediate_size, seed=tcfg.seed)
         if opts.init is not None:
             init_head(head, load_eagle_head(opts.init))  # its draft vocabulary too
@@ -275,7 +310,7 @@ def train_eagle(opts) -> dict:
         if opts.init is not None:
             init_head(head, EagleHead.load(opts.init))
         trainer = Trainer(lm.model, head, tcfg, out, log=log_stderr)
-    result = trainer.fit(train, held, resume=opts.resume)
+    result = trainer.fit(train, held, resume=opts.resume, deadline=deadline)
     meta = {"model": opts.model, "prompts": opts.prompts, "prompt_count": len(prompts), "answers": len(samples),
             "answer_tokens": sum(len(r["response_ids"]) for r in samples), "texts": opts.texts,
             "extra_features": [str(p) for p in extra],
@@ -289,6 +324,6 @@ def train_eagle(opts) -> dict:
         meta.update(arch="eagle3", ttt_steps=opts.ttt_steps, draft_vocab=int(head.d2t.numel()), feature_layers=taps)
     path = export_head(head, out, torch.bfloat16 if opts.head_dtype == "bf16" else torch.float32, meta)
     load_eagle_head(path)  # the exported head loads as the eagle drafter will load it
-    return {"head": str(path), "heldout": result["heldout"], "steps": result["steps"]}
+    return {"status": "done", "head": str(path), "heldout": result["heldout"], "steps": result["steps"]}
 
 

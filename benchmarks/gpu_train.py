@@ -1,0 +1,275 @@
+"""Train an EAGLE-3 head for Gemma 3 270M on a GPU machine: one command, run again until it prints ``done``.
+
+The GPU machine has no internet and no ``gguf`` package, runs each command for at most 10 minutes, and keeps
+``/tmp`` between calls only while it stays warm.  So the model arrives as its GGUF file, the few small files the
+GGUF alone does not give correctly (config and tokenizer, the prompt pool) travel as a carried folder, and the
+training runs as ``microspec train eagle3 ... --resume --time-budget SECONDS`` over the same ``--out`` folder,
+call after call: each call answers prompts (bf16 target, batched greedy decoding, each pool prompt once plain and once
+with repetition penalty 1.2), then captures the target's features with the three tapped layers (only once every
+prompt is answered), then trains the head (a checkpoint after an optimizer step), and stops at the next safe point
+once its budget is spent; the next call goes on from there.
+
+1. Here (CPU), once:
+
+       python benchmarks/gpu_train.py --prepare-assets .stage-assets
+
+   copies into ``.stage-assets/`` the converted cache's ``config.json``, ``tokenizer_config.json`` and
+   ``tokenizer.json`` (gzipped) of ``gemma-3-270m`` (built by any first load of the model here, e.g.
+   ``microspec generate``) and the prompt pool ``../shared/data/prompt_pool/prompts_permissive.jsonl`` (or its
+   ``.gz``) gzipped, about 6.5 MB in all; adds ``/.stage-assets/`` to ``.git/info/exclude`` (it travels only when
+   carried) and prints its size.
+
+2. Stage the GGUF with ``benchmarks/gpu_stage.py`` (its docstring): it ends at
+   ``/tmp/microspec-stage/gemma-3-270m-q4_k_m.gguf`` on the warm machine.
+
+3. Each device call, carrying ``.stage-assets`` (and within the machine's idle window, so that ``/tmp`` survives):
+
+       python3 benchmarks/gpu_train.py --gguf /tmp/microspec-stage/gemma-3-270m-q4_k_m.gguf \\
+           --assets .stage-assets --out /tmp/e3 --time-budget 540 --export $OUT/head
+
+   Exit status 3 with ``{"status": "stopped", "stage": ...}``: not finished, make the same call again; 0 with
+   ``{"status": "done", ...}``: the head is in ``/tmp/e3/head`` (and copied to ``--export``; about 60 MB in bf16
+   by its shapes, most of it the 32k-row LM head); 2: an error (one line).  The budget counts from the start of
+   the training command (after Python's imports) and a stop comes at the next safe point after it (an answer
+   saved, a feature shard written, an optimizer step), so 540 s leaves the 600 s call some margin.  The first
+   call builds the dense safetensors cache of the GGUF under ``$MICROSPEC_CACHE`` (default here
+   ``/tmp/microspec-cache``) from microspec's own GGUF reader and the carried config and tokenizer
+   (``MICROSPEC_GGUF_ASSETS``); transformers' GGUF conversion is never used (it needs ``gguf``, and transformers 5.17
+   builds a character-level Gemma tokenizer from the file).
+
+``--dry-run`` runs the same pipeline on the CPU in seconds on a tiny random Gemma 3 model written as a GGUF file
+(F32 tensors) with its assets folder: the GGUF path, the budget's stops and the resumes, without a GPU or the real
+model; run it on the GPU machine first to check the environment.
+
+The ``--dry-run`` ran on an H200 machine of the kind this targets (2026-11-26: exit 0 in that image, with no
+``gguf`` installed); the training itself has not run on a GPU, and no timing of it has been measured.  The settings
+(6,000 prompts x 2 penalties, 256 new tokens, decoding batch 2,048, 2 epochs of 16,384-position steps) are sized
+from the EAGLE-1/2 run on an H100 recorded in ``src/microspec/heads/gemma-3-270m/training.json`` (~20,000 answer
+tokens/s at 2,048 rows; 241 steps of 16,384 positions in 117 s), aiming at about 20 minutes of device time in all;
+EAGLE-3's seven training-time-test steps and the one-sequence-at-a-time capture are the unknowns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import struct
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+STAGED = "/tmp/microspec-stage/gemma-3-270m-q4_k_m.gguf"
+POOL = "prompts_permissive.jsonl"
+POOL_SOURCE = REPO.parent / "shared" / "data" / "prompt_pool" / POOL
+EXIT_STOPPED = 3
+
+
+def train_argv(model: str, prompts: Path, out: Path, budget: float | None, device: str, tiny: bool) -> list[str]:
+    """The ``microspec train eagle3`` command line of one call (``tiny``: the dry run's small settings)."""
+    argv = ["train", "eagle3", "--model", model, "--prompts", str(prompts), "--out", str(out), "--shuffle",
+            "--repetition-penalty", "1.0", "1.2", "--resume", "--device", device]
+    if tiny:
+        argv += ["--limit", "3", "--max-new-tokens", "8", "--gen-batch", "4", "--gen-dtype", "fp32", "--dtype", "fp32",
+                 "--max-len", "32", "--epochs", "1", "--tokens-per-step", "8", "--warmup-steps", "1",
+                 "--heldout", "0.2", "--save-every", "2", "--ttt-steps", "2", "--draft-vocab", "48",
+                 "--feature-layers", "1,2,3", "--head-dtype", "fp32", "--batch-tokens", "40", "--threads", "1"]
+    else:
+        argv += ["--limit", "6000", "--max-new-tokens", "256", "--gen-batch", "2048", "--gen-dtype", "bf16",
+                 "--dtype", "bf16", "--max-len", "512", "--epochs", "2", "--lr", "6e-4", "--warmup-steps", "50",
+                 "--tokens-per-step", "16384", "--batch-tokens", "16384", "--heldout", "0.02", "--save-every", "20"]
+    if budget is not None:
+        argv += ["--time-budget", str(budget)]
+    return argv
+
+
+def run(gguf: Path, assets: Path, out: Path, budget: float | None, device: str = "cuda", tiny: bool = False,
+        export: Path | None = None, cache: Path | None = None) -> int:
+    """One call: the training command over ``out`` (``MICROSPEC_GGUF_ASSETS`` = ``assets`` and, where given,
+    ``MICROSPEC_CACHE`` = ``cache`` while it runs; ``tiny``: the dry run's settings, without the compiled CPU
+    kernels, whose first build would take minutes); its exit status (0 done, 3 stopped by the budget, 2 error)."""
+    from microspec.cli import main
+
+    prompts = assets / (POOL + ".gz")
+    if not gguf.is_file():
+        print(f"gpu_train: error: {gguf} not found (stage it with benchmarks/gpu_stage.py)", file=sys.stderr)
+        return 2
+    if not prompts.is_file():
+        print(f"gpu_train: error: {prompts} not found (make the folder with --prepare-assets)", file=sys.stderr)
+        return 2
+    saved = {k: os.environ.get(k) for k in ("MICROSPEC_GGUF_ASSETS", "MICROSPEC_CACHE", "MICROSPEC_CPU_KERNEL")}
+    os.environ["MICROSPEC_GGUF_ASSETS"] = str(assets)
+    if cache is not None:
+        os.environ["MICROSPEC_CACHE"] = str(cache)
+    if tiny:
+        os.environ["MICROSPEC_CPU_KERNEL"] = "off"
+    try:
+        rc = main(train_argv(str(gguf), prompts, out, budget, device, tiny))
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    if rc == 0 and export is not None:
+        shutil.copytree(out / "head", export, dirs_exist_ok=True)
+        print(f"gpu_train: head copied to {export}", file=sys.stderr)
+    return rc
+
+
+# ------------------------------------------------------------------------------------------- assets (here, CPU)
+def prepare_assets(dest: Path, model: str = "gemma-3-270m") -> int:
+    """Copy the config, the tokenizer (gzipped) and the prompt pool (gzipped) into ``dest``; git-ignore it."""
+    from microspec.models.registry import _gguf_cache_dir, resolve
+
+    name, kind, path = resolve(model)
+    cache = _gguf_cache_dir(name, path)
+    if not (cache / "tokenizer.json").is_file():
+        print(f"gpu_train: error: no converted cache of {model} at {cache}: load the model once here first",
+              file=sys.stderr)
+        return 2
+    pool = POOL_SOURCE if POOL_SOURCE.is_file() else POOL_SOURCE.with_name(POOL + ".gz")
+    if not pool.is_file():
+        print(f"gpu_train: error: the prompt pool {POOL_SOURCE} (or .gz) is missing", file=sys.stderr)
+        return 2
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in ("config.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+        if (cache / f).is_file():
+            shutil.copyfile(cache / f, dest / f)
+    _gzip(cache / "tokenizer.json", dest / "tokenizer.json.gz")
+    if pool.suffix == ".gz":
+        shutil.copyfile(pool, dest / (POOL + ".gz"))
+    else:
+        _gzip(pool, dest / (POOL + ".gz"))
+    _exclude(dest)
+    size = sum(p.stat().st_size for p in dest.iterdir() if p.is_file())
+    print(f"{dest}: {size:,} bytes ({size / (1 << 20):.1f} MiB): "
+          + ", ".join(sorted(p.name for p in dest.iterdir())))
+    return 0
+
+
+def _gzip(src: Path, dst: Path) -> None:
+    with src.open("rb") as a, gzip.GzipFile(dst, "wb", compresslevel=9, mtime=0) as b:
+        shutil.copyfileobj(a, b)
+
+
+def _exclude(dest: Path) -> None:
+    """Add ``dest`` (inside the repository) to .git/info/exclude, so that it travels only when carried."""
+    try:
+        rel = dest.resolve().relative_to(REPO)
+    except ValueError:
+        return
+    exclude = REPO / ".git" / "info" / "exclude"
+    line = f"/{rel.as_posix()}/"
+    lines = exclude.read_text().splitlines() if exclude.is_file() else []
+    if line not in lines:
+        exclude.parent.mkdir(parents=True, exist_ok=True)
+        exclude.write_text("\n".join(lines + [line]) + "\n")
+
+
+# ------------------------------------------------------------------------------------------------ the dry run
+# Gemma 3 layer tensors: GGUF short name -> Hugging Face name under model.layers.N
+_GEMMA_LAYER = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+                "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm",
+                "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+
+
+def write_gguf(path: Path, arch: str, metadata: dict[str, int], tensors: dict[str, "object"]) -> None:
+    """A GGUF v3 file of F32 tensors (``tensors``: name -> fp32 torch tensor in Hugging Face's dimension order) and
+    uint32 ``metadata`` beside ``general.architecture``."""
+    align = 32
+
+    def string(s: str) -> bytes:
+        b = s.encode()
+        return struct.pack("<Q", len(b)) + b
+
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(metadata) + 1)
+    head += string("general.architecture") + struct.pack("<I", 8) + string(arch)
+    for k, v in metadata.items():
+        head += string(k) + struct.pack("<II", 4, v)
+    data, offset = [], 0
+    for name, t in tensors.items():
+        dims = tuple(reversed(t.shape))
+        head += string(name) + struct.pack(f"<I{len(dims)}Q", len(dims), *dims) + struct.pack("<IQ", 0, offset)
+        raw = t.detach().float().contiguous().numpy().tobytes()
+        pad = -len(raw) % align
+        data.append(raw + b"\0" * pad)
+        offset += len(raw) + pad
+    head += b"\0" * (-len(head) % align)
+    path.write_bytes(head + b"".join(data))
+
+
+def tiny_model(root: Path) -> tuple[Path, Path]:
+    """A tiny random Gemma 3 model as a GGUF file (norms stored as 1 + w, as llama.cpp stores them) and its assets
+    folder (config, word-level tokenizer, a prompt pool): (gguf, assets)."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, PreTrainedTokenizerFast
+
+    vocab = 96
+    cfg = Gemma3TextConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                           num_key_value_heads=2, num_hidden_layers=4, head_dim=16, query_pre_attn_scalar=16,
+                           max_position_embeddings=256, sliding_window=6, bos_token_id=1, eos_token_id=2,
+                           pad_token_id=0, layer_types=["sliding_attention", "full_attention"] * 2,
+                           tie_word_embeddings=True)
+    torch.manual_seed(0)
+    hf = Gemma3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for n, p in hf.named_parameters():
+            p.copy_(torch.randn_like(p) * (0.1 if "norm" in n else 0.08))
+    assets = root / "assets"
+    hf.config.save_pretrained(str(assets))
+    words = ["<pad>", "<bos>", "<eos>", "<unk>"] + [f"w{i}" for i in range(vocab - 4)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>",
+                            pad_token="<pad>").save_pretrained(str(assets))
+    with gzip.open(assets / (POOL + ".gz"), "wt", encoding="utf-8") as f:
+        for i in range(5, 50, 7):
+            f.write(json.dumps({"prompt": f"w{i} w{i + 1} w{i + 2} w{i + 1}"}) + "\n")
+    tensors = {"token_embd.weight": hf.model.embed_tokens.weight, "output_norm.weight": hf.model.norm.weight + 1}
+    for i in range(cfg.num_hidden_layers):
+        for short, name in _GEMMA_LAYER.items():
+            w = hf.get_parameter(f"model.layers.{i}.{name}.weight")
+            tensors[f"blk.{i}.{short}.weight"] = w + 1 if short.endswith("norm") else w
+    gguf = root / "tiny-gemma3.gguf"
+    write_gguf(gguf, "gemma3", {"gemma3.embedding_length": cfg.hidden_size,
+                                "gemma3.block_count": cfg.num_hidden_layers}, tensors)
+    return gguf, assets
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--gguf", type=Path, default=Path(STAGED), help=f"the staged model (default {STAGED})")
+    p.add_argument("--assets", type=Path, default=REPO / ".stage-assets",
+                   help="the carried folder --prepare-assets made (default .stage-assets)")
+    p.add_argument("--out", type=Path, default=Path("/tmp/e3"), help="the training folder, the same every call")
+    p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                   help="stop at the next safe point after this many seconds (exit 3: call again)")
+    p.add_argument("--export", type=Path, default=None, metavar="DIR", help="copy the finished head there")
+    p.add_argument("--prepare-assets", type=Path, default=None, metavar="DIR",
+                   help="here, on the CPU: make the folder to carry, then exit")
+    p.add_argument("--dry-run", action="store_true",
+                   help="the same pipeline on a tiny random model on the CPU, in --out (seconds)")
+    args = p.parse_args(argv)
+    if args.prepare_assets is not None:
+        return prepare_assets(args.prepare_assets)
+    if args.dry_run:
+        args.out.mkdir(parents=True, exist_ok=True)
+        gguf, assets = (args.out / "tiny-gemma3.gguf", args.out / "assets")
+        if not gguf.is_file():
+            gguf, assets = tiny_model(args.out)
+        return run(gguf, assets, args.out / "train", args.time_budget, "cpu", tiny=True, export=args.export,
+                   cache=args.out / "cache")
+    cache = None if os.environ.get("MICROSPEC_CACHE") else Path("/tmp/microspec-cache")
+    return run(args.gguf, args.assets, args.out, args.time_budget, export=args.export, cache=cache)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
