@@ -446,19 +446,17 @@ def cmd_status(args: argparse.Namespace) -> None:
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="gpu_stage.py", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
-    p = sub.add_parser("plan", help="sizes, sha256 and the sequence of device calls")
-    p.add_argument("--gguf", help="file to stage (default: the built-in gemma-3-270m GGUF in the microspec cache)")
-    p.add_argument("--budget-mib", type=float, default=64, help="bytes one device call may copy, in MiB (64)")
-    p.add_argument("--part-bytes", type=int, help="part size in bytes instead of the one the budget leaves")
-    p.add_argument("--dir", default=DEFAULT_DIR, help="stage directory (.stage)")
-    p.set_defaults(func=cmd_plan)
-    p = sub.add_parser("split", help="write part K and its manifest into the stage directory")
-    p.add_argument("--part", type=int, required=True, help="0-based part index")
-    p.add_argument("--gguf", help="file to stage (default: the built-in gemma-3-270m GGUF in the microspec cache)")
-    p.add_argument("--budget-mib", type=float, default=64, help="bytes one device call may copy, in MiB (64)")
-    p.add_argument("--part-bytes", type=int, help="part size in bytes (as printed by plan) instead of recomputing it")
-    p.add_argument("--dir", default=DEFAULT_DIR, help="stage directory (.stage)")
-    p.set_defaults(func=cmd_split)
+    for cmd, what, func in (("plan", "sizes, sha256 and the sequence of device calls", cmd_plan),
+                            ("split", "write part K and its manifest into the stage directory", cmd_split)):
+        p = sub.add_parser(cmd, help=what)
+        if cmd == "split":
+            p.add_argument("--part", type=int, required=True, help="0-based part index")
+        p.add_argument("--gguf", help="file to stage (default: the built-in gemma-3-270m GGUF in the microspec cache)")
+        p.add_argument("--budget-mib", type=float, default=64, help="bytes one device call may copy, in MiB (64)")
+        p.add_argument("--part-bytes", type=int, help="part size in bytes (as plan prints it) instead of the one the "
+                                                      "budget leaves")
+        p.add_argument("--dir", default=DEFAULT_DIR, help="stage directory (.stage)")
+        p.set_defaults(func=func)
     p = sub.add_parser("receive", help="on the device: check the carried part and write it into place")
     p.add_argument("--dir", default=DEFAULT_DIR, help="stage directory (.stage)")
     p.add_argument("--dest", default=DEFAULT_DEST, help=f"where the file is put together ({DEFAULT_DEST})")

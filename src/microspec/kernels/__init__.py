@@ -1,3 +1,4 @@
 """Kernels: ``cpu_linear`` (bf16 weights) and ``cpu_quant`` (packed GGUF weights) on AVX2 CPUs, C++ in ``csrc/``
-compiled on first use (``_build``); in Triton (GPU, or ``TRITON_INTERPRET=1`` on a CPU; optional): ``gather_matmul``
-(the indexed head's fused gather) and ``window_update`` (MicroSpec's device window update and row gather)."""
+compiled on first use (``_build``); in Triton (optional; ``triton_env``: compiled on a GPU, interpreted on a CPU
+under ``TRITON_INTERPRET=1``): ``gather_matmul`` (the indexed head's fused gather) and ``window_update`` (MicroSpec's
+device window update and row gather)."""

@@ -11,21 +11,9 @@ Triton compiles for GPUs only; on a CPU it runs under ``TRITON_INTERPRET=1`` (sl
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-try:  # optional dependency
-    import triton
-    import triton.language as tl
-except Exception:  # noqa: BLE001 - any import failure means "not available"
-    triton = None
-
-
-def available(device: torch.device | str) -> bool:
-    if triton is None:
-        return False
-    return torch.device(device).type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+from .triton_env import available, tl, triton
 
 
 def reference(hidden: torch.Tensor, weight: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -76,3 +64,6 @@ def gather_matmul(hidden: torch.Tensor, weight: torch.Tensor, idx: torch.Tensor,
     _gather_matmul_kernel[grid](hidden, weight, idx, out, r, a, d, hidden.stride(0), weight.stride(0),
                                 out.stride(0), BLOCK_A=block_a, BLOCK_D=block_d, BLOCK_R=block_r)
     return out
+
+
+__all__ = ["available", "gather_matmul", "reference"]

@@ -27,21 +27,9 @@ loads (all of a program's threads read the scalars).
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-try:  # optional dependency
-    import triton
-    import triton.language as tl
-except Exception:  # noqa: BLE001 - any import failure means "not available"
-    triton = None
-
-
-def available(device: torch.device | str) -> bool:
-    if triton is None:
-        return False
-    return torch.device(device).type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+from .triton_env import available, tl, triton
 
 
 def gather_rows_reference(weight: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor, slots: torch.Tensor,
@@ -214,3 +202,6 @@ def gather_rows(weight: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor, slo
     d = weight.shape[1]
     grid = (most, triton.cdiv(d, block_d))
     _gather_rows_kernel[grid](weight, rows, ids, slots, n, d, weight.stride(0), rows.stride(0), BLOCK_D=block_d)
+
+
+__all__ = ["Slots", "WindowKernels", "available", "gather_rows", "gather_rows_reference"]

@@ -12,6 +12,7 @@ values as transformers' conversion).  Nothing here ever downloads anything.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -210,6 +211,23 @@ def _gguf_cache_dir(name: str, path: Path) -> Path:
     return cache_root() / "models" / f"{name}-{_file_key(path)}"
 
 
+@contextlib.contextmanager
+def _cache_dir_written(out: Path, source: Path):
+    """A temporary folder beside ``out`` to fill; on success it records ``source`` and replaces ``out`` whole (a
+    reader never sees half a cache), and it is removed whatever happens."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
+    try:
+        yield tmp
+        (tmp / "SOURCE").write_text(str(source) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _convert_gguf(path: Path, out: Path) -> None:
     """Dequantise a GGUF with transformers and write config.json, model.safetensors and the tokenizer to ``out``."""
     from safetensors.torch import save_file
@@ -224,9 +242,7 @@ def _convert_gguf(path: Path, out: Path) -> None:
     except Exception as exc:
         raise MicrospecError(f"transformers could not load {path} ({type(exc).__name__}: {exc})") from exc
     check_tokenizer(tok, path.name)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
-    try:
+    with _cache_dir_written(out, path) as tmp:
         state = {k: v.contiguous() for k, v in hf.state_dict().items()}
         if getattr(hf.config, "tie_word_embeddings", False):
             state.pop("lm_head.weight", None)
@@ -237,13 +253,6 @@ def _convert_gguf(path: Path, out: Path) -> None:
         cfg["architectures"] = [type(hf).__name__]  # Hugging Face and vLLM pick the model class from it
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
         tok.save_pretrained(str(tmp))
-        (tmp / "SOURCE").write_text(str(path) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 ASSETS_ENV = "MICROSPEC_GGUF_ASSETS"
@@ -276,9 +285,7 @@ def _dense_gguf(path: Path, out: Path, assets: Path) -> None:
 
     print(f"microspec: building a safetensors cache of {path.name} in {out} from {assets} (one time only)",
           file=sys.stderr)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
-    try:
+    with _cache_dir_written(out, path) as tmp:
         for name in ASSET_FILES:
             if (assets / name).is_file():
                 shutil.copyfile(assets / name, tmp / name)
@@ -302,13 +309,6 @@ def _dense_gguf(path: Path, out: Path, assets: Path) -> None:
                                  f"is not the config of {path.name} ({sizes[0]}, {sizes[1]} layers)")
         check_tokenizer(tok, str(assets))
         save_file(dense_state_dict(path, spec), str(tmp / "model.safetensors"))
-        (tmp / "SOURCE").write_text(str(path) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 _PROBE = "The quick brown fox jumps over the lazy dog, and then it runs back home."
