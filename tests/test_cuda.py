@@ -93,24 +93,41 @@ def test_side_stream_appends_are_seen_by_the_head(backend):
 # ---------------------------------------------------------------- CUDA graphs
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_graphs_replay_the_eager_forward(family):
+    """A prefill (eager: more rows than a graph takes), single-token steps across a 256-slot bucket (each shape
+    captured at its second use, replayed after), a tree under a mask three times: the same hidden states as the
+    eager forward, and the same cache."""
     eager, graphed = _model(family), _model(family, graphs=True)
     ce, cg = eager.new_cache(600), graphed.new_cache(600)
     ids = torch.randint(3, VOCAB, (300,), device=DEV)
-    for a, b in ((0, 11), (11, 12), (12, 17), (17, 260), (260, 261), (261, 266)):  # crosses a 256-slot bucket
-        he = eager.forward(ids[a:b], ce)
-        hg = graphed.forward(ids[a:b], cg)
-        torch.testing.assert_close(hg, he, rtol=1e-4, atol=1e-4)
-    t = 4  # a tree under a mask, twice at the same shape: captured once, replayed
+    steps = [(0, 250)] + [(a, a + 1) for a in range(250, 270)] + [(270, 275)]
+    for a, b in steps:
+        torch.testing.assert_close(graphed.forward(ids[a:b], cg), eager.forward(ids[a:b], ce), rtol=1e-4, atol=1e-4)
     tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool, device=DEV)
-    pos = torch.tensor([266, 267, 267, 268], device=DEV)
-    for _ in range(2):
-        he = eager.forward(ids[:t], ce, pos, tree)
-        hg = graphed.forward(ids[:t], cg, pos, tree)
+    pos = torch.tensor([275, 276, 276, 277], device=DEV)
+    for _ in range(3):
+        he = eager.forward(ids[:4], ce, pos, tree)
+        hg = graphed.forward(ids[:4], cg, pos, tree)
         torch.testing.assert_close(hg, he, rtol=1e-4, atol=1e-4)
-        ce.truncate(266)
-        cg.truncate(266)
-    cg_stats = graphed.cuda_graphs
-    assert cg_stats.captures >= 5 and cg_stats.replays > cg_stats.captures
+        ce.truncate(275)
+        cg.truncate(275)
+    torch.testing.assert_close(cg.kv[:, :, :, :275], ce.kv[:, :, :, :275], rtol=1e-4, atol=1e-4)
+    g = graphed.cuda_graphs
+    assert g.captures >= 3 and g.replays >= 18, (g.captures, g.replays)
+    before = g.captures
+    again = graphed.new_cache(64)  # a new request's cache: its own graphs
+    for a in range(6):
+        graphed.forward(ids[a : a + 1], again)
+    assert g.captures > before
+
+
+def test_a_refused_capture_falls_back_and_restores_the_stream():
+    from microspec.models.graphs import capture
+
+    x = torch.ones(4, device=DEV)
+    stream = torch.cuda.current_stream()
+    assert capture(lambda: float(x.sum().item()), torch.cuda.graph_pool_handle()) is None  # a host read inside
+    assert torch.cuda.current_stream() == stream
+    assert float((x * 2).sum()) == 8.0
 
 
 # ---------------------------------------------------------------- greedy identity on CUDA

@@ -27,6 +27,8 @@ loads (all of a program's threads read the scalars).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .triton_env import available, tl, triton
@@ -194,6 +196,30 @@ class WindowKernels:
         return copy_ids, copy_slots, self.n_copy
 
 
+@functools.cache
+def compiles(device: torch.device) -> bool:
+    """Whether both kernels build and run on ``device`` (tried once on a tiny window: a GPU without the toolchain
+    Triton needs gets the tensor window instead of a failing first append)."""
+    if not available(device):
+        return False
+    try:
+        kern = WindowKernels(8, device)
+        ring = torch.full((5,), -1, dtype=torch.long, device=device)
+        ptr = torch.zeros((), dtype=torch.long, device=device)
+        counts = torch.zeros(8, dtype=torch.int32, device=device)
+        slot_ids = torch.full((5,), -1, dtype=torch.long, device=device)
+        slot_of = torch.full((9,), -1, dtype=torch.long, device=device)
+        pinned = torch.zeros(9, dtype=torch.bool, device=device)
+        weight = torch.ones(8, 2, device=device)
+        rows = torch.zeros(5, 2, device=device)
+        ids, slots, n = kern.window_update(torch.tensor([3, 5], device=device), None, ring, ptr, counts, True,
+                                           Slots(slot_ids, slot_of, pinned, 4))
+        gather_rows(weight, rows, ids, slots, n, 2)
+        return int(counts.sum()) == 2 and float(rows.sum()) == 4.0
+    except Exception:  # noqa: BLE001 - any failure to build or run means "not here"
+        return False
+
+
 def gather_rows(weight: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor, slots: torch.Tensor, n: torch.Tensor,
                 most: int, block_d: int = 256) -> None:
     """``rows[slots[i]] = weight[ids[i]]`` for ``i < n`` (``n`` a device scalar, at most ``most``)."""
@@ -204,4 +230,4 @@ def gather_rows(weight: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor, slo
     _gather_rows_kernel[grid](weight, rows, ids, slots, n, d, weight.stride(0), rows.stride(0), BLOCK_D=block_d)
 
 
-__all__ = ["Slots", "WindowKernels", "available", "gather_rows", "gather_rows_reference"]
+__all__ = ["Slots", "WindowKernels", "available", "compiles", "gather_rows", "gather_rows_reference"]

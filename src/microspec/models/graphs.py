@@ -11,14 +11,16 @@ and writes at a host-side offset.  :func:`static_run` is the same forward in fix
   sliding windows hide);
 - the position ids, the slots and the masks are inputs, copied into the graph's static buffers before each replay.
 
-:class:`CudaGraphs` captures one graph per (rows, bucket, cache) on first use and replays it afterwards; anything it
-cannot run (no CUDA, more rows than ``max_rows``, taps or an early exit, a capture that fails) goes to the eager
-forward, which is also what every CPU run uses.  One memory pool serves all graphs of a model; a cache's graphs go
-when the cache does (a finished request's).
+:class:`CudaGraphs` captures one graph per (rows, bucket, cache) at the second use of that shape (a shape used once,
+a prompt's, runs eagerly) and replays it afterwards; a longer bucket drops the shorter buckets' graphs of that cache,
+and a cache's graphs and their memory pool go when the cache does (a finished request's): a new request captures
+again.  Anything it cannot run (no CUDA, more rows than ``max_rows``, taps or an early exit, a capture that fails)
+goes to the eager forward, which is also what every CPU run uses.
 
 Attention over a bucket with masked slots adds exact zeros to each softmax, but a GPU kernel may sum in another
-order over a longer row, so graphed logits can differ from eager ones in the last bits: a model uses one path for
-the whole generation (its AR baseline included), so speculative output still equals that model's greedy output.
+order over a longer row, so graphed logits can differ from eager ones in the last bits, as a pass over 5 rows
+already differs from a pass over 1 on a GPU.  Greedy speculative output equals the model's own greedy output where
+no two logits are that close; tests/test_cuda.py checks it, graphed and eager, on tiny fp32 and bf16 models.
 """
 
 from __future__ import annotations
@@ -86,16 +88,37 @@ class _Graph:
         self.x, self.slots, self.positions, self.masks, self.out, self.graph = x, slots, positions, masks, out, graph
 
 
+class _CacheGraphs:
+    """One cache's graphs: by (rows, span, dtype, buffer address, capacity) a graph, or None where its capture was
+    refused; the keys seen once (captured at their second use: a shape used once, a prompt's, is not worth a
+    capture); the memory pool they share, which goes with them."""
+
+    def __init__(self):
+        self.graphs: dict[tuple, _Graph | None] = {}
+        self.seen: set[tuple] = set()
+        self.pool = None
+
+    def lookup(self, key: tuple) -> _Graph | None | bool:
+        """The graph of ``key``, None (run eagerly), or True (capture it now).  A key of a longer span than any
+        before drops the shorter spans' graphs: a cache's length only grows within a request."""
+        if key in self.graphs:
+            return self.graphs[key]
+        if key not in self.seen:
+            self.seen.add(key)
+            return None
+        span = key[1]
+        self.graphs = {k: g for k, g in self.graphs.items() if k[1] >= span}
+        self.seen = {k for k in self.seen if k[1] >= span}
+        return True
+
+
 class CudaGraphs:
     """Graphed forwards of ``model`` (see the module's doc); :meth:`run` returns None where the eager forward must
     run instead."""
 
     def __init__(self, model, bucket: int = BUCKET, max_rows: int = MAX_ROWS):
         self.model, self.bucket, self.max_rows = model, bucket, max_rows
-        # per cache (gone with it), per (rows, span, dtype, buffer address, capacity): a graph, or None where the
-        # capture failed (eager from then on)
-        self.graphs: weakref.WeakKeyDictionary[KVCache, dict[tuple, _Graph | None]] = weakref.WeakKeyDictionary()
-        self.pool = None
+        self.caches: weakref.WeakKeyDictionary[KVCache, _CacheGraphs] = weakref.WeakKeyDictionary()  # gone with them
         self.replays = 0
         self.captures = 0
 
@@ -105,17 +128,19 @@ class CudaGraphs:
         if not x.is_cuda or t == 0 or t > self.max_rows:
             return None
         start = cache.length
-        pos, _ = self.model._place(cache, t, positions, mask)  # checks the capacity, writes cache.pos
         span = bucket_of(start + t, self.bucket, cache.capacity)
-        masks = static_masks(self.model, cache, start, t, positions, mask, span)
-        slots = torch.arange(start, start + t, device=x.device)
-        graphs = self.graphs.setdefault(cache, {})
+        state = self.caches.setdefault(cache, _CacheGraphs())
         key = (t, span, x.dtype, cache.kv.data_ptr(), cache.capacity)
-        entry = graphs.get(key, False)
-        if entry is False:
-            entry = graphs[key] = self._capture(x, cache, slots, pos, masks, span)
+        entry = state.lookup(key)
         if entry is None:
             return None
+        pos, _ = self.model._place(cache, t, positions, mask)  # checks the capacity, writes cache.pos
+        masks = static_masks(self.model, cache, start, t, positions, mask, span)
+        slots = torch.arange(start, start + t, device=x.device)
+        if entry is True:
+            entry = state.graphs[key] = self._capture(state, x, cache, slots, pos, masks, span)
+            if entry is None:
+                return None
         entry.x.copy_(x)
         entry.slots.copy_(slots)
         entry.positions.copy_(pos)
@@ -126,13 +151,13 @@ class CudaGraphs:
         cache.length = start + t
         return entry.out.clone()
 
-    def _capture(self, x, cache, slots, pos, masks, span) -> _Graph | None:
+    def _capture(self, state: _CacheGraphs, x, cache, slots, pos, masks, span) -> _Graph | None:
         model = self.model
         static = (x.clone(), slots.clone(), pos.clone().to(torch.long), {w: m.clone() for w, m in masks.items()})
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
+        if state.pool is None:
+            state.pool = torch.cuda.graph_pool_handle()
         captured = capture(lambda: static_run(model, static[0], cache, static[1], static[2], static[3], span),
-                           self.pool)
+                           state.pool)
         if captured is None:
             return None
         self.captures += 1
@@ -142,18 +167,21 @@ class CudaGraphs:
 def capture(body, pool) -> tuple[torch.cuda.CUDAGraph, object] | None:
     """(graph, outputs) of ``body()`` captured after two warm-up runs on a side stream; None where the capture is
     refused (a host read inside, an operation CUDA graphs do not take)."""
+    main = torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+    side.wait_stream(main)
     try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
+        # all on the side stream, which the outer context restores even when ending a refused capture raises
         with torch.cuda.stream(side):
             for _ in range(2):  # warm-up: lazy initialisations happen outside the capture
                 body()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            out = body()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=side):
+                out = body()
     except Exception:  # noqa: BLE001 - anything a capture refuses runs eagerly
         return None
+    finally:
+        main.wait_stream(side)  # what the warm-up wrote (KV slots the eager rerun writes too) comes first
     return graph, out
 
 

@@ -116,11 +116,11 @@ class MicroSpecVocab(VocabPolicy):
               f"--k-pre-positions must be >= 0, got {k_pre_positions}")
         check(gather in GATHERS, f"unknown gather {gather!r}; choose from {', '.join(GATHERS)}")
         device = torch.device(device)
-        if backend is None:  # CUDA: the Triton window kernels where Triton runs (the tensor window's update costs
+        if backend is None:  # CUDA: the Triton window kernels where they build (the tensor window's update costs
             # ~5x their host time: 1.6 vs 0.3 ms a step on an H200, BENCHMARKS.md), else the tensor window
-            from ..kernels.window_update import available
+            from ..kernels.window_update import compiles
 
-            backend = "host" if device.type != "cuda" else "triton" if available(device) else "device"
+            backend = "host" if device.type != "cuda" else "triton" if compiles(device) else "device"
         check(backend in WINDOWS, f"unknown backend {backend!r}; choose from {', '.join(WINDOWS)}")
         super().__init__(always, device)
         self.vocab_size, self.w_max, self.k_pre, self.k_ver, self.gather = vocab_size, w_max, k_pre, k_ver, gather
