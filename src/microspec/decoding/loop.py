@@ -300,6 +300,7 @@ class Generation:
         if self.coverage is not None:
             stats.covered, stats.coverage_tokens = int(self.coverage.covered), self.coverage.tokens
         if drafter is not None:
+            drafter.finish(list(self.out))
             stats.head_s, stats.active_sizes = _take_head_stats(drafter)
             if hasattr(drafter, "take_lookup_steps"):  # prompt lookup first: the drafted steps the lookup proposed
                 stats.lookup_steps = drafter.take_lookup_steps()

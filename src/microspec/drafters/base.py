@@ -48,6 +48,10 @@ class Drafter(ABC):
     def propose(self, ctx: DraftContext) -> DraftTree:
         """A token tree to verify below ``ctx.tokens[-1]`` (may be empty)."""
 
+    def finish(self, output: list[int]) -> None:
+        """Called once a generation ends, with the tokens it generated (a drafter that learns from earlier
+        responses keeps them)."""
+
     def commit(self, accepted_tokens: list[int], hidden: torch.Tensor) -> None:
         """Called after each verification with the committed tokens and the target's hidden states of the root and
         the accepted nodes (the features an EAGLE head needs; the tapped ones where :meth:`feature_layers` asks)."""

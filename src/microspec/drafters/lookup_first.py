@@ -65,6 +65,10 @@ class LookupFirst(Drafter):
     def commit(self, accepted_tokens: list[int], hidden: torch.Tensor) -> None:
         self.drafter.commit(accepted_tokens, hidden)
 
+    def finish(self, output: list[int]) -> None:
+        self.drafter.finish(output)
+        self.lookup.finish(output)
+
     def take_lookup_steps(self) -> int:
         out, self.lookup_steps = self.lookup_steps, 0
         return out

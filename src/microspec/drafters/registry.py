@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..decoding.verify import HEAD_MODE
 from ..errors import MicrospecError
 from ..options import DrafterSpec
-from . import draft_model, eagle3, early_exit, ngram
+from . import draft_model, eagle3, early_exit, ngram, suffix
 from .model_based import TREE_OPTIONS, check_auto_size
 
 # Plain decoding takes the shape options and ignores them: a command line that sets a tree for --drafter auto keeps
@@ -15,7 +15,8 @@ from .model_based import TREE_OPTIONS, check_auto_size
 NONE = DrafterSpec("none", "plain (autoregressive) decoding: no drafter", aliases=("ar",),
                    options=(early_exit.DRAFT_LAYERS, *TREE_OPTIONS), check=check_auto_size)
 
-SPECS: dict[str, DrafterSpec] = {s.name: s for s in (NONE, ngram.SPEC, early_exit.SPEC, eagle3.SPEC, draft_model.SPEC)}
+SPECS: dict[str, DrafterSpec] = {s.name: s for s in (NONE, ngram.SPEC, suffix.SPEC, early_exit.SPEC, eagle3.SPEC,
+                                                      draft_model.SPEC)}
 DRAFTERS = tuple(SPECS)
 MODEL_DRAFTERS = tuple(n for n, s in SPECS.items() if s.head)  # drafters that run a network with an LM head
 HEADLESS = tuple(n for n, s in SPECS.items() if not s.head)  # no LM head: no draft vocabulary

@@ -1,0 +1,222 @@
+"""Suffix decoding (SuffixDecoding, arXiv 2411.04975): a model-free drafter that proposes a frequency-scored token
+tree from what followed the text's current suffix, in this request and in earlier responses.
+
+Two :class:`SuffixTrie` s hold every substring of up to ``DEPTH`` tokens with how often it occurs: one of the request
+(prompt and output, extended as tokens are committed) and one of earlier responses, shared by every request an
+engine serves and bounded (the oldest responses leave once they hold more than ``CACHE_TOKENS`` tokens).  Each step
+finds, in each trie, the longest suffix of the text (up to ``DEPTH - 1`` tokens) that was followed by something,
+then grows a tree best-first from there: a child's score is its parent's times the fraction of the parent's
+occurrences that continued with it, nodes under ``MIN_PROB`` are not proposed, and at most ``total_tokens`` nodes
+``depth`` deep are.  Of the two trees the one with the larger expected accepted length (the sum of its scores) is
+proposed.  The drafts are deterministic, so verification keeps the output exact, greedy or sampled.
+
+Prompt lookup (:mod:`~microspec.drafters.ngram`) copies one chain after the latest match; this proposes the
+continuations seen most often, several branches at once, and remembers earlier responses.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from collections import deque
+from collections.abc import Sequence
+
+from ..decoding.tree import DraftTree
+from ..errors import check
+from ..options import DrafterSpec
+from .base import DraftContext, Drafter
+from .model_based import DEPTH, TOTAL_TOKENS
+
+DEPTH_LIMIT = 16  # the longest substring a trie holds: pattern and continuation together
+MIN_PROB = 0.1  # a node whose estimated probability of acceptance is lower is not proposed
+CACHE_TOKENS = 16384  # earlier responses' tokens kept, oldest out first
+TREE_DEPTH = 8  # defaults: the deepest node, and the most nodes, of a proposal
+TREE_TOKENS = 16
+
+
+class SuffixTrie:
+    """Every substring of up to ``depth`` tokens of the sequences added, each a node with its number of
+    occurrences: node ids index ``count``, ``level`` (the substring's length) and ``children`` (token -> node);
+    node 0 is the empty substring.  A sequence is added token by token (:meth:`extend` with the nodes of its current
+    suffixes) and removed the same way; freed node ids are reused."""
+
+    def __init__(self, depth: int = DEPTH_LIMIT):
+        check(depth >= 2, f"a suffix trie needs depth >= 2, got {depth}")
+        self.depth = depth
+        self.count: list[int] = [0]
+        self.level: list[int] = [0]
+        self.children: list[dict[int, int]] = [{}]
+        self._free: list[int] = []
+
+    def __len__(self) -> int:
+        """Nodes in use (the empty substring included)."""
+        return len(self.count) - len(self._free)
+
+    def extend(self, tokens: Sequence[int], active: list[int] | None = None, sign: int = 1) -> list[int]:
+        """Count (``sign`` 1) or uncount (-1) the substrings ending at each of ``tokens``, appended after a sequence
+        whose suffixes shorter than ``depth`` are the nodes ``active`` (ascending length; None: an empty sequence);
+        returns the new sequence's."""
+        active = list(active or [])
+        freed: list[int] = []
+        for t in tokens:
+            nxt_active = []
+            for node in [0, *active]:
+                kids = self.children[node]
+                child = kids.get(t)
+                if sign > 0:
+                    if child is None:
+                        child = kids[t] = self._new(self.level[node] + 1)
+                    self.count[child] += 1
+                else:
+                    if child is None:
+                        raise ValueError("removing a sequence that was not added")
+                    self.count[child] -= 1
+                    if self.count[child] == 0:
+                        del kids[t]
+                        freed.append(child)
+                if self.level[child] < self.depth:
+                    nxt_active.append(child)
+            active = nxt_active
+        for node in freed:  # after the walk: it may still pass through them
+            self.children[node] = {}
+            self._free.append(node)
+        return active
+
+    def _new(self, level: int) -> int:
+        if self._free:
+            node = self._free.pop()
+            self.count[node], self.level[node] = 0, level
+            return node
+        self.count.append(0)
+        self.level.append(level)
+        self.children.append({})
+        return len(self.count) - 1
+
+    def find(self, tokens: Sequence[int]) -> int | None:
+        node = 0
+        for t in tokens:
+            node = self.children[node].get(t)
+            if node is None:
+                return None
+        return node
+
+    def longest_match(self, text: Sequence[int]) -> int | None:
+        """The node of the longest suffix of ``text`` (shorter than ``depth``) that something followed."""
+        for n in range(min(len(text), self.depth - 1), 0, -1):
+            node = self.find(text[-n:])
+            if node is not None and self.children[node]:
+                return node
+        return None
+
+    def tree(self, node: int, max_depth: int, max_tokens: int, min_prob: float = MIN_PROB
+             ) -> tuple[list[int], list[int], float]:
+        """(tokens, parents, expected accepted length) of the best-first tree below ``node``."""
+        tokens: list[int] = []
+        parents: list[int] = []
+        score = 0.0
+        order = 0
+        heap: list = []
+
+        def push(parent_node: int, parent_index: int, prob: float, depth: int) -> None:
+            nonlocal order
+            if depth > max_depth:
+                return
+            total = self.count[parent_node]
+            for tok, child in self.children[parent_node].items():
+                p = prob * self.count[child] / total
+                if p >= min_prob:
+                    order += 1
+                    heapq.heappush(heap, (-p, order, tok, child, parent_index, depth))
+
+        push(node, -1, 1.0, 1)
+        while heap and len(tokens) < max_tokens:
+            negp, _, tok, child, parent_index, depth = heapq.heappop(heap)
+            tokens.append(tok)
+            parents.append(parent_index)
+            score -= negp
+            push(child, len(tokens) - 1, -negp, depth + 1)
+        return tokens, parents, score
+
+
+class ResponseCache:
+    """Earlier responses in one :class:`SuffixTrie`, at most ``max_tokens`` tokens of them (the oldest removed
+    first); shared by every request of an engine, so it locks."""
+
+    def __init__(self, max_tokens: int = CACHE_TOKENS, depth: int = DEPTH_LIMIT):
+        self.trie = SuffixTrie(depth)
+        self.max_tokens = max_tokens
+        self.responses: deque[list[int]] = deque()
+        self.tokens = 0
+        self.lock = threading.Lock()
+
+    def add(self, tokens: Sequence[int]) -> None:
+        tokens = list(tokens)[-self.max_tokens:]
+        if not tokens:
+            return
+        with self.lock:
+            self.trie.extend(tokens)
+            self.responses.append(tokens)
+            self.tokens += len(tokens)
+            while self.tokens > self.max_tokens:
+                old = self.responses.popleft()
+                self.trie.extend(old, sign=-1)
+                self.tokens -= len(old)
+
+    def tree(self, text: Sequence[int], max_depth: int, max_tokens: int) -> tuple[list[int], list[int], float]:
+        with self.lock:
+            node = self.trie.longest_match(text)
+            return ([], [], 0.0) if node is None else self.trie.tree(node, max_depth, max_tokens)
+
+
+class SuffixDrafter(Drafter):
+    """Suffix decoding over the request's text and earlier responses (see the module's doc)."""
+
+    name = "suffix"
+
+    def __init__(self, depth: int = TREE_DEPTH, total_tokens: int = TREE_TOKENS, cache: ResponseCache | None = None):
+        check(depth >= 1, f"suffix draft depth must be >= 1, got {depth}")
+        check(total_tokens >= 1, f"suffix draft size must be >= 1, got {total_tokens}")
+        self.depth, self.total_tokens = depth, total_tokens
+        self.cache = cache if cache is not None else ResponseCache()  # shared by fresh() copies
+        self._start()
+
+    def _start(self) -> None:
+        self.trie = SuffixTrie(self.cache.trie.depth)
+        self._active: list[int] = []
+        self._seen = 0  # tokens of the request counted in self.trie
+        self._prompt_len = 0
+
+    def prefill(self, target, prompt_ids, hidden, vocab=None) -> None:
+        self._start()
+        self._prompt_len = len(prompt_ids)
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        text = ctx.tokens
+        if self._seen < len(text):  # the tokens committed since the last step (the prompt at the first)
+            self._active = self.trie.extend(text[self._seen:], self._active)
+            self._seen = len(text)
+        depth = min(self.depth, ctx.max_depth)
+        if depth <= 0:
+            return DraftTree()
+        best = ([], [], 0.0)
+        node = next((n for n in reversed(self._active) if self.trie.children[n]), None)
+        if node is not None:
+            best = self.trie.tree(node, depth, self.total_tokens)
+        other = self.cache.tree(text, depth, self.total_tokens)
+        if other[2] > best[2]:
+            best = other
+        return DraftTree(best[0], best[1])
+
+    def finish(self, output: Sequence[int]) -> None:
+        self.cache.add(output)
+
+
+def _make(*, depth=None, total_tokens=None, **_) -> SuffixDrafter:
+    return SuffixDrafter(depth=TREE_DEPTH if depth is None else depth,
+                         total_tokens=total_tokens if isinstance(total_tokens, int) else TREE_TOKENS)
+
+
+SPEC = DrafterSpec(
+    "suffix", "suffix decoding: a frequency-scored tree of what followed the text's suffix in this request and in "
+              "earlier responses (model-free)",
+    options=(DEPTH, TOTAL_TOKENS), make=_make)
