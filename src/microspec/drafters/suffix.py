@@ -1,10 +1,11 @@
 """Suffix decoding (SuffixDecoding, arXiv 2411.04975): a model-free drafter that proposes a frequency-scored token
 tree from what followed the text's current suffix, in this request and in earlier responses.
 
-Two :class:`SuffixTrie` s hold every substring of up to ``DEPTH`` tokens with how often it occurs: one of the request
+Two :class:`SuffixTrie` s hold every substring of up to ``DEPTH_LIMIT`` tokens with how often it occurs: one of the request
 (prompt and output, extended as tokens are committed) and one of earlier responses, shared by every request an
 engine serves and bounded (the oldest responses leave once they hold more than ``CACHE_TOKENS`` tokens).  Each step
-finds, in each trie, the longest suffix of the text (up to ``DEPTH - 1`` tokens) that was followed by something,
+finds, in each trie, the longest suffix of the text that was followed by something (at most ``DEPTH_LIMIT - depth``
+tokens, so that the trie holds continuations ``depth`` deep below it),
 then grows a tree best-first from there: a child's score is its parent's times the fraction of the parent's
 occurrences that continued with it, nodes under ``MIN_PROB`` are not proposed, and at most ``total_tokens`` nodes
 ``depth`` deep are.  Of the two trees the one with the larger expected accepted length (the sum of its scores) is
@@ -30,7 +31,7 @@ from .model_based import DEPTH, TOTAL_TOKENS
 DEPTH_LIMIT = 16  # the longest substring a trie holds: pattern and continuation together
 MIN_PROB = 0.1  # a node whose estimated probability of acceptance is lower is not proposed
 CACHE_TOKENS = 16384  # earlier responses' tokens kept, oldest out first
-TREE_DEPTH = 8  # defaults: the deepest node, and the most nodes, of a proposal
+TREE_DEPTH = 8  # defaults (at most DEPTH_LIMIT - 1): the deepest node, and the most nodes, of a proposal
 TREE_TOKENS = 16
 
 
@@ -100,9 +101,10 @@ class SuffixTrie:
                 return None
         return node
 
-    def longest_match(self, text: Sequence[int]) -> int | None:
-        """The node of the longest suffix of ``text`` (shorter than ``depth``) that something followed."""
-        for n in range(min(len(text), self.depth - 1), 0, -1):
+    def longest_match(self, text: Sequence[int], longest: int | None = None) -> int | None:
+        """The node of the longest suffix of ``text`` (at most ``longest`` tokens, and shorter than ``depth``) that
+        something followed."""
+        for n in range(min(len(text), self.depth - 1, longest or self.depth), 0, -1):
             node = self.find(text[-n:])
             if node is not None and self.children[node]:
                 return node
@@ -164,7 +166,7 @@ class ResponseCache:
 
     def tree(self, text: Sequence[int], max_depth: int, max_tokens: int) -> tuple[list[int], list[int], float]:
         with self.lock:
-            node = self.trie.longest_match(text)
+            node = self.trie.longest_match(text, self.trie.depth - max_depth)
             return ([], [], 0.0) if node is None else self.trie.tree(node, max_depth, max_tokens)
 
 
@@ -174,7 +176,7 @@ class SuffixDrafter(Drafter):
     name = "suffix"
 
     def __init__(self, depth: int = TREE_DEPTH, total_tokens: int = TREE_TOKENS, cache: ResponseCache | None = None):
-        check(depth >= 1, f"suffix draft depth must be >= 1, got {depth}")
+        check(1 <= depth < DEPTH_LIMIT, f"suffix draft depth must be in [1, {DEPTH_LIMIT - 1}], got {depth}")
         check(total_tokens >= 1, f"suffix draft size must be >= 1, got {total_tokens}")
         self.depth, self.total_tokens = depth, total_tokens
         self.cache = cache if cache is not None else ResponseCache()  # shared by fresh() copies
@@ -199,7 +201,9 @@ class SuffixDrafter(Drafter):
         if depth <= 0:
             return DraftTree()
         best = ([], [], 0.0)
-        node = next((n for n in reversed(self._active) if self.trie.children[n]), None)
+        longest = self.trie.depth - depth  # a pattern leaves the trie room for a continuation ``depth`` deep
+        level, kids = self.trie.level, self.trie.children
+        node = next((n for n in reversed(self._active) if level[n] <= longest and kids[n]), None)
         if node is not None:
             best = self.trie.tree(node, depth, self.total_tokens)
         other = self.cache.tree(text, depth, self.total_tokens)
