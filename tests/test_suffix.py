@@ -104,4 +104,5 @@ def test_earlier_responses_are_proposed():
     drafter.cache.add(first)
     r = generate_ids(nm, [1, 40, 41, 42], cfg, drafter=drafter)
     assert r.token_ids == first
-    assert r.stats.steps < 24 and max(r.stats.accept_lengths) > 3  # the cached answer was drafted and accepted
+    # the cached answer drafted and accepted ``depth`` deep (a match leaves the trie room below it): 4 steps
+    assert r.stats.steps <= 6 and max(r.stats.accept_lengths) == 7
