@@ -104,7 +104,7 @@ class SuffixTrie:
     def longest_match(self, text: Sequence[int], longest: int | None = None) -> int | None:
         """The node of the longest suffix of ``text`` (at most ``longest`` tokens, and shorter than ``depth``) that
         something followed."""
-        for n in range(min(len(text), self.depth - 1, longest or self.depth), 0, -1):
+        for n in range(min(len(text), self.depth - 1, self.depth if longest is None else longest), 0, -1):
             node = self.find(text[-n:])
             if node is not None and self.children[node]:
                 return node
@@ -186,11 +186,9 @@ class SuffixDrafter(Drafter):
         self.trie = SuffixTrie(self.cache.trie.depth)
         self._active: list[int] = []
         self._seen = 0  # tokens of the request counted in self.trie
-        self._prompt_len = 0
 
     def prefill(self, target, prompt_ids, hidden, vocab=None) -> None:
         self._start()
-        self._prompt_len = len(prompt_ids)
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         text = ctx.tokens

@@ -149,7 +149,8 @@ if triton is not None:
 
 
 class Slots:
-    """The packed rows' bookkeeping the update writes (a :class:`~microspec.vocab.packed.PackedRows`' tensors)."""
+    """The packed rows' bookkeeping the update writes: a :class:`~microspec.vocab.packed.PackedRows` has these same
+    attributes and is passed as it is."""
 
     def __init__(self, slot_ids: torch.Tensor, slot_of: torch.Tensor, pinned: torch.Tensor, capacity: int):
         self.slot_ids, self.slot_of, self.pinned, self.capacity = slot_ids, slot_of, pinned, capacity

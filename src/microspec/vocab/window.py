@@ -243,26 +243,22 @@ class KernelWindow(DeviceWindow):
         from ..kernels.window_update import WindowKernels
 
         self.kernels = WindowKernels(vocab_size, self.device)
-        self.bound: PackedRows | None = None
-        self._slots = None
+        self.bound: PackedRows | None = None  # its slot_ids, slot_of, pinned and capacity are what the update writes
 
     def bind(self, packed: PackedRows) -> None:
         """Keep ``packed``'s slots and rows in step with the window from now on."""
-        from ..kernels.window_update import Slots
-
         if packed.weight.stride(-1) != 1 or packed.rows.stride(-1) != 1:
             raise ValueError("the packed rows' weight and buffer must be row-major")
         self.bound = packed
-        self._slots = Slots(packed.slot_ids, packed.slot_of, packed.pinned, packed.capacity)
 
     def extend(self, ids: torch.Tensor, unique: bool, skip: torch.Tensor | None = None) -> None:
         if ids.numel() == 0:
             return
         from ..kernels.window_update import gather_rows
 
-        ban = None if skip is None else skip.to(self.device, torch.long).flatten().contiguous()
+        ban = None if skip is None else to_device(skip.flatten(), self.device)
         copy_ids, copy_slots, n = self.kernels.window_update(ids.contiguous(), ban, self.ring, self.ptr,
-                                                             self._counts, unique, self._slots)
+                                                             self._counts, unique, self.bound)
         if self.bound is not None:
             packed = self.bound
             gather_rows(packed.weight, packed.rows, copy_ids, copy_slots, n, min(ids.numel(), packed.capacity))
