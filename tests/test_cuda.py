@@ -112,7 +112,7 @@ def test_graphs_replay_the_eager_forward(family):
         cg.truncate(275)
     torch.testing.assert_close(cg.kv[:, :, :, :275], ce.kv[:, :, :, :275], rtol=1e-4, atol=1e-4)
     g = graphed.cuda_graphs
-    assert g.captures >= 3 and g.replays >= 18, (g.captures, g.replays)
+    assert g.captures >= 3 and g.replays >= 18 and not g.refusals, (g.captures, g.replays, g.refusals)
     before = g.captures
     again = graphed.new_cache(64)  # a new request's cache: its own graphs
     for a in range(6):
@@ -125,9 +125,15 @@ def test_a_refused_capture_falls_back_and_restores_the_stream():
 
     x = torch.ones(4, device=DEV)
     stream = torch.cuda.current_stream()
-    assert capture(lambda: float(x.sum().item()), torch.cuda.graph_pool_handle()) is None  # a host read inside
-    assert torch.cuda.current_stream() == stream
+    refusals = []
+    assert capture(lambda: float(x.sum().item()), torch.cuda.graph_pool_handle(), refusals) is None  # a host read
+    assert torch.cuda.current_stream() == stream and len(refusals) == 1, refusals
     assert float((x * 2).sum()) == 8.0
+    assert torch.randn(8, device=DEV).shape == (8,)  # the generator left capture mode
+    graphed = capture(lambda: x * 3, torch.cuda.graph_pool_handle())  # and a later capture still works
+    assert graphed is not None
+    graphed[0].replay()
+    assert float(graphed[1].sum()) == 12.0
 
 
 # ---------------------------------------------------------------- greedy identity on CUDA

@@ -25,6 +25,7 @@ no two logits are that close; tests/test_cuda.py checks it, graphed and eager, o
 
 from __future__ import annotations
 
+import warnings
 import weakref
 
 import torch
@@ -109,6 +110,8 @@ class _CacheGraphs:
         span = key[1]
         self.graphs = {k: g for k, g in self.graphs.items() if k[1] >= span}
         self.seen = {k for k in self.seen if k[1] >= span}
+        if not any(g is not None for g in self.graphs.values()):
+            self.pool = None  # its last graph is gone: CUDA's allocator takes no new capture into a released pool
         return True
 
 
@@ -121,6 +124,7 @@ class CudaGraphs:
         self.caches: weakref.WeakKeyDictionary[KVCache, _CacheGraphs] = weakref.WeakKeyDictionary()  # gone with them
         self.replays = 0
         self.captures = 0
+        self.refusals: list[str] = []  # why captures were refused (those shapes run eagerly)
 
     def run(self, x: torch.Tensor, cache: KVCache, positions: torch.Tensor | None,
             mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -157,16 +161,21 @@ class CudaGraphs:
         if state.pool is None:
             state.pool = torch.cuda.graph_pool_handle()
         captured = capture(lambda: static_run(model, static[0], cache, static[1], static[2], static[3], span),
-                           state.pool)
+                           state.pool, self.refusals)
         if captured is None:
+            if not any(g is not None for g in state.graphs.values()):
+                state.pool = None
             return None
         self.captures += 1
         return _Graph(*static[:3], static[3], captured[1], captured[0])
 
 
-def capture(body, pool) -> tuple[torch.cuda.CUDAGraph, object] | None:
+def capture(body, pool, refusals: list[str] | None = None) -> tuple[torch.cuda.CUDAGraph, object] | None:
     """(graph, outputs) of ``body()`` captured after two warm-up runs on a side stream; None where the capture is
-    refused (a host read inside, an operation CUDA graphs do not take)."""
+    refused (a host read inside, an operation CUDA graphs do not take), its reason appended to ``refusals``.
+
+    A refused capture ends without CUDA's generator leaving capture mode (``CUDAGraph.capture_end`` raises before
+    it resets the generator), after which any random draw outside a capture fails; an empty capture resets it."""
     main = torch.cuda.current_stream()
     side = torch.cuda.Stream()
     side.wait_stream(main)
@@ -178,11 +187,25 @@ def capture(body, pool) -> tuple[torch.cuda.CUDAGraph, object] | None:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool, stream=side):
                 out = body()
-    except Exception:  # noqa: BLE001 - anything a capture refuses runs eagerly
+    except Exception as exc:  # noqa: BLE001 - anything a capture refuses runs eagerly
+        if refusals is not None:
+            refusals.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        _reset_generator(side)
         return None
     finally:
         main.wait_stream(side)  # what the warm-up wrote (KV slots the eager rerun writes too) comes first
     return graph, out
+
+
+def _reset_generator(stream: torch.cuda.Stream) -> None:
+    """Take the default CUDA generator out of the capture mode a refused capture left it in."""
+    try:
+        with warnings.catch_warnings(), torch.cuda.stream(stream):
+            warnings.simplefilter("ignore")  # "the CUDA graph is empty": it is meant to be
+            with torch.cuda.graph(torch.cuda.CUDAGraph(), stream=stream):
+                pass
+    except Exception:  # noqa: BLE001 - nothing more can be done; later draws report CUDA's own error
+        pass
 
 
 class GraphedCall:
@@ -203,6 +226,8 @@ class GraphedCall:
                 self.pool = torch.cuda.graph_pool_handle()
             captured = capture(lambda: fn(static), self.pool)
             entry = self.graphs[key] = None if captured is None else (static, *captured)
+            if captured is None and all(g is None for g in self.graphs.values()):
+                self.pool = None  # a pool no graph holds takes no new capture
         if entry is None:
             return None
         static, graph, out = entry
