@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -197,6 +198,96 @@ def test_mismatch_detector_fires_on_a_corrupted_run(tiny_model_dir, tmp_path, ca
     assert "**LOSSLESS MISMATCH**" in (tmp_path / "out" / "report.md").read_text()
 
 
+def test_llama_cpp_lookup_is_a_peer():
+    from microspec.bench.methods import PEERS, available_methods, parse_method
+
+    spec = parse_method("llama-cpp-lookup")
+    assert (spec.name, spec.kind, spec.is_peer, spec.method) == ("llama-cpp-lookup", "llama-cpp", True, None)
+    assert parse_method("llama-cpp").kind == "llama-cpp"
+    assert "llama-cpp-lookup" in PEERS and "llama-cpp-lookup" in available_methods()
+
+
+class _CorruptPeer(_Corrupt):
+    """A corrupted runner that is a peer (as its spec says)."""
+
+    def __init__(self, inner):
+        from microspec.bench.methods import parse_method
+
+        super().__init__(inner)
+        self.spec = parse_method("llama-cpp-lookup")
+
+
+def test_peer_differences_are_not_lossless_mismatches(tiny_model_dir, tmp_path, capsys):
+    import torch
+
+    from microspec import load_model
+    from microspec.bench import Decoding, bench, load_questions, parse_methods
+    from microspec.bench.metrics import lossless_verdict
+    from microspec.bench.run import run_decoding
+    from microspec.bench.runners import make_runner
+
+    lm = load_model(str(tiny_model_dir))
+    specs = parse_methods("ar,llama-cpp-lookup")
+    ar = make_runner(specs[0], lm, dtype=torch.float32)
+    runners = {"ar": ar, "llama-cpp-lookup": _CorruptPeer(ar)}
+    records = load_questions([str(_data(tmp_path))])
+    res = bench(lm, specs, records, [Decoding()], tmp_path / "out", dtype=torch.float32, max_new_tokens=8,
+                ignore_eos=True, warmup=0, runners=runners)
+    found = res["greedy"]["mismatches"]
+    assert set(found) == {"llama-cpp-lookup"} and len(found["llama-cpp-lookup"]) == 4  # still recorded
+    err = capsys.readouterr().err
+    assert "LOSSLESS MISMATCH" not in err
+    assert "peer difference: llama-cpp-lookup's tokens differ from ar on question 1 (mt_bench), turn 0, token 3" in err
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "LOSSLESS MISMATCH" not in report and "Lossless check: every engine method's greedy tokens" in report
+    assert "Peers whose tokens differ from `ar`'s (other kernels or weights; informational): llama-cpp-lookup " \
+           "(4 turns)." in report
+    assert lossless_verdict([found], "report.md", peers={"llama-cpp-lookup"}) == (None, None)
+    assert "LOSSLESS MISMATCH in llama-cpp-lookup" in lossless_verdict([found], "report.md")[1]  # not a peer: error
+    # without the peers named, the runners' specs tell them
+    lines: list[str] = []
+    run_decoding(lm, {"ar": ar, "llama-cpp-lookup": _CorruptPeer(ar)}, records[:1], Decoding(), max_new_tokens=8,
+                 out_dir=tmp_path / "direct", ignore_eos=True, warmup=0, log=lines.append)
+    assert any(x.startswith("peer difference: llama-cpp-lookup's tokens differ") for x in lines), lines
+    assert not any("LOSSLESS MISMATCH" in x for x in lines)
+
+
+@pytest.mark.real
+def test_llama_cpp_lookup_peer_drafts_on_gemma():
+    """llama.cpp's own prompt lookup decoding on Gemma 3 270M's GGUF file, through the runner alone (the file and
+    the few facts the runner reads: a whole ``microspec bench`` run would load the packed model for ar as well):
+    it drafts from the prompt, and its steps become accept lengths."""
+    from types import SimpleNamespace
+
+    pytest.importorskip("llama_cpp")
+    from microspec.bench.methods import parse_method
+    from microspec.bench.runners import make_runner
+    from microspec.decoding import GenerationConfig
+    from microspec.errors import MicrospecError
+    from microspec.models.registry import BUILTINS, resolve
+
+    if importlib.util.find_spec(BUILTINS["gemma-3-270m"].package) is None:
+        pytest.skip(f"needs the Gemma 3 270M GGUF package ({BUILTINS['gemma-3-270m'].install})")
+    _, _, path = resolve("gemma-3-270m")
+    lm = SimpleNamespace(name="gemma-3-270m", source=path, max_context=32768, eos_token_ids=(1, 106),
+                         model=SimpleNamespace(spec=SimpleNamespace(vocab_size=262144)))
+    runner = make_runner(parse_method("llama-cpp-lookup"), lm, dtype=None, threads=2)
+    desc = runner.describe()
+    assert desc["draft_model"].startswith("LlamaPromptLookupDecoding(num_pred_tokens=10,") and desc["n_ctx"] == 8192
+    ids = runner.llm.tokenize(b"The capital of France is Paris. The capital of France is Paris. The capital of "
+                              b"France is", add_bos=True)
+    cfg = GenerationConfig(max_new_tokens=8, ignore_eos=True)
+    turn = runner.run(ids, cfg)
+    fields = turn.choice_fields()
+    assert len(turn.token_ids) == 8 and sum(fields["accept_lengths"]) == 8 - 1  # the prefill's token: no step
+    assert fields["decoding_steps"] == len(fields["accept_lengths"]) == len(fields["draft_depths"])
+    assert max(fields["accept_lengths"]) > 1  # the repeated sentence was drafted from the prompt
+    again = runner.run(ids, cfg)  # a new turn starts afresh
+    assert again.token_ids == turn.token_ids and again.fields == turn.fields
+    with pytest.raises(MicrospecError, match="exceed its context of 8192"):
+        runner.run([2] * 8190, cfg)
+
+
 def test_hf_peers_match_ar_in_fp32(capsys, tiny_model_dir, tmp_path):
     out_dir = tmp_path / "peers"
     rc, _, err = _run(capsys, "bench", "--model", tiny_model_dir, "--dtype", "fp32", "--data", _data(tmp_path),
@@ -246,6 +337,7 @@ def test_sampling_run_reports_no_token_comparison(capsys, tiny_model_dir, tmp_pa
     (["--repetition-penalties", "1.0,x"], "must be numbers"),
     (["--categories", "poetry"], "no questions of categories"),
     (["--methods", "ar,llama-cpp"], "llama-cpp"),
+    (["--methods", "ar,llama-cpp-lookup"], "llama-cpp-lookup"),
 ])
 def test_bench_bad_input_is_one_line(capsys, tiny_model_dir, tmp_path, extra, needle):
     rc, _, err = _run(capsys, "bench", "--model", tiny_model_dir, "--data", _data(tmp_path), "--out",

@@ -87,6 +87,6 @@ def test_python_api_speculates_like_the_command_line(tiny_model_dir, capsys):
                  "w5 w6 w7 w5 w6 w7 w8", "--max-new-tokens", "16", "--ignore-eos"]) == 0
     cli = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert cli["token_ids"] == out.token_ids
-    assert engine.methods["greedy"].drafter == cli["drafter"] and engine.methods["greedy"].adaptive == cli["adaptive"]
+    assert engine.engine_of("greedy").describe()["arms"] == cli["arms"] and cli["drafter"] == "auto"
     with pytest.raises(MicrospecError, match="auto chooses the drafter"):
         microspec.compose.AutoEngine.for_model(lm, drafter="eagle")

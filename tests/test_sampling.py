@@ -13,6 +13,7 @@ from microspec.decoding.tree import DraftTree
 from microspec.drafters import Eagle3Drafter, Eagle3Head, EagleDrafter, EagleHead, EarlyExitDrafter, NGramDrafter
 from microspec.drafters.base import DraftContext, Drafter
 from microspec.drafters.lookup_first import LookupFirst
+from microspec.drafters.portfolio import Portfolio
 from microspec.drafters.suffix import ResponseCache, SuffixDrafter
 
 PROMPT = [1, 10, 20, 30, 11, 21, 10, 20]
@@ -109,6 +110,30 @@ class EveryOtherMatch(Drafter):
         return DraftTree.chain([30, 11][: ctx.max_depth]) if self.matches else DraftTree()
 
 
+class RotatingArms:
+    """A chooser for :class:`Portfolio` that takes the arms in turn, from a different arm at each generation: every
+    order of arms over a generation's steps occurs (switches mid-request), whatever the decoding's random draws."""
+
+    made = 0
+
+    def __init__(self, history, start, fixed=False):
+        self.arms, self.turn = history.arms, RotatingArms.made
+        RotatingArms.made += 1
+        self.chosen: dict[str, int] = {}
+
+    def pick(self, tokens_left: int) -> str:
+        arm = self.arms[self.turn % len(self.arms)]
+        self.turn += 1
+        self.chosen[arm] = self.chosen.get(arm, 0) + 1
+        return arm
+
+    def observe(self, arm: str, tokens: int, seconds: float) -> None:
+        pass
+
+    def summary(self) -> dict:
+        return {"arms": dict(self.chosen), "switches": 0, "switch_s": 0.0}
+
+
 def _check(counts: torch.Tensor, p: torch.Tensor, label: str) -> None:
     n = counts.sum()
     expected = p * n
@@ -157,6 +182,11 @@ def _drafters(exact):
         # prompt lookup first: a copied chain (a point-mass draft) at some steps, the EAGLE tree at the others
         "eagle-lookup": lambda: LookupFirst(EagleDrafter(_eagle_head(), depth=2, top_k=3, total_tokens=6),
                                             EveryOtherMatch()),
+        # auto: plain, prompt lookup, the EAGLE tree and lookup first, the arm changing from step to step
+        "auto": lambda: Portfolio({"plain": None, "lookup": NGramDrafter(num_tokens=3),
+                                   "eagle": (e := EagleDrafter(_eagle_head(), depth=2, top_k=3, total_tokens=6)),
+                                   "lookup-first": LookupFirst(e, EveryOtherMatch())}, "plain",
+                                  chooser=RotatingArms),
         # EAGLE-3 over a draft vocabulary of its own (48 of the 96 ids): zero draft mass outside it
         "eagle3-tree": lambda: Eagle3Drafter(_eagle3_head(), depth=2, top_k=3, total_tokens=6),
         # the same with the set replacing the draft vocabulary (ids outside it scored with the target's rows)
@@ -192,13 +222,14 @@ def _eagle3_head():
 
 @pytest.mark.parametrize("name", ["iid-bad", "iid-good", "without-replacement", "deterministic-topk", "zero-mass",
                                   "early-exit-chain", "early-exit-tree", "ngram", "suffix", "eagle-chain",
-                                  "eagle-tree", "eagle-lookup"])
+                                  "eagle-tree", "eagle-lookup", "auto"])
 def test_speculative_sampling_matches_exact_distribution(pair, exact, name):
     _, nm = pair
     p1, m2, m3 = exact
     make = _drafters(exact)[name]
     counts = torch.zeros(3, VOCAB)
     accepted = looked = steps = 0
+    arms: dict[str, int] = {}
     # suffix: its own seeds (seeds 0-999 gave p = 0.004 on token 2, one check in 13 below 0.01 over 4 x 1,000 seeds
     # and one run without the shared cache, the rest passing: chance at this threshold, re-drawn once)
     base = 20000 if name == "suffix" else 0
@@ -208,6 +239,8 @@ def test_speculative_sampling_matches_exact_distribution(pair, exact, name):
         for i, t in enumerate(r.token_ids):
             counts[i, t] += 1
         accepted += sum(a - 1 for a in r.stats.accept_lengths)
+        for arm, n in (r.stats.auto or {}).get("arms", {}).items():
+            arms[arm] = arms.get(arm, 0) + n
         looked, steps = looked + (r.stats.lookup_steps or 0), steps + r.stats.steps
     _check(counts[0], p1, f"{name} token 1")
     _check(counts[1], m2, f"{name} token 2")
@@ -218,6 +251,8 @@ def test_speculative_sampling_matches_exact_distribution(pair, exact, name):
         assert 0.1 * steps < looked < 0.9 * steps  # both drafted
     if name == "suffix":
         assert accepted > 0  # earlier samples' continuations were proposed and some accepted
+    if name == "auto":
+        assert accepted > 0 and sum(arms.values()) == steps and len(arms) == 4, arms  # every arm drafted
 
 
 def _restricted(name):

@@ -1,10 +1,11 @@
-"""``auto``, the default method of ``generate``, ``serve`` and :func:`microspec.generate`: what measured fastest for
-this kind of device and this decoding, else the best method the model has.
+"""``auto``, the default method of ``generate``, ``serve`` and :func:`microspec.generate`, chooses its method online,
+per request, by measured speed (:mod:`microspec.decoding.online`, :class:`microspec.drafters.portfolio.Portfolio`).
+What is here is where a fresh engine starts before it has measured anything.
 
 :data:`MEASURED` is the table of measured choices — one row per (device kind, decoding kind), each with the numbers
-behind it and the BENCHMARKS.md section that has the run (command, date, machine).  Where it has no row (CUDA, for
-one), ``auto`` means the model's shipped EAGLE head with MicroSpec's in-context vocabulary, adaptive, so that it steps
-aside where drafting stops paying; a model without a head decodes plainly.
+behind it and the BENCHMARKS.md section that has the run (command, date, machine), all fitted on Spec-Bench prompts.
+Where it has no row (CUDA, for one), the start is the model's shipped EAGLE head with MicroSpec's in-context
+vocabulary; a model without a head starts with prompt lookup.
 """
 
 from __future__ import annotations
@@ -91,22 +92,12 @@ def auto_method(model: str | Path, device_kind: str | None = None,
     return "eagle", "microspec", True, "the model's EAGLE head + MicroSpec, adaptive"
 
 
-def resolve(model: str | Path, device_kind: str, kind: str, *, vocab: str = "full", draft: str | None = None,
-            lookup: int | None = None, adaptive: bool = False) -> tuple[dict, str]:
-    """``auto`` with what the user also said: the method's fields (drafter, vocab, adaptive, lookup) and why.
-
-    A ``draft`` (a draft model or an EAGLE head) needs the drafter named: auto resolves to plain decoding, which refuses
-    ``--draft`` in one line, saying which drafters take it; a ``vocab`` other
-    than full replaces the chosen one; prompt lookup first applies only where auto chose a model drafter;
-    ``adaptive`` adds to the choice's own."""
-    from .drafters.registry import MODEL_DRAFTERS
-
-    drafter, chosen_vocab, chosen_adaptive, why = auto_method(model, device_kind, kind)
-    if draft is not None:
-        drafter, chosen_vocab, chosen_adaptive, why = "none", "full", False, "--draft given without --drafter"
-    if lookup is not None and drafter not in MODEL_DRAFTERS:
-        lookup = None  # prompt lookup first needs a model drafter behind it
-        why += f"; --lookup does not apply to {'plain decoding' if drafter == 'none' else drafter}"
-    fields = {"drafter": drafter, "vocab": chosen_vocab if vocab == "full" else vocab,
-              "adaptive": adaptive or chosen_adaptive, "lookup": lookup}
-    return fields, why
+def start_arm(model: str | Path, device_kind: str | None, kind: str, has_head: bool) -> tuple[str, str]:
+    """The arm ``auto``'s online choice (:mod:`microspec.decoding.online`) starts a fresh engine with, before it has
+    measured anything, and why: the measured choice of :data:`MEASURED` for this device and decoding (fitted on
+    Spec-Bench), else the EAGLE head where the model has one, else prompt lookup."""
+    drafter, _, _, why = auto_method(model, device_kind, kind)
+    arm = {"ngram": "lookup", "none": "plain"}.get(drafter, drafter)
+    if arm == "eagle" and not has_head:
+        return "lookup", "no EAGLE head for this model"
+    return arm, why

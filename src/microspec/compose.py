@@ -11,8 +11,9 @@ Python API go through here::
     engine = microspec.build("eagle+microspec", lm)      # or build once and reuse
     engine.generate("The capital of France is", max_new_tokens=32).text
 
-``auto`` (:mod:`microspec.auto`) is an :class:`AutoEngine`: each decoding kind (greedy, penalty, sampling) runs the
-method measured fastest for it on this kind of device.
+``auto`` is an :class:`AutoEngine`: each decoding kind (greedy, penalty, sampling) has an :class:`OnlineEngine` that
+chooses among plain decoding, prompt lookup, suffix decoding and the EAGLE head per request, by measured speed
+(:mod:`microspec.decoding.online`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .auto import DECODING_KINDS, auto_method, decoding_kind, device_kind, resolve
+from .auto import DECODING_KINDS, auto_method, decoding_kind, device_kind
 from .drafters.eagle3 import D2T_MODES
 from .drafters.registry import DRAFTERS, HEADLESS, MODEL_DRAFTERS
 from .errors import MicrospecError, check
@@ -144,38 +145,92 @@ class Engine(_TextOut):
                 **({} if self.drafter is None else {"tree": dict(self.tree)})}
 
 
+class OnlineEngine(Engine):
+    """``auto``'s engine for one decoding kind: a :class:`~microspec.drafters.portfolio.Portfolio` of arms (plain
+    decoding, prompt lookup, suffix decoding, the EAGLE head with its vocabulary policy, prompt lookup first) chosen
+    online per request by measured speed; its requests share what they measured.  Build with :func:`build_online`."""
+
+    why = ""
+
+    def describe(self) -> dict:
+        d = self.drafter
+        return {"drafter": "auto", "arms": list(d.arms), "start": d.start,
+                **({"vocab": self.method.vocab, **self.method.options()} if "eagle" in d.arms else {}),
+                "tree": dict(self.tree)}
+
+    def summary(self) -> str:
+        return f"online among {', '.join(self.drafter.arms)} (starts with {self.drafter.start})"
+
+
+LONG_CHAIN = 8  # the longer prompt-lookup arm where the device's default chain is shorter (long repeats pay)
+
+
+def build_online(lm: "LoadedModel", kind: str, heads: dict | None = None, **options: Any) -> OnlineEngine:
+    """``auto`` for decoding kind ``kind`` (greedy, penalty, sampling) on ``lm``: the arms this model and device
+    have, started where :func:`~microspec.auto.start_arm` says.  ``options``: ``vocab`` (the EAGLE arms' policy,
+    default MicroSpec's), ``draft`` (their EAGLE head, default the shipped one), ``lookup`` (prompt lookup first's
+    shortest match) and any other method option, given to the EAGLE arms; ``adaptive`` is what the online choice
+    does already."""
+    from .auto import start_arm
+    from .drafters import tree_defaults
+    from .drafters.lookup_first import DEFAULT_LOOKUP, LookupFirst
+    from .drafters.ngram import NGramDrafter
+    from .drafters.portfolio import PLAIN, Portfolio
+    from .drafters.suffix import SuffixDrafter
+    from .models.registry import shipped_eagle_head
+
+    if "drafter" in options:
+        raise MicrospecError("auto chooses the drafter: build the method you want instead (build(\"ngram\", lm))")
+    options = {k: v for k, v in options.items() if v is not None and k != "adaptive"}
+    vocab, draft, lookup = options.pop("vocab", "full"), options.pop("draft", None), options.pop("lookup", None)
+    dk = device_kind(lm.model.device.type, lm.model.quantized)
+    chain = tree_defaults("ngram", dk, None, None, None)[0]
+    arms: dict = {PLAIN: None, "lookup": NGramDrafter(num_tokens=chain)}
+    if chain < LONG_CHAIN:
+        arms[f"lookup-{LONG_CHAIN}"] = NGramDrafter(num_tokens=LONG_CHAIN)
+    arms["suffix"] = SuffixDrafter()
+    head = draft if draft is not None else shipped_eagle_head(lm.name)
+    method, tree, spare = Method(drafter="ngram"), {"lookup": chain}, None
+    if head is not None:
+        eagle = build(Method(drafter="eagle", vocab="microspec" if vocab == "full" else vocab, draft=head,
+                             **options), lm, heads)
+        n = lookup or DEFAULT_LOOKUP
+        arms["eagle"] = eagle.drafter
+        arms["lookup-first"] = LookupFirst(eagle.drafter, NGramDrafter(num_tokens=chain, min_ngram=n,
+                                                                        max_ngram=max(3, n)))
+        method, tree, spare = eagle.method, {**eagle.tree, "lookup": chain}, eagle._spare
+    elif vocab != "full" or options:
+        raise MicrospecError("auto: --vocab and tree options apply to an EAGLE head, and this model has none "
+                             "(give one with --draft)")
+    start, why = start_arm(lm.name, dk, kind, head is not None)
+    if lookup is not None and head is None:
+        why += "; --lookup does not apply without an EAGLE head (prompt lookup is an arm of its own)"
+    engine = OnlineEngine(method, lm, Portfolio(arms, start), tree)
+    engine._spare, engine.why = spare, why
+    return engine
+
+
 class AutoEngine(_TextOut):
-    """``auto``: for each decoding kind (:func:`~microspec.auto.decoding_kind`: greedy, penalty, sampling) the method
-    :func:`~microspec.auto.resolve` chose for it, on one loaded model and one EAGLE head; a generation runs on its
-    decoding's engine.  Made from built engines (a server builds every kind before it serves) or with
-    :meth:`for_model`, which builds each kind's engine at its first use."""
+    """``auto``: for each decoding kind (:func:`~microspec.auto.decoding_kind`: greedy, penalty, sampling) its own
+    :class:`OnlineEngine` (each kind measures its own arms: what pays under a penalty is not what pays greedily),
+    built at the kind's first use, on one loaded model and its EAGLE head; a generation runs on its decoding's engine.
+    Also made from built engines, one per kind (``AutoEngine({"greedy": ..., "penalty": ..., "sampling": ...})``)."""
 
     def __init__(self, engines: dict[str, Engine] | None = None, *, lm: "LoadedModel | None" = None,
-                 methods: dict[str, Method] | None = None, heads: dict | None = None, why: dict | None = None):
+                 heads: dict | None = None, options: dict | None = None):
         if engines is not None:
             check(set(engines) == set(DECODING_KINDS), "AutoEngine needs an engine for every decoding kind")
-            methods, lm = {k: e.method for k, e in engines.items()}, next(iter(engines.values())).lm
-        check(methods is not None and set(methods) == set(DECODING_KINDS) and lm is not None,
-              "AutoEngine needs a method for every decoding kind and the model")
-        self.lm, self.methods, self.heads, self.why = lm, methods, heads if heads is not None else {}, why or {}
+            lm = next(iter(engines.values())).lm
+        check(lm is not None, "AutoEngine needs the model (or an engine for every decoding kind)")
+        self.lm, self.heads, self.options = lm, heads if heads is not None else {}, dict(options or {})
         self.engines: dict[str, Engine] = dict(engines or {})
-        self._built: dict[Method, Engine] = {methods[k]: e for k, e in self.engines.items()}  # by the asked method
 
     @classmethod
     def for_model(cls, lm: "LoadedModel", heads: dict | None = None, **options: Any) -> "AutoEngine":
-        """``auto`` for ``lm`` on its device, with the user's ``options`` (``vocab``, ``draft``, ``lookup``,
-        ``adaptive``, as :func:`~microspec.auto.resolve` takes them, and any other method option)."""
+        """``auto`` for ``lm`` on its device, with the user's ``options`` (see :func:`build_online`)."""
         if "drafter" in options:
             raise MicrospecError("auto chooses the drafter: build the method you want instead (build(\"ngram\", lm))")
-        said = {k: options.pop(k) for k in ("vocab", "draft", "lookup", "adaptive") if k in options}
-        said = {k: v for k, v in said.items() if v is not None}
-        dk = device_kind(lm.model.device.type, lm.model.quantized)
-        methods, why = {}, {}
-        for kind in DECODING_KINDS:
-            fields, why[kind] = resolve(lm.name, dk, kind, **said)
-            keep = {k: v for k, v in options.items() if v is not None}
-            methods[kind] = Method(**fields, **keep, draft=said.get("draft")).for_model(lm.name)
-        return cls(lm=lm, methods=methods, heads=heads, why=why)
+        return cls(lm=lm, heads=heads, options={k: v for k, v in options.items() if v is not None})
 
     def engine_for(self, cfg: "GenerationConfig") -> Engine:
         return self.engine_of(decoding_kind(cfg))
@@ -183,10 +238,8 @@ class AutoEngine(_TextOut):
     def engine_of(self, kind: str) -> Engine:
         """The engine of decoding kind ``kind``, built at its first use."""
         if kind not in self.engines:
-            method = self.methods[kind]
-            if method not in self._built:  # kinds that chose the same method share one engine
-                self._built[method] = build(method, self.lm, load_heads([method], self.heads))
-            self.engines[kind] = self._built[method]
+            check(kind in DECODING_KINDS, f"unknown decoding kind {kind!r} (one of {', '.join(DECODING_KINDS)})")
+            self.engines[kind] = build_online(self.lm, kind, self.heads, **self.options)
         return self.engines[kind]
 
     def generate_ids(self, prompt_ids, cfg: "GenerationConfig", stop_check=None, **kwargs) -> "GenerationResult":
@@ -196,20 +249,29 @@ class AutoEngine(_TextOut):
         return self.engine_for(cfg).start(prompt_ids, cfg, stop_check, on_commit)
 
     def describe(self) -> dict:
-        return {kind: (self.engines[kind].describe() if kind in self.engines else
-                       {"drafter": m.drafter, "vocab": m.vocab, **m.options()})
-                for kind, m in self.methods.items()}
+        return {kind: self.engines[kind].describe() if kind in self.engines else {"drafter": "auto"}
+                for kind in DECODING_KINDS}
 
     def summary(self) -> str:
-        """E.g. ``greedy: ngram (adaptive); penalty: plain; sampling: plain``."""
-        def one(m: Method) -> str:
+        """E.g. ``online among plain, lookup, suffix; starts: greedy lookup, penalty plain, sampling plain``, or per
+        kind for engines built otherwise."""
+        engines = {kind: self.engine_of(kind) for kind in DECODING_KINDS}
+        arms = {tuple(e.drafter.arms) if isinstance(e, OnlineEngine) else None for e in engines.values()}
+        if len(arms) == 1 and None not in arms:
+            return (f"online among {', '.join(next(iter(arms)))}; starts: "
+                    + ", ".join(f"{kind} {e.drafter.start}" for kind, e in engines.items()))
+
+        def one(e: Engine) -> str:
+            if isinstance(e, OnlineEngine):
+                return e.summary()
+            m = e.method
             if m.drafter == "none":
                 return "plain"
             name = m.drafter if m.vocab == "full" else f"{m.drafter}+{m.vocab}"
             name += ", prompt lookup first" if m.lookup is not None else ""
             return name + (" (adaptive)" if m.adaptive else "")
 
-        return "; ".join(f"{kind}: {one(m)}" for kind, m in self.methods.items())
+        return "; ".join(f"{kind}: {one(e)}" for kind, e in engines.items())
 
 
 PACKED_CPU_PROMPT_POSITIONS = 0
@@ -279,6 +341,6 @@ def log_sizing(engine: Engine, file=None) -> None:
           + ", ".join(f"{n}: {c * 1000:.0f}" for n, c in engine.sizing.items()) + ")", file=file or sys.stderr)
 
 
-__all__ = ["D2T_MODES", "DECODING_KINDS", "DRAFTERS", "MODEL_DRAFTERS", "POLICIES", "AutoEngine",
-           "Engine", "Method", "as_method", "auto_method", "build", "build_policy", "decoding_kind", "device_kind",
-           "eagle_head_path", "load_heads", "log_sizing", "method_names", "set_threads"]
+__all__ = ["D2T_MODES", "DECODING_KINDS", "DRAFTERS", "MODEL_DRAFTERS", "POLICIES", "AutoEngine", "Engine",
+           "Method", "OnlineEngine", "as_method", "auto_method", "build", "build_online", "build_policy",
+           "decoding_kind", "device_kind", "eagle_head_path", "load_heads", "log_sizing", "method_names", "set_threads"]

@@ -92,7 +92,7 @@ def bench(lm, specs: list[MethodSpec], records: list[dict], decodings: list[Deco
     for dec in decodings:
         res = run_decoding(lm, runners, records, dec, max_new_tokens=max_new_tokens, out_dir=out_dir / dec.name,
                            repeats=repeats, warmup=warmup, seed=seed, chat=chat, model_id=lm.name,
-                           ignore_eos=ignore_eos, resume=resume)
+                           ignore_eos=ignore_eos, resume=resume, peers=peers)
         res["meta"] = {**meta, "decoding": dec.name, "temperature": dec.temperature,
                        "repetition_penalty": dec.repetition_penalty}
         (out_dir / dec.name / "results.json").write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")

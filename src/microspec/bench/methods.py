@@ -4,6 +4,8 @@ Names (``--methods``):
 
 ``ar``                      autoregressive decoding on the engine's own hot path (the reference: speedups and the
                             lossless check are against it; always run, first)
+``auto``                    the default: chosen per request by measured speed among plain decoding, prompt lookup,
+                            suffix decoding and the model's EAGLE head (:mod:`microspec.decoding.online`)
 ``ngram``                   n-gram prompt lookup
 ``early-exit``              self-drafting with the target's first layers
 ``eagle-full``              EAGLE-2: trained EAGLE head, dynamic tree, full-vocabulary draft head
@@ -28,6 +30,8 @@ Names (``--methods``):
 ``hf-early-exit``           peer: transformers ``generate(assistant_early_exit=L)`` (L: ``--draft-layers`` or 2/3 of
                             the layers, as our early-exit drafter)
 ``llama-cpp``               peer: llama.cpp (``llama-cpp-python``) on the model's GGUF file, when installed
+``llama-cpp-lookup``        peer: the same with llama.cpp's prompt lookup decoding (``LlamaPromptLookupDecoding``,
+                            10 tokens a draft, as hf-prompt-lookup)
 ``vllm``                    peer: vLLM without speculation (bf16), run by a vLLM environment's Python
                             ($MICROSPEC_VLLM_PYTHON, or this Python when it has vLLM)
 ``vllm-eagle``              peer: vLLM drafting with the model's EAGLE head through the microspec plugin, full
@@ -44,13 +48,14 @@ from ..errors import MicrospecError
 from ..method import Method, method_names
 from ..vocab.registry import ARTIFACTS
 
-PEERS = ("hf-ar", "hf-prompt-lookup", "hf-early-exit", "llama-cpp")
+PEERS = ("hf-ar", "hf-prompt-lookup", "hf-early-exit", "llama-cpp", "llama-cpp-lookup")
 
 
 @dataclass(frozen=True)
 class MethodSpec:
     """One method of a benchmark run: an engine method (``method``: what :func:`microspec.compose.build` builds)
-    or a peer (``kind`` "hf" with ``hf_mode`` "ar" / "prompt-lookup" / "early-exit", or "llama-cpp")."""
+    or a peer (``kind`` "hf" with ``hf_mode`` "ar" / "prompt-lookup" / "early-exit", "llama-cpp" for llama-cpp and
+    llama-cpp-lookup, or "vllm")."""
 
     name: str
     kind: str  # "engine", "hf", "llama-cpp" or "vllm"
@@ -87,8 +92,10 @@ def parse_method(name: str) -> MethodSpec:
                 raise MicrospecError(f"method {n!r}: {exc}; vllm-VOCAB takes one: vllm-eagle, vllm-fr-spec-32k, "
                                      "vllm-microspec, ...") from None
         return MethodSpec(n, "vllm", vllm_vocab=vocab)
+    if n == "auto":  # an engine method chosen online (compose.build_online), not one Method
+        return MethodSpec(n, "engine")
     if n in PEERS:
-        if n == "llama-cpp":
+        if n.startswith("llama-cpp"):
             return MethodSpec(n, "llama-cpp")
         return MethodSpec(n, "hf", hf_mode=n[3:])
     try:
@@ -101,7 +108,7 @@ def parse_method(name: str) -> MethodSpec:
 
 
 def available_methods() -> list[str]:
-    return [*method_names(), *PEERS, "vllm", "vllm-eagle", "vllm-VOCAB"]
+    return ["auto", *method_names(), *PEERS, "vllm", "vllm-eagle", "vllm-VOCAB"]
 
 
 def parse_methods(text: str) -> list[MethodSpec]:

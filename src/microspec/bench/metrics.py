@@ -2,8 +2,9 @@
 
 An answer record: ``{"question_id", "category", "choices": [{"turns", "new_tokens", "wall_time", "accept_lengths",
 "decoding_steps", "token_ids", "draft_depths", "draft_s", "verify_s", "prefill_s", "active_vocab", "covered",
-"coverage_tokens", "lookup_steps"}, ...]}`` — one choice per repeat; ``accept_lengths`` is flat over the turns (as
-Spec-Bench's); ``lookup_steps`` only for prompt lookup first (the steps the lookup drafted).
+"coverage_tokens", "lookup_steps", "auto_steps", "auto_switches", "auto_switch_s"}, ...]}`` — one choice per
+repeat; ``accept_lengths`` is flat over the turns (as Spec-Bench's); ``lookup_steps`` only for prompt lookup first
+(the steps the lookup drafted); ``auto_*`` only for ``auto`` (steps per arm, switches, their measured seconds).
 
 Conventions (Spec-Bench's ``speed.py``): a question's speed is its new tokens over its wall time; a method's
 tokens/s is the mean of its questions' speeds; the speedup is the ratio of two such means; tau is the mean of all
@@ -115,6 +116,18 @@ def aggregate(records: Sequence[dict]) -> dict:
     steps = sum(n for c in looked for n in c.get("decoding_steps", []) if n)
     if looked and steps:
         out["lookup_share"] = round(sum(c["lookup_steps"] for c in looked) / steps, 4)
+    chose = [c for c in choices if "auto_steps" in c]  # auto: each arm's share of the steps, the switches
+    steps = sum(n for c in chose for n in c["auto_steps"].values())
+    if chose and steps:
+        arms = {}
+        for c in chose:
+            for arm, n in c["auto_steps"].items():
+                arms[arm] = arms.get(arm, 0) + n
+        out["auto_share"] = {a: round(n / steps, 4) for a, n in sorted(arms.items(), key=lambda kv: -kv[1])}
+        out["auto_switches_per_turn"] = round(sum(c.get("auto_switches", 0) for c in chose) / sum(
+            len(c.get("decoding_steps", [])) for c in chose), 2)
+        out["auto_switch_share"] = round(sum(c.get("auto_switch_s", 0.0) for c in chose) / max(
+            sum(sum(c.get("wall_time", [])) for c in chose), 1e-9), 4)
     return out
 
 

@@ -11,7 +11,7 @@ import json
 import sys
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,11 +55,16 @@ def _log(msg: str) -> None:
 def run_decoding(lm: LoadedModel, runners: dict[str, object], records: Sequence[dict], decoding: Decoding, *,
                  max_new_tokens: int, out_dir: Path, repeats: int = 1, warmup: int = 1, seed: int = 0,
                  chat: bool | None = None, model_id: str = "", ignore_eos: bool = False,
-                 log: Callable[[str], None] = _log, resume: bool = False) -> dict:
+                 log: Callable[[str], None] = _log, resume: bool = False,
+                 peers: Collection[str] | None = None) -> dict:
     """Run ``records`` through ``runners`` under one decoding configuration; write ``answers/<method>.jsonl``
     (Spec-Bench's answer format, plus our per-step fields) under ``out_dir`` and return
     ``{"methods": ..., "mismatches": ...}`` (mismatches only for greedy decoding, against ``ar``).  ``resume``:
-    keep the answers already in those files (a run that was interrupted) and run only the questions they lack."""
+    keep the answers already in those files (a run that was interrupted) and run only the questions they lack.
+    ``peers``: the methods whose differing tokens are logged as peer differences, not lossless mismatches (default:
+    the runners whose spec is a peer)."""
+    if peers is None:
+        peers = {n for n, r in runners.items() if getattr(getattr(r, "spec", None), "is_peer", False)}
     answers_dir = out_dir / "answers"
     answers_dir.mkdir(parents=True, exist_ok=True)
     wanted = {str(r["id"]) for r in records}
@@ -85,7 +90,7 @@ def run_decoding(lm: LoadedModel, runners: dict[str, object], records: Sequence[
                 if str(rec["id"]) in done[name]:
                     answer = done[name][str(rec["id"])]
                     results[name].append(answer)
-                    _check(lm, rec, name, answer, results, decoding, cfg, chat, found, log)
+                    _check(lm, rec, name, answer, results, decoding, cfg, chat, found, log, name in peers)
                     continue
                 choices = []
                 for r in range(repeats):
@@ -113,6 +118,10 @@ def run_decoding(lm: LoadedModel, runners: dict[str, object], records: Sequence[
                                 acc["sum"] += v["sum"]
                                 acc["calls"] += v["calls"]
                                 acc["max"] = max(acc["max"], v["max"])
+                            elif isinstance(v, dict):  # auto: steps per arm
+                                acc = choice.setdefault(k, {})
+                                for arm, n in v.items():
+                                    acc[arm] = acc.get(arm, 0) + n
                             else:
                                 choice[k] = choice.get(k, 0) + v
                     choices.append(choice)
@@ -121,7 +130,7 @@ def run_decoding(lm: LoadedModel, runners: dict[str, object], records: Sequence[
                 results[name].append(answer)
                 files[name].write(json.dumps(answer) + "\n")
                 files[name].flush()
-                _check(lm, rec, name, answer, results, decoding, cfg, chat, found, log)
+                _check(lm, rec, name, answer, results, decoding, cfg, chat, found, log, name in peers)
             log(_progress(decoding.name, qi, len(records), rec["category"], results))
     finally:
         for f in files.values():
@@ -148,9 +157,10 @@ def read_answers(path: Path, wanted: set[str]) -> dict[str, dict]:
 
 
 def _check(lm, rec: dict, name: str, answer: dict, results: dict, decoding: Decoding, cfg, chat, found: dict,
-           log) -> None:
+           log, peer: bool = False) -> None:
     """Greedy decoding: ``answer``'s tokens against ``ar``'s answer to the same question (found mismatches, with the
-    logit gap where they first diverge, go into ``found``)."""
+    logit gap where they first diverge, go into ``found``).  A ``peer``'s differences are logged as such: other
+    kernels or weights, informational, never a lossless mismatch."""
     if decoding.temperature != 0 or name == "ar" or not results.get("ar"):
         return
     ref = results["ar"][-1]
@@ -162,8 +172,13 @@ def _check(lm, rec: dict, name: str, answer: dict, results: dict, decoding: Deco
         for later in bad[1:]:  # later turns continue from a different conversation
             later["after_divergence"] = True
         found.setdefault(name, []).extend(bad)
-        log(f"LOSSLESS MISMATCH: {name} differs from ar on question {rec['id']} ({rec['category']}), turn "
-            f"{bad[0]['turn']}, token {bad[0]['position']}" + (f"; {describe_gap(bad[0])}" if "gap" in bad[0] else ""))
+        where = (f"on question {rec['id']} ({rec['category']}), turn {bad[0]['turn']}, token {bad[0]['position']}"
+                 + (f"; {describe_gap(bad[0])}" if "gap" in bad[0] else ""))
+        if peer:
+            log(f"peer difference: {name}'s tokens differ from ar {where} (its own kernels or weights; "
+                "informational)")
+        else:
+            log(f"LOSSLESS MISMATCH: {name} differs from ar {where}")
 
 
 # How close two logits may be and still count as a tie that the dtype's rounding can flip, relative to the largest

@@ -34,7 +34,9 @@ class Turn:
                 "active_vocab": {"sum": sum(st.active_sizes), "calls": len(st.active_sizes),
                                  "max": max(st.active_sizes, default=0)},
                 "covered": st.covered, "coverage_tokens": st.coverage_tokens,
-                **({"lookup_steps": st.lookup_steps} if st.lookup_steps is not None else {})}
+                **({"lookup_steps": st.lookup_steps} if st.lookup_steps is not None else {}),
+                **({"auto_steps": st.auto["arms"], "auto_switches": st.auto["switches"],
+                    "auto_switch_s": st.auto["switch_s"]} if st.auto is not None else {})}
 
 
 class EngineRunner:
@@ -45,7 +47,7 @@ class EngineRunner:
         from ..compose import build
 
         self.spec, self.lm = spec, lm
-        self.engine = build(spec.method, lm, heads)
+        self.engine = build(spec.method if spec.method is not None else spec.name, lm, heads)  # or "auto"
 
     def describe(self) -> dict:
         return self.engine.describe()
@@ -55,13 +57,21 @@ class EngineRunner:
         return Turn(res.token_ids, res.stats.wall_s, res.stats)
 
 
+# tokens a prompt lookup peer drafts a step: transformers' ``prompt_lookup_num_tokens`` (hf-prompt-lookup) and
+# llama-cpp-python's ``LlamaPromptLookupDecoding(num_pred_tokens=...)`` (llama-cpp-lookup), both libraries' default
+PROMPT_LOOKUP_TOKENS = 10
+# llama-cpp-python keeps every position's logits (float32, the whole vocabulary) while it drafts: llama-cpp-lookup's
+# context is cut to hold at most this many bytes of them
+LOOKUP_LOGITS_BYTES = 8 << 30
+
+
 class HFRunner:
     """A peer: transformers ``generate()`` on the same weights, dtype, device and prompt ids."""
 
     _models: dict[tuple, Any] = {}
 
     def __init__(self, spec: MethodSpec, lm: LoadedModel, *, dtype: torch.dtype, draft_layers: int | None = None,
-                 prompt_lookup_tokens: int = 10):
+                 prompt_lookup_tokens: int = PROMPT_LOOKUP_TOKENS):
         from transformers import AutoModelForCausalLM
 
         self.spec, self.lm = spec, lm
@@ -108,35 +118,85 @@ class HFRunner:
 
 class LlamaCppRunner:
     """A peer: llama.cpp through ``llama-cpp-python`` on the model's GGUF file (its own quantised weights: its
-    tokens are compared with ``ar``'s for information, they are not expected to match)."""
+    tokens are compared with ``ar``'s for information, they are not expected to match).  ``lookup_tokens``:
+    llama.cpp's prompt lookup decoding instead (``llama-cpp-lookup``: ``LlamaPromptLookupDecoding`` as the draft
+    model, drafting up to that many tokens a step from the context's n-grams); its steps are reported as accept
+    lengths.  Drafting makes llama-cpp-python compute and keep the logits of every position, the prompt's included,
+    so its context is cut to :data:`LOOKUP_LOGITS_BYTES` of them."""
 
-    def __init__(self, spec: MethodSpec, lm: LoadedModel, *, threads: int | None = None):
+    def __init__(self, spec: MethodSpec, lm: LoadedModel, *, threads: int | None = None,
+                 lookup_tokens: int | None = None):
         try:
             import llama_cpp
         except ImportError:
-            raise MicrospecError("method llama-cpp needs llama-cpp-python (pip install llama-cpp-python)") from None
+            raise MicrospecError(f"method {spec.name} needs llama-cpp-python (pip install llama-cpp-python)") \
+                from None
         if lm.source.suffix.lower() != ".gguf":
-            raise MicrospecError(f"method llama-cpp needs a GGUF model; {lm.name} was loaded from {lm.source}")
+            raise MicrospecError(f"method {spec.name} needs a GGUF model; {lm.name} was loaded from {lm.source}")
         self.spec, self.lm = spec, lm
         self.version = getattr(llama_cpp, "__version__", "?")
-        self.llm = llama_cpp.Llama(model_path=str(lm.source), n_ctx=lm.max_context, verbose=False,
-                                   n_threads=threads or torch.get_num_threads())
+        self.lookup_tokens = lookup_tokens
+        self.n_ctx = lm.max_context
+        self._drafts: list[int] = []  # lookup: each draft's length, one draft per target step
+        extra: dict = {}
+        if lookup_tokens is not None:
+            self.n_ctx = min(self.n_ctx, LOOKUP_LOGITS_BYTES // (4 * lm.model.spec.vocab_size))
+            extra = {"draft_model": _lookup_draft(lookup_tokens, self._drafts), "logits_all": True}
+        try:
+            self.llm = llama_cpp.Llama(model_path=str(lm.source), n_ctx=self.n_ctx, verbose=False,
+                                       n_threads=threads or torch.get_num_threads(), **extra)
+        except MemoryError:
+            raise MicrospecError(f"method {spec.name}: no memory for llama-cpp-python's context of {self.n_ctx} "
+                                 "tokens") from None
 
     def describe(self) -> dict:
-        return {"peer": f"llama-cpp-python {self.version}", "gguf": self.lm.source.name}
+        out = {"peer": f"llama-cpp-python {self.version}", "gguf": self.lm.source.name}
+        if self.lookup_tokens is not None:
+            draft = self.llm.draft_model
+            out.update(draft_model=f"LlamaPromptLookupDecoding(num_pred_tokens={draft.num_pred_tokens}, "
+                                   f"max_ngram_size={draft.max_ngram_size})", n_ctx=self.n_ctx)
+        return out
 
     def run(self, prompt_ids: list[int], cfg: GenerationConfig) -> Turn:
+        if self.lookup_tokens is not None and len(prompt_ids) + cfg.max_new_tokens > self.n_ctx:
+            raise MicrospecError(f"method {self.spec.name}: {len(prompt_ids)} prompt tokens and {cfg.max_new_tokens} "
+                                 f"new ones exceed its context of {self.n_ctx} tokens")
         stops = set() if cfg.ignore_eos else set(self.lm.eos_token_ids)
         out: list[int] = []
+        steps: list[int] = []  # lookup: the tokens each target step committed (the prefill's first token: none)
+        self._drafts.clear()
         greedy = cfg.greedy
         t0 = time.perf_counter()
         for tok in self.llm.generate(list(prompt_ids), top_k=1 if greedy else 0, top_p=cfg.top_p,
                                      temp=0.0 if greedy else cfg.temperature, repeat_penalty=cfg.repetition_penalty,
                                      reset=True):
+            if len(self._drafts) > len(steps):  # a draft went to the target since the last token: a new step
+                steps.append(0)
+            if steps:
+                steps[-1] += 1
             out.append(int(tok))
             if int(tok) in stops or len(out) >= cfg.max_new_tokens:
                 break
-        return Turn(out, time.perf_counter() - t0)
+        wall = time.perf_counter() - t0
+        if self.lookup_tokens is None:
+            return Turn(out, wall)
+        return Turn(out, wall, fields={"accept_lengths": steps, "draft_depths": self._drafts[: len(steps)],
+                                       "decoding_steps": len(steps)})
+
+
+def _lookup_draft(tokens: int, drafts: list[int]):
+    """llama-cpp-python's ``LlamaPromptLookupDecoding`` drafting up to ``tokens`` a step (its default n-gram size),
+    appending each draft's length to ``drafts``: the generator drafts once per target step, so the tokens it yields
+    between two drafts are what one step committed."""
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    class CountingLookup(LlamaPromptLookupDecoding):
+        def __call__(self, input_ids, /, **kwargs):
+            draft = super().__call__(input_ids, **kwargs)
+            drafts.append(len(draft))
+            return draft
+
+    return CountingLookup(num_pred_tokens=tokens)
 
 
 class VllmRunner:
@@ -234,4 +294,5 @@ def make_runner(spec: MethodSpec, lm: LoadedModel, *, dtype: torch.dtype, draft_
         return HFRunner(spec, lm, dtype=dtype, draft_layers=draft_layers)
     if spec.kind == "vllm":
         return VllmRunner(spec, lm)
-    return LlamaCppRunner(spec, lm, threads=threads)
+    return LlamaCppRunner(spec, lm, threads=threads,
+                          lookup_tokens=PROMPT_LOOKUP_TOKENS if spec.name == "llama-cpp-lookup" else None)

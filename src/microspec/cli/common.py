@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from ..auto import DECODING_KINDS, decoding_kind, device_kind, resolve
+from ..auto import DECODING_KINDS, decoding_kind
 from ..compose import AutoEngine, Engine, build, load_heads, log_sizing, set_threads
 from ..decoding.config import GenerationConfig
 from ..decoding.verify import HEAD_MODE
@@ -15,14 +15,8 @@ from ..drafters.model_based import DEPTH, TOP_K, TOTAL_TOKENS
 from ..errors import MicrospecError
 from ..method import OPTIONS as METHOD_OPTIONS
 from ..method import Method
+from ..models.registry import BUILTINS, DEFAULT_MODEL, WEIGHTS, default_weights, load_model, shipped_eagle_head
 from ..options import unique
-from ..models.registry import (
-    BUILTINS,
-    DEFAULT_MODEL,
-    WEIGHTS,
-    default_weights,
-    load_model,
-)
 from ..vocab import registry as policy_specs
 
 
@@ -94,9 +88,9 @@ def add_tree_args(p, total_tokens_type=str) -> None:
 def add_drafter_args(p, default: str = "none") -> None:
     names = ", ".join(f"{n} ({s.summary})" for n, s in drafter_specs.SPECS.items() if n != "none")
     p.add_argument("--drafter", default=default,
-                   help="auto (what measured fastest for this device and decoding, else the best the model has: its "
-                        "EAGLE head + MicroSpec, adaptive, for a model with a shipped head, else plain decoding), none "
-                        f"(autoregressive), {names} (default {default})")
+                   help="auto (chosen per request by measured speed among plain decoding, prompt lookup, suffix "
+                        "decoding and, for a model with an EAGLE head, the head + MicroSpec and prompt lookup first), "
+                        f"none (autoregressive), {names} (default {default})")
     tree = {o.name for o in (DEPTH, TOP_K, TOTAL_TOKENS, HEAD_MODE)}  # added by add_tree_args
     for o in unique([s.options for s in drafter_specs.SPECS.values()]):
         if o.name in tree:
@@ -147,10 +141,9 @@ def policy_artifact(args: argparse.Namespace, vocab: str) -> str | None:
     return given.get(vocab)
 
 
-def method_from_args(args: argparse.Namespace, cfg: GenerationConfig | None = None) -> Method:
-    """The method the drafter and vocabulary arguments describe (``--drafter auto`` resolved for ``cfg``),
-    validated, with what ships for ``--model`` filled in (before any model is loaded)."""
-    resolve_drafter(args, cfg)
+def method_from_args(args: argparse.Namespace) -> Method:
+    """The method the drafter and vocabulary arguments describe, validated, with what ships for ``--model`` filled
+    in (before any model is loaded)."""
     options = {name: getattr(args, name, None) for name in METHOD_OPTIONS if name != "artifact"}
     method = Method(drafter=args.drafter, vocab=args.vocab, artifact=policy_artifact(args, args.vocab), **options)
     method = method.for_model(args.model)
@@ -158,41 +151,47 @@ def method_from_args(args: argparse.Namespace, cfg: GenerationConfig | None = No
     return method
 
 
-def resolve_drafter(args: argparse.Namespace, cfg: GenerationConfig | None = None, kind: str | None = None) -> None:
-    """``--drafter auto``: the drafter, vocabulary and adaptive mode :func:`microspec.auto.resolve` chooses for
-    ``--model`` on this device and this decoding (``cfg``'s, or ``kind``; greedy when neither is known) —
-    ``args.auto``: why, when it was chosen."""
-    args.auto = None
-    if args.drafter == "auto":
-        dk = device_kind(args.device, str(args.dtype).startswith("gguf"))
-        fields, args.auto = resolve(args.model, dk, kind or (decoding_kind(cfg) if cfg else "greedy"),
-                                    vocab=args.vocab, draft=args.draft, lookup=getattr(args, "lookup", None),
-                                    adaptive=args.adaptive)
-        args.drafter, args.vocab, args.adaptive, args.lookup = (fields["drafter"], fields["vocab"],
-                                                                fields["adaptive"], fields["lookup"])
+def auto_options(args: argparse.Namespace) -> dict:
+    """``--drafter auto``: what the user also said, for :func:`~microspec.compose.build_online` (the EAGLE arms'
+    vocabulary, head, tree and policy options; prompt lookup first's shortest match)."""
+    options = {name: getattr(args, name, None) for name in METHOD_OPTIONS if name not in ("artifact", "adaptive")}
+    options = {k: v for k, v in options.items() if v is not None}
+    if args.vocab != "full":
+        options["vocab"] = args.vocab
+        art = policy_artifact(args, args.vocab)
+        if art is not None:
+            options["artifact"] = art
+    return options
 
 
 def engine_from_args(args: argparse.Namespace,
                      per_request: bool = False) -> tuple[GenerationConfig | None, "Engine | AutoEngine"]:
     """What ``generate``, ``coverage`` and ``serve`` decode with: ``--threads`` applied, the decoding configuration
     and the method checked, the EAGLE head loaded before the target, then the method built for the loaded model.
-    ``per_request``: the decoding is each request's own, unknown here (a server's: no configuration); with
-    ``--drafter auto`` an :class:`~microspec.compose.AutoEngine` then holds the method of every decoding kind."""
+    ``--drafter auto``: an :class:`~microspec.compose.AutoEngine`, which chooses per request (and per decoding kind)
+    by measured speed; its EAGLE arms' method is checked and their head loaded first too.  ``per_request``: the
+    decoding is each request's own, unknown here (a server's: no configuration, every kind's engine built now)."""
     set_threads(args.threads)
     cfg = None if per_request else config_from_args(args)
-    if per_request and args.drafter == "auto":
-        methods = {}
-        for kind in DECODING_KINDS:
-            each = argparse.Namespace(**vars(args))
-            resolve_drafter(each, kind=kind)
-            methods[kind] = method_from_args(each)
-        heads = load_heads(methods.values())
+    args.auto = None
+    if args.drafter == "auto":
+        options = auto_options(args)
+        probe = Method(drafter="eagle", vocab=options.get("vocab", "microspec"),
+                       **{k: v for k, v in options.items() if k != "vocab"})
+        heads = {}
+        if args.draft is not None or shipped_eagle_head(args.model) is not None:
+            try:  # a bad --draft or option fails before the target loads
+                heads = load_heads([probe.for_model(args.model)])
+            except MicrospecError as exc:
+                raise MicrospecError(f"--drafter auto takes --draft as its EAGLE head: {exc}") from None
         lm = load_model_from_args(args)
-        auto = AutoEngine(lm=lm, methods=methods, heads=heads)
-        for engine in {id(e): e for e in map(auto.engine_of, DECODING_KINDS)}.values():  # each built engine once
+        auto = AutoEngine.for_model(lm, heads, **options)
+        for kind in DECODING_KINDS if per_request else (decoding_kind(cfg),):
+            engine = auto.engine_of(kind)
             log_sizing(engine)
-        return None, auto
-    method = method_from_args(args, cfg)
+        args.auto = f"{engine.summary()}; {engine.why}"
+        return cfg, auto
+    method = method_from_args(args)
     heads = load_heads([method])
     lm = load_model_from_args(args)
     engine = build(method, lm, heads)

@@ -7,15 +7,9 @@ import json
 import sys
 
 from ..api import generate
-from ..compose import MODEL_DRAFTERS
+from ..compose import MODEL_DRAFTERS, AutoEngine
 from ..errors import MicrospecError
-from .common import (
-    add_decoding_args,
-    add_drafter_args,
-    add_model_args,
-    add_vocab_args,
-    engine_from_args,
-)
+from .common import add_decoding_args, add_drafter_args, add_model_args, add_vocab_args, engine_from_args
 
 
 def add(sub) -> None:
@@ -44,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
         raise MicrospecError("the prompt is empty")
     cfg, engine = engine_from_args(args)
     lm = engine.lm
+    chosen = engine.engine_for(cfg) if isinstance(engine, AutoEngine) else engine  # auto: this decoding's engine
     result = generate(lm, prompt, cfg, chat=args.chat, method=engine)
     stats = result.stats.to_dict()
     plain = None
@@ -57,13 +52,13 @@ def run(args: argparse.Namespace) -> int:
             "text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
             "model": lm.name, "dtype": lm.weights, "device": args.device, "drafter": args.drafter,
             "auto": args.auto, "adaptive": args.adaptive, "lookup": args.lookup,
-            "total_tokens": engine.tree.get("total_tokens"), "vocab": args.vocab,
-            **{k: v for k, v in engine.describe().items() if k == "head"}, "stats": stats,
+            "total_tokens": chosen.tree.get("total_tokens"), "vocab": chosen.method.vocab,
+            **{k: v for k, v in chosen.describe().items() if k in ("head", "arms", "start")}, "stats": stats,
             **({"plain_stats": plain.stats.to_dict()} if plain is not None else {}),
         }))
     else:
         print(result.text)
-        print(stats_line(args, lm, stats, result.finish_reason, engine.describe().get("head")), file=sys.stderr)
+        print(stats_line(args, lm, stats, result.finish_reason, chosen.describe().get("head")), file=sys.stderr)
         if plain is not None:
             p = plain.stats.to_dict()
             speedup = stats["decode_tokens_per_s"] / p["decode_tokens_per_s"] if p["decode_tokens_per_s"] else 0
@@ -76,7 +71,10 @@ def stats_line(args: argparse.Namespace, lm, stats: dict, finish: str, head: str
     """What the generation cost and what speculation bought, in one line (``head``: the draft head's kind when it is
     not the drafter's usual one, e.g. EAGLE-3)."""
     if args.drafter == "none":
-        method = "plain decoding" + (f" (auto: {args.auto})" if args.auto else "")
+        method = "plain decoding"
+    elif "auto" in stats:
+        method = "auto: " + auto_line(stats["auto"], stats["steps"])
+        method += f" | draft {stats['draft_s']:.2f} s, verify {stats['verify_s']:.2f} s"
     else:
         method = f"drafter {args.drafter}" + (f"+{args.vocab}" if args.drafter in MODEL_DRAFTERS
                                               else "") + (f" ({head} head)" if head else "")
@@ -90,3 +88,10 @@ def stats_line(args: argparse.Namespace, lm, stats: dict, finish: str, head: str
             f"{stats['wall_s']:.2f} s = {stats['tokens_per_s']:.2f} tok/s (prefill {stats['prefill_s']:.2f} s, "
             f"decode {stats['decode_tokens_per_s']:.2f} tok/s) | steps {stats['steps']} | "
             f"mean accept len {stats['mean_accept_len']:.2f} | {method} | {bandwidth(stats)}finish {finish}")
+
+
+def auto_line(auto: dict, steps: int) -> str:
+    """What auto's online choice took: each arm's share of the steps, the switches and their measured cost."""
+    arms = sorted(auto["arms"].items(), key=lambda kv: -kv[1])
+    shares = ", ".join(f"{name} {n / max(steps, 1):.0%}" for name, n in arms)
+    return f"{shares} of steps; {auto['switches']} switches ({auto['switch_s'] * 1000:.0f} ms)"

@@ -269,11 +269,12 @@ class Generation:
             self.coverage.on_verified(tree, walk.tokens, scored=not drafting or drafter.head_drafted)
         t2 = self.clock.mark()
         if vocab is not None:  # the logits the target chose from on the validated branch (the walk has them);
-            # a step the adaptive mode took plain feeds the policy its committed tokens only (a top-k over the
-            # full vocabulary costs ~0.4 ms of a 17 ms packed CPU step: stepping aside must cost nothing)
+            # a step taken plain (the adaptive mode's, auto's plain arm) feeds the policy its committed tokens only
+            # (a top-k over the full vocabulary costs ~0.4 ms of a 17 ms packed CPU step: stepping aside must cost
+            # nothing)
             with self.vocab_timer:
                 vocab.on_verify(to_device(tree.tokens, device),
-                                torch.stack(walk.logits) if vocab.wants_verify_logits and drafting
+                                torch.stack(walk.logits) if vocab.wants_verify_logits and drafting and len(tree)
                                 else hidden.new_zeros(0, model.spec.vocab_size), walk.tokens)
         self.spans.append((t0, t1, t2, self.clock.mark()))
         new = walk.tokens
@@ -304,6 +305,8 @@ class Generation:
             stats.head_s, stats.active_sizes = _take_head_stats(drafter)
             if hasattr(drafter, "take_lookup_steps"):  # prompt lookup first: the drafted steps the lookup proposed
                 stats.lookup_steps = drafter.take_lookup_steps()
+            if hasattr(drafter, "take_choice"):  # auto: what the online choice took
+                stats.auto = drafter.take_choice()
         return GenerationResult(self.out, self.finish, stats)
 
 

@@ -46,6 +46,7 @@ class GenerationStats:
     coverage_tokens: int = 0  # committed tokens checked for coverage (with a policy and a drafting step)
     skipped_steps: int = 0  # steps the adaptive mode took without drafting (it judged drafting would not pay)
     lookup_steps: int | None = None  # prompt lookup first: the drafted steps prompt lookup proposed (else None)
+    auto: dict | None = None  # auto's online choice: steps per arm, switches, their measured seconds (else None)
     weight_bytes: int = 0  # bytes of target weights one target step reads (every matrix once)
 
     def record_step(self, committed: int, drafted: int, depth: int, head_rows: int) -> None:
@@ -108,6 +109,7 @@ class GenerationStats:
             **({"coverage": round(self.coverage, 4)} if self.coverage is not None else {}),
             "skipped_steps": self.skipped_steps,
             **({"lookup_steps": self.lookup_steps} if self.lookup_steps is not None else {}),
+            **({"auto": self.auto} if self.auto is not None else {}),
             **({"weight_bytes_per_step": self.weight_bytes,
                 "achieved_gb_s": round(self.weight_bytes * self.steps / decode_s / 1e9, 2)}
                if self.weight_bytes and (decode_s := self.wall_s - self.prefill_s) > 0 and self.steps else {}),

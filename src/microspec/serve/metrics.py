@@ -25,6 +25,9 @@ class Metrics:
         self.finished = {"stop": 0, "length": 0}  # requests by finish reason
         self.cancelled = self.errors = self.rejected = self.timeouts = 0
         self.batch_steps: dict[tuple[int, str], int] = {}  # decode steps by (requests in the step, depth cap)
+        self.auto_steps: dict[str, int] = {}  # auto: decode steps by the arm its online choice took
+        self.auto_switches = 0
+        self.auto_switch_seconds = 0.0
 
     def on_step(self, requests: int, depth: int | None) -> None:
         """One decode step of ``requests`` requests together, each drafting at most ``depth`` levels (None: as its
@@ -47,6 +50,11 @@ class Metrics:
                     self.accepted_per_pos += [0] * (depth - len(self.accepted_per_pos))
                 for k in range(min(accepted, depth)):
                     self.accepted_per_pos[k] += 1
+            if stats.auto is not None:
+                for arm, n in stats.auto["arms"].items():
+                    self.auto_steps[arm] = self.auto_steps.get(arm, 0) + n
+                self.auto_switches += stats.auto["switches"]
+                self.auto_switch_seconds += stats.auto["switch_s"]
             self.prompt_tokens += stats.prompt_tokens
             self.generation_tokens += stats.new_tokens
             self.decode_seconds += stats.wall_s
@@ -99,6 +107,15 @@ class Metrics:
                    "the method's own).",
                    [(f'batch_size="{n}",depth="{d}"', c) for (n, d), c in sorted(self.batch_steps.items())]
                    or [('batch_size="1",depth="method"', 0)])
+            if self.auto_steps or self.auto_switches:
+                metric("microspec:auto_steps", "counter", "Decode steps of auto's requests, by the arm its online "
+                       "choice took (plain, lookup, suffix, eagle, ...).",
+                       [(f'arm="{escape(a)}"', n) for a, n in sorted(self.auto_steps.items())])
+                metric("microspec:auto_switches", "counter", "Steps at which auto changed arm.",
+                       [("", self.auto_switches)])
+                metric("microspec:auto_switch_seconds", "counter", "Measured cost of auto's switches: the seconds "
+                       "their first steps took beyond the arm's steady rate.",
+                       [("", round(self.auto_switch_seconds, 6))])
             for name, value, doc in (("cancelled", self.cancelled, "Generations cancelled by their client."),
                                      ("errors", self.errors, "Requests that failed inside the worker."),
                                      ("rejected", self.rejected, "Requests refused because the queue was full."),

@@ -1,0 +1,132 @@
+"""auto's online choice (decoding/online.py, drafters/portfolio.py): the bandit settles on the fastest arm from
+measured rates, probes rarely, counts switching costs, keeps a seeded sample's arm, shares what an engine's requests
+measured; the portfolio's output is the target's own with the arm changing mid-request (greedy here, with and
+without processors; exact-distribution sampling in test_sampling.py), and auto is what `generate`, `bench` and the
+server run."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from conftest import official_checkpoint, tiny_pair
+from microspec.decoding import GenerationConfig, generate_ids
+from microspec.decoding.online import ArmHistory, OnlineChoice
+from microspec.drafters import EagleDrafter, EagleHead, NGramDrafter
+from microspec.drafters.lookup_first import LookupFirst
+from microspec.drafters.portfolio import Portfolio
+from microspec.drafters.suffix import SuffixDrafter
+
+ARMS = ("plain", "lookup", "suffix", "eagle")
+
+
+def _simulate(choice: OnlineChoice, rates: dict[str, float], steps: int, switch_s: dict | None = None,
+              noise: float = 0.0, rng=None, tokens_left: int = 1000) -> list[str]:
+    """Run ``steps`` steps of a request whose arms commit 2 tokens per step at ``rates`` tokens/s (the first step
+    after a switch also pays the arm's ``switch_s``); the arms taken."""
+    taken = []
+    for _ in range(steps):
+        arm = choice.pick(tokens_left)
+        seconds = 2 / rates[arm] * (1 + (rng.uniform(-noise, noise) if noise else 0.0))
+        if taken and taken[-1] != arm:
+            seconds += (switch_s or {}).get(arm, 0.0)
+        choice.observe(arm, 2, seconds)
+        taken.append(arm)
+    return taken
+
+
+def test_it_settles_on_the_fastest_arm_and_probes_rarely():
+    rates = {"plain": 40.0, "lookup": 90.0, "suffix": 60.0, "eagle": 55.0}
+    history = ArmHistory(ARMS)
+    taken = _simulate(OnlineChoice(history, "plain"), rates, 300, noise=0.1, rng=random.Random(0))
+    assert taken[-100:].count("lookup") >= 94  # settled
+    assert taken.count("lookup") >= 0.85 * len(taken)
+    # a later request of the engine starts on what the earlier ones measured fastest, and probes less
+    later = _simulate(OnlineChoice(history, "plain"), rates, 100, noise=0.1, rng=random.Random(1))
+    assert later[0] == "lookup" and later.count("lookup") >= 90
+
+
+def test_it_follows_the_text_when_the_best_arm_changes():
+    history = ArmHistory(ARMS)
+    choice = OnlineChoice(history, "plain")
+    _simulate(choice, {"plain": 40.0, "lookup": 90.0, "suffix": 60.0, "eagle": 55.0}, 150)
+    taken = _simulate(choice, {"plain": 40.0, "lookup": 30.0, "suffix": 35.0, "eagle": 70.0}, 250)
+    assert taken[-60:].count("eagle") >= 55
+
+
+def test_a_switching_cost_is_measured_and_charged():
+    """The cost is measured from the switch steps (their seconds beyond the arm's steady rate), not assumed; an arm
+    10% faster whose catch-up costs 0.5 s is neither probed nor taken for 64 tokens (0.15 s to save), one without
+    that cost is."""
+    rates = {"plain": 40.0, "lookup": 44.0, "suffix": 10.0, "eagle": 10.0}
+    measured = ArmHistory(ARMS)
+    _simulate(OnlineChoice(measured, "plain"), {**rates, "lookup": 30.0}, 300, switch_s={"lookup": 0.5})
+    assert measured.switch_cost("lookup") == pytest.approx(0.5, rel=0.05)
+    for cost, switches in ((0.5, False), (0.0, True)):
+        history = ArmHistory(ARMS)
+        for arm, rate in rates.items():
+            for _ in range(64):
+                history.add(arm, 2, 2 / rate)
+        history.add_switch("lookup", cost)
+        choice = OnlineChoice(history, "plain")
+        choice.current = "plain"
+        taken = _simulate(choice, rates, 200, switch_s={"lookup": cost}, tokens_left=64)
+        assert ("lookup" in taken) == switches, cost
+        assert choice.switch_s == pytest.approx(cost * choice.switches / 2 if switches else 0.0, abs=1e-6)
+
+
+def test_a_seeded_sample_keeps_its_start_arm():
+    history = ArmHistory(ARMS)
+    history.add("lookup", 200, 1.0)
+    choice = OnlineChoice(history, "plain", fixed=True)
+    assert set(_simulate(choice, {"plain": 40.0, "lookup": 90.0, "suffix": 60.0, "eagle": 55.0}, 50)) == {"plain"}
+
+
+def test_bad_settings_and_arms_are_refused():
+    with pytest.raises(ValueError, match="unknown start arm"):
+        OnlineChoice(ArmHistory(ARMS), "nope")
+    with pytest.raises(ValueError, match="probe_steps"):
+        OnlineChoice(ArmHistory(ARMS), "plain", probe_steps=1)
+
+
+class Alternate:
+    """A chooser that changes arm at every step (in the order of a seeded shuffle)."""
+
+    def __init__(self, history, start, fixed=False, **_):
+        self.arms, self.rng, self.chosen = history.arms, random.Random(len(history.arms)), {}
+
+    def pick(self, tokens_left):
+        arm = self.rng.choice(self.arms)
+        self.chosen[arm] = self.chosen.get(arm, 0) + 1
+        return arm
+
+    def observe(self, arm, tokens, seconds):
+        pass
+
+    def summary(self):
+        return {"arms": dict(self.chosen), "switches": 0, "switch_s": 0.0}
+
+
+@pytest.mark.parametrize("settings", [{}, {"repetition_penalty": 1.3}, {"no_repeat_ngram_size": 3}])
+@pytest.mark.parametrize("chooser", [Alternate, OnlineChoice])
+def test_greedy_output_is_the_targets_whatever_the_arms(tmp_path, settings, chooser):
+    _, nm = tiny_pair("llama")
+    path, _, _ = official_checkpoint(tmp_path / "ck", d=nm.spec.hidden_size)
+    eagle = EagleDrafter(EagleHead.load(path), depth=3, top_k=2, total_tokens=5)
+    arms = {"plain": None, "lookup": NGramDrafter(num_tokens=4), "suffix": SuffixDrafter(depth=3, total_tokens=6),
+            "eagle": eagle, "lookup-first": LookupFirst(eagle, NGramDrafter(num_tokens=3, min_ngram=2))}
+    portfolio = Portfolio(arms, "eagle", chooser=chooser, interval=2, probe_steps=2)
+    prompt = [1, 5, 9, 13, 5, 9, 13, 17, 5, 9]
+    cfg = GenerationConfig(max_new_tokens=40, ignore_eos=True, **settings)
+    want = generate_ids(nm, prompt, cfg).token_ids
+    for request in range(3):  # fresh copies share the history and the suffix cache
+        drafter = portfolio.fresh() if request else portfolio
+        got = generate_ids(nm, prompt, cfg, drafter=drafter)
+        assert got.token_ids == want, request
+        assert sum(got.stats.auto["arms"].values()) == got.stats.steps
+        if chooser is Alternate:
+            assert len(got.stats.auto["arms"]) >= 4  # the arm changed mid-request
+    assert portfolio.fresh().history is portfolio.history
+    if chooser is OnlineChoice:  # what the requests measured is the engine's
+        assert sum(len(s) for s in portfolio.history.steps.values()) > 0
