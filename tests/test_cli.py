@@ -258,11 +258,10 @@ def test_eagle_drafter_via_cli(capsys, tiny_model_dir, tmp_path):
     assert looked["stats"]["lookup_steps"] > 0  # the tiny model repeats itself
     rc, _, err = _run(capsys, *base, "--drafter", "ngram", "--lookup", "3")
     assert rc == 2 and "--lookup applies to --drafter early-exit, eagle or model" in err
-    # --drafter auto on a model without an EAGLE head: no prompt-lookup-first arm, and said
-    rc, out4, err = _run(capsys, *base, "--lookup")
+    # --drafter auto: --lookup N is its lookup arms' shortest match; the same tokens
+    rc, out4, err = _run(capsys, *base, "--lookup", "2")
     auto = json.loads(out4)
-    assert rc == 0 and auto["drafter"] == "auto" and "lookup-first" not in auto["arms"]
-    assert "--lookup does not apply" in auto["auto"]
+    assert rc == 0 and auto["drafter"] == "auto" and auto["token_ids"] == json.loads(out)["token_ids"]
     rc, _, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w1", "--drafter", "eagle")
     assert rc == 2 and "--draft" in err
     rc, _, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w1", "--drafter", "eagle",

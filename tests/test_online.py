@@ -56,24 +56,59 @@ def test_it_follows_the_text_when_the_best_arm_changes():
 
 
 def test_a_switching_cost_is_measured_and_charged():
-    """The cost is measured from the switch steps (their seconds beyond the arm's steady rate), not assumed; an arm
-    10% faster whose catch-up costs 0.5 s is neither probed nor taken for 64 tokens (0.15 s to save), one without
-    that cost is."""
-    rates = {"plain": 40.0, "lookup": 44.0, "suffix": 10.0, "eagle": 10.0}
+    """A model arm's catch-up is measured from its switch steps (their seconds beyond the arm's mean step, per token
+    caught up on), not assumed; an arm 10% faster whose catch-up costs 0.5 s is not switched into, one without that
+    cost is."""
+    rates = {"plain": 40.0, "lookup": 10.0, "suffix": 10.0, "eagle": 44.0}
     measured = ArmHistory(ARMS)
-    _simulate(OnlineChoice(measured, "plain"), {**rates, "lookup": 30.0}, 300, switch_s={"lookup": 0.5})
-    assert measured.switch_cost("lookup") == pytest.approx(0.5, rel=0.05)
+    watched = OnlineChoice(measured, "plain", catch_up=("eagle",))
+    for _ in range(20):  # eagle's steady steps take 25 ms; the first after a plain step 0.5 s more
+        watched.observe("plain", 1, 0.018)
+        watched.observe("eagle", 2, 0.525)
+        watched.observe("eagle", 2, 0.025)
+        watched.observe("eagle", 2, 0.025)
+    assert measured.switch_cost("eagle") == pytest.approx(0.5, rel=0.05)
+    assert watched.switches == 20 and watched.switch_s == pytest.approx(19 * 0.5, rel=0.05)
     for cost, switches in ((0.5, False), (0.0, True)):
         history = ArmHistory(ARMS)
         for arm, rate in rates.items():
             for _ in range(64):
                 history.add(arm, 2, 2 / rate)
-        history.add_switch("lookup", cost)
-        choice = OnlineChoice(history, "plain")
-        choice.current = "plain"
-        taken = _simulate(choice, rates, 200, switch_s={"lookup": cost}, tokens_left=64)
-        assert ("lookup" in taken) == switches, cost
-        assert choice.switch_s == pytest.approx(cost * choice.switches / 2 if switches else 0.0, abs=1e-6)
+        history.add_switch("eagle", cost)
+        choice = OnlineChoice(history, "plain", catch_up=("eagle",))
+        choice.observe("plain", 2, 2 / 40.0)  # the request is on plain decoding
+        taken = _simulate(choice, rates, 200, switch_s={"eagle": cost})
+        assert ("eagle" in taken) == switches, cost
+        assert choice.switch_s == pytest.approx(0.0, abs=1e-6)  # a switch free of cost measured none
+
+
+def test_the_switching_cost_grows_with_the_catch_up():
+    history = ArmHistory(ARMS)
+    history.add_switch("eagle", 0.010, backlog=10)
+    history.add_switch("eagle", 0.030, backlog=30)
+    assert history.switch_cost("eagle", 20) == pytest.approx(0.020)
+    choice = OnlineChoice(history, "plain", catch_up=("eagle",))
+    for _ in range(20):
+        history.add("eagle", 2, 0.025)
+        history.add("plain", 1, 0.018)
+    assert choice.pick(100, {"plain", "eagle"}, {"eagle": 1}) == "eagle"  # 80 tok/s against 56
+    assert choice.pick(100, {"plain", "eagle"}, {"eagle": 400}) == "plain"  # 0.4 s to catch up first
+
+
+def test_cheap_arms_are_scored_without_being_taken():
+    """A cheap arm's rate comes from its proposals scored against the text that followed and the cost line of the
+    steps drafted from the text; it is never probed."""
+    history = ArmHistory(("plain", "lookup", "eagle"))
+    choice = OnlineChoice(history, "plain", cheap=("lookup",), catch_up=("eagle",))
+    for _ in range(30):  # the cost line: 3-node steps take 30 ms
+        choice.observe("lookup@2", 2, 0.030, nodes=3)
+    for _ in range(10):
+        choice.observe("plain", 1, 0.018)
+    choice.score("lookup@2", 4, 3)  # scored, not taken: the cost line's 30 ms
+    assert history.predict(3, 3) == pytest.approx(0.030, rel=0.05)
+    assert choice.estimate("lookup@2") == pytest.approx(4 / 0.030, rel=0.05)
+    assert choice.pick(100, {"plain", "lookup@2"}) == "lookup@2"
+    assert all(choice._probe_target([a, "plain"]) != a for a in ("lookup@2",))
 
 
 def test_a_seeded_sample_keeps_its_start_arm():
@@ -96,12 +131,15 @@ class Alternate:
     def __init__(self, history, start, fixed=False, **_):
         self.arms, self.rng, self.chosen = history.arms, random.Random(len(history.arms)), {}
 
-    def pick(self, tokens_left):
-        arm = self.rng.choice(self.arms)
-        self.chosen[arm] = self.chosen.get(arm, 0) + 1
+    def pick(self, tokens_left, available=None, backlog=None):
+        arm = self.rng.choice(sorted(available or self.arms))
+        self.chosen[arm.split("@")[0]] = self.chosen.get(arm.split("@")[0], 0) + 1
         return arm
 
-    def observe(self, arm, tokens, seconds):
+    def observe(self, arm, tokens, seconds, nodes=0):
+        pass
+
+    def score(self, arm, tokens, nodes, seconds=None):
         pass
 
     def summary(self):
@@ -114,9 +152,10 @@ def test_greedy_output_is_the_targets_whatever_the_arms(tmp_path, settings, choo
     _, nm = tiny_pair("llama")
     path, _, _ = official_checkpoint(tmp_path / "ck", d=nm.spec.hidden_size)
     eagle = EagleDrafter(EagleHead.load(path), depth=3, top_k=2, total_tokens=5)
-    arms = {"plain": None, "lookup": NGramDrafter(num_tokens=4), "suffix": SuffixDrafter(depth=3, total_tokens=6),
+    arms = {"plain": None, "lookup-6": NGramDrafter(num_tokens=6), "suffix": SuffixDrafter(depth=3, total_tokens=6),
             "eagle": eagle, "lookup-first": LookupFirst(eagle, NGramDrafter(num_tokens=3, min_ngram=2))}
-    portfolio = Portfolio(arms, "eagle", chooser=chooser, interval=2, probe_steps=2)
+    portfolio = Portfolio(arms, "eagle", chooser=chooser, views={"lookup": ("lookup-6", 2)},
+                          **({"interval": 2, "probe_steps": 2} if chooser is OnlineChoice else {}))
     prompt = [1, 5, 9, 13, 5, 9, 13, 17, 5, 9]
     cfg = GenerationConfig(max_new_tokens=40, ignore_eos=True, **settings)
     want = generate_ids(nm, prompt, cfg).token_ids

@@ -147,33 +147,37 @@ class Engine(_TextOut):
 
 class OnlineEngine(Engine):
     """``auto``'s engine for one decoding kind: a :class:`~microspec.drafters.portfolio.Portfolio` of arms (plain
-    decoding, prompt lookup, suffix decoding, the EAGLE head with its vocabulary policy, prompt lookup first) chosen
-    online per request by measured speed; its requests share what they measured.  Build with :func:`build_online`."""
+    decoding, prompt lookup with two chain lengths, suffix decoding, the EAGLE head with its vocabulary policy)
+    chosen online per step by measured speed; its requests share what they measured.  Build with
+    :func:`build_online`."""
 
     why = ""
 
+    @property
+    def arms(self) -> list[str]:
+        return [*self.drafter.arms, *self.drafter.views]
+
     def describe(self) -> dict:
         d = self.drafter
-        return {"drafter": "auto", "arms": list(d.arms), "start": d.start,
+        return {"drafter": "auto", "arms": self.arms, "start": d.start,
                 **({"vocab": self.method.vocab, **self.method.options()} if "eagle" in d.arms else {}),
                 "tree": dict(self.tree)}
 
     def summary(self) -> str:
-        return f"online among {', '.join(self.drafter.arms)} (starts with {self.drafter.start})"
+        return f"online among {', '.join(self.arms)} (starts with {self.drafter.start})"
 
 
-LONG_CHAIN = 8  # the longer prompt-lookup arm where the device's default chain is shorter (long repeats pay)
+LONG_CHAIN = 8  # the longer prompt-lookup chain where the device's default is shorter (long repeats pay)
 
 
 def build_online(lm: "LoadedModel", kind: str, heads: dict | None = None, **options: Any) -> OnlineEngine:
     """``auto`` for decoding kind ``kind`` (greedy, penalty, sampling) on ``lm``: the arms this model and device
-    have, started where :func:`~microspec.auto.start_arm` says.  ``options``: ``vocab`` (the EAGLE arms' policy,
-    default MicroSpec's), ``draft`` (their EAGLE head, default the shipped one), ``lookup`` (prompt lookup first's
-    shortest match) and any other method option, given to the EAGLE arms; ``adaptive`` is what the online choice
-    does already."""
+    have, started where :func:`~microspec.auto.start_arm` says.  ``options``: ``vocab`` (the EAGLE arm's policy,
+    default MicroSpec's), ``draft`` (its EAGLE head, default the shipped one), ``lookup`` (the lookup arms' shortest
+    match) and any other method option, given to the EAGLE arm; ``adaptive`` is what the online choice does
+    already (a plain step wherever nothing pays more)."""
     from .auto import start_arm
     from .drafters import tree_defaults
-    from .drafters.lookup_first import DEFAULT_LOOKUP, LookupFirst
     from .drafters.ngram import NGramDrafter
     from .drafters.portfolio import PLAIN, Portfolio
     from .drafters.suffix import SuffixDrafter
@@ -185,27 +189,27 @@ def build_online(lm: "LoadedModel", kind: str, heads: dict | None = None, **opti
     vocab, draft, lookup = options.pop("vocab", "full"), options.pop("draft", None), options.pop("lookup", None)
     dk = device_kind(lm.model.device.type, lm.model.quantized)
     chain = tree_defaults("ngram", dk, None, None, None)[0]
-    arms: dict = {PLAIN: None, "lookup": NGramDrafter(num_tokens=chain)}
-    if chain < LONG_CHAIN:
-        arms[f"lookup-{LONG_CHAIN}"] = NGramDrafter(num_tokens=LONG_CHAIN)
+    match = {} if lookup is None else {"min_ngram": lookup, "max_ngram": max(3, lookup)}
+    arms: dict = {PLAIN: None}
+    views = {}
+    if chain < LONG_CHAIN:  # one search, two chain lengths: the short chain is a view of the long one
+        arms[f"lookup-{LONG_CHAIN}"] = NGramDrafter(num_tokens=LONG_CHAIN, **match)
+        views["lookup"] = (f"lookup-{LONG_CHAIN}", chain)
+    else:
+        arms["lookup"] = NGramDrafter(num_tokens=chain, **match)
     arms["suffix"] = SuffixDrafter()
     head = draft if draft is not None else shipped_eagle_head(lm.name)
     method, tree, spare = Method(drafter="ngram"), {"lookup": chain}, None
     if head is not None:
         eagle = build(Method(drafter="eagle", vocab="microspec" if vocab == "full" else vocab, draft=head,
                              **options), lm, heads)
-        n = lookup or DEFAULT_LOOKUP
         arms["eagle"] = eagle.drafter
-        arms["lookup-first"] = LookupFirst(eagle.drafter, NGramDrafter(num_tokens=chain, min_ngram=n,
-                                                                        max_ngram=max(3, n)))
         method, tree, spare = eagle.method, {**eagle.tree, "lookup": chain}, eagle._spare
     elif vocab != "full" or options:
         raise MicrospecError("auto: --vocab and tree options apply to an EAGLE head, and this model has none "
                              "(give one with --draft)")
     start, why = start_arm(lm.name, dk, kind, head is not None)
-    if lookup is not None and head is None:
-        why += "; --lookup does not apply without an EAGLE head (prompt lookup is an arm of its own)"
-    engine = OnlineEngine(method, lm, Portfolio(arms, start), tree)
+    engine = OnlineEngine(method, lm, Portfolio(arms, start, views=views), tree)
     engine._spare, engine.why = spare, why
     return engine
 
@@ -256,7 +260,7 @@ class AutoEngine(_TextOut):
         """E.g. ``online among plain, lookup, suffix; starts: greedy lookup, penalty plain, sampling plain``, or per
         kind for engines built otherwise."""
         engines = {kind: self.engine_of(kind) for kind in DECODING_KINDS}
-        arms = {tuple(e.drafter.arms) if isinstance(e, OnlineEngine) else None for e in engines.values()}
+        arms = {tuple(e.arms) if isinstance(e, OnlineEngine) else None for e in engines.values()}
         if len(arms) == 1 and None not in arms:
             return (f"online among {', '.join(next(iter(arms)))}; starts: "
                     + ", ".join(f"{kind} {e.drafter.start}" for kind, e in engines.items()))

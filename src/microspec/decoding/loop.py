@@ -271,11 +271,13 @@ class Generation:
         if vocab is not None:  # the logits the target chose from on the validated branch (the walk has them);
             # a step taken plain (the adaptive mode's, auto's plain arm) feeds the policy its committed tokens only
             # (a top-k over the full vocabulary costs ~0.4 ms of a 17 ms packed CPU step: stepping aside must cost
-            # nothing)
+            # nothing), and so does a step another drafter than the head drafted where the drafter says so (auto)
+            logits = vocab.wants_verify_logits and drafting and len(tree) and (
+                drafter.head_drafted or drafter.copies_feed_policy)
             with self.vocab_timer:
                 vocab.on_verify(to_device(tree.tokens, device),
-                                torch.stack(walk.logits) if vocab.wants_verify_logits and drafting and len(tree)
-                                else hidden.new_zeros(0, model.spec.vocab_size), walk.tokens)
+                                torch.stack(walk.logits) if logits else hidden.new_zeros(0, model.spec.vocab_size),
+                                walk.tokens)
         self.spans.append((t0, t1, t2, self.clock.mark()))
         new = walk.tokens
         self.stats.record_step(len(new), len(tree), max(tree.depths(), default=0), walk.head_rows)

@@ -6,23 +6,30 @@ What pays depends on the device, the model, the decoding's processors and the te
 a table: every arm's rate is measured, per request, and an engine's requests share what they measured
 (:class:`ArmHistory`), so a request starts from what the earlier ones found instead of from nothing.
 
+Some arms are *cheap* (prompt lookup, suffix decoding: a proposal from the text alone costs a fraction of a
+millisecond) and propose at every step; the choice is among the arms that have a proposal this step, plain decoding
+and the model arms (a lookup without a match is no choice: its step would be a plain one).  An arm's rate is thus
+measured over the steps it proposed at, and the choice follows the text step by step: the lookup's chain where the
+text repeats and that pays, the EAGLE head or plain steps elsewhere.
+
 Per request (:class:`OnlineChoice`):
 
 - **estimates**: an arm's rate is its own steps' tokens over their seconds in this request, plus the engine's recent
   steps of that arm weighted as ``prior_steps`` steps (a prior the request's own measurements soon outweigh);
 - **start**: the best arm by the engine's history, else ``start`` (the caller's guess);
-- **exploit**: the best estimate, but a switch from the current arm only where the time it saves over the next
-  ``horizon`` tokens (or the tokens left) exceeds the arm's measured *switching cost*;
+- **exploit**: the arm whose next step commits the most tokens per second, a model arm's measured *switching cost*
+  added to its step where the previous step was another arm's;
 - **probe**: every ``interval`` steps the most promising other arm runs ``probe_steps`` steps; an arm that was
-  measured well and is clearly slower (below ``prune`` of the best) is left out, and so is one whose switching cost
-  exceeds what its optimistic rate would save over the horizon; the interval doubles after a probe
+  measured well and is clearly slower (below ``prune`` of the best) is left out, and so is one whose next step,
+  switching cost included, would not beat the best even at its optimistic rate; the interval doubles after a probe
   that changes nothing (up to ``max_interval``) and starts again where a probe finds a faster arm; arms nobody has
   measured are tried first.
 
-The **switching cost** is counted, not hidden: the first step of an arm after another arm's steps carries that
-arm's catch-up (an EAGLE head runs the features of every token committed meanwhile; suffix decoding indexes the text
-it has not seen), so it is not a sample of the arm's steady rate: its seconds beyond what the steady rate predicts
-are a sample of the arm's switching cost (:attr:`ArmHistory.switch_s`), which the exploit rule charges to a switch.
+The **switching cost** is counted, not hidden: the first step of a model arm (``catch_up``) after other arms'
+steps carries its catch-up (an EAGLE head runs the features of every token committed meanwhile), so it is not a
+sample of the arm's steady rate: its seconds beyond the arm's mean step, per token caught up on, are a sample of
+the arm's switching cost (:attr:`ArmHistory.switch_s`), which the exploit rule charges to a switch in proportion to
+the tokens the arm would catch up on.  Cheap arms propose at every step and catch up on nothing.
 
 Whatever the choice, each step is an ordinary speculative step (or a plain one), so the output is the target's
 own: greedy output token for token, sampling in distribution.  A sampling request with a seed keeps its first arm
@@ -33,26 +40,71 @@ from __future__ import annotations
 
 import math
 import threading
-from collections import deque
+from collections import defaultdict, deque
+
+
+def arm_of(key: str) -> str:
+    """The arm a statistics key belongs to (``lookup@2`` -> ``lookup``)."""
+    return key.split("@", 1)[0]
 
 
 class ArmHistory:
     """An engine's recent measurements of each arm, shared by its requests: per arm the last ``window`` steady steps
     (tokens, seconds) and the last ``window`` switching costs (seconds)."""
 
-    def __init__(self, arms: tuple[str, ...], window: int = 64):
+    def __init__(self, arms: tuple[str, ...], window: int = 64, cost_window: int = 256):
         self.arms = arms
-        self.steps = {a: deque(maxlen=window) for a in arms}
-        self.switch_s = {a: deque(maxlen=window) for a in arms}
+        # by key: an arm's name, or name@context for an arm measured apart by the context of its proposal (prompt
+        # lookup by the length of the n-gram it matched)
+        self.steps: dict[str, deque] = defaultdict(lambda: deque(maxlen=window))
+        self.switch_s: dict[str, deque] = defaultdict(lambda: deque(maxlen=window))
         self.lock = threading.Lock()  # a server's requests measure from one worker thread, the API from any
+        self.costs: deque[tuple[int, int, float]] = deque(maxlen=cost_window)  # (draft nodes, accepted, seconds)
+        self._fit: tuple[float, float, float] | None = None
+        self._fitted_at = 0
+
+    def add_cost(self, nodes: int, accepted: int, seconds: float) -> None:
+        """A step drafted from the text alone: its draft nodes, accepted tokens and seconds."""
+        with self.lock:
+            self.costs.append((nodes, accepted, seconds))
+            self._fitted_at += 1
+            if self._fit is None or self._fitted_at >= 16:
+                self._fit, self._fitted_at = _fit_cost(list(self.costs)), 0
+
+    def predict(self, nodes: int, accepted: int) -> float | None:
+        """The seconds of a step verifying ``nodes`` (>= 1) draft nodes of which ``accepted`` are accepted (a
+        least-squares line through the steps of :meth:`add_cost`: a fixed part, a verify row per node and a head row
+        per accepted token); None before it has data."""
+        with self.lock:
+            fit, costs = self._fit, list(self.costs)
+        if fit is None:
+            return None
+        a, b, c = fit
+        # a step's time grows faster than a line in its rows (bigger verify passes, longer walks), so the line is
+        # corrected by the measured steps of that size, or of the nearest sizes around it
+        by = defaultdict(list)
+        for k, m, x in costs:
+            by[k].append(x - a - b * k - c * m)
+        sizes = sorted(k for k, v in by.items() if len(v) >= 2)
+        if not sizes:
+            return a + b * nodes + c * accepted
+        lo = max((k for k in sizes if k <= nodes), default=sizes[0])
+        hi = min((k for k in sizes if k >= nodes), default=sizes[-1])
+        r_lo, r_hi = (sum(by[k]) / len(by[k]) for k in (lo, hi))
+        if lo == hi:
+            resid = r_lo if lo == nodes or nodes < sizes[0] else r_lo * nodes / lo
+        else:
+            resid = r_lo + (r_hi - r_lo) * (nodes - lo) / (hi - lo)
+        return max(1e-4, a + b * nodes + c * accepted + resid)
 
     def add(self, arm: str, tokens: int, seconds: float) -> None:
         with self.lock:
             self.steps[arm].append((tokens, seconds))
 
-    def add_switch(self, arm: str, seconds: float) -> None:
+    def add_switch(self, arm: str, seconds: float, backlog: int = 1) -> None:
+        """A switch into ``arm`` took ``seconds`` beyond its mean step, catching up on ``backlog`` tokens."""
         with self.lock:
-            self.switch_s[arm].append(seconds)
+            self.switch_s[arm].append((max(1, backlog), seconds))
 
     def sums(self, arm: str) -> tuple[float, float, int]:
         """(tokens, seconds, steps) of the arm's recent steady steps."""
@@ -64,122 +116,166 @@ class ArmHistory:
         tokens, seconds, n = self.sums(arm)
         return tokens / seconds if n and seconds > 0 else None
 
-    def switch_cost(self, arm: str) -> float:
-        """The arm's mean measured switching cost in seconds (0 before any)."""
+    def switch_cost(self, arm: str, backlog: int = 1) -> float:
+        """The arm's switching cost in seconds for a catch-up on ``backlog`` tokens: its measured seconds per
+        token of catch-up times ``backlog`` (0 before any measurement, and never below 0: single samples scatter
+        both ways around it)."""
         with self.lock:
             s = list(self.switch_s[arm])
-        return sum(s) / len(s) if s else 0.0
+        per_token = sum(x for _, x in s) / sum(n for n, _ in s) if s else 0.0
+        return max(0.0, per_token) * max(1, backlog)
 
     def best(self) -> str | None:
-        rates = {a: r for a in self.arms if (r := self.rate(a)) is not None}
-        return max(rates, key=rates.get) if rates else None
+        """The arm of the fastest key measured (None before any)."""
+        with self.lock:
+            keys = list(self.steps)
+        rates = {k: r for k in keys if (r := self.rate(k)) is not None}
+        return arm_of(max(rates, key=rates.get)) if rates else None
 
 
 class OnlineChoice:
-    """One request's choice of arm, step by step (see the module's doc): :meth:`pick` before each step,
-    :meth:`observe` after it; ``chosen`` counts the steps of each arm, ``switches`` the steps that changed arm,
-    ``switch_s`` the measured switching costs of this request's switches."""
+    """One request's choice of arm, step by step (see the module's doc): :meth:`pick` before each step (among the
+    arms available at it), :meth:`observe` after it; ``chosen`` counts the steps of each arm, ``switches`` the steps
+    into a model arm after other arms' steps, ``switch_s`` the measured switching costs of those."""
 
-    def __init__(self, history: ArmHistory, start: str, *, fixed: bool = False, prior_steps: int = 4,
-                 interval: int = 12, max_interval: int = 96, probe_steps: int = 3, horizon: int = 64,
-                 prune: float = 0.7, warmup: int = 2):
+    def __init__(self, history: ArmHistory, start: str, *, fixed: bool = False, catch_up: tuple[str, ...] = (),
+                 cheap: tuple[str, ...] = (), plain: str = "plain", prior_steps: int = 4, interval: int = 12,
+                 max_interval: int = 96, probe_steps: int = 3, prune: float = 0.7, warmup: int = 2):
         if start not in history.arms:
             raise ValueError(f"unknown start arm {start!r}; arms: {', '.join(history.arms)}")
         if probe_steps < 2 or interval < 1 or max_interval < interval or warmup < 1:
-            raise ValueError("OnlineChoice needs probe_steps >= 2 (the first is the switch), interval >= 1, "
+            raise ValueError("OnlineChoice needs probe_steps >= 2 (the first may be a switch), interval >= 1, "
                              "max_interval >= interval and warmup >= 1")
-        self.history, self.fixed = history, fixed
-        self.prior_steps, self.base_interval, self.max_interval = prior_steps, interval, max_interval
-        self.probe_steps, self.horizon, self.prune, self.warmup = probe_steps, horizon, prune, warmup
-        self.own = {a: [0.0, 0.0, 0] for a in history.arms}  # this request's steady steps: tokens, seconds, steps
+        self.history, self.fixed, self.catch_up, self.cheap = history, fixed, set(catch_up), set(cheap)
+        self.plain, self.prior_steps, self.base_interval, self.max_interval = plain, prior_steps, interval, max_interval
+        self.probe_steps, self.prune, self.warmup = probe_steps, prune, warmup
+        self.own: dict[str, list] = defaultdict(lambda: [0.0, 0.0, 0])  # by key: tokens, seconds, steady steps
         self.chosen = {a: 0 for a in history.arms}
         self.switches = 0
         self.switch_s = 0.0
+        self.backlog: dict[str, int] = {}  # per model arm: the tokens it would catch up on at its next step
         self.interval = interval
         self._since = 0
         self._probe: tuple[str, int] | None = None  # (arm under probe, steps left)
-        self._before_probe: str | None = None
-        self.current = start if fixed else (history.best() or start)
+        self.start = start if fixed else (history.best() or start)
         self._last: str | None = None  # the arm of the previous step (None: no step yet)
 
     # ---- estimates
-    def estimate(self, arm: str) -> float | None:
-        """Tokens per second of ``arm``: this request's steps plus the engine's, the latter weighted as
+    def _means(self, arm: str) -> tuple[float, float] | None:
+        """(tokens, seconds) per step of ``arm``: this request's steps plus the engine's, the latter weighted as
         ``prior_steps`` steps (None: never measured)."""
         t, s, n = self.own[arm]
         pt, ps, pn = self.history.sums(arm)
         if pn:
             w = self.prior_steps / pn
-            t, s = t + w * pt, s + w * ps
-        return t / s if (n or pn) and s > 0 else None
+            t, s, n = t + w * pt, s + w * ps, n + self.prior_steps
+        return (t / n, s / n) if n and s > 0 else None
+
+    def estimate(self, arm: str) -> float | None:
+        """Tokens per second of ``arm``'s steps (None: never measured)."""
+        m = self._means(arm)
+        return None if m is None else m[0] / m[1]
 
     def _measured(self, arm: str) -> int:
         return self.own[arm][2] + self.history.sums(arm)[2]
 
+    def _bonus(self, arm: str) -> float:
+        return 1 + 1 / math.sqrt(1 + self._measured(arm))
+
     def _optimistic(self, arm: str) -> float:
         est = self.estimate(arm)
-        return math.inf if est is None else est * (1 + 1 / math.sqrt(1 + self._measured(arm)))
+        return math.inf if est is None else est * self._bonus(arm)
+
+    def value(self, arm: str, optimistic: bool = False) -> float:
+        """Tokens per second of the next step on ``arm``, a switch into it included (0: never measured;
+        ``optimistic``: never measured is infinite, little measured is more)."""
+        m = self._means(arm)
+        if m is None:
+            return math.inf if optimistic else 0.0
+        tokens, seconds = m
+        if arm in self.catch_up and arm != self._last:
+            seconds += self.history.switch_cost(arm, self.backlog.get(arm, 1))
+        return tokens / seconds * (self._bonus(arm) if optimistic else 1.0)
 
     # ---- decisions
-    def pick(self, tokens_left: int) -> str:
-        """The arm of the next step (``tokens_left``: the tokens the request may still generate)."""
-        arm = self._decide(max(1, tokens_left))
-        self.chosen[arm] += 1
-        return arm
+    def pick(self, tokens_left: int, available=None, backlog: dict[str, int] | None = None) -> str:
+        """The arm of the next step among ``available`` (default: every arm; the caller's plain arm should always
+        be among them), ``tokens_left``: the tokens the request may still generate; ``backlog``: per model arm, the
+        tokens it would catch up on (its switching cost grows with them)."""
+        self.backlog = dict(backlog or {})
+        order = {a: i for i, a in enumerate(self.history.arms)}
+        keys = sorted(self.history.arms if available is None else available,
+                      key=lambda k: (order.get(arm_of(k), len(order)), k))
+        key = self._decide(keys)
+        self.chosen[arm_of(key)] += 1
+        return key
 
-    def _decide(self, tokens_left: int) -> str:
+    def _decide(self, arms: list[str]) -> str:
+        preferred = next((k for k in arms if arm_of(k) == self.start), arms[0])
         if self.fixed:
-            return self.current
-        if self._probe is not None:
+            return preferred
+        if self._probe is not None and self._probe[0] in arms:
             return self._probe[0]
-        if self.own[self.current][2] < self.warmup:  # the current arm's own rate first
-            return self.current
+        if self.own[preferred][2] < self.warmup and self.estimate(preferred) is None:
+            return preferred  # nothing known of it yet: measure it first
         self._since += 1
-        if self._since >= self.interval:
+        if self._since >= self.interval and self._probe is None:
             self._since = 0
-            target = self._probe_target(tokens_left)
+            target = self._probe_target(arms)
             if target is not None:
-                self._before_probe, self._probe = self.current, (target, self.probe_steps)
+                self._probe = (target, self.probe_steps)
                 return target
-        best = max(self.history.arms, key=lambda a: self.estimate(a) or 0.0)
-        if best != self.current and self._worth_switching(best, tokens_left):
-            self.current = best
-        return self.current
+        return max(arms, key=self.value)
 
-    def _probe_target(self, tokens_left: int) -> str | None:
-        """The most promising other arm, leaving out arms measured well that are clearly slower than the best and
-        arms whose switching cost exceeds what even their optimistic rate would save."""
-        best = max((self.estimate(a) or 0.0) for a in self.history.arms)
-        now, h = self.estimate(self.current), min(tokens_left, self.horizon)
-        candidates = [a for a in self.history.arms if a != self.current
+    def _probe_target(self, arms: list[str]) -> str | None:
+        """The most promising model arm other than the one the estimates prefer (cheap arms are scored at every
+        step without being taken), leaving out arms measured well that are clearly slower than the best and arms
+        whose next step, its switching cost included, would not beat the best even at their optimistic rate."""
+        best_arm = max(arms, key=self.value)
+        best = self.value(best_arm)
+        candidates = [a for a in arms if a != best_arm and arm_of(a) not in self.cheap
                       and not (self._measured(a) >= 8 and (self.estimate(a) or 0.0) < self.prune * best)
-                      and (now is None or h / now - h / self._optimistic(a) > self.history.switch_cost(a))]
-        return max(candidates, key=self._optimistic) if candidates else None
+                      and self.value(a, optimistic=True) > best]
+        return max(candidates, key=lambda a: self.value(a, optimistic=True)) if candidates else None
 
-    def _worth_switching(self, arm: str, tokens_left: int) -> bool:
-        now, then = self.estimate(self.current), self.estimate(arm)
-        if now is None or then is None or then <= now:
-            return now is None and then is not None
-        h = min(tokens_left, self.horizon)
-        return h / now - h / then > self.history.switch_cost(arm)
+    def score(self, arm: str, tokens: int, nodes: int, seconds: float | None = None) -> None:
+        """A cheap arm's proposal of ``nodes`` nodes would have committed ``tokens`` (scored against the committed
+        text, whether or not the arm was taken) in ``seconds`` (measured where it was taken, else the cost line's)."""
+        seconds = self.history.predict(nodes, tokens - 1) if seconds is None else seconds
+        if seconds is None or seconds <= 0:
+            return
+        own = self.own[arm]
+        own[0] += tokens
+        own[1] += seconds
+        own[2] += 1
+        self.history.add(arm, tokens, seconds)
 
-    def observe(self, arm: str, tokens: int, seconds: float) -> None:
-        """The step of ``arm`` committed ``tokens`` in ``seconds`` (the draft, the verify pass, the walk)."""
-        switched = self._last is not None and arm != self._last
+    def observe(self, arm: str, tokens: int, seconds: float, nodes: int = 0) -> None:
+        """The step of ``arm`` (``nodes`` draft nodes) committed ``tokens`` in ``seconds`` (the draft, the verify
+        pass, the walk).  A cheap arm's rate comes from :meth:`score`; its steps and plain ones fit the cost line."""
+        switched = arm in self.catch_up and self._last is not None and arm != self._last
         self._last = arm
+        if arm_of(arm) in self.cheap and nodes:  # the cost line: drafted steps only (a plain step runs other
+            self.history.add_cost(nodes, tokens - 1, seconds)  # kernels, one row: its own time is measured)
+        if arm_of(arm) in self.cheap:  # scored with the arm's other proposals
+            self._probe_step(arm)
+            return
         if switched:
             self.switches += 1
-            steady = self.estimate(arm)
-            extra = max(0.0, seconds - tokens / steady) if steady else 0.0
-            self.switch_s += extra
-            if steady:
-                self.history.add_switch(arm, extra)
+            steady = self._means(arm)
+            if steady:  # the seconds beyond the arm's mean step (a step's time hardly depends on what it accepts)
+                extra = seconds - steady[1]
+                self.switch_s += max(0.0, extra)
+                self.history.add_switch(arm, extra, self.backlog.get(arm, 1))
         else:
             own = self.own[arm]
             own[0] += tokens
             own[1] += seconds
             own[2] += 1
             self.history.add(arm, tokens, seconds)
+        self._probe_step(arm)
+
+    def _probe_step(self, arm: str) -> None:
         if self._probe is None or arm != self._probe[0]:
             return
         left = self._probe[1] - 1
@@ -187,12 +283,61 @@ class OnlineChoice:
             self._probe = (arm, left)
             return
         self._probe = None
-        before, probed = self._before_probe, arm
-        faster = (self.estimate(probed) or 0.0) > (self.estimate(before) or 0.0)
-        self.current = probed if faster else before
+        # a probe that finds its arm faster than the arms it was measured against starts probing anew soon
+        others = [self.estimate(a) or 0.0 for a in list(self.own) if a != arm]
+        faster = (self.estimate(arm) or 0.0) >= max(others, default=0.0)
         self.interval = self.base_interval if faster else min(2 * self.interval, self.max_interval)
 
     def summary(self) -> dict:
         """Steps per arm (the arms taken), switches and their measured cost."""
         return {"arms": {a: n for a, n in self.chosen.items() if n}, "switches": self.switches,
                 "switch_s": round(self.switch_s, 6)}
+
+
+def _fit_cost(samples: list[tuple[int, int, float]]) -> tuple[float, float, float] | None:
+    """(a, b, c) of seconds ~ a + b * nodes + c * accepted over ``samples``, b and c at least 0 (ridge-damped normal
+    equations; a coefficient the samples cannot tell is 0)."""
+    if not samples:
+        return None
+    n = len(samples)
+    mean_s = sum(x for _, _, x in samples) / n
+    if n < 4:
+        return mean_s, 0.0, 0.0
+    sx = [[1.0, float(k), float(m)] for k, m, _ in samples]
+    ys = [x for _, _, x in samples]
+    ata = [[sum(r[i] * r[j] for r in sx) + (1e-6 * n if i == j and i else 0.0) for j in range(3)] for i in range(3)]
+    aty = [sum(r[i] * y for r, y in zip(sx, ys)) for i in range(3)]
+    sol = _solve(ata, aty)
+    if sol is None:
+        return mean_s, 0.0, 0.0
+    a, b, c = sol
+    if b < 0 or c < 0:  # refit without the negative term(s)
+        keep = [i for i, v in ((1, b), (2, c)) if v >= 0]
+        cols = [0, *keep]
+        m = [[ata[i][j] for j in cols] for i in cols]
+        v = [aty[i] for i in cols]
+        part = _solve(m, v)
+        if part is None:
+            return mean_s, 0.0, 0.0
+        full = dict(zip(cols, part))
+        a, b, c = full.get(0, mean_s), max(0.0, full.get(1, 0.0)), max(0.0, full.get(2, 0.0))
+    return (a, b, c) if a > 0 else (mean_s, 0.0, 0.0)
+
+
+def _solve(m: list[list[float]], v: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting on a small dense system; None if singular."""
+    n = len(v)
+    a = [row[:] + [v[i]] for i, row in enumerate(m)]
+    for col in range(n):
+        piv = max(range(col, n), key=lambda r: abs(a[r][col]))
+        if abs(a[piv][col]) < 1e-12:
+            return None
+        a[col], a[piv] = a[piv], a[col]
+        for r in range(col + 1, n):
+            f = a[r][col] / a[col][col]
+            for k in range(col, n + 1):
+                a[r][k] -= f * a[col][k]
+    out = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        out[r] = (a[r][n] - sum(a[r][k] * out[k] for k in range(r + 1, n))) / a[r][r]
+    return out

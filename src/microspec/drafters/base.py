@@ -25,6 +25,13 @@ class Drafter(ABC):
     # False when the last proposal did not come from the draft head the vocabulary policy serves (prompt lookup
     # first: a copied chain); the loop then reads no ground-truth coverage for the step
     head_drafted = True
+    # True for a drafter whose proposal costs a small fraction of a decode step (from the text alone, no network):
+    # auto asks such drafters at every step and offers the choice only the arms that have a proposal
+    cheap = False
+    # whether a step drafted without the head (head_drafted False) still feeds the vocabulary policy the target's
+    # logits of its verified rows (prompt lookup first: yes, its copied chains enter MicroSpec's stream; auto: no,
+    # the top-k over the full vocabulary would tax every step the head does not draft)
+    copies_feed_policy = True
 
     def prefill(self, target: NativeCausalLM, prompt_ids: list[int], hidden: torch.Tensor,
                 vocab: VocabPolicy | None = None) -> None:

@@ -19,6 +19,7 @@ class NGramDrafter(Drafter):
     to ``num_tokens`` tokens that followed the most recent match (a chain)."""
 
     name = "ngram"
+    cheap = True
 
     def __init__(self, num_tokens: int = TOKENS, max_ngram: int = 3, min_ngram: int = 1):
         check(num_tokens >= 1, f"ngram draft length must be >= 1, got {num_tokens}")
@@ -28,6 +29,7 @@ class NGramDrafter(Drafter):
     def propose(self, ctx: DraftContext) -> DraftTree:
         seq = torch.tensor(ctx.tokens, dtype=torch.long)
         limit = min(self.num_tokens, ctx.max_depth)
+        self.matched = 0  # the length of the n-gram the last proposal matched (0: none)
         if limit <= 0:
             return DraftTree()
         for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
@@ -36,6 +38,7 @@ class NGramDrafter(Drafter):
             for start in reversed(hits.tolist()):  # most recent first
                 follow = seq[start + n : start + n + limit]
                 if follow.numel():
+                    self.matched = n
                     return DraftTree.chain(follow.tolist())
         return DraftTree()
 

@@ -1,12 +1,14 @@
 """``auto``'s drafter: several drafting methods (*arms*) behind one drafter, one of them chosen at each step by the
 online bandit of :mod:`microspec.decoding.online`, which times each step from the proposal to the commit.
 
-Arms share their drafters where they are the same: the EAGLE head arm and the prompt-lookup-first arm draft with one
-EAGLE drafter; the plain arm proposes nothing (the loop's step is then an autoregressive one).  Every drafter hears
-every commit, whichever arm drafted (an EAGLE head catches up on the features it missed at its next draft, suffix
-decoding indexes the tokens it has not seen): a switch costs that catch-up, which the bandit measures.  A vocabulary
-policy hears every verification, as under prompt lookup first; ground-truth coverage is read only at the steps the
-draft head drafted (``head_drafted``).
+*Cheap* drafters (``cheap = True``: prompt lookup, suffix decoding) propose at every step (every fourth after a run
+of plain steps), before the choice, and only the arms with a proposal are offered to it; each proposal is scored
+against the text that follows (the tokens it would have committed), whichever arm was taken; a *view* arm is another arm's proposal cut to fewer levels (the
+device's short lookup chain from the long one's single search).  Model drafters (the EAGLE head) propose only when
+chosen; the plain arm proposes nothing (the loop's step is then an autoregressive one).  Every drafter hears every
+commit, whichever arm drafted (an EAGLE head catches up on the features it missed at its next draft): a switch into
+it costs that catch-up, which the bandit measures.  A vocabulary policy hears every verification, as under prompt
+lookup first; ground-truth coverage is read only at the steps the draft head drafted (``head_drafted``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 import torch
 
 from ..decoding.context import DraftContext
-from ..decoding.online import ArmHistory, OnlineChoice
+from ..decoding.online import ArmHistory, OnlineChoice, arm_of
 from ..decoding.tree import DraftTree
 from ..errors import check
 from ..models.native import NativeCausalLM
@@ -24,6 +26,10 @@ from ..vocab.base import VocabPolicy
 from .base import Drafter
 
 PLAIN = "plain"
+# after PLAIN_RUN plain steps in a row the cheap arms propose at every THIN-th step only (their search costs ~0.3-1 ms
+# of a ~20-35 ms packed CPU step: where nothing pays, auto is to cost as little as plain decoding); a step they win
+# ends the run
+PLAIN_RUN, THIN = 8, 4
 
 
 class Portfolio(Drafter):
@@ -32,23 +38,35 @@ class Portfolio(Drafter):
     :class:`~microspec.decoding.online.OnlineChoice`.  :meth:`fresh` copies for another request share the history."""
 
     name = "auto"
+    copies_feed_policy = False
 
     def __init__(self, arms: dict[str, Drafter | None], start: str, history: ArmHistory | None = None,
-                 chooser=OnlineChoice, **choice_options):
-        check(start in arms, f"auto: start arm {start!r} is not one of {', '.join(arms)}")
+                 chooser=OnlineChoice, views: dict[str, tuple[str, int]] | None = None, **choice_options):
+        self.views = dict(views or {})  # arm -> (the cheap arm whose proposal it cuts, levels kept)
+        names = [*arms, *self.views]
+        check(start in names, f"auto: start arm {start!r} is not one of {', '.join(names)}")
+        check(all(src in arms and getattr(arms[src], "cheap", False) for src, _ in self.views.values()),
+              "auto: a view arm cuts a cheap arm's proposal")
+        check(PLAIN in arms and arms[PLAIN] is None, f"auto: the arms need {PLAIN!r} (None: plain decoding)")
         self.arms, self.start = dict(arms), start
-        self.history = history if history is not None else ArmHistory(tuple(arms))
-        self.chooser = chooser  # (history, start, fixed=..., **choice_options) -> pick / observe / summary
+        self.history = history if history is not None else ArmHistory(tuple(names))
+        self.chooser = chooser  # (history, start, fixed=..., catch_up=..., **choice_options) -> pick / observe / ...
         self.choice_options = choice_options
         self.leaves = _leaves(arms.values())  # each distinct drafter once
+        self.cheap = [n for n, d in arms.items() if d is not None and getattr(d, "cheap", False)]
+        self.model = [n for n, d in arms.items() if d is not None and n not in self.cheap]
         self.choice: OnlineChoice | None = None
-        self._step: tuple[str, float] | None = None
+        self._step: tuple[str, float, int] | None = None  # (arm, host clock at the proposal, draft nodes)
+        self._pending: list[list] = []  # cheap arms' proposals not yet scored: [position, arm, tree, seconds]
+        self._tokens: list[int] = []  # the request's committed tokens (the loop's list, growing)
+        self._drafted: dict[str, int] = {}
+        self._steps = self._plain_run = 0  # steps of the request, and plain steps in a row
         self.head_drafted = False
 
     def fresh(self) -> "Portfolio":
         copies = {id(d): d.fresh() for d in self.leaves}
         return Portfolio({name: _rebuild(d, copies) for name, d in self.arms.items()}, self.start, self.history,
-                         self.chooser, **self.choice_options)
+                         self.chooser, self.views, **self.choice_options)
 
     @property
     def head(self):  # the draft head of the model drafter (its timer and active sizes feed the stats)
@@ -59,32 +77,76 @@ class Portfolio(Drafter):
 
     def prefill(self, target: NativeCausalLM, prompt_ids: list[int], hidden: torch.Tensor,
                 vocab: VocabPolicy | None = None) -> None:
-        self.choice, self._step = None, None  # made at the first step, which knows the decoding
+        self.choice, self._step, self._pending = None, None, []  # made at the first step, which knows the decoding
+        self._drafted: dict[str, int] = {}  # per model arm: the length of the text when it last drafted
+        self._steps = self._plain_run = 0
         for d in self.leaves:
             d.prefill(target, prompt_ids, hidden, vocab)
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         if self.choice is None:
             seeded = not ctx.greedy and ctx.pipe is not None and ctx.pipe.cfg.seed is not None
-            self.choice = self.chooser(self.history, self.start, fixed=seeded, **self.choice_options)
+            self.choice = self.chooser(self.history, self.start, fixed=seeded, catch_up=tuple(self.model),
+                                       cheap=(*self.cheap, *self.views), **self.choice_options)
         t0 = time.perf_counter()
-        arm = self.choice.pick(ctx.max_depth + 1)
-        drafter = self.arms[arm]
-        tree = DraftTree() if drafter is None else drafter.propose(ctx)
+        self._tokens = ctx.tokens
+        self._score(done=False)
+        ready = {}  # by statistics key: the cheap arms' proposals (and their views'), where they have one
+        context = {}
+        self._steps += 1
+        thin = self._plain_run >= PLAIN_RUN and self._steps % THIN  # plain has paid for a while: ask less often
+        for name in () if thin else self.cheap:
+            drafter = self.arms[name]
+            tree = drafter.propose(ctx)
+            if len(tree):
+                context[name] = getattr(drafter, "matched", None)  # prompt lookup: the n-gram's length
+                ready[_key(name, context[name])] = tree
+        for name, (src, levels) in self.views.items():
+            if src in context:
+                ready[_key(name, context[src])] = ready[_key(src, context[src])].truncated(levels)
+        backlog = {name: len(ctx.tokens) - self._drafted.get(name, 0) for name in self.model}
+        key = self.choice.pick(ctx.max_depth + 1, {PLAIN, *ready, *self.model}, backlog)
+        if key in self.model:
+            self._drafted[key] = len(ctx.tokens)
+        self._plain_run = self._plain_run + 1 if key == PLAIN else 0
+        drafter = self.arms.get(arm_of(key))
+        tree = ready[key] if key in ready else DraftTree() if drafter is None else drafter.propose(ctx)
         self.head_drafted = drafter is not None and getattr(drafter, "head", None) is not None and bool(
             getattr(drafter, "head_drafted", True))
-        self._step = (arm, t0)
+        tree = tree.truncated(ctx.max_depth)
+        for k, proposal in ready.items():  # scored once the text after it is known
+            self._pending.append([len(ctx.tokens), k, proposal.truncated(ctx.max_depth), None])
+        self._step = (key, t0, len(tree))
         return tree
 
     def commit(self, accepted_tokens: list[int], hidden: torch.Tensor) -> None:
         for d in self.leaves:
             d.commit(accepted_tokens, hidden)
         if self._step is not None:  # the walk has read the accepted tokens: the host's clock covers the step
-            arm, t0 = self._step
+            arm, t0, nodes = self._step
             self._step = None
-            self.choice.observe(arm, len(accepted_tokens), time.perf_counter() - t0)
+            seconds = time.perf_counter() - t0
+            self.choice.observe(arm, len(accepted_tokens), seconds, nodes)
+            for entry in self._pending:
+                if entry[1] == arm and entry[3] is None and entry[0] == len(self._tokens):
+                    entry[3] = seconds  # the taken proposal's own time
+
+    def _score(self, done: bool) -> None:
+        """Score the pending proposals whose continuation is known (all of them once the request is ``done``):
+        the tokens each would have committed (its longest path along the committed text, plus the bonus)."""
+        text, keep = self._tokens, []
+        for entry in self._pending:
+            pos, arm, tree, seconds = entry
+            deepest = max(tree.depths(), default=0)
+            if not done and len(text) < pos + deepest + 1:
+                keep.append(entry)
+                continue
+            self.choice.score(arm, 1 + _matched(tree, text, pos), len(tree), seconds)
+        self._pending = keep
 
     def finish(self, output: list[int]) -> None:
+        if self.choice is not None:
+            self._score(done=True)
         for d in self.leaves:
             d.finish(output)
 
@@ -96,6 +158,22 @@ class Portfolio(Drafter):
 
     def take_lookup_steps(self) -> int | None:
         return None
+
+
+def _key(arm: str, context) -> str:
+    return arm if context is None else f"{arm}@{context}"
+
+
+def _matched(tree: DraftTree, text: list[int], pos: int) -> int:
+    """How deep ``tree`` follows ``text`` from ``pos`` on (the tokens a greedy walk would accept)."""
+    node, depth = -1, 0
+    while pos + depth < len(text):
+        want = text[pos + depth]
+        node = next((i for i, (t, p) in enumerate(zip(tree.tokens, tree.parents)) if p == node and t == want), None)
+        if node is None:
+            break
+        depth += 1
+    return depth
 
 
 def _leaves(drafters) -> list[Drafter]:

@@ -174,6 +174,7 @@ class SuffixDrafter(Drafter):
     """Suffix decoding over the request's text and earlier responses (see the module's doc)."""
 
     name = "suffix"
+    cheap = True
 
     def __init__(self, depth: int = TREE_DEPTH, total_tokens: int = TREE_TOKENS, cache: ResponseCache | None = None):
         check(1 <= depth < DEPTH_LIMIT, f"suffix draft depth must be in [1, {DEPTH_LIMIT - 1}], got {depth}")
