@@ -1,39 +1,42 @@
 """Online choice of the drafting method: a bandit over *arms* (plain decoding, prompt lookup, suffix decoding, the
-EAGLE head, ...) that measures each one's committed tokens per second on the request's own steps and settles on the
-fastest.
+EAGLE head, ...) that measures each one's committed tokens per second on the request's own steps and takes, step by
+step, the one whose next step should commit the most tokens per second.
 
 What pays depends on the device, the model, the decoding's processors and the text in front of it, so nothing here is
 a table: every arm's rate is measured, per request, and an engine's requests share what they measured
 (:class:`ArmHistory`), so a request starts from what the earlier ones found instead of from nothing.
 
-Some arms are *cheap* (prompt lookup, suffix decoding: a proposal from the text alone costs a fraction of a
-millisecond) and propose at every step; the choice is among the arms that have a proposal this step, plain decoding
-and the model arms (a lookup without a match is no choice: its step would be a plain one).  An arm's rate is thus
-measured over the steps it proposed at, and the choice follows the text step by step: the lookup's chain where the
-text repeats and that pays, the EAGLE head or plain steps elsewhere.
+*Cheap* arms (prompt lookup, suffix decoding: a proposal from the text alone costs a fraction of a millisecond)
+propose at every step; the choice is among the arms that have a proposal this step, plain decoding and the model arms
+(a lookup without a match is no choice: its step would be a plain one).  A cheap arm's proposal is *scored* whether
+or not it is taken: once the text after it is known, the tokens it would have committed (its longest path along the
+committed text, plus the bonus token: exact for greedy decoding, the same expectation for a sampled chain) over the
+seconds its step takes (measured where it was taken, else the engine's cost line of drafted steps by size,
+:meth:`ArmHistory.predict`).  So cheap arms are never probed, and their estimates follow the text at every step.
+Prompt lookup is measured apart by the length of the n-gram it matched (``lookup@2``): a two-token match predicts
+more than a one-token one.
 
 Per request (:class:`OnlineChoice`):
 
-- **estimates**: an arm's rate is its own steps' tokens over their seconds in this request, plus the engine's recent
-  steps of that arm weighted as ``prior_steps`` steps (a prior the request's own measurements soon outweigh);
-- **start**: the best arm by the engine's history, else ``start`` (the caller's guess);
-- **exploit**: the arm whose next step commits the most tokens per second, a model arm's measured *switching cost*
-  added to its step where the previous step was another arm's;
-- **probe**: every ``interval`` steps the most promising other arm runs ``probe_steps`` steps; an arm that was
-  measured well and is clearly slower (below ``prune`` of the best) is left out, and so is one whose next step,
-  switching cost included, would not beat the best even at its optimistic rate; the interval doubles after a probe
-  that changes nothing (up to ``max_interval``) and starts again where a probe finds a faster arm; arms nobody has
-  measured are tried first.
+- **estimates**: an arm's tokens and seconds per step over its steps in this request, plus the engine's recent steps
+  of it weighted as ``prior_steps`` steps (a prior the request's own measurements soon outweigh);
+- **exploit**: the available arm whose next step commits the most tokens per second, a model arm's measured
+  *switching cost* added to its step where the previous step was another arm's;
+- **probe**: every ``interval`` steps the most promising model arm other than the preferred one runs
+  ``probe_steps`` steps; an arm that was measured well and is clearly slower (below ``prune`` of the best) is left
+  out, and so is one whose next step, switching cost included, would not beat the best even at its optimistic
+  rate; the interval doubles after a probe that changes nothing (up to ``max_interval``) and starts again where a
+  probe finds a faster arm; arms nobody has measured are tried first.
 
-The **switching cost** is counted, not hidden: the first step of a model arm (``catch_up``) after other arms'
-steps carries its catch-up (an EAGLE head runs the features of every token committed meanwhile), so it is not a
-sample of the arm's steady rate: its seconds beyond the arm's mean step, per token caught up on, are a sample of
-the arm's switching cost (:attr:`ArmHistory.switch_s`), which the exploit rule charges to a switch in proportion to
-the tokens the arm would catch up on.  Cheap arms propose at every step and catch up on nothing.
+The **switching cost** is counted, not hidden: the first step of a model arm (``catch_up``) after other arms' steps
+carries its catch-up (an EAGLE head runs the features of every token committed meanwhile, the whole prompt at its
+first draft), so it is not a sample of the arm's steady rate: its seconds beyond the arm's mean step, per token
+caught up on, are a sample of the arm's switching cost (:attr:`ArmHistory.switch_s`), which the exploit rule
+charges to a switch in proportion to the tokens the arm would catch up on.  Cheap arms catch up on nothing.
 
 Whatever the choice, each step is an ordinary speculative step (or a plain one), so the output is the target's
-own: greedy output token for token, sampling in distribution.  A sampling request with a seed keeps its first arm
-throughout (``fixed``): a seeded text must not depend on timings.
+own: greedy output token for token, sampling in distribution.  A sampling request with a seed keeps to its start
+arm where it is available, plain steps elsewhere (``fixed``): a seeded text must not depend on timings.
 """
 
 from __future__ import annotations

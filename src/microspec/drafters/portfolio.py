@@ -3,8 +3,9 @@ online bandit of :mod:`microspec.decoding.online`, which times each step from th
 
 *Cheap* drafters (``cheap = True``: prompt lookup, suffix decoding) propose at every step (every fourth after a run
 of plain steps), before the choice, and only the arms with a proposal are offered to it; each proposal is scored
-against the text that follows (the tokens it would have committed), whichever arm was taken; a *view* arm is another arm's proposal cut to fewer levels (the
-device's short lookup chain from the long one's single search).  Model drafters (the EAGLE head) propose only when
+against the text that follows (the tokens it would have committed), whichever arm was taken; a *view* arm is
+another arm's proposal cut to fewer levels (the device's short lookup chain from the long one's single search).
+Model drafters (the EAGLE head) propose only when
 chosen; the plain arm proposes nothing (the loop's step is then an autoregressive one).  Every drafter hears every
 commit, whichever arm drafted (an EAGLE head catches up on the features it missed at its next draft): a switch into
 it costs that catch-up, which the bandit measures.  A vocabulary policy hears every verification, as under prompt
@@ -59,7 +60,7 @@ class Portfolio(Drafter):
         self._step: tuple[str, float, int] | None = None  # (arm, host clock at the proposal, draft nodes)
         self._pending: list[list] = []  # cheap arms' proposals not yet scored: [position, arm, tree, seconds]
         self._tokens: list[int] = []  # the request's committed tokens (the loop's list, growing)
-        self._drafted: dict[str, int] = {}
+        self._drafted: dict[str, int] = {}  # per model arm: the length of the text when it last drafted
         self._steps = self._plain_run = 0  # steps of the request, and plain steps in a row
         self.head_drafted = False
 
@@ -78,7 +79,7 @@ class Portfolio(Drafter):
     def prefill(self, target: NativeCausalLM, prompt_ids: list[int], hidden: torch.Tensor,
                 vocab: VocabPolicy | None = None) -> None:
         self.choice, self._step, self._pending = None, None, []  # made at the first step, which knows the decoding
-        self._drafted: dict[str, int] = {}  # per model arm: the length of the text when it last drafted
+        self._drafted = {}  # per model arm: the length of the text when it last drafted
         self._steps = self._plain_run = 0
         for d in self.leaves:
             d.prefill(target, prompt_ids, hidden, vocab)
