@@ -45,14 +45,15 @@ def test_generate_plain_prints_text_and_one_summary_line(capsys, tiny_model_dir)
             "--temperature", "0.7", "--seed", "3"]
     rc, out, err = _run(capsys, *args)
     assert rc == 0
-    assert len(err.strip().splitlines()) == 1 and "tok/s" in err and "mean accept len 1.00" in err
+    assert len(err.strip().splitlines()) == 1 and "tok/s" in err and "mean accept len " in err
     assert "| 4 tokens in " in err
-    # what --drafter auto took: a seeded sample keeps its start arm (here plain decoding, measured fastest for
-    # sampling on a dense CPU target), so that its text does not depend on timings
-    assert "auto: plain 100% of steps; 0 switches" in err
-    rc, js, _ = _run(capsys, *args, "--json")  # the same seeded sample: the plain output is its text, one line
+    # what --drafter auto took: each arm's share of the steps
+    assert "| auto: " in err and "% of steps; " in err and " switches (" in err
+    rc, js, _ = _run(capsys, *args, "--json")
+    assert rc == 0 and json.loads(js)["drafter"] == "auto" and "sampling" in json.loads(js)["auto"]
+    rc, out, _ = _run(capsys, *args, "--drafter", "none")  # a seeded plain sample: the output is its text, one line
+    rc, js, _ = _run(capsys, *args, "--drafter", "none", "--json")
     assert rc == 0 and out == json.loads(js)["text"] + "\n"
-    assert json.loads(js)["drafter"] == "auto" and "sampling" in json.loads(js)["auto"]
 
 
 def test_generate_compare_prints_what_speculation_bought(capsys, tiny_model_dir):

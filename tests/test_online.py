@@ -111,13 +111,6 @@ def test_cheap_arms_are_scored_without_being_taken():
     assert all(choice._probe_target([a, "plain"]) != a for a in ("lookup@2",))
 
 
-def test_a_seeded_sample_keeps_its_start_arm():
-    history = ArmHistory(ARMS)
-    history.add("lookup", 200, 1.0)
-    choice = OnlineChoice(history, "plain", fixed=True)
-    assert set(_simulate(choice, {"plain": 40.0, "lookup": 90.0, "suffix": 60.0, "eagle": 55.0}, 50)) == {"plain"}
-
-
 def test_bad_settings_and_arms_are_refused():
     with pytest.raises(ValueError, match="unknown start arm"):
         OnlineChoice(ArmHistory(ARMS), "nope")
@@ -128,7 +121,7 @@ def test_bad_settings_and_arms_are_refused():
 class Alternate:
     """A chooser that changes arm at every step (in the order of a seeded shuffle)."""
 
-    def __init__(self, history, start, fixed=False, **_):
+    def __init__(self, history, start, **_):
         self.arms, self.rng, self.chosen = history.arms, random.Random(len(history.arms)), {}
 
     def pick(self, tokens_left, available=None, backlog=None):

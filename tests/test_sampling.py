@@ -125,7 +125,7 @@ class RotatingArms:
 
     made = 0
 
-    def __init__(self, history, start, fixed=False, **_):
+    def __init__(self, history, start, **_):
         self.arms, self.turn = history.arms, RotatingArms.made
         RotatingArms.made += 1
         self.chosen: dict[str, int] = {}

@@ -35,8 +35,9 @@ caught up on, are a sample of the arm's switching cost (:attr:`ArmHistory.switch
 charges to a switch in proportion to the tokens the arm would catch up on.  Cheap arms catch up on nothing.
 
 Whatever the choice, each step is an ordinary speculative step (or a plain one), so the output is the target's
-own: greedy output token for token, sampling in distribution.  A sampling request with a seed keeps to its start
-arm where it is available, plain steps elsewhere (``fixed``): a seeded text must not depend on timings.
+own: greedy output token for token, sampling in distribution.  A seeded sample is drawn exactly from the model's
+distribution too, but which arm drafted each step depends on measured times, and a different tree draws different
+random numbers: its text is reproducible from the seed under a fixed method, not under ``auto``.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class ArmHistory:
         # lookup by the length of the n-gram it matched)
         self.steps: dict[str, deque] = defaultdict(lambda: deque(maxlen=window))
         self.switch_s: dict[str, deque] = defaultdict(lambda: deque(maxlen=window))
+        self._sums: dict[str, list] = defaultdict(lambda: [0.0, 0.0])  # running (tokens, seconds) of steps[key]
         self.lock = threading.Lock()  # a server's requests measure from one worker thread, the API from any
         self.costs: deque[tuple[int, int, float]] = deque(maxlen=cost_window)  # (draft nodes, accepted, seconds)
         self._fit: tuple[float, float, float] | None = None
@@ -102,7 +104,14 @@ class ArmHistory:
 
     def add(self, arm: str, tokens: int, seconds: float) -> None:
         with self.lock:
-            self.steps[arm].append((tokens, seconds))
+            steps, sums = self.steps[arm], self._sums[arm]
+            if len(steps) == steps.maxlen:
+                old_t, old_s = steps[0]
+                sums[0] -= old_t
+                sums[1] -= old_s
+            steps.append((tokens, seconds))
+            sums[0] += tokens
+            sums[1] += seconds
 
     def add_switch(self, arm: str, seconds: float, backlog: int = 1) -> None:
         """A switch into ``arm`` took ``seconds`` beyond its mean step, catching up on ``backlog`` tokens."""
@@ -112,8 +121,10 @@ class ArmHistory:
     def sums(self, arm: str) -> tuple[float, float, int]:
         """(tokens, seconds, steps) of the arm's recent steady steps."""
         with self.lock:
-            s = list(self.steps[arm])
-        return float(sum(t for t, _ in s)), float(sum(x for _, x in s)), len(s)
+            if arm not in self.steps:
+                return 0.0, 0.0, 0
+            t, x = self._sums[arm]
+            return float(t), float(x), len(self.steps[arm])
 
     def rate(self, arm: str) -> float | None:
         tokens, seconds, n = self.sums(arm)
@@ -141,7 +152,7 @@ class OnlineChoice:
     arms available at it), :meth:`observe` after it; ``chosen`` counts the steps of each arm, ``switches`` the steps
     into a model arm after other arms' steps, ``switch_s`` the measured switching costs of those."""
 
-    def __init__(self, history: ArmHistory, start: str, *, fixed: bool = False, catch_up: tuple[str, ...] = (),
+    def __init__(self, history: ArmHistory, start: str, *, catch_up: tuple[str, ...] = (),
                  cheap: tuple[str, ...] = (), plain: str = "plain", prior_steps: int = 4, interval: int = 12,
                  max_interval: int = 96, probe_steps: int = 3, prune: float = 0.7, warmup: int = 2):
         if start not in history.arms:
@@ -149,7 +160,7 @@ class OnlineChoice:
         if probe_steps < 2 or interval < 1 or max_interval < interval or warmup < 1:
             raise ValueError("OnlineChoice needs probe_steps >= 2 (the first may be a switch), interval >= 1, "
                              "max_interval >= interval and warmup >= 1")
-        self.history, self.fixed, self.catch_up, self.cheap = history, fixed, set(catch_up), set(cheap)
+        self.history, self.catch_up, self.cheap = history, set(catch_up), set(cheap)
         self.plain, self.prior_steps, self.base_interval, self.max_interval = plain, prior_steps, interval, max_interval
         self.probe_steps, self.prune, self.warmup = probe_steps, prune, warmup
         self.own: dict[str, list] = defaultdict(lambda: [0.0, 0.0, 0])  # by key: tokens, seconds, steady steps
@@ -160,7 +171,7 @@ class OnlineChoice:
         self.interval = interval
         self._since = 0
         self._probe: tuple[str, int] | None = None  # (arm under probe, steps left)
-        self.start = start if fixed else (history.best() or start)
+        self.start = history.best() or start
         self._last: str | None = None  # the arm of the previous step (None: no step yet)
 
     # ---- estimates
@@ -215,8 +226,6 @@ class OnlineChoice:
 
     def _decide(self, arms: list[str]) -> str:
         preferred = next((k for k in arms if arm_of(k) == self.start), arms[0])
-        if self.fixed:
-            return preferred
         if self._probe is not None and self._probe[0] in arms:
             return self._probe[0]
         if self.own[preferred][2] < self.warmup and self.estimate(preferred) is None:

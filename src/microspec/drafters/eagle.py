@@ -121,7 +121,9 @@ class EagleDrafter(ForwardDrafter):
         super().__init__(depth, top_k, total_tokens)
         self.eagle = head
         self.cache = None
-        self.pending: torch.Tensor | None = None  # target features of pairs not yet run through the head
+        # target features of pairs not yet run through the head, in the parts they were committed in (joined once,
+        # when the head runs: a drafter that skips steps, under auto, is not to copy its backlog at every commit)
+        self._parts: list[torch.Tensor] = []
 
     def _start(self, target: NativeCausalLM, prompt_ids, hidden: torch.Tensor):
         check(self.eagle.hidden_size == target.spec.hidden_size,
@@ -143,12 +145,19 @@ class EagleDrafter(ForwardDrafter):
         if (self.eagle.body.cuda_graphs is None) != (target.cuda_graphs is None):
             self.eagle.body.use_cuda_graphs(target.cuda_graphs is not None)  # the levels graphed where the target is
         self.cache = self.eagle.body.new_cache(len(prompt_ids) + 256)
-        self.pending = hidden
+        self._parts = [hidden]
         return target.head_weight, target.spec.final_softcap
 
     def commit(self, accepted_tokens, hidden: torch.Tensor) -> None:
         # features of the old root and of the accepted nodes: they pair with the tokens committed after them
-        self.pending = hidden if self.pending is None or len(self.pending) == 0 else torch.cat([self.pending, hidden])
+        self._parts.append(hidden)
+
+    @property
+    def pending(self) -> torch.Tensor:
+        """The features of the pairs not yet run through the head, [n, d]."""
+        if len(self._parts) > 1:
+            self._parts = [torch.cat(self._parts)]
+        return self._parts[0]
 
     def _prepare(self, ctx: DraftContext, slots: int) -> None:
         self._reserve(self.cache, slots, None)
@@ -157,7 +166,7 @@ class EagleDrafter(ForwardDrafter):
         return self.cache
 
     def _backlog(self, ctx) -> int:
-        return len(self.pending)
+        return sum(len(p) for p in self._parts)
 
     def _root(self, ctx: DraftContext):
         start, n = self.cache.length, len(self.pending)
@@ -166,7 +175,7 @@ class EagleDrafter(ForwardDrafter):
         embeds = ctx.target.embed(tokens)
         hidden = self.eagle(embeds, self.pending, self.cache)
         self.last_inputs = (embeds[-1:], self.pending[-1:])  # the root's pair: (x_root, f_before_root)
-        self.pending = self.pending[:0]
+        self._parts = []
         return hidden[-1:], start + n - 1
 
     def _forward(self, ctx, ids, positions, mask, parent_hidden):

@@ -86,8 +86,7 @@ class Portfolio(Drafter):
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         if self.choice is None:
-            seeded = not ctx.greedy and ctx.pipe is not None and ctx.pipe.cfg.seed is not None
-            self.choice = self.chooser(self.history, self.start, fixed=seeded, catch_up=tuple(self.model),
+            self.choice = self.chooser(self.history, self.start, catch_up=tuple(self.model),
                                        cheap=(*self.cheap, *self.views), **self.choice_options)
         t0 = time.perf_counter()
         self._tokens = ctx.tokens
