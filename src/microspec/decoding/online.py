@@ -21,7 +21,8 @@ Per request (:class:`OnlineChoice`):
 - **estimates**: an arm's tokens and seconds per step over its steps in this request, plus the engine's recent steps
   of it weighted as ``prior_steps`` steps (a prior the request's own measurements soon outweigh);
 - **exploit**: the available arm whose next step commits the most tokens per second, a model arm's measured
-  *switching cost* added to its step where the previous step was another arm's;
+  *switching cost* added where the previous step was another arm's, spread over the ``stay`` steps a switch is
+  expected to last (fewer where fewer tokens are left);
 - **probe**: every ``interval`` steps the most promising model arm other than the preferred one runs
   ``probe_steps`` steps; an arm that was measured well and is clearly slower (below ``prune`` of the best) is left
   out, and so is one whose next step, switching cost included, would not beat the best even at its optimistic
@@ -154,7 +155,7 @@ class OnlineChoice:
 
     def __init__(self, history: ArmHistory, start: str, *, catch_up: tuple[str, ...] = (),
                  cheap: tuple[str, ...] = (), plain: str = "plain", prior_steps: int = 4, interval: int = 12,
-                 max_interval: int = 96, probe_steps: int = 3, prune: float = 0.7, warmup: int = 2):
+                 max_interval: int = 96, probe_steps: int = 3, prune: float = 0.7, warmup: int = 2, stay: int = 8):
         if start not in history.arms:
             raise ValueError(f"unknown start arm {start!r}; arms: {', '.join(history.arms)}")
         if probe_steps < 2 or interval < 1 or max_interval < interval or warmup < 1:
@@ -162,12 +163,13 @@ class OnlineChoice:
                              "max_interval >= interval and warmup >= 1")
         self.history, self.catch_up, self.cheap = history, set(catch_up), set(cheap)
         self.plain, self.prior_steps, self.base_interval, self.max_interval = plain, prior_steps, interval, max_interval
-        self.probe_steps, self.prune, self.warmup = probe_steps, prune, warmup
+        self.probe_steps, self.prune, self.warmup, self.stay = probe_steps, prune, warmup, stay
         self.own: dict[str, list] = defaultdict(lambda: [0.0, 0.0, 0])  # by key: tokens, seconds, steady steps
         self.chosen = {a: 0 for a in history.arms}
         self.switches = 0
         self.switch_s = 0.0
         self.backlog: dict[str, int] = {}  # per model arm: the tokens it would catch up on at its next step
+        self._left = 1  # the tokens the request may still generate
         self.interval = interval
         self._since = 0
         self._probe: tuple[str, int] | None = None  # (arm under probe, steps left)
@@ -207,8 +209,9 @@ class OnlineChoice:
         if m is None:
             return math.inf if optimistic else 0.0
         tokens, seconds = m
-        if arm in self.catch_up and arm != self._last:
-            seconds += self.history.switch_cost(arm, self.backlog.get(arm, 1))
+        if arm in self.catch_up and arm != self._last:  # a switch's catch-up, spread over the steps it should stay
+            stay = max(1.0, min(float(self.stay), self._left / tokens))
+            seconds += self.history.switch_cost(arm, self.backlog.get(arm, 1)) / stay
         return tokens / seconds * (self._bonus(arm) if optimistic else 1.0)
 
     # ---- decisions
@@ -216,7 +219,7 @@ class OnlineChoice:
         """The arm of the next step among ``available`` (default: every arm; the caller's plain arm should always
         be among them), ``tokens_left``: the tokens the request may still generate; ``backlog``: per model arm, the
         tokens it would catch up on (its switching cost grows with them)."""
-        self.backlog = dict(backlog or {})
+        self.backlog, self._left = dict(backlog or {}), max(1, tokens_left)
         order = {a: i for i, a in enumerate(self.history.arms)}
         keys = sorted(self.history.arms if available is None else available,
                       key=lambda k: (order.get(arm_of(k), len(order)), k))
