@@ -83,10 +83,10 @@ def test_cli_json_default_model_equals_transformers_greedy(gemma, gemma_hf):
     assert proc.returncode == 0, proc.stderr
     obj = json.loads(proc.stdout)
     assert obj["token_ids"] == _hf_greedy(gemma_hf, encode_prompt(gemma, prompt), N)
-    # the default method speculates (--drafter auto on a dense CPU target, greedy: prompt lookup, adaptive), and the
-    # tokens are still transformers' own greedy tokens
-    assert obj["model"] == "gemma-3-270m" and (obj["drafter"], obj["vocab"], obj["adaptive"]) == \
-        ("ngram", "full", True)
+    # the default method speculates (--drafter auto: chosen online among its arms, the shipped EAGLE head with
+    # MicroSpec's vocabulary among them), and the tokens are still transformers' own greedy tokens
+    assert obj["model"] == "gemma-3-270m" and (obj["drafter"], obj["vocab"]) == ("auto", "microspec")
+    assert "eagle" in obj["arms"] and sum(obj["stats"]["auto"]["arms"].values()) == obj["stats"]["steps"]
 
 
 # tokens of the greedy references the speculative runs are compared with, bit for bit (40: the suite's time is
@@ -183,19 +183,20 @@ def test_gemma_shipped_eagle_head_out_of_the_box(gemma, gemma_ar):
 
 
 def test_gemma_generate_speculates_by_default():
-    """`microspec generate` with no drafter option on the default model (packed GGUF weights): prompt lookup on
-    plain greedy decoding (what measured fastest on this path) — the same tokens as plain decoding
-    (`--compare` runs both) — and plain decoding, said so, with repetition penalty 1.2, where speculation measured
-    slower on this path."""
+    """`microspec generate` with no drafter option on the default model (packed GGUF weights): auto, chosen online
+    among plain decoding, prompt lookup (two chains), suffix decoding and the EAGLE head, starting with prompt lookup
+    on plain greedy decoding (what measured fastest on this path) — the same tokens as plain decoding (`--compare`
+    runs both) — and auto too with repetition penalty 1.2, the stats line saying what it took."""
     base = [sys.executable, "-m", "microspec", "generate", "--prompt", SPEC_PROMPTS[0], "--max-new-tokens", "32"]
     proc = subprocess.run([*base, "--compare", "--json"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     obj = json.loads(proc.stdout)
-    assert (obj["drafter"], obj["vocab"], obj["adaptive"], obj["dtype"]) == ("ngram", "full", False, "gguf")
+    assert (obj["drafter"], obj["start"], obj["dtype"]) == ("auto", "lookup", "gguf")
+    assert obj["arms"] == ["plain", "lookup-8", "suffix", "eagle", "lookup"]
     assert "warning" not in proc.stderr  # --compare found the plain greedy tokens identical
     assert obj["plain_stats"]["new_tokens"] == obj["stats"]["new_tokens"]
     proc = subprocess.run([*base, "--repetition-penalty", "1.2"], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0 and "plain decoding (auto: speculation measured slower" in proc.stderr
+    assert proc.returncode == 0 and "| auto: " in proc.stderr and "% of steps; " in proc.stderr
 
 
 @pytest.mark.parametrize("policy", ["dynaspec", "specvocab", "coral"])
