@@ -68,11 +68,21 @@ class ArmHistory:
         self.costs: deque[tuple[int, int, float]] = deque(maxlen=cost_window)  # (draft nodes, accepted, seconds)
         self._fit: tuple[float, float, float] | None = None
         self._fitted_at = 0
+        self._by_size: dict[int, list] = defaultdict(lambda: [0, 0.0, 0.0])  # nodes -> running (n, seconds, accepted)
 
     def add_cost(self, nodes: int, accepted: int, seconds: float) -> None:
         """A step drafted from the text alone: its draft nodes, accepted tokens and seconds."""
         with self.lock:
+            if len(self.costs) == self.costs.maxlen:
+                k, m, x = self.costs[0]
+                self._by_size[k][0] -= 1
+                self._by_size[k][1] -= x
+                self._by_size[k][2] -= m
             self.costs.append((nodes, accepted, seconds))
+            size = self._by_size[nodes]
+            size[0] += 1
+            size[1] += seconds
+            size[2] += accepted
             self._fitted_at += 1
             if self._fit is None or self._fitted_at >= 16:
                 self._fit, self._fitted_at = _fit_cost(list(self.costs)), 0
@@ -82,21 +92,18 @@ class ArmHistory:
         least-squares line through the steps of :meth:`add_cost`: a fixed part, a verify row per node and a head row
         per accepted token); None before it has data."""
         with self.lock:
-            fit, costs = self._fit, list(self.costs)
+            fit, by = self._fit, {k: tuple(v) for k, v in self._by_size.items() if v[0] >= 2}
         if fit is None:
             return None
         a, b, c = fit
         # a step's time grows faster than a line in its rows (bigger verify passes, longer walks), so the line is
-        # corrected by the measured steps of that size, or of the nearest sizes around it
-        by = defaultdict(list)
-        for k, m, x in costs:
-            by[k].append(x - a - b * k - c * m)
-        sizes = sorted(k for k, v in by.items() if len(v) >= 2)
+        # corrected by the mean residual of the measured steps of that size, or of the nearest sizes around it
+        sizes = sorted(by)
         if not sizes:
             return a + b * nodes + c * accepted
         lo = max((k for k in sizes if k <= nodes), default=sizes[0])
         hi = min((k for k in sizes if k >= nodes), default=sizes[-1])
-        r_lo, r_hi = (sum(by[k]) / len(by[k]) for k in (lo, hi))
+        r_lo, r_hi = ((by[k][1] - c * by[k][2]) / by[k][0] - a - b * k for k in (lo, hi))
         if lo == hi:
             resid = r_lo if lo == nodes or nodes < sizes[0] else r_lo * nodes / lo
         else:
@@ -155,15 +162,15 @@ class OnlineChoice:
 
     def __init__(self, history: ArmHistory, start: str, *, catch_up: tuple[str, ...] = (),
                  cheap: tuple[str, ...] = (), plain: str = "plain", prior_steps: int = 4, interval: int = 12,
-                 max_interval: int = 96, probe_steps: int = 3, prune: float = 0.7, warmup: int = 2, stay: int = 8):
+                 max_interval: int = 96, probe_steps: int = 3, prune: float = 0.7, stay: int = 8):
         if start not in history.arms:
             raise ValueError(f"unknown start arm {start!r}; arms: {', '.join(history.arms)}")
-        if probe_steps < 2 or interval < 1 or max_interval < interval or warmup < 1:
+        if probe_steps < 2 or interval < 1 or max_interval < interval:
             raise ValueError("OnlineChoice needs probe_steps >= 2 (the first may be a switch), interval >= 1, "
-                             "max_interval >= interval and warmup >= 1")
+                             "and max_interval >= interval")
         self.history, self.catch_up, self.cheap = history, set(catch_up), set(cheap)
         self.plain, self.prior_steps, self.base_interval, self.max_interval = plain, prior_steps, interval, max_interval
-        self.probe_steps, self.prune, self.warmup, self.stay = probe_steps, prune, warmup, stay
+        self.probe_steps, self.prune, self.stay = probe_steps, prune, stay
         self.own: dict[str, list] = defaultdict(lambda: [0.0, 0.0, 0])  # by key: tokens, seconds, steady steps
         self.chosen = {a: 0 for a in history.arms}
         self.switches = 0
@@ -198,10 +205,6 @@ class OnlineChoice:
     def _bonus(self, arm: str) -> float:
         return 1 + 1 / math.sqrt(1 + self._measured(arm))
 
-    def _optimistic(self, arm: str) -> float:
-        est = self.estimate(arm)
-        return math.inf if est is None else est * self._bonus(arm)
-
     def value(self, arm: str, optimistic: bool = False) -> float:
         """Tokens per second of the next step on ``arm``, a switch into it included (0: never measured;
         ``optimistic``: never measured is infinite, little measured is more)."""
@@ -231,7 +234,7 @@ class OnlineChoice:
         preferred = next((k for k in arms if arm_of(k) == self.start), arms[0])
         if self._probe is not None and self._probe[0] in arms:
             return self._probe[0]
-        if self.own[preferred][2] < self.warmup and self.estimate(preferred) is None:
+        if self.estimate(preferred) is None:
             return preferred  # nothing known of it yet: measure it first
         self._since += 1
         if self._since >= self.interval and self._probe is None:
