@@ -13,7 +13,8 @@ Names (``--methods``):
 ``microspec-<opts>``        variants, options joined by ``-``: ``w<N>`` (W_max), ``ctx`` / ``ext`` (the paper's
                             Ctx. Only / Ext. Only ablation), ``indexed`` (gather rows each step, no packed buffer),
                             ``kp<N>`` (the prefill's top-K_pre at the last N prompt positions only: the CPU
-                            departure of ``--k-pre-positions``); e.g. microspec-w1024, microspec-ctx, microspec-kp64
+                            departure of ``--k-pre-positions``), ``kpall`` (every prompt position, as Algorithm 1, on
+                            any device); e.g. microspec-w1024, microspec-ctx, microspec-kp64, microspec-kpall
 ``dynaspec``                the EAGLE head with DynaSpec's trained cluster router (``--dynaspec DIR``)
 ``dynaspec-f[-<N>]``        DynaSpec-F: the same router with a fixed budget of N clusters at every depth (default:
                             the router's depth-1 budget)

@@ -217,12 +217,15 @@ class MicroSpecVocab(VocabPolicy):
         self.wants_verify_logits = self.k_ver > 0 and "ext" in sources
 
 
-_NAME_OPTION = re.compile(r"^(ctx|ext|indexed|packed|w\d+|kp\d+)$")
+_NAME_OPTION = re.compile(r"^(ctx|ext|indexed|packed|w\d+|kp\d+|kpall)$")
+# ``kpall``: the prefill's top-K_pre at every prompt position, as Algorithm 1, where a device's default takes fewer
+ALL_PROMPT_POSITIONS = 2 ** 31 - 1
 
 
 def parse_name(text: str, method: str) -> dict | None:
     """``microspec`` and ``microspec-<opts>``: options joined by ``-``: ``w<N>`` (W_max), ``ctx`` / ``ext`` (the
-    sources ablation), ``indexed`` / ``packed`` (the gather), ``kp<N>`` (K_pre at the last N prompt positions)."""
+    sources ablation), ``indexed`` / ``packed`` (the gather), ``kp<N>`` (K_pre at the last N prompt positions),
+    ``kpall`` (K_pre at every prompt position, whatever the device's default)."""
     if text == "microspec":
         return {"vocab": "microspec"}
     if not text.startswith("microspec-"):
@@ -231,13 +234,15 @@ def parse_name(text: str, method: str) -> dict | None:
     bad = [o for o in opts if not _NAME_OPTION.match(o)]
     if bad or len(set(opts)) != len(opts) or {"ctx", "ext"} <= set(opts) or {"indexed", "packed"} <= set(opts):
         raise MicrospecError(f"method {method!r}: microspec options are w<N>, ctx or ext, indexed or packed, kp<N> "
-                             "(e.g. microspec-w1024-indexed, microspec-kp64)")
+                             "or kpall (e.g. microspec-w1024-indexed, microspec-kp64)")
     out: dict = {"vocab": "microspec"}
     for o in opts:
         if o in ("ctx", "ext"):
             out["sources"] = o
         elif o in ("indexed", "packed"):
             out["gather"] = o
+        elif o == "kpall":
+            out["k_pre_positions"] = ALL_PROMPT_POSITIONS
         elif o.startswith("kp"):
             out["k_pre_positions"] = int(o[2:])
         else:
