@@ -24,17 +24,11 @@ last ``receive`` call itself: ``python3 benchmarks/gpu_stage.py receive && <benc
 between calls; without it ``split`` recomputes it from the tree.
 
 How long it takes, from the sizes: part size = 64 MiB - working tree - 1 MiB margin, and the number of device
-calls = ceil(GGUF size / part size).  Measured when this was written (``plan``): the working tree weighs
-51,430,918 bytes (49.0 MiB, 402 files), so a part is 14,629,370 bytes (14.0 MiB) and the 253,113,024-byte
-(241.4 MiB) GGUF takes 18 parts (17 full ones and 4,413,734 bytes), that is 18 device calls.  Each call costs the
-transfer of the whole tree plus the part, plus a few seconds around the command (the first call also starts the
-machine, which takes minutes); every call must start within the machine's 30 s idle window after the previous
-one ends, or ``/tmp`` is lost with the machine and the staging starts over (``receive`` then says so).  With the
-repository at its current size the parts are small, so staging is many calls.  Measured on 2026-11-26 (four calls
-to an H200 machine, each starting it afresh and sending the ~51 MB tree): a call held the machine 37 s longer than
-its command ran (36.7-37.3 s).  How much of that is the start and how much the transfer was not measured, so a
-warm call's cost is not known; at up to 37 s a call, 18 calls are up to ~11 minutes of device time, most of a
-15-minute allowance.  No part has been staged yet.
+calls = ceil(GGUF size / part size); ``plan`` prints both for the tree as it is.  Each call costs the transfer of
+the whole tree plus the part, plus a few seconds around the command (the first call also starts the machine, which
+takes minutes); every call must start within the machine's 30 s idle window after the previous one ends, or
+``/tmp`` is lost with the machine and the staging starts over (``receive`` then says so).  With a working tree of
+tens of MiB the parts are small, so staging a GGUF of a few hundred MiB is many calls.
 
 Only the standard library is used, so ``receive`` and ``status`` run with any ``python3`` on the device without
 installing the project.  Errors print one line to stderr and exit 2.

@@ -41,12 +41,10 @@ once its budget is spent; the next call goes on from there.
 (F32 tensors) with its assets folder: the GGUF path, the budget's stops and the resumes, without a GPU or the real
 model; run it on the GPU machine first to check the environment.
 
-The ``--dry-run`` ran on an H200 machine of the kind this targets (2026-11-26: exit 0 in that image, with no
-``gguf`` installed); the training itself has not run on a GPU, and no timing of it has been measured.  The settings
-(6,000 prompts x 2 penalties, 256 new tokens, decoding batch 2,048, 2 epochs of 16,384-position steps) are sized
-from the EAGLE-1/2 run on an H100 recorded in ``src/microspec/heads/gemma-3-270m/training.json`` (~20,000 answer
-tokens/s at 2,048 rows; 241 steps of 16,384 positions in 117 s), aiming at about 20 minutes of device time in all;
-EAGLE-3's seven training-time-test steps and the one-sequence-at-a-time capture are the unknowns.
+The settings (6,000 prompts x 2 penalties, 256 new tokens, decoding batch 2,048, 2 epochs of 16,384-position steps)
+are sized from the EAGLE-1/2 run on a GPU recorded in ``src/microspec/heads/gemma-3-270m/training.json`` (its
+generation and training rates), aiming at about 20 minutes of device time in all; EAGLE-3's seven training-time-test
+steps and the one-sequence-at-a-time capture make its own time an estimate, not a measurement.
 """
 
 from __future__ import annotations

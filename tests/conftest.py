@@ -12,8 +12,8 @@ import torch
 VOCAB = 96
 
 # Tiny models run on one thread: their products take microseconds, and torch's two-thread hand-off costs more than
-# the work (a [3, 64] x [64, 128] product: ~14 us on one thread, ~70 us on two on this 2-core machine, most of the
-# difference spinning in the kernel).  The real-model tests (test_real) keep two.
+# the work (a [3, 64] x [64, 128] product takes several times longer on two threads than on one on a 2-core machine,
+# most of the difference spinning in the kernel).  The real-model tests (test_real) keep two.
 REAL_MODEL_MODULES = {"test_real"}
 
 

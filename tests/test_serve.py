@@ -1,5 +1,5 @@
 """``microspec serve``: a real server process on a loopback port, talked to with the official ``openai`` client and
-with raw HTTP for the error cases (issue 25)."""
+with raw HTTP for the error cases."""
 
 from __future__ import annotations
 

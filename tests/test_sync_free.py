@@ -1,4 +1,4 @@
-"""No host synchronisation inside a decode step (issue 23, item 1), proven on a CPU with a counting device API.
+"""No host synchronisation inside a decode step, proven on a CPU with a counting device API.
 
 The loop's timers take the CUDA-event path (``stats.uses_events`` patched to say yes) with fake events that read
 the host clock, and ``torch.cuda.synchronize`` is replaced by a counter: however many steps a generation takes,

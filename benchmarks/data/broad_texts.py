@@ -1,4 +1,4 @@
-"""Training text in many natural and programming languages, disjoint from the held-out prompts (issue 24, item 0).
+"""Training text in many natural and programming languages, disjoint from the held-out prompts.
 
     python benchmarks/data/broad_texts.py --data ../shared/data --out broad/
     microspec train eagle --texts broad/*.jsonl --text-tokens N ...

@@ -1,7 +1,7 @@
 """Training inputs for the shipped Gemma 3 270M EAGLE head, built only from non-evaluation data in ../shared/data.
 
 Spec-Bench's weak categories for a head trained on a base model's own answers to generic prompts are the ones whose
-text those answers lack (BENCHMARKS.md, "Why τ stays low"): German-to-English translation, summarization,
+text those answers lack (BENCHMARKS.md): German-to-English translation, summarization,
 open writing and code.  This writes, into ``--out``:
 
 - ``prompts_shaped.jsonl``: prompts shaped like those categories (``prompt`` + ``category``), for self-distillation:

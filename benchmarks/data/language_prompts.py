@@ -1,4 +1,4 @@
-"""Held-out prompts by natural and programming language, for tau per language (issue 24, item 0).
+"""Held-out prompts by natural and programming language, for tau per language.
 
     python benchmarks/data/language_prompts.py --data ../shared/data --out lang.jsonl --per-language 3
     python benchmarks/measure/eagle_tau.py --data lang.jsonl --per-category 3 --trees eagle2,cpu ...

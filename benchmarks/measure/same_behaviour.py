@@ -5,7 +5,7 @@ a small ``bench`` (every answer's token ids and accept lengths, every method's t
 and the Python API: ``microspec.generate(lm, prompt)`` in the new tree against ``microspec generate`` (auto) in the
 old.
 
-Used for restructurings that must not change behaviour (issue 20): keep the old tree with
+Used for restructurings that must not change behaviour: keep the old tree with
 ``git worktree add /tmp/old <commit>`` and run
 
     python benchmarks/measure/same_behaviour.py --old /tmp/old/src --new src

@@ -2,8 +2,8 @@
 per request, by measured speed (:mod:`microspec.decoding.online`, :class:`microspec.drafters.portfolio.Portfolio`).
 What is here is where a fresh engine starts before it has measured anything.
 
-:data:`MEASURED` is the table of measured choices — one row per (device kind, decoding kind), each with the numbers
-behind it and the BENCHMARKS.md section that has the run (command, date, machine), all fitted on Spec-Bench prompts.
+:data:`MEASURED` is the table of measured choices — one row per (device kind, decoding kind), each with what was
+measured, in words, and where the run is (BENCHMARKS.md: command, date, machine), all fitted on Spec-Bench prompts.
 Where it has no row (CUDA, for one), the start is the model's shipped EAGLE head with MicroSpec's in-context
 vocabulary; a model without a head starts with prompt lookup.
 """
@@ -27,39 +27,36 @@ class Choice:
     adaptive: bool
     why: str
     measured: str
-    source: str  # a section of BENCHMARKS.md
+    source: str  # where the run is
 
     def as_tuple(self) -> tuple[str, str, bool, str]:
         return self.drafter, self.vocab, self.adaptive, self.why
 
 
-_GGUF_GREEDY = "BENCHMARKS.md, \"Interleaved 8-row blocks\" (Spec-Bench 2/category + HumanEval 2, 128 tokens)"
-_BF16 = "BENCHMARKS.md, \"Issue 21's bf16 run\" (Spec-Bench 1/category + HumanEval 1, 128 tokens, one run)"
+_SOURCE = "BENCHMARKS.md"
 MEASURED: dict[tuple[str, str], Choice] = {
     ("cpu", "greedy"): Choice(
         "ngram", "full", True, "prompt lookup, adaptive: measured fastest on a dense CPU target",
-        "Gemma 3 270M bf16, 2-core CPU: prompt lookup adaptive 1.94x plain decoding; EAGLE + MicroSpec 1.26x fixed, "
-        "1.23x adaptive", _BF16),
+        "Gemma 3 270M bf16, 2-core CPU: prompt lookup adaptive ahead of EAGLE + MicroSpec, fixed or adaptive, "
+        "both faster than plain decoding", _SOURCE),
     ("cpu", "penalty"): Choice(
         "none", "full", False, "speculation measured slower than plain decoding on cpu with penalty",
-        "repetition penalty 1.2: prompt lookup adaptive 0.98x, EAGLE + MicroSpec adaptive 0.84x, fixed 0.77x", _BF16),
+        "repetition penalty 1.2: every speculative method below plain decoding", _SOURCE),
     ("cpu", "sampling"): Choice(
         "none", "full", False, "speculation measured slower than plain decoding on cpu with sampling",
-        "T 0.7: EAGLE + MicroSpec adaptive 0.91x, fixed 0.70x; prompt lookup adaptive 1.04x overall but 0.69-0.95x in "
-        "four of seven categories", "BENCHMARKS.md, \"Sampling on a dense CPU target\""),
+        "T 0.7: EAGLE + MicroSpec below plain decoding; prompt lookup adaptive about even overall but below plain "
+        "decoding in most categories", _SOURCE),
     ("cpu-gguf", "greedy"): Choice(
         "ngram", "full", False, "prompt lookup: measured fastest on a packed CPU target",
-        "Gemma 3 270M packed Q4_K_M, 2-core CPU: prompt lookup 1.62x plain decoding (no category below 1.38x), "
-        "adaptive 1.50x; EAGLE + MicroSpec 1.12x, adaptive 1.10x", _GGUF_GREEDY),
+        "Gemma 3 270M packed Q4_K_M, 2-core CPU: prompt lookup fastest, ahead of plain decoding in every category, "
+        "fixed ahead of adaptive; EAGLE + MicroSpec behind it", _SOURCE),
     ("cpu-gguf", "penalty"): Choice(
         "none", "full", False, "speculation measured slower than plain decoding on cpu-gguf with penalty",
-        "repetition penalty 1.2: every speculative method below plain (best: prompt lookup adaptive 0.97x, EAGLE + "
-        "MicroSpec adaptive 0.96x)", _GGUF_GREEDY),
+        "repetition penalty 1.2: every speculative method below plain decoding", _SOURCE),
     ("cpu-gguf", "sampling"): Choice(
         "ngram", "full", True, "prompt lookup, adaptive: measured fastest on a packed CPU target when sampling",
-        "T 0.7, `bench --protocol cpu` (40 questions, 256 tokens): prompt lookup adaptive 1.32x plain decoding, every "
-        "category >= 1.17x; EAGLE + MicroSpec 1.11x (summarization 0.65x)",
-        "BENCHMARKS.md, \"The CPU protocol run\""),
+        "T 0.7, `bench --protocol cpu`: prompt lookup adaptive fastest, ahead of plain decoding in every category; "
+        "EAGLE + MicroSpec behind it (below plain decoding on summarization)", _SOURCE),
 }
 
 

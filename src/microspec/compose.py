@@ -311,9 +311,8 @@ def build(method: Method | str, lm: "LoadedModel", heads: dict | None = None) ->
     auto = method.total_tokens == "auto"
     if device_type == "cpu-gguf" and method.vocab == "microspec" and method.k_pre_positions is None:
         # no C_pre on a packed CPU target: the target's top-k at a prompt position costs a full-vocabulary head
-        # row (~3.4 ms packed on 2 cores): with every position rag / summarization ran at 0.66x plain decoding;
-        # on Spec-Bench 2/category + HumanEval, greedy: 64 positions 1.04x ar, 16 positions 1.08x, none 1.10x,
-        # tau 1.55 / 1.55 / 1.54 (coverage 0.945 / 0.940 / 0.929; BENCHMARKS.md)
+        # row, so with every position the long-prompt categories (rag, summarization) ran below plain decoding, and
+        # fewer positions, down to none, measured faster at about the same acceptance (BENCHMARKS.md)
         method = method.replace(k_pre_positions=PACKED_CPU_PROMPT_POSITIONS)
     depth, top_k, total = tree_defaults(method.drafter, device_type, method.depth, method.top_k,
                                         None if auto else method.total_tokens)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 import sys
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -33,7 +34,7 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores"
 
 
-# evaluation protocols (issue 24): the questions and length of a run a reader can compare with the papers' (``paper``:
+# evaluation protocols: the questions and length of a run a reader can compare with the papers' (``paper``:
 # every question, 1,024 tokens — for GPUs) or afford on a CPU (``cpu``: the first 5 questions of each category and
 # the first 10 of HumanEval, 256 tokens); ``--limit`` / ``--max-new-tokens`` given on the command line win
 PROTOCOLS = {"paper": {"limit": None, "limits": {}, "max_new_tokens": 1024},
@@ -108,7 +109,23 @@ def default_meta(args_model: str, dtype: str, device: str) -> dict:
     return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
             "device": device, "model": args_model, "dtype": dtype, "threads": torch.get_num_threads(),
             "torch": torch.__version__, "transformers": transformers.__version__,
-            "command": " ".join(["microspec", *sys.argv[1:]])}
+            "command": " ".join(["microspec", *sys.argv[1:]]), **source_commit()}
+
+
+def source_commit() -> dict:
+    """``{"commit": <short hash>}`` (with ``+dirty`` when tracked files differ) where this package runs from a git
+    checkout, else ``{}``: results name the code that produced them."""
+    root = Path(__file__).resolve().parents[3]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        if head.returncode:
+            return {}
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {"commit": head.stdout.strip() + ("+dirty" if dirty else "")}
 
 
 __all__ = ["PROTOCOLS", "Decoding", "MethodSpec", "aggregate", "bench", "configure", "default_meta", "load_questions", "machine",

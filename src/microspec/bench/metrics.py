@@ -8,8 +8,8 @@ repeat; ``accept_lengths`` is flat over the turns (as Spec-Bench's); ``lookup_st
 
 Conventions (Spec-Bench's ``speed.py``): a question's speed is its new tokens over its wall time; a method's
 tokens/s is the mean of its questions' speeds; the speedup is the ratio of two such means; tau is the mean of all
-accept lengths (tokens committed per target step, bonus token included).  Beside them (issue 24's protocol): the
-mean of task means (the MicroSpec paper's average: each category's tokens/s, then their mean), decode-only tokens/s
+accept lengths (tokens committed per target step, bonus token included).  Beside them, for the evaluation protocols:
+the mean of task means (the MicroSpec paper's average: each category's tokens/s, then their mean), decode-only tokens/s
 (a question's tokens after each turn's first over its time after the prefills), the draft time per decode step per
 question (mean, min, max: the paper's Fig. 4), and the spread of tokens/s over repeats.
 """

@@ -22,26 +22,31 @@ def add(sub) -> None:
                                        "overlap bound, repetition",
                        description="Reproduce the papers' analyses on a model: one benchmark run (under OUT/bench) "
                                    "feeds the timed ones, an instrumented pass the overlap terms.  Writes "
-                                   "analysis.json, analysis.md and plots.")
+                                   "analysis.json, analysis.md and plots.",
+                       epilog="Exit status 1 when the benchmark run's lossless check fails (as bench).")
     add_model_args(p)
     p.add_argument("--data", required=True, help="comma-separated question files (as bench)")
-    p.add_argument("--categories", default=None)
+    p.add_argument("--categories", default=None, help="comma-separated categories to keep")
     p.add_argument("--limit", type=int, default=None, help="the first N questions of each category")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens per answer (default 128)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="the decoding's repetition penalty (default 1.0: none)")
     p.add_argument("--ignore-eos", action="store_true",
                    help="always generate --max-new-tokens tokens (a W_max sweep needs generations that fill the window)")
     p.add_argument("--what", default=",".join(ANALYSES), help=f"comma-separated subset of {', '.join(ANALYSES)}")
-    p.add_argument("--w-max-values", default=",".join(map(str, DEFAULT_W)))
+    p.add_argument("--w-max-values", default=",".join(map(str, DEFAULT_W)),
+                   help="comma-separated W_max values for the wmax sweep")
     p.add_argument("--sizes", default=",".join(DEFAULT_SIZES), help="static shortlist sizes for the oracle")
     p.add_argument("--freq-file", default=None, help="token map for fr-spec shortlists and static curves (default: "
                    "the map that ships for the model)")
     p.add_argument("--draft", default=None, help="EAGLE head directory (default: the model's shipped head)")
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--depth", type=int, default=None)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--total-tokens", type=int, default=None)
-    p.add_argument("--out", required=True)
+    p.add_argument("--warmup", type=int, default=1, help="untimed generations per method before timing")
+    p.add_argument("--depth", type=int, default=None, help="EAGLE tree: draft levels (default: the device's tree)")
+    p.add_argument("--top-k", type=int, default=None, help="EAGLE tree: nodes expanded per level (default: the "
+                   "device's tree)")
+    p.add_argument("--total-tokens", type=int, default=None,
+                   help="EAGLE tree: nodes kept after reranking (default: the device's tree)")
+    p.add_argument("--out", required=True, help="output directory (analysis.json, analysis.md, plots, bench/)")
     p.set_defaults(func=run)
 
 

@@ -36,7 +36,10 @@ def add(sub) -> None:
     p = sub.add_parser("bench", help="benchmark methods and peers on question files (Spec-Bench, HumanEval, ...)",
                        description="Run methods and peers on the same questions, model, dtype and device at batch "
                                    "size 1, greedy and with a repetition penalty, and write results.json, "
-                                   "Spec-Bench answer files, report.md and plots per decoding configuration.")
+                                   "Spec-Bench answer files, report.md and plots per decoding configuration.",
+                       epilog="Exit status 1 when an engine method's greedy tokens differ from ar's other than at a "
+                              "near tie within the dtype's rounding (the report says where); peers are only "
+                              "reported.")
     add_model_args(p)
     p.add_argument("--methods", default="ar,eagle-full,microspec",
                    help=f"comma-separated: {', '.join(available_methods())}, DRAFTER+VOCAB (ar always runs)")

@@ -41,7 +41,7 @@ def add_model_args(p) -> None:
     chat = p.add_mutually_exclusive_group()
     chat.add_argument("--chat", dest="chat", action="store_true", default=None,
                       help="apply the chat template (default: when the tokenizer has one)")
-    chat.add_argument("--no-chat", dest="chat", action="store_false")
+    chat.add_argument("--no-chat", dest="chat", action="store_false", help="do not apply the chat template")
 
 
 def load_model_from_args(args: argparse.Namespace):
@@ -58,12 +58,18 @@ def resolve_weights(args: argparse.Namespace) -> None:
 
 
 def add_decoding_args(p, max_new_tokens: int = 128) -> None:
-    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
-    p.add_argument("--no-repeat-ngram-size", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens,
+                   help=f"the most tokens to generate (default {max_new_tokens})")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0 = greedy (default); above 0, sampling at this temperature, then top-p")
+    p.add_argument("--top-p", type=float, default=1.0,
+                   help="sampling: keep the most probable tokens up to this probability mass (default 1.0: all)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="sampling seed (the same text again under a fixed --drafter; see --drafter auto)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="Hugging Face's repetition penalty, over prompt and output (default 1.0: none)")
+    p.add_argument("--no-repeat-ngram-size", type=int, default=0,
+                   help="never repeat an n-gram of this size, prompt included, as Hugging Face's (default 0: off)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's EOS tokens")
 
@@ -88,9 +94,9 @@ def add_tree_args(p, total_tokens_type=str) -> None:
 def add_drafter_args(p, default: str = "none") -> None:
     names = ", ".join(f"{n} ({s.summary})" for n, s in drafter_specs.SPECS.items() if n != "none")
     p.add_argument("--drafter", default=default,
-                   help="auto (chosen per request by measured speed among plain decoding, prompt lookup, suffix "
-                        "decoding and, for a model with an EAGLE head, the head + MicroSpec and prompt lookup first), "
-                        f"none (autoregressive), {names} (default {default})")
+                   help="auto (chosen per request and step by measured speed among plain decoding, prompt lookup, "
+                        "suffix decoding and, for a model with an EAGLE head, the head with MicroSpec's vocabulary or "
+                        f"--vocab), none (autoregressive), {names} (default {default})")
     tree = {o.name for o in (DEPTH, TOP_K, TOTAL_TOKENS, HEAD_MODE)}  # added by add_tree_args
     for o in unique([s.options for s in drafter_specs.SPECS.values()]):
         if o.name in tree:

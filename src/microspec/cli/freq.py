@@ -19,7 +19,8 @@ def add(sub) -> None:
                                    "target generates for a prompt file (--generate: VocabTrim), and write the ids in "
                                    "descending frequency as an SGLang token map (torch.save of a list).")
     p.add_argument("files", nargs="*", help="text files: .txt, .jsonl (optionally .gz)")
-    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--model", default=DEFAULT_MODEL, help="the target whose tokenizer (and, with --generate, whose "
+                   "generations) are counted: a built-in name, a .gguf file or a HF model directory")
     p.add_argument("--out", required=True, help="token map to write (.pt)")
     p.add_argument("--field", action="append", default=None, help="jsonl field(s) holding text (default: text)")
     p.add_argument("--ids-field", default=None,
@@ -27,11 +28,11 @@ def add(sub) -> None:
                         "`train eagle` generated (the target's own generations: VocabTrim without new decoding)")
     p.add_argument("--generate", action="store_true", help="count the target's own generations (VocabTrim)")
     p.add_argument("--prompts", default=None, help="--generate: JSONL with prompt / turns fields, or a .txt file")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-new-tokens", type=int, default=128, help="--generate: tokens per answer")
     p.add_argument("--limit", type=int, default=None, help="--generate: use the first N prompts")
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
-    p.add_argument("--dtype", choices=["fp32", "bf16"], default="bf16")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="--generate: the answers' repetition penalty")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="bf16", help="--generate: the target's weights")
+    p.add_argument("--device", default="cpu", help="--generate: cpu or cuda")
     p.add_argument("--fill", default=None, metavar="MAP.pt",
                    help="append the ids of this token map that were not counted, in its order (e.g. a VocabTrim map "
                         "from little generated text, filled up with the FR-Spec corpus order so that top-K exists "

@@ -24,18 +24,18 @@ def _run(what: str):
 
 def _policy_args(p) -> None:
     """What every trained policy's command takes: the target, the features and head it trains on, where it goes."""
-    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--model", default=DEFAULT_MODEL, help="the target (built-in name or HF model directory)")
     p.add_argument("--features", required=True, help="a `microspec train eagle --out` directory (its features/)")
     p.add_argument("--draft", default=None, help="EAGLE head directory (default: the model's shipped head)")
     p.add_argument("--out", required=True, help="output directory (the trained artifact)")
-    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="the target's weights")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
 
 
 def _eagle_args(e) -> None:
     """What train eagle and train eagle3 share: the data, the answers, the capture, the optimisation."""
-    e.add_argument("--model", default=DEFAULT_MODEL)
+    e.add_argument("--model", default=DEFAULT_MODEL, help="the target (built-in name or HF model directory)")
     e.add_argument("--prompts", nargs="+", default=[],
                    help="training prompt files (JSONL with prompt / OASST1 messages / self-instruct / .txt); "
                         "evaluation sets are refused")
@@ -57,8 +57,9 @@ def _eagle_args(e) -> None:
     e.add_argument("--repetition-penalty", type=float, nargs="+", default=[1.2],
                    help="for the answers (default 1.2: a base model's plain greedy text loops); several values answer "
                         "every prompt once with each (e.g. 1.0 1.2: the plain and the penalised decodings)")
-    e.add_argument("--chat", dest="chat", action="store_true", default=None)
-    e.add_argument("--no-chat", dest="chat", action="store_false")
+    e.add_argument("--chat", dest="chat", action="store_true", default=None,
+                   help="apply the chat template to the prompts (default: when the tokenizer has one)")
+    e.add_argument("--no-chat", dest="chat", action="store_false", help="do not apply the chat template")
     e.add_argument("--gen-dtype", choices=["fp32", "bf16", "gguf"], default="fp32",
                    help="weights for generating answers: dense fp32 / bf16, or gguf (a GGUF target's packed weights, "
                         "the CPU default at inference; with --gen-batch 1)")
@@ -66,8 +67,8 @@ def _eagle_args(e) -> None:
                    help="answers decoded together (shared cache, one head read per step); 1 = the generation loop")
     e.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="target dtype for capture and training")
     e.add_argument("--head-dtype", choices=["fp32", "bf16"], default="bf16", help="dtype of the exported head")
-    e.add_argument("--device", default="cpu")
-    e.add_argument("--threads", type=int, default=None)
+    e.add_argument("--device", default="cpu", help="cpu or cuda")
+    e.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
     e.add_argument("--stages", default="generate,capture,train", help="comma-separated subset, in order")
     e.add_argument("--resume", action="store_true", help="continue training from --out/checkpoint.pt")
     e.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
@@ -83,11 +84,19 @@ def _eagle_args(e) -> None:
     e.add_argument("--ce-vocab", choices=["full", "seen"], default="full",
                    help="cross-entropy over the full vocabulary (EAGLE) or over the ids present in the training "
                         "data (cheaper; an approximation for small budgets)")
-    for name, default, kind in (("epochs", 2.0, float), ("lr", 3e-4, float), ("warmup-steps", 50, int),
-                                ("tokens-per-step", 2048, int), ("max-len", 512, int), ("heldout", 0.05, float),
-                                ("seed", 0, int), ("save-every", 50, int), ("noise-std", 0.2, float),
-                                ("p-w", 0.1, float), ("v-w", 1.0, float)):
-        e.add_argument(f"--{name}", type=kind, default=default)
+    for name, default, kind, what in (
+            ("epochs", 2.0, float, "passes over the training data"),
+            ("lr", 3e-4, float, "AdamW's peak learning rate"),
+            ("warmup-steps", 50, int, "optimizer steps of linear warm-up (then linear decay)"),
+            ("tokens-per-step", 2048, int, "trained positions per optimizer step"),
+            ("max-len", 512, int, "sequences (and --texts windows) are cut to this many tokens"),
+            ("heldout", 0.05, float, "share of the sequences held out for evaluation"),
+            ("seed", 0, int, "seed of the shuffles, the held-out split, the new head's weights and the noise"),
+            ("save-every", 50, int, "optimizer steps between checkpoints"),
+            ("noise-std", 0.2, float, "EAGLE's uniform noise on the input features"),
+            ("p-w", 0.1, float, "weight of the cross-entropy (token) loss"),
+            ("v-w", 1.0, float, "weight of the feature regression (SmoothL1) loss")):
+        e.add_argument(f"--{name}", type=kind, default=default, help=what)
     e.add_argument("--batch-tokens", type=int, default=None,
                    help="padded tokens per training micro-batch (default: 1024 on a CPU, 16384 on CUDA)")
 
@@ -112,9 +121,9 @@ def add(sub) -> None:
                                      "--out/head in the official EAGLE-3 layout.")
     _eagle_args(e3)
     e3.add_argument("--ttt-steps", type=int, default=7,
-                    help="training-time-test steps (the paper's 7; each costs about one more head pass and loss)")
+                    help="training-time-test steps (default 7, the paper's; each step adds a head pass and a loss)")
     e3.add_argument("--draft-vocab", type=int, default=32768,
-                    help="draft vocabulary: this many of the most frequent training ids (EAGLE-3's 32k)")
+                    help="draft vocabulary: this many of the most frequent training ids (default 32768, EAGLE-3's)")
     e3.add_argument("--feature-layers", type=lambda v: [int(x) for x in v.split(",")], default=None,
                     metavar="A,B,C", help="target layers whose inputs are fused (default: 2, L/2, L-3, as vLLM)")
     e3.set_defaults(func=_run("eagle3"))
@@ -125,21 +134,34 @@ def add(sub) -> None:
     _policy_args(d)
     d.add_argument("--k0", type=int, default=None, help="clusters at draft depth 0 (default: tuned, --coverage)")
     d.add_argument("--k1", type=int, default=None, help="clusters at draft depth 1 (default: k0 // 2)")
-    for name, default, kind in (("clusters", 1024, int), ("kmeans-iters", 15, int), ("top-l", 8, int),
-                                ("positions", 100_000, int), ("heldout", 0.05, float), ("router-width", 1024, int),
-                                ("epochs", 3.0, float), ("lr", 1e-3, float), ("coverage", 0.97, float),
-                                ("seed", 0, int)):
-        d.add_argument(f"--{name}", type=kind, default=default)
+    for name, default, kind, what in (
+            ("clusters", 1024, int, "M, the clusters of LM-head rows (spherical k-means)"),
+            ("kmeans-iters", 15, int, "k-means iterations"),
+            ("top-l", 8, int, "L: each example's label is the clusters of the full-vocabulary drafter's top-L tokens"),
+            ("positions", 100_000, int, "training examples (positions) drawn from the features"),
+            ("heldout", 0.05, float, "share of the sequences held out (budget tuning, evaluation)"),
+            ("router-width", 1024, int, "hidden width of the two-layer router"),
+            ("epochs", 3.0, float, "passes over the examples"),
+            ("lr", 1e-3, float, "learning rate"),
+            ("coverage", 0.97, float, "k0 is the smallest budget whose held-out top-1 coverage reaches this"),
+            ("seed", 0, int, "random seed")):
+        d.add_argument(f"--{name}", type=kind, default=default, help=what)
     d.set_defaults(func=_run("dynaspec"))
     v = tsub.add_parser("specvocab", help="SpecVocab low-rank vocabulary ranker on an EAGLE head's outputs",
                         description="Distil the full-vocabulary draft distribution into a low-rank ranker "
                                     "s = W_vocab W_down h (EAGLE head frozen; starts from the LM head's SVD).")
     _policy_args(v)
     v.add_argument("--rank", type=int, default=None, help="d' (default d/16; d/8 is the paper's other option)")
-    for name, default, kind in (("k", 2048, int), ("positions", 50_000, int), ("heldout", 0.05, float),
-                                ("q-top", 256, int), ("epochs", 3.0, float), ("lr", 1e-3, float),
-                                ("batch", 256, int), ("seed", 0, int)):
-        v.add_argument(f"--{name}", type=kind, default=default)
+    for name, default, kind, what in (
+            ("k", 2048, int, "candidates per draft-head call (the ranker's top-k, scored exactly)"),
+            ("positions", 50_000, int, "training examples (positions) drawn from the features"),
+            ("heldout", 0.05, float, "share of the sequences held out for evaluation"),
+            ("q-top", 256, int, "the draft distribution's largest entries distilled at each position"),
+            ("epochs", 3.0, float, "passes over the examples"),
+            ("lr", 1e-3, float, "learning rate"),
+            ("batch", 256, int, "examples per optimizer step"),
+            ("seed", 0, int, "random seed")):
+        v.add_argument(f"--{name}", type=kind, default=default, help=what)
     v.set_defaults(func=_run("specvocab"))
     c = tsub.add_parser("coral", help="CORAL-style router: one linear layer choosing fixed vocabulary partitions",
                         description="Partition the vocabulary offline (spherical k-means on the LM head) and train a "
@@ -147,8 +169,15 @@ def add(sub) -> None:
                                     "faithful variant of CORAL's description).")
     _policy_args(c)
     c.add_argument("--r", type=int, default=None, help="partitions per draft token (default: tuned, --coverage)")
-    for name, default, kind in (("partitions", 64, int), ("kmeans-iters", 15, int), ("positions", 100_000, int),
-                                ("heldout", 0.05, float), ("epochs", 3.0, float), ("lr", 1e-3, float),
-                                ("batch", 512, int), ("coverage", 0.97, float), ("seed", 0, int)):
-        c.add_argument(f"--{name}", type=kind, default=default)
+    for name, default, kind, what in (
+            ("partitions", 64, int, "P, the vocabulary partitions (spherical k-means on the LM head)"),
+            ("kmeans-iters", 15, int, "k-means iterations"),
+            ("positions", 100_000, int, "training examples (positions) drawn from the features"),
+            ("heldout", 0.05, float, "share of the sequences held out (tuning r, evaluation)"),
+            ("epochs", 3.0, float, "passes over the examples"),
+            ("lr", 1e-3, float, "learning rate"),
+            ("batch", 512, int, "examples per optimizer step"),
+            ("coverage", 0.97, float, "r is the smallest count whose held-out top-1 coverage reaches this"),
+            ("seed", 0, int, "random seed")):
+        c.add_argument(f"--{name}", type=kind, default=default, help=what)
     c.set_defaults(func=_run("coral"))

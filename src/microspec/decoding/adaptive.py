@@ -98,15 +98,15 @@ class BatchDepth:
     """How many levels each request of a batch drafts, measured per batch size (a server stepping several requests
     at once, :func:`~microspec.decoding.loop.step_many`).
 
-    A batch's step costs one read of the weights plus a little per row (about 2 ms a row for Gemma 3 270M's packed
-    target against a 13-25 ms step on 2 cores), so the draft rows that pay for one request alone may not pay for
+    A batch's step costs one read of the weights plus a little per row (for Gemma 3 270M's packed target on a
+    CPU a row is a small but real share of a step), so the draft rows that pay for one request alone may not pay for
     eight: each extra row delays every request of the batch.  For each batch size n it keeps, per depth cap in
     ``caps`` (0: nobody drafts), the batch's committed tokens over the step seconds of its last ``window`` steps,
     takes the cap with the best rate (batch sizes measured together in powers of two: 2, 3-4, 5-8, ...; requests
-    come and go too often for each size to be measured alone), and now and then (every ``probe`` steps, for ``probe_steps`` steps) tries the
-    next other cap, so that a change in the text or the decodings is noticed; each cap is measured first.  A batch
-    of one drafts as its method says (None): a lone request decodes as ``generate`` does.  The first step of a cap
-    after another is not measured (drafters catch up on what they skipped then)."""
+    come and go too often for each size to be measured alone), and now and then (every ``probe`` steps, for
+    ``probe_steps`` steps) tries the next other cap, so that a change in the text or the decodings is noticed; each
+    cap is measured first.  A batch of one drafts as its method says (None): a lone request decodes as ``generate``
+    does.  The first step of a cap after another is not measured (drafters catch up on what they skipped then)."""
 
     def __init__(self, caps: tuple[int, ...] = (0, 1, 2, 4), window: int = 12, warmup: int = 3,
                  probe: int = 48, probe_steps: int = 4):

@@ -61,8 +61,8 @@ def prompt_topk(model: NativeCausalLM, hidden: torch.Tensor, k: int, chunk: int 
 
     On a CPU with a half-precision head that the bf16 kernel (:mod:`microspec.kernels.cpu_linear`) does not serve,
     torch's bf16 matmul runs at the speed of one row at a time, so all rows
-    go against fp32 copies of ``slab`` head rows at a time instead (measured 1.5 s against 5.6 s for 256 prompt
-    positions of Gemma 3 270M); the final soft-cap is monotonic and does not change a top-k.  Elsewhere:
+    go against fp32 copies of ``slab`` head rows at a time instead (measured several times faster over the prompt
+    positions of Gemma 3 270M; BENCHMARKS.md); the final soft-cap is monotonic and does not change a top-k.  Elsewhere:
     ``chunk`` rows at a time through :meth:`NativeCausalLM.head`."""
     w = model.head_weight
     rows = hidden.shape[0]
@@ -270,7 +270,7 @@ class Generation:
         t2 = self.clock.mark()
         if vocab is not None:  # the logits the target chose from on the validated branch (the walk has them);
             # a step taken plain (the adaptive mode's, auto's plain arm) feeds the policy its committed tokens only
-            # (a top-k over the full vocabulary costs ~0.4 ms of a 17 ms packed CPU step: stepping aside must cost
+            # (a top-k over the full vocabulary is a visible share of a packed CPU step: stepping aside must cost
             # nothing), and so does a step another drafter than the head drafted where the drafter says so (auto)
             logits = vocab.wants_verify_logits and drafting and len(tree) and (
                 drafter.head_drafted or drafter.copies_feed_policy)

@@ -187,8 +187,8 @@ def sample(p: torch.Tensor, generator: torch.Generator | None = None) -> torch.T
 
     Inverse CDF: a float64 running sum and a binary search for ``u * total``, ``u`` uniform in (0, 1] — an id of
     weight 0 is never drawn (the search stops at the first id whose running sum reaches the target, which has
-    weight).  ``torch.multinomial`` draws the same distribution but cost 6.4 ms on one 262,144-wide row on the
-    2-core CPU (a third of a packed Gemma 3 270M step); this costs 0.3 ms."""
+    weight).  ``torch.multinomial`` draws the same distribution but on one 262,144-wide row on a CPU costs a large
+    share of a packed Gemma 3 270M step, many times this search (BENCHMARKS.md)."""
     cdf = p.double().cumsum(-1)
     u = 1.0 - torch.rand((*cdf.shape[:-1], 1), dtype=torch.float64, generator=generator, device=cdf.device)
     return torch.searchsorted(cdf, u * cdf[..., -1:]).clamp_(max=p.shape[-1] - 1)

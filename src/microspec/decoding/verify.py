@@ -1,7 +1,7 @@
 """Verification: walk a draft tree with the target's logits and decide which tokens to commit.
 
-The target's full-vocabulary head is the expensive part of a verify step on a large vocabulary (one 262k row costs
-~18 ms bf16 on a 2-core CPU), so the walk never computes it for every node of a wide tree.  ``HEAD_MODES``:
+The target's full-vocabulary head is the expensive part of a verify step on a large vocabulary (one 262k row is a
+large share of a bf16 step on a CPU), so the walk never computes it for every node of a wide tree.  ``HEAD_MODES``:
 
 - ``all``: one batched head pass over every row (the reference the others must equal);
 - ``visited``: one pass per node the walk visits;
@@ -11,12 +11,11 @@ The target's full-vocabulary head is the expensive part of a verify step on a la
 Whatever the mode, the committed tokens are identical (tests/test_speculative.py proves it).
 
 Default (``default_head_mode``): ``path`` wherever a batch of head rows costs little more than one row — on CUDA
-(not yet measured on a GPU) and on a CPU with bf16 weights through the fp32-accumulating kernel of
-:mod:`microspec.kernels.cpu_linear` (measured on Gemma 3 270M: 17.4 / 18.9 / 24.3 / 47.9 ms for 1 / 2 / 4 / 11 rows; in a
-2-question pilot ``path`` beat ``visited`` for every speculative method, BENCHMARKS.md).  ``visited`` elsewhere on a CPU: there a
-row costs the same batched or not (torch's bf16 matmul without native bf16 arithmetic: 18 ms per row at 1..11 rows;
-fp32: 53 ms for one row, 195 ms for eleven), and end to end ``visited`` measured fastest (BENCHMARKS.md,
-"Verification head modes").
+(there by that reasoning; the modes were not compared on a GPU) and on a CPU with bf16 weights through the
+fp32-accumulating kernel of :mod:`microspec.kernels.cpu_linear` (measured on Gemma 3 270M: a few rows cost little more
+than one, and in a short run ``path`` beat ``visited`` for every speculative method; BENCHMARKS.md).  ``visited``
+elsewhere on a CPU: there a row costs the same batched or not (torch's bf16 matmul without native bf16 arithmetic,
+and fp32 on a wide head, grow with every row), and end to end ``visited`` measured fastest (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -46,7 +45,7 @@ def default_head_mode(device: torch.device, head_weight: torch.Tensor | None = N
     from ..kernels import cpu_linear
     from ..models.quant import QuantTensor
 
-    # a packed GGUF head: 6.7 / 8.8 / 14.6 ms for 1 / 2 / 4 rows (BENCHMARKS.md)
+    # a packed GGUF head: a few rows cost little more than one (BENCHMARKS.md, "Where the time goes")
     batched = isinstance(head_weight, QuantTensor) or (head_weight is not None and cpu_linear.applies(head_weight))
     return "path" if batched else "visited"
 

@@ -13,18 +13,17 @@ from .registry import DRAFTERS, spec
 
 # Tree shape when the user gives none: on a GPU, EAGLE-2's published default (60 tokens with the root, depth 5 =
 # 6 draft levels, top-k 10); on a CPU, where a verify pass grows with every node (BENCHMARKS.md), small trees; with
-# packed GGUF weights on a CPU ("cpu-gguf") one drafted token: there a plain step costs ~17 ms and each further
-# verify row ~2 ms in the body and ~3.4 ms in the head, so only the first draft position pays (measured on Gemma 3
-# 270M: depth 1 1.10x plain decoding, depth 2 0.99x, the bf16 CPU tree 0.79x; BENCHMARKS.md).
+# packed GGUF weights on a CPU ("cpu-gguf") one drafted token: there each further verify row costs a sizeable share of
+# a plain step, in the body and more in the head, so only the first draft position pays (measured on Gemma 3 270M:
+# one drafted token beat two and the dense CPU tree; BENCHMARKS.md, "Where the time goes").
 TREE_DEFAULTS = {
     "cuda": {"depth": 6, "top_k": 10, "total_tokens": 59},
     "cpu": {"depth": 4, "top_k": 2, "total_tokens": 8},
     "cpu-gguf": {"depth": 1, "top_k": 1, "total_tokens": 1},
 }
 
-# prompt lookup's longest draft: 10 tokens, but 3 on a packed CPU target, where a verify row costs a third of a plain
-# step (Spec-Bench 2/category + HumanEval 2, greedy, 128 tokens, adaptive: 3 tokens 1.16x plain decoding with every
-# category >= 1.02x, 5 tokens 1.15x, 10 tokens 1.11x; fixed: 1.15x / 1.07x / 0.97x; BENCHMARKS.md)
+# prompt lookup's longest draft: 10 tokens, but 3 on a packed CPU target, where a verify row costs a sizeable share of
+# a plain step: there 3 tokens measured fastest against 5 and 10, adaptive or fixed (BENCHMARKS.md)
 NGRAM_TOKENS = {"default": NGRAM_DEFAULT, "cpu-gguf": 3}
 
 

@@ -47,8 +47,8 @@ DRAFT_LAYERS = Option("draft_layers", type=int, low=1,
 
 
 def default_layers(num_layers_target: int | None) -> int:
-    """Untrained exits need depth: on Gemma 3 270M (18 layers) 4 or 8 layers accepted nothing, 12 gave tau 1.63 and
-    15 gave 1.94 (32 greedy tokens, one prompt): two thirds of the target's layers."""
+    """Untrained exits need depth: on Gemma 3 270M (18 layers) exits after fewer than half of the layers
+    accepted nothing, and acceptance rose with the layers beyond that: two thirds of the target's layers."""
     return max(1, (2 * (num_layers_target or 3)) // 3)
 
 

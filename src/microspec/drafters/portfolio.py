@@ -27,9 +27,9 @@ from ..vocab.base import VocabPolicy
 from .base import Drafter
 
 PLAIN = "plain"
-# after PLAIN_RUN plain steps in a row the cheap arms propose at every THIN-th step only (their search costs ~0.3-1 ms
-# of a ~20-35 ms packed CPU step: where nothing pays, auto is to cost as little as plain decoding); a step they win
-# ends the run
+# after PLAIN_RUN plain steps in a row the cheap arms propose at every THIN-th step only (their search is a small but
+# visible share of a packed CPU step: where nothing pays, auto is to cost as little as plain decoding); a step they
+# win ends the run
 PLAIN_RUN, THIN = 8, 4
 
 

@@ -1,11 +1,11 @@
 """CPU matmul for bf16 weights: ``y = x W^T (+ b)``, bf16 weights widened to fp32 in registers, fp32 accumulation.
 
 Why: on CPUs without native bf16 arithmetic (AVX2, e.g. the 2-core AMD EPYC this project is measured on), torch's
-bf16 matmul runs at ~18 GFLOP/s, so a product over R rows costs R times one row: Gemma 3 270M's 262k-row LM head
-took 18 / 35 / 69 ms for 1 / 2 / 4 rows and a forward over 8 tokens four times one over a single token
-(BENCHMARKS.md).  That makes verifying a draft tree as expensive as decoding its tokens one by one.  This kernel
-streams each bf16 weight row once per block of rows, widening it to fp32 in registers (AVX2 + FMA), so one row is
-bound by memory and several rows share the read.
+bf16 matmul is bound by arithmetic, not by memory, so a product over R rows costs about R times one row (so
+measured for Gemma 3 270M's 262k-row LM head and its forward; BENCHMARKS.md, "Where the time goes").  That makes
+verifying a draft tree as expensive as decoding its tokens one by one.  This kernel streams each bf16 weight row once
+per block of rows, widening it to fp32 in registers (AVX2 + FMA), so one row is bound by memory and several rows share
+the read.
 
 Exactness: every output element is the same fixed-order sum (8 fp32 lanes along K, then a fixed horizontal sum),
 whatever the number of rows in the call or the block a row falls in; a row's result therefore does not depend on
@@ -16,7 +16,7 @@ to nearest even) for bf16 layers, or returned in fp32 (the LM head's logits).
 Attention (:func:`attend`, bf16 decode steps and tree verification of at most ``ATTENTION_MAX_ROWS`` query rows):
 torch's SDPA blocks its reductions by the shape of the call, so a token's attention output in a 60-row verify pass
 differed in the last bf16 bit from the one-token step's, and greedy speculative output left the autoregressive
-output at near ties (6 of 16 Spec-Bench turns).  The kernel computes each (head, query row) over exactly the keys the
+output at near ties (on several Spec-Bench turns).  The kernel computes each (head, query row) over exactly the keys the
 row may see, in slot order, with fp32 scores, a sequential fp32 softmax sum and weighted sum: a row's result depends
 only on its visible keys.  With the linear rows above, a bf16 tree-verify pass computes the very values the
 one-token step does, and bf16 greedy speculation equals bf16 autoregressive decoding (tested).  Prefills (more rows)

@@ -172,7 +172,7 @@ class GGUFFile:
                     out[r0 // tile : (r0 + len(raw)) // tile] = cpu_quant.repack(data, qtype)
             # row subsets (a draft head's shortlist or cluster union, taken again whenever the set changes) copy
             # the file's rows from the map: one contiguous row each, where the interleaved form spreads a row's
-            # bytes over 8x more cache lines (a 9k-row gather: 5.3 ms from the interleaved Q8_0 head)
+            # bytes over 8x more cache lines (BENCHMARKS.md)
             return QuantTensor(out, cpu_quant.INTERLEAVED[qtype], cols, integer,
                                file_rows=self._mapped(info, rows, row_bytes) if order is None else None)
         q = QuantTensor(self._mapped(info, rows, row_bytes), qtype, cols, integer)

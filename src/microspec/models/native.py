@@ -100,8 +100,8 @@ class NativeCausalLM(nn.Module):
         return self.model.embed_tokens.weight if self.spec.tie_embeddings else self.lm_head.weight
 
     def _first_parameter(self) -> torch.Tensor:
-        """The first parameter (its dtype and device are the model's), looked up once: walking the modules cost
-        ~60 us a call, several calls a decode step.  Moving the model (``_apply``) or loading weights forgets it."""
+        """The first parameter (its dtype and device are the model's), looked up once: walking the modules is not
+        free, and a decode step asks several times.  Moving the model (``_apply``) or loading weights forgets it."""
         p = self.__dict__.get("_first_param")
         if p is None:
             p = next(self.parameters())

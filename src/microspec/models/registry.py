@@ -406,7 +406,7 @@ def load_model(
             if assets is not None:
                 _dense_gguf(path, directory, assets)
             else:
-                _check_gguf(path)  # a full parse takes ~30 s on a 262k vocabulary: only before converting
+                _check_gguf(path)  # a full parse is slow on a 262k vocabulary: only before converting
                 _convert_gguf(path, directory)
     else:
         directory = path

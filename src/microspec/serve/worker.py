@@ -137,8 +137,8 @@ class Worker:
         ``threads``: torch's CPU threads for the decoding thread (None: as they are).  A server should load the
         model with one thread and give the decoding thread the real count here: OpenMP keeps a team of threads per
         thread that ran parallel work, and with more of them than cores its idle threads stop spinning between
-        parallel regions, so each of a step's ~150 regions pays a wake-up (measured on 2 cores: 31 ms a plain
-        Gemma 3 270M step on a decoding thread after a multi-threaded load in the main thread, 17 ms otherwise)."""
+        parallel regions, so each of a step's ~150 regions pays a wake-up (measured on 2 cores: a plain Gemma 3 270M
+        step on a decoding thread after a multi-threaded load in the main thread took nearly twice as long)."""
         from ..decoding.adaptive import BatchDepth
 
         self.engine, self.lm = engine, engine.lm

@@ -18,8 +18,8 @@ handful of fixed-shape tensor operations on the model's device (first-occurrence
 by cumulative sum, count updates by index_add), with the write pointer itself a device tensor.  Neither reads
 anything back to the host.  ``host`` (default on a CPU,
 :class:`~microspec.vocab.window.HostWindow`) keeps the ring and the counts in Python and walks the few ids of each
-append one by one: on a CPU every tensor operation costs ~10 us of dispatch whatever its size, and the device
-version's ~60 operations per verification cost ~1.3 ms where the host walk costs tens of microseconds (measured,
+append one by one: on a CPU every tensor operation pays a fixed dispatch cost whatever its size, so the device
+version's ~60 operations per verification cost far more than the host walk (measured,
 BENCHMARKS.md).
 
 What the draft head gets (``gather``): ``"packed"`` (default) — the rows of I in a
@@ -54,8 +54,8 @@ from .window import WINDOWS, CandidateWindow, SideStream, WindowRows
 
 def topk_ids(logits: torch.Tensor, k: int, block: int = 512) -> torch.Tensor:
     """Ids [R, k] of the k largest logits of each row of [R, V] (ties in any order).  Two stages when V splits into
-    blocks: the k blocks with the largest maxima hold the top k, so only they are searched — on a CPU 0.19 ms for
-    3 x 262,144 against 1.25 ms for ``torch.topk``."""
+    blocks: the k blocks with the largest maxima hold the top k, so only they are searched — on a CPU faster than one
+    ``torch.topk`` over a 262,144-wide vocabulary (BENCHMARKS.md)."""
     r, v = logits.shape
     if v % block or v // block < 4 * k:
         return torch.topk(logits, k, dim=-1).indices
@@ -73,8 +73,9 @@ K_PRE = Option("k_pre", type=int, default=3, low=0, help="microspec: K_pre, the 
 K_VER = Option("k_ver", type=int, default=3, low=0, help="microspec: K_ver, the top-k of the verify logits per step")
 K_PRE_POSITIONS = Option(
     "k_pre_positions", type=int, low=0,
-    help="microspec: take the prefill's top-k at the last N prompt positions only (default: all, as Algorithm 1; on "
-         "a CPU the head over every prompt position costs ~6 ms a position)")
+    help="microspec: take the prefill's top-k at the last N prompt positions only (default: every position, as "
+         "Algorithm 1; none on a packed GGUF target on a CPU, where each position costs a full-vocabulary head row; "
+         "the method name microspec-kpall takes every position there too)")
 SOURCES_OPTION = Option("sources", choices=SOURCES, default=SOURCES[0],
                         help="microspec: the stream's sources: ctx+ext (Algorithm 1), ctx or ext (the paper's Ctx. "
                              "Only / Ext. Only ablation)")
@@ -117,7 +118,7 @@ class MicroSpecVocab(VocabPolicy):
         check(gather in GATHERS, f"unknown gather {gather!r}; choose from {', '.join(GATHERS)}")
         device = torch.device(device)
         if backend is None:  # CUDA: the Triton window kernels where they build (the tensor window's update costs
-            # ~5x their host time: 1.6 vs 0.3 ms a step on an H200, BENCHMARKS.md), else the tensor window
+            # several times theirs, BENCHMARKS.md, "GPU"), else the tensor window
             from ..kernels.window_update import compiles
 
             backend = "host" if device.type != "cuda" else "triton" if compiles(device) else "device"

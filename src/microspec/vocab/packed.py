@@ -10,12 +10,12 @@ Two ways to update it, the same result (tests/test_vocab.py checks both against 
 - ``remove`` / ``insert`` take id tensors and masks: a fixed number of tensor operations on the buffer's device whose
   sizes the host knows (the ids passed in, the capacity) — no host synchronisation (for CUDA);
 - ``remove_ids`` / ``insert_ids`` take host lists and keep the slot bookkeeping in Python (a free-slot heap, a dict),
-  touching the tensors with two or three indexed copies: on a CPU a tensor operation costs ~10 us of dispatch
-  whatever its size, so the tensor version's ~25 operations cost more than the rows it copies.  Reading how far the occupied slots reach (``extent``) is one
-host read per change of the set; on CUDA the whole padded buffer is used instead, so shapes stay fixed (what a CUDA
-graph of the draft step needs) and nothing is read back.  Bookkeeping: ``slot_ids[s]`` is the id held in slot s
-(-1 free), ``slot_of[v]`` the slot of id v (-1 absent); index ``capacity`` of the first and ``vocab_size`` of the
-second are trash entries that masked-out writes go to.
+  touching the tensors with two or three indexed copies: on a CPU a tensor operation pays a fixed dispatch cost
+  whatever its size, so the tensor version's ~25 operations cost more than the rows it copies.
+Reading how far the occupied slots reach (``extent``) is one host read per change of the set; on CUDA the whole
+padded buffer is used instead, so shapes stay fixed (what a CUDA graph of the draft step needs) and nothing is read
+back.  Bookkeeping: ``slot_ids[s]`` is the id held in slot s (-1 free), ``slot_of[v]`` the slot of id v (-1 absent);
+index ``capacity`` of the first and ``vocab_size`` of the second are trash entries that masked-out writes go to.
 """
 
 from __future__ import annotations
