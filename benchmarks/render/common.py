@@ -1,0 +1,116 @@
+"""What every section uses: reading results, Markdown tables, ratios with their spread, provenance lines."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
+FIGURES = ROOT / "docs" / "figures"  # pictures, linked from BENCHMARKS.md and the README as docs/figures/<name>.svg
+
+
+@lru_cache(maxsize=None)
+def load(rel: str):
+    """A results file (JSON) by its path under ``benchmarks/results/``."""
+    return json.loads((RESULTS / rel).read_text())
+
+
+def table(headers: list[str], rows: list[list]) -> str:
+    """A Markdown table; cells are str()-ed, None shows as an en dash."""
+    def cell(v):
+        return "–" if v is None else str(v)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def x(v: float | None, digits: int = 2) -> str | None:
+    """A ratio: 1.23x."""
+    return None if v is None else f"{v:.{digits}f}x"
+
+
+def num(v: float | None, digits: int = 2) -> str | None:
+    return None if v is None else f"{v:,.{digits}f}"
+
+
+def spread(values: list[float], digits: int = 2, unit: str = "x") -> str:
+    """The mean of repeated measurements with their range: ``1.23x (1.20–1.26)``; one value alone."""
+    m = sum(values) / len(values)
+    if len(values) == 1:
+        return f"{m:.{digits}f}{unit}"
+    return f"{m:.{digits}f}{unit} ({min(values):.{digits}f}–{max(values):.{digits}f})"
+
+
+def tie(a: list[float], b: list[float]) -> bool:
+    """Two repeated measurements are a tie when their ranges overlap."""
+    return min(a) <= max(b) and min(b) <= max(a)
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a table's numbers come from: the results files, the command that wrote them, when, where, at which
+    commit."""
+    files: str          # path(s) under benchmarks/results/
+    command: str
+    date: str
+    machine: str
+    commit: str
+
+    def markdown(self) -> str:
+        return (f"<sub>From `benchmarks/results/{self.files}`: `{self.command}`; {self.date}, {self.machine}, "
+                f"commit {self.commit}.</sub>")
+
+CPU = "2-core AMD EPYC (AVX2), 2 threads"
+
+
+def figure(name: str, draw) -> Path:
+    """Draw a picture with matplotlib (``draw(fig)`` fills the figure) and save it as ``docs/figures/<name>.svg``,
+    reproducibly (fixed hash salt, no date)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams["svg.hashsalt"] = "microspec"
+    fig = plt.figure(figsize=(7, 4))
+    draw(fig)
+    FIGURES.mkdir(parents=True, exist_ok=True)
+    path = FIGURES / f"{name}.svg"
+    fig.savefig(path, format="svg", bbox_inches="tight", metadata={"Date": None})
+    plt.close(fig)
+    return path
+
+
+def picture(name: str, alt: str) -> str:
+    """The Markdown that shows ``docs/figures/<name>.svg`` from BENCHMARKS.md (at the repository's root)."""
+    return f"![{alt}](docs/figures/{name}.svg)"
+
+
+def answers(run: str, method: str) -> list[dict]:
+    """A bench run's answer records for one method: ``<run>/answers/<method>.jsonl`` under benchmarks/results/."""
+    path = RESULTS / run / "answers" / f"{method}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def repeat_speeds(run: str, method: str) -> list[float]:
+    """Per repeat, the mean over questions of each question's tokens/s (Spec-Bench's arithmetic)."""
+    recs = answers(run, method)
+    n = min(len(r["choices"]) for r in recs)
+    return [sum(sum(r["choices"][i]["new_tokens"]) / sum(r["choices"][i]["wall_time"]) for r in recs) / len(recs)
+            for i in range(n)]
+
+
+def repeat_speedups(run: str, method: str, base: str = "ar") -> list[float]:
+    """Per repeat, the method's speed over ``base``'s in the same run and repeat."""
+    return [m / b for m, b in zip(repeat_speeds(run, method), repeat_speeds(run, base))]
+
+
+def repeat_draft_ms(run: str, method: str) -> list[float]:
+    """Per repeat, draft time per target step (ms), pooled over the questions."""
+    recs = answers(run, method)
+    n = min(len(r["choices"]) for r in recs)
+    return [1000 * sum(r["choices"][i]["draft_s"] for r in recs)
+            / sum(sum(r["choices"][i]["decoding_steps"]) for r in recs) for i in range(n)]

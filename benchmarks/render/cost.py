@@ -1,0 +1,191 @@
+"""Where the time goes: each method's time by part in the CPU protocol runs, the packed engine's step cost by rows,
+one layer's products, plain decoding against the memory floor and against llama.cpp on the same file."""
+
+from __future__ import annotations
+
+import re
+
+from .common import CPU, RESULTS, Source, load, num, table, x
+from .vocab import METHODS, MODELS, PEERS, PROTOCOL, ov, source, title
+
+KX8 = "2026-11-24-issue22-kx8"  # K-quants interleaved too: the packed kernel as it is now
+COMMIT_KX8 = "70e1f17"
+STEP, LAYER = f"{KX8}/step_cost_kx8.json", f"{KX8}/layer_products_kx8.json"
+STEP_BF16, COMMIT_BF16 = "2026-11-24-gemma-gguf-cpu/step_cost.json", "415d397"
+KX8_RUNS = (f"{KX8}/greedy/greedy/results.json", f"{KX8}/penalty/greedy-rp1.2/results.json")
+# The machine's read bandwidth (benchmarks/measure/bandwidth.py), measured twice that day: morning and evening.
+BANDWIDTH = {"2026-11-24-gemma-gguf-cpu/bandwidth.json": "415d397", "2026-11-24-issue22-x8/kernel/bandwidth.json":
+             "0d63b03"}
+# Plain generations of the README prompt printed by `microspec generate` (peak_memory.py), interleaved layout
+# (repack=1) and the file's (repack=0): the CLI's stats line names the weight bytes a step reads.
+PLAIN_LINES, COMMIT_LINES = {"gemma-3-270m": "2026-11-24-issue22-x8/kernel/gemma_plain_slabs.txt",
+                             "smollm2-135m-instruct": "2026-11-24-issue22-x8/kernel/smollm2_plain.txt"}, "0d63b03"
+PEAK_BF16, COMMIT_PEAK = "2026-11-24-issue22-gguf/peak_memory.json", "e718edd"
+Q8_0_BYTES_PER_WEIGHT = 34 / 32  # GGML's Q8_0 block: an fp16 scale and 32 int8 weights
+PARTS = ("draft", "verify", "prefill", "other")
+LINE = re.compile(r"repack=(\d) gguf: peak RSS (\d+) MiB .*?decode ([\d.]+) tok/s.*?weights (\d+) MB/step")
+
+
+def plain_lines(model: str) -> list[dict]:
+    """The interleaved layout's lines: peak RSS MiB, decode tok/s, weight MB per step."""
+    text = (RESULTS / PLAIN_LINES[model]).read_text()
+    return [{"rss": int(m[2]), "tok_s": float(m[3]), "mb": int(m[4])} for m in LINE.finditer(text) if m[1] == "1"]
+
+
+def _split() -> list[str]:
+    runs = {rel: load(rel) for rel in PROTOCOL}
+    methods = [m for r in runs.values() for m in r["methods"] if m not in PEERS]
+    methods = list(dict.fromkeys(methods))
+
+    def cell(r, m):
+        s = ov(r, m).get("time_split") if m in r["methods"] else None
+        return None if not s else " / ".join(f"{s[p]:.0%}" for p in PARTS[:3])
+
+    rows = [[METHODS[m], *(cell(r, m) for r in runs.values())] for m in methods]
+    other = max(ov(r, m)["time_split"]["other"] for r in runs.values() for m in r["methods"]
+                if "time_split" in ov(r, m))
+    g, s = runs[next(iter(PROTOCOL))], runs["2026-11-25-protocol-cpu/smollm2-greedy/greedy/results.json"]
+    share = {m: [ov(r, m)["time_split"]["draft"] for r in runs.values() if m in r["methods"]]
+             for m in ("eagle-full", "microspec")}
+    pol = [ov(r, m)["time_split"]["draft"] for r in runs.values() for m in ("dynaspec", "specvocab", "coral")
+           if m in r["methods"]]
+    return ["### A step's time by part, in the CPU protocol runs", "",
+            "Shares of each method's wall time: draft / verify / prefill (the rest, the loop around them, is at most "
+            f"{other:.1%}). The runs, their commands and sources: \"Vocabulary methods compared\".", "",
+            table(["method", *(title(r["meta"]) for r in runs.values())], rows), "",
+            Source(", ".join(PROTOCOL), "microspec bench --protocol cpu (each run's command: \"Vocabulary methods "
+                   "compared\")", "2026-11-24 to 2026-11-25", CPU, ", ".join(PROTOCOL.values())).markdown(), "",
+            f"- Verification is most of every step: {ov(g, 'ar')['time_split']['verify']:.0%} of plain decoding's "
+            f"time on Gemma (greedy), {ov(g, 'microspec')['time_split']['verify']:.0%} of MicroSpec's.",
+            f"- The full head's draft takes {min(share['eagle-full']):.0%}–{max(share['eagle-full']):.0%} of "
+            f"EAGLE-2's time, MicroSpec's {min(share['microspec']):.0%}–{max(share['microspec']):.0%}, the trained "
+            f"policies' {min(pol):.0%}–{max(pol):.0%}.",
+            f"- SmolLM2's prefill is {ov(s, 'ar')['time_split']['prefill']:.0%} of plain decoding's time (Gemma: "
+            f"{ov(g, 'ar')['time_split']['prefill']:.0%}): its chat template's system prompt runs through every layer "
+            "for every question.", ""]
+
+
+def _step() -> list[str]:
+    cur, bf = load(STEP)["gguf"], load(STEP_BF16)["bf16"]
+    rows = sorted({int(k) for d in (cur, bf) for part in d.values() for k in part})
+
+    def line(label, d):
+        return [label, *(num(d.get(str(n)), 1) for n in rows)]
+
+    head, fwd = cur["head_ms_by_rows"], cur["forward_ms_by_tokens"]
+    plain = head["1"] + fwd["1"]
+    layers = load(LAYER)["sum_us_by_rows"]
+    return ["### The packed engine's step by rows", "",
+            f"Gemma 3 270M, packed GGUF weights, {CPU}: the LM head (Q8_0) and the forward without it, by rows, after "
+            f"a {load(STEP)['prefix']}-token prefix, best of 3 (`python benchmarks/measure/head_cost.py`; the bf16 "
+            "rows are an earlier run of the same script with bf16 weights):", "",
+            table(["ms", *(str(n) for n in rows)],
+                  [line("LM head, packed", head), line("forward without the head, packed", fwd),
+                   line("LM head, bf16", bf["head_ms_by_rows"]), line("forward without the head, bf16",
+                                                                      bf["forward_ms_by_tokens"])]), "",
+            Source(STEP, "python benchmarks/measure/head_cost.py --dtypes gguf", "2026-11-24", CPU,
+                   COMMIT_KX8).markdown(),
+            Source(STEP_BF16, "python benchmarks/measure/head_cost.py --dtypes gguf,bf16", "2026-11-24", CPU,
+                   COMMIT_BF16).markdown(), "",
+            f"- A plain step is {plain:.1f} ms here (head {head['1']:.1f} + layers {fwd['1']:.1f}). A second row "
+            f"costs {head['2'] - head['1']:.1f} ms in the head and {fwd['2'] - fwd['1']:.1f} ms in the layers: the "
+            f"target's part of a step with one drafted token is {(head['2'] + fwd['2']) / plain:.2f} plain steps, "
+            "before the draft's own time.",
+            f"- One layer's products take {layers['1']:.0f} µs at one row, {layers['2']:.0f} at two and "
+            f"{layers['8']:.0f} at eight (next table): 8-row interleaved blocks make extra rows cheap.", ""]
+
+
+def _layer() -> list[str]:
+    d = load(LAYER)
+    ns = list(d["sum_us_by_rows"])
+    rows = [[k, p["type"], " x ".join(map(str, p["shape"])), *(num(p["us_by_rows"][n], 1) for n in ns),
+             num(p["gb_per_s_one_row"], 1)] for k, p in d["products"].items()]
+    rows.append(["layer sum", None, None, *(num(d["sum_us_by_rows"][n], 0) for n in ns), None])
+    return ["### One layer's products by rows", "",
+            f"Layer {d['layer']} of Gemma 3 270M, weights in cache, µs, {d['threads']} threads "
+            "(`python benchmarks/measure/layer_products.py --rows 1,2,4,8`); `_X8`: the interleaved 8-row form.", "",
+            table(["matrix", "type", "shape", *(f"{n} row{'s' * (n != '1')}" for n in ns), "GB/s at one row"], rows),
+            "", Source(LAYER, "python benchmarks/measure/layer_products.py --rows 1,2,4,8", "2026-11-24", CPU,
+                       COMMIT_KX8).markdown(), ""]
+
+
+def _floor() -> list[str]:
+    bw = {rel: load(rel)["read_gb_s"]["2"] for rel in BANDWIDTH}
+    lo, hi = min(bw.values()), max(bw.values())
+    runs = [(KX8_RUNS[0], COMMIT_KX8), *((rel, c) for rel, c in PROTOCOL.items() if "greedy/" in rel)]
+    rows = []
+    for rel, _ in runs:
+        r = load(rel)
+        mb = plain_lines(r["meta"]["model"])[0]["mb"]
+        tok = ov(r, "ar")["decode_tokens_per_s"]
+        rows.append([MODELS[r["meta"]["model"]], f"{r['meta']['questions']} questions, {r['meta']['date'][:10]}", mb,
+                     num(tok), num(1000 / tok), f"{mb / hi:.1f}–{mb / lo:.1f}", num(mb * tok / 1000),
+                     f"{mb * tok / 1000 / hi:.0%}–{mb * tok / 1000 / lo:.0%}"])
+    head_ms = load(STEP)["gguf"]["head_ms_by_rows"]["1"]  # vocabulary (the full head's ids) x hidden size, Q8_0
+    head_mb = ov(load(next(iter(PROTOCOL))), "eagle-full")["active_vocab_max"] * \
+        load(LAYER)["products"]["q"]["shape"][1] * Q8_0_BYTES_PER_WEIGHT / 1e6
+    rss = {m: [line["rss"] for line in plain_lines(m)] for m in PLAIN_LINES}
+    bf16 = load(PEAK_BF16)["peak_rss_mib"]["bf16"]
+    return ["### Plain decoding against the memory floor", "",
+            f"A plain step reads every weight once; at the machine's read bandwidth ({lo:.2f} and {hi:.2f} GB/s with "
+            "2 threads, measured on the same day) that sets a floor on its time. Weight bytes per step as the engine "
+            "counts them (`microspec generate`'s stats line), plain decoding's decode-only speed (`ar`, prefills "
+            "excluded) from the runs named:", "",
+            table(["model", "run", "weights MB per step", "`ar` decode tok/s", "ms per step", "floor ms",
+                   "achieved GB/s", "share of the read bandwidth"], rows), "",
+            *(Source(rel, "python benchmarks/measure/bandwidth.py", load(rel)["date"], CPU, c).markdown()
+              for rel, c in BANDWIDTH.items()),
+            *(Source(p, "python benchmarks/measure/peak_memory.py --weights gguf (MICROSPEC_REPACK=0 and 1, "
+                        "alternating)", "2026-11-24", CPU, COMMIT_LINES).markdown() for p in PLAIN_LINES.values()),
+            *(source(rel, c).markdown() for rel, c in runs),
+            Source(PEAK_BF16, "python benchmarks/measure/peak_memory.py --weights gguf,bf16", "2026-11-24", CPU,
+                   COMMIT_PEAK).markdown(), "",
+            f"- The LM head alone ({head_mb:.0f} MB of Q8_0) runs near its floor: {head_ms:.1f} ms for one row is "
+            f"{head_mb / head_ms:.1f} GB/s, {head_mb / head_ms / hi:.0%}–{head_mb / head_ms / lo:.0%} of the read "
+            "bandwidth. The layers are what stays above it: their int8 products are compute-bound at one row.",
+            f"- Peak RSS of a generation with the packed weights, interleaved: Gemma {rng_int(rss['gemma-3-270m'])} "
+            f"MiB against {bf16:,.0f} MiB with bf16 weights "
+            f"({min(rss['gemma-3-270m']) / bf16:.2f}–{max(rss['gemma-3-270m']) / bf16:.2f}x); SmolLM2 "
+            f"{rng_int(rss['smollm2-135m-instruct'])} MiB.", ""]
+
+
+def rng_int(v: list[int]) -> str:
+    return f"{min(v)}" if min(v) == max(v) else f"{min(v)}–{max(v)}"
+
+
+
+def _llama() -> list[str]:
+    runs = [(rel, c) for rel, c in PROTOCOL.items() if "llama-cpp" in load(rel)["methods"]]
+    runs += [(rel, COMMIT_KX8) for rel in KX8_RUNS]
+    rows, ratios = [], []
+    for rel, _ in runs:
+        r = load(rel)
+        llama = ov(r, "llama-cpp")["tokens_per_s"]
+        ratios.append(ov(r, "ar")["tokens_per_s"] / llama)
+        engine = [m for m in r["methods"] if m not in PEERS]
+        best = max(engine, key=lambda m: ov(r, m)["tokens_per_s"])
+        rows.append([title(r["meta"]), f"{r['meta']['questions']} x {r['meta']['max_new_tokens']}",
+                     num(ov(r, "ar")["tokens_per_s"]), num(llama), x(ratios[-1]),
+                     x(ov(r, "microspec")["tokens_per_s"] / llama),
+                     f"{x(ov(r, best)['tokens_per_s'] / llama)} ({METHODS.get(best, best)})",
+                     len((r.get("mismatches") or {}).get("llama-cpp", []))])
+    peer = load(runs[0][0])["meta"]["methods"]["llama-cpp"]
+    return ["### Plain decoding against llama.cpp on the same file", "",
+            f"llama.cpp through {peer['peer']} on the same GGUF file (`{peer['gguf']}` for Gemma), in the same runs: "
+            "tokens/s (the mean of per-question tokens/s, prefill included) and ratios to llama.cpp's.", "",
+            table(["run", "questions x tokens", "`ar` tok/s", "llama.cpp tok/s", "`ar` / llama.cpp",
+                   "MicroSpec / llama.cpp", "fastest method / llama.cpp", "turns where llama.cpp's tokens differ"],
+                  rows), "",
+            *(source(rel, c).markdown() for rel, c in runs), "",
+            f"- Plain decoding is {min(ratios):.2f}–{max(ratios):.2f}x llama.cpp in these runs; llama.cpp's own "
+            "speed moves between runs as much as ours, so compare within a row.",
+            "- llama.cpp's tokens differ from `ar`'s on the turns counted: its own arithmetic (int8 activations summed "
+            "in another order), not a decoding difference.", ""]
+
+
+def render() -> str:
+    return "\n".join(["## Where the time goes", "", *_split(), *_step(), *_layer(), *_floor(),
+                      *_llama()]).rstrip() + "\n"
+
+
+FIGURES: dict = {}

@@ -1,0 +1,214 @@
+"""The server under load: continuous batching by number of clients, time to first token, memory over many requests
+with cancellations, and suffix decoding against prompt lookup where requests repeat."""
+
+from __future__ import annotations
+
+import re
+
+from .common import CPU, RESULTS, Source, load, num, table, x
+
+BATCH = "2026-11-25-serve-batching"
+LOAD = "2026-11-26-serve-auto"
+SERVERS = {"plain.json": "plain decoding (`--drafter none`)", "default.json": "`auto` (the default)"}
+MEMORY = ("rss-1000-cancel-mmap.json", "rss-2400-cancel-mmap.json")
+SUFFIX_SERVE = "2026-11-26-suffix-serve/results.json"
+SUFFIX_REPEAT = "2026-11-26-suffix-repeat/results.json"
+
+# Provenance the results files do not record, from the runs' notes: commits, and the options the JSON leaves out.
+COMMIT_BATCH, COMMIT_MEMORY, COMMIT_SUFFIX_SERVE = "6118445", "8bfaa2d", "1599f14"
+COMMIT_LOAD = "ef4edc3"
+COMMIT_SUFFIX_REPEAT = "2baed8d with the pattern-length fix of 682ef5e"
+WARMUP = {"rss-2400-cancel-mmap.json": 200}  # requests before the first memory reading (serve_load.py --warmup)
+CMD_SUFFIX_SERVE = ("python3 benchmarks/measure/suffix_serve.py --data ../shared/data/mt_bench/question.jsonl "
+                    "--per-category 8 --drafters none,ngram,suffix,auto --out "
+                    "benchmarks/results/2026-11-26-suffix-serve/results.json")
+CMD_SUFFIX_REPEAT = ("python3 benchmarks/measure/suffix_repeat.py --data ../shared/data/mt_bench/question.jsonl "
+                     "--per-category 8 --suffix-trees 3x4,4x8,8x16 --out "
+                     "benchmarks/results/2026-11-26-suffix-repeat/results.json")
+DRAFTERS = {"none": "plain (`none`)", "ngram": "prompt lookup (`ngram`)", "suffix": "suffix decoding (`suffix`)",
+            "auto": "`auto` (the default)"}
+
+
+def _load_command(name: str, d: dict) -> str:
+    """The serve_load.py command that wrote ``d``, rebuilt from what it records."""
+    clients = ",".join(str(lv["clients"]) for lv in d["levels"])
+    cmd = (f"python benchmarks/measure/serve_load.py --clients {clients} --requests {d['requests_per_client']} "
+           f"--max-tokens {d['max_tokens']}")
+    if d["cancel_every"]:
+        cmd += f" --cancel-every {d['cancel_every']}"
+    if name in WARMUP:
+        cmd += f" --warmup {WARMUP[name]}"
+    if d["short_behind_long"]:
+        cmd += " --short-behind-long"
+    return cmd + f" --serve-args \"{d['serve_args']}\" --out {name}"
+
+
+def batch_steps() -> tuple[dict, list[str]]:
+    """``batch_steps.txt`` (``batch_steps.py``'s printout): {(method, depth): {requests at once: (tok/s, ratio to one
+    request at a time, same answers as alone)}} and the commands in its comments."""
+    rows: dict = {}
+    commands = []
+    for line in (RESULTS / BATCH / "batch_steps.txt").read_text().splitlines():
+        if line.startswith("# "):
+            commands.append(re.sub(r"\s+\(.*\)$", "", line[2:]).strip())
+            continue
+        m = re.match(r"(\S+) depth=(\S+) requests_at_once=(\d+) ([\d.]+) tok/s ([\d.]+)x same=(\w+)", line)
+        if m:
+            rows.setdefault((m[1], m[2]), {})[int(m[3])] = (float(m[4]), float(m[5]), m[6] == "True")
+    return rows, commands
+
+
+def _ms(p: dict) -> str:
+    return f"{p['p50']:.0f} / {p['p99']:.0f}"
+
+
+def _load() -> str:
+    runs = {f: load(f"{LOAD}/{f}") for f in SERVERS}
+    rows = []
+    for f, label in SERVERS.items():
+        levels = runs[f]["levels"]
+        one = levels[0]["generated_tokens_per_s"]
+        for lv in levels:
+            rows.append([label, lv["clients"], num(lv["generated_tokens_per_s"], 1),
+                         x(lv["generated_tokens_per_s"] / one), _ms(lv["ttft_ms"]),
+                         f"{lv['itl_ms']['p50']:.1f} / {lv['itl_ms']['p99']:.1f}", lv["lost"]])
+    plain, spec = (runs[f]["levels"] for f in SERVERS)
+    lost = sum(lv["lost"] for r in runs.values() for lv in r["levels"])
+    sent = sum(lv["sent"] for r in runs.values() for lv in r["levels"])
+    n_max = plain[-1]["clients"]
+    tps = [[lv["generated_tokens_per_s"] for lv in levels] for levels in (plain, spec)]
+    bullets = [
+        f"- Plain decoding: {num(tps[0][0], 1)} tok/s for one client, {num(tps[0][-1], 1)} for {n_max} "
+        f"({x(tps[0][-1] / tps[0][0])}): the rows of a batch share each weight read.",
+        f"- `auto`: {num(tps[1][0], 1)} tok/s for one client ({x(tps[1][0] / tps[0][0])} plain decoding), "
+        f"{num(tps[1][-1], 1)} for {n_max} ({x(tps[1][-1] / tps[0][-1])} plain decoding at {n_max}): a speculating "
+        "request already fills a step with rows, so batching adds less to it.",
+        (f"- None of the {sent} requests was lost." if not lost else f"- {lost} of {sent} requests lost."),
+    ]
+    steps, step_cmds = batch_steps()
+    old = load(f"{BATCH}/plain.json")
+    plain_steps, never, lookup = steps[("none", "auto")], steps.get(("ngram", "0"), {}), steps[("ngram", "auto")]
+    same = all(s for v in steps.values() for *_, s in v.values())
+    k = sorted(lookup)[-2:]
+    sbl = old["short_behind_long"]
+    inproc = [
+        f"- Plain decoding, {n_max} requests at once: {x(plain_steps[n_max][1])} one request's tok/s in process, "
+        "without HTTP or clients: the server adds little to the batching itself.",
+        "- Batch depth for prompt lookup: the measured choice (`BatchDepth`) gives "
+        + " / ".join(num(lookup[i][0], 1) for i in k) + f" tok/s at {' / '.join(map(str, k))} requests, never "
+        "drafting in a batch (`--depth 0`) " + " / ".join(num(never[i][0], 1) for i in k)
+        + " (in a run this short the choice's probing steps cost)." if never else "",
+        f"- A 1-token request sent while a 512-token one streams (plain decoding) gets its first token after "
+        f"{sbl['short_ttft_ms']:.0f} ms; the long request's step is {sbl['long_step_ms_p50']:.1f} ms." if sbl else "",
+        "- Every answer equals the same request decoded alone, at every level." if same else "",
+    ]
+    return "\n".join([
+        "### Clients at once", "",
+        f"Streaming completions of {runs['plain.json']['max_tokens']} tokens, greedy, prompts cycled from "
+        f"`serve_load.py`'s short prompts; each client sends {runs['plain.json']['requests_per_client']} requests "
+        "one after another; one server for all levels; server and clients share the machine's "
+        f"{runs['plain.json']['host_cpus']} cores. TTFT: time to first token; ITL: time between tokens. One run per "
+        "server.", "",
+        table(["server", "clients", "generated tok/s", "vs one client", "TTFT p50 / p99 ms", "ITL p50 / p99 ms",
+               "lost"], rows), "",
+        Source(f"{LOAD}/{{plain,default}}.json", "; ".join(_load_command(f, runs[f]) for f in SERVERS),
+               runs["plain.json"]["date"], CPU, COMMIT_LOAD).markdown(), "",
+        *bullets, "",
+        "In process (`benchmarks/measure/batch_steps.py`: the same batching without HTTP), and a short request "
+        "behind a long one:", "",
+        *[b for b in inproc if b], "",
+        Source(f"{BATCH}/batch_steps.txt, plain.json", "; ".join(step_cmds + [_load_command("plain.json", old)]),
+               old["date"], CPU, COMMIT_BATCH).markdown(), "",
+    ])
+
+
+def _memory() -> str:
+    runs = {f: load(f"{BATCH}/{f}") for f in MEMORY}
+    rows = []
+    for f, d in runs.items():
+        lv, rss = d["levels"][0], d["rss_mib"]
+        rows.append([f"{lv['sent']:,} ({lv['clients']} clients x {d['requests_per_client']})",
+                     f"{lv['cancelled']:,}", lv["lost"], num(lv["requests_per_s"], 1), _ms(lv["ttft_ms"]),
+                     f"{rss['after_warmup']:.1f} / {rss['halfway']:.1f} / {rss['end']:.1f}"])
+    last = runs[MEMORY[-1]]
+    rss, n = last["rss_mib"], last["levels"][0]["sent"]
+    d0 = runs[MEMORY[0]]
+    return "\n".join([
+        "### Memory over many requests with cancellations", "",
+        f"Requests of {d0['max_tokens']} tokens from {d0['levels'][0]['clients']} clients, every "
+        f"{d0['cancel_every']}th hung up after its first chunk; the server's resident memory (RSS, from `/metrics`) "
+        "after a warm-up, halfway through and at the end. Each request's KV cache is its own memory mapping "
+        "(`serve` fixes glibc's mmap threshold), returned to the system when the request ends.", "",
+        table(["requests", "cancelled", "lost", "req/s", "TTFT p50 / p99 ms",
+               "RSS MiB: after warm-up / halfway / end"], rows), "",
+        Source(f"{BATCH}/{{{','.join(f.removesuffix('.json') for f in MEMORY)}}}.json",
+               "; ".join(_load_command(f, d) for f, d in runs.items()),
+               " and ".join(sorted({d["date"] for d in runs.values()})), CPU, COMMIT_MEMORY).markdown(), "",
+        f"- Over the last {n - n // 2:,} of {n:,} requests RSS moved by {rss['end'] - rss['halfway']:+.1f} MiB; the "
+        f"rise before ({rss['halfway'] - rss['after_warmup']:+.1f} MiB) is the HTTP side's and the tokenizer's "
+        "pools settling.",
+        "- " + "; ".join(f"{lv['sent']:,} sent: {lv['completed']:,} completed, {lv['cancelled']:,} cancelled, "
+                         f"{lv['lost']} lost" for lv in (d["levels"][0] for d in runs.values())) + ".", "",
+    ])
+
+
+def _suffix() -> str:
+    s, r = load(SUFFIX_SERVE), load(SUFFIX_REPEAT)
+    rows = []
+    for k, (a, b) in s["drafters"].items():
+        rows.append([DRAFTERS.get(k, k), num(a["decode_tok_s"], 1), x(a["vs_none"]), x(a["vs_ngram"]),
+                     num(b["decode_tok_s"], 1), x(b["vs_none"]), x(b["vs_ngram"])])
+    same = all(p["same_text_as_plain"] for v in s["drafters"].values() for p in v)
+    sf, au = s["drafters"]["suffix"], s["drafters"].get("auto")
+    ms = r["methods"]
+    lookup = {p["round"]: p["decode_tok_s"] for p in ms["ngram"]}
+    rrows = []
+    for k, v in ms.items():
+        label = {"ar": "plain", "ngram": "prompt lookup"}.get(k)
+        if label is None:
+            depth, nodes = k.removeprefix("suffix-").split("x")
+            label = f"suffix, depth {depth}, {nodes} nodes"
+        rrows.append([label, *(f"{p['decode_tok_s']:.1f} ({p['mean_accept_len']:.2f}) · "
+                               f"{x(p['decode_tok_s'] / lookup[p['round']])}" for p in v)])
+    ar = {p["round"]: p["decode_tok_s"] for p in ms["ar"]}
+    suffix_r1 = [p["decode_tok_s"] / lookup[1] for k, v in ms.items() if k.startswith("suffix") for p in v
+                 if p["round"] == 1]
+    rsame = all(p["same_tokens_as_ar"] for v in ms.values() for p in v)
+    bullets = [
+        f"- Through the server, where responses repeat, suffix decoding runs at {x(sf[1]['vs_ngram'])} prompt lookup"
+        + (f" and `auto` at {x(au[1]['vs_ngram'])}" if au else "") +
+        f"; on new requests suffix decoding is at {x(sf[0]['vs_ngram'])} prompt lookup"
+        + (f" and `auto` at {x(au[0]['vs_ngram'])}" if au else "") + ".",
+        f"- In process, suffix decoding's trees cost more verify rows than they earn on new requests on this target "
+        f"({min(suffix_r1):.2f}-{max(suffix_r1):.2f}x prompt lookup); on repeated ones the deepest tree accepts most.",
+        f"- One run each, no repeats: plain decoding itself moved {abs(ar[1] / ar[2] - 1):.0%} between the in-process "
+        "rounds, so differences of that size are not resolved.",
+    ]
+    if same and rsame:
+        bullets.append("- Every drafter's text equals plain decoding's in both rounds, in both measurements.")
+    return "\n".join([
+        "### Repeated requests: suffix decoding against prompt lookup", "",
+        f"{s['prompts']} MT-bench first turns, {s['max_tokens']} tokens, greedy, sent once (round 1: new requests), "
+        "then all again (round 2: repeated or regenerated requests, each earlier response in the cache of responses "
+        "that suffix decoding draws on). Through `serve`: one server per drafter, one request at a time, decode "
+        "tokens/s measured by the client from each request's first text chunk to its end; ratios within the round.",
+        "",
+        table(["drafter", "round 1 tok/s", "vs plain", "vs prompt lookup", "round 2 tok/s", "vs plain",
+               "vs prompt lookup"], rows), "",
+        Source(SUFFIX_SERVE, CMD_SUFFIX_SERVE, s["date"], CPU, COMMIT_SUFFIX_SERVE).markdown(), "",
+        f"In process, the same {r['prompts']} prompts through one engine per method, by tree size: decode tokens/s "
+        "(mean accepted length per step) · ratio to prompt lookup in the same round.", "",
+        table(["method", "round 1: new requests", "round 2: repeated requests"], rrows), "",
+        Source(SUFFIX_REPEAT, CMD_SUFFIX_REPEAT, "2026-11-26", CPU, COMMIT_SUFFIX_REPEAT).markdown(), "",
+        *bullets, "",
+    ])
+
+
+def render() -> str:
+    return "\n".join(["## The server under load", "",
+                      "`microspec serve` (OpenAI-style completions, streamed) on Gemma 3 270M with packed GGUF "
+                      "weights, on loopback; every request greedy.", "",
+                      _load(), _memory(), _suffix()]).rstrip() + "\n"
+
+
+FIGURES: dict = {}

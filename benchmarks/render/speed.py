@@ -1,0 +1,288 @@
+"""How fast: every method's speed-up over plain decoding on held-apart prompts, beside llama.cpp and vLLM."""
+
+from __future__ import annotations
+
+import re
+
+from .common import CPU, RESULTS, Source, load, num, picture, spread, table, tie, x
+
+HELD = "2026-11-26-held-apart"
+HELD_VLLM = "2026-11-26-held-apart-vllm"  # optional: vLLM beside plain decoding on the same prompts
+VLLM = "2026-11-25-vllm/greedy/results.json"
+VLLM_DRAFT = "2026-11-25-vllm-draft/results.json"
+
+DECODINGS = {"greedy": "greedy", "greedy-rp1.2": "repetition penalty 1.2", "T0.7": "temperature 0.7"}
+CATEGORIES = {"code": "code", "mt-bench-2turn": "MT-bench 2-turn", "multilingual": "MGSM"}
+ABOUT = {"code": "{n} code tasks (HumanEval stubs, MBPP)", "mt-bench-2turn": "{n} MT-bench questions, both turns "
+         "(the second continues the model's own first answer)", "multilingual": "{n} MGSM questions (German, "
+         "Spanish, French)"}
+METHODS = {"auto": "`auto` (default)", "ngram": "prompt lookup", "suffix": "suffix", "microspec": "MicroSpec",
+           "microspec@lookup": "MicroSpec, lookup first", "llama-cpp": "llama.cpp",
+           "llama-cpp-lookup": "llama.cpp lookup", "vllm": "vLLM"}
+PEERS = {"llama-cpp", "llama-cpp-lookup", "vllm"}
+
+# The current runs.  Greedy runs 1 and 2 were made at commit 66aec15; two later commits changed `auto` and the EAGLE
+# drafter (decoding/online.py, drafters/portfolio.py, drafters/eagle.py) and nothing else the methods run, so for
+# `auto` and the EAGLE-head methods only run 3 (at 1599f14) is current; the other methods keep all three greedy runs.
+# (table.json, written by benchmarks/measure/held_apart_table.py, pools greedy runs 1 and 2 only.)
+RUNS = {"greedy": ("run1", "run2", "run3"), "greedy-rp1.2": ("run1", "run2"), "T0.7": ("run1", "run2")}
+LATEST_ONLY = {"greedy": {"auto": ("run3",), "microspec": ("run3",), "microspec@lookup": ("run3",)}}
+COMMIT_HELD = "66aec15 (greedy runs 1-2), 1599f14 (greedy run 3 and every other run)"
+COMMIT_VLLM, COMMIT_VLLM_DRAFT = "3170a0b", "56f30f1"
+COMMIT_HELD_VLLM = "ef4edc3"  # its meta says ef4edc3+dirty: the tree differed from it in documentation files only
+PROMPTS_CMD = ("python3 benchmarks/data/held_apart.py --data ../shared/data --out /tmp/held_apart.jsonl "
+               "--per-category 3 --seed 2026")
+
+
+def _vllm_files(decoding: str) -> list[str]:
+    return [str(p.relative_to(RESULTS)) for p in sorted((RESULTS / HELD_VLLM).glob(f"**/{decoding}/results.json"))]
+
+
+def _runs(decoding: str, method: str) -> list[dict]:
+    """The results.json of each current run that measured ``method`` under ``decoding``."""
+    if method == "vllm":
+        return [load(f) for f in _vllm_files(decoding)]
+    names = LATEST_ONLY.get(decoding, {}).get(method, RUNS[decoding])
+    return [load(f"{HELD}/{n}/{decoding}/results.json") for n in names]
+
+
+def ratios(decoding: str, method: str, where: str | None = None) -> list[float]:
+    """The method's tokens/s over plain decoding's in the same run, one value per run (``where``: a category)."""
+    out = []
+    for r in _runs(decoding, method):
+        if method not in r["methods"]:
+            continue
+        m, ar = r["methods"][method], r["methods"]["ar"]
+        if where is not None:
+            m, ar = m["categories"].get(where), ar["categories"].get(where)
+        else:
+            m, ar = m["overall"], ar["overall"]
+        if m and ar:
+            out.append(m["tokens_per_s"] / ar["tokens_per_s"])
+    return out
+
+
+def plain_tok_s(decoding: str, where: str | None = None) -> list[float]:
+    runs = [load(f"{HELD}/{n}/{decoding}/results.json") for n in RUNS[decoding]]
+    return [(r["methods"]["ar"]["overall"] if where is None else r["methods"]["ar"]["categories"][where])["tokens_per_s"]
+            for r in runs]
+
+
+def _methods() -> list[str]:
+    return [m for m in METHODS if m != "vllm" or any(_vllm_files(d) for d in DECODINGS)]
+
+
+def _cells(decoding: str, where: str | None) -> list[str | None]:
+    """One row of speed-ups; the fastest method and every method whose range overlaps its range in bold."""
+    vals = {m: ratios(decoding, m, where) for m in _methods()}
+    best = max((v for v in vals.values() if v), key=lambda v: sum(v) / len(v))
+    return [None if not v else (f"**{spread(v)}**" if tie(v, best) else spread(v)) for v in vals.values()]
+
+
+def _mean(v: list[float]) -> float:
+    return sum(v) / len(v)
+
+
+def _commands(metas: list[dict]) -> str:
+    """The distinct commands of the runs, their output folders left out."""
+    seen = []
+    for m in metas:
+        c = re.sub(r" --out \S+", "", m["command"])
+        if c not in seen:
+            seen.append(c)
+    return "; ".join(seen)
+
+
+def _machine(meta: dict) -> str:
+    return f"{meta['machine']}, {meta['threads']} threads" if meta.get("device", "cpu") == "cpu" \
+        else f"{meta['machine']}, {meta['device']}"
+
+
+def _dates(metas: list[dict]) -> str:
+    d = sorted(m["date"] for m in metas)
+    return d[0] if d[0] == d[-1] else f"{d[0]} to {d[-1]}"
+
+
+def held_source() -> Source:
+    metas = [load(f"{HELD}/{n}/{d}/results.json")["meta"] for d in DECODINGS for n in RUNS[d]]
+    return Source(f"{HELD}/run*/<decoding>/results.json", f"{PROMPTS_CMD}; {_commands(metas)}", _dates(metas),
+                  _machine(metas[0]), COMMIT_HELD)
+
+
+def held_vllm_source() -> Source | None:
+    files = [f for d in DECODINGS for f in _vllm_files(d)]
+    if not files:
+        return None
+    metas = [load(f)["meta"] for f in files]
+    return Source(", ".join(files), _commands(metas), _dates(metas), _machine(metas[0]),
+                  COMMIT_HELD_VLLM or metas[0].get("commit", "not recorded"))
+
+
+def _held_apart() -> str:
+    meta = load(f"{HELD}/run1/greedy/results.json")["meta"]
+    cats = load(f"{HELD}/run1/greedy/results.json")["methods"]["ar"]["categories"]
+    methods = _methods()
+    heads = [METHODS[m] for m in methods]
+    rows = [[DECODINGS[d], spread(plain_tok_s(d), 1, ""), *_cells(d, None)] for d in DECODINGS]
+    cat_rows = [[DECODINGS[d], CATEGORIES[c], spread(plain_tok_s(d, c), 1, ""), *_cells(d, c)]
+                for d in DECODINGS for c in CATEGORIES]
+    fixed = [m for m in methods if m not in PEERS and m != "auto"]
+    n_runs = {d: len(RUNS[d]) for d in DECODINGS}
+
+    def best_fixed(d):
+        return max(fixed, key=lambda m: _mean(ratios(d, m)))
+
+    bullets = []
+    for d in DECODINGS:
+        b, a = best_fixed(d), ratios(d, "auto")
+        verdict = "a tie (the ranges overlap)" if tie(a, ratios(d, b)) else \
+            ("below it" if max(a) < min(ratios(d, b)) else "above it")
+        bullets.append(f"- {DECODINGS[d].capitalize()}: the fastest fixed method is {METHODS[b]} "
+                       f"({spread(ratios(d, b))}); `auto` reaches {spread(a)}, {verdict}.")
+    spec = [_mean(ratios("greedy-rp1.2", m)) for m in fixed]
+    bullets.append(f"- With the penalty every fixed method runs at {min(spec):.2f}-{max(spec):.2f}x plain decoding; "
+                   f"`auto` decodes plainly on " + " and ".join(
+                       f"{r['methods']['auto']['overall']['auto_share'].get('plain', 0):.0%}"
+                       for r in _runs("greedy-rp1.2", "auto")) + " of its steps (per run).")
+    llama = [_mean(ratios(d, "llama-cpp")) for d in DECODINGS]
+    lookup = [_mean(ratios(d, "llama-cpp-lookup")) for d in DECODINGS]
+    bullets.append(f"- llama.cpp decodes at {min(llama):.2f}-{max(llama):.2f}x this "
+                   f"engine's plain decoding; its own prompt lookup at {min(lookup):.2f}-{max(lookup):.2f}x.")
+    vllm = ratios("greedy", "vllm")
+    if vllm:
+        peer = load(_vllm_files("greedy")[0])["meta"]["methods"]["vllm"].get("peer", "vLLM")
+        bullets.append(f"- {peer} without speculation, greedy on the same prompts: {spread(vllm)} this engine's plain "
+                       "decoding in the same run.")
+    peers = sorted({k for d in ("greedy", "greedy-rp1.2") for n in RUNS[d]
+                    for k in (load(f"{HELD}/{n}/{d}/results.json")["mismatches"] or {})})
+    if set(peers) <= PEERS:
+        bullets.append("- Lossless: under greedy decoding, with and without the penalty, every engine method's tokens "
+                       "equal plain decoding's in every run; only the peers' differ (" +
+                       ", ".join(peers) + ": their own kernels).")
+    moved = max(max(plain_tok_s(d)) / min(plain_tok_s(d)) - 1 for d in DECODINGS)
+    latest = ", ".join(f"`{m}`" for m in LATEST_ONLY["greedy"])
+    bullets.append(f"- Runs: {n_runs['greedy']} greedy (for {latest} the last only: the earlier ones predate changes "
+                   f"to their code; so no range), {n_runs['greedy-rp1.2']} with the penalty, {n_runs['T0.7']} at temperature 0.7; plain "
+                   f"decoding moved by up to {moved:.0%} between runs of a decoding.")
+    n = {c: v["questions"] for c, v in cats.items()}
+    how = meta["methods"]
+    k = how["microspec"]["tree"]["total_tokens"]
+    drafted = f"{k} token" + ("s" if k != 1 else "")
+    return "\n".join([
+        "### On held-apart prompts", "",
+        f"{meta['questions']} questions nothing in the project was chosen or fitted on, sampled by "
+        "`benchmarks/data/held_apart.py` (the first command below): " + ", ".join(ABOUT[c].format(n=n[c]) for c in CATEGORIES) +
+        f". Gemma 3 270M with packed GGUF weights, {meta['max_new_tokens']} tokens per turn, "
+        f"{meta['warmup']} warm-up generation per method; one `microspec bench` process per decoding and run. "
+        "Each cell: the method's tokens/s over plain decoding's in the same run, mean over the runs (range). "
+        "Bold: the fastest and every method whose range overlaps it. Methods: `auto` chooses per step by measured "
+        f"speed; prompt lookup (`ngram`, {how['ngram']['tree']['depth']} tokens); suffix decoding at its "
+        f"defaults; MicroSpec = the EAGLE head drafting {drafted} over "
+        "MicroSpec's vocabulary; MicroSpec, lookup first = prompt lookup where it matches, else the head; llama.cpp "
+        f"and its prompt lookup (`{how['llama-cpp-lookup']['draft_model']}`) through {how['llama-cpp']['peer']} on "
+        "the same GGUF.", "",
+        table(["decoding", "plain tok/s", *heads], rows), "",
+        table(["decoding", "category", "plain tok/s", *heads], cat_rows), "",
+        held_source().markdown(), *([held_vllm_source().markdown()] if held_vllm_source() else []), "",
+        *bullets, "",
+        picture("speedup-by-decoding", "Speed-up over plain decoding by decoding: auto, prompt lookup, MicroSpec, "
+                                       "llama.cpp, with the range over runs"), "",
+    ])
+
+
+def _vllm() -> str:
+    r, d = load(VLLM), load(VLLM_DRAFT)
+    meta, ms = r["meta"], r["methods"]
+    names = {"ar": "this engine, plain", "ngram": "this engine, prompt lookup", "eagle-full": "this engine, EAGLE",
+             "microspec": "this engine, EAGLE + MicroSpec", "llama-cpp": "llama.cpp", "vllm": "vLLM, plain",
+             "vllm-eagle": "vLLM + plugin, EAGLE", "vllm-fr-spec-32k": "vLLM + plugin, FR-Spec-32k",
+             "vllm-microspec": "vLLM + plugin, EAGLE + MicroSpec"}
+    ar = ms["ar"]["overall"]["tokens_per_s"]
+    rows = [[names[k], num(m["overall"]["tokens_per_s"]), x(m["overall"]["tokens_per_s"] / ar),
+             num(m["overall"]["mean_accept_len"]) if m["overall"]["mean_accept_len"] and k != "ar" else None,
+             " / ".join(f"{p:.2f}" for p in m["overall"]["accept_per_position"]) or None] for k, m in ms.items()]
+    tok = {k: m["overall"]["tokens_per_s"] for k, m in ms.items()}
+    pos = {k: ms[k]["overall"]["accept_per_position"] for k in ("eagle-full", "vllm-eagle")}
+    runs = d["runs"]
+    drows = []
+    for v, label in (("plain", "vLLM, no speculation"), ("full", "full vocabulary"),
+                     ("fr-spec-32k", "FR-Spec-32k"), ("microspec", "MicroSpec")):
+        cells = []
+        for b in ("batch1", "batch4"):
+            q = runs[f"{v}/{b}"]
+            cells += [num(q["tok_s"]), None if v == "plain" else
+                      f"{q['draft_step_ms_median']:.1f} ({q['draft_step_ms_mean']:.1f})"]
+        drows.append([label, *cells, num(runs.get(f"{v}/batch1", {}).get("tau"))])
+    full, micro = runs["full/batch1"], runs["microspec/batch1"]
+    parts = [
+        "### vLLM with the microspec plugin", "",
+        f"{meta['methods']['vllm']['peer']} drafting with the "
+        f"shipped Gemma 3 270M EAGLE head through `microspec.vllm`, a chain of "
+        f"{meta['methods']['vllm-eagle']['num_speculative_tokens']} draft tokens, greedy, in one bench run beside this "
+        f"engine (drafting the same chain) and llama.cpp: {meta['questions']} held-out prompts (one per language of "
+        f"the τ-by-language set), {meta['max_new_tokens']} tokens. τ: tokens per target step.", "",
+        table(["method", "tok/s", "vs this engine's plain decoding", "τ", "acceptance by draft position"], rows), "",
+        Source("2026-11-25-vllm/greedy/results.json", meta["command"], meta["date"], _machine(meta),
+               COMMIT_VLLM).markdown(), "",
+        "- The head drafts in vLLM as in this engine: full-vocabulary acceptance by position " +
+        " / ".join(f"{p:.3f}" for p in pos["vllm-eagle"]) + " in vLLM against " +
+        " / ".join(f"{p:.3f}" for p in pos["eagle-full"]) + " here (vLLM's bf16 model against the packed GGUF one).",
+        f"- Within vLLM, MicroSpec runs at {x(tok['vllm-microspec'] / tok['vllm-eagle'])} the full-vocabulary head, "
+        f"FR-Spec-32k at {x(tok['vllm-fr-spec-32k'] / tok['vllm-eagle'])}; every speculative vLLM row is below vLLM's "
+        f"plain decoding ({num(tok['vllm'])} tok/s) on this CPU, where vLLM computes the LM head with torch's bf16 "
+        "matmul and a verify pass over several rows costs several plain steps.", "",
+        f"The draft step alone (`benchmarks/measure/vllm_draft.py`: the first {d['prompts']} prompts, "
+        f"{d['max_new_tokens']} tokens, batch 1 and batch 4; ms: median (mean)):", "",
+        table(["draft vocabulary", "batch 1 tok/s", "draft step ms", "batch 4 tok/s", "draft step ms", "τ"], drows), "",
+        Source(VLLM_DRAFT, d["command"], "2026-11-25", CPU, COMMIT_VLLM_DRAFT).markdown(), "",
+        f"- MicroSpec's draft step is {1 - micro['draft_step_ms_median'] / full['draft_step_ms_median']:.0%} cheaper "
+        f"than the full head's at batch 1 (median), "
+        f"{1 - runs['microspec/batch4']['draft_step_ms_median'] / runs['full/batch4']['draft_step_ms_median']:.0%} at "
+        f"batch 4; end to end {x(micro['tok_s'] / full['tok_s'])} the full head at batch 1, "
+        f"{x(runs['microspec/batch4']['tok_s'] / runs['full/batch4']['tok_s'])} at batch 4.",
+        f"- The mean above the median is S_init, the target's LM head over every prompt position: "
+        f"{micro['hearing_ms_total'] / 1000:.1f} s over the {d['prompts']} prompts at batch 1 in the plugin's "
+        f"step hook, against {full['hearing_ms_total'] / 1000:.2f} s for the full head.", "",
+    ]
+    return "\n".join(parts)
+
+
+def summary_rows() -> list[list[str]]:
+    """The README's short table: per decoding, plain tok/s, then `auto`, MicroSpec, llama.cpp and vLLM over plain."""
+    def cell(d, m):
+        v = ratios(d, m)
+        return spread(v) if v else None
+    return [[DECODINGS[d], spread(plain_tok_s(d), 1, ""), cell(d, "auto"), cell(d, "microspec"),
+             cell(d, "llama-cpp"), cell(d, "vllm")] for d in DECODINGS]
+
+
+SUMMARY_HEADERS = ["decoding", "plain tok/s", "`auto` (default)", "MicroSpec", "llama.cpp", "vLLM"]
+
+
+def render() -> str:
+    return "\n".join(["## How fast: against plain decoding, llama.cpp and vLLM", "",
+                      "Every ratio is a method's tokens/s over this engine's plain decoding (`ar`) measured in the "
+                      "same run.", "", _held_apart(), _vllm()]).rstrip() + "\n"
+
+
+def _draw(fig) -> None:
+    ax = fig.add_subplot(1, 1, 1)
+    shown = [m for m in ("auto", "ngram", "microspec", "llama-cpp", "vllm") if m in _methods()]
+    width = 0.8 / len(shown)
+    for i, m in enumerate(shown):
+        label = METHODS[m].replace("`", "")
+        for j, d in enumerate(DECODINGS):
+            v = ratios(d, m)
+            if v:
+                mean = _mean(v)
+                ax.bar(j + (i - (len(shown) - 1) / 2) * width, mean, width, color=f"C{i}", label=label,
+                       yerr=[[mean - min(v)], [max(v) - mean]], capsize=3)
+                label = None  # one legend entry per method
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label="plain decoding")
+    ax.set_xticks(range(len(DECODINGS)), list(DECODINGS.values()))
+    ax.set_ylabel("tokens/s over plain decoding (same run)")
+    ax.set_title("Gemma 3 270M on held-apart prompts, 2-core CPU")
+    ax.legend(fontsize=8, frameon=False)
+
+
+FIGURES = {"speedup-by-decoding": _draw}  # drawn by common.figure(name, draw)

@@ -1,0 +1,68 @@
+"""The documentation says what the software does: generated references match their sources."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_cli_reference_matches_parsers():
+    """docs/cli.md is what docs/render_cli.py renders from the argument parsers now (no model is loaded)."""
+    render_cli = _load("render_cli", ROOT / "docs" / "render_cli.py")
+    committed = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    assert render_cli.render() == committed, (
+        "docs/cli.md differs from the command-line parsers: run `python3 docs/render_cli.py` and commit the result")
+
+
+def test_benchmarks_md_matches_results():
+    """BENCHMARKS.md and the README's results table are what benchmarks/render_docs.py renders from the results JSON
+    in benchmarks/results/ (no number in them is typed by hand)."""
+    render_docs = _load("render_docs", ROOT / "benchmarks" / "render_docs.py")
+    assert render_docs.render() == (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8"), (
+        "BENCHMARKS.md differs from benchmarks/results/: run `python3 benchmarks/render_docs.py` and commit the result")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert render_docs.with_readme_results(readme) == readme, (
+        "README.md's results table differs from benchmarks/results/: run `python3 benchmarks/render_docs.py`")
+
+
+def test_pictures_the_docs_show_exist():
+    """Every picture BENCHMARKS.md or the README shows is in docs/figures/, and every figure the renderer draws is
+    shown somewhere."""
+    render_docs = _load("render_docs", ROOT / "benchmarks" / "render_docs.py")
+    text = "".join((ROOT / f).read_text(encoding="utf-8") for f in ("README.md", "BENCHMARKS.md"))
+    shown = set(re.findall(r"\(docs/figures/([\w.-]+)\.svg\)", text))
+    drawn = {name for s in render_docs.SECTIONS for name in getattr(s, "FIGURES", {})}
+    assert shown, "no pictures shown"
+    assert shown <= {p.stem for p in (ROOT / "docs" / "figures").glob("*.svg")}, "a picture shown is missing"
+    assert drawn == shown, f"drawn but not shown: {drawn - shown}; shown but not drawn: {shown - drawn}"
+
+
+def test_readme_is_short_and_its_status_cells_are_one_line():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 260
+    status = readme.split("## Status", 1)[1]
+    cells = [c.strip() for line in status.splitlines() if line.startswith("| ") for c in line.strip("|").split(" | ")]
+    assert cells and max(len(c) for c in cells) <= 120, max(cells, key=len)
+
+
+ORDINALS = ("first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|thirteenth|"
+            "fourteenth|fifteenth|sixteenth|seventeenth|eighteenth|nineteenth|twentieth|this|last|previous")
+ORGANISATION = re.compile(rf"\b[Ii]ssues? \d+\b|\b(?:{ORDINALS}) sessions?\b|\bnext time\b")
+
+
+def test_docs_and_comments_speak_of_the_software():
+    """Markdown and source comments describe the software and its results, not how the work was organised."""
+    files = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *(ROOT / "docs").glob("*.md"),
+             ROOT / "benchmarks" / "README.md", *(ROOT / "src").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]
+    found = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in files for m in ORGANISATION.finditer(p.read_text())]
+    assert not found, found
