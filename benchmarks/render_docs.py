@@ -74,7 +74,8 @@ def readme_results() -> str:
         "repeated runs. MicroSpec is the shipped EAGLE head with MicroSpec's vocabulary; llama.cpp runs the same "
         "GGUF file; vLLM runs the same model in bf16 (its CPU backend does not run packed GGUF weights).",
         common.table(speed.SUMMARY_HEADERS, speed.summary_rows()),
-        "Commands, dates and commits: [BENCHMARKS.md](BENCHMARKS.md#how-fast-against-plain-decoding-llamacpp-and-vllm)."])
+        "Commands, dates and commits: "
+        "[BENCHMARKS.md](BENCHMARKS.md#how-fast-against-plain-decoding-llamacpp-and-vllm)."])
 
 
 def with_readme_results(text: str) -> str:

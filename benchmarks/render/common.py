@@ -64,6 +64,14 @@ class Source:
                 f"commit {self.commit}.</sub>")
 
 CPU = "2-core AMD EPYC (AVX2), 2 threads"
+# results whose meta says <commit>+dirty where the tree differed from <commit> in documentation files only
+DOCS_ONLY_DIRTY = {"ef4edc3+dirty": "ef4edc3"}
+
+
+def commit(meta: dict) -> str:
+    """The commit a results file's meta records (bench writes it), as BENCHMARKS.md names it."""
+    c = meta.get("commit", "not recorded")
+    return DOCS_ONLY_DIRTY.get(c, c)
 
 
 def figure(name: str, draw) -> Path:
@@ -108,9 +116,10 @@ def repeat_speedups(run: str, method: str, base: str = "ar") -> list[float]:
     return [m / b for m, b in zip(repeat_speeds(run, method), repeat_speeds(run, base))]
 
 
-def repeat_draft_ms(run: str, method: str) -> list[float]:
-    """Per repeat, draft time per target step (ms), pooled over the questions."""
+def repeat_ms_per_step(run: str, method: str, key: str = "draft_s") -> list[float]:
+    """Per repeat, the time an answer records under ``key`` (draft_s, verify_s, prefill_s) per target step (ms),
+    pooled over the questions."""
     recs = answers(run, method)
     n = min(len(r["choices"]) for r in recs)
-    return [1000 * sum(r["choices"][i]["draft_s"] for r in recs)
+    return [1000 * sum(r["choices"][i][key] for r in recs)
             / sum(sum(r["choices"][i]["decoding_steps"]) for r in recs) for i in range(n)]

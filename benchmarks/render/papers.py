@@ -4,7 +4,9 @@ the same quantity, and whether the direction agrees."""
 
 from __future__ import annotations
 
-from .common import CPU, Source, answers, load, picture, repeat_draft_ms, repeat_speeds, spread, table, x
+from .common import CPU, Source, answers, commit, load, picture, repeat_ms_per_step, repeat_speedups, spread, table, x
+from .gpu import figure4_rows
+from .vocab import COMMIT_SWEEP
 
 PAPER_RUN = "2026-11-26-paper-settings/paper/greedy"
 TUNED_RUN = "2026-11-26-paper-settings/cpu-tuned/greedy"
@@ -17,7 +19,7 @@ WMAX = "2026-11-24-wmax-long/analysis.json"
 BENCH = ("microspec bench --weights gguf --threads 2 --data ../shared/data/spec_bench/question.jsonl,"
          "../shared/data/human_eval/HumanEval.jsonl.gz --protocol cpu --limit 1 --max-new-tokens 128 --repeats 2 "
          "--temperatures 0 --repetition-penalties 1.0 --seed 0")
-MICROSPEC_PAPER = "MicroSpec: Llama-3-8B-Instruct / Llama-3.2-1B-Instruct, one NVIDIA H20Z GPU, Spec-Bench + HumanEval"
+COMMIT_COVERAGE = "ef4edc3"  # the coverage runs ran with the tree at ef4edc3, documentation files aside
 
 
 def _paper(name: str) -> dict:
@@ -37,18 +39,11 @@ def _meta(run: str) -> dict:
 
 def _source(run: str, command: str) -> Source:
     meta = _meta(run)
-    # the runs' meta says ef4edc3+dirty: the tree differed from ef4edc3 in documentation files only
-    commit = {"ef4edc3+dirty": "ef4edc3"}.get(meta.get("commit"), meta.get("commit", "not recorded"))
-    return Source(run.rsplit("/", 1)[0] + "/", command, meta["date"], CPU, commit)
+    return Source(run.rsplit("/", 1)[0] + "/", command, meta["date"], CPU, commit(meta))
 
 
 def _tau(run: str, method: str) -> float:
     return load(f"{run}/results.json")["methods"][method]["overall"]["mean_accept_len"]
-
-
-def _ratios(run: str, a: str, b: str) -> list[float]:
-    """Per repeat, method ``a``'s speed over ``b``'s, in the same run."""
-    return [p / q for p, q in zip(repeat_speeds(run, a), repeat_speeds(run, b))]
 
 
 def verdict(paper_faster: bool, ours: list[float]) -> str:
@@ -91,10 +86,8 @@ def table2() -> str:
             cells.append(f"{v['Speed-up vs AR']:.2f}x (τ {tau})")
         for run, name in ((PAPER_RUN, "microspec-kpall" if ours == "microspec" else ours),
                           (TUNED_RUN, ours)):
-            try:
-                cells.append(f"{spread(_ratios(run, name, 'ar'))} (τ {_tau(run, name):.2f})")
-            except (FileNotFoundError, KeyError):
-                cells.append(None)
+            ran = name in load(f"{run}/results.json")["methods"]  # CORAL and DynaSpec ran in the protocol run only
+            cells.append(f"{spread(repeat_speedups(run, name))} (τ {_tau(run, name):.2f})" if ran else None)
         o = proto[ours]["overall"]
         cells.append(f"{o['speedup']:.2f}x (τ {o['mean_accept_len']:.2f})")
         rows.append(cells)
@@ -111,15 +104,16 @@ def table2_directions() -> str:
                                      ("FR-Spec-32k", "FR-Spec", "fr-spec-32k")):
         paper = (ms["Speed-up vs AR"] if other == "AR"
                  else ms["Avg. Speed"] / _row(item, other, "Llama-3-8B-Instruct")["Avg. Speed"])
-        a = _ratios(PAPER_RUN, "microspec-kpall", ours_other)
-        b = _ratios(TUNED_RUN, "microspec", ours_other)
+        a = repeat_speedups(PAPER_RUN, "microspec-kpall", ours_other)
+        b = repeat_speedups(TUNED_RUN, "microspec", ours_other)
         rows.append([f"MicroSpec faster than {label}", x(paper), spread(a), verdict(paper > 1, a), spread(b),
                      verdict(paper > 1, b)])
     full = _row(item, "EAGLE", "Llama-3-8B-Instruct")["Avg. Len."]
     rows.append(["MicroSpec's τ over EAGLE-2's (full vocabulary)", f"{ms['Avg. Len.'] / full:.3f}",
                  f"{_tau(PAPER_RUN, 'microspec-kpall') / _tau(PAPER_RUN, 'eagle-full'):.3f}", "–",
                  f"{_tau(TUNED_RUN, 'microspec') / _tau(TUNED_RUN, 'eagle-full'):.3f}", "–"])
-    verify = {run: _per_step(run, m, "verify_s") for run, m in ((PAPER_RUN, "microspec-kpall"), (TUNED_RUN, "ar"))}
+    verify = {run: _mean(repeat_ms_per_step(run, m, "verify_s"))
+              for run, m in ((PAPER_RUN, "microspec-kpall"), (TUNED_RUN, "ar"))}
     return "\n\n".join([
         table(["claim", "paper: Llama-3-8B, H20Z GPU", "here: paper settings", "direction", "here: CPU-tuned",
                "direction"], rows),
@@ -131,11 +125,8 @@ def table2_directions() -> str:
     ])
 
 
-def _per_step(run: str, method: str, key: str) -> float:
-    """Milliseconds of ``key`` (draft_s, verify_s, prefill_s) per target step, pooled over a run's answers."""
-    recs = answers(run, method)
-    return 1000 * sum(c[key] for r in recs for c in r["choices"]) / sum(
-        sum(c["decoding_steps"]) for r in recs for c in r["choices"])
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
 
 
 def table3() -> str:
@@ -146,13 +137,9 @@ def table3() -> str:
     rows = []
     for r, (label, name) in zip(item["rows"], ours.items()):
         paper = r["values"]["Avg. Speed"] / full
-        try:
-            here = _ratios(ABLATION_RUN, name, "microspec-kpall")
-            cells = [spread(here), f"{load(f'{ABLATION_RUN}/results.json')['methods'][name]['overall']['mean_accept_len']:.2f}",
-                     "–" if name == "microspec-kpall" else verdict(paper > 1, here)]
-        except (FileNotFoundError, KeyError):
-            cells = [None, None, None]
-        rows.append([label, f"{r['values']['Avg. Speed']:.1f} tok/s ({paper:.2f})", *cells])
+        here = repeat_speedups(ABLATION_RUN, name, "microspec-kpall")
+        rows.append([label, f"{r['values']['Avg. Speed']:.1f} tok/s ({paper:.2f})", spread(here),
+                     f"{_tau(ABLATION_RUN, name):.2f}", "–" if name == "microspec-kpall" else verdict(paper > 1, here)])
     prefill = {m: sum(c["prefill_s"] for r in answers(ABLATION_RUN, m) for c in r["choices"])
                for m in ("microspec-kpall", "microspec-kpall-ext")}
     wall = sum(sum(c["wall_time"]) for r in answers(ABLATION_RUN, "microspec-kpall") for c in r["choices"])
@@ -175,7 +162,7 @@ def figure1a() -> str:
     best = max(sizes, key=lambda r: r["tokens_per_s"])
     meta = load(ANALYZE)["meta"]
     src = Source("2026-11-23-gemma-bf16-cpu-analyze/", meta["command"].replace("/work/art/", ""), meta["date"],
-                 CPU + ", bf16 weights, the EAGLE head of that date", "23bbe89")
+                 CPU + ", bf16 weights, the EAGLE head of that date", COMMIT_SWEEP)
     return "\n\n".join([
         f"The paper (Llama-3-8B, multi-turn conversation, FR-Spec's static top-K from 32k down to 0.5k): {claims}.",
         table(["static top-K", "τ", "coverage", "tokens/s", "oracle tokens/s (τ of the 32k list)", "actual / oracle"],
@@ -192,11 +179,8 @@ def figure1a() -> str:
     ])
 
 
-def _coverage(name: str) -> dict | None:
-    try:
-        return load(f"{COVERAGE}/{name}.json")
-    except FileNotFoundError:
-        return None
+def _coverage(name: str) -> dict:
+    return load(f"{COVERAGE}/{name}.json")
 
 
 def figure1b() -> str:
@@ -204,21 +188,18 @@ def figure1b() -> str:
     lo, hi = item["claims"][0]["value"]
     paper = _coverage("paper-w3072")
     tuned = _coverage("cpu-tuned-w3072")
-    if paper is None:
-        return "Not measured yet."
     # the shipped FR-Spec map lists 32,768 ids: a larger top-K is the same list
     sizes = [k for k in paper["static_topk"] if int(k) <= 32768]
     rows = []
     for cat in sorted(paper["categories"]):
-        p, t = paper["categories"][cat], (tuned or {}).get("categories", {}).get(cat)
-        rows.append([cat, p["tokens"], f"{p['coverage']:.3f}", f"{p['active_vocab_mean']:.0f} / {p['active_vocab_max']}",
-                     None if t is None else f"{t['coverage']:.3f}",
-                     None if t is None else f"{t['active_vocab_mean']:.0f}",
+        p, t = paper["categories"][cat], tuned["categories"][cat]
+        rows.append([cat, p["tokens"], f"{p['coverage']:.3f}",
+                     f"{p['active_vocab_mean']:.0f} / {p['active_vocab_max']}",
+                     f"{t['coverage']:.3f}", f"{t['active_vocab_mean']:.0f}",
                      *[f"{p['static_topk'][k]:.3f}" for k in sizes]])
     rows.append(["**all**", f"{paper['tokens']:,}", f"**{paper['coverage']:.3f}**",
                  f"{paper['active_vocab_mean']:.0f} / {paper['active_vocab_max']}",
-                 None if tuned is None else f"{tuned['coverage']:.3f}",
-                 None if tuned is None else f"{tuned['active_vocab_mean']:.0f}",
+                 f"{tuned['coverage']:.3f}", f"{tuned['active_vocab_mean']:.0f}",
                  *[f"{paper['static_topk'][k]:.3f}" for k in sizes]])
     cats = [paper["categories"][c]["coverage"] for c in paper["categories"]]
     need = next((k for k in sizes if paper["static_topk"][k] >= 0.85), None)
@@ -234,7 +215,7 @@ def figure1b() -> str:
         "--max-new-tokens 128 --drafter eagle --vocab microspec --w-max W --k-pre-positions 1000000 --depth 6 "
         "--top-k 10 --total-tokens 59 --curve-map src/microspec/heads/gemma-3-270m/fr-spec/token_map.pt --json` "
         "(W = 128, 512, 3072; CPU-tuned: without --w-max, --k-pre-positions and the tree); 2026-11-26, "
-        f"{CPU}, commit {SOURCES['coverage']}. First turns, greedy; static columns: the shipped FR-Spec map on the "
+        f"{CPU}, commit {COMMIT_COVERAGE}. First turns, greedy; static columns: the shipped FR-Spec map on the "
         "same tokens.</sub>",
         f"- MicroSpec per category here: {min(cats):.2f}–{max(cats):.2f} with {paper['active_vocab_mean']:.0f} ids on "
         "average: " + ("**agrees** with the paper's range." if inside else
@@ -252,22 +233,14 @@ def figure4() -> str:
     vs_eagle, vs_fr = (c["value"] for c in item["claims"][:2])
     rows, cells = [], []
     for label, run, ms in (("paper settings", PAPER_RUN, "microspec-kpall"), ("CPU-tuned", TUNED_RUN, "microspec")):
-        try:
-            d = {m: repeat_draft_ms(run, m) for m in (ms, "eagle-full", "fr-spec-32k")}
-        except FileNotFoundError:
-            continue
-        mean = {m: sum(v) / len(v) for m, v in d.items()}
+        mean = {m: _mean(repeat_ms_per_step(run, m)) for m in (ms, "eagle-full", "fr-spec-32k")}
         cells.append((label, mean["eagle-full"], mean["fr-spec-32k"], mean[ms]))
         rows.append([f"here: {label} (draft ms per step)", f"{mean['eagle-full']:.2f}", f"{mean['fr-spec-32k']:.2f}",
                      f"{mean[ms]:.2f}", f"{100 * (mean[ms] / mean['eagle-full'] - 1):+.1f}%",
                      f"{100 * (mean[ms] / mean['fr-spec-32k'] - 1):+.1f}%"])
     rows.insert(0, ["paper: Llama-3-8B, H20Z GPU, total drafting time", "–", "–", "–", f"−{vs_eagle}%", f"−{vs_fr}%"])
     out = [table(["", "EAGLE-2", "FR-Spec-32k", "MicroSpec", "MicroSpec vs EAGLE-2", "MicroSpec vs FR-Spec"], rows)]
-    try:
-        from .gpu import figure4_rows
-        out.append(figure4_text(figure4_rows(), vs_eagle))
-    except (ImportError, FileNotFoundError, KeyError):
-        pass
+    out.append(figure4_text(figure4_rows(), vs_eagle))
     cheaper = all(r[3] < min(r[1], r[2]) for r in cells)
     out.append("- Direction: MicroSpec's draft step is cheaper than both baselines' in "
                + ("every configuration above: **agrees**." if cheaper else "not every configuration: **disagrees**."))
@@ -283,7 +256,8 @@ def figure4_text(rows: list[dict], paper_vs_eagle: float) -> str:
             f"[GPU](#gpu)): MicroSpec's 3k window {ms['graphed_ms']:.2f} ms against EAGLE-2's "
             f"{full['graphed_ms']:.2f} ({100 * (ms['graphed_ms'] / full['graphed_ms'] - 1):+.1f}%) and FR-Spec-32k's "
             f"{fr['graphed_ms']:.2f} ({100 * (ms['graphed_ms'] / fr['graphed_ms'] - 1):+.1f}%). The paper's "
-            f"−{paper_vs_eagle}% is total drafting time over whole generations, where the draft layer's own cost is shared by all three.")
+            f"−{paper_vs_eagle}% is total drafting time over whole generations, where the draft layer's own cost is "
+            "shared by all three.")
 
 
 def figure5() -> str:
@@ -352,9 +326,6 @@ def specvocab() -> str:
         f"Faster than FR-Spec-32k: {speed_dir} ({x(sv['speedup'])} against {x(fr['speedup'])}): the ranker scores "
         "every id on the CPU at each step, a cost the paper's fused GPU kernel hides.",
     ])
-
-
-SOURCES = {"coverage": "ef4edc3"}  # the runs ran with the tree at ef4edc3, documentation files aside
 
 
 def render() -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from .common import CPU, RESULTS, Source, load, num, picture, spread, table, tie, x
+from .common import CPU, RESULTS, Source, commit, load, num, picture, spread, table, tie, x
 
 HELD = "2026-11-26-held-apart"
 HELD_VLLM = "2026-11-26-held-apart-vllm"  # optional: vLLM beside plain decoding on the same prompts
@@ -29,7 +29,6 @@ RUNS = {"greedy": ("run1", "run2", "run3"), "greedy-rp1.2": ("run1", "run2"), "T
 LATEST_ONLY = {"greedy": {"auto": ("run3",), "microspec": ("run3",), "microspec@lookup": ("run3",)}}
 COMMIT_HELD = "66aec15 (greedy runs 1-2), 1599f14 (greedy run 3 and every other run)"
 COMMIT_VLLM, COMMIT_VLLM_DRAFT = "3170a0b", "56f30f1"
-COMMIT_HELD_VLLM = "ef4edc3"  # its meta says ef4edc3+dirty: the tree differed from it in documentation files only
 PROMPTS_CMD = ("python3 benchmarks/data/held_apart.py --data ../shared/data --out /tmp/held_apart.jsonl "
                "--per-category 3 --seed 2026")
 
@@ -64,8 +63,8 @@ def ratios(decoding: str, method: str, where: str | None = None) -> list[float]:
 
 def plain_tok_s(decoding: str, where: str | None = None) -> list[float]:
     runs = [load(f"{HELD}/{n}/{decoding}/results.json") for n in RUNS[decoding]]
-    return [(r["methods"]["ar"]["overall"] if where is None else r["methods"]["ar"]["categories"][where])["tokens_per_s"]
-            for r in runs]
+    ar = [r["methods"]["ar"] for r in runs]
+    return [(a["overall"] if where is None else a["categories"][where])["tokens_per_s"] for a in ar]
 
 
 def _methods() -> list[str]:
@@ -115,7 +114,7 @@ def held_vllm_source() -> Source | None:
         return None
     metas = [load(f)["meta"] for f in files]
     return Source(", ".join(files), _commands(metas), _dates(metas), _machine(metas[0]),
-                  COMMIT_HELD_VLLM or metas[0].get("commit", "not recorded"))
+                  commit(metas[0]))
 
 
 def _held_apart() -> str:
@@ -162,8 +161,8 @@ def _held_apart() -> str:
     moved = max(max(plain_tok_s(d)) / min(plain_tok_s(d)) - 1 for d in DECODINGS)
     latest = ", ".join(f"`{m}`" for m in LATEST_ONLY["greedy"])
     bullets.append(f"- Runs: {n_runs['greedy']} greedy (for {latest} the last only: the earlier ones predate changes "
-                   f"to their code; so no range), {n_runs['greedy-rp1.2']} with the penalty, {n_runs['T0.7']} at temperature 0.7; plain "
-                   f"decoding moved by up to {moved:.0%} between runs of a decoding.")
+                   f"to their code; so no range), {n_runs['greedy-rp1.2']} with the penalty, {n_runs['T0.7']} at "
+                   f"temperature 0.7; plain decoding moved by up to {moved:.0%} between runs of a decoding.")
     n = {c: v["questions"] for c, v in cats.items()}
     how = meta["methods"]
     k = how["microspec"]["tree"]["total_tokens"]
@@ -171,7 +170,8 @@ def _held_apart() -> str:
     return "\n".join([
         "### On held-apart prompts", "",
         f"{meta['questions']} questions nothing in the project was chosen or fitted on, sampled by "
-        "`benchmarks/data/held_apart.py` (the first command below): " + ", ".join(ABOUT[c].format(n=n[c]) for c in CATEGORIES) +
+        "`benchmarks/data/held_apart.py` (the first command below): "
+        + ", ".join(ABOUT[c].format(n=n[c]) for c in CATEGORIES) +
         f". Gemma 3 270M with packed GGUF weights, {meta['max_new_tokens']} tokens per turn, "
         f"{meta['warmup']} warm-up generation per method; one `microspec bench` process per decoding and run. "
         "Each cell: the method's tokens/s over plain decoding's in the same run, mean over the runs (range). "
