@@ -115,17 +115,18 @@ def default_meta(args_model: str, dtype: str, device: str) -> dict:
 def source_commit() -> dict:
     """``{"commit": <short hash>}`` (with ``+dirty`` when tracked files differ) where this package runs from a git
     checkout, else ``{}``: results name the code that produced them."""
-    root = Path(__file__).resolve().parents[3]
+    root = Path(__file__).resolve().parents[3]  # src/microspec/bench/__init__.py in a checkout
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10)
-        if head.returncode:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10)
+        # an installed copy inside some other repository (a venv in a checkout) is not that repository's code
+        if head.returncode or Path(head.stdout.split("\n")[0]).resolve() != root:
             return {}
         dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return {}
-    return {"commit": head.stdout.strip() + ("+dirty" if dirty else "")}
+    return {"commit": head.stdout.split()[1] + ("+dirty" if dirty else "")}
 
 
 __all__ = ["PROTOCOLS", "Decoding", "MethodSpec", "aggregate", "bench", "configure", "default_meta", "load_questions", "machine",
