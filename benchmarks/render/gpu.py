@@ -8,9 +8,9 @@ from collections import Counter
 
 from .common import RESULTS, Source, load, num, table, x
 
-RUN = "2026-11-26-gpu-suite-h200-88a4433"
+RUN = "2026-11-26-gpu-suite-h100-71f4725"
 SUITE = f"{RUN}/gpu-suite.json"
-COMMAND = "PYTHONPATH=src python3 benchmarks/gpu_suite.py --out $OUT/gpu --commit 88a4433"
+COMMAND = "PYTHONPATH=src python3 benchmarks/gpu_suite.py --out $OUT/gpu --commit 71f4725"
 SHAPES = {"llama3-8b": "Llama-3-8B", "llama3.2-1b": "Llama-3.2-1B", "qwen2-7b": "Qwen2-7B"}
 SYNC_METHODS = {"ar": "plain decoding", "ngram": "prompt lookup", "early-exit": "early exit, tree",
                 "eagle": "EAGLE, tree", "eagle+microspec": "EAGLE + MicroSpec, tensor window",

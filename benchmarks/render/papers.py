@@ -5,7 +5,7 @@ the same quantity, and whether the direction agrees."""
 from __future__ import annotations
 
 from .common import CPU, Source, answers, commit, load, picture, repeat_ms_per_step, repeat_speedups, spread, table, x
-from .gpu import figure4_rows
+from .gpu import SUITE, figure4_rows
 from .vocab import COMMIT_SWEEP
 
 PAPER_RUN = "2026-11-26-paper-settings/paper/greedy"
@@ -248,11 +248,12 @@ def figure4() -> str:
 
 
 def figure4_text(rows: list[dict], paper_vs_eagle: float) -> str:
-    """The draft step alone on an H200, the paper's 8B shape with random weights, CUDA graphs: MicroSpec's 3k
+    """The draft step alone on the GPU suite's device, the paper's 8B shape with random weights, CUDA graphs: MicroSpec's 3k
     window against EAGLE-2's full head and FR-Spec-32k."""
     by = {r["path"]: r for r in rows if r["shape"] == "llama3-8b"}
     ms, full, fr = by["microspec-triton-3k"], by["full"], by["fr-spec-32k"]
-    return (f"On a GPU (an H200, the draft step alone at Llama-3-8B's shape with random weights, CUDA graphs; "
+    device = load(SUITE)["environment"]["device"]
+    return (f"On a GPU (one {device}, the draft step alone at Llama-3-8B's shape with random weights, CUDA graphs; "
             f"[GPU](#gpu)): MicroSpec's 3k window {ms['graphed_ms']:.2f} ms against EAGLE-2's "
             f"{full['graphed_ms']:.2f} ({100 * (ms['graphed_ms'] / full['graphed_ms'] - 1):+.1f}%) and FR-Spec-32k's "
             f"{fr['graphed_ms']:.2f} ({100 * (ms['graphed_ms'] / fr['graphed_ms'] - 1):+.1f}%). The paper's "
