@@ -67,26 +67,47 @@ POOL_SOURCE = REPO.parent / "shared" / "data" / "prompt_pool" / POOL
 EXIT_STOPPED = 3
 
 
-def train_argv(model: str, prompts: Path, out: Path, budget: float | None, device: str, tiny: bool) -> list[str]:
-    """The ``microspec train eagle3`` command line of one call (``tiny``: the dry run's small settings)."""
-    argv = ["train", "eagle3", "--model", model, "--prompts", str(prompts), "--out", str(out), "--shuffle",
-            "--repetition-penalty", "1.0", "1.2", "--resume", "--device", device]
+def train_argv(model: str, prompts: Path, out: Path, budget: float | None, device: str, tiny: bool,
+               arch: str = "eagle3", sizes: dict | None = None) -> list[str]:
+    """The ``microspec train eagle3`` (``arch`` eagle3) or ``train eagle`` (``arch`` eagle: the EAGLE-1/2 head) command
+    line of one call (``tiny``: the dry run's small settings); ``sizes``: flags that replace the defaults
+    (``{"limit": 2000, "draft_vocab": 24576, "init": DIR, "stages": "capture,train"}``)."""
+    argv = ["train", arch, "--model", model, "--prompts", str(prompts), "--out", str(out), "--shuffle",
+            "--repetition-penalty", "1.0", "1.2", "--device", device]
     if tiny:
         argv += ["--limit", "3", "--max-new-tokens", "8", "--gen-batch", "4", "--gen-dtype", "fp32", "--dtype", "fp32",
                  "--max-len", "32", "--epochs", "1", "--tokens-per-step", "8", "--warmup-steps", "1",
-                 "--heldout", "0.2", "--save-every", "2", "--ttt-steps", "2", "--draft-vocab", "48",
-                 "--feature-layers", "1,2,3", "--head-dtype", "fp32", "--batch-tokens", "40", "--threads", "1"]
-    else:
+                 "--heldout", "0.2", "--save-every", "2", "--head-dtype", "fp32", "--batch-tokens", "40",
+                 "--threads", "1"]
+        if arch == "eagle3":
+            argv += ["--ttt-steps", "2", "--draft-vocab", "48", "--feature-layers", "1,2,3"]
+    elif arch == "eagle3":
         argv += ["--limit", "6000", "--max-new-tokens", "256", "--gen-batch", "2048", "--gen-dtype", "bf16",
                  "--dtype", "bf16", "--max-len", "512", "--epochs", "2", "--lr", "6e-4", "--warmup-steps", "50",
                  "--tokens-per-step", "16384", "--batch-tokens", "16384", "--heldout", "0.02", "--save-every", "20"]
+    else:  # the EAGLE-1/2 head's GPU settings (src/microspec/heads/gemma-3-270m/training.json), answers only
+        argv += ["--limit", "6000", "--max-new-tokens", "256", "--gen-batch", "2048", "--gen-dtype", "bf16",
+                 "--dtype", "bf16", "--max-len", "512", "--epochs", "2", "--lr", "6e-4", "--warmup-steps", "50",
+                 "--tokens-per-step", "16384", "--batch-tokens", "16384", "--heldout", "0.02", "--save-every", "20",
+                 "--loss-on", "answer", "--ce-vocab", "full"]
+    for name, value in (sizes or {}).items():
+        if value is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if flag in argv:
+            argv[argv.index(flag) + 1] = str(value)
+        else:
+            argv += [flag, str(value)]
+    if "--init" not in argv:  # --init and --resume exclude each other: a warm start begins anew each time
+        argv.append("--resume")
     if budget is not None:
         argv += ["--time-budget", str(budget)]
     return argv
 
 
 def run(gguf: Path, assets: Path, out: Path, budget: float | None, device: str = "cuda", tiny: bool = False,
-        export: Path | None = None, cache: Path | None = None) -> int:
+        export: Path | None = None, cache: Path | None = None, arch: str = "eagle3", sizes: dict | None = None,
+        answers: Path | None = None, pack: Path | None = None) -> int:
     """One call: the training command over ``out`` (``MICROSPEC_GGUF_ASSETS`` = ``assets`` and, where given,
     ``MICROSPEC_CACHE`` = ``cache`` while it runs; ``tiny``: the dry run's settings, without the compiled CPU
     kernels, whose first build would take minutes); its exit status (0 done, 3 stopped by the budget, 2 error)."""
@@ -99,6 +120,15 @@ def run(gguf: Path, assets: Path, out: Path, budget: float | None, device: str =
     if not prompts.is_file():
         print(f"gpu_train: error: {prompts} not found (make the folder with --prepare-assets)", file=sys.stderr)
         return 2
+    if answers is not None:  # another run's answers: copied once, then this run captures and trains on them
+        given = answers / "responses.jsonl"
+        if not given.is_file():
+            print(f"gpu_train: error: no answers at {given}", file=sys.stderr)
+            return 2
+        out.mkdir(parents=True, exist_ok=True)
+        if not (out / "responses.jsonl").is_file():
+            shutil.copyfile(given, out / "responses.jsonl")
+        sizes = {**(sizes or {}), "stages": "capture,train"}
     saved = {k: os.environ.get(k) for k in ("MICROSPEC_GGUF_ASSETS", "MICROSPEC_CACHE", "MICROSPEC_CPU_KERNEL")}
     os.environ["MICROSPEC_GGUF_ASSETS"] = str(assets)
     if cache is not None:
@@ -106,7 +136,7 @@ def run(gguf: Path, assets: Path, out: Path, budget: float | None, device: str =
     if tiny:
         os.environ["MICROSPEC_CPU_KERNEL"] = "off"
     try:
-        rc = main(train_argv(str(gguf), prompts, out, budget, device, tiny))
+        rc = main(train_argv(str(gguf), prompts, out, budget, device, tiny, arch, sizes))
     finally:
         for k, v in saved.items():
             if v is None:
@@ -116,7 +146,57 @@ def run(gguf: Path, assets: Path, out: Path, budget: float | None, device: str =
     if rc == 0 and export is not None:
         shutil.copytree(out / "head", export, dirs_exist_ok=True)
         print(f"gpu_train: head copied to {export}", file=sys.stderr)
+    if rc == 0 and pack is not None:
+        pack_dir(out / "head", pack)
     return rc
+
+
+PART = 15 << 20  # a file the device tool brings back is at most 16 MiB
+
+
+def pack_dir(src: Path, dest: Path, part: int = PART) -> list[Path]:
+    """``src`` as an uncompressed tar cut into parts of at most ``part`` bytes (``head.tar.000``, ...) with a
+    ``SHA256SUMS`` of the parts and of the whole tar, in ``dest``: what the device tool brings back (files of at most
+    16 MiB).  ``unpack_dir`` puts it together again and checks it."""
+    import hashlib
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for f in sorted(src.iterdir()):
+            tar.add(f, arcname=f.name)
+    data = buf.getvalue()
+    dest.mkdir(parents=True, exist_ok=True)
+    sums, parts = [f"{hashlib.sha256(data).hexdigest()}  head.tar"], []
+    for i in range(0, len(data), part):
+        p = dest / f"head.tar.{i // part:03d}"
+        p.write_bytes(data[i : i + part])
+        sums.append(f"{hashlib.sha256(data[i : i + part]).hexdigest()}  {p.name}")
+        parts.append(p)
+    (dest / "SHA256SUMS").write_text("\n".join(sums) + "\n")
+    print(f"gpu_train: {src} packed into {len(parts)} parts in {dest} ({len(data):,} bytes)", file=sys.stderr)
+    return parts
+
+
+def unpack_dir(src: Path, dest: Path) -> Path:
+    """The folder :func:`pack_dir` packed, from its parts in ``src``, into ``dest``, every sha256 checked."""
+    import hashlib
+    import io
+    import tarfile
+
+    sums = dict(reversed(line.split("  ", 1)) for line in (src / "SHA256SUMS").read_text().splitlines() if line)
+    parts = sorted(src.glob("head.tar.[0-9][0-9][0-9]"))
+    for p in parts:
+        if hashlib.sha256(p.read_bytes()).hexdigest() != sums.get(p.name):
+            raise SystemExit(f"gpu_train: error: {p} does not match its sha256")
+    data = b"".join(p.read_bytes() for p in parts)
+    if hashlib.sha256(data).hexdigest() != sums.get("head.tar"):
+        raise SystemExit(f"gpu_train: error: the parts in {src} do not make the packed tar (sha256)")
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.extractall(dest, filter="data")
+    return dest
 
 
 # ------------------------------------------------------------------------------------------- assets (here, CPU)
@@ -251,6 +331,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                    help="stop at the next safe point after this many seconds (exit 3: call again)")
     p.add_argument("--export", type=Path, default=None, metavar="DIR", help="copy the finished head there")
+    p.add_argument("--pack", type=Path, default=None, metavar="DIR",
+                   help="the finished head as a tar in parts of at most 15 MiB with their sha256 (for $OUT); "
+                        "--unpack puts it together here")
+    p.add_argument("--unpack", nargs=2, type=Path, default=None, metavar=("PARTS", "DIR"),
+                   help="here: check and unpack the parts --pack wrote into DIR, then exit")
+    p.add_argument("--arch", choices=("eagle3", "eagle"), default="eagle3",
+                   help="eagle3 (default): an EAGLE-3 head; eagle: an EAGLE-1/2 head (train eagle)")
+    p.add_argument("--answers", type=Path, default=None, metavar="DIR",
+                   help="train on the answers of another run's --out (its responses.jsonl): capture and train only")
+    p.add_argument("--init", type=Path, default=None, metavar="DIR", help="warm start from this head")
+    p.add_argument("--limit", type=int, default=None, help="prompts answered (default 6,000, each twice)")
+    p.add_argument("--epochs", type=float, default=None, help="passes over the answers (default 2)")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 6e-4)")
+    p.add_argument("--draft-vocab", type=int, default=None, help="eagle3: the draft vocabulary (default 32,768)")
     p.add_argument("--prepare-assets", type=Path, default=None, metavar="DIR",
                    help="here, on the CPU: make the folder to carry, then exit")
     p.add_argument("--dry-run", action="store_true",
@@ -258,15 +352,23 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.prepare_assets is not None:
         return prepare_assets(args.prepare_assets)
+    if args.unpack is not None:
+        print(unpack_dir(*args.unpack))
+        return 0
+    if args.draft_vocab is not None and args.arch != "eagle3":
+        p.error("--draft-vocab is an EAGLE-3 head's")
+    sizes = {"limit": args.limit, "epochs": args.epochs, "lr": args.lr, "draft_vocab": args.draft_vocab,
+             "init": args.init}
+    common = dict(export=args.export, arch=args.arch, answers=args.answers, pack=args.pack)
     if args.dry_run:
         args.out.mkdir(parents=True, exist_ok=True)
         gguf, assets = (args.out / "tiny-gemma3.gguf", args.out / "assets")
         if not gguf.is_file():
             gguf, assets = tiny_model(args.out)
-        return run(gguf, assets, args.out / "train", args.time_budget, "cpu", tiny=True, export=args.export,
-                   cache=args.out / "cache")
+        return run(gguf, assets, args.out / ("train" if args.arch == "eagle3" else "train-eagle"), args.time_budget,
+                   "cpu", tiny=True, cache=args.out / "cache", sizes=sizes, **common)
     cache = None if os.environ.get("MICROSPEC_CACHE") else Path("/tmp/microspec-cache")
-    return run(args.gguf, args.assets, args.out, args.time_budget, export=args.export, cache=cache)
+    return run(args.gguf, args.assets, args.out, args.time_budget, cache=cache, sizes=sizes, **common)
 
 
 if __name__ == "__main__":

@@ -220,3 +220,35 @@ def test_synchronisations_do_not_grow_with_the_length(method):
     levels = 0 if method == "ar" else 3  # the tree's depth: the root's top-k and two expansions
     # the accepted tokens: one read, two when the walk leaves the draft's main path
     assert per_step <= 2 + levels, f"{method}: {per_step:.2f} synchronisations per step ({counts})"
+
+
+# ---------------------------------------------------------------- the device's defaults
+@pytest.mark.parametrize("method", ["ar", "auto"])
+def test_load_model_on_cuda_replays_graphs_by_default(tiny_model_dir, method):
+    """``microspec.load_model(device="cuda")`` then ``microspec.generate``, nothing else said: every target forward
+    goes through the CUDA graphs, and each shape (rows, attention span) runs eagerly at most twice (its first use,
+    then its capture) and replays at every later step."""
+    from collections import Counter
+
+    import microspec
+
+    lm = microspec.load_model(str(tiny_model_dir), dtype="fp32", device="cuda")
+    graphs = lm.model.cuda_graphs
+    assert graphs is not None, "CUDA graphs are off on a CUDA model loaded with the defaults"
+    calls, run = [], graphs.run
+
+    def counted(x, cache, positions, mask):
+        out = run(x, cache, positions, mask)
+        calls.append((int(x.shape[0]), out is not None))
+        return out
+
+    graphs.run = counted
+    out = microspec.generate(lm, "w5 w6 w7 w8 w5 w6 w7 w8 w5 w6", method=method, max_new_tokens=48, ignore_eos=True,
+                             chat=False)
+    steps, verify = out.stats.steps, calls[1:]  # calls[0]: the prefill
+    eager = Counter(rows for rows, replayed in verify if not replayed)
+    replays = sum(replayed for _, replayed in verify)
+    print(f"{method}: {steps} steps, {len(calls)} forwards, {replays} replays, eager by rows {dict(eager)}")
+    assert len(verify) == steps  # one verify pass a step
+    assert all(n <= 2 for n in eager.values()), eager
+    assert replays >= steps - 2 * len(eager) > 0

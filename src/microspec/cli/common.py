@@ -35,9 +35,10 @@ def add_model_args(p) -> None:
                         "weights (default: gguf for a GGUF model on a CPU, else bf16)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
-    p.add_argument("--cuda-graphs", choices=("on", "off"), default="on",
+    p.add_argument("--cuda-graphs", choices=("on", "off"), default=None,
                    help="on CUDA: replay the verify pass and the EAGLE head's draft levels as CUDA graphs, eager "
-                        "where a shape cannot be captured (default on; no effect on a CPU)")
+                        "where a shape cannot be captured (default: the device's setting, on for CUDA; no effect on "
+                        "a CPU)")
     chat = p.add_mutually_exclusive_group()
     chat.add_argument("--chat", dest="chat", action="store_true", default=None,
                       help="apply the chat template (default: when the tokenizer has one)")
@@ -45,10 +46,10 @@ def add_model_args(p) -> None:
 
 
 def load_model_from_args(args: argparse.Namespace):
-    """The model of ``--model``/``--weights``/``--device``, with ``--cuda-graphs`` applied."""
-    lm = load_model(args.model, dtype=args.dtype, device=args.device)
-    lm.model.use_cuda_graphs(getattr(args, "cuda_graphs", "off") == "on" and lm.model.device.type == "cuda")
-    return lm
+    """The model of ``--model``/``--weights``/``--device``/``--cuda-graphs``."""
+    graphs = getattr(args, "cuda_graphs", None)
+    return load_model(args.model, dtype=args.dtype, device=args.device,
+                      cuda_graphs=None if graphs is None else graphs == "on")
 
 
 def resolve_weights(args: argparse.Namespace) -> None:

@@ -370,6 +370,7 @@ def load_model(
     name_or_path: str | os.PathLike = DEFAULT_MODEL,
     dtype: str | torch.dtype = "fp32",
     device: str | torch.device = "cpu",
+    cuda_graphs: bool | None = None,
 ) -> LoadedModel:
     """Load a model by built-in name, local ``.gguf`` file or local Hugging Face directory, fully offline.
 
@@ -377,7 +378,9 @@ def load_model(
     block formats (memory-mapped, products through :mod:`microspec.kernels.cpu_quant` on its integer path: int8
     activations per 32-element block, as llama.cpp does), activations and KV cache in fp32 — a CPU path; where its
     kernel cannot be built it falls back to dense fp32 with a one-line notice.  ``gguf-f32``: the same packed
-    weights multiplied by fp32 activations (slower; equal to dequantize-then-fp32 up to the order of fp32 sums)."""
+    weights multiplied by fp32 activations (slower; equal to dequantize-then-fp32 up to the order of fp32 sums).
+    ``cuda_graphs``: replay the verify pass and the draft levels as CUDA graphs on a CUDA device (default: the
+    device's own setting, :mod:`microspec.devices`: on for CUDA)."""
     from transformers import AutoConfig, AutoTokenizer
 
     quantized = dtype in ("gguf", "gguf-f32")
@@ -434,6 +437,9 @@ def load_model(
     model = model.to(device=dev, dtype=torch_dtype).eval()
     for p in model.parameters():
         p.requires_grad_(False)
+    from .. import devices
+
+    devices.apply(model, cuda_graphs)
     eos = list(model.spec.eos_token_ids)
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
         eos.append(int(tokenizer.eos_token_id))

@@ -49,7 +49,7 @@ def _policy_setup(opts, positive: tuple[str, ...]):
                              "(its generate/capture stages) first")
     draft = eagle_head_path(opts.draft, opts.model)
     head = EagleHead.load(draft)
-    lm = load_model(opts.model, dtype=opts.dtype, device=opts.device)
+    lm = load_model(opts.model, dtype=opts.dtype, device=opts.device, cuda_graphs=False)
     if head.hidden_size != lm.model.spec.hidden_size:
         raise MicrospecError(f"EAGLE head hidden size {head.hidden_size} does not match the target's "
                              f"{lm.model.spec.hidden_size}")
@@ -233,13 +233,13 @@ def _train_eagle(opts, deadline: float | None) -> dict:
     t_start = time.perf_counter()
     samples = None
     if "generate" in stages:
-        lm = load_model(opts.model, dtype=opts.gen_dtype, device=opts.device)
+        lm = load_model(opts.model, dtype=opts.gen_dtype, device=opts.device, cuda_graphs=False)
         cfg = GenerationConfig(max_new_tokens=opts.max_new_tokens, repetition_penalty=opts.repetition_penalty[0])
         # EAGLE-3 captures every answer again with its taps: no features kept on the way
         samples = generate_responses(lm, prompts, out, cfg, opts.chat, opts.gen_batch, opts.max_len // 2,
                                      None if eagle3 else opts.max_len, log=log_stderr,
                                      penalties=opts.repetition_penalty, deadline=deadline)
-    lm = load_model(opts.model, dtype=opts.dtype, device=opts.device)
+    lm = load_model(opts.model, dtype=opts.dtype, device=opts.device, cuda_graphs=False)
     if samples is None:
         from .data import read_jsonl
 

@@ -1,0 +1,64 @@
+"""What the device a model runs on decides by itself, defined once: its *kind* and its settings.
+
+The kind is what every per-device default is keyed by (each drafter's tree shape in its own spec,
+:class:`~microspec.options.DrafterSpec.defaults`; ``auto``'s starting estimates): ``cuda``, ``cpu``, or ``cpu-gguf``
+(a target whose GGUF blocks stay packed on a CPU, where a verify row costs a sizeable share of a plain step).  The
+settings are those a device applies whatever the method: on CUDA the verify pass and the draft levels replay as CUDA
+graphs (a small model's step is launch-bound there: eager decoding runs several times slower), so a model loaded on
+CUDA by any entry point (:func:`microspec.load_model`, the command line, the server, bench) graphs unless told not
+to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEVICE_KINDS = ("cuda", "cpu", "cpu-gguf")
+
+
+@dataclass(frozen=True)
+class DeviceSettings:
+    """A device kind's own settings: ``cuda_graphs``, whether the model replays CUDA graphs unless told otherwise;
+    ``prompt_topk_positions``, the prompt positions whose full-vocabulary top-k a vocabulary policy's prefill reads
+    when the method leaves it unset (None: every position)."""
+
+    kind: str
+    cuda_graphs: bool = False
+    prompt_topk_positions: int | None = None
+
+
+# no C_pre on a packed CPU target: the target's top-k at a prompt position costs a full-vocabulary head row, so with
+# every position the long-prompt categories (rag, summarization) ran below plain decoding, and fewer positions, down to
+# none, measured faster at about the same acceptance (BENCHMARKS.md)
+SETTINGS = {
+    "cuda": DeviceSettings("cuda", cuda_graphs=True),
+    "cpu": DeviceSettings("cpu"),
+    "cpu-gguf": DeviceSettings("cpu-gguf", prompt_topk_positions=0),
+}
+
+
+def device_kind(device, packed: bool = False) -> str:
+    """``cuda``, ``cpu`` or ``cpu-gguf`` from a device (or its type's name) and whether the target's weights stay
+    packed; another accelerator's type is its own kind, with the CPU's settings."""
+    device = str(getattr(device, "type", device)).split(":")[0]
+    return "cpu-gguf" if device == "cpu" and packed else device
+
+
+def settings(kind: str) -> DeviceSettings:
+    """The settings of device kind ``kind`` (a kind without its own: the CPU's)."""
+    return SETTINGS.get(kind) or DeviceSettings(kind)
+
+
+def of_model(model) -> DeviceSettings:
+    """The settings of the device a loaded :class:`~microspec.models.native.NativeCausalLM` runs on."""
+    return settings(device_kind(model.device, model.quantized))
+
+
+def apply(model, cuda_graphs: bool | None = None) -> None:
+    """The device's settings applied to a loaded model: CUDA graphs on where the device's kind says so, or as
+    ``cuda_graphs`` says when given (never off CUDA)."""
+    on = of_model(model).cuda_graphs if cuda_graphs is None else bool(cuda_graphs)
+    model.use_cuda_graphs(on and model.device.type == "cuda")
+
+
+__all__ = ["DEVICE_KINDS", "SETTINGS", "DeviceSettings", "apply", "device_kind", "of_model", "settings"]
