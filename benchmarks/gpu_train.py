@@ -54,9 +54,10 @@ Measured on one H100 (2026-11-26), in one device call after staging (``--limit 1
   training steps of 16,384 positions at ~51,000 positions/s with seven training-time-test steps each (~20 s);
 - EAGLE-1 on the same answers, 127 s: the capture and 63 steps at ~66,000 positions/s.
 
-So the training itself is a small share of a call: a 15-minute device budget (about 4 minutes of it the machine's
-start and the staging) fits ``--limit 6000`` (~2.2M answer tokens) with 4-6 epochs in one call of about 8 minutes,
-the defaults' 2 epochs in less.  The default settings (6,000 prompts x 2 penalties, 256 new tokens, decoding batch
+So the training itself is a small share of a call.  Sizing by these rates (a projection, to be checked by the run
+itself): in a 15-minute device budget, of which the machine's start and the GGUF staged in five calls took about
+1.5 minutes here, ``--limit 6000`` (about 4x the answers above) with 4-6 epochs should fit one call of under 9
+minutes.  The default settings (6,000 prompts x 2 penalties, 256 new tokens, decoding batch
 2,048, 2 epochs of 16,384-position steps) come from the EAGLE-1/2 run recorded in
 ``src/microspec/heads/gemma-3-270m/training.json``.
 """
