@@ -24,7 +24,7 @@ once its budget is spent; the next call goes on from there.
 
 3. Each device call, carrying ``.stage-assets`` (and within the machine's idle window, so that ``/tmp`` survives):
 
-       python3 benchmarks/gpu_train.py --gguf /tmp/microspec-stage/gemma-3-270m-q4_k_m.gguf \\
+       PYTHONPATH=src python3 benchmarks/gpu_train.py --gguf /tmp/microspec-stage/gemma-3-270m-q4_k_m.gguf \\
            --assets .stage-assets --out /tmp/e3 --time-budget 540 --export $OUT/head
 
    Exit status 3 with ``{"status": "stopped", "stage": ...}``: not finished, make the same call again; 0 with
@@ -74,7 +74,6 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
 
 STAGED = "/tmp/microspec-stage/gemma-3-270m-q4_k_m.gguf"
 POOL = "prompts_permissive.jsonl"
@@ -303,7 +302,11 @@ def tiny_model(root: Path) -> tuple[Path, Path]:
     folder (config, word-level tokenizer, a prompt pool): (gguf, assets)."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, PreTrainedTokenizerFast
+    from transformers import (
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
+        PreTrainedTokenizerFast,
+    )
 
     vocab = 96
     cfg = Gemma3TextConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_attention_heads=4,

@@ -16,9 +16,16 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from render import common, cost, gpu, heads, papers, serve, speed, vocab  # noqa: E402
+from render import (  # this folder's (a script's is on its path)
+    common,
+    cost,
+    gpu,
+    heads,
+    papers,
+    serve,
+    speed,
+    vocab,
+)
 
 SECTIONS = (speed, vocab, cost, serve, papers, gpu, heads)
 OUT = common.ROOT / "BENCHMARKS.md"

@@ -9,7 +9,6 @@ are :data:`NOTES` below; the method names are :mod:`microspec.bench.methods`' do
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import re
 import sys
 import textwrap
@@ -20,9 +19,6 @@ OUT = ROOT / "docs" / "cli.md"
 WIDTH = 100  # of the usage and option blocks
 HELP_COLUMN = 30  # where an option's help starts
 PROSE_WIDTH = 116  # of the descriptions, as the notes below are written
-
-if importlib.util.find_spec("microspec") is None:  # a checkout that is not installed
-    sys.path.insert(0, str(ROOT / "src"))
 
 INTRO = """\
 # Command-line reference

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_pair
+from support import tiny_pair
 from microspec.decoding import GenerationConfig, generate_ids
 from microspec.training.batch_generate import generate_batched
 

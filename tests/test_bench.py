@@ -346,7 +346,7 @@ def test_bench_bad_input_is_one_line(capsys, tiny_model_dir, tmp_path, extra, ne
 
 
 def test_bench_with_eagle_shortlists_and_microspec_variants(capsys, tiny_model_dir, tmp_path):
-    from conftest import official_checkpoint
+    from support import official_checkpoint
 
     from microspec.vocab.frequency import save_token_map
 
@@ -373,7 +373,7 @@ def test_bench_with_eagle_shortlists_and_microspec_variants(capsys, tiny_model_d
 
 
 def test_analyze_tiny_run(capsys, tiny_model_dir, tmp_path):
-    from conftest import official_checkpoint
+    from support import official_checkpoint
 
     from microspec.vocab.frequency import save_token_map
 
@@ -417,7 +417,7 @@ def test_overlap_terms_bound_holds_at_every_step(tiny_model_dir, tmp_path):
     """A(c) >= p_c(S) - TV(p_c(.|S), q_c(.|S)) (DynaSpec Thm 5.1 with the restricted proposal, beta = 0), and for
     S = V: p_c(S) = 1 and A = 1 - TV."""
     import torch
-    from conftest import official_checkpoint
+    from support import official_checkpoint
 
     from microspec import load_model
     from microspec.bench.analyze import overlap_terms

@@ -193,7 +193,7 @@ def test_bad_drafter_input(capsys, tiny_model_dir, extra, needle):
 
 
 def test_model_drafter_via_cli(capsys, tiny_model_dir, tmp_path):
-    from conftest import write_tiny_model_dir
+    from support import write_tiny_model_dir
 
     draft_dir = write_tiny_model_dir(tmp_path / "draft", family="qwen3", seed=5)
     base = ["generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2 w3", "--max-new-tokens", "16",
@@ -205,7 +205,7 @@ def test_model_drafter_via_cli(capsys, tiny_model_dir, tmp_path):
 
 
 def test_model_drafter_errors(capsys, tiny_model_dir, tmp_path):
-    from conftest import write_tiny_model_dir
+    from support import write_tiny_model_dir
 
     rc, _, err = _run(capsys, "generate", "--model", str(tiny_model_dir), "--prompt", "w1", "--drafter", "model")
     assert rc == 2 and "--draft" in err
@@ -242,7 +242,7 @@ def test_total_tokens_auto(capsys, tiny_model_dir):
 
 
 def test_eagle_drafter_via_cli(capsys, tiny_model_dir, tmp_path):
-    from conftest import official_checkpoint
+    from support import official_checkpoint
 
     path, _, _ = official_checkpoint(tmp_path / "eagle")
     base = ["generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2 w3", "--max-new-tokens", "16",
@@ -277,7 +277,7 @@ def test_eagle_drafter_via_cli(capsys, tiny_model_dir, tmp_path):
 def test_eagle3_head_via_cli(capsys, tiny_model_dir, tmp_path):
     """--drafter eagle --draft takes an EAGLE-3 checkpoint as it is (recognised by its config): same tokens as plain
     decoding, with MicroSpec over its draft vocabulary too; a head for other layers is one clear error line."""
-    from conftest import eagle3_checkpoint
+    from support import eagle3_checkpoint
 
     path = eagle3_checkpoint(tmp_path / "eagle3", draft_vocab=48, layers=(0, 1, 2))[0]
     base = ["generate", "--model", str(tiny_model_dir), "--prompt", "w1 w2 w3", "--max-new-tokens", "16",

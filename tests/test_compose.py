@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import official_checkpoint
+from support import official_checkpoint
 from microspec.compose import Method, build, build_policy
 from microspec.errors import MicrospecError
 from microspec.vocab import MicroSpecVocab, PositionAware, StaticShortlist
@@ -102,37 +102,37 @@ def test_python_api_reaches_every_method_in_one_line(tiny_model_dir, tmp_path):
         generate(lm, "w5", method="eagle+microspec")  # a local model has no shipped head
 
 
-def test_auto_method_speculates_where_it_measured_faster():
-    from microspec.auto import MEASURED, auto_method, decoding_kind
+def test_auto_starts_where_it_measured_faster():
+    from microspec.auto import MEASURED, decoding_kind, start_arm
     from microspec.decoding import GenerationConfig
 
     greedy, penalty = GenerationConfig(), GenerationConfig(repetition_penalty=1.2)
     sampling = GenerationConfig(temperature=0.7)
     assert [decoding_kind(c) for c in (greedy, penalty, sampling, GenerationConfig(no_repeat_ngram_size=3))] == \
         ["greedy", "penalty", "sampling", "penalty"]
-    # a packed CPU target: prompt lookup on greedy decoding, plain decoding where every method lost
-    assert auto_method("gemma-3-270m", "cpu-gguf", "greedy")[:3] == ("ngram", "full", False)
-    assert auto_method("/some/model/dir", "cpu-gguf", "greedy")[:3] == ("ngram", "full", False)  # needs no head
-    assert auto_method("gemma-3-270m", "cpu-gguf", "penalty")[:3] == ("none", "full", False)
-    assert auto_method("gemma-3-270m", "cpu-gguf", "sampling")[:3] == ("ngram", "full", True)  # adaptive
+    # a packed CPU target: prompt lookup on greedy decoding and sampling, plain decoding where every method lost
+    for head in (True, False):  # needs no head
+        assert start_arm("cpu-gguf", "greedy", head)[0] == "lookup"
+    assert start_arm("cpu-gguf", "penalty", True)[0] == "plain"
+    assert start_arm("cpu-gguf", "sampling", True)[0] == "lookup"
     # a dense CPU target: prompt lookup on greedy decoding, plain decoding with a penalty and when sampling
-    assert auto_method("gemma-3-270m", "cpu", "greedy")[:3] == ("ngram", "full", True)
+    assert start_arm("cpu", "greedy", True)[0] == "lookup"
     for kind in ("penalty", "sampling"):
-        assert auto_method("gemma-3-270m", "cpu", kind)[:3] == ("none", "full", False)
-    for kind in ("greedy", "penalty", "sampling"):  # CUDA: the head + MicroSpec, adaptive
+        assert start_arm("cpu", kind, True)[0] == "plain"
+    for kind in ("greedy", "penalty", "sampling"):  # CUDA: the head + MicroSpec
         assert ("cuda", kind) not in MEASURED
-        assert auto_method("gemma-3-270m", "cuda", kind)[:3] == ("eagle", "microspec", True)
+        assert start_arm("cuda", kind, True)[0] == "eagle"
     with pytest.raises(MicrospecError, match="unknown decoding kind"):
-        auto_method("gemma-3-270m", "cpu", "beam")
-    drafter, _, _, why = auto_method("/some/model/dir", "cuda", "sampling")
-    assert drafter == "none" and "no EAGLE head" in why
+        start_arm("cpu", "beam", True)
+    arm, why = start_arm("cuda", "sampling", False)
+    assert arm == "plain" and "no EAGLE head" in why
 
 
 def test_auto_engine_runs_each_request_on_its_decodings_engine(tiny_model_dir, tmp_path):
     """A server's ``--drafter auto`` (the decoding is each request's): one engine per decoding kind on one model,
     the request's kind picks it, and every kind's output is plain decoding's."""
     from microspec import load_model
-    from microspec.compose import AutoEngine
+    from microspec.auto import AutoEngine
     from microspec.decoding import GenerationConfig
 
     lm = load_model(str(tiny_model_dir), dtype="fp32")
@@ -165,9 +165,9 @@ def test_auto_engine_runs_each_request_on_its_decodings_engine(tiny_model_dir, t
 
 def test_prompt_lookup_draft_length_by_device():
     """Prompt lookup drafts up to 10 tokens, 3 on a packed CPU target (measured), what --depth says otherwise."""
-    from microspec.drafters import tree_defaults
+    from microspec.drafters import spec
 
-    assert tree_defaults("ngram", "cpu", None, None, None)[0] == 10
-    assert tree_defaults("ngram", "cuda", None, None, None)[0] == 10
-    assert tree_defaults("ngram", "cpu-gguf", None, None, None)[0] == 3
-    assert tree_defaults("ngram", "cpu-gguf", 7, None, None)[0] == 7
+    ngram = spec("ngram").shape
+    assert ngram("cpu", Method(drafter="ngram")) == {"depth": 10} == ngram("cuda", Method(drafter="ngram"))
+    assert ngram("cpu-gguf", Method(drafter="ngram")) == {"depth": 3}
+    assert ngram("cpu-gguf", Method(drafter="ngram", depth=7)) == {"depth": 7}

@@ -82,7 +82,7 @@ def test_applies_only_to_bf16_cpu_matrices():
 def test_model_head_and_layers_use_it(monkeypatch):
     """A bf16 tiny model: its forward and LM head give the kernel's values (and torch's within bf16 precision when
     the kernel is switched off); the head's rows are batch-invariant end to end."""
-    from conftest import tiny_pair
+    from support import tiny_pair
 
     _, model = tiny_pair("gemma3", dtype=torch.bfloat16)
     ids = torch.tensor([3, 17, 5, 9, 11, 2])
@@ -182,7 +182,7 @@ def test_bf16_speculative_greedy_equals_bf16_autoregressive(family):
     from microspec.decoding import GenerationConfig, generate_ids
     from microspec.drafters import EarlyExitDrafter, NGramDrafter
 
-    from conftest import tiny_pair
+    from support import tiny_pair
 
     _, nm = tiny_pair(family, dtype=torch.bfloat16)
     prompt = [1, 5, 9, 13, 17, 21, 9, 13, 30, 41]

@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 
-from conftest import VOCAB, official_checkpoint, tiny_pair
+from support import VOCAB, official_checkpoint, tiny_pair
 from microspec.decoding import GenerationConfig, generate_ids
 from microspec.drafters import EagleDrafter, EagleHead, EarlyExitDrafter, NGramDrafter
 from microspec.drafters.lookup_first import LookupFirst

@@ -22,7 +22,6 @@ def test_device_kinds_and_their_settings():
     assert devices.device_kind("cuda:1") == "cuda" and devices.device_kind(torch.device("cuda", 0)) == "cuda"
     assert devices.device_kind("cpu") == "cpu" and devices.device_kind("cpu", packed=True) == "cpu-gguf"
     assert devices.settings("cuda").cuda_graphs and not devices.settings("cpu").cuda_graphs
-    assert devices.settings("cpu-gguf").prompt_topk_positions == 0 and devices.settings("cpu").prompt_topk_positions is None
     assert devices.settings("mps") == devices.DeviceSettings("mps")  # another accelerator: the CPU's settings
 
 
@@ -40,13 +39,13 @@ def test_a_model_on_cuda_replays_graphs_unless_told_not_to():
 
 def test_load_model_and_the_command_line_leave_the_choice_to_the_device(tiny_model_dir, monkeypatch):
     import microspec
-    from microspec.cli import common
-    from microspec.cli import build_parser
+    from microspec import compose
+    from microspec.cli import build_parser, common
 
     lm = microspec.load_model(str(tiny_model_dir), dtype="fp32")
     assert lm.model.cuda_graphs is None  # a CPU model runs eagerly
     seen = []
-    monkeypatch.setattr(common, "load_model", lambda *a, **k: seen.append(k["cuda_graphs"]))
+    monkeypatch.setattr(compose, "load_model", lambda *a, **k: seen.append(k["cuda_graphs"]))
     for flags, want in (([], None), (["--cuda-graphs", "off"], False), (["--cuda-graphs", "on"], True)):
         common.load_model_from_args(build_parser().parse_args(["generate", "--prompt", "x", *flags]))
         assert seen[-1] is want

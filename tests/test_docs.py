@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from support import ROOT, load_script
 
 
 def test_cli_reference_matches_parsers():
     """docs/cli.md is what docs/render_cli.py renders from the argument parsers now (no model is loaded)."""
-    render_cli = _load("render_cli", ROOT / "docs" / "render_cli.py")
+    render_cli = load_script(ROOT / "docs" / "render_cli.py")
     committed = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
     assert render_cli.render() == committed, (
         "docs/cli.md differs from the command-line parsers: run `python3 docs/render_cli.py` and commit the result")
@@ -27,7 +18,7 @@ def test_cli_reference_matches_parsers():
 def test_benchmarks_md_matches_results():
     """BENCHMARKS.md and the README's results table are what benchmarks/render_docs.py renders from the results JSON
     in benchmarks/results/ (no number in them is typed by hand)."""
-    render_docs = _load("render_docs", ROOT / "benchmarks" / "render_docs.py")
+    render_docs = load_script(ROOT / "benchmarks" / "render_docs.py")
     assert render_docs.render() == (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8"), (
         "BENCHMARKS.md differs from benchmarks/results/: run `python3 benchmarks/render_docs.py` and commit the result")
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -38,7 +29,7 @@ def test_benchmarks_md_matches_results():
 def test_pictures_the_docs_show_exist():
     """Every picture BENCHMARKS.md or the README shows is in docs/figures/, and every figure the renderer draws is
     shown somewhere."""
-    render_docs = _load("render_docs", ROOT / "benchmarks" / "render_docs.py")
+    render_docs = load_script(ROOT / "benchmarks" / "render_docs.py")
     text = "".join((ROOT / f).read_text(encoding="utf-8") for f in ("README.md", "BENCHMARKS.md"))
     shown = set(re.findall(r"\(docs/figures/([\w.-]+)\.svg\)", text))
     drawn = {name for s in render_docs.SECTIONS for name in getattr(s, "FIGURES", {})}

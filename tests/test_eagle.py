@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import VOCAB, official_checkpoint, tiny_pair
+from support import VOCAB, official_checkpoint, tiny_pair
 from microspec.decoding import GenerationConfig, generate_ids
 from microspec.drafters import EagleDrafter, EagleHead
 from microspec.errors import MicrospecError

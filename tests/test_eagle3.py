@@ -8,9 +8,10 @@ import json
 import pytest
 import torch
 
-from conftest import VOCAB, eagle3_checkpoint, tiny_pair
+from support import VOCAB, eagle3_checkpoint, tiny_pair
 from microspec.decoding import GenerationConfig, generate_ids
-from microspec.drafters import Eagle3Drafter, Eagle3Head, load_eagle_head, make_drafter
+from microspec.compose import make_drafter
+from microspec.drafters import Eagle3Drafter, Eagle3Head, load_eagle_head
 from microspec.errors import MicrospecError
 from microspec.models.native import Taps
 

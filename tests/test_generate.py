@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from conftest import VOCAB, tiny_pair
+from support import VOCAB, tiny_pair
 from microspec.decoding import GenerationConfig, generate_ids
 from microspec.errors import MicrospecError
 

@@ -241,7 +241,7 @@ LAYER_TYPES = {"attn_q": "Q5_0", "attn_k": "Q8_0", "attn_v": "Q4_1", "attn_outpu
 def gguf_model(tmp_path_factory):
     """(native model with packed weights read from a GGUF file the test wrote, dense fp32 reference with the same
     values, the file): a llama model (so query/key rows are stored permuted) using every type the engine serves."""
-    from conftest import tiny_pair
+    from support import tiny_pair
 
     _, model = tiny_pair("llama", hidden_size=256, intermediate_size=512, num_attention_heads=4,
                          num_key_value_heads=2, head_dim=64, vocab_size=160)
@@ -349,7 +349,7 @@ def test_packed_model_speculative_greedy_is_bit_identical(gguf_model, integer):
     speculative greedy output equals plain greedy output on the packed path (here with an early-exit tree that
     drafts often wrong, and an n-gram chain)."""
     from microspec.decoding import GenerationConfig, generate_ids
-    from microspec.drafters import make_drafter
+    from microspec.compose import make_drafter
     from microspec.vocab import MicroSpecVocab
 
     packed, _, _ = gguf_model
@@ -412,9 +412,10 @@ def test_fused_layer_equals_the_layer_by_layer_path(gguf_model):
 def test_eagle3_on_a_packed_target_is_bit_identical(gguf_model, tmp_path):
     """An EAGLE-3 head beside a packed target: the tapped features come out of the fused layer kernel the same as
     out of the layer-by-layer path, and drafting (the head's matrices packed Q8_0 too) changes no output token."""
-    from conftest import eagle3_checkpoint
+    from support import eagle3_checkpoint
     from microspec.decoding import GenerationConfig, generate_ids
-    from microspec.drafters import load_eagle_head, make_drafter
+    from microspec.compose import make_drafter
+    from microspec.drafters import load_eagle_head
     from microspec.models.native import Taps
     from microspec.vocab import MicroSpecVocab
 
@@ -471,7 +472,7 @@ def test_requests_stepped_together_decode_as_each_alone(gguf_model, integer):
     random generator; a seeded request keeps its method's depth)."""
     from microspec.decoding import GenerationConfig, generate_ids
     from microspec.decoding.loop import Generation, step_many
-    from microspec.drafters import make_drafter
+    from microspec.compose import make_drafter
     from microspec.vocab import MicroSpecVocab
 
     packed, _, _ = gguf_model

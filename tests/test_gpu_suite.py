@@ -5,23 +5,14 @@ consistent.  A typo in any part fails here, not on the GPU."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from support import ROOT, load_script
 
 
 def test_gpu_suite_dry_run(tmp_path):
-    suite = _load("gpu_suite", ROOT / "benchmarks" / "gpu_suite.py")
-    latency = _load("draft_latency", ROOT / "benchmarks" / "measure" / "draft_latency.py")
+    suite = load_script(ROOT / "benchmarks" / "gpu_suite.py")
+    latency = load_script(ROOT / "benchmarks" / "measure" / "draft_latency.py")
     assert suite.main(["--out", str(tmp_path), "--dry-run"]) == 0
     r = json.loads((tmp_path / "gpu-suite.json").read_text())
     md = (tmp_path / "gpu-suite.md").read_text()

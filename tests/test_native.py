@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import VOCAB, tiny_pair
+from support import VOCAB, tiny_pair
 from microspec.errors import MicrospecError
 
 
@@ -172,7 +172,7 @@ def test_unsupported_architecture_is_a_clear_error():
 def test_causal_batch_equals_the_cached_forward(overrides):
     """``run_causal_batch`` over right-padded sequences gives each sequence's own hidden states (windows shorter
     than the batch masked, soft-capped scores), and hands every layer's keys to ``store``."""
-    from conftest import tiny_pair
+    from support import tiny_pair
 
     _, model = tiny_pair("gemma3", seed=2, **overrides)
     g = torch.Generator().manual_seed(4)

@@ -10,12 +10,12 @@ import random
 
 import pytest
 
-from conftest import official_checkpoint, tiny_pair
+from support import official_checkpoint, tiny_pair
 from microspec.decoding import GenerationConfig, generate_ids
-from microspec.decoding.online import ArmHistory, OnlineChoice
+from microspec.auto import ArmHistory, OnlineChoice
 from microspec.drafters import EagleDrafter, EagleHead, NGramDrafter
 from microspec.drafters.lookup_first import LookupFirst
-from microspec.drafters.portfolio import Portfolio
+from microspec.auto import Portfolio
 from microspec.drafters.suffix import SuffixDrafter
 
 ARMS = ("plain", "lookup", "suffix", "eagle")

@@ -89,4 +89,4 @@ def test_python_api_speculates_like_the_command_line(tiny_model_dir, capsys):
     assert cli["token_ids"] == out.token_ids
     assert engine.engine_of("greedy").describe()["arms"] == cli["arms"] and cli["drafter"] == "auto"
     with pytest.raises(MicrospecError, match="auto chooses the drafter"):
-        microspec.compose.AutoEngine.for_model(lm, drafter="eagle")
+        microspec.auto.engine(lm, drafter="eagle")

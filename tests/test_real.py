@@ -1,4 +1,10 @@
-"""Truth on the real built-in models: load offline, and greedy tokens equal transformers' own greedy (fp32).
+"""Truth on the real built-in models: load offline, and greedy tokens equal transformers' own greedy (fp32); every
+drafter and vocabulary policy gives the target's own greedy tokens on the real 262k vocabulary.
+
+Two targets: dense fp32 weights, against transformers and for one speculative check of the dense path (the shipped
+head's tree with MicroSpec's vocabulary, plain and under the README's processors); and the packed GGUF weights (the
+CPU default, rows batch-invariant, several times faster), for the identity of every drafter x policy — the same
+drafting and verification code, on the real vocabulary, at a share of the dense path's cost.
 
 The first run converts each GGUF to the safetensors cache (about a minute for Gemma 3 270M on 2 cores).
 """
@@ -89,8 +95,7 @@ def test_cli_json_default_model_equals_transformers_greedy(gemma, gemma_hf):
     assert "eagle" in obj["arms"] and sum(obj["stats"]["auto"]["arms"].values()) == obj["stats"]["steps"]
 
 
-# tokens of the greedy references the speculative runs are compared with, bit for bit (40: the suite's time is
-# mostly these dense fp32 runs on the real model; 64 before, the same assertions)
+# tokens of the greedy references the speculative runs are compared with, bit for bit
 AR_TOKENS = 40
 SPEC_PROMPTS = [
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"",
@@ -100,28 +105,44 @@ SPEC_PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def gemma_ar(gemma):
-    cfg = GenerationConfig(max_new_tokens=AR_TOKENS)
-    return {p: generate_ids(gemma.model, encode_prompt(gemma, p), cfg, gemma.eos_token_ids).token_ids
-            for p in SPEC_PROMPTS}
+def gemma_gguf():
+    return load_model("gemma-3-270m", dtype="gguf")
 
 
-# (no full-vocabulary early-exit tree here, too slow for the suite: trees over the full 262k vocabulary are covered
-# on this model by the shipped head's eagle-full cases, and on tiny models for every drafter)
+@pytest.fixture(scope="module")
+def gemma_ar(gemma_gguf):
+    """Plain greedy decoding of every prompt on the packed target: the reference of the identity checks."""
+    lm, cfg = gemma_gguf, GenerationConfig(max_new_tokens=AR_TOKENS)
+    return {p: generate_ids(lm.model, encode_prompt(lm, p), cfg, lm.eos_token_ids).token_ids for p in SPEC_PROMPTS}
+
+
+def test_gemma_fp32_speculation_is_lossless(gemma):
+    """The dense fp32 path speculates losslessly on the real model: the shipped head's tree with MicroSpec's
+    vocabulary gives plain greedy's tokens, plainly and under the README's processors, with drafts accepted."""
+    from microspec.api import generate
+
+    prompt = SPEC_PROMPTS[1]
+    for cfg in (GenerationConfig(max_new_tokens=AR_TOKENS),
+                GenerationConfig(max_new_tokens=AR_TOKENS, repetition_penalty=1.2, no_repeat_ngram_size=3)):
+        ref = generate(gemma, prompt, cfg, method="ar").token_ids
+        res = generate(gemma, prompt, cfg, method="microspec")
+        assert res.token_ids == ref, cfg
+        assert res.stats.mean_accept_len > 1.0  # drafts were accepted, not only bonus tokens
+
+
 @pytest.mark.parametrize("drafter", ["ngram", "early-exit", "early-exit-tree-microspec"])
-def test_gemma_speculative_greedy_identity(gemma, gemma_ar, drafter):
-    from microspec.drafters import make_drafter
+def test_gemma_speculative_greedy_identity(gemma_gguf, gemma_ar, drafter):
+    from microspec.compose import make_drafter
     from microspec.vocab import MicroSpecVocab
 
-    accepted = []
+    gemma, accepted = gemma_gguf, []
     for prompt in SPEC_PROMPTS:
         vocab = None
         if drafter == "early-exit-tree-microspec":
             d = make_drafter("early-exit", depth=2, top_k=2, total_tokens=3, draft_layers=12)
             vocab = MicroSpecVocab(262144, always=gemma.eos_token_ids)
         else:
-            d = make_drafter(drafter, depth=2 if drafter == "early-exit" else None,
-                             num_layers_target=gemma.model.spec.num_layers)
+            d = make_drafter(drafter, depth=2 if drafter == "early-exit" else None, target=gemma.model)
         r = generate_ids(gemma.model, encode_prompt(gemma, prompt), GenerationConfig(max_new_tokens=AR_TOKENS),
                          gemma.eos_token_ids, drafter=d, vocab=vocab)
         assert r.token_ids == gemma_ar[prompt]
@@ -133,13 +154,13 @@ def test_gemma_speculative_greedy_identity(gemma, gemma_ar, drafter):
 
 
 @pytest.mark.parametrize("policy", ["fr-spec", "microspec-device-indexed", "microspec-position-aware"])
-def test_gemma_every_policy_is_lossless(gemma, gemma_ar, policy):
+def test_gemma_every_policy_is_lossless(gemma_gguf, gemma_ar, policy):
     """The other policies (and MicroSpec's other backend and gather) on the real 262k vocabulary, one prompt."""
-    from microspec.drafters import make_drafter
-    from microspec.vocab import MicroSpecVocab, PositionAware, StaticShortlist
+    from microspec.compose import make_drafter
     from microspec.training.token_maps import count_tokens, token_map_from_counts
+    from microspec.vocab import MicroSpecVocab, PositionAware, StaticShortlist
 
-    prompt = SPEC_PROMPTS[1]
+    gemma, prompt = gemma_gguf, SPEC_PROMPTS[1]
     if policy == "fr-spec":  # a deliberately small shortlist from unrelated text: drafts miss often, output same
         text = ["Rain falls on the hills and runs to the sea; the sun warms the sea and the air carries it back."]
         vocab = StaticShortlist(token_map_from_counts(count_tokens(gemma.tokenizer, text, 262144)), 64,
@@ -156,26 +177,25 @@ def test_gemma_every_policy_is_lossless(gemma, gemma_ar, policy):
     assert 0 <= st["coverage"] <= 1 and st["active_vocab_max"] <= (1024 if "position" in policy else 3073)
 
 
-def test_gemma_shipped_eagle_head_out_of_the_box(gemma, gemma_ar):
+def test_gemma_shipped_eagle_head_out_of_the_box(gemma_gguf, gemma_ar):
     """`microspec generate --drafter eagle` on the default model takes the head that ships in the package, returns
     the autoregressive greedy tokens, and the trained head is accepted far more often than chance."""
-    from microspec.models.registry import shipped_eagle_head
-
     from microspec.api import generate
+    from microspec.models.registry import shipped_eagle_head
 
     assert shipped_eagle_head("gemma-3-270m") is not None, "the trained Gemma 3 270M head must ship in the package"
     taus = []
     for i, prompt in enumerate(SPEC_PROMPTS):  # the command once (a process loads the model), the library after
         if i == 0:
-            proc = subprocess.run([sys.executable, "-m", "microspec", "generate", "--prompt", prompt, "--dtype",
-                                   "fp32", "--drafter", "eagle", "--max-new-tokens", str(AR_TOKENS), "--json"],
+            proc = subprocess.run([sys.executable, "-m", "microspec", "generate", "--prompt", prompt, "--drafter",
+                                   "eagle", "--max-new-tokens", str(AR_TOKENS), "--json"],
                                   capture_output=True, text=True, timeout=600)
             assert proc.returncode == 0, proc.stderr
             obj = json.loads(proc.stdout)
-            assert (obj["drafter"], obj["vocab"]) == ("eagle", "full")
+            assert (obj["drafter"], obj["vocab"], obj["dtype"]) == ("eagle", "full", "gguf")
             tokens, tau = obj["token_ids"], obj["stats"]["mean_accept_len"]
         else:
-            res = generate(gemma, prompt, method="eagle-full", max_new_tokens=AR_TOKENS)
+            res = generate(gemma_gguf, prompt, method="eagle-full", max_new_tokens=AR_TOKENS)
             tokens, tau = res.token_ids, res.stats.mean_accept_len
         assert tokens == gemma_ar[prompt]
         taus.append(tau)
@@ -200,13 +220,14 @@ def test_gemma_generate_speculates_by_default():
 
 
 @pytest.mark.parametrize("policy", ["dynaspec", "specvocab", "coral"])
-def test_gemma_shipped_trained_policy_is_lossless(gemma, gemma_ar, policy):
+def test_gemma_shipped_trained_policy_is_lossless(gemma_gguf, gemma_ar, policy):
     """The trained policies that ship beside the head load as the defaults and keep the shipped head lossless on the
     real vocabulary, with shortlists far smaller than it."""
+    from microspec.compose import Method, build_policy
     from microspec.drafters import EagleDrafter, EagleHead
     from microspec.models.registry import shipped_eagle_head, shipped_policy
-    from microspec.compose import Method, build_policy
 
+    gemma = gemma_gguf
     found = shipped_policy("gemma-3-270m", policy)
     assert found is not None, f"the Gemma 3 270M {policy} artifact must ship in the package"
     vocab = build_policy(Method(drafter="eagle", vocab=policy, artifact=str(found)), 262144, always=gemma.eos_token_ids)
@@ -219,23 +240,23 @@ def test_gemma_shipped_trained_policy_is_lossless(gemma, gemma_ar, policy):
     assert 0 < st["active_vocab_mean"] < 262144 / 4 and st["mean_accept_len"] > 1.0, st
 
 
-def test_gemma_eagle_and_separate_draft_model_plumbing(gemma, gemma_ar, tmp_path):
+def test_gemma_eagle_and_separate_draft_model_plumbing(gemma_gguf, gemma_ar, tmp_path):
     """On the real 262k-vocabulary model: an EAGLE head in the official layout (random weights) and a separate
-    draft model (Gemma's own first two layers as a standalone model) stay lossless."""
+    draft model (Gemma's own first two layers, packed as the target's, as a standalone model) stay lossless."""
+    from dataclasses import replace
+
     from microspec.drafters import DraftModelDrafter, EagleDrafter, EagleHead
     from microspec.models.native import NativeCausalLM
-    from conftest import official_checkpoint
+    from support import official_checkpoint
 
+    gemma = gemma_gguf
     path, _, _ = official_checkpoint(tmp_path / "eagle", d=640, heads=4, kv=1, inter=1024, vocab=262144)
     head = EagleHead.load(path)
     spec = gemma.model.spec
-    from dataclasses import replace
-
     small_spec = replace(spec, num_layers=2, layer_windows=spec.layer_windows[:2], layer_rope=spec.layer_rope[:2])
     small = NativeCausalLM(small_spec, gemma.model._rope)
-    state = {k: v for k, v in gemma.model.state_dict().items()
-             if not k.startswith("model.layers.") or int(k.split(".")[2]) < 2}
-    small.load_hf_state_dict(state)
+    body, target = small.model, gemma.model.model  # the target's own modules: embedding, first layers, final norm
+    body.embed_tokens, body.layers, body.norm = target.embed_tokens, torch.nn.ModuleList(target.layers[:2]), target.norm
     prompt = SPEC_PROMPTS[0]
     for d in (EagleDrafter(head, depth=2, top_k=2, total_tokens=3), DraftModelDrafter(small.eval(), depth=2)):
         r = generate_ids(gemma.model, encode_prompt(gemma, prompt), GenerationConfig(max_new_tokens=AR_TOKENS),
@@ -243,7 +264,7 @@ def test_gemma_eagle_and_separate_draft_model_plumbing(gemma, gemma_ar, tmp_path
         assert r.token_ids == gemma_ar[prompt]
 
 
-def test_gemma_shipped_fr_spec_map_is_the_default_and_lossless(gemma, gemma_ar):
+def test_gemma_shipped_fr_spec_map_is_the_default_and_lossless(gemma_gguf, gemma_ar):
     """`--vocab fr-spec` / method fr-spec-K work out of the box on the default model: the shipped map (SGLang's
     format, 32k ids from training-side corpora) is taken, and the shortlisted drafts keep the output exact."""
     from microspec.api import generate
@@ -255,28 +276,13 @@ def test_gemma_shipped_fr_spec_map_is_the_default_and_lossless(gemma, gemma_ar):
     assert path is not None, "the Gemma 3 270M FR-Spec map must ship in the package"
     token_map = load_token_map(path, 262144)
     assert len(token_map) == 32768 and len(set(token_map)) == 32768
-    engine = build("fr-spec-16k", gemma)
+    engine = build("fr-spec-16k", gemma_gguf)
     assert engine.method.artifact == str(path)
     prompt = SPEC_PROMPTS[0]
-    res = generate(gemma, prompt, method=engine, max_new_tokens=AR_TOKENS)
+    res = generate(gemma_gguf, prompt, method=engine, max_new_tokens=AR_TOKENS)
     assert res.token_ids == gemma_ar[prompt]
     st = res.stats.to_dict()
     assert 16384 <= st["active_vocab_max"] <= 16384 + 300  # the shortlist plus EOS and special ids
-
-
-def test_gemma_drafts_under_processors_keep_the_output_exact(gemma):
-    """Drafts scored under the repetition penalty and no-repeat-n-gram (the README's decoding) still give the
-    target's own greedy tokens on the real vocabulary, for the shipped head with the full and MicroSpec
-    vocabularies and the shipped FR-Spec shortlist."""
-    from microspec.api import generate
-
-    cfg = GenerationConfig(max_new_tokens=40, repetition_penalty=1.2, no_repeat_ngram_size=3)
-    prompt = SPEC_PROMPTS[1]
-    ref = generate(gemma, prompt, cfg).token_ids
-    for method in ("eagle-full", "microspec", "fr-spec-16k"):
-        res = generate(gemma, prompt, cfg, method=method)
-        assert res.token_ids == ref, method
-        assert res.stats.mean_accept_len > 1.0, method  # drafts were accepted, not only bonus tokens
 
 
 # ------------------------------------------------------------------------------ GGUF weights kept packed
@@ -303,11 +309,6 @@ def test_gguf_weights_match_the_dequantized_reference(gemma, name):
         assert float((got - ref).abs().max()) / scale < tol, weights
         agree = float((got.argmax(-1) == ref.argmax(-1)).float().mean())
         assert agree >= (1.0 if weights == "gguf-f32" else 0.9), (weights, agree)
-
-
-@pytest.fixture(scope="module")
-def gemma_gguf():
-    return load_model("gemma-3-270m", dtype="gguf")
 
 
 def test_gemma_gguf_speculation_is_bit_identical_for_every_drafter_and_policy(gemma_gguf):

@@ -7,13 +7,13 @@ import pytest
 import torch
 from scipy.stats import chi2 as chi2_dist
 
-from conftest import VOCAB, eagle3_checkpoint, official_checkpoint, tiny_pair
+from support import VOCAB, eagle3_checkpoint, official_checkpoint, tiny_pair
 from microspec.decoding import GenerationConfig, generate_ids
 from microspec.decoding.tree import DraftTree
 from microspec.drafters import Eagle3Drafter, Eagle3Head, EagleDrafter, EagleHead, EarlyExitDrafter, NGramDrafter
 from microspec.drafters.base import DraftContext, Drafter
 from microspec.drafters.lookup_first import LookupFirst
-from microspec.drafters.portfolio import Portfolio
+from microspec.auto import Portfolio
 from microspec.drafters.suffix import ResponseCache, SuffixDrafter
 
 PROMPT = [1, 10, 20, 30, 11, 21, 10, 20]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import re
 import socket
 import subprocess
@@ -15,110 +14,13 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import write_tiny_model_dir
+from support import CHAT_TEMPLATE, METHOD, Server, model_dir_with_chat_template
 
 openai = pytest.importorskip("openai")
 
-METHOD = ["--drafter", "early-exit", "--vocab", "microspec"]
-CHAT_TEMPLATE = ("{% for m in messages %}<bos> {{ m['role'] }} {{ m['content'] }} {% endfor %}"
-                 "{% if add_generation_prompt %}<bos> assistant {% endif %}")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _model_dir(path: Path, template: str = CHAT_TEMPLATE, **overrides) -> Path:
-    """The tiny llama of conftest with a chat template."""
-    d = write_tiny_model_dir(path, **overrides)
-    cfg = json.loads((d / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = template
-    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
-    return d
-
-
-class Server:
-    def __init__(self, model: Path | str, *extra: str, log_dir: Path | None = None, api_key: str | None = None):
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.api_key = api_key
-        self.log = open((log_dir or Path(model).parent) / f"server-{self.port}.log", "w+")  # noqa: SIM115
-        key = ["--api-key", api_key] if api_key else []
-        env = {k: v for k, v in os.environ.items() if k != "MICROSPEC_API_KEY"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "microspec", "serve", "--model", str(model), "--port",
-                                      str(self.port), *key, *extra], stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**env, "PYTHONUNBUFFERED": "1"})
-        deadline = time.time() + 180
-        while time.time() < deadline:
-            assert self.proc.poll() is None, f"the server died: {self.output()}"
-            try:
-                if self.get("/health")[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.3)
-        raise AssertionError(f"the server did not come up: {self.output()}")
-
-    def output(self) -> str:
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
-
-    def client(self):
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=self.api_key or "unused", max_retries=0, timeout=120)
-
-    def headers(self, extra: dict | None = None) -> dict:
-        """JSON and the API key, updated with ``extra`` (a None value drops a header)."""
-        h = {"Content-Type": "application/json"}
-        if self.api_key:
-            h["Authorization"] = f"Bearer {self.api_key}"
-        h.update(extra or {})
-        return {k: v for k, v in h.items() if v is not None}
-
-    def request(self, method: str, path: str, body: bytes | None = None, timeout: float = 60,
-                headers: dict | None = None):
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        conn.request(method, path, body=body, headers=self.headers(headers))
-        r = conn.getresponse()
-        data = r.read()
-        conn.close()
-        return r.status, data
-
-    def get(self, path: str):
-        return self.request("GET", path, timeout=5)
-
-    def post(self, path: str, obj, headers: dict | None = None) -> tuple[int, dict]:
-        status, data = self.request("POST", path, obj if isinstance(obj, bytes) else json.dumps(obj).encode(),
-                                    headers=headers)
-        return status, json.loads(data)
-
-    def events(self, path: str, obj) -> list:
-        """The server-sent events of a streamed request: JSON objects, then "[DONE]"."""
-        status, data = self.request("POST", path, json.dumps(obj).encode())
-        assert status == 200, data
-        lines = [line for line in data.decode().split("\n\n") if line]
-        assert all(line.startswith("data: ") for line in lines), lines
-        return [line[6:] if line == "data: [DONE]" else json.loads(line[6:]) for line in lines]
-
-    def metric(self, name: str) -> float:
-        text = self.get("/metrics")[1].decode()
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith(name + "{"))
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
-
-
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> Path:
-    return _model_dir(tmp_path_factory.mktemp("serve") / "tiny")
+    return model_dir_with_chat_template(tmp_path_factory.mktemp("serve") / "tiny")
 
 
 @pytest.fixture(scope="module")
@@ -361,7 +263,7 @@ def long_server(tmp_path_factory):
     """A model with a long context (long generations to interrupt), one request decoded at a time, a queue of one
     and a short timeout."""
     refusing = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('no system messages') }}{% endif %}"
-    d = _model_dir(tmp_path_factory.mktemp("serve-long") / "long", refusing + CHAT_TEMPLATE,
+    d = model_dir_with_chat_template(tmp_path_factory.mktemp("serve-long") / "long", refusing + CHAT_TEMPLATE,
                    max_position_embeddings=8192)
     s = Server(d, "--max-queue", "1", "--max-num-seqs", "1", "--request-timeout", "3")
     yield s

@@ -13,7 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from test_serve import METHOD, Server, _free_port, _model_dir
+from support import METHOD, Server, free_port, model_dir_with_chat_template
 
 KEY = "sk-test-0123456789"
 CAP = 64 * 1024  # --max-body-bytes
@@ -22,7 +22,7 @@ MAX_TOKENS, MAX_MODEL_LEN = 200, 300
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    d = _model_dir(tmp_path_factory.mktemp("serve-faults") / "tiny", max_position_embeddings=512)
+    d = model_dir_with_chat_template(tmp_path_factory.mktemp("serve-faults") / "tiny", max_position_embeddings=512)
     s = Server(d, *METHOD, "--max-body-bytes", str(CAP), "--max-tokens", str(MAX_TOKENS), "--max-model-len",
                str(MAX_MODEL_LEN), "--max-num-seqs", "1", "--shutdown-timeout", "30", api_key=KEY)
     yield s
@@ -296,7 +296,7 @@ def test_port_in_use_is_reported_before_the_model_loads(capsys):
         assert main(["serve", "--model", "/nonexistent", "--port", str(port)]) == 2  # the model is never looked at
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"cannot serve on 127.0.0.1:{port}" in err and "in use" in err, err
-    assert main(["serve", "--model", "/nonexistent", "--host", "256.1.2.3", "--port", str(_free_port())]) == 2
+    assert main(["serve", "--model", "/nonexistent", "--host", "256.1.2.3", "--port", str(free_port())]) == 2
     assert "cannot serve on 256.1.2.3" in capsys.readouterr().err
 
 

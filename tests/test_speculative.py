@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from conftest import VOCAB, tiny_pair
+from support import VOCAB, tiny_pair
 from microspec.decoding import GenerationConfig, generate_ids
 from microspec.decoding.tree import DraftTree
 from microspec.decoding.verify import HEAD_MODES
@@ -288,15 +288,23 @@ def test_auto_tree_size_model_and_choice():
 
 
 def test_tree_defaults_per_device():
-    from microspec.drafters import TREE_DEFAULTS, tree_defaults
+    """Each drafter's spec says its shape on each device kind; the method's settings win where given."""
+    from microspec.drafters import TREES, spec
+    from microspec.method import Method
 
-    assert tree_defaults("eagle", "cuda", None, None, None) == (6, 10, 59)  # EAGLE-2: 60 with the root
-    assert tree_defaults("eagle", "cpu", None, None, None) == tuple(TREE_DEFAULTS["cpu"].values())
-    assert tree_defaults("eagle", "cpu-gguf", None, None, None) == (1, 1, 1)  # packed GGUF target: one token
-    assert tree_defaults("early-exit", "cpu", None, None, None) == (None, None, None)  # a chain
-    assert tree_defaults("early-exit", "cuda", 3, None, None) == (3, 10, 59)
-    assert tree_defaults("eagle", "cpu", 5, 3, None) == (5, 3, 15)
-    assert tree_defaults("ngram", "cuda", None, None, None) == (10, None, None)  # a draft length only
+    def shape(name, kind, **options):
+        out = spec(name).shape(kind, Method(drafter=name, **options))
+        return tuple(out.get(k) for k in ("depth", "top_k", "total_tokens"))
+
+    assert shape("eagle", "cuda") == (6, 10, 59)  # EAGLE-2: 60 with the root
+    assert shape("eagle", "cpu") == tuple(TREES["cpu"].values())
+    assert shape("eagle", "cpu-gguf") == (1, 1, 1)  # packed GGUF target: one token
+    assert shape("early-exit", "cpu") == (None, None, None)  # a chain
+    assert shape("early-exit", "cuda", depth=3) == (3, 10, 59)
+    assert shape("eagle", "cpu", depth=5, top_k=3) == (5, 3, 15)
+    assert shape("ngram", "cuda") == (10, None, None)  # a draft length only
+    assert spec("early-exit").shape("cpu", Method(drafter="early-exit", draft_layers=2))["draft_layers"] == 2
+    assert spec("none").shape is None
 
 
 def test_coverage_asks_only_for_drafted_depths():
@@ -361,7 +369,7 @@ def test_adaptive_steps_follow_the_measured_rates():
 
 
 def test_batch_depth_measures_each_cap_per_batch_size_and_keeps_the_fastest():
-    from microspec.decoding.adaptive import BatchDepth
+    from microspec.auto import BatchDepth
 
     b = BatchDepth(caps=(0, 2, 4), window=4, warmup=2, probe=10, probe_steps=3)
     assert b.depth(1) is None  # a lone request drafts as its method says

@@ -9,9 +9,9 @@ from collections import Counter
 
 import pytest
 
-from conftest import tiny_pair
+from support import tiny_pair
 from microspec.decoding import GenerationConfig, generate_ids
-from microspec.drafters import make_drafter
+from microspec.compose import make_drafter
 from microspec.drafters.suffix import ResponseCache, SuffixDrafter, SuffixTrie
 
 PROMPT = [1, 10, 20, 30, 11, 21, 31, 12, 10, 20, 30, 11, 21, 31, 12, 10, 20]

@@ -13,10 +13,10 @@ import time
 
 import pytest
 import torch
-from conftest import tiny_pair
+from support import tiny_pair
 
 from microspec.decoding import GenerationConfig, generate_ids, stats
-from microspec.drafters import make_drafter
+from microspec.compose import make_drafter
 from microspec.vocab import MicroSpecVocab
 
 PROMPT = [1, 10, 20, 30, 11, 21, 31, 12, 10, 20, 30]

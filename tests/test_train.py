@@ -102,7 +102,7 @@ def test_training_prompt_formats(tmp_path):
 def test_seen_vocabulary_cross_entropy(tmp_path):
     """--ce-vocab seen keeps exactly the ids of the data (plus EOS); when the data holds every id it is the full
     cross-entropy, loss and gradient alike."""
-    from conftest import VOCAB, tiny_pair
+    from support import VOCAB, tiny_pair
     from microspec.training.eagle import TrainConfig, Trainer, new_head
 
     _, model = tiny_pair("llama", seed=1)
@@ -152,7 +152,7 @@ def test_one_at_a_time_answers_go_through_the_capture_stage(capsys, tmp_path, ti
 
 def test_loss_positions(tmp_path):
     """--loss-on answer trains the predictions of answer tokens only; all trains every position."""
-    from conftest import tiny_pair
+    from support import tiny_pair
     from microspec.training.eagle import TrainConfig, Trainer, new_head
 
     _, model = tiny_pair("llama", seed=1)
@@ -183,7 +183,7 @@ def test_train_init_starts_from_an_existing_head(capsys, trained, tmp_path):
     assert rc == 0, err
     again = torch.load(out2 / "checkpoint.pt", weights_only=False)["history"]
     assert again[0]["loss"] < 0.8 * first[0]["loss"]
-    from conftest import official_checkpoint
+    from support import official_checkpoint
 
     wide, _, _ = official_checkpoint(tmp_path / "wide", d=32)
     rc, _, err = _run(capsys, *more[:-4], "--init", wide)
@@ -193,7 +193,7 @@ def test_train_init_starts_from_an_existing_head(capsys, trained, tmp_path):
 def test_batched_training_equals_sequence_by_sequence(tmp_path):
     """Micro-batches are exact: the head over right-padded sequences gives each sequence's own outputs, and a
     batch's loss and gradient are those of its sequences summed (token-weighted)."""
-    from conftest import tiny_pair
+    from support import tiny_pair
     from microspec.drafters.eagle import eagle_forward_reference
     from microspec.training.eagle import TrainConfig, Trainer, new_head
 
@@ -230,7 +230,7 @@ def test_batched_training_equals_sequence_by_sequence(tmp_path):
 
 
 def test_micro_batches_cover_every_sequence_within_the_budget(tmp_path):
-    from conftest import tiny_pair
+    from support import tiny_pair
     from microspec.training.eagle import TrainConfig, Trainer, new_head
 
     _, model = tiny_pair("llama", seed=1)
@@ -332,7 +332,7 @@ def test_penalty_loss_is_the_draft_acceptance_under_the_penalty(tmp_path, ce_voc
     penalty trains exactly as without the option; a batch mixing both is the sum of its sequences."""
     from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
-    from conftest import tiny_pair
+    from support import tiny_pair
     from microspec.drafters.eagle import eagle_forward_reference
     from microspec.training.eagle import TrainConfig, Trainer, new_head
 
@@ -386,14 +386,9 @@ def test_penalty_loss_is_the_draft_acceptance_under_the_penalty(tmp_path, ce_voc
 
 # ------------------------------------------------------------------------------------ GGUF without the gguf package
 def _gpu_train():
-    import importlib.util
-    from pathlib import Path
+    from support import ROOT, load_script
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_train.py"
-    spec = importlib.util.spec_from_file_location("gpu_train", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "benchmarks" / "gpu_train.py")
 
 
 def test_dense_reader_dequantizes_every_type_as_gguf_does():
@@ -427,7 +422,7 @@ def test_dense_reader_dequantizes_every_type_as_gguf_does():
 def test_dense_state_dict_undoes_the_gguf_conventions(tmp_path, family):
     """A model written as a GGUF file the way llama.cpp writes it (llama: query/key rows permuted; Gemma: norms as
     1 + w) reads back as its Hugging Face state dict."""
-    from conftest import tiny_hf_model
+    from support import tiny_hf_model
     from microspec.models.gguf import dense_name, dense_state_dict
     from microspec.models.spec import spec_from_config
 

@@ -60,7 +60,7 @@ def test_position_aware_cluster_budget_schedule():
 
 @pytest.fixture(scope="module")
 def trained_router(tmp_path_factory, tiny_model_dir):
-    from conftest import official_checkpoint
+    from support import official_checkpoint
 
     tmp = tmp_path_factory.mktemp("dyn")
     prompts = tmp / "prompts.txt"

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from conftest import VOCAB, official_checkpoint, tiny_pair
+from support import VOCAB, official_checkpoint, tiny_pair
 from microspec.decoding import GenerationConfig, generate_ids
 from microspec.drafters import EagleDrafter, EagleHead, EarlyExitDrafter
 from microspec.errors import MicrospecError

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 
 import torch
 
 from microspec import load_model
+from microspec.bench import run_meta
 from microspec.decoding import GenerationConfig, generate_ids
 
 PROMPT = "Write a short story about a robot who learns to paint. Once upon a time,"
@@ -86,9 +86,8 @@ def main() -> None:
             best = rate if best is None else max(best, rate)
         ref = ref or toks
         results[name] = {"decode_tokens_per_s": round(best, 2), "same_tokens_as_microspec": toks == ref}
-    print(json.dumps({"model": lm.name, "dtype": args.dtype, "threads": args.threads, "new_tokens": n,
-                      "prompt_tokens": len(ids), "machine": platform.processor() or platform.machine(),
-                      "results": results}, indent=2))
+    print(json.dumps(run_meta(model=lm.name, dtype=args.dtype, threads=args.threads, new_tokens=n,
+                              prompt_tokens=len(ids), results=results), indent=2))
 
 
 if __name__ == "__main__":

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 
 import torch
+
+from microspec.bench import run_meta
 
 
 def read_bandwidth(mib: int, threads: int, repeats: int = 10) -> float:
@@ -42,8 +43,7 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="also write the results to this file")
     args = ap.parse_args()
     counts = args.threads or sorted({1, torch.get_num_threads()})
-    results = {"machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
-               "date": time.strftime("%Y-%m-%d"), "mib": args.mib, "read_gb_s": {}}
+    results = run_meta(mib=args.mib, read_gb_s={})
     for n in counts:
         gbs = read_bandwidth(args.mib, n, args.repeats)
         results["read_gb_s"][str(n)] = round(gbs, 2)

@@ -6,7 +6,7 @@
 ``--requests`` greedy requests (the prompts of ``serve_load.py``, cycled; every answer ``--max-new-tokens`` long)
 go through a queue with at most N running, as ``microspec serve`` runs them: a newcomer is prefilled at a step
 boundary, then every running request takes one step per ``step_many`` call.  ``--depth``: the depth cap of a batch
-of several (``auto``: :class:`~microspec.decoding.adaptive.BatchDepth`, as the server does; a number: fixed).
+of several (``auto``: :class:`~microspec.auto.BatchDepth`, as the server does; a number: fixed).
 Prints generated tokens/s per level and its ratio to one request at a time, and checks that every answer equals the
 request decoded alone (``same``).  The server's numbers (``serve_load.py``) add HTTP, tokenization and the clients'
 own CPU time on the same cores.
@@ -15,20 +15,16 @@ own CPU time on the same cores.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+from serve_load import PROMPTS  # this folder's (a script's folder is on its path)
 
-from serve_load import PROMPTS  # noqa: E402
-
-from microspec.compose import build  # noqa: E402
-from microspec.decoding import GenerationConfig  # noqa: E402
-from microspec.decoding.adaptive import BatchDepth  # noqa: E402
-from microspec.decoding.loop import step_many  # noqa: E402
-from microspec.models.registry import load_model  # noqa: E402
-from microspec.prompts import encode_prompt  # noqa: E402
+from microspec.auto import BatchDepth
+from microspec.compose import build
+from microspec.decoding import GenerationConfig
+from microspec.decoding.loop import step_many
+from microspec.models.registry import load_model
+from microspec.prompts import encode_prompt
 
 
 def main() -> None:

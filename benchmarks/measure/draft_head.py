@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
-from datetime import date
 
 import torch
 
 from microspec import load_model
 from microspec.api import encode_prompt
+from microspec.bench import run_meta
 from microspec.bench_data import first_per_category, read_records
 from microspec.compose import Method, build
 from microspec.decoding import GenerationConfig
@@ -159,8 +158,7 @@ def main() -> None:
     records = read_records(args.data)
     chosen = first_per_category(records, args.per_category)
     prompts = [r["prompt"] for r in chosen]
-    res = {"model": args.model, "dtype": args.dtype, "threads": args.threads, "date": str(date.today()),
-           "machine": f"{platform.machine()} {platform.processor() or ''} {torch.get_num_threads()} threads".strip(),
+    res = {**run_meta(model=args.model, dtype=args.dtype, threads=args.threads),
            "isolated": isolated(lm, max(prompts, key=len), args.rows, 300, args.repeats)}
     if not args.skip_generations:
         methods = {  # early-exit drafting (a chain on a CPU) with each vocabulary path

@@ -36,10 +36,10 @@ import json
 import platform
 import sys
 import time
-from datetime import date
 
 import torch
 
+from microspec.bench import run_meta
 from microspec.drafters.eagle import EagleHead, _layer_config
 from microspec.drafters.head import DraftHead
 from microspec.vocab import MicroSpecVocab, StaticShortlist
@@ -278,11 +278,11 @@ def main(argv=None) -> dict:
     syn.eagle.body.use_cuda_graphs(graphs)
     d, inter, heads, kv, head_dim, vocab = SHAPES[args.shape]
     result = {
-        "date": date.today().isoformat(), "shape": args.shape,
+        **run_meta(), "shape": args.shape,
         "shape_detail": {"hidden": d, "intermediate": inter, "heads": heads, "kv_heads": kv, "head_dim": head_dim,
                          "vocab": vocab},
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-        "torch": torch.__version__, "dtype": args.dtype, "rows": args.rows, "depth": args.depth,
+        "dtype": args.dtype, "rows": args.rows, "depth": args.depth,
         "context": args.context, "repeats": args.repeats,
         "graphs": graphs,
         "copy_gb_s": copy_gb_s(device, args.copy_mib, timer),

@@ -15,20 +15,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
-from datetime import date
 
 import torch
 
 from microspec import load_model
 from microspec.api import encode_prompt
+from microspec.bench import run_meta
 from microspec.bench_data import first_per_category, read_records
+from microspec.compose import make_drafter
 from microspec.decoding import GenerationConfig, generate_ids
-from microspec.drafters import TREE_DEFAULTS, load_eagle_head, make_drafter
+from microspec.drafters import TREES, load_eagle_head
 from microspec.models.registry import shipped_eagle_head
 
-TREES = {"eagle2": TREE_DEFAULTS["cuda"], "cpu": TREE_DEFAULTS["cpu"]}
+SHAPES = {"eagle2": TREES["cuda"], "cpu": TREES["cpu"]}
 
 
 def main() -> None:
@@ -64,7 +64,7 @@ def main() -> None:
         ids = encode_prompt(lm, rec["prompt"])
         ref = generate_ids(lm.model, ids, cfg, lm.eos_token_ids).token_ids
         for tree in trees:
-            shape = TREES[tree]
+            shape = SHAPES[tree]
             drafter = make_drafter("eagle", eagle_head=head, depth=shape["depth"], top_k=shape["top_k"],
                                    total_tokens=shape["total_tokens"])
             res = generate_ids(lm.model, ids, cfg, lm.eos_token_ids, drafter=drafter)
@@ -82,11 +82,10 @@ def main() -> None:
     def tau(c: dict) -> float:
         return round(c["tokens"] / c["steps"], 3) if c["steps"] else float("nan")
 
-    result = {"date": str(date.today()), "machine": f"{platform.machine()} {torch.get_num_threads()} threads",
-              "model": args.model, "dtype": args.dtype, "head": str(head_path), "max_new_tokens": args.max_new_tokens,
+    result = {**run_meta(), "model": args.model, "dtype": args.dtype, "head": str(head_path), "max_new_tokens": args.max_new_tokens,
               "repetition_penalty": args.repetition_penalty, "per_category": args.per_category,
               "data": args.data, "mismatches": mismatches, "wall_s": round(time.perf_counter() - t_start, 1),
-              "trees": {t: TREES[t] for t in trees}, "tau": {}}
+              "trees": {t: SHAPES[t] for t in trees}, "tau": {}}
     for tree in trees:
         cats = per[tree]
         allc = {"tokens": sum(c["tokens"] for c in cats.values()), "steps": sum(c["steps"] for c in cats.values())}

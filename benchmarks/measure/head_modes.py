@@ -14,7 +14,7 @@ from microspec import load_model
 from microspec.api import encode_prompt
 from microspec.decoding import GenerationConfig, generate_ids
 from microspec.decoding.verify import HEAD_MODES
-from microspec.drafters import make_drafter
+from microspec.compose import make_drafter
 
 PROMPTS = [
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"",
@@ -41,7 +41,7 @@ def main() -> None:
             outs = []
             for prompt in PROMPTS:
                 ids = encode_prompt(lm, prompt)
-                drafter = make_drafter(name, num_layers_target=lm.model.spec.num_layers)
+                drafter = make_drafter(name, target=lm.model)
                 generate_ids(lm.model, ids, GenerationConfig(max_new_tokens=4), lm.eos_token_ids,
                              drafter=drafter, head_mode=mode)  # warm-up
                 r = generate_ids(lm.model, ids, cfg, lm.eos_token_ids, drafter=drafter, head_mode=mode)

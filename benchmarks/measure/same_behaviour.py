@@ -32,17 +32,22 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 TIMING = {"achieved_gb_s", "wall_s", "prefill_s", "tokens_per_s", "decode_tokens_per_s", "draft_s", "verify_s",
-          "other_s", "head_s",
-          "vocab_s", "time_split", "wall_time", "date", "command", "torch", "transformers", "machine", "threads",
-          "speedup", "question_tokens_per_s", "oracle_tokens_per_s", "actual_over_oracle", "draft_share"}
+          "other_s", "head_s", "vocab_s", "time_split", "wall_time", "date", "command", "torch", "transformers",
+          "machine", "threads", "python", "speedup", "question_tokens_per_s", "oracle_tokens_per_s", "actual_over_oracle", "draft_share"}
 
 
 def setup(root: Path) -> dict:
     """Tiny model directories (llama and gemma3 families), an EAGLE checkpoint of their width, a token map, and a
     question file."""
-    sys.path.insert(0, str(HERE.parents[1] / "tests"))
+    import importlib.util
+
     import torch
-    from conftest import VOCAB, official_checkpoint, write_tiny_model_dir
+
+    spec = importlib.util.spec_from_file_location("support", HERE.parents[1] / "tests" / "support.py")
+    support = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(support)  # the tests' tiny-model builders
+    VOCAB, official_checkpoint, write_tiny_model_dir = (support.VOCAB, support.official_checkpoint,
+                                                        support.write_tiny_model_dir)
 
     out = {"llama": write_tiny_model_dir(root / "tiny-llama", "llama"),
            "gemma3": write_tiny_model_dir(root / "tiny-gemma3", "gemma3", seed=1)}

@@ -33,8 +33,9 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import date
 from urllib.parse import urlparse
+
+from microspec.bench import run_meta
 
 PROMPTS = ["The three laws of robotics are", "Write a haiku about the sea.", "def fibonacci(n):",
            "The capital of France is", "Explain photosynthesis in one sentence.", "1, 1, 2, 3, 5, 8,",
@@ -276,7 +277,7 @@ def main(argv=None) -> dict:
     for r in runs:
         r["speedup_vs_1_client"] = round(r["generated_tokens_per_s"] / base, 2) if base else None
     out = {
-        "date": date.today().isoformat(), "url": url, "serve_args": None if args.url else args.serve_args,
+        **run_meta(), "url": url, "serve_args": None if args.url else args.serve_args,
         "model": model, "requests_per_client": args.requests, "max_tokens": args.max_tokens,
         "temperature": args.temperature, "cancel_every": args.cancel_every, "levels": runs,
         "lost": sum(r["lost"] for r in runs), "short_behind_long": probe,

@@ -20,13 +20,12 @@ import json
 import subprocess
 import sys
 import time
-from datetime import date
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_load import Target, free_port  # noqa: E402
+from serve_load import Target, free_port  # this folder's (a script's folder is on its path)
 
-from microspec.bench_data import first_per_category, read_records  # noqa: E402
+from microspec.bench import run_meta
+from microspec.bench_data import first_per_category, read_records
 
 
 def complete(target: Target, model: str, prompt: str, max_tokens: int) -> dict:
@@ -122,7 +121,7 @@ def main(argv=None) -> dict:
                     r[f"vs_{base}"] = round(r["decode_tok_s"] / runs[base][i]["decode_tok_s"], 3)
             if ref is not None:
                 r["same_text_as_plain"] = texts[drafter][i] == ref[i]
-    out = {"date": date.today().isoformat(), "model": args.model, "data": args.data, "prompts": len(prompts),
+    out = {**run_meta(), "model": args.model, "data": args.data, "prompts": len(prompts),
            "max_tokens": args.max_tokens, "threads": args.threads,
            "rounds": ["every prompt once", "every prompt again (repeated requests)"], "drafters": runs}
     text = json.dumps(out, indent=1)

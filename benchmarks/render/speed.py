@@ -22,7 +22,7 @@ METHODS = {"auto": "`auto` (default)", "ngram": "prompt lookup", "suffix": "suff
 PEERS = {"llama-cpp", "llama-cpp-lookup", "vllm"}
 
 # The current runs.  Greedy runs 1 and 2 were made at commit 66aec15; two later commits changed `auto` and the EAGLE
-# drafter (decoding/online.py, drafters/portfolio.py, drafters/eagle.py) and nothing else the methods run, so for
+# drafter (auto/choice.py, auto/portfolio.py, drafters/eagle.py) and nothing else the methods run, so for
 # `auto` and the EAGLE-head methods only run 3 (at 1599f14) is current; the other methods keep all three greedy runs.
 # (table.json, written by benchmarks/measure/held_apart_table.py, pools greedy runs 1 and 2 only.)
 RUNS = {"greedy": ("run1", "run2", "run3"), "greedy-rp1.2": ("run1", "run2"), "T0.7": ("run1", "run2")}

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+from . import auto
 from .compose import AutoEngine, Engine, Method, build
 from .decoding.config import GenerationConfig
 from .decoding.loop import GenerationResult
@@ -32,7 +33,7 @@ def _auto_engine(lm: LoadedModel) -> AutoEngine:
     """The model's auto engine, made at its first use and kept on the model (it goes when the model goes)."""
     engine = lm.__dict__.get("_auto_engine")
     if engine is None:
-        engine = lm.__dict__["_auto_engine"] = AutoEngine.for_model(lm)
+        engine = lm.__dict__["_auto_engine"] = auto.engine(lm)
     return engine
 
 

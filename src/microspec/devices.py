@@ -1,7 +1,7 @@
 """What the device a model runs on decides by itself, defined once: its *kind* and its settings.
 
 The kind is what every per-device default is keyed by (each drafter's tree shape in its own spec,
-:class:`~microspec.options.DrafterSpec.defaults`; ``auto``'s starting estimates): ``cuda``, ``cpu``, or ``cpu-gguf``
+``DrafterSpec.shape``; an option's ``per_device`` defaults; ``auto``'s measured starts): ``cuda``, ``cpu``, or ``cpu-gguf``
 (a target whose GGUF blocks stay packed on a CPU, where a verify row costs a sizeable share of a plain step).  The
 settings are those a device applies whatever the method: on CUDA the verify pass and the draft levels replay as CUDA
 graphs (a small model's step is launch-bound there: eager decoding runs several times slower), so a model loaded on
@@ -18,22 +18,17 @@ DEVICE_KINDS = ("cuda", "cpu", "cpu-gguf")
 
 @dataclass(frozen=True)
 class DeviceSettings:
-    """A device kind's own settings: ``cuda_graphs``, whether the model replays CUDA graphs unless told otherwise;
-    ``prompt_topk_positions``, the prompt positions whose full-vocabulary top-k a vocabulary policy's prefill reads
-    when the method leaves it unset (None: every position)."""
+    """A device kind's own settings: ``cuda_graphs``, whether the model replays CUDA graphs unless told otherwise.
+    (A method option whose default depends on the device says so itself: ``Option.per_device``.)"""
 
     kind: str
     cuda_graphs: bool = False
-    prompt_topk_positions: int | None = None
 
 
-# no C_pre on a packed CPU target: the target's top-k at a prompt position costs a full-vocabulary head row, so with
-# every position the long-prompt categories (rag, summarization) ran below plain decoding, and fewer positions, down to
-# none, measured faster at about the same acceptance (BENCHMARKS.md)
 SETTINGS = {
     "cuda": DeviceSettings("cuda", cuda_graphs=True),
     "cpu": DeviceSettings("cpu"),
-    "cpu-gguf": DeviceSettings("cpu-gguf", prompt_topk_positions=0),
+    "cpu-gguf": DeviceSettings("cpu-gguf"),
 }
 
 

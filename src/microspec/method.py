@@ -28,9 +28,30 @@ from .vocab.position import budgets_of
 
 ARTIFACT = Option("artifact", help="the file or directory the policy reads (each policy's own flag on the command "
                                    "line: --freq-file, --vocabtrim-file, --dynaspec, --specvocab, --coral)")
-OPTIONS = {o.name: o for o in unique([drafters.COMMON_OPTIONS, [ARTIFACT],
-                                        *(s.options for s in drafters.SPECS.values()),
-                                        *(s.options for s in policies.SPECS.values())])}
+
+
+def _all_options() -> dict:
+    return {o.name: o for o in unique([drafters.COMMON_OPTIONS, [ARTIFACT], *(s.options for s in drafters.SPECS.values()),
+                                       *(s.options for s in policies.SPECS.values())])}
+
+
+class _Options(dict):
+    """Every method option by name, from the drafters' and policies' specs (again after a drafter is registered)."""
+
+    def __init__(self):
+        super().__init__()
+        self._of: tuple = ()
+
+    def fresh(self) -> "_Options":
+        key = (tuple(drafters.SPECS.values()), tuple(policies.SPECS.values()))
+        if key != self._of:
+            self.clear()
+            self.update(_all_options())
+            self._of = key
+        return self
+
+
+OPTIONS = _Options().fresh()
 _LOOKUP = re.compile(r"@lookup(\d*)$")
 _D2T = re.compile(r"@d2t-(\w+)$")
 
@@ -41,7 +62,7 @@ def _either(names: list[str]) -> str:
 
 def owners(option: str) -> str:
     """Who takes ``option``, as a user would say it (``--drafter early-exit``, ``--vocab microspec``)."""
-    ds = [n for n, s in drafters.SPECS.items() if s.takes(option) and n != "none"]  # none takes shapes to ignore
+    ds = [n for n, s in drafters.SPECS.items() if s.takes(option) and s.make is not None]  # plain: shapes ignored
     ps = [n for n, s in policies.SPECS.items() if s.takes(option)]
     return " and ".join(x for x in (ds and f"--drafter {_either(ds)}", ps and f"--vocab {_either(ps)}") if x)
 
@@ -50,7 +71,7 @@ class Method:
     """What decodes: ``drafter`` (``none``, ``ngram``, ``early-exit``, ``eagle``, ``model``), ``vocab`` (a policy of
     :mod:`microspec.vocab.registry`) and options by keyword (``Method(drafter="eagle", vocab="microspec",
     w_max=1024)``); an unset option reads as None (``adaptive`` as False) and means the owner's default — for the
-    tree, EAGLE-2's shape on CUDA and a small tree on a CPU (:func:`microspec.drafters.tree_defaults`).  ``draft``: the
+    tree, EAGLE-2's shape on CUDA and a small tree on a CPU (each drafter's ``shape``, :mod:`microspec.options`).  ``draft``: the
     EAGLE head directory (default: the one shipped for the model) or the draft model; ``artifact``: the file or
     directory the policy reads (default: the one shipped for the model, where one ships; ``freq_file=`` and
     ``router=`` are its earlier names).  Immutable and hashable."""
@@ -64,22 +85,33 @@ class Method:
                 if value is not None and options.get("artifact") not in (None, value):
                     raise MicrospecError(f"{older}= and artifact= name two different files")
                 options["artifact"] = value if value is not None else options.get("artifact")
-        unknown = sorted(set(options) - set(OPTIONS))
+        known = OPTIONS.fresh()
+        unknown = sorted(set(options) - set(known))
         if unknown:
-            raise MicrospecError(f"unknown method option {unknown[0]!r}; choose from {', '.join(sorted(OPTIONS))}")
+            raise MicrospecError(f"unknown method option {unknown[0]!r}; choose from {', '.join(sorted(known))}")
         opts = {}
-        for name in OPTIONS:  # one order whatever the caller's (reports list the options in it)
+        for name in known:  # one order whatever the caller's (reports list the options in it)
             value = options.get(name)
             if value is None or value is False:
                 continue
-            opts[name] = OPTIONS[name].normalise(value)
+            opts[name] = known[name].normalise(value)
         object.__setattr__(self, "drafter", drafter)
         object.__setattr__(self, "vocab", vocab)
         object.__setattr__(self, "_opts", opts)
         self._check()
 
+    @classmethod
+    def given(cls, drafter: str, **options: Any) -> "Method":
+        """A method of ``drafter`` with ``options`` as given, not checked against the specs (the drafter's own
+        constructor checks its invariants): what :func:`~microspec.resolve.make_drafter` hands a factory."""
+        out = object.__new__(cls)
+        object.__setattr__(out, "drafter", drafter)
+        object.__setattr__(out, "vocab", "full")
+        object.__setattr__(out, "_opts", {k: v for k, v in options.items() if v is not None})
+        return out
+
     def __getattr__(self, name: str) -> Any:
-        if name in OPTIONS:
+        if name in OPTIONS.fresh():
             value = self._opts.get(name)
             return bool(value) if OPTIONS[name].type is bool else value
         raise AttributeError(name)
@@ -118,13 +150,13 @@ class Method:
         p = policies.spec(self.vocab)
         if self.vocab != "full" and not d.head:
             raise MicrospecError(f"--vocab {self.vocab} needs a drafter with an LM head "
-                                 f"({_either(list(drafters.MODEL_DRAFTERS))})")
+                                 f"({_either(list(drafters.model_drafters()))})")
         for name, value in self._opts.items():
             if name == "artifact":
                 if p.artifact is None:
                     raise MicrospecError(f"--vocab {self.vocab} reads no file (artifact {value!r} given)")
                 continue
-            option = OPTIONS[name]
+            option = OPTIONS.fresh()[name]
             if option not in drafters.COMMON_OPTIONS and not d.takes(name) and not p.takes(name):
                 here = f"--drafter {self.drafter}" if any(s.takes(name) for s in drafters.SPECS.values()) \
                     else f"--vocab {self.vocab}"
@@ -154,14 +186,15 @@ class Method:
             if "lookup" in options:
                 raise MicrospecError(f"method {name!r}: @lookup given twice")
             return cls.parse(n[: m.start()], **{"lookup": int(m.group(1) or DEFAULT_LOOKUP), **options})
-        if n in drafters.ALIASES:
-            return cls(**{"drafter": drafters.ALIASES[n], **options})
+        named = drafters.aliases()
+        if n in named:
+            return cls(**{"drafter": named[n], **options})
         drafter, plus, vocab_text = n.partition("+")
         if not plus:
-            drafter, vocab_text = "eagle", n
-        elif drafter not in drafters.MODEL_DRAFTERS:
+            drafter, vocab_text = drafters.DEFAULT_HEAD, n
+        elif drafter not in drafters.model_drafters():
             raise MicrospecError(f"method {n!r}: a draft vocabulary needs a drafter with an LM head "
-                                 f"({_either(list(drafters.MODEL_DRAFTERS))}), not {drafter!r}")
+                                 f"({_either(list(drafters.model_drafters()))}), not {drafter!r}")
         fields = policies.parse_name(vocab_text, n)
         if fields is None:
             if plus:
@@ -178,16 +211,18 @@ class Method:
         art = policies.spec(self.vocab).artifact
         if self.artifact is not None or art is None or art.shipped is None:
             return self
-        if art.for_eagle_head_only and (self.drafter != "eagle" or self.draft is not None):
+        if art.for_eagle_head_only and (not drafters.spec(self.drafter).eagle_head or self.draft is not None):
             return self
         found = art.shipped(model)
         return self if found is None else self.replace(artifact=str(found))
 
     def for_model(self, model: str) -> "Method":
-        """Fill in what ships with built-in ``model``: its policy artifact (:meth:`with_shipped_artifacts`) and, for
-        the eagle drafter without ``draft``, its EAGLE head (an error when none ships)."""
+        """Fill in what ships with built-in ``model``: its policy artifact (:meth:`with_shipped_artifacts`) and, for a
+        drafter with an EAGLE head and no ``draft``, the head (an error when none ships)."""
         out = self.with_shipped_artifacts(model)
-        return out if out.drafter != "eagle" else out.replace(draft=eagle_head_path(out.draft, model))
+        if not drafters.spec(out.drafter).eagle_head:
+            return out
+        return out.replace(draft=eagle_head_path(out.draft, model))
 
     def check_artifacts(self) -> None:
         """The file or directory the policy reads exists."""

@@ -36,10 +36,17 @@ class Option:
     aliases: tuple[str, ...] = ()
     flag_name: str | None = None  # a flag other than --<name with dashes>
     convert: Callable[[Any], Any] | None = None  # normalises a given value (one line on a bad one)
+    # (device kind, value) pairs: what an unset option means on that kind of device (microspec.devices), where
+    # that differs from ``default``; the resolver (microspec.compose) fills them in
+    per_device: tuple[tuple[str, Any], ...] = ()
 
     @property
     def flag(self) -> str:
         return self.flag_name or "--" + self.name.replace("_", "-")
+
+    def device_default(self, kind: str) -> Any:
+        """What the option means unset on device kind ``kind`` (None: the owner's own default)."""
+        return dict(self.per_device).get(kind)
 
     def value(self, method) -> Any:
         """The option's value in ``method``, or its default when unset."""
@@ -85,6 +92,7 @@ class Artifact:
     made_by: str  # e.g. "`microspec freq`"
     shipped: Callable[[str], Path | None] | None = None
     for_eagle_head_only: bool = False
+    older_flag: str | None = None  # another artifact's flag read as this one's when this one's is not given
 
     @property
     def dest(self) -> str:
@@ -135,17 +143,28 @@ class PolicySpec:
 
 @dataclass(frozen=True)
 class DrafterSpec:
-    """A drafter as methods see it: its names (``aliases``: other method names for it), options, extra checks and
-    factory ``make(method, context)`` (``context``: what the loaded target provides — its layer count, the loaded
-    EAGLE head or draft model, the resolved tree)."""
+    """A drafter as methods see it: its names (``aliases``: other method names for it), options, extra checks, and
+    how it is built on a device.
+
+    - ``make(method, ctx)``: the drafter (None: plain decoding), from a
+      :class:`~microspec.drafters.base.BuildContext` (the loaded target, the device kind, the resolved
+      :attr:`shape`, the EAGLE head or draft model the method names);
+    - ``shape(kind, method)``: the settings the drafter is made with on device kind ``kind`` (``cuda``, ``cpu``,
+      ``cpu-gguf``; :mod:`microspec.devices`), the method's own where set, the drafter's defaults for that device
+      elsewhere (``depth``, ``top_k``, ``total_tokens``, and whatever else its factory reads);
+    - capabilities: ``head``, it runs a network with an LM head (so a draft vocabulary applies); ``eagle_head``, it
+      drafts with an EAGLE head (``method.draft``, else the one that ships for the model), loaded before the target
+      so that a bad head fails first."""
 
     name: str
     summary: str
     options: tuple[Option, ...] = ()
     aliases: tuple[str, ...] = ()
-    head: bool = False  # runs a network with an LM head (so a draft vocabulary applies)
+    head: bool = False
     check: Callable[[Any], None] | None = None
-    make: Callable[..., Any] | None = None
+    make: Callable[[Any, Any], Any] | None = None
+    shape: Callable[[str, Any], dict] | None = None
+    eagle_head: bool = False
 
     def takes(self, option: str) -> bool:
         return any(o.name == option for o in self.options)

@@ -102,14 +102,26 @@ def bench(lm, specs: list[MethodSpec], records: list[dict], decodings: list[Deco
     return results
 
 
-def default_meta(args_model: str, dtype: str, device: str) -> dict:
+def run_meta(command: str | None = None, **fields) -> dict:
+    """What every results file records of its run, written one way for ``microspec bench`` and every script under
+    ``benchmarks/``: the date and time (UTC), the machine (:func:`machine`), torch's threads, the Python, torch and
+    transformers versions, the command (default: this process's own, as typed) and the commit
+    (:func:`source_commit`), then ``fields``."""
+    import platform
+
     import torch
     import transformers
 
     return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
-            "device": device, "model": args_model, "dtype": dtype, "threads": torch.get_num_threads(),
-            "torch": torch.__version__, "transformers": transformers.__version__,
-            "command": " ".join(["microspec", *sys.argv[1:]]), **source_commit()}
+            "threads": torch.get_num_threads(), "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "command": command if command is not None else " ".join(["python", *sys.argv]), **source_commit(),
+            **fields}
+
+
+def default_meta(args_model: str, dtype: str, device: str) -> dict:
+    """:func:`run_meta` of a ``microspec bench`` run."""
+    return run_meta(" ".join(["microspec", *sys.argv[1:]]), device=device, model=args_model, dtype=dtype)
 
 
 def source_commit() -> dict:
@@ -129,5 +141,5 @@ def source_commit() -> dict:
     return {"commit": head.stdout.split()[1] + ("+dirty" if dirty else "")}
 
 
-__all__ = ["PROTOCOLS", "Decoding", "MethodSpec", "aggregate", "bench", "configure", "default_meta", "load_questions", "machine",
-           "mismatches", "parse_methods", "summarize"]
+__all__ = ["PROTOCOLS", "Decoding", "MethodSpec", "aggregate", "bench", "configure", "default_meta", "load_questions",
+           "machine", "mismatches", "parse_methods", "run_meta", "summarize"]

@@ -203,11 +203,12 @@ def run_analysis(lm, records: Sequence[dict], what: Sequence[str], out: Path, *,
     the path of analysis.md)."""
     from ..bench import Decoding, bench, configure, default_meta, parse_methods
     from ..compose import Method, build, load_heads
+    from ..drafters.registry import DEFAULT_HEAD
     from ..models.registry import parse_dtype
     from ..vocab.frequency import load_token_map
 
     out.mkdir(parents=True, exist_ok=True)
-    heads = load_heads([Method(drafter="eagle", draft=draft)], heads)
+    heads = load_heads([Method(drafter=DEFAULT_HEAD, draft=draft)], heads)
     dtype = str(lm.model.dtype).removeprefix("torch.")
     meta = {**default_meta(lm.name, (meta or {}).get("dtype", dtype), str(lm.model.device)), **(meta or {})}
     dec = Decoding(0.0, repetition_penalty)
@@ -240,10 +241,10 @@ def run_analysis(lm, records: Sequence[dict], what: Sequence[str], out: Path, *,
             results["repetition"] = analyze_repetition(methods)
     if "overlap" in what:
         tree_opts = dict(draft=draft, depth=depth, top_k=top_k, total_tokens=total)
-        engines = {"full": build(Method(drafter="eagle", **tree_opts), lm, heads),
-                   "microspec": build(Method(drafter="eagle", vocab="microspec", **tree_opts), lm, heads)}
+        engines = {"full": build(Method(drafter=DEFAULT_HEAD, **tree_opts), lm, heads),
+                   "microspec": build(Method(drafter=DEFAULT_HEAD, vocab="microspec", **tree_opts), lm, heads)}
         if freq_file:
-            engines["fr-spec-32k"] = build(Method(drafter="eagle", vocab="fr-spec", artifact=freq_file,
+            engines["fr-spec-32k"] = build(Method(drafter=DEFAULT_HEAD, vocab="fr-spec", artifact=freq_file,
                                                   shortlist_size="32k", **tree_opts), lm, heads)
         results["overlap"] = analyze_overlap(lm, heads[str(draft)], records, engines,
                                              dec.config(max_new_tokens, None), chat)

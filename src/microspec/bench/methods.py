@@ -5,7 +5,7 @@ Names (``--methods``):
 ``ar``                      autoregressive decoding on the engine's own hot path (the reference: speedups and the
                             lossless check are against it; always run, first)
 ``auto``                    the default: chosen per request by measured speed among plain decoding, prompt lookup,
-                            suffix decoding and the model's EAGLE head (:mod:`microspec.decoding.online`)
+                            suffix decoding and the model's EAGLE head (:mod:`microspec.auto`)
 ``ngram``                   n-gram prompt lookup
 ``early-exit``              self-drafting with the target's first layers
 ``eagle-full``              EAGLE-2: trained EAGLE head, dynamic tree, full-vocabulary draft head
@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ..drafters import registry as drafters
 from ..errors import MicrospecError
 from ..method import Method, method_names
 from ..vocab.registry import ARTIFACTS
@@ -93,7 +94,7 @@ def parse_method(name: str) -> MethodSpec:
                 raise MicrospecError(f"method {n!r}: {exc}; vllm-VOCAB takes one: vllm-eagle, vllm-fr-spec-32k, "
                                      "vllm-microspec, ...") from None
         return MethodSpec(n, "vllm", vllm_vocab=vocab)
-    if n == "auto":  # an engine method chosen online (compose.build_online), not one Method
+    if n == "auto":  # an engine method chosen online (microspec.auto), not one Method
         return MethodSpec(n, "engine")
     if n in PEERS:
         if n.startswith("llama-cpp"):
@@ -129,9 +130,9 @@ def parse_methods(text: str) -> list[MethodSpec]:
 def configure(specs: list[MethodSpec], model: str, *, depth: int | None = None, top_k: int | None = None,
               total_tokens: int | None = None, draft: str | None = None, head_mode: str | None = None,
               draft_layers: int | None = None, artifacts: dict[str, str | None] | None = None) -> list[MethodSpec]:
-    """The run's shared options given to every engine method that takes them: the tree (not to ``ngram``, which
-    drafts a chain of ``depth``; ``draft_layers`` to early-exit only), the EAGLE head ``draft`` (default: the one
-    shipped for ``model``), the verification ``head_mode``, and per policy the file or directory it reads
+    """The run's shared options given to every engine method whose drafter takes them (its spec's options: the tree,
+    or a chain's ``depth`` alone, ``draft_layers``), the EAGLE head ``draft`` to a drafter that drafts with one
+    (default: the one shipped for ``model``), the verification ``head_mode``, and per policy the file or directory it reads
     (``artifacts``: {policy: path}, from each policy's own flag; what ships with the model fills the others in,
     :meth:`~microspec.method.Method.with_shipped_artifacts`).  One clear error for a method whose artifact is
     missing."""
@@ -145,14 +146,11 @@ def configure(specs: list[MethodSpec], model: str, *, depth: int | None = None, 
             out.append(s)
             continue
         m, vocab = s.method, s.method.vocab
-        changes: dict = {"head_mode": head_mode}
-        if m.drafter == "ngram":
-            changes["depth"] = depth
-        elif m.drafter != "none":
-            changes.update(depth=depth, top_k=top_k, total_tokens=total_tokens)
-            if m.drafter == "early-exit":
-                changes["draft_layers"] = draft_layers
-        if m.drafter == "eagle":
+        d = drafters.spec(m.drafter)
+        shared = {"depth": depth, "top_k": top_k, "total_tokens": total_tokens, "draft_layers": draft_layers}
+        changes: dict = {"head_mode": head_mode,
+                         **{k: v for k, v in shared.items() if d.make is not None and d.takes(k)}}
+        if d.eagle_head:
             changes["draft"] = draft
         if vocab in ARTIFACTS:
             changes["artifact"] = files.get(vocab)

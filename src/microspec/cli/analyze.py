@@ -11,6 +11,7 @@ from ..bench import load_questions
 from ..bench.analyze import ANALYSES, DEFAULT_SIZES, DEFAULT_W
 from ..bench.metrics import lossless_verdict
 from ..compose import Method, eagle_head_path, load_heads, set_threads
+from ..drafters.registry import DEFAULT_HEAD
 from ..errors import MicrospecError
 from ..models.registry import load_model, shipped_token_map
 from ..vocab.frequency import parse_size
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     records = load_questions(split_list(args.data), args.categories, args.limit)
     set_threads(args.threads)
     draft = eagle_head_path(args.draft, args.model)
-    heads = load_heads([Method(drafter="eagle", draft=draft)])
+    heads = load_heads([Method(drafter=DEFAULT_HEAD, draft=draft)])
     lm = load_model(args.model, dtype=args.dtype, device=args.device)
     out = Path(args.out)
     results, path = an.run_analysis(

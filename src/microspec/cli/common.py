@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from ..auto import DECODING_KINDS, decoding_kind
-from ..compose import AutoEngine, Engine, build, load_heads, log_sizing, set_threads
+from ..auto import AutoEngine
+from ..compose import AUTO, Engine, EngineRequest, open_engine
 from ..decoding.config import GenerationConfig
 from ..decoding.verify import HEAD_MODE
 from ..drafters import registry as drafter_specs
@@ -14,8 +14,7 @@ from ..drafters.lookup_first import DEFAULT_LOOKUP
 from ..drafters.model_based import DEPTH, TOP_K, TOTAL_TOKENS
 from ..errors import MicrospecError
 from ..method import OPTIONS as METHOD_OPTIONS
-from ..method import Method
-from ..models.registry import BUILTINS, DEFAULT_MODEL, WEIGHTS, default_weights, load_model, shipped_eagle_head
+from ..models.registry import BUILTINS, DEFAULT_MODEL, WEIGHTS, default_weights
 from ..options import unique
 from ..vocab import registry as policy_specs
 
@@ -47,9 +46,7 @@ def add_model_args(p) -> None:
 
 def load_model_from_args(args: argparse.Namespace):
     """The model of ``--model``/``--weights``/``--device``/``--cuda-graphs``."""
-    graphs = getattr(args, "cuda_graphs", None)
-    return load_model(args.model, dtype=args.dtype, device=args.device,
-                      cuda_graphs=None if graphs is None else graphs == "on")
+    return EngineRequest(**_model_fields(args)).load()
 
 
 def resolve_weights(args: argparse.Namespace) -> None:
@@ -93,7 +90,7 @@ def add_tree_args(p, total_tokens_type=str) -> None:
 
 
 def add_drafter_args(p, default: str = "none") -> None:
-    names = ", ".join(f"{n} ({s.summary})" for n, s in drafter_specs.SPECS.items() if n != "none")
+    names = ", ".join(f"{n} ({s.summary})" for n, s in drafter_specs.SPECS.items() if s.make is not None)
     p.add_argument("--drafter", default=default,
                    help="auto (chosen per request and step by measured speed among plain decoding, prompt lookup, "
                         "suffix decoding and, for a model with an EAGLE head, the head with MicroSpec's vocabulary or "
@@ -130,9 +127,12 @@ def policy_artifact(args: argparse.Namespace, vocab: str) -> str | None:
     """The artifact flag of policy ``vocab`` (one clear line when another policy's flag was given instead).  Two
     older spellings are still read: ``--router`` for a trained policy's directory, and ``--freq-file`` for
     VocabTrim's token map."""
-    given = {name: getattr(args, art.dest, None) for name, art in policy_specs.ARTIFACTS.items()}
-    if vocab == "vocabtrim" and given["vocabtrim"] is None and given["fr-spec"] is not None:
-        given["vocabtrim"], given["fr-spec"] = given["fr-spec"], None
+    arts = policy_specs.ARTIFACTS
+    given = {name: getattr(args, art.dest, None) for name, art in arts.items()}
+    mine = arts.get(vocab)
+    older = next((n for n, a in arts.items() if mine is not None and a.flag == mine.older_flag), None)
+    if older is not None and given[vocab] is None and given[older] is not None:  # an older spelling of the flag
+        given[vocab], given[older] = given[older], None
     for name, value in given.items():
         if value is not None and name != vocab:
             raise MicrospecError(f"{policy_specs.ARTIFACTS[name].flag} applies to --vocab {name}, not --vocab {vocab}")
@@ -148,62 +148,39 @@ def policy_artifact(args: argparse.Namespace, vocab: str) -> str | None:
     return given.get(vocab)
 
 
-def method_from_args(args: argparse.Namespace) -> Method:
-    """The method the drafter and vocabulary arguments describe, validated, with what ships for ``--model`` filled
-    in (before any model is loaded)."""
-    options = {name: getattr(args, name, None) for name in METHOD_OPTIONS if name != "artifact"}
-    method = Method(drafter=args.drafter, vocab=args.vocab, artifact=policy_artifact(args, args.vocab), **options)
-    method = method.for_model(args.model)
-    method.check_artifacts()
-    return method
+def method_options(args: argparse.Namespace) -> dict:
+    """The method options the arguments set (None: unset), the policy's artifact among them; for ``--drafter auto``
+    those of its EAGLE arm (its vocabulary, head, tree and policy options) and of its lookup arms."""
+    options = {name: getattr(args, name, None) for name in METHOD_OPTIONS.fresh() if name != "artifact"}
+    if args.drafter == AUTO:  # the online choice decides step by step already
+        options.pop("adaptive", None)
+        if args.vocab != "full":
+            options["vocab"] = args.vocab
+    return {**{k: v for k, v in options.items() if v is not None and v is not False},
+            **({"artifact": art} if (art := policy_artifact(args, args.vocab)) is not None else {})}
 
 
-def auto_options(args: argparse.Namespace) -> dict:
-    """``--drafter auto``: what the user also said, for :func:`~microspec.compose.build_online` (the EAGLE arms'
-    vocabulary, head, tree and policy options; prompt lookup first's shortest match)."""
-    options = {name: getattr(args, name, None) for name in METHOD_OPTIONS if name not in ("artifact", "adaptive")}
-    options = {k: v for k, v in options.items() if v is not None}
-    if args.vocab != "full":
-        options["vocab"] = args.vocab
-        art = policy_artifact(args, args.vocab)
-        if art is not None:
-            options["artifact"] = art
-    return options
+def request_from_args(args: argparse.Namespace) -> EngineRequest:
+    """What the arguments ask to decode with (nothing loaded or built here)."""
+    return EngineRequest(args.drafter, "full" if args.drafter == AUTO else args.vocab, method_options(args),
+                         **_model_fields(args))
+
+
+def _model_fields(args: argparse.Namespace) -> dict:
+    """The model and how to load it, as :class:`~microspec.compose.EngineRequest` takes them."""
+    graphs = getattr(args, "cuda_graphs", None)
+    return {"model": args.model, "weights": args.dtype, "device": args.device,
+            "cuda_graphs": None if graphs is None else graphs == "on", "threads": args.threads}
 
 
 def engine_from_args(args: argparse.Namespace,
                      per_request: bool = False) -> tuple[GenerationConfig | None, "Engine | AutoEngine"]:
-    """What ``generate``, ``coverage`` and ``serve`` decode with: ``--threads`` applied, the decoding configuration
-    and the method checked, the EAGLE head loaded before the target, then the method built for the loaded model.
-    ``--drafter auto``: an :class:`~microspec.compose.AutoEngine`, which chooses per request (and per decoding kind)
-    by measured speed; its EAGLE arms' method is checked and their head loaded first too.  ``per_request``: the
-    decoding is each request's own, unknown here (a server's: no configuration, every kind's engine built now)."""
-    set_threads(args.threads)
+    """What ``generate``, ``coverage`` and ``serve`` decode with: the decoding configuration and the request read off
+    the arguments, then :func:`microspec.compose.open_engine`.  ``per_request``: the decoding is each request's own,
+    unknown here (a server's: no configuration, every kind's engine built now)."""
+    request = request_from_args(args)
     cfg = None if per_request else config_from_args(args)
-    args.auto = None
-    if args.drafter == "auto":
-        options = auto_options(args)
-        probe = Method(drafter="eagle", vocab=options.get("vocab", "microspec"),
-                       **{k: v for k, v in options.items() if k != "vocab"})
-        heads = {}
-        if args.draft is not None or shipped_eagle_head(args.model) is not None:
-            try:  # a bad --draft or option fails before the target loads
-                heads = load_heads([probe.for_model(args.model)])
-            except MicrospecError as exc:
-                raise MicrospecError(f"--drafter auto takes --draft as its EAGLE head: {exc}") from None
-        lm = load_model_from_args(args)
-        auto = AutoEngine.for_model(lm, heads, **options)
-        for kind in DECODING_KINDS if per_request else (decoding_kind(cfg),):
-            engine = auto.engine_of(kind)
-            log_sizing(engine)
-        args.auto = f"{engine.summary()}; {engine.why}"
-        return cfg, auto
-    method = method_from_args(args)
-    heads = load_heads([method])
-    lm = load_model_from_args(args)
-    engine = build(method, lm, heads)
-    log_sizing(engine)
-    return cfg, engine
+    return cfg, open_engine(request, cfg)
 
 
 def config_from_args(args: argparse.Namespace) -> GenerationConfig:

@@ -7,6 +7,7 @@ import json
 
 from ..bench import load_questions
 from ..coverage import format_table, measure
+from ..drafters import registry as drafters
 from ..errors import MicrospecError
 from ..vocab.frequency import load_token_map
 from .common import add_decoding_args, add_drafter_args, add_model_args, add_vocab_args, engine_from_args, positive
@@ -34,8 +35,8 @@ def add(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.drafter in ("none", "ngram"):
-        raise MicrospecError("coverage needs a drafter with an LM head (early-exit, eagle or model)")
+    if args.drafter == "auto" or not drafters.spec(args.drafter).head:
+        raise MicrospecError(f"coverage needs a drafter with an LM head ({', '.join(drafters.model_drafters())})")
     if args.lookup is not None:
         raise MicrospecError("coverage measures the draft head's vocabulary: --lookup does not apply")
     positive(limit=args.limit)

@@ -7,7 +7,8 @@ import json
 import sys
 
 from ..api import generate
-from ..compose import MODEL_DRAFTERS, AutoEngine
+from ..auto import AutoEngine, decoding_kind
+from ..drafters import registry as drafters
 from ..errors import MicrospecError
 from .common import add_decoding_args, add_drafter_args, add_model_args, add_vocab_args, engine_from_args
 
@@ -38,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
         raise MicrospecError("the prompt is empty")
     cfg, engine = engine_from_args(args)
     lm = engine.lm
-    chosen = engine.engine_for(cfg) if isinstance(engine, AutoEngine) else engine  # auto: this decoding's engine
+    chosen = engine.engine_for(cfg)  # auto: this decoding's engine
+    auto = engine.summary((decoding_kind(cfg),)) if isinstance(engine, AutoEngine) else None
     result = generate(lm, prompt, cfg, chat=args.chat, method=engine)
     stats = result.stats.to_dict()
     plain = None
@@ -51,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({
             "text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
             "model": lm.name, "dtype": lm.weights, "device": args.device, "drafter": args.drafter,
-            "auto": args.auto, "adaptive": args.adaptive, "lookup": args.lookup,
+            "auto": auto, "adaptive": args.adaptive, "lookup": args.lookup,
             "total_tokens": chosen.tree.get("total_tokens"), "vocab": chosen.method.vocab,
             **{k: v for k, v in chosen.describe().items() if k in ("head", "arms", "start")}, "stats": stats,
             **({"plain_stats": plain.stats.to_dict()} if plain is not None else {}),
@@ -76,7 +78,7 @@ def stats_line(args: argparse.Namespace, lm, stats: dict, finish: str, head: str
         method = "auto: " + auto_line(stats["auto"], stats["steps"])
         method += f" | draft {stats['draft_s']:.2f} s, verify {stats['verify_s']:.2f} s"
     else:
-        method = f"drafter {args.drafter}" + (f"+{args.vocab}" if args.drafter in MODEL_DRAFTERS
+        method = f"drafter {args.drafter}" + (f"+{args.vocab}" if args.drafter in drafters.model_drafters()
                                               else "") + (f" ({head} head)" if head else "")
         if stats.get("lookup_steps") is not None:
             method += f" with prompt lookup first ({stats['lookup_steps']} steps)"

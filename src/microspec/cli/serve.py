@@ -9,7 +9,8 @@ import os
 import socket
 import sys
 
-from ..compose import AutoEngine, set_threads
+from ..auto import AutoEngine
+from ..compose import set_threads
 from ..errors import MicrospecError
 from .common import (
     add_drafter_args,

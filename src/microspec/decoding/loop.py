@@ -305,10 +305,8 @@ class Generation:
         if drafter is not None:
             drafter.finish(list(self.out))
             stats.head_s, stats.active_sizes = _take_head_stats(drafter)
-            if hasattr(drafter, "take_lookup_steps"):  # prompt lookup first: the drafted steps the lookup proposed
-                stats.lookup_steps = drafter.take_lookup_steps()
-            if hasattr(drafter, "take_choice"):  # auto: what the online choice took
-                stats.auto = drafter.take_choice()
+            report = drafter.take_report()  # prompt lookup first's drafted steps, auto's choice
+            stats.lookup_steps, stats.auto = report.lookup_steps, report.auto
         return GenerationResult(self.out, self.finish, stats)
 
 
@@ -323,7 +321,7 @@ def draft(drafter: Drafter | None, ctx: DraftContext) -> DraftTree:
 
 def _take_head_stats(drafter: Drafter) -> tuple[float, list[int]]:
     """(seconds in the drafter's draft head, the active size of each head call) since the last take."""
-    head = getattr(drafter, "head", None)
+    head = drafter.head
     if head is None:
         return 0.0, []
     on_device = [n for n in head.sizes if isinstance(n, torch.Tensor)]  # read back at once: one wait, not one each

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import torch
 
@@ -13,15 +14,35 @@ from ..models.native import NativeCausalLM
 from ..options import Option
 from ..vocab.base import VocabPolicy
 
-__all__ = ["DRAFT", "DraftContext", "Drafter"]
+__all__ = ["DRAFT", "DraftContext", "DraftReport", "Drafter"]
 
 DRAFT = Option("draft", metavar="NAME|PATH",
                help="model drafter: the draft model (built-in name, .gguf or HF directory; same tokenizer); eagle "
                     "drafter: the EAGLE checkpoint directory (default: the head shipped for the model)")
 
 
+@dataclass
+class DraftReport:
+    """What a generation's drafter tells its statistics beyond the loop's own counts, once, at the end
+    (:meth:`Drafter.take_report`): ``lookup_steps``, the drafted steps prompt lookup first proposed; ``auto``, what
+    ``auto``'s online choice took (steps per arm, switches and their measured cost).  None: not such a drafter."""
+
+    lookup_steps: int | None = None
+    auto: dict | None = None
+
+
 class Drafter(ABC):
+    """Proposes a token tree for the target to verify.  Beside :meth:`propose`, what a drafter may offer is declared
+    here with neutral defaults, so the loop and ``auto`` ask no drafter what it has: ``head`` (its draft head, whose
+    timer and active sizes feed the statistics), ``cheap``, ``matched``, ``head_drafted``, ``copies_feed_policy``,
+    :meth:`parts` (a composite's drafters), :meth:`take_report` and :meth:`describe`."""
+
     name = "drafter"
+    # the draft head (microspec.drafters.head.DraftHead) a vocabulary policy serves, None without one
+    head = None
+    # what the last proposal matched on, where the drafter measures it (prompt lookup: the n-gram's length; auto
+    # measures its proposals apart by it); None: no such measure
+    matched: int | None = None
     # False when the last proposal did not come from the draft head the vocabulary policy serves (prompt lookup
     # first: a copied chain); the loop then reads no ground-truth coverage for the step
     head_drafted = True
@@ -54,6 +75,20 @@ class Drafter(ABC):
     @abstractmethod
     def propose(self, ctx: DraftContext) -> DraftTree:
         """A token tree to verify below ``ctx.tokens[-1]`` (may be empty)."""
+
+    def parts(self) -> tuple["Drafter", ...]:
+        """The drafters a composite drafts with (empty for a drafter of its own): ``auto`` prefills, commits and
+        finishes each distinct one once."""
+        return ()
+
+    def take_report(self) -> DraftReport:
+        """What this generation's drafting adds to its statistics (see :class:`DraftReport`), read once at its
+        end."""
+        return DraftReport()
+
+    def describe(self) -> dict:
+        """What reports say of this drafter beyond its method's settings (an EAGLE-3 head, say)."""
+        return {}
 
     def finish(self, output: list[int]) -> None:
         """Called once a generation ends, with the tokens it generated (a drafter that learns from earlier

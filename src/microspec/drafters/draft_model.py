@@ -15,7 +15,7 @@ from ..models.native import NativeCausalLM
 from ..options import DrafterSpec
 from .base import DRAFT, DraftContext
 from .lookup_first import LOOKUP
-from .model_based import CHAIN_DEPTH, TREE_OPTIONS, ForwardDrafter, check_shape
+from .model_based import CHAIN_DEPTH, TREE_OPTIONS, ForwardDrafter, check_shape, tree_shape
 
 
 class DraftModelDrafter(ForwardDrafter):
@@ -64,13 +64,17 @@ def _check(method) -> None:
     check_shape(method)
 
 
-def _make(*, draft_model=None, depth=None, top_k=None, total_tokens=None, **_):
-    if draft_model is None:
-        raise MicrospecError("the model drafter needs its draft model")
-    return DraftModelDrafter(draft_model, depth=CHAIN_DEPTH if depth is None else depth, top_k=top_k,
-                             total_tokens=total_tokens)
+def _shape(kind: str, method) -> dict:
+    """A chain on a CPU, the device's tree on CUDA or wherever ``--top-k`` is given."""
+    return tree_shape(kind, method, trees=("cuda",))
+
+
+def _make(method, ctx) -> "DraftModelDrafter":
+    t = ctx.tree
+    return DraftModelDrafter(ctx.draft_model(method.draft), depth=t.get("depth") or CHAIN_DEPTH, top_k=t.get("top_k"),
+                             total_tokens=t.get("total_tokens"))
 
 
 SPEC = DrafterSpec(
     "model", "a separate draft model with the target's tokenizer (--draft), its own KV cache",
-    options=(DRAFT, *TREE_OPTIONS, ADAPTIVE, LOOKUP), head=True, check=_check, make=_make)
+    options=(DRAFT, *TREE_OPTIONS, ADAPTIVE, LOOKUP), head=True, check=_check, make=_make, shape=_shape)

@@ -39,7 +39,7 @@ from .base import DRAFT
 from .eagle import EagleDrafter, EagleHead, _layer_config
 from .head import DraftVocabRows
 from .lookup_first import LOOKUP
-from .model_based import CHAIN_DEPTH, TREE_OPTIONS, check_shape
+from .model_based import CHAIN_DEPTH, TREE_OPTIONS, check_shape, tree_shape
 
 D2T_MODES = ("intersect", "replace")  # a restricted set against the head's draft vocabulary (Eagle3Drafter)
 D2T = Option("d2t", choices=D2T_MODES,
@@ -217,6 +217,9 @@ class Eagle3Drafter(EagleDrafter):
 
     name = "eagle3"
 
+    def describe(self) -> dict:
+        return {"head": "EAGLE-3"}
+
     def __init__(self, head: "Eagle3Head", depth: int = CHAIN_DEPTH, top_k: int | None = None,
                  total_tokens: int | None = None,
                  d2t: str = "intersect"):
@@ -263,15 +266,19 @@ def _check(method) -> None:
                              "scores the set's ids outside the head's own with the target's rows")
 
 
-def _make(*, eagle_head=None, depth=None, top_k=None, total_tokens=None, d2t=None, **_):
-    if eagle_head is None:
-        raise MicrospecError("the eagle drafter needs its EAGLE head")
-    depth = CHAIN_DEPTH if depth is None else depth
+def _shape(kind: str, method) -> dict:
+    """The device's tree on every device (a tree of one token on a packed CPU target), the method's where set."""
+    return tree_shape(kind, method)
+
+
+def _make(method, ctx) -> EagleDrafter:
+    eagle_head, t, d2t = ctx.eagle_head(method.draft), ctx.tree, method.d2t
+    depth, top_k, total = t.get("depth") or CHAIN_DEPTH, t.get("top_k"), t.get("total_tokens")
     if isinstance(eagle_head, Eagle3Head):
-        return Eagle3Drafter(eagle_head, depth=depth, top_k=top_k, total_tokens=total_tokens, d2t=d2t or "intersect")
+        return Eagle3Drafter(eagle_head, depth=depth, top_k=top_k, total_tokens=total, d2t=d2t or "intersect")
     if d2t is not None:
         raise MicrospecError("--d2t applies to an EAGLE-3 head (one with a draft vocabulary of its own)")
-    return EagleDrafter(eagle_head, depth=depth, top_k=top_k, total_tokens=total_tokens)
+    return EagleDrafter(eagle_head, depth=depth, top_k=top_k, total_tokens=total)
 
 
 def load_eagle_head(path) -> EagleHead | Eagle3Head:
@@ -285,4 +292,4 @@ def load_eagle_head(path) -> EagleHead | Eagle3Head:
 SPEC = DrafterSpec(
     "eagle", "a trained EAGLE head (EAGLE-1/2, or EAGLE-3 by its checkpoint) on the target's features, chain or "
              "EAGLE-2 tree", options=(DRAFT, D2T, *TREE_OPTIONS, ADAPTIVE, LOOKUP), aliases=("eagle-full", "eagle2"),
-    head=True, check=_check, make=_make)
+    head=True, check=_check, make=_make, shape=_shape, eagle_head=True)

@@ -13,7 +13,7 @@ from ..options import DrafterSpec, Option
 from ..transfer import to_device
 from .base import DraftContext
 from .lookup_first import LOOKUP
-from .model_based import CHAIN_DEPTH, TREE_OPTIONS, ForwardDrafter, check_shape
+from .model_based import CHAIN_DEPTH, TREE_OPTIONS, ForwardDrafter, check_shape, tree_shape
 
 
 class EarlyExitDrafter(ForwardDrafter):
@@ -52,12 +52,18 @@ def default_layers(num_layers_target: int | None) -> int:
     return max(1, (2 * (num_layers_target or 3)) // 3)
 
 
-def _make(*, draft_layers=None, depth=None, top_k=None, total_tokens=None, num_layers_target=None, **_):
-    layers = draft_layers if draft_layers is not None else default_layers(num_layers_target)
-    return EarlyExitDrafter(layers, depth=CHAIN_DEPTH if depth is None else depth, top_k=top_k,
-                            total_tokens=total_tokens)
+def _shape(kind: str, method) -> dict:
+    """A chain on a CPU, the device's tree on CUDA or wherever ``--top-k`` is given; the layers it drafts with."""
+    return {**tree_shape(kind, method, trees=("cuda",)), "draft_layers": method.draft_layers}
+
+
+def _make(method, ctx) -> "EarlyExitDrafter":
+    t = ctx.tree
+    layers = t.get("draft_layers") or default_layers(ctx.target.spec.num_layers)
+    return EarlyExitDrafter(layers, depth=t.get("depth") or CHAIN_DEPTH, top_k=t.get("top_k"),
+                            total_tokens=t.get("total_tokens"))
 
 
 SPEC = DrafterSpec(
     "early-exit", "the target's first layers, final norm and LM head: a chain, or a tree with --top-k",
-    options=(DRAFT_LAYERS, *TREE_OPTIONS, ADAPTIVE, LOOKUP), head=True, check=check_shape, make=_make)
+    options=(DRAFT_LAYERS, *TREE_OPTIONS, ADAPTIVE, LOOKUP), head=True, check=check_shape, make=_make, shape=_shape)

@@ -20,8 +20,8 @@ from ..decoding.tree import DraftTree
 from ..models.native import NativeCausalLM
 from ..options import Option
 from ..vocab.base import VocabPolicy
-from .base import Drafter
-from .ngram import NGramDrafter
+from .base import DraftReport, Drafter
+from .ngram import NGramDrafter, chain_length
 
 DEFAULT_LOOKUP = 2  # the shortest match it takes (a single repeated token predicts little)
 LOOKUP = Option("lookup", type=int, low=1, metavar="N",
@@ -30,9 +30,17 @@ LOOKUP = Option("lookup", type=int, low=1, metavar="N",
                      "elsewhere")
 
 
+def lookup_first(drafter: Drafter, kind: str, min_ngram: int = DEFAULT_LOOKUP) -> tuple["LookupFirst", dict]:
+    """``drafter`` with prompt lookup first (matches of ``min_ngram`` or more tokens, chains of prompt lookup's own
+    length on device kind ``kind``), and its settings as reports show them."""
+    chain = chain_length(kind)["depth"]
+    return (LookupFirst(drafter, NGramDrafter(num_tokens=chain, min_ngram=min_ngram, max_ngram=max(3, min_ngram))),
+            {"min_ngram": min_ngram, "tokens": chain})
+
+
 class LookupFirst(Drafter):
     """``lookup``'s chain when it finds one, else ``drafter``'s tree; ``lookup_steps`` counts the steps the lookup
-    drafted (read and reset by :meth:`take_lookup_steps`)."""
+    drafted (read and reset by :meth:`take_report`)."""
 
     def __init__(self, drafter: Drafter, lookup: NGramDrafter):
         self.drafter, self.lookup = drafter, lookup
@@ -44,7 +52,13 @@ class LookupFirst(Drafter):
 
     @property
     def head(self):  # the model drafter's draft head (its timer and active sizes feed the stats)
-        return getattr(self.drafter, "head", None)
+        return self.drafter.head
+
+    def parts(self) -> tuple[Drafter, ...]:
+        return self.drafter, self.lookup
+
+    def describe(self) -> dict:
+        return self.drafter.describe()
 
     def feature_layers(self, target: NativeCausalLM) -> tuple[int, ...] | None:
         return self.drafter.feature_layers(target)
@@ -69,9 +83,9 @@ class LookupFirst(Drafter):
         self.drafter.finish(output)
         self.lookup.finish(output)
 
-    def take_lookup_steps(self) -> int:
+    def take_report(self) -> DraftReport:
         out, self.lookup_steps = self.lookup_steps, 0
-        return out
+        return DraftReport(lookup_steps=out)
 
 
-__all__ = ["LookupFirst"]
+__all__ = ["LookupFirst", "lookup_first"]

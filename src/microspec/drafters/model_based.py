@@ -65,6 +65,34 @@ def check_shape(method) -> None:
         check_tree_args(depth, top_k, sized if sized is not None else depth * top_k)
 
 
+# Tree shape when the user gives none: on a GPU, EAGLE-2's published default (60 tokens with the root, depth 5 =
+# 6 draft levels, top-k 10); on a CPU, where a verify pass grows with every node (BENCHMARKS.md), small trees; with
+# packed GGUF weights on a CPU ("cpu-gguf") one drafted token: there each further verify row costs a sizeable share of
+# a plain step, in the body and more in the head, so only the first draft position pays (measured on Gemma 3 270M:
+# one drafted token beat two and the dense CPU tree; BENCHMARKS.md, "Where the time goes").
+TREES = {
+    "cuda": {"depth": 6, "top_k": 10, "total_tokens": 59},
+    "cpu": {"depth": 4, "top_k": 2, "total_tokens": 8},
+    "cpu-gguf": {"depth": 1, "top_k": 1, "total_tokens": 1},
+}
+
+
+def tree_shape(kind: str, method, trees: tuple[str, ...] | None = None) -> dict:
+    """A model drafter's ``depth``, ``top_k`` and ``total_tokens`` on device kind ``kind``: the method's where set,
+    else the device's tree (:data:`TREES`; a kind without one takes the CPU's) on the kinds in ``trees`` (None:
+    every kind) or wherever the method sets ``top_k``; a chain of the drafter's own length elsewhere (None values:
+    the factory's defaults).  ``total_tokens`` "auto" is left to the resolver, which times the verify pass."""
+    depth, top_k, total = method.depth, method.top_k, method.total_tokens
+    total = None if total == "auto" else total
+    if (top_k is None and total is not None) or (top_k is None and trees is not None and kind not in trees):
+        return {"depth": depth, "top_k": top_k, "total_tokens": total}
+    d = TREES.get(kind, TREES["cpu"])
+    if total is None:
+        total = d["total_tokens"] if top_k is None else (d["depth"] if depth is None else depth) * top_k
+    return {"depth": d["depth"] if depth is None else depth, "top_k": d["top_k"] if top_k is None else top_k,
+            "total_tokens": total}
+
+
 class ForwardDrafter(Drafter):
     def __init__(self, depth: int = CHAIN_DEPTH, top_k: int | None = None, total_tokens: int | None = None):
         check(depth >= 1, f"--depth must be >= 1, got {depth}")

@@ -11,7 +11,10 @@ from ..options import DrafterSpec
 from .base import DraftContext, Drafter
 from .model_based import DEPTH
 
-TOKENS = 10  # the longest chain it proposes, where the device's measured default (drafters.NGRAM_TOKENS) says none
+TOKENS = 10  # the longest chain it proposes, where the device's measured default (DEVICE_TOKENS) says none
+# its longest draft by device kind: 3 on a packed CPU target, where a verify row costs a sizeable share of a plain
+# step: there 3 tokens measured fastest against 5 and 10, adaptive or fixed (BENCHMARKS.md)
+DEVICE_TOKENS = {"cpu-gguf": 3}
 
 
 class NGramDrafter(Drafter):
@@ -43,7 +46,13 @@ class NGramDrafter(Drafter):
         return DraftTree()
 
 
+def chain_length(kind: str, method=None) -> dict:
+    """Its chain's length on device kind ``kind``: the method's ``depth`` where set."""
+    depth = None if method is None else method.depth
+    return {"depth": DEVICE_TOKENS.get(kind, TOKENS) if depth is None else depth}
+
+
 SPEC = DrafterSpec(
     "ngram", "prompt lookup: the tokens that followed the last 3..1 tokens' latest earlier occurrence, a chain",
     options=(DEPTH, ADAPTIVE), aliases=("prompt-lookup",),
-    make=lambda *, depth=None, **_: NGramDrafter(num_tokens=TOKENS if depth is None else depth))
+    make=lambda method, ctx: NGramDrafter(num_tokens=ctx.tree.get("depth") or TOKENS), shape=chain_length)

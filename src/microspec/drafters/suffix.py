@@ -214,12 +214,20 @@ class SuffixDrafter(Drafter):
         self.cache.add(output)
 
 
-def _make(*, depth=None, total_tokens=None, **_) -> SuffixDrafter:
+def _shape(kind: str, method) -> dict:
+    """Its own depth and size unless the method sets them (the same on every device)."""
+    total = method.total_tokens
+    return {"depth": TREE_DEPTH if method.depth is None else method.depth,
+            "total_tokens": total if isinstance(total, int) else TREE_TOKENS}
+
+
+def _make(method, ctx) -> SuffixDrafter:
+    depth, total = ctx.tree.get("depth"), ctx.tree.get("total_tokens")
     return SuffixDrafter(depth=TREE_DEPTH if depth is None else depth,
-                         total_tokens=total_tokens if isinstance(total_tokens, int) else TREE_TOKENS)
+                         total_tokens=total if isinstance(total, int) else TREE_TOKENS)
 
 
 SPEC = DrafterSpec(
     "suffix", "suffix decoding: a frequency-scored tree of what followed the text's suffix in this request and in "
               "earlier responses (model-free)",
-    options=(DEPTH, TOTAL_TOKENS), make=_make)
+    options=(DEPTH, TOTAL_TOKENS), make=_make, shape=_shape)

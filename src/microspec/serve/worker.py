@@ -8,7 +8,7 @@ share one forward of the target (:func:`~microspec.decoding.loop.step_many`: one
 every row) — and lets finished, cancelled and failed requests leave.  Each request keeps its own decoding
 settings, stop conditions, KV cache, drafter and vocabulary policy (:meth:`Engine.start`), so its tokens are those
 it decodes alone.  How deep the requests of a batch draft is measured, per batch size
-(:class:`~microspec.decoding.adaptive.BatchDepth`: the depth cap with the best committed tokens per second of the
+(:class:`~microspec.auto.BatchDepth`: the depth cap with the best committed tokens per second of the
 whole batch, 0 meaning nobody drafts), since each extra row delays every request of the batch; a fixed cap
 (``batch_depth``) replaces it; a lone request drafts as its method says.
 
@@ -139,7 +139,7 @@ class Worker:
         thread that ran parallel work, and with more of them than cores its idle threads stop spinning between
         parallel regions, so each of a step's ~150 regions pays a wake-up (measured on 2 cores: a plain Gemma 3 270M
         step on a decoding thread after a multi-threaded load in the main thread took nearly twice as long)."""
-        from ..decoding.adaptive import BatchDepth
+        from ..auto import BatchDepth
 
         self.engine, self.lm = engine, engine.lm
         self.queue = JobQueue(max_queue)

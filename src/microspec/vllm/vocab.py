@@ -32,6 +32,7 @@ import torch
 
 from ..drafters.head import DraftHead
 from ..errors import MicrospecError
+from ..drafters.registry import DEFAULT_HEAD
 from ..method import Method
 from ..vocab.microspec import topk_ids
 
@@ -42,8 +43,8 @@ _PROMPT_BLOCK = 64  # prompt positions scored by the target's LM head at a time 
 def draft_method(name: str) -> Method:
     """The method of draft-vocabulary name ``name`` (``full``, ``fr-spec-32k``, ``microspec``, ...): the EAGLE
     drafter over that vocabulary; one clear error for a name that is not one."""
-    method = Method.parse(name if name != "full" else "eagle")
-    if method.drafter != "eagle":
+    method = Method.parse(name if name != "full" else DEFAULT_HEAD)
+    if method.drafter != DEFAULT_HEAD:
         raise MicrospecError(f"{name!r} is not a draft vocabulary (full, fr-spec-32k, microspec, ...)")
     return method
 
@@ -109,7 +110,7 @@ class BatchVocab:
             return self._new(self.default)
 
     def _new(self, name: str) -> _Request:
-        from ..compose import build_policy
+        from ..engine import build_policy
 
         if name in self.static:
             return _Request(name, self.static[name], shared=True)

@@ -71,8 +71,11 @@ SOURCES = ("ctx+ext", "ctx", "ext")
 W_MAX = Option("w_max", type=int, default=3072, low=1, help="microspec: W_max, the window over the candidate stream")
 K_PRE = Option("k_pre", type=int, default=3, low=0, help="microspec: K_pre, the top-k per prompt position at prefill")
 K_VER = Option("k_ver", type=int, default=3, low=0, help="microspec: K_ver, the top-k of the verify logits per step")
+# no C_pre on a packed CPU target: the target's top-k at a prompt position costs a full-vocabulary head row, so with
+# every position the long-prompt categories (rag, summarization) ran below plain decoding, and fewer positions, down to
+# none, measured faster at about the same acceptance (BENCHMARKS.md)
 K_PRE_POSITIONS = Option(
-    "k_pre_positions", type=int, low=0,
+    "k_pre_positions", type=int, low=0, per_device=(("cpu-gguf", 0),),
     help="microspec: take the prefill's top-k at the last N prompt positions only (default: every position, as "
          "Algorithm 1; none on a packed GGUF target on a CPU, where each position costs a full-vocabulary head row; "
          "the method name microspec-kpall takes every position there too)")

@@ -32,7 +32,7 @@ def _shipped_map(model: str):
 
 FR_SPEC_MAP = Artifact("--freq-file", "file", "token map (SGLang format)", "`microspec freq`", shipped=_shipped_map)
 VOCABTRIM_MAP = Artifact("--vocabtrim-file", "file", "token map of the target's own generations",
-                         "`microspec freq --generate`")
+                         "`microspec freq --generate`", older_flag=FR_SPEC_MAP.flag)
 
 
 def _parser(name: str):

@@ -1,7 +1,7 @@
 """``auto``'s drafter: several drafting methods (*arms*) behind one drafter, one of them chosen at each step by the
-online bandit of :mod:`microspec.decoding.online`, which times each step from the proposal to the commit.
+online bandit of :mod:`microspec.auto.choice`, which times each step from the proposal to the commit.
 
-*Cheap* drafters (``cheap = True``: prompt lookup, suffix decoding) propose at every step (every fourth after a run
+*Cheap* drafters (:attr:`~microspec.drafters.base.Drafter.cheap`: prompt lookup, suffix decoding) propose at every step (every fourth after a run
 of plain steps), before the choice, and only the arms with a proposal are offered to it; each proposal is scored
 against the text that follows (the tokens it would have committed), whichever arm was taken; a *view* arm is
 another arm's proposal cut to fewer levels (the device's short lookup chain from the long one's single search).
@@ -19,12 +19,12 @@ import time
 import torch
 
 from ..decoding.context import DraftContext
-from ..decoding.online import ArmHistory, OnlineChoice, arm_of
 from ..decoding.tree import DraftTree
+from ..drafters.base import DraftReport, Drafter
 from ..errors import check
 from ..models.native import NativeCausalLM
 from ..vocab.base import VocabPolicy
-from .base import Drafter
+from .choice import ArmHistory, OnlineChoice, arm_of
 
 PLAIN = "plain"
 # after PLAIN_RUN plain steps in a row the cheap arms propose at every THIN-th step only (their search is a small but
@@ -35,8 +35,8 @@ PLAIN_RUN, THIN = 8, 4
 
 class Portfolio(Drafter):
     """Arms by name (a drafter, or None for plain decoding), a ``start`` arm, and the engine's shared
-    :class:`~microspec.decoding.online.ArmHistory`; ``choice_options`` go to each request's
-    :class:`~microspec.decoding.online.OnlineChoice`.  :meth:`fresh` copies for another request share the history."""
+    :class:`~microspec.auto.choice.ArmHistory`; ``choice_options`` go to each request's
+    :class:`~microspec.auto.choice.OnlineChoice`.  :meth:`fresh` copies for another request share the history."""
 
     name = "auto"
     copies_feed_policy = False
@@ -46,7 +46,7 @@ class Portfolio(Drafter):
         self.views = dict(views or {})  # arm -> (the cheap arm whose proposal it cuts, levels kept)
         names = [*arms, *self.views]
         check(start in names, f"auto: start arm {start!r} is not one of {', '.join(names)}")
-        check(all(src in arms and getattr(arms[src], "cheap", False) for src, _ in self.views.values()),
+        check(all(src in arms and arms[src] is not None and arms[src].cheap for src, _ in self.views.values()),
               "auto: a view arm cuts a cheap arm's proposal")
         check(PLAIN in arms and arms[PLAIN] is None, f"auto: the arms need {PLAIN!r} (None: plain decoding)")
         self.arms, self.start = dict(arms), start
@@ -54,7 +54,7 @@ class Portfolio(Drafter):
         self.chooser = chooser  # (history, start, fixed=..., catch_up=..., **choice_options) -> pick / observe / ...
         self.choice_options = choice_options
         self.leaves = _leaves(arms.values())  # each distinct drafter once
-        self.cheap = [n for n, d in arms.items() if d is not None and getattr(d, "cheap", False)]
+        self.cheap = [n for n, d in arms.items() if d is not None and d.cheap]
         self.model = [n for n, d in arms.items() if d is not None and n not in self.cheap]
         self.choice: OnlineChoice | None = None
         self._step: tuple[str, float, int] | None = None  # (arm, host clock at the proposal, draft nodes)
@@ -65,13 +65,13 @@ class Portfolio(Drafter):
         self.head_drafted = False
 
     def fresh(self) -> "Portfolio":
-        copies = {id(d): d.fresh() for d in self.leaves}
-        return Portfolio({name: _rebuild(d, copies) for name, d in self.arms.items()}, self.start, self.history,
-                         self.chooser, self.views, **self.choice_options)
+        copies: dict[int, Drafter] = {}  # an arm given twice stays one drafter
+        arms = {name: None if d is None else copies.setdefault(id(d), d.fresh()) for name, d in self.arms.items()}
+        return Portfolio(arms, self.start, self.history, self.chooser, self.views, **self.choice_options)
 
     @property
     def head(self):  # the draft head of the model drafter (its timer and active sizes feed the stats)
-        return next((h for d in self.leaves if (h := getattr(d, "head", None)) is not None), None)
+        return next((d.head for d in self.leaves if d.head is not None), None)
 
     def feature_layers(self, target: NativeCausalLM) -> tuple[int, ...] | None:
         return next((f for d in self.leaves if (f := d.feature_layers(target))), None)
@@ -99,7 +99,7 @@ class Portfolio(Drafter):
             drafter = self.arms[name]
             tree = drafter.propose(ctx)
             if len(tree):
-                context[name] = getattr(drafter, "matched", None)  # prompt lookup: the n-gram's length
+                context[name] = drafter.matched  # prompt lookup: the n-gram's length
                 ready[_key(name, context[name])] = tree
         for name, (src, levels) in self.views.items():
             if src in context:
@@ -111,8 +111,7 @@ class Portfolio(Drafter):
         self._plain_run = self._plain_run + 1 if key == PLAIN else 0
         drafter = self.arms.get(arm_of(key))
         tree = ready[key] if key in ready else DraftTree() if drafter is None else drafter.propose(ctx)
-        self.head_drafted = drafter is not None and getattr(drafter, "head", None) is not None and bool(
-            getattr(drafter, "head_drafted", True))
+        self.head_drafted = drafter is not None and drafter.head is not None and drafter.head_drafted
         tree = tree.truncated(ctx.max_depth)
         for k, proposal in ready.items():  # scored once the text after it is known
             self._pending.append([len(ctx.tokens), k, proposal.truncated(ctx.max_depth), None])
@@ -150,14 +149,11 @@ class Portfolio(Drafter):
         for d in self.leaves:
             d.finish(output)
 
-    def take_choice(self) -> dict | None:
+    def take_report(self) -> DraftReport:
         """What this request chose (steps per arm, switches and their cost), once; None before any step."""
         out = None if self.choice is None else self.choice.summary()
         self.choice = None
-        return out
-
-    def take_lookup_steps(self) -> int | None:
-        return None
+        return DraftReport(auto=out)
 
 
 def _key(arm: str, context) -> str:
@@ -180,10 +176,10 @@ def _leaves(drafters) -> list[Drafter]:
     """The distinct drafters below ``drafters`` (a composite's parts, not the composite)."""
     out: dict[int, Drafter] = {}
 
-    def visit(d):
+    def visit(d: Drafter | None) -> None:
         if d is None:
             return
-        parts = [p for p in (getattr(d, "drafter", None), getattr(d, "lookup", None)) if isinstance(p, Drafter)]
+        parts = d.parts()
         if parts:
             for p in parts:
                 visit(p)
@@ -193,18 +189,6 @@ def _leaves(drafters) -> list[Drafter]:
     for d in drafters:
         visit(d)
     return list(out.values())
-
-
-def _rebuild(d: Drafter | None, copies: dict[int, Drafter]) -> Drafter | None:
-    """``d`` over the fresh copies of its leaves (a composite rebuilt around them)."""
-    if d is None:
-        return None
-    if id(d) in copies:
-        return copies[id(d)]
-    from .lookup_first import LookupFirst
-
-    check(isinstance(d, LookupFirst), f"auto: cannot copy a composite drafter {type(d).__name__}")
-    return LookupFirst(_rebuild(d.drafter, copies), _rebuild(d.lookup, copies))
 
 
 __all__ = ["PLAIN", "Portfolio"]

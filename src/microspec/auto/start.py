@@ -1,0 +1,79 @@
+"""Where ``auto`` starts: the arm a fresh engine takes before it has measured anything, per device kind and decoding
+kind, and why.
+
+:data:`MEASURED` is the table of measured starts, one row per (device kind, decoding kind), each with what was
+measured, in words, and where the run is (BENCHMARKS.md: command, date, machine), all fitted on Spec-Bench prompts.
+Where it has no row (CUDA, for one), the start is the model's shipped EAGLE head with MicroSpec's in-context
+vocabulary; a model without a head starts with plain decoding.  The online choice (:mod:`microspec.auto.choice`)
+moves from there by what it measures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import MicrospecError
+
+DECODING_KINDS = ("greedy", "penalty", "sampling")
+PLAIN, LOOKUP, EAGLE = "plain", "lookup", "eagle"  # the arms a start names (microspec.auto.engines)
+
+
+@dataclass(frozen=True)
+class Start:
+    """A measured start: the arm, why, the measurement and where it is."""
+
+    arm: str
+    why: str
+    measured: str
+    source: str  # where the run is
+
+
+_SOURCE = "BENCHMARKS.md"
+MEASURED: dict[tuple[str, str], Start] = {
+    ("cpu", "greedy"): Start(
+        LOOKUP, "prompt lookup, adaptive: measured fastest on a dense CPU target",
+        "Gemma 3 270M bf16, 2-core CPU: prompt lookup adaptive ahead of EAGLE + MicroSpec, fixed or adaptive, "
+        "both faster than plain decoding", _SOURCE),
+    ("cpu", "penalty"): Start(
+        PLAIN, "speculation measured slower than plain decoding on cpu with penalty",
+        "repetition penalty 1.2: every speculative method below plain decoding", _SOURCE),
+    ("cpu", "sampling"): Start(
+        PLAIN, "speculation measured slower than plain decoding on cpu with sampling",
+        "T 0.7: EAGLE + MicroSpec below plain decoding; prompt lookup adaptive about even overall but below plain "
+        "decoding in most categories", _SOURCE),
+    ("cpu-gguf", "greedy"): Start(
+        LOOKUP, "prompt lookup: measured fastest on a packed CPU target",
+        "Gemma 3 270M packed Q4_K_M, 2-core CPU: prompt lookup fastest, ahead of plain decoding in every category, "
+        "fixed ahead of adaptive; EAGLE + MicroSpec behind it", _SOURCE),
+    ("cpu-gguf", "penalty"): Start(
+        PLAIN, "speculation measured slower than plain decoding on cpu-gguf with penalty",
+        "repetition penalty 1.2: every speculative method below plain decoding", _SOURCE),
+    ("cpu-gguf", "sampling"): Start(
+        LOOKUP, "prompt lookup, adaptive: measured fastest on a packed CPU target when sampling",
+        "T 0.7, `bench --protocol cpu`: prompt lookup adaptive fastest, ahead of plain decoding in every category; "
+        "EAGLE + MicroSpec behind it (below plain decoding on summarization)", _SOURCE),
+}
+
+
+def decoding_kind(cfg) -> str:
+    """``greedy``, ``penalty`` (greedy with a repetition penalty or no-repeat n-grams) or ``sampling``."""
+    if cfg.temperature > 0:
+        return "sampling"
+    return "penalty" if cfg.repetition_penalty != 1.0 or cfg.no_repeat_ngram_size else "greedy"
+
+
+def start_arm(device_kind: str, kind: str, shipped_head: bool) -> tuple[str, str]:
+    """The arm a fresh engine starts with on ``device_kind`` under decoding ``kind`` (see :func:`decoding_kind`),
+    and why: the measured start of :data:`MEASURED` (fitted on Spec-Bench), else the EAGLE head where one ships for
+    the model, else plain decoding."""
+    if kind not in DECODING_KINDS:
+        raise MicrospecError(f"unknown decoding kind {kind!r} (one of {', '.join(DECODING_KINDS)})")
+    if (device_kind, kind) in MEASURED:
+        row = MEASURED[device_kind, kind]
+        return row.arm, row.why
+    if not shipped_head:
+        return PLAIN, "no EAGLE head for this model"
+    return EAGLE, "the model's EAGLE head + MicroSpec, adaptive"
+
+
+__all__ = ["DECODING_KINDS", "EAGLE", "LOOKUP", "MEASURED", "PLAIN", "Start", "decoding_kind", "start_arm"]

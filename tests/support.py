@@ -1,0 +1,305 @@
+"""Helpers the test modules share (fixtures are in conftest.py): tiny randomly initialised models of every supported
+family, built from configs in-process (each built once per session, handed out as copies), EAGLE checkpoints laid out
+like the released ones, data files, a server process, and the repository's scripts as modules."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import http.client
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+VOCAB = 96
+
+
+
+
+def tiny_config(family: str, **overrides):
+    from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config, Qwen3Config
+
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
+                  pad_token_id=0)
+    if family == "gemma3":
+        cfg = Gemma3TextConfig(**common, num_hidden_layers=4, head_dim=16, query_pre_attn_scalar=16,
+                               sliding_window=6, layer_types=["sliding_attention", "full_attention"] * 2)
+    elif family == "llama":
+        cfg = LlamaConfig(**common, num_hidden_layers=2, tie_word_embeddings=True)
+    elif family == "qwen2":
+        cfg = Qwen2Config(**common, num_hidden_layers=2)
+    elif family == "qwen3":
+        cfg = Qwen3Config(**common, num_hidden_layers=2, head_dim=16)
+    else:
+        raise ValueError(family)
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+FAMILIES = ["gemma3", "llama", "qwen2", "qwen3"]
+_HF_CLASSES = {"gemma3": "Gemma3ForCausalLM", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+               "qwen3": "Qwen3ForCausalLM"}
+
+
+def tiny_hf_model(family: str, seed: int = 0, scale: float = 0.08, **overrides):
+    """A transformers model with random weights large enough to give peaked, non-trivial distributions."""
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = tiny_config(family, **overrides)
+    model = getattr(transformers, _HF_CLASSES[family])(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+            else:
+                p.normal_(0.0, scale)
+    return model
+
+
+def tiny_pair(family: str, seed: int = 0, dtype=torch.float32, **overrides):
+    """(HF model, native model) with the same weights: copies of a pair built once per session for these
+    arguments (a test may change its copy).  torch's random generator is left as building the pair leaves it, as if
+    it were built now (a test's later random draws are the same either way)."""
+    hf, native, rng = _tiny_pair(family, seed, dtype, tuple(sorted(overrides.items())))
+    torch.set_rng_state(rng)
+    return copy.deepcopy((hf, native))
+
+
+@functools.lru_cache(maxsize=None)
+def _tiny_pair(family: str, seed: int, dtype, overrides: tuple):
+    from microspec.models.native import NativeCausalLM
+
+    hf = tiny_hf_model(family, seed, **dict(overrides)).to(dtype)
+    native = NativeCausalLM.from_config(hf.config)
+    native.load_hf_state_dict({k: v.clone() for k, v in hf.state_dict().items()})
+    return hf, native.to(dtype).eval(), torch.get_rng_state()
+
+
+def write_tiny_model_dir(path: Path, family: str = "llama", seed: int = 0, **overrides) -> Path:
+    """A complete local HF model directory (config, safetensors weights, a word-level tokenizer)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    hf = tiny_hf_model(family, seed, **overrides)
+    path.mkdir(parents=True, exist_ok=True)
+    hf.save_pretrained(str(path))
+    words = ["<pad>", "<bos>", "<eos>", "<unk>"] + [f"w{i}" for i in range(VOCAB - 4)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
+                                   unk_token="<unk>", pad_token="<pad>")
+    fast.save_pretrained(str(path))
+    cfg = json.loads((path / "config.json").read_text())
+    assert cfg["vocab_size"] == VOCAB
+    return path
+
+
+def write_checkpoint(path, cfg: dict, state: dict, fmt: str) -> None:
+    """A checkpoint directory: config.json and the weights as pytorch_model.bin (``fmt`` "bin") or safetensors."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(cfg))
+    if fmt == "bin":
+        torch.save(state, path / "pytorch_model.bin")
+    else:
+        from safetensors.torch import save_file
+
+        save_file(state, str(path / "model.safetensors"))
+
+
+def official_checkpoint(path, d=64, heads=4, kv=2, inter=96, vocab=VOCAB, fc_bias=True, qkv_bias=False, seed=0,
+                        bias_key=True, fmt="bin"):
+    """An EAGLE-1/2 checkpoint laid out exactly like the released ones (random weights)."""
+    g = torch.Generator().manual_seed(seed)
+    hd = d // heads
+
+    def w(*shape, s=0.08):
+        return torch.randn(*shape, generator=g) * s
+
+    state = {"fc.weight": w(d, 2 * d), "embed_tokens.weight": w(vocab, d),
+             "layers.0.self_attn.q_proj.weight": w(heads * hd, d), "layers.0.self_attn.k_proj.weight": w(kv * hd, d),
+             "layers.0.self_attn.v_proj.weight": w(kv * hd, d), "layers.0.self_attn.o_proj.weight": w(d, heads * hd),
+             "layers.0.mlp.gate_proj.weight": w(inter, d), "layers.0.mlp.up_proj.weight": w(inter, d),
+             "layers.0.mlp.down_proj.weight": w(d, inter),
+             "layers.0.post_attention_layernorm.weight": 1 + w(d, s=0.1)}
+    if fc_bias:
+        state["fc.bias"] = w(d)
+    if qkv_bias:
+        for n in "qkv":
+            state[f"layers.0.self_attn.{n}_proj.bias"] = w(state[f"layers.0.self_attn.{n}_proj.weight"].shape[0])
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": d, "intermediate_size": inter,
+           "num_attention_heads": heads, "num_key_value_heads": kv, "num_hidden_layers": 1, "vocab_size": vocab,
+           "rms_norm_eps": 1e-6, "max_position_embeddings": 512, "rope_theta": 10000.0, "hidden_act": "silu"}
+    if bias_key:
+        cfg["bias"] = fc_bias
+    write_checkpoint(path, cfg, state, fmt)
+    return path, state, cfg
+
+
+def eagle3_checkpoint(path, d=64, heads=4, kv=2, inter=96, vocab=VOCAB, draft_vocab=64, layers=(0, 1, 2), seed=0,
+                      specforge=False, fmt="safetensors", t2d=True):
+    """An EAGLE-3 checkpoint laid out like the released ones (random weights; draft ids a random subset of the
+    vocabulary, ``draft_vocab == vocab`` with d2t all zeros for a head over the whole vocabulary)."""
+    g = torch.Generator().manual_seed(seed)
+    hd = d // heads
+
+    def w(*shape, s=0.08):
+        return torch.randn(*shape, generator=g) * s
+
+    ids = torch.arange(vocab) if draft_vocab == vocab else torch.randperm(vocab, generator=g)[:draft_vocab].sort()[0]
+    state = {"fc.weight": w(d, 3 * d, s=0.05), "midlayer.input_layernorm.weight": 1 + w(d, s=0.1),
+             "midlayer.hidden_norm.weight": 1 + w(d, s=0.1), "midlayer.post_attention_layernorm.weight": 1 + w(d, s=0.1),
+             "midlayer.self_attn.q_proj.weight": w(heads * hd, 2 * d), "midlayer.self_attn.k_proj.weight": w(kv * hd, 2 * d),
+             "midlayer.self_attn.v_proj.weight": w(kv * hd, 2 * d), "midlayer.self_attn.o_proj.weight": w(d, heads * hd),
+             "midlayer.mlp.gate_proj.weight": w(inter, d), "midlayer.mlp.up_proj.weight": w(inter, d),
+             "midlayer.mlp.down_proj.weight": w(d, inter), "norm.weight": 1 + w(d, s=0.1),
+             "lm_head.weight": w(draft_vocab, d, s=0.3), "d2t": ids - torch.arange(draft_vocab),
+             "embed_tokens.weight": w(vocab, d)}
+    if t2d:
+        mask = torch.zeros(vocab, dtype=torch.bool)
+        mask[ids] = True
+        state["t2d"] = mask
+    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": d,
+           "intermediate_size": inter, "num_attention_heads": heads, "num_key_value_heads": kv, "num_hidden_layers": 1,
+           "vocab_size": vocab, "draft_vocab_size": draft_vocab, "rms_norm_eps": 1e-6, "max_position_embeddings": 512,
+           "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False}
+    if layers is not None:
+        if specforge:
+            cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(layers), "use_aux_hidden_state": True}
+        else:
+            cfg["eagle_aux_hidden_state_layer_ids"] = list(layers)
+    write_checkpoint(path, cfg, state, fmt)
+    return path, state, cfg, ids
+
+
+def bench_questions(tmp_path: Path) -> Path:
+    """A small question file in Spec-Bench's shape: a two-turn question and two one-turn ones, in two categories."""
+    path = tmp_path / "questions.jsonl"
+    rows = [{"question_id": 1, "category": "writing", "turns": ["w5 w6 w7 w5 w6", "w9 w10"]},
+            {"question_id": 2, "category": "qa", "turns": ["w11 w12 w13 w11 w12 w13"]},
+            {"question_id": 3, "category": "qa", "turns": ["w20 w21"]}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def load_script(path: Path):
+    """A script of the repository (``benchmarks/``, ``docs/``) as a module, imported as Python runs it: with its own
+    folder first on the module path while it loads (its sibling modules are found there)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(path.parent))
+    return mod
+
+
+# ---------------------------------------------------------------------------------------- a server process
+METHOD = ["--drafter", "early-exit", "--vocab", "microspec"]
+CHAT_TEMPLATE = ("{% for m in messages %}<bos> {{ m['role'] }} {{ m['content'] }} {% endfor %}"
+                 "{% if add_generation_prompt %}<bos> assistant {% endif %}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def model_dir_with_chat_template(path: Path, template: str = CHAT_TEMPLATE, **overrides) -> Path:
+    """The tiny llama of conftest with a chat template."""
+    d = write_tiny_model_dir(path, **overrides)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = template
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return d
+
+
+class Server:
+    def __init__(self, model: Path | str, *extra: str, log_dir: Path | None = None, api_key: str | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.api_key = api_key
+        self.log = open((log_dir or Path(model).parent) / f"server-{self.port}.log", "w+")  # noqa: SIM115
+        key = ["--api-key", api_key] if api_key else []
+        env = {k: v for k, v in os.environ.items() if k != "MICROSPEC_API_KEY"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "microspec", "serve", "--model", str(model), "--port",
+                                      str(self.port), *key, *extra], stdout=self.log, stderr=subprocess.STDOUT,
+                                     env={**env, "PYTHONUNBUFFERED": "1"})
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            assert self.proc.poll() is None, f"the server died: {self.output()}"
+            try:
+                if self.get("/health")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.3)
+        raise AssertionError(f"the server did not come up: {self.output()}")
+
+    def output(self) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def client(self):
+        import openai
+
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=self.api_key or "unused", max_retries=0, timeout=120)
+
+    def headers(self, extra: dict | None = None) -> dict:
+        """JSON and the API key, updated with ``extra`` (a None value drops a header)."""
+        h = {"Content-Type": "application/json"}
+        if self.api_key:
+            h["Authorization"] = f"Bearer {self.api_key}"
+        h.update(extra or {})
+        return {k: v for k, v in h.items() if v is not None}
+
+    def request(self, method: str, path: str, body: bytes | None = None, timeout: float = 60,
+                headers: dict | None = None):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        conn.request(method, path, body=body, headers=self.headers(headers))
+        r = conn.getresponse()
+        data = r.read()
+        conn.close()
+        return r.status, data
+
+    def get(self, path: str):
+        return self.request("GET", path, timeout=5)
+
+    def post(self, path: str, obj, headers: dict | None = None) -> tuple[int, dict]:
+        status, data = self.request("POST", path, obj if isinstance(obj, bytes) else json.dumps(obj).encode(),
+                                    headers=headers)
+        return status, json.loads(data)
+
+    def events(self, path: str, obj) -> list:
+        """The server-sent events of a streamed request: JSON objects, then "[DONE]"."""
+        status, data = self.request("POST", path, json.dumps(obj).encode())
+        assert status == 200, data
+        lines = [line for line in data.decode().split("\n\n") if line]
+        assert all(line.startswith("data: ") for line in lines), lines
+        return [line[6:] if line == "data: [DONE]" else json.loads(line[6:]) for line in lines]
+
+    def metric(self, name: str) -> float:
+        text = self.get("/metrics")[1].decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(name + "{"))
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()

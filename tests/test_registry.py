@@ -1,0 +1,146 @@
+"""A drafter added with one registry line is a method everywhere: :func:`microspec.build` and the Python API, the
+command line (``--drafter NAME`` and its options), the server and bench, with the target's own greedy tokens."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+
+import pytest
+from support import bench_questions
+
+from microspec.decoding.tree import DraftTree
+from microspec.drafters import registry
+from microspec.drafters.base import Drafter
+from microspec.drafters.model_based import DEPTH
+from microspec.options import DrafterSpec
+
+PROMPT = "w5 w6 w7 w5 w6 w7 w8"
+
+
+class Repeat(Drafter):
+    """Proposes the last token again, ``n`` times: a chain from the text alone."""
+
+    name = "repeat"
+    cheap = True
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def propose(self, ctx) -> DraftTree:
+        return DraftTree.chain([ctx.tokens[-1]] * min(self.n, ctx.max_depth))
+
+
+SPEC = DrafterSpec("repeat", "the last token again, a chain (a test's drafter)", options=(DEPTH,),
+                   make=lambda method, ctx: Repeat(ctx.tree["depth"]),
+                   shape=lambda kind, method: {"depth": 2 if method.depth is None else method.depth})
+
+
+@pytest.fixture
+def repeat():
+    registry.register(SPEC)  # the one line a new drafter needs
+    yield SPEC
+    registry.unregister(SPEC.name)
+
+
+def _plain(lm, ids, **cfg):
+    from microspec import build
+    from microspec.decoding import GenerationConfig
+
+    return build("ar", lm).generate_ids(ids, GenerationConfig(**cfg)).token_ids
+
+
+def test_build_and_the_python_api(repeat, tiny_model_dir):
+    import microspec
+    from microspec.decoding import GenerationConfig
+    from microspec.errors import MicrospecError
+    from microspec.method import Method
+
+    lm = microspec.load_model(str(tiny_model_dir), dtype="fp32")
+    ids = lm.tokenizer(PROMPT).input_ids
+    engine = microspec.build("repeat", lm)
+    assert isinstance(engine.drafter, Repeat) and engine.tree == {"depth": 2}
+    assert microspec.build(Method(drafter="repeat", depth=3), lm).tree == {"depth": 3}
+    for cfg in ({"max_new_tokens": 16, "ignore_eos": True},
+                {"max_new_tokens": 16, "ignore_eos": True, "repetition_penalty": 1.3}):
+        r = engine.generate_ids(ids, GenerationConfig(**cfg))
+        assert r.token_ids == _plain(lm, ids, **cfg) and max(r.stats.draft_depths) == 2
+    assert microspec.generate(lm, PROMPT, method="repeat", max_new_tokens=8, ignore_eos=True).token_ids == \
+        _plain(lm, lm.tokenizer(PROMPT).input_ids, max_new_tokens=8, ignore_eos=True)
+    with pytest.raises(MicrospecError, match="--top-k applies to"):  # its spec says what it takes
+        Method(drafter="repeat", top_k=2)
+    with pytest.raises(MicrospecError, match="is taken"):
+        registry.register(SPEC)
+
+
+def test_the_command_line(repeat, tiny_model_dir, capsys):
+    from microspec.cli import build_parser, main
+
+    assert "repeat (the last token again" in build_parser()._subparsers._group_actions[0].choices[
+        "generate"].format_help().replace("\n", " ").replace("  ", " ")
+    outs = []
+    for drafter in (["--drafter", "repeat", "--depth", "3"], ["--drafter", "none"]):
+        assert main(["generate", "--json", "--model", str(tiny_model_dir), "--dtype", "fp32", "--prompt", PROMPT,
+                     "--max-new-tokens", "12", "--ignore-eos", *drafter]) == 0
+        outs.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+    assert outs[0]["drafter"] == "repeat" and outs[0]["token_ids"] == outs[1]["token_ids"]
+    assert len(outs[0]["stats"]["accept_per_position"]) == 3  # a share per drafted level
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_server(repeat, tiny_model_dir):
+    """``serve --drafter repeat``, in this process (the registration is this process's): a completion's text is
+    plain decoding's."""
+    import uvicorn
+
+    import microspec
+    from microspec.cli import build_parser
+    from microspec.cli.common import engine_from_args
+    from microspec.serve.app import create_app
+    from microspec.serve.worker import Worker
+
+    args = build_parser().parse_args(["serve", "--model", str(tiny_model_dir), "--dtype", "fp32", "--drafter",
+                                      "repeat"])
+    _, engine = engine_from_args(args, per_request=True)
+    assert isinstance(engine.drafter, Repeat)
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(Worker(engine)), host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.time() + 60
+        while not server.started:
+            assert time.time() < deadline and thread.is_alive(), "the server did not come up"
+            time.sleep(0.05)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        body = {"model": engine.lm.name, "prompt": PROMPT, "max_tokens": 10, "temperature": 0, "ignore_eos": True}
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        out = json.loads(resp.read())
+        assert resp.status == 200, out
+        lm = engine.lm
+        plain = microspec.generate(lm, PROMPT, method="ar", max_new_tokens=10, ignore_eos=True, chat=False)
+        assert out["choices"][0]["text"] == plain.text
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def test_bench(repeat, tiny_model_dir, tmp_path, capsys):
+    from microspec.cli import main
+
+    out = tmp_path / "bench"
+    assert main(["bench", "--model", str(tiny_model_dir), "--dtype", "fp32", "--data",
+                 str(bench_questions(tmp_path)), "--methods", "ar,repeat", "--max-new-tokens", "8", "--ignore-eos",
+                 "--repetition-penalties", "1.0", "--out", str(out)]) == 0, capsys.readouterr().err
+    res = json.loads((out / "greedy" / "results.json").read_text())
+    assert set(res["methods"]) == {"ar", "repeat"} and res["mismatches"] == {}
