@@ -32,9 +32,105 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return write_tiny_model_dir(tmp_path_factory.mktemp("tiny") / "tiny-llama")
 
 
+# ------------------------------------------------------------------------------------ a fresh machine's first use
+# Modules whose tests load the built-in models, start processes (servers, commands) or use both cores: they run after
+# the others, once the first-use process (tests/first_use.py) has finished, so that nothing they time or decode
+# shares the cores with it.  The vLLM plugin's module runs last.
+HEAVY_MODULES = ("test_bench", "test_cli", "test_gpu_suite", "test_real", "test_serve", "test_serve_faults",
+                 "test_vllm_plugin")
+BUILT_INS = ("gemma-3-270m", "smollm2-135m-instruct")
+_FIRST_USE: dict = {}
+
+
+def _module(item) -> str:
+    return item.module.__name__.rpartition(".")[2]
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    """The light tests first, then the heavy modules, the vLLM plugin's last (each keeps its own order)."""
+    def phase(item) -> int:
+        name = _module(item)
+        return 2 if name == "test_vllm_plugin" else 1 if name in HEAVY_MODULES else 0
+
+    items.sort(key=phase)  # stable: the order within a phase is pytest's
+
+
 def pytest_collection_finish(session) -> None:
-    """Where the selected tests include vLLM's, start building their environment now, beside the other tests."""
-    for item in session.items:
-        if "vllm_run" in getattr(item, "fixturenames", ()):
-            item.module.start_vllm_env()
-            return
+    """Start the first-use process for what the selected tests need (see tests/first_use.py)."""
+    import json
+    import os
+    import platform
+    import subprocess
+    import sys
+    import tempfile
+    import time
+
+    heavy = [item for item in session.items if _module(item) in HEAVY_MODULES]
+    vllm = next((item for item in session.items if "vllm_run" in getattr(item, "fixturenames", ())), None)
+    if not heavy:
+        return
+    folder = Path(tempfile.mkdtemp(prefix="microspec-first-use-"))
+    argv = [sys.executable, str(Path(__file__).with_name("first_use.py")), str(folder / "status.json"),
+            "--kernels", "--models", ",".join(BUILT_INS)]
+    steps = ["kernels", "models"]
+    if vllm is not None and (platform.system(), platform.machine()) == ("Linux", "x86_64"):
+        given = os.environ.get("MICROSPEC_VLLM_PYTHON")
+        argv += ["--vllm-python", given] if given else ["--vllm-env", str(vllm.module.vllm_env())]
+        argv += ["--vllm-checks", str(folder / "vllm")]
+        steps += ([] if given else ["vllm-env"]) + ["vllm-checks"]
+    log = open(folder / "log.txt", "w")  # noqa: SIM115 - open while the process runs
+    _FIRST_USE.update(proc=subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT), log=log, folder=folder,
+                      steps=steps, started=time.perf_counter(), waited=0.0, status=lambda: (
+                          json.loads((folder / "status.json").read_text()) if (folder / "status.json").is_file()
+                          else {"seconds": {}, "done": False, "failed": None}))
+
+
+def _finish_first_use() -> dict:
+    """Wait for the first-use process (once); its status."""
+    import time
+
+    if "proc" not in _FIRST_USE:
+        return {"seconds": {}, "done": True, "failed": None}
+    if "result" not in _FIRST_USE:
+        t0 = time.perf_counter()
+        rc = _FIRST_USE["proc"].wait(timeout=3600)
+        _FIRST_USE["waited"] += time.perf_counter() - t0
+        _FIRST_USE["log"].close()
+        status = _FIRST_USE["status"]()
+        if rc and not status.get("failed"):
+            status["failed"] = "start"
+        _FIRST_USE["result"] = status
+    return _FIRST_USE["result"]
+
+
+def pytest_runtest_setup(item) -> None:
+    if _module(item) in HEAVY_MODULES:
+        _finish_first_use()
+
+
+@pytest.fixture(scope="session")
+def first_use():
+    """``first_use(step)``: wait for the first-use process and fail the test, with the process's log, if the step
+    it needs failed; for ``vllm-checks`` the folder of its results."""
+    def need(step: str) -> Path:
+        status = _finish_first_use()
+        if step not in _FIRST_USE.get("steps", ()):
+            pytest.skip(f"no first-use step {step} in this session")
+        if step not in status["seconds"]:
+            log = (_FIRST_USE["folder"] / "log.txt").read_text()[-4000:]
+            pytest.fail(f"the first-use step {status.get('failed')} failed ({status.get('error')}):\n{log}")
+        return _FIRST_USE["folder"] / "vllm" if step == "vllm-checks" else _FIRST_USE["folder"]
+
+    return need
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The one-time costs apart from the tests' own time."""
+    if "proc" not in _FIRST_USE:
+        return
+    status = _finish_first_use()
+    parts = ", ".join(f"{k} {v:g} s" for k, v in status["seconds"].items())
+    failed = f"; failed: {status['failed']}" if status.get("failed") else ""
+    terminalreporter.write_line(
+        f"first use (one-time costs, in a background process beside the light tests): {parts or 'none'}{failed}; "
+        f"the heavy tests waited {_FIRST_USE['waited']:.1f} s for it")

@@ -227,16 +227,17 @@ def model_dir_with_chat_template(path: Path, template: str = CHAT_TEMPLATE, **ov
 
 
 class Server:
-    def __init__(self, model: Path | str, *extra: str, log_dir: Path | None = None, api_key: str | None = None):
+    def __init__(self, model: Path | str, *extra: str, log_dir: Path | None = None, api_key: str | None = None,
+                 env: dict | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
         self.log = open((log_dir or Path(model).parent) / f"server-{self.port}.log", "w+")  # noqa: SIM115
         key = ["--api-key", api_key] if api_key else []
-        env = {k: v for k, v in os.environ.items() if k != "MICROSPEC_API_KEY"}
+        extra_env, env = env, {k: v for k, v in os.environ.items() if k != "MICROSPEC_API_KEY"}
         self.proc = subprocess.Popen([sys.executable, "-m", "microspec", "serve", "--model", str(model), "--port",
                                       str(self.port), *key, *extra], stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**env, "PYTHONUNBUFFERED": "1"})
+                                     env={**env, "PYTHONUNBUFFERED": "1", **(extra_env or {})})
         deadline = time.time() + 180
         while time.time() < deadline:
             assert self.proc.poll() is None, f"the server died: {self.output()}"

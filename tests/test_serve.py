@@ -260,12 +260,13 @@ def _open_stream(server, max_tokens: int, prompt: str = "w1 w2 w3") -> http.clie
 
 @pytest.fixture(scope="module")
 def long_server(tmp_path_factory):
-    """A model with a long context (long generations to interrupt), one request decoded at a time, a queue of one
-    and a short timeout."""
+    """A model with a long context (long generations to interrupt), one request decoded at a time, a queue of one,
+    a short timeout, and steps of at least 2 ms (an 8000-token generation outlasts the 3 s timeout on any machine)."""
     refusing = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('no system messages') }}{% endif %}"
     d = model_dir_with_chat_template(tmp_path_factory.mktemp("serve-long") / "long", refusing + CHAT_TEMPLATE,
                    max_position_embeddings=8192)
-    s = Server(d, "--max-queue", "1", "--max-num-seqs", "1", "--request-timeout", "3")
+    s = Server(d, "--max-queue", "1", "--max-num-seqs", "1", "--request-timeout", "3",
+               env={"MICROSPEC_SERVE_STEP_DELAY": "0.002"})
     yield s
     s.close()
 
@@ -326,7 +327,7 @@ def test_full_queue_429_and_timeouts_504(long_server):
     running = _open_stream(s, 8000)  # the worker is busy with it
     waiting: dict = {}
     t = threading.Thread(target=lambda: waiting.update(r=s.post("/v1/completions", {
-        "prompt": "w9", "max_tokens": 8000, "temperature": 0, "ignore_eos": True})))  # cannot end within 3 s
+        "prompt": "w9", "max_tokens": 8000, "temperature": 0, "ignore_eos": True})))  # 16 s at least: past 3 s
     t.start()
     deadline = time.time() + 10
     while s.metric("vllm:num_requests_waiting") < 1 and time.time() < deadline:

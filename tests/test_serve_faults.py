@@ -24,7 +24,8 @@ MAX_TOKENS, MAX_MODEL_LEN = 200, 300
 def server(tmp_path_factory):
     d = model_dir_with_chat_template(tmp_path_factory.mktemp("serve-faults") / "tiny", max_position_embeddings=512)
     s = Server(d, *METHOD, "--max-body-bytes", str(CAP), "--max-tokens", str(MAX_TOKENS), "--max-model-len",
-               str(MAX_MODEL_LEN), "--max-num-seqs", "1", "--shutdown-timeout", "30", api_key=KEY)
+               str(MAX_MODEL_LEN), "--max-num-seqs", "1", "--shutdown-timeout", "30", api_key=KEY,
+               env={"MICROSPEC_SERVE_STEP_DELAY": "0.005"})  # a MAX_TOKENS stream lasts 1 s at least
     yield s
     s.close()
 
@@ -175,8 +176,8 @@ def test_max_tokens_cap_and_max_model_len(server):
 
 
 def test_bad_input_is_answered_at_once_while_a_stream_runs(server):
-    """A burst of bad requests while a streamed generation runs: each gets its 4xx within a second, the stream
-    ends with the text it has alone."""
+    """A burst of bad requests while a streamed generation runs: each gets its 4xx while the stream still runs (not
+    queued behind it), the stream ends with the text it has alone."""
     body = {"prompt": "w5 w6 w7", "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
     want = server.post("/v1/completions", body)[1]["choices"][0]["text"]
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
@@ -207,16 +208,16 @@ def test_bad_input_is_answered_at_once_while_a_stream_runs(server):
 
     def send(case):
         path, raw, headers, want_status = case
-        start = time.time()
         status, data = server.request("POST", path, raw, timeout=10, headers=headers)
-        return want_status, status, time.time() - start, data[:200]
+        return want_status, status, time.time(), data[:200]
 
     with ThreadPoolExecutor(len(bad)) as pool:
         answers = list(pool.map(send, bad))
     rest = stream.read().decode()
+    ended = time.time()
     conn.close()
-    for want_status, status, seconds, data in answers:
-        assert status == want_status and seconds < 1.0, (want_status, status, seconds, data)
+    for want_status, status, answered, data in answers:
+        assert status == want_status and answered < ended, (want_status, status, answered - ended, data)
     events = [json.loads(e[6:]) for e in (first.decode() + rest).split("\n\n") if e and e != "data: [DONE]"]
     assert "".join(e["choices"][0]["text"] for e in events) == want
     assert rest.rstrip().endswith("data: [DONE]")

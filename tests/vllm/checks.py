@@ -1,5 +1,6 @@
-"""The vLLM plugin's checks, run by tests/test_vllm_plugin.py with a vLLM environment's Python (vLLM and this
-project in one virtual environment: the [vllm] extra).  Writes one JSON file of what it saw; the test asserts on it.
+"""The vLLM plugin's checks, run with a vLLM environment's Python (vLLM and this project in one virtual environment:
+the [vllm] extra) by tests/first_use.py, beside the suite's first tests, on the directories ``vllm-prepare`` makes.
+Writes one JSON file of what it saw; tests/test_vllm_plugin.py asserts on it.
 
     python tests/vllm/checks.py TARGET_DIR HEAD_DIR OUT.json [TARGET_DIR2 HEAD_DIR2]
 

@@ -157,6 +157,48 @@ def resolve(name_or_path: str | os.PathLike) -> tuple[str, str, Path]:
     )
 
 
+@contextlib.contextmanager
+def _exclusive(lock: Path):
+    """Hold an exclusive lock on file ``lock`` (made when missing) while the block runs: two processes that both
+    want to write one cache take turns.  The lock goes with the process that holds it (a killed one leaves none
+    behind); where file locks are not to be had, the block runs unguarded."""
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system
+        yield
+        return
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def model_directory(name: str, kind: str, path: Path) -> Path:
+    """The Hugging Face directory a model loads from: a GGUF model's safetensors cache (converted at its first
+    use, one process at a time: another one converting the same file is waited for, then its cache is used), or
+    the directory itself."""
+    if kind != "gguf":
+        return path
+    with path.open("rb") as f:
+        if f.read(4) != b"GGUF":
+            raise MicrospecError(f"{path} is not a GGUF file (bad magic bytes)")
+    directory = _gguf_cache_dir(name, path)
+    if (directory / "model.safetensors").is_file():
+        return directory
+    with _exclusive(directory.parent / (directory.name + ".lock")):
+        if not (directory / "model.safetensors").is_file():  # not converted meanwhile by another process
+            assets = gguf_assets()
+            if assets is not None:
+                _dense_gguf(path, directory, assets)
+            else:
+                _check_gguf(path)  # a full parse is slow on a 262k vocabulary: only before converting
+                _convert_gguf(path, directory)
+    return directory
+
+
 def _builtin_gguf(b: BuiltinModel) -> Path:
     spec = importlib.util.find_spec(b.package)
     if spec is None:
@@ -170,11 +212,12 @@ def _builtin_gguf(b: BuiltinModel) -> Path:
     target = cache_root() / "gguf" / b.filename
     if target.is_file():
         return target
-    module = importlib.import_module(b.package)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(".partial")
-    module.assemble(tmp, overwrite=True)
-    tmp.replace(target)
+    with _exclusive(target.with_suffix(".lock")):  # one process assembles; another waits, then finds it
+        if not target.is_file():
+            module = importlib.import_module(b.package)
+            tmp = target.with_suffix(".partial")
+            module.assemble(tmp, overwrite=True)
+            tmp.replace(target)
     return target
 
 
@@ -399,20 +442,7 @@ def load_model(
             print(f"microspec: the quantized CPU kernel is unavailable ({cpu_quant.build_error() or 'disabled'}): "
                   f"dense fp32 weights instead", file=sys.stderr)
             quantized = False
-    if kind == "gguf":
-        with path.open("rb") as f:
-            if f.read(4) != b"GGUF":
-                raise MicrospecError(f"{path} is not a GGUF file (bad magic bytes)")
-        directory = _gguf_cache_dir(name, path)
-        if not (directory / "model.safetensors").is_file():
-            assets = gguf_assets()
-            if assets is not None:
-                _dense_gguf(path, directory, assets)
-            else:
-                _check_gguf(path)  # a full parse is slow on a 262k vocabulary: only before converting
-                _convert_gguf(path, directory)
-    else:
-        directory = path
+    directory = model_directory(name, kind, path)
     try:
         cfg = AutoConfig.from_pretrained(str(directory), local_files_only=True)
         spec_from_config(cfg)  # fail early on unsupported architectures

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
 import sys
 import threading
 import time
@@ -36,6 +37,22 @@ from ..errors import MicrospecError
 from .metrics import Metrics
 from .protocol import APIError, Request, shutting_down
 from .text import TextStream
+
+
+STEP_DELAY_ENV = "MICROSPEC_SERVE_STEP_DELAY"
+
+
+def step_delay() -> float:
+    """``$MICROSPEC_SERVE_STEP_DELAY``: seconds the worker waits after each decoding step (default 0), so that a test
+    of a timeout or a race holds its premise (a generation outlasts its deadline) on any machine."""
+    value = os.environ.get(STEP_DELAY_ENV, "").strip()
+    try:
+        delay = float(value) if value else 0.0
+    except ValueError:
+        raise MicrospecError(f"{STEP_DELAY_ENV}={value!r} is not a number of seconds") from None
+    if not 0 <= delay <= 10:
+        raise MicrospecError(f"{STEP_DELAY_ENV} must be between 0 and 10 seconds, got {value}")
+    return delay
 
 
 class Cancelled(Exception):
@@ -146,6 +163,7 @@ class Worker:
         self.metrics = Metrics(model_name or self.lm.name)
         self.max_num_seqs, self.batch_depth, self.threads = max_num_seqs, batch_depth, threads
         self.depths = BatchDepth()
+        self.step_delay = step_delay()
         self.running = 0
         self.closing = False
         self.thread = threading.Thread(target=self._loop, name="microspec-worker", daemon=True)
@@ -212,6 +230,8 @@ class Worker:
             n, before = len(running), sum(len(r.gen.out) for r in running)
             depth, t0 = self.depth(n), time.perf_counter()
             errors = step_many(self.lm.model, [r.gen for r in running], depth)
+            if self.step_delay:  # a testing aid: steps as slow as a slower machine's
+                time.sleep(self.step_delay)
             self.metrics.on_step(n, depth)
             if self.batch_depth is None:
                 self.depths.observe(n, depth, sum(len(r.gen.out) for r in running) - before,

@@ -1,0 +1,126 @@
+"""The one-time costs of a fresh machine, paid by one background process beside the suite's first tests and timed
+apart from the tests' own time (conftest.py starts it, waits for it before the tests that need what it makes, and
+reports its times at the end):
+
+- ``kernels``: microspec's compiled CPU kernels, built once under ``$MICROSPEC_CACHE/kernels``;
+- ``models``: the built-in models' GGUF files assembled and converted to their safetensors caches;
+- ``vllm-env``: the vLLM test environment, the README's install line for the ``[vllm]`` extra in a virtual
+  environment of its own (skipped where it is built already);
+- ``vllm-checks``: the vLLM plugin's checks run in that environment (tests/vllm/checks.py), whose results
+  tests/test_vllm_plugin.py reads.
+
+    python tests/first_use.py STATUS.json [--kernels] [--models NAME,...] [--vllm-env DIR] [--vllm-python PY]
+                              [--vllm-checks DIR]
+
+It runs with one thread at low priority: the first tests (tiny models, one thread) leave the second core to it, and
+no test that uses more threads runs beside it.  STATUS.json says after each step what is done and in how many
+seconds, and ``failed`` names the step that failed (its output is in the log beside STATUS.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MAX_JOBS": "1", "VLLM_CPU_OMP_THREADS_BIND": "0",
+              "TOKENIZERS_PARALLELISM": "false"}
+
+
+def kernels() -> None:
+    from microspec.kernels import _build, cpu_linear, cpu_quant
+
+    if _build.cpu_ok():
+        cpu_quant.available()
+        cpu_linear.available()
+
+
+def models(names: list[str]) -> None:
+    import importlib.util
+
+    from microspec.models.registry import BUILTINS, model_directory, resolve
+
+    for name in names:
+        if importlib.util.find_spec(BUILTINS[name].package) is not None:
+            model_directory(*resolve(name))
+
+
+def vllm_env(env: Path) -> None:
+    """The vLLM test environment at ``env`` (marked ``ready`` once built)."""
+    if (env / "ready").is_file():
+        return
+    python = env / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(env)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "torch==2.13.0", "-e", f"{ROOT}[vllm,models]"],
+                   check=True)
+    subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", "torchvision", "torchaudio", "torchcodec"],
+                   check=True)
+    (env / "ready").write_text("")
+
+
+def vllm_checks(python: str, out: Path) -> None:
+    """The two built-in models' heads prepared here (``vllm-prepare``'s directories: this environment has both
+    models), then tests/vllm/checks.py run on them with the vLLM environment's ``python``: ``out``/checks.json."""
+    from microspec.vllm.prepare import prepare
+
+    target, head = prepare("gemma-3-270m", "microspec", out=out / "head")
+    target2, head2 = prepare("smollm2-135m-instruct", "microspec", out=out / "head2")
+    subprocess.run([python, str(ROOT / "tests" / "vllm" / "checks.py"), str(target), str(head),
+                    str(out / "checks.json"), str(target2), str(head2)], check=True, timeout=1800)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("status", type=Path)
+    ap.add_argument("--kernels", action="store_true")
+    ap.add_argument("--models", default="")
+    ap.add_argument("--vllm-env", type=Path, default=None)
+    ap.add_argument("--vllm-python", default=None)
+    ap.add_argument("--vllm-checks", type=Path, default=None)
+    args = ap.parse_args(argv)
+    os.environ.update(ONE_THREAD)
+    try:
+        os.nice(10)
+    except OSError:
+        pass
+    status: dict = {"seconds": {}, "done": False, "failed": None}
+
+    def write() -> None:
+        tmp = args.status.with_suffix(".tmp")
+        tmp.write_text(json.dumps(status))
+        tmp.replace(args.status)
+
+    steps = []
+    if args.kernels:
+        steps.append(("kernels", kernels))
+    if args.models:
+        steps.append(("models", lambda: models([n for n in args.models.split(",") if n])))
+    python = args.vllm_python
+    if args.vllm_env is not None:
+        steps.append(("vllm-env", lambda: vllm_env(args.vllm_env)))
+        python = python or str(args.vllm_env / "bin" / "python")
+    if args.vllm_checks is not None:
+        steps.append(("vllm-checks", lambda: vllm_checks(python, args.vllm_checks)))
+    for name, step in steps:
+        t0 = time.perf_counter()
+        try:
+            step()
+        except BaseException as exc:  # noqa: BLE001 - said in the status, for the test that needs it
+            status["failed"] = name
+            status["error"] = f"{type(exc).__name__}: {exc}"
+            write()
+            raise
+        status["seconds"][name] = round(time.perf_counter() - t0, 1)
+        write()
+    status["done"] = True
+    write()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
