@@ -9,6 +9,8 @@ bounds, and differs from the fp32 reference by its activation rounding (reported
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -529,3 +531,19 @@ def test_requests_stepped_together_decode_as_each_alone(gguf_model, integer):
             assert gen.out == want[: len(gen.out)] and len(gen.out) >= cases[k][5]
         else:
             assert errors[k] is None and gen.result().token_ids == want, k
+
+
+def test_a_copy_of_a_built_in_gguf_is_that_model(tmp_path, monkeypatch):
+    """A GGUF file staged elsewhere under a built-in's file name and with its bytes takes the built-in's name (so its
+    shipped head and maps apply); another file under that name stays itself."""
+    from microspec.models import registry
+
+    b = registry.BUILTINS["gemma-3-270m"]
+    path = tmp_path / b.filename
+    path.write_bytes(b"GGUF" + bytes(range(256)) * 64)
+    assert registry.resolve(str(path))[0] == path.stem  # same name, other bytes
+    monkeypatch.setitem(registry.BUILTINS, b.name, dataclasses.replace(b, file_key=registry._file_key(path)))
+    assert registry.resolve(str(path)) == (b.name, "gguf", path)
+    other = tmp_path / "other.gguf"
+    other.write_bytes(path.read_bytes())
+    assert registry.resolve(str(other))[0] == "other"  # same bytes, another name

@@ -39,6 +39,14 @@ def _hf_greedy(hf, ids: list[int], n: int) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
+@pytest.mark.parametrize("name", ["gemma-3-270m", "smollm2-135m-instruct"])
+def test_the_built_in_files_are_known_by_their_bytes(name):
+    """The file keys the registry keeps are the installed packages' files' (a staged copy is recognised by them)."""
+    from microspec.models.registry import builtin_copy, resolve
+
+    assert builtin_copy(resolve(name)[2]) == name
+
+
 def test_gemma_loads_with_its_real_shape(gemma):
     spec = gemma.model.spec
     assert spec.vocab_size == 262144 and spec.family == "gemma3" and spec.tie_embeddings

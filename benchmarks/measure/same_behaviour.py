@@ -23,6 +23,7 @@ checks their tokens agree::
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -95,8 +96,17 @@ def commands(f: dict, root: Path) -> dict[str, list[str]]:
     return cmds
 
 
+def tree_env(src: str) -> dict:
+    """The environment of a command of tree ``src``: its package first on the path, and a kernel cache of its own
+    (the two trees' kernel sources sit at different paths, so one cache would be rebuilt at every switch)."""
+    cache = Path(os.environ.get("MICROSPEC_CACHE") or Path.home() / ".cache" / "microspec")
+    tree = hashlib.sha256(str(Path(src).resolve()).encode()).hexdigest()[:8]
+    return dict(os.environ, PYTHONPATH=str(Path(src).resolve()), TOKENIZERS_PARALLELISM="false",
+                MICROSPEC_CACHE=str(cache / f"same-behaviour-{tree}"))
+
+
 def run(src: str, argv: list[str], parse: bool = True) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(Path(src).resolve()), TOKENIZERS_PARALLELISM="false")
+    env = tree_env(src)
     code = "import sys; from microspec.cli import main; sys.exit(main(sys.argv[1:]))"
     p = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env, timeout=900)
     if p.returncode != 0:
@@ -117,7 +127,7 @@ print(json.dumps({"text": r.text, "token_ids": r.token_ids, "finish_reason": r.f
 
 def run_api(src: str, model: str, options: dict) -> dict:
     """The Python API's ``microspec.generate(lm, prompt, **options)`` (its default method: auto) in tree ``src``."""
-    env = dict(os.environ, PYTHONPATH=str(Path(src).resolve()), TOKENIZERS_PARALLELISM="false")
+    env = tree_env(src)
     p = subprocess.run([sys.executable, "-c", API_CODE, model, json.dumps(options)], capture_output=True, text=True,
                        env=env, timeout=900)
     if p.returncode != 0:
@@ -148,8 +158,12 @@ def api_checks(files: dict, new: str, old: str) -> int:
 
 # auto on a CPU target decodes greedily with prompt lookup, adaptive: which steps draft follows measured times, so
 # only what it generated is compared there (the output is plain decoding's whatever it chooses)
+# what follows the steps a measured choice took (the adaptive mode's, auto's online choice: timed, so they differ
+# from run to run, while the tokens may not)
 ADAPTIVE_STATS = {"steps", "skipped_steps", "mean_accept_len", "accept_lengths", "draft_depths", "drafted_tokens",
-                  "accepted_tokens", "acceptance_rate", "achieved_gb_s", "weight_bytes_per_step", "verify_rows"}
+                  "accepted_tokens", "acceptance_rate", "achieved_gb_s", "weight_bytes_per_step", "verify_rows",
+                  "accept_per_position", "auto", "head_rows", "head_calls", "active_vocab_mean", "active_vocab_max",
+                  "coverage", "lookup_steps"}
 
 
 def outputs_only(view: dict) -> dict:
@@ -250,7 +264,8 @@ def main() -> int:
     ap.add_argument("--skip-bench", action="store_true")
     ap.add_argument("--speed", default=None, metavar="MODEL", help="time both trees on MODEL instead")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--only", default=None, help="comma-separated command names to run (default: all)")
+    ap.add_argument("--only", default=None,
+                    help="comma-separated command names to run, 'api' for the Python API's checks (default: all)")
     ap.add_argument("--prompt", default="The three laws of robotics are")
     ap.add_argument("--repetition-penalty", type=float, default=1.2)
     ap.add_argument("--weights", default="bf16", help="--speed: the model's weights (bf16, gguf, ...)")
@@ -293,7 +308,7 @@ def main() -> int:
             failures += bool(found)
             print(f"{'same' if not found else 'DIFFERENT'}: {name}" + ("" if not found else "\n  " + "\n  ".join(
                 found[:8])), flush=True)
-        if not args.only:
+        if not args.only or "api" in args.only.split(","):
             api_failed = api_checks(files, args.new, args.old)
             failures += api_failed
             cmds.update({f"api-{i}": [] for i in range(4)})

@@ -104,15 +104,23 @@ class Extension:
                 return self.module
             from torch.utils import cpp_extension
 
-            from ..paths import cache_root
+            from ..paths import cache_root, exclusive
 
             try:
                 key = self.key()
                 build = cache_root() / "kernels" / f"{self.name}-{key}"
                 build.mkdir(parents=True, exist_ok=True)
-                self.module = cpp_extension.load(
-                    name=f"microspec_{self.name}_{key}", sources=[str(self.root / s) for s in self.sources],
-                    extra_cflags=list(self.flags), build_directory=str(build), verbose=False)
+                name = f"microspec_{self.name}_{key}"
+                # one process builds at a time (a file lock that dies with its holder); holding it, a lock file of
+                # torch's own left in the folder is a killed build's, which would make this one wait forever
+                with exclusive(build.with_name(build.name + ".lock")):
+                    (build / "lock").unlink(missing_ok=True)
+                    if not (build / f"{name}.so").is_file():
+                        print(f"microspec: building the {self.what} (one time only, a few minutes on 2 cores) in "
+                              f"{build}", file=sys.stderr, flush=True)
+                    self.module = cpp_extension.load(
+                        name=name, sources=[str(self.root / s) for s in self.sources],
+                        extra_cflags=list(self.flags), build_directory=str(build), verbose=False)
             except Exception as exc:  # noqa: BLE001 - no compiler, no headers, ...: torch's operations stay
                 self.failed = _detail(exc)
                 if setting() == "1":

