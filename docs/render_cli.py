@@ -45,6 +45,8 @@ GENERAL = """\
   beyond the context, `--max-new-tokens` <= 0, a negative temperature, top-p outside (0, 1], a port in use, ...):
   one line `microspec: error: ...` on stderr, never a traceback.
 - `3`: `train eagle` / `train eagle3` stopped by `--time-budget`; the same command with `--resume` goes on.
+- `4`: the system refused (a cache folder that cannot be written, a full disk, a file that cannot be read):
+  one line `microspec: error: ...` naming the path, never a traceback; nothing already written is lost.
 - `130`: interrupted (Ctrl-C).
 
 ## Environment variables

@@ -226,38 +226,17 @@ def model_dir_with_chat_template(path: Path, template: str = CHAT_TEMPLATE, **ov
     return d
 
 
-class Server:
-    def __init__(self, model: Path | str, *extra: str, log_dir: Path | None = None, api_key: str | None = None,
-                 env: dict | None = None):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.api_key = api_key
-        self.log = open((log_dir or Path(model).parent) / f"server-{self.port}.log", "w+")  # noqa: SIM115
-        key = ["--api-key", api_key] if api_key else []
-        extra_env, env = env, {k: v for k, v in os.environ.items() if k != "MICROSPEC_API_KEY"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "microspec", "serve", "--model", str(model), "--port",
-                                      str(self.port), *key, *extra], stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**env, "PYTHONUNBUFFERED": "1", **(extra_env or {})})
-        deadline = time.time() + 180
-        while time.time() < deadline:
-            assert self.proc.poll() is None, f"the server died: {self.output()}"
-            try:
-                if self.get("/health")[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.3)
-        raise AssertionError(f"the server did not come up: {self.output()}")
+class _Client:
+    """HTTP requests to a server on 127.0.0.1:``port`` (with ``api_key`` when set)."""
 
-    def output(self) -> str:
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
+    port: int
+    api_key: str | None = None
 
     def client(self):
         import openai
 
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=self.api_key or "unused", max_retries=0, timeout=120)
+        return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key=self.api_key or "unused",
+                             max_retries=0, timeout=120)
 
     def headers(self, extra: dict | None = None) -> dict:
         """JSON and the API key, updated with ``extra`` (a None value drops a header)."""
@@ -297,6 +276,37 @@ class Server:
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                    if line.startswith(name + "{"))
 
+
+class Server(_Client):
+    """``microspec serve`` in its own process."""
+
+    def __init__(self, model: Path | str, *extra: str, log_dir: Path | None = None, api_key: str | None = None,
+                 env: dict | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.api_key = api_key
+        self.log = open((log_dir or Path(model).parent) / f"server-{self.port}.log", "w+")  # noqa: SIM115
+        key = ["--api-key", api_key] if api_key else []
+        extra_env, env = env, {k: v for k, v in os.environ.items() if k != "MICROSPEC_API_KEY"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "microspec", "serve", "--model", str(model), "--port",
+                                      str(self.port), *key, *extra], stdout=self.log, stderr=subprocess.STDOUT,
+                                     env={**env, "PYTHONUNBUFFERED": "1", **(extra_env or {})})
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            assert self.proc.poll() is None, f"the server died: {self.output()}"
+            try:
+                if self.get("/health")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.3)
+        raise AssertionError(f"the server did not come up: {self.output()}")
+
+    def output(self) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
     def close(self) -> None:
         self.proc.terminate()
         try:
@@ -304,3 +314,27 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self.log.close()
+
+
+class InProcessServer(_Client):
+    """A server application (``microspec.serve.app.create_app``) run by uvicorn on a thread of this process: what
+    this process changed (a registered drafter, a patched model) is the server's; :meth:`close` stops it."""
+
+    def __init__(self, app):
+        import threading
+
+        import uvicorn
+
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 60
+        while not self.server.started:
+            assert time.time() < deadline and self.thread.is_alive(), "the server did not come up"
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)

@@ -3,14 +3,10 @@ command line (``--drafter NAME`` and its options), the server and bench, with th
 
 from __future__ import annotations
 
-import http.client
 import json
-import socket
-import threading
-import time
 
 import pytest
-from support import bench_questions
+from support import InProcessServer, bench_questions
 
 from microspec.decoding.tree import DraftTree
 from microspec.drafters import registry
@@ -90,17 +86,9 @@ def test_the_command_line(repeat, tiny_model_dir, capsys):
     assert len(outs[0]["stats"]["accept_per_position"]) == 3  # a share per drafted level
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_the_server(repeat, tiny_model_dir):
     """``serve --drafter repeat``, in this process (the registration is this process's): a completion's text is
     plain decoding's."""
-    import uvicorn
-
     import microspec
     from microspec.cli import build_parser
     from microspec.cli.common import engine_from_args
@@ -111,28 +99,15 @@ def test_the_server(repeat, tiny_model_dir):
                                       "repeat"])
     _, engine = engine_from_args(args, per_request=True)
     assert isinstance(engine.drafter, Repeat)
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(Worker(engine)), host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
+    server = InProcessServer(create_app(Worker(engine)))
     try:
-        deadline = time.time() + 60
-        while not server.started:
-            assert time.time() < deadline and thread.is_alive(), "the server did not come up"
-            time.sleep(0.05)
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         body = {"model": engine.lm.name, "prompt": PROMPT, "max_tokens": 10, "temperature": 0, "ignore_eos": True}
-        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        out = json.loads(resp.read())
-        assert resp.status == 200, out
-        lm = engine.lm
-        plain = microspec.generate(lm, PROMPT, method="ar", max_new_tokens=10, ignore_eos=True, chat=False)
+        status, out = server.post("/v1/completions", body)
+        assert status == 200, out
+        plain = microspec.generate(engine.lm, PROMPT, method="ar", max_new_tokens=10, ignore_eos=True, chat=False)
         assert out["choices"][0]["text"] == plain.text
     finally:
-        server.should_exit = True
-        thread.join(30)
+        server.close()
 
 
 def test_bench(repeat, tiny_model_dir, tmp_path, capsys):

@@ -414,6 +414,40 @@ def test_text_stream_deltas_add_up_and_stop_before_stop_sequences(model):
             assert out == ts.text == want and ts.stopped == bool(stops)
 
 
+class _Letters:
+    """A tokenizer whose token t is the letter ``"ab "[t % 3]``."""
+
+    def decode(self, ids, **_):
+        return "".join("ab "[t % 3] for t in ids)
+
+
+def test_text_stream_finds_stops_across_steps_and_holds_back_only_what_may_grow():
+    """Against the whole text cut at its first stop: stops that start in one step and end in a later one, stops of
+    many lengths, steps of many sizes; nothing that has gone out is ever past a stop."""
+    import random
+
+    from microspec.serve.text import TextStream
+
+    rng = random.Random(7)
+    tok = _Letters()
+    for _ in range(300):
+        ids = [rng.randrange(3) for _ in range(rng.randint(1, 120))]
+        stops = tuple("".join(rng.choice("ab ") for _ in range(rng.randint(1, 9))) for _ in range(rng.randint(0, 4)))
+        full = tok.decode(ids)
+        want = full[: min([full.index(s) for s in stops if s in full], default=len(full))]
+        ts, out, i = TextStream(tok, stops), "", 0
+        while i < len(ids):
+            n = rng.randint(1, 6)
+            out += ts.push(ids[i : i + n])
+            i += n
+            assert want.startswith(out)
+            if not ts.stopped:  # what is held back could still be the start of a stop
+                held = ts.text[len(out):]
+                assert not held or any(s.startswith(held) for s in stops)
+        out += ts.finish()
+        assert out == ts.text == want, (ids, stops)
+
+
 @pytest.mark.real
 def test_text_stream_on_gemma_bytes_and_scripts():
     """Multi-byte characters split across tokens (emoji, CJK) stream out whole and add up to the decode."""

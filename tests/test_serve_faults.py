@@ -110,6 +110,31 @@ def test_body_over_the_cap_is_refused_without_reading_it(server):
     assert server.get("/health")[0] == 200
 
 
+def test_clients_that_send_the_whole_body_first_read_the_413(server):
+    """Python's http.client, urllib and the openai SDK send a whole body before reading: a 10 MB body over the cap
+    is read and thrown away (within bounds), so they read the 413 instead of a reset connection."""
+    import urllib.error
+    import urllib.request
+
+    import openai
+
+    body = json.dumps({"prompt": "w1 " * (10 * 1024 * 1024 // 3), "max_tokens": 1}).encode()
+    status, data = server.request("POST", "/v1/completions", body, timeout=60)
+    assert status == 413 and json.loads(data)["error"]["code"] == "request_too_large"
+    req = urllib.request.Request(f"http://127.0.0.1:{server.port}/v1/completions", data=body, method="POST",
+                                 headers=server.headers())
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(req, timeout=60)
+    assert caught.value.code == 413
+    with pytest.raises(openai.APIStatusError) as refused:
+        server.client().completions.create(model="tiny", prompt="w1 " * (10 * 1024 * 1024 // 3), max_tokens=1)
+    assert refused.value.status_code == 413
+    # a wrong key with a large body: the 401 is read too
+    status, _ = server.request("POST", "/v1/completions", body, timeout=60, headers={"Authorization": "Bearer no"})
+    assert status == 401
+    assert server.get("/health")[0] == 200
+
+
 def test_stream_null_include_usage_and_null_max_completion_tokens(server):
     base = {"prompt": "w1 w2", "max_tokens": 4, "temperature": 0, "ignore_eos": True}
     status, obj = server.post("/v1/completions", {**base, "stream": None, "stream_options": None})

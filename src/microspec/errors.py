@@ -10,6 +10,11 @@ class MicrospecError(ValueError):
     """Bad input from the user: reported as one clear line, never as a traceback."""
 
 
+class MachineError(MicrospecError):
+    """What the machine refused (a cache folder that cannot be written, a full disk): one clear line naming the path
+    and what to do; the command line exits with status 4 for it."""
+
+
 def check(condition: bool, message: str) -> None:
     """Raise :class:`MicrospecError` with ``message`` unless ``condition`` holds."""
     if not condition:

@@ -23,14 +23,15 @@ class Option:
     """One option of a method: ``name`` is its keyword (``Method(w_max=...)``) and, dashed, its flag (``--w-max``).
 
     ``default`` is what the owner uses when the option is unset (None: nothing, or a default decided elsewhere, said
-    in ``help``).  ``convert`` turns a command-line string into the value; ``low`` / ``choices`` are checked when a
-    method is described, each failure one line naming the flag.  ``aliases``: older flag spellings still accepted."""
+    in ``help``).  ``convert`` turns a command-line string into the value; ``low`` / ``high`` / ``choices`` are checked
+    when a method is described, each failure one line naming the flag.  ``aliases``: older flag spellings still accepted."""
 
     name: str
     help: str
     type: Callable[[str], Any] = str
     default: Any = None
     low: int | None = None
+    high: int | None = None  # the largest value taken (a bound on what one request may make the engine allocate)
     choices: tuple[str, ...] | None = None
     metavar: str | None = None
     aliases: tuple[str, ...] = ()
@@ -63,6 +64,8 @@ class Option:
             raise MicrospecError(f"unknown {self.flag} {value!r}; choose from {', '.join(self.choices)}")
         if self.low is not None and isinstance(value, int) and value < self.low:
             raise MicrospecError(f"{self.flag} must be >= {self.low}, got {value}")
+        if self.high is not None and isinstance(value, int) and value > self.high:
+            raise MicrospecError(f"{self.flag} must be <= {self.high}, got {value}")
 
     def add_to(self, parser) -> None:
         """This option as a flag of an argparse parser (default None: unset; the help names the owner's default)."""

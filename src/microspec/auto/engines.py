@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..drafters.ngram import NGramDrafter, chain_length
 from ..drafters.registry import DEFAULT_HEAD
-from ..drafters.suffix import SuffixDrafter
+from ..drafters.suffix import PRIVATE, SuffixDrafter
 from ..engine import Engine, TextOut
 from ..errors import MicrospecError, check
 from ..method import Method
@@ -50,12 +50,13 @@ def online(lm: "LoadedModel", kind: str, heads: dict | None = None, **options: A
     """``auto`` for decoding kind ``kind`` (greedy, penalty, sampling) on ``lm``: the arms this model and device
     have, started where :func:`~microspec.auto.start.start_arm` says.  ``options``: ``vocab`` (the EAGLE arm's
     policy, default MicroSpec's), ``draft`` (its EAGLE head, default the shipped one), ``lookup`` (the lookup arms'
-    shortest match) and any other method option, given to the EAGLE arm; ``adaptive`` is what the online choice does
+    shortest match), ``private_responses`` (the suffix arm's) and any other method option, given to the EAGLE arm; ``adaptive`` is what the online choice does
     already (a plain step wherever nothing pays more)."""
     if "drafter" in options:
         raise MicrospecError("auto chooses the drafter: build the method you want instead (build(\"ngram\", lm))")
     options = {k: v for k, v in options.items() if v is not None and k != "adaptive"}
     vocab, draft, lookup = options.pop("vocab", "full"), options.pop("draft", None), options.pop("lookup", None)
+    private = bool(options.pop(PRIVATE.name, False))
     device = kind_of(lm)
     chain = chain_length(device)["depth"]
     match = {} if lookup is None else {"min_ngram": lookup, "max_ngram": max(3, lookup)}
@@ -66,7 +67,7 @@ def online(lm: "LoadedModel", kind: str, heads: dict | None = None, **options: A
         views[LOOKUP] = (f"{LOOKUP}-{LONG_CHAIN}", chain)
     else:
         arms[LOOKUP] = NGramDrafter(num_tokens=chain, **match)
-    arms["suffix"] = SuffixDrafter()
+    arms["suffix"] = SuffixDrafter(private=private)
     shipped = shipped_eagle_head(lm.name)
     head = draft if draft is not None else shipped
     method, tree, spare = Method(drafter=NGramDrafter.name), {"lookup": chain}, None
@@ -88,7 +89,7 @@ def preload(model: str, **options: Any) -> dict:
     """The EAGLE arm's head for built-in or local ``model`` (``options``' ``draft``, else the shipped one), loaded
     before the target so that a bad head fails first, and the arm's options checked as its method ({} for a model
     without a head)."""
-    options = {k: v for k, v in options.items() if v is not None and k != "adaptive"}
+    options = {k: v for k, v in options.items() if v is not None and k not in ("adaptive", PRIVATE.name)}
     vocab = options.pop("vocab", "full")
     probe = Method(drafter=DEFAULT_HEAD, vocab=HEAD_VOCAB if vocab == "full" else vocab, **options)
     if options.get("draft") is None and shipped_eagle_head(model) is None:

@@ -1,7 +1,8 @@
 """Command line: ``microspec generate | serve | coverage | freq | train | bench | analyze | vllm-prepare``.
 
 One module per command, each only turning arguments into library calls (:mod:`microspec.compose` builds every
-method).  Bad input ends with one line on stderr (``microspec: error: ...``) and exit status 2, never a traceback.
+method).  Bad input ends with one line on stderr (``microspec: error: ...``) and exit status 2, what the system
+refuses (a full disk, a cache that cannot be written) with one line and status 4, never a traceback.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..errors import MicrospecError
+from ..errors import MachineError, MicrospecError
 from . import analyze, bench, coverage, freq, generate, serve, train, vllm_prepare
 from .common import Parser, resolve_weights
 
@@ -36,7 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     except MicrospecError as exc:
         msg = str(exc)
         print(msg if msg.startswith("microspec") else f"microspec: error: {msg}", file=sys.stderr)
-        return 2
+        return 4 if isinstance(exc, MachineError) else 2
+    except OSError as exc:  # the machine refused: a full disk, a read-only or misplaced cache, ...
+        path = f"{exc.filename}: " if exc.filename else ""
+        print(f"microspec: error: {path}{exc.strerror or exc}", file=sys.stderr)
+        return 4
     except KeyboardInterrupt:
         print("microspec: interrupted", file=sys.stderr)
         return 130

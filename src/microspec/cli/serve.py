@@ -90,6 +90,11 @@ def add(sub) -> None:
                      help="the most tokens of prompt + max_tokens a request may take, at most the model's context "
                           "(default: the model's context); a prompt whose characters cannot fit is refused before "
                           "it is tokenized")
+    lim.add_argument("--kv-cache-bytes", type=count, default=None,
+                     help="the bytes of KV cache the running requests may hold together: a request whose prompt + "
+                          "max_tokens needs more alone answers 400, one that does not fit beside the running ones "
+                          "waits for them (default: half the memory available at start on a CPU, 90%% of the free "
+                          "memory on CUDA)")
     lim.add_argument("--request-timeout", type=seconds, default=600.0,
                      help="seconds a whole request may take, queue included: past it a non-streamed request "
                           "answers 504 and a stream ends with an error event (code timeout); default 600")
@@ -143,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn
 
         from ..serve import Worker, create_app
+        from ..serve.worker import default_kv_budget
     except ImportError as exc:
         raise MicrospecError(f"the server needs starlette and uvicorn ({exc}); pip install microspec") from None
     sock = bind(args.host, args.port)
@@ -160,8 +166,9 @@ def run(args: argparse.Namespace) -> int:
         if args.max_model_len is not None and args.max_model_len > context:
             raise MicrospecError(f"--max-model-len {args.max_model_len} is more than the model's context of "
                                  f"{context} tokens")
+        kv_budget = args.kv_cache_bytes or default_kv_budget(engine.lm)
         worker = Worker(engine, args.max_queue, args.served_model_name, max_num_seqs=args.max_num_seqs,
-                        batch_depth=args.batch_depth, threads=threads)
+                        batch_depth=args.batch_depth, threads=threads, kv_budget=kv_budget)
         app = create_app(worker, args.request_timeout, args.served_model_name, api_key=args.api_key,
                          max_body_bytes=args.max_body_bytes, max_tokens=args.max_tokens,
                          max_model_len=args.max_model_len, access_log=args.access_log)
@@ -171,8 +178,9 @@ def run(args: argparse.Namespace) -> int:
                   + (f", prompt lookup first (N={args.lookup})" if args.lookup is not None else "")
                   + (", adaptive" if args.adaptive else ""))
         host = f"[{args.host}]" if ":" in args.host else args.host
+        budget = "" if kv_budget is None else f", KV cache budget {kv_budget / 2**20:.0f} MiB"
         print(f"[microspec] serving {name} ({engine.lm.weights}, {method}) on http://{host}:{args.port}/v1"
-              + (", API key required" if args.api_key else ""), file=sys.stderr, flush=True)
+              + budget + (", API key required" if args.api_key else ""), file=sys.stderr, flush=True)
         if not args.api_key and not _loopback(args.host):
             print(f"[microspec] warning: {args.host} is reachable from other machines and no API key is set "
                   f"(--api-key or {API_KEY_ENV})", file=sys.stderr, flush=True)

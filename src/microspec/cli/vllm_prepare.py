@@ -20,7 +20,10 @@ def add(sub) -> None:
                    help="the draft vocabulary requests use unless they name one: full, fr-spec-K, vocabtrim-K, "
                         "specvocab or microspec (default microspec, Algorithm 1 at the paper's settings)")
     p.add_argument("--num-speculative-tokens", type=int, default=3, help="draft chain length in the printed command")
-    p.add_argument("--out", default=None, help="head directory to write (default: under the microspec cache)")
+    p.add_argument("--out", default=None, help="head directory to write (default: under the microspec cache); a "
+                                               "folder that is not empty must be one vllm-prepare wrote")
+    p.add_argument("--force", action="store_true", help="write into --out even where it holds other files "
+                                                        "(its config.json and weight links are replaced)")
     p.set_defaults(func=run)
 
 
@@ -30,6 +33,6 @@ def run(args: argparse.Namespace) -> int:
 
     check(args.num_speculative_tokens >= 1,
           f"--num-speculative-tokens must be >= 1, got {args.num_speculative_tokens}")
-    target, head = prepare(args.model, args.vocab, args.draft, args.out)
+    target, head = prepare(args.model, args.vocab, args.draft, args.out, force=args.force)
     print(describe(target, head, args.num_speculative_tokens))
     return 0

@@ -35,6 +35,11 @@ if TYPE_CHECKING:
 CACHE_MARGIN = 256  # cache slots beyond prompt + max_new_tokens, for the tree nodes of one verify pass
 
 
+def cache_slots(prompt_tokens: int, cfg: GenerationConfig) -> int:
+    """The KV-cache slots a generation of ``prompt_tokens`` prompt tokens under ``cfg`` allocates."""
+    return prompt_tokens + cfg.max_new_tokens + CACHE_MARGIN
+
+
 @dataclass
 class GenerationResult:
     token_ids: list[int]  # generated ids only (an EOS that ended generation included, as HF does)
@@ -131,8 +136,9 @@ def step_many(model: NativeCausalLM, gens: list[Generation], max_depth: int | No
     the deepest draft node this step (fewer draft rows as the batch grows) for every generation but those sampling
     with a seed: another tree shape would draw other random numbers, and a seeded request is to give the same text
     whatever it was batched with (a greedy one does whatever the depth).  What one generation raises (its
-    ``on_commit``'s cancellation, a drafter's failure) ends that one only: the exceptions, per generation (None:
-    it went on), the failed ones marked finished with reason "error"."""
+    ``on_commit``'s cancellation, a drafter's failure) ends that one only; a failure of the shared forward (out of
+    memory, say) ends every generation of it: the exceptions, per generation (None: it went on), the failed ones
+    marked finished with reason "error".  It raises nothing."""
     errors: list[BaseException | None] = [None] * len(gens)
     live, trees = [], []
     for k, gen in enumerate(gens):
@@ -143,13 +149,18 @@ def step_many(model: NativeCausalLM, gens: list[Generation], max_depth: int | No
             live.append(k)
         except Exception as exc:  # noqa: BLE001 - one request's failure is its own
             errors[k], gen.finish = exc, "error"
-    inputs = [gens[k].verify_inputs(tree) for k, tree in zip(live, trees)]
-    hiddens = model.forward_many([(ids, gens[k].cache, positions, mask)
-                                  for k, (ids, positions, mask) in zip(live, inputs)],
-                                 [gens[k].taps for k in live])
-    # the rows every walk starts from, through the full-vocabulary head in one pass (one read of its weights)
-    rows = [LazyHead.first_rows(tree, gens[k].head_mode) for k, tree in zip(live, trees)]
-    logits = model.head(torch.cat([rows_of(h, r) for h, r in zip(hiddens, rows)])).split([len(r) for r in rows])
+    try:
+        inputs = [gens[k].verify_inputs(tree) for k, tree in zip(live, trees)]
+        hiddens = model.forward_many([(ids, gens[k].cache, positions, mask)
+                                      for k, (ids, positions, mask) in zip(live, inputs)],
+                                     [gens[k].taps for k in live])
+        # the rows every walk starts from, through the full-vocabulary head in one pass (one read of its weights)
+        rows = [LazyHead.first_rows(tree, gens[k].head_mode) for k, tree in zip(live, trees)]
+        logits = model.head(torch.cat([rows_of(h, r) for h, r in zip(hiddens, rows)])).split([len(r) for r in rows])
+    except Exception as exc:  # noqa: BLE001 - the shared forward (out of memory...): every row of it fails
+        for k in live:
+            errors[k], gens[k].finish = exc, "error"
+        return errors
     for k, hidden, first in zip(live, hiddens, logits):
         try:
             gens[k].settle(hidden, first)
@@ -182,7 +193,7 @@ class Generation:
         self.tokens = list(prompt_ids)
         self.pipe.commit(self.tokens)
         self.stats = GenerationStats(prompt_tokens=len(prompt_ids), weight_bytes=model.weight_bytes())
-        self.cache = model.new_cache(len(prompt_ids) + cfg.max_new_tokens + CACHE_MARGIN)
+        self.cache = model.new_cache(cache_slots(len(prompt_ids), cfg))
         self.out: list[int] = []
         self.walker = greedy_walk if cfg.greedy else sample_walk
         self.clock = StepClock(device)  # marks read once, at the end: no wait for the device inside a step

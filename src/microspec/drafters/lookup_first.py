@@ -24,7 +24,7 @@ from .base import DraftReport, Drafter
 from .ngram import NGramDrafter, chain_length
 
 DEFAULT_LOOKUP = 2  # the shortest match it takes (a single repeated token predicts little)
-LOOKUP = Option("lookup", type=int, low=1, metavar="N",
+LOOKUP = Option("lookup", type=int, low=1, high=64, metavar="N",
                 help=f"prompt lookup first: where the last N or more tokens (default {DEFAULT_LOOKUP}) occurred "
                      "before, draft the tokens that followed them; the model drafter (eagle, early-exit or model) "
                      "elsewhere")

@@ -30,15 +30,20 @@ def _total_tokens(value):
     if value == "auto" or isinstance(value, int):
         return value
     try:
-        return int(value)
+        value = int(value)
     except (TypeError, ValueError):
         raise MicrospecError(f"--total-tokens must be an integer or 'auto', got {value!r}") from None
+    if not 1 <= value <= MAX_TOTAL_TOKENS:
+        raise MicrospecError(f"--total-tokens must be between 1 and {MAX_TOTAL_TOKENS}, got {value}")
+    return value
 
 
-DEPTH = Option("depth", type=int, low=1,
+MAX_TOTAL_TOKENS = 1024  # the most draft-tree nodes a step may verify
+
+DEPTH = Option("depth", type=int, low=1, high=64,
                help="draft levels (ngram: tokens proposed, default 10, 3 on a packed CPU target; tree drafters: the "
                     f"device's tree; early-exit / model chains: {CHAIN_DEPTH})")
-TOP_K = Option("top_k", type=int, low=1,
+TOP_K = Option("top_k", type=int, low=1, high=64,
                help="tree drafters (eagle, early-exit, model): build an EAGLE-2 dynamic tree expanding the top-k "
                     "nodes per level (default: eagle everywhere and the others on CUDA draft the device's tree; "
                     "early-exit and model draft a chain on a CPU)")

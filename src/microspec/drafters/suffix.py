@@ -3,7 +3,8 @@ tree from what followed the text's current suffix, in this request and in earlie
 
 Two :class:`SuffixTrie` s hold every substring of up to ``DEPTH_LIMIT`` tokens with how often it occurs: one of the request
 (prompt and output, extended as tokens are committed) and one of earlier responses, shared by every request an
-engine serves and bounded (the oldest responses leave once they hold more than ``CACHE_TOKENS`` tokens).  Each step
+engine serves (none with ``private_responses``) and bounded (the oldest responses leave once they hold more than
+``CACHE_TOKENS`` tokens).  Each step
 finds, in each trie, the longest suffix of the text that was followed by something (at most ``DEPTH_LIMIT - depth``
 tokens, so that the trie holds continuations ``depth`` deep below it),
 then grows a tree best-first from there: a child's score is its parent's times the fraction of the parent's
@@ -24,7 +25,7 @@ from collections.abc import Sequence
 
 from ..decoding.tree import DraftTree
 from ..errors import check
-from ..options import DrafterSpec
+from ..options import DrafterSpec, Option
 from .base import DraftContext, Drafter
 from .model_based import DEPTH, TOTAL_TOKENS
 
@@ -33,6 +34,11 @@ MIN_PROB = 0.1  # a node whose estimated probability of acceptance is lower is n
 CACHE_TOKENS = 16384  # earlier responses' tokens kept, oldest out first
 TREE_DEPTH = 8  # defaults (at most DEPTH_LIMIT - 1): the deepest node, and the most nodes, of a proposal
 TREE_TOKENS = 16
+PRIVATE = Option(
+    "private_responses", type=bool,
+    help="suffix (and auto's suffix arm): draft from each request's own text only, never from other requests' "
+         "earlier responses (a server shared by clients who must not learn of each other's texts: the speed and "
+         "acceptance a response reports would tell whether others' answers held a text)")
 
 
 class SuffixTrie:
@@ -176,15 +182,18 @@ class SuffixDrafter(Drafter):
     name = "suffix"
     cheap = True
 
-    def __init__(self, depth: int = TREE_DEPTH, total_tokens: int = TREE_TOKENS, cache: ResponseCache | None = None):
+    def __init__(self, depth: int = TREE_DEPTH, total_tokens: int = TREE_TOKENS, cache: ResponseCache | None = None,
+                 private: bool = False):
+        """``private``: no cache of earlier responses (each request drafts from its own text only)."""
         check(1 <= depth < DEPTH_LIMIT, f"suffix draft depth must be in [1, {DEPTH_LIMIT - 1}], got {depth}")
         check(total_tokens >= 1, f"suffix draft size must be >= 1, got {total_tokens}")
         self.depth, self.total_tokens = depth, total_tokens
-        self.cache = cache if cache is not None else ResponseCache()  # shared by fresh() copies
+        # shared by fresh() copies: every request of an engine drafts from the others' responses too
+        self.cache = None if private else cache if cache is not None else ResponseCache()
         self._start()
 
     def _start(self) -> None:
-        self.trie = SuffixTrie(self.cache.trie.depth)
+        self.trie = SuffixTrie(DEPTH_LIMIT if self.cache is None else self.cache.trie.depth)
         self._active: list[int] = []
         self._seen = 0  # tokens of the request counted in self.trie
 
@@ -205,13 +214,15 @@ class SuffixDrafter(Drafter):
         node = next((n for n in reversed(self._active) if level[n] <= longest and kids[n]), None)
         if node is not None:
             best = self.trie.tree(node, depth, self.total_tokens)
-        other = self.cache.tree(text, depth, self.total_tokens)
-        if other[2] > best[2]:
-            best = other
+        if self.cache is not None:
+            other = self.cache.tree(text, depth, self.total_tokens)
+            if other[2] > best[2]:
+                best = other
         return DraftTree(best[0], best[1])
 
     def finish(self, output: Sequence[int]) -> None:
-        self.cache.add(output)
+        if self.cache is not None:
+            self.cache.add(output)
 
 
 def _shape(kind: str, method) -> dict:
@@ -224,10 +235,11 @@ def _shape(kind: str, method) -> dict:
 def _make(method, ctx) -> SuffixDrafter:
     depth, total = ctx.tree.get("depth"), ctx.tree.get("total_tokens")
     return SuffixDrafter(depth=TREE_DEPTH if depth is None else depth,
-                         total_tokens=total if isinstance(total, int) else TREE_TOKENS)
+                         total_tokens=total if isinstance(total, int) else TREE_TOKENS,
+                         private=bool(PRIVATE.value(method)))
 
 
 SPEC = DrafterSpec(
     "suffix", "suffix decoding: a frequency-scored tree of what followed the text's suffix in this request and in "
               "earlier responses (model-free)",
-    options=(DEPTH, TOTAL_TOKENS), make=_make, shape=_shape)
+    options=(DEPTH, TOTAL_TOKENS, PRIVATE), make=_make, shape=_shape)

@@ -75,6 +75,17 @@ def _detail(exc: Exception) -> str:
     return f"{type(exc).__name__}: {errors[0] if errors else lines[-1] if lines else ''}"
 
 
+def _import(name: str, path: Path):
+    """The extension module ``name`` built at ``path``, imported without taking torch's build lock (a read-only
+    cache serves its built kernels)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 class Extension:
     """One Python module built from C++ files of ``csrc/`` (``sources``: the kernels and one ``bindings_*.cpp`` with
     the module's definition), built on first use (see the module doc)."""
@@ -109,13 +120,23 @@ class Extension:
             try:
                 key = self.key()
                 build = cache_root() / "kernels" / f"{self.name}-{key}"
-                build.mkdir(parents=True, exist_ok=True)
                 name = f"microspec_{self.name}_{key}"
+                built = build / f"{name}.so"
+                damaged = False
+                if built.is_file():  # built before (its folder's name is the hash of all it was built from)
+                    try:
+                        self.module = _import(name, built)
+                        return self.module
+                    except (ImportError, OSError):  # cut short by a killed build: built again below
+                        damaged = True
+                build.mkdir(parents=True, exist_ok=True)
                 # one process builds at a time (a file lock that dies with its holder); holding it, a lock file of
                 # torch's own left in the folder is a killed build's, which would make this one wait forever
                 with exclusive(build.with_name(build.name + ".lock")):
                     (build / "lock").unlink(missing_ok=True)
-                    if not (build / f"{name}.so").is_file():
+                    if damaged:
+                        built.unlink(missing_ok=True)
+                    if not built.is_file():
                         print(f"microspec: building the {self.what} (one time only, a few minutes on 2 cores) in "
                               f"{build}", file=sys.stderr, flush=True)
                     self.module = cpp_extension.load(

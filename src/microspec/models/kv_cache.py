@@ -32,6 +32,11 @@ class KVCache:
         self.capacity = capacity
         self.length = 0
 
+    @staticmethod
+    def slot_bytes(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        """The memory one slot takes: its keys and values in every layer, and its position."""
+        return num_layers * 2 * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size() + 8
+
     @property
     def device(self) -> torch.device:
         return self.kv.device

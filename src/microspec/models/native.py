@@ -148,6 +148,11 @@ class NativeCausalLM(nn.Module):
         s = self.spec
         return KVCache(s.num_layers, s.num_kv_heads, s.head_dim, capacity, self.dtype, self.device)
 
+    def cache_bytes(self, capacity: int) -> int:
+        """The memory :meth:`new_cache` takes for ``capacity`` slots."""
+        s = self.spec
+        return capacity * KVCache.slot_bytes(s.num_layers, s.num_kv_heads, s.head_dim, self.dtype)
+
     # ------------------------------------------------------------------ forward pieces
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         w = self.model.embed_tokens.weight

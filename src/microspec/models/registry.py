@@ -27,9 +27,9 @@ from typing import Any
 import torch
 
 from ..errors import MicrospecError
-from ..paths import cache_root, exclusive
+from ..paths import cache_root, exclusive, not_writable, shared_mode
 from .native import NativeCausalLM
-from .spec import spec_from_config
+from .spec import GGUF_ARCHITECTURES, spec_from_config
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}
@@ -172,13 +172,37 @@ def model_directory(name: str, kind: str, path: Path) -> Path:
         return directory
     with exclusive(directory.parent / (directory.name + ".lock")):
         if not (directory / "model.safetensors").is_file():  # not converted meanwhile by another process
+            _remove_leftovers(directory)
+            _check_architecture(path)  # before anything is written: a truncated file, an architecture not served
             assets = gguf_assets()
-            if assets is not None:
-                _dense_gguf(path, directory, assets)
-            else:
-                _check_gguf(path)  # a full parse is slow on a 262k vocabulary: only before converting
-                _convert_gguf(path, directory)
+            try:
+                if assets is not None:
+                    _dense_gguf(path, directory, assets)
+                else:
+                    _check_gguf(path)  # a full parse is slow on a 262k vocabulary: only before converting
+                    _convert_gguf(path, directory)
+            except OSError as exc:  # a full disk, a read-only cache: nothing half-written is left
+                raise not_writable(directory.parent, exc) from None
     return directory
+
+
+def _remove_leftovers(directory: Path) -> None:
+    """Remove the temporary folders of conversions into ``directory`` that were killed (called holding its lock:
+    no conversion of it is running)."""
+    for tmp in directory.parent.glob(directory.name + ".*"):
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _check_architecture(path: Path) -> None:
+    """One clear line, before any conversion, for a GGUF file that is truncated or of an architecture the engine
+    does not run."""
+    from .gguf import GGUFFile
+
+    arch = GGUFFile(path).architecture
+    if arch not in GGUF_ARCHITECTURES:
+        raise MicrospecError(f"{path.name}: GGUF architecture {arch!r} is not supported; supported: "
+                             f"{', '.join(sorted(GGUF_ARCHITECTURES))}")
 
 
 def builtin_copy(path: Path) -> str | None:
@@ -200,15 +224,27 @@ def _builtin_gguf(b: BuiltinModel) -> Path:
                 return candidate
         raise MicrospecError(f"package {b.package} is installed but {b.filename} is missing from it")
     target = cache_root() / "gguf" / b.filename
-    if target.is_file():
+    if _assembled(target, b):
         return target
     with exclusive(target.with_suffix(".lock")):  # one process assembles; another waits, then finds it
-        if not target.is_file():
+        if not _assembled(target, b):
+            if target.is_file():
+                print(f"microspec: {target} is damaged (not the bytes of {b.name}): assembling it again",
+                      file=sys.stderr)
             module = importlib.import_module(b.package)
             tmp = target.with_suffix(".partial")
-            module.assemble(tmp, overwrite=True)
-            tmp.replace(target)
+            try:
+                module.assemble(tmp, overwrite=True)
+                tmp.replace(target)
+            except OSError as exc:
+                tmp.unlink(missing_ok=True)
+                raise not_writable(target.parent, exc) from None
     return target
+
+
+def _assembled(target: Path, b: BuiltinModel) -> bool:
+    """Whether ``target`` is the built-in's assembled file, whole (its key: the size and both ends' bytes)."""
+    return target.is_file() and _file_key(target) == b.file_key
 
 
 def _file_key(path: Path) -> str:
@@ -253,6 +289,7 @@ def _cache_dir_written(out: Path, source: Path):
     try:
         yield tmp
         (tmp / "SOURCE").write_text(str(source) + "\n")
+        shared_mode(tmp)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
@@ -388,7 +425,10 @@ def read_weights(directory: Path, skip: set[str] = frozenset()) -> dict[str, tor
                 state.update(load_file(str(f)) if f.suffix == ".safetensors"
                              else torch.load(str(f), map_location="cpu", weights_only=True))
     except Exception as exc:  # a damaged file raises many kinds of errors
-        raise MicrospecError(f"could not read the weights in {directory} ({type(exc).__name__}: {exc})") from exc
+        where = f"could not read the weights in {directory} ({type(exc).__name__}: {exc})"
+        if directory.resolve().is_relative_to(cache_root().resolve()):  # a conversion of microspec's own
+            where += f"; the cache is damaged: delete {directory} and it is converted again at the next run"
+        raise MicrospecError(where) from exc
     return state
 
 

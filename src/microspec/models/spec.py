@@ -17,6 +17,8 @@ SUPPORTED_FAMILIES = {
     "qwen3": "qwen3",
     "gemma3_text": "gemma3",
 }
+# the GGUF files' general.architecture values the engine runs (Mistral's GGUF files say "llama")
+GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3"}
 
 
 @dataclass(frozen=True)

@@ -352,9 +352,10 @@ class Gate:
 
     The key is compared with :func:`hmac.compare_digest` (no timing to learn it from); a missing or wrong one is a
     401 before anything else is read.  A response that starts before its request's body was read to the end (a 401,
-    413, 415, 404...) closes the connection (``Connection: close``), so the rest of the body is never read, not even
-    to be thrown away.  The access-log line is written when the response has ended (a stream: at its end):
-    ``[microspec] POST /v1/completions 200 prompt=12 completion=16 0.84s``."""
+    413, 415, 404...) first reads the rest of it and throws it away, within bounds (:func:`drain`), so that clients
+    that send a whole body before reading get the answer; past the bounds it closes the connection (``Connection:
+    close``) without reading more.  The access-log line is written when the response has ended (a stream: at its
+    end): ``[microspec] POST /v1/completions 200 prompt=12 completion=16 0.84s``."""
 
     def __init__(self, app, server: Server):
         self.app, self.server = app, server
@@ -378,6 +379,8 @@ class Gate:
         async def send_logged(message) -> None:
             if message["type"] == "http.response.start":
                 log["status"] = message["status"]
+                if not read[0]:
+                    read[0] = await drain(receive, headers)
                 if not read[0]:
                     message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
             await send(message)
@@ -405,6 +408,37 @@ class Gate:
                 break
         scheme, _, token = given.partition(b" ")
         return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.server.api_key)
+
+
+DRAIN_BYTES = 32 * 1024 * 1024  # the most of an unread body thrown away so that its client reads the answer
+DRAIN_IDLE_S = 1.0  # ... while its parts keep coming, each within this many seconds
+DRAIN_TOTAL_S = 10.0  # ... and at most this long in all
+
+
+async def drain(receive, headers: dict) -> bool:
+    """Read and throw away the rest of a request body before an early answer (401, 413, ...), within
+    :data:`DRAIN_BYTES`, :data:`DRAIN_IDLE_S` and :data:`DRAIN_TOTAL_S` ("lingering close"): a client that sends its
+    whole body before reading (Python's ``http.client``, ``urllib``, the ``openai`` SDK's synchronous calls) then
+    reads the answer instead of a reset connection.  Whether the body was read to its end; a larger declared body
+    is not read at all (its client gets the answer only if it reads before it has sent everything)."""
+    length = headers.get(b"content-length", b"")
+    if length.isdigit() and int(length) > DRAIN_BYTES:
+        return False
+    seen, deadline = 0, time.monotonic() + DRAIN_TOTAL_S
+    try:
+        while seen <= DRAIN_BYTES:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            message = await asyncio.wait_for(receive(), min(DRAIN_IDLE_S, left))
+            if message["type"] != "http.request":
+                return False  # the client went away
+            seen += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return True
+    except asyncio.TimeoutError:
+        return False
+    return False
 
 
 def access_line(scope, log: dict, seconds: float) -> str:

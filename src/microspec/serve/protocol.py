@@ -20,6 +20,7 @@ from ..errors import MicrospecError
 
 ROLES = ("system", "user", "assistant", "developer")
 MAX_STOPS = 4  # as OpenAI
+MAX_STOP_CHARS = 256  # the longest stop sequence taken
 DEFAULT_MAX_TOKENS = {"completion": 16, "chat": 256}  # OpenAI's legacy completions default; chat: the server's
 
 
@@ -123,6 +124,8 @@ def _stops(body: dict) -> tuple[str, ...]:
         raise _bad("'stop' must be a non-empty string or a list of non-empty strings", "stop")
     if len(stops) > MAX_STOPS:
         raise _bad(f"'stop' takes at most {MAX_STOPS} sequences, got {len(stops)}", "stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise _bad(f"a stop sequence may be at most {MAX_STOP_CHARS} characters long", "stop")
     return tuple(_text(s, "'stop'", "stop") for s in stops)
 
 

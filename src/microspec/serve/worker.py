@@ -96,6 +96,11 @@ class JobQueue:
         with self._ready:
             return sum(j is not None for j in self._jobs)
 
+    def put_back(self, job: Job) -> None:
+        """Return ``job``, just taken, to the front of the queue (it waits for memory)."""
+        with self._ready:
+            self._jobs.appendleft(job)
+
     def put(self, job: Job | None, force: bool = False) -> bool:
         """Append ``job`` (None: the stop signal, always taken with ``force``); False when full."""
         with self._ready:
@@ -145,12 +150,33 @@ class _Running:
     job: Job
     gen: object  # its microspec.decoding.loop.Generation
     text: TextStream
+    kv: int = 0  # the bytes of KV cache it holds
+
+
+def default_kv_budget(lm) -> int | None:
+    """The KV-cache memory a server's running requests may hold together, by default: half the memory the system
+    has available now (CPU), 90% of the device's free memory (CUDA); None where that cannot be read."""
+    import torch
+
+    device = lm.model.device
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free * 0.9)
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f if ":" in line)
+        return int(info["MemAvailable"].split()[0]) * 1024 // 2
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
 
 
 class Worker:
     def __init__(self, engine: Engine | AutoEngine, max_queue: int = 64, model_name: str | None = None,
-                 max_num_seqs: int = 8, batch_depth: int | None = None, threads: int | None = None):
-        """``batch_depth``: the deepest level every request of a batch of several drafts (None: measured).
+                 max_num_seqs: int = 8, batch_depth: int | None = None, threads: int | None = None,
+                 kv_budget: int | None = None):
+        """``kv_budget``: the bytes of KV cache the running requests may hold together (None: no bound); a request
+        that needs more alone is refused (400), one that does not fit beside the running ones waits for them.
+        ``batch_depth``: the deepest level every request of a batch of several drafts (None: measured).
         ``threads``: torch's CPU threads for the decoding thread (None: as they are).  A server should load the
         model with one thread and give the decoding thread the real count here: OpenMP keeps a team of threads per
         thread that ran parallel work, and with more of them than cores its idle threads stop spinning between
@@ -162,6 +188,8 @@ class Worker:
         self.queue = JobQueue(max_queue)
         self.metrics = Metrics(model_name or self.lm.name)
         self.max_num_seqs, self.batch_depth, self.threads = max_num_seqs, batch_depth, threads
+        self.kv_budget = kv_budget
+        self.kv_held = 0  # bytes of KV cache the running requests hold
         self.depths = BatchDepth()
         self.step_delay = step_delay()
         self.running = 0
@@ -187,6 +215,9 @@ class Worker:
         """Queue ``job``, or answer 429 when the queue is full (503 once the server is shutting down)."""
         if self.closing:
             raise shutting_down()
+        if self.stopped:
+            raise APIError(503, "the server's decoding worker has stopped; the server log has the details",
+                           code="worker_stopped")
         job.queue = self.queue
         if not self.queue.put(job):
             self.metrics.count("rejected")
@@ -201,8 +232,23 @@ class Worker:
             return None
         return self.depths.depth(n) if self.batch_depth is None else self.batch_depth
 
+    @property
+    def stopped(self) -> bool:
+        """Whether the decoding thread has ended (started and no longer alive)."""
+        return self.thread.ident is not None and not self.thread.is_alive()
+
     # ---------------------------------------------------------------- the thread
     def _loop(self) -> None:
+        """The decoding thread; should it ever end by an exception, the jobs still waiting are answered 500 and
+        :meth:`submit` refuses new ones (503) instead of queueing them for nobody."""
+        try:
+            self._decode()
+        except BaseException as exc:
+            for job in self.queue.drain():
+                job.post(self._failed(exc))
+            raise
+
+    def _decode(self) -> None:
         from ..decoding.loop import step_many
 
         if self.threads is not None:
@@ -219,31 +265,47 @@ class Worker:
                 if job is None:
                     stopping = True
                     break
+                if running and not self._fits(job):  # waits, first in line, until running ones leave
+                    self.queue.put_back(job)
+                    break
                 r = self._admit(job)
                 if r is not None:
                     running.append(r)
+                    self.kv_held += r.kv
             if not running:
                 if stopping:
                     return
                 continue
             self.running = len(running)
-            n, before = len(running), sum(len(r.gen.out) for r in running)
-            depth, t0 = self.depth(n), time.perf_counter()
-            errors = step_many(self.lm.model, [r.gen for r in running], depth)
-            if self.step_delay:  # a testing aid: steps as slow as a slower machine's
-                time.sleep(self.step_delay)
-            self.metrics.on_step(n, depth)
-            if self.batch_depth is None:
-                self.depths.observe(n, depth, sum(len(r.gen.out) for r in running) - before,
-                                    time.perf_counter() - t0)
+            try:
+                errors = self._step(step_many, running)
+            except Exception as exc:  # noqa: BLE001 - the step's own bookkeeping failed: its batch ends, not the worker
+                errors = [exc] * len(running)
             ended = [(r, e) for r, e in zip(running, errors) if e is not None or r.gen.finish is not None]
             running = [r for r, e in zip(running, errors) if e is None and r.gen.finish is None]
             self.running = len(running)  # before the answers: a client that has one sees its slot free
+            self.kv_held -= sum(r.kv for r, _ in ended)
             for r, error in ended:
                 if error is not None:
                     self._end(r.job, error, started=True)
                 else:
-                    self._finish(r)
+                    try:
+                        self._finish(r)
+                    except Exception as exc:  # noqa: BLE001
+                        self._end(r.job, exc, started=True)
+
+    def _step(self, step_many, running: list[_Running]) -> list[BaseException | None]:
+        """One step of every running request (:func:`~microspec.decoding.loop.step_many`: a failure of the shared
+        forward, such as running out of memory, fails each request of it), timed for the batch depth."""
+        n, before = len(running), sum(len(r.gen.out) for r in running)
+        depth, t0 = self.depth(n), time.perf_counter()
+        errors = step_many(self.lm.model, [r.gen for r in running], depth)
+        if self.step_delay:  # a testing aid: steps as slow as a slower machine's
+            time.sleep(self.step_delay)
+        self.metrics.on_step(n, depth)
+        if self.batch_depth is None:
+            self.depths.observe(n, depth, sum(len(r.gen.out) for r in running) - before, time.perf_counter() - t0)
+        return errors
 
     def _admit(self, job: Job) -> _Running | None:
         """Start ``job``: its generation, prefilled, its first token committed; None when it ended already."""
@@ -264,11 +326,23 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - a request must never kill the worker
             self._end(job, exc, started)
             return None
-        r = _Running(job, gen, text)
+        r = _Running(job, gen, text, self.lm.model.cache_bytes(gen.cache.capacity))
         if gen.finish is not None:
             self._finish(r)
             return None
         return r
+
+    def kv_need(self, prompt_tokens: int, cfg) -> int:
+        """The bytes of KV cache a request of ``prompt_tokens`` under ``cfg`` holds while it runs."""
+        from ..decoding.loop import cache_slots
+
+        return self.lm.model.cache_bytes(cache_slots(prompt_tokens, cfg))
+
+    def _fits(self, job: Job) -> bool:
+        """Whether ``job`` fits the KV budget beside the running requests."""
+        if self.kv_budget is None or job.ids is None:
+            return True
+        return self.kv_held + self.kv_need(len(job.ids), job.request.cfg) <= self.kv_budget
 
     def _on_commit(self, job: Job, text: TextStream):
         def on_commit(tokens: list[int]) -> bool:
@@ -322,6 +396,13 @@ class Worker:
             check_prompt(self.lm.model, ids, req.cfg)
         except MicrospecError as exc:
             raise APIError(400, str(exc)) from None
+        need = self.kv_need(len(ids), req.cfg)
+        if self.kv_budget is not None and need > self.kv_budget:
+            mib = 1024 * 1024
+            raise APIError(400, f"this request's KV cache ({len(ids)} prompt tokens + max_tokens "
+                                f"{req.cfg.max_new_tokens}: {need / mib:.0f} MiB) is more than this server's budget "
+                                f"of {self.kv_budget / mib:.0f} MiB; ask for fewer max_tokens", "max_tokens",
+                           code="kv_budget")
         return ids
 
     def encode(self, req: Request) -> list[int]:

@@ -58,14 +58,36 @@ def head_config(head: Path, model: str | None, vocab: str, always, options: dict
     return config
 
 
+def written_here(out: Path) -> bool:
+    """Whether folder ``out`` is missing, empty, or a head directory this command wrote (its config.json names the
+    plugin's architecture): the folders :func:`prepare` may write into without ``force``."""
+    if not out.exists():
+        return True
+    if not out.is_dir():
+        return False
+    if not any(out.iterdir()):
+        return True
+    try:
+        config = json.loads((out / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("architectures") == [ARCHITECTURE] and "microspec" in config
+
+
 def prepare(model: str, vocab: str = "microspec", draft: str | None = None, out: str | os.PathLike | None = None,
-            options: dict | None = None, lm=None) -> tuple[Path, Path]:
+            options: dict | None = None, lm=None, force: bool = False) -> tuple[Path, Path]:
     """(target directory, head directory) for vLLM: ``model`` a built-in name or a model path (or ``lm``, the model
     already loaded); ``vocab`` the draft vocabulary requests use unless they name one (``full``, ``fr-spec-32k``,
-    ``microspec``, ...)."""
+    ``microspec``, ...), made here once so that one the plugin could not make fails now, not at the first request.
+    ``out``: a folder that is not empty must be one this command wrote, unless ``force``."""
     from ..models.registry import BUILTINS, hf_directory, load_model
     from ..vocab.frequency import special_ids
-    from .vocab import draft_method
+    from .vocab import draft_method, draft_policy
+
+    if out is not None:
+        out = Path(out)
+        check(force or written_here(out), f"--out {out} is not empty and was not written by vllm-prepare: choose an "
+                                          "empty or new folder, or add --force to write into it")
 
     lm = lm if lm is not None else load_model(model, "bf16")
     target = hf_directory(lm)
@@ -75,9 +97,12 @@ def prepare(model: str, vocab: str = "microspec", draft: str | None = None, out:
     check(head.is_dir(), f"no EAGLE head for {lm.name}: give one with --draft DIR")
     method = draft_method(vocab)
     if name:
-        method.for_model(name).check_artifacts()
+        method = method.for_model(name)
+        method.check_artifacts()
     always = set(lm.eos_token_ids) | set(special_ids(lm.tokenizer))
-    out = Path(out) if out is not None else cache_root() / "vllm" / f"{lm.name}-{vocab}"
+    given = (options or {}).get(method.vocab)
+    draft_policy(method.replace(**given) if given else method, lm.model.spec.vocab_size, "cpu", always)
+    out = out if out is not None else cache_root() / "vllm" / f"{lm.name}-{vocab}"
     out.mkdir(parents=True, exist_ok=True)
     config = head_config(head, name, vocab, always, options or {})
     (out / "config.json").write_text(json.dumps(config, indent=2, default=str))

@@ -49,6 +49,18 @@ def draft_method(name: str) -> Method:
     return method
 
 
+def draft_policy(method: Method, vocab_size: int, device, always=()):
+    """The vocabulary policy of draft method ``method`` as the plugin runs it (None: the full vocabulary); one clear
+    error for a policy the plugin cannot feed (one that routes on the draft network's inputs)."""
+    from ..engine import build_policy
+
+    policy = build_policy(method, vocab_size, device, always)
+    if policy is not None and policy.wants_draft_inputs:
+        raise MicrospecError(f"draft vocabulary {method.vocab!r} routes on the draft network's inputs, which the "
+                             "vLLM plugin does not pass on: use full, fr-spec, vocabtrim, specvocab or microspec")
+    return policy
+
+
 @dataclass
 class _Request:
     name: str  # the vocabulary drafting (the default where the asked one could not be made)
@@ -83,7 +95,7 @@ class BatchVocab:
         self.order: list[_Request | None] = []  # the batch's rows: the request of each, None for a full row
         self.depth = 0
         self.refused: set[str] = set()
-        self.method(default)  # a bad default fails at start, not at the first request
+        self._new(default)  # a default that cannot be made (a bad name, a missing artifact) fails at start
 
     # ------------------------------------------------------------------ policies
     def method(self, name: str) -> Method:
@@ -103,22 +115,19 @@ class BatchVocab:
         per name (drafts only change speed, never the output; vLLM has no way to refuse one request from here)."""
         try:
             return self._new(name)
-        except MicrospecError as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever a request names, the engine goes on serving
+            if not isinstance(exc, MicrospecError):
+                exc = MicrospecError(f"draft vocabulary {name!r} could not be made ({type(exc).__name__}: {exc})")
             if name not in self.refused:
                 self.refused.add(name)
                 warnings.warn(f"microspec: {exc}; requests naming it draft with {self.default!r}", stacklevel=2)
             return self._new(self.default)
 
     def _new(self, name: str) -> _Request:
-        from ..engine import build_policy
-
         if name in self.static:
             return _Request(name, self.static[name], shared=True)
         method = self.method(name)
-        policy = build_policy(method, self.vocab_size, self.weight.device, self.always)
-        if policy is not None and policy.wants_draft_inputs:
-            raise MicrospecError(f"draft vocabulary {name!r} routes on the draft network's inputs, which the vLLM "
-                                 "plugin does not pass on: use full, fr-spec, vocabtrim, specvocab or microspec")
+        policy = draft_policy(method, self.vocab_size, self.weight.device, self.always)
         head = self.full if policy is None or method.vocab == "full" else DraftHead(self.weight, self.softcap, policy)
         shared = policy is None or _stateless(policy)
         if shared and head is not self.full:

@@ -68,9 +68,12 @@ def topk_ids(logits: torch.Tensor, k: int, block: int = 512) -> torch.Tensor:
 
 SOURCES = ("ctx+ext", "ctx", "ext")
 # Algorithm 1's settings at the paper's values
-W_MAX = Option("w_max", type=int, default=3072, low=1, help="microspec: W_max, the window over the candidate stream")
-K_PRE = Option("k_pre", type=int, default=3, low=0, help="microspec: K_pre, the top-k per prompt position at prefill")
-K_VER = Option("k_ver", type=int, default=3, low=0, help="microspec: K_ver, the top-k of the verify logits per step")
+W_MAX = Option("w_max", type=int, default=3072, low=1, high=32768,
+               help="microspec: W_max, the window over the candidate stream")
+K_PRE = Option("k_pre", type=int, default=3, low=0, high=64,
+               help="microspec: K_pre, the top-k per prompt position at prefill")
+K_VER = Option("k_ver", type=int, default=3, low=0, high=64,
+               help="microspec: K_ver, the top-k of the verify logits per step")
 # no C_pre on a packed CPU target: the target's top-k at a prompt position costs a full-vocabulary head row, so with
 # every position the long-prompt categories (rag, summarization) ran below plain decoding, and fewer positions, down to
 # none, measured faster at about the same acceptance (BENCHMARKS.md)
@@ -113,11 +116,8 @@ class MicroSpecVocab(VocabPolicy):
                  always: Sequence[int] = (), device: torch.device | str = "cpu", gather: str = "packed",
                  backend: str | None = None, k_pre_positions: int | None = None,
                  sources: str = SOURCES_OPTION.default, side_stream: bool = True):
-        check(w_max >= 1, f"--w-max must be >= 1, got {w_max}")
-        check(k_pre >= 0, f"--k-pre must be >= 0, got {k_pre}")
-        check(k_ver >= 0, f"--k-ver must be >= 0, got {k_ver}")
-        check(k_pre_positions is None or k_pre_positions >= 0,
-              f"--k-pre-positions must be >= 0, got {k_pre_positions}")
+        for option, value in ((W_MAX, w_max), (K_PRE, k_pre), (K_VER, k_ver), (K_PRE_POSITIONS, k_pre_positions)):
+            option.check(value)
         check(gather in GATHERS, f"unknown gather {gather!r}; choose from {', '.join(GATHERS)}")
         device = torch.device(device)
         if backend is None:  # CUDA: the Triton window kernels where they build (the tensor window's update costs
