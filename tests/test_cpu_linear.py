@@ -15,10 +15,11 @@ needs_kernel = pytest.mark.skipif(not cpu_linear.available(),
 @needs_kernel
 @pytest.mark.parametrize("m,k,n", [(1, 640, 1000), (3, 13, 37), (2, 8, 4), (17, 64, 9), (40, 136, 67)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_matches_fp32_reference(m, k, n, bias):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_matches_fp32_reference(m, k, n, bias, dtype):
     g = torch.Generator().manual_seed(m * 1000 + k + n)
-    x = torch.randn(m, k, generator=g).bfloat16()
-    w = torch.randn(n, k, generator=g).bfloat16()
+    x = torch.randn(m, k, generator=g).to(dtype)
+    w = torch.randn(n, k, generator=g).to(dtype)
     b = torch.randn(n, generator=g) if bias else None
     got = cpu_linear.linear(x, w, b, out_dtype=torch.float32)
     want = cpu_linear.reference(x, w, b, out_dtype=torch.float32)
@@ -39,12 +40,14 @@ def test_bf16_output_is_the_fp32_sum_rounded_to_nearest_even():
 
 
 @needs_kernel
-def test_rows_do_not_depend_on_the_batch():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rows_do_not_depend_on_the_batch(dtype):
     """Every row's values are bit-identical alone, in a small batch, or deep inside a large one (several row blocks):
-    what lets the verify pass and the one-token decode step agree in bf16."""
+    what lets the verify pass and the one-token decode step agree in bf16 and in fp32 (torch's fp32 matmul does not:
+    its rows differ in their low bits between batch sizes)."""
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(37, 264, generator=g).bfloat16()
-    w = torch.randn(523, 264, generator=g).bfloat16()
+    x = torch.randn(37, 264, generator=g).to(dtype)
+    w = torch.randn(523, 264, generator=g).to(dtype)
     for out_dtype in (torch.float32, torch.bfloat16):
         batch = cpu_linear.linear(x, w, out_dtype=out_dtype)
         alone = torch.cat([cpu_linear.linear(x[i : i + 1], w, out_dtype=out_dtype) for i in range(37)])
@@ -71,17 +74,19 @@ def test_switch_off(monkeypatch):
 
 
 @needs_kernel
-def test_applies_only_to_bf16_cpu_matrices():
+def test_applies_only_to_bf16_and_fp32_cpu_matrices():
     assert cpu_linear.applies(torch.zeros(4, 8, dtype=torch.bfloat16))
-    assert not cpu_linear.applies(torch.zeros(4, 8))
+    assert cpu_linear.applies(torch.zeros(4, 8))
     assert not cpu_linear.applies(torch.zeros(4, 8, dtype=torch.float16))
     assert not cpu_linear.applies(torch.zeros(8, dtype=torch.bfloat16))
 
 
 @needs_kernel
+@torch.inference_mode()
 def test_model_head_and_layers_use_it(monkeypatch):
     """A bf16 tiny model: its forward and LM head give the kernel's values (and torch's within bf16 precision when
-    the kernel is switched off); the head's rows are batch-invariant end to end."""
+    the kernel is switched off); the head's rows are batch-invariant end to end.  (Where a gradient is wanted the
+    products are torch's: training.)"""
     from support import tiny_pair
 
     _, model = tiny_pair("gemma3", dtype=torch.bfloat16)
@@ -98,14 +103,35 @@ def test_model_head_and_layers_use_it(monkeypatch):
 
 
 @needs_kernel
+@pytest.mark.parametrize("family", ["gemma3", "llama"])
+def test_fp32_model_rows_do_not_depend_on_the_batch(family):
+    """An fp32 tiny model: a token's final hidden state and logits are the same bits in a one-token step and as the
+    first row of a 16-row pass (a verify pass, or a server's batch), so fp32 speculation and serving are exact."""
+    from support import tiny_pair
+
+    _, model = tiny_pair(family)
+    prompt = torch.tensor([3, 17, 5, 9, 11, 2, 40, 41, 42, 43])
+    one, many = model.new_cache(64), model.new_cache(64)
+    with torch.inference_mode():
+        model(prompt, one)
+        model(prompt, many)
+        h1 = model(torch.tensor([7]), one)
+        h16 = model(torch.tensor([7, *range(20, 35)]), many)
+        assert torch.equal(h1[0], h16[0])
+        assert torch.equal(model.head(h1), model.head(h16)[:1])
+
+
+@needs_kernel
 def test_default_head_mode_follows_the_kernel(monkeypatch):
     from microspec.decoding.verify import default_head_mode
 
     w = torch.zeros(8, 4, dtype=torch.bfloat16)
     assert default_head_mode(torch.device("cpu"), w) == "path"
-    assert default_head_mode(torch.device("cpu"), w.float()) == "visited"
+    assert default_head_mode(torch.device("cpu"), w.float()) == "path"
+    assert default_head_mode(torch.device("cpu"), w.half()) == "visited"
     monkeypatch.setenv("MICROSPEC_CPU_KERNEL", "0")
     assert default_head_mode(torch.device("cpu"), w) == "visited"
+    assert default_head_mode(torch.device("cpu"), w.float()) == "visited"
 
 
 # ---------------------------------------------------------------- attention (batch-invariant decode / verify)

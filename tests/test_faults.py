@@ -357,3 +357,54 @@ def test_requests_are_admitted_by_kv_cache_memory(engine, monkeypatch):
         assert widest[0] == 1, "two requests that do not fit the budget together ran together"
     finally:
         server.close()
+
+
+def test_a_long_prompt_does_not_stop_the_other_streams(engine, monkeypatch):
+    """A prompt of many prefill forwards takes one per step: a short request that comes while it is prefilled
+    decodes meanwhile; both answers are those each gets alone."""
+    from microspec.decoding import GenerationConfig, loop
+    from microspec.serve.app import create_app
+    from microspec.serve.worker import STEP_DELAY_ENV, Worker
+
+    monkeypatch.setattr(loop, "PREFILL_CHUNK", 8)
+    monkeypatch.setenv(STEP_DELAY_ENV, "0.01")
+    model, events = engine.lm.model, []
+    forward, forward_many = model.forward, model.forward_many
+
+    def logged_forward(ids, cache, *args, **kwargs):
+        if cache.length == 0 or len(ids) > 1 and kwargs.get("positions") is None:
+            events.append(("prefill", cache.length + len(ids)))
+        return forward(ids, cache, *args, **kwargs)
+
+    def logged_many(rows, taps):
+        events.append(("step", len(rows)))
+        return forward_many(rows, taps)
+
+    monkeypatch.setattr(model, "forward", logged_forward)
+    monkeypatch.setattr(model, "forward_many", logged_many)
+    long_prompt = [1] + [(5 * i) % 90 + 3 for i in range(199)]
+    server = InProcessServer(create_app(Worker(engine, max_num_seqs=4), access_log=False))
+    try:
+        answers: dict = {}
+        bodies = {"long": {"prompt": long_prompt, "max_tokens": 5, "temperature": 0, "ignore_eos": True},
+                  "short": {"prompt": [1, 5, 6, 7], "max_tokens": 20, "temperature": 0, "ignore_eos": True}}
+        threads = []
+        for name in ("long", "short"):
+            threads.append(threading.Thread(target=lambda n=name: answers.__setitem__(
+                n, server.post("/v1/completions", bodies[n]))))
+            threads[-1].start()
+            time.sleep(0.1)
+        for t in threads:
+            t.join(60)
+        assert answers["long"][0] == 200 and answers["short"][0] == 200, answers
+        long_forwards = [k for k, (what, n) in enumerate(events) if what == "prefill" and n > 8]
+        assert len(long_forwards) >= 20
+        between = events[long_forwards[0]:long_forwards[-1]]
+        assert ("step", 1) in between, "the short request waited for the whole long prefill"
+    finally:
+        server.close()
+    for name, body in bodies.items():  # (the same prefill forwards: PREFILL_CHUNK is still 8)
+        alone = engine.generate_ids(body["prompt"], GenerationConfig(max_new_tokens=body["max_tokens"],
+                                                                     ignore_eos=True)).token_ids
+        text = engine.lm.tokenizer.decode(alone, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        assert answers[name][1]["choices"][0]["text"] == text, name

@@ -466,6 +466,31 @@ def test_forward_many_equals_each_forward_alone(gguf_model):
         assert c.length == c2.length and torch.equal(c.kv[:, :, :, : c.length], c2.kv[:, :, :, : c2.length])
 
 
+@pytest.mark.parametrize("chunk", [16, 89, 256])
+def test_a_prompt_prefilled_over_several_calls_is_the_prompt_prefilled_at_once(gguf_model, chunk, monkeypatch):
+    """A server spreads a long prompt's prefill over its other requests' steps (a forward of PREFILL_CHUNK tokens
+    per step): the forwards are those of one prefill call, so the cache and the greedy tokens are, bit for bit."""
+    from microspec.decoding import GenerationConfig, generate_ids, loop
+    from microspec.decoding.loop import Generation, step_many
+
+    monkeypatch.setattr(loop, "PREFILL_CHUNK", chunk)
+    packed, _, _ = gguf_model
+    prompt = [(7 * i + 3) % 150 for i in range(90)]
+    cfg = GenerationConfig(max_new_tokens=12, ignore_eos=True)
+    whole = Generation(packed, prompt, cfg)
+    assert whole.prefill()
+    part, calls = Generation(packed, prompt, cfg), 1
+    while not part.prefill(chunks=1):
+        calls += 1
+    assert calls == -(-len(prompt) // chunk)
+    n = whole.cache.length
+    assert part.cache.length == n and torch.equal(part.cache.kv[:, :, :, :n], whole.cache.kv[:, :, :, :n])
+    assert part.out == whole.out
+    while part.finish is None:
+        assert step_many(packed, [part]) == [None]
+    assert part.result().token_ids == generate_ids(packed, prompt, cfg).token_ids
+
+
 @pytest.mark.parametrize("integer", [False, True])
 def test_requests_stepped_together_decode_as_each_alone(gguf_model, integer):
     """Continuous batching (:func:`step_many`): requests with different drafters, policies, decodings and lengths

@@ -170,6 +170,7 @@ def test_vllm_second_model(vllm_run):
 def test_vllm_mixed_batch_and_sampling(vllm_run):
     assert vllm_run["mixed"] == vllm_run["plain"]["batch"]
     assert vllm_run["bad_vocab"] == vllm_run["plain"]["alone"]
+    assert vllm_run["absurd_vocab"] == vllm_run["plain"]["batch"]  # refused, drafted with the default, served
     assert [len(t) for t in vllm_run["sampled"]] == [16, 16]
     assert all(0 <= t < 262144 for seq in vllm_run["sampled"] for t in seq)
 

@@ -6,7 +6,8 @@ Writes one JSON file of what it saw; tests/test_vllm_plugin.py asserts on it.
 
 Two engines in this process (vLLM in-process: VLLM_ENABLE_V1_MULTIPROCESSING=0): vLLM without speculation, and vLLM
 drafting with the plugin's head.  The same prompts, alone and as a batch of 4, greedy, each draft vocabulary; a
-batch whose requests each use another vocabulary; seeded sampling; a request naming no vocabulary.  A second model
+batch whose requests each use another vocabulary; seeded sampling; a request naming no vocabulary, and requests
+whose vocabulary options are past their bounds.  A second model
 (SmolLM2's head), when given, gets the batch greedy with MicroSpec and the mixed batch.
 """
 
@@ -71,6 +72,8 @@ def main(target: str, head: str, out_path: str, second: tuple = ()) -> None:
     result["mixed"] = run(spec, PROMPTS, ["microspec", "full", "fr-spec-32k", "microspec"])
     result["sampled"] = run(spec, PROMPTS[:2], ["microspec", "full"], temperature=0.8, seed=7)
     result["bad_vocab"] = run(spec, PROMPTS[:1], ["no-such-vocabulary"])  # drafts with the default instead
+    # options past their bounds (a window of ten million ids, gigabytes): refused, the default drafts, vLLM serves on
+    result["absurd_vocab"] = run(spec, PROMPTS, ["microspec-w10000000", "microspec-w40000", "full", "microspec"])
     mark("mixed, sampled")
     del spec
     gc.collect()

@@ -35,8 +35,8 @@ HEAD_MODES = ("all", "visited", "path")
 HEAD_MODE = Option(
     "head_mode", choices=HEAD_MODES,
     help="how verification computes the target's LM head: all, visited or path (default: path where a batch of head "
-         "rows costs little more than one row — CUDA, and a CPU with bf16 weights through the CPU kernel — else "
-         "visited)")
+         "rows costs little more than one row — CUDA, and a CPU with bf16 or fp32 weights through the CPU kernel — "
+         "else visited)")
 
 
 def default_head_mode(device: torch.device, head_weight: torch.Tensor | None = None) -> str:

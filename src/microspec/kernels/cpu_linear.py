@@ -1,4 +1,5 @@
-"""CPU matmul for bf16 weights: ``y = x W^T (+ b)``, bf16 weights widened to fp32 in registers, fp32 accumulation.
+"""CPU matmul for bf16 and fp32 weights: ``y = x W^T (+ b)``, bf16 weights widened to fp32 in registers (fp32 ones
+as they are), fp32 accumulation.
 
 Why: on CPUs without native bf16 arithmetic (AVX2, e.g. the 2-core AMD EPYC this project is measured on), torch's
 bf16 matmul is bound by arithmetic, not by memory, so a product over R rows costs about R times one row (so
@@ -11,7 +12,10 @@ Exactness: every output element is the same fixed-order sum (8 fp32 lanes along 
 whatever the number of rows in the call or the block a row falls in; a row's result therefore does not depend on
 the batch it is computed in (batch-invariant), which is what greedy speculative decoding in bf16 needs — the verify
 pass and the one-token decode step compute the same values for the same row.  Outputs are rounded to bf16 (round
-to nearest even) for bf16 layers, or returned in fp32 (the LM head's logits).
+to nearest even) for bf16 layers, or returned in fp32 (fp32 layers, the LM head's logits).  fp32 weights go through
+it for the same reason: torch's fp32 matmul blocks its sums by the number of rows (a row's low bits differ between a
+1-row and a 16-row product), so a verify pass or a server's batch could leave plain decoding at a near tie; through
+this kernel a CPU fp32 row is the same bits in any batch.
 
 Attention (:func:`attend`, bf16 decode steps and tree verification of at most ``ATTENTION_MAX_ROWS`` query rows):
 torch's SDPA blocks its reductions by the shape of the call, so a token's attention output in a 60-row verify pass
@@ -40,17 +44,19 @@ from ._build import Extension
 
 # The C++: csrc/linear_bf16.cpp (with common.h's register tile) and its bindings, built with the default
 # floating-point contraction (as always: its outputs are what the tests and benchmarks were checked against).
-_EXT = Extension("cpu_linear", ["linear_bf16.cpp", "bindings_linear.cpp"], "CPU bf16 kernel")
+_EXT = Extension("cpu_linear", ["linear_bf16.cpp", "bindings_linear.cpp"], "CPU dense-weight kernel")
 
 
 def available() -> bool:
-    """Whether bf16 CPU products go through this kernel (built on first call; False when disabled or unbuildable)."""
+    """Whether dense CPU products go through this kernel (built on first call; False when disabled or unbuildable)."""
     return _EXT.available()
 
 
 def applies(weight: torch.Tensor) -> bool:
-    """Whether a product with ``weight`` goes through this kernel: a bf16 CPU weight of 2 dims, kernel available."""
-    return weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and weight.dim() == 2 and available()
+    """Whether a product with ``weight`` goes through this kernel: a bf16 or fp32 CPU weight of 2 dims, the kernel
+    available."""
+    return (weight.dtype in (torch.bfloat16, torch.float32) and weight.device.type == "cpu" and weight.dim() == 2
+            and available())
 
 
 ATTENTION_MAX_ROWS = 64
@@ -71,8 +77,12 @@ def build_error() -> str | None:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
            out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """``x @ weight.T (+ bias)`` for a bf16 CPU ``weight`` [N, K]; ``x`` [..., K] of any float dtype; result in
-    ``out_dtype`` (bf16: rounded to nearest even from the fp32 sum; fp32: the sum itself)."""
+    """``x @ weight.T (+ bias)`` for a bf16 or fp32 CPU ``weight`` [N, K]; ``x`` [..., K] of any float dtype; result
+    in ``out_dtype`` (bf16: rounded to nearest even from the fp32 sum; fp32: the sum itself).  Where a gradient is
+    wanted (training), torch's product instead, which autograd follows."""
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                    or (bias is not None and bias.requires_grad)):  # training: torch's, with grads
+        return reference(x, weight, bias, out_dtype=out_dtype)  # fp32 sums too
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1]).to(torch.float32).contiguous()
     b = bias.to(torch.float32).contiguous() if bias is not None else torch.empty(0)
@@ -84,7 +94,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
               out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """What :func:`linear` computes, in plain torch (fp32 products of the bf16 weight; summation order differs)."""
+    """What :func:`linear` computes, in plain torch (fp32 products of the weight; summation order differs)."""
     out = torch.nn.functional.linear(x.float(), weight.float(), None if bias is None else bias.float())
     return out.to(out_dtype)
 

@@ -67,6 +67,8 @@ class GGUFFile:
         if buf[:4] != b"GGUF":
             raise MicrospecError(f"{self.path} is not a GGUF file (bad magic bytes)")
         version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+        if version > 255:  # no GGUF version is near this: the header is damaged
+            raise MicrospecError(f"{self.path} is a corrupt or truncated GGUF file (version field {version})")
         if version not in (2, 3):
             raise MicrospecError(f"{self.path}: GGUF version {version} is not supported (2 or 3)")
         pos = 24

@@ -2,8 +2,11 @@
 
 The HTTP side (:mod:`microspec.serve.app`) tokenizes and checks a request off this thread (:meth:`Worker.prepare`),
 submits a :class:`Job` and reads its events from an asyncio queue.  Jobs wait in a bounded queue; at each step
-boundary the worker admits waiting jobs while fewer than ``max_num_seqs`` run (a newcomer's prefill is its own
-forward, then it joins), takes one step of every running request — each drafts its own tree, and all verify passes
+boundary the worker admits waiting jobs while fewer than ``max_num_seqs`` run and their KV caches fit the memory
+budget (a newcomer's prefill is its own forward, then it joins; a prompt longer than one prefill forward,
+:data:`~microspec.decoding.loop.PREFILL_CHUNK` tokens, takes one forward per step, so that a long prompt never stops
+the other streams for long), takes one step of every
+running request — each drafts its own tree, and all verify passes
 share one forward of the target (:func:`~microspec.decoding.loop.step_many`: one read of the packed weights for
 every row) — and lets finished, cancelled and failed requests leave.  Each request keeps its own decoding
 settings, stop conditions, KV cache, drafter and vocabulary policy (:meth:`Engine.start`), so its tokens are those
@@ -151,6 +154,7 @@ class _Running:
     gen: object  # its microspec.decoding.loop.Generation
     text: TextStream
     kv: int = 0  # the bytes of KV cache it holds
+    prefilled: bool = False  # its whole prompt is in its cache (its first token committed)
 
 
 def default_kv_budget(lm) -> int | None:
@@ -256,24 +260,33 @@ class Worker:
 
             torch.set_num_threads(self.threads)
         running: list[_Running] = []
+        prefilling: list[_Running] = []  # admitted, prompts of several prefill forwards: one per step
         stopping = False
         while True:
-            while not stopping and len(running) < self.max_num_seqs:
-                job = self.queue.get(block=not running)
+            while not stopping and len(running) + len(prefilling) < self.max_num_seqs:
+                job = self.queue.get(block=not running and not prefilling)
                 if job is False:
                     break
                 if job is None:
                     stopping = True
                     break
-                if running and not self._fits(job):  # waits, first in line, until running ones leave
+                if (running or prefilling) and not self._fits(job):  # waits, first in line, for memory
                     self.queue.put_back(job)
                     break
                 r = self._admit(job)
                 if r is not None:
-                    running.append(r)
                     self.kv_held += r.kv
+                    (running if r.prefilled else prefilling).append(r)
+            if prefilling:  # one forward of the first long prompt, then a step of the others
+                r = prefilling[0]
+                done = self._prefill(r)
+                if done is None:  # it ended
+                    prefilling.pop(0)
+                    self.kv_held -= r.kv
+                elif done:
+                    running.append(prefilling.pop(0))
             if not running:
-                if stopping:
+                if stopping and not prefilling:
                     return
                 continue
             self.running = len(running)
@@ -308,7 +321,8 @@ class Worker:
         return errors
 
     def _admit(self, job: Job) -> _Running | None:
-        """Start ``job``: its generation, prefilled, its first token committed; None when it ended already."""
+        """Start ``job``: its generation and its prompt's first prefill forward (the whole prompt when it is no
+        longer than one: its first token committed); None when it ended already."""
         if job.cancelled.is_set():  # gone while it waited (a timeout is counted where it happened)
             if job.reason == "client":
                 self.metrics.count("cancelled")
@@ -322,15 +336,28 @@ class Worker:
                                     on_commit=self._on_commit(job, text))
             job.post(("start", len(ids)))
             started = True
-            gen.prefill()
         except Exception as exc:  # noqa: BLE001 - a request must never kill the worker
             self._end(job, exc, started)
             return None
         r = _Running(job, gen, text, self.lm.model.cache_bytes(gen.cache.capacity))
-        if gen.finish is not None:
+        return None if self._prefill(r) is None else r
+
+    def _prefill(self, r: _Running) -> bool | None:
+        """One prefill forward of ``r``'s prompt: whether its prompt is done (its first token committed); None when
+        ``r`` ended (finished at its first token, failed, or cancelled)."""
+        if r.job.cancelled.is_set():
+            if r.job.reason == "client":
+                self.metrics.count("cancelled")
+            return None
+        try:
+            r.prefilled = r.gen.prefill(chunks=1)
+        except Exception as exc:  # noqa: BLE001 - a request must never kill the worker
+            self._end(r.job, exc, started=True)
+            return None
+        if r.prefilled and r.gen.finish is not None:
             self._finish(r)
             return None
-        return r
+        return r.prefilled
 
     def kv_need(self, prompt_tokens: int, cfg) -> int:
         """The bytes of KV cache a request of ``prompt_tokens`` under ``cfg`` holds while it runs."""

@@ -1,28 +1,21 @@
-// The bf16-weight product of cpu_linear: y = x W^T (+ b), bf16 weights widened to fp32 in registers, fp32 sums in
-// a fixed order (the register tile of common.h), outputs rounded to bf16 or kept in fp32.
+// The dense-weight product of cpu_linear: y = x W^T (+ b), bf16 weights widened to fp32 in registers (or fp32
+// weights as they are), fp32 sums in a fixed order (the register tile of common.h), outputs rounded to bf16 or kept
+// in fp32.
 #include "common.h"
 #include "linear_bf16.h"
 
-// x: [M, K] fp32 (contiguous), w: [N, K] bf16, bias: [N] fp32 or empty.  Returns [M, N] in out_dtype.
-torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, torch::Tensor bias, bool out_bf16) {
-  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.is_contiguous() && x.dim() == 2, "x: contiguous fp32 [M, K]");
-  TORCH_CHECK(w.dtype() == torch::kBFloat16 && w.is_contiguous() && w.dim() == 2, "w: contiguous bf16 [N, K]");
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  TORCH_CHECK(w.size(1) == K, "x and w disagree on K");
-  const bool has_bias = bias.defined() && bias.numel() > 0;
-  if (has_bias) TORCH_CHECK(bias.dtype() == torch::kFloat32 && bias.numel() == N, "bias: fp32 [N]");
-  auto out = torch::empty({M, N}, x.options().dtype(out_bf16 ? torch::kBFloat16 : torch::kFloat32));
-  const float* xp = x.data_ptr<float>();
-  const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
-  const float* bp = has_bias ? bias.data_ptr<float>() : nullptr;
-  void* op = out.data_ptr();
+namespace {
+// x: [M, K] fp32, wp: [N, K] weight rows of E (uint16_t: bf16; float), bp: [N] fp32 or null; out: [M, N].
+template <typename E>
+void product(const float* xp, const E* wp, const float* bp, void* op, int64_t M, int64_t K, int64_t N, bool out_bf16) {
+  const bool has_bias = bp != nullptr;
   constexpr int NT = 4;
   // Blocking: each thread takes a range of 4-row weight tiles; it walks them in sub-chunks of ~128 KiB of weights
   // (kept in L2) and, inside a sub-chunk, the input rows in blocks of MB (kept in L1/L2), 2 rows x 4 weight rows
   // per register tile.  One row: the weights stream once.  Many rows (a prefill): each weight sub-chunk is read
   // once from memory for all of them.  The order of every dot product is the same in all cases.
   constexpr int64_t MB = 16;
-  const int64_t sub_tiles = std::max<int64_t>(1, (int64_t(128) * 1024 / (K * 2)) / NT);
+  const int64_t sub_tiles = std::max<int64_t>(1, (int64_t(128) * 1024 / (K * int64_t(sizeof(E)))) / NT);
   const int64_t grain = std::max<int64_t>(1, 64 / NT);
   at::parallel_for(0, (N + NT - 1) / NT, grain, [&](int64_t b0, int64_t b1) {
     float buf[2 * NT];
@@ -58,5 +51,24 @@ torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, torch::Tensor bias, 
       }
     }
   });
+}
+}  // namespace
+
+// x: [M, K] fp32 (contiguous), w: [N, K] bf16 or fp32, bias: [N] fp32 or empty.  Returns [M, N] in out_dtype.
+torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, torch::Tensor bias, bool out_bf16) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.is_contiguous() && x.dim() == 2, "x: contiguous fp32 [M, K]");
+  TORCH_CHECK((w.dtype() == torch::kBFloat16 || w.dtype() == torch::kFloat32) && w.is_contiguous() && w.dim() == 2,
+              "w: contiguous bf16 or fp32 [N, K]");
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  TORCH_CHECK(w.size(1) == K, "x and w disagree on K");
+  const bool has_bias = bias.defined() && bias.numel() > 0;
+  if (has_bias) TORCH_CHECK(bias.dtype() == torch::kFloat32 && bias.numel() == N, "bias: fp32 [N]");
+  auto out = torch::empty({M, N}, x.options().dtype(out_bf16 ? torch::kBFloat16 : torch::kFloat32));
+  const float* bp = has_bias ? bias.data_ptr<float>() : nullptr;
+  if (w.dtype() == torch::kFloat32)
+    product(x.data_ptr<float>(), w.data_ptr<float>(), bp, out.data_ptr(), M, K, N, out_bf16);
+  else
+    product(x.data_ptr<float>(), reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), bp, out.data_ptr(),
+            M, K, N, out_bf16);
   return out;
 }
