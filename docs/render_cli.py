@@ -202,21 +202,29 @@ The model, drafter and vocabulary options are `generate`'s (see its notes); Star
   deltas hold back a tail that may become one), `n` = 1, and the extensions `repetition_penalty` and `ignore_eos`.
   Every answer carries a `microspec` object (τ, tokens/s, steps).  Greedy answers equal `microspec generate
   --no-chat` (completions) and `--chat` (chat) token for token.  Under the default `--drafter auto` each decoding
-  kind has its own engine and measurements, and a seeded sample is exact in distribution but its text depends on the
-  arms taken: name a fixed method for texts reproducible from the seed.
+  kind has its own engine and measurements.  A seeded sample's text depends on the seed and the settings alone: the
+  same under every method, alone or batched (each position's sample is keyed by the seed and the position).
 - **Continuous batching.** Up to `--max-num-seqs` requests are decoded together, joining and leaving at step
   boundaries; each keeps its own decoding settings, stop conditions, KV cache, drafter and vocabulary policy.  Each
   step every request drafts its own tree and all verify passes go through the target in one forward.  A new request
-  is tokenized and checked off the decoding thread and prefilled at the next step boundary.  The kernels on that
-  path are row-wise, so a request's greedy tokens are those it gets alone, whatever it is batched with.  How deep the
+  is tokenized and checked off the decoding thread and prefilled at the next step boundary, 128 prompt tokens per
+  step (the forwards every prefill runs), so a long prompt never stops the other streams for long.  Requests are
+  admitted while their KV caches fit `--kv-cache-bytes` (default: half the memory available at start on a CPU, 90%
+  of the free memory on CUDA): one that could never fit is a 400, one that does not fit now waits.  The kernels on
+  that path are row-wise, so a request's greedy tokens are those it gets alone, whatever it is batched with.  How deep the
   requests of a batch draft is measured per batch size (a depth cap of 0, 1, 2 or 4, re-probed now and then) unless
   `--batch-depth` fixes it; a lone request drafts as its method says.
 - **Limits and faults.** A request that finds `--max-queue` requests waiting gets 429, one asking for more than
-  `--max-tokens` 400, one over `--max-body-bytes` 413 (before the body is read), one past `--request-timeout` 504
-  (a stream ends with an error event, code `timeout`); a POST body must say `Content-Type: application/json`
-  (415 otherwise).  A client that disconnects cancels its generation at the next step.  Every bad input gets an
-  OpenAI error object (`{"error": {"message", "type", "param", "code"}}`) with a 4xx, never a traceback; a failure
-  inside the worker is a 500 for that request only.
+  `--max-tokens` 400, one over `--max-body-bytes` 413 (a declared length over it before the body is read; a body
+  of up to 32 MiB is read and thrown away first, so that clients that send it whole read the answer), one past
+  `--request-timeout` 504 (a stream ends with an error event, code `timeout`); a POST body must say `Content-Type:
+  application/json` (415 otherwise); a stop sequence may be at most 256 characters.  A client that disconnects
+  cancels its generation at the next step.  Every bad input gets an OpenAI error object (`{"error": {"message",
+  "type", "param", "code"}}`) with a 4xx, never a traceback; a failure inside the worker is a 500 for the requests
+  it touched (a failure of a batched step: each request of that step), and the worker goes on.
+- **One tenant.** Suffix decoding (and `auto`'s suffix arm) drafts from earlier responses of every client, and each
+  response reports its speed and acceptance: a client could learn whether others' answers held a text.
+  `--private-responses` keeps each request's drafts to its own text.
 - **Facing a network.** `--api-key KEY` (or `MICROSPEC_API_KEY`) requires `Authorization: Bearer KEY` on every
   route but `/health` (compared in constant time; 401 otherwise); a non-loopback `--host` without a key prints a
   warning.  The port is bound before the model loads, so a port in use exits 2 at once.  One access-log line per

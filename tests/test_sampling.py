@@ -233,10 +233,20 @@ def _eagle3_head():
     return _HEAD["eagle3"]
 
 
+@pytest.fixture(params=["keyed", "rejection"])
+def coupling(request, monkeypatch):
+    """How a seeded sample is verified: keyed by (seed, position), the default, or by rejection sampling (what an
+    unseeded sample uses; seeded here so that the test is reproducible)."""
+    from microspec.decoding import processors
+
+    monkeypatch.setattr(processors, "KEYED_SEEDS", request.param == "keyed")
+    return request.param
+
+
 @pytest.mark.parametrize("name", ["iid-bad", "iid-good", "without-replacement", "deterministic-topk", "zero-mass",
                                   "early-exit-chain", "early-exit-tree", "ngram", "suffix", "eagle-chain",
                                   "eagle-tree", "eagle-lookup", "auto"])
-def test_speculative_sampling_matches_exact_distribution(pair, exact, name):
+def test_speculative_sampling_matches_exact_distribution(pair, exact, name, coupling):
     _, nm = pair
     p1, m2, m3 = exact
     make = _drafters(exact)[name]
@@ -338,7 +348,7 @@ def test_sampling_with_top_k_and_min_p_matches_exact_distribution(pair, exact, d
         assert accepted > N * 0.1  # drafts get accepted under the cut distribution
 
 
-def test_autoregressive_sampling_matches_exact_distribution(pair, exact):
+def test_autoregressive_sampling_matches_exact_distribution(pair, exact, coupling):
     _, nm = pair
     p1, m2, m3 = exact
     counts = torch.zeros(3, VOCAB)
@@ -366,8 +376,8 @@ def test_a_biased_verifier_would_be_caught(pair, exact):
     _, nm = pair
     _, m2, _ = exact
     bad, _ = _qs(exact)
-    original = loop.sample_walk
-    loop.sample_walk = accept_all
+    original = loop.sample_walk, loop.keyed_walk
+    loop.sample_walk = loop.keyed_walk = accept_all
     try:
         counts = torch.zeros(VOCAB)
         for seed in range(400):
@@ -375,7 +385,7 @@ def test_a_biased_verifier_would_be_caught(pair, exact):
                              drafter=RandomTreeDrafter(bad, bad, "iid"))
             counts[r.token_ids[1]] += 1
     finally:
-        loop.sample_walk = original
+        loop.sample_walk, loop.keyed_walk = original
     with pytest.raises(AssertionError):
         _check(counts, m2, "biased")
 
@@ -395,3 +405,64 @@ def test_inverse_cdf_sample_draws_exactly_the_distribution_and_never_a_zero():
     assert int(counts[w == 0].sum()) == 0
     expected = (w[w > 0].double() / w.sum().double() * 20000).numpy()
     assert chisquare(counts[w > 0].double().numpy(), expected * (20000 / expected.sum())).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("settings", [{"temperature": 0.7}, {"temperature": 0.7, "top_p": 0.9,
+                                                            "repetition_penalty": 1.2}])
+def test_a_seeded_sample_is_the_same_text_whatever_drafts_it(pair, exact, settings):
+    """A seed fixes the text: plain decoding, prompt lookup, suffix decoding, EAGLE trees (over the full vocabulary
+    and over MicroSpec's), lookup first and auto's arms changing step by step all return the same tokens for the
+    same seed, while drafts are still accepted."""
+    from microspec.vocab import MicroSpecVocab
+
+    _, nm = pair
+    made = _drafters(exact)
+    makers = {"ar": lambda: None, **{k: made[k] for k in ("ngram", "suffix", "eagle-tree", "eagle-lookup", "auto",
+                                                            "iid-good")},
+              "eagle+microspec": lambda: EagleDrafter(_eagle_head(), depth=2, top_k=3, total_tokens=6)}
+    accepted = 0
+    for seed in range(6):
+        cfg = GenerationConfig(max_new_tokens=24, seed=seed, ignore_eos=True, **settings)
+        texts = {}
+        for name, make in makers.items():
+            vocab = MicroSpecVocab(VOCAB, w_max=12, k_pre=1, k_ver=1) if name == "eagle+microspec" else None
+            r = generate_ids(nm, PROMPT, cfg, drafter=make(), vocab=vocab)
+            texts[name] = r.token_ids
+            accepted += sum(a - 1 for a in r.stats.accept_lengths)
+        assert all(t == texts["ar"] for t in texts.values()), (seed, texts)
+    assert accepted > 20  # speculation still pays: drafts are accepted
+
+
+def test_keyed_uniforms_are_uniform_and_independent():
+    """The uniform of (seed, position): spread evenly over (0, 1], uncorrelated between neighbouring positions
+    and seeds, never 0."""
+    import numpy as np
+    from scipy.stats import chisquare
+
+    from microspec.decoding.processors import keyed_uniform
+
+    u = np.array([[keyed_uniform(seed, pos) for pos in range(64)] for seed in range(-100, 300)])
+    assert u.min() > 0 and u.max() <= 1
+    assert chisquare(np.histogram(u, bins=20, range=(0, 1))[0]).pvalue > 1e-3
+    assert abs(np.corrcoef(u[:, :-1].ravel(), u[:, 1:].ravel())[0, 1]) < 0.03
+    assert abs(np.corrcoef(u[:-1].ravel(), u[1:].ravel())[0, 1]) < 0.03
+
+
+def test_a_seeded_sample_is_the_same_text_in_a_batch_at_any_depth(pair, exact):
+    """A server steps its requests together with the draft depth its batch size allows: a seeded request's text is
+    the one it gets alone at any depth cap, beside any other request."""
+    from microspec.decoding.loop import Generation, step_many
+
+    _, nm = pair
+    cfg = GenerationConfig(max_new_tokens=20, seed=11, ignore_eos=True, temperature=0.9)
+    alone = generate_ids(nm, PROMPT, cfg).token_ids
+    for depth in (0, 1, None):
+        gens = [Generation(nm, PROMPT, cfg, drafter=EagleDrafter(_eagle_head(), depth=3, top_k=2, total_tokens=6)),
+                Generation(nm, PROMPT[:5], GenerationConfig(max_new_tokens=30, ignore_eos=True),
+                           drafter=NGramDrafter(num_tokens=3))]
+        with torch.inference_mode():  # as generate_ids runs it (the tiny model's weights want gradients)
+            for g in gens:
+                g.prefill()
+        while any(g.finish is None for g in gens):
+            assert step_many(nm, gens, depth) == [None, None]
+        assert gens[0].result().token_ids == alone, depth

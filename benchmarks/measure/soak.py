@@ -98,6 +98,8 @@ def request(target, item: dict, model: str, max_tokens: int) -> dict:
             return out
         body = {"model": model, "prompt": item["prompt"], "max_tokens": item.get("max_tokens", max_tokens),
                 "stream": item["stream"], "ignore_eos": True, **DECODINGS[item["decoding"]]}
+        if item["stream"]:
+            body["stream_options"] = {"include_usage": True}
         conn.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
         r = conn.getresponse()
         out["status"] = r.status
@@ -117,6 +119,8 @@ def request(target, item: dict, model: str, max_tokens: int) -> dict:
                 done = True
                 break
             obj = json.loads(line[6:])
+            if obj.get("usage"):
+                out["prompt_tokens"] = obj["usage"]["prompt_tokens"]
             if "error" in obj:
                 out["status"] = 500 if obj["error"].get("type") == "server_error" else out["status"]
                 break
@@ -261,7 +265,7 @@ def main(argv=None) -> dict:
         "server_errors": sum(1 for r in results + long_results if r["status"] and r["status"] >= 500),
         "malformed_not_4xx": len(bad),
         "cancelled": sum(1 for r in results if r.get("cancel")),
-        "long": [{k: r[k] for k in ("status", "lost", "ttft", "wall")} for r in long_results],
+        "long": [{k: r.get(k) for k in ("status", "lost", "ttft", "wall", "prompt_tokens")} for r in long_results],
         "ttft_ms": {label: {"n": len(v), "p50": pct(v, 0.5), "p99": pct(v, 0.99)} for label, v in ttft.items()},
         "rss_mib": [(t, None if v is None else round(v / 2**20, 1)) for t, v in rss],
         "rss_second_half_change": round(max(half) / min(half) - 1, 4) if half else None,

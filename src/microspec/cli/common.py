@@ -63,7 +63,8 @@ def add_decoding_args(p, max_new_tokens: int = 128) -> None:
     p.add_argument("--top-p", type=float, default=1.0,
                    help="sampling: keep the most probable tokens up to this probability mass (default 1.0: all)")
     p.add_argument("--seed", type=int, default=None,
-                   help="sampling seed (the same text again under a fixed --drafter; see --drafter auto)")
+                   help="sampling seed: the same text again, whatever the method (each position's sample is keyed "
+                        "by the seed and the position)")
     p.add_argument("--repetition-penalty", type=float, default=1.0,
                    help="Hugging Face's repetition penalty, over prompt and output (default 1.0: none)")
     p.add_argument("--no-repeat-ngram-size", type=int, default=0,

@@ -26,7 +26,7 @@ from .observers import CoverageObserver
 from .processors import LogitsPipeline
 from .stats import DeviceTimer, GenerationStats, StepClock
 from .tree import DraftTree
-from .verify import HEAD_MODES, LazyHead, default_head_mode, greedy_walk, sample_walk
+from .verify import HEAD_MODES, LazyHead, default_head_mode, greedy_walk, keyed_walk, sample_walk
 
 if TYPE_CHECKING:
     from ..drafters.base import Drafter
@@ -138,9 +138,8 @@ def step_many(model: NativeCausalLM, gens: list[Generation], max_depth: int | No
     """One step of each unfinished generation in ``gens`` (all on ``model``), their verify passes in one forward
     (:meth:`NativeCausalLM.forward_many`: one read of the weights for every row).  Each generation's tokens are
     those it decodes alone (row-wise kernels, its own cache, drafter, policy and random generator).  ``max_depth``:
-    the deepest draft node this step (fewer draft rows as the batch grows) for every generation but those sampling
-    with a seed: another tree shape would draw other random numbers, and a seeded request is to give the same text
-    whatever it was batched with (a greedy one does whatever the depth).  What one generation raises (its
+    the deepest draft node this step (fewer draft rows as the batch grows); a greedy or seeded request's text does
+    not depend on it (a seeded sample is keyed by its position, not drawn in the order of a tree's rows).  What one generation raises (its
     ``on_commit``'s cancellation, a drafter's failure) ends that one only; a failure of the shared forward (out of
     memory, say) ends every generation of it: the exceptions, per generation (None: it went on), the failed ones
     marked finished with reason "error".  It raises nothing."""
@@ -150,7 +149,7 @@ def step_many(model: NativeCausalLM, gens: list[Generation], max_depth: int | No
         if gen.finish is not None:
             continue
         try:
-            trees.append(gen.plan(max_depth if gen.cfg.greedy or gen.cfg.seed is None else None))
+            trees.append(gen.plan(None if gen.cfg.seed is not None and not gen.pipe.keyed else max_depth))
             live.append(k)
         except Exception as exc:  # noqa: BLE001 - one request's failure is its own
             errors[k], gen.finish = exc, "error"
@@ -201,7 +200,7 @@ class Generation:
         self.cache = model.new_cache(cache_slots(len(prompt_ids), cfg))
         self._prompt_states: list = []  # the prompt's final hidden states (and taps) of a prefill in chunks
         self.out: list[int] = []
-        self.walker = greedy_walk if cfg.greedy else sample_walk
+        self.walker = greedy_walk if cfg.greedy else keyed_walk if self.pipe.keyed else sample_walk
         self.clock = StepClock(device)  # marks read once, at the end: no wait for the device inside a step
         self.spans: list[tuple[int, int, int, int]] = []  # per step: marks at draft start, verify start/end, end
         self.vocab_timer = DeviceTimer(device)

@@ -138,12 +138,16 @@ class LogitsPipeline:
         if not cfg.greedy:
             self.generator = torch.Generator(device=device)
             self.generator.manual_seed(cfg.seed if cfg.seed is not None else torch.seed())
+        # a seeded sample is keyed: the token at each position is the draw of a uniform fixed by (seed, position)
+        self.keyed = not cfg.greedy and cfg.seed is not None and KEYED_SEEDS
+        self.position = 0  # tokens committed so far: the next token's position
 
     @property
     def active(self) -> bool:
         return bool(self.processors)
 
     def commit(self, tokens: Sequence[int]) -> None:
+        self.position += len(tokens)
         for p in self.processors:
             p.commit(tokens)
 
@@ -174,23 +178,47 @@ class LogitsPipeline:
         cfg = self.cfg
         return warp_probs(logits, cfg.temperature, cfg.top_p, cfg.top_k, cfg.min_p)
 
-    def choose(self, logits: torch.Tensor) -> torch.Tensor:
-        """Next token of each row of processed logits [R, V]: argmax when greedy, else a sample."""
+    def choose(self, logits: torch.Tensor, position: int | None = None) -> torch.Tensor:
+        """Next token of each row of processed logits [R, V]: argmax when greedy, else a sample; a keyed sample
+        (one row) is the draw of :func:`keyed_uniform` at ``position`` (default: the next token's)."""
         if self.cfg.greedy:
             return logits.argmax(dim=-1)
+        if self.keyed:
+            u = keyed_uniform(self.cfg.seed, self.position if position is None else position)
+            return sample(self.probs(logits), u=u).squeeze(-1)
         return sample(self.probs(logits), self.generator).squeeze(-1)
 
 
-def sample(p: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+KEYED_SEEDS = True  # seeded sampling keyed by (seed, position); False: rejection sampling (tests of that path)
+_M64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """SplitMix64's finaliser: a bijection of 64-bit integers whose every output bit depends on every input bit."""
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def keyed_uniform(seed: int, position: int) -> float:
+    """A uniform number in (0, 1] fixed by ``seed`` and ``position`` alone (53 bits of a hash of both): the draw a
+    seeded sample makes at that position, whatever drafted it, whatever it was batched with, on any device."""
+    return ((_mix64(_mix64(seed & _M64) ^ (position & _M64)) >> 11) + 1) / float(1 << 53)
+
+
+def sample(p: torch.Tensor, generator: torch.Generator | None = None, u: float | None = None) -> torch.Tensor:
     """One index per row of ``p`` [..., V] (non-negative weights, not necessarily normalised), index i with
-    probability ``p[i] / sum(p)``, shaped like ``torch.multinomial(p, 1)``: [..., 1].
+    probability ``p[i] / sum(p)``, shaped like ``torch.multinomial(p, 1)``: [..., 1].  ``u``: the uniform in (0, 1]
+    to draw with (every row), instead of one from ``generator``.
 
     Inverse CDF: a float64 running sum and a binary search for ``u * total``, ``u`` uniform in (0, 1] — an id of
     weight 0 is never drawn (the search stops at the first id whose running sum reaches the target, which has
     weight).  ``torch.multinomial`` draws the same distribution but on one 262,144-wide row on a CPU costs a large
     share of a packed Gemma 3 270M step, many times this search (BENCHMARKS.md)."""
     cdf = p.double().cumsum(-1)
-    u = 1.0 - torch.rand((*cdf.shape[:-1], 1), dtype=torch.float64, generator=generator, device=cdf.device)
+    if u is None:
+        u = 1.0 - torch.rand((*cdf.shape[:-1], 1), dtype=torch.float64, generator=generator, device=cdf.device)
     return torch.searchsorted(cdf, u * cdf[..., -1:]).clamp_(max=p.shape[-1] - 1)
 
 

@@ -138,8 +138,32 @@ def greedy_walk(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline) -> W
         row = child + 1
 
 
+def keyed_walk(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline) -> Walk:
+    """Seeded sampling verification: the target's sample at each position is the inverse-CDF draw of the uniform
+    that the seed and the position fix (:func:`~microspec.decoding.processors.keyed_uniform`), from the target's
+    distribution there (processors with the node's own path, the warpers); a drafted child is accepted exactly
+    when it is that sample, and the first sample the tree lacks is the bonus token.  The committed tokens are those
+    plain decoding draws with the same seed, whatever was drafted: each follows the target's distribution exactly
+    (a fresh uniform per position), and a child is accepted with probability p(child), as deterministic drafts are
+    by rejection sampling."""
+    children = tree.children()
+    row, path_tokens, accepted, chosen_from = 0, [], [], []
+    while True:
+        logits = logits_of(row)[None].clone()
+        if pipe.active:
+            logits = pipe.process(logits, [path_tokens])
+        chosen_from.append(logits[0])
+        target = int(pipe.choose(logits, pipe.position + len(path_tokens)))
+        child = next((c for c in children[row] if tree.tokens[c] == target), None)
+        if child is None:
+            return Walk(accepted, path_tokens + [target], logits_of.computed, chosen_from)
+        accepted.append(child)
+        path_tokens.append(target)
+        row = child + 1
+
+
 def sample_walk(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline) -> Walk:
-    """Lossless sampling verification (recursive rejection over each sibling set).
+    """Lossless sampling verification (recursive rejection over each sibling set), for unseeded sampling.
 
     At each visited row the target distribution p (processors with the node's own path, temperature, top-p) meets
     the row's children in order.  A child x is accepted with probability min(1, p(x) / q(x)); on rejection p becomes

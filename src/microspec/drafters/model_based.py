@@ -11,7 +11,7 @@ from abc import abstractmethod
 
 import torch
 
-from ..decoding.processors import sample
+from ..decoding.processors import keyed_uniform, sample
 from ..decoding.tree import DraftTree
 from ..errors import MicrospecError, check
 from ..models.kv_cache import KVCache
@@ -205,8 +205,13 @@ class ForwardDrafter(Drafter):
                 token = self.head.to_full_ids(logits.argmax(dim=-1))
             else:  # sample from the draft's own distribution, warped like the target's; verification needs it
                 q = ctx.pipe.probs(logits)
-                token = self.head.to_full_ids(sample(q, ctx.pipe.generator)[0])
-                qs.append(self.head.full_distribution(q)[0])
+                full = self.head.full_distribution(q)
+                if ctx.pipe.keyed:  # the uniform the target's keyed sample draws at this position, over the same
+                    # id order: a draft whose distribution is close to the target's draws the target's token
+                    token = sample(full, u=keyed_uniform(ctx.pipe.cfg.seed, ctx.pipe.position + i))[0]
+                else:
+                    token = self.head.to_full_ids(sample(q, ctx.pipe.generator)[0])
+                qs.append(full[0])
             drafted.append(token.reshape(-1))
             if processed:
                 out.append(int(token))

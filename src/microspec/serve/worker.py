@@ -4,8 +4,8 @@ The HTTP side (:mod:`microspec.serve.app`) tokenizes and checks a request off th
 submits a :class:`Job` and reads its events from an asyncio queue.  Jobs wait in a bounded queue; at each step
 boundary the worker admits waiting jobs while fewer than ``max_num_seqs`` run and their KV caches fit the memory
 budget (a newcomer's prefill is its own forward, then it joins; a prompt longer than one prefill forward,
-:data:`~microspec.decoding.loop.PREFILL_CHUNK` tokens, takes one forward per step, so that a long prompt never stops
-the other streams for long), takes one step of every
+:data:`~microspec.decoding.loop.PREFILL_CHUNK` tokens, takes a forward between steps, at most :data:`PREFILL_SHARE`
+of the time while others run, so that a long prompt never stops the other streams for long), takes one step of every
 running request — each drafts its own tree, and all verify passes
 share one forward of the target (:func:`~microspec.decoding.loop.step_many`: one read of the packed weights for
 every row) — and lets finished, cancelled and failed requests leave.  Each request keeps its own decoding
@@ -43,6 +43,10 @@ from .text import TextStream
 
 
 STEP_DELAY_ENV = "MICROSPEC_SERVE_STEP_DELAY"
+# the most of the decoding thread's time a long prompt's prefill takes while other requests run: a prefill forward
+# waits until their steps have had as much time again (a long prompt's first token comes later; theirs do not wait
+# behind it)
+PREFILL_SHARE = 0.5
 
 
 def step_delay() -> float:
@@ -193,6 +197,7 @@ class Worker:
         self.metrics = Metrics(model_name or self.lm.name)
         self.max_num_seqs, self.batch_depth, self.threads = max_num_seqs, batch_depth, threads
         self.kv_budget = kv_budget
+        self.prefill_debt = 0.0  # seconds of steps owed to the running requests before the next prefill forward
         self.kv_held = 0  # bytes of KV cache the running requests hold
         self.depths = BatchDepth()
         self.step_delay = step_delay()
@@ -277,9 +282,11 @@ class Worker:
                 if r is not None:
                     self.kv_held += r.kv
                     (running if r.prefilled else prefilling).append(r)
-            if prefilling:  # one forward of the first long prompt, then a step of the others
-                r = prefilling[0]
+            if prefilling and (not running or self.prefill_debt <= 0):  # a forward of the first long prompt
+                r, t0 = prefilling[0], time.perf_counter()
                 done = self._prefill(r)
+                if running:  # the running requests' steps pay it back before the next one
+                    self.prefill_debt += (time.perf_counter() - t0) * (1 / PREFILL_SHARE - 1)
                 if done is None:  # it ended
                     prefilling.pop(0)
                     self.kv_held -= r.kv
@@ -290,10 +297,12 @@ class Worker:
                     return
                 continue
             self.running = len(running)
+            t0 = time.perf_counter()
             try:
                 errors = self._step(step_many, running)
             except Exception as exc:  # noqa: BLE001 - the step's own bookkeeping failed: its batch ends, not the worker
                 errors = [exc] * len(running)
+            self.prefill_debt = max(0.0, self.prefill_debt - (time.perf_counter() - t0))
             ended = [(r, e) for r, e in zip(running, errors) if e is not None or r.gen.finish is not None]
             running = [r for r, e in zip(running, errors) if e is None and r.gen.finish is None]
             self.running = len(running)  # before the answers: a client that has one sees its slot free
