@@ -13,8 +13,8 @@ client of its own.
 
 Reports: the status counts; requests lost (no answer, a cut connection, a stream without its end) and 5xx answers,
 both of which must be 0; the time to first token of the short streamed requests (p50, p99) with no long prompt in
-flight and with one; and the server's resident memory every ``--rss-every`` seconds, with the change over the second
-half of the run.  Exit status 1 when a request was lost, a 5xx came back or a bad request was not a 4xx.
+flight and with one; and the server's resident memory every ``--rss-every`` seconds, with its floor (the least of
+each tenth of the run with no long prompt in flight) over the second half.  Exit status 1 when a request was lost, a 5xx came back or a bad request was not a 4xx.
 """
 
 from __future__ import annotations
@@ -203,8 +203,10 @@ def main(argv=None) -> dict:
         def long_request():
             with lock:
                 in_flight[0] += 1
+            start = time.perf_counter() - t_start
             r = request(target, {"kind": "long", "decoding": "greedy", "prompt": long_prompt, "stream": True,
                                  "cancel": False, "max_tokens": 8}, model, 8)
+            r.update(start_s=round(start, 1), end_s=round(time.perf_counter() - t_start, 1))
             with lock:
                 in_flight[0] -= 1
                 long_results.append(r)
@@ -254,6 +256,12 @@ def main(argv=None) -> dict:
     ttft = {label: [r["ttft"] for r in results if r["kind"] == "short" and r["stream"] and not r["cancel"]
                     and r["ttft"] is not None and r["during_long"] == during]
             for label, during in (("no_long_prompt", False), ("long_prompt_in_flight", True))}
+    # the floor of memory: the least RSS of each tenth of the run without a long prompt in flight (whose KV cache is
+    # memory it holds, not memory kept), over the second half
+    spans = [(r["start_s"], r["end_s"]) for r in long_results]
+    tenths = [(k * wall / 10, (k + 1) * wall / 10) for k in range(5, 10)]
+    floors = [min(v for t, v in rss if v is not None and a <= t < b) for a, b in tenths
+              if not any(s0 < b and a < s1 for s0, s1 in spans) and any(v and a <= t < b for t, v in rss)]
     half = [v for t, v in rss if v is not None and t >= wall / 2]
     out = {
         **run_meta(), "url": url, "serve_args": None if args.url else args.serve_args, "model": model,
@@ -265,10 +273,13 @@ def main(argv=None) -> dict:
         "server_errors": sum(1 for r in results + long_results if r["status"] and r["status"] >= 500),
         "malformed_not_4xx": len(bad),
         "cancelled": sum(1 for r in results if r.get("cancel")),
-        "long": [{k: r.get(k) for k in ("status", "lost", "ttft", "wall", "prompt_tokens")} for r in long_results],
+        "long": [{k: r.get(k) for k in ("status", "lost", "ttft", "wall", "prompt_tokens", "start_s", "end_s")}
+                 for r in long_results],
         "ttft_ms": {label: {"n": len(v), "p50": pct(v, 0.5), "p99": pct(v, 0.99)} for label, v in ttft.items()},
         "rss_mib": [(t, None if v is None else round(v / 2**20, 1)) for t, v in rss],
         "rss_second_half_change": round(max(half) / min(half) - 1, 4) if half else None,
+        "rss_floor_mib": [round(f / 2**20, 1) for f in floors],
+        "rss_floor_change": round(max(floors) / min(floors) - 1, 4) if floors else None,
     }
     p99 = [out["ttft_ms"][k]["p99"] for k in ("no_long_prompt", "long_prompt_in_flight")]
     out["ttft_p99_ratio"] = round(p99[1] / p99[0], 2) if None not in p99 and p99[0] else None
@@ -277,7 +288,7 @@ def main(argv=None) -> dict:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text + "\n")
     print(json.dumps({k: out[k] for k in ("statuses", "lost", "server_errors", "malformed_not_4xx", "ttft_ms",
-                                          "ttft_p99_ratio", "rss_second_half_change", "wall_s")}))
+                                          "ttft_p99_ratio", "rss_floor_change", "wall_s")}))
     return out
 
 

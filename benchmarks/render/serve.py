@@ -204,11 +204,70 @@ def _suffix() -> str:
     ])
 
 
+SOAK = "2026-11-26-soak/results.json"
+# the long prompt's length in Gemma 3 270M's tokens where a run did not record it (soak.py's LONG_TEXT repeated for
+# --long-tokens 30000, counted with the model's tokenizer)
+LONG_PROMPT_TOKENS = {30000: 26786}
+
+
+def _floor(d: dict) -> str | None:
+    """The floor of memory soak.py records: the least RSS of each tenth of the run's second half with no long prompt
+    in flight (a long prompt's KV cache is memory in use, not memory kept)."""
+    floors = d.get("rss_floor_mib")
+    if not floors:
+        return None
+    return f"{min(floors):,.0f} – {max(floors):,.0f} MiB over {len(floors)} tenths ({d['rss_floor_change']:.1%})"
+
+
+def _long_tokens(d: dict) -> str:
+    counted = {r.get("prompt_tokens") for r in d["long"]} - {None}
+    n = counted.pop() if len(counted) == 1 else LONG_PROMPT_TOKENS.get(d["long_tokens"])
+    return f"{n:,}" if n else f"about {d['long_tokens']:,}"
+
+
+def _soak() -> str:
+    d = load(SOAK)
+    t = d["ttft_ms"]
+    rss = [v for _, v in d["rss_mib"] if v is not None]
+    cmd = (f"python benchmarks/measure/soak.py --requests {d['requests']} --concurrency {d['concurrency']} "
+           f"--long-prompts {d['long_prompts']} --long-tokens {d['long_tokens']} --max-tokens {d['max_tokens']} "
+           f"--serve-args \"{d['serve_args']}\" --out benchmarks/results/{SOAK}")
+    statuses = ", ".join(f"{k}: {v:,}" for k, v in sorted(d["statuses"].items()))
+    longs = "; ".join(f"{'answered' if not r['lost'] and r['status'] == 200 else 'lost'} in {r['wall']:.0f} s, "
+                      f"first token after {r['ttft']:.0f} s" if r["ttft"] is not None else f"status {r['status']}"
+                      for r in sorted(d["long"], key=lambda r: r.get("start_s") or 0))
+    return "\n".join([
+        "### Soak: every kind of request against one server", "",
+        f"{d['requests']:,} requests from {d['concurrency']} clients against one server (the default method, "
+        f"`auto`): short completions of {d['max_tokens']} tokens in mixed decodings (greedy, penalty 1.2, T 0.7 "
+        f"seeded, both), streamed or not; {d['cancel_share']:.0%} hung up after their first chunk; "
+        f"{d['malformed_share']:.0%} bad requests (broken JSON, wrong types, out-of-range values, an over-long stop "
+        f"sequence, an unknown route); and {d['long_prompts']} long prompts ({_long_tokens(d)} tokens) started at "
+        "even points of the run.", "",
+        table(["", "value"], [
+            ["answers by status", statuses],
+            ["lost (no answer, a cut connection, a stream without its end)", d["lost"]],
+            ["5xx answers", d["server_errors"]],
+            ["bad requests not answered 4xx", d["malformed_not_4xx"]],
+            ["short streams' time to first token, p50 / p99 ms: no long prompt in flight",
+             f"{num(t['no_long_prompt']['p50'], 0)} / {num(t['no_long_prompt']['p99'], 0)} "
+             f"({t['no_long_prompt']['n']:,} requests)"],
+            ["... with a long prompt in flight",
+             f"{num(t['long_prompt_in_flight']['p50'], 0)} / {num(t['long_prompt_in_flight']['p99'], 0)} "
+             f"({t['long_prompt_in_flight']['n']:,} requests); p99 {x(d['ttft_p99_ratio'])} of the above"],
+            ["the long prompts", longs],
+            ["server RSS MiB: min / max over the run", f"{min(rss):,.0f} / {max(rss):,.0f}" if rss else None],
+            ["... its floor: the least of each tenth of the second half with no long prompt in flight", _floor(d)],
+            ["wall", f"{d['wall_s'] / 60:.1f} min"]]), "",
+        Source(SOAK, cmd, d["date"].split(" ")[0], "2-core AMD EPYC (AVX-512), 2 threads", d["commit"]).markdown(), "",
+    ])
+
+
 def render() -> str:
     return "\n".join(["## The server under load", "",
                       "`microspec serve` (OpenAI-style completions, streamed) on Gemma 3 270M with packed GGUF "
-                      "weights, on loopback; every request greedy.", "",
-                      _load(), _memory(), _suffix()]).rstrip() + "\n"
+                      "weights, on loopback; every request greedy unless a section says otherwise.", "",
+                      _load(), _memory(), _suffix(), _soak()]).rstrip() + "\n"
 
 
 FIGURES: dict = {}
