@@ -207,8 +207,9 @@ The model, drafter and vocabulary options are `generate`'s (see its notes); Star
 - **Continuous batching.** Up to `--max-num-seqs` requests are decoded together, joining and leaving at step
   boundaries; each keeps its own decoding settings, stop conditions, KV cache, drafter and vocabulary policy.  Each
   step every request drafts its own tree and all verify passes go through the target in one forward.  A new request
-  is tokenized and checked off the decoding thread and prefilled at the next step boundary, 128 prompt tokens per
-  step (the forwards every prefill runs), so a long prompt never stops the other streams for long.  Requests are
+  is tokenized and checked off the decoding thread and prefilled at the next step boundary, in forwards of 128
+  prompt tokens (those every prefill runs) between the other requests' steps, taking at most half the time while
+  they run, so a long prompt never stops the other streams for long.  Requests are
   admitted while their KV caches fit `--kv-cache-bytes` (default: half the memory available at start on a CPU, 90%
   of the free memory on CUDA): one that could never fit is a 400, one that does not fit now waits.  The kernels on
   that path are row-wise, so a request's greedy tokens are those it gets alone, whatever it is batched with.  How deep the
