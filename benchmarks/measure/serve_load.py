@@ -204,6 +204,42 @@ def short_behind_long(target: Target, model: str, key: str | None) -> dict:
             "long_step_ms_p50": pct(steps, 0.5), "short_ok": short["ok"], "long_ok": long_result.get("ok")}
 
 
+def start_server(serve_args: str, *extra: str) -> tuple[subprocess.Popen, str]:
+    """``microspec serve`` with ``serve_args`` (and ``extra``) on a free loopback port: (its process, its URL)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "microspec", "serve", "--port", str(port), *extra,
+                             *shlex.split(serve_args)], stderr=subprocess.PIPE, text=True)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def wait_up(target: Target, proc: subprocess.Popen | None, timeout: float = 600) -> None:
+    """Wait until ``target`` answers /health (one error line when the server started here exits first, or after
+    ``timeout`` seconds)."""
+    deadline = time.time() + timeout
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"error: the server exited: {proc.stderr.read()[-2000:]}")
+        try:
+            if target.get("/health")[0] == 200:
+                return
+        except OSError:
+            pass
+        if time.time() > deadline:
+            raise SystemExit(f"error: the server did not come up in {timeout:g} s")
+        time.sleep(0.5)
+
+
+def stop_server(proc: subprocess.Popen | None, grace: float) -> None:
+    """Stop a server started here (SIGTERM, then SIGKILL after ``grace`` seconds); nothing for a running one."""
+    if proc is None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--url", default=None, help="a running server on loopback (default: start one)")
@@ -227,28 +263,11 @@ def main(argv=None) -> dict:
         raise SystemExit(f"error: --clients takes integers separated by commas, got {args.clients!r}") from None
     if min(*levels, args.requests, args.max_tokens) < 1 or args.cancel_every < 0:
         raise SystemExit("error: --clients, --requests and --max-tokens must be >= 1, --cancel-every >= 0")
-    proc = None
-    url = args.url
-    if url is None:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        extra = ["--api-key", args.api_key] if args.api_key else []
-        proc = subprocess.Popen([sys.executable, "-m", "microspec", "serve", "--port", str(port), *extra,
-                                 *shlex.split(args.serve_args)], stderr=subprocess.PIPE, text=True)
+    proc, url = (None, args.url) if args.url else start_server(
+        args.serve_args, *(["--api-key", args.api_key] if args.api_key else []))
     target = Target(url)
     try:
-        deadline = time.time() + 600
-        while True:
-            if proc is not None and proc.poll() is not None:
-                raise SystemExit(f"error: the server exited: {proc.stderr.read()[-2000:]}")
-            try:
-                if target.get("/health")[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.time() > deadline:
-                raise SystemExit("error: the server did not come up in 600 s")
-            time.sleep(0.5)
+        wait_up(target, proc)
         model = target.model()
         for i in range(args.warmup):
             target.stream(model, PROMPTS[i % len(PROMPTS)], args.max_tokens, timeout=600,
@@ -267,12 +286,7 @@ def main(argv=None) -> dict:
         probe = short_behind_long(target, model, args.api_key) if args.short_behind_long else None
         rss["end"] = target.rss()
     finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_server(proc, 20)
     base = next((r["generated_tokens_per_s"] for r in runs if r["clients"] == 1), None)
     for r in runs:
         r["speedup_vs_1_client"] = round(r["generated_tokens_per_s"] / base, 2) if base else None

@@ -24,8 +24,6 @@ import http.client
 import importlib.util
 import json
 import random
-import shlex
-import subprocess
 import sys
 import threading
 import time
@@ -43,7 +41,7 @@ def _serve_load():
 
 
 serve_load = _serve_load()
-PROMPTS, Target, free_port, pct = serve_load.PROMPTS, serve_load.Target, serve_load.free_port, serve_load.pct
+PROMPTS, Target, pct = serve_load.PROMPTS, serve_load.Target, serve_load.pct
 DECODINGS = {"greedy": {"temperature": 0}, "penalty": {"temperature": 0, "repetition_penalty": 1.2},
              "sampled": {"temperature": 0.7, "seed": 7}, "sampled+penalty": {"temperature": 0.7, "seed": 7,
                                                                             "repetition_penalty": 1.2}}
@@ -165,30 +163,14 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     if min(args.requests, args.concurrency, args.max_tokens) < 1 or args.long_prompts < 0:
         raise SystemExit("error: --requests, --concurrency and --max-tokens must be >= 1, --long-prompts >= 0")
-    proc, url = None, args.url
-    if url is None:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        proc = subprocess.Popen([sys.executable, "-m", "microspec", "serve", "--port", str(port), "--no-access-log",
-                                 *shlex.split(args.serve_args)], stderr=subprocess.PIPE, text=True)
+    proc, url = (None, args.url) if args.url else serve_load.start_server(args.serve_args, "--no-access-log")
     target = Target(url)
     results: list[dict] = []
     long_results: list[dict] = []
     rss: list[tuple[float, int | None]] = []
     lock, in_flight, stop = threading.Lock(), [0], threading.Event()
     try:
-        deadline = time.time() + 600
-        while True:
-            if proc is not None and proc.poll() is not None:
-                raise SystemExit(f"error: the server exited: {proc.stderr.read()[-2000:]}")
-            try:
-                if target.get("/health")[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.time() > deadline:
-                raise SystemExit("error: the server did not come up in 600 s")
-            time.sleep(0.5)
+        serve_load.wait_up(target, proc)
         model = target.model()
         items = plan(args)
         tokens = len(LONG_TEXT.split()) * 1.3  # rough tokens per copy; the server counts them
@@ -243,12 +225,7 @@ def main(argv=None) -> dict:
         wall = time.perf_counter() - t_start
         stop.set()
     finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        serve_load.stop_server(proc, 30)
     statuses: dict = {}
     for r in results + long_results:
         statuses[str(r["status"])] = statuses.get(str(r["status"]), 0) + 1

@@ -117,25 +117,33 @@ class LazyHead:
         return self._argmax[row]
 
 
-def greedy_walk(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline) -> Walk:
-    """Follow the target's own greedy choice from the root while the tree contains it; the first choice the tree
-    lacks is the bonus token.  Processors see each node's own path as history."""
+def _follow(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline, target_of) -> Walk:
+    """Follow the target's own choice (``target_of(row, logits, depth)``, of the row's processed logits) from the
+    root while the tree contains it; the first choice the tree lacks is the bonus token.  Processors see each node's
+    own path as history."""
     children = tree.children()
     row, path_tokens, accepted, chosen_from = 0, [], [], []
     while True:
         logits = logits_of(row)
         if pipe.active:
             logits = pipe.process(logits[None].clone(), [path_tokens])[0]
-            target = cpu_quant.argmax(logits)
-        else:
-            target = logits_of.argmax(row)
         chosen_from.append(logits)
+        target = target_of(row, logits, len(path_tokens))
         child = next((c for c in children[row] if tree.tokens[c] == target), None)
         if child is None:
             return Walk(accepted, path_tokens + [target], logits_of.computed, chosen_from)
         accepted.append(child)
         path_tokens.append(target)
         row = child + 1
+
+
+def greedy_walk(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline) -> Walk:
+    """Follow the target's own greedy choice from the root while the tree contains it; the first choice the tree
+    lacks is the bonus token.  Processors see each node's own path as history."""
+    def argmax(row: int, logits: torch.Tensor, depth: int) -> int:
+        return cpu_quant.argmax(logits) if pipe.active else logits_of.argmax(row)
+
+    return _follow(tree, logits_of, pipe, argmax)
 
 
 def keyed_walk(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline) -> Walk:
@@ -146,20 +154,10 @@ def keyed_walk(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline) -> Wa
     plain decoding draws with the same seed, whatever was drafted: each follows the target's distribution exactly
     (a fresh uniform per position), and a child is accepted with probability p(child), as deterministic drafts are
     by rejection sampling."""
-    children = tree.children()
-    row, path_tokens, accepted, chosen_from = 0, [], [], []
-    while True:
-        logits = logits_of(row)[None].clone()
-        if pipe.active:
-            logits = pipe.process(logits, [path_tokens])
-        chosen_from.append(logits[0])
-        target = int(pipe.choose(logits, pipe.position + len(path_tokens)))
-        child = next((c for c in children[row] if tree.tokens[c] == target), None)
-        if child is None:
-            return Walk(accepted, path_tokens + [target], logits_of.computed, chosen_from)
-        accepted.append(child)
-        path_tokens.append(target)
-        row = child + 1
+    def keyed(row: int, logits: torch.Tensor, depth: int) -> int:
+        return int(pipe.choose(logits[None], pipe.position + depth))
+
+    return _follow(tree, logits_of, pipe, keyed)
 
 
 def sample_walk(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline) -> Walk:
