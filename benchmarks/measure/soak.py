@@ -239,7 +239,6 @@ def main(argv=None) -> dict:
     tenths = [(k * wall / 10, (k + 1) * wall / 10) for k in range(5, 10)]
     floors = [min(v for t, v in rss if v is not None and a <= t < b) for a, b in tenths
               if not any(s0 < b and a < s1 for s0, s1 in spans) and any(v and a <= t < b for t, v in rss)]
-    half = [v for t, v in rss if v is not None and t >= wall / 2]
     out = {
         **run_meta(), "url": url, "serve_args": None if args.url else args.serve_args, "model": model,
         "requests": args.requests, "concurrency": args.concurrency, "max_tokens": args.max_tokens,
@@ -254,7 +253,6 @@ def main(argv=None) -> dict:
                  for r in long_results],
         "ttft_ms": {label: {"n": len(v), "p50": pct(v, 0.5), "p99": pct(v, 0.99)} for label, v in ttft.items()},
         "rss_mib": [(t, None if v is None else round(v / 2**20, 1)) for t, v in rss],
-        "rss_second_half_change": round(max(half) / min(half) - 1, 4) if half else None,
         "rss_floor_mib": [round(f / 2**20, 1) for f in floors],
         "rss_floor_change": round(max(floors) / min(floors) - 1, 4) if floors else None,
     }
