@@ -211,6 +211,33 @@ CHAT_TEMPLATE = ("{% for m in messages %}<bos> {{ m['role'] }} {{ m['content'] }
                  "{% if add_generation_prompt %}<bos> assistant {% endif %}")
 
 
+class ScriptedChoice:
+    """A chooser for :class:`~microspec.auto.Portfolio` whose picks a subclass scripts (:meth:`pick`): it counts the
+    arms taken and measures nothing, so that tests can force any order of arms."""
+
+    def __init__(self, history, start, **_):
+        self.arms, self.chosen = history.arms, {}
+
+    def take(self, arm: str) -> str:
+        self.chosen[arm.split("@")[0]] = self.chosen.get(arm.split("@")[0], 0) + 1
+        return arm
+
+    def observe(self, arm, tokens, seconds, nodes=0):
+        pass
+
+    def score(self, arm, tokens, nodes, seconds=None):
+        pass
+
+    def charge(self, seconds):
+        pass
+
+    def plain_step(self):
+        return None
+
+    def summary(self):
+        return {"arms": dict(self.chosen), "switches": 0, "switch_s": 0.0}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

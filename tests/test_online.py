@@ -7,15 +7,18 @@ server run."""
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
-from support import official_checkpoint, tiny_pair
+from support import VOCAB, ScriptedChoice, official_checkpoint, tiny_pair
 from microspec.decoding import GenerationConfig, generate_ids
 from microspec.auto import ArmHistory, OnlineChoice
 from microspec.drafters import EagleDrafter, EagleHead, NGramDrafter
 from microspec.drafters.lookup_first import LookupFirst
 from microspec.auto import Portfolio
+from microspec.drafters.base import Drafter
+from microspec.decoding.tree import DraftTree
 from microspec.drafters.suffix import SuffixDrafter
 
 ARMS = ("plain", "lookup", "suffix", "eagle")
@@ -118,25 +121,15 @@ def test_bad_settings_and_arms_are_refused():
         OnlineChoice(ArmHistory(ARMS), "plain", probe_steps=1)
 
 
-class Alternate:
+class Alternate(ScriptedChoice):
     """A chooser that changes arm at every step (in the order of a seeded shuffle)."""
 
     def __init__(self, history, start, **_):
-        self.arms, self.rng, self.chosen = history.arms, random.Random(len(history.arms)), {}
+        super().__init__(history, start)
+        self.rng = random.Random(len(history.arms))
 
     def pick(self, tokens_left, available=None, backlog=None):
-        arm = self.rng.choice(sorted(available or self.arms))
-        self.chosen[arm.split("@")[0]] = self.chosen.get(arm.split("@")[0], 0) + 1
-        return arm
-
-    def observe(self, arm, tokens, seconds, nodes=0):
-        pass
-
-    def score(self, arm, tokens, nodes, seconds=None):
-        pass
-
-    def summary(self):
-        return {"arms": dict(self.chosen), "switches": 0, "switch_s": 0.0}
+        return self.take(self.rng.choice(sorted(available or self.arms)))
 
 
 @pytest.mark.parametrize("settings", [{}, {"repetition_penalty": 1.3}, {"no_repeat_ngram_size": 3}])
@@ -162,3 +155,60 @@ def test_greedy_output_is_the_targets_whatever_the_arms(tmp_path, settings, choo
     assert portfolio.fresh().history is portfolio.history
     if chooser is OnlineChoice:  # what the requests measured is the engine's
         assert sum(len(s) for s in portfolio.history.steps.values()) > 0
+
+
+class Missing(Drafter):
+    """A drafter whose proposals always miss (the token after the true next one, ``truth`` being the target's own
+    output) after ``delay`` seconds: a slow arm that never pays.  ``cheap``: proposes at every step it is asked."""
+
+    name = "missing"
+
+    def __init__(self, truth: list[int], prompt: int, delay: float, cheap: bool, length: int = 2):
+        self.truth, self.prompt, self.delay, self.cheap, self.length = truth, prompt, delay, cheap, length
+        self.matched = 1
+
+    def propose(self, ctx):
+        time.sleep(self.delay)
+        at = len(ctx.tokens) - self.prompt
+        return DraftTree.chain([(t + 1) % VOCAB for t in self.truth[at:at + self.length]])
+
+
+def test_what_choosing_costs_stays_within_its_budget(monkeypatch):
+    """A slow cheap arm (a proposal costs a fifth of a plain step) and a slow model arm (a step three times a plain
+    one) that never pay: auto decodes plainly, its choosing (the proposals not taken, scoring, bookkeeping, the
+    probes) costs at most its budget of the steps' time, and its output is the target's."""
+    _, nm = tiny_pair("llama")
+    step_s = 0.008
+    forward = nm.forward
+    monkeypatch.setattr(nm, "forward", lambda *a, **k: (time.sleep(step_s), forward(*a, **k))[1])
+    prompt = [1, 5, 9, 13, 5, 9, 13, 17, 5, 9]
+    cfg = GenerationConfig(max_new_tokens=160, ignore_eos=True)
+    truth = generate_ids(nm, prompt, cfg).token_ids
+    arms = {"plain": None, "slow": Missing(truth, len(prompt), step_s / 5, cheap=True),
+            "heavy": Missing(truth, len(prompt), 2 * step_s, cheap=False)}
+    portfolio = Portfolio(arms, "plain")
+    got = generate_ids(nm, prompt, cfg, drafter=portfolio)
+    assert got.token_ids == truth
+    auto = got.stats.auto
+    spent = auto["overhead_s"] + auto["probe_s"]
+    assert auto["arms"]["plain"] >= 0.95 * got.stats.steps, auto
+    assert spent <= portfolio.choice_options.get("budget", 0.03) * auto["spent_s"] + step_s, auto
+
+
+def test_a_model_arm_that_loses_to_plain_decoding_steps_aside():
+    """An arm the engine measured fast that is slow on this request's text: its steady steps' loss against plain
+    decoding is counted, and once it is ``give_up`` plain steps behind it is left out until a probe of it pays."""
+    history = ArmHistory(ARMS)
+    for _ in range(64):  # earlier requests: eagle at 100 tok/s, plain at 50
+        history.add("eagle", 2, 0.020)
+        history.add("plain", 1, 0.020)
+    choice = OnlineChoice(history, "plain", catch_up=("eagle",), give_up=3.0)
+    taken = []
+    for _ in range(30):  # this request: an eagle step commits 1 token in 25 ms, a plain one 1 in 20
+        arm = choice.pick(1000, {"plain", "eagle"})
+        choice.observe(arm, 1, 0.025 if arm == "eagle" else 0.020)
+        taken.append(arm)
+    assert taken[0] == "eagle" and "eagle" in choice.benched and taken[-10:] == ["plain"] * 10
+    lost = 0.005 * taken.count("eagle")  # its loss against plain decoding's steps
+    assert lost <= 3 * 0.020 + 2 * 0.005 + 1e-9  # it stepped aside within two steps of losing three plain steps
+    assert choice.summary()["benched"] == ["eagle"]

@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.stats import chi2 as chi2_dist
 
-from support import VOCAB, eagle3_checkpoint, official_checkpoint, tiny_pair
+from support import VOCAB, ScriptedChoice, eagle3_checkpoint, official_checkpoint, tiny_pair
 from microspec.decoding import GenerationConfig, generate_ids
 from microspec.decoding.tree import DraftTree
 from microspec.drafters import Eagle3Drafter, Eagle3Head, EagleDrafter, EagleHead, EarlyExitDrafter, NGramDrafter
@@ -119,32 +119,22 @@ class CopiedChain(Drafter):
         return DraftTree.chain([30, 11][: ctx.max_depth])
 
 
-class RotatingArms:
+class RotatingArms(ScriptedChoice):
     """A chooser for :class:`Portfolio` that takes the arms in turn, from a different arm at each generation: every
     order of arms over a generation's steps occurs (switches mid-request), whatever the decoding's random draws."""
 
     made = 0
 
     def __init__(self, history, start, **_):
-        self.arms, self.turn = history.arms, RotatingArms.made
+        super().__init__(history, start)
+        self.turn = RotatingArms.made
         RotatingArms.made += 1
-        self.chosen: dict[str, int] = {}
 
     def pick(self, tokens_left: int, available=None, backlog=None) -> str:
         arms = sorted(available or self.arms)
         arm = arms[self.turn % len(arms)]
         self.turn += 1
-        self.chosen[arm.split("@")[0]] = self.chosen.get(arm.split("@")[0], 0) + 1
-        return arm
-
-    def observe(self, arm: str, tokens: int, seconds: float, nodes: int = 0) -> None:
-        pass
-
-    def score(self, arm: str, tokens: int, nodes: int, seconds=None) -> None:
-        pass
-
-    def summary(self) -> dict:
-        return {"arms": dict(self.chosen), "switches": 0, "switch_s": 0.0}
+        return self.take(arm)
 
 
 def _check(counts: torch.Tensor, p: torch.Tensor, label: str) -> None:

@@ -12,6 +12,7 @@ from microspec.decoding import GenerationConfig, generate_ids
 from microspec.decoding.tree import DraftTree
 from microspec.decoding.verify import HEAD_MODES
 from microspec.drafters import EarlyExitDrafter, NGramDrafter
+from microspec.drafters.ngram import scan
 from microspec.drafters.base import DraftContext, Drafter
 from microspec.errors import MicrospecError
 from microspec.vocab import StaticShortlist
@@ -125,6 +126,27 @@ def test_ngram_proposes_what_followed_the_latest_match():
     assert d.propose(DraftContext([1, 2, 3], None, None, 10)).tokens == []
     assert d.propose(DraftContext([1, 2, 1], None, None, 10)).tokens == [2, 1]
     assert d.propose(DraftContext([1, 2, 1], None, None, 1)).tokens == [2]
+
+
+@pytest.mark.parametrize("settings", [(3, 3, 1), (8, 3, 1), (5, 4, 2), (1, 1, 1)])
+def test_the_ngram_index_proposes_what_a_scan_of_the_text_finds(settings):
+    """The index grows with the text (one list, appended to as the loop does) and proposes, at every length, what a
+    scan of the whole text finds: the chain and the matched n-gram's length; a copy for another text starts over."""
+    num_tokens, max_ngram, min_ngram = settings
+    rng = random.Random(sum(settings))
+    d = NGramDrafter(num_tokens=num_tokens, max_ngram=max_ngram, min_ngram=min_ngram)
+    for vocab in (3, 6, 40):
+        text = [rng.randrange(vocab) for _ in range(rng.randrange(1, 4))]
+        other = d.fresh()
+        while len(text) < 160:
+            for depth in (num_tokens, 2):
+                tree = d.propose(DraftContext(text, None, None, max_depth=depth))
+                chain, n = scan(text, min(num_tokens, depth), max_ngram, min_ngram)
+                assert (tree.tokens, d.matched) == (chain, n), (vocab, len(text))
+            text.extend(rng.randrange(vocab) for _ in range(rng.choice((1, 1, 2, 4))))
+        copy = list(text[:50])  # another list: indexed from its start
+        assert other.propose(DraftContext(copy, None, None, 10)).tokens == scan(copy, num_tokens, max_ngram,
+                                                                              min_ngram)[0]
 
 
 def test_early_exit_leaves_the_cache_as_it_found_it():

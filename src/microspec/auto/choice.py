@@ -29,6 +29,14 @@ Per request (:class:`OnlineChoice`):
   rate; the interval doubles after a probe that changes nothing (up to ``max_interval``) and starts again where a
   probe finds a faster arm; arms nobody has measured are tried first.
 
+**What choosing costs is bounded** (``budget``, 3% of the request's time): the proposals not taken, their scoring
+and the choice's bookkeeping (charged by the caller, :meth:`OnlineChoice.charge`) and the probe steps' seconds beyond
+what the preferred arm would have taken are counted as they are spent; a probe needs room in the budget and an
+expected gain (at the arm's optimistic rate, over the tokens left) above its expected cost, its catch-up included.
+**A model arm that loses steps to plain decoding steps aside**: each request keeps, per model arm, the seconds its
+steady steps gained on plain decoding's (tokens times a plain step's seconds, minus theirs); an arm ``give_up`` plain
+steps behind is left out of the exploit for the rest of the request, until a probe of it pays (``benched``).
+
 The **switching cost** is counted, not hidden: the first step of a model arm (``catch_up``) after other arms' steps
 carries its catch-up (an EAGLE head runs the features of every token committed meanwhile, the whole prompt at its
 first draft), so it is not a sample of the arm's steady rate: its seconds beyond the arm's mean step, per token
@@ -162,24 +170,33 @@ class OnlineChoice:
 
     def __init__(self, history: ArmHistory, start: str, *, catch_up: tuple[str, ...] = (),
                  cheap: tuple[str, ...] = (), plain: str = "plain", prior_steps: int = 4, interval: int = 12,
-                 max_interval: int = 96, probe_steps: int = 3, prune: float = 0.7, stay: int = 8):
+                 max_interval: int = 96, probe_steps: int = 3, prune: float = 0.7, stay: int = 8,
+                 budget: float = 0.03, plain_share: float = 0.02, give_up: float = 3.0):
         if start not in history.arms:
             raise ValueError(f"unknown start arm {start!r}; arms: {', '.join(history.arms)}")
-        if probe_steps < 2 or interval < 1 or max_interval < interval:
+        if probe_steps < 2 or interval < 1 or max_interval < interval or not 0 <= plain_share <= budget < 1 \
+                or give_up < 0:
             raise ValueError("OnlineChoice needs probe_steps >= 2 (the first may be a switch), interval >= 1, "
-                             "and max_interval >= interval")
+                             "max_interval >= interval, 0 <= plain_share <= budget < 1 and give_up >= 0")
         self.history, self.catch_up, self.cheap = history, set(catch_up), set(cheap)
         self.plain, self.prior_steps, self.base_interval, self.max_interval = plain, prior_steps, interval, max_interval
-        self.probe_steps, self.prune, self.stay = probe_steps, prune, stay
+        self.probe_steps, self.prune, self.stay, self.budget, self.give_up = probe_steps, prune, stay, budget, give_up
+        self.plain_share = plain_share  # choosing's share of a plain step while plain decoding is taken
         self.own: dict[str, list] = defaultdict(lambda: [0.0, 0.0, 0])  # by key: tokens, seconds, steady steps
         self.chosen = {a: 0 for a in history.arms}
         self.switches = 0
         self.switch_s = 0.0
+        self.overhead_s = 0.0  # choosing: proposals not taken, scoring, the choice's bookkeeping (:meth:`charge`)
+        self.probe_s = 0.0  # probe steps: their seconds beyond what the preferred arm would have taken
+        self.spent_s = 0.0  # every step's seconds
+        self.ledger: dict[str, float] = defaultdict(float)  # per model arm: seconds its steady steps gained on plain
+        self.benched: set[str] = set()  # model arms that lost ``give_up`` plain steps in this request
         self.backlog: dict[str, int] = {}  # per model arm: the tokens it would catch up on at its next step
         self._left = 1  # the tokens the request may still generate
         self.interval = interval
         self._since = 0
         self._probe: tuple[str, int] | None = None  # (arm under probe, steps left)
+        self._probe_rate = 0.0  # the preferred arm's rate when the probe began
         self.start = history.best() or start
         self._last: str | None = None  # the arm of the previous step (None: no step yet)
 
@@ -198,6 +215,23 @@ class OnlineChoice:
         """Tokens per second of ``arm``'s steps (None: never measured)."""
         m = self._means(arm)
         return None if m is None else m[0] / m[1]
+
+    def plain_step(self) -> float | None:
+        """Seconds of a plain step (None: never measured)."""
+        m = self._means(self.plain)
+        return None if m is None else m[1]
+
+    def room(self, cost: float) -> bool:
+        """Whether ``cost`` more seconds of choosing (probes included) stay within ``budget`` of the request's time
+        (the steps so far and the rest at the best rate measured), ``plain_share`` of the rest kept for the choice's
+        own costs there."""
+        rates = [r for a in self.own if (r := self.estimate(a))]
+        rest = self._left / max(rates) if rates else 0.0
+        return self.overhead_s + self.probe_s + cost + self.plain_share * rest <= self.budget * (self.spent_s + rest)
+
+    def charge(self, seconds: float) -> None:
+        """Seconds spent choosing (the caller's proposals not taken, scoring, bookkeeping)."""
+        self.overhead_s += max(0.0, seconds)
 
     def _measured(self, arm: str) -> int:
         return self.own[arm][2] + self.history.sums(arm)[2]
@@ -241,20 +275,39 @@ class OnlineChoice:
             self._since = 0
             target = self._probe_target(arms)
             if target is not None:
-                self._probe = (target, self.probe_steps)
+                self._probe, self._probe_rate = (target, self.probe_steps), max(map(self.value, arms))
+                self.benched.discard(target)  # the probe's steps judge it anew
+                self.ledger[target] = 0.0
                 return target
-        return max(arms, key=self.value)
+        return max((a for a in arms if a not in self.benched), key=self.value, default=preferred)
 
     def _probe_target(self, arms: list[str]) -> str | None:
         """The most promising model arm other than the one the estimates prefer (cheap arms are scored at every
-        step without being taken), leaving out arms measured well that are clearly slower than the best and arms
-        whose next step, its switching cost included, would not beat the best even at their optimistic rate."""
+        step without being taken), leaving out arms measured well that are clearly slower than the best, arms
+        whose next step, its switching cost included, would not beat the best even at their optimistic rate, and
+        arms whose probe would cost more than it can gain (at the optimistic rate, over the tokens left) or more
+        than the budget has room for."""
         best_arm = max(arms, key=self.value)
         best = self.value(best_arm)
         candidates = [a for a in arms if a != best_arm and arm_of(a) not in self.cheap
                       and not (self._measured(a) >= 8 and (self.estimate(a) or 0.0) < self.prune * best)
-                      and self.value(a, optimistic=True) > best]
+                      and self.value(a, optimistic=True) > best and self._worth_probing(a, best)]
         return max(candidates, key=lambda a: self.value(a, optimistic=True)) if candidates else None
+
+    def _worth_probing(self, arm: str, best: float) -> bool:
+        """A probe of ``arm`` against the best rate ``best``: its expected cost (the switch's catch-up, and its steps'
+        seconds beyond the best rate's for their tokens) within the budget's room and below what the arm would save
+        over the tokens left at its optimistic rate."""
+        if best <= 0:
+            return True
+        m = self._means(arm)
+        catch = self.history.switch_cost(arm, self.backlog.get(arm, 1)) if arm in self.catch_up else 0.0
+        if m is None:  # never measured: its first measure, if the budget has room for its steps at twice the best's
+            return self.room(catch + self.probe_steps / best)
+        tokens, seconds = m
+        cost = catch + self.probe_steps * max(0.0, seconds - tokens / best)
+        gain = self._left * (1 / best - 1 / self.value(arm, optimistic=True))
+        return gain > cost and self.room(cost)
 
     def score(self, arm: str, tokens: int, nodes: int, seconds: float | None = None) -> None:
         """A cheap arm's proposal of ``nodes`` nodes would have committed ``tokens`` (scored against the committed
@@ -273,6 +326,11 @@ class OnlineChoice:
         pass, the walk).  A cheap arm's rate comes from :meth:`score`; its steps and plain ones fit the cost line."""
         switched = arm in self.catch_up and self._last is not None and arm != self._last
         self._last = arm
+        self.spent_s += seconds
+        if self._probe is not None and arm == self._probe[0] and self._probe_rate > 0:
+            self.probe_s += max(0.0, seconds - tokens / self._probe_rate)
+            if not self.room(0.0):  # the probe has spent the budget's room: it ends here
+                self._probe = (arm, 1)
         if arm_of(arm) in self.cheap and nodes:  # the cost line: drafted steps only (a plain step runs other
             self.history.add_cost(nodes, tokens - 1, seconds)  # kernels, one row: its own time is measured)
         if arm_of(arm) in self.cheap:  # scored with the arm's other proposals
@@ -291,6 +349,12 @@ class OnlineChoice:
             own[1] += seconds
             own[2] += 1
             self.history.add(arm, tokens, seconds)
+            plain = self.plain_step()
+            if arm != self.plain and plain is not None:  # what its steady steps gained on plain decoding's
+                # capped: an arm that paid for a long time still steps aside within a few steps that lose
+                self.ledger[arm] = min(self.ledger[arm] + tokens * plain - seconds, self.give_up * plain)
+                if self.ledger[arm] < -self.give_up * plain:
+                    self.benched.add(arm)
         self._probe_step(arm)
 
     def _probe_step(self, arm: str) -> None:
@@ -307,9 +371,12 @@ class OnlineChoice:
         self.interval = self.base_interval if faster else min(2 * self.interval, self.max_interval)
 
     def summary(self) -> dict:
-        """Steps per arm (the arms taken), switches and their measured cost."""
+        """Steps per arm (the arms taken), switches and their measured cost, the seconds spent choosing and probing
+        and the arms left out for having lost to plain decoding."""
         return {"arms": {a: n for a, n in self.chosen.items() if n}, "switches": self.switches,
-                "switch_s": round(self.switch_s, 6)}
+                "switch_s": round(self.switch_s, 6), "overhead_s": round(self.overhead_s, 6),
+                "probe_s": round(self.probe_s, 6), "spent_s": round(self.spent_s, 6),
+                "benched": sorted(self.benched)}
 
 
 def _fit_cost(samples: list[tuple[int, int, float]]) -> tuple[float, float, float] | None:

@@ -1,8 +1,9 @@
 """``auto``'s drafter: several drafting methods (*arms*) behind one drafter, one of them chosen at each step by the
 online bandit of :mod:`microspec.auto.choice`, which times each step from the proposal to the commit.
 
-*Cheap* drafters (:attr:`~microspec.drafters.base.Drafter.cheap`: prompt lookup, suffix decoding) propose at every step (every fourth after a run
-of plain steps), before the choice, and only the arms with a proposal are offered to it; each proposal is scored
+*Cheap* drafters (:attr:`~microspec.drafters.base.Drafter.cheap`: prompt lookup, suffix decoding) propose at every
+step before the choice (while plain decoding is taken, as often as the choice's ``plain_share`` of a plain step pays
+for: where nothing pays, auto is to cost next to nothing over plain decoding), and only the arms with a proposal are offered to it; each proposal is scored
 against the text that follows (the tokens it would have committed), whichever arm was taken; a *view* arm is
 another arm's proposal cut to fewer levels (the device's short lookup chain from the long one's single search).
 Model drafters (the EAGLE head) propose only when
@@ -27,10 +28,6 @@ from ..vocab.base import VocabPolicy
 from .choice import ArmHistory, OnlineChoice, arm_of
 
 PLAIN = "plain"
-# after PLAIN_RUN plain steps in a row the cheap arms propose at every THIN-th step only (their search is a small but
-# visible share of a packed CPU step: where nothing pays, auto is to cost as little as plain decoding); a step they
-# win ends the run
-PLAIN_RUN, THIN = 8, 4
 
 
 class Portfolio(Drafter):
@@ -51,7 +48,8 @@ class Portfolio(Drafter):
         check(PLAIN in arms and arms[PLAIN] is None, f"auto: the arms need {PLAIN!r} (None: plain decoding)")
         self.arms, self.start = dict(arms), start
         self.history = history if history is not None else ArmHistory(tuple(names))
-        self.chooser = chooser  # (history, start, fixed=..., catch_up=..., **choice_options) -> pick / observe / ...
+        # (history, start, catch_up=..., cheap=..., **choice_options) -> pick, observe, score, charge, plain_step, summary
+        self.chooser = chooser
         self.choice_options = choice_options
         self.leaves = _leaves(arms.values())  # each distinct drafter once
         self.cheap = [n for n, d in arms.items() if d is not None and d.cheap]
@@ -61,7 +59,9 @@ class Portfolio(Drafter):
         self._pending: list[list] = []  # cheap arms' proposals not yet scored: [position, arm, tree, seconds]
         self._tokens: list[int] = []  # the request's committed tokens (the loop's list, growing)
         self._drafted: dict[str, int] = {}  # per model arm: the length of the text when it last drafted
-        self._steps = self._plain_run = 0  # steps of the request, and plain steps in a row
+        self._last = None  # the arm of the previous step
+        self._credit = 0.0  # seconds choosing may still spend while plain decoding is taken
+        self._cheap_s = 0.0  # the seconds of their proposals, a running mean
         self.head_drafted = False
 
     def fresh(self) -> "Portfolio":
@@ -80,7 +80,7 @@ class Portfolio(Drafter):
                 vocab: VocabPolicy | None = None) -> None:
         self.choice, self._step, self._pending = None, None, []  # made at the first step, which knows the decoding
         self._drafted = {}  # per model arm: the length of the text when it last drafted
-        self._steps = self._plain_run = 0
+        self._last, self._credit = None, 0.0
         for d in self.leaves:
             d.prefill(target, prompt_ids, hidden, vocab)
 
@@ -92,23 +92,33 @@ class Portfolio(Drafter):
         self._tokens = ctx.tokens
         self._score(done=False)
         ready = {}  # by statistics key: the cheap arms' proposals (and their views'), where they have one
-        context = {}
-        self._steps += 1
-        thin = self._plain_run >= PLAIN_RUN and self._steps % THIN  # plain has paid for a while: ask less often
-        for name in () if thin else self.cheap:
+        context, spent = {}, {}
+        ask, plain = True, self.choice.plain_step()
+        if self._last == PLAIN and plain is not None and self._cheap_s > 0:  # their share of a plain step
+            self._credit = min(self._credit + self.choice.plain_share * plain, 2 * self._cheap_s)
+            ask = self._credit >= self._cheap_s
+        for name in self.cheap if ask else ():
             drafter = self.arms[name]
+            t = time.perf_counter()
             tree = drafter.propose(ctx)
+            spent[name] = time.perf_counter() - t
             if len(tree):
                 context[name] = drafter.matched  # prompt lookup: the n-gram's length
                 ready[_key(name, context[name])] = tree
+        if spent:
+            total = sum(spent.values())
+            self._cheap_s = total if self._cheap_s == 0 else 0.9 * self._cheap_s + 0.1 * total
         for name, (src, levels) in self.views.items():
             if src in context:
                 ready[_key(name, context[src])] = ready[_key(src, context[src])].truncated(levels)
         backlog = {name: len(ctx.tokens) - self._drafted.get(name, 0) for name in self.model}
         key = self.choice.pick(ctx.max_depth + 1, {PLAIN, *ready, *self.model}, backlog)
+        arm = arm_of(key)
+        # choosing's cost: all of it but the taken proposal's own search
+        self._charge(time.perf_counter() - t0 - spent.get(self.views[arm][0] if arm in self.views else arm, 0.0))
         if key in self.model:
             self._drafted[key] = len(ctx.tokens)
-        self._plain_run = self._plain_run + 1 if key == PLAIN else 0
+        self._last = key
         drafter = self.arms.get(arm_of(key))
         tree = ready[key] if key in ready else DraftTree() if drafter is None else drafter.propose(ctx)
         self.head_drafted = drafter is not None and drafter.head is not None and drafter.head_drafted
@@ -124,11 +134,19 @@ class Portfolio(Drafter):
         if self._step is not None:  # the walk has read the accepted tokens: the host's clock covers the step
             arm, t0, nodes = self._step
             self._step = None
-            seconds = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            seconds = t1 - t0
             self.choice.observe(arm, len(accepted_tokens), seconds, nodes)
             for entry in self._pending:
                 if entry[1] == arm and entry[3] is None and entry[0] == len(self._tokens):
                     entry[3] = seconds  # the taken proposal's own time
+            self._charge(time.perf_counter() - t1)
+
+    def _charge(self, seconds: float) -> None:
+        """Seconds spent choosing: the choice's, and, while plain decoding is taken, the credit's."""
+        self.choice.charge(seconds)
+        if self._last == PLAIN:
+            self._credit -= seconds
 
     def _score(self, done: bool) -> None:
         """Score the pending proposals whose continuation is known (all of them once the request is ``done``):

@@ -128,6 +128,8 @@ def aggregate(records: Sequence[dict]) -> dict:
             len(c.get("decoding_steps", [])) for c in chose), 2)
         out["auto_switch_share"] = round(sum(c.get("auto_switch_s", 0.0) for c in chose) / max(
             sum(sum(c.get("wall_time", [])) for c in chose), 1e-9), 4)
+        out["auto_overhead_share"] = round(sum(c.get("auto_overhead_s", 0.0) for c in chose) / max(
+            sum(sum(c.get("wall_time", [])) for c in chose), 1e-9), 4)
     return out
 
 
@@ -154,6 +156,14 @@ def summarize(methods: dict[str, Sequence[dict]], reference: str = "ar") -> dict
                 if base["task_mean_tokens_per_s"] > 0 else None
             if m.get("decode_tokens_per_s") and base.get("decode_tokens_per_s"):
                 m["decode_speedup"] = round(m["decode_tokens_per_s"] / base["decode_tokens_per_s"], 4)
+    if reference in methods:  # the worst case: the question whose speed-up is the lowest
+        base = {r["question_id"]: question_speed(r) for r in methods[reference]}
+        for name, recs in methods.items():
+            ratios = [(question_speed(r) / base[r["question_id"]], r["question_id"]) for r in recs
+                      if base.get(r["question_id"], 0) > 0]
+            if ratios:
+                low, qid = min(ratios)
+                out[name]["overall"]["min_question_speedup"] = {"speedup": round(low, 4), "question": qid}
     return {"methods": out}
 
 

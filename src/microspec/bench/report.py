@@ -25,19 +25,33 @@ def speed_table(methods: dict) -> list[str]:
     return lines
 
 
+def auto_lines(methods: dict) -> list[str]:
+    """What ``auto`` chose (each arm's share of the steps) and what choosing cost (the share of its time spent on
+    proposals not taken, scoring, bookkeeping and probes beyond the preferred arm's time); none without it."""
+    o = methods.get("auto", {}).get("overall", {})
+    if "auto_share" not in o:
+        return []
+    shares = ", ".join(f"{arm} {v:.0%}" for arm, v in o["auto_share"].items())
+    return [f"auto: steps by arm {shares}; choosing cost {o.get('auto_overhead_share', 0.0):.1%} of its time, "
+            f"switches {o.get('auto_switch_share', 0.0):.1%}", ""]
+
+
 def protocol_table(methods: dict) -> list[str]:
     """The averages a reader of the papers compares: mean over questions and mean of task means (speed-up and
     tokens/s), decode-only tokens/s, the draft time per step (mean, min, max over questions) and the spread over
     repeats."""
-    lines = ["| method | speedup: questions / task means | tokens/s: questions / task means | decode tokens/s "
-             "(speedup) | draft ms per step: mean (min–max) | tokens/s std over repeats |", "|---|---|---|---|---|---|"]
+    lines = ["| method | speedup: questions / task means | worst question | tokens/s: questions / task means | "
+             "decode tokens/s (speedup) | draft ms per step: mean (min–max) | tokens/s std over repeats |",
+             "|---|---|---|---|---|---|---|"]
     for name, m in methods.items():
         o = m["overall"]
         d = o.get("draft_ms_per_step")
         draft = f"{d['mean']:.2f} ({d['min']:.2f}–{d['max']:.2f})" if d else "–"
         dec = "–" if o.get("decode_tokens_per_s") is None else \
             f"{o['decode_tokens_per_s']:.2f} ({_fmt(o.get('decode_speedup'))}x)"
-        lines.append(f"| {name} | {_fmt(o.get('speedup'))}x / {_fmt(o.get('task_mean_speedup'))}x | "
+        low = o.get("min_question_speedup")
+        worst = f"{_fmt(low['speedup'])}x ({low['question']})" if low else "–"
+        lines.append(f"| {name} | {_fmt(o.get('speedup'))}x / {_fmt(o.get('task_mean_speedup'))}x | {worst} | "
                      f"{_fmt(o['tokens_per_s'])} / {_fmt(o.get('task_mean_tokens_per_s'))} | {dec} | {draft} | "
                      f"{_fmt(o.get('tokens_per_s_std_over_repeats'))} |")
     return lines
@@ -186,6 +200,7 @@ def write_report(results: dict, meta: dict, out_dir: Path, peers: set[str]) -> P
         lines += speed_table(res["methods"]) + [""]
         lines += protocol_table(res["methods"]) + [""]
         lines += detail_table(res["methods"]) + [""]
+        lines += auto_lines(res["methods"])
         lines += lossless_lines(res.get("mismatches"), peers) + [""]
         for p in plots:
             if Path(p).parent.name == dec:

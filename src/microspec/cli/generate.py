@@ -93,7 +93,10 @@ def stats_line(args: argparse.Namespace, lm, stats: dict, finish: str, head: str
 
 
 def auto_line(auto: dict, steps: int) -> str:
-    """What auto's online choice took: each arm's share of the steps, the switches and their measured cost."""
+    """What auto's online choice took: each arm's share of the steps, the switches and their measured cost, and the
+    share of the steps' time spent choosing (proposals not taken, scoring, bookkeeping, probes)."""
     arms = sorted(auto["arms"].items(), key=lambda kv: -kv[1])
     shares = ", ".join(f"{name} {n / max(steps, 1):.0%}" for name, n in arms)
-    return f"{shares} of steps; {auto['switches']} switches ({auto['switch_s'] * 1000:.0f} ms)"
+    spent = auto.get("overhead_s", 0.0) + auto.get("probe_s", 0.0)
+    share = f"; choosing {spent / auto['spent_s']:.1%} of the steps' time" if auto.get("spent_s") else ""
+    return f"{shares} of steps; {auto['switches']} switches ({auto['switch_s'] * 1000:.0f} ms){share}"

@@ -19,7 +19,11 @@ DEVICE_TOKENS = {"cpu-gguf": 3}
 
 class NGramDrafter(Drafter):
     """Match the last ``max_ngram`` .. ``min_ngram`` tokens of prompt + output against earlier text and propose up
-    to ``num_tokens`` tokens that followed the most recent match (a chain)."""
+    to ``num_tokens`` tokens that followed the most recent match (a chain).
+
+    The earlier n-grams are kept in an index (per length, an n-gram -> its latest start) that grows with the text, so
+    a proposal costs a few dictionary reads whatever the text's length, not a scan of it (:func:`scan` is the scan,
+    the reference the index is tested against)."""
 
     name = "ngram"
     cheap = True
@@ -28,22 +32,48 @@ class NGramDrafter(Drafter):
         check(num_tokens >= 1, f"ngram draft length must be >= 1, got {num_tokens}")
         check(1 <= min_ngram <= max_ngram, f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.num_tokens, self.max_ngram, self.min_ngram = num_tokens, max_ngram, min_ngram
+        self._text: list[int] | None = None  # the text indexed (the loop's growing list), and how far
+        self._done = 0
+        self._index: dict[int, dict] = {}
+
+    def _update(self, text: list[int]) -> None:
+        """Index every n-gram of ``text`` that has a token after it (its start s with s + n < len(text))."""
+        if text is not self._text or self._done > len(text):  # another text (a new request, a copy): start over
+            self._text, self._done = text, 0
+            self._index = {n: {} for n in range(self.min_ngram, self.max_ngram + 1)}
+        end = len(text) - 1  # an n-gram ending before the last token has a continuation
+        for n, index in self._index.items():
+            for s in range(max(0, self._done - n + 1), end - n + 1):
+                index[tuple(text[s:s + n])] = s
+        self._done = max(self._done, end)
 
     def propose(self, ctx: DraftContext) -> DraftTree:
-        seq = torch.tensor(ctx.tokens, dtype=torch.long)
+        text = ctx.tokens
         limit = min(self.num_tokens, ctx.max_depth)
         self.matched = 0  # the length of the n-gram the last proposal matched (0: none)
         if limit <= 0:
             return DraftTree()
-        for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
-            windows = seq[:-1].unfold(0, n, 1)  # every earlier n-gram (not the final one itself)
-            hits = (windows == seq[-n:]).all(dim=1).nonzero().flatten()
-            for start in reversed(hits.tolist()):  # most recent first
-                follow = seq[start + n : start + n + limit]
-                if follow.numel():
-                    self.matched = n
-                    return DraftTree.chain(follow.tolist())
+        self._update(text)
+        for n in range(min(self.max_ngram, len(text) - 1), self.min_ngram - 1, -1):
+            start = self._index[n].get(tuple(text[len(text) - n:]))
+            if start is not None:
+                self.matched = n
+                return DraftTree.chain(text[start + n:start + n + limit])
         return DraftTree()
+
+
+def scan(tokens: list[int], num_tokens: int, max_ngram: int = 3, min_ngram: int = 1) -> tuple[list[int], int]:
+    """The chain :class:`NGramDrafter` proposes after ``tokens`` and the length of the n-gram it matched, found by
+    scanning the whole text (the reference of its index)."""
+    seq = torch.tensor(tokens, dtype=torch.long)
+    for n in range(min(max_ngram, len(seq) - 1), min_ngram - 1, -1):
+        windows = seq[:-1].unfold(0, n, 1)  # every earlier n-gram (not the final one itself)
+        hits = (windows == seq[-n:]).all(dim=1).nonzero().flatten()
+        for start in reversed(hits.tolist()):  # most recent first
+            follow = seq[start + n : start + n + num_tokens]
+            if follow.numel():
+                return follow.tolist(), n
+    return [], 0
 
 
 def chain_length(kind: str, method=None) -> dict:
