@@ -108,7 +108,11 @@ also `serve`'s and `coverage`'s, and these notes apply to them there too.
   with MicroSpec's vocabulary (or `--vocab`'s, with the tree options given).  Prompt lookup and suffix
   decoding propose at every step and are scored against the text that follows whether or not they are taken; the
   EAGLE head is probed now and then, and its switching cost (the features it catches up on) is measured and
-  charged.  An engine's requests share what they measured, separately per decoding kind (greedy, repetition
+  charged.  What choosing costs is bounded: the proposals not taken, their scoring, the bookkeeping and the probes
+  are charged as they are spent, within 3% of a request's time (while plain decoding is taken, prompt lookup and suffix decoding propose as often
+  as 2% of a plain step pays for, the cheaper first);
+  a probe runs only where its expected gain covers its cost, and a model arm whose steps lose three plain steps'
+  time in a request is left out of it until a probe finds it paying.  An engine's requests share what they measured, separately per decoding kind (greedy, repetition
   penalty, sampling); a fresh engine starts from a fitted table (`microspec.auto.MEASURED`).  `serve`'s `/metrics`
   counts the steps per arm (`microspec:auto_steps_total`); `bench --methods auto,...` measures it beside fixed
   methods.  `--compare` also decodes the prompt plainly (`--drafter none`) and prints the speed-up.
@@ -214,7 +218,8 @@ The model, drafter and vocabulary options are `generate`'s (see its notes); Star
   of the free memory on CUDA): one that could never fit is a 400, one that does not fit now waits.  The kernels on
   that path are row-wise, so a request's greedy tokens are those it gets alone, whatever it is batched with.  How deep the
   requests of a batch draft is measured per batch size (a depth cap of 0, 1, 2 or 4, re-probed now and then) unless
-  `--batch-depth` fixes it; a lone request drafts as its method says.
+  `--batch-depth` fixes it, and each request's draft rows are charged what they cost the batch against what its
+  drafts return: one whose drafts do not pay decodes plainly in the batch; a lone request drafts as its method says.
 - **Limits and faults.** A request that finds `--max-queue` requests waiting gets 429, one asking for more than
   `--max-tokens` 400, one over `--max-body-bytes` 413 (a declared length over it before the body is read; a body
   of up to 32 MiB is read and thrown away first, so that clients that send it whole read the answer), one past

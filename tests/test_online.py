@@ -212,3 +212,26 @@ def test_a_model_arm_that_loses_to_plain_decoding_steps_aside():
     lost = 0.005 * taken.count("eagle")  # its loss against plain decoding's steps
     assert lost <= 3 * 0.020 + 2 * 0.005 + 1e-9  # it stepped aside within two steps of losing three plain steps
     assert choice.summary()["benched"] == ["eagle"]
+
+
+def test_a_cheap_arm_scored_before_any_cost_line_is_taken_to_price_it():
+    """Where plain decoding was always taken (a decoding kind's engine that never drafted), the cheap arms' scored
+    proposals have no cost line to price them: one whose proposals would have been accepted is taken once in a while
+    until the line has steps, then chosen by its priced rate like any arm."""
+    history = ArmHistory(("plain", "lookup"))
+    choice = OnlineChoice(history, "plain", cheap=("lookup",))
+    for _ in range(20):
+        choice.observe(choice.pick(1000, {"plain"}), 1, 0.020)
+    choice.score("lookup@2", 1, 3)  # a miss: not worth a step
+    assert choice.pick(1000, {"plain", "lookup@2"}) == "plain"
+    for _ in range(3):
+        choice.score("lookup@2", 3, 3)  # hits: 3 tokens a proposal, unpriced
+    taken = []
+    for _ in range(12):
+        arm = choice.pick(1000, {"plain", "lookup@2"})
+        choice.observe(arm, 3 if arm != "plain" else 1, 0.024 if arm != "plain" else 0.020, nodes=3 * (arm != "plain"))
+        if arm != "plain":
+            choice.score(arm, 3, 3, 0.024)
+        taken.append(arm)
+    assert len(history.costs) >= 4 and history.predict(3, 2) == pytest.approx(0.024, rel=0.05)
+    assert taken[-4:] == ["lookup@2"] * 4  # priced now: 125 tok/s against plain's 50

@@ -412,6 +412,50 @@ def test_batch_depth_measures_each_cap_per_batch_size_and_keeps_the_fastest():
     assert b.depth(8) == 0 and b.depth(5) == 0  # 5-8 requests are measured on their own, from the start
 
 
+def test_in_a_batch_a_request_whose_drafts_miss_decodes_plainly_and_one_whose_drafts_pay_drafts():
+    """Each request's draft rows are charged what they cost the batch (the slope of its step seconds over its verify
+    rows) against what its drafts return: a request whose drafts always miss settles on plain steps in the batch
+    (drafting once in a while to see), one whose drafts are accepted keeps drafting."""
+    from microspec.auto import BatchDepth, RowLedger
+
+    b = BatchDepth(caps=(0, 4), window=8, warmup=2, probe=1000)
+    ledgers = {"hits": RowLedger(), "misses": RowLedger()}
+    drafted = {name: [] for name in ledgers}
+    rng = random.Random(0)
+    for _ in range(300):
+        cap = b.depth(2)
+        drafts = {name: bool(cap) and b.drafts(2, ledger) for name, ledger in ledgers.items()}
+        rows, tokens = 0, 0
+        for name, on in drafts.items():
+            nodes = 4 if on else 0
+            committed = 1 + (3 if on and name == "hits" else 0)
+            ledgers[name].observe(nodes, committed)
+            rows, tokens = rows + 1 + nodes, tokens + committed
+            if cap:
+                drafted[name].append(on)
+        b.observe(2, cap, tokens, (0.010 + 0.002 * rows) * rng.uniform(0.97, 1.03), rows)
+    assert b.row_s(2) == pytest.approx(0.002, rel=0.2)
+    assert sum(drafted["hits"][-100:]) >= 98  # 3 accepted for 8 ms of rows: the batch decodes ~2 tokens in them
+    assert sum(drafted["misses"][-100:]) <= 6  # nothing for 8 ms: plain steps, a retry every 24
+
+
+def test_a_request_at_depth_zero_in_a_batch_takes_plain_steps_with_the_same_text():
+    from microspec.decoding.loop import Generation, step_many
+
+    _, nm = tiny_pair("llama")
+    cfg = GenerationConfig(max_new_tokens=24, ignore_eos=True)
+    want = [generate_ids(nm, p, cfg).token_ids for p in (PROMPT, PROMPT[:5])]
+    gens = [Generation(nm, p, cfg, drafter=NGramDrafter(num_tokens=3)) for p in (PROMPT, PROMPT[:5])]
+    with torch.inference_mode():
+        for g in gens:
+            g.prefill()
+    while any(g.finish is None for g in gens):
+        assert step_many(nm, gens, [0, None]) == [None, None]
+    results = [g.result() for g in gens]
+    assert [r.token_ids for r in results] == want
+    assert set(results[0].stats.draft_sizes) == {0} and results[0].stats.skipped_steps == results[0].stats.steps
+
+
 def test_adaptive_probes_back_off_while_the_other_kind_keeps_losing():
     from microspec.decoding.adaptive import AdaptiveSteps
 

@@ -29,6 +29,14 @@ RUNS = {"greedy": ("run1", "run2", "run3"), "greedy-rp1.2": ("run1", "run2"), "T
 LATEST_ONLY = {"greedy": {"auto": ("run3",), "microspec": ("run3",), "microspec@lookup": ("run3",)}}
 COMMIT_HELD = "66aec15 (greedy runs 1-2), 1599f14 (greedy run 3 and every other run)"
 COMMIT_VLLM, COMMIT_VLLM_DRAFT = "3170a0b", "56f30f1"
+# auto against the fixed methods built from its own arms, in four decodings, after its choosing got a budget
+AUTO = "2026-11-27-auto-budget"
+AUTO_DECODINGS = {"greedy": "greedy", "greedy-rp1.2": "repetition penalty 1.2", "T0.7": "temperature 0.7",
+                  "T0.7-rp1.2": "T 0.7 + penalty 1.2"}
+AUTO_FIXED = ("ngram", "microspec@lookup")
+# the runs' tree: the commit below with changes to the server's batching only (serve/, auto/batch.py, step_many),
+# which a bench run does not use
+COMMIT_AUTO = "2f7b153"
 PROMPTS_CMD = ("python3 benchmarks/data/held_apart.py --data ../shared/data --out /tmp/held_apart.jsonl "
                "--per-category 3 --seed 2026")
 
@@ -190,6 +198,50 @@ def _held_apart() -> str:
     ])
 
 
+def _auto_budget() -> str:
+    runs = sorted(p.name for p in (RESULTS / AUTO).iterdir() if p.is_dir())
+    res = {d: [load(f"{AUTO}/{r}/{d}/results.json") for r in runs] for d in AUTO_DECODINGS}
+    meta = res["greedy"][0]["meta"]
+
+    def over(d, m, scope="overall"):
+        return [r["methods"][m][scope]["speedup"] for r in res[d]]
+
+    rows, worst, cost = [], [], []
+    for d, label in AUTO_DECODINGS.items():
+        best = [max(r["methods"][m]["overall"]["speedup"] for m in AUTO_FIXED) for r in res[d]]
+        auto = over(d, "auto")
+        low = [r["methods"]["auto"]["overall"]["min_question_speedup"]["speedup"] for r in res[d]]
+        share = [r["methods"]["auto"]["overall"].get("auto_overhead_share", 0.0) for r in res[d]]
+        plain = [r["methods"]["auto"]["overall"]["auto_share"].get("plain", 0.0) for r in res[d]]
+        rows.append([label, spread([r["methods"]["ar"]["overall"]["tokens_per_s"] for r in res[d]], 1, ""),
+                     spread(auto), *(spread(over(d, m)) for m in AUTO_FIXED),
+                     spread([a / b for a, b in zip(auto, best)]), spread(low), f"{max(share):.1%}",
+                     f"{min(plain):.0%}–{max(plain):.0%}"])
+        worst.append(min(low))
+        cost.append(max(share))
+    mean = [sum(r) / len(r) for r in zip(*(over(d, "auto") for d in AUTO_DECODINGS))]
+    files = f"{AUTO}/{{{','.join(runs)}}}/*/results.json"
+    return "\n".join([
+        "### `auto` against its own arms, in four decodings", "",
+        f"`auto` beside the fixed methods built from its arms (prompt lookup, and MicroSpec with lookup first), "
+        f"greedy, with repetition penalty 1.2, at temperature 0.7 and with both: the first {meta['questions']} "
+        f"held-apart questions ({', '.join(CATEGORIES.values())}, two each, `--limit 2`), {meta['max_new_tokens']} "
+        f"tokens per turn, {len(runs)} runs (one `microspec bench` process each). Cells: tokens/s over plain "
+        "decoding's in the same run, mean over the runs (range); *worst question*: the lowest of a question's "
+        "speed-ups over plain decoding in a run; *choosing*: the share of `auto`'s time spent on proposals not "
+        "taken, scoring, bookkeeping and probes (its budget: 3%).", "",
+        table(["decoding", "plain tok/s", "`auto`", "prompt lookup", "MicroSpec, lookup first", "`auto` / best fixed",
+               "worst question", "choosing (max)", "plain steps of `auto`"], rows), "",
+        Source(files, meta["command"].replace(f" --out {meta.get('out', '')}", "") if meta.get("out") else
+               meta["command"], _dates([r["meta"] for d in res.values() for r in d]), _machine(meta),
+               f"{COMMIT_AUTO} (the run's tree: {commit(meta)})").markdown(), "",
+        f"- Over the four decodings `auto` averages {spread(mean)} plain decoding; its worst question in any run is "
+        f"{min(worst):.2f}x, and choosing cost at most {max(cost):.1%} of its time.",
+        "- A question's ratio moves by up to ~10% between runs on this machine (single 128-token turns); the "
+        "overall ratios are the means of six questions.", "",
+    ])
+
+
 def _vllm() -> str:
     r, d = load(VLLM), load(VLLM_DRAFT)
     meta, ms = r["meta"], r["methods"]
@@ -262,7 +314,7 @@ SUMMARY_HEADERS = ["decoding", "plain tok/s", "`auto` (default)", "MicroSpec", "
 def render() -> str:
     return "\n".join(["## How fast: against plain decoding, llama.cpp and vLLM", "",
                       "Every ratio is a method's tokens/s over this engine's plain decoding (`ar`) measured in the "
-                      "same run.", "", _held_apart(), _vllm()]).rstrip() + "\n"
+                      "same run.", "", _held_apart(), _auto_budget(), _vllm()]).rstrip() + "\n"
 
 
 def _draw(fig) -> None:

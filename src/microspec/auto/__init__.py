@@ -11,7 +11,8 @@ the drafting method chosen online, per request and step, by measured speed.
 - :mod:`.choice`: the online choice (:class:`OnlineChoice`, per request) and the engine's shared measurements
   (:class:`ArmHistory`);
 - :mod:`.start`: where a fresh engine starts (:data:`MEASURED`, fitted on Spec-Bench) and the decoding kinds;
-- :mod:`.batch`: how deep the requests of a server's batch draft (:class:`BatchDepth`).
+- :mod:`.batch`: how deep the requests of a server's batch draft (:class:`BatchDepth`), and which draft at all
+  (:class:`RowLedger`).
 
 Whatever it chooses, every step is an ordinary speculative (or plain) step: greedy output is the target's own,
 sampling follows its distribution.
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .batch import BatchDepth
+from .batch import BatchDepth, RowLedger
 from .choice import ArmHistory, OnlineChoice
 from .engines import AutoEngine, OnlineEngine, online, open_auto, preload
 from .portfolio import Portfolio
@@ -39,4 +40,4 @@ def engine(lm: "LoadedModel", heads: dict | None = None, **options: Any) -> Auto
 
 
 __all__ = ["DECODING_KINDS", "MEASURED", "ArmHistory", "AutoEngine", "BatchDepth", "OnlineChoice", "OnlineEngine",
-           "Portfolio", "decoding_kind", "engine", "online", "open_auto", "preload", "start_arm"]
+           "Portfolio", "RowLedger", "decoding_kind", "engine", "online", "open_auto", "preload", "start_arm"]

@@ -24,14 +24,16 @@ Per request (:class:`OnlineChoice`):
   *switching cost* added where the previous step was another arm's, spread over the ``stay`` steps a switch is
   expected to last (fewer where fewer tokens are left);
 - **probe**: every ``interval`` steps the most promising model arm other than the preferred one runs
-  ``probe_steps`` steps; an arm that was measured well and is clearly slower (below ``prune`` of the best) is left
+  ``probe_steps`` steps (a cheap arm is taken once where the engine has no cost line yet, so that its scored
+  proposals get a price); an arm that was measured well and is clearly slower (below ``prune`` of the best) is left
   out, and so is one whose next step, switching cost included, would not beat the best even at its optimistic
   rate; the interval doubles after a probe that changes nothing (up to ``max_interval``) and starts again where a
   probe finds a faster arm; arms nobody has measured are tried first.
 
 **What choosing costs is bounded** (``budget``, 3% of the request's time): the proposals not taken, their scoring
 and the choice's bookkeeping (charged by the caller, :meth:`OnlineChoice.charge`) and the probe steps' seconds beyond
-what the preferred arm would have taken are counted as they are spent; a probe needs room in the budget and an
+what the preferred arm would have taken are counted as they are spent (while plain decoding is taken, the caller's
+cheap proposals get ``plain_share`` of a plain step, and that share of the rest of the request is kept for them); a probe needs room in the budget and an
 expected gain (at the arm's optimistic rate, over the tokens left) above its expected cost, its catch-up included.
 **A model arm that loses steps to plain decoding steps aside**: each request keeps, per model arm, the seconds its
 steady steps gained on plain decoding's (tokens times a plain step's seconds, minus theirs); an arm ``give_up`` plain
@@ -181,7 +183,7 @@ class OnlineChoice:
         self.history, self.catch_up, self.cheap = history, set(catch_up), set(cheap)
         self.plain, self.prior_steps, self.base_interval, self.max_interval = plain, prior_steps, interval, max_interval
         self.probe_steps, self.prune, self.stay, self.budget, self.give_up = probe_steps, prune, stay, budget, give_up
-        self.plain_share = plain_share  # choosing's share of a plain step while plain decoding is taken
+        self.plain_share = plain_share  # the cheap arms' proposals' share of a plain step while plain decoding is taken
         self.own: dict[str, list] = defaultdict(lambda: [0.0, 0.0, 0])  # by key: tokens, seconds, steady steps
         self.chosen = {a: 0 for a in history.arms}
         self.switches = 0
@@ -191,6 +193,7 @@ class OnlineChoice:
         self.spent_s = 0.0  # every step's seconds
         self.ledger: dict[str, float] = defaultdict(float)  # per model arm: seconds its steady steps gained on plain
         self.benched: set[str] = set()  # model arms that lost ``give_up`` plain steps in this request
+        self.unpriced: dict[str, list] = defaultdict(lambda: [0, 0])  # cheap keys scored before any cost line
         self.backlog: dict[str, int] = {}  # per model arm: the tokens it would catch up on at its next step
         self._left = 1  # the tokens the request may still generate
         self.interval = interval
@@ -270,6 +273,9 @@ class OnlineChoice:
             return self._probe[0]
         if self.estimate(preferred) is None:
             return preferred  # nothing known of it yet: measure it first
+        priced = self._price(arms)
+        if priced is not None:
+            return priced
         self._since += 1
         if self._since >= self.interval and self._probe is None:
             self._since = 0
@@ -280,6 +286,20 @@ class OnlineChoice:
                 self.ledger[target] = 0.0
                 return target
         return max((a for a in arms if a not in self.benched), key=self.value, default=preferred)
+
+    def _price(self, arms: list[str]) -> str | None:
+        """Before the engine has a cost line of drafted steps (a decoding where plain decoding was always taken),
+        the cheap arm's proposal whose scored proposals would have committed the most tokens a step, if more than
+        one and the budget has room for a plain step: its step prices what the cheap arms' proposals cost."""
+        if len(self.history.costs) >= 4:
+            return None
+        mean = {k: t / n for k in arms if arm_of(k) in self.cheap and (t := self.unpriced[k][0]) and
+                (n := self.unpriced[k][1])}
+        best = max(mean, key=mean.get, default=None)
+        plain = self.plain_step()
+        if best is None or mean[best] <= 1.0 or plain is None or not self.room(plain):
+            return None
+        return best
 
     def _probe_target(self, arms: list[str]) -> str | None:
         """The most promising model arm other than the one the estimates prefer (cheap arms are scored at every
@@ -313,7 +333,11 @@ class OnlineChoice:
         """A cheap arm's proposal of ``nodes`` nodes would have committed ``tokens`` (scored against the committed
         text, whether or not the arm was taken) in ``seconds`` (measured where it was taken, else the cost line's)."""
         seconds = self.history.predict(nodes, tokens - 1) if seconds is None else seconds
-        if seconds is None or seconds <= 0:
+        if seconds is None:  # no cost line yet: what it would commit waits for a step to price it
+            t = self.unpriced[arm]
+            t[0], t[1] = t[0] + tokens, t[1] + 1
+            return
+        if seconds <= 0:
             return
         own = self.own[arm]
         own[0] += tokens

@@ -3,7 +3,7 @@ online bandit of :mod:`microspec.auto.choice`, which times each step from the pr
 
 *Cheap* drafters (:attr:`~microspec.drafters.base.Drafter.cheap`: prompt lookup, suffix decoding) propose at every
 step before the choice (while plain decoding is taken, as often as the choice's ``plain_share`` of a plain step pays
-for: where nothing pays, auto is to cost next to nothing over plain decoding), and only the arms with a proposal are offered to it; each proposal is scored
+for, the cheapest first: where nothing pays, auto is to cost next to nothing over plain decoding), and only the arms with a proposal are offered to it; each proposal is scored
 against the text that follows (the tokens it would have committed), whichever arm was taken; a *view* arm is
 another arm's proposal cut to fewer levels (the device's short lookup chain from the long one's single search).
 Model drafters (the EAGLE head) propose only when
@@ -60,8 +60,8 @@ class Portfolio(Drafter):
         self._tokens: list[int] = []  # the request's committed tokens (the loop's list, growing)
         self._drafted: dict[str, int] = {}  # per model arm: the length of the text when it last drafted
         self._last = None  # the arm of the previous step
-        self._credit = 0.0  # seconds choosing may still spend while plain decoding is taken
-        self._cheap_s = 0.0  # the seconds of their proposals, a running mean
+        self._credit = 0.0  # seconds the cheap arms' proposals may still spend while plain decoding is taken
+        self._cost: dict[str, float] = {}  # per cheap arm: the seconds of its proposals, a running mean
         self.head_drafted = False
 
     def fresh(self) -> "Portfolio":
@@ -93,21 +93,27 @@ class Portfolio(Drafter):
         self._score(done=False)
         ready = {}  # by statistics key: the cheap arms' proposals (and their views'), where they have one
         context, spent = {}, {}
-        ask, plain = True, self.choice.plain_step()
-        if self._last == PLAIN and plain is not None and self._cheap_s > 0:  # their share of a plain step
-            self._credit = min(self._credit + self.choice.plain_share * plain, 2 * self._cheap_s)
-            ask = self._credit >= self._cheap_s
-        for name in self.cheap if ask else ():
+        asked, plain = self.cheap, self.choice.plain_step()
+        if self._last == PLAIN and plain is not None and len(self._cost) == len(self.cheap):
+            # their share of a plain step: the cheapest first, each while what is left covers its mean cost
+            full = sum(self._cost.values())
+            self._credit = min(self._credit + self.choice.plain_share * plain, 2 * full)
+            asked, left = [], self._credit
+            for name in sorted(self.cheap, key=self._cost.get):
+                if left >= self._cost[name]:
+                    asked.append(name)
+                    left -= self._cost[name]
+        for name in asked:
             drafter = self.arms[name]
             t = time.perf_counter()
             tree = drafter.propose(ctx)
-            spent[name] = time.perf_counter() - t
+            spent[name] = took = time.perf_counter() - t
+            self._cost[name] = took if name not in self._cost else 0.9 * self._cost[name] + 0.1 * took
             if len(tree):
                 context[name] = drafter.matched  # prompt lookup: the n-gram's length
                 ready[_key(name, context[name])] = tree
-        if spent:
-            total = sum(spent.values())
-            self._cheap_s = total if self._cheap_s == 0 else 0.9 * self._cheap_s + 0.1 * total
+        if self._last == PLAIN:
+            self._credit -= sum(spent.values())
         for name, (src, levels) in self.views.items():
             if src in context:
                 ready[_key(name, context[src])] = ready[_key(src, context[src])].truncated(levels)
@@ -143,10 +149,8 @@ class Portfolio(Drafter):
             self._charge(time.perf_counter() - t1)
 
     def _charge(self, seconds: float) -> None:
-        """Seconds spent choosing: the choice's, and, while plain decoding is taken, the credit's."""
+        """Seconds spent choosing (charged to the choice's budget)."""
         self.choice.charge(seconds)
-        if self._last == PLAIN:
-            self._credit -= seconds
 
     def _score(self, done: bool) -> None:
         """Score the pending proposals whose continuation is known (all of them once the request is ``done``):

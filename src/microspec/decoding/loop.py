@@ -134,22 +134,25 @@ def generate_ids(
 
 
 @torch.inference_mode()
-def step_many(model: NativeCausalLM, gens: list[Generation], max_depth: int | None = None) -> list[BaseException | None]:
+def step_many(model: NativeCausalLM, gens: list[Generation],
+              max_depth: int | Sequence[int | None] | None = None) -> list[BaseException | None]:
     """One step of each unfinished generation in ``gens`` (all on ``model``), their verify passes in one forward
     (:meth:`NativeCausalLM.forward_many`: one read of the weights for every row).  Each generation's tokens are
     those it decodes alone (row-wise kernels, its own cache, drafter, policy and random generator).  ``max_depth``:
-    the deepest draft node this step (fewer draft rows as the batch grows); a greedy or seeded request's text does
+    the deepest draft node this step (fewer draft rows as the batch grows), or one per generation (0: a plain step of
+    that one, whose drafts do not pay in the batch); a greedy or seeded request's text does
     not depend on it (a seeded sample is keyed by its position, not drawn in the order of a tree's rows).  What one generation raises (its
     ``on_commit``'s cancellation, a drafter's failure) ends that one only; a failure of the shared forward (out of
     memory, say) ends every generation of it: the exceptions, per generation (None: it went on), the failed ones
     marked finished with reason "error".  It raises nothing."""
     errors: list[BaseException | None] = [None] * len(gens)
     live, trees = [], []
+    depths = list(max_depth) if isinstance(max_depth, Sequence) else [max_depth] * len(gens)
     for k, gen in enumerate(gens):
         if gen.finish is not None:
             continue
         try:
-            trees.append(gen.plan(None if gen.cfg.seed is not None and not gen.pipe.keyed else max_depth))
+            trees.append(gen.plan(None if gen.cfg.seed is not None and not gen.pipe.keyed else depths[k]))
             live.append(k)
         except Exception as exc:  # noqa: BLE001 - one request's failure is its own
             errors[k], gen.finish = exc, "error"
@@ -275,12 +278,13 @@ class Generation:
         self.prefill_end = self.clock.mark()
 
     def plan(self, max_depth: int | None = None) -> DraftTree:
-        """The step's draft tree (empty for a plain step), at most ``max_depth`` levels deep when given."""
+        """The step's draft tree (empty for a plain step), at most ``max_depth`` levels deep when given (0: a plain
+        step, the drafter not asked)."""
         t0, host_t0 = self.clock.mark(), time.perf_counter()
         if self.on_step is not None:
             self.on_step(len(self.tokens))
         drafter = self.drafter
-        drafting = drafter is not None and (self.adaptive is None or self.adaptive.draft_now())
+        drafting = drafter is not None and max_depth != 0 and (self.adaptive is None or self.adaptive.draft_now())
         depth = self.cfg.max_new_tokens - len(self.out) - 1
         tree = draft(drafter if drafting else None,
                      DraftContext(self.tokens, self.model, self.cache,

@@ -159,6 +159,7 @@ class _Running:
     text: TextStream
     kv: int = 0  # the bytes of KV cache it holds
     prefilled: bool = False  # its whole prompt is in its cache (its first token committed)
+    ledger: object = None  # its microspec.auto.RowLedger: whether its drafts pay in a batch
 
 
 def default_kv_budget(lm) -> int | None:
@@ -190,7 +191,7 @@ class Worker:
         thread that ran parallel work, and with more of them than cores its idle threads stop spinning between
         parallel regions, so each of a step's ~150 regions pays a wake-up (measured on 2 cores: a plain Gemma 3 270M
         step on a decoding thread after a multi-threaded load in the main thread took nearly twice as long)."""
-        from ..auto import BatchDepth
+        from ..auto import BatchDepth, RowLedger
 
         self.engine, self.lm = engine, engine.lm
         self.queue = JobQueue(max_queue)
@@ -199,7 +200,7 @@ class Worker:
         self.kv_budget = kv_budget
         self.prefill_debt = 0.0  # seconds of steps owed to the running requests before the next prefill forward
         self.kv_held = 0  # bytes of KV cache the running requests hold
-        self.depths = BatchDepth()
+        self.depths, self.new_ledger = BatchDepth(), RowLedger
         self.step_delay = step_delay()
         self.running = 0
         self.closing = False
@@ -321,12 +322,26 @@ class Worker:
         forward, such as running out of memory, fails each request of it), timed for the batch depth."""
         n, before = len(running), sum(len(r.gen.out) for r in running)
         depth, t0 = self.depth(n), time.perf_counter()
-        errors = step_many(self.lm.model, [r.gen for r in running], depth)
+        per = depth
+        if depth and self.batch_depth is None:  # at a cap above 0, a request whose drafts do not pay decodes plainly
+            for r in running:
+                r.ledger = r.ledger or self.new_ledger()
+            per = [depth if self.depths.drafts(n, r.ledger) else 0 for r in running]
+        steps = [r.gen.stats.steps for r in running]
+        errors = step_many(self.lm.model, [r.gen for r in running], per)
         if self.step_delay:  # a testing aid: steps as slow as a slower machine's
             time.sleep(self.step_delay)
         self.metrics.on_step(n, depth)
         if self.batch_depth is None:
-            self.depths.observe(n, depth, sum(len(r.gen.out) for r in running) - before, time.perf_counter() - t0)
+            rows = 0
+            for r, k in zip(running, steps):
+                st = r.gen.stats
+                if st.steps > k:  # it stepped: its root and draft nodes were verify rows
+                    rows += 1 + st.draft_sizes[-1]
+                    if r.ledger is not None:
+                        r.ledger.observe(st.draft_sizes[-1], st.accept_lengths[-1])
+            self.depths.observe(n, depth, sum(len(r.gen.out) for r in running) - before, time.perf_counter() - t0,
+                                rows)
         return errors
 
     def _admit(self, job: Job) -> _Running | None:
