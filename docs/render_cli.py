@@ -110,7 +110,7 @@ also `serve`'s and `coverage`'s, and these notes apply to them there too.
   EAGLE head is probed now and then, and its switching cost (the features it catches up on) is measured and
   charged.  What choosing costs is bounded: the proposals not taken, their scoring, the bookkeeping and the probes
   are charged as they are spent, within 3% of a request's time (while plain decoding is taken, prompt lookup and suffix decoding propose as often
-  as 2% of a plain step pays for, the cheaper first);
+  as 1.5% of a plain step pays for, the cheaper first);
   a probe runs only where its expected gain covers its cost, and a model arm whose steps lose three plain steps'
   time in a request is left out of it until a probe finds it paying.  An engine's requests share what they measured, separately per decoding kind (greedy, repetition
   penalty, sampling); a fresh engine starts from a fitted table (`microspec.auto.MEASURED`).  `serve`'s `/metrics`

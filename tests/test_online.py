@@ -178,7 +178,7 @@ def test_what_choosing_costs_stays_within_its_budget(monkeypatch):
     one) that never pay: auto decodes plainly, its choosing (the proposals not taken, scoring, bookkeeping, the
     probes) costs at most its budget of the steps' time, and its output is the target's."""
     _, nm = tiny_pair("llama")
-    step_s = 0.008
+    step_s = 0.010
     forward = nm.forward
     monkeypatch.setattr(nm, "forward", lambda *a, **k: (time.sleep(step_s), forward(*a, **k))[1])
     prompt = [1, 5, 9, 13, 5, 9, 13, 17, 5, 9]
@@ -235,3 +235,40 @@ def test_a_cheap_arm_scored_before_any_cost_line_is_taken_to_price_it():
         taken.append(arm)
     assert len(history.costs) >= 4 and history.predict(3, 2) == pytest.approx(0.024, rel=0.05)
     assert taken[-4:] == ["lookup@2"] * 4  # priced now: 125 tok/s against plain's 50
+
+
+def test_a_request_leaves_out_the_model_arms_it_would_not_take(tmp_path):
+    """A model arm the engine measured clearly slower than the best arm, or one whose probe the request's budget
+    cannot pay for, is not kept ready for the request (no features, no vocabulary policy fed at every step); one
+    within reach of the best, or the start arm, is; the output is the target's either way."""
+    from microspec.auto import OnlineEngine
+    from microspec.method import Method
+
+    _, nm = tiny_pair("llama")
+    path, _, _ = official_checkpoint(tmp_path / "ck", d=nm.spec.hidden_size)
+    eagle = EagleDrafter(EagleHead.load(path), depth=3, top_k=2, total_tokens=5)
+    portfolio = Portfolio({"plain": None, "lookup": NGramDrafter(num_tokens=3), "eagle": eagle}, "plain")
+    history = portfolio.history
+    for _ in range(16):
+        history.add("plain", 1, 0.010)
+        history.add("eagle", 1, 0.020)  # half plain decoding's rate
+    assert portfolio.for_request(10, 1000).model == []
+    assert Portfolio(portfolio.arms, "eagle", history).for_request(10, 1000).model == ["eagle"]  # the start arm
+    fresh = Portfolio(portfolio.arms, "plain")
+    fresh.history.add("plain", 1, 0.010)
+    assert fresh.for_request(10, 16).model == []  # unmeasured: 16 tokens cannot pay for a 3-step probe
+    assert fresh.for_request(10, 100_000).model == ["eagle"]
+    for _ in range(16):
+        history.add("eagle", 2, 0.022)  # now within reach
+    assert portfolio.for_request(10, 1000) is portfolio
+
+    class Lm:  # what an engine reads of its loaded model
+        model, eos_token_ids, name, tokenizer = nm, (), "tiny", None
+
+    for _ in range(64):
+        history.add("eagle", 1, 0.030)
+    engine = OnlineEngine(Method(drafter="eagle"), Lm(), portfolio, {})
+    prompt, cfg = [1, 5, 9, 13, 5, 9, 13, 17, 5, 9], GenerationConfig(max_new_tokens=30, ignore_eos=True)
+    got = engine.generate_ids(prompt, cfg)
+    assert got.token_ids == generate_ids(nm, prompt, cfg).token_ids
+    assert "eagle" not in got.stats.auto["arms"] and got.stats.active_sizes == []

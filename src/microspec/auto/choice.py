@@ -173,7 +173,7 @@ class OnlineChoice:
     def __init__(self, history: ArmHistory, start: str, *, catch_up: tuple[str, ...] = (),
                  cheap: tuple[str, ...] = (), plain: str = "plain", prior_steps: int = 4, interval: int = 12,
                  max_interval: int = 96, probe_steps: int = 3, prune: float = 0.7, stay: int = 8,
-                 budget: float = 0.03, plain_share: float = 0.02, give_up: float = 3.0):
+                 budget: float = 0.03, plain_share: float = 0.015, give_up: float = 3.0):
         if start not in history.arms:
             raise ValueError(f"unknown start arm {start!r}; arms: {', '.join(history.arms)}")
         if probe_steps < 2 or interval < 1 or max_interval < interval or not 0 <= plain_share <= budget < 1 \
@@ -300,6 +300,25 @@ class OnlineChoice:
         if best is None or mean[best] <= 1.0 or plain is None or not self.room(plain):
             return None
         return best
+
+    @classmethod
+    def keeps(cls, history: ArmHistory, start: str, arm: str, tokens: int, backlog: int, **options) -> bool:
+        """Whether a request of up to ``tokens`` tokens keeps model arm ``arm`` ready (its features and its
+        vocabulary policy fed at every step, a share of a plain step): the start arm always; an arm measured well
+        (``probe_steps`` steps and more) where it is within ``prune`` of the best rate measured; an arm measured
+        less where the request's budget could pay for a probe of it (its catch-up on ``backlog`` tokens and its steps
+        at the best rate).  ``options``: the choice's."""
+        choice = cls(history, start, catch_up=(arm,), **options)
+        if arm in (start, choice.start):  # the configured start, or the one the engine measured fastest
+            return True
+        rates = [r for k in list(history.steps) if (r := history.rate(k))]
+        if not rates:
+            return True
+        best = max(rates)
+        if history.sums(arm)[2] >= max(8, choice.probe_steps):
+            return (history.rate(arm) or 0.0) >= choice.prune * best
+        cost = history.switch_cost(arm, backlog) + choice.probe_steps / best
+        return (choice.budget - choice.plain_share) * tokens / best >= cost
 
     def _probe_target(self, arms: list[str]) -> str | None:
         """The most promising model arm other than the one the estimates prefer (cheap arms are scored at every

@@ -45,6 +45,30 @@ class OnlineEngine(Engine):
     def summary(self) -> str:
         return f"online among {', '.join(self.arms)} (starts with {self.drafter.start})"
 
+    def generate_ids(self, prompt_ids, cfg: "GenerationConfig", stop_check=None, on_step=None, vocab=None,
+                     on_commit=None) -> "GenerationResult":
+        """As :meth:`Engine.generate_ids`, the request's arms those it may take
+        (:meth:`~microspec.auto.portfolio.Portfolio.for_request`): without a model arm, no vocabulary policy."""
+        from ..decoding.loop import generate_ids
+
+        drafter = self.drafter.for_request(len(prompt_ids), cfg.max_new_tokens)
+        if drafter is self.drafter:
+            return super().generate_ids(prompt_ids, cfg, stop_check, on_step, vocab, on_commit)
+        return generate_ids(self.lm.model, prompt_ids, cfg, self.lm.eos_token_ids, stop_check, drafter=drafter,
+                            head_mode=self.head_mode, vocab=vocab if drafter.model else None, on_step=on_step,
+                            on_commit=on_commit)
+
+    def start(self, prompt_ids, cfg: "GenerationConfig", stop_check=None, on_commit=None) -> "Generation":
+        """As :meth:`Engine.start`, the request's arms those it may take (see :meth:`generate_ids`)."""
+        from ..decoding.loop import Generation
+
+        drafter = self.drafter.for_request(len(prompt_ids), cfg.max_new_tokens)
+        if drafter is self.drafter:
+            return super().start(prompt_ids, cfg, stop_check, on_commit)
+        return Generation(self.lm.model, prompt_ids, cfg, self.lm.eos_token_ids, stop_check, drafter=drafter.fresh(),
+                          head_mode=self.head_mode, vocab=self.policy() if drafter.model else None,
+                          on_commit=on_commit)
+
 
 def online(lm: "LoadedModel", kind: str, heads: dict | None = None, **options: Any) -> OnlineEngine:
     """``auto`` for decoding kind ``kind`` (greedy, penalty, sampling) on ``lm``: the arms this model and device

@@ -64,6 +64,18 @@ class Portfolio(Drafter):
         self._cost: dict[str, float] = {}  # per cheap arm: the seconds of its proposals, a running mean
         self.head_drafted = False
 
+    def for_request(self, prompt_tokens: int, max_new_tokens: int) -> "Portfolio":
+        """This portfolio, or one without the model arms a request of ``max_new_tokens`` tokens after a prompt of
+        ``prompt_tokens`` would not take (:meth:`OnlineChoice.keeps`: measured clearly slower, or a probe the
+        request's budget cannot pay for): they would cost a share of every step kept ready (fed the features,
+        their vocabulary policy the tokens) for nothing.  It shares the arms' drafters and the history."""
+        keep = [m for m in self.model if self.chooser is not OnlineChoice or OnlineChoice.keeps(
+            self.history, self.start, m, max_new_tokens, prompt_tokens + max_new_tokens // 2, **self.choice_options)]
+        if len(keep) == len(self.model):
+            return self
+        arms = {name: d for name, d in self.arms.items() if name not in self.model or name in keep}
+        return Portfolio(arms, self.start, self.history, self.chooser, self.views, **self.choice_options)
+
     def fresh(self) -> "Portfolio":
         copies: dict[int, Drafter] = {}  # an arm given twice stays one drafter
         arms = {name: None if d is None else copies.setdefault(id(d), d.fresh()) for name, d in self.arms.items()}
