@@ -100,22 +100,27 @@ also `serve`'s and `coverage`'s, and these notes apply to them there too.
   exactly, prompt included; Gemma 3 270M's plain greedy text loops, and `--repetition-penalty 1.2` gives ordinary
   prose.  Drafts are scored under the same processors (each tree node with its own path as history) and, when
   sampling, ranked by the warped distribution.  Greedy output is identical to `--drafter none`'s; sampled output
-  follows exactly the same distribution.  `--seed` reproduces a sample under a fixed drafter (not under `auto`,
-  whose choices depend on measured times).
+  follows exactly the same distribution.  `--seed` fixes the text: each position's sample is the draw of a uniform
+  that the seed and the position alone decide, and a drafted token is accepted exactly when it is that draw, so
+  every drafter, `auto` included, returns the same text for the same seed (a different text than versions before
+  this rule gave).
 - **`--drafter auto`** (the default of `generate` and `serve`) chooses the method online, per request and per step,
   by measured speed.  Its arms: plain decoding, prompt lookup (the device's chain, and an 8-token one where the
   device's is shorter), suffix decoding and, for a model with an EAGLE head (the shipped one or `--draft`), the head
-  with MicroSpec's vocabulary (or `--vocab`'s, with the tree options given).  Prompt lookup and suffix
-  decoding propose at every step and are scored against the text that follows whether or not they are taken; the
-  EAGLE head is probed now and then, and its switching cost (the features it catches up on) is measured and
-  charged.  What choosing costs is bounded: the proposals not taken, their scoring, the bookkeeping and the probes
-  are charged as they are spent, within 3% of a request's time (while plain decoding is taken, prompt lookup and suffix decoding propose as often
-  as 1.5% of a plain step pays for, the cheaper first);
-  a probe runs only where its expected gain covers its cost, and a model arm whose steps lose three plain steps'
-  time in a request is left out of it until a probe finds it paying.  An engine's requests share what they measured, separately per decoding kind (greedy, repetition
-  penalty, sampling); a fresh engine starts from a fitted table (`microspec.auto.MEASURED`).  `serve`'s `/metrics`
-  counts the steps per arm (`microspec:auto_steps_total`); `bench --methods auto,...` measures it beside fixed
-  methods.  `--compare` also decodes the prompt plainly (`--drafter none`) and prints the speed-up.
+  with MicroSpec's vocabulary (or `--vocab`'s, with the tree options given).  Prompt lookup and suffix decoding
+  propose before each step (while plain decoding is taken, as often as 1.5% of a plain step pays for, the cheaper
+  first) and are scored against the text that follows whether or not they are taken; the EAGLE head is probed now
+  and then, and its switching cost (the features it catches up on) is measured and charged.  What choosing costs
+  is bounded: the proposals not taken, their scoring, the bookkeeping and the probes are charged as they are spent,
+  within 3% of a request's time; a probe runs only where its expected gain covers its cost; a model arm whose
+  steps lose three plain steps' time in a request is left out of it until a probe finds it paying, and one the
+  request would not take (measured clearly slower, or a probe its budget cannot pay for) is not kept ready at all
+  (no features or vocabulary policy fed at each step).  An engine's requests share what they measured, separately
+  per decoding kind (greedy, repetition penalty, sampling, sampling with a penalty); a fresh engine starts from a
+  fitted table (`microspec.auto.MEASURED`).  `serve`'s `/metrics` counts the steps per arm
+  (`microspec:auto_steps_total`); `bench --methods auto,...` measures it beside fixed methods (with each method's
+  worst question and `auto`'s choosing cost).  `--compare` also decodes the prompt plainly (`--drafter none`) and
+  prints the speed-up.
 - **Drafters.** `ngram`: the tokens that followed the last 3..1 tokens' latest earlier occurrence in prompt +
   output, up to `--depth` of them.  `suffix` (SuffixDecoding): a tree of the continuations seen most often after the
   text's longest matching suffix, in this request and in earlier responses of the same engine (a bounded cache that

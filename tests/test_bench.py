@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from microspec.bench.metrics import (accept_per_position, aggregate, hard_mismatches, mismatches, repeated_ngrams,
-                                     summarize)
+from microspec.bench.metrics import (accept_per_position, aggregate, hard_mismatches, mismatches, question_speed,
+                                     repeated_ngrams, summarize)
 from microspec.cli import main
 
 
@@ -133,6 +133,33 @@ def test_bench_tiny_run_writes_results_answers_report_and_plots(capsys, tiny_mod
         assert "lookup_share" not in ms["overall"]
     report = (out_dir / "report.md").read_text()
     assert "## greedy-rp1.2" in report and "| early-exit+microspec |" in report and "Lossless check" in report
+
+
+def test_bench_reports_autos_tau_its_choosing_cost_and_each_methods_worst_question(capsys, tiny_model_dir,
+                                                                                    tmp_path):
+    """auto's tau is its generations' mean accepted length (every step counted, whichever arm drafted it), its
+    choosing cost a share of its time, and every method's worst question its lowest speed-up over ar."""
+    out_dir = tmp_path / "bench"
+    rc, out, err = _run(capsys, "bench", "--model", tiny_model_dir, "--dtype", "fp32", "--data", _data(tmp_path),
+                        "--methods", "ar,auto,ngram", "--max-new-tokens", "24", "--ignore-eos",
+                        "--repetition-penalties", "1.0", "--out", out_dir)
+    assert rc == 0, err
+    res = json.loads((out_dir / "greedy" / "results.json").read_text())
+    lines = [json.loads(x) for x in (out_dir / "greedy" / "answers" / "auto.jsonl").read_text().splitlines()]
+    steps = [a for x in lines for ch in x["choices"] for a in ch["accept_lengths"]]
+    chosen = sum(n for x in lines for ch in x["choices"] for n in ch["auto_steps"].values())
+    auto = res["methods"]["auto"]["overall"]
+    assert chosen == len(steps) and auto["mean_accept_len"] == round(sum(steps) / len(steps), 4)
+    assert sum(steps) == sum(sum(ch["new_tokens"]) - len(ch["new_tokens"]) for x in lines for ch in x["choices"])
+    assert 0 < auto["auto_overhead_share"] < 1 and sum(auto["auto_share"].values()) == pytest.approx(1, abs=1e-3)
+    ar = {x["question_id"]: x for x in map(json.loads, (out_dir / "greedy" / "answers" / "ar.jsonl").open())}
+    for name in ("auto", "ngram"):
+        recs = [json.loads(x) for x in (out_dir / "greedy" / "answers" / f"{name}.jsonl").read_text().splitlines()]
+        worst = min((question_speed(r) / question_speed(ar[r["question_id"]]), r["question_id"]) for r in recs)
+        low = res["methods"][name]["overall"]["min_question_speedup"]
+        assert (low["speedup"], low["question"]) == (round(worst[0], 4), worst[1])
+    report = (out_dir / "report.md").read_text()
+    assert f"| {low['speedup']:.2f}x ({low['question']}) |" in report and "auto: steps by arm" in report
 
 
 def test_second_turn_carries_the_methods_own_first_answer(tiny_model_dir):

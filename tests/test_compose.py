@@ -108,18 +108,21 @@ def test_auto_starts_where_it_measured_faster():
 
     greedy, penalty = GenerationConfig(), GenerationConfig(repetition_penalty=1.2)
     sampling = GenerationConfig(temperature=0.7)
-    assert [decoding_kind(c) for c in (greedy, penalty, sampling, GenerationConfig(no_repeat_ngram_size=3))] == \
-        ["greedy", "penalty", "sampling", "penalty"]
+    both = GenerationConfig(temperature=0.7, repetition_penalty=1.2)
+    assert [decoding_kind(c) for c in (greedy, penalty, sampling, GenerationConfig(no_repeat_ngram_size=3), both,
+                                       GenerationConfig(temperature=0.7, no_repeat_ngram_size=3))] == \
+        ["greedy", "penalty", "sampling", "penalty", "sampling-penalty", "sampling-penalty"]
     # a packed CPU target: prompt lookup on greedy decoding and sampling, plain decoding where every method lost
     for head in (True, False):  # needs no head
         assert start_arm("cpu-gguf", "greedy", head)[0] == "lookup"
     assert start_arm("cpu-gguf", "penalty", True)[0] == "plain"
     assert start_arm("cpu-gguf", "sampling", True)[0] == "lookup"
+    assert start_arm("cpu-gguf", "sampling-penalty", True)[0] == "plain"  # as with the penalty greedily
     # a dense CPU target: prompt lookup on greedy decoding, plain decoding with a penalty and when sampling
     assert start_arm("cpu", "greedy", True)[0] == "lookup"
-    for kind in ("penalty", "sampling"):
+    for kind in ("penalty", "sampling", "sampling-penalty"):
         assert start_arm("cpu", kind, True)[0] == "plain"
-    for kind in ("greedy", "penalty", "sampling"):  # CUDA: the head + MicroSpec
+    for kind in ("greedy", "penalty", "sampling", "sampling-penalty"):  # CUDA: the head + MicroSpec
         assert ("cuda", kind) not in MEASURED
         assert start_arm("cuda", kind, True)[0] == "eagle"
     with pytest.raises(MicrospecError, match="unknown decoding kind"):
@@ -138,14 +141,18 @@ def test_auto_engine_runs_each_request_on_its_decodings_engine(tiny_model_dir, t
     lm = load_model(str(tiny_model_dir), dtype="fp32")
     head, _, _ = official_checkpoint(tmp_path / "eagle")
     eagle = build(Method.parse("eagle+microspec@adaptive", draft=str(head)), lm)
-    auto = AutoEngine({"greedy": build("ngram@adaptive", lm), "penalty": eagle, "sampling": build("ar", lm)})
+    auto = AutoEngine({"greedy": build("ngram@adaptive", lm), "penalty": eagle, "sampling": build("ar", lm),
+                       "sampling-penalty": build("ngram", lm)})
     assert auto.lm is lm
-    assert auto.summary() == "greedy: ngram (adaptive); penalty: eagle+microspec (adaptive); sampling: plain"
+    assert auto.summary() == ("greedy: ngram (adaptive); penalty: eagle+microspec (adaptive); sampling: plain; "
+                              "sampling-penalty: ngram")
     ids = lm.tokenizer("w5 w6 w7 w5 w6").input_ids
     plain = build("ar", lm)
     for cfg, want in ((GenerationConfig(max_new_tokens=10, ignore_eos=True), "ngram"),
                       (GenerationConfig(max_new_tokens=10, ignore_eos=True, repetition_penalty=1.3), "eagle"),
-                      (GenerationConfig(max_new_tokens=10, ignore_eos=True, temperature=0.8, seed=3), "none")):
+                      (GenerationConfig(max_new_tokens=10, ignore_eos=True, temperature=0.8, seed=3), "none"),
+                      (GenerationConfig(max_new_tokens=10, ignore_eos=True, temperature=0.8, seed=3,
+                                        repetition_penalty=1.3), "ngram")):
         assert auto.engine_for(cfg).method.drafter == want
         assert auto.generate_ids(ids, cfg).token_ids == plain.generate_ids(ids, cfg).token_ids
     with pytest.raises(MicrospecError, match="every decoding kind"):
@@ -156,7 +163,8 @@ def test_auto_engine_runs_each_request_on_its_decodings_engine(tiny_model_dir, t
     looked = build(Method.parse("eagle+microspec@lookup", draft=str(head)), lm)
     assert isinstance(looked.drafter, LookupFirst) and looked.tree["lookup"] == {"min_ngram": 2, "tokens": 10}
     assert looked.describe()["lookup"] == 2
-    assert AutoEngine({"greedy": looked, "penalty": plain, "sampling": plain}).summary().startswith(
+    assert AutoEngine({"greedy": looked, "penalty": plain, "sampling": plain,
+                       "sampling-penalty": plain}).summary().startswith(
         "greedy: eagle+microspec, prompt lookup first;")
     cfg = GenerationConfig(max_new_tokens=12, ignore_eos=True)
     r = looked.generate_ids(ids, cfg)

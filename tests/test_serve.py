@@ -275,7 +275,7 @@ def test_default_drafter_is_auto_per_decoding(long_server):
     """`serve` without a drafter option: --drafter auto, chosen online per request among the arms of a model without
     an EAGLE head, each decoding kind starting where the measured table says (a dense CPU target: prompt lookup for
     greedy decoding, plain decoding with a penalty and, the head being absent, for sampling), said at start."""
-    assert ("drafter auto: online among plain, lookup, suffix; starts: greedy lookup, penalty plain, sampling plain"
+    assert ("drafter auto: online among plain, lookup, suffix; starts: greedy lookup, penalty plain, sampling plain, sampling-penalty plain"
             in long_server.output())
     out = long_server.client().completions.create(model="long", prompt=PROMPTS[0], max_tokens=12, temperature=0)
     steps = long_server.metric("microspec:auto_steps_total")

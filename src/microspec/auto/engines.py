@@ -71,7 +71,7 @@ class OnlineEngine(Engine):
 
 
 def online(lm: "LoadedModel", kind: str, heads: dict | None = None, **options: Any) -> OnlineEngine:
-    """``auto`` for decoding kind ``kind`` (greedy, penalty, sampling) on ``lm``: the arms this model and device
+    """``auto`` for decoding kind ``kind`` (:data:`~microspec.auto.start.DECODING_KINDS`) on ``lm``: the arms this model and device
     have, started where :func:`~microspec.auto.start.start_arm` says.  ``options``: ``vocab`` (the EAGLE arm's
     policy, default MicroSpec's), ``draft`` (its EAGLE head, default the shipped one), ``lookup`` (the lookup arms'
     shortest match), ``private_responses`` (the suffix arm's) and any other method option, given to the EAGLE arm; ``adaptive`` is what the online choice does
@@ -125,7 +125,7 @@ def preload(model: str, **options: Any) -> dict:
 
 
 class AutoEngine(TextOut):
-    """``auto``: for each decoding kind (:func:`~microspec.auto.start.decoding_kind`: greedy, penalty, sampling) its
+    """``auto``: for each decoding kind (:func:`~microspec.auto.start.decoding_kind`: greedy, penalty, sampling, sampling-penalty) its
     own :class:`OnlineEngine` (each kind measures its own arms: what pays under a penalty is not what pays greedily),
     built at the kind's first use, on one loaded model and its EAGLE head; a generation runs on its decoding's
     engine.  Also made from built engines, one per kind (``AutoEngine({"greedy": ..., "penalty": ..., "sampling":

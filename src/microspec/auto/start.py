@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..errors import MicrospecError
 
-DECODING_KINDS = ("greedy", "penalty", "sampling")
+DECODING_KINDS = ("greedy", "penalty", "sampling", "sampling-penalty")
 PLAIN, LOOKUP, EAGLE = "plain", "lookup", "eagle"  # the arms a start names (microspec.auto.engines)
 
 
@@ -53,13 +53,21 @@ MEASURED: dict[tuple[str, str], Start] = {
         "T 0.7, `bench --protocol cpu`: prompt lookup adaptive fastest, ahead of plain decoding in every category; "
         "EAGLE + MicroSpec behind it (below plain decoding on summarization)", _SOURCE),
 }
+# sampling with a penalty starts where greedy decoding with the penalty does (its own engine measures from there)
+for _device in ("cpu", "cpu-gguf"):
+    MEASURED[_device, "sampling-penalty"] = Start(
+        PLAIN, f"speculation measured slower than plain decoding on {_device} with penalty",
+        MEASURED[_device, "penalty"].measured + " (greedy; sampling with the penalty starts there too)", _SOURCE)
 
 
 def decoding_kind(cfg) -> str:
-    """``greedy``, ``penalty`` (greedy with a repetition penalty or no-repeat n-grams) or ``sampling``."""
+    """``greedy``, ``penalty`` (greedy with a repetition penalty or no-repeat n-grams), ``sampling`` or
+    ``sampling-penalty`` (sampling with either): what pays differs between them, so each kind's engine measures its
+    own arms."""
+    penalty = cfg.repetition_penalty != 1.0 or bool(cfg.no_repeat_ngram_size)
     if cfg.temperature > 0:
-        return "sampling"
-    return "penalty" if cfg.repetition_penalty != 1.0 or cfg.no_repeat_ngram_size else "greedy"
+        return "sampling-penalty" if penalty else "sampling"
+    return "penalty" if penalty else "greedy"
 
 
 def start_arm(device_kind: str, kind: str, shipped_head: bool) -> tuple[str, str]:
