@@ -79,18 +79,20 @@ def run_decoding(lm: LoadedModel, runners: dict[str, object], records: Sequence[
                                                              for n, a in done.items()))
     results: dict[str, list[dict]] = {name: [] for name in runners}
     cfg = decoding.config(max_new_tokens, seed, ignore_eos=ignore_eos)
-    warm_prompt = encode_conversation(lm, [records[0]["turns"][0]], [], chat)
+    # not a timed question: a method that learns from earlier answers (suffix decoding, auto) would know its answer
+    warm_prompt = encode_conversation(lm, [WARMUP_PROMPT], [], chat)
     for name, runner in runners.items():
         for _ in range(warmup):
             runner.run(warm_prompt, cfg)
     found: dict[str, list[dict]] = {}
     try:
+        names = list(runners)
         for qi, rec in enumerate(records, 1):
-            for name, runner in runners.items():
+            # the methods in turn, from a different one at each question: none always follows the same one
+            for name in names[(qi - 1) % len(names):] + names[:(qi - 1) % len(names)]:
+                runner = runners[name]
                 if str(rec["id"]) in done[name]:
-                    answer = done[name][str(rec["id"])]
-                    results[name].append(answer)
-                    _check(lm, rec, name, answer, results, decoding, cfg, chat, found, log, name in peers)
+                    results[name].append(done[name][str(rec["id"])])
                     continue
                 choices = []
                 for r in range(repeats):
@@ -130,7 +132,8 @@ def run_decoding(lm: LoadedModel, runners: dict[str, object], records: Sequence[
                 results[name].append(answer)
                 files[name].write(json.dumps(answer) + "\n")
                 files[name].flush()
-                _check(lm, rec, name, answer, results, decoding, cfg, chat, found, log, name in peers)
+            for name in names:  # each answer against ar's, once every method has answered
+                _check(lm, rec, name, results[name][-1], results, decoding, cfg, chat, found, log, name in peers)
             log(_progress(decoding.name, qi, len(records), rec["category"], results))
     finally:
         for f in files.values():
@@ -184,6 +187,8 @@ def _check(lm, rec: dict, name: str, answer: dict, results: dict, decoding: Deco
 # How close two logits may be and still count as a tie that the dtype's rounding can flip, relative to the largest
 # |logit| at that position: bf16 keeps 8 significant bits (relative step 2^-8 ~ 0.4%) and the verify pass and the
 # one-token decode step round differently through every layer; fp32 keeps 24.
+# the untimed warm-up generations' prompt (none of the questions: see run_decoding)
+WARMUP_PROMPT = "Explain in a few sentences how a bicycle's gears work, then give one tip for riding uphill."
 TIE_TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-4}
 
 
