@@ -79,7 +79,9 @@ def readme_results() -> str:
         "HumanEval / MBPP: 9 questions drawn with a fixed seed; 128 tokens per turn), Gemma 3 270M with packed "
         f"Q4_K_M weights on a {common.CPU}. A ratio is taken within one run; the brackets give the range over "
         "repeated runs. MicroSpec is the shipped EAGLE head with MicroSpec's vocabulary; llama.cpp runs the same "
-        "GGUF file; vLLM runs the same model in bf16 (its CPU backend does not run packed GGUF weights).",
+        "GGUF file; vLLM runs the same model in bf16 (its CPU backend does not run packed GGUF weights). In these "
+        "runs the warm-up generation used the first question, which favours `auto` on it; BENCHMARKS.md's "
+        "\"`auto` against its own arms\" has runs without that, in four decodings.",
         common.table(speed.SUMMARY_HEADERS, speed.summary_rows()),
         "Commands, dates and commits: "
         "[BENCHMARKS.md](BENCHMARKS.md#how-fast-against-plain-decoding-llamacpp-and-vllm)."])

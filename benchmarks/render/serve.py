@@ -8,7 +8,7 @@ import re
 from .common import CPU, RESULTS, Source, load, num, table, x
 
 BATCH = "2026-11-25-serve-batching"
-LOAD = "2026-11-26-serve-auto"
+LOAD = "2026-11-27-serve-auto"
 SERVERS = {"plain.json": "plain decoding (`--drafter none`)", "default.json": "`auto` (the default)"}
 MEMORY = ("rss-1000-cancel-mmap.json", "rss-2400-cancel-mmap.json")
 SUFFIX_SERVE = "2026-11-26-suffix-serve/results.json"
@@ -16,7 +16,8 @@ SUFFIX_REPEAT = "2026-11-26-suffix-repeat/results.json"
 
 # Provenance the results files do not record, from the runs' notes: commits, and the options the JSON leaves out.
 COMMIT_BATCH, COMMIT_MEMORY, COMMIT_SUFFIX_SERVE = "6118445", "8bfaa2d", "1599f14"
-COMMIT_LOAD = "ef4edc3"
+COMMIT_LOAD = "9e52355"
+LOAD_MACHINE = "2-core AMD EPYC (AVX-512)"  # the load runs' machine (the others': common.CPU)
 COMMIT_SUFFIX_REPEAT = "2baed8d with the pattern-length fix of 682ef5e"
 WARMUP = {"rss-2400-cancel-mmap.json": 200}  # requests before the first memory reading (serve_load.py --warmup)
 CMD_SUFFIX_SERVE = ("python3 benchmarks/measure/suffix_serve.py --data ../shared/data/mt_bench/question.jsonl "
@@ -112,7 +113,7 @@ def _load() -> str:
         table(["server", "clients", "generated tok/s", "vs one client", "TTFT p50 / p99 ms", "ITL p50 / p99 ms",
                "lost"], rows), "",
         Source(f"{LOAD}/{{plain,default}}.json", "; ".join(_load_command(f, runs[f]) for f in SERVERS),
-               runs["plain.json"]["date"], CPU, COMMIT_LOAD).markdown(), "",
+               runs["plain.json"]["date"], LOAD_MACHINE, COMMIT_LOAD).markdown(), "",
         *bullets, "",
         "In process (`benchmarks/measure/batch_steps.py`: the same batching without HTTP), and a short request "
         "behind a long one:", "",
