@@ -272,3 +272,26 @@ def test_a_request_leaves_out_the_model_arms_it_would_not_take(tmp_path):
     got = engine.generate_ids(prompt, cfg)
     assert got.token_ids == generate_ids(nm, prompt, cfg).token_ids
     assert "eagle" not in got.stats.auto["arms"] and got.stats.active_sizes == []
+
+
+def test_a_cheap_arms_proposals_whose_steps_lose_step_aside_for_the_request():
+    """A cheap arm's proposals of one context scored as paying (the text matched them) whose steps, taken, lose
+    against plain decoding (a slow verify of many rows): once they are ``give_up`` plain steps behind, that context
+    is left out for the request, another context of the same arm still taken."""
+    history = ArmHistory(("plain", "lookup"))
+    choice = OnlineChoice(history, "plain", cheap=("lookup",), give_up=3.0)
+    for _ in range(10):
+        choice.observe(choice.pick(1000, {"plain"}), 1, 0.010)
+    for _ in range(8):  # the cost line: 3-node steps of 12 ms
+        choice.observe("lookup@3", 3, 0.012, nodes=3)
+    taken = []
+    for _ in range(40):
+        for key in ("lookup@1", "lookup@3"):
+            choice.score(key, 3, 3)  # scored: 3 tokens in 12 ms, 250 tok/s
+        arm = choice.pick(1000, {"plain", "lookup@1", "lookup@3"} - set(taken[-1:]) if len(taken) % 2 else
+                          {"plain", "lookup@1"})
+        tokens, seconds = (1, 0.030) if arm == "lookup@1" else (3, 0.012) if arm == "lookup@3" else (1, 0.010)
+        choice.observe(arm, tokens, seconds, nodes=3 * (arm != "plain"))
+        taken.append(arm)
+    assert "lookup@1" in choice.benched and "lookup@3" not in choice.benched
+    assert taken.count("lookup@1") <= 3 and "lookup@1" not in taken[-30:] and "lookup@3" in taken[-10:]

@@ -33,11 +33,14 @@ Per request (:class:`OnlineChoice`):
 **What choosing costs is bounded** (``budget``, 3% of the request's time): the proposals not taken, their scoring
 and the choice's bookkeeping (charged by the caller, :meth:`OnlineChoice.charge`) and the probe steps' seconds beyond
 what the preferred arm would have taken are counted as they are spent (while plain decoding is taken, the caller's
-cheap proposals get ``plain_share`` of a plain step, and that share of the rest of the request is kept for them); a probe needs room in the budget and an
-expected gain (at the arm's optimistic rate, over the tokens left) above its expected cost, its catch-up included.
+cheap proposals get ``plain_share`` of a plain step, and that share of the rest of the request is kept for them); a
+probe needs room in the budget and an expected gain (at the arm's optimistic rate, over the tokens left) above its
+expected cost, its catch-up included.
 **A model arm that loses steps to plain decoding steps aside**: each request keeps, per model arm, the seconds its
 steady steps gained on plain decoding's (tokens times a plain step's seconds, minus theirs); an arm ``give_up`` plain
-steps behind is left out of the exploit for the rest of the request, until a probe of it pays (``benched``).
+steps behind is left out of the exploit for the rest of the request, until a probe of it pays (``benched``); so is
+a cheap arm's proposal of one context (``lookup@1``) whose steps taken lost as much (its scored rate said it would
+pay, its steps did not), for the rest of the request.
 
 The **switching cost** is counted, not hidden: the first step of a model arm (``catch_up``) after other arms' steps
 carries its catch-up (an EAGLE head runs the features of every token committed meanwhile, the whole prompt at its
@@ -293,8 +296,8 @@ class OnlineChoice:
         one and the budget has room for a plain step: its step prices what the cheap arms' proposals cost."""
         if len(self.history.costs) >= 4:
             return None
-        mean = {k: t / n for k in arms if arm_of(k) in self.cheap and (t := self.unpriced[k][0]) and
-                (n := self.unpriced[k][1])}
+        mean = {k: t / n for k in arms if arm_of(k) in self.cheap and k not in self.benched
+                and (t := self.unpriced[k][0]) and (n := self.unpriced[k][1])}
         best = max(mean, key=mean.get, default=None)
         plain = self.plain_step()
         if best is None or mean[best] <= 1.0 or plain is None or not self.room(plain):
@@ -377,6 +380,7 @@ class OnlineChoice:
         if arm_of(arm) in self.cheap and nodes:  # the cost line: drafted steps only (a plain step runs other
             self.history.add_cost(nodes, tokens - 1, seconds)  # kernels, one row: its own time is measured)
         if arm_of(arm) in self.cheap:  # scored with the arm's other proposals
+            self._settle(arm, tokens, seconds)  # what its steps taken gained: a scored rate can mislead
             self._probe_step(arm)
             return
         if switched:
@@ -392,13 +396,21 @@ class OnlineChoice:
             own[1] += seconds
             own[2] += 1
             self.history.add(arm, tokens, seconds)
-            plain = self.plain_step()
-            if arm != self.plain and plain is not None:  # what its steady steps gained on plain decoding's
-                # capped: an arm that paid for a long time still steps aside within a few steps that lose
-                self.ledger[arm] = min(self.ledger[arm] + tokens * plain - seconds, self.give_up * plain)
-                if self.ledger[arm] < -self.give_up * plain:
-                    self.benched.add(arm)
+            if arm != self.plain:
+                self._settle(arm, tokens, seconds)
         self._probe_step(arm)
+
+    def _settle(self, key: str, tokens: int, seconds: float) -> None:
+        """What a step of ``key`` (a model arm's steady step, a cheap arm's proposal of one context) gained on plain
+        decoding's steps for its tokens; ``give_up`` plain steps behind, it is left out (a cheap key for the rest of
+        the request: it is never probed)."""
+        plain = self.plain_step()
+        if plain is None:
+            return
+        # capped: an arm that paid for a long time still steps aside within a few steps that lose
+        self.ledger[key] = min(self.ledger[key] + tokens * plain - seconds, self.give_up * plain)
+        if self.ledger[key] < -self.give_up * plain:
+            self.benched.add(key)
 
     def _probe_step(self, arm: str) -> None:
         if self._probe is None or arm != self._probe[0]:
