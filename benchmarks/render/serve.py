@@ -16,7 +16,7 @@ SUFFIX_REPEAT = "2026-11-26-suffix-repeat/results.json"
 
 # Provenance the results files do not record, from the runs' notes: commits, and the options the JSON leaves out.
 COMMIT_BATCH, COMMIT_MEMORY, COMMIT_SUFFIX_SERVE = "6118445", "8bfaa2d", "1599f14"
-COMMIT_LOAD = "9e52355"
+COMMIT_LOAD = "afb3871"
 LOAD_MACHINE = "2-core AMD EPYC (AVX-512)"  # the load runs' machine (the others': common.CPU)
 COMMIT_SUFFIX_REPEAT = "2baed8d with the pattern-length fix of 682ef5e"
 WARMUP = {"rss-2400-cancel-mmap.json": 200}  # requests before the first memory reading (serve_load.py --warmup)
