@@ -80,6 +80,11 @@ class Engine(TextOut):
         return build_policy(self.method, lm.model.spec.vocab_size, lm.model.device,
                             always=set(lm.eos_token_ids) | set(special_ids(lm.tokenizer)))
 
+    def request_drafter(self, prompt_ids, cfg: "GenerationConfig") -> "tuple[Drafter | None, bool]":
+        """The drafter of one request, and whether it takes a vocabulary policy: the engine's own (``auto``'s
+        leaves out the arms the request would not take)."""
+        return self.drafter, True
+
     def generate_ids(self, prompt_ids, cfg: "GenerationConfig", stop_check=None, on_step=None,
                      vocab: "VocabPolicy | None" = None, on_commit=None) -> "GenerationResult":
         """:func:`microspec.decoding.generate_ids` with this method (``vocab``: a policy made by :meth:`policy`,
@@ -87,10 +92,12 @@ class Engine(TextOut):
         from .decoding.adaptive import AdaptiveSteps
         from .decoding.loop import generate_ids
 
-        adaptive = AdaptiveSteps() if self.method.adaptive and self.drafter is not None else None
-        return generate_ids(self.lm.model, prompt_ids, cfg, self.lm.eos_token_ids, stop_check, drafter=self.drafter,
-                            head_mode=self.head_mode, vocab=vocab if vocab is not None else self.policy(),
-                            on_step=on_step, adaptive=adaptive, on_commit=on_commit)
+        drafter, policy = self.request_drafter(prompt_ids, cfg)
+        adaptive = AdaptiveSteps() if self.method.adaptive and drafter is not None else None
+        vocab = (vocab if vocab is not None else self.policy()) if policy else None
+        return generate_ids(self.lm.model, prompt_ids, cfg, self.lm.eos_token_ids, stop_check, drafter=drafter,
+                            head_mode=self.head_mode, vocab=vocab, on_step=on_step, adaptive=adaptive,
+                            on_commit=on_commit)
 
     def start(self, prompt_ids, cfg: "GenerationConfig", stop_check=None, on_commit=None) -> "Generation":
         """A :class:`~microspec.decoding.loop.Generation` of this method, not yet prefilled, with a drafter and a
@@ -98,10 +105,12 @@ class Engine(TextOut):
         from .decoding.adaptive import AdaptiveSteps
         from .decoding.loop import Generation
 
-        drafter = self.drafter.fresh() if self.drafter is not None else None
+        drafter, policy = self.request_drafter(prompt_ids, cfg)
+        drafter = drafter.fresh() if drafter is not None else None
         adaptive = AdaptiveSteps() if self.method.adaptive and drafter is not None else None
         return Generation(self.lm.model, prompt_ids, cfg, self.lm.eos_token_ids, stop_check, drafter=drafter,
-                          head_mode=self.head_mode, vocab=self.policy(), adaptive=adaptive, on_commit=on_commit)
+                          head_mode=self.head_mode, vocab=self.policy() if policy else None, adaptive=adaptive,
+                          on_commit=on_commit)
 
     def describe(self) -> dict:
         m = self.method

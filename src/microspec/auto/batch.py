@@ -21,7 +21,7 @@ class BatchDepth:
     cap is measured first.  A batch of one drafts as its method says (None): a lone request decodes as ``generate``
     does.  The first step of a cap after another is not measured (drafters catch up on what they skipped then).
 
-    Within a cap, each request's drafting is judged apart (:meth:`drafts`, with the request's :class:`RowLedger`):
+    Within a cap, each request's drafting is judged apart (:meth:`drafting`, by the request's :class:`RowLedger`):
     the batch's step seconds are fitted to its verify rows (a line per size group: a fixed part and a slope per row),
     so a request's draft rows cost the batch the slope times their number; it drafts while its drafts' accepted tokens
     are worth more than what the batch decodes plainly in that time (its tokens per second at cap 0), else it decodes
@@ -93,10 +93,11 @@ class BatchDepth:
             return None
         return max(0.0, sum((r - mr) * (x - ms) for r, x in s) / var)
 
-    def drafts(self, n: int, ledger: "RowLedger") -> bool:
-        """Whether the request of ``ledger`` drafts at this step of a batch of ``n`` (at a cap above 0): while its
+    def drafting(self, n: int, ledgers: list["RowLedger"]) -> list[bool]:
+        """Whether each request (its ledger) of a batch of ``n`` drafts at this step (at a cap above 0): while its
         drafts' accepted tokens outweigh what its draft rows' seconds decode plainly in the batch."""
-        return ledger.pays(self.row_s(n), self.rate(n, 0))
+        row_s, plain_rate = self.row_s(n), self.rate(n, 0)
+        return [ledger.pays(row_s, plain_rate) for ledger in ledgers]
 
     def observe(self, n: int, cap: int | None, tokens: int, seconds: float, rows: int | None = None) -> None:
         """A step of a batch of ``n`` at depth cap ``cap`` committed ``tokens`` (all requests) in ``seconds``,

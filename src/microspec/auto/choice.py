@@ -194,8 +194,9 @@ class OnlineChoice:
         self.overhead_s = 0.0  # choosing: proposals not taken, scoring, the choice's bookkeeping (:meth:`charge`)
         self.probe_s = 0.0  # probe steps: their seconds beyond what the preferred arm would have taken
         self.spent_s = 0.0  # every step's seconds
-        self.ledger: dict[str, float] = defaultdict(float)  # per model arm: seconds its steady steps gained on plain
-        self.benched: set[str] = set()  # model arms that lost ``give_up`` plain steps in this request
+        # per model arm, and per cheap arm's context (``lookup@1``): seconds its steps gained on plain decoding's
+        self.ledger: dict[str, float] = defaultdict(float)
+        self.benched: set[str] = set()  # those that lost ``give_up`` plain steps in this request
         self.unpriced: dict[str, list] = defaultdict(lambda: [0, 0])  # cheap keys scored before any cost line
         self.backlog: dict[str, int] = {}  # per model arm: the tokens it would catch up on at its next step
         self._left = 1  # the tokens the request may still generate

@@ -45,37 +45,19 @@ class OnlineEngine(Engine):
     def summary(self) -> str:
         return f"online among {', '.join(self.arms)} (starts with {self.drafter.start})"
 
-    def generate_ids(self, prompt_ids, cfg: "GenerationConfig", stop_check=None, on_step=None, vocab=None,
-                     on_commit=None) -> "GenerationResult":
-        """As :meth:`Engine.generate_ids`, the request's arms those it may take
-        (:meth:`~microspec.auto.portfolio.Portfolio.for_request`): without a model arm, no vocabulary policy."""
-        from ..decoding.loop import generate_ids
-
+    def request_drafter(self, prompt_ids, cfg: "GenerationConfig") -> tuple[Portfolio, bool]:
+        """The arms the request may take (:meth:`~microspec.auto.portfolio.Portfolio.for_request`); left without a
+        model arm, no vocabulary policy."""
         drafter = self.drafter.for_request(len(prompt_ids), cfg.max_new_tokens)
-        if drafter is self.drafter:
-            return super().generate_ids(prompt_ids, cfg, stop_check, on_step, vocab, on_commit)
-        return generate_ids(self.lm.model, prompt_ids, cfg, self.lm.eos_token_ids, stop_check, drafter=drafter,
-                            head_mode=self.head_mode, vocab=vocab if drafter.model else None, on_step=on_step,
-                            on_commit=on_commit)
-
-    def start(self, prompt_ids, cfg: "GenerationConfig", stop_check=None, on_commit=None) -> "Generation":
-        """As :meth:`Engine.start`, the request's arms those it may take (see :meth:`generate_ids`)."""
-        from ..decoding.loop import Generation
-
-        drafter = self.drafter.for_request(len(prompt_ids), cfg.max_new_tokens)
-        if drafter is self.drafter:
-            return super().start(prompt_ids, cfg, stop_check, on_commit)
-        return Generation(self.lm.model, prompt_ids, cfg, self.lm.eos_token_ids, stop_check, drafter=drafter.fresh(),
-                          head_mode=self.head_mode, vocab=self.policy() if drafter.model else None,
-                          on_commit=on_commit)
+        return drafter, drafter is self.drafter or bool(drafter.model)
 
 
 def online(lm: "LoadedModel", kind: str, heads: dict | None = None, **options: Any) -> OnlineEngine:
-    """``auto`` for decoding kind ``kind`` (:data:`~microspec.auto.start.DECODING_KINDS`) on ``lm``: the arms this model and device
-    have, started where :func:`~microspec.auto.start.start_arm` says.  ``options``: ``vocab`` (the EAGLE arm's
-    policy, default MicroSpec's), ``draft`` (its EAGLE head, default the shipped one), ``lookup`` (the lookup arms'
-    shortest match), ``private_responses`` (the suffix arm's) and any other method option, given to the EAGLE arm; ``adaptive`` is what the online choice does
-    already (a plain step wherever nothing pays more)."""
+    """``auto`` for decoding kind ``kind`` (:data:`~microspec.auto.start.DECODING_KINDS`) on ``lm``: the arms this
+    model and device have, started where :func:`~microspec.auto.start.start_arm` says.  ``options``: ``vocab`` (the
+    EAGLE arm's policy, default MicroSpec's), ``draft`` (its EAGLE head, default the shipped one), ``lookup`` (the
+    lookup arms' shortest match), ``private_responses`` (the suffix arm's) and any other method option, given to the
+    EAGLE arm; ``adaptive`` is what the online choice does already (a plain step wherever nothing pays more)."""
     if "drafter" in options:
         raise MicrospecError("auto chooses the drafter: build the method you want instead (build(\"ngram\", lm))")
     options = {k: v for k, v in options.items() if v is not None and k != "adaptive"}
@@ -125,11 +107,11 @@ def preload(model: str, **options: Any) -> dict:
 
 
 class AutoEngine(TextOut):
-    """``auto``: for each decoding kind (:func:`~microspec.auto.start.decoding_kind`: greedy, penalty, sampling, sampling-penalty) its
-    own :class:`OnlineEngine` (each kind measures its own arms: what pays under a penalty is not what pays greedily),
-    built at the kind's first use, on one loaded model and its EAGLE head; a generation runs on its decoding's
-    engine.  Also made from built engines, one per kind (``AutoEngine({"greedy": ..., "penalty": ..., "sampling":
-    ...})``)."""
+    """``auto``: for each decoding kind (:func:`~microspec.auto.start.decoding_kind`: greedy, penalty, sampling,
+    sampling-penalty) its own :class:`OnlineEngine` (each kind measures its own arms: what pays under a penalty is
+    not what pays greedily), built at the kind's first use, on one loaded model and its EAGLE head; a generation
+    runs on its decoding's engine.  Also made from built engines, one per kind (``AutoEngine({"greedy": ...,
+    "penalty": ..., "sampling": ..., "sampling-penalty": ...})``)."""
 
     def __init__(self, engines: dict[str, Engine] | None = None, *, lm: "LoadedModel | None" = None,
                  heads: dict | None = None, options: dict | None = None):

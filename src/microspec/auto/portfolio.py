@@ -3,9 +3,10 @@ online bandit of :mod:`microspec.auto.choice`, which times each step from the pr
 
 *Cheap* drafters (:attr:`~microspec.drafters.base.Drafter.cheap`: prompt lookup, suffix decoding) propose at every
 step before the choice (while plain decoding is taken, as often as the choice's ``plain_share`` of a plain step pays
-for, the cheapest first: where nothing pays, auto is to cost next to nothing over plain decoding), and only the arms with a proposal are offered to it; each proposal is scored
-against the text that follows (the tokens it would have committed), whichever arm was taken; a *view* arm is
-another arm's proposal cut to fewer levels (the device's short lookup chain from the long one's single search).
+for, the cheapest first: where nothing pays, auto is to cost next to nothing over plain decoding), and only the
+arms with a proposal are offered to it; each proposal is scored against the text that follows (the tokens it would
+have committed), whichever arm was taken; a *view* arm is another arm's proposal cut to fewer levels (the device's
+short lookup chain from the long one's single search).
 Model drafters (the EAGLE head) propose only when
 chosen; the plain arm proposes nothing (the loop's step is then an autoregressive one).  Every drafter hears every
 commit, whichever arm drafted (an EAGLE head catches up on the features it missed at its next draft): a switch into
@@ -48,7 +49,8 @@ class Portfolio(Drafter):
         check(PLAIN in arms and arms[PLAIN] is None, f"auto: the arms need {PLAIN!r} (None: plain decoding)")
         self.arms, self.start = dict(arms), start
         self.history = history if history is not None else ArmHistory(tuple(names))
-        # (history, start, catch_up=..., cheap=..., **choice_options) -> pick, observe, score, charge, plain_step, summary
+        # (history, start, catch_up=..., cheap=..., **choice_options) -> pick, observe, score, charge, plain_step,
+        # summary
         self.chooser = chooser
         self.choice_options = choice_options
         self.leaves = _leaves(arms.values())  # each distinct drafter once
@@ -133,7 +135,7 @@ class Portfolio(Drafter):
         key = self.choice.pick(ctx.max_depth + 1, {PLAIN, *ready, *self.model}, backlog)
         arm = arm_of(key)
         # choosing's cost: all of it but the taken proposal's own search
-        self._charge(time.perf_counter() - t0 - spent.get(self.views[arm][0] if arm in self.views else arm, 0.0))
+        self.choice.charge(time.perf_counter() - t0 - spent.get(self.views[arm][0] if arm in self.views else arm, 0.0))
         if key in self.model:
             self._drafted[key] = len(ctx.tokens)
         self._last = key
@@ -158,11 +160,7 @@ class Portfolio(Drafter):
             for entry in self._pending:
                 if entry[1] == arm and entry[3] is None and entry[0] == len(self._tokens):
                     entry[3] = seconds  # the taken proposal's own time
-            self._charge(time.perf_counter() - t1)
-
-    def _charge(self, seconds: float) -> None:
-        """Seconds spent choosing (charged to the choice's budget)."""
-        self.choice.charge(seconds)
+            self.choice.charge(time.perf_counter() - t1)
 
     def _score(self, done: bool) -> None:
         """Score the pending proposals whose continuation is known (all of them once the request is ``done``):

@@ -35,6 +35,7 @@ import traceback
 from dataclasses import dataclass, field
 
 from ..api import encode_messages, encode_prompt, has_chat_template, stop_string_check
+from ..auto import BatchDepth, RowLedger
 from ..compose import AutoEngine, Engine
 from ..errors import MicrospecError
 from .metrics import Metrics
@@ -159,7 +160,7 @@ class _Running:
     text: TextStream
     kv: int = 0  # the bytes of KV cache it holds
     prefilled: bool = False  # its whole prompt is in its cache (its first token committed)
-    ledger: object = None  # its microspec.auto.RowLedger: whether its drafts pay in a batch
+    ledger: RowLedger = field(default_factory=RowLedger)  # whether its drafts pay in a batch
 
 
 def default_kv_budget(lm) -> int | None:
@@ -191,8 +192,6 @@ class Worker:
         thread that ran parallel work, and with more of them than cores its idle threads stop spinning between
         parallel regions, so each of a step's ~150 regions pays a wake-up (measured on 2 cores: a plain Gemma 3 270M
         step on a decoding thread after a multi-threaded load in the main thread took nearly twice as long)."""
-        from ..auto import BatchDepth, RowLedger
-
         self.engine, self.lm = engine, engine.lm
         self.queue = JobQueue(max_queue)
         self.metrics = Metrics(model_name or self.lm.name)
@@ -200,7 +199,7 @@ class Worker:
         self.kv_budget = kv_budget
         self.prefill_debt = 0.0  # seconds of steps owed to the running requests before the next prefill forward
         self.kv_held = 0  # bytes of KV cache the running requests hold
-        self.depths, self.new_ledger = BatchDepth(), RowLedger
+        self.depths = BatchDepth()
         self.step_delay = step_delay()
         self.running = 0
         self.closing = False
@@ -324,9 +323,7 @@ class Worker:
         depth, t0 = self.depth(n), time.perf_counter()
         per = depth
         if depth and self.batch_depth is None:  # at a cap above 0, a request whose drafts do not pay decodes plainly
-            for r in running:
-                r.ledger = r.ledger or self.new_ledger()
-            per = [depth if self.depths.drafts(n, r.ledger) else 0 for r in running]
+            per = [depth if ok else 0 for ok in self.depths.drafting(n, [r.ledger for r in running])]
         steps = [r.gen.stats.steps for r in running]
         errors = step_many(self.lm.model, [r.gen for r in running], per)
         if self.step_delay:  # a testing aid: steps as slow as a slower machine's
@@ -338,8 +335,7 @@ class Worker:
                 st = r.gen.stats
                 if st.steps > k:  # it stepped: its root and draft nodes were verify rows
                     rows += 1 + st.draft_sizes[-1]
-                    if r.ledger is not None:
-                        r.ledger.observe(st.draft_sizes[-1], st.accept_lengths[-1])
+                    r.ledger.observe(st.draft_sizes[-1], st.accept_lengths[-1])
             self.depths.observe(n, depth, sum(len(r.gen.out) for r in running) - before, time.perf_counter() - t0,
                                 rows)
         return errors
