@@ -22,9 +22,13 @@ no registry).  The parts, in order, each written to ``--out`` as soon as it ends
 4. ``ablation`` — the paper's Table 3 system ablation on the 8B shape (indexed GEMM / packed / packed + async
    gather / + Triton window), read from part 3, with what the window update adds to a draft step
    (``update_overhead``: the step with the update over the step without);
-5. ``e2e`` — end-to-end speed of AR, EAGLE-2, FR-Spec and MicroSpec with ``microspec bench`` on a real model, when
+5. ``e2e`` — end-to-end speed of plain decoding, prompt lookup, ``auto``, EAGLE-2, FR-Spec, EAGLE + MicroSpec and
+   MicroSpec with lookup first (``microspec bench``, greedy and with repetition penalty 1.2) on a real model, when
    one has been staged on the machine (benchmarks/gpu_stage.py; ``--model``), on the prompts of ``--e2e-data``;
-   without a staged model the part says so and the suite reports component times only.
+   without a staged model the part says so and the suite reports component times only.  On an H200 (2026-11-27)
+   parts 1-4 took 201 s and the greedy decoding of the e2e part on 12 prompts (``--e2e-limit 4`` over
+   benchmarks/results/2026-11-26-gpu-heads/prompts.jsonl, 128 tokens) 132 s of generation for its seven methods,
+   the penalty decoding longer (its trees are slower): give that e2e part a call of its own (``--parts e2e``).
 
 ``--dry-run`` runs the same code at the tiny shape on a CPU, collects the CUDA tests without running them and runs
 the end-to-end part on the installed default model for a few tokens; tests/test_gpu_suite.py runs it in CI, so the
@@ -59,7 +63,7 @@ FIG4_PATHS = ("full", "fr-spec-32k", "fr-spec-16k", "fr-spec-8k", "microspec-pac
 GRAPH_PATHS = ("full", "fr-spec-32k", "microspec-async-3k", "microspec-triton-3k")  # a dry run's graphed subset
 ABLATION = (("indexed GEMM", "microspec-indexed-3k"), ("packed", "microspec-packed-3k"),
             ("packed + async gather", "microspec-async-3k"), ("packed + async, Triton window", "microspec-triton-3k"))
-E2E_METHODS = "ar,eagle-full,fr-spec-32768,eagle+microspec"
+E2E_METHODS = "ar,ngram,auto,eagle-full,fr-spec-32768,eagle+microspec,microspec@lookup"
 PARTS = ("tests", "syncs", "figure4", "ablation", "e2e")
 
 

@@ -569,6 +569,14 @@ def test_a_copy_of_a_built_in_gguf_is_that_model(tmp_path, monkeypatch):
     assert registry.resolve(str(path))[0] == path.stem  # same name, other bytes
     monkeypatch.setitem(registry.BUILTINS, b.name, dataclasses.replace(b, file_key=registry._file_key(path)))
     assert registry.resolve(str(path)) == (b.name, "gguf", path)
+    # bench, generate and serve look the shipped files up by the --model they were given: the copy's path finds them
+    assert registry.shipped_eagle_head(path) == registry.shipped_eagle_head(b.name) is not None
+    assert registry.shipped_token_map(str(path)) == registry.shipped_token_map(b.name) is not None
+    assert registry.shipped_policy(str(path), "dynaspec") == registry.shipped_policy(b.name, "dynaspec") is not None
+    from microspec.method import eagle_head_path
+
+    assert eagle_head_path(None, str(path)) == str(registry.shipped_eagle_head(b.name))
     other = tmp_path / "other.gguf"
     other.write_bytes(path.read_bytes())
     assert registry.resolve(str(other))[0] == "other"  # same bytes, another name
+    assert registry.shipped_eagle_head(other) is None

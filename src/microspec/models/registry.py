@@ -80,22 +80,34 @@ HEADS_DIR = Path(__file__).resolve().parent.parent / "heads"
 def shipped_eagle_head(name: str | os.PathLike) -> Path | None:
     """The trained EAGLE head that ships in the package for built-in model ``name`` (``heads/<name>/``), if any;
     its ``training.json`` says how it was trained."""
+    name = _builtin_name(name)
     path = HEADS_DIR / str(name)
-    return path if str(name) in BUILTINS and (path / "config.json").is_file() else None
+    return path if name in BUILTINS and (path / "config.json").is_file() else None
+
+
+def _builtin_name(name: str | os.PathLike) -> str:
+    """``name`` itself, or for a GGUF file that is a copy of a built-in model (a staged copy), the built-in's name."""
+    name = str(name)
+    if name in BUILTINS or not name.endswith(".gguf"):
+        return name
+    path = Path(name).expanduser()
+    return (builtin_copy(path) if path.is_file() else None) or name
 
 
 def shipped_token_map(name: str | os.PathLike) -> Path | None:
     """The FR-Spec token map that ships for built-in model ``name`` (``heads/<name>/fr-spec/token_map.pt``, SGLang's
     format, built from training-side corpora; its ``training.json`` says how), if any."""
-    path = HEADS_DIR / str(name) / "fr-spec" / "token_map.pt"
-    return path if str(name) in BUILTINS and path.is_file() else None
+    name = _builtin_name(name)
+    path = HEADS_DIR / name / "fr-spec" / "token_map.pt"
+    return path if name in BUILTINS and path.is_file() else None
 
 
 def shipped_policy(name: str | os.PathLike, method: str) -> Path | None:
     """The trained vocabulary policy (``dynaspec``, ``specvocab``, ``coral``) that ships for built-in model ``name``
     (``heads/<name>/<method>/``), if any."""
-    path = HEADS_DIR / str(name) / method
-    return path if str(name) in BUILTINS and (path / "config.json").is_file() else None
+    name = _builtin_name(name)
+    path = HEADS_DIR / name / method
+    return path if name in BUILTINS and (path / "config.json").is_file() else None
 
 
 WEIGHTS = ("gguf", "gguf-f32", "bf16", "fp32")
