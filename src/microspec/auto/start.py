@@ -2,9 +2,11 @@
 kind, and why.
 
 :data:`MEASURED` is the table of measured starts, one row per (device kind, decoding kind), each with what was
-measured, in words, and where the run is (BENCHMARKS.md: command, date, machine), all fitted on Spec-Bench prompts.
-Where it has no row (CUDA, for one), the start is the model's shipped EAGLE head with MicroSpec's in-context
-vocabulary; a model without a head starts with plain decoding.  The online choice (:mod:`microspec.auto.choice`)
+measured, in words, and where the run is (BENCHMARKS.md: command, date, machine).  The CPU rows are fitted on
+Spec-Bench prompts; the CUDA rows on two GPU runs of Gemma 3 270M at batch 1 (an H100 on ten Arena-Hard, HumanEval-X
+and Japanese MT-bench prompts; an H200 on twelve held-apart prompts), which agree on the choice.  Where it has no
+row (another device kind), the start is the model's shipped EAGLE head with MicroSpec's in-context vocabulary; a
+model without a head starts with plain decoding.  The online choice (:mod:`microspec.auto.choice`)
 moves from there by what it measures.
 """
 
@@ -52,9 +54,20 @@ MEASURED: dict[tuple[str, str], Start] = {
         LOOKUP, "prompt lookup, adaptive: measured fastest on a packed CPU target when sampling",
         "T 0.7, `bench --protocol cpu`: prompt lookup adaptive fastest, ahead of plain decoding in every category; "
         "EAGLE + MicroSpec behind it (below plain decoding on summarization)", _SOURCE),
+    ("cuda", "greedy"): Start(
+        LOOKUP, "prompt lookup: measured fastest on a GPU at batch 1 (the tree methods' draft step is host-bound)",
+        "Gemma 3 270M bf16, batch 1: prompt lookup 1.44x plain decoding on an H100 and 1.08x on an H200; every tree "
+        "method below plain decoding on both (EAGLE + MicroSpec 0.84x and 0.72x, EAGLE-2 0.58x and 0.53x)",
+        _SOURCE),
+    ("cuda", "penalty"): Start(
+        PLAIN, "speculation measured slower than plain decoding on cuda with penalty",
+        "repetition penalty 1.2 on an H100: every tree method 0.34-0.41x plain decoding", _SOURCE),
+    ("cuda", "sampling"): Start(
+        PLAIN, "speculation measured slower than plain decoding on cuda with sampling",
+        "T 0.7 on an H200: EAGLE + MicroSpec 0.46x plain decoding", _SOURCE),
 }
 # sampling with a penalty starts where greedy decoding with the penalty does (its own engine measures from there)
-for _device in ("cpu", "cpu-gguf"):
+for _device in ("cpu", "cpu-gguf", "cuda"):
     MEASURED[_device, "sampling-penalty"] = Start(
         PLAIN, f"speculation measured slower than plain decoding on {_device} with penalty",
         MEASURED[_device, "penalty"].measured + " (greedy; sampling with the penalty starts there too)", _SOURCE)
