@@ -75,10 +75,8 @@ def test_no_synchronize_per_step(device_api, method):
     assert counts[1] <= 3, f"{counts[1]} synchronize calls for one generation"
 
 
-def test_host_reads_per_step_do_not_grow(monkeypatch):
-    """Plain decoding reads one tensor value per step (the chosen token: ``int(tensor)`` or the CPU kernel's
-    argmax) and nothing else."""
-    _, model = tiny_pair("llama")
+def _count_reads(monkeypatch) -> dict:
+    """Count every device-to-host read of a tensor (and the CPU kernel's argmax, which returns a host int)."""
     reads = {"n": 0}
     for name in ("item", "tolist", "__int__", "__bool__", "__float__", "__index__"):
         original = getattr(torch.Tensor, name)
@@ -97,6 +95,14 @@ def test_host_reads_per_step_do_not_grow(monkeypatch):
         return argmax(x)
 
     monkeypatch.setattr(cpu_quant, "argmax", counted_argmax)
+    return reads
+
+
+def test_host_reads_per_step_do_not_grow(monkeypatch):
+    """Plain decoding reads one tensor value per step (the chosen token: ``int(tensor)`` or the CPU kernel's
+    argmax) and nothing else."""
+    _, model = tiny_pair("llama")
+    reads = _count_reads(monkeypatch)
     per_run = []
     for n in (6, 30):
         reads["n"] = 0
@@ -104,3 +110,29 @@ def test_host_reads_per_step_do_not_grow(monkeypatch):
         per_run.append((reads["n"], out.stats.steps))
     (r0, s0), (r1, s1) = per_run
     assert (r1 - r0) == (s1 - s0), f"host reads per plain step: {(r1 - r0) / (s1 - s0)}"
+
+
+@pytest.mark.parametrize("depth", [3, 6])
+@pytest.mark.parametrize("on_device", [True, False])
+def test_a_tree_step_reads_the_host_once_for_its_tree(monkeypatch, depth, on_device):
+    """EAGLE-2's tree built on the device reads back once per proposal, whatever its depth; built on the host it
+    reads once per level (the root's top-k, then each expansion)."""
+    from microspec.drafters.model_based import ForwardDrafter
+
+    _, model = tiny_pair("llama")
+    monkeypatch.setattr(ForwardDrafter, "device_tree", on_device)
+    reads = _count_reads(monkeypatch)
+    drafter = make_drafter("early-exit", depth=depth, top_k=2, total_tokens=8, draft_layers=1)
+    propose, per_tree = drafter.propose, []
+
+    def counted(ctx):
+        before = reads["n"]
+        tree = propose(ctx)
+        per_tree.append((reads["n"] - before, min(depth, ctx.max_depth)))
+        return tree
+
+    drafter.propose = counted
+    generate_ids(model, PROMPT, GenerationConfig(max_new_tokens=40, ignore_eos=True), (), drafter=drafter)
+    full = [n for n, d in per_tree if d == depth]  # proposals of full depth (near the end the depth is cut)
+    assert len(full) >= 3
+    assert set(full) == ({1} if on_device else {depth}), per_tree

@@ -41,6 +41,9 @@ class DraftTree:
     # needed for the iid and without-replacement schemes.
     q: torch.Tensor | None = None
     scheme: str = "deterministic"
+    # the tree as built on the device, where a drafter built it there (tokens [N], depths [N], ancestor-or-self
+    # matrix [N, N]): the verify pass's inputs are then made from it with no host work per node
+    on_device: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.parents):
@@ -96,6 +99,8 @@ class DraftTree:
     def verify_inputs(self, root: int, start: int, device: torch.device):
         """(ids [N+1], positions [N+1], mask [N+1, N+1]) of the verify pass: root then nodes, each row seeing its
         ancestors and itself; the root sits at position ``start`` (the cache length)."""
+        if self.on_device is not None and self.on_device[0].device == torch.device(device):
+            return self._verify_inputs_on_device(root, start)
         n = len(self) + 1
         ids = to_device([root] + self.tokens, device)
         positions = to_device([start + d for d in [0] + self.depths()], device)
@@ -107,3 +112,14 @@ class DraftTree:
             mask[row, row] = True
         mask[0, 0] = True
         return ids, positions, to_device(mask, device, torch.bool)
+
+    def _verify_inputs_on_device(self, root: int, start: int):
+        tokens, depths, anc = self.on_device
+        n, dev = len(self) + 1, tokens.device
+        ids = torch.cat([torch.full((1,), root, dtype=torch.long, device=dev), tokens])
+        positions = torch.cat([depths.new_zeros(1), depths]) + start
+        mask = torch.zeros(n, n, dtype=torch.bool, device=dev)
+        mask[:, 0] = True
+        mask[1:, 1:] = anc
+        return ids, positions, mask
+

@@ -21,7 +21,7 @@ from ..transfer import to_device
 from ..vocab.base import VocabPolicy
 from .base import DraftContext, Drafter
 from .head import DraftHead
-from .tree_search import PartialTree, check_tree_args, dynamic_tree
+from .tree_search import PartialTree, TreeTensors, check_tree_args, dynamic_tree, dynamic_tree_on_device
 
 CHAIN_DEPTH = 4  # a chain's length, and a tree's depth when the device's tree is not used
 
@@ -99,6 +99,8 @@ def tree_shape(kind: str, method, trees: tuple[str, ...] | None = None) -> dict:
 
 
 class ForwardDrafter(Drafter):
+    device_tree = True  # EAGLE-2 trees built by tensor ops on the drafter's device (False: the host tree)
+
     def __init__(self, depth: int = CHAIN_DEPTH, top_k: int | None = None, total_tokens: int | None = None):
         check(depth >= 1, f"--depth must be >= 1, got {depth}")
         if top_k is not None:
@@ -220,7 +222,11 @@ class ForwardDrafter(Drafter):
         return DraftTree.chain(out, torch.stack(qs) if qs else None)
 
     def _tree(self, ctx: DraftContext, root_hidden: torch.Tensor, root_slot: int, steps: int) -> DraftTree:
-        """EAGLE-2 dynamic tree of deterministic top-k children (verified losslessly in greedy and sampling)."""
+        """EAGLE-2 dynamic tree of deterministic top-k children (verified losslessly in greedy and sampling).  Built
+        on the device (:func:`~.tree_search.dynamic_tree_on_device`: no read back between levels) unless the
+        decoding's processors are active: they need each node's path on the host."""
+        if self.device_tree and (ctx.pipe is None or not ctx.pipe.active):
+            return self._device_tree(ctx, root_hidden, root_slot, steps)
         cache = self._cache(ctx)
         device = cache.device
         root_logp, root_ids = self.head.topk(root_hidden, self.top_k, depth=0, pipe=ctx.pipe, paths=[[]])
@@ -247,3 +253,35 @@ class ForwardDrafter(Drafter):
             return self.head.topk(hidden, self.top_k, depth=tree.depths[frontier[0]], pipe=ctx.pipe, paths=paths)
 
         return dynamic_tree(root_logp[0], root_ids[0], expand, steps, self.top_k, self.total_tokens, steps)
+
+    def _device_tree(self, ctx: DraftContext, root_hidden: torch.Tensor, root_slot: int, steps: int) -> DraftTree:
+        """:meth:`_tree` with the tree, the attention masks, the positions and the parents' hidden states kept on the
+        device: the same tree, read back once."""
+        cache = self._cache(ctx)
+        device = cache.device
+        root_logp, root_ids = self.head.topk(root_hidden, self.top_k, depth=0, pipe=ctx.pipe)
+        capacity = root_ids.numel() + (steps - 1) * self.top_k * self.top_k
+        outs = root_hidden.new_empty(1 + capacity, root_hidden.shape[-1])  # row 1 + i: node i's draft hidden state
+        outs[0] = root_hidden[0]
+        slot = torch.full((capacity,), -1, dtype=torch.long, device=device)  # the cache slot node i was run in
+        forwarded: list[torch.Tensor] = []
+
+        def expand(frontier: torch.Tensor, tree: TreeTensors, depth: int):
+            n, s0 = frontier.numel(), cache.length
+            rows = torch.arange(n, device=device)
+            mask = torch.zeros(n, s0 + n, dtype=torch.bool, device=device)
+            mask[:, : root_slot + 1] = True  # the prefix and the root
+            if forwarded:  # each earlier frontier node's slot, where it is an ancestor of the row's node
+                done = torch.cat(forwarded)
+                mask[:, slot[done]] = tree.anc[frontier][:, done]
+            mask[rows, s0 + rows] = True
+            slot[frontier] = s0 + rows
+            forwarded.append(frontier)
+            hidden = self._forward(ctx, tree.tokens[frontier], root_slot + tree.depths[frontier], mask,
+                                   outs[tree.parents[frontier] + 1])
+            outs[frontier + 1] = hidden
+            self._route(depth)
+            return self.head.topk(hidden, self.top_k, depth=depth, pipe=ctx.pipe)
+
+        return dynamic_tree_on_device(root_logp[0], root_ids[0], expand, steps, self.top_k, self.total_tokens, steps)
+

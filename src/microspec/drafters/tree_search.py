@@ -79,3 +79,81 @@ def dynamic_tree(root_logp: torch.Tensor, root_ids: torch.Tensor, expand: Expand
     remap = {old: new for new, old in enumerate(keep)}
     return DraftTree([tree.tokens[i] for i in keep], [remap[tree.parents[i]] if tree.parents[i] >= 0 else -1
                                                        for i in keep])
+
+
+# ------------------------------------------------------------------------------------------ the tree on the device
+class TreeTensors:
+    """The tree as it grows, as tensors on the drafter's device: token, parent (-1: the root), depth and cumulative
+    log-probability (float64, as the host tree sums them) of every node generated so far, and ``anc[i, j]``: node j
+    is node i or one of its ancestors.  Nodes are numbered in creation order; a child whose log-probability is -inf
+    (a draft vocabulary smaller than top-k) is kept with score -inf and never chosen, so the finite nodes keep the
+    order the host tree gives them.  ``size`` is a host int known from shapes alone."""
+
+    def __init__(self, capacity: int, device: torch.device) -> None:
+        self.tokens = torch.zeros(capacity, dtype=torch.long, device=device)
+        self.parents = torch.full((capacity,), -1, dtype=torch.long, device=device)
+        self.depths = torch.zeros(capacity, dtype=torch.long, device=device)
+        self.scores = torch.full((capacity,), float("-inf"), dtype=torch.float64, device=device)
+        self.anc = torch.zeros(capacity, capacity, dtype=torch.bool, device=device)
+        self.size = 0
+
+    def add(self, parents: torch.Tensor | None, ids: torch.Tensor, scores: torch.Tensor, depth: int) -> range:
+        """Append the children [n, k] of ``parents`` [n] (None: the root's [1, k]) row by row; their node range."""
+        n = ids.numel()
+        lo, hi = self.size, self.size + n
+        new = torch.arange(lo, hi, device=self.tokens.device)
+        self.tokens[lo:hi] = ids.reshape(-1)
+        self.scores[lo:hi] = scores.reshape(-1)
+        self.depths[lo:hi] = depth
+        if parents is not None:
+            par = parents.repeat_interleave(ids.shape[1])
+            self.parents[lo:hi] = par
+            self.anc[lo:hi] = self.anc[par]
+        self.anc[new, new] = True
+        self.size = hi
+        return range(lo, hi)
+
+
+# expand(frontier [n] node ids on the device, tree, depth of the frontier) -> (log-probabilities [n, k], ids [n, k])
+DeviceExpand = Callable[[torch.Tensor, TreeTensors, int], tuple[torch.Tensor, torch.Tensor]]
+
+
+def _best(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the ``k`` highest ``scores``, ties by index (the host tree's ``sorted(key=(-score, i))``)."""
+    return torch.sort(-scores, stable=True).indices[:k]
+
+
+def dynamic_tree_on_device(root_logp: torch.Tensor, root_ids: torch.Tensor, expand: DeviceExpand, depth: int,
+                           top_k: int, total_tokens: int, max_depth: int) -> DraftTree:
+    """:func:`dynamic_tree` with the tree kept on the device: the frontier's choice, the scores and the final rerank
+    are tensor ops, with no read back between levels; the kept tree is read back once at the end.  Gives the host
+    tree's nodes and order (tests/test_tree_device.py checks it against golden outputs of :func:`dynamic_tree`); the
+    result carries its tensors so that the verify pass's inputs are built on the device too
+    (:meth:`~microspec.decoding.tree.DraftTree.verify_inputs`).  A layer whose nodes are all -inf still expands
+    (no read decides otherwise); its children are -inf and dropped."""
+    depth = min(depth, max_depth)
+    if depth <= 0:
+        return DraftTree()
+    k0 = root_ids.numel()
+    tree = TreeTensors(k0 + (depth - 1) * top_k * top_k, root_ids.device)
+    layer = tree.add(None, root_ids.reshape(1, -1), root_logp.reshape(1, -1).double(), 1)
+    for d in range(1, depth):
+        frontier = _best(tree.scores[layer.start:layer.stop], top_k) + layer.start
+        logp, ids = expand(frontier, tree, d)
+        logp = logp.clamp(max=0.0)  # as the host tree: a child never scores above its parent
+        layer = tree.add(frontier, ids, tree.scores[frontier, None] + logp.double(), d + 1)
+    n = tree.size
+    keep = _best(tree.scores[:n], total_tokens).sort().values  # ancestor-closed: a child never beats its parent
+    valid = torch.isfinite(tree.scores[keep])
+    new_index = torch.full((n,), -1, dtype=torch.long, device=keep.device)
+    new_index[keep] = torch.where(valid, torch.cumsum(valid, 0) - 1, -1)
+    par = tree.parents[keep]
+    par = torch.where(par >= 0, new_index[par.clamp(min=0)], -1)
+    tokens, parents, ok = torch.stack([tree.tokens[keep], par, valid.long()]).tolist()  # the one read
+    if not all(ok):
+        idx = [i for i, v in enumerate(ok) if v]
+        tokens, parents = [tokens[i] for i in idx], [parents[i] for i in idx]
+        keep = keep[torch.as_tensor(idx, dtype=torch.long, device=keep.device)]
+    out = DraftTree(tokens, parents)
+    out.on_device = (tree.tokens[keep], tree.depths[keep], tree.anc[keep][:, keep])
+    return out

@@ -1,0 +1,179 @@
+"""The EAGLE-2 tree built on the device (drafters.tree_search.dynamic_tree_on_device) against golden outputs of the
+host tree (tests/data/tree_golden.json, recorded from drafters.tree_search.dynamic_tree before the device tree
+existed), and the verify pass's inputs made on the device against the host's.  The same code runs on CPU tensors,
+so all of it runs here; tests/test_cuda.py runs the drafters on CUDA.
+
+Regenerate the golden file only from the host tree: ``python tests/test_tree_device.py --write``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from microspec.decoding.tree import DraftTree
+from microspec.drafters.tree_search import PartialTree, dynamic_tree, dynamic_tree_on_device
+
+GOLDEN = Path(__file__).parent / "data" / "tree_golden.json"
+PROMPT = [1, 10, 20, 30, 11, 21, 31, 12, 10, 20, 30]
+
+
+def cases() -> list[dict]:
+    """Shapes of EAGLE-2's tree (depth, top-k, total tokens), vocabulary sizes (some below top-k), ties (logits on a
+    coarse grid) and -inf children (free slots of a packed draft vocabulary)."""
+    out, seed = [], 0
+    for depth, top_k, total in ((1, 1, 1), (1, 4, 3), (2, 2, 4), (3, 2, 8), (4, 2, 8), (6, 10, 59), (5, 8, 60),
+                                (3, 4, 200), (6, 3, 20), (2, 10, 100)):
+        for vocab, grid, holes in ((50, 0.0, 0.0), (1000, 0.0, 0.0), (50, 0.5, 0.0), (8, 1.0, 0.0), (3, 0.0, 0.0),
+                                   (40, 0.25, 0.6), (12, 0.0, 0.9)):
+            seed += 1
+            out.append({"depth": depth, "top_k": top_k, "total": total, "vocab": vocab, "grid": grid,
+                        "holes": holes, "seed": seed})
+    return out
+
+
+def children(case: dict, path: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draft's top-k (log-probabilities, ids) below the node at ``path``: a function of the path alone."""
+    g = torch.Generator().manual_seed(hash((case["seed"], *path)) % (2**31))
+    logits = torch.randn(case["vocab"], generator=g) * 2
+    if case["grid"]:
+        logits = torch.round(logits / case["grid"]) * case["grid"]
+    holes = torch.rand(case["vocab"], generator=g) < case["holes"]
+    holes[0] = False  # one finite id at least, as a draft vocabulary has
+    logits[holes] = float("-inf")
+    logp = torch.log_softmax(logits, dim=-1)
+    k = min(case["top_k"], case["vocab"])
+    values, ids = torch.topk(logp, k)
+    return values, ids
+
+
+def host_tree(case: dict) -> DraftTree:
+    def expand(frontier: list[int], tree: PartialTree):
+        rows = [children(case, [tree.tokens[a] for a in tree.ancestors(f)]) for f in frontier]
+        return torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])
+
+    root_logp, root_ids = children(case, [])
+    return dynamic_tree(root_logp, root_ids, expand, case["depth"], case["top_k"], case["total"], case["depth"])
+
+
+def device_tree(case: dict, device: str = "cpu") -> DraftTree:
+    calls = []
+
+    def expand(frontier: torch.Tensor, tree, depth: int):
+        parents, tokens = tree.parents.tolist(), tree.tokens.tolist()  # the test's expand reads; the tree does not
+        rows = []
+        for f in frontier.tolist():
+            path, node = [], f
+            while node >= 0:
+                path.append(tokens[node])
+                node = parents[node]
+            assert len(path) == depth
+            rows.append(children(case, path[::-1]))
+        calls.append(depth)
+        return torch.stack([r[0] for r in rows]).to(device), torch.stack([r[1] for r in rows]).to(device)
+
+    root_logp, root_ids = children(case, [])
+    tree = dynamic_tree_on_device(root_logp.to(device), root_ids.to(device), expand, case["depth"], case["top_k"],
+                                  case["total"], case["depth"])
+    assert calls == list(range(1, case["depth"]))  # every level expands, with no read deciding otherwise
+    return tree
+
+
+def test_the_golden_file_is_the_host_trees():
+    golden = json.loads(GOLDEN.read_text())
+    assert len(golden) == len(cases()) == 70
+    for case, want in zip(cases(), golden):
+        got = host_tree(case)
+        assert {"tokens": got.tokens, "parents": got.parents} == want["tree"], case
+    sizes = [len(g["tree"]["tokens"]) for g in golden]
+    assert min(sizes) == 1 and max(sizes) == 100  # one-node trees and big ones
+    assert sum(len(g["tree"]["tokens"]) < min(c["total"], 200) for c, g in zip(cases(), golden)) > 5  # -inf dropped
+
+
+@pytest.mark.parametrize("index", range(70))
+def test_the_device_tree_is_the_host_tree(index):
+    case, want = cases()[index], json.loads(GOLDEN.read_text())[index]
+    got = device_tree(case)
+    assert {"tokens": got.tokens, "parents": got.parents} == want["tree"]
+
+
+@pytest.mark.parametrize("index", [35, 36, 40, 44, 47])
+def test_verify_inputs_made_on_the_device_are_the_hosts(index):
+    tree = device_tree(cases()[index])
+    assert tree.on_device is not None and len(tree) > 1
+    host = DraftTree(tree.tokens, tree.parents)  # the same nodes without the device tensors
+    for a, b in zip(tree.verify_inputs(7, 31, torch.device("cpu")), host.verify_inputs(7, 31, torch.device("cpu"))):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    # a tree cut on the host (first, truncated) drops the tensors and builds its inputs from its lists
+    assert tree.first(2).on_device is None and tree.truncated(1).on_device is None
+
+
+def test_the_device_tree_runs_on_cuda_as_on_the_cpu():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    for case in cases()[::7]:
+        a, b = device_tree(case, "cuda"), device_tree(case)
+        assert (a.tokens, a.parents) == (b.tokens, b.parents)
+
+
+def _trees(nm, make_drafter, device_tree: bool, monkeypatch, processors=None):
+    """Every tree a drafter proposed in one generation, and the output, with the device tree on or off."""
+    from microspec.decoding import GenerationConfig, generate_ids
+    from microspec.drafters.model_based import ForwardDrafter
+
+    monkeypatch.setattr(ForwardDrafter, "device_tree", device_tree)
+    drafter, seen = make_drafter(), []
+    propose = drafter.propose
+
+    def recording(ctx):
+        tree = propose(ctx)
+        seen.append((tree.tokens, tree.parents, tree.on_device is not None))
+        return tree
+
+    drafter.propose = recording
+    cfg = GenerationConfig(max_new_tokens=40, ignore_eos=True, **(processors or {}))
+    return seen, generate_ids(nm, PROMPT, cfg, drafter=drafter).token_ids
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.parametrize("kind", ["eagle", "early-exit"])
+@pytest.mark.parametrize("top_k,depth,total", [(2, 3, 5), (3, 4, 10), (10, 6, 59)])
+def test_a_drafters_device_tree_is_its_host_tree(tmp_path, monkeypatch, family, kind, top_k, depth, total):
+    """The same trees step by step from the drafter's own network, built on the host or on the device, and the
+    target's output either way; under a repetition penalty the drafter keeps the host tree (paths on the host)."""
+    from microspec.drafters import EagleDrafter, EarlyExitDrafter
+    from microspec.drafters.eagle import EagleHead
+    from support import official_checkpoint, tiny_pair
+
+    _, nm = tiny_pair(family)
+    path, _, _ = official_checkpoint(tmp_path / "ck", d=nm.spec.hidden_size)
+    shape = {"depth": depth, "top_k": top_k, "total_tokens": total}
+
+    def make():
+        return EagleDrafter(EagleHead.load(path), **shape) if kind == "eagle" else EarlyExitDrafter(1, **shape)
+
+    host, out_host = _trees(nm, make, False, monkeypatch)
+    dev, out_dev = _trees(nm, make, True, monkeypatch)
+    assert out_dev == out_host and len(dev) == len(host) > 3
+    assert [t[:2] for t in dev] == [t[:2] for t in host]
+    assert all(on for tokens, _, on in dev if tokens) and not any(on for *_, on in host)
+    assert max(len(t[0]) for t in dev) == min(total, top_k + (depth - 1) * top_k * top_k)
+    pen, _ = _trees(nm, make, True, monkeypatch, {"repetition_penalty": 1.2})
+    assert pen and not any(on for *_, on in pen)
+
+
+def _write() -> None:
+    GOLDEN.parent.mkdir(exist_ok=True)
+    rows = []
+    for case in cases():
+        t = host_tree(case)
+        rows.append({"case": case, "tree": {"tokens": t.tokens, "parents": t.parents}})
+    GOLDEN.write_text(json.dumps(rows, separators=(",", ":")) + "\n")
+    print(f"wrote {len(rows)} host trees to {GOLDEN}")
+
+
+if __name__ == "__main__" and "--write" in sys.argv:
+    _write()
