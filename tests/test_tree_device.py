@@ -119,6 +119,33 @@ def test_the_device_tree_runs_on_cuda_as_on_the_cpu():
         assert (a.tokens, a.parents) == (b.tokens, b.parents)
 
 
+@pytest.mark.parametrize("index", [0, 5, 9, 35, 36, 40, 44, 47, 60, 65])
+def test_the_device_greedy_walk_is_the_host_walk(index):
+    """The walk by tensor ops over a device-built tree commits the host walk's tokens (head mode ``all``), accepts
+    its nodes and hands the policy the same rows, for targets that follow the draft often, sometimes or never."""
+    from microspec.decoding import GenerationConfig
+    from microspec.decoding.processors import LogitsPipeline
+    from microspec.decoding.verify import LazyHead, device_greedy_walk, greedy_walk
+
+    tree = device_tree(cases()[index])
+    vocab = cases()[index]["vocab"]
+    pipe = LogitsPipeline(GenerationConfig(), vocab, torch.device("cpu"))
+    children = tree.children()
+    for follow in (0.0, 0.5, 0.9, 1.0):
+        g = torch.Generator().manual_seed(index * 10 + int(follow * 10))
+        logits = torch.randn(len(tree) + 1, vocab, generator=g)
+        for row in range(len(tree) + 1):  # the target picks one of the row's children with probability ``follow``
+            if children[row] and float(torch.rand((), generator=g)) < follow:
+                pick = children[row][int(torch.randint(len(children[row]), (), generator=g))]
+                logits[row, tree.tokens[pick]] = 10.0
+        host = greedy_walk(tree, LazyHead(lambda h: h, logits, tree, "all"), pipe)
+        dev = device_greedy_walk(tree, lambda h: h, logits)
+        assert (dev.accepted, dev.tokens, dev.head_rows) == (host.accepted, host.tokens, host.head_rows)
+        assert all(torch.equal(a, b) for a, b in zip(dev.logits, host.logits)) and len(dev.logits) == len(host.logits)
+        if follow == 1.0 and tree.parents.count(-1) == len(tree):  # a one-level tree: one accepted node
+            assert len(dev.accepted) == 1
+
+
 def _trees(nm, make_drafter, device_tree: bool, monkeypatch, processors=None):
     """Every tree a drafter proposed in one generation, and the output, with the device tree on or off."""
     from microspec.decoding import GenerationConfig, generate_ids
@@ -163,6 +190,16 @@ def test_a_drafters_device_tree_is_its_host_tree(tmp_path, monkeypatch, family, 
     assert max(len(t[0]) for t in dev) == min(total, top_k + (depth - 1) * top_k * top_k)
     pen, _ = _trees(nm, make, True, monkeypatch, {"repetition_penalty": 1.2})
     assert pen and not any(on for *_, on in pen)
+    # the walk by tensor ops too (CUDA's path, here on the CPU): the same output, every step walked that way
+    from microspec.decoding import verify
+
+    walks = []
+    walk = verify.device_greedy_walk
+    monkeypatch.setattr(verify, "DEVICE_WALK", ("cuda", "cpu"))
+    monkeypatch.setattr("microspec.decoding.loop.device_greedy_walk", lambda *a: walks.append(1) or walk(*a))
+    both, out_both = _trees(nm, make, True, monkeypatch)
+    assert out_both == out_host and [t[:2] for t in both] == [t[:2] for t in host]
+    assert len(walks) == sum(1 for t in both if t[0])
 
 
 def _write() -> None:

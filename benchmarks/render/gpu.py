@@ -105,8 +105,10 @@ def _syncs() -> list[str]:
             source().markdown(), "",
             f"- {', '.join(SYNC_METHODS.get(m, m) for m in flat).capitalize()}: one wait per step, for the accepted "
             "tokens.",
-            "- The trees wait once more per level: EAGLE-2's dynamic tree is built on the host, so each level's top-k "
-            "is read back. A count that does not grow with the tree would need the tree built on the device.", ""]
+            "- The trees wait once more per level: at the run's commit EAGLE-2's dynamic tree was built on the host, "
+            "so each level's top-k was read back. The tree is built on the device since, read back once per step, "
+            "and a greedy step without processors walks it there too (tests/test_tree_device.py, "
+            "tests/test_sync_free.py count it on the CPU); not yet measured on a GPU.", ""]
 
 
 def _figure4() -> list[str]:

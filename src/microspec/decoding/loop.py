@@ -26,7 +26,8 @@ from .observers import CoverageObserver
 from .processors import LogitsPipeline
 from .stats import DeviceTimer, GenerationStats, StepClock
 from .tree import DraftTree
-from .verify import HEAD_MODES, LazyHead, default_head_mode, greedy_walk, keyed_walk, sample_walk
+from . import verify as verifying
+from .verify import HEAD_MODES, LazyHead, default_head_mode, device_greedy_walk, greedy_walk, keyed_walk, sample_walk
 
 if TYPE_CHECKING:
     from ..drafters.base import Drafter
@@ -305,8 +306,11 @@ class Generation:
         drafter, commit the tokens."""
         t0, host_t0, drafting, tree, start, t1 = self._step
         model, vocab, drafter, device = self.model, self.vocab, self.drafter, self.model.device
-        walk_head = LazyHead(model.head, hidden, tree, self.head_mode, first)
-        walk = self.walker(tree, walk_head, self.pipe)
+        if tree.on_device is not None and first is None and self.walker is greedy_walk and not self.pipe.active \
+                and device.type in verifying.DEVICE_WALK:  # one read for the whole walk
+            walk = device_greedy_walk(tree, model.head, hidden)
+        else:
+            walk = self.walker(tree, LazyHead(model.head, hidden, tree, self.head_mode, first), self.pipe)
         branch = [0] + [1 + a for a in walk.accepted]  # verify rows of the root and the accepted nodes
         if len(tree):
             self.cache.keep_from(start, branch)

@@ -41,9 +41,10 @@ class DraftTree:
     # needed for the iid and without-replacement schemes.
     q: torch.Tensor | None = None
     scheme: str = "deterministic"
-    # the tree as built on the device, where a drafter built it there (tokens [N], depths [N], ancestor-or-self
-    # matrix [N, N]): the verify pass's inputs are then made from it with no host work per node
-    on_device: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(default=None, compare=False, repr=False)
+    # the tree as built on the device, where a drafter built it there (tokens [N], parents [N], depths [N] and the
+    # ancestor-or-self matrix [N, N]): the verify pass's inputs and a greedy walk are then made from it with no host
+    # work per node
+    on_device: tuple[torch.Tensor, ...] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.parents):
@@ -114,7 +115,7 @@ class DraftTree:
         return ids, positions, to_device(mask, device, torch.bool)
 
     def _verify_inputs_on_device(self, root: int, start: int):
-        tokens, depths, anc = self.on_device
+        tokens, _, depths, anc = self.on_device
         n, dev = len(self) + 1, tokens.device
         ids = torch.cat([torch.full((1,), root, dtype=torch.long, device=dev), tokens])
         positions = torch.cat([depths.new_zeros(1), depths]) + start

@@ -146,6 +146,28 @@ def greedy_walk(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline) -> W
     return _follow(tree, logits_of, pipe, argmax)
 
 
+DEVICE_WALK = ("cuda",)  # device types whose greedy steps over a device-built tree walk it by tensor ops
+
+
+def device_greedy_walk(tree: DraftTree, head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor) -> Walk:
+    """:func:`greedy_walk` without processors over a tree built on the device (``tree.on_device``, siblings of
+    distinct tokens, as a top-k gives them): the head over every row in one pass, the target's argmax at each row,
+    a node accepted where it and each of its ancestors is its parent row's argmax (at most one per depth: the
+    accepted nodes are the walk's path), and one read of the acceptance and the argmaxes.  The tokens are
+    :func:`greedy_walk`'s with head mode ``all`` (tests/test_tree_device.py)."""
+    tokens, parents, _, anc = tree.on_device
+    n = len(tree)
+    logits = head(hidden[: n + 1])
+    top = logits.argmax(dim=-1)
+    match = top[parents + 1] == tokens
+    ok = ~(anc & ~match[None, :]).any(dim=1)
+    read = torch.cat([ok.long(), top]).tolist()  # the one read
+    accepted = [i for i in range(n) if read[i]]
+    bonus = read[n + (accepted[-1] + 1 if accepted else 0)]
+    rows = rows_of(logits, [0] + [a + 1 for a in accepted])
+    return Walk(accepted, [tree.tokens[a] for a in accepted] + [bonus], n + 1, list(rows))
+
+
 def keyed_walk(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline) -> Walk:
     """Seeded sampling verification: the target's sample at each position is the inverse-CDF draw of the uniform
     that the seed and the position fix (:func:`~microspec.decoding.processors.keyed_uniform`), from the target's

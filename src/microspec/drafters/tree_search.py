@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 
 from ..decoding.tree import DraftTree, path_to
+from ..transfer import to_device
 from ..errors import check
 
 # expand(nodes) -> (log-probabilities [n, k], token ids [n, k]) of the children of each of ``nodes``
@@ -150,10 +151,10 @@ def dynamic_tree_on_device(root_logp: torch.Tensor, root_ids: torch.Tensor, expa
     par = tree.parents[keep]
     par = torch.where(par >= 0, new_index[par.clamp(min=0)], -1)
     tokens, parents, ok = torch.stack([tree.tokens[keep], par, valid.long()]).tolist()  # the one read
-    if not all(ok):
+    if not all(ok):  # -inf nodes among the best: drop them (their descendants are -inf too)
         idx = [i for i, v in enumerate(ok) if v]
         tokens, parents = [tokens[i] for i in idx], [parents[i] for i in idx]
-        keep = keep[torch.as_tensor(idx, dtype=torch.long, device=keep.device)]
+        keep, par = keep[to_device(idx, keep.device)], to_device(parents, keep.device)
     out = DraftTree(tokens, parents)
-    out.on_device = (tree.tokens[keep], tree.depths[keep], tree.anc[keep][:, keep])
+    out.on_device = (tree.tokens[keep], par, tree.depths[keep], tree.anc[keep][:, keep])
     return out
