@@ -158,6 +158,8 @@ def test_bench_reports_autos_tau_its_choosing_cost_and_each_methods_worst_questi
         worst = min((question_speed(r) / question_speed(ar[r["question_id"]]), r["question_id"]) for r in recs)
         low = res["methods"][name]["overall"]["min_question_speedup"]
         assert (low["speedup"], low["question"]) == (round(worst[0], 4), worst[1])
+        speeds = res["methods"][name]["overall"]["question_tokens_per_s"]  # each question's, to compare runs by
+        assert speeds == {str(r["question_id"]): round(question_speed(r), 3) for r in recs} and len(speeds) >= 2
     report = (out_dir / "report.md").read_text()
     assert f"| {low['speedup']:.2f}x ({low['question']}) |" in report and "auto: steps by arm" in report
 

@@ -156,6 +156,9 @@ def summarize(methods: dict[str, Sequence[dict]], reference: str = "ar") -> dict
                 if base["task_mean_tokens_per_s"] > 0 else None
             if m.get("decode_tokens_per_s") and base.get("decode_tokens_per_s"):
                 m["decode_speedup"] = round(m["decode_tokens_per_s"] / base["decode_tokens_per_s"], 4)
+    for name, recs in methods.items():  # each question's tokens/s: the same question across runs is comparable
+        out[name]["overall"]["question_tokens_per_s"] = {str(r["question_id"]): round(question_speed(r), 3)
+                                                         for r in recs}
     if reference in methods:  # the worst case: the question whose speed-up is the lowest
         base = {r["question_id"]: question_speed(r) for r in methods[reference]}
         for name, recs in methods.items():
