@@ -29,8 +29,9 @@ RUNS = {"greedy": ("run1", "run2", "run3"), "greedy-rp1.2": ("run1", "run2"), "T
 LATEST_ONLY = {"greedy": {"auto": ("run3",), "microspec": ("run3",), "microspec@lookup": ("run3",)}}
 COMMIT_HELD = "66aec15 (greedy runs 1-2), 1599f14 (greedy run 3 and every other run)"
 COMMIT_VLLM, COMMIT_VLLM_DRAFT = "3170a0b", "56f30f1"
-# auto against the fixed methods built from its own arms, in four decodings, after its choosing got a budget
-AUTO = "2026-11-27-auto-budget"
+# auto against the fixed methods built from its own arms, in four decodings, after its choosing got a budget; the
+# runs record each question's tokens/s, so the same question's speed can be compared from run to run
+AUTO = "2026-11-27-auto-repeat"
 AUTO_DECODINGS = {"greedy": "greedy", "greedy-rp1.2": "repetition penalty 1.2", "T0.7": "temperature 0.7",
                   "T0.7-rp1.2": "T 0.7 + penalty 1.2"}
 AUTO_FIXED = ("ngram", "microspec@lookup")
@@ -243,8 +244,32 @@ def _auto_budget() -> str:
         f"{min(worst):.2f}x, and choosing cost at most {max(cost):.1%} of its time.",
         f"- Plain decoding's tokens/s moved by up to {moved:.0%} between runs of a decoding on this machine; the "
         "methods run in turn from a different one at each question, and the warm-up generation's prompt is none of "
-        "the questions.", "",
+        "the questions.", "", *_same_question(res, len(runs)),
     ])
+
+
+def _same_question(res: dict, n_runs: int) -> list[str]:
+    """How far one question's tokens/s moves from run to run (max / min - 1 over the runs), plain decoding against
+    `auto`: whether auto's choices follow the text or the timing noise."""
+    rows, worse, total = [], 0, 0
+    for d, label in AUTO_DECODINGS.items():
+        moved = {}
+        for m in ("ar", "auto"):
+            per_q = [r["methods"][m]["overall"]["question_tokens_per_s"] for r in res[d]]
+            moved[m] = sorted(max(q[k] for q in per_q) / min(q[k] for q in per_q) - 1 for k in per_q[0])
+        n = len(moved["ar"])
+        beyond = sum(a > moved["ar"][-1] for a in moved["auto"])  # beyond the largest move of plain decoding
+        worse, total = worse + beyond, total + n
+        rows.append([label, f"{moved['ar'][n // 2]:.1%} / {moved['ar'][-1]:.1%}",
+                     f"{moved['auto'][n // 2]:.1%} / {moved['auto'][-1]:.1%}", f"{beyond} of {n}"])
+    return ["The same question from run to run (item: *choices that follow the text, not the noise*): for each "
+            f"question, how far its tokens/s moved over the {n_runs} runs (largest over smallest, minus one), the "
+            "median and the largest over the questions; the last column counts the questions whose `auto` speed "
+            "moved more than any question's plain speed did in that decoding.", "",
+            table(["decoding", "plain decoding: median / largest move", "`auto`: median / largest move",
+                   "`auto` beyond plain's largest"], rows), "",
+            f"- {worse} of {total} question-decodings moved more under `auto` than plain decoding's largest move in "
+            "the same decoding.", ""]
 
 
 def _vllm() -> str:
