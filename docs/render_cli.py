@@ -115,9 +115,12 @@ also `serve`'s and `coverage`'s, and these notes apply to them there too.
   within 3% of a request's time; a probe runs only where its expected gain covers its cost; a model arm whose
   steps lose three plain steps' time in a request is left out of it until a probe finds it paying, and one the
   request would not take (measured clearly slower, or a probe its budget cannot pay for) is not kept ready at all
-  (no features or vocabulary policy fed at each step).  An engine's requests share what they measured, separately
-  per decoding kind (greedy, repetition penalty, sampling, sampling with a penalty); a fresh engine starts from a
-  fitted table (`microspec.auto.MEASURED`).  `serve`'s `/metrics` counts the steps per arm
+  (no features or vocabulary policy fed at each step).  Where four requests in a row of a decoding kind lost to
+  plain decoding (their drafted steps' tokens at a plain step each, less those steps' time, less choosing), the
+  next requests of that kind run plainly, choosing nothing (suffix decoding still learns their responses): four,
+  then one that chooses again, then eight, up to sixteen while they keep losing; one that gains ends it.  An
+  engine's requests share what they measured, separately per decoding kind (greedy, repetition penalty, sampling,
+  sampling with a penalty); a fresh engine starts from a fitted table (`microspec.auto.MEASURED`).  `serve`'s `/metrics` counts the steps per arm
   (`microspec:auto_steps_total`); `bench --methods auto,...` measures it beside fixed methods (with each method's
   worst question and `auto`'s choosing cost).  `--compare` also decodes the prompt plainly (`--drafter none`) and
   prints the speed-up.

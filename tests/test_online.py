@@ -295,3 +295,49 @@ def test_a_cheap_arms_proposals_whose_steps_lose_step_aside_for_the_request():
         taken.append(arm)
     assert "lookup@1" in choice.benched and "lookup@3" not in choice.benched
     assert taken.count("lookup@1") <= 3 and "lookup@1" not in taken[-30:] and "lookup@3" in taken[-10:]
+
+
+def test_an_engine_whose_requests_lose_to_plain_decoding_steps_aside():
+    """Requests whose choosing costs more than their speculation gains (a cheap arm that always misses): after
+    ``ASIDE_AFTER`` of them in a row the engine's next requests run plainly, choosing nothing (their report says
+    so and counts their steps as plain ones), then one chooses again: a stretch of 4, then 8, then at most 16
+    while they keep losing; suffix decoding still learns every response; the output is the target's throughout."""
+    from microspec.auto.choice import ASIDE_AFTER, ASIDE_MOST
+    from microspec.auto.portfolio import Aside
+
+    _, nm = tiny_pair("llama")
+    prompt = [1, 5, 9, 13, 5, 9, 13, 17, 5, 9]
+    cfg = GenerationConfig(max_new_tokens=12, ignore_eos=True)
+    truth = generate_ids(nm, prompt, cfg).token_ids
+    suffix = SuffixDrafter()
+    engine = Portfolio({"plain": None, "slow": Missing(truth, len(prompt), 0.002, cheap=True), "suffix": suffix},
+                       "plain")
+    pattern = []
+    for _ in range(ASIDE_AFTER + 4 + 1 + 8 + 1 + 16 + 1 + 16):
+        drafter = engine.for_request(len(prompt), cfg.max_new_tokens)
+        got = generate_ids(nm, prompt, cfg, drafter=drafter)
+        assert got.token_ids == truth
+        aside = bool(got.stats.auto.get("aside"))
+        assert aside == isinstance(drafter, Aside)
+        if aside:
+            assert got.stats.auto["arms"] == {"plain": got.stats.steps} and got.stats.auto["overhead_s"] == 0
+        pattern.append("A" if aside else "c")
+    want = "c" * ASIDE_AFTER + "A" * 4 + "c" + "A" * 8 + "c" + "A" * ASIDE_MOST + "c" + "A" * ASIDE_MOST
+    assert "".join(pattern) == want
+    assert len(suffix.cache.responses) == len(pattern)  # every response learnt, run plainly or not
+    engine.history.request_done(0.05)  # a request that gained: choosing again from the next one on
+    assert not isinstance(engine.for_request(len(prompt), cfg.max_new_tokens), Aside)
+
+
+def test_a_requests_gain_is_its_drafted_steps_at_plain_speed_less_choosing():
+    history = ArmHistory(("plain", "lookup"))
+    choice = OnlineChoice(history, "plain", cheap=("lookup",))
+    assert choice.gain() is None  # nothing to price by yet
+    for _ in range(10):
+        choice.observe("plain", 1, 0.020)
+    choice.observe("lookup@2", 4, 0.030, nodes=4)
+    choice.charge(0.004)
+    assert choice.gain() == pytest.approx(4 * 0.020 - 0.030 - 0.004)
+    for g, aside in ((-1, False), (-1, False), (-1, False), (0.0, False), (-1, False)):  # a gain resets the count
+        history.request_done(g)
+        assert history.step_aside() is aside

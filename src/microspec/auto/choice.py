@@ -66,12 +66,20 @@ def arm_of(key: str) -> str:
     return key.split("@", 1)[0]
 
 
+ASIDE_AFTER = 4  # requests in a row that lost to plain decoding, after which requests step aside (run plainly)
+ASIDE_MOST = 16  # the longest stretch of requests run plainly before one chooses again
+
+
 class ArmHistory:
     """An engine's recent measurements of each arm, shared by its requests: per arm the last ``window`` steady steps
-    (tokens, seconds) and the last ``window`` switching costs (seconds)."""
+    (tokens, seconds) and the last ``window`` switching costs (seconds); and whether its requests pay for choosing
+    at all (:meth:`request_done`, :meth:`step_aside`)."""
 
     def __init__(self, arms: tuple[str, ...], window: int = 64, cost_window: int = 256):
         self.arms = arms
+        self._lost = 0  # requests in a row whose choosing cost more than its speculation gained
+        self._stretch = 0  # the length of the last stretch of requests run plainly
+        self._aside = 0  # requests still to run plainly
         # by key: an arm's name, or name@context for an arm measured apart by the context of its proposal (prompt
         # lookup by the length of the n-gram it matched)
         self.steps: dict[str, deque] = defaultdict(lambda: deque(maxlen=window))
@@ -82,6 +90,28 @@ class ArmHistory:
         self._fit: tuple[float, float, float] | None = None
         self._fitted_at = 0
         self._by_size: dict[int, list] = defaultdict(lambda: [0, 0.0, 0.0])  # nodes -> running (n, seconds, accepted)
+
+    def request_done(self, gain_s: float) -> None:
+        """A request that chose finished, its speculation having gained ``gain_s`` seconds on plain decoding net of
+        what choosing cost (:meth:`OnlineChoice.gain`).  After ``ASIDE_AFTER`` losing requests in a row the next
+        ones run plainly (:meth:`step_aside`): as many again, then twice as many after each request that chooses
+        and loses again, at most ``ASIDE_MOST``; a request that gains ends it."""
+        with self.lock:
+            if gain_s >= 0:
+                self._lost = self._stretch = self._aside = 0
+                return
+            self._lost += 1
+            if self._lost >= ASIDE_AFTER:
+                self._stretch = min(max(ASIDE_AFTER, 2 * self._stretch), ASIDE_MOST)
+                self._aside = self._stretch
+
+    def step_aside(self) -> bool:
+        """Whether the next request runs plainly (it takes one of the stretch's places)."""
+        with self.lock:
+            if self._aside <= 0:
+                return False
+            self._aside -= 1
+            return True
 
     def add_cost(self, nodes: int, accepted: int, seconds: float) -> None:
         """A step drafted from the text alone: its draft nodes, accepted tokens and seconds."""
@@ -194,6 +224,7 @@ class OnlineChoice:
         self.overhead_s = 0.0  # choosing: proposals not taken, scoring, the choice's bookkeeping (:meth:`charge`)
         self.probe_s = 0.0  # probe steps: their seconds beyond what the preferred arm would have taken
         self.spent_s = 0.0  # every step's seconds
+        self.drafted = [0, 0.0]  # the steps not taken plain: (tokens, seconds)
         # per model arm, and per cheap arm's context (``lookup@1``): seconds its steps gained on plain decoding's
         self.ledger: dict[str, float] = defaultdict(float)
         self.benched: set[str] = set()  # those that lost ``give_up`` plain steps in this request
@@ -374,6 +405,9 @@ class OnlineChoice:
         switched = arm in self.catch_up and self._last is not None and arm != self._last
         self._last = arm
         self.spent_s += seconds
+        if arm != self.plain:
+            self.drafted[0] += tokens
+            self.drafted[1] += seconds
         if self._probe is not None and arm == self._probe[0] and self._probe_rate > 0:
             self.probe_s += max(0.0, seconds - tokens / self._probe_rate)
             if not self.room(0.0):  # the probe has spent the budget's room: it ends here
@@ -425,6 +459,16 @@ class OnlineChoice:
         others = [self.estimate(a) or 0.0 for a in list(self.own) if a != arm]
         faster = (self.estimate(arm) or 0.0) >= max(others, default=0.0)
         self.interval = self.base_interval if faster else min(2 * self.interval, self.max_interval)
+
+    def gain(self) -> float | None:
+        """Seconds the request's speculation saved on plain decoding, net of choosing (proposals not taken, scoring,
+        bookkeeping, probes): its drafted steps' tokens at a plain step each, less their seconds, less choosing
+        (None: no plain step measured to price them by)."""
+        plain = self.plain_step()
+        if plain is None:
+            return None
+        tokens, seconds = self.drafted
+        return tokens * plain - seconds - self.overhead_s - self.probe_s
 
     def summary(self) -> dict:
         """Steps per arm (the arms taken), switches and their measured cost, the seconds spent choosing and probing

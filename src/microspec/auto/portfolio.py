@@ -66,11 +66,15 @@ class Portfolio(Drafter):
         self._cost: dict[str, float] = {}  # per cheap arm: the seconds of its proposals, a running mean
         self.head_drafted = False
 
-    def for_request(self, prompt_tokens: int, max_new_tokens: int) -> "Portfolio":
+    def for_request(self, prompt_tokens: int, max_new_tokens: int) -> "Drafter":
         """This portfolio, or one without the model arms a request of ``max_new_tokens`` tokens after a prompt of
         ``prompt_tokens`` would not take (:meth:`OnlineChoice.keeps`: measured clearly slower, or a probe the
         request's budget cannot pay for): they would cost a share of every step kept ready (fed the features,
-        their vocabulary policy the tokens) for nothing.  It shares the arms' drafters and the history."""
+        their vocabulary policy the tokens) for nothing.  It shares the arms' drafters and the history.  Where the
+        engine's recent requests lost to plain decoding (:meth:`~microspec.auto.choice.ArmHistory.step_aside`),
+        :class:`Aside`: the request runs plainly and chooses nothing."""
+        if self.history.step_aside():
+            return Aside(self)
         keep = [m for m in self.model if self.chooser is not OnlineChoice or OnlineChoice.keeps(
             self.history, self.start, m, max_new_tokens, prompt_tokens + max_new_tokens // 2, **self.choice_options)]
         if len(keep) == len(self.model):
@@ -178,6 +182,9 @@ class Portfolio(Drafter):
     def finish(self, output: list[int]) -> None:
         if self.choice is not None:
             self._score(done=True)
+            gain = getattr(self.choice, "gain", lambda: None)()
+            if gain is not None:  # what choosing earned this request: the engine steps aside where it keeps losing
+                self.history.request_done(gain)
         for d in self.leaves:
             d.finish(output)
 
@@ -186,6 +193,37 @@ class Portfolio(Drafter):
         out = None if self.choice is None else self.choice.summary()
         self.choice = None
         return DraftReport(auto=out)
+
+
+class Aside(Drafter):
+    """A request of a :class:`Portfolio` whose engine's recent requests lost to plain decoding: it proposes nothing
+    (each step is plain decoding's, with nothing chosen, scored or kept ready), the arms that learn from earlier
+    responses still hear its response, and its report counts its steps as plain ones."""
+
+    name = "auto"
+    copies_feed_policy = False
+    head_drafted = False
+    model: tuple = ()
+
+    def __init__(self, portfolio: Portfolio):
+        self.portfolio, self.steps = portfolio, 0
+
+    def prefill(self, target, prompt_ids, hidden, vocab=None) -> None:
+        self.steps = 0
+
+    def propose(self, ctx: DraftContext) -> DraftTree:
+        self.steps += 1
+        return DraftTree()
+
+    def finish(self, output: list[int]) -> None:
+        for d in self.portfolio.leaves:  # the cheap arms draft from the text alone (suffix decoding keeps responses)
+            if d.cheap:
+                d.finish(output)
+
+    def take_report(self) -> DraftReport:
+        steps, self.steps = self.steps, 0
+        return DraftReport(auto={"arms": {PLAIN: steps} if steps else {}, "switches": 0, "switch_s": 0.0,
+                                 "overhead_s": 0.0, "probe_s": 0.0, "spent_s": 0.0, "benched": [], "aside": True})
 
 
 def _key(arm: str, context) -> str:
@@ -223,4 +261,4 @@ def _leaves(drafters) -> list[Drafter]:
     return list(out.values())
 
 
-__all__ = ["PLAIN", "Portfolio"]
+__all__ = ["PLAIN", "Aside", "Portfolio"]

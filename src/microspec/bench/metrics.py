@@ -130,6 +130,9 @@ def aggregate(records: Sequence[dict]) -> dict:
             sum(sum(c.get("wall_time", [])) for c in chose), 1e-9), 4)
         out["auto_overhead_share"] = round(sum(c.get("auto_overhead_s", 0.0) for c in chose) / max(
             sum(sum(c.get("wall_time", [])) for c in chose), 1e-9), 4)
+        # the turns run plainly, their engine having stepped aside after requests that lost to plain decoding
+        out["auto_aside_share"] = round(sum(c.get("auto_aside", 0) for c in chose) / max(
+            sum(len(c.get("decoding_steps", [])) for c in chose), 1), 4)
     return out
 
 

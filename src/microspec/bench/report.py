@@ -32,8 +32,10 @@ def auto_lines(methods: dict) -> list[str]:
     if "auto_share" not in o:
         return []
     shares = ", ".join(f"{arm} {v:.0%}" for arm, v in o["auto_share"].items())
+    aside = o.get("auto_aside_share", 0.0)
     return [f"auto: steps by arm {shares}; choosing cost {o.get('auto_overhead_share', 0.0):.1%} of its time, "
-            f"switches {o.get('auto_switch_share', 0.0):.1%}", ""]
+            f"switches {o.get('auto_switch_share', 0.0):.1%}"
+            + (f"; {aside:.0%} of turns run plainly (its engine stepped aside)" if aside else ""), ""]
 
 
 def protocol_table(methods: dict) -> list[str]:

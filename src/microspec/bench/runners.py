@@ -37,7 +37,8 @@ class Turn:
                 **({"lookup_steps": st.lookup_steps} if st.lookup_steps is not None else {}),
                 **({"auto_steps": st.auto["arms"], "auto_switches": st.auto["switches"],
                     "auto_switch_s": st.auto["switch_s"],
-                    "auto_overhead_s": st.auto.get("overhead_s", 0.0) + st.auto.get("probe_s", 0.0)}
+                    "auto_overhead_s": st.auto.get("overhead_s", 0.0) + st.auto.get("probe_s", 0.0),
+                    "auto_aside": int(bool(st.auto.get("aside")))}
                    if st.auto is not None else {})}
 
 
