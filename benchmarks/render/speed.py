@@ -31,7 +31,8 @@ COMMIT_HELD = "66aec15 (greedy runs 1-2), 1599f14 (greedy run 3 and every other 
 COMMIT_VLLM, COMMIT_VLLM_DRAFT = "3170a0b", "56f30f1"
 # auto against the fixed methods built from its own arms, in four decodings, after its choosing got a budget; the
 # runs record each question's tokens/s, so the same question's speed can be compared from run to run
-AUTO = "2026-11-27-auto-repeat"
+AUTO = "2026-11-27-auto-aside"
+AUTO_BEFORE = "2026-11-27-auto-repeat"  # the same runs before auto stepped aside where its requests kept losing
 AUTO_DECODINGS = {"greedy": "greedy", "greedy-rp1.2": "repetition penalty 1.2", "T0.7": "temperature 0.7",
                   "T0.7-rp1.2": "T 0.7 + penalty 1.2"}
 AUTO_FIXED = ("ngram", "microspec@lookup")
@@ -244,8 +245,23 @@ def _auto_budget() -> str:
         f"{min(worst):.2f}x, and choosing cost at most {max(cost):.1%} of its time.",
         f"- Plain decoding's tokens/s moved by up to {moved:.0%} between runs of a decoding on this machine; the "
         "methods run in turn from a different one at each question, and the warm-up generation's prompt is none of "
-        "the questions.", "", *_same_question(res, len(runs)),
+        "the questions.", *_before(), "", *_same_question(res, len(runs)),
     ])
+
+
+def _before() -> list[str]:
+    """auto's mean speed-up per decoding in the runs before it stepped aside (the same command, 3 runs)."""
+    runs = sorted(p.name for p in (RESULTS / AUTO_BEFORE).iterdir() if p.is_dir())
+    cells, commits = [], set()
+    for d, label in AUTO_DECODINGS.items():
+        res = [load(f"{AUTO_BEFORE}/{r}/{d}/results.json") for r in runs]
+        commits |= {commit(r["meta"]) for r in res}
+        cells.append(f"{label} {spread([r['methods']['auto']['overall']['speedup'] for r in res])}")
+    aside = [load(f"{AUTO}/{r}/{d}/results.json")["methods"]["auto"]["overall"].get("auto_aside_share", 0.0)
+             for r in sorted(p.name for p in (RESULTS / AUTO).iterdir() if p.is_dir()) for d in AUTO_DECODINGS]
+    return [f"- The same {len(runs)} runs before `auto` stepped aside where its requests kept losing (commit "
+            f"{', '.join(sorted(commits))}, `benchmarks/results/{AUTO_BEFORE}/`): `auto` " + "; ".join(cells) + ". "
+            f"Here up to {max(aside):.0%} of a decoding's turns ran plainly, the engine having stepped aside."]
 
 
 def _same_question(res: dict, n_runs: int) -> list[str]:
@@ -262,10 +278,10 @@ def _same_question(res: dict, n_runs: int) -> list[str]:
         worse, total = worse + beyond, total + n
         rows.append([label, f"{moved['ar'][n // 2]:.1%} / {moved['ar'][-1]:.1%}",
                      f"{moved['auto'][n // 2]:.1%} / {moved['auto'][-1]:.1%}", f"{beyond} of {n}"])
-    return ["The same question from run to run (item: *choices that follow the text, not the noise*): for each "
-            f"question, how far its tokens/s moved over the {n_runs} runs (largest over smallest, minus one), the "
-            "median and the largest over the questions; the last column counts the questions whose `auto` speed "
-            "moved more than any question's plain speed did in that decoding.", "",
+    return ["The same question from run to run (whether `auto`'s choices follow the text or the timing noise): "
+            f"for each question, how far its tokens/s moved over the {n_runs} runs (largest over smallest, minus "
+            "one), the median and the largest over the questions; the last column counts the questions whose "
+            "`auto` speed moved more than any question's plain speed did in that decoding.", "",
             table(["decoding", "plain decoding: median / largest move", "`auto`: median / largest move",
                    "`auto` beyond plain's largest"], rows), "",
             f"- {worse} of {total} question-decodings moved more under `auto` than plain decoding's largest move in "
