@@ -8,7 +8,7 @@ import re
 from .common import CPU, RESULTS, Source, load, num, table, x
 
 BATCH = "2026-11-25-serve-batching"
-LOAD = "2026-11-27-serve-auto"
+LOAD = "2026-11-27-serve-aside"
 SERVERS = {"plain.json": "plain decoding (`--drafter none`)", "default.json": "`auto` (the default)"}
 MEMORY = ("rss-1000-cancel-mmap.json", "rss-2400-cancel-mmap.json")
 SUFFIX_SERVE = "2026-11-26-suffix-serve/results.json"
@@ -16,7 +16,7 @@ SUFFIX_REPEAT = "2026-11-26-suffix-repeat/results.json"
 
 # Provenance the results files do not record, from the runs' notes: commits, and the options the JSON leaves out.
 COMMIT_BATCH, COMMIT_MEMORY, COMMIT_SUFFIX_SERVE = "6118445", "8bfaa2d", "1599f14"
-COMMIT_LOAD = "afb3871"
+COMMIT_LOAD = "5552462"
 LOAD_MACHINE = "2-core AMD EPYC (AVX-512)"  # the load runs' machine (the others': common.CPU)
 COMMIT_SUFFIX_REPEAT = "2baed8d with the pattern-length fix of 682ef5e"
 WARMUP = {"rss-2400-cancel-mmap.json": 200}  # requests before the first memory reading (serve_load.py --warmup)
@@ -63,6 +63,22 @@ def _ms(p: dict) -> str:
     return f"{p['p50']:.0f} / {p['p99']:.0f}"
 
 
+def _second_round() -> list[str]:
+    """The same two servers run again right after (``plain-2.json``, ``default-2.json``), where the run has them:
+    how far one round's ratios move on this machine."""
+    files = {f: f.replace(".json", "-2.json") for f in SERVERS}
+    if not all((RESULTS / LOAD / g).is_file() for g in files.values()):
+        return []
+    rounds = [[load(f"{LOAD}/{g}")["levels"] for g in names] for names in (list(SERVERS), list(files.values()))]
+    cells = []
+    for i, (plain, spec) in enumerate(rounds, 1):
+        ratios = (f"{a['clients']} client{'s' * (a['clients'] > 1)} "
+                  f"{x(b['generated_tokens_per_s'] / a['generated_tokens_per_s'])}" for a, b in zip(plain, spec))
+        cells.append(f"round {i}: " + ", ".join(ratios))
+    return [f"- `auto` over plain decoding at each level, the table's round and a second one of both servers right "
+            f"after it (`{LOAD}/{{plain,default}}-2.json`): " + "; ".join(cells) + "."]
+
+
 def _load() -> str:
     runs = {f: load(f"{LOAD}/{f}") for f in SERVERS}
     rows = []
@@ -85,6 +101,7 @@ def _load() -> str:
         f"{num(tps[1][-1], 1)} for {n_max} ({x(tps[1][-1] / tps[0][-1])} plain decoding at {n_max}): a speculating "
         "request already fills a step with rows, so batching adds less to it.",
         (f"- None of the {sent} requests was lost." if not lost else f"- {lost} of {sent} requests lost."),
+        *_second_round(),
     ]
     steps, step_cmds = batch_steps()
     old = load(f"{BATCH}/plain.json")
@@ -108,8 +125,8 @@ def _load() -> str:
         f"Streaming completions of {runs['plain.json']['max_tokens']} tokens, greedy, prompts cycled from "
         f"`serve_load.py`'s short prompts; each client sends {runs['plain.json']['requests_per_client']} requests "
         "one after another; one server for all levels; server and clients share the machine's "
-        f"{runs['plain.json']['host_cpus']} cores. TTFT: time to first token; ITL: time between tokens. One run per "
-        "server.", "",
+        f"{runs['plain.json']['host_cpus']} cores. TTFT: time to first token; ITL: time between tokens. The table: "
+        "one run per server.", "",
         table(["server", "clients", "generated tok/s", "vs one client", "TTFT p50 / p99 ms", "ITL p50 / p99 ms",
                "lost"], rows), "",
         Source(f"{LOAD}/{{plain,default}}.json", "; ".join(_load_command(f, runs[f]) for f in SERVERS),
