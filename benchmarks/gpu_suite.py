@@ -1,6 +1,9 @@
-"""Everything this project measures on a GPU, in one command that fits one device call (≤ 9 minutes on an H100).
+"""Everything this project measures on a GPU, in one command: one device call without a staged model, two with
+one (parts 1-4 took 201 s on an H200, and the e2e part stops starting bench runs after ``--e2e-budget`` seconds).
 
     python3 benchmarks/gpu_suite.py --out $OUT --commit <git commit>          # on the GPU machine, from the repo root
+    python3 benchmarks/gpu_suite.py --out $OUT --commit <git commit> --parts tests,syncs,figure4,ablation
+    python3 benchmarks/gpu_suite.py --out $OUT --commit <git commit> --parts e2e --e2e-data FILE   # then, staged
     python3 benchmarks/gpu_suite.py --out /tmp/gpu-dry --dry-run              # here: every code path, tiny, on a CPU
 
 On the GPU machine the package runs from the copied tree (``PYTHONPATH=src``; nothing is installed: the machine has
@@ -23,7 +26,9 @@ no registry).  The parts, in order, each written to ``--out`` as soon as it ends
    gather / + Triton window), read from part 3, with what the window update adds to a draft step
    (``update_overhead``: the step with the update over the step without);
 5. ``e2e`` — end-to-end speed of plain decoding, prompt lookup, ``auto``, EAGLE-2, FR-Spec, EAGLE + MicroSpec and
-   MicroSpec with lookup first (``microspec bench``, greedy and with repetition penalty 1.2) on a real model, when
+   MicroSpec with lookup first (``microspec bench``, greedy and with repetition penalty 1.2), then plain decoding,
+   ``auto`` and EAGLE + MicroSpec at temperature 0.7, then transformers' ``generate`` beside plain decoding (greedy),
+   each a bench of its own (``E2E_RUNS``; none starts after ``--e2e-budget`` seconds of the part) on a real model, when
    one has been staged on the machine (benchmarks/gpu_stage.py; ``--model``), on the prompts of ``--e2e-data``;
    without a staged model the part says so and the suite reports component times only.  On an H200 (2026-11-27)
    parts 1-4 took 201 s and the greedy decoding of the e2e part on 12 prompts (``--e2e-limit 4`` over
@@ -64,6 +69,11 @@ GRAPH_PATHS = ("full", "fr-spec-32k", "microspec-async-3k", "microspec-triton-3k
 ABLATION = (("indexed GEMM", "microspec-indexed-3k"), ("packed", "microspec-packed-3k"),
             ("packed + async gather", "microspec-async-3k"), ("packed + async, Triton window", "microspec-triton-3k"))
 E2E_METHODS = "ar,ngram,auto,eagle-full,fr-spec-32768,eagle+microspec,microspec@lookup"
+# the e2e part's bench runs, in order: (folder, methods, options); a run the part's time budget leaves no room for
+# is reported as not run
+E2E_RUNS = (("e2e", E2E_METHODS, ["--temperatures", "0", "--repetition-penalties", "1.0,1.2"]),
+            ("e2e-t07", "ar,auto,eagle+microspec", ["--temperatures", "0.7", "--repetition-penalties", "1.0"]),
+            ("e2e-hf", "ar,hf-ar", ["--temperatures", "0", "--repetition-penalties", "1.0"]))
 PARTS = ("tests", "syncs", "figure4", "ablation", "e2e")
 
 
@@ -79,6 +89,8 @@ def parse_args(argv=None):
     ap.add_argument("--e2e-data", default=None, help="e2e: the question file (JSONL or .txt) for microspec bench")
     ap.add_argument("--e2e-limit", type=int, default=10)
     ap.add_argument("--e2e-tokens", type=int, default=128)
+    ap.add_argument("--e2e-budget", type=float, default=420.0, metavar="SECONDS",
+                    help="e2e: no further bench run starts after this many seconds of the part")
     args = ap.parse_args(argv)
     bad = set(args.parts.split(",")) - set(PARTS)
     if bad:
@@ -241,19 +253,43 @@ def e2e(out: Path, args, device: str) -> dict:
     if data is None:
         data = out / "e2e-prompts.txt"
         data.write_text("Write a short story about a lighthouse keeper.\n")
-    cmd = [sys.executable, "-m", "microspec", "bench", "--device", device, "--methods",
-           "ar,microspec" if dry else E2E_METHODS, "--data", str(data), "--limit",
-           "1" if dry else str(args.e2e_limit), "--max-new-tokens", "4" if dry else str(args.e2e_tokens),
-           "--repeats", "1", "--warmup", "0" if dry else "1", "--out", str(out / "e2e")]
+    runs: dict = {}
+    t = time.perf_counter()
+    for name, methods, extra in E2E_RUNS:  # each its own bench process and folder, stopped by the time left
+        if time.perf_counter() - t > args.e2e_budget and runs:
+            runs[name] = {"skipped": f"not run: the e2e part's {args.e2e_budget:g} s were spent"}
+            continue
+        runs[name] = _bench(out / name, data, model, device, args, "ar,microspec" if dry else methods,
+                            [*extra, "--max-new-tokens", "4" if dry else str(args.e2e_tokens)])
+    result: dict = {"model": str(model) if model else "the installed default model",
+                    "wall_s": round(time.perf_counter() - t, 1), "runs": runs,
+                    "returncode": max((r.get("returncode", 0) for r in runs.values()), default=0)}
+    decodings = {f"{d}" if name == "e2e" else f"{name}/{d}": dec for name, r in runs.items()
+                 for d, dec in r.get("decodings", {}).items()}
+    if decodings:
+        result["decodings"] = decodings
+    errors = {name: r["error"] for name, r in runs.items() if "error" in r}
+    if errors:
+        result["error"] = errors
+    return result
+
+
+def _bench(folder: Path, data, model: Path | None, device: str, args, methods: str, extra: list[str]) -> dict:
+    """One ``microspec bench`` of the e2e part into ``folder``: its command, return code, wall time and, per
+    decoding, each method's speed, τ, draft ms and mismatches."""
+    cmd = [sys.executable, "-m", "microspec", "bench", "--device", device, "--methods", methods, "--data", str(data),
+           "--limit", "1" if args.dry_run else str(args.e2e_limit), *extra, "--repeats", "1",
+           "--warmup", "0" if args.dry_run else "1", "--out", str(folder)]
     if model is not None:
         cmd += ["--model", str(model), "--weights", "bf16"]
     t = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=_env_with_src())
-    (out / "e2e.log").write_text(proc.stdout + proc.stderr)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder.parent / f"{folder.name}.log").write_text(proc.stdout + proc.stderr)
     result: dict = {"returncode": proc.returncode, "wall_s": round(time.perf_counter() - t, 1),
-                    "model": str(model) if model else "the installed default model", "command": " ".join(cmd)}
+                    "command": " ".join(cmd)}
     decodings = {}
-    for report in sorted((out / "e2e").glob("*/results.json")):
+    for report in sorted(folder.glob("*/results.json")):
         res = json.loads(report.read_text())
         decodings[report.parent.name] = {
             "methods": {m: {k: r["overall"].get(k) for k in ("tokens_per_s", "speedup", "mean_accept_len",
@@ -341,7 +377,9 @@ def markdown(r: dict) -> str:
         if "skipped" in end:
             lines.append(end["skipped"])
         elif "decodings" in end:
-            lines += [f"model {end['model']}; `{end['command']}`", "",
+            lines += [f"model {end['model']}"] + [f"- {name}: `{r['command']}`" if "command" in r else
+                                                  f"- {name}: {r['skipped']}" for name, r in end["runs"].items()]
+            lines += ["",
                       "| decoding | method | tok/s | speedup | accepted per step | draft ms per step | mismatches |",
                       "|---|---|---|---|---|---|---|"]
             for name, dec in end["decodings"].items():
@@ -351,7 +389,7 @@ def markdown(r: dict) -> str:
                                  f"{_fmt(v['mean_accept_len'], 2)} | {_fmt(draft, 2)} | "
                                  f"{len(dec['mismatches'].get(m, [])) if dec['mismatches'] else 0} |")
         else:
-            lines.append(f"failed (return code {end['returncode']}): {end.get('error')}")
+            lines.append(f"failed (return code {end.get('returncode')}): {end.get('error')}")
         lines.append("")
     parts = ", ".join(f"{k} {v} s" for k, v in r["part_s"].items())
     lines.append(f"Suite wall time: {r.get('wall_s')} s; parts: {parts}")
