@@ -30,6 +30,12 @@ takes minutes); every call must start within the machine's 30 s idle window afte
 ``/tmp`` is lost with the machine and the staging starts over (``receive`` then says so).  With a working tree of
 tens of MiB the parts are small, so staging a GGUF of a few hundred MiB is many calls.
 
+Tracked files always travel, and the shipped heads (``src/microspec/heads``, about 46 MB) are most of the tree: with
+them a part is about 13 MiB (19 calls).  Moved out of the checkout while staging (``mv src/microspec/heads /tmp/``,
+``plan`` again, and back before the call that needs them) they leave parts of about 57 MiB: 5 calls, each under a
+second of command time on an H200 (2026-11-27), the first also the machine's start (41 s).  The call of the last part
+can carry the small ``.stage-assets`` folder too and copy it under ``/tmp`` for later calls.
+
 Only the standard library is used, so ``receive`` and ``status`` run with any ``python3`` on the device without
 installing the project.  Errors print one line to stderr and exit 2.
 """
