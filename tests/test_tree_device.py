@@ -120,30 +120,37 @@ def test_the_device_tree_runs_on_cuda_as_on_the_cpu():
 
 
 @pytest.mark.parametrize("index", [0, 5, 9, 35, 36, 40, 44, 47, 60, 65])
-def test_the_device_greedy_walk_is_the_host_walk(index):
-    """The walk by tensor ops over a device-built tree commits the host walk's tokens (head mode ``all``), accepts
-    its nodes and hands the policy the same rows, for targets that follow the draft often, sometimes or never."""
+@pytest.mark.parametrize("decoding", [{}, {"temperature": 0.8, "seed": 11},
+                                      {"temperature": 1.3, "top_p": 0.9, "seed": 3}])
+def test_the_device_walk_is_the_host_walk(index, decoding):
+    """The walk by tensor ops over a device-built tree commits the host walk's tokens (greedy, or seeded sampling:
+    every row's keyed draw at its own position; head mode ``all``), accepts its nodes and hands the policy the same
+    rows, for targets that follow the draft often, sometimes or never."""
     from microspec.decoding import GenerationConfig
     from microspec.decoding.processors import LogitsPipeline
-    from microspec.decoding.verify import LazyHead, device_greedy_walk, greedy_walk
+    from microspec.decoding.verify import LazyHead, device_walk, greedy_walk, keyed_walk
 
     tree = device_tree(cases()[index])
     vocab = cases()[index]["vocab"]
-    pipe = LogitsPipeline(GenerationConfig(), vocab, torch.device("cpu"))
+    pipe = LogitsPipeline(GenerationConfig(**decoding), vocab, torch.device("cpu"))
+    pipe.position = 17 + index
+    host_walk = keyed_walk if decoding else greedy_walk
+    assert pipe.keyed == bool(decoding)
     children = tree.children()
+    accepted = 0
     for follow in (0.0, 0.5, 0.9, 1.0):
         g = torch.Generator().manual_seed(index * 10 + int(follow * 10))
         logits = torch.randn(len(tree) + 1, vocab, generator=g)
-        for row in range(len(tree) + 1):  # the target picks one of the row's children with probability ``follow``
+        for row in range(len(tree) + 1):  # the target favours one of the row's children with probability ``follow``
             if children[row] and float(torch.rand((), generator=g)) < follow:
                 pick = children[row][int(torch.randint(len(children[row]), (), generator=g))]
                 logits[row, tree.tokens[pick]] = 10.0
-        host = greedy_walk(tree, LazyHead(lambda h: h, logits, tree, "all"), pipe)
-        dev = device_greedy_walk(tree, lambda h: h, logits)
+        host = host_walk(tree, LazyHead(lambda h: h, logits, tree, "all"), pipe)
+        dev = device_walk(tree, lambda h: h, logits, pipe)
         assert (dev.accepted, dev.tokens, dev.head_rows) == (host.accepted, host.tokens, host.head_rows)
         assert all(torch.equal(a, b) for a, b in zip(dev.logits, host.logits)) and len(dev.logits) == len(host.logits)
-        if follow == 1.0 and tree.parents.count(-1) == len(tree):  # a one-level tree: one accepted node
-            assert len(dev.accepted) == 1
+        accepted += len(dev.accepted)
+    assert accepted > 0  # the walks went into the trees
 
 
 def _trees(nm, make_drafter, device_tree: bool, monkeypatch, processors=None):
@@ -190,16 +197,26 @@ def test_a_drafters_device_tree_is_its_host_tree(tmp_path, monkeypatch, family, 
     assert max(len(t[0]) for t in dev) == min(total, top_k + (depth - 1) * top_k * top_k)
     pen, _ = _trees(nm, make, True, monkeypatch, {"repetition_penalty": 1.2})
     assert pen and not any(on for *_, on in pen)
+    seeded = {"temperature": 0.8, "seed": 5}
+    sampled, out_sampled = _trees(nm, make, True, monkeypatch, seeded)
     # the walk by tensor ops too (CUDA's path, here on the CPU): the same output, every step walked that way
     from microspec.decoding import verify
 
     walks = []
-    walk = verify.device_greedy_walk
+    walk = verify.device_walk
     monkeypatch.setattr(verify, "DEVICE_WALK", ("cuda", "cpu"))
-    monkeypatch.setattr("microspec.decoding.loop.device_greedy_walk", lambda *a: walks.append(1) or walk(*a))
+    monkeypatch.setattr("microspec.decoding.loop.device_walk", lambda *a: walks.append(1) or walk(*a))
     both, out_both = _trees(nm, make, True, monkeypatch)
     assert out_both == out_host and [t[:2] for t in both] == [t[:2] for t in host]
     assert len(walks) == sum(1 for t in both if t[0])
+    walks.clear()  # seeded sampling: each row's keyed draw, the same text
+    again, out_again = _trees(nm, make, True, monkeypatch, seeded)
+    assert out_again == out_sampled and [t[:2] for t in again] == [t[:2] for t in sampled]
+    assert len(walks) == sum(1 for t in again if t[0]) > 0
+    from microspec.decoding import GenerationConfig, generate_ids
+
+    plain = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=40, ignore_eos=True, **seeded)).token_ids
+    assert out_again == plain  # a seed fixes the text, whatever drafted it
 
 
 def _write() -> None:

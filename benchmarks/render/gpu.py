@@ -107,7 +107,7 @@ def _syncs() -> list[str]:
             "tokens.",
             "- The trees wait once more per level: at the run's commit EAGLE-2's dynamic tree was built on the host, "
             "so each level's top-k was read back. The tree is built on the device since, read back once per step, "
-            "and a greedy step without processors walks it there too (tests/test_tree_device.py, "
+            "and a greedy or seeded step without processors walks it there too (tests/test_tree_device.py, "
             "tests/test_sync_free.py count it on the CPU); not yet measured on a GPU.", ""]
 
 

@@ -27,7 +27,7 @@ from .processors import LogitsPipeline
 from .stats import DeviceTimer, GenerationStats, StepClock
 from .tree import DraftTree
 from . import verify as verifying
-from .verify import HEAD_MODES, LazyHead, default_head_mode, device_greedy_walk, greedy_walk, keyed_walk, sample_walk
+from .verify import HEAD_MODES, LazyHead, default_head_mode, device_walk, greedy_walk, keyed_walk, sample_walk
 
 if TYPE_CHECKING:
     from ..drafters.base import Drafter
@@ -306,9 +306,9 @@ class Generation:
         drafter, commit the tokens."""
         t0, host_t0, drafting, tree, start, t1 = self._step
         model, vocab, drafter, device = self.model, self.vocab, self.drafter, self.model.device
-        if tree.on_device is not None and first is None and self.walker is greedy_walk and not self.pipe.active \
-                and device.type in verifying.DEVICE_WALK:  # one read for the whole walk
-            walk = device_greedy_walk(tree, model.head, hidden)
+        if tree.on_device is not None and first is None and self.walker in (greedy_walk, keyed_walk) \
+                and not self.pipe.active and device.type in verifying.DEVICE_WALK:  # one read for the whole walk
+            walk = device_walk(tree, model.head, hidden, self.pipe)
         else:
             walk = self.walker(tree, LazyHead(model.head, hidden, tree, self.head_mode, first), self.pipe)
         branch = [0] + [1 + a for a in walk.accepted]  # verify rows of the root and the accepted nodes

@@ -27,8 +27,8 @@ import torch
 
 from ..kernels import cpu_quant
 from ..options import Option
-from ..transfer import rows_of
-from .processors import LogitsPipeline, sample
+from ..transfer import rows_of, to_device
+from .processors import LogitsPipeline, keyed_uniform, sample
 from .tree import DraftTree
 
 HEAD_MODES = ("all", "visited", "path")
@@ -146,22 +146,29 @@ def greedy_walk(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline) -> W
     return _follow(tree, logits_of, pipe, argmax)
 
 
-DEVICE_WALK = ("cuda",)  # device types whose greedy steps over a device-built tree walk it by tensor ops
+DEVICE_WALK = ("cuda",)  # device types whose greedy and seeded steps over a device-built tree walk it on the device
 
 
-def device_greedy_walk(tree: DraftTree, head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor) -> Walk:
-    """:func:`greedy_walk` without processors over a tree built on the device (``tree.on_device``, siblings of
-    distinct tokens, as a top-k gives them): the head over every row in one pass, the target's argmax at each row,
-    a node accepted where it and each of its ancestors is its parent row's argmax (at most one per depth: the
-    accepted nodes are the walk's path), and one read of the acceptance and the argmaxes.  The tokens are
-    :func:`greedy_walk`'s with head mode ``all`` (tests/test_tree_device.py)."""
+def device_walk(tree: DraftTree, head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
+                pipe: LogitsPipeline | None = None) -> Walk:
+    """:func:`greedy_walk`, or with a keyed ``pipe`` :func:`keyed_walk`, without processors, over a tree built on
+    the device (``tree.on_device``, siblings of distinct tokens, as a top-k gives them): the head over every row in
+    one pass, the target's choice at each row (its argmax; or the inverse-CDF draw of the warped distribution at the
+    uniform the seed and the row's position fix), a node accepted where it and each of its ancestors is its parent
+    row's choice (at most one per depth: the accepted nodes are the walk's path), and one read of the acceptance and
+    the choices.  The tokens are the host walk's with head mode ``all`` (tests/test_tree_device.py)."""
     tokens, parents, _, anc = tree.on_device
     n = len(tree)
     logits = head(hidden[: n + 1])
-    top = logits.argmax(dim=-1)
-    match = top[parents + 1] == tokens
+    if pipe is None or pipe.cfg.greedy:
+        chosen = logits.argmax(dim=-1)
+    else:  # every row's keyed sample at once: the uniform of its position (the root's is the next token's)
+        u = to_device([keyed_uniform(pipe.cfg.seed, pipe.position + d) for d in [0, *tree.depths()]],
+                      logits.device, torch.float64)
+        chosen = sample(pipe.probs(logits), u=u[:, None]).squeeze(-1)
+    match = chosen[parents + 1] == tokens
     ok = ~(anc & ~match[None, :]).any(dim=1)
-    read = torch.cat([ok.long(), top]).tolist()  # the one read
+    read = torch.cat([ok.long(), chosen]).tolist()  # the one read
     accepted = [i for i in range(n) if read[i]]
     bonus = read[n + (accepted[-1] + 1 if accepted else 0)]
     rows = rows_of(logits, [0] + [a + 1 for a in accepted])
