@@ -322,6 +322,9 @@ def test_an_engine_whose_requests_lose_to_plain_decoding_steps_aside():
         if aside:
             assert got.stats.auto["arms"] == {"plain": got.stats.steps} and got.stats.auto["overhead_s"] == 0
         pattern.append("A" if aside else "c")
+    from microspec.cli.generate import auto_line
+
+    assert auto_line(got.stats.auto, got.stats.steps).startswith("plain 100% of steps; 0 switches (0 ms); run plainly")
     want = "c" * ASIDE_AFTER + "A" * 4 + "c" + "A" * 8 + "c" + "A" * ASIDE_MOST + "c" + "A" * ASIDE_MOST
     assert "".join(pattern) == want
     assert len(suffix.cache.responses) == len(pattern)  # every response learnt, run plainly or not

@@ -99,4 +99,5 @@ def auto_line(auto: dict, steps: int) -> str:
     shares = ", ".join(f"{name} {n / max(steps, 1):.0%}" for name, n in arms)
     spent = auto.get("overhead_s", 0.0) + auto.get("probe_s", 0.0)
     share = f"; choosing {spent / auto['spent_s']:.1%} of the steps' time" if auto.get("spent_s") else ""
-    return f"{shares} of steps; {auto['switches']} switches ({auto['switch_s'] * 1000:.0f} ms){share}"
+    aside = "; run plainly: the requests before it lost to plain decoding" if auto.get("aside") else ""
+    return f"{shares} of steps; {auto['switches']} switches ({auto['switch_s'] * 1000:.0f} ms){share}{aside}"
