@@ -31,9 +31,11 @@ takes minutes); every call must start within the machine's 30 s idle window afte
 tens of MiB the parts are small, so staging a GGUF of a few hundred MiB is many calls.
 
 Tracked files always travel, and the shipped heads (``src/microspec/heads``, about 46 MB) are most of the tree: with
-them a part is about 13 MiB (19 calls).  Moved out of the checkout while staging (``mv src/microspec/heads /tmp/``,
-``plan`` again, and back before the call that needs them) they leave parts of about 57 MiB: 5 calls, each under a
-second of command time on an H200 (2026-11-27), the first also the machine's start (41 s).  The call of the last part
+them a part is about 13 MiB (19 calls).  ``gpu_stage.py aside`` moves them into the git-ignored ``.stage-aside/``
+(``plan`` again after it) and ``gpu_stage.py restore`` puts them back before the call that needs them: parts of about
+57 MiB, 5 calls, each under a second of command time on an H200 (2026-11-27), the first also the machine's start
+(41 s).  Pin ``--part-bytes`` a little under what ``plan`` prints: a tree that grows by a few bytes between calls
+refuses the plan's exact size.  The call of the last part
 can carry the small ``.stage-assets`` folder too and copy it under ``/tmp`` for later calls.
 
 Only the standard library is used, so ``receive`` and ``status`` run with any ``python3`` on the device without
@@ -440,6 +442,34 @@ def cmd_status(args: argparse.Namespace) -> None:
               + " ".join(map(str, missing)))
 
 
+# ------------------------------------------------------------------------------------------------ aside, restore
+HEADS = "src/microspec/heads"  # the shipped heads: most of the tracked tree's bytes
+ASIDE_DIR = ".stage-aside"  # git-ignored, in the checkout: it travels only when carried
+
+
+def cmd_aside(args: argparse.Namespace) -> None:
+    """Move the shipped heads into the ignored ``.stage-aside/`` so that staging calls carry bigger parts."""
+    src, dest = REPO / HEADS, REPO / ASIDE_DIR / "heads"
+    if dest.exists():
+        raise StageError(f"{dest} exists: the heads are aside already (restore them first)")
+    if not src.is_dir():
+        raise StageError(f"{src} not found")
+    _ensure_ignored(REPO / ASIDE_DIR)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    src.rename(dest)
+    print(f"{HEADS} moved to {ASIDE_DIR}/heads; `gpu_stage.py restore` puts it back (before any call that needs it)")
+
+
+def cmd_restore(args: argparse.Namespace) -> None:
+    src, dest = REPO / ASIDE_DIR / "heads", REPO / HEADS
+    if not src.is_dir():
+        raise StageError(f"nothing aside: {src} not found")
+    if dest.exists():
+        raise StageError(f"{dest} exists: not overwriting it")
+    src.rename(dest)
+    print(f"{HEADS} restored")
+
+
 # ----------------------------------------------------------------------------------------------------------- main
 
 
@@ -457,6 +487,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "budget leaves")
         p.add_argument("--dir", default=DEFAULT_DIR, help="stage directory (.stage)")
         p.set_defaults(func=func)
+    for cmd, what, func in (("aside", f"here: move {HEADS} out of what device calls copy", cmd_aside),
+                            ("restore", f"here: put {HEADS} back", cmd_restore)):
+        sub.add_parser(cmd, help=what).set_defaults(func=func)
     p = sub.add_parser("receive", help="on the device: check the carried part and write it into place")
     p.add_argument("--dir", default=DEFAULT_DIR, help="stage directory (.stage)")
     p.add_argument("--dest", default=DEFAULT_DEST, help=f"where the file is put together ({DEFAULT_DEST})")

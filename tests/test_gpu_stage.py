@@ -78,3 +78,27 @@ def test_corrupt_part_and_no_room(tmp_path, capsys):
     r = stage("plan", "--gguf", str(src), "--budget-mib", "1")  # the repository alone weighs more than 1 MiB
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "no room for a part" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_the_heads_go_aside_and_come_back(tmp_path, capsys, monkeypatch):
+    """``aside`` moves the shipped heads into an ignored folder (they stop counting in what a device call copies),
+    ``restore`` puts them back byte for byte; each refuses to run twice."""
+    repo = tmp_path / "repo"
+    heads = repo / gpu_stage.HEADS
+    heads.mkdir(parents=True)
+    (heads / "model.safetensors").write_bytes(b"w" * 50_000)
+    (repo / "README.md").write_text("x\n")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True)
+    monkeypatch.setattr(gpu_stage, "REPO", repo)
+    before, _ = gpu_stage.tree_size()
+    assert stage("aside", capsys=capsys).returncode == 0
+    after, _ = gpu_stage.tree_size()
+    assert before - after == 50_000 and not heads.exists()
+    assert "/.stage-aside/" in (repo / ".git" / "info" / "exclude").read_text().splitlines()
+    r = stage("aside", capsys=capsys)
+    assert r.returncode == 2 and "aside already" in r.stderr
+    assert stage("restore", capsys=capsys).returncode == 0
+    assert (heads / "model.safetensors").read_bytes() == b"w" * 50_000 and gpu_stage.tree_size()[0] == before
+    r = stage("restore", capsys=capsys)
+    assert r.returncode == 2 and "nothing aside" in r.stderr
