@@ -26,8 +26,8 @@ from .observers import CoverageObserver
 from .processors import LogitsPipeline
 from .stats import DeviceTimer, GenerationStats, StepClock
 from .tree import DraftTree
-from . import verify as verifying
-from .verify import HEAD_MODES, LazyHead, default_head_mode, device_walk, greedy_walk, keyed_walk, sample_walk
+from .verify import (HEAD_MODES, LazyHead, default_head_mode, device_walk, greedy_walk, keyed_walk, sample_walk,
+                     walks_on_device)
 
 if TYPE_CHECKING:
     from ..drafters.base import Drafter
@@ -306,8 +306,7 @@ class Generation:
         drafter, commit the tokens."""
         t0, host_t0, drafting, tree, start, t1 = self._step
         model, vocab, drafter, device = self.model, self.vocab, self.drafter, self.model.device
-        if tree.on_device is not None and first is None and self.walker in (greedy_walk, keyed_walk) \
-                and not self.pipe.active and device.type in verifying.DEVICE_WALK:  # one read for the whole walk
+        if first is None and walks_on_device(tree, self.pipe, device):  # one read for the whole walk
             walk = device_walk(tree, model.head, hidden, self.pipe)
         else:
             walk = self.walker(tree, LazyHead(model.head, hidden, tree, self.head_mode, first), self.pipe)

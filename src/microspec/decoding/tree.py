@@ -123,4 +123,3 @@ class DraftTree:
         mask[:, 0] = True
         mask[1:, 1:] = anc
         return ids, positions, mask
-

@@ -149,6 +149,13 @@ def greedy_walk(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline) -> W
 DEVICE_WALK = ("cuda",)  # device types whose greedy and seeded steps over a device-built tree walk it on the device
 
 
+def walks_on_device(tree: DraftTree, pipe: LogitsPipeline, device: torch.device) -> bool:
+    """Whether :func:`device_walk` verifies this step: a tree built on the device, greedy decoding or seeded
+    sampling without processors (their history is each node's path, on the host), on a device of ``DEVICE_WALK``."""
+    return tree.on_device is not None and not pipe.active and (pipe.cfg.greedy or pipe.keyed) \
+        and device.type in DEVICE_WALK
+
+
 def device_walk(tree: DraftTree, head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
                 pipe: LogitsPipeline | None = None) -> Walk:
     """:func:`greedy_walk`, or with a keyed ``pipe`` :func:`keyed_walk`, without processors, over a tree built on

@@ -284,4 +284,3 @@ class ForwardDrafter(Drafter):
             return self.head.topk(hidden, self.top_k, depth=depth, pipe=ctx.pipe)
 
         return dynamic_tree_on_device(root_logp[0], root_ids[0], expand, steps, self.top_k, self.total_tokens, steps)
-

@@ -14,8 +14,8 @@ from collections.abc import Callable
 import torch
 
 from ..decoding.tree import DraftTree, path_to
-from ..transfer import to_device
 from ..errors import check
+from ..transfer import to_device
 
 # expand(nodes) -> (log-probabilities [n, k], token ids [n, k]) of the children of each of ``nodes``
 Expand = Callable[[list[int], "PartialTree"], tuple[torch.Tensor, torch.Tensor]]

@@ -81,7 +81,7 @@ def shipped_eagle_head(name: str | os.PathLike) -> Path | None:
     """The trained EAGLE head that ships in the package for built-in model ``name`` (``heads/<name>/``), if any;
     its ``training.json`` says how it was trained."""
     name = _builtin_name(name)
-    path = HEADS_DIR / str(name)
+    path = HEADS_DIR / name
     return path if name in BUILTINS and (path / "config.json").is_file() else None
 
 
