@@ -136,3 +136,73 @@ def test_a_tree_step_reads_the_host_once_for_its_tree(monkeypatch, depth, on_dev
     full = [n for n, d in per_tree if d == depth]  # proposals of full depth (near the end the depth is cut)
     assert len(full) >= 3
     assert set(full) == ({1} if on_device else {depth}), per_tree
+
+
+# ------------------------------------------------- what would make the host wait for a GPU, counted on a CPU
+def test_the_audit_counts_what_would_synchronise_a_gpu():
+    """Each kind of operation CUDA's sync detector reports is counted by :class:`WouldSync` on CPU tensors, and
+    the device-side spellings of the same work are not."""
+    from microspec.sync_audit import WouldSync
+    from microspec.transfer import to_device
+
+    x, idx = torch.zeros(6, 6, dtype=torch.bool), torch.arange(3)
+    would = {
+        "x[idx, idx] = True": lambda: x.__setitem__((idx, idx), True),
+        "x[[0, 1]]": lambda: x[[0, 1]],
+        "int(t)": lambda: int(idx[0]),
+        "t.tolist()": lambda: idx.tolist(),
+        "nonzero": lambda: x.nonzero(),
+        "x[mask]": lambda: x[x],
+        "torch.tensor(list, device=...)": lambda: torch.tensor([1, 2], device=torch.device("cpu")),
+        "repeat_interleave(tensor)": lambda: idx.repeat_interleave(idx),
+    }
+    fine = {
+        "x[:3, :3].diagonal().fill_(True)": lambda: x[:3, :3].diagonal().fill_(True),
+        "x[:, :2] = True": lambda: x.__setitem__((slice(None), slice(0, 2)), True),
+        "x[idx] = tensor": lambda: x.__setitem__(idx, torch.ones(3, 6, dtype=torch.bool)),
+        "x[to_device(list)]": lambda: x[to_device([0, 1], x.device)],
+        "torch.tensor(list)": lambda: torch.tensor([1, 2]),
+        "repeat_interleave(int)": lambda: idx.repeat_interleave(2),
+        "x[idx]": lambda: x[idx],
+    }
+    for name, op in {**would, **fine}.items():
+        with WouldSync() as audit:
+            op()
+        assert audit.count == (1 if name in would else 0), (name, dict(audit.reasons))
+
+
+@pytest.mark.parametrize("method", ["ar", "early-exit", "microspec"])
+def test_a_step_would_synchronise_a_gpu_once_plus_its_tree(monkeypatch, method):
+    """tests/test_cuda.py's sync-detector test on a CPU, following CUDA's path (the device walk over the tree built
+    on the device, the tensor window, the packed rows at their fixed shape): per step, one read of the accepted
+    tokens, and for a tree one read of the kept tree; nothing else may grow with the length."""
+    from microspec.decoding import verify
+    from microspec.sync_audit import WouldSync
+    from microspec.vocab.packed import PackedRows
+
+    monkeypatch.setattr(verify, "DEVICE_WALK", ("cuda", "cpu"))
+    init = PackedRows.__init__
+
+    def fixed(self, *a, **kw):
+        init(self, *a, **kw)
+        self.fixed_shape = True
+
+    monkeypatch.setattr(PackedRows, "__init__", fixed)
+    _, model = tiny_pair("llama")
+    counts = []
+    for n in (8, 32):
+        drafter = vocab = None
+        if method != "ar":
+            drafter = make_drafter("early-exit", depth=3, top_k=2, total_tokens=5, draft_layers=1)
+            vocab = MicroSpecVocab(model.spec.vocab_size, w_max=24, backend="device") if method == "microspec" \
+                else None
+        with torch.inference_mode(), WouldSync() as audit:
+            out = generate_ids(model, PROMPT, GenerationConfig(max_new_tokens=n, ignore_eos=True), (),
+                               drafter=drafter, vocab=vocab)
+        counts.append((audit, out.stats.steps))
+    (a, s0), (b, s1) = counts
+    steps = s1 - s0
+    assert steps >= 3
+    per_site = {k: (b.sites[k] - a.sites.get(k, 0)) / steps for k in b.sites}
+    per_step = sum(per_site.values())
+    assert per_step == (1 if method == "ar" else 2), {k: v for k, v in per_site.items() if v}

@@ -2,10 +2,15 @@
 (``torch.cuda.set_sync_debug_mode``), counted by the source lines that caused it, per method, at two lengths.
 
     python3 benchmarks/measure/sync_sites.py --out syncs.json          # on a CUDA machine (PYTHONPATH=src)
+    python benchmarks/measure/sync_sites.py --device cpu               # anywhere: the same sites, found on a CPU
 
 A tiny random Llama target (and a random EAGLE head) on CUDA, greedy; for each method the generation runs at
 ``--short`` and ``--long`` new tokens, and each site's count difference divided by the difference in steps is what
 that site costs per step.  A site whose count does not grow with the length is a fixed cost of the generation.
+
+``--device cpu`` runs the same generations on a CPU, following CUDA's path (the device walk, the tensor window, the
+packed rows at a fixed shape), and counts the operations that would synchronise a CUDA device
+(:class:`microspec.sync_audit.WouldSync`) instead of CUDA's own reports.
 """
 
 from __future__ import annotations
@@ -20,11 +25,13 @@ from pathlib import Path
 
 import torch
 
-from microspec.decoding import GenerationConfig, generate_ids
+from microspec.decoding import GenerationConfig, generate_ids, verify
 from microspec.drafters import EagleDrafter, EagleHead, EarlyExitDrafter, NGramDrafter
 from microspec.drafters.eagle import _layer_config
 from microspec.models.native import NativeCausalLM
+from microspec.sync_audit import WouldSync
 from microspec.vocab import MicroSpecVocab
+from microspec.vocab.packed import PackedRows
 
 PACKAGE = str(Path(__file__).resolve().parents[2] / "src" / "microspec")
 VOCAB = 512
@@ -61,7 +68,8 @@ def tiny_head(device: torch.device) -> EagleHead:
 def method(name: str, device: torch.device):
     """(drafter, policy) of ``name``, fresh."""
     eagle = lambda: EagleDrafter(tiny_head(device), depth=4, top_k=4, total_tokens=12)  # noqa: E731
-    micro = lambda backend: MicroSpecVocab(VOCAB, w_max=96, device=device, backend=backend)  # noqa: E731
+    micro = lambda backend: MicroSpecVocab(VOCAB, w_max=96, device=device,  # noqa: E731
+                                           backend="device" if device.type == "cpu" else backend)
     return {"ar": lambda: (None, None),
             "ngram": lambda: (NGramDrafter(num_tokens=5), None),
             "early-exit": lambda: (EarlyExitDrafter(1, depth=3, top_k=2, total_tokens=5), None),
@@ -72,6 +80,11 @@ def method(name: str, device: torch.device):
 
 def sites(model, name: str, n: int, device: torch.device) -> tuple[Counter, int]:
     drafter, policy = method(name, device)
+    if device.type == "cpu":  # what would synchronise on CUDA, counted by the audit
+        with WouldSync() as audit:
+            out = generate_ids(model, PROMPT, GenerationConfig(max_new_tokens=n, ignore_eos=True), drafter=drafter,
+                               vocab=policy)
+        return audit.sites, out.stats.steps
     counts: Counter = Counter()
 
     def hook(message, category, filename, lineno, file=None, line=None):
@@ -100,14 +113,26 @@ def main(argv=None) -> dict:
     ap.add_argument("--short", type=int, default=16)
     ap.add_argument("--long", type=int, default=64)
     ap.add_argument("--graphs", action="store_true", help="the target (and the EAGLE head) replayed as CUDA graphs")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="cpu: the operations that would synchronise CUDA, counted on a CPU (sync_audit)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("error: the sync detector needs a CUDA device")
-    device = torch.device("cuda")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: the sync detector needs a CUDA device (or --device cpu)")
+    device = torch.device(args.device)
+    if device.type == "cpu":  # follow CUDA's path: the device walk, the packed rows at a fixed shape
+        verify.DEVICE_WALK = (*verify.DEVICE_WALK, "cpu")
+        init = PackedRows.__init__
+
+        def fixed(self, *a, **kw):
+            init(self, *a, **kw)
+            self.fixed_shape = True
+
+        PackedRows.__init__ = fixed
     model = tiny_target(device)
-    model.use_cuda_graphs(args.graphs)
-    result = {"graphs": args.graphs, "methods": {}}
+    if device.type == "cuda":
+        model.use_cuda_graphs(args.graphs)
+    result = {"device": args.device, "graphs": args.graphs, "methods": {}}
     for name in args.methods.split(","):
         sites(model, name, 4, device)  # warm-up: lazy initialisations are not the generation's
         (short, s0), (long, s1) = sites(model, name, args.short, device), sites(model, name, args.long, device)

@@ -274,7 +274,7 @@ class ForwardDrafter(Drafter):
             if forwarded:  # each earlier frontier node's slot, where it is an ancestor of the row's node
                 done = torch.cat(forwarded)
                 mask[:, slot[done]] = tree.anc[frontier][:, done]
-            mask[rows, s0 + rows] = True
+            mask[:, s0 : s0 + n].diagonal().fill_(True)  # each row sees itself (a view's fill: no host copy)
             slot[frontier] = s0 + rows
             forwarded.append(frontier)
             hidden = self._forward(ctx, tree.tokens[frontier], root_slot + tree.depths[frontier], mask,

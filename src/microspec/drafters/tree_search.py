@@ -102,7 +102,6 @@ class TreeTensors:
         """Append the children [n, k] of ``parents`` [n] (None: the root's [1, k]) row by row; their node range."""
         n = ids.numel()
         lo, hi = self.size, self.size + n
-        new = torch.arange(lo, hi, device=self.tokens.device)
         self.tokens[lo:hi] = ids.reshape(-1)
         self.scores[lo:hi] = scores.reshape(-1)
         self.depths[lo:hi] = depth
@@ -110,7 +109,7 @@ class TreeTensors:
             par = parents.repeat_interleave(ids.shape[1])
             self.parents[lo:hi] = par
             self.anc[lo:hi] = self.anc[par]
-        self.anc[new, new] = True
+        self.anc[lo:hi, lo:hi].diagonal().fill_(True)  # a view's fill: x[idx, idx] = True copies from the host
         self.size = hi
         return range(lo, hi)
 
