@@ -54,6 +54,11 @@ Measured on one H100 (2026-11-26), in one device call after staging (``--limit 1
   training steps of 16,384 positions at ~51,000 positions/s with seven training-time-test steps each (~20 s);
 - EAGLE-1 on the same answers, 127 s: the capture and 63 steps at ~66,000 positions/s.
 
+On one H200 (2026-11-27), in one call after the GPU suite (``--limit 1500 --epochs 7 --draft-vocab 24576
+--time-budget 290``): 198 s in all for the same 2,998 answers (549,644 tokens; generation up to ~30,000 answer
+tok/s), their capture, and 167 optimizer steps of 16,384 positions at 46,000-68,000 positions/s; held-out top-1
+0.442 at training-time-test step 0 and 0.252 at step 6 (0.293 and 0.152 after the H100's 63 steps).
+
 So the training itself is a small share of a call.  Sizing by these rates (a projection, to be checked by the run
 itself): in a 15-minute device budget, of which the machine's start and the GGUF staged in five calls took about
 1.5 minutes here, ``--limit 6000`` (about 4x the answers above) with 4-6 epochs should fit one call of under 9
