@@ -114,9 +114,10 @@ def _syncs() -> list[str]:
             "- The trees wait more than that at the run's commit, though their tree is built on the device and read "
             "back once: each level's `x[idx, idx] = True` (the tree's ancestor matrix, the draft attention mask) "
             "assigned a Python scalar through an advanced index, which PyTorch makes on the host and copies to the "
-            "device with a blocking copy. Those are views' fills since, and tests/test_sync_free.py counts, on a "
-            "CPU, the operations that would make the host wait for a GPU (`microspec.sync_audit`): two per tree "
-            "step (the kept tree, the accepted tokens), one per plain step; not yet measured on a GPU.", ""]
+            "device with a blocking copy. Those are views' fills since, and the device-built tree's host lists come "
+            "back in the device walk's read (`DeviceTree`); tests/test_sync_free.py counts, on a CPU, the operations "
+            "that would make the host wait for a GPU (`microspec.sync_audit`): one per step for plain decoding and "
+            "for the trees; not yet measured on a GPU.", ""]
 
 
 def _figure4() -> list[str]:

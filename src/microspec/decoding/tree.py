@@ -71,6 +71,10 @@ class DraftTree:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def drafted(self) -> list[int]:
+        """The tokens of the nodes drafted (:class:`DeviceTree` leaves its padding nodes out)."""
+        return self.tokens
+
     def depths(self) -> list[int]:
         """Depth of each node, the root's children having depth 1."""
         d: list[int] = []
@@ -115,7 +119,7 @@ class DraftTree:
         return ids, positions, to_device(mask, device, torch.bool)
 
     def _verify_inputs_on_device(self, root: int, start: int):
-        tokens, _, depths, anc = self.on_device
+        tokens, _, depths, anc = self.on_device[:4]
         n, dev = len(self) + 1, tokens.device
         ids = torch.cat([torch.full((1,), root, dtype=torch.long, device=dev), tokens])
         positions = torch.cat([depths.new_zeros(1), depths]) + start
@@ -123,3 +127,60 @@ class DraftTree:
         mask[:, 0] = True
         mask[1:, 1:] = anc
         return ids, positions, mask
+
+
+class DeviceTree(DraftTree):
+    """A tree built on the device (:func:`~microspec.drafters.tree_search.dynamic_tree_on_device`) whose host lists
+    are read back only when something asks for them: the verify pass's inputs are made from its tensors, and a walk
+    on the device (:func:`~microspec.decoding.verify.device_walk`) reads them in the same transfer as its acceptance
+    (:meth:`fill`), so such a step reads the host once.  ``on_device`` is (tokens, parents, depths, ancestor-or-self
+    matrix, valid): a node whose score was -inf (fewer candidates than the tree's budget: a draft vocabulary smaller
+    than top-k) is kept as a node of token 0 so that no read decides the tree's size, and no walk accepts it
+    (:meth:`children` leaves it out on the host, the device walk masks it).  ``depth``: the depth it was built to
+    (a cut to that depth keeps it whole, no read needed)."""
+
+    def __init__(self, on_device: tuple[torch.Tensor, ...], depth: int) -> None:
+        self.q, self.scheme, self.on_device, self.depth = None, "deterministic", on_device, depth
+        self._host: tuple[list[int], list[int], list[int]] | None = None
+
+    def _lists(self) -> tuple[list[int], list[int], list[int]]:
+        if self._host is None:
+            tokens, parents, _, _, valid = self.on_device
+            self.fill(*torch.stack([tokens, parents, valid.long()]).tolist())
+        return self._host
+
+    @property
+    def read_back(self) -> bool:
+        """Whether the host lists are here."""
+        return self._host is not None
+
+    def fill(self, tokens: list[int], parents: list[int], valid: list[int]) -> None:
+        """The host lists, read by the caller together with something else (the device walk's acceptance)."""
+        self._host = (tokens, parents, valid)
+
+    @property
+    def tokens(self) -> list[int]:
+        return self._lists()[0]
+
+    @property
+    def parents(self) -> list[int]:
+        return self._lists()[1]
+
+    def drafted(self) -> list[int]:
+        """The tokens of the nodes actually drafted (the -inf padding left out)."""
+        tokens, _, valid = self._lists()
+        return [t for t, v in zip(tokens, valid) if v]
+
+    def __len__(self) -> int:
+        return self.on_device[0].numel()
+
+    def children(self) -> list[list[int]]:
+        """:meth:`DraftTree.children` without the padding nodes: no walk, on the host or the device, accepts one."""
+        valid = self._lists()[2]
+        return [[c for c in row if valid[c]] for row in super().children()]
+
+    def first(self, n: int) -> DraftTree:
+        return self if n >= len(self) else super().first(n)
+
+    def truncated(self, max_depth: int) -> DraftTree:
+        return self if max_depth >= self.depth else super().truncated(max_depth)

@@ -29,7 +29,7 @@ from ..kernels import cpu_quant
 from ..options import Option
 from ..transfer import rows_of, to_device
 from .processors import LogitsPipeline, keyed_uniform, sample
-from .tree import DraftTree
+from .tree import DeviceTree, DraftTree
 
 HEAD_MODES = ("all", "visited", "path")
 HEAD_MODE = Option(
@@ -164,18 +164,27 @@ def device_walk(tree: DraftTree, head: Callable[[torch.Tensor], torch.Tensor], h
     uniform the seed and the row's position fix), a node accepted where it and each of its ancestors is its parent
     row's choice (at most one per depth: the accepted nodes are the walk's path), and one read of the acceptance and
     the choices.  The tokens are the host walk's with head mode ``all`` (tests/test_tree_device.py)."""
-    tokens, parents, _, anc = tree.on_device
+    tokens, parents, depths, anc = tree.on_device[:4]
+    valid = tree.on_device[4] if len(tree.on_device) > 4 else None
     n = len(tree)
     logits = head(hidden[: n + 1])
     if pipe is None or pipe.cfg.greedy:
         chosen = logits.argmax(dim=-1)
     else:  # every row's keyed sample at once: the uniform of its position (the root's is the next token's)
-        u = to_device([keyed_uniform(pipe.cfg.seed, pipe.position + d) for d in [0, *tree.depths()]],
-                      logits.device, torch.float64)
+        deepest = getattr(tree, "depth", None) or max(tree.depths(), default=0)
+        table = to_device([keyed_uniform(pipe.cfg.seed, pipe.position + d) for d in range(deepest + 1)],
+                          logits.device, torch.float64)
+        u = table[torch.cat([depths.new_zeros(1), depths])]
         chosen = sample(pipe.probs(logits), u=u[:, None]).squeeze(-1)
     match = chosen[parents + 1] == tokens
+    if valid is not None:
+        match &= valid
     ok = ~(anc & ~match[None, :]).any(dim=1)
-    read = torch.cat([ok.long(), chosen]).tolist()  # the one read
+    lazy = isinstance(tree, DeviceTree) and not tree.read_back
+    parts = [ok.long(), chosen] + ([tokens, parents, valid.long()] if lazy else [])
+    read = torch.cat(parts).tolist()  # the one read: the acceptance, the choices (and a lazy tree's host lists)
+    if lazy:
+        tree.fill(read[2 * n + 1 : 3 * n + 1], read[3 * n + 1 : 4 * n + 1], read[4 * n + 1 :])
     accepted = [i for i in range(n) if read[i]]
     bonus = read[n + (accepted[-1] + 1 if accepted else 0)]
     rows = rows_of(logits, [0] + [a + 1 for a in accepted])

@@ -256,7 +256,7 @@ class ForwardDrafter(Drafter):
 
     def _device_tree(self, ctx: DraftContext, root_hidden: torch.Tensor, root_slot: int, steps: int) -> DraftTree:
         """:meth:`_tree` with the tree, the attention masks, the positions and the parents' hidden states kept on the
-        device: the same tree, read back once."""
+        device: the same tree, read back with the walk's acceptance (:class:`~microspec.decoding.tree.DeviceTree`)."""
         cache = self._cache(ctx)
         device = cache.device
         root_logp, root_ids = self.head.topk(root_hidden, self.top_k, depth=0, pipe=ctx.pipe)

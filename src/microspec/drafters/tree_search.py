@@ -13,9 +13,8 @@ from collections.abc import Callable
 
 import torch
 
-from ..decoding.tree import DraftTree, path_to
+from ..decoding.tree import DeviceTree, DraftTree, path_to
 from ..errors import check
-from ..transfer import to_device
 
 # expand(nodes) -> (log-probabilities [n, k], token ids [n, k]) of the children of each of ``nodes``
 Expand = Callable[[list[int], "PartialTree"], tuple[torch.Tensor, torch.Tensor]]
@@ -126,11 +125,11 @@ def _best(scores: torch.Tensor, k: int) -> torch.Tensor:
 def dynamic_tree_on_device(root_logp: torch.Tensor, root_ids: torch.Tensor, expand: DeviceExpand, depth: int,
                            top_k: int, total_tokens: int, max_depth: int) -> DraftTree:
     """:func:`dynamic_tree` with the tree kept on the device: the frontier's choice, the scores and the final rerank
-    are tensor ops, with no read back between levels; the kept tree is read back once at the end.  Gives the host
-    tree's nodes and order (tests/test_tree_device.py checks it against golden outputs of :func:`dynamic_tree`); the
-    result carries its tensors so that the verify pass's inputs are built on the device too
-    (:meth:`~microspec.decoding.tree.DraftTree.verify_inputs`).  A layer whose nodes are all -inf still expands
-    (no read decides otherwise); its children are -inf and dropped."""
+    are tensor ops, with nothing read back: a :class:`~microspec.decoding.tree.DeviceTree`, whose verify inputs
+    are made on the device and whose host lists are read with the device walk's acceptance (or on first use).  Its
+    finite nodes are the host tree's nodes in its order (tests/test_tree_device.py checks them against golden outputs
+    of :func:`dynamic_tree`).  A layer whose nodes are all -inf still expands (no read decides otherwise); -inf
+    nodes among the best ``total_tokens`` stay as padding (token 0, never accepted by the device walk)."""
     depth = min(depth, max_depth)
     if depth <= 0:
         return DraftTree()
@@ -144,16 +143,10 @@ def dynamic_tree_on_device(root_logp: torch.Tensor, root_ids: torch.Tensor, expa
         layer = tree.add(frontier, ids, tree.scores[frontier, None] + logp.double(), d + 1)
     n = tree.size
     keep = _best(tree.scores[:n], total_tokens).sort().values  # ancestor-closed: a child never beats its parent
-    valid = torch.isfinite(tree.scores[keep])
+    valid = torch.isfinite(tree.scores[keep])  # -inf nodes (too few candidates) stay as padding: no read decides
     new_index = torch.full((n,), -1, dtype=torch.long, device=keep.device)
-    new_index[keep] = torch.where(valid, torch.cumsum(valid, 0) - 1, -1)
+    new_index[keep] = torch.arange(keep.numel(), device=keep.device)
     par = tree.parents[keep]
     par = torch.where(par >= 0, new_index[par.clamp(min=0)], -1)
-    tokens, parents, ok = torch.stack([tree.tokens[keep], par, valid.long()]).tolist()  # the one read
-    if not all(ok):  # -inf nodes among the best: drop them (their descendants are -inf too)
-        idx = [i for i, v in enumerate(ok) if v]
-        tokens, parents = [tokens[i] for i in idx], [parents[i] for i in idx]
-        keep, par = keep[to_device(idx, keep.device)], to_device(parents, keep.device)
-    out = DraftTree(tokens, parents)
-    out.on_device = (tree.tokens[keep], par, tree.depths[keep], tree.anc[keep][:, keep])
-    return out
+    tokens = torch.where(valid, tree.tokens[keep], 0)
+    return DeviceTree((tokens, par, tree.depths[keep], tree.anc[keep][:, keep], valid), depth)
