@@ -251,3 +251,17 @@ def test_load_model_on_cuda_replays_graphs_by_default(tiny_model_dir, method):
     assert len(verify) == steps  # one verify pass a step
     assert all(n <= 2 for n in eager.values()), eager
     assert replays >= steps - 2 * len(eager) > 0
+
+
+def test_a_second_request_replays_the_first_requests_graphs():
+    """Graphs are captured on a cache's buffers; the cache a finished generation gave back goes to the next one of
+    its size class (CachePool), so a second request of the same shapes captures nothing new."""
+    nm = _model(graphs=True)
+    cfg = GenerationConfig(max_new_tokens=24, ignore_eos=True)
+    generate_ids(nm, PROMPT, cfg)
+    g = nm.cuda_graphs
+    before = g.captures
+    assert before >= 1
+    out = generate_ids(nm, PROMPT, cfg)
+    assert g.captures == before and nm.cache_pool.reused >= 1
+    assert out.token_ids == generate_ids(_model(), PROMPT, cfg).token_ids

@@ -97,3 +97,67 @@ def test_prompt_checks():
         generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=250))
     with pytest.raises(MicrospecError, match="vocabulary"):
         generate_ids(nm, [1, VOCAB + 5], GenerationConfig())
+
+
+# ------------------------------------------------ caches kept for the next generation (CUDA graphs are theirs)
+def test_the_cache_pool_hands_back_a_cache_of_the_same_class_empty():
+    from microspec.models.kv_cache import CachePool, KVCache
+
+    assert [CachePool.size_class(n) for n in (1, 300, 512, 513, 1500)] == [512, 512, 512, 1024, 2048]
+    made = []
+
+    def make(capacity):
+        made.append(KVCache(2, 1, 4, capacity, torch.float32, "cpu"))
+        return made[-1]
+
+    pool = CachePool(keep=2)
+    a = pool.take(300, make)
+    a.length = 200
+    pool.give(a)
+    pool.give(a)  # given twice: held once
+    assert pool.take(400, make) is a and a.length == 0 and a.capacity == 512 and pool.reused == 1
+    b = pool.take(400, make)  # a is out: a new one
+    assert b is not a and len(made) == 2
+    big = pool.take(900, make)
+    assert big.capacity == 1024
+    for c in (a, b, big):
+        pool.give(c)
+    assert pool.free == [b, big]  # at most two, the oldest dropped
+
+
+@pytest.mark.parametrize("drafter", [None, "eagle"])
+def test_a_graphed_model_reuses_a_finished_generations_caches(tmp_path, drafter):
+    """A model replaying CUDA graphs (on a CPU its forward stays eager, so only the caches' path is exercised here;
+    tests/test_cuda.py counts the captures) gives the next generation the caches the last one gave back, target
+    and EAGLE draft alike, and the output is that of a model with fresh caches; without graphs, each generation
+    gets a new cache of exactly its size."""
+    from microspec.decoding.loop import Generation, cache_slots
+    from microspec.drafters import EagleDrafter, EagleHead
+    from support import official_checkpoint
+
+    _, plain = tiny_pair("llama")
+    _, graphed = tiny_pair("llama")
+    graphed.use_cuda_graphs(True)
+    path = official_checkpoint(tmp_path / "ck", d=plain.spec.hidden_size)[0] if drafter else None
+    heads = {id(m): EagleHead.load(path) for m in (plain, graphed)} if drafter else {}  # a head serves requests
+
+    def run(model, prompt):
+        d = EagleDrafter(heads[id(model)], depth=3, top_k=2, total_tokens=5) if drafter else None
+        gen = Generation(model, prompt, GenerationConfig(max_new_tokens=12, ignore_eos=True), (), drafter=d)
+        gen.prefill()
+        while gen.finish is None:
+            ids, positions, mask = gen.verify_inputs(gen.plan())
+            gen.settle(model(ids, gen.cache, positions=positions, mask=mask, taps=gen.taps))
+        return gen.result().token_ids, gen.cache, None if d is None else d.eagle.body.cache_pool
+
+    prompts = ([1, 10, 20, 30, 11, 21, 31, 12], [1, 40, 41, 42, 43, 44, 12, 10, 20])
+    first, cache, _ = run(graphed, prompts[0])
+    assert cache.capacity == 512 and graphed.cache_pool.free == [cache]
+    second, again, body_pool = run(graphed, prompts[1])
+    assert again is cache and graphed.cache_pool.reused == 1
+    if drafter:
+        assert body_pool is not None and body_pool.reused == 1  # the draft cache came back too
+    assert (first, second) == (run(plain, prompts[0])[0], run(plain, prompts[1])[0])
+    _, fresh, _ = run(plain, prompts[0])
+    assert fresh.capacity == cache_slots(len(prompts[0]), GenerationConfig(max_new_tokens=12)) \
+        and plain.cache_pool is None

@@ -201,7 +201,7 @@ class Generation:
         self.tokens = list(prompt_ids)
         self.pipe.commit(self.tokens)
         self.stats = GenerationStats(prompt_tokens=len(prompt_ids), weight_bytes=model.weight_bytes())
-        self.cache = model.new_cache(cache_slots(len(prompt_ids), cfg))
+        self.cache = model.take_cache(cache_slots(len(prompt_ids), cfg))
         self._prompt_states: list = []  # the prompt's final hidden states (and taps) of a prefill in chunks
         self.out: list[int] = []
         self.walker = greedy_walk if cfg.greedy else keyed_walk if self.pipe.keyed else sample_walk
@@ -339,6 +339,8 @@ class Generation:
             self.coverage.on_emitted(len(self.out) - emitted)
 
     def result(self) -> GenerationResult:
+        """The generation's tokens, finish reason and statistics, once it has finished; its cache goes back to the
+        model (:meth:`~microspec.models.native.NativeCausalLM.give_back_cache`)."""
         stats, drafter = self.stats, self.drafter
         end = self.clock.mark()
         seconds = self.clock.resolve()
@@ -355,6 +357,7 @@ class Generation:
             stats.head_s, stats.active_sizes = _take_head_stats(drafter)
             report = drafter.take_report()  # prompt lookup first's drafted steps, auto's choice
             stats.lookup_steps, stats.auto = report.lookup_steps, report.auto
+        self.model.give_back_cache(self.cache)
         return GenerationResult(self.out, self.finish, stats)
 
 

@@ -144,9 +144,14 @@ class EagleDrafter(ForwardDrafter):
             quantize_linears(self.eagle)
         if (self.eagle.body.cuda_graphs is None) != (target.cuda_graphs is None):
             self.eagle.body.use_cuda_graphs(target.cuda_graphs is not None)  # the levels graphed where the target is
-        self.cache = self.eagle.body.new_cache(len(prompt_ids) + 256)
+        self.cache = self.eagle.body.take_cache(len(prompt_ids) + 256)  # graphed: a pooled cache keeps its graphs
         self._parts = [hidden]
         return target.head_weight, target.spec.final_softcap
+
+    def finish(self, output: list[int]) -> None:
+        super().finish(output)
+        if self.cache is not None:  # for the next generation (graphed: its graphs with it); the next prefill
+            self.eagle.body.give_back_cache(self.cache)  # takes a cache anew, so this reference is never used again
 
     def commit(self, accepted_tokens, hidden: torch.Tensor) -> None:
         # features of the old root and of the accepted nodes: they pair with the tokens committed after them

@@ -13,9 +13,11 @@ and writes at a host-side offset.  :func:`static_run` is the same forward in fix
 
 :class:`CudaGraphs` captures one graph per (rows, bucket, cache) at the second use of that shape (a shape used once,
 a prompt's, runs eagerly) and replays it afterwards; a longer bucket drops the shorter buckets' graphs of that cache,
-and a cache's graphs and their memory pool go when the cache does (a finished request's): a new request captures
-again.  Anything it cannot run (no CUDA, more rows than ``max_rows``, taps or an early exit, a capture that fails)
-goes to the eager forward, which is also what every CPU run uses.
+and a cache's graphs and their memory pool go when the cache does.  A finished generation gives its cache back to
+the model (:class:`~microspec.models.kv_cache.CachePool`), and the next one of its size class takes it with its
+graphs: requests after the first capture nothing new for the shapes they share.  Anything it cannot run (no CUDA,
+more rows than ``max_rows``, taps or an early exit, a capture that fails) goes to the eager forward, which is also
+what every CPU run uses.
 
 Attention over a bucket with masked slots adds exact zeros to each softmax, but a GPU kernel may sum in another
 order over a longer row, so graphed logits can differ from eager ones in the last bits, as a pass over 5 rows
@@ -210,8 +212,8 @@ def _reset_generator(stream: torch.cuda.Stream) -> None:
 
 class GraphedCall:
     """``fn(x)`` replayed as a CUDA graph, one per key (the caller's: what fixes the shapes and addresses ``fn``
-    reads), ``x`` copied into the graph's static input; the result (a tensor or a tuple of them) is fresh.  :meth:`__call__` returns
-    None where the capture was refused (the caller runs ``fn`` itself)."""
+    reads), ``x`` copied into the graph's static input; the result (a tensor or a tuple of them) is fresh.
+    :meth:`__call__` returns None where the capture was refused (the caller runs ``fn`` itself)."""
 
     def __init__(self):
         self.graphs: dict = {}

@@ -98,3 +98,44 @@ class KVCache:
 
     def reset(self) -> None:
         self.length = 0
+
+
+class CachePool:
+    """KV caches finished generations gave back, handed to the next generation of the same size class.
+
+    CUDA graphs are captured on a cache's buffers (models/graphs.py keys them by its address and capacity): with a
+    fresh cache per generation each request ran every shape eagerly at its first use and captured it again at its
+    second, on a GPU tens of milliseconds a shape, request after request.  A model that replays graphs takes its
+    caches from here (:meth:`NativeCausalLM.take_cache <microspec.models.native.NativeCausalLM.take_cache>`):
+    capacities rounded up to a power of two of at least :data:`MIN_CLASS` slots, so that requests of similar lengths
+    share a class and its graphs; at most ``keep`` caches held, the least recently given back dropped first.  A
+    reused cache starts empty (its stale slots lie past the live ones, which every forward masks)."""
+
+    MIN_CLASS = 512
+
+    def __init__(self, keep: int = 2) -> None:
+        self.keep = keep
+        self.free: list[KVCache] = []
+        self.reused = 0
+
+    @classmethod
+    def size_class(cls, slots: int) -> int:
+        """The capacity a request of ``slots`` slots gets: the next power of two, at least :data:`MIN_CLASS`."""
+        return max(cls.MIN_CLASS, 1 << max(0, slots - 1).bit_length())
+
+    def take(self, slots: int, make) -> KVCache:
+        """An empty cache of ``size_class(slots)`` slots: one given back, or ``make(capacity)``."""
+        want = self.size_class(slots)
+        for i, cache in enumerate(self.free):
+            if cache.capacity == want:
+                del self.free[i]
+                cache.reset()
+                self.reused += 1
+                return cache
+        return make(want)
+
+    def give(self, cache: KVCache) -> None:
+        if any(c is cache for c in self.free):
+            return
+        self.free.append(cache)
+        del self.free[: max(0, len(self.free) - self.keep)]

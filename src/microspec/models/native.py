@@ -24,7 +24,7 @@ from torch import nn
 
 from ..errors import MicrospecError
 from ..kernels import cpu_linear, cpu_quant
-from .kv_cache import KVCache
+from .kv_cache import CachePool, KVCache
 from .layers import MLP, Attention, DecoderLayer, Embedding, Linear, RMSNorm, activation, rotate, window_mask
 from .quant import QuantTensor, weight_bytes
 from .spec import ArchSpec, rope_inv_freq, spec_from_config
@@ -137,16 +137,37 @@ class NativeCausalLM(nn.Module):
         return self._first_parameter().device
 
     cuda_graphs = None  # a CudaGraphs (models/graphs.py) once use_cuda_graphs(True): run() replays where it can
+    cache_pool = None  # the caches finished generations gave back, while graphs replay (take_cache)
 
     def use_cuda_graphs(self, on: bool = True, **options) -> None:
         """Replay CUDA graphs of :meth:`run` on a CUDA device (:mod:`microspec.models.graphs`); off: eager only."""
         from .graphs import CudaGraphs
 
         self.cuda_graphs = CudaGraphs(self, **options) if on else None
+        self.cache_pool = None  # the graphs of the caches it held are gone with them
 
     def new_cache(self, capacity: int) -> KVCache:
         s = self.spec
         return KVCache(s.num_layers, s.num_kv_heads, s.head_dim, capacity, self.dtype, self.device)
+
+    def cache_capacity(self, slots: int) -> int:
+        """The capacity :meth:`take_cache` gives a generation of ``slots`` slots."""
+        return slots if self.cuda_graphs is None else CachePool.size_class(slots)
+
+    def take_cache(self, slots: int) -> KVCache:
+        """A generation's cache of at least ``slots`` slots: while the model replays CUDA graphs one a finished
+        generation gave back (:class:`~microspec.models.kv_cache.CachePool`: its graphs are kept), else a new one
+        of exactly ``slots``."""
+        if self.cuda_graphs is None:
+            return self.new_cache(slots)
+        if self.cache_pool is None:
+            self.cache_pool = CachePool()
+        return self.cache_pool.take(slots, self.new_cache)
+
+    def give_back_cache(self, cache: KVCache) -> None:
+        """A finished generation's cache, for the next one (:meth:`take_cache`)."""
+        if self.cuda_graphs is not None and self.cache_pool is not None:
+            self.cache_pool.give(cache)
 
     def cache_bytes(self, capacity: int) -> int:
         """The memory :meth:`new_cache` takes for ``capacity`` slots."""

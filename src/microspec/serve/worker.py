@@ -383,7 +383,8 @@ class Worker:
         """The bytes of KV cache a request of ``prompt_tokens`` under ``cfg`` holds while it runs."""
         from ..decoding.loop import cache_slots
 
-        return self.lm.model.cache_bytes(cache_slots(prompt_tokens, cfg))
+        model = self.lm.model
+        return model.cache_bytes(model.cache_capacity(cache_slots(prompt_tokens, cfg)))
 
     def _fits(self, job: Job) -> bool:
         """Whether ``job`` fits the KV budget beside the running requests."""
