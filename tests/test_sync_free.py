@@ -172,16 +172,40 @@ def test_the_audit_counts_what_would_synchronise_a_gpu():
         assert audit.count == (1 if name in would else 0), (name, dict(audit.reasons))
 
 
-@pytest.mark.parametrize("method", ["ar", "early-exit", "microspec"])
-def test_a_step_would_synchronise_a_gpu_once(monkeypatch, method):
-    """tests/test_cuda.py's sync-detector test on a CPU, following CUDA's path (the device walk over the tree built
-    on the device, the tensor window, the packed rows at their fixed shape): one read per step, of the accepted
-    tokens (a tree's host lists come back in the same read); nothing else may grow with the length."""
+def _method(name: str, model, tmp_path):
+    """(drafter, policy) of ``name`` on the tiny target, fresh."""
+    from microspec.drafters import EagleDrafter, EagleHead, NGramDrafter
+    from microspec.drafters.lookup_first import LookupFirst
+    from support import official_checkpoint
+
+    tree = {"depth": 3, "top_k": 2, "total_tokens": 5}
+    micro = MicroSpecVocab(model.spec.vocab_size, w_max=24, backend="device")  # CUDA's kind of window
+    if name in ("ngram", "suffix"):
+        return make_drafter(name), None
+    if name.startswith("early-exit"):
+        return make_drafter("early-exit", draft_layers=1, **(tree if name == "early-exit" else {"depth": 3})), None
+    path = tmp_path / "ck"
+    if not path.exists():
+        official_checkpoint(path, d=model.spec.hidden_size)
+    eagle = EagleDrafter(EagleHead.load(path), **(tree if name != "eagle-chain" else {"depth": 3}))
+    return {"eagle": (eagle, None), "eagle-chain": (eagle, None), "eagle+microspec": (eagle, micro),
+            "microspec@lookup": (LookupFirst(eagle, NGramDrafter(num_tokens=5)), micro)}[name]
+
+
+@pytest.mark.parametrize("decoding", [{}, {"temperature": 0.8, "seed": 3}])
+@pytest.mark.parametrize("method", ["ar", "ngram", "suffix", "early-exit", "early-exit-chain", "eagle", "eagle-chain",
+                                    "eagle+microspec", "microspec@lookup"])
+def test_a_step_would_synchronise_a_gpu_once(monkeypatch, tmp_path, method, decoding):
+    """tests/test_cuda.py's sync-detector test on a CPU, following CUDA's path (the device walk over a tree or chain
+    drafted on the device, host walks reading a block of rows' choices at once, the tensor window, the packed rows
+    at their fixed shape): one read per step, of the accepted tokens (a device-drafted tree's host lists come back
+    in the same read); nothing else may grow with the length.  Greedy, and seeded sampling (keyed by position)."""
     from microspec.decoding import verify
     from microspec.sync_audit import WouldSync
     from microspec.vocab.packed import PackedRows
 
     monkeypatch.setattr(verify, "DEVICE_WALK", ("cuda", "cpu"))
+    monkeypatch.setattr(verify, "BLOCK_READS", ("cuda", "cpu"))
     init = PackedRows.__init__
 
     def fixed(self, *a, **kw):
@@ -190,20 +214,16 @@ def test_a_step_would_synchronise_a_gpu_once(monkeypatch, method):
 
     monkeypatch.setattr(PackedRows, "__init__", fixed)
     _, model = tiny_pair("llama")
+    prompt = PROMPT + PROMPT[1:6]  # a repeat for the lookups to find
     counts = []
-    for n in (8, 32):
-        drafter = vocab = None
-        if method != "ar":
-            drafter = make_drafter("early-exit", depth=3, top_k=2, total_tokens=5, draft_layers=1)
-            vocab = MicroSpecVocab(model.spec.vocab_size, w_max=24, backend="device") if method == "microspec" \
-                else None
+    for n in (8, 40):
+        drafter, vocab = (None, None) if method == "ar" else _method(method, model, tmp_path)
         with torch.inference_mode(), WouldSync() as audit:
-            out = generate_ids(model, PROMPT, GenerationConfig(max_new_tokens=n, ignore_eos=True), (),
+            out = generate_ids(model, prompt, GenerationConfig(max_new_tokens=n, ignore_eos=True, **decoding), (),
                                drafter=drafter, vocab=vocab)
         counts.append((audit, out.stats.steps))
     (a, s0), (b, s1) = counts
     steps = s1 - s0
     assert steps >= 3
-    per_site = {k: (b.sites[k] - a.sites.get(k, 0)) / steps for k in b.sites}
-    per_step = sum(per_site.values())
-    assert per_step == 1, {k: v for k, v in per_site.items() if v}
+    per_site = {k: (b.sites[k] - a.sites[k]) / steps for k in {*a.sites, *b.sites}}
+    assert (b.count - a.count) / steps == 1, {k: v for k, v in per_site.items() if v}

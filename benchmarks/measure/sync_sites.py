@@ -8,9 +8,9 @@ A tiny random Llama target (and a random EAGLE head) on CUDA, greedy; for each m
 ``--short`` and ``--long`` new tokens, and each site's count difference divided by the difference in steps is what
 that site costs per step.  A site whose count does not grow with the length is a fixed cost of the generation.
 
-``--device cpu`` runs the same generations on a CPU, following CUDA's path (the device walk, the tensor window, the
-packed rows at a fixed shape), and counts the operations that would synchronise a CUDA device
-(:class:`microspec.sync_audit.WouldSync`) instead of CUDA's own reports.
+``--device cpu`` runs the same generations on a CPU, following CUDA's path (the device walk, block reads of the
+host walks, the tensor window, the packed rows at a fixed shape), and counts the operations that would synchronise a
+CUDA device (:class:`microspec.sync_audit.WouldSync`) instead of CUDA's own reports.
 """
 
 from __future__ import annotations
@@ -122,6 +122,7 @@ def main(argv=None) -> dict:
     device = torch.device(args.device)
     if device.type == "cpu":  # follow CUDA's path: the device walk, the packed rows at a fixed shape
         verify.DEVICE_WALK = (*verify.DEVICE_WALK, "cpu")
+        verify.BLOCK_READS = (*verify.BLOCK_READS, "cpu")
         init = PackedRows.__init__
 
         def fixed(self, *a, **kw):

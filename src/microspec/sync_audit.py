@@ -34,15 +34,14 @@ _INDEX = {aten.index.Tensor, aten.index_put_.default, aten.index_put.default, at
 _PUT = {aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default}
 _REPEAT = {aten.repeat_interleave.Tensor, aten.repeat_interleave.self_Tensor}
 _LIFT = {aten.lift_fresh.default, aten.lift_fresh_copy.default}
-_READS = ("tolist", "numpy")  # reads that never reach the dispatcher
+# reads, counted where Python asks for them (under inference mode ``int(t)`` and ``item`` skip the dispatcher)
+_READS = ("tolist", "numpy", "item", "__int__", "__bool__", "__float__", "__index__")
 SCALAR = "a Python scalar assigned through an advanced index (made on the host, copied to the device)"
 _MAKERS = ("tensor", "as_tensor")  # host data made a tensor: on the device when given one
 
 
 def reason(func, args, kwargs) -> str | None:
     """Why ``func(*args, **kwargs)`` would synchronise on CUDA tensors, or None."""
-    if func is aten._local_scalar_dense.default:
-        return "a value read back"
     if func in _DATA_SHAPED:
         return f"{func.__name__}: an output shaped by the data"
     if func in _INDEX:

@@ -149,6 +149,14 @@ class DeviceTree(DraftTree):
             self.fill(*torch.stack([tokens, parents, valid.long()]).tolist())
         return self._host
 
+    @classmethod
+    def chain_of(cls, tokens: torch.Tensor) -> "DeviceTree":
+        """A chain of the device tensor ``tokens`` [n] (node i's parent i - 1), nothing read back."""
+        n, dev = tokens.numel(), tokens.device
+        idx = torch.arange(n, device=dev)
+        anc = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
+        return cls((tokens, idx - 1, idx + 1, anc, torch.ones(n, dtype=torch.bool, device=dev)), n)
+
     @property
     def read_back(self) -> bool:
         """Whether the host lists are here."""

@@ -109,7 +109,7 @@ class LazyHead:
         """The id of the largest logit of ``row``.  On a GPU the rows computed together with it are read back in
         the same transfer (one wait for the draft's whole main path, not one per accepted token)."""
         logits = self(row)
-        if not logits.is_cuda:
+        if logits.device.type not in BLOCK_READS:
             return cpu_quant.argmax(logits)
         if row not in self._argmax:
             rows, block = next(b for b in self._blocks if row in b[0])
@@ -146,6 +146,7 @@ def greedy_walk(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline) -> W
     return _follow(tree, logits_of, pipe, argmax)
 
 
+BLOCK_READS = ("cuda",)  # device types whose host walks read the argmax of a block of rows at once (LazyHead.argmax)
 DEVICE_WALK = ("cuda",)  # device types whose greedy and seeded steps over a device-built tree walk it on the device
 
 

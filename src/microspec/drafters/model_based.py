@@ -12,7 +12,7 @@ from abc import abstractmethod
 import torch
 
 from ..decoding.processors import keyed_uniform, sample
-from ..decoding.tree import DraftTree
+from ..decoding.tree import DeviceTree, DraftTree
 from ..errors import MicrospecError, check
 from ..models.kv_cache import KVCache
 from ..models.native import NativeCausalLM
@@ -217,6 +217,10 @@ class ForwardDrafter(Drafter):
             drafted.append(token.reshape(-1))
             if processed:
                 out.append(int(token))
+        if not processed and drafted and (ctx.greedy or ctx.pipe.keyed):
+            # deterministic, or keyed (accepted exactly where it is the target's keyed sample: no q needed): the
+            # chain stays on the device and comes back with the walk's read
+            return DeviceTree.chain_of(torch.cat(drafted))
         if not processed and drafted:
             out = torch.cat(drafted).tolist()
         return DraftTree.chain(out, torch.stack(qs) if qs else None)
