@@ -185,8 +185,10 @@ also `serve`'s and `coverage`'s, and these notes apply to them there too.
 - **CUDA graphs.** With `--cuda-graphs on` (the default) the verify pass, the EAGLE head's draft levels and the
   packed draft head's product and top-k replay as CUDA graphs, one per row count and 256-slot attention bucket,
   captured at a shape's second use; more than 64 rows, EAGLE-3's tapped passes and shapes that cannot be captured
-  run eagerly.  A request's graphs go with its KV cache.  Graphed logits can differ from eager ones in the last
-  bits, as passes over different row counts already do on a GPU.
+  run eagerly.  The graphs are captured on a KV cache's buffers, and a finished request's cache (target and EAGLE
+  draft) goes to the next request of its size class (a power of two, at least 512 slots; two kept), so requests
+  after the first replay the graphs they share instead of capturing them again.  Graphed logits can differ from
+  eager ones in the last bits, as passes over different row counts already do on a GPU.
 - **`--json`** prints one object: `text`, `token_ids` (the generated ids), `finish_reason`, `model`, `dtype`,
   `device`, `drafter`, the method's settings, and `stats`: `new_tokens`, `prompt_tokens`, `wall_s`, `prefill_s`,
   `tokens_per_s`, `decode_tokens_per_s`, `steps` (decode steps after the prefill), `mean_accept_len` (τ: tokens
