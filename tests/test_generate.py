@@ -161,3 +161,26 @@ def test_a_graphed_model_reuses_a_finished_generations_caches(tmp_path, drafter)
     _, fresh, _ = run(plain, prompts[0])
     assert fresh.capacity == cache_slots(len(prompts[0]), GenerationConfig(max_new_tokens=12)) \
         and plain.cache_pool is None
+
+
+def test_a_caches_graphs_of_every_span_stay_for_the_next_request(monkeypatch):
+    """A pooled cache grows through the attention spans again in each request: capturing a longer span keeps the
+    shorter spans' graphs (no capture again next request); past MAX_GRAPHS the least recently used goes first."""
+    from microspec.models import graphs
+
+    state = graphs._CacheGraphs()
+
+    def capture(key):
+        assert state.lookup(key) is None  # first use: eager
+        assert state.lookup(key) is True  # second use: capture it
+        state.graphs[key] = f"graph {key}"
+
+    short, long = (1, 256, "bf16", 0, 1024), (1, 512, "bf16", 0, 1024)
+    capture(short)
+    capture(long)
+    assert state.lookup(short) == f"graph {short}" and state.lookup(long) == f"graph {long}"
+    monkeypatch.setattr(graphs, "MAX_GRAPHS", 3)
+    state.lookup(short)  # used last: the long span's graph is now the least recently used
+    capture((5, 256, "bf16", 0, 1024))
+    capture((5, 512, "bf16", 0, 1024))
+    assert list(state.graphs) == [short, (5, 256, "bf16", 0, 1024), (5, 512, "bf16", 0, 1024)]

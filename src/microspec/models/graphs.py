@@ -12,12 +12,12 @@ and writes at a host-side offset.  :func:`static_run` is the same forward in fix
 - the position ids, the slots and the masks are inputs, copied into the graph's static buffers before each replay.
 
 :class:`CudaGraphs` captures one graph per (rows, bucket, cache) at the second use of that shape (a shape used once,
-a prompt's, runs eagerly) and replays it afterwards; a longer bucket drops the shorter buckets' graphs of that cache,
-and a cache's graphs and their memory pool go when the cache does.  A finished generation gives its cache back to
-the model (:class:`~microspec.models.kv_cache.CachePool`), and the next one of its size class takes it with its
-graphs: requests after the first capture nothing new for the shapes they share.  Anything it cannot run (no CUDA,
-more rows than ``max_rows``, taps or an early exit, a capture that fails) goes to the eager forward, which is also
-what every CPU run uses.
+a prompt's, runs eagerly) and replays it afterwards, up to :data:`MAX_GRAPHS` a cache (the least recently used
+go first); a cache's graphs and their memory pool go when the cache does.  A finished generation gives its cache
+back to the model (:class:`~microspec.models.kv_cache.CachePool`), and the next one of its size class takes it with
+its graphs: requests after the first capture nothing new for the shapes they share.  Anything it cannot run (no
+CUDA, more rows than ``max_rows``, taps or an early exit, a capture that fails) goes to the eager forward, which is
+also what every CPU run uses.
 
 Attention over a bucket with masked slots adds exact zeros to each softmax, but a GPU kernel may sum in another
 order over a longer row, so graphed logits can differ from eager ones in the last bits, as a pass over 5 rows
@@ -36,6 +36,7 @@ from .kv_cache import KVCache
 
 BUCKET = 256  # cache slots per attention bucket: a graph serves lengths up to a multiple of this
 MAX_ROWS = 64  # the most new rows a graphed forward takes (a verify tree, a draft level)
+MAX_GRAPHS = 128  # graphs kept per cache (row counts x attention spans seen)
 
 
 def bucket_of(slots: int, bucket: int, capacity: int) -> int:
@@ -102,18 +103,20 @@ class _CacheGraphs:
         self.pool = None
 
     def lookup(self, key: tuple) -> _Graph | None | bool:
-        """The graph of ``key``, None (run eagerly), or True (capture it now).  A key of a longer span than any
-        before drops the shorter spans' graphs: a cache's length only grows within a request."""
+        """The graph of ``key``, None (run eagerly), or True (capture it now).  Every span's graphs stay: the cache
+        serves request after request (CachePool), each growing through the spans again; past :data:`MAX_GRAPHS`
+        the longest unused go first."""
         if key in self.graphs:
-            return self.graphs[key]
+            graph = self.graphs.pop(key)  # most recently used last
+            self.graphs[key] = graph
+            return graph
         if key not in self.seen:
             self.seen.add(key)
             return None
-        span = key[1]
-        self.graphs = {k: g for k, g in self.graphs.items() if k[1] >= span}
-        self.seen = {k for k in self.seen if k[1] >= span}
+        while len(self.graphs) >= MAX_GRAPHS:
+            del self.graphs[next(iter(self.graphs))]
         if not any(g is not None for g in self.graphs.values()):
-            self.pool = None  # its last graph is gone: CUDA's allocator takes no new capture into a released pool
+            self.pool = None  # no graph holds it: CUDA's allocator takes no new capture into a released pool
         return True
 
 
