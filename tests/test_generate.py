@@ -184,3 +184,39 @@ def test_a_caches_graphs_of_every_span_stay_for_the_next_request(monkeypatch):
     capture((5, 256, "bf16", 0, 1024))
     capture((5, 512, "bf16", 0, 1024))
     assert list(state.graphs) == [short, (5, 256, "bf16", 0, 1024), (5, 512, "bf16", 0, 1024)]
+
+
+def test_a_graphed_call_never_replays_a_graph_for_another_owner_under_the_same_key(monkeypatch):
+    """The packed draft head's graphs are keyed by id(active): a new request's buffer object may get the id of a
+    freed one; the graph held for the old owner (reading its freed buffers) must not replay for the new one, and
+    the graphs of owners that are gone are dropped."""
+    from microspec.models import graphs
+
+    captures = []
+
+    monkeypatch.setattr(graphs, "capture", lambda body, pool, refusals=None: (
+        captures.append(1) or (lambda out: (type("G", (), {"replay": lambda self: None})(), out))(body())))
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: object())
+
+    class Owner:
+        def __init__(self, value):
+            self.rows = torch.full((2,), float(value))
+
+    def add(owner):
+        return lambda h: h + owner.rows
+
+    call = graphs.GraphedCall()
+    x = torch.zeros(2)
+    owners = {"a": Owner(1)}
+    assert torch.equal(call("k", add(owners["a"]), x, owner=owners["a"]), torch.ones(2)) and len(captures) == 1
+    call("k", add(owners["a"]), x, owner=owners["a"])
+    assert len(captures) == 1 and call.replays == 2  # the same owner: replayed, not captured again
+    del owners["a"]
+    owners["b"] = Owner(2)  # under the same key (as a reused id would give)
+    assert torch.equal(call("k", add(owners["b"]), x, owner=owners["b"]), torch.full((2,), 2.0))
+    assert len(captures) == 2
+    owners["c"] = Owner(3)
+    call("other", add(owners["c"]), x, owner=owners["c"])
+    del owners["b"]
+    call("third", add(owners["c"]), x, owner=owners["c"])
+    assert set(call.graphs) == {"other", "third"}  # the gone owner's graph dropped

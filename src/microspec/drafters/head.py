@@ -159,7 +159,8 @@ class DraftHead:
         active = self._select(depth)
         if isinstance(active, PackedRows):
             if self.graphs is not None and hidden.is_cuda and active.fixed_shape:  # fixed shape: one graph
-                out = self.graphs((id(active), hidden.shape, hidden.dtype), lambda h: self._packed(h, active), hidden)
+                out = self.graphs((id(active), hidden.shape, hidden.dtype), lambda h: self._packed(h, active), hidden,
+                                  owner=active)
                 if out is not None:
                     return out
             return self._packed(hidden, active)
@@ -235,7 +236,7 @@ class DraftHead:
                 active = self._select(depth)
                 k = min(k, active.extent)
                 out = self.graphs((id(active), "topk", k, hidden.shape, hidden.dtype),
-                                  lambda h: self._packed_topk(h, active, k), hidden)
+                                  lambda h: self._packed_topk(h, active, k), hidden, owner=active)
                 return out if out is not None else self._packed_topk(hidden, active, k)  # not capturable: eager
         logits = self.logits(hidden, depth, pipe, paths)
         logp = pipe.draft_logp(logits) if pipe is not None else torch.log_softmax(logits, dim=-1)

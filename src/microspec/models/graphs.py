@@ -216,21 +216,35 @@ def _reset_generator(stream: torch.cuda.Stream) -> None:
 class GraphedCall:
     """``fn(x)`` replayed as a CUDA graph, one per key (the caller's: what fixes the shapes and addresses ``fn``
     reads), ``x`` copied into the graph's static input; the result (a tensor or a tuple of them) is fresh.
-    :meth:`__call__` returns None where the capture was refused (the caller runs ``fn`` itself)."""
+    :meth:`__call__` returns None where the capture was refused (the caller runs ``fn`` itself).  ``owner``: the
+    object whose buffers ``fn`` reads (a packed draft vocabulary): its graph is held by a weak reference to it, so
+    that a graph is never replayed for another object that Python gave the same ``id`` after the first was freed
+    (it would read freed buffers), and the graphs of owners that are gone are dropped."""
 
     def __init__(self):
         self.graphs: dict = {}
+        self.owners: dict = {}  # key -> weak reference to its owner, where one was given
         self.pool = None
         self.replays = 0
 
-    def __call__(self, key, fn, x: torch.Tensor) -> torch.Tensor | None:
+    def __call__(self, key, fn, x: torch.Tensor, owner=None) -> torch.Tensor | None:
         entry = self.graphs.get(key, False)
+        if entry is not False and owner is not None and self.owners.get(key, lambda: None)() is not owner:
+            entry = False  # another owner under a reused id: capture it afresh
         if entry is False:
+            gone = [k for k, ref in self.owners.items() if ref() is None]
+            for k in gone:
+                del self.owners[k]
+                self.graphs.pop(k, None)
+            if not any(g is not None for g in self.graphs.values()):
+                self.pool = None  # no graph holds it: CUDA's allocator takes no new capture into a released pool
             static = x.clone()
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
             captured = capture(lambda: fn(static), self.pool)
             entry = self.graphs[key] = None if captured is None else (static, *captured)
+            if owner is not None:
+                self.owners[key] = weakref.ref(owner)
             if captured is None and all(g is None for g in self.graphs.values()):
                 self.pool = None  # a pool no graph holds takes no new capture
         if entry is None:
