@@ -293,7 +293,8 @@ def _bench(folder: Path, data, model: Path | None, device: str, args, methods: s
         res = json.loads(report.read_text())
         decodings[report.parent.name] = {
             "methods": {m: {k: r["overall"].get(k) for k in ("tokens_per_s", "speedup", "mean_accept_len",
-                                                              "draft_ms_per_step", "active_vocab_mean")}
+                                                              "draft_ms_per_step", "active_vocab_mean",
+                                                              "graph_captures_per_turn")}
                         for m, r in res["methods"].items()},
             "mismatches": res.get("mismatches")}
     if decodings and proc.returncode == 0:
@@ -380,13 +381,15 @@ def markdown(r: dict) -> str:
             lines += [f"model {end['model']}"] + [f"- {name}: `{r['command']}`" if "command" in r else
                                                   f"- {name}: {r['skipped']}" for name, r in end["runs"].items()]
             lines += ["",
-                      "| decoding | method | tok/s | speedup | accepted per step | draft ms per step | mismatches |",
-                      "|---|---|---|---|---|---|---|"]
+                      "| decoding | method | tok/s | speedup | accepted per step | draft ms per step | "
+                      "graph captures per turn | mismatches |",
+                      "|---|---|---|---|---|---|---|---|"]
             for name, dec in end["decodings"].items():
                 for m, v in dec["methods"].items():
                     draft = (v.get("draft_ms_per_step") or {}).get("mean")
                     lines.append(f"| {name} | {m} | {_fmt(v['tokens_per_s'], 1)} | {_fmt(v['speedup'], 2)} | "
                                  f"{_fmt(v['mean_accept_len'], 2)} | {_fmt(draft, 2)} | "
+                                 f"{_fmt(v.get('graph_captures_per_turn'), 2)} | "
                                  f"{len(dec['mismatches'].get(m, [])) if dec['mismatches'] else 0} |")
         else:
             lines.append(f"failed (return code {end.get('returncode')}): {end.get('error')}")

@@ -528,3 +528,16 @@ def test_cpu_protocol_and_resume_of_an_interrupted_run(capsys, tiny_model_dir, t
     assert [json.loads(x)["choices"][0]["token_ids"] for x in again] == \
         [json.loads(x)["choices"][0]["token_ids"] for x in ar_full]
     assert json.loads((out / "greedy" / "results.json").read_text())["mismatches"] == {}
+
+
+def test_graph_captures_are_reported_per_turn():
+    """A graphed target's captures in the timed turns (a generation's stats carry them): per turn, so that a cache
+    the next request reuses shows as ~0 after the first; absent where graphs are off."""
+    def rec(qid, captures):
+        c = {"turns": ["x", "y"], "new_tokens": [4, 4], "wall_time": [1.0, 1.0], "accept_lengths": [1] * 6,
+             "draft_depths": [0] * 6, "token_ids": [[1], [2]], "decoding_steps": [3, 3]}
+        return {"question_id": qid, "category": "a", "choices": [c | ({} if captures is None else
+                                                                       {"graph_captures": captures})]}
+
+    assert aggregate([rec(1, 6), rec(2, 0)])["graph_captures_per_turn"] == 1.5  # 6 captures over 4 turns
+    assert "graph_captures_per_turn" not in aggregate([rec(1, None)])

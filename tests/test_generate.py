@@ -148,7 +148,9 @@ def test_a_graphed_model_reuses_a_finished_generations_caches(tmp_path, drafter)
         while gen.finish is None:
             ids, positions, mask = gen.verify_inputs(gen.plan())
             gen.settle(model(ids, gen.cache, positions=positions, mask=mask, taps=gen.taps))
-        return gen.result().token_ids, gen.cache, None if d is None else d.eagle.body.cache_pool
+        res = gen.result()
+        assert res.stats.graph_captures == (0 if model is graphed else None)  # a CPU forward captures nothing
+        return res.token_ids, gen.cache, None if d is None else d.eagle.body.cache_pool
 
     prompts = ([1, 10, 20, 30, 11, 21, 31, 12], [1, 40, 41, 42, 43, 44, 12, 10, 20])
     first, cache, _ = run(graphed, prompts[0])

@@ -112,6 +112,10 @@ def aggregate(records: Sequence[dict]) -> dict:
         out["active_vocab_max"] = max(c["active_vocab"]["max"] for c in choices if c.get("active_vocab"))
     if cov_tokens:
         out["coverage"] = round(sum(c.get("covered", 0) for c in choices) / cov_tokens, 4)
+    graphed = [c for c in choices if "graph_captures" in c]  # CUDA graphs captured per turn (pooled caches: ~0)
+    if graphed:
+        out["graph_captures_per_turn"] = round(sum(c["graph_captures"] for c in graphed) / max(
+            sum(len(c.get("decoding_steps", [])) for c in graphed), 1), 2)
     looked = [c for c in choices if "lookup_steps" in c]  # prompt lookup first: the share of steps it drafted
     steps = sum(n for c in looked for n in c.get("decoding_steps", []) if n)
     if looked and steps:

@@ -202,6 +202,8 @@ class Generation:
         self.pipe.commit(self.tokens)
         self.stats = GenerationStats(prompt_tokens=len(prompt_ids), weight_bytes=model.weight_bytes())
         self.cache = model.take_cache(cache_slots(len(prompt_ids), cfg))
+        graphs = model.cuda_graphs
+        self._captures = None if graphs is None else graphs.captures  # what this generation captures is reported
         self._prompt_states: list = []  # the prompt's final hidden states (and taps) of a prefill in chunks
         self.out: list[int] = []
         self.walker = greedy_walk if cfg.greedy else keyed_walk if self.pipe.keyed else sample_walk
@@ -357,6 +359,8 @@ class Generation:
             stats.head_s, stats.active_sizes = _take_head_stats(drafter)
             report = drafter.take_report()  # prompt lookup first's drafted steps, auto's choice
             stats.lookup_steps, stats.auto = report.lookup_steps, report.auto
+        if self._captures is not None:
+            stats.graph_captures = self.model.cuda_graphs.captures - self._captures
         self.model.give_back_cache(self.cache)
         return GenerationResult(self.out, self.finish, stats)
 

@@ -48,6 +48,7 @@ class GenerationStats:
     lookup_steps: int | None = None  # prompt lookup first: the drafted steps prompt lookup proposed (else None)
     auto: dict | None = None  # auto's online choice: steps per arm, switches, their measured seconds (else None)
     weight_bytes: int = 0  # bytes of target weights one target step reads (every matrix once)
+    graph_captures: int | None = None  # CUDA graphs the target captured during this generation (graphs on)
 
     def record_step(self, committed: int, drafted: int, depth: int, head_rows: int) -> None:
         """One step's counts (its times come at the end of the generation: :class:`StepClock`)."""
@@ -110,6 +111,7 @@ class GenerationStats:
             "skipped_steps": self.skipped_steps,
             **({"lookup_steps": self.lookup_steps} if self.lookup_steps is not None else {}),
             **({"auto": self.auto} if self.auto is not None else {}),
+            **({"graph_captures": self.graph_captures} if self.graph_captures is not None else {}),
             **({"weight_bytes_per_step": self.weight_bytes,
                 "achieved_gb_s": round(self.weight_bytes * self.steps / decode_s / 1e9, 2)}
                if self.weight_bytes and (decode_s := self.wall_s - self.prefill_s) > 0 and self.steps else {}),
