@@ -26,7 +26,8 @@ no registry).  The parts, in order, each written to ``--out`` as soon as it ends
    gather / + Triton window), read from part 3, with what the window update adds to a draft step
    (``update_overhead``: the step with the update over the step without);
 5. ``e2e`` — end-to-end speed of plain decoding, prompt lookup, ``auto``, EAGLE-2, FR-Spec, EAGLE + MicroSpec and
-   MicroSpec with lookup first (``microspec bench``, greedy and with repetition penalty 1.2), then plain decoding,
+   MicroSpec with lookup first (``microspec bench``, greedy and with repetition penalty 1.2, with ``--profile``: each
+   method's host waits per step and the device's busy time against the step's wall time), then plain decoding,
    ``auto`` and EAGLE + MicroSpec at temperature 0.7, then transformers' ``generate`` beside plain decoding (greedy),
    each a bench of its own (``E2E_RUNS``; none starts after ``--e2e-budget`` seconds of the part) on a real model, when
    one has been staged on the machine (benchmarks/gpu_stage.py; ``--model``), on the prompts of ``--e2e-data``;
@@ -71,7 +72,7 @@ ABLATION = (("indexed GEMM", "microspec-indexed-3k"), ("packed", "microspec-pack
 E2E_METHODS = "ar,ngram,auto,eagle-full,fr-spec-32768,eagle+microspec,microspec@lookup"
 # the e2e part's bench runs, in order: (folder, methods, options); a run the part's time budget leaves no room for
 # is reported as not run
-E2E_RUNS = (("e2e", E2E_METHODS, ["--temperatures", "0", "--repetition-penalties", "1.0,1.2"]),
+E2E_RUNS = (("e2e", E2E_METHODS, ["--temperatures", "0", "--repetition-penalties", "1.0,1.2", "--profile"]),
             ("e2e-t07", "ar,auto,eagle+microspec", ["--temperatures", "0.7", "--repetition-penalties", "1.0"]),
             ("e2e-hf", "ar,hf-ar", ["--temperatures", "0", "--repetition-penalties", "1.0"]))
 PARTS = ("tests", "syncs", "figure4", "ablation", "e2e")
@@ -296,7 +297,7 @@ def _bench(folder: Path, data, model: Path | None, device: str, args, methods: s
                                                               "draft_ms_per_step", "active_vocab_mean",
                                                               "graph_captures_per_turn")}
                         for m, r in res["methods"].items()},
-            "mismatches": res.get("mismatches")}
+            "mismatches": res.get("mismatches"), "profile": res.get("profile")}
     if decodings and proc.returncode == 0:
         result["decodings"] = decodings
     else:
@@ -391,6 +392,12 @@ def markdown(r: dict) -> str:
                                  f"{_fmt(v['mean_accept_len'], 2)} | {_fmt(draft, 2)} | "
                                  f"{_fmt(v.get('graph_captures_per_turn'), 2)} | "
                                  f"{len(dec['mismatches'].get(m, [])) if dec['mismatches'] else 0} |")
+            for name, dec in end["decodings"].items():
+                if dec.get("profile"):
+                    from microspec.bench.profile import profile_lines
+
+                    lines += ["", f"Where a step's time goes, {name} (`bench --profile`):", ""]
+                    lines += profile_lines(dec["profile"])
         else:
             lines.append(f"failed (return code {end.get('returncode')}): {end.get('error')}")
         lines.append("")

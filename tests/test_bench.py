@@ -541,3 +541,20 @@ def test_graph_captures_are_reported_per_turn():
 
     assert aggregate([rec(1, 6), rec(2, 0)])["graph_captures_per_turn"] == 1.5  # 6 captures over 4 turns
     assert "graph_captures_per_turn" not in aggregate([rec(1, None)])
+
+
+def test_bench_profile_reports_each_engine_methods_step(capsys, tiny_model_dir, tmp_path):
+    """``--profile``: per engine method (not a peer), one untimed generation of the first question: its steps and
+    wall ms per step; on a CPU no device waits or busy time (None); in results.json and report.md."""
+    out_dir = tmp_path / "prof"
+    rc, _, err = _run(capsys, "bench", "--model", tiny_model_dir, "--dtype", "fp32", "--data", _data(tmp_path),
+                      "--methods", "ar,ngram,hf-ar", "--max-new-tokens", "8", "--ignore-eos", "--repetition-penalties",
+                      "1.0", "--warmup", "0", "--limit", "1", "--profile", "--out", out_dir)
+    assert rc == 0, err
+    res = json.loads((out_dir / "greedy" / "results.json").read_text())
+    prof = res["profile"]
+    assert set(prof) == {"ar", "ngram"}  # the transformers peer has no steps of ours to profile
+    for p in prof.values():
+        assert p["steps"] >= 1 and p["wall_ms_per_step"] > 0
+        assert p["host_waits_per_step"] is None and p["device_busy_share"] is None
+    assert "wall ms / step" in (out_dir / "report.md").read_text()

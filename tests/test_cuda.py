@@ -265,3 +265,28 @@ def test_a_second_request_replays_the_first_requests_graphs():
     out = generate_ids(nm, PROMPT, cfg)
     assert g.captures == before and nm.cache_pool.reused >= 1 and out.stats.graph_captures == 0
     assert out.token_ids == generate_ids(_model(), PROMPT, cfg).token_ids
+
+
+def test_bench_profile_counts_one_host_wait_a_step_and_the_devices_busy_time():
+    """``bench --profile`` on CUDA: a plain step waits for the device once (the sync detector, prefill included over
+    the steps), and the profiler's kernel time is a share of the step's wall time."""
+    from types import SimpleNamespace
+
+    from microspec.bench.profile import profile_method
+    from microspec.bench.runners import Turn
+
+    nm = _model(graphs=True)
+
+    class Runner:
+        lm = SimpleNamespace(model=nm)
+        engine = None
+
+        def run(self, ids, cfg):
+            res = generate_ids(nm, ids, cfg)
+            return Turn(res.token_ids, res.stats.wall_s, res.stats)
+
+    cfg = GenerationConfig(max_new_tokens=48, ignore_eos=True)
+    Runner().run(PROMPT, cfg)  # graphs captured
+    p = profile_method(Runner(), PROMPT, cfg)
+    assert p["steps"] == 47 and 0.9 <= p["host_waits_per_step"] <= 1.2, p
+    assert p["device_ms_per_step"] > 0 and 0 < p["device_busy_share"] <= 1.05, p

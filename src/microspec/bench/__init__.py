@@ -68,13 +68,14 @@ def load_questions(paths: Sequence[str], categories: str | None = None, limit: i
 def bench(lm, specs: list[MethodSpec], records: list[dict], decodings: list[Decoding], out_dir: Path, *,
           dtype, max_new_tokens: int = 128, repeats: int = 1, warmup: int = 1, seed: int = 0, chat=None,
           draft_layers=None, threads=None, ignore_eos: bool = False, meta: dict | None = None,
-          runners: dict | None = None, heads: dict | None = None, resume: bool = False) -> dict:
+          runners: dict | None = None, heads: dict | None = None, resume: bool = False, profile: bool = False) -> dict:
     """Run every decoding configuration; write ``<decoding>/results.json``, ``<decoding>/answers/*.jsonl``, the
     plots and ``report.md`` under ``out_dir``; return ``{decoding name: results}``.  Engine methods run as
     configured (:func:`.methods.configure` gives them the run's tree, head and artifacts); ``draft_layers`` and
     ``threads`` go to the peers; engine methods with the same EAGLE head share one (``heads``, see
     :func:`microspec.compose.load_heads`).  ``runners`` replaces the runners built from ``specs`` (tests use it to
-    corrupt one).  ``resume``: keep the answers an interrupted run already wrote under ``out_dir``."""
+    corrupt one).  ``resume``: keep the answers an interrupted run already wrote under ``out_dir``.  ``profile``:
+    where each engine method's step time goes (:mod:`.profile`), in each decoding's results."""
     from .report import write_report
     from .runners import make_runner
 
@@ -93,7 +94,7 @@ def bench(lm, specs: list[MethodSpec], records: list[dict], decodings: list[Deco
     for dec in decodings:
         res = run_decoding(lm, runners, records, dec, max_new_tokens=max_new_tokens, out_dir=out_dir / dec.name,
                            repeats=repeats, warmup=warmup, seed=seed, chat=chat, model_id=lm.name,
-                           ignore_eos=ignore_eos, resume=resume, peers=peers)
+                           ignore_eos=ignore_eos, resume=resume, peers=peers, profile=profile)
         res["meta"] = {**meta, "decoding": dec.name, "temperature": dec.temperature,
                        "repetition_penalty": dec.repetition_penalty}
         (out_dir / dec.name / "results.json").write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")

@@ -204,6 +204,11 @@ def write_report(results: dict, meta: dict, out_dir: Path, peers: set[str]) -> P
         lines += detail_table(res["methods"]) + [""]
         lines += auto_lines(res["methods"])
         lines += lossless_lines(res.get("mismatches"), peers) + [""]
+        if res.get("profile"):
+            from .profile import profile_lines
+
+            lines += ["Where a step's time goes (`--profile`: one untimed generation of the first question per "
+                      "method):", ""] + profile_lines(res["profile"]) + [""]
         for p in plots:
             if Path(p).parent.name == dec:
                 lines.append(f"![{Path(p).stem}]({dec}/{Path(p).name})")

@@ -56,13 +56,14 @@ def run_decoding(lm: LoadedModel, runners: dict[str, object], records: Sequence[
                  max_new_tokens: int, out_dir: Path, repeats: int = 1, warmup: int = 1, seed: int = 0,
                  chat: bool | None = None, model_id: str = "", ignore_eos: bool = False,
                  log: Callable[[str], None] = _log, resume: bool = False,
-                 peers: Collection[str] | None = None) -> dict:
+                 peers: Collection[str] | None = None, profile: bool = False) -> dict:
     """Run ``records`` through ``runners`` under one decoding configuration; write ``answers/<method>.jsonl``
     (Spec-Bench's answer format, plus our per-step fields) under ``out_dir`` and return
     ``{"methods": ..., "mismatches": ...}`` (mismatches only for greedy decoding, against ``ar``).  ``resume``:
     keep the answers already in those files (a run that was interrupted) and run only the questions they lack.
     ``peers``: the methods whose differing tokens are logged as peer differences, not lossless mismatches (default:
-    the runners whose spec is a peer)."""
+    the runners whose spec is a peer).  ``profile``: each engine method's step profiled on the first question
+    (:mod:`microspec.bench.profile`), under ``"profile"``."""
     if peers is None:
         peers = {n for n, r in runners.items() if getattr(getattr(r, "spec", None), "is_peer", False)}
     answers_dir = out_dir / "answers"
@@ -140,6 +141,13 @@ def run_decoding(lm: LoadedModel, runners: dict[str, object], records: Sequence[
             f.close()
     summary = summarize(results)
     summary["mismatches"] = found if decoding.temperature == 0 else None
+    if profile and records:
+        from .profile import profile_method
+
+        ids = encode_conversation(lm, records[0]["turns"][:1], [], chat)
+        summary["profile"] = {name: profile_method(runner, ids, cfg) for name, runner in runners.items()
+                              if hasattr(runner, "engine")}
+        log(f"bench {decoding.name}: profiled " + ", ".join(summary["profile"]))
     return summary
 
 

@@ -56,12 +56,16 @@ def add(sub) -> None:
                    help="continue an interrupted run in --out: the answers already there are kept, the rest run")
     p.add_argument("--temperatures", "--temperature", dest="temperatures", default="0",
                    help="comma-separated: one decoding configuration per temperature and repetition penalty (0 = "
-                        "greedy, the default; > 0 samples with top-p 1.0, seeded by --seed, the question, the repeat and the turn), "
-                        "e.g. 0,0.7,1.0")
+                        "greedy, the default; > 0 samples with top-p 1.0, seeded by --seed, the question, the repeat "
+                        "and the turn), e.g. 0,0.7,1.0")
     p.add_argument("--repetition-penalties", default="1.0,1.2",
                    help="one decoding configuration per value (default: plain and 1.2, both reported)")
     p.add_argument("--repeats", type=int, default=1, help="runs of each question (one answer choice each)")
     p.add_argument("--warmup", type=int, default=1, help="untimed generations per method before timing")
+    p.add_argument("--profile", action="store_true",
+                   help="per engine method, where a decode step's time goes (one untimed generation of the first "
+                        "question each: wall ms per step; on CUDA the host waits per step and the device's busy "
+                        "time), in results.json and report.md")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     p.add_argument("--out", required=True, help="output directory")
@@ -110,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     results = bench(lm, specs, records, decodings, out, dtype=parse_dtype(args.dtype),
                     max_new_tokens=args.max_new_tokens, repeats=args.repeats, warmup=args.warmup, seed=args.seed,
                     chat=args.chat, draft_layers=args.draft_layers, threads=args.threads,
-                    ignore_eos=args.ignore_eos, meta=meta, heads=heads, resume=args.resume)
+                    ignore_eos=args.ignore_eos, meta=meta, heads=heads, resume=args.resume, profile=args.profile)
     print("\n".join(summary_lines(results)))
     print(f"report: {out / 'report.md'}")
     warning, error = lossless_verdict([r["mismatches"] for r in results.values()], out / "report.md",

@@ -1,0 +1,78 @@
+"""Where a decode step's time goes, per method (``microspec bench --profile``): one untimed generation of the first
+question under CUDA's sync detector (the host waits it makes) and one under ``torch.profiler`` (the device's busy
+time: its kernels' and copies' own durations), beside the step's wall time.
+
+A step that the host bounds shows a device busy share far below 1: the GPU idles while Python prepares the next
+launch.  The waits count every ``torch.cuda`` synchronisation the detector reports, prefill included, over the
+generation's decode steps (tests/test_sync_free.py holds every method to one a step; on a CPU there is no device to
+wait for and the field is None).  Both extra generations are untimed and not recorded as answers.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+
+def _device_us(event) -> float:
+    """An averaged profiler event's own device time in microseconds (``self_device_time_total`` in recent torch,
+    ``self_cuda_time_total`` before)."""
+    for name in ("self_device_time_total", "self_cuda_time_total"):
+        value = getattr(event, name, None)
+        if value is not None:
+            return float(value)
+    return 0.0
+
+
+def profile_method(runner, prompt_ids: list[int], cfg) -> dict:
+    """``runner`` (an engine method: its generations carry stats) on ``prompt_ids`` under ``cfg``: steps, wall ms
+    per decode step, host waits per step (CUDA) and the device's busy ms per step and share of the wall (CUDA)."""
+    cuda = runner.lm.model.device.type == "cuda"
+    waits = None
+    if cuda:
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                turn = runner.run(prompt_ids, cfg)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        waits = sum("synchroniz" in str(w.message) for w in seen)
+    else:
+        turn = runner.run(prompt_ids, cfg)
+    st = turn.stats
+    steps = max(st.steps, 1)
+    wall_ms = 1000.0 * (st.wall_s - st.prefill_s) / steps
+    out = {"steps": st.steps, "wall_ms_per_step": round(wall_ms, 3),
+           "host_waits_per_step": None if waits is None else round(waits / steps, 2),
+           "device_ms_per_step": None, "device_busy_share": None}
+    if cuda:
+        from torch.profiler import ProfilerActivity, profile
+
+        try:
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                again = runner.run(prompt_ids, cfg)
+            torch.cuda.synchronize()
+            busy_ms = sum(_device_us(e) for e in prof.key_averages()) / 1000.0
+            per_step = busy_ms / max(again.stats.steps, 1)
+            out["device_ms_per_step"] = round(per_step, 3)
+            out["device_busy_share"] = round(per_step / wall_ms, 3) if wall_ms > 0 else None
+        except Exception as exc:  # noqa: BLE001 - a profiler that cannot run (no CUPTI) leaves the rest standing
+            out["device_error"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+def profile_lines(profiles: dict[str, dict]) -> list[str]:
+    """The report's table of :func:`profile_method` results by method."""
+    def cell(v, fmt):
+        return "–" if v is None else format(v, fmt)
+
+    lines = ["| method | steps | wall ms / step | host waits / step | device busy ms / step | device busy share |",
+             "|---|---|---|---|---|---|"]
+    for name, p in profiles.items():
+        lines.append(f"| {name} | {p['steps']} | {cell(p['wall_ms_per_step'], '.2f')} | "
+                     f"{cell(p['host_waits_per_step'], '.2f')} | {cell(p['device_ms_per_step'], '.3f')} | "
+                     f"{cell(p['device_busy_share'], '.2f')} |")
+    return lines
