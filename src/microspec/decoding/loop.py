@@ -204,6 +204,7 @@ class Generation:
         self.cache = model.take_cache(cache_slots(len(prompt_ids), cfg))
         graphs = model.cuda_graphs
         self._captures = None if graphs is None else graphs.captures  # what this generation captures is reported
+        self._given_back = False
         self._prompt_states: list = []  # the prompt's final hidden states (and taps) of a prefill in chunks
         self.out: list[int] = []
         self.walker = greedy_walk if cfg.greedy else keyed_walk if self.pipe.keyed else sample_walk
@@ -361,7 +362,9 @@ class Generation:
             stats.lookup_steps, stats.auto = report.lookup_steps, report.auto
         if self._captures is not None:
             stats.graph_captures = self.model.cuda_graphs.captures - self._captures
-        self.model.give_back_cache(self.cache)
+        if not self._given_back:  # once: a second result() must not hand out a cache another generation holds
+            self._given_back = True
+            self.model.give_back_cache(self.cache)
         return GenerationResult(self.out, self.finish, stats)
 
 

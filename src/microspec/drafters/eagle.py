@@ -121,6 +121,7 @@ class EagleDrafter(ForwardDrafter):
         super().__init__(depth, top_k, total_tokens)
         self.eagle = head
         self.cache = None
+        self._given_back = False
         # target features of pairs not yet run through the head, in the parts they were committed in (joined once,
         # when the head runs: a drafter that skips steps, under auto, is not to copy its backlog at every commit)
         self._parts: list[torch.Tensor] = []
@@ -145,13 +146,15 @@ class EagleDrafter(ForwardDrafter):
         if (self.eagle.body.cuda_graphs is None) != (target.cuda_graphs is None):
             self.eagle.body.use_cuda_graphs(target.cuda_graphs is not None)  # the levels graphed where the target is
         self.cache = self.eagle.body.take_cache(len(prompt_ids) + 256)  # graphed: a pooled cache keeps its graphs
+        self._given_back = False
         self._parts = [hidden]
         return target.head_weight, target.spec.final_softcap
 
     def finish(self, output: list[int]) -> None:
         super().finish(output)
-        if self.cache is not None:  # for the next generation (graphed: its graphs with it); the next prefill
-            self.eagle.body.give_back_cache(self.cache)  # takes a cache anew, so this reference is never used again
+        if self.cache is not None and not self._given_back:  # once, for the next generation (graphed: with its
+            self._given_back = True  # graphs); the next prefill takes a cache anew, so this one is not used again
+            self.eagle.body.give_back_cache(self.cache)
 
     def commit(self, accepted_tokens, hidden: torch.Tensor) -> None:
         # features of the old root and of the accepted nodes: they pair with the tokens committed after them
