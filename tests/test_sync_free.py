@@ -227,3 +227,24 @@ def test_a_step_would_synchronise_a_gpu_once(monkeypatch, tmp_path, method, deco
     assert steps >= 3
     per_site = {k: (b.sites[k] - a.sites[k]) / steps for k in {*a.sites, *b.sites}}
     assert (b.count - a.count) / steps == 1, {k: v for k, v in per_site.items() if v}
+
+
+def test_an_auto_step_would_synchronise_a_gpu_once(monkeypatch, tiny_model_dir):
+    """``auto`` (its arms, the online choice, the bookkeeping) on CUDA's path, counted on a CPU: one read a step."""
+    import microspec
+    from microspec.decoding import verify
+    from microspec.sync_audit import WouldSync
+
+    monkeypatch.setattr(verify, "DEVICE_WALK", ("cuda", "cpu"))
+    monkeypatch.setattr(verify, "BLOCK_READS", ("cuda", "cpu"))
+    lm = microspec.load_model(str(tiny_model_dir), dtype="fp32")
+    engine = microspec.build("auto", lm)
+    prompt = PROMPT + PROMPT[1:6]
+    counts = []
+    for n in (8, 40):
+        with torch.inference_mode(), WouldSync() as audit:
+            out = engine.generate_ids(prompt, GenerationConfig(max_new_tokens=n, ignore_eos=True))
+        counts.append((audit, out.stats.steps))
+    assert len(out.stats.auto["arms"]) > 1  # it chose between arms
+    (a, s0), (b, s1) = counts
+    assert (b.count - a.count) / (s1 - s0) == 1, {k: b.sites[k] - a.sites[k] for k in {*a.sites, *b.sites}}
