@@ -141,7 +141,8 @@ def test_the_device_tree_runs_on_cuda_as_on_the_cpu():
 
 @pytest.mark.parametrize("index", [0, 5, 9, 35, 36, 40, 44, 47, 60, 65])
 @pytest.mark.parametrize("decoding", [{}, {"temperature": 0.8, "seed": 11},
-                                      {"temperature": 1.3, "top_p": 0.9, "seed": 3}])
+                                      {"temperature": 1.3, "top_p": 0.9, "seed": 3}, {"repetition_penalty": 1.3},
+                                      {"temperature": 0.8, "seed": 5, "repetition_penalty": 1.2}])
 def test_the_device_walk_is_the_host_walk(index, decoding):
     """The walk by tensor ops over a device-built tree commits the host walk's tokens (greedy, or seeded sampling:
     every row's keyed draw at its own position; head mode ``all``), accepts its nodes and hands the policy the same
@@ -153,9 +154,10 @@ def test_the_device_walk_is_the_host_walk(index, decoding):
     tree = device_tree(cases()[index])
     vocab = cases()[index]["vocab"]
     pipe = LogitsPipeline(GenerationConfig(**decoding), vocab, torch.device("cpu"))
+    pipe.commit([index % vocab, (3 * index + 1) % vocab])  # a history for the penalty
     pipe.position = 17 + index
-    host_walk = keyed_walk if decoding else greedy_walk
-    assert pipe.keyed == bool(decoding)
+    host_walk = keyed_walk if pipe.keyed else greedy_walk
+    assert pipe.keyed == ("seed" in decoding) and pipe.on_device
     children = tree.children()
     accepted = 0
     for follow in (0.0, 0.5, 0.9, 1.0):
@@ -215,8 +217,13 @@ def test_a_drafters_device_tree_is_its_host_tree(tmp_path, monkeypatch, family, 
     assert [t[:2] for t in dev] == [t[:2] for t in host]
     assert all(on for tokens, _, on in dev if tokens) and not any(on for *_, on in host)
     assert max(len(t[0]) for t in dev) == min(total, top_k + (depth - 1) * top_k * top_k)
-    pen, _ = _trees(nm, make, True, monkeypatch, {"repetition_penalty": 1.2})
-    assert pen and not any(on for *_, on in pen)
+    penalty = {"repetition_penalty": 1.2}  # its history is each node's path: a device tensor, the same trees
+    pen_host, out_pen_host = _trees(nm, make, False, monkeypatch, penalty)
+    pen, out_pen = _trees(nm, make, True, monkeypatch, penalty)
+    assert out_pen == out_pen_host and [t[:2] for t in pen] == [t[:2] for t in pen_host]
+    assert all(on for tokens, _, on in pen if tokens)
+    banned, _ = _trees(nm, make, True, monkeypatch, {"no_repeat_ngram_size": 2})  # bans built on the host
+    assert banned and not any(on for *_, on in banned)
     seeded = {"temperature": 0.8, "seed": 5}
     sampled, out_sampled = _trees(nm, make, True, monkeypatch, seeded)
     # the walk by tensor ops too (CUDA's path, here on the CPU): the same output, every step walked that way
@@ -229,6 +236,10 @@ def test_a_drafters_device_tree_is_its_host_tree(tmp_path, monkeypatch, family, 
     both, out_both = _trees(nm, make, True, monkeypatch)
     assert out_both == out_host and [t[:2] for t in both] == [t[:2] for t in host]
     assert len(walks) == sum(1 for t in both if t[0])
+    walks.clear()  # under the penalty, each row's own path on the device: the same text and trees
+    pen_walked, out_pen_walked = _trees(nm, make, True, monkeypatch, penalty)
+    assert out_pen_walked == out_pen_host and [t[:2] for t in pen_walked] == [t[:2] for t in pen_host]
+    assert len(walks) == sum(1 for t in pen_walked if t[0]) > 0
     walks.clear()  # seeded sampling: each row's keyed draw, the same text
     again, out_again = _trees(nm, make, True, monkeypatch, seeded)
     assert out_again == out_sampled and [t[:2] for t in again] == [t[:2] for t in sampled]

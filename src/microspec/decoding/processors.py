@@ -62,6 +62,20 @@ class RepetitionPenalty:
                 logits[r, cols] = penalised(row, self.penalty)
         return logits
 
+    def apply_on_device(self, logits: torch.Tensor, paths: torch.Tensor, col_ids: torch.Tensor | None = None
+                        ) -> torch.Tensor:
+        """:meth:`apply` (``col_ids`` None) or :meth:`apply_columns` (``col_ids`` [A]: the id of each column, -1 for
+        none) with each row's path as a device tensor: ``paths`` [R, W], row r's path ids, -1 padding.  The same
+        penalised set (seen ∪ the row's path), the same values, no read back."""
+        vocab = self.seen.numel()
+        on_path = torch.zeros(logits.shape[0], vocab + 1, dtype=torch.bool, device=logits.device)
+        if paths.numel():
+            on_path.scatter_(1, torch.where(paths >= 0, paths, vocab), True)
+        mask = on_path[:, :vocab] | self.seen[None, :]
+        if col_ids is not None:
+            mask = mask[:, col_ids.clamp(min=0)] & (col_ids >= 0)[None, :]
+        return torch.where(mask, penalised(logits, self.penalty), logits)
+
     def apply(self, logits: torch.Tensor, extra: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
         """Penalise ``logits`` [R, V] (in place); row r's history is the committed sequence plus ``extra[r]``."""
         seen = self.seen.expand_as(logits)
@@ -145,6 +159,20 @@ class LogitsPipeline:
     @property
     def active(self) -> bool:
         return bool(self.processors)
+
+    @property
+    def on_device(self) -> bool:
+        """Whether every processor can take the rows' paths as a device tensor (:meth:`process_on_device`): the
+        repetition penalty can; no-repeat-n-gram's bans are built on the host."""
+        return all(isinstance(p, RepetitionPenalty) for p in self.processors)
+
+    def process_on_device(self, logits: torch.Tensor, paths: torch.Tensor, col_ids: torch.Tensor | None = None
+                          ) -> torch.Tensor:
+        """:meth:`process` / :meth:`process_columns` with row r's extra history ``paths[r]`` a device tensor (-1
+        padding; ``col_ids``: each column's id, for a draft head's columns), when :attr:`on_device`."""
+        for p in self.processors:
+            logits = p.apply_on_device(logits, paths, col_ids)
+        return logits
 
     def commit(self, tokens: Sequence[int]) -> None:
         self.position += len(tokens)

@@ -152,23 +152,29 @@ DEVICE_WALK = ("cuda",)  # device types whose greedy and seeded steps over a dev
 
 def walks_on_device(tree: DraftTree, pipe: LogitsPipeline, device: torch.device) -> bool:
     """Whether :func:`device_walk` verifies this step: a tree built on the device, greedy decoding or seeded
-    sampling without processors (their history is each node's path, on the host), on a device of ``DEVICE_WALK``."""
-    return tree.on_device is not None and not pipe.active and (pipe.cfg.greedy or pipe.keyed) \
+    sampling, no processor or only those that take each row's path as a device tensor (the repetition penalty), on
+    a device of ``DEVICE_WALK``."""
+    return tree.on_device is not None and pipe.on_device and (pipe.cfg.greedy or pipe.keyed) \
         and device.type in DEVICE_WALK
 
 
 def device_walk(tree: DraftTree, head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
                 pipe: LogitsPipeline | None = None) -> Walk:
-    """:func:`greedy_walk`, or with a keyed ``pipe`` :func:`keyed_walk`, without processors, over a tree built on
-    the device (``tree.on_device``, siblings of distinct tokens, as a top-k gives them): the head over every row in
-    one pass, the target's choice at each row (its argmax; or the inverse-CDF draw of the warped distribution at the
+    """:func:`greedy_walk`, or with a keyed ``pipe`` :func:`keyed_walk`, over a tree built on the device
+    (``tree.on_device``, siblings of distinct tokens, as a top-k gives them): the head over every row in one pass,
+    the target's choice at each row (its argmax; or the inverse-CDF draw of the warped distribution at the
     uniform the seed and the row's position fix), a node accepted where it and each of its ancestors is its parent
     row's choice (at most one per depth: the accepted nodes are the walk's path), and one read of the acceptance and
-    the choices.  The tokens are the host walk's with head mode ``all`` (tests/test_tree_device.py)."""
+    the choices.  Processors that take the rows' paths on the device (the repetition penalty) see each row's own:
+    the root's none, a node's its ancestors and itself.  The tokens are the host walk's with head mode ``all``
+    (tests/test_tree_device.py)."""
     tokens, parents, depths, anc = tree.on_device[:4]
     valid = tree.on_device[4] if len(tree.on_device) > 4 else None
     n = len(tree)
     logits = head(hidden[: n + 1])
+    if pipe is not None and pipe.active:  # row 0 the root (no path), row i + 1 node i (its ancestors and itself)
+        paths = torch.where(anc, tokens[None, :], -1)
+        logits = pipe.process_on_device(logits, torch.cat([paths.new_full((1, n), -1), paths]))
     if pipe is None or pipe.cfg.greedy:
         chosen = logits.argmax(dim=-1)
     else:  # every row's keyed sample at once: the uniform of its position (the root's is the next token's)

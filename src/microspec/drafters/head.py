@@ -135,12 +135,17 @@ class DraftHead:
         """fp32 logits [R, A] over the set of ``depth``, one column per id (A = V when unrestricted; for a packed
         buffer, one per leading slot, -inf at free slots).  With a :class:`~microspec.decoding.processors
         .LogitsPipeline` ``pipe`` whose processors are active, they are applied as the target's verification applies
-        them, row r's history being the committed sequence plus ``paths[r]`` (the draft path to that row's node)."""
+        them, row r's history being the committed sequence plus ``paths[r]`` (the draft path to that row's node):
+        host lists, or a device tensor [R, W] of ids with -1 padding (a tree drafted on the device)."""
         out = self._logits(hidden, depth)
         if pipe is not None and pipe.active:
             with self.timer:
-                out = pipe.process_columns(out, self.columns_of, paths if paths is not None else
-                                           [()] * out.shape[0])
+                if isinstance(paths, torch.Tensor):
+                    cols = self.to_full_ids(torch.arange(out.shape[-1], device=out.device))
+                    out = pipe.process_on_device(out, paths, cols)
+                else:
+                    out = pipe.process_columns(out, self.columns_of, paths if paths is not None else
+                                               [()] * out.shape[0])
         return out
 
     def _logits(self, hidden: torch.Tensor, depth: int) -> torch.Tensor:

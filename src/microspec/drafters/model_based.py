@@ -227,9 +227,10 @@ class ForwardDrafter(Drafter):
 
     def _tree(self, ctx: DraftContext, root_hidden: torch.Tensor, root_slot: int, steps: int) -> DraftTree:
         """EAGLE-2 dynamic tree of deterministic top-k children (verified losslessly in greedy and sampling).  Built
-        on the device (:func:`~.tree_search.dynamic_tree_on_device`: no read back between levels) unless the
-        decoding's processors are active: they need each node's path on the host."""
-        if self.device_tree and (ctx.pipe is None or not ctx.pipe.active):
+        on the device (:func:`~.tree_search.dynamic_tree_on_device`: no read back between levels; a repetition
+        penalty sees each node's path as a device tensor) unless a processor needs the paths on the host
+        (no-repeat-n-gram)."""
+        if self.device_tree and (ctx.pipe is None or not ctx.pipe.active or ctx.pipe.on_device):
             return self._device_tree(ctx, root_hidden, root_slot, steps)
         cache = self._cache(ctx)
         device = cache.device
@@ -263,7 +264,9 @@ class ForwardDrafter(Drafter):
         device: the same tree, read back with the walk's acceptance (:class:`~microspec.decoding.tree.DeviceTree`)."""
         cache = self._cache(ctx)
         device = cache.device
-        root_logp, root_ids = self.head.topk(root_hidden, self.top_k, depth=0, pipe=ctx.pipe)
+        processed = ctx.pipe is not None and ctx.pipe.active  # the processors see each node's path: a device tensor
+        no_path = torch.full((1, 0), -1, dtype=torch.long, device=device) if processed else None
+        root_logp, root_ids = self.head.topk(root_hidden, self.top_k, depth=0, pipe=ctx.pipe, paths=no_path)
         capacity = root_ids.numel() + (steps - 1) * self.top_k * self.top_k
         outs = root_hidden.new_empty(1 + capacity, root_hidden.shape[-1])  # row 1 + i: node i's draft hidden state
         outs[0] = root_hidden[0]
@@ -285,6 +288,10 @@ class ForwardDrafter(Drafter):
                                    outs[tree.parents[frontier] + 1])
             outs[frontier + 1] = hidden
             self._route(depth)
-            return self.head.topk(hidden, self.top_k, depth=depth, pipe=ctx.pipe)
+            paths = None
+            if processed:  # each frontier node's path (ancestors and itself), -1 elsewhere
+                size = tree.size
+                paths = torch.where(tree.anc[frontier][:, :size], tree.tokens[None, :size], -1)
+            return self.head.topk(hidden, self.top_k, depth=depth, pipe=ctx.pipe, paths=paths)
 
         return dynamic_tree_on_device(root_logp[0], root_ids[0], expand, steps, self.top_k, self.total_tokens, steps)

@@ -101,8 +101,11 @@ class TreeTensors:
         """Append the children [n, k] of ``parents`` [n] (None: the root's [1, k]) row by row; their node range."""
         n = ids.numel()
         lo, hi = self.size, self.size + n
-        self.tokens[lo:hi] = ids.reshape(-1)
-        self.scores[lo:hi] = scores.reshape(-1)
+        flat = scores.reshape(-1)
+        # an -inf child (a free slot of a packed draft vocabulary, a token the warpers cut) may still be expanded
+        # (no read decides otherwise): its id becomes 0, a valid input whatever the slot held
+        self.tokens[lo:hi] = torch.where(torch.isfinite(flat), ids.reshape(-1), 0)
+        self.scores[lo:hi] = flat
         self.depths[lo:hi] = depth
         if parents is not None:
             par = parents.repeat_interleave(ids.shape[1])
