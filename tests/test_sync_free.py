@@ -192,14 +192,21 @@ def _method(name: str, model, tmp_path):
             "microspec@lookup": (LookupFirst(eagle, NGramDrafter(num_tokens=5)), micro)}[name]
 
 
-@pytest.mark.parametrize("decoding", [{}, {"temperature": 0.8, "seed": 3}])
-@pytest.mark.parametrize("method", ["ar", "ngram", "suffix", "early-exit", "early-exit-chain", "eagle", "eagle-chain",
-                                    "eagle+microspec", "microspec@lookup"])
+PENALTY = {"repetition_penalty": 1.2}
+METHODS = ["ar", "ngram", "suffix", "early-exit", "early-exit-chain", "eagle", "eagle-chain", "eagle+microspec",
+           "microspec@lookup"]
+
+
+# under the penalty the trees (and plain decoding) stay on the device; chains and lookups walk on the host, a read a
+# row there (each row's processed choice)
+@pytest.mark.parametrize("method,decoding", [(m, d) for m in METHODS for d in ({}, {"temperature": 0.8, "seed": 3})]
+                         + [(m, PENALTY) for m in ("ar", "early-exit", "eagle", "eagle+microspec")])
 def test_a_step_would_synchronise_a_gpu_once(monkeypatch, tmp_path, method, decoding):
     """tests/test_cuda.py's sync-detector test on a CPU, following CUDA's path (the device walk over a tree or chain
     drafted on the device, host walks reading a block of rows' choices at once, the tensor window, the packed rows
     at their fixed shape): one read per step, of the accepted tokens (a device-drafted tree's host lists come back
-    in the same read); nothing else may grow with the length.  Greedy, and seeded sampling (keyed by position)."""
+    in the same read); nothing else may grow with the length.  Greedy, seeded sampling (keyed by position), and the
+    repetition penalty for the trees and plain decoding."""
     from microspec.decoding import verify
     from microspec.sync_audit import WouldSync
     from microspec.vocab.packed import PackedRows

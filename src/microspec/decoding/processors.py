@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..transfer import to_device
 from .config import GenerationConfig
 
 
@@ -37,7 +38,8 @@ class RepetitionPenalty:
         self._seen_list: torch.Tensor | None = None  # the seen ids as a tensor, rebuilt when the set grows
 
     def commit(self, tokens: Sequence[int] | torch.Tensor) -> None:
-        self.seen[torch.as_tensor(tokens, dtype=torch.long, device=self.seen.device)] = True
+        # the ids copied pinned and asynchronously, the value a kernel argument: no host wait on CUDA
+        self.seen.index_fill_(0, to_device(tokens, self.seen.device), True)
         new = {int(t) for t in (tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens)} - self._seen_ids
         if new:
             self._seen_ids |= new
