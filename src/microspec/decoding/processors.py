@@ -85,7 +85,7 @@ class RepetitionPenalty:
             seen = seen.clone()
             for r, toks in enumerate(extra):
                 if len(toks):
-                    seen[r, torch.as_tensor(list(toks), dtype=torch.long, device=seen.device)] = True
+                    seen[r].index_fill_(0, to_device(list(toks), seen.device), True)  # no blocking copy
         return torch.where(seen, penalised(logits, self.penalty), logits, out=logits)
 
 

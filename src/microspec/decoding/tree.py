@@ -41,9 +41,9 @@ class DraftTree:
     # needed for the iid and without-replacement schemes.
     q: torch.Tensor | None = None
     scheme: str = "deterministic"
-    # the tree as built on the device, where a drafter built it there (tokens [N], parents [N], depths [N] and the
-    # ancestor-or-self matrix [N, N]): the verify pass's inputs and a greedy walk are then made from it with no host
-    # work per node
+    # the tree as built on the device, set by :class:`DeviceTree` only (tokens [N], parents [N], depths [N], the
+    # ancestor-or-self matrix [N, N], valid [N]): the verify pass's inputs and the device walk are made from it with
+    # no host work per node
     on_device: tuple[torch.Tensor, ...] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:

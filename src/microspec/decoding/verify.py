@@ -158,7 +158,7 @@ def walks_on_device(tree: DraftTree, pipe: LogitsPipeline, device: torch.device)
         and device.type in DEVICE_WALK
 
 
-def device_walk(tree: DraftTree, head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
+def device_walk(tree: DeviceTree, head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
                 pipe: LogitsPipeline | None = None) -> Walk:
     """:func:`greedy_walk`, or with a keyed ``pipe`` :func:`keyed_walk`, over a tree built on the device
     (``tree.on_device``, siblings of distinct tokens, as a top-k gives them): the head over every row in one pass,
@@ -168,8 +168,7 @@ def device_walk(tree: DraftTree, head: Callable[[torch.Tensor], torch.Tensor], h
     the choices.  Processors that take the rows' paths on the device (the repetition penalty) see each row's own:
     the root's none, a node's its ancestors and itself.  The tokens are the host walk's with head mode ``all``
     (tests/test_tree_device.py)."""
-    tokens, parents, depths, anc = tree.on_device[:4]
-    valid = tree.on_device[4] if len(tree.on_device) > 4 else None
+    tokens, parents, depths, anc, valid = tree.on_device
     n = len(tree)
     logits = head(hidden[: n + 1])
     if pipe is not None and pipe.active:  # row 0 the root (no path), row i + 1 node i (its ancestors and itself)
@@ -178,16 +177,13 @@ def device_walk(tree: DraftTree, head: Callable[[torch.Tensor], torch.Tensor], h
     if pipe is None or pipe.cfg.greedy:
         chosen = logits.argmax(dim=-1)
     else:  # every row's keyed sample at once: the uniform of its position (the root's is the next token's)
-        deepest = getattr(tree, "depth", None) or max(tree.depths(), default=0)
-        table = to_device([keyed_uniform(pipe.cfg.seed, pipe.position + d) for d in range(deepest + 1)],
+        table = to_device([keyed_uniform(pipe.cfg.seed, pipe.position + d) for d in range(tree.depth + 1)],
                           logits.device, torch.float64)
         u = table[torch.cat([depths.new_zeros(1), depths])]
         chosen = sample(pipe.probs(logits), u=u[:, None]).squeeze(-1)
-    match = chosen[parents + 1] == tokens
-    if valid is not None:
-        match &= valid
+    match = (chosen[parents + 1] == tokens) & valid  # padding nodes are never accepted
     ok = ~(anc & ~match[None, :]).any(dim=1)
-    lazy = isinstance(tree, DeviceTree) and not tree.read_back
+    lazy = not tree.read_back
     parts = [ok.long(), chosen] + ([tokens, parents, valid.long()] if lazy else [])
     read = torch.cat(parts).tolist()  # the one read: the acceptance, the choices (and a lazy tree's host lists)
     if lazy:

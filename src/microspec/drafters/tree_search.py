@@ -151,5 +151,5 @@ def dynamic_tree_on_device(root_logp: torch.Tensor, root_ids: torch.Tensor, expa
     new_index[keep] = torch.arange(keep.numel(), device=keep.device)
     par = tree.parents[keep]
     par = torch.where(par >= 0, new_index[par.clamp(min=0)], -1)
-    tokens = torch.where(valid, tree.tokens[keep], 0)
-    return DeviceTree((tokens, par, tree.depths[keep], tree.anc[keep][:, keep], valid), depth)
+    # -inf nodes already hold token 0 (TreeTensors.add)
+    return DeviceTree((tree.tokens[keep], par, tree.depths[keep], tree.anc[keep][:, keep], valid), depth)
