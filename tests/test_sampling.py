@@ -223,13 +223,23 @@ def _eagle3_head():
     return _HEAD["eagle3"]
 
 
-@pytest.fixture(params=["keyed", "rejection"])
+# drafters whose drafts are all deterministic: an unseeded sample over them is verified by the device walk's keyed
+# rule where the walk runs on the device (the others' sampled drafts keep rejection sampling there too); prompt
+# lookup's chain is one too, but finds no match in these samples (tests/test_tree_device.py walks its chains)
+DETERMINISTIC = {"deterministic-topk", "early-exit-tree", "suffix", "eagle-tree", "eagle-lookup", "auto"}
+
+
+@pytest.fixture(params=["keyed", "rejection", "device"])
 def coupling(request, monkeypatch):
     """How a seeded sample is verified: keyed by (seed, position), the default, or by rejection sampling (what an
-    unseeded sample uses; seeded here so that the test is reproducible)."""
-    from microspec.decoding import processors
+    unseeded sample uses on a CPU; seeded here so that the test is reproducible); ``device``: an unseeded sample
+    on CUDA's path (the device walk, here on the CPU), deterministic drafts by the keyed rule with the request's
+    own key (its generator's seed: the test's seed), sampled ones by rejection sampling."""
+    from microspec.decoding import processors, verify
 
     monkeypatch.setattr(processors, "KEYED_SEEDS", request.param == "keyed")
+    if request.param == "device":
+        monkeypatch.setattr(verify, "DEVICE_WALK", ("cuda", "cpu"))
     return request.param
 
 
@@ -237,6 +247,25 @@ def coupling(request, monkeypatch):
                                   "early-exit-chain", "early-exit-tree", "ngram", "suffix", "eagle-chain",
                                   "eagle-tree", "eagle-lookup", "auto"])
 def test_speculative_sampling_matches_exact_distribution(pair, exact, name, coupling):
+    if coupling == "device" and name not in DETERMINISTIC:
+        pytest.skip("sampled drafts: rejection sampling on the device's path too (the rejection case)")
+    from microspec.decoding import loop
+
+    walked, device_walk = [], loop.device_walk
+
+    def counted(*a, **kw):
+        walked.append(1)
+        return device_walk(*a, **kw)
+
+    loop.device_walk = counted
+    try:
+        _sampled_as_the_target(pair, exact, name)
+    finally:
+        loop.device_walk = device_walk
+    assert (len(walked) > N // 2) if coupling == "device" else not walked, len(walked)
+
+
+def _sampled_as_the_target(pair, exact, name):
     _, nm = pair
     p1, m2, m3 = exact
     make = _drafters(exact)[name]

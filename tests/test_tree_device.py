@@ -139,24 +139,51 @@ def test_the_device_tree_runs_on_cuda_as_on_the_cpu():
         assert (a.tokens, a.parents) == (b.tokens, b.parents)
 
 
+def test_a_host_tree_goes_to_the_device_whole():
+    """DeviceTree.of: a deterministic tree built on the host (a lookup's chain, a trie's tree) as device tensors
+    with its host lists kept (nothing to read back), the verify inputs the host tree's; a sampled tree or one
+    with siblings of one token stays on the host."""
+    from microspec.decoding.tree import DeviceTree
+
+    cpu = torch.device("cpu")
+    for tree in (DraftTree.chain([5, 9, 2]), DraftTree([4, 7, 8, 9, 1], [-1, -1, 0, 0, 3]), host_tree(cases()[44])):
+        dev = DeviceTree.of(tree, cpu)
+        assert dev.read_back and (dev.tokens, dev.parents, dev.drafted()) == (tree.tokens, tree.parents, tree.tokens)
+        assert dev.depth == max(tree.depths()) and dev.on_device[2].tolist() == tree.depths()
+        for a, b in zip(dev.verify_inputs(7, 31, cpu), tree.verify_inputs(7, 31, cpu)):
+            assert a.dtype == b.dtype and torch.equal(a, b)
+    assert DeviceTree.of(DraftTree([4, 4], [-1, -1]), cpu) is None
+    assert DeviceTree.of(DraftTree.chain([3, 5], torch.full((2, 8), 1 / 8)), cpu) is None
+
+
 @pytest.mark.parametrize("index", [0, 5, 9, 35, 36, 40, 44, 47, 60, 65])
 @pytest.mark.parametrize("decoding", [{}, {"temperature": 0.8, "seed": 11},
                                       {"temperature": 1.3, "top_p": 0.9, "seed": 3}, {"repetition_penalty": 1.3},
-                                      {"temperature": 0.8, "seed": 5, "repetition_penalty": 1.2}])
-def test_the_device_walk_is_the_host_walk(index, decoding):
-    """The walk by tensor ops over a device-built tree commits the host walk's tokens (greedy, or seeded sampling:
-    every row's keyed draw at its own position; head mode ``all``), accepts its nodes and hands the policy the same
-    rows, for targets that follow the draft often, sometimes or never."""
+                                      {"temperature": 0.8, "seed": 5, "repetition_penalty": 1.2},
+                                      {"temperature": 0.9, "repetition_penalty": 1.2}])
+@pytest.mark.parametrize("made", ["device", "host"])
+def test_the_device_walk_is_the_host_walk(index, decoding, made):
+    """The walk by tensor ops over a tree on the device (built there, or built on the host and copied over) commits
+    the host walk's tokens (greedy, or sampling: every row's keyed draw at its own position, with the seed or an
+    unseeded request's own key; head mode ``all``), accepts its nodes and hands the policy the same rows, for
+    targets that follow the draft often, sometimes or never."""
     from microspec.decoding import GenerationConfig
     from microspec.decoding.processors import LogitsPipeline
+    from microspec.decoding.tree import DeviceTree
     from microspec.decoding.verify import LazyHead, device_walk, greedy_walk, keyed_walk
 
-    tree = device_tree(cases()[index])
+    cpu = torch.device("cpu")
+    tree = device_tree(cases()[index]) if made == "device" else DeviceTree.of(host_tree(cases()[index]), cpu)
     vocab = cases()[index]["vocab"]
-    pipe = LogitsPipeline(GenerationConfig(**decoding), vocab, torch.device("cpu"))
-    pipe.commit([index % vocab, (3 * index + 1) % vocab])  # a history for the penalty
-    pipe.position = 17 + index
-    host_walk = keyed_walk if pipe.keyed else greedy_walk
+    pipe = LogitsPipeline(GenerationConfig(**decoding), vocab, cpu)
+    host_pipe = pipe  # the host walk's: an unseeded request's keyed rule is a seeded one's with its key as the seed
+    if pipe.key is not None and not pipe.keyed:
+        host_pipe = LogitsPipeline(GenerationConfig(**decoding, seed=pipe.key), vocab, cpu)
+        assert host_pipe.keyed and host_pipe.key == pipe.key
+    for p in {id(pipe): pipe, id(host_pipe): host_pipe}.values():
+        p.commit([index % vocab, (3 * index + 1) % vocab])  # a history for the penalty
+        p.position = 17 + index
+    host_walk = keyed_walk if host_pipe.keyed else greedy_walk
     assert pipe.keyed == ("seed" in decoding) and pipe.on_device
     children = tree.children()
     accepted = 0
@@ -167,7 +194,7 @@ def test_the_device_walk_is_the_host_walk(index, decoding):
             if children[row] and float(torch.rand((), generator=g)) < follow:
                 pick = children[row][int(torch.randint(len(children[row]), (), generator=g))]
                 logits[row, tree.tokens[pick]] = 10.0
-        host = host_walk(tree, LazyHead(lambda h: h, logits, tree, "all"), pipe)
+        host = host_walk(tree, LazyHead(lambda h: h, logits, tree, "all"), host_pipe)
         dev = device_walk(tree, lambda h: h, logits, pipe)
         assert (dev.accepted, dev.tokens, dev.head_rows) == (host.accepted, host.tokens, host.head_rows)
         assert all(torch.equal(a, b) for a, b in zip(dev.logits, host.logits)) and len(dev.logits) == len(host.logits)

@@ -49,9 +49,9 @@ caught up on, are a sample of the arm's switching cost (:attr:`ArmHistory.switch
 charges to a switch in proportion to the tokens the arm would catch up on.  Cheap arms catch up on nothing.
 
 Whatever the choice, each step is an ordinary speculative step (or a plain one), so the output is the target's
-own: greedy output token for token, sampling in distribution.  A seeded sample is drawn exactly from the model's
-distribution too, but which arm drafted each step depends on measured times, and a different tree draws different
-random numbers: its text is reproducible from the seed under a fixed method, not under ``auto``.
+own: greedy output token for token, sampling in distribution.  A seeded sample is keyed by (seed, position)
+(:func:`~microspec.decoding.processors.keyed_uniform`), so its text is the seed's whichever arm drafted each step,
+although the choice follows measured times.
 """
 
 from __future__ import annotations

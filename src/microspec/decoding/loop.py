@@ -25,9 +25,9 @@ from .context import DraftContext
 from .observers import CoverageObserver
 from .processors import LogitsPipeline
 from .stats import DeviceTimer, GenerationStats, StepClock
-from .tree import DraftTree
-from .verify import (HEAD_MODES, LazyHead, default_head_mode, device_walk, greedy_walk, keyed_walk, sample_walk,
-                     walks_on_device)
+from .tree import DeviceTree, DraftTree
+from .verify import (HEAD_MODES, LazyHead, default_head_mode, device_walk, device_walk_takes, greedy_walk, keyed_walk,
+                     sample_walk, walks_on_device)
 
 if TYPE_CHECKING:
     from ..drafters.base import Drafter
@@ -293,6 +293,8 @@ class Generation:
         tree = draft(drafter if drafting else None,
                      DraftContext(self.tokens, self.model, self.cache,
                                   depth if max_depth is None else min(depth, max_depth), self.pipe))
+        if len(tree) and tree.on_device is None and device_walk_takes(tree, self.pipe, self.model.device):
+            tree = DeviceTree.of(tree, self.model.device) or tree  # a lookup's tree: walked on the device too
         self.stats.skipped_steps += drafter is not None and not drafting
         self._step = (t0, host_t0, drafting, tree, self.cache.length, self.clock.mark())
         return tree

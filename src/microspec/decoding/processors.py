@@ -156,6 +156,9 @@ class LogitsPipeline:
             self.generator.manual_seed(cfg.seed if cfg.seed is not None else torch.seed())
         # a seeded sample is keyed: the token at each position is the draw of a uniform fixed by (seed, position)
         self.keyed = not cfg.greedy and cfg.seed is not None and KEYED_SEEDS
+        # the key of keyed draws: the seed; for an unseeded sample, a random key of the request's own (its
+        # generator's random seed), which the device walk uses over deterministic drafts (verify.device_walk)
+        self.key = None if cfg.greedy else cfg.seed if self.keyed else self.generator.initial_seed()
         self.position = 0  # tokens committed so far: the next token's position
 
     @property
@@ -214,7 +217,7 @@ class LogitsPipeline:
         if self.cfg.greedy:
             return logits.argmax(dim=-1)
         if self.keyed:
-            u = keyed_uniform(self.cfg.seed, self.position if position is None else position)
+            u = keyed_uniform(self.key, self.position if position is None else position)
             return sample(self.probs(logits), u=u).squeeze(-1)
         return sample(self.probs(logits), self.generator).squeeze(-1)
 

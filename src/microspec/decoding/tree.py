@@ -157,6 +157,26 @@ class DeviceTree(DraftTree):
         anc = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
         return cls((tokens, idx - 1, idx + 1, anc, torch.ones(n, dtype=torch.bool, device=dev)), n)
 
+    @classmethod
+    def of(cls, tree: DraftTree, device: torch.device) -> "DeviceTree | None":
+        """A deterministic tree built on the host (a lookup's chain, a suffix trie's tree) copied to ``device``, so
+        that the device walk takes it and the step reads the host once: its lists stay here (nothing to read
+        back), its tensors go over in two copies that do not make the host wait.  None where the device walk
+        cannot take it: a sampled tree (its ``q``), or siblings of one token (the walk accepts at most one node a
+        depth because siblings differ)."""
+        if tree.scheme != "deterministic" or len(set(zip(tree.parents, tree.tokens))) != len(tree):
+            return None
+        n, depths = len(tree), tree.depths()
+        anc: list[list[bool]] = []  # row i: node i's ancestors and itself
+        for i, p in enumerate(tree.parents):
+            anc.append(anc[p][:] if p >= 0 else [False] * n)
+            anc[i][i] = True
+        lists = to_device(tree.tokens + tree.parents + depths, device).view(3, n)
+        out = cls((lists[0], lists[1], lists[2], to_device(anc, device, torch.bool),
+                   torch.ones(n, dtype=torch.bool, device=device)), max(depths))
+        out.fill(list(tree.tokens), list(tree.parents), [1] * n)
+        return out
+
     @property
     def read_back(self) -> bool:
         """Whether the host lists are here."""

@@ -147,27 +147,36 @@ def greedy_walk(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline) -> W
 
 
 BLOCK_READS = ("cuda",)  # device types whose host walks read the argmax of a block of rows at once (LazyHead.argmax)
-DEVICE_WALK = ("cuda",)  # device types whose greedy and seeded steps over a device-built tree walk it on the device
+DEVICE_WALK = ("cuda",)  # device types whose steps over a tree the device walk can take walk it on the device
+
+
+def device_walk_takes(tree: DraftTree, pipe: LogitsPipeline, device: torch.device) -> bool:
+    """Whether :func:`device_walk` verifies a step over ``tree`` on ``device`` (of ``DEVICE_WALK``), once the tree
+    is on the device: no processor or only those that take each row's path as a device tensor (the repetition
+    penalty); greedy decoding, seeded sampling, or unseeded sampling over deterministic drafts (the keyed rule with
+    the request's random key, :attr:`LogitsPipeline.key`: a child is accepted with the target's residual mass on it,
+    as rejection sampling accepts deterministic drafts, so the two rules accept alike; sampled drafts keep rejection
+    sampling, whose acceptance, the sum of min(p, q), is the most any exact rule has)."""
+    return device.type in DEVICE_WALK and pipe.on_device and (
+        pipe.cfg.greedy or pipe.keyed or (pipe.key is not None and tree.scheme == "deterministic"))
 
 
 def walks_on_device(tree: DraftTree, pipe: LogitsPipeline, device: torch.device) -> bool:
-    """Whether :func:`device_walk` verifies this step: a tree built on the device, greedy decoding or seeded
-    sampling, no processor or only those that take each row's path as a device tensor (the repetition penalty), on
-    a device of ``DEVICE_WALK``."""
-    return tree.on_device is not None and pipe.on_device and (pipe.cfg.greedy or pipe.keyed) \
-        and device.type in DEVICE_WALK
+    """Whether :func:`device_walk` verifies this step: a tree on the device that it takes
+    (:func:`device_walk_takes`)."""
+    return tree.on_device is not None and device_walk_takes(tree, pipe, device)
 
 
 def device_walk(tree: DeviceTree, head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
                 pipe: LogitsPipeline | None = None) -> Walk:
-    """:func:`greedy_walk`, or with a keyed ``pipe`` :func:`keyed_walk`, over a tree built on the device
-    (``tree.on_device``, siblings of distinct tokens, as a top-k gives them): the head over every row in one pass,
-    the target's choice at each row (its argmax; or the inverse-CDF draw of the warped distribution at the
-    uniform the seed and the row's position fix), a node accepted where it and each of its ancestors is its parent
-    row's choice (at most one per depth: the accepted nodes are the walk's path), and one read of the acceptance and
-    the choices.  Processors that take the rows' paths on the device (the repetition penalty) see each row's own:
-    the root's none, a node's its ancestors and itself.  The tokens are the host walk's with head mode ``all``
-    (tests/test_tree_device.py)."""
+    """:func:`greedy_walk`, or when sampling :func:`keyed_walk` (with the pipeline's key: the seed, or an unseeded
+    request's random key), over a tree on the device (``tree.on_device``, siblings of distinct tokens, as a top-k
+    gives them): the head over every row in one pass, the target's choice at each row (its argmax; or the
+    inverse-CDF draw of the warped distribution at the uniform the key and the row's position fix), a node accepted
+    where it and each of its ancestors is its parent row's choice (at most one per depth: the accepted nodes are the
+    walk's path), and one read of the acceptance and the choices.  Processors that take the rows' paths on the
+    device (the repetition penalty) see each row's own: the root's none, a node's its ancestors and itself.  The
+    tokens are the host walk's with head mode ``all`` (tests/test_tree_device.py)."""
     tokens, parents, depths, anc, valid = tree.on_device
     n = len(tree)
     logits = head(hidden[: n + 1])
@@ -177,7 +186,7 @@ def device_walk(tree: DeviceTree, head: Callable[[torch.Tensor], torch.Tensor], 
     if pipe is None or pipe.cfg.greedy:
         chosen = logits.argmax(dim=-1)
     else:  # every row's keyed sample at once: the uniform of its position (the root's is the next token's)
-        table = to_device([keyed_uniform(pipe.cfg.seed, pipe.position + d) for d in range(tree.depth + 1)],
+        table = to_device([keyed_uniform(pipe.key, pipe.position + d) for d in range(tree.depth + 1)],
                           logits.device, torch.float64)
         u = table[torch.cat([depths.new_zeros(1), depths])]
         chosen = sample(pipe.probs(logits), u=u[:, None]).squeeze(-1)

@@ -190,18 +190,23 @@ class ForwardDrafter(Drafter):
 
     def _chain(self, ctx: DraftContext, hidden: torch.Tensor, root_slot: int, steps: int) -> DraftTree:
         device = self._cache(ctx).device
-        out: list[int] = []  # the chain so far on the host: what the processors need
+        out: list[int] = []  # the chain so far on the host: what host processors need
         drafted: list[torch.Tensor] = []  # the chain on the device, read back once at the end
         qs: list[torch.Tensor] = []
         processed = ctx.pipe is not None and ctx.pipe.active
+        # processors that take the path as a device tensor (the repetition penalty) see the chain drafted so far
+        # there, so that a greedy or keyed chain stays on the device; they never ban an id (no -inf to stop at)
+        on_device = processed and ctx.pipe.on_device and (ctx.greedy or ctx.pipe.keyed)
         for i in range(steps):
             if i:
                 hidden = self._forward(ctx, token, to_device([root_slot + i], device), None, hidden)
                 self._route(i)
-            logits = self.head.logits(hidden, depth=i, pipe=ctx.pipe, paths=[out])
+            paths = (torch.cat(drafted) if drafted else torch.zeros(0, dtype=torch.long, device=device))[None] \
+                if on_device else [out]
+            logits = self.head.logits(hidden, depth=i, pipe=ctx.pipe, paths=paths)
             if logits.shape[-1] == 0:  # an empty draft vocabulary drafts nothing
                 break
-            if processed and logits.max() == float("-inf"):
+            if processed and not on_device and logits.max() == float("-inf"):
                 break  # the processors banned every id the draft could propose
             if ctx.greedy:
                 token = self.head.to_full_ids(logits.argmax(dim=-1))
@@ -210,14 +215,14 @@ class ForwardDrafter(Drafter):
                 full = self.head.full_distribution(q)
                 if ctx.pipe.keyed:  # the uniform the target's keyed sample draws at this position, over the same
                     # id order: a draft whose distribution is close to the target's draws the target's token
-                    token = sample(full, u=keyed_uniform(ctx.pipe.cfg.seed, ctx.pipe.position + i))[0]
+                    token = sample(full, u=keyed_uniform(ctx.pipe.key, ctx.pipe.position + i))[0]
                 else:
                     token = self.head.to_full_ids(sample(q, ctx.pipe.generator)[0])
                 qs.append(full[0])
             drafted.append(token.reshape(-1))
-            if processed:
+            if processed and not on_device:
                 out.append(int(token))
-        if not processed and drafted and (ctx.greedy or ctx.pipe.keyed):
+        if (on_device or not processed) and drafted and (ctx.greedy or ctx.pipe.keyed):
             # deterministic, or keyed (accepted exactly where it is the target's keyed sample: no q needed): the
             # chain stays on the device and comes back with the walk's read
             return DeviceTree.chain_of(torch.cat(drafted))
