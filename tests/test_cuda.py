@@ -185,31 +185,41 @@ def test_bf16_greedy_identity_on_cuda(tmp_path):
 
 
 # ---------------------------------------------------------------- host synchronisations
-@pytest.mark.parametrize("method", ["ar", "early-exit", "microspec"])
-def test_synchronisations_do_not_grow_with_the_length(method):
+@pytest.mark.parametrize("method", ["ar", "ngram", "early-exit", "microspec"])
+@pytest.mark.parametrize("decoding", [{}, {"repetition_penalty": 1.2}, {"temperature": 0.8}],
+                         ids=["greedy", "penalty", "unseeded"])
+def test_synchronisations_do_not_grow_with_the_length(method, decoding):
     """CUDA's own sync detector (``torch.cuda.set_sync_debug_mode``) counts the operations that wait for the
     device.  Per step a generation reads back the accepted tokens once (the device walk's acceptance, with a
     device-built tree's host lists in the same read; for plain decoding the chosen token); nothing else may grow
     with its length (benchmarks/measure/sync_sites.py lists where they happen; tests/test_sync_free.py counts the
-    same on a CPU)."""
+    same on a CPU).  Greedy, under the repetition penalty, and unseeded sampling (deterministic drafts walked on the
+    device by the keyed rule with the request's own key)."""
+    from microspec.drafters.ngram import NGramDrafter
+
     nm = _model()
     counts = []
+
+    def make():
+        if method == "ngram":
+            return NGramDrafter(num_tokens=4), None
+        if method == "ar":
+            return None, None
+        return (EarlyExitDrafter(1, depth=3, top_k=2, total_tokens=5),
+                MicroSpecVocab(VOCAB, w_max=24, device=DEV) if method == "microspec" else None)
+
+    prompt = PROMPT + PROMPT[1:6]  # a repeat for the lookup to find
     for n in (8, 32):
-        drafter = vocab = None
-        if method != "ar":
-            drafter = EarlyExitDrafter(1, depth=3, top_k=2, total_tokens=5)
-            vocab = MicroSpecVocab(VOCAB, w_max=24, device=DEV) if method == "microspec" else None
-        generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=4, ignore_eos=True), drafter=drafter,
+        drafter, vocab = make()
+        generate_ids(nm, prompt, GenerationConfig(max_new_tokens=4, ignore_eos=True, **decoding), drafter=drafter,
                      vocab=vocab)  # warm-up
-        if drafter is not None:
-            drafter = EarlyExitDrafter(1, depth=3, top_k=2, total_tokens=5)
-            vocab = MicroSpecVocab(VOCAB, w_max=24, device=DEV) if method == "microspec" else None
+        drafter, vocab = make()
         torch.cuda.synchronize()
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
             try:
-                out = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=n, ignore_eos=True),
+                out = generate_ids(nm, prompt, GenerationConfig(max_new_tokens=n, ignore_eos=True, **decoding),
                                    drafter=drafter, vocab=vocab)
             finally:
                 torch.cuda.set_sync_debug_mode("default")
@@ -217,8 +227,8 @@ def test_synchronisations_do_not_grow_with_the_length(method):
         counts.append((syncs, out.stats.steps))
     (c0, s0), (c1, s1) = counts
     per_step = (c1 - c0) / max(1, s1 - s0)
-    print(f"{method}: syncs {counts} -> {per_step:.2f} per step")
-    assert per_step <= 1, f"{method}: {per_step:.2f} synchronisations per step ({counts})"
+    print(f"{method} {decoding}: syncs {counts} -> {per_step:.2f} per step")
+    assert per_step <= 1, f"{method} {decoding}: {per_step:.2f} synchronisations per step ({counts})"
 
 
 # ---------------------------------------------------------------- the device's defaults
