@@ -193,6 +193,7 @@ class ForwardDrafter(Drafter):
         out: list[int] = []  # the chain so far on the host: what host processors need
         drafted: list[torch.Tensor] = []  # the chain on the device, read back once at the end
         qs: list[torch.Tensor] = []
+        token: torch.Tensor | None = None  # the last drafted token, the next level's input
         processed = ctx.pipe is not None and ctx.pipe.active
         # processors that take the path as a device tensor (the repetition penalty) see the chain drafted so far
         # there, so that a greedy or keyed chain stays on the device; they never ban an id (no -inf to stop at)
