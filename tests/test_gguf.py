@@ -151,6 +151,32 @@ def test_interleaved_forms_hold_the_same_values_and_products(qtype):
 
 
 @pytest.mark.parametrize("qtype", list(cq.INTERLEAVED))
+def test_vnni_products_are_the_avx2_products_bit_for_bit(qtype):
+    """Where the CPU has AVX-512 VNNI the interleaved forms' integer products take it (one vpdpbusd per chunk and
+    row): the same exact int32 group sums and the same fp32 chain, so every output equals the AVX2 path's bit for
+    bit, at any row count and at the quants' extremes; switched off, the AVX2 path runs."""
+    if not cq.set_vnni(None):
+        pytest.skip("this CPU has no AVX-512 VNNI: the AVX2 path is the only one")
+    rng = np.random.default_rng(11)
+    cols = 768
+    raw = torch.from_numpy(random_rows(qtype, 64, cols, rng))
+    x8 = QuantTensor(cq.repack(raw, qtype), cq.INTERLEAVED[qtype], cols)
+    x = torch.randn(21, cols) * torch.logspace(-3, 3, 21)[:, None]
+    x[3] = 0.0
+    x[4, ::2] = 127.0
+    x[4, 1::2] = -127.0
+    try:
+        for rows in (1, 2, 3, 4, 5, 9, 21):
+            on = x8.linear(x[:rows])
+            assert not cq.set_vnni(False)
+            off = x8.linear(x[:rows])
+            assert cq.set_vnni(True)
+            assert torch.equal(on, off), rows
+    finally:
+        cq.set_vnni(None)
+
+
+@pytest.mark.parametrize("qtype", list(cq.INTERLEAVED))
 def test_interleaved_products_at_the_quant_extremes(qtype):
     """The int16 sums of several chunks before one madd cannot overflow: every quant at its largest (or Q8_0's
     -128 / 127; the K-quants' sub-block scales at their extremes too) against activations at +-127 gives the exact

@@ -91,6 +91,13 @@ def linear_q8(x: torch.Tensor, data: torch.Tensor, type_id: int, cols: int) -> t
     return y.reshape(*lead, y.shape[-1])
 
 
+def set_vnni(on: bool | None = None) -> bool:
+    """Whether the interleaved forms' integer products use AVX-512 VNNI (one ``vpdpbusd`` per chunk and row in place
+    of ``maddubs`` and ``madd``: the same exact int32 sums, so the same results bit for bit): ``on`` True where the
+    CPU has it, False never, None as the CPU allows (the default); returns whether they do now."""
+    return bool(_EXT.module.set_vnni(-1 if on is None else int(bool(on))))
+
+
 def repack(data: torch.Tensor, qtype: str) -> torch.Tensor:
     """The rows ``data`` [N, row bytes] (N a multiple of 8) of a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q6_K
     matrix in their interleaved form ``INTERLEAVED[qtype]`` ([N / 8, 8 x row bytes]: 8 rows' groups together, the

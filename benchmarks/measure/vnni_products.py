@@ -1,0 +1,87 @@
+"""The interleaved integer products with AVX-512 VNNI against the AVX2 path, in one process (``cpu_quant.set_vnni``
+switches between them; the outputs are equal bit for bit, tests/test_gguf.py): the LM head (Q8_0) and an MLP
+matrix (Q5_0) of Gemma 3 270M's packed GGUF at 1-16 activation rows, and the model's forward plus head over 1-64 new
+tokens (a plain step, verify passes of draft trees, a prefill chunk).
+
+    python benchmarks/measure/vnni_products.py --out vnni.json
+
+Each cell is the best of ``--rounds`` rounds of the median of ``--reps`` calls, the two paths alternating within
+a round.  Needs a CPU with AVX-512 VNNI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from microspec import load_model
+from microspec.bench import run_meta
+from microspec.kernels import cpu_quant
+
+
+def timed(fn, reps: int) -> float:
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts) * 1e3
+
+
+def both(fn, reps: int, rounds: int) -> dict:
+    best = {True: float("inf"), False: float("inf")}
+    for _ in range(rounds):
+        for on in (True, False):
+            cpu_quant.set_vnni(on)
+            best[on] = min(best[on], timed(fn, reps))
+    cpu_quant.set_vnni(None)
+    return {"vnni_ms": round(best[True], 3), "avx2_ms": round(best[False], 3),
+            "speedup": round(best[False] / best[True], 3)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="gemma-3-270m")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    lm = load_model(args.model, dtype="gguf")
+    if not cpu_quant.set_vnni(None):
+        raise SystemExit("this CPU has no AVX-512 VNNI: nothing to compare")
+    m = lm.model
+    mats = {"head": m.head_weight, "mlp_gate_0": m.model.layers[0].mlp.gate_proj.weight}
+    out = {**run_meta(), "model": args.model, "products": {}, "forward_head": {}}
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        for name, w in mats.items():
+            for rows in (1, 4, 8, 16):
+                x = torch.randn(rows, w.shape[1])
+                r = both(lambda: w.linear(x), args.reps if name == "head" else 20 * args.reps, args.rounds)
+                out["products"][f"{name} {w.qtype} rows={rows}"] = r
+                print(f"{name} ({w.qtype}) {rows:>2} rows: VNNI {r['vnni_ms']:.3f} ms, AVX2 {r['avx2_ms']:.3f} ms, "
+                      f"{r['speedup']:.2f}x", flush=True)
+        cache = m.take_cache(600)
+        m(torch.randint(100, 20000, (100,)), cache)
+        for t in (1, 2, 4, 8, 16, 64):
+            x = torch.randint(100, 20000, (t,))
+
+            def step():
+                m.head(m(x, cache))
+                cache.length -= t
+
+            r = both(step, args.reps, args.rounds)
+            out["forward_head"][f"tokens={t}"] = r
+            print(f"forward + head over {t:>2} tokens: VNNI {r['vnni_ms']:.1f} ms, AVX2 {r['avx2_ms']:.1f} ms, "
+                  f"{r['speedup']:.2f}x", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
