@@ -8,13 +8,14 @@
 
 Starts the server itself (``--serve-args``) on a free loopback port unless ``--url`` is given.  For each level of
 ``--clients`` (one server for all levels), each client sends its requests one after another (``stream: true``,
-greedy unless ``--temperature``, prompts cycled from a built-in list, the same prompts at every level) and records
-the time to first token, the gaps between chunks and whether the answer arrived whole (a final chunk with usage and
-``[DONE]``).  Inter-token latency (ITL) per request: from its first text chunk to its last over the tokens after
-the first (usage's count); a speculative step sends several tokens in one chunk, so the gaps between chunks
-(``chunk_gap_ms``) are reported apart.  ``--cancel-every K``: every K-th request hangs up after its first text chunk
-(the server must free its slot; it is not counted as lost).  ``--short-behind-long``: a 512-token request starts,
-then a 1-token one; the latter's time to first token against the server's step time.
+greedy unless ``--temperature``, ``--repetition-penalty`` for every request, prompts cycled from a built-in list,
+the same prompts at every level) and records the time to first token, the gaps between chunks and whether the answer
+arrived whole (a final chunk with usage and ``[DONE]``).  Inter-token latency (ITL) per request: from its first text
+chunk to its last over the tokens after the first (usage's count); a speculative step sends several tokens in one
+chunk, so the gaps between chunks (``chunk_gap_ms``) are reported apart.  ``--cancel-every K``: every K-th request
+hangs up after its first text chunk (the server must free its slot; it is not counted as lost).
+``--short-behind-long``: a 512-token request starts, then a 1-token one; the latter's time to first token against
+the server's step time.
 Reports per level: aggregate generated tokens/s and its ratio to one client's, requests/s, TTFT and ITL
 percentiles, lost requests; and the server's resident memory (``process_resident_memory_bytes`` from ``/metrics``)
 after a warm-up, halfway through the last level and at the end — a server that leaks grows between the last two.
@@ -75,7 +76,7 @@ class Target:
         return json.loads(self.get("/v1/models")[1])["data"][0]["id"]
 
     def stream(self, model: str, prompt: str, max_tokens: int, timeout: float, temperature: float = 0.0,
-               hang_up: bool = False, key: str | None = None) -> dict:
+               hang_up: bool = False, key: str | None = None, repetition_penalty: float = 1.0) -> dict:
         """One streamed completion: TTFT, chunk times, tokens, whether it arrived whole (``hang_up``: close the
         connection after the first text chunk)."""
         t0 = time.perf_counter()
@@ -85,7 +86,8 @@ class Target:
         try:
             conn.request("POST", "/v1/completions", body=json.dumps(
                 {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
-                 "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}), headers=headers)
+                 "repetition_penalty": repetition_penalty, "stream": True,
+                 "stream_options": {"include_usage": True}, "ignore_eos": True}), headers=headers)
             r = conn.getresponse()
             if r.status != 200:
                 out["error"] = f"HTTP {r.status}: {r.read()[:200]!r}"
@@ -138,7 +140,7 @@ def pct(values: list[float], q: float) -> float | None:
 
 def run_clients(target: Target, model: str, clients: int, requests: int, max_tokens: int, time_limit: float,
                 on_half=None, temperature: float = 0.0, cancel_every: int = 0,
-                key: str | None = None) -> tuple[list[dict], float]:
+                key: str | None = None, repetition_penalty: float = 1.0) -> tuple[list[dict], float]:
     results: list[dict] = []
     lock = threading.Lock()
     stop_at = time.perf_counter() + time_limit
@@ -150,7 +152,8 @@ def run_clients(target: Target, model: str, clients: int, requests: int, max_tok
                 return
             n = i * requests + j
             r = target.stream(model, PROMPTS[n % len(PROMPTS)], max_tokens, timeout=600, temperature=temperature,
-                              hang_up=cancel_every > 0 and n % cancel_every == cancel_every - 1, key=key)
+                              hang_up=cancel_every > 0 and n % cancel_every == cancel_every - 1, key=key,
+                              repetition_penalty=repetition_penalty)
             with lock:
                 results.append(r)
                 if len(results) == total // 2 and on_half is not None and not half_done.is_set():
@@ -249,6 +252,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--requests", type=int, default=25, help="requests per client")
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--repetition-penalty", type=float, default=1.0)
     ap.add_argument("--cancel-every", type=int, default=0, help="every K-th request hangs up after its first chunk")
     ap.add_argument("--short-behind-long", action="store_true",
                     help="also measure a 1-token request's time to first token behind a 512-token one")
@@ -271,7 +275,8 @@ def main(argv=None) -> dict:
         model = target.model()
         for i in range(args.warmup):
             target.stream(model, PROMPTS[i % len(PROMPTS)], args.max_tokens, timeout=600,
-                          temperature=args.temperature, key=args.api_key)
+                          temperature=args.temperature, key=args.api_key,
+                          repetition_penalty=args.repetition_penalty)
         rss = {"after_warmup": target.rss()}
         runs = []
         for k, clients in enumerate(levels):
@@ -279,7 +284,7 @@ def main(argv=None) -> dict:
             results, wall = run_clients(target, model, clients, args.requests, args.max_tokens, args.time_limit,
                                         on_half=(lambda: rss.__setitem__("halfway", target.rss())) if last else None,
                                         temperature=args.temperature, cancel_every=args.cancel_every,
-                                        key=args.api_key)
+                                        key=args.api_key, repetition_penalty=args.repetition_penalty)
             runs.append(summary(results, wall, clients))
             print(json.dumps({k: runs[-1][k] for k in ("clients", "generated_tokens_per_s", "lost")}),
                   file=sys.stderr, flush=True)
@@ -293,7 +298,8 @@ def main(argv=None) -> dict:
     out = {
         **run_meta(), "url": url, "serve_args": None if args.url else args.serve_args,
         "model": model, "requests_per_client": args.requests, "max_tokens": args.max_tokens,
-        "temperature": args.temperature, "cancel_every": args.cancel_every, "levels": runs,
+        "temperature": args.temperature, "repetition_penalty": args.repetition_penalty,
+        "cancel_every": args.cancel_every, "levels": runs,
         "lost": sum(r["lost"] for r in runs), "short_behind_long": probe,
         "rss_mib": {k: None if v is None else round(v / 2**20, 1) for k, v in rss.items()},
         "host_cpus": os.cpu_count(),
