@@ -31,8 +31,8 @@ COMMIT_HELD = "66aec15 (greedy runs 1-2), 1599f14 (greedy run 3 and every other 
 COMMIT_VLLM, COMMIT_VLLM_DRAFT = "3170a0b", "56f30f1"
 # auto against the fixed methods built from its own arms, in four decodings, after its choosing got a budget; the
 # runs record each question's tokens/s, so the same question's speed can be compared from run to run
-AUTO = "2026-11-27-auto-aside"
-AUTO_BEFORE = "2026-11-27-auto-repeat"  # the same runs before auto stepped aside where its requests kept losing
+AUTO = "2026-11-27-auto-vnni"
+AUTO_BEFORE = "2026-11-27-auto-aside"  # the same runs with the AVX2 products only (before the VNNI tiles)
 AUTO_DECODINGS = {"greedy": "greedy", "greedy-rp1.2": "repetition penalty 1.2", "T0.7": "temperature 0.7",
                   "T0.7-rp1.2": "T 0.7 + penalty 1.2"}
 AUTO_FIXED = ("ngram", "microspec@lookup")
@@ -250,18 +250,20 @@ def _auto_budget() -> str:
 
 
 def _before() -> list[str]:
-    """auto's mean speed-up per decoding in the runs before it stepped aside (the same command, 3 runs)."""
+    """auto's mean speed-up and tokens/s per decoding in the same runs with the AVX2 products only (3 runs)."""
     runs = sorted(p.name for p in (RESULTS / AUTO_BEFORE).iterdir() if p.is_dir())
     cells, commits = [], set()
     for d, label in AUTO_DECODINGS.items():
         res = [load(f"{AUTO_BEFORE}/{r}/{d}/results.json") for r in runs]
         commits |= {commit(r["meta"]) for r in res}
-        cells.append(f"{label} {spread([r['methods']['auto']['overall']['speedup'] for r in res])}")
+        cells.append(f"{label} {spread([r['methods']['auto']['overall']['speedup'] for r in res])} "
+                     f"({spread([r['methods']['auto']['overall']['tokens_per_s'] for r in res], 1, '')} tok/s)")
     aside = [load(f"{AUTO}/{r}/{d}/results.json")["methods"]["auto"]["overall"].get("auto_aside_share", 0.0)
              for r in sorted(p.name for p in (RESULTS / AUTO).iterdir() if p.is_dir()) for d in AUTO_DECODINGS]
-    return [f"- The same {len(runs)} runs before `auto` stepped aside where its requests kept losing (commit "
+    return [f"- The same {len(runs)} runs before the interleaved products used AVX-512 VNNI (commit "
             f"{', '.join(sorted(commits))}, `benchmarks/results/{AUTO_BEFORE}/`): `auto` " + "; ".join(cells) + ". "
-            f"Here up to {max(aside):.0%} of a decoding's turns ran plainly, the engine having stepped aside."]
+            f"In the runs above up to {max(aside):.0%} of a decoding's turns ran plainly, the engine having stepped "
+            "aside."]
 
 
 def _same_question(res: dict, n_runs: int) -> list[str]:
