@@ -1,7 +1,7 @@
 """The interleaved integer products with AVX-512 VNNI against the AVX2 path, in one process (``cpu_quant.set_vnni``
-switches between them; the outputs are equal bit for bit, tests/test_gguf.py): the LM head (Q8_0) and an MLP
-matrix (Q5_0) of Gemma 3 270M's packed GGUF at 1-16 activation rows, and the model's forward plus head over 1-64 new
-tokens (a plain step, verify passes of draft trees, a prefill chunk).
+switches between them; the outputs are equal bit for bit, tests/test_gguf.py): the LM head (Q8_0) and a layer
+matrix of each other packed type (Q5_0, Q4_K, Q6_K) of Gemma 3 270M's packed GGUF at 1-16 activation rows, and the
+model's forward plus head over 1-64 new tokens (a plain step, verify passes of draft trees, a prefill chunk).
 
     python benchmarks/measure/vnni_products.py --out vnni.json
 
@@ -21,6 +21,7 @@ import torch
 from microspec import load_model
 from microspec.bench import run_meta
 from microspec.kernels import cpu_quant
+from microspec.models.quant import QuantTensor
 
 
 def timed(fn, reps: int) -> float:
@@ -54,7 +55,11 @@ def main() -> None:
     if not cpu_quant.set_vnni(None):
         raise SystemExit("this CPU has no AVX-512 VNNI: nothing to compare")
     m = lm.model
-    mats = {"head": m.head_weight, "mlp_gate_0": m.model.layers[0].mlp.gate_proj.weight}
+    mats = {"head": m.head_weight}
+    for name, mod in m.model.layers.named_modules():  # the first matrix of each other packed type
+        w = getattr(mod, "weight", None)
+        if isinstance(w, QuantTensor) and w.qtype not in {v.qtype for v in mats.values()}:
+            mats[f"layers.{name}"] = w
     out = {**run_meta(), "model": args.model, "products": {}, "forward_head": {}}
     torch.manual_seed(0)
     with torch.inference_mode():

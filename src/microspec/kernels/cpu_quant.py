@@ -92,9 +92,10 @@ def linear_q8(x: torch.Tensor, data: torch.Tensor, type_id: int, cols: int) -> t
 
 
 def set_vnni(on: bool | None = None) -> bool:
-    """Whether the interleaved forms' integer products use AVX-512 VNNI (one ``vpdpbusd`` per chunk and row in place
-    of ``maddubs`` and ``madd``: the same exact int32 sums, so the same results bit for bit): ``on`` True where the
-    CPU has it, False never, None as the CPU allows (the default); returns whether they do now."""
+    """Whether the interleaved forms' integer products (every packed type, the K-quants included) use AVX-512 VNNI
+    (``vpdpbusd`` into int32 lanes in place of ``maddubs`` and ``madd``: the same exact int32 sums, so the same
+    results bit for bit): ``on`` True where the CPU has it, False never, None as the CPU allows (the default);
+    returns whether they do now."""
     return bool(_EXT.module.set_vnni(-1 if on is None else int(bool(on))))
 
 

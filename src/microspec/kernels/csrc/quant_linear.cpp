@@ -352,8 +352,8 @@ MICROSPEC_VNNI void tile_x8_vnni(const Act& a, const int32_t* offs, const int32_
   for (int i = 0; i < MT; ++i) _mm256_storeu_ps(out + 8 * i, T::min ? _mm256_add_ps(acc[i], accm[i]) : acc[i]);
 }
 
-// Whether the interleaved products take tile_x8_vnni: -1 until first asked (then whether the CPU has AVX-512 VNNI
-// with 256-bit registers), or as set_vnni set it.
+// Whether the interleaved products take tile_x8_vnni and tile_k8_vnni: -1 until first asked (then whether the CPU
+// has AVX-512 VNNI with 256-bit registers), or as set_vnni set it.
 std::atomic<int> g_vnni{-1};
 
 bool cpu_has_vnni() {
@@ -430,11 +430,67 @@ inline void tile_k8(const Act& a, const int32_t* offs, const uint8_t* w, int64_t
   for (int i = 0; i < MT; ++i) _mm256_storeu_ps(out + 8 * i, T::min ? _mm256_add_ps(acc[i], accm[i]) : acc[i]);
 }
 
+// tile_k8 with AVX-512 VNNI: each chunk's products go into int32 lanes with one vpdpbusd (the whole group for Q4_K,
+// each half for Q6_K), times the lanes' sub-block scales with one mullo: the same exact int32 t32 as madd of the
+// int16 pair sums with (sc, sc), so the same results bit for bit.
+template <class T, int MT>
+MICROSPEC_VNNI void tile_k8_vnni(const Act& a, const int32_t* offs, const uint8_t* w, int64_t m0, float* out) {
+  constexpr bool Q6 = T::kq == 14;
+  __m256 acc[MT], accm[MT];
+  for (int i = 0; i < MT; ++i) { acc[i] = _mm256_setzero_ps(); accm[i] = _mm256_setzero_ps(); }
+  for (int64_t blk = 0; blk < a.G / 8; ++blk) {
+    const uint8_t* B = w + blk * T::tbytes;
+    const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B)));
+    const __m256 dminv = T::min ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B + 16)))
+                                : _mm256_setzero_ps();
+    for (int j = 0; j < 8; ++j) {
+      const int64_t g = blk * 8 + j;
+      const __m128i sb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(B + T::soff + 16 * j));
+      // lane s: the int16 pair (byte 2s, byte 2s + 1): Q4_K (sc, m) unsigned, Q6_K (sc_a, sc_b) signed
+      const __m256i sx = Q6 ? _mm256_cvtepi8_epi16(sb) : _mm256_cvtepu8_epi16(sb);
+      const uint8_t* q = B + T::qoff + T::qbytes * j;
+      // exact int32 sums per lane: the whole group (Q4_K) or its halves (Q6_K), then times the lanes' scales
+      __m256i s0[MT], s1[MT];
+      for (int i = 0; i < MT; ++i) { s0[i] = _mm256_setzero_si256(); s1[i] = _mm256_setzero_si256(); }
+      for (int c = 0; c < 8; ++c) {
+        const __m256i wv = T::chunk(q, c);
+        for (int i = 0; i < MT; ++i) {
+          int32_t xs;
+          std::memcpy(&xs, a.q + (m0 + i) * a.K + 32 * g + 4 * c, 4);
+          if (Q6 && c >= 4) s1[i] = _mm256_dpbusd_epi32(s1[i], wv, _mm256_set1_epi32(xs));
+          else s0[i] = _mm256_dpbusd_epi32(s0[i], wv, _mm256_set1_epi32(xs));
+        }
+      }
+      // Q4_K: sc, the low int16 of the lane (unsigned); Q6_K: sc_a (low) and sc_b (high), signed
+      const __m256i sca = Q6 ? _mm256_srai_epi32(_mm256_slli_epi32(sx, 16), 16)
+                             : _mm256_and_si256(sx, _mm256_set1_epi32(0xFFFF));
+      const __m256i scb = _mm256_srai_epi32(sx, 16);
+      __m256i t32[MT];
+      for (int i = 0; i < MT; ++i) {
+        t32[i] = _mm256_mullo_epi32(s0[i], sca);
+        if (Q6) t32[i] = _mm256_add_epi32(t32[i], _mm256_mullo_epi32(s1[i], scb));
+      }
+      const __m256 mf = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(sx, 16)), dminv);  // Q4_K: dmin * m
+      for (int i = 0; i < MT; ++i) {
+        const int64_t r = m0 + i;
+        __m256i p = t32[i];
+        if (Q6)  // - 32 (sc_a * sum(qx[0..15]) + sc_b * sum(qx[16..31]))
+          p = _mm256_sub_epi32(p, _mm256_slli_epi32(_mm256_madd_epi16(sx, _mm256_set1_epi32(offs[r * a.G + g])), 5));
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dv, _mm256_set1_ps(a.d[r * a.G + g])), acc[i]);
+        if (T::min) accm[i] = _mm256_fnmadd_ps(mf, _mm256_set1_ps(a.ds[r * a.G + g]), accm[i]);
+      }
+    }
+  }
+  for (int i = 0; i < MT; ++i) _mm256_storeu_ps(out + 8 * i, T::min ? _mm256_add_ps(acc[i], accm[i]) : acc[i]);
+}
+
 template <class T, int MT>
 inline void tile_any(const Act& a, const int32_t* offs, const int32_t* sums, const uint8_t* w, int64_t m0,
                      float* out, bool vnni) {
-  if constexpr (T::kq != 0) tile_k8<T, MT>(a, offs, w, m0, out);
-  else if (vnni) tile_x8_vnni<T, MT>(a, offs, sums, w, m0, out);
+  if constexpr (T::kq != 0) {
+    if (vnni) tile_k8_vnni<T, MT>(a, offs, w, m0, out);
+    else tile_k8<T, MT>(a, offs, w, m0, out);
+  } else if (vnni) tile_x8_vnni<T, MT>(a, offs, sums, w, m0, out);
   else tile_x8<T, MT>(a, offs, w, m0, out);
 }
 
