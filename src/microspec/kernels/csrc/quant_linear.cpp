@@ -264,6 +264,26 @@ void linear_q8_type(const int8_t* qx, const float* dx, const float* dxs, int64_t
   });
 }
 
+// A group's exact int32 lane sums t32 of rows m0..m0+MT-1 (the 8 weight rows of an interleaved tile at b) into the
+// fp32 accumulators: less OFF * sum(qx) for the offset types, acc = fma(fp32(sum), d_rows * dx, acc), and the min
+// term accm = fma(m_rows, dx * sum(qx), accm) beside it.  tile_x8 and tile_x8_vnni share it: one fp32 chain.
+template <class T, int MT>
+__attribute__((always_inline)) inline void x8_accumulate(const Act& a, const int32_t* offs, const uint8_t* b,
+                                                         int64_t g, int64_t m0, const __m256i* t32, __m256* acc,
+                                                         __m256* accm) {
+  const __m256 sv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+  for (int i = 0; i < MT; ++i) {
+    const int64_t r = m0 + i;
+    __m256i p = t32[i];
+    if (T::off) p = _mm256_sub_epi32(p, _mm256_set1_epi32(offs[r * a.G + g]));
+    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(sv, _mm256_set1_ps(a.d[r * a.G + g])), acc[i]);
+    if (T::min) {
+      const __m256 mm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16)));
+      accm[i] = _mm256_fmadd_ps(mm, _mm256_set1_ps(a.ds[r * a.G + g]), accm[i]);
+    }
+  }
+}
+
 // Activation rows m0..m0+MT-1 against one tile of an interleaved form (8 weight rows, lanes 0..7): per group, the
 // exact int32 sums of the 8 rows (int16 pair sums of CH16 chunks added before each madd: no overflow, see X8), less
 // OFF * sum(qx) for the offset types, then acc = fma(fp32(sum), d_rows * dx, acc) over the groups in order; the min
@@ -276,7 +296,6 @@ inline void tile_x8(const Act& a, const int32_t* offs, const uint8_t* w, int64_t
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t g = 0; g < a.G; ++g) {
     const uint8_t* b = w + g * T::gbytes;
-    const __m256 sv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
     __m256i t32[MT];
     for (int h = 0; h < 8 / T::ch16; ++h) {
       __m256i t16[MT];
@@ -298,16 +317,7 @@ inline void tile_x8(const Act& a, const int32_t* offs, const uint8_t* w, int64_t
         t32[i] = h == 0 ? p : _mm256_add_epi32(t32[i], p);
       }
     }
-    for (int i = 0; i < MT; ++i) {
-      const int64_t r = m0 + i;
-      __m256i p = t32[i];
-      if (T::off) p = _mm256_sub_epi32(p, _mm256_set1_epi32(offs[r * a.G + g]));
-      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(sv, _mm256_set1_ps(a.d[r * a.G + g])), acc[i]);
-      if (T::min) {
-        const __m256 mm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16)));
-        accm[i] = _mm256_fmadd_ps(mm, _mm256_set1_ps(a.ds[r * a.G + g]), accm[i]);
-      }
-    }
+    x8_accumulate<T, MT>(a, offs, b, g, m0, t32, acc, accm);
   }
   for (int i = 0; i < MT; ++i) _mm256_storeu_ps(out + 8 * i, T::min ? _mm256_add_ps(acc[i], accm[i]) : acc[i]);
 }
@@ -325,7 +335,6 @@ MICROSPEC_VNNI void tile_x8_vnni(const Act& a, const int32_t* offs, const int32_
   for (int i = 0; i < MT; ++i) { acc[i] = _mm256_setzero_ps(); accm[i] = _mm256_setzero_ps(); }
   for (int64_t g = 0; g < a.G; ++g) {
     const uint8_t* b = w + g * T::gbytes;
-    const __m256 sv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
     __m256i t32[MT];
     for (int i = 0; i < MT; ++i) t32[i] = _mm256_setzero_si256();
     for (int c = 0; c < 8; ++c) {
@@ -337,17 +346,10 @@ MICROSPEC_VNNI void tile_x8_vnni(const Act& a, const int32_t* offs, const int32_
         t32[i] = _mm256_dpbusd_epi32(t32[i], uw, _mm256_set1_epi32(xs));
       }
     }
-    for (int i = 0; i < MT; ++i) {
-      const int64_t r = m0 + i;
-      __m256i p = t32[i];
-      if (T::sign) p = _mm256_sub_epi32(p, _mm256_set1_epi32(128 * sums[r * a.G + g]));
-      if (T::off) p = _mm256_sub_epi32(p, _mm256_set1_epi32(offs[r * a.G + g]));
-      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(sv, _mm256_set1_ps(a.d[r * a.G + g])), acc[i]);
-      if (T::min) {
-        const __m256 mm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16)));
-        accm[i] = _mm256_fmadd_ps(mm, _mm256_set1_ps(a.ds[r * a.G + g]), accm[i]);
-      }
-    }
+    if (T::sign)  // the q + 128 of the products: less 128 * sum(qx)
+      for (int i = 0; i < MT; ++i)
+        t32[i] = _mm256_sub_epi32(t32[i], _mm256_set1_epi32(128 * sums[(m0 + i) * a.G + g]));
+    x8_accumulate<T, MT>(a, offs, b, g, m0, t32, acc, accm);
   }
   for (int i = 0; i < MT; ++i) _mm256_storeu_ps(out + 8 * i, T::min ? _mm256_add_ps(acc[i], accm[i]) : acc[i]);
 }
@@ -369,6 +371,26 @@ bool vnni_on() {
     g_vnni.store(v, std::memory_order_relaxed);
   }
   return v == 1;
+}
+
+// A K-quant group's exact int32 lane sums t32 (scales applied) of rows m0..m0+MT-1 into the fp32 accumulators:
+// Q6_K less 32 (sc_a * sum(qx[0..15]) + sc_b * sum(qx[16..31])), acc = fma(fp32(t32), d_rows * dx, acc), and Q4_K's
+// min term accm = fnma(dmin_rows * m, dx * sum(qx), accm).  ``sx``: the group's scale pairs (see tile_k8).
+// tile_k8 and tile_k8_vnni share it: one fp32 chain.
+template <class T, int MT>
+__attribute__((always_inline)) inline void k8_accumulate(const Act& a, const int32_t* offs, int64_t g, int64_t m0,
+                                                         __m256i sx, __m256 dv, __m256 dminv, const __m256i* t32,
+                                                         __m256* acc, __m256* accm) {
+  constexpr bool Q6 = T::kq == 14;
+  const __m256 mf = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(sx, 16)), dminv);  // Q4_K: dmin * m
+  for (int i = 0; i < MT; ++i) {
+    const int64_t r = m0 + i;
+    __m256i p = t32[i];
+    if (Q6)  // - 32 (sc_a * sum(qx[0..15]) + sc_b * sum(qx[16..31]))
+      p = _mm256_sub_epi32(p, _mm256_slli_epi32(_mm256_madd_epi16(sx, _mm256_set1_epi32(offs[r * a.G + g])), 5));
+    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dv, _mm256_set1_ps(a.d[r * a.G + g])), acc[i]);
+    if (T::min) accm[i] = _mm256_fnmadd_ps(mf, _mm256_set1_ps(a.ds[r * a.G + g]), accm[i]);
+  }
 }
 
 // Activation rows m0..m0+MT-1 against one tile-block row of a K-quant's interleaved form (XQ4_K, XQ6_K): per group,
@@ -416,15 +438,7 @@ inline void tile_k8(const Act& a, const int32_t* offs, const uint8_t* w, int64_t
           t32[i] = h == 0 ? p : _mm256_add_epi32(t32[i], p);
         }
       }
-      const __m256 mf = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(sx, 16)), dminv);  // Q4_K: dmin * m
-      for (int i = 0; i < MT; ++i) {
-        const int64_t r = m0 + i;
-        __m256i p = t32[i];
-        if (Q6)  // - 32 (sc_a * sum(qx[0..15]) + sc_b * sum(qx[16..31]))
-          p = _mm256_sub_epi32(p, _mm256_slli_epi32(_mm256_madd_epi16(sx, _mm256_set1_epi32(offs[r * a.G + g])), 5));
-        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dv, _mm256_set1_ps(a.d[r * a.G + g])), acc[i]);
-        if (T::min) accm[i] = _mm256_fnmadd_ps(mf, _mm256_set1_ps(a.ds[r * a.G + g]), accm[i]);
-      }
+      k8_accumulate<T, MT>(a, offs, g, m0, sx, dv, dminv, t32, acc, accm);
     }
   }
   for (int i = 0; i < MT; ++i) _mm256_storeu_ps(out + 8 * i, T::min ? _mm256_add_ps(acc[i], accm[i]) : acc[i]);
@@ -470,15 +484,7 @@ MICROSPEC_VNNI void tile_k8_vnni(const Act& a, const int32_t* offs, const uint8_
         t32[i] = _mm256_mullo_epi32(s0[i], sca);
         if (Q6) t32[i] = _mm256_add_epi32(t32[i], _mm256_mullo_epi32(s1[i], scb));
       }
-      const __m256 mf = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(sx, 16)), dminv);  // Q4_K: dmin * m
-      for (int i = 0; i < MT; ++i) {
-        const int64_t r = m0 + i;
-        __m256i p = t32[i];
-        if (Q6)  // - 32 (sc_a * sum(qx[0..15]) + sc_b * sum(qx[16..31]))
-          p = _mm256_sub_epi32(p, _mm256_slli_epi32(_mm256_madd_epi16(sx, _mm256_set1_epi32(offs[r * a.G + g])), 5));
-        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dv, _mm256_set1_ps(a.d[r * a.G + g])), acc[i]);
-        if (T::min) accm[i] = _mm256_fnmadd_ps(mf, _mm256_set1_ps(a.ds[r * a.G + g]), accm[i]);
-      }
+      k8_accumulate<T, MT>(a, offs, g, m0, sx, dv, dminv, t32, acc, accm);
     }
   }
   for (int i = 0; i < MT; ++i) _mm256_storeu_ps(out + 8 * i, T::min ? _mm256_add_ps(acc[i], accm[i]) : acc[i]);
