@@ -178,6 +178,7 @@ def test_the_device_walk_is_the_host_walk(index, decoding, made):
     pipe = LogitsPipeline(GenerationConfig(**decoding), vocab, cpu)
     host_pipe = pipe  # the host walk's: an unseeded request's keyed rule is a seeded one's with its key as the seed
     if pipe.key is not None and not pipe.keyed:
+        pipe.key = 1000 + index  # the request's own random key, fixed here so that the walks are reproducible
         host_pipe = LogitsPipeline(GenerationConfig(**decoding, seed=pipe.key), vocab, cpu)
         assert host_pipe.keyed and host_pipe.key == pipe.key
     for p in {id(pipe): pipe, id(host_pipe): host_pipe}.values():
