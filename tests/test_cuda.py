@@ -265,16 +265,20 @@ def test_load_model_on_cuda_replays_graphs_by_default(tiny_model_dir, method):
 
 def test_a_second_request_replays_the_first_requests_graphs():
     """Graphs are captured on a cache's buffers; the cache a finished generation gave back goes to the next one of
-    its size class (CachePool), so a second request of the same shapes captures nothing new."""
+    its size class (CachePool), so a later request of the same shapes replays the first's graphs.  A shape is
+    captured at its second use: the prompt's, used once by the first request, is captured by the second (and only
+    it), and a third request captures nothing."""
     nm = _model(graphs=True)
     cfg = GenerationConfig(max_new_tokens=24, ignore_eos=True)
     generate_ids(nm, PROMPT, cfg)
     g = nm.cuda_graphs
     before = g.captures
     assert before >= 1
-    out = generate_ids(nm, PROMPT, cfg)
-    assert g.captures == before and nm.cache_pool.reused >= 1 and out.stats.graph_captures == 0
-    assert out.token_ids == generate_ids(_model(), PROMPT, cfg).token_ids
+    second = generate_ids(nm, PROMPT, cfg)
+    assert g.captures == before + 1 and second.stats.graph_captures == 1  # the prompt's shape, at its second use
+    third = generate_ids(nm, PROMPT, cfg)
+    assert g.captures == before + 1 and nm.cache_pool.reused >= 2 and third.stats.graph_captures == 0
+    assert second.token_ids == third.token_ids == generate_ids(_model(), PROMPT, cfg).token_ids
 
 
 def test_bench_profile_counts_one_host_wait_a_step_and_the_devices_busy_time():

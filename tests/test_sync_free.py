@@ -188,13 +188,18 @@ def _method(name: str, model, tmp_path):
     if not path.exists():
         official_checkpoint(path, d=model.spec.hidden_size)
     eagle = EagleDrafter(EagleHead.load(path), **(tree if name != "eagle-chain" else {"depth": 3}))
+    if name == "eagle+fr-spec":  # a static shortlist: the most frequent ids of a (here random) token map
+        from microspec.vocab.frequency import StaticShortlist
+
+        order = torch.randperm(model.spec.vocab_size, generator=torch.Generator().manual_seed(0)).tolist()
+        return eagle, StaticShortlist(order, model.spec.vocab_size // 4, always=[0])
     return {"eagle": (eagle, None), "eagle-chain": (eagle, None), "eagle+microspec": (eagle, micro),
             "microspec@lookup": (LookupFirst(eagle, NGramDrafter(num_tokens=5)), micro)}[name]
 
 
 PENALTY = {"repetition_penalty": 1.2}
 METHODS = ["ar", "ngram", "suffix", "early-exit", "early-exit-chain", "eagle", "eagle-chain", "eagle+microspec",
-           "microspec@lookup"]
+           "eagle+fr-spec", "microspec@lookup"]
 
 
 UNSEEDED = {"temperature": 0.8}

@@ -31,6 +31,7 @@ from microspec.drafters.eagle import _layer_config
 from microspec.models.native import NativeCausalLM
 from microspec.sync_audit import WouldSync
 from microspec.vocab import MicroSpecVocab
+from microspec.vocab.frequency import StaticShortlist
 from microspec.vocab.packed import PackedRows
 
 PACKAGE = str(Path(__file__).resolve().parents[2] / "src" / "microspec")
@@ -75,7 +76,10 @@ def method(name: str, device: torch.device):
             "early-exit": lambda: (EarlyExitDrafter(1, depth=3, top_k=2, total_tokens=5), None),
             "eagle": lambda: (eagle(), None),
             "eagle+microspec": lambda: (eagle(), micro("device")),
-            "eagle+microspec-triton": lambda: (eagle(), micro("triton"))}[name]()
+            "eagle+microspec-triton": lambda: (eagle(), micro("triton")),
+            "eagle+fr-spec": lambda: (eagle(), StaticShortlist(  # a random "frequency" map's first quarter
+                torch.randperm(VOCAB, generator=torch.Generator().manual_seed(0)).tolist(), VOCAB // 4, always=[0],
+                device=device))}[name]()
 
 
 def sites(model, name: str, n: int, device: torch.device) -> tuple[Counter, int]:
@@ -109,7 +113,8 @@ def sites(model, name: str, n: int, device: torch.device) -> tuple[Counter, int]
 @torch.inference_mode()
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--methods", default="ar,ngram,early-exit,eagle,eagle+microspec,eagle+microspec-triton")
+    ap.add_argument("--methods", default="ar,ngram,early-exit,eagle,eagle+microspec,eagle+microspec-triton,"
+                                          "eagle+fr-spec")
     ap.add_argument("--short", type=int, default=16)
     ap.add_argument("--long", type=int, default=64)
     ap.add_argument("--graphs", action="store_true", help="the target (and the EAGLE head) replayed as CUDA graphs")

@@ -15,7 +15,8 @@ and writes at a host-side offset.  :func:`static_run` is the same forward in fix
 a prompt's, runs eagerly) and replays it afterwards, up to :data:`MAX_GRAPHS` a cache (the least recently used
 go first); a cache's graphs and their memory pool go when the cache does.  A finished generation gives its cache
 back to the model (:class:`~microspec.models.kv_cache.CachePool`), and the next one of its size class takes it with
-its graphs: requests after the first capture nothing new for the shapes they share.  Anything it cannot run (no
+its graphs: a later request replays the shapes earlier ones captured and captures only those used once before
+(the second request captures the prompt's shape, which the first ran eagerly).  Anything it cannot run (no
 CUDA, more rows than ``max_rows``, taps or an early exit, a capture that fails) goes to the eager forward, which is
 also what every CPU run uses.
 
