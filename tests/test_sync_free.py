@@ -145,6 +145,7 @@ def test_the_audit_counts_what_would_synchronise_a_gpu():
     the device-side spellings of the same work are not."""
     from microspec.sync_audit import WouldSync
     from microspec.transfer import to_device
+    from microspec.vocab.base import contains
 
     x, idx = torch.zeros(6, 6, dtype=torch.bool), torch.arange(3)
     would = {
@@ -156,6 +157,7 @@ def test_the_audit_counts_what_would_synchronise_a_gpu():
         "x[mask]": lambda: x[x],
         "torch.tensor(list, device=...)": lambda: torch.tensor([1, 2], device=torch.device("cpu")),
         "repeat_interleave(tensor)": lambda: idx.repeat_interleave(idx),
+        "isin(ids, 100-id set)": lambda: torch.isin(idx, torch.arange(100)),  # ATen's sorting path: unique
     }
     fine = {
         "x[:3, :3].diagonal().fill_(True)": lambda: x[:3, :3].diagonal().fill_(True),
@@ -165,6 +167,8 @@ def test_the_audit_counts_what_would_synchronise_a_gpu():
         "torch.tensor(list)": lambda: torch.tensor([1, 2]),
         "repeat_interleave(int)": lambda: idx.repeat_interleave(2),
         "x[idx]": lambda: x[idx],
+        "isin(ids, 5-id set)": lambda: torch.isin(idx, torch.arange(5)),  # compared all to all on the device
+        "contains(ids, 100-id set)": lambda: contains(torch.arange(100), idx),  # a binary search
     }
     for name, op in {**would, **fine}.items():
         with WouldSync() as audit:
@@ -267,3 +271,24 @@ def test_an_auto_step_would_synchronise_a_gpu_once(monkeypatch, tiny_model_dir):
     assert len(out.stats.auto["arms"]) > 1  # it chose between arms
     (a, s0), (b, s1) = counts
     assert (b.count - a.count) / (s1 - s0) == 1, {k: b.sites[k] - a.sites[k] for k in {*a.sites, *b.sites}}
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 300, 5000])
+def test_contains_is_isin_without_a_read(n):
+    """A policy's membership test (the coverage observer's, per committed token) is ``torch.isin``'s answer by a
+    binary search of the set's sorted ids, the sorted ids kept while the set lives."""
+    from microspec.vocab.base import contains
+    from microspec.vocab.frequency import StaticShortlist
+
+    g = torch.Generator().manual_seed(n)
+    active = torch.randperm(10_000, generator=g)[:n]
+    ids = torch.randint(0, 10_000, (64,), generator=g)
+    ids[: min(n, 16)] = active[: min(n, 16)]
+    cache: list = []
+    for _ in range(2):  # sorted, then from the cache
+        assert torch.equal(contains(active, ids, cache), torch.isin(ids, active))
+    assert not n or cache[0][0]() is active
+    order = torch.randperm(10_000, generator=g).tolist()
+    policy = StaticShortlist(order, max(n, 1), always=[order[-1]])
+    assert torch.equal(policy.contains(ids), torch.isin(ids, policy.active()))
+

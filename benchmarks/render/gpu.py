@@ -247,9 +247,10 @@ def _e2e() -> list[str]:
             f"{prof['ar']['device_busy_share']:.0%}; `bench --profile`): the host's launches of the draft levels, "
             "not the device, set the pace. Host waits a step (the profile's count): "
             + ", ".join(f"{E2E_LABELS.get(m, m)} {prof[m]['host_waits_per_step']:.2f}" for m in models)
-            + (f" (FR-Spec's extra waits are not among those the CPU audit sees: tests/test_sync_free.py counts one "
-               "a step for EAGLE + FR-Spec at EAGLE-2's tree shape, so a CUDA-only operation makes them; the suite's "
-               "sync-site part lists EAGLE + FR-Spec since this run)"
+            + (" (FR-Spec's extra waits at the run's commit: the coverage observer's `torch.isin` of each committed "
+               "token against the 32k-id set, whose sorting path inside ATen finds unique ids and reads their count "
+               "back, out of the CPU audit's sight; the audit counts such an `isin` since, and a policy's membership "
+               "test is a binary search of its sorted ids, one wait a step in the audit: not yet run on a GPU)"
                if prof["fr-spec-32768"]["host_waits_per_step"] > 1.5 else "")
             + f". Prompt lookup's draft is {lookup_ms:.2f} ms a step, and it reaches "
             f"{x(g['ngram']['overall']['speedup'])} greedy and "

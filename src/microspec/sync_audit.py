@@ -1,13 +1,14 @@
 """Where a step would wait for a CUDA device, found on a CPU.
 
-CUDA's sync detector (``torch.cuda.set_sync_debug_mode``) needs a GPU.  The operations it reports are known from
-what they do, whatever the device: reading a value back (``item``, ``int()``, ``tolist``), an output whose shape
-depends on the data (``nonzero``, a boolean-mask index, ``masked_select``, ``unique``, ``repeat_interleave`` of a
-tensor without its output size), host data made a tensor on the device (``torch.tensor(list, device=...)``, a list
-used as an index) and an advanced-index assignment of a Python scalar (``x[idx] = True``: the value is made on the
-host and copied to the device with a blocking copy).  :class:`WouldSync` watches the dispatched operations of code that
-runs on CPU tensors and counts each of those where it happens, so that a test on a CPU catches the read that would
-stall a GPU step (tests/test_sync_free.py; ``benchmarks/measure/sync_sites.py --device cpu`` lists the sites).
+CUDA's sync detector (``torch.cuda.set_sync_debug_mode``) needs a GPU. The operations it reports are known from what
+they do, whatever the device: reading a value back (``item``, ``int()``, ``tolist``), an output whose shape depends
+on the data (``nonzero``, a boolean-mask index, ``masked_select``, ``unique``, ``repeat_interleave`` of a tensor
+without its output size, ``isin`` over a set large enough for ATen's sorting path, which finds unique ids), host
+data made a tensor on the device (``torch.tensor(list, device=...)``, a list used as an index) and an advanced-index
+assignment of a Python scalar (``x[idx] = True``: the value is made on the host and copied to the device with a
+blocking copy). :class:`WouldSync` watches the dispatched operations of code that runs on CPU tensors and counts
+each of those where it happens, so that a test on a CPU catches the read that would stall a GPU step
+(tests/test_sync_free.py; ``benchmarks/measure/sync_sites.py --device cpu`` lists the sites).
 
 It counts what would synchronise if the same code ran on CUDA tensors; code that works on host tensors by design
 (a CPU-only kernel such as the CPU argmax, a host-side table) is counted too, so it is meant for the device-agnostic
@@ -33,6 +34,7 @@ _DATA_SHAPED = {aten.nonzero.default, aten.masked_select.default, aten._unique2.
 _INDEX = {aten.index.Tensor, aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default}
 _PUT = {aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default}
 _REPEAT = {aten.repeat_interleave.Tensor, aten.repeat_interleave.self_Tensor}
+_ISIN = {aten.isin.Tensor_Tensor, aten.isin.Tensor_Tensor_out}
 _LIFT = {aten.lift_fresh.default, aten.lift_fresh_copy.default}
 # reads, counted where Python asks for them (under inference mode ``int(t)`` and ``item`` skip the dispatcher)
 _READS = ("tolist", "numpy", "item", "__int__", "__bool__", "__float__", "__index__")
@@ -50,7 +52,20 @@ def reason(func, args, kwargs) -> str | None:
             return "a boolean-mask index"
     if func in _REPEAT and kwargs.get("output_size") is None:
         return "repeat_interleave without output_size"
+    if func in _ISIN and _isin_sorts(args, kwargs):
+        return "isin over a set past NumPy's size heuristic: its sorting path finds unique ids (shaped by the data)"
     return None
+
+
+def _isin_sorts(args, kwargs) -> bool:
+    """Whether ``isin(elements, test_elements)`` takes ATen's sorting path, whose ``_unique`` of ``elements`` (unless
+    ``assume_unique``) sizes its output by the data: a set of at least 10 * n ** 0.145 ids for n elements."""
+    elements = args[0] if args else kwargs.get("elements")
+    test = args[1] if len(args) > 1 else kwargs.get("test_elements")
+    unique = args[2] if len(args) > 2 else kwargs.get("assume_unique", False)
+    if not isinstance(elements, torch.Tensor) or not isinstance(test, torch.Tensor) or elements.numel() == 0:
+        return False
+    return not unique and test.numel() >= int(10.0 * float(elements.numel()) ** 0.145)
 
 
 def _caller() -> tuple[str, int] | None:

@@ -15,6 +15,7 @@ the ranking never changes), which is what :class:`~microspec.vocab.position.Posi
 
 from __future__ import annotations
 
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -110,17 +111,31 @@ class VocabPolicy(ABC):
 
     def contains(self, ids: torch.Tensor, depth: int = 0) -> torch.Tensor:
         """[n] bool: which of ``ids`` the head could draft at ``depth`` this step."""
-        return contains(self.active(depth), ids)
+        cache = self.__dict__.setdefault("_sorted", [])  # [(weak reference to a set, its ids sorted)]: kept while
+        return contains(self.active(depth), ids, cache)  # the set lives (a static shortlist's is sorted once)
 
 
-def contains(active: ActiveSet, ids: torch.Tensor) -> torch.Tensor:
+def contains(active: ActiveSet, ids: torch.Tensor, cache: list | None = None) -> torch.Tensor:
+    """[n] bool: which of ``ids`` are in ``active``, without waiting for a GPU: a binary search of the set's sorted
+    ids (``torch.isin`` over a set of thousands takes ATen's sorting path, whose ``unique`` reads its size back).
+    ``cache``: a list that keeps the last set's sorted ids while that set lives."""
     if active is None:
         return torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
     if isinstance(active, PackedRows):
         return active.contains(ids)
     if isinstance(active, RankedPrefix):
         active = active.ids
-    return torch.isin(ids.to(active.device), active)
+    ids = ids.to(active.device)
+    if active.numel() == 0:
+        return torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
+    if cache and cache[0][0]() is active:
+        order = cache[0][1]
+    else:
+        order = active.reshape(-1).sort().values
+        if cache is not None:
+            cache[:] = [(weakref.ref(active), order)]
+    at = torch.searchsorted(order, ids.to(order.dtype)).clamp_(max=order.numel() - 1)
+    return order[at] == ids
 
 
 def active_size(active: ActiveSet, vocab_size: int) -> torch.Tensor | int:
