@@ -59,6 +59,12 @@ On one H200 (2026-11-27), in one call after the GPU suite (``--limit 1500 --epoc
 tok/s), their capture, and 167 optimizer steps of 16,384 positions at 46,000-68,000 positions/s; held-out top-1
 0.442 at training-time-test step 0 and 0.252 at step 6 (0.293 and 0.152 after the H100's 63 steps).
 
+EAGLE-1 alone (``--arch eagle --init src/microspec/heads/gemma-3-270m``, its own answers, no EAGLE-3 run first), on
+one H200 (2026-11-27), each one call after the GPU suite: ``--limit 1500 --epochs 3`` 73 s (2,998 answers, 548,977
+tokens, 83 steps), ``--limit 3500 --epochs 2`` 126 s (6,994 answers, 1,287,967 tokens at ~22,000 answer tok/s,
+145 steps at 60,000-80,000 positions/s); benchmarks/results/2026-11-27-gpu-heads-h200-eagle1/ has their τ (greedy
++5%, penalty 1.2 -4% against the shipped head, whose last fine-tunes used ``--penalty-loss``: not shipped).
+
 So the training itself is a small share of a call.  Sizing by these rates (a projection, to be checked by the run
 itself): in a 15-minute device budget, of which the machine's start and the GGUF staged in five calls took about
 1.5 minutes here, ``--limit 6000`` (about 4x the answers above) with 4-6 epochs should fit one call of under 9
