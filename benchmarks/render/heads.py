@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from .common import CPU, ROOT, Source, load, num, table
+from .common import CPU, ROOT, Source, load, num, table, x
 from .vocab import MODELS
 
 GEMMA = "2026-11-25-broad-head"  # fine-tune 4: the shipped Gemma head
@@ -216,12 +216,49 @@ def _gpu_heads() -> list[str]:
             f"{e1['heldout']['top1']:.3f}). Neither is shipped; the EAGLE-1 head stays the default.", ""]
 
 
+E1_H200 = "2026-11-27-gpu-heads-h200-eagle1"
+E1_HEADS = {"shipped EAGLE-1 head": "shipped", "EAGLE-1 from it, 3,500 prompts (e1b)": "e1b",
+            "EAGLE-1 from it, 1,500 prompts (e1)": "e1"}
+
+
+def _eagle1_h200() -> list[str]:
+    """The EAGLE-1 heads retrained on an H200 from the shipped one, against it on a held-apart set of their own."""
+    rows, srcs = [], []
+    for name, key in E1_HEADS.items():
+        cells = []
+        for dec in ("greedy", "pen"):
+            rel = f"{E1_H200}/tau-{key}-{dec}.json"
+            d = load(rel) if (ROOT / "benchmarks" / "results" / rel).is_file() else None
+            cells += [num(d["tau"][t]["overall"]) if d else None for t in ("eagle2", "cpu")]
+            if d:
+                srcs.append(Source(rel, d["command"].replace(d["head"], "HEAD").rsplit(" --out", 1)[0],
+                                   d["date"].split(" ")[0], CPU_AVX512, d["commit"]))
+        rows.append([name, *cells])
+    train = [[n, f"{t['answers']:,} ({t['answer_tokens']:,} tokens)", t["steps"], f"{t['wall_s']:.0f}",
+              f"{t['heldout']['top1']:.3f}"]
+             for n, t in ((n, load(f"{E1_H200}/training-{k}.json")) for n, k in E1_HEADS.items() if k != "shipped")]
+    pen = {k: load(f"{E1_H200}/tau-{k}-pen.json")["tau"]["eagle2"]["overall"] for k in ("shipped", "e1b")}
+    greedy = {k: load(f"{E1_H200}/tau-{k}-greedy.json")["tau"]["eagle2"]["overall"] for k in ("shipped", "e1b")}
+    return ["#### EAGLE-1 retrained on an H200 (not shipped)", "",
+            "Warm-started from the shipped head, one device call each (`gpu_train.py --arch eagle --init "
+            "src/microspec/heads/gemma-3-270m`, its own answers to training-pool prompts, plain and with penalty "
+            "1.2, bf16 target); τ on 12 held-apart prompts of their own (`benchmarks/data/held_apart.py "
+            "--per-category 4 --seed 2026`), packed target (– : not measured; see the folder's README):", "",
+            table(["head", "greedy: EAGLE-2 tree", "greedy: CPU tree", "penalty 1.2: EAGLE-2 tree",
+                   "penalty 1.2: CPU tree"], rows), "",
+            table(["trained head", "answers", "steps", "wall s (on the GPU)", "held-out top-1"], train), "",
+            *(s.markdown() for s in srcs), "",
+            f"- e1b: {x(greedy['e1b'] / greedy['shipped'])} the shipped head's τ greedy and "
+            f"{x(pen['e1b'] / pen['shipped'])} under the penalty (EAGLE-2's tree), where the shipped head's last "
+            "fine-tunes trained on penalised features: it wins in one decoding only, so the shipped head stays.", ""]
+
+
 def render() -> str:
     return "\n".join(["## The shipped draft heads", "",
                       "The EAGLE-1/2 heads in `src/microspec/heads/<model>/` (one decoder layer and fc over the "
                       "target's features, the target's own LM head), measured with `benchmarks/measure/eagle_tau.py`.",
                       "", *_by_category(), *_by_language(), *_training(), *_pilot(),
-                      *_gpu_heads()]).rstrip() + "\n"
+                      *_gpu_heads(), *_eagle1_h200()]).rstrip() + "\n"
 
 
 FIGURES: dict = {}
