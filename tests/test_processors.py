@@ -30,6 +30,30 @@ def test_repetition_penalty_matches_hf(penalty):
     torch.testing.assert_close(rp.apply(logits.clone()), ref)
 
 
+@pytest.mark.parametrize("penalty", [1.2, 0.8])
+def test_the_penalty_by_index_is_the_penalty_over_whole_rows(monkeypatch, penalty):
+    """On a CPU the penalty indexes the seen ids; the whole rows' select (a GPU's way) gives the same logits bit for
+    bit: nothing seen, one row, rows with and without a tree path of their own."""
+    from microspec.decoding import processors
+
+    g = torch.Generator().manual_seed(1)
+    seq = torch.randint(0, V, (40,), generator=g).tolist()
+    logits = torch.randn(5, V, generator=g) * 3
+    extras = [None, [[], [], [], [], []], [seq[30:33], [], seq[:2], [7], seq[35:]]]
+    for committed in (0, 12, 30):
+        rp = RepetitionPenalty(penalty, V, torch.device("cpu"))
+        rp.commit(seq[:committed])
+        for extra in extras:
+            for rows in (1, 5):
+                ex = None if extra is None else extra[:rows]
+                monkeypatch.setattr(processors, "BY_INDEX", ())
+                whole = rp.apply(logits[:rows].clone(), ex)
+                monkeypatch.setattr(processors, "BY_INDEX", ("cpu",))
+                assert torch.equal(rp.apply(logits[:rows].clone(), ex), whole), (committed, ex)
+                touched = committed or any(len(e) for e in ex or [])
+                assert torch.equal(whole, logits[:rows]) != bool(touched)
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_no_repeat_ngram_matches_hf_with_and_without_extra_path(n):
     from transformers.generation.logits_process import NoRepeatNGramLogitsProcessor

@@ -15,7 +15,7 @@ import pytest
 import torch
 from support import tiny_pair
 
-from microspec.decoding import GenerationConfig, generate_ids, stats
+from microspec.decoding import GenerationConfig, generate_ids, processors, stats
 from microspec.compose import make_drafter
 from microspec.vocab import MicroSpecVocab
 
@@ -229,6 +229,7 @@ def test_a_step_would_synchronise_a_gpu_once(monkeypatch, tmp_path, method, deco
 
     monkeypatch.setattr(verify, "DEVICE_WALK", ("cuda", "cpu"))
     monkeypatch.setattr(verify, "BLOCK_READS", ("cuda", "cpu"))
+    monkeypatch.setattr(processors, "BY_INDEX", ())  # the penalty over whole rows, as on CUDA
     init = PackedRows.__init__
 
     def fixed(self, *a, **kw):
@@ -260,6 +261,7 @@ def test_an_auto_step_would_synchronise_a_gpu_once(monkeypatch, tiny_model_dir):
 
     monkeypatch.setattr(verify, "DEVICE_WALK", ("cuda", "cpu"))
     monkeypatch.setattr(verify, "BLOCK_READS", ("cuda", "cpu"))
+    monkeypatch.setattr(processors, "BY_INDEX", ())  # the penalty over whole rows, as on CUDA
     lm = microspec.load_model(str(tiny_model_dir), dtype="fp32")
     engine = microspec.build("auto", lm)
     prompt = PROMPT + PROMPT[1:6]

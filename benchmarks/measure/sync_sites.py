@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from microspec.decoding import GenerationConfig, generate_ids, verify
+from microspec.decoding import GenerationConfig, generate_ids, processors, verify
 from microspec.drafters import EagleDrafter, EagleHead, EarlyExitDrafter, NGramDrafter
 from microspec.drafters.eagle import _layer_config
 from microspec.models.native import NativeCausalLM
@@ -128,6 +128,7 @@ def main(argv=None) -> dict:
     if device.type == "cpu":  # follow CUDA's path: the device walk, the packed rows at a fixed shape
         verify.DEVICE_WALK = (*verify.DEVICE_WALK, "cpu")
         verify.BLOCK_READS = (*verify.BLOCK_READS, "cpu")
+        processors.BY_INDEX = ()  # the repetition penalty over whole rows
         init = PackedRows.__init__
 
         def fixed(self, *a, **kw):

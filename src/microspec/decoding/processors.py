@@ -20,6 +20,9 @@ from ..transfer import to_device
 from .config import GenerationConfig
 
 
+BY_INDEX = ("cpu",)  # devices where the penalty indexes the seen ids (tests following CUDA's path on a CPU clear it)
+
+
 def penalised(logits: torch.Tensor, penalty: float | torch.Tensor) -> torch.Tensor:
     """HF's repetition penalty rule on ``logits`` (every one of them, seen or not: callers choose where it applies):
     a negative logit multiplied by ``penalty``, any other divided by it; ``penalty`` a number or a tensor that
@@ -79,7 +82,13 @@ class RepetitionPenalty:
         return torch.where(mask, penalised(logits, self.penalty), logits)
 
     def apply(self, logits: torch.Tensor, extra: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
-        """Penalise ``logits`` [R, V] (in place); row r's history is the committed sequence plus ``extra[r]``."""
+        """Penalise ``logits`` [R, V] (in place); row r's history is the committed sequence plus ``extra[r]``.
+
+        On a CPU only the seen ids' logits are read and written (a few hundred of a vocabulary of 262,144: the whole
+        rows' select was ~4% of a Gemma 3 270M step there), the same values; on a GPU the whole rows under the seen
+        bitmap, which needs no host list (a new id would be a copy the step waits for)."""
+        if logits.device.type in BY_INDEX:
+            return self._apply_seen(logits, extra)
         seen = self.seen.expand_as(logits)
         if extra is not None and any(len(e) for e in extra):
             seen = seen.clone()
@@ -87,6 +96,19 @@ class RepetitionPenalty:
                 if len(toks):
                     seen[r].index_fill_(0, to_device(list(toks), seen.device), True)  # no blocking copy
         return torch.where(seen, penalised(logits, self.penalty), logits, out=logits)
+
+    def _apply_seen(self, logits: torch.Tensor, extra: Sequence[Sequence[int]] | None) -> torch.Tensor:
+        """:meth:`apply` by index over the seen ids (and each row's ``extra``), in place."""
+        base = self.seen_ids()
+        if extra is None or not any(len(e) for e in extra):
+            if base.numel():
+                logits[:, base] = penalised(logits[:, base], self.penalty)
+            return logits
+        for r, toks in enumerate(extra):
+            ids = base if not len(toks) else torch.cat([base, torch.as_tensor(list(toks), dtype=torch.long)]).unique()
+            if ids.numel():
+                logits[r, ids] = penalised(logits[r, ids], self.penalty)
+        return logits
 
 
 class NoRepeatNGram:
