@@ -186,15 +186,16 @@ def test_bf16_greedy_identity_on_cuda(tmp_path):
 
 # ---------------------------------------------------------------- host synchronisations
 @pytest.mark.parametrize("method", ["ar", "ngram", "early-exit", "microspec"])
-@pytest.mark.parametrize("decoding", [{}, {"repetition_penalty": 1.2}, {"temperature": 0.8}],
-                         ids=["greedy", "penalty", "unseeded"])
+@pytest.mark.parametrize("decoding", [{}, {"repetition_penalty": 1.2}, {"temperature": 0.8},
+                                      {"no_repeat_ngram_size": 3}], ids=["greedy", "penalty", "unseeded", "no-repeat"])
 def test_synchronisations_do_not_grow_with_the_length(method, decoding):
     """CUDA's own sync detector (``torch.cuda.set_sync_debug_mode``) counts the operations that wait for the
     device.  Per step a generation reads back the accepted tokens once (the device walk's acceptance, with a
     device-built tree's host lists in the same read; for plain decoding the chosen token); nothing else may grow
     with its length (benchmarks/measure/sync_sites.py lists where they happen; tests/test_sync_free.py counts the
-    same on a CPU).  Greedy, under the repetition penalty, and unseeded sampling (deterministic drafts walked on the
-    device by the keyed rule with the request's own key)."""
+    same on a CPU).  Greedy, under the repetition penalty, with no-repeat-n-gram (its bans found on the device),
+    and unseeded sampling (deterministic drafts walked on the device by the keyed rule with the request's own
+    key)."""
     from microspec.drafters.ngram import NGramDrafter
 
     nm = _model()

@@ -72,6 +72,42 @@ def test_no_repeat_ngram_matches_hf_with_and_without_extra_path(n):
         assert proc.banned() == ref_banned
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_no_repeat_ngram_on_the_device_is_the_host_rule(n):
+    """apply_on_device (paths as a device tree gives them: each row's ancestors' ids in their node columns, -1
+    elsewhere) bans what the host rule bans from each row's path as a list; with ``col_ids``, a draft head's columns
+    as apply_columns maps them."""
+    rng = random.Random(n)
+    vocab = 12  # a small vocabulary: repeats, so bans
+    for trial in range(30):
+        proc = NoRepeatNGram(n, vocab)
+        history = [rng.randrange(vocab) for _ in range(rng.randrange(0, 14))]
+        proc.commit(history[: len(history) // 2])
+        proc.apply_on_device(torch.zeros(1, vocab), torch.full((1, 0), -1))  # the device copy made part-way
+        proc.commit(history[len(history) // 2 :])
+        size = rng.randrange(0, 7)  # a random tree: node i's parent before it
+        parents = [rng.randrange(-1, i) for i in range(size)]
+        tokens = [rng.randrange(vocab) for _ in range(size)]
+        lists, paths = [[]], [[-1] * size]  # the root row: no path
+        for i in range(size):
+            chain, a = [], i
+            while a >= 0:
+                chain.append(a)
+                a = parents[a]
+            lists.append([tokens[a] for a in reversed(chain)])
+            paths.append([tokens[j] if j in chain else -1 for j in range(size)])
+        paths = torch.tensor(paths, dtype=torch.long).reshape(len(lists), size)
+        logits = torch.randn(len(lists), vocab)
+        want = proc.apply(logits.clone(), lists)
+        assert torch.equal(proc.apply_on_device(logits.clone(), paths), want), (history, lists)
+        col_ids = torch.tensor([3, -1, 0, 7, 11, 5, 2])  # a draft head's columns: ids, -1 for a free slot
+        inverse = torch.full((vocab,), -1, dtype=torch.long)
+        inverse[col_ids[col_ids >= 0]] = torch.nonzero(col_ids >= 0).squeeze(1)
+        cols = torch.randn(len(lists), col_ids.numel())
+        want = proc.apply_columns(cols.clone(), lambda ids: inverse[ids], lists)
+        assert torch.equal(proc.apply_on_device(cols.clone(), paths, col_ids), want)
+
+
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9), (1.3, 0.5), (1.0, 0.01)])
 def test_warp_probs_matches_hf(temperature, top_p):
     from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper

@@ -207,6 +207,7 @@ METHODS = ["ar", "ngram", "suffix", "early-exit", "early-exit-chain", "eagle", "
 
 
 UNSEEDED = {"temperature": 0.8}
+NO_REPEAT = {"no_repeat_ngram_size": 3}  # its bans found on the device too (NoRepeatNGram.apply_on_device)
 # under the penalty every draft stays on the device (the lookups' chains and trees copied there); unseeded sampling
 # walks deterministic drafts on the device too (the keyed rule with the request's own key); the model drafters'
 # sampled chains keep rejection sampling on the host (the most acceptance an exact rule has): a read a row there
@@ -216,7 +217,8 @@ CHAINS = ("early-exit-chain", "eagle-chain")
 @pytest.mark.parametrize("method,decoding", [(m, d) for m in METHODS for d in ({}, {"temperature": 0.8, "seed": 3})]
                          + [(m, PENALTY) for m in METHODS]
                          + [(m, UNSEEDED) for m in METHODS if m not in CHAINS]
-                         + [(m, {**UNSEEDED, **PENALTY}) for m in ("ngram", "eagle+microspec")])
+                         + [(m, {**UNSEEDED, **PENALTY}) for m in ("ngram", "eagle+microspec")]
+                         + [(m, NO_REPEAT) for m in ("ngram", "early-exit", "eagle+microspec", "microspec@lookup")])
 def test_a_step_would_synchronise_a_gpu_once(monkeypatch, tmp_path, method, decoding):
     """tests/test_cuda.py's sync-detector test on a CPU, following CUDA's path (the device walk over a tree or chain
     drafted on the device, host walks reading a block of rows' choices at once, the tensor window, the packed rows

@@ -250,8 +250,11 @@ def test_a_drafters_device_tree_is_its_host_tree(tmp_path, monkeypatch, family, 
     pen, out_pen = _trees(nm, make, True, monkeypatch, penalty)
     assert out_pen == out_pen_host and [t[:2] for t in pen] == [t[:2] for t in pen_host]
     assert all(on for tokens, _, on in pen if tokens)
-    banned, _ = _trees(nm, make, True, monkeypatch, {"no_repeat_ngram_size": 2})  # bans built on the host
-    assert banned and not any(on for *_, on in banned)
+    no_repeat = {"no_repeat_ngram_size": 2}  # its bans found on the device from each node's path: the same trees
+    banned_host, out_banned_host = _trees(nm, make, False, monkeypatch, no_repeat)
+    banned, out_banned = _trees(nm, make, True, monkeypatch, no_repeat)
+    assert out_banned == out_banned_host and [t[:2] for t in banned] == [t[:2] for t in banned_host]
+    assert all(on for tokens, _, on in banned if tokens)
     seeded = {"temperature": 0.8, "seed": 5}
     sampled, out_sampled = _trees(nm, make, True, monkeypatch, seeded)
     # the walk by tensor ops too (CUDA's path, here on the CPU): the same output, every step walked that way

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..errors import check
 from ..transfer import to_device
 from .config import GenerationConfig
 
@@ -114,13 +115,16 @@ class RepetitionPenalty:
 class NoRepeatNGram:
     """HF ``NoRepeatNGramLogitsProcessor``: a token that would complete an n-gram already present is banned.
 
-    State: a map from each (n-1)-gram of the committed sequence to the tokens that followed it, updated per commit.
+    State: a map from each (n-1)-gram of the committed sequence to the tokens that followed it, updated per commit;
+    for :meth:`apply_on_device` (given ``vocab_size``) the committed sequence on the device too, brought up to date
+    there when asked (a copy that does not wait).
     """
 
-    def __init__(self, n: int):
-        self.n = n
+    def __init__(self, n: int, vocab_size: int | None = None):
+        self.n, self.vocab_size = n, vocab_size
         self.history: list[int] = []
         self.follow: dict[tuple[int, ...], set[int]] = defaultdict(set)
+        self._on_device: torch.Tensor | None = None  # history[: its length], on the device of the last logits
 
     def commit(self, tokens: Sequence[int]) -> None:
         n = self.n
@@ -128,6 +132,43 @@ class NoRepeatNGram:
             self.history.append(int(tok))
             if len(self.history) >= n:
                 self.follow[tuple(self.history[-n:-1])].add(int(tok))
+
+    def apply_on_device(self, logits: torch.Tensor, paths: torch.Tensor, col_ids: torch.Tensor | None = None
+                        ) -> torch.Tensor:
+        """:meth:`apply` (``col_ids`` None) or :meth:`apply_columns` (``col_ids`` [A]: each column's id, -1 for
+        none) with each row's path as a device tensor ``paths`` [R, W] (its ids in path order, -1 anywhere between
+        or after them): the same bans, found on the device without a read back.  Row r's text is the committed
+        sequence followed by its path; every n-gram of it whose first n - 1 tokens equal its last n - 1 bans its
+        last token."""
+        check(self.vocab_size is not None, "NoRepeatNGram.apply_on_device needs the vocabulary size")
+        have = 0 if self._on_device is None else self._on_device.numel()
+        if have < len(self.history):  # what was committed since: copied pinned and asynchronously
+            more = to_device(self.history[have:], logits.device)
+            self._on_device = more if self._on_device is None else torch.cat([self._on_device, more])
+        n, rows = self.n, logits.shape[0]
+        hist = self._on_device if self._on_device is not None else logits.new_zeros(0, dtype=torch.long)
+        if paths.numel():  # the path ids first, in order (a stable sort of the -1s to the end)
+            order = torch.sort((paths < 0).to(torch.uint8), dim=1, stable=True).indices
+            path = paths.gather(1, order)
+            length = hist.numel() + (paths >= 0).sum(1)
+        else:
+            path = paths.new_zeros(rows, 0)
+            length = torch.full((rows,), hist.numel(), dtype=torch.long, device=logits.device)
+        text = torch.cat([hist.expand(rows, -1), path], 1)  # [R, T], -1 past each row's length
+        if text.shape[1] < n:
+            return logits
+        grams = text.unfold(1, n, 1)  # [R, T - n + 1, n]
+        start = torch.arange(grams.shape[1], device=logits.device)
+        key_at = (length[:, None] - (n - 1) + torch.arange(n - 1, device=logits.device)).clamp(min=0)
+        key = text.gather(1, key_at.clamp(max=text.shape[1] - 1))  # [R, n - 1]: each row's last n - 1 tokens
+        hit = (start[None] + n <= length[:, None]) & (grams[:, :, : n - 1] == key[:, None, :]).all(-1)
+        vocab = self.vocab_size
+        banned = torch.zeros(rows, vocab + 1, dtype=torch.bool, device=logits.device)
+        banned.scatter_(1, torch.where(hit, grams[:, :, n - 1], vocab), True)
+        banned = banned[:, :vocab]
+        if col_ids is not None:
+            banned = banned[:, col_ids.clamp(min=0)] & (col_ids >= 0)[None, :]
+        return logits.masked_fill_(banned, float("-inf"))
 
     def banned(self, extra: Sequence[int] = ()) -> list[int]:
         """Tokens banned after the committed sequence followed by ``extra``."""
@@ -171,7 +212,7 @@ class LogitsPipeline:
         if cfg.repetition_penalty != 1.0:
             self.processors.append(RepetitionPenalty(cfg.repetition_penalty, vocab_size, device))
         if cfg.no_repeat_ngram_size > 0:
-            self.processors.append(NoRepeatNGram(cfg.no_repeat_ngram_size))
+            self.processors.append(NoRepeatNGram(cfg.no_repeat_ngram_size, vocab_size))
         self.generator = None
         if not cfg.greedy:
             self.generator = torch.Generator(device=device)
@@ -190,8 +231,8 @@ class LogitsPipeline:
     @property
     def on_device(self) -> bool:
         """Whether every processor can take the rows' paths as a device tensor (:meth:`process_on_device`): the
-        repetition penalty can; no-repeat-n-gram's bans are built on the host."""
-        return all(isinstance(p, RepetitionPenalty) for p in self.processors)
+        repetition penalty and no-repeat-n-gram both can."""
+        return all(getattr(p, "apply_on_device", None) is not None for p in self.processors)
 
     def process_on_device(self, logits: torch.Tensor, paths: torch.Tensor, col_ids: torch.Tensor | None = None
                           ) -> torch.Tensor:
