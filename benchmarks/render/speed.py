@@ -33,6 +33,7 @@ COMMIT_VLLM, COMMIT_VLLM_DRAFT = "3170a0b", "56f30f1"
 # runs record each question's tokens/s, so the same question's speed can be compared from run to run
 AUTO = "2026-11-27-auto-vnni"
 AUTO_BEFORE = "2026-11-27-auto-aside"  # the same runs with the AVX2 products only (before the VNNI tiles)
+AUTO_LATER = "2026-11-27-auto-ea8855b"  # the same runs again at a later commit (K-quant VNNI, the penalty by index)
 AUTO_DECODINGS = {"greedy": "greedy", "greedy-rp1.2": "repetition penalty 1.2", "T0.7": "temperature 0.7",
                   "T0.7-rp1.2": "T 0.7 + penalty 1.2"}
 AUTO_FIXED = ("ngram", "microspec@lookup")
@@ -245,7 +246,7 @@ def _auto_budget() -> str:
         f"{min(worst):.2f}x, and choosing cost at most {max(cost):.1%} of its time.",
         f"- Plain decoding's tokens/s moved by up to {moved:.0%} between runs of a decoding on this machine; the "
         "methods run in turn from a different one at each question, and the warm-up generation's prompt is none of "
-        "the questions.", *_before(), "", *_same_question(res, len(runs)),
+        "the questions.", *_before(), *_later(), "", *_same_question(res, len(runs)),
     ])
 
 
@@ -264,6 +265,33 @@ def _before() -> list[str]:
             f"{', '.join(sorted(commits))}, `benchmarks/results/{AUTO_BEFORE}/`): `auto` " + "; ".join(cells) + ". "
             f"In the runs above up to {max(aside):.0%} of a decoding's turns ran plainly, the engine having stepped "
             "aside."]
+
+
+def _later() -> list[str]:
+    """The same runs again at a later commit: auto's mean speed-up, its ratio to the best fixed method and its worst
+    question, per decoding."""
+    runs = sorted(p.name for p in (RESULTS / AUTO_LATER).iterdir() if p.is_dir())
+    cells, commits, mean = [], set(), []
+    for d, label in AUTO_DECODINGS.items():
+        res = [load(f"{AUTO_LATER}/{r}/{d}/results.json") for r in runs]
+        commits |= {commit(r["meta"]) for r in res}
+        auto = [r["methods"]["auto"]["overall"]["speedup"] for r in res]
+        best = [max(r["methods"][m]["overall"]["speedup"] for m in AUTO_FIXED) for r in res]
+        low = min(r["methods"]["auto"]["overall"]["min_question_speedup"]["speedup"] for r in res)
+        cells.append(f"{label} {spread(auto)} ({spread([a / b for a, b in zip(auto, best)])} of the best fixed, "
+                     f"worst question {low:.2f}x)")
+        mean.append(auto)
+    avg = [sum(r) / len(r) for r in zip(*mean)]
+    table_runs = sorted(p.name for p in (RESULTS / AUTO).iterdir() if p.is_dir())
+    earlier = [[load(f"{AUTO}/{r}/{d}/results.json")["methods"]["auto"]["overall"]["speedup"] for r in table_runs]
+               for d in AUTO_DECODINGS]
+    overlap = all(min(a) <= max(b) and min(b) <= max(a) for a, b in zip(mean, earlier))
+    return [f"- The same {len(runs)} runs at commit {', '.join(sorted(commits))} (`benchmarks/results/{AUTO_LATER}/`, "
+            "the same command): `auto` " + "; ".join(cells) + f"; {spread(avg)} over the four. The fixed methods "
+            "moved as much between these runs (prompt lookup greedy " + spread(
+                [load(f"{AUTO_LATER}/{r}/greedy/results.json")["methods"]["ngram"]["overall"]["speedup"]
+                 for r in runs]) + ")" + ("; in every decoding `auto`'s range here overlaps its range in the "
+                                          "table above." if overlap else ".")]
 
 
 def _same_question(res: dict, n_runs: int) -> list[str]:
