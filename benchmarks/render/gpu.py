@@ -127,8 +127,8 @@ def _syncs() -> list[str]:
             "copies that do not wait. The CUDA tests count one wait a step for plain decoding, prompt lookup, an early-"
             "exit tree and the same tree over MicroSpec's window, greedy, under repetition penalty 1.2 and unseeded "
             "sampling at T 0.8 alike (`test_synchronisations_do_not_grow_with_the_length`); tests/test_sync_free.py "
-            "counts the same on a "
-            "CPU (`microspec.sync_audit`: the operations that would make the host wait for a GPU).", ""]
+            "counts the same on a CPU (`microspec.sync_audit`: the operations that would make the host wait for a "
+            "GPU).", ""]
 
 
 def _figure4() -> list[str]:

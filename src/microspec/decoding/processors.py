@@ -24,6 +24,20 @@ from .config import GenerationConfig
 BY_INDEX = ("cpu",)  # devices where the penalty indexes the seen ids (tests following CUDA's path on a CPU clear it)
 
 
+def _id_mask(ids: torch.Tensor, keep: torch.Tensor, vocab: int, col_ids: torch.Tensor | None) -> torch.Tensor:
+    """[R, V] bool: row r marks its ``ids[r]`` where ``keep[r]`` (scattered into a spare column V otherwise, so no
+    read decides a count); with ``col_ids`` [A] (each column's id, -1 for none) the same mask over those columns."""
+    mask = torch.zeros(ids.shape[0], vocab + 1, dtype=torch.bool, device=ids.device)
+    if ids.numel():
+        mask.scatter_(1, torch.where(keep, ids, vocab), True)
+    return _on_columns(mask[:, :vocab], col_ids)
+
+
+def _on_columns(mask: torch.Tensor, col_ids: torch.Tensor | None) -> torch.Tensor:
+    """A [R, V] id mask over a draft head's columns ``col_ids`` [A] (-1: a column of no id, never marked)."""
+    return mask if col_ids is None else mask[:, col_ids.clamp(min=0)] & (col_ids >= 0)[None, :]
+
+
 def penalised(logits: torch.Tensor, penalty: float | torch.Tensor) -> torch.Tensor:
     """HF's repetition penalty rule on ``logits`` (every one of them, seen or not: callers choose where it applies):
     a negative logit multiplied by ``penalty``, any other divided by it; ``penalty`` a number or a tensor that
@@ -54,14 +68,18 @@ class RepetitionPenalty:
             self._seen_list = torch.tensor(sorted(self._seen_ids), dtype=torch.long, device=self.seen.device)
         return self._seen_list
 
+    def row_ids(self, toks: Sequence[int]) -> torch.Tensor:
+        """The ids a row whose history is the committed sequence plus ``toks`` penalises (sorted, each once)."""
+        base = self.seen_ids()
+        if not len(toks):
+            return base
+        return torch.cat([base, torch.as_tensor(list(toks), dtype=torch.long, device=base.device)]).unique()
+
     def apply_columns(self, logits: torch.Tensor, columns_of, extra: Sequence[Sequence[int]]) -> torch.Tensor:
         """Penalise draft logits [R, A] whose columns are vocabulary ids mapped by ``columns_of(ids) -> [n]`` (-1:
         not a column); row r's history is the committed sequence plus ``extra[r]``."""
-        base = self.seen_ids()
         for r, toks in enumerate(extra):
-            ids = base if not len(toks) else torch.cat([base, torch.as_tensor(list(toks), dtype=torch.long,
-                                                                              device=base.device)]).unique()
-            cols = columns_of(ids)
+            cols = columns_of(self.row_ids(toks))
             cols = cols[cols >= 0]
             if cols.numel():
                 row = logits[r, cols]
@@ -73,14 +91,9 @@ class RepetitionPenalty:
         """:meth:`apply` (``col_ids`` None) or :meth:`apply_columns` (``col_ids`` [A]: the id of each column, -1 for
         none) with each row's path as a device tensor: ``paths`` [R, W], row r's path ids, -1 padding.  The same
         penalised set (seen ∪ the row's path), the same values, no read back."""
-        vocab = self.seen.numel()
-        on_path = torch.zeros(logits.shape[0], vocab + 1, dtype=torch.bool, device=logits.device)
-        if paths.numel():
-            on_path.scatter_(1, torch.where(paths >= 0, paths, vocab), True)
-        mask = on_path[:, :vocab] | self.seen[None, :]
-        if col_ids is not None:
-            mask = mask[:, col_ids.clamp(min=0)] & (col_ids >= 0)[None, :]
-        return torch.where(mask, penalised(logits, self.penalty), logits)
+        paths = paths if paths.numel() else paths.new_zeros(logits.shape[0], 0)
+        mask = _id_mask(paths, paths >= 0, self.seen.numel(), None) | self.seen[None, :]
+        return torch.where(_on_columns(mask, col_ids), penalised(logits, self.penalty), logits)
 
     def apply(self, logits: torch.Tensor, extra: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
         """Penalise ``logits`` [R, V] (in place); row r's history is the committed sequence plus ``extra[r]``.
@@ -100,13 +113,13 @@ class RepetitionPenalty:
 
     def _apply_seen(self, logits: torch.Tensor, extra: Sequence[Sequence[int]] | None) -> torch.Tensor:
         """:meth:`apply` by index over the seen ids (and each row's ``extra``), in place."""
-        base = self.seen_ids()
         if extra is None or not any(len(e) for e in extra):
+            base = self.seen_ids()
             if base.numel():
                 logits[:, base] = penalised(logits[:, base], self.penalty)
             return logits
         for r, toks in enumerate(extra):
-            ids = base if not len(toks) else torch.cat([base, torch.as_tensor(list(toks), dtype=torch.long)]).unique()
+            ids = self.row_ids(toks)
             if ids.numel():
                 logits[r, ids] = penalised(logits[r, ids], self.penalty)
         return logits
@@ -159,16 +172,10 @@ class NoRepeatNGram:
             return logits
         grams = text.unfold(1, n, 1)  # [R, T - n + 1, n]
         start = torch.arange(grams.shape[1], device=logits.device)
-        key_at = (length[:, None] - (n - 1) + torch.arange(n - 1, device=logits.device)).clamp(min=0)
-        key = text.gather(1, key_at.clamp(max=text.shape[1] - 1))  # [R, n - 1]: each row's last n - 1 tokens
+        key_at = (length[:, None] - (n - 1) + torch.arange(n - 1, device=logits.device)).clamp(0, text.shape[1] - 1)
+        key = text.gather(1, key_at)  # [R, n - 1]: each row's last n - 1 tokens
         hit = (start[None] + n <= length[:, None]) & (grams[:, :, : n - 1] == key[:, None, :]).all(-1)
-        vocab = self.vocab_size
-        banned = torch.zeros(rows, vocab + 1, dtype=torch.bool, device=logits.device)
-        banned.scatter_(1, torch.where(hit, grams[:, :, n - 1], vocab), True)
-        banned = banned[:, :vocab]
-        if col_ids is not None:
-            banned = banned[:, col_ids.clamp(min=0)] & (col_ids >= 0)[None, :]
-        return logits.masked_fill_(banned, float("-inf"))
+        return logits.masked_fill_(_id_mask(grams[:, :, n - 1], hit, self.vocab_size, col_ids), float("-inf"))
 
     def banned(self, extra: Sequence[int] = ()) -> list[int]:
         """Tokens banned after the committed sequence followed by ``extra``."""
