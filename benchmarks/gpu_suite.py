@@ -295,7 +295,7 @@ def _bench(folder: Path, data, model: Path | None, device: str, args, methods: s
         decodings[report.parent.name] = {
             "methods": {m: {k: r["overall"].get(k) for k in ("tokens_per_s", "speedup", "mean_accept_len",
                                                               "draft_ms_per_step", "active_vocab_mean",
-                                                              "graph_captures_per_turn")}
+                                                              "graph_captures_per_turn", "graph_draft_share")}
                         for m, r in res["methods"].items()},
             "mismatches": res.get("mismatches"), "profile": res.get("profile")}
     if decodings and proc.returncode == 0:
@@ -383,14 +383,15 @@ def markdown(r: dict) -> str:
                                                   f"- {name}: {r['skipped']}" for name, r in end["runs"].items()]
             lines += ["",
                       "| decoding | method | tok/s | speedup | accepted per step | draft ms per step | "
-                      "graph captures per turn | mismatches |",
-                      "|---|---|---|---|---|---|---|---|"]
+                      "graph captures per turn | whole draft graphed | mismatches |",
+                      "|---|---|---|---|---|---|---|---|---|"]
             for name, dec in end["decodings"].items():
                 for m, v in dec["methods"].items():
                     draft = (v.get("draft_ms_per_step") or {}).get("mean")
                     lines.append(f"| {name} | {m} | {_fmt(v['tokens_per_s'], 1)} | {_fmt(v['speedup'], 2)} | "
                                  f"{_fmt(v['mean_accept_len'], 2)} | {_fmt(draft, 2)} | "
                                  f"{_fmt(v.get('graph_captures_per_turn'), 2)} | "
+                                 f"{_fmt(v.get('graph_draft_share'), 2)} | "
                                  f"{len(dec['mismatches'].get(m, [])) if dec['mismatches'] else 0} |")
             for name, dec in end["decodings"].items():
                 if dec.get("profile"):

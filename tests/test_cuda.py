@@ -184,6 +184,40 @@ def test_bf16_greedy_identity_on_cuda(tmp_path):
     assert r.token_ids == ref
 
 
+@pytest.mark.parametrize("policy", ["full", "microspec-device", "fr-spec"])
+@pytest.mark.parametrize("decoding", [{}, {"temperature": 0.8, "seed": 3}], ids=["greedy", "seeded"])
+def test_the_whole_draft_replays_as_one_graph(tmp_path, policy, decoding):
+    """EAGLE's tree drafted as one graph replay a step (``ForwardDrafter._whole_tree``), captured at its shape's
+    second use and kept by the draft cache: the same trees as the level-by-level draft, the target's own text, and
+    a later generation that takes the pooled cache replays without capturing again."""
+    nm = _model(graphs=True)
+    path, _, _ = official_checkpoint(tmp_path / "ck", d=nm.spec.hidden_size)
+    head = EagleHead.load(path).to(DEV)
+    cfg = GenerationConfig(max_new_tokens=40, ignore_eos=True, **decoding)
+    ref = generate_ids(nm, PROMPT, cfg).token_ids
+    runs = {}
+    for whole in (False, None, None):
+        drafter = EagleDrafter(head, depth=4, top_k=3, total_tokens=10)
+        drafter.whole_graph = whole
+        trees, propose = [], drafter.propose
+        drafter.propose = lambda ctx, _p=propose, _t=trees: _t.append(_p(ctx)) or _t[-1]
+        before = (0, 0) if head.__dict__.get("draft_graphs") is None else \
+            (head.draft_graphs.captures, head.draft_graphs.replays)
+        out = generate_ids(nm, PROMPT, cfg, drafter=drafter, vocab=POLICIES[policy]()).token_ids
+        graphs = head.__dict__.get("draft_graphs")
+        after = (0, 0) if graphs is None else (graphs.captures, graphs.replays)
+        runs.setdefault(whole, []).append((out, [[t.cpu() for t in tr.on_device] for tr in trees if tr.on_device],
+                                           after[0] - before[0], after[1] - before[1]))
+    (eager,), (first, second) = runs[False], runs[None]
+    assert eager[0] == first[0] == second[0] == ref
+    assert len(first[1]) == len(eager[1]) and eager[2:] == (0, 0)
+    assert all(all(torch.equal(a, b) for a, b in zip(x, y)) for x, y in zip(eager[1], first[1]))
+    # the tree's shape, captured at its second use (and the shallower ones of the last steps), replayed after
+    assert first[2] >= 1 and first[3] >= len(first[1]) // 2, first[2:]
+    # the next generation (a policy of its own: its set copied in) replays the pooled cache's graphs
+    assert second[2] <= 3 and second[3] >= len(second[1]) - 2, second[2:]
+
+
 # ---------------------------------------------------------------- host synchronisations
 @pytest.mark.parametrize("method", ["ar", "ngram", "early-exit", "microspec"])
 @pytest.mark.parametrize("decoding", [{}, {"repetition_penalty": 1.2}, {"temperature": 0.8},

@@ -296,3 +296,14 @@ def test_contains_is_isin_without_a_read(n):
     policy = StaticShortlist(order, max(n, 1), always=[order[-1]])
     assert torch.equal(policy.contains(ids), torch.isin(ids, policy.active()))
 
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle+microspec", "eagle+fr-spec", "microspec@lookup"])
+@pytest.mark.parametrize("decoding", [{}, {"temperature": 0.8, "seed": 3}, UNSEEDED],
+                         ids=["greedy", "seeded", "unseeded"])
+def test_a_whole_draft_step_would_synchronise_a_gpu_once(monkeypatch, tmp_path, method, decoding):
+    """The same count with EAGLE's tree drafted whole in fixed shapes (what CUDA replays as one graph)."""
+    from microspec.drafters.model_based import ForwardDrafter
+
+    monkeypatch.setattr(ForwardDrafter, "whole_graph", True)
+    test_a_step_would_synchronise_a_gpu_once(monkeypatch, tmp_path, method, decoding)

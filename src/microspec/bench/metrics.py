@@ -116,6 +116,10 @@ def aggregate(records: Sequence[dict]) -> dict:
     if graphed:
         out["graph_captures_per_turn"] = round(sum(c["graph_captures"] for c in graphed) / max(
             sum(len(c.get("decoding_steps", [])) for c in graphed), 1), 2)
+    whole = [c for c in choices if "graph_drafts" in c]  # the steps whose whole draft replayed as one CUDA graph
+    steps = sum(n for c in whole for n in c.get("decoding_steps", []) if n)
+    if whole and steps:
+        out["graph_draft_share"] = round(sum(c["graph_drafts"] for c in whole) / steps, 4)
     looked = [c for c in choices if "lookup_steps" in c]  # prompt lookup first: the share of steps it drafted
     steps = sum(n for c in looked for n in c.get("decoding_steps", []) if n)
     if looked and steps:

@@ -36,6 +36,7 @@ class Turn:
                 "covered": st.covered, "coverage_tokens": st.coverage_tokens,
                 **({"lookup_steps": st.lookup_steps} if st.lookup_steps is not None else {}),
                 **({"graph_captures": st.graph_captures} if st.graph_captures is not None else {}),
+                **({"graph_drafts": st.graph_drafts} if st.graph_drafts is not None else {}),
                 **({"auto_steps": st.auto["arms"], "auto_switches": st.auto["switches"],
                     "auto_switch_s": st.auto["switch_s"],
                     "auto_overhead_s": st.auto.get("overhead_s", 0.0) + st.auto.get("probe_s", 0.0),

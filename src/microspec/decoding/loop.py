@@ -361,7 +361,7 @@ class Generation:
             drafter.finish(list(self.out))
             stats.head_s, stats.active_sizes = _take_head_stats(drafter)
             report = drafter.take_report()  # prompt lookup first's drafted steps, auto's choice
-            stats.lookup_steps, stats.auto = report.lookup_steps, report.auto
+            stats.lookup_steps, stats.auto, stats.graph_drafts = report.lookup_steps, report.auto, report.graph_drafts
         if self._captures is not None:
             stats.graph_captures = self.model.cuda_graphs.captures - self._captures
         if not self._given_back:  # once: a second result() must not hand out a cache another generation holds

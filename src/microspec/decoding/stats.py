@@ -49,6 +49,7 @@ class GenerationStats:
     auto: dict | None = None  # auto's online choice: steps per arm, switches, their measured seconds (else None)
     weight_bytes: int = 0  # bytes of target weights one target step reads (every matrix once)
     graph_captures: int | None = None  # CUDA graphs the target captured during this generation (graphs on)
+    graph_drafts: int | None = None  # steps whose whole draft tree replayed as one CUDA graph (a graphed drafter)
 
     def record_step(self, committed: int, drafted: int, depth: int, head_rows: int) -> None:
         """One step's counts (its times come at the end of the generation: :class:`StepClock`)."""
@@ -112,6 +113,7 @@ class GenerationStats:
             **({"lookup_steps": self.lookup_steps} if self.lookup_steps is not None else {}),
             **({"auto": self.auto} if self.auto is not None else {}),
             **({"graph_captures": self.graph_captures} if self.graph_captures is not None else {}),
+            **({"graph_drafts": self.graph_drafts} if self.graph_drafts is not None else {}),
             **({"weight_bytes_per_step": self.weight_bytes,
                 "achieved_gb_s": round(self.weight_bytes * self.steps / decode_s / 1e9, 2)}
                if self.weight_bytes and (decode_s := self.wall_s - self.prefill_s) > 0 and self.steps else {}),

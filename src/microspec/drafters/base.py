@@ -25,10 +25,12 @@ DRAFT = Option("draft", metavar="NAME|PATH",
 class DraftReport:
     """What a generation's drafter tells its statistics beyond the loop's own counts, once, at the end
     (:meth:`Drafter.take_report`): ``lookup_steps``, the drafted steps prompt lookup first proposed; ``auto``, what
-    ``auto``'s online choice took (steps per arm, switches and their measured cost).  None: not such a drafter."""
+    ``auto``'s online choice took (steps per arm, switches and their measured cost); ``graph_drafts``, the steps
+    whose whole draft tree replayed as one CUDA graph.  None: not such a drafter."""
 
     lookup_steps: int | None = None
     auto: dict | None = None
+    graph_drafts: int | None = None
 
 
 class Drafter(ABC):

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..errors import MicrospecError, check
+from ..models.graphs import CallsByCache, static_run
 from ..models.layers import Linear
 from ..models.native import NativeCausalLM
 from ..models.registry import read_weights
@@ -190,6 +191,23 @@ class EagleDrafter(ForwardDrafter):
         embeds = ctx.target.embed(ids)
         self.last_inputs = (embeds, parent_hidden)
         return self.eagle(embeds, parent_hidden, self.cache, positions, mask)
+
+    def _fixed_forward(self, ctx, ids, positions, slots, mask, span, parent_hidden):
+        body = self.eagle.body
+        embeds = ctx.target.embed(ids)
+        x = self.eagle.fc(torch.cat((embeds, parent_hidden.to(embeds.dtype)), dim=-1))
+        self.cache.pos.index_copy_(0, slots, positions)  # what the sliding windows compare
+        kpos = self.cache.pos[None, :span]
+        masks = {w: (mask if w is None else mask & (kpos > positions[:, None] - w))[None, None]
+                 for w in set(body.spec.layer_windows)}
+        return static_run(body, x, self.cache, slots, positions, masks, span)
+
+    def _graphs(self):
+        if self.eagle.body.cuda_graphs is None:
+            return None
+        if getattr(self.eagle, "draft_graphs", None) is None:
+            self.eagle.draft_graphs = CallsByCache()  # with the head: its pooled caches keep their graphs
+        return self.eagle.draft_graphs
 
     def _done(self, ctx, root_slot: int) -> None:
         self.cache.truncate(root_slot + 1)  # the pairs up to the root are real: keep them

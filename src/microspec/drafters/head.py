@@ -249,6 +249,52 @@ class DraftHead:
         values, cols = torch.topk(logp, k, dim=-1)
         return values, self.to_full_ids(cols)
 
+    # ---------------------------------------------------------------- the draft in fixed shapes (one graph)
+    def fixed_active(self, depths: int, graphed: bool) -> tuple[bool, object]:
+        """Whether depths ``0..depths-1`` can be scored by :meth:`fixed_topk` inside one graph of the whole draft, and
+        their one active set (None, a packed buffer, an id list).  It can when the head has no draft vocabulary of its
+        own, no policy hears the draft's inputs or ranks by the head's input, and every depth scores the same set:
+        the whole vocabulary, an id list (its rows gathered here, outside the graph) or a packed buffer (of fixed
+        shape where ``graphed``: its extent is not read).  Records the sets' sizes as :meth:`logits` would."""
+        policy = self.policy
+        if self.mapped is not None or self._fused or (policy is not None and (
+                policy.wants_head_input or policy.wants_draft_inputs)):
+            return False, None
+        first = policy.active(0) if policy is not None else None
+        if isinstance(first, RankedPrefix) or (isinstance(first, PackedRows) and graphed and not first.fixed_shape) \
+                or (policy is not None and any(policy.active(d) is not first for d in range(1, depths))):
+            return False, None
+        for d in range(depths):
+            self._select(d)
+        return True, first
+
+    def fixed_inputs(self, active) -> tuple[torch.Tensor, ...]:
+        """What :meth:`fixed_topk` reads of a set :meth:`fixed_active` accepted: nothing for the whole vocabulary (the
+        weight itself), a packed buffer's leading rows and the id of each slot (-1: free), an id list's gathered rows
+        and the ids.  A graph of the whole draft copies them into inputs of its own at each replay, so that it serves
+        the sets of later generations too (each generation has a policy of its own)."""
+        if active is None:
+            return ()
+        if isinstance(active, PackedRows):
+            return active.rows[: active.extent], active.slot_ids[: active.extent]
+        return self._rows, active
+
+    def fixed_topk(self, hidden: torch.Tensor, k: int, inputs: tuple[torch.Tensor, ...],
+                   pipe=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`topk` over a set given by its :meth:`fixed_inputs`, with no processors, no timer and no bookkeeping:
+        the same operations, fit to run inside a CUDA graph of the whole draft."""
+        if self.norm is not None:
+            hidden = self.norm(hidden)
+        ids = None
+        if inputs:
+            rows, ids = inputs
+            logits = self._matmul(hidden, rows).masked_fill_(ids < 0, float("-inf"))  # a packed buffer's free slots
+        else:
+            logits = self._matmul(hidden, self.weight)
+        logp = pipe.draft_logp(logits) if pipe is not None else torch.log_softmax(logits, dim=-1)
+        values, cols = torch.topk(logp, min(k, logp.shape[-1]), dim=-1)
+        return values, cols if ids is None else ids[cols]
+
     def _packed_topk(self, hidden: torch.Tensor, active: PackedRows, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         values, cols = torch.topk(torch.log_softmax(self._packed(hidden, active), dim=-1), k, dim=-1)
         return values, active.to_full_ids(cols)

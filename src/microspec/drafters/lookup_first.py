@@ -85,7 +85,7 @@ class LookupFirst(Drafter):
 
     def take_report(self) -> DraftReport:
         out, self.lookup_steps = self.lookup_steps, 0
-        return DraftReport(lookup_steps=out)
+        return DraftReport(lookup_steps=out, graph_drafts=self.drafter.take_report().graph_drafts)
 
 
 __all__ = ["LookupFirst", "lookup_first"]

@@ -14,16 +14,18 @@ import torch
 from ..decoding.processors import sample
 from ..decoding.tree import DeviceTree, DraftTree
 from ..errors import MicrospecError, check
+from ..models.graphs import BUCKET, CallsByCache, bucket_of
 from ..models.kv_cache import KVCache
 from ..models.native import NativeCausalLM
 from ..options import Option
 from ..transfer import to_device
 from ..vocab.base import VocabPolicy
-from .base import DraftContext, Drafter
+from .base import DraftContext, Drafter, DraftReport
 from .head import DraftHead
 from .tree_search import PartialTree, TreeTensors, check_tree_args, dynamic_tree, dynamic_tree_on_device
 
 CHAIN_DEPTH = 4  # a chain's length, and a tree's depth when the device's tree is not used
+GRAPHED = ("cuda",)  # device kinds whose whole drafts replay as graphs (tests add "cpu" with a stand-in capture)
 
 
 def _total_tokens(value):
@@ -100,6 +102,9 @@ def tree_shape(kind: str, method, trees: tuple[str, ...] | None = None) -> dict:
 
 class ForwardDrafter(Drafter):
     device_tree = True  # EAGLE-2 trees built by tensor ops on the drafter's device (False: the host tree)
+    # the whole device tree in fixed shapes (_whole_tree), replayed as one CUDA graph: None, where the drafter's network
+    # replays CUDA graphs; True, also where it runs eagerly (a CPU: the same operations, for tests); False: never
+    whole_graph: bool | None = None
 
     def __init__(self, depth: int = CHAIN_DEPTH, top_k: int | None = None, total_tokens: int | None = None):
         check(depth >= 1, f"--depth must be >= 1, got {depth}")
@@ -108,6 +113,7 @@ class ForwardDrafter(Drafter):
             check_tree_args(depth, top_k, total_tokens)
         self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
         self.head: DraftHead | None = None
+        self.graph_drafts = 0  # steps since the last report whose whole tree replayed as one CUDA graph
         # (embeddings, features) the draft network was last fed, for routing policies; a subclass that feeds
         # features (EAGLE) sets it in _root / _forward
         self.last_inputs: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -116,6 +122,10 @@ class ForwardDrafter(Drafter):
                 vocab: VocabPolicy | None = None) -> None:
         self.head = DraftHead(*self._start(target, prompt_ids, hidden), policy=vocab, norm=self._head_norm())
         self.head.use_cuda_graphs(target.cuda_graphs is not None)  # graphed where the target is
+
+    def take_report(self) -> DraftReport:
+        out, self.graph_drafts = self.graph_drafts, 0
+        return DraftReport(graph_drafts=out if self._graphs() is not None else None)
 
     def _route(self, depth: int) -> None:
         """Before the head scores ``depth``: what the draft network was fed (for a routing policy)."""
@@ -142,6 +152,18 @@ class ForwardDrafter(Drafter):
                hidden: torch.Tensor) -> tuple[torch.Tensor, float | None]:
         """A new generation (the target's prefill is done): check the target, set up caches; the draft head's
         weight [V, d] and final soft-cap."""
+
+    def _fixed_forward(self, ctx: DraftContext, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                       mask: torch.Tensor, span: int, parent_hidden: torch.Tensor) -> torch.Tensor:
+        """:meth:`_forward` in fixed shapes, fit for a CUDA graph: the nodes' keys and values written at ``slots`` [T]
+        (a device tensor), attention over the first ``span`` slots of ``_cache`` under ``mask`` [T, span] (True:
+        may attend), the cache's length left alone.  A drafter without it drafts its trees level by level."""
+        raise NotImplementedError
+
+    def _graphs(self) -> CallsByCache | None:
+        """Where the whole-draft graphs are kept (:class:`~microspec.models.graphs.CallsByCache`, by draft cache):
+        None where the drafter's network does not replay CUDA graphs."""
+        return None
 
     def _head_norm(self):
         """The norm the draft head applies to the hidden states it scores (None: they come normed; an EAGLE-3 head
@@ -235,7 +257,8 @@ class ForwardDrafter(Drafter):
         penalty sees each node's path as a device tensor) unless a processor needs the paths on the host
         (no-repeat-n-gram)."""
         if self.device_tree and (ctx.pipe is None or not ctx.pipe.active or ctx.pipe.on_device):
-            return self._device_tree(ctx, root_hidden, root_slot, steps)
+            whole = self._whole_tree(ctx, root_hidden, root_slot, steps)
+            return whole if whole is not None else self._device_tree(ctx, root_hidden, root_slot, steps)
         cache = self._cache(ctx)
         device = cache.device
         root_logp, root_ids = self.head.topk(root_hidden, self.top_k, depth=0, pipe=ctx.pipe, paths=[[]])
@@ -299,3 +322,77 @@ class ForwardDrafter(Drafter):
             return self.head.topk(hidden, self.top_k, depth=depth, pipe=ctx.pipe, paths=paths)
 
         return dynamic_tree_on_device(root_logp[0], root_ids[0], expand, steps, self.top_k, self.total_tokens, steps)
+
+    # ---- the whole tree in fixed shapes: one CUDA graph replay a step
+    def _whole_tree(self, ctx: DraftContext, root_hidden: torch.Tensor, root_slot: int,
+                    steps: int) -> DraftTree | None:
+        """:meth:`_device_tree` with every shape fixed by (depth, top-k, total tokens, the attention span's bucket),
+        so that all its levels (the draft network, the head's top-k, the tree's growth and rerank) replay as one
+        CUDA graph, captured at the second use of its shape and kept by the draft cache; the root's slot is a device
+        input, so the host neither reads nor launches per level.  None where it does not apply: no fixed-shape forward
+        (:meth:`_fixed_forward`), processors active, a head :meth:`~.head.DraftHead.fixed_active` refuses, or (unless
+        ``whole_graph``) a network that replays no graphs.  The same tree as :meth:`_device_tree`: attention over
+        a bucket of slots with the extra ones masked adds exact zeros to each softmax (tests/test_whole_draft.py;
+        as for the verify pass's graphs, a GPU may sum in another order: last bits, and drafts only).  A graphed
+        draft's head time is not timed apart from the rest of the draft."""
+        graphs = self._graphs()
+        pipe = ctx.pipe
+        if self.whole_graph is False or (graphs is None and not self.whole_graph) \
+                or type(self)._fixed_forward is ForwardDrafter._fixed_forward or (pipe is not None and pipe.active):
+            return None
+        graphed = graphs is not None and root_hidden.device.type in GRAPHED
+        ok, active = self.head.fixed_active(steps, graphed)
+        if not ok:
+            return None
+        pipe = pipe if pipe is not None and not pipe.cfg.greedy else None  # greedy: the log-softmax's ranks
+        cache = self._cache(ctx)
+        span = bucket_of(root_slot + 1 + (steps - 1) * self.top_k, BUCKET, cache.capacity)
+        root_slot_t = to_device([root_slot], cache.device)
+
+        def run(hidden: torch.Tensor, slot: torch.Tensor, *given: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return self._fixed_tree(ctx, hidden, slot, given, pipe, steps, span)
+
+        inputs = (root_hidden, root_slot_t, *self.head.fixed_inputs(active))
+        out = None
+        if graphed:  # the graph reads the target's embeddings (and its LM head): it goes with the target
+            cfg = None if pipe is None else (pipe.cfg.temperature, pipe.cfg.top_p, pipe.cfg.top_k, pipe.cfg.min_p)
+            key = ("tree", steps, self.top_k, self.total_tokens, span, tuple(t.shape for t in inputs),
+                   root_hidden.dtype, id(self.head.weight), cfg)
+            out = graphs(cache, key, run, inputs, owner=ctx.target)
+            self.graph_drafts += out is not None
+        return DeviceTree(out if out is not None else run(*inputs), steps)
+
+    def _fixed_tree(self, ctx: DraftContext, root_hidden: torch.Tensor, root_slot: torch.Tensor,
+                    given: tuple[torch.Tensor, ...], pipe, steps: int, span: int) -> tuple[torch.Tensor, ...]:
+        """The body of :meth:`_whole_tree` (what a graph captures): the device tree's tensors; ``given``: the draft
+        vocabulary's tensors (:meth:`~.head.DraftHead.fixed_inputs`)."""
+        head, k = self.head, self.top_k
+        device = root_hidden.device
+        root_logp, root_ids = head.fixed_topk(root_hidden, k, given, pipe)
+        capacity = root_ids.numel() + (steps - 1) * k * k
+        outs = root_hidden.new_empty(1 + capacity, root_hidden.shape[-1])  # row 1 + i: node i's draft hidden state
+        outs[0] = root_hidden[0]
+        slot = torch.full((capacity,), -1, dtype=torch.long, device=device)  # the cache slot node i was run in
+        cols = torch.arange(span, device=device)
+        prefix = cols[None, :] <= root_slot[:, None]  # [1, span]: the prefix and the root
+        forwarded: list[torch.Tensor] = []
+        used = [0]  # slots taken after the root so far (a host count: shapes alone decide it)
+
+        def expand(frontier: torch.Tensor, tree: TreeTensors, depth: int):
+            n = frontier.numel()
+            slots = root_slot + 1 + used[0] + torch.arange(n, device=device)
+            used[0] += n
+            mask = prefix.expand(n, span).clone()
+            if forwarded:  # each earlier frontier node's slot, where it is an ancestor of the row's node
+                done = torch.cat(forwarded)
+                mask[:, slot[done]] = tree.anc[frontier][:, done]
+            mask |= cols[None, :] == slots[:, None]  # each row sees itself
+            slot[frontier] = slots
+            forwarded.append(frontier)
+            hidden = self._fixed_forward(ctx, tree.tokens[frontier], root_slot + tree.depths[frontier], slots, mask,
+                                         span, outs[tree.parents[frontier] + 1])
+            outs[frontier + 1] = hidden
+            return head.fixed_topk(hidden, k, given, pipe)
+
+        tree = dynamic_tree_on_device(root_logp[0], root_ids[0], expand, steps, k, self.total_tokens, steps)
+        return tree.on_device

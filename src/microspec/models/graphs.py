@@ -20,6 +20,11 @@ its graphs: a later request replays the shapes earlier ones captured and capture
 CUDA, more rows than ``max_rows``, taps or an early exit, a capture that fails) goes to the eager forward, which is
 also what every CPU run uses.
 
+Beside the forward's graphs, :class:`GraphedCall` replays any function of fixed shapes (the packed draft head's
+product and top-k), and :class:`CallsByCache` keeps such graphs by the KV cache they write: an EAGLE drafter's whole
+tree draft (every level's forward, the head's top-k, the tree's growth and rerank) is one of them, one replay a step
+(:meth:`ForwardDrafter._whole_tree <microspec.drafters.model_based.ForwardDrafter._whole_tree>`).
+
 Attention over a bucket with masked slots adds exact zeros to each softmax, but a GPU kernel may sum in another
 order over a longer row, so graphed logits can differ from eager ones in the last bits, as a pass over 5 rows
 already differs from a pass over 1 on a GPU.  Greedy speculative output equals the model's own greedy output where
@@ -227,8 +232,11 @@ class GraphedCall:
         self.owners: dict = {}  # key -> weak reference to its owner, where one was given
         self.pool = None
         self.replays = 0
+        self.captures = 0
 
-    def __call__(self, key, fn, x: torch.Tensor, owner=None) -> torch.Tensor | None:
+    def __call__(self, key, fn, x: torch.Tensor | tuple[torch.Tensor, ...], owner=None) -> torch.Tensor | None:
+        """``fn(x)``, or ``fn(*x)`` for a tuple of inputs (each copied into a static input of its own)."""
+        inputs = x if isinstance(x, tuple) else (x,)
         entry = self.graphs.get(key, False)
         if entry is not False and owner is not None and self.owners.get(key, lambda: None)() is not owner:
             entry = False  # another owner under a reused id: capture it afresh
@@ -239,10 +247,11 @@ class GraphedCall:
                 self.graphs.pop(k, None)
             if not any(g is not None for g in self.graphs.values()):
                 self.pool = None  # no graph holds it: CUDA's allocator takes no new capture into a released pool
-            static = x.clone()
+            static = tuple(t.clone() for t in inputs)
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
-            captured = capture(lambda: fn(static), self.pool)
+            captured = capture(lambda: fn(*static), self.pool)
+            self.captures += captured is not None
             entry = self.graphs[key] = None if captured is None else (static, *captured)
             if owner is not None:
                 self.owners[key] = weakref.ref(owner)
@@ -251,7 +260,32 @@ class GraphedCall:
         if entry is None:
             return None
         static, graph, out = entry
-        static.copy_(x)
+        for buffer, value in zip(static, inputs):
+            buffer.copy_(value)
         graph.replay()
         self.replays += 1
         return tuple(t.clone() for t in out) if isinstance(out, tuple) else out.clone()
+
+
+class CallsByCache:
+    """:class:`GraphedCall` graphs of functions that write a KV cache (a whole draft), kept by that cache and gone with
+    it (a pooled cache keeps them for the next generation), each key captured at its second use: :meth:`__call__`
+    returns None (run it eagerly) for a key seen once, or whose capture was refused."""
+
+    def __init__(self):
+        self.calls: weakref.WeakKeyDictionary[KVCache, tuple[set, GraphedCall]] = weakref.WeakKeyDictionary()
+
+    def __call__(self, cache: KVCache, key, fn, inputs: tuple[torch.Tensor, ...], owner=None):
+        seen, call = self.calls.setdefault(cache, (set(), GraphedCall()))
+        if key not in call.graphs and key not in seen:
+            seen.add(key)
+            return None
+        return call(key, fn, inputs, owner)
+
+    @property
+    def replays(self) -> int:
+        return sum(call.replays for _, call in self.calls.values())
+
+    @property
+    def captures(self) -> int:
+        return sum(call.captures for _, call in self.calls.values())

@@ -1,0 +1,223 @@
+"""The whole draft tree in fixed shapes (``ForwardDrafter._whole_tree``): what one CUDA graph replays a step, run
+here eagerly on a CPU (``whole_graph = True``) against the level-by-level device tree, which tests/test_tree_device.py
+holds to the host tree's golden outputs.  The graphs themselves are tested in tests/test_cuda.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from support import official_checkpoint, tiny_pair
+from test_tree_device import PROMPT
+from microspec.decoding import GenerationConfig, generate_ids
+from microspec.drafters import EagleDrafter, EagleHead
+from microspec.vocab import MicroSpecVocab, StaticShortlist
+
+POLICIES = {
+    "full": lambda v: None,
+    "microspec": lambda v: MicroSpecVocab(v, w_max=24, backend="device"),
+    "fr-spec": lambda v: StaticShortlist(torch.randperm(v, generator=torch.Generator().manual_seed(0)).tolist(),
+                                         v // 4, always=[0]),
+}
+
+
+def _run(nm, path, shape, policy, decoding, whole, monkeypatch, fixed_shape=False):
+    """(every proposed tree's device tensors, the output, how many proposals took the whole-draft path)."""
+    from microspec.vocab.packed import PackedRows
+
+    if fixed_shape:  # CUDA's packed buffer: its whole padded extent scored, nothing read back
+        init = PackedRows.__init__
+
+        def fixed(self, *a, **kw):
+            init(self, *a, **kw)
+            self.fixed_shape = True
+
+        monkeypatch.setattr(PackedRows, "__init__", fixed)
+    drafter = EagleDrafter(EagleHead.load(path), **shape)
+    drafter.whole_graph = whole
+    trees, wholes = [], []
+    propose, fixed_tree = drafter.propose, drafter._fixed_tree
+
+    def recording(ctx):
+        tree = propose(ctx)
+        trees.append(tuple(t.clone() for t in tree.on_device) if tree.on_device is not None else tree.tokens)
+        return tree
+
+    drafter.propose = recording
+    drafter._fixed_tree = lambda *a, **kw: wholes.append(1) or fixed_tree(*a, **kw)
+    cfg = GenerationConfig(max_new_tokens=40, ignore_eos=True, **decoding)
+    out = generate_ids(nm, PROMPT, cfg, drafter=drafter, vocab=POLICIES[policy](nm.spec.vocab_size)).token_ids
+    return trees, out, len(wholes)
+
+
+def _same(a, b) -> bool:
+    return len(a) == len(b) and all(
+        (torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y)
+        for ta, tb in zip(a, b) for x, y in (zip(ta, tb) if isinstance(ta, tuple) else [(ta, tb)]))
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.parametrize("policy", list(POLICIES))
+@pytest.mark.parametrize("top_k,depth,total", [(2, 3, 5), (10, 6, 59)])
+def test_the_whole_draft_is_the_level_by_level_tree(tmp_path, monkeypatch, family, policy, top_k, depth, total):
+    """Every step's tree (tokens, parents, depths, ancestor matrix, padding) equal tensor for tensor, and the same
+    output, greedy and seeded at T 0.8 (the draft ranks by the warped distribution), with the whole vocabulary, the
+    packed in-context vocabulary (at its fixed CUDA shape too) and an id list; every tree step took the whole path."""
+    _, nm = tiny_pair(family)
+    path, _, _ = official_checkpoint(tmp_path / "ck", d=nm.spec.hidden_size)
+    shape = {"depth": depth, "top_k": top_k, "total_tokens": total}
+    for decoding in ({"temperature": 0.8, "seed": 5}, {}):
+        levels, out_levels, none = _run(nm, path, shape, policy, decoding, False, monkeypatch)
+        whole, out_whole, used = _run(nm, path, shape, policy, decoding, True, monkeypatch)
+        assert none == 0 and out_whole == out_levels and _same(whole, levels), (decoding, policy)
+        assert used == sum(1 for t in whole if isinstance(t, tuple)) >= 10
+    greedy = out_whole
+    if policy == "microspec":
+        levels, out_levels, _ = _run(nm, path, shape, policy, {}, False, monkeypatch, fixed_shape=True)
+        whole, out_whole, used = _run(nm, path, shape, policy, {}, True, monkeypatch, fixed_shape=True)
+        assert out_whole == out_levels == greedy and _same(whole, levels) and used >= 10
+    plain = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=40, ignore_eos=True)).token_ids
+    assert greedy == plain
+
+
+def test_the_whole_draft_steps_aside_where_it_cannot_apply(tmp_path, monkeypatch):
+    """Off on a CPU unless asked (no graphs to replay); under active processors (the penalty's paths) and with a
+    router that hears the draft's inputs the level-by-level tree drafts, with the same output."""
+    _, nm = tiny_pair("llama")
+    path, _, _ = official_checkpoint(tmp_path / "ck", d=nm.spec.hidden_size)
+    shape = {"depth": 3, "top_k": 2, "total_tokens": 5}
+    _, out, used = _run(nm, path, shape, "full", {}, None, monkeypatch)
+    assert used == 0
+    _, out_pen, used = _run(nm, path, shape, "full", {"repetition_penalty": 1.2}, True, monkeypatch)
+    plain = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=40, ignore_eos=True,
+                                                      repetition_penalty=1.2)).token_ids
+    assert used == 0 and out_pen == plain
+    drafter = EagleDrafter(EagleHead.load(path), **shape)
+    drafter.whole_graph = True
+
+    class Router(StaticShortlist):  # a policy that hears the draft's inputs (DynaSpec) scores level by level
+        wants_draft_inputs = True
+
+        def on_draft_inputs(self, embeds, features, depth):
+            pass
+
+    calls = []
+    fixed_tree = drafter._fixed_tree
+    drafter._fixed_tree = lambda *a, **kw: calls.append(1) or fixed_tree(*a, **kw)
+    router = Router(list(range(nm.spec.vocab_size)), nm.spec.vocab_size // 2, always=[0])
+    r = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=40, ignore_eos=True), drafter=drafter, vocab=router)
+    assert not calls and r.token_ids == generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=40,
+                                                                                  ignore_eos=True)).token_ids
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+@pytest.mark.parametrize("decoding", [{}, {"temperature": 0.8, "seed": 3}, {"temperature": 0.8}],
+                         ids=["greedy", "seeded", "unseeded"])
+def test_the_whole_draft_would_not_wait_for_a_gpu(tmp_path, monkeypatch, policy, decoding):
+    """What a CUDA graph captures may not read the device back: the CPU audit (:mod:`microspec.sync_audit`) counts
+    no would-be wait inside any whole draft, which drafts every tree step (a capture's precondition checked here;
+    the capture itself in tests/test_cuda.py)."""
+    from microspec.sync_audit import WouldSync
+    from microspec.vocab.packed import PackedRows
+
+    init = PackedRows.__init__
+
+    def fixed(self, *a, **kw):
+        init(self, *a, **kw)
+        self.fixed_shape = True
+
+    monkeypatch.setattr(PackedRows, "__init__", fixed)
+    _, nm = tiny_pair("gemma3")
+    path, _, _ = official_checkpoint(tmp_path / "ck", d=nm.spec.hidden_size)
+    drafter = EagleDrafter(EagleHead.load(path), depth=4, top_k=3, total_tokens=10)
+    drafter.whole_graph = True
+    waits = []
+    fixed_tree = drafter._fixed_tree
+
+    def counted(*a, **kw):
+        before = audit.count
+        out = fixed_tree(*a, **kw)
+        waits.append(audit.count - before)
+        return out
+
+    drafter._fixed_tree = counted
+    cfg = GenerationConfig(max_new_tokens=32, ignore_eos=True, **decoding)
+    with torch.inference_mode(), WouldSync() as audit:
+        r = generate_ids(nm, PROMPT, cfg, drafter=drafter, vocab=POLICIES[policy](nm.spec.vocab_size))
+    assert len(waits) >= r.stats.steps - 1 >= 8 and not any(waits), (waits, dict(audit.reasons))
+
+
+class _Replayed:
+    """A captured CUDA graph's stand-in on a CPU: ``replay`` runs the captured body again into the outputs of the
+    capture, so it reads what the body read then (its static inputs, the objects its closure held), as a graph's
+    kernels read the addresses they were captured with: an input left out of the static ones reads stale data here
+    as it would on a GPU."""
+
+    def __init__(self, body, out):
+        self.body, self.out = body, out
+
+    def replay(self):
+        fresh = self.body()
+        for kept, new in zip(self.out, fresh):
+            kept.copy_(new)
+
+
+def _stand_in_capture(monkeypatch):
+    from microspec.drafters import model_based
+    from microspec.models import graphs
+
+    def capture(body, pool, refusals=None):
+        for _ in range(2):  # warm-up runs, as the real capture does
+            body()
+        out = body()
+        return _Replayed(body, out), out
+
+    monkeypatch.setattr(graphs, "capture", capture)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: object())
+    monkeypatch.setattr(model_based, "GRAPHED", ("cuda", "cpu"))
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+@pytest.mark.parametrize("decoding", [{}, {"temperature": 0.8, "seed": 3}], ids=["greedy", "seeded"])
+def test_whole_draft_graphs_serve_later_generations(tmp_path, monkeypatch, policy, decoding):
+    """tests/test_cuda.py's graph test on a CPU with a stand-in capture: a shape captured at its second use, replayed
+    from then on and by the next generation (a fresh policy, whose set goes in as the graph's input; the pooled
+    draft cache keeps the graphs), every tree equal to the level-by-level draft's and the target's own text."""
+    from microspec.vocab.packed import PackedRows
+
+    _stand_in_capture(monkeypatch)
+    init = PackedRows.__init__
+
+    def fixed(self, *a, **kw):
+        init(self, *a, **kw)
+        self.fixed_shape = True
+
+    monkeypatch.setattr(PackedRows, "__init__", fixed)
+    _, nm = tiny_pair("gemma3")
+    nm.use_cuda_graphs(True)  # on a CPU the target's forwards stay eager; the draft cache is pooled, as on CUDA
+    path, _, _ = official_checkpoint(tmp_path / "ck", d=nm.spec.hidden_size)
+    head = EagleHead.load(path)
+    cfg = GenerationConfig(max_new_tokens=40, ignore_eos=True, **decoding)
+    ref = generate_ids(nm, PROMPT, cfg).token_ids
+    runs = []
+    for whole in (False, None, None):
+        drafter = EagleDrafter(head, depth=4, top_k=3, total_tokens=10)
+        drafter.whole_graph = whole
+        trees, propose = [], drafter.propose
+        drafter.propose = lambda ctx, _p=propose, _t=trees: _t.append(_p(ctx)) or _t[-1]
+        graphs = head.__dict__.get("draft_graphs")
+        before = (0, 0) if graphs is None else (graphs.captures, graphs.replays)
+        r = generate_ids(nm, PROMPT, cfg, drafter=drafter, vocab=POLICIES[policy](nm.spec.vocab_size))
+        out = r.token_ids
+        graphs = head.__dict__.get("draft_graphs")
+        after = (0, 0) if graphs is None else (graphs.captures, graphs.replays)
+        assert r.stats.graph_drafts == after[1] - before[1]  # the steps the statistics say replayed
+        runs.append((out, [tuple(t.clone() for t in tr.on_device) for tr in trees if tr.on_device],
+                     after[0] - before[0], after[1] - before[1]))
+    eager, first, second = runs
+    assert eager[0] == first[0] == second[0] == ref
+    assert eager[2:] == (0, 0) and _same(first[1], eager[1]) and _same(second[1], eager[1])
+    assert first[2] >= 1 and first[3] >= len(first[1]) // 2, first[2:]
+    # every step replays (the shallower trees of the last steps, seen once before, captured now): at most one
+    # capture per shallower depth, none of the full tree's shape
+    assert second[2] <= 3 and second[3] == len(second[1]), second[2:]
