@@ -185,7 +185,8 @@ def test_bf16_greedy_identity_on_cuda(tmp_path):
 
 
 @pytest.mark.parametrize("policy", ["full", "microspec-device", "fr-spec"])
-@pytest.mark.parametrize("decoding", [{}, {"temperature": 0.8, "seed": 3}], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("decoding", [{}, {"temperature": 0.8, "seed": 3}, {"repetition_penalty": 1.2}],
+                         ids=["greedy", "seeded", "penalty"])
 def test_the_whole_draft_replays_as_one_graph(tmp_path, policy, decoding):
     """EAGLE's tree drafted as one graph replay a step (``ForwardDrafter._whole_tree``), captured at its shape's
     second use and kept by the draft cache: the same trees as the level-by-level draft, the target's own text, and
@@ -219,23 +220,31 @@ def test_the_whole_draft_replays_as_one_graph(tmp_path, policy, decoding):
 
 
 # ---------------------------------------------------------------- host synchronisations
-@pytest.mark.parametrize("method", ["ar", "ngram", "early-exit", "microspec"])
+@pytest.mark.parametrize("method", ["ar", "ngram", "early-exit", "microspec", "eagle+microspec-graphed"])
 @pytest.mark.parametrize("decoding", [{}, {"repetition_penalty": 1.2}, {"temperature": 0.8},
                                       {"no_repeat_ngram_size": 3}], ids=["greedy", "penalty", "unseeded", "no-repeat"])
-def test_synchronisations_do_not_grow_with_the_length(method, decoding):
+def test_synchronisations_do_not_grow_with_the_length(tmp_path, method, decoding):
     """CUDA's own sync detector (``torch.cuda.set_sync_debug_mode``) counts the operations that wait for the
     device.  Per step a generation reads back the accepted tokens once (the device walk's acceptance, with a
     device-built tree's host lists in the same read; for plain decoding the chosen token); nothing else may grow
     with its length (benchmarks/measure/sync_sites.py lists where they happen; tests/test_sync_free.py counts the
     same on a CPU).  Greedy, under the repetition penalty, with no-repeat-n-gram (its bans found on the device),
     and unseeded sampling (deterministic drafts walked on the device by the keyed rule with the request's own
-    key)."""
+    key).  With graphs on, EAGLE + MicroSpec drafts its tree as one replay (greedy, penalty, unseeded)."""
     from microspec.drafters.ngram import NGramDrafter
 
-    nm = _model()
+    graphed = method.endswith("-graphed")
+    nm = _model(graphs=graphed)
     counts = []
+    head = None
+    if graphed:
+        path, _, _ = official_checkpoint(tmp_path / "ck", d=nm.spec.hidden_size)
+        head = EagleHead.load(path).to(DEV)
 
     def make():
+        if graphed:
+            return (EagleDrafter(head, depth=4, top_k=3, total_tokens=10),
+                    MicroSpecVocab(VOCAB, w_max=24, device=DEV, backend="device"))
         if method == "ngram":
             return NGramDrafter(num_tokens=4), None
         if method == "ar":

@@ -299,8 +299,8 @@ def test_contains_is_isin_without_a_read(n):
 
 
 @pytest.mark.parametrize("method", ["eagle", "eagle+microspec", "eagle+fr-spec", "microspec@lookup"])
-@pytest.mark.parametrize("decoding", [{}, {"temperature": 0.8, "seed": 3}, UNSEEDED],
-                         ids=["greedy", "seeded", "unseeded"])
+@pytest.mark.parametrize("decoding", [{}, {"temperature": 0.8, "seed": 3}, UNSEEDED, PENALTY],
+                         ids=["greedy", "seeded", "unseeded", "penalty"])
 def test_a_whole_draft_step_would_synchronise_a_gpu_once(monkeypatch, tmp_path, method, decoding):
     """The same count with EAGLE's tree drafted whole in fixed shapes (what CUDA replays as one graph)."""
     from microspec.drafters.model_based import ForwardDrafter

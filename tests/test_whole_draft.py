@@ -61,12 +61,14 @@ def _same(a, b) -> bool:
 @pytest.mark.parametrize("top_k,depth,total", [(2, 3, 5), (10, 6, 59)])
 def test_the_whole_draft_is_the_level_by_level_tree(tmp_path, monkeypatch, family, policy, top_k, depth, total):
     """Every step's tree (tokens, parents, depths, ancestor matrix, padding) equal tensor for tensor, and the same
-    output, greedy and seeded at T 0.8 (the draft ranks by the warped distribution), with the whole vocabulary, the
-    packed in-context vocabulary (at its fixed CUDA shape too) and an id list; every tree step took the whole path."""
+    output, greedy and seeded at T 0.8 (the draft ranks by the warped distribution), each also under the repetition
+    penalty (each node's path its history), with the whole vocabulary, the packed in-context vocabulary (at its
+    fixed CUDA shape too) and an id list; every tree step took the whole path."""
     _, nm = tiny_pair(family)
     path, _, _ = official_checkpoint(tmp_path / "ck", d=nm.spec.hidden_size)
     shape = {"depth": depth, "top_k": top_k, "total_tokens": total}
-    for decoding in ({"temperature": 0.8, "seed": 5}, {}):
+    for decoding in ({"temperature": 0.8, "seed": 5}, {"repetition_penalty": 1.2},
+                     {"temperature": 0.8, "seed": 5, "repetition_penalty": 1.2}, {}):
         levels, out_levels, none = _run(nm, path, shape, policy, decoding, False, monkeypatch)
         whole, out_whole, used = _run(nm, path, shape, policy, decoding, True, monkeypatch)
         assert none == 0 and out_whole == out_levels and _same(whole, levels), (decoding, policy)
@@ -81,17 +83,17 @@ def test_the_whole_draft_is_the_level_by_level_tree(tmp_path, monkeypatch, famil
 
 
 def test_the_whole_draft_steps_aside_where_it_cannot_apply(tmp_path, monkeypatch):
-    """Off on a CPU unless asked (no graphs to replay); under active processors (the penalty's paths) and with a
-    router that hears the draft's inputs the level-by-level tree drafts, with the same output."""
+    """Off on a CPU unless asked (no graphs to replay); under no-repeat-n-gram (its history grows, so its shapes do)
+    and with a router that hears the draft's inputs the level-by-level tree drafts, with the same output."""
     _, nm = tiny_pair("llama")
     path, _, _ = official_checkpoint(tmp_path / "ck", d=nm.spec.hidden_size)
     shape = {"depth": 3, "top_k": 2, "total_tokens": 5}
     _, out, used = _run(nm, path, shape, "full", {}, None, monkeypatch)
     assert used == 0
-    _, out_pen, used = _run(nm, path, shape, "full", {"repetition_penalty": 1.2}, True, monkeypatch)
+    _, out_banned, used = _run(nm, path, shape, "full", {"no_repeat_ngram_size": 2}, True, monkeypatch)
     plain = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=40, ignore_eos=True,
-                                                      repetition_penalty=1.2)).token_ids
-    assert used == 0 and out_pen == plain
+                                                      no_repeat_ngram_size=2)).token_ids
+    assert used == 0 and out_banned == plain
     drafter = EagleDrafter(EagleHead.load(path), **shape)
     drafter.whole_graph = True
 
@@ -111,8 +113,8 @@ def test_the_whole_draft_steps_aside_where_it_cannot_apply(tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize("policy", list(POLICIES))
-@pytest.mark.parametrize("decoding", [{}, {"temperature": 0.8, "seed": 3}, {"temperature": 0.8}],
-                         ids=["greedy", "seeded", "unseeded"])
+@pytest.mark.parametrize("decoding", [{}, {"temperature": 0.8, "seed": 3}, {"temperature": 0.8},
+                                      {"repetition_penalty": 1.2}], ids=["greedy", "seeded", "unseeded", "penalty"])
 def test_the_whole_draft_would_not_wait_for_a_gpu(tmp_path, monkeypatch, policy, decoding):
     """What a CUDA graph captures may not read the device back: the CPU audit (:mod:`microspec.sync_audit`) counts
     no would-be wait inside any whole draft, which drafts every tree step (a capture's precondition checked here;
@@ -178,11 +180,14 @@ def _stand_in_capture(monkeypatch):
 
 
 @pytest.mark.parametrize("policy", list(POLICIES))
-@pytest.mark.parametrize("decoding", [{}, {"temperature": 0.8, "seed": 3}], ids=["greedy", "seeded"])
+# a strong penalty: a graph that read the first generation's seen ids instead of its input would draft other trees
+@pytest.mark.parametrize("decoding", [{}, {"temperature": 0.8, "seed": 3}, {"repetition_penalty": 3.0}],
+                         ids=["greedy", "seeded", "penalty"])
 def test_whole_draft_graphs_serve_later_generations(tmp_path, monkeypatch, policy, decoding):
     """tests/test_cuda.py's graph test on a CPU with a stand-in capture: a shape captured at its second use, replayed
     from then on and by the next generation (a fresh policy, whose set goes in as the graph's input; the pooled
-    draft cache keeps the graphs), every tree equal to the level-by-level draft's and the target's own text."""
+    draft cache keeps the graphs; under the penalty its seen ids are an input too), every tree equal to the
+    level-by-level draft's and the target's own text."""
     from microspec.vocab.packed import PackedRows
 
     _stand_in_capture(monkeypatch)

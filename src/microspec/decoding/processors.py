@@ -86,14 +86,21 @@ class RepetitionPenalty:
                 logits[r, cols] = penalised(row, self.penalty)
         return logits
 
-    def apply_on_device(self, logits: torch.Tensor, paths: torch.Tensor, col_ids: torch.Tensor | None = None
-                        ) -> torch.Tensor:
+    def apply_on_device(self, logits: torch.Tensor, paths: torch.Tensor, col_ids: torch.Tensor | None = None,
+                        state: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
         """:meth:`apply` (``col_ids`` None) or :meth:`apply_columns` (``col_ids`` [A]: the id of each column, -1 for
         none) with each row's path as a device tensor: ``paths`` [R, W], row r's path ids, -1 padding.  The same
-        penalised set (seen ∪ the row's path), the same values, no read back."""
+        penalised set (seen ∪ the row's path), the same values, no read back.  ``state``: :meth:`graph_state`'s
+        tensors to read instead of this one's own (a graph's copies of them)."""
+        seen = self.seen if state is None else state[0]
         paths = paths if paths.numel() else paths.new_zeros(logits.shape[0], 0)
-        mask = _id_mask(paths, paths >= 0, self.seen.numel(), None) | self.seen[None, :]
+        mask = _id_mask(paths, paths >= 0, seen.numel(), None) | seen[None, :]
         return torch.where(_on_columns(mask, col_ids), penalised(logits, self.penalty), logits)
+
+    def graph_state(self) -> tuple[tuple[torch.Tensor, ...], tuple]:
+        """(the tensors :meth:`apply_on_device` reads, the values it bakes in): a graph of a whole draft takes the
+        first as inputs and keys itself by the second."""
+        return (self.seen,), ("repetition_penalty", self.penalty)
 
     def apply(self, logits: torch.Tensor, extra: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
         """Penalise ``logits`` [R, V] (in place); row r's history is the committed sequence plus ``extra[r]``.
@@ -241,13 +248,24 @@ class LogitsPipeline:
         repetition penalty and no-repeat-n-gram both can."""
         return all(getattr(p, "apply_on_device", None) is not None for p in self.processors)
 
-    def process_on_device(self, logits: torch.Tensor, paths: torch.Tensor, col_ids: torch.Tensor | None = None
-                          ) -> torch.Tensor:
+    def process_on_device(self, logits: torch.Tensor, paths: torch.Tensor, col_ids: torch.Tensor | None = None,
+                          states: Sequence[tuple[torch.Tensor, ...]] | None = None) -> torch.Tensor:
         """:meth:`process` / :meth:`process_columns` with row r's extra history ``paths[r]`` a device tensor (-1
-        padding; ``col_ids``: each column's id, for a draft head's columns), when :attr:`on_device`."""
-        for p in self.processors:
-            logits = p.apply_on_device(logits, paths, col_ids)
+        padding; ``col_ids``: each column's id, for a draft head's columns), when :attr:`on_device`.  ``states``:
+        each processor's :meth:`graph_state` tensors to read instead of its own."""
+        for i, p in enumerate(self.processors):
+            logits = p.apply_on_device(logits, paths, col_ids) if states is None else \
+                p.apply_on_device(logits, paths, col_ids, states[i])
         return logits
+
+    def graph_state(self) -> tuple[list[tuple[torch.Tensor, ...]], tuple] | None:
+        """(each processor's tensors, the values they bake in) for a graph of a whole draft that applies them
+        (:meth:`process_on_device` with ``states``); None where one cannot go into such a graph (no-repeat-n-gram:
+        its history grows, so its shapes do)."""
+        if not all(hasattr(p, "graph_state") for p in self.processors):
+            return None
+        both = [p.graph_state() for p in self.processors]
+        return [s for s, _ in both], tuple(k for _, k in both)
 
     def commit(self, tokens: Sequence[int]) -> None:
         self.position += len(tokens)

@@ -279,10 +279,12 @@ class DraftHead:
             return active.rows[: active.extent], active.slot_ids[: active.extent]
         return self._rows, active
 
-    def fixed_topk(self, hidden: torch.Tensor, k: int, inputs: tuple[torch.Tensor, ...],
-                   pipe=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`topk` over a set given by its :meth:`fixed_inputs`, with no processors, no timer and no bookkeeping:
-        the same operations, fit to run inside a CUDA graph of the whole draft."""
+    def fixed_topk(self, hidden: torch.Tensor, k: int, inputs: tuple[torch.Tensor, ...], pipe=None,
+                   paths: torch.Tensor | None = None, states=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`topk` over a set given by its :meth:`fixed_inputs`, with no timer and no bookkeeping: the same
+        operations, fit to run inside a CUDA graph of the whole draft.  With ``paths`` (the rows' paths, a device
+        tensor), ``pipe``'s processors apply as :meth:`logits` applies them, reading ``states`` (their graph
+        state's tensors)."""
         if self.norm is not None:
             hidden = self.norm(hidden)
         ids = None
@@ -291,6 +293,8 @@ class DraftHead:
             logits = self._matmul(hidden, rows).masked_fill_(ids < 0, float("-inf"))  # a packed buffer's free slots
         else:
             logits = self._matmul(hidden, self.weight)
+        if paths is not None:
+            logits = pipe.process_on_device(logits, paths, ids, states)
         logp = pipe.draft_logp(logits) if pipe is not None else torch.log_softmax(logits, dim=-1)
         values, cols = torch.topk(logp, min(k, logp.shape[-1]), dim=-1)
         return values, cols if ids is None else ids[cols]

@@ -329,46 +329,62 @@ class ForwardDrafter(Drafter):
         """:meth:`_device_tree` with every shape fixed by (depth, top-k, total tokens, the attention span's bucket),
         so that all its levels (the draft network, the head's top-k, the tree's growth and rerank) replay as one
         CUDA graph, captured at the second use of its shape and kept by the draft cache; the root's slot is a device
-        input, so the host neither reads nor launches per level.  None where it does not apply: no fixed-shape forward
-        (:meth:`_fixed_forward`), processors active, a head :meth:`~.head.DraftHead.fixed_active` refuses, or (unless
-        ``whole_graph``) a network that replays no graphs.  The same tree as :meth:`_device_tree`: attention over
+        input, so the host neither reads nor launches per level.  Processors that take the nodes' paths on the device
+        and have a fixed shape (the repetition penalty) go in, their state an input too.  None where it does not
+        apply: no fixed-shape forward (:meth:`_fixed_forward`), a processor that cannot go into a graph
+        (no-repeat-n-gram), a head :meth:`~.head.DraftHead.fixed_active` refuses, or (unless ``whole_graph``) a
+        network that replays no graphs.  The same tree as :meth:`_device_tree`: attention over
         a bucket of slots with the extra ones masked adds exact zeros to each softmax (tests/test_whole_draft.py;
         as for the verify pass's graphs, a GPU may sum in another order: last bits, and drafts only).  A graphed
         draft's head time is not timed apart from the rest of the draft."""
         graphs = self._graphs()
         pipe = ctx.pipe
+        processed = pipe is not None and pipe.active
+        state = pipe.graph_state() if processed and pipe.on_device else None
         if self.whole_graph is False or (graphs is None and not self.whole_graph) \
-                or type(self)._fixed_forward is ForwardDrafter._fixed_forward or (pipe is not None and pipe.active):
+                or type(self)._fixed_forward is ForwardDrafter._fixed_forward or (processed and state is None):
             return None
         graphed = graphs is not None and root_hidden.device.type in GRAPHED
         ok, active = self.head.fixed_active(steps, graphed)
         if not ok:
             return None
-        pipe = pipe if pipe is not None and not pipe.cfg.greedy else None  # greedy: the log-softmax's ranks
+        # greedy without processors: the log-softmax's ranks, no pipeline needed
+        pipe = pipe if pipe is not None and (processed or not pipe.cfg.greedy) else None
+        tensors, baked = state if state is not None else ([], ())
         cache = self._cache(ctx)
         span = bucket_of(root_slot + 1 + (steps - 1) * self.top_k, BUCKET, cache.capacity)
         root_slot_t = to_device([root_slot], cache.device)
+        vocab = self.head.fixed_inputs(active)
+        sizes = [len(t) for t in tensors]
 
         def run(hidden: torch.Tensor, slot: torch.Tensor, *given: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            return self._fixed_tree(ctx, hidden, slot, given, pipe, steps, span)
+            rest, states = list(given[len(vocab):]), []
+            for n in sizes:  # each processor's own tensors back from the flat inputs
+                states.append(tuple(rest[:n]))
+                del rest[:n]
+            return self._fixed_tree(ctx, hidden, slot, given[: len(vocab)], pipe, states if processed else None,
+                                    steps, span)
 
-        inputs = (root_hidden, root_slot_t, *self.head.fixed_inputs(active))
+        inputs = (root_hidden, root_slot_t, *vocab, *(t for s in tensors for t in s))
         out = None
         if graphed:  # the graph reads the target's embeddings (and its LM head): it goes with the target
             cfg = None if pipe is None else (pipe.cfg.temperature, pipe.cfg.top_p, pipe.cfg.top_k, pipe.cfg.min_p)
             key = ("tree", steps, self.top_k, self.total_tokens, span, tuple(t.shape for t in inputs),
-                   root_hidden.dtype, id(self.head.weight), cfg)
+                   root_hidden.dtype, id(self.head.weight), cfg, baked)
             out = graphs(cache, key, run, inputs, owner=ctx.target)
             self.graph_drafts += out is not None
         return DeviceTree(out if out is not None else run(*inputs), steps)
 
     def _fixed_tree(self, ctx: DraftContext, root_hidden: torch.Tensor, root_slot: torch.Tensor,
-                    given: tuple[torch.Tensor, ...], pipe, steps: int, span: int) -> tuple[torch.Tensor, ...]:
+                    given: tuple[torch.Tensor, ...], pipe, states: list | None, steps: int,
+                    span: int) -> tuple[torch.Tensor, ...]:
         """The body of :meth:`_whole_tree` (what a graph captures): the device tree's tensors; ``given``: the draft
-        vocabulary's tensors (:meth:`~.head.DraftHead.fixed_inputs`)."""
+        vocabulary's tensors (:meth:`~.head.DraftHead.fixed_inputs`); ``states``: the processors' tensors (None:
+        no processors), each node's history being its path, as :meth:`_device_tree` gives it."""
         head, k = self.head, self.top_k
         device = root_hidden.device
-        root_logp, root_ids = head.fixed_topk(root_hidden, k, given, pipe)
+        no_path = None if states is None else torch.full((1, 0), -1, dtype=torch.long, device=device)
+        root_logp, root_ids = head.fixed_topk(root_hidden, k, given, pipe, no_path, states)
         capacity = root_ids.numel() + (steps - 1) * k * k
         outs = root_hidden.new_empty(1 + capacity, root_hidden.shape[-1])  # row 1 + i: node i's draft hidden state
         outs[0] = root_hidden[0]
@@ -392,7 +408,10 @@ class ForwardDrafter(Drafter):
             hidden = self._fixed_forward(ctx, tree.tokens[frontier], root_slot + tree.depths[frontier], slots, mask,
                                          span, outs[tree.parents[frontier] + 1])
             outs[frontier + 1] = hidden
-            return head.fixed_topk(hidden, k, given, pipe)
+            paths = None
+            if states is not None:  # each frontier node's path (ancestors and itself), -1 elsewhere
+                paths = torch.where(tree.anc[frontier][:, : tree.size], tree.tokens[None, : tree.size], -1)
+            return head.fixed_topk(hidden, k, given, pipe, paths, states)
 
         tree = dynamic_tree_on_device(root_logp[0], root_ids[0], expand, steps, k, self.total_tokens, steps)
         return tree.on_device
