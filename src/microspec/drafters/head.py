@@ -264,8 +264,8 @@ class DraftHead:
         if isinstance(first, RankedPrefix) or (isinstance(first, PackedRows) and graphed and not first.fixed_shape) \
                 or (policy is not None and any(policy.active(d) is not first for d in range(1, depths))):
             return False, None
-        for d in range(depths):
-            self._select(d)
+        self._select(0)
+        self.sizes += self.sizes[-1:] * (depths - 1)  # one set for every depth: its size counted once
         return True, first
 
     def fixed_inputs(self, active) -> tuple[torch.Tensor, ...]:
