@@ -148,3 +148,79 @@ def test_kernel_build_error_names_the_file_and_line(tmp_path, monkeypatch):
     with pytest.raises(MicrospecError, match=r"bad\.cpp:2:.*not_declared") as info:
         Extension("bad_strict", ["bad.cpp"], "test kernel", root=src).load()
     assert "\n" not in str(info.value)
+
+
+RMS_SCRIPT = textwrap.dedent("""
+    import sys
+    import torch
+    from microspec.kernels import cpu_linear, cpu_quant, rms_norm as K, rope as R
+    assert K.available("cpu")
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        for gemma in (True, False):
+            for shape in ((1, 640), (5, 640), (3, 4, 256), (7, 2, 3, 24), (2, 1000)):
+                x = (torch.randn(*shape, generator=g) * 3).to(dtype)
+                w = torch.randn(shape[-1], generator=g) * 0.5
+                weight = (1.0 + w) if gemma else w.to(dtype)
+                got, ref = K.rms_norm(x, weight, 1e-6, gemma), K.reference(x, weight, 1e-6, gemma)
+                assert got.dtype == ref.dtype and got.shape == ref.shape
+                if dtype == torch.float32:
+                    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+                else:  # the interpreter's casts round toward zero: within two bf16 steps (Llama rounds twice)
+                    step = ref.float().abs().clamp(min=1e-3) * 2 ** -7
+                    assert ((got.float() - ref.float()).abs() <= 2 * step).all()
+                strided = x.transpose(-1, -2).contiguous().transpose(-1, -2)  # rows that are not contiguous
+                assert torch.equal(K.rms_norm(strided, weight, 1e-6, gemma), got)
+    for dtype in (torch.float32, torch.bfloat16):
+        for t, heads, hd in ((1, 4, 64), (7, 2, 256), (3, 1, 8)):
+            x = torch.randn(t, heads * hd, generator=g).to(dtype).view(t, heads, hd)
+            ang = torch.randn(t, hd // 2, generator=g) * 3
+            cos, sin = (torch.cat((ang, ang), -1).cos().to(dtype), torch.cat((ang, ang), -1).sin().to(dtype))
+            assert R.applies(x, cos) is False  # not a device it takes until told
+            got, ref = R.rope(x, cos, sin), R.reference(x, cos, sin)
+            assert got.shape == ref.shape and got.dtype == dtype
+            if dtype == torch.float32:
+                torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
+            else:  # three roundings toward zero here (to nearest on a GPU): each within a bf16 step of the row's size
+                bound = x.float().abs().amax(-1, keepdim=True) * 3 * 2 ** -7
+                assert ((got.float() - ref.float()).abs() <= bound).all()
+            assert torch.equal(R.rope(x.transpose(0, 1).contiguous().transpose(0, 1), cos, sin), got)
+    # a whole model with its norms and rotary embeddings in the kernels (the CPU's own fused paths off, as on a
+    # GPU): the same tokens, plain and speculative (EAGLE's head norms too)
+    sys.path.insert(0, "tests")
+    from support import official_checkpoint, tiny_pair
+    from microspec.decoding import GenerationConfig, generate_ids
+    from microspec.drafters import EagleDrafter, EagleHead
+    import tempfile, pathlib
+    cpu_quant.rows_apply = lambda *a, **k: False
+    cpu_linear.applies = lambda *a, **k: False
+    cfg = GenerationConfig(max_new_tokens=24, ignore_eos=True)
+    prompt = [1, 10, 20, 30, 11, 21, 31, 12, 10, 20, 30]
+    for family in ("gemma3", "llama"):
+        _, nm = tiny_pair(family)
+        path, _, _ = official_checkpoint(pathlib.Path(tempfile.mkdtemp()) / "ck", d=nm.spec.hidden_size)
+        eager = generate_ids(nm, prompt, cfg).token_ids
+        K.DEVICES = R.DEVICES = ("cuda", "cpu")
+        launched, rotated = [], []
+        run, turn = K.rms_norm, R.rope
+        K.rms_norm = lambda *a, **k: launched.append(1) or run(*a, **k)
+        R.rope = lambda *a, **k: rotated.append(1) or turn(*a, **k)
+        fused = generate_ids(nm, prompt, cfg).token_ids
+        spec = generate_ids(nm, prompt, cfg, drafter=EagleDrafter(EagleHead.load(path), depth=3, top_k=2,
+                                                                   total_tokens=5)).token_ids
+        K.DEVICES, K.rms_norm, R.DEVICES, R.rope = ("cuda",), run, ("cuda",), turn
+        assert fused == eager == spec and len(launched) > 100 and len(rotated) > 50, \
+            (family, fused, eager, spec, len(launched), len(rotated))
+    print("ok")
+""")
+
+
+def test_norm_and_rope_kernels_match_torch_under_the_interpreter():
+    """The fused RMSNorm (kernels/rms_norm.py: both conventions) and rotary embedding (kernels/rope.py) against their
+    plain-torch references, fp32 and bf16, contiguous or strided rows; a tiny Gemma 3 and Llama generate the same
+    tokens with every norm and rotary embedding in them, plain and with an EAGLE tree."""
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT / "src")]))
+    out = subprocess.run([sys.executable, "-c", RMS_SCRIPT], env=env, capture_output=True, text=True, timeout=900,
+                         cwd=ROOT)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout[-2000:] + out.stderr[-3000:]

@@ -10,6 +10,8 @@ from torch import nn
 
 from ..errors import MicrospecError
 from ..kernels import cpu_linear, cpu_quant
+from ..kernels import rms_norm as rms_kernel
+from ..kernels.rope import rotate  # noqa: F401 - the models' rotation where the kernel does not run
 from .quant import QuantTensor
 from .spec import ArchSpec
 
@@ -49,11 +51,11 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if cpu_quant.rows_apply(x) and not (torch.is_grad_enabled() and self.weight.requires_grad):
             return cpu_quant.rms_norm(x, self.effective_weight(), self.eps)
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.gemma:  # (x * (1 + w)) in fp32, then cast: Gemma's convention
-            return (xf * (1.0 + self.weight.float())).type_as(x)
-        return self.weight * xf.to(x.dtype)  # Llama's convention: cast, then scale
+        w = self.effective_weight() if self.gemma else self.weight
+        if rms_kernel.applies(x, w, self.gemma):  # a GPU: the whole norm in one launch
+            return rms_kernel.rms_norm(x, w, self.eps, self.gemma)
+        # Gemma: (x * (1 + w)) in fp32, then cast; Llama: cast, then scale (the weight's own, for its gradient)
+        return rms_kernel.reference(x, 1.0 + self.weight.float() if self.gemma else self.weight, self.eps, self.gemma)
 
 
 class Linear(nn.Module):
@@ -128,9 +130,3 @@ def window_mask(qpos: torch.Tensor, kpos: torch.Tensor, window: int | None) -> t
         allowed = allowed & (kpos[None, :] > qpos[:, None] - window)
     return allowed
 
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on ``x`` [..., hd] with the tables ``cos``, ``sin`` (transformers' ``rotate_half`` convention)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin

@@ -24,6 +24,7 @@ from torch import nn
 
 from ..errors import MicrospecError
 from ..kernels import cpu_linear, cpu_quant
+from ..kernels import rope as rope_kernel
 from .kv_cache import CachePool, KVCache
 from .layers import MLP, Attention, DecoderLayer, Embedding, Linear, RMSNorm, activation, rotate, window_mask
 from .quant import QuantTensor, weight_bytes
@@ -393,6 +394,11 @@ class NativeCausalLM(nn.Module):
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q = cpu_quant.rope(q, cos, sin).transpose(0, 1)
             k = cpu_quant.rope(k, cos, sin).transpose(0, 1)
+        elif not lead and rope_kernel.applies(q, cos):  # a GPU: each norm and each RoPE one launch, on [T, heads, hd]
+            if spec.qk_norm:
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q = rope_kernel.rope(q, cos, sin).transpose(0, 1)
+            k = rope_kernel.rope(k, cos, sin).transpose(0, 1)
         else:
             q, k = q.transpose(-2, -3), k.transpose(-2, -3)
             if spec.qk_norm:
