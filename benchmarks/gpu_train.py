@@ -96,7 +96,8 @@ def train_argv(model: str, prompts: Path, out: Path, budget: float | None, devic
                arch: str = "eagle3", sizes: dict | None = None) -> list[str]:
     """The ``microspec train eagle3`` (``arch`` eagle3) or ``train eagle`` (``arch`` eagle: the EAGLE-1/2 head) command
     line of one call (``tiny``: the dry run's small settings); ``sizes``: flags that replace the defaults
-    (``{"limit": 2000, "draft_vocab": 24576, "init": DIR, "stages": "capture,train"}``)."""
+    (``{"limit": 2000, "draft_vocab": 24576, "init": DIR, "stages": "capture,train"}``; True: a flag without a
+    value, ``{"penalty_loss": True}``)."""
     argv = ["train", arch, "--model", model, "--prompts", str(prompts), "--out", str(out), "--shuffle",
             "--repetition-penalty", "1.0", "1.2", "--device", device]
     if tiny:
@@ -119,7 +120,9 @@ def train_argv(model: str, prompts: Path, out: Path, budget: float | None, devic
         if value is None:
             continue
         flag = "--" + name.replace("_", "-")
-        if flag in argv:
+        if value is True:
+            argv += [] if flag in argv else [flag]
+        elif flag in argv:
             argv[argv.index(flag) + 1] = str(value)
         else:
             argv += [flag, str(value)]
@@ -374,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=float, default=None, help="passes over the answers (default 2)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 6e-4)")
     p.add_argument("--draft-vocab", type=int, default=None, help="eagle3: the draft vocabulary (default 32,768)")
+    p.add_argument("--penalty-loss", action="store_true",
+                   help="train draft and target under each answer's own repetition penalty (as the shipped EAGLE "
+                        "head's last fine-tunes; `microspec train eagle --penalty-loss`)")
     p.add_argument("--prepare-assets", type=Path, default=None, metavar="DIR",
                    help="here, on the CPU: make the folder to carry, then exit")
     p.add_argument("--dry-run", action="store_true",
@@ -386,8 +392,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.draft_vocab is not None and args.arch != "eagle3":
         p.error("--draft-vocab is an EAGLE-3 head's")
+    if args.penalty_loss and args.arch != "eagle":
+        p.error("--penalty-loss is an EAGLE-1/2 head's (--arch eagle)")
     sizes = {"limit": args.limit, "epochs": args.epochs, "lr": args.lr, "draft_vocab": args.draft_vocab,
-             "init": args.init}
+             "init": args.init, "penalty_loss": True if args.penalty_loss else None}
     common = dict(export=args.export, arch=args.arch, answers=args.answers, pack=args.pack)
     if args.dry_run:
         args.out.mkdir(parents=True, exist_ok=True)

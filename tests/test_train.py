@@ -502,3 +502,23 @@ def test_gpu_train_dry_run_stops_by_its_budget_and_resumes(tmp_path, capsys):
     head = load_eagle_head(tmp_path / "train" / "head")
     ck = torch.load(tmp_path / "train" / "checkpoint.pt", weights_only=False)
     assert torch.equal(head.d2t, ck["head"]["d2t"]) and head.d2t.numel() == 48
+
+
+def test_gpu_train_passes_the_penalty_loss_to_an_eagle_head(tmp_path, capsys):
+    """benchmarks/gpu_train.py --arch eagle --penalty-loss: the training command gets the flag (once, no value), the
+    dry run trains with it (its training.json says so), and an EAGLE-3 run refuses it in one line."""
+    gpu_train = _gpu_train()
+    from pathlib import Path
+
+    argv = gpu_train.train_argv("m.gguf", Path("p.jsonl"), Path("o"), None, "cuda", False, "eagle",
+                                {"penalty_loss": True, "limit": 10})
+    assert argv.count("--penalty-loss") == 1 and argv[argv.index("--limit") + 1] == "10"
+    assert "--penalty-loss" not in gpu_train.train_argv("m.gguf", Path("p.jsonl"), Path("o"), None, "cuda", False,
+                                                        "eagle", {"penalty_loss": None})
+    assert gpu_train.main(["--dry-run", "--arch", "eagle", "--penalty-loss", "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    record = json.loads((tmp_path / "train-eagle" / "head" / "training.json").read_text())
+    assert record["config"]["penalty_loss"] is True, record["config"]
+    with pytest.raises(SystemExit):
+        gpu_train.main(["--dry-run", "--penalty-loss", "--out", str(tmp_path / "e3")])
+    assert "--penalty-loss is an EAGLE-1/2 head's" in capsys.readouterr().err
