@@ -558,3 +558,26 @@ def test_bench_profile_reports_each_engine_methods_step(capsys, tiny_model_dir, 
         assert p["steps"] >= 1 and p["wall_ms_per_step"] > 0
         assert p["host_waits_per_step"] is None and p["device_busy_share"] is None
     assert "wall ms / step" in (out_dir / "report.md").read_text()
+
+
+def test_the_profiles_kernel_census():
+    """``bench --profile``'s census of a CUDA profile (here from stand-in events): launches a step, counted over every
+    timed event, the top ones by device time with their ms and launches a step; in the report's table and list."""
+    from types import SimpleNamespace
+
+    from microspec.bench.profile import census, profile_lines
+
+    events = [SimpleNamespace(key="gemm", count=70, self_device_time_total=7000.0),
+              SimpleNamespace(key="rms_norm_kernel", count=250, self_device_time_total=500.0),
+              SimpleNamespace(key="cudaLaunchKernel", count=900, self_device_time_total=0.0),  # host-side: no time
+              SimpleNamespace(key="Memcpy HtoD", count=30, self_device_time_total=30.0)]
+    got = census(events, steps=10, top=2)
+    assert got["kernels_per_step"] == 35.0
+    assert got["top_kernels"] == [{"name": "gemm", "ms_per_step": 0.7, "per_step": 7.0},
+                                  {"name": "rms_norm_kernel", "ms_per_step": 0.05, "per_step": 25.0}]
+    lines = profile_lines({"ar": {"steps": 10, "wall_ms_per_step": 1.0, "host_waits_per_step": 1.0,
+                                  "device_ms_per_step": 0.753, "device_busy_share": 0.75, **got},
+                           "cpu": {"steps": 3, "wall_ms_per_step": 2.0, "host_waits_per_step": None,
+                                   "device_ms_per_step": None, "device_busy_share": None}})
+    assert lines[2].endswith("| 35.0 |") and lines[3].endswith("| – |")
+    assert lines[-1] == "- ar: `gemm` 0.700 ms, 7; `rms_norm_kernel` 0.050 ms, 25"

@@ -394,3 +394,6 @@ def test_bench_profile_counts_one_host_wait_a_step_and_the_devices_busy_time():
     p = profile_method(Runner(), PROMPT, cfg)
     assert p["steps"] == 47 and 0.9 <= p["host_waits_per_step"] <= 1.2, p
     assert p["device_ms_per_step"] > 0 and 0 < p["device_busy_share"] <= 1.05, p
+    # the census: a tiny Llama's graphed step is a few dozen kernels or more, the named ones among them
+    assert p["kernels_per_step"] >= 20 and 0 < len(p["top_kernels"]) <= 8, p
+    assert sum(k["ms_per_step"] for k in p["top_kernels"]) <= p["device_ms_per_step"] + 1e-3, p

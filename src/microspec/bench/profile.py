@@ -1,6 +1,7 @@
 """Where a decode step's time goes, per method (``microspec bench --profile``): one untimed generation of the first
 question under CUDA's sync detector (the host waits it makes) and one under ``torch.profiler`` (the device's busy
-time: its kernels' and copies' own durations), beside the step's wall time.
+time: its kernels' and copies' own durations, and a census of them: how many a step, and the ones that take the
+most time), beside the step's wall time.
 
 A step that the host bounds shows a device busy share far below 1: the GPU idles while Python prepares the next
 launch.  The waits count every ``torch.cuda`` synchronisation the detector reports, prefill included, over the
@@ -23,6 +24,22 @@ def _device_us(event) -> float:
         if value is not None:
             return float(value)
     return 0.0
+
+
+CENSUS_TOP = 8  # the kernels the census names, by device time
+
+
+def census(events, steps: int, top: int = CENSUS_TOP) -> dict:
+    """Of a profile's averaged device events (``key``, ``count``, their own device time): the kernels and copies a
+    decode step runs (each launch the profiler records) and the ``top`` by device time, each
+    with its ms and launches a step.  On a small model a step's device time is mostly a count of tiny kernels, so
+    the count says what fusing would save."""
+    timed = [e for e in events if _device_us(e) > 0]
+    steps = max(steps, 1)
+    named = sorted(timed, key=_device_us, reverse=True)[:top]
+    return {"kernels_per_step": round(sum(e.count for e in timed) / steps, 1),
+            "top_kernels": [{"name": str(e.key)[:80], "ms_per_step": round(_device_us(e) / 1000.0 / steps, 4),
+                             "per_step": round(e.count / steps, 2)} for e in named]}
 
 
 def profile_method(runner, prompt_ids: list[int], cfg) -> dict:
@@ -55,10 +72,12 @@ def profile_method(runner, prompt_ids: list[int], cfg) -> dict:
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 again = runner.run(prompt_ids, cfg)
             torch.cuda.synchronize()
-            busy_ms = sum(_device_us(e) for e in prof.key_averages()) / 1000.0
+            events = prof.key_averages()
+            busy_ms = sum(_device_us(e) for e in events) / 1000.0
             per_step = busy_ms / max(again.stats.steps, 1)
             out["device_ms_per_step"] = round(per_step, 3)
             out["device_busy_share"] = round(per_step / wall_ms, 3) if wall_ms > 0 else None
+            out.update(census(events, again.stats.steps))
         except Exception as exc:  # noqa: BLE001 - a profiler that cannot run (no CUPTI) leaves the rest standing
             out["device_error"] = f"{type(exc).__name__}: {exc}"
     return out
@@ -69,10 +88,15 @@ def profile_lines(profiles: dict[str, dict]) -> list[str]:
     def cell(v, fmt):
         return "–" if v is None else format(v, fmt)
 
-    lines = ["| method | steps | wall ms / step | host waits / step | device busy ms / step | device busy share |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| method | steps | wall ms / step | host waits / step | device busy ms / step | device busy share | "
+             "kernels / step |", "|---|---|---|---|---|---|---|"]
     for name, p in profiles.items():
         lines.append(f"| {name} | {p['steps']} | {cell(p['wall_ms_per_step'], '.2f')} | "
                      f"{cell(p['host_waits_per_step'], '.2f')} | {cell(p['device_ms_per_step'], '.3f')} | "
-                     f"{cell(p['device_busy_share'], '.2f')} |")
+                     f"{cell(p['device_busy_share'], '.2f')} | {cell(p.get('kernels_per_step'), '.1f')} |")
+    named = {name: p["top_kernels"] for name, p in profiles.items() if p.get("top_kernels")}
+    if named:
+        lines += ["", "The kernels that take the most device time a step (ms, launches):", ""]
+        lines += [f"- {name}: " + "; ".join(f"`{k['name']}` {k['ms_per_step']:.3f} ms, {k['per_step']:g}"
+                                            for k in top) for name, top in named.items()]
     return lines
