@@ -1,0 +1,176 @@
+"""How many tensor operations (each a kernel launch on a GPU) a decoder layer and a tree draft take on CUDA's path,
+counted on a CPU: a small model's GPU step is mostly a count of tiny kernels, so the count says what fusing saves.
+
+    TRITON_INTERPRET=1 PYTHONPATH=src:tests python benchmarks/measure/op_count.py
+
+- a layer: one forward of one new token through ``static_run`` (what the verify graphs capture) on a tiny bf16
+  Gemma 3, the CPU's own fused kernels off (as on a GPU), with the norm and RoPE kernels off and on (on: run by
+  Triton's interpreter, each launch counted once; views, dtype casts and allocations left out of both counts);
+- a tree draft: the tensor operations of one EAGLE-2 tree draft (depth 6, top-k 10, 59 tokens) of EAGLE +
+  MicroSpec, level by level and whole (``whole_graph``: its body one replay on a GPU, counted as one, beside what
+  stays outside it), the median over a generation.
+Counts only: nothing here is timed, and a GPU's time per kernel is not a CPU's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+SKIP = {"view", "reshape", "transpose", "slice", "select", "expand", "unsqueeze", "squeeze", "t", "permute",
+        "detach", "alias", "_unsafe_view", "as_strided", "unbind", "split", "lift_fresh", "detach_", "to", "type_as",
+        "empty"}  # views, casts and allocations: no kernel of their own, or a cast the count leaves out
+
+
+class Count(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops: Counter = Counter()
+        self.paused = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.paused:
+            self.ops[func.__name__.split(".")[0]] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def layer_ops(kernels: bool) -> dict:
+    from support import tiny_pair
+    from microspec.kernels import rms_norm, rope
+    from microspec.models.graphs import static_masks, static_run
+
+    counter, launched = Count(), []
+    originals = rms_norm.rms_norm, rope.rope
+
+    def counted(fn):
+        def run(*a, **k):  # one launch; the interpreter's own tensor work not counted
+            launched.append(1)
+            counter.paused += 1
+            try:
+                return fn(*a, **k)
+            finally:
+                counter.paused -= 1
+        return run
+
+    rms_norm.DEVICES = rope.DEVICES = ("cuda", "cpu") if kernels else ("cuda",)
+    rms_norm.rms_norm, rope.rope = counted(originals[0]), counted(originals[1])
+    try:
+        _, nm = tiny_pair("gemma3")
+        nm = nm.to(torch.bfloat16)
+        cache = nm.new_cache(64)
+        with torch.inference_mode():
+            nm.forward(torch.tensor([1, 2, 3, 4, 5]), cache)
+            x = nm.embed(torch.tensor([7]))
+            pos, _ = nm._place(cache, 1, None, None)
+            masks = static_masks(nm, cache, 5, 1, None, None, 64)
+            launched.clear()
+            with counter:
+                static_run(nm, x, cache, torch.tensor([5]), pos, masks, 64)
+    finally:
+        rms_norm.rms_norm, rope.rope = originals
+        rms_norm.DEVICES = rope.DEVICES = ("cuda",)
+    ops = {k: v for k, v in counter.ops.items() if k not in SKIP}
+    layers = nm.spec.num_layers
+    return {"per_layer": round((sum(ops.values()) + len(launched)) / layers, 1),
+            "kernel_launches_per_layer": round(len(launched) / layers, 1),
+            "ops": dict(sorted(ops.items(), key=lambda kv: -kv[1]))}
+
+
+def draft_ops(whole: bool) -> dict:
+    from support import official_checkpoint, tiny_pair
+    from microspec.decoding import GenerationConfig, generate_ids
+    from microspec.drafters import EagleDrafter, EagleHead
+    from microspec.vocab import MicroSpecVocab
+    from microspec.vocab.packed import PackedRows
+
+    _, nm = tiny_pair("gemma3")
+    path, _, _ = official_checkpoint(Path(tempfile.mkdtemp()) / "ck", d=nm.spec.hidden_size)
+    drafter = EagleDrafter(EagleHead.load(path), depth=6, top_k=10, total_tokens=59)
+    drafter.whole_graph = whole
+    counter, per = Count(), []
+    counter.paused = 1
+    tree = drafter._tree
+
+    def counted(*a, **k):
+        counter.paused -= 1
+        before = sum(counter.ops.values())
+        try:
+            return tree(*a, **k)
+        finally:
+            per.append(sum(counter.ops.values()) - before)
+            counter.paused += 1
+
+    drafter._tree = counted
+    body = drafter._fixed_tree
+
+    def replayed(*a, **k):  # what one graph replays: counted as one launch
+        counter.ops["graph replay"] += 1
+        counter.paused += 1
+        try:
+            return body(*a, **k)
+        finally:
+            counter.paused -= 1
+
+    drafter._fixed_tree = replayed
+    init = PackedRows.__init__
+
+    def fixed(self, *a, **kw):  # CUDA's packed buffer: its fixed shape
+        init(self, *a, **kw)
+        self.fixed_shape = True
+
+    PackedRows.__init__ = fixed
+    try:
+        with counter, torch.inference_mode():
+            generate_ids(nm, [1, 10, 20, 30, 11, 21, 31, 12, 10, 20, 30],
+                         GenerationConfig(max_new_tokens=40, ignore_eos=True), drafter=drafter,
+                         vocab=MicroSpecVocab(nm.spec.vocab_size, w_max=24, backend="device"))
+    finally:
+        PackedRows.__init__ = init
+    return {"median_per_draft": statistics.median(per), "drafts": len(per)}
+
+
+def meta() -> dict:
+    """When, where and at which commit (``+dirty`` where the tree differs from it)."""
+    import datetime
+    import platform
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*a):
+        return subprocess.run(["git", *a], cwd=root, capture_output=True, text=True).stdout.strip()
+
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
+    return {"date": datetime.date.today().isoformat(), "commit": git("rev-parse", "--short", "HEAD")
+            + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else ""),
+            "machine": f"{model}, {torch.get_num_threads()} threads", "torch": torch.__version__,
+            "command": "TRITON_INTERPRET=1 PYTHONPATH=src:tests python benchmarks/measure/op_count.py"}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=None, help="write the counts there as JSON")
+    args = p.parse_args(argv)
+    result = {"meta": meta(), "layer": {"plain": layer_ops(False), "kernels": layer_ops(True)},
+              "tree_draft": {"levels": draft_ops(False), "whole": draft_ops(True)}}
+    for name in ("plain", "kernels"):
+        r = result["layer"][name]
+        print(f"layer, {name}: {r['per_layer']} operations ({r['kernel_launches_per_layer']} of them the kernels)")
+    for name in ("levels", "whole"):
+        r = result["tree_draft"][name]
+        print(f"tree draft, {name}: {r['median_per_draft']} operations (median of {r['drafts']})")
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
