@@ -263,6 +263,31 @@ def _e2e() -> list[str]:
             "and the one-row step round differently, so in bf16 a near tie can go either way.", ""]
 
 
+OPS = "2026-11-27-op-count/op-count.json"  # kernel launches of CUDA's path, counted on a CPU
+
+
+def _launches() -> list[str]:
+    res = load(OPS)
+    meta, layer, draft = res["meta"], res["layer"], res["tree_draft"]
+    rows = [["a decoder layer (tiny Gemma 3, bf16, one new token), norms and RoPE in plain torch",
+             num(layer["plain"]["per_layer"], 1)],
+            ["the same, the fused RMSNorm and RoPE kernels", f"{num(layer['kernels']['per_layer'], 1)} (of them "
+             f"{num(layer['kernels']['kernel_launches_per_layer'], 1)} the kernels' launches)"],
+            ["an EAGLE-2 tree draft (depth 6, top-k 10, 59 tokens), EAGLE + MicroSpec, level by level",
+             num(draft["levels"]["median_per_draft"], 0)],
+            ["the same, the whole draft one graph replay (counted as one) and what stays outside it",
+             num(draft["whole"]["median_per_draft"], 0)]]
+    src = Source(OPS, meta["command"], meta["date"], f"{meta['machine']}, torch {meta['torch']}", meta["commit"])
+    return ["### Kernel launches on CUDA's path, counted on a CPU", "",
+            "In the run above a plain step keeps the device busy far longer than its weights take to read, and the "
+            "model drafts' steps are mostly the host's time: both grow with the number of small operations. Tensor "
+            "operations on the path CUDA takes (views, casts and "
+            "allocations left out; each a kernel launch on a GPU), counted on a CPU with a dispatch-mode counter "
+            "(the Triton kernels run by the interpreter, a launch each). Counts, not times: none of these is yet "
+            "measured on a GPU.", "",
+            table(["what", "tensor operations"], rows), "", src.markdown(), ""]
+
+
 def render() -> str:
     suite, env = load(SUITE), load(SUITE)["environment"]
     parts = ", ".join(f"{k} {v:g} s" for k, v in suite["part_s"].items())
@@ -272,7 +297,7 @@ def render() -> str:
         f"{env['capability']}), driver {env['driver']}, CUDA {env['cuda']}, torch {env['torch']}, Triton "
         f"{env['triton']}, Python {env['python']}, {env['cpu_count']} CPU cores: `benchmarks/gpu_suite.py` in one "
         f"command ({suite['wall_s']:g} s: {parts}), the package run from the copied tree with `PYTHONPATH=src`.", "",
-        *_tests(), *_syncs(), *_figure4(), *_table3(), *_e2e()]).rstrip() + "\n"
+        *_tests(), *_syncs(), *_figure4(), *_table3(), *_e2e(), *_launches()]).rstrip() + "\n"
 
 
 FIGURES: dict = {}
