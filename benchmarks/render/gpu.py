@@ -275,7 +275,8 @@ def _launches() -> list[str]:
              f"{num(layer['kernels']['kernel_launches_per_layer'], 1)} the kernels' launches)"],
             ["an EAGLE-2 tree draft (depth 6, top-k 10, 59 tokens), EAGLE + MicroSpec, level by level",
              num(draft["levels"]["median_per_draft"], 0)],
-            ["the same, the whole draft one graph replay (counted as one) and what stays outside it",
+            ["the same, the whole draft one graph replay (counted as one), its input copies and output clones, and "
+             "what stays outside it",
              num(draft["whole"]["median_per_draft"], 0)]]
     src = Source(OPS, meta["command"], meta["date"], f"{meta['machine']}, torch {meta['torch']}", meta["commit"])
     return ["### Kernel launches on CUDA's path, counted on a CPU", "",
