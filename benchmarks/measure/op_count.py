@@ -7,14 +7,16 @@ counted on a CPU: a small model's GPU step is mostly a count of tiny kernels, so
   Gemma 3, the CPU's own fused kernels off (as on a GPU), with the norm and RoPE kernels off and on (on: run by
   Triton's interpreter, each launch counted once; views, dtype casts and allocations left out of both counts);
 - a tree draft: the tensor operations of one EAGLE-2 tree draft (depth 6, top-k 10, 59 tokens) of EAGLE +
-  MicroSpec, level by level and whole (the graphs' own path with a stand-in capture: the replay counted as one,
-  beside its input copies, its outputs' clones and what stays outside it), the median over a generation.
+  MicroSpec on CUDA's path with its graphs (a stand-in capture: a replay counted as one, beside its input copies and
+  its outputs' clones), level by level (each level's forward a graph) and whole (the draft one graph), the median
+  over a generation.
 Counts only: nothing here is timed, and a GPU's time per kernel is not a CPU's.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import tempfile
@@ -41,17 +43,20 @@ class Count(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def layer_ops(kernels: bool) -> dict:
-    from support import tiny_pair
-    from microspec.kernels import rms_norm, rope
-    from microspec.models.graphs import static_masks, static_run
+@contextlib.contextmanager
+def cuda_path(counter: Count, kernels: bool):
+    """The operations CUDA takes, on a CPU: the CPU's own kernels (its bf16 products and attention, its fused fp32
+    rows) off, the fused norm and RoPE Triton kernels on where ``kernels`` (run by the interpreter, each call one
+    launch, their own tensor work uncounted); yields the list their launches go to."""
+    from microspec.kernels import cpu_linear, cpu_quant, rms_norm, rope
 
-    counter, launched = Count(), []
-    originals = rms_norm.rms_norm, rope.rope
+    launched: list = []
+    saved = (cpu_linear.applies, cpu_linear.attention_applies, cpu_quant.rows_apply, rms_norm.rms_norm, rope.rope)
 
     def counted(fn):
-        def run(*a, **k):  # one launch; the interpreter's own tensor work not counted
-            launched.append(1)
+        def run(*a, **k):
+            if not counter.paused:
+                launched.append(1)
             counter.paused += 1
             try:
                 return fn(*a, **k)
@@ -59,9 +64,22 @@ def layer_ops(kernels: bool) -> dict:
                 counter.paused -= 1
         return run
 
+    cpu_linear.applies = cpu_linear.attention_applies = cpu_quant.rows_apply = lambda *a, **k: False
     rms_norm.DEVICES = rope.DEVICES = ("cuda", "cpu") if kernels else ("cuda",)
-    rms_norm.rms_norm, rope.rope = counted(originals[0]), counted(originals[1])
+    rms_norm.rms_norm, rope.rope = counted(saved[3]), counted(saved[4])
     try:
+        yield launched
+    finally:
+        cpu_linear.applies, cpu_linear.attention_applies, cpu_quant.rows_apply, rms_norm.rms_norm, rope.rope = saved
+        rms_norm.DEVICES = rope.DEVICES = ("cuda",)
+
+
+def layer_ops(kernels: bool) -> dict:
+    from support import tiny_pair
+    from microspec.models.graphs import static_masks, static_run
+
+    counter = Count()
+    with cuda_path(counter, kernels) as launched:
         _, nm = tiny_pair("gemma3")
         nm = nm.to(torch.bfloat16)
         cache = nm.new_cache(64)
@@ -73,9 +91,6 @@ def layer_ops(kernels: bool) -> dict:
             launched.clear()
             with counter:
                 static_run(nm, x, cache, torch.tensor([5]), pos, masks, 64)
-    finally:
-        rms_norm.rms_norm, rope.rope = originals
-        rms_norm.DEVICES = rope.DEVICES = ("cuda",)
     ops = {k: v for k, v in counter.ops.items() if k not in SKIP}
     layers = nm.spec.num_layers
     return {"per_layer": round((sum(ops.values()) + len(launched)) / layers, 1),
@@ -98,13 +113,16 @@ def draft_ops(whole: bool) -> dict:
     counter.paused = 1
     tree = drafter._tree
 
+    def total() -> int:
+        return sum(v for k, v in counter.ops.items() if k not in SKIP) + len(launched)
+
     def counted(*a, **k):
         counter.paused -= 1
-        before = sum(counter.ops.values())
+        before = total()
         try:
             return tree(*a, **k)
         finally:
-            per.append(sum(counter.ops.values()) - before)
+            per.append(total() - before)
             counter.paused += 1
 
     drafter._tree = counted
@@ -119,7 +137,8 @@ def draft_ops(whole: bool) -> dict:
             counter.ops["graph replay"] += 1
             counter.paused += 1
             try:
-                for kept, new in zip(self.out, self.body()):
+                fresh = self.body()
+                for kept, new in zip(*((self.out, fresh) if isinstance(fresh, tuple) else ((self.out,), (fresh,)))):
                     kept.copy_(new)
             finally:
                 counter.paused -= 1
@@ -130,10 +149,14 @@ def draft_ops(whole: bool) -> dict:
         out = body()
         return Replayed(body, out), out
 
-    saved = graphs.capture, torch.cuda.graph_pool_handle, model_based.GRAPHED
-    if whole:  # the graphs' own path (static inputs copied, outputs cloned) with the replay counted as one
-        graphs.capture, torch.cuda.graph_pool_handle, model_based.GRAPHED = capture, object, ("cuda", "cpu")
-        nm.use_cuda_graphs(True)  # on a CPU the target's forwards stay eager; the draft's graphs are kept
+    saved = graphs.capture, torch.cuda.graph_pool_handle, model_based.GRAPHED, graphs.DEVICES
+    route = cuda_path(counter, kernels=True)
+    launched = route.__enter__()
+    # CUDA's graphs on both ways (static inputs copied, outputs cloned, a replay counted as one): level by level each
+    # draft level's forward is a graph, whole the draft is one
+    graphs.capture, torch.cuda.graph_pool_handle, graphs.DEVICES = capture, object, ("cuda", "cpu")
+    model_based.GRAPHED = ("cuda", "cpu")
+    nm.use_cuda_graphs(True)
     init = PackedRows.__init__
 
     def fixed(self, *a, **kw):  # CUDA's packed buffer: its fixed shape
@@ -148,7 +171,8 @@ def draft_ops(whole: bool) -> dict:
                          vocab=MicroSpecVocab(nm.spec.vocab_size, w_max=24, backend="device"))
     finally:
         PackedRows.__init__ = init
-        graphs.capture, torch.cuda.graph_pool_handle, model_based.GRAPHED = saved
+        graphs.capture, torch.cuda.graph_pool_handle, model_based.GRAPHED, graphs.DEVICES = saved
+        route.__exit__(None, None, None)
     return {"median_per_draft": statistics.median(per), "drafts": len(per)}
 
 

@@ -43,6 +43,7 @@ from .kv_cache import KVCache
 BUCKET = 256  # cache slots per attention bucket: a graph serves lengths up to a multiple of this
 MAX_ROWS = 64  # the most new rows a graphed forward takes (a verify tree, a draft level)
 MAX_GRAPHS = 128  # graphs kept per cache (row counts x attention spans seen)
+DEVICES = ("cuda",)  # device kinds whose forwards replay graphs (a measurement adds "cpu" with a stand-in capture)
 
 
 def bucket_of(slots: int, bucket: int, capacity: int) -> int:
@@ -140,7 +141,7 @@ class CudaGraphs:
     def run(self, x: torch.Tensor, cache: KVCache, positions: torch.Tensor | None,
             mask: torch.Tensor | None) -> torch.Tensor | None:
         t = int(x.shape[0])
-        if not x.is_cuda or t == 0 or t > self.max_rows:
+        if x.device.type not in DEVICES or t == 0 or t > self.max_rows:
             return None
         start = cache.length
         span = bucket_of(start + t, self.bucket, cache.capacity)
