@@ -273,7 +273,8 @@ def _launches() -> list[str]:
              num(layer["plain"]["per_layer"], 1)],
             ["the same, the fused RMSNorm and RoPE kernels", f"{num(layer['kernels']['per_layer'], 1)} (of them "
              f"{num(layer['kernels']['kernel_launches_per_layer'], 1)} the kernels' launches)"],
-            ["an EAGLE-2 tree draft (depth 6, top-k 10, 59 tokens), EAGLE + MicroSpec, level by level",
+            ["an EAGLE-2 tree draft (depth 6, top-k 10, 59 tokens), EAGLE + MicroSpec, level by level (each level's "
+             "forward a graph replay)",
              num(draft["levels"]["median_per_draft"], 0)],
             ["the same, the whole draft one graph replay (counted as one), its input copies and output clones, and "
              "what stays outside it",
