@@ -21,18 +21,23 @@ POLICIES = {
 }
 
 
-def _run(nm, path, shape, policy, decoding, whole, monkeypatch, fixed_shape=False):
-    """(every proposed tree's device tensors, the output, how many proposals took the whole-draft path)."""
+def _fixed_shape(monkeypatch) -> None:
+    """Packed draft vocabularies at CUDA's fixed shape: their whole padded extent scored, nothing read back."""
     from microspec.vocab.packed import PackedRows
 
-    if fixed_shape:  # CUDA's packed buffer: its whole padded extent scored, nothing read back
-        init = PackedRows.__init__
+    init = PackedRows.__init__
 
-        def fixed(self, *a, **kw):
-            init(self, *a, **kw)
-            self.fixed_shape = True
+    def fixed(self, *a, **kw):
+        init(self, *a, **kw)
+        self.fixed_shape = True
 
-        monkeypatch.setattr(PackedRows, "__init__", fixed)
+    monkeypatch.setattr(PackedRows, "__init__", fixed)
+
+
+def _run(nm, path, shape, policy, decoding, whole, monkeypatch, fixed_shape=False):
+    """(every proposed tree's device tensors, the output, how many proposals took the whole-draft path)."""
+    if fixed_shape:
+        _fixed_shape(monkeypatch)
     drafter = EagleDrafter(EagleHead.load(path), **shape)
     drafter.whole_graph = whole
     trees, wholes = [], []
@@ -120,15 +125,8 @@ def test_the_whole_draft_would_not_wait_for_a_gpu(tmp_path, monkeypatch, policy,
     no would-be wait inside any whole draft, which drafts every tree step (a capture's precondition checked here;
     the capture itself in tests/test_cuda.py)."""
     from microspec.sync_audit import WouldSync
-    from microspec.vocab.packed import PackedRows
 
-    init = PackedRows.__init__
-
-    def fixed(self, *a, **kw):
-        init(self, *a, **kw)
-        self.fixed_shape = True
-
-    monkeypatch.setattr(PackedRows, "__init__", fixed)
+    _fixed_shape(monkeypatch)
     _, nm = tiny_pair("gemma3")
     path, _, _ = official_checkpoint(tmp_path / "ck", d=nm.spec.hidden_size)
     drafter = EagleDrafter(EagleHead.load(path), depth=4, top_k=3, total_tokens=10)
@@ -188,16 +186,8 @@ def test_whole_draft_graphs_serve_later_generations(tmp_path, monkeypatch, polic
     from then on and by the next generation (a fresh policy, whose set goes in as the graph's input; the pooled
     draft cache keeps the graphs; under the penalty its seen ids are an input too), every tree equal to the
     level-by-level draft's and the target's own text."""
-    from microspec.vocab.packed import PackedRows
-
     _stand_in_capture(monkeypatch)
-    init = PackedRows.__init__
-
-    def fixed(self, *a, **kw):
-        init(self, *a, **kw)
-        self.fixed_shape = True
-
-    monkeypatch.setattr(PackedRows, "__init__", fixed)
+    _fixed_shape(monkeypatch)
     _, nm = tiny_pair("gemma3")
     nm.use_cuda_graphs(True)  # on a CPU the target's forwards stay eager; the draft cache is pooled, as on CUDA
     path, _, _ = official_checkpoint(tmp_path / "ck", d=nm.spec.hidden_size)

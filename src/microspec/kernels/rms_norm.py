@@ -51,17 +51,7 @@ def applies(x: torch.Tensor, weight: torch.Tensor, gemma: bool) -> bool:
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)) and available(x.device))
 
 
-_KERNEL = []  # the jitted kernel, defined at first use
-
-
-def _kernel():
-    if _KERNEL:
-        return _KERNEL[0]
-    from .triton_env import tl, triton
-
-    if triton is None:
-        raise RuntimeError("triton is not installed")
-
+def _define(triton, tl):
     @triton.jit
     def rms_norm_kernel(x_ptr, w_ptr, out_ptr, D, stride_x, stride_o, eps, GEMMA: tl.constexpr,
                         BLOCK_D: tl.constexpr):
@@ -78,8 +68,14 @@ def _kernel():
             out = y.to(out_ptr.dtype.element_ty).to(tl.float32) * w
         tl.store(out_ptr + row * stride_o + cols, out.to(out_ptr.dtype.element_ty), mask=ok)
 
-    _KERNEL.append((rms_norm_kernel, triton.next_power_of_2))
-    return _KERNEL[0]
+    return rms_norm_kernel, triton.next_power_of_2
+
+
+def _kernel():
+    """The jitted kernel, defined at first use."""
+    from .triton_env import defined
+
+    return defined("rms_norm", _define)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> torch.Tensor:

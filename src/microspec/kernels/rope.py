@@ -43,17 +43,7 @@ def applies(x: torch.Tensor, cos: torch.Tensor) -> bool:
     return available(x.device)
 
 
-_KERNEL = []  # the jitted kernel, defined at first use (Triton is not imported at the package's start)
-
-
-def _kernel():
-    if _KERNEL:
-        return _KERNEL[0]
-    from .triton_env import tl, triton
-
-    if triton is None:
-        raise RuntimeError("triton is not installed")
-
+def _define(triton, tl):
     @triton.jit
     def rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, H, HALF, stride_xt, stride_xh, stride_c, stride_s,
                     stride_ot, stride_oh, BLOCK: tl.constexpr):
@@ -75,8 +65,14 @@ def _kernel():
         out = (a.to(tl.float32) + b.to(tl.float32)).to(dtype)
         tl.store(out_ptr + t * stride_ot + h * stride_oh + cols, out, mask=ok)
 
-    _KERNEL.append((rope_kernel, triton.next_power_of_2))
-    return _KERNEL[0]
+    return rope_kernel, triton.next_power_of_2
+
+
+def _kernel():
+    """The jitted kernel, defined at first use."""
+    from .triton_env import defined
+
+    return defined("rope", _define)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
