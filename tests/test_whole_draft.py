@@ -216,3 +216,31 @@ def test_whole_draft_graphs_serve_later_generations(tmp_path, monkeypatch, polic
     # every step replays (the shallower trees of the last steps, seen once before, captured now): at most one
     # capture per shallower depth, none of the full tree's shape
     assert second[2] <= 3 and second[3] == len(second[1]), second[2:]
+
+
+def test_a_grown_draft_cache_gets_graphs_of_its_own(tmp_path, monkeypatch):
+    """A draft cache that grows mid-generation reallocates its buffers: the whole draft's graphs are keyed by their
+    addresses, so the shape is captured anew on the new buffers (a graph of the old ones would write into freed
+    memory), and the text stays the target's."""
+    _stand_in_capture(monkeypatch)
+    _, nm = tiny_pair("llama")
+    nm.use_cuda_graphs(True)
+    path, _, _ = official_checkpoint(tmp_path / "ck", d=nm.spec.hidden_size)
+    head = EagleHead.load(path)
+    drafter = EagleDrafter(head, depth=4, top_k=3, total_tokens=10)
+    prepare, calls, addresses = drafter._prepare, [0], []
+
+    def growing(ctx, slots):
+        prepare(ctx, slots)
+        calls[0] += 1
+        if calls[0] == 12:  # mid-generation: the buffers move
+            drafter.cache.grow(drafter.cache.capacity + 1)
+        addresses.append(drafter.cache.kv.data_ptr())
+
+    drafter._prepare = growing
+    cfg = GenerationConfig(max_new_tokens=48, ignore_eos=True)
+    out = generate_ids(nm, PROMPT, cfg, drafter=drafter).token_ids
+    assert out == generate_ids(nm, PROMPT, cfg).token_ids and len(set(addresses)) == 2
+    (_, call), = head.draft_graphs.calls.values()
+    full = {key[-3:] for key in call.graphs if call.graphs[key] is not None and key[1] == 4}
+    assert {a for a, _, _ in full} == set(addresses), full  # the full tree's shape captured on both buffers

@@ -369,8 +369,11 @@ class ForwardDrafter(Drafter):
         out = None
         if graphed:  # the graph reads the target's embeddings (and its LM head): it goes with the target
             cfg = None if pipe is None else (pipe.cfg.temperature, pipe.cfg.top_p, pipe.cfg.top_k, pipe.cfg.min_p)
+            # the cache's buffers by address: a cache that grows reallocates them, and a graph of the old ones
+            # would write into freed memory
             key = ("tree", steps, self.top_k, self.total_tokens, span, tuple(t.shape for t in inputs),
-                   root_hidden.dtype, id(self.head.weight), cfg, baked)
+                   root_hidden.dtype, id(self.head.weight), cfg, baked, cache.kv.data_ptr(), cache.pos.data_ptr(),
+                   cache.capacity)
             out = graphs(cache, key, run, inputs, owner=ctx.target)
             self.graph_drafts += out is not None
         return DeviceTree(out if out is not None else run(*inputs), steps)
