@@ -342,6 +342,27 @@ def test_sampling_with_a_restricted_draft_vocabulary_matches_exact_distribution(
     _check(counts[2], m3, f"{label} token 3")
 
 
+@pytest.mark.parametrize("policy", ["microspec", "fr-spec"])
+def test_sampling_with_the_whole_draft_matches_exact_distribution(pair, exact, policy, monkeypatch):
+    """EAGLE's tree drafted whole in fixed shapes (what CUDA replays as one graph; ``whole_graph``, with a packed
+    buffer at CUDA's fixed shape): the committed tokens still follow the target's distribution exactly."""
+    from microspec.drafters.model_based import ForwardDrafter
+    from microspec.vocab.packed import PackedRows
+
+    monkeypatch.setattr(ForwardDrafter, "whole_graph", True)
+    init = PackedRows.__init__
+
+    def fixed(self, *a, **kw):
+        init(self, *a, **kw)
+        self.fixed_shape = True
+
+    monkeypatch.setattr(PackedRows, "__init__", fixed)
+    calls, body = [], ForwardDrafter._fixed_tree
+    monkeypatch.setattr(ForwardDrafter, "_fixed_tree", lambda self, *a, **k: calls.append(1) or body(self, *a, **k))
+    test_sampling_with_a_restricted_draft_vocabulary_matches_exact_distribution(pair, exact, "eagle-tree", policy)
+    assert len(calls) >= N  # every generation drafted whole
+
+
 @pytest.mark.parametrize("drafter, policy", [("iid-bad", None), ("eagle-tree", "microspec")])
 def test_sampling_with_top_k_and_min_p_matches_exact_distribution(pair, exact, drafter, policy):
     """top-k and min-p warp the target's rows and the drafts alike (a draft over a restricted vocabulary takes its
