@@ -185,6 +185,15 @@ RMS_SCRIPT = textwrap.dedent("""
                 bound = x.float().abs().amax(-1, keepdim=True) * 3 * 2 ** -7
                 assert ((got.float() - ref.float()).abs() <= bound).all()
             assert torch.equal(R.rope(x.transpose(0, 1).contiguous().transpose(0, 1), cos, sin), got)
+    # a norm whose weight trains keeps the plain path (its gradient), whatever the input, in both conventions
+    from microspec.models.layers import RMSNorm
+    K.DEVICES = ("cuda", "cpu")
+    cpu_quant.rows_apply = lambda *a, **k: False
+    for gemma in (True, False):
+        assert RMSNorm(8, 1e-6, gemma)(torch.randn(2, 8)).requires_grad
+        with torch.no_grad():
+            assert not RMSNorm(8, 1e-6, gemma)(torch.randn(2, 8)).requires_grad
+    K.DEVICES = ("cuda",)
     # a whole model with its norms and rotary embeddings in the kernels (the CPU's own fused paths off, as on a
     # GPU): the same tokens, plain and speculative (EAGLE's head norms too)
     sys.path.insert(0, "tests")

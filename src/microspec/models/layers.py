@@ -51,9 +51,8 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if cpu_quant.rows_apply(x) and not (torch.is_grad_enabled() and self.weight.requires_grad):
             return cpu_quant.rms_norm(x, self.effective_weight(), self.eps)
-        w = self.effective_weight() if self.gemma else self.weight
-        if rms_kernel.applies(x, w, self.gemma):  # a GPU: the whole norm in one launch
-            return rms_kernel.rms_norm(x, w, self.eps, self.gemma)
+        if rms_kernel.applies(x, self.weight, self.gemma):  # a GPU: the whole norm in one launch
+            return rms_kernel.rms_norm(x, self.effective_weight() if self.gemma else self.weight, self.eps, self.gemma)
         # Gemma: (x * (1 + w)) in fp32, then cast; Llama: cast, then scale (the weight's own, for its gradient)
         return rms_kernel.reference(x, 1.0 + self.weight.float() if self.gemma else self.weight, self.eps, self.gemma)
 
