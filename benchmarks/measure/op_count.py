@@ -126,7 +126,6 @@ def draft_ops(whole: bool) -> dict:
             counter.paused += 1
 
     drafter._tree = counted
-    from microspec.drafters import model_based
     from microspec.models import graphs
 
     class Replayed:  # a captured graph's stand-in: its replay one launch, its body re-run uncounted
@@ -149,13 +148,12 @@ def draft_ops(whole: bool) -> dict:
         out = body()
         return Replayed(body, out), out
 
-    saved = graphs.capture, torch.cuda.graph_pool_handle, model_based.GRAPHED, graphs.DEVICES
+    saved = graphs.capture, torch.cuda.graph_pool_handle, graphs.DEVICES
     route = cuda_path(counter, kernels=True)
     launched = route.__enter__()
     # CUDA's graphs on both ways (static inputs copied, outputs cloned, a replay counted as one): level by level each
     # draft level's forward is a graph, whole the draft is one
     graphs.capture, torch.cuda.graph_pool_handle, graphs.DEVICES = capture, object, ("cuda", "cpu")
-    model_based.GRAPHED = ("cuda", "cpu")
     nm.use_cuda_graphs(True)
     init = PackedRows.__init__
 
@@ -171,7 +169,7 @@ def draft_ops(whole: bool) -> dict:
                          vocab=MicroSpecVocab(nm.spec.vocab_size, w_max=24, backend="device"))
     finally:
         PackedRows.__init__ = init
-        graphs.capture, torch.cuda.graph_pool_handle, model_based.GRAPHED, graphs.DEVICES = saved
+        graphs.capture, torch.cuda.graph_pool_handle, graphs.DEVICES = saved
         route.__exit__(None, None, None)
     return {"median_per_draft": statistics.median(per), "drafts": len(per)}
 

@@ -24,7 +24,7 @@ from torch import nn
 
 from ..errors import MicrospecError, check
 from ..models.graphs import CallsByCache, static_run
-from ..models.layers import Linear
+from ..models.layers import Linear, by_window
 from ..models.native import NativeCausalLM
 from ..models.registry import read_weights
 from ..transfer import to_device
@@ -197,9 +197,7 @@ class EagleDrafter(ForwardDrafter):
         embeds = ctx.target.embed(ids)
         x = self.eagle.fc(torch.cat((embeds, parent_hidden.to(embeds.dtype)), dim=-1))
         self.cache.pos.index_copy_(0, slots, positions)  # what the sliding windows compare
-        kpos = self.cache.pos[None, :span]
-        masks = {w: (mask if w is None else mask & (kpos > positions[:, None] - w))[None, None]
-                 for w in set(body.spec.layer_windows)}
+        masks = by_window(body.spec.layer_windows, mask, self.cache.pos[:span], positions)
         return static_run(body, x, self.cache, slots, positions, masks, span)
 
     def _graphs(self):

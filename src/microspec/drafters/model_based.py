@@ -14,6 +14,7 @@ import torch
 from ..decoding.processors import sample
 from ..decoding.tree import DeviceTree, DraftTree
 from ..errors import MicrospecError, check
+from ..models import graphs as model_graphs
 from ..models.graphs import BUCKET, CallsByCache, bucket_of
 from ..models.kv_cache import KVCache
 from ..models.native import NativeCausalLM
@@ -25,7 +26,6 @@ from .head import DraftHead
 from .tree_search import PartialTree, TreeTensors, check_tree_args, dynamic_tree, dynamic_tree_on_device
 
 CHAIN_DEPTH = 4  # a chain's length, and a tree's depth when the device's tree is not used
-GRAPHED = ("cuda",)  # device kinds whose whole drafts replay as graphs (tests add "cpu" with a stand-in capture)
 
 
 def _total_tokens(value):
@@ -344,7 +344,7 @@ class ForwardDrafter(Drafter):
         if self.whole_graph is False or (graphs is None and not self.whole_graph) \
                 or type(self)._fixed_forward is ForwardDrafter._fixed_forward or (processed and state is None):
             return None
-        graphed = graphs is not None and root_hidden.device.type in GRAPHED
+        graphed = graphs is not None and root_hidden.device.type in model_graphs.DEVICES
         ok, active = self.head.fixed_active(steps, graphed)
         if not ok:
             return None

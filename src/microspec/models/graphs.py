@@ -39,11 +39,13 @@ import weakref
 import torch
 
 from .kv_cache import KVCache
+from .layers import by_window
 
 BUCKET = 256  # cache slots per attention bucket: a graph serves lengths up to a multiple of this
 MAX_ROWS = 64  # the most new rows a graphed forward takes (a verify tree, a draft level)
 MAX_GRAPHS = 128  # graphs kept per cache (row counts x attention spans seen)
-DEVICES = ("cuda",)  # device kinds whose forwards replay graphs (a measurement adds "cpu" with a stand-in capture)
+DEVICES = ("cuda",)  # device kinds whose forwards and whole drafts replay graphs (tests and a measurement add "cpu",
+# with a stand-in capture)
 
 
 def bucket_of(slots: int, bucket: int, capacity: int) -> int:
@@ -68,11 +70,7 @@ def static_masks(model, cache: KVCache, start: int, t: int, positions: torch.Ten
         base = torch.zeros(t, span, dtype=torch.bool, device=dev)
         base[:, :s] = mask.reshape(t, s).to(torch.bool)
     base &= live[None, :]
-    kpos = cache.pos[:span]
-    out = {}
-    for w in set(model.spec.layer_windows):
-        out[w] = (base if w is None else base & (kpos[None, :] > qpos[:, None] - w))[None, None]
-    return out
+    return by_window(model.spec.layer_windows, base, cache.pos[:span], qpos)
 
 
 def static_run(model, x: torch.Tensor, cache: KVCache, slots: torch.Tensor, positions: torch.Tensor,

@@ -129,3 +129,9 @@ def window_mask(qpos: torch.Tensor, kpos: torch.Tensor, window: int | None) -> t
         allowed = allowed & (kpos[None, :] > qpos[:, None] - window)
     return allowed
 
+
+def by_window(windows, base: torch.Tensor, kpos: torch.Tensor, qpos: torch.Tensor) -> dict:
+    """Per distinct sliding window in ``windows`` (None: none), ``base`` [Tq, Tk] (True = may attend) with the keys at
+    ``kpos`` that lie ``window`` or more positions behind the query at ``qpos`` hidden, as [1, 1, Tq, Tk]."""
+    return {w: (base if w is None else base & (kpos[None, :] > qpos[:, None] - w))[None, None] for w in set(windows)}
+

@@ -26,7 +26,7 @@ from ..errors import MicrospecError
 from ..kernels import cpu_linear, cpu_quant
 from ..kernels import rope as rope_kernel
 from .kv_cache import CachePool, KVCache
-from .layers import MLP, Attention, DecoderLayer, Embedding, Linear, RMSNorm, activation, rotate, window_mask
+from .layers import MLP, Attention, DecoderLayer, Embedding, Linear, RMSNorm, activation, by_window, rotate, window_mask
 from .quant import QuantTensor, weight_bytes
 from .spec import ArchSpec, rope_inv_freq, spec_from_config
 
@@ -220,11 +220,7 @@ class NativeCausalLM(nn.Module):
             base[:, start:] = mask
         else:
             base = mask.reshape(t, s).to(torch.bool)
-        kpos = cache.pos[:s]
-        for w in windows:
-            allowed = base if w is None else base & (kpos[None, :] > qpos[:, None] - w)
-            out[w] = (allowed[None, None], 0)
-        return out
+        return {w: (allowed, 0) for w, allowed in by_window(windows, base, cache.pos[:s], qpos).items()}
 
     def forward(
         self,
