@@ -47,10 +47,16 @@ def test_window_kernels_on_cuda():
 
 
 def test_norm_and_rope_kernels_on_cuda():
-    """The fused RMSNorm compiled: fp32 to the reference's last bits, bf16 within one step of it and nearly always
-    equal (rounded to nearest, as torch rounds); the fused rotary embedding: bf16 bit for bit; a model's norms and
-    rotary embeddings take them on CUDA."""
-    from microspec.kernels import rms_norm as K, rope as R
+    """The fused layer kernels compiled: RMSNorm and the residual seams fp32 to the reference's last bits, bf16
+    within one step of it and nearly always equal (rounded to nearest, as torch rounds); the q/k rotation bf16 bit for
+    bit, with the q/k norms within a step; the gated activation within a step; a model's layers take them on CUDA,
+    q/k/v joined into one matrix."""
+    from microspec.kernels import glu as G, rms_norm as K, rope as R, triton_env
+
+    def close(got, ref, share=0.02):
+        diff = (got.float() - ref.float()).abs()
+        assert (diff <= ref.float().abs().clamp(min=1e-3) * 2 ** -7).all()
+        assert float((diff > 0).float().mean()) < share
 
     g = torch.Generator().manual_seed(0)
     for dtype in (torch.float32, torch.bfloat16):
@@ -59,37 +65,59 @@ def test_norm_and_rope_kernels_on_cuda():
                 x = (torch.randn(*shape, generator=g) * 3).to(DEV, dtype)
                 w = torch.randn(shape[-1], generator=g).to(DEV) * 0.5
                 weight = (1.0 + w) if gemma else w.to(dtype)
-                assert K.applies(x, weight, gemma)
+                assert K.applies(x, weight, gemma=gemma)
                 got, ref = K.rms_norm(x, weight, 1e-6, gemma), K.reference(x, weight, 1e-6, gemma)
+                (r, h), (rr, hr) = (K.add_rms_norm(x, x * 0.7, weight, weight, 1e-6, gemma),
+                                    K.add_reference(x, x * 0.7, weight, weight, 1e-6, gemma))
                 if dtype == torch.float32:
-                    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+                    for a, b in ((got, ref), (r, rr), (h, hr)):
+                        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
                 else:
-                    diff = (got.float() - ref.float()).abs()
-                    assert (diff <= ref.float().abs().clamp(min=1e-3) * 2 ** -7).all()
-                    assert float((diff > 0).float().mean()) < 0.02
+                    close(got, ref)
+                    close(r, rr)
     for dtype in (torch.float32, torch.bfloat16):
         for t, heads, hd in ((1, 4, 64), (64, 8, 256)):
             x = torch.randn(t, heads, hd, generator=g).to(DEV, dtype)
             ang = torch.randn(t, hd // 2, generator=g).to(DEV) * 3
             cos, sin = torch.cat((ang, ang), -1).cos().to(dtype), torch.cat((ang, ang), -1).sin().to(dtype)
             assert R.applies(x, cos)
-            got, ref = R.rope(x, cos, sin), R.reference(x, cos, sin)
+            (q, k), (rq, rk) = R.rope_qk(x, x[:, :2], cos, sin), R.qk_reference(x, x[:, :2], cos, sin)
             if dtype == torch.bfloat16:
-                assert torch.equal(got, ref)
+                assert torch.equal(q, rq) and torch.equal(k, rk) and torch.equal(R.rope(x, cos, sin), rq)
             else:
-                torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
-    nm = _model("gemma3", torch.bfloat16)
-    calls, turns = [], []
-    run, turn = K.rms_norm, R.rope
-    try:
-        K.rms_norm = lambda *a, **k: calls.append(1) or run(*a, **k)
-        R.rope = lambda *a, **k: turns.append(1) or turn(*a, **k)
-        with torch.inference_mode():
-            nm.forward(torch.tensor([1, 2, 3], device=DEV), nm.new_cache(8))
-    finally:
-        K.rms_norm, R.rope = run, turn
-    # every norm of every layer and the final one; queries and keys rotated in each layer
-    assert len(calls) == 6 * nm.spec.num_layers + 1 and len(turns) == 2 * nm.spec.num_layers
+                torch.testing.assert_close(q, rq, rtol=1e-6, atol=1e-6)
+            w = torch.randn(hd, generator=g).to(DEV) * 0.5
+            norms = (1 + w, 1 + w, 1e-6, True)
+            (q, k), (rq, rk) = R.rope_qk(x, x[:, :2], cos, sin, norms), R.qk_reference(x, x[:, :2], cos, sin, norms)
+            if dtype == torch.bfloat16:
+                bound = rq.float().abs().amax(-1, keepdim=True) * 2 * 2 ** -7
+                assert ((q.float() - rq.float()).abs() <= bound).all()
+            else:
+                torch.testing.assert_close(q, rq, rtol=1e-5, atol=1e-5)
+    for act in ("silu", "gelu_pytorch_tanh", "gelu"):
+        gu = torch.randn(33, 2 * 2048, generator=g).to(DEV, torch.bfloat16) * 2
+        close(G.act_mul(gu[:, :2048], gu[:, 2048:], act), G.reference(gu[:, :2048], gu[:, 2048:], act), 0.05)
+    assert triton_env.DEVICES == ("cuda",)
+    for family in ("gemma3", "llama"):
+        nm = _model(family, torch.bfloat16)
+        prompt = torch.tensor([1, 2, 3], device=DEV)
+        calls = {}
+        saved = {(m, n): getattr(m, n) for m, n in ((K, "rms_norm"), (K, "add_rms_norm"), (R, "rope_qk"),
+                                                    (G, "act_mul"))}
+        try:
+            for (m, n), fn in saved.items():
+                setattr(m, n, lambda *a, _n=n, _f=fn, **k: calls.__setitem__(_n, calls.get(_n, 0) + 1) or _f(*a, **k))
+            with torch.inference_mode():
+                nm.forward(prompt, nm.new_cache(8))
+        finally:
+            for (m, n), fn in saved.items():
+                setattr(m, n, fn)
+        layers = nm.spec.num_layers
+        # one input norm alone (the first layer's), two seams a layer (the last with the final norm), one q/k
+        # rotation and one gated activation a layer
+        assert calls == {"rms_norm": 1, "add_rms_norm": 2 * layers, "rope_qk": layers, "act_mul": layers}, calls
+        a = nm.model.layers[0].self_attn
+        assert a.k_proj.weight.data_ptr() == a._joined[0][a.q_proj.weight.shape[0]:].data_ptr()
 
 
 def test_gather_matmul_on_cuda():

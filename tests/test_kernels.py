@@ -153,9 +153,10 @@ def test_kernel_build_error_names_the_file_and_line(tmp_path, monkeypatch):
 RMS_SCRIPT = textwrap.dedent("""
     import sys
     import torch
-    from microspec.kernels import cpu_linear, cpu_quant, rms_norm as K, rope as R
+    from microspec.kernels import cpu_linear, cpu_quant, glu as G, rms_norm as K, rope as R, triton_env
     assert K.available("cpu")
     g = torch.Generator().manual_seed(0)
+    STEP = 2 ** -7  # a bf16 step, relative
     for dtype in (torch.float32, torch.bfloat16):
         for gemma in (True, False):
             for shape in ((1, 640), (5, 640), (3, 4, 256), (7, 2, 3, 24), (2, 1000)):
@@ -167,10 +168,32 @@ RMS_SCRIPT = textwrap.dedent("""
                 if dtype == torch.float32:
                     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
                 else:  # the interpreter's casts round toward zero: within two bf16 steps (Llama rounds twice)
-                    step = ref.float().abs().clamp(min=1e-3) * 2 ** -7
+                    step = ref.float().abs().clamp(min=1e-3) * STEP
                     assert ((got.float() - ref.float()).abs() <= 2 * step).all()
                 strided = x.transpose(-1, -2).contiguous().transpose(-1, -2)  # rows that are not contiguous
                 assert torch.equal(K.rms_norm(strided, weight, 1e-6, gemma), got)
+                # the residual seam: x + norm(delta) (or x + delta), and the sum normed again (or not)
+                delta = (torch.randn(*shape, generator=g) * 5).to(dtype)
+                w2 = torch.randn(shape[-1], generator=g) * 0.5
+                other = (1.0 + w2) if gemma else w2.to(dtype)
+                for dw, ow in ((weight, other), (None, other), (weight, None), (None, None)):
+                    r, h = K.add_rms_norm(x, delta, dw, ow, 1e-6, gemma)
+                    rr, hr = K.add_reference(x, delta, dw, ow, 1e-6, gemma)
+                    assert r.shape == rr.shape and r.dtype == dtype and (h is None) == (ow is None)
+                    if dtype == torch.float32:
+                        torch.testing.assert_close(r, rr, rtol=1e-5, atol=1e-5)
+                        if ow is not None:
+                            torch.testing.assert_close(h, hr, rtol=1e-4, atol=1e-4)
+                        continue
+                    # toward zero: the normed delta and the sum each within a step of their terms' size
+                    normed = delta if dw is None else K.reference(delta, dw, 1e-6, gemma)
+                    size = x.float().abs() + normed.float().abs()
+                    assert ((r.float() - rr.float()).abs() <= 3 * STEP * size + 1e-6).all()
+                    if ow is not None:  # a norm of a row within those steps: within a few steps of the row's size
+                        bound = hr.float().abs().amax(-1, keepdim=True) * 6 * STEP
+                        assert ((h.float() - hr.float()).abs() <= bound).all()
+                r2, _ = K.add_rms_norm(strided, strided, weight, None, 1e-6, gemma)
+                assert torch.equal(r2, K.add_rms_norm(x, x, weight, None, 1e-6, gemma)[0])
     for dtype in (torch.float32, torch.bfloat16):
         for t, heads, hd in ((1, 4, 64), (7, 2, 256), (3, 1, 8)):
             x = torch.randn(t, heads * hd, generator=g).to(dtype).view(t, heads, hd)
@@ -182,44 +205,106 @@ RMS_SCRIPT = textwrap.dedent("""
             if dtype == torch.float32:
                 torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
             else:  # three roundings toward zero here (to nearest on a GPU): each within a bf16 step of the row's size
-                bound = x.float().abs().amax(-1, keepdim=True) * 3 * 2 ** -7
+                bound = x.float().abs().amax(-1, keepdim=True) * 3 * STEP
                 assert ((got.float() - ref.float()).abs() <= bound).all()
             assert torch.equal(R.rope(x.transpose(0, 1).contiguous().transpose(0, 1), cos, sin), got)
+            # queries and keys at once, read in place from one q/k/v product, with or without their norms
+            kv = max(1, heads // 2)
+            qkv = torch.randn(t, (heads + 2 * kv) * hd, generator=g).to(dtype) * 2
+            q, k = qkv[:, : heads * hd].view(t, heads, hd), qkv[:, heads * hd: (heads + kv) * hd].view(t, kv, hd)
+            for gemma in (None, True, False):
+                norms = None
+                if gemma is not None:
+                    wq, wk = torch.randn(hd, generator=g) * 0.5, torch.randn(hd, generator=g) * 0.5
+                    norms = ((1 + wq, 1 + wk) if gemma else (wq.to(dtype), wk.to(dtype))) + (1e-6, gemma)
+                (gq, gk), (rq, rk) = R.rope_qk(q, k, cos, sin, norms), R.qk_reference(q, k, cos, sin, norms)
+                for a, b in ((gq, rq), (gk, rk)):
+                    assert a.shape == b.shape and a.dtype == dtype
+                    if dtype == torch.float32:
+                        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+                    else:  # the norm's roundings, then the rotation's
+                        bound = b.float().abs().amax(-1, keepdim=True).clamp(min=1e-3) * 6 * STEP
+                        assert ((a.float() - b.float()).abs() <= bound).all()
+                if norms is None:
+                    assert torch.equal(gq, R.rope(q, cos, sin)) and torch.equal(gk, R.rope(k, cos, sin))
+    # a gated activation read from the two halves of one gate/up product
+    for dtype in (torch.float32, torch.bfloat16):
+        for act in ("silu", "gelu_pytorch_tanh", "gelu"):
+            for shape in ((1, 2048), (3, 5, 100), (2, 1500)):
+                gu = (torch.randn(*shape[:-1], 2 * shape[-1], generator=g) * 2).to(dtype)
+                gate, up = gu[..., : shape[-1]], gu[..., shape[-1]:]
+                got, ref = G.act_mul(gate, up, act), G.reference(gate, up, act)
+                assert got.shape == ref.shape and got.dtype == dtype
+                if dtype == torch.float32:
+                    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+                else:  # two roundings toward zero
+                    assert ((got.float() - ref.float()).abs() <= 2 * STEP * ref.float().abs() + 1e-6).all()
+                assert torch.equal(G.act_mul(gate.contiguous(), up.contiguous(), act), got)
     # a norm whose weight trains keeps the plain path (its gradient), whatever the input, in both conventions
     from microspec.models.layers import RMSNorm
-    K.DEVICES = ("cuda", "cpu")
+    triton_env.DEVICES = ("cuda", "cpu")
     cpu_quant.rows_apply = lambda *a, **k: False
     for gemma in (True, False):
         assert RMSNorm(8, 1e-6, gemma)(torch.randn(2, 8)).requires_grad
         with torch.no_grad():
             assert not RMSNorm(8, 1e-6, gemma)(torch.randn(2, 8)).requires_grad
-    K.DEVICES = ("cuda",)
-    # a whole model with its norms and rotary embeddings in the kernels (the CPU's own fused paths off, as on a
-    # GPU): the same tokens, plain and speculative (EAGLE's head norms too)
+    triton_env.DEVICES = ("cuda",)
+    # a whole model with its layers in the kernels (the CPU's own fused paths off, as on a GPU): the same tokens,
+    # plain and speculative (EAGLE's head too); its parameters what they were, and trainable
     sys.path.insert(0, "tests")
     from support import official_checkpoint, tiny_pair
     from microspec.decoding import GenerationConfig, generate_ids
     from microspec.drafters import EagleDrafter, EagleHead
+    from microspec.models import layers
     import tempfile, pathlib
     cpu_quant.rows_apply = lambda *a, **k: False
     cpu_linear.applies = lambda *a, **k: False
     cfg = GenerationConfig(max_new_tokens=24, ignore_eos=True)
     prompt = [1, 10, 20, 30, 11, 21, 31, 12, 10, 20, 30]
-    for family in ("gemma3", "llama"):
+    for family in ("gemma3", "llama", "qwen3"):
         _, nm = tiny_pair(family)
+        before = {k: v.clone() for k, v in nm.state_dict().items()}
         path, _, _ = official_checkpoint(pathlib.Path(tempfile.mkdtemp()) / "ck", d=nm.spec.hidden_size)
         eager = generate_ids(nm, prompt, cfg).token_ids
-        K.DEVICES = R.DEVICES = ("cuda", "cpu")
-        launched, rotated = [], []
-        run, turn = K.rms_norm, R.rope
-        K.rms_norm = lambda *a, **k: launched.append(1) or run(*a, **k)
-        R.rope = lambda *a, **k: rotated.append(1) or turn(*a, **k)
+        triton_env.DEVICES = ("cuda", "cpu")
+        calls = {}
+        saved = {(m, n): getattr(m, n) for m in (K, R, G) for n in ("rms_norm", "add_rms_norm", "rope_qk", "act_mul")
+                 if hasattr(m, n)}
+        saved[(layers, "joined")] = layers.joined
+        def counting(name, fn):
+            return lambda *a, **k: calls.__setitem__(name, calls.get(name, 0) + 1) or fn(*a, **k)
+        for (m, n), fn in saved.items():
+            setattr(m, n, counting(n, fn))
+        import microspec.models.native as native
+        native.joined = layers.joined
         fused = generate_ids(nm, prompt, cfg).token_ids
         spec = generate_ids(nm, prompt, cfg, drafter=EagleDrafter(EagleHead.load(path), depth=3, top_k=2,
                                                                    total_tokens=5)).token_ids
-        K.DEVICES, K.rms_norm, R.DEVICES, R.rope = ("cuda",), run, ("cuda",), turn
-        assert fused == eager == spec and len(launched) > 100 and len(rotated) > 50, \
-            (family, fused, eager, spec, len(launched), len(rotated))
+        for (m, n), fn in saved.items():
+            setattr(m, n, fn)
+        native.joined = layers.joined
+        triton_env.DEVICES = ("cuda",)
+        assert fused == eager == spec, (family, fused, eager, spec)
+        # per layer step: q/k/v and gate/up each one product, the q/k norms and rotations one launch, the seams
+        assert calls["joined"] >= 2 * calls["rope_qk"] > 100 and calls["act_mul"] == calls["rope_qk"], calls
+        # the seams: two a layer, the last with the next layer's input norm (EAGLE's one-layer head: one), so that
+        # few norms run alone (a forward's first input norm, the head's)
+        assert calls["rope_qk"] < calls["add_rms_norm"] <= 2 * calls["rope_qk"], calls
+        assert calls["rms_norm"] < calls["rope_qk"] / 2, calls
+        a = nm.model.layers[0].self_attn
+        assert a.q_proj.weight.data_ptr() == a._joined[0].data_ptr()  # the parameters are views of the joined rows
+        after = nm.state_dict()
+        assert after.keys() == before.keys() and all(torch.equal(after[k], v) for k, v in before.items())
+        nm.load_hf_state_dict({k: v.clone() * 0.5 for k, v in before.items()}, assign=True)  # joined anew after this
+        triton_env.DEVICES = ("cuda", "cpu")
+        with torch.inference_mode():
+            generate_ids(nm, prompt, GenerationConfig(max_new_tokens=2, ignore_eos=True))
+        triton_env.DEVICES = ("cuda",)
+        q_rows = a._joined[0][: a.q_proj.weight.shape[0]]
+        assert torch.equal(q_rows, before["model.layers.0.self_attn.q_proj.weight"] * 0.5)
+        x = nm.embed(torch.tensor(prompt))  # training after a join: the gradients reach each parameter
+        nm.run_causal_batch(x[None]).square().mean().backward()
+        assert a.q_proj.weight.grad is not None and a.v_proj.weight.grad.abs().sum() > 0
     print("ok")
 """)
 

@@ -4,8 +4,10 @@ counted on a CPU: a small model's GPU step is mostly a count of tiny kernels, so
     TRITON_INTERPRET=1 PYTHONPATH=src:tests python benchmarks/measure/op_count.py
 
 - a layer: one forward of one new token through ``static_run`` (what the verify graphs capture) on a tiny bf16
-  Gemma 3, the CPU's own fused kernels off (as on a GPU), with the norm and RoPE kernels off and on (on: run by
-  Triton's interpreter, each launch counted once; views, dtype casts and allocations left out of both counts);
+  Gemma 3, the CPU's own fused kernels off (as on a GPU), with the fused layer kernels off and on (on: the norms,
+  the residual seams, the q/k norms with RoPE and the gated activation in Triton kernels run by its interpreter, each
+  launch counted once, and q/k/v and gate/up one product each; views, dtype casts and allocations left out of both
+  counts);
 - a tree draft: the tensor operations of one EAGLE-2 tree draft (depth 6, top-k 10, 59 tokens) of EAGLE +
   MicroSpec on CUDA's path with its graphs (a stand-in capture: a replay counted as one, beside its input copies and
   its outputs' clones), level by level (each level's forward a graph) and whole (the draft one graph), the median
@@ -46,12 +48,15 @@ class Count(TorchDispatchMode):
 @contextlib.contextmanager
 def cuda_path(counter: Count, kernels: bool):
     """The operations CUDA takes, on a CPU: the CPU's own kernels (its bf16 products and attention, its fused fp32
-    rows) off, the fused norm and RoPE Triton kernels on where ``kernels`` (run by the interpreter, each call one
-    launch, their own tensor work uncounted); yields the list their launches go to."""
-    from microspec.kernels import cpu_linear, cpu_quant, rms_norm, rope
+    rows) off, the fused layer kernels (norms, residual seams, q/k norm + RoPE, gated activation; Triton) on where
+    ``kernels`` (run by the interpreter, each call one launch, their own tensor work uncounted); yields the list
+    their launches go to."""
+    from microspec.kernels import cpu_linear, cpu_quant, glu, rms_norm, rope, triton_env
 
     launched: list = []
-    saved = (cpu_linear.applies, cpu_linear.attention_applies, cpu_quant.rows_apply, rms_norm.rms_norm, rope.rope)
+    fused = [(rms_norm, "rms_norm"), (rms_norm, "add_rms_norm"), (rope, "rope"), (rope, "rope_qk"), (glu, "act_mul")]
+    saved = (cpu_linear.applies, cpu_linear.attention_applies, cpu_quant.rows_apply)
+    kernels_saved = [getattr(m, n) for m, n in fused]
 
     def counted(fn):
         def run(*a, **k):
@@ -65,13 +70,16 @@ def cuda_path(counter: Count, kernels: bool):
         return run
 
     cpu_linear.applies = cpu_linear.attention_applies = cpu_quant.rows_apply = lambda *a, **k: False
-    rms_norm.DEVICES = rope.DEVICES = ("cuda", "cpu") if kernels else ("cuda",)
-    rms_norm.rms_norm, rope.rope = counted(saved[3]), counted(saved[4])
+    triton_env.DEVICES = ("cuda", "cpu") if kernels else ("cuda",)
+    for (m, n), fn in zip(fused, kernels_saved):
+        setattr(m, n, counted(fn))
     try:
         yield launched
     finally:
-        cpu_linear.applies, cpu_linear.attention_applies, cpu_quant.rows_apply, rms_norm.rms_norm, rope.rope = saved
-        rms_norm.DEVICES = rope.DEVICES = ("cuda",)
+        cpu_linear.applies, cpu_linear.attention_applies, cpu_quant.rows_apply = saved
+        for (m, n), fn in zip(fused, kernels_saved):
+            setattr(m, n, fn)
+        triton_env.DEVICES = ("cuda",)
 
 
 def layer_ops(kernels: bool) -> dict:
@@ -93,7 +101,7 @@ def layer_ops(kernels: bool) -> dict:
                 static_run(nm, x, cache, torch.tensor([5]), pos, masks, 64)
     ops = {k: v for k, v in counter.ops.items() if k not in SKIP}
     layers = nm.spec.num_layers
-    return {"per_layer": round((sum(ops.values()) + len(launched)) / layers, 1),
+    return {"layers": layers, "per_layer": round((sum(ops.values()) + len(launched)) / layers, 1),
             "kernel_launches_per_layer": round(len(launched) / layers, 1),
             "ops": dict(sorted(ops.items(), key=lambda kv: -kv[1]))}
 

@@ -1,13 +1,16 @@
 """Fused RMSNorm: one kernel launch per norm instead of torch's seven (the cast to fp32, square, mean, add, rsqrt,
-the two products and the cast back).
+the two products and the cast back), and a norm joined with the residual sum around it in one launch.
 
 On a GPU a small model's step is a long row of tiny kernels, each paying a launch (or, inside a CUDA graph, a
 node's fixed cost) that dwarfs its work: a Gemma 3 layer runs six norms (input, post-attention, pre- and
-post-feed-forward, q and k), so the norms alone are ~40 of its ~90 tensor operations.  This kernel does a row's
+post-feed-forward, q and k), so the norms alone are ~40 of its ~90 tensor operations.  :func:`rms_norm` does a row's
 whole norm in one program: the row read once in fp32, its mean square, the scale, the weight and the store in the
-output dtype.  Both conventions of :class:`~microspec.models.layers.RMSNorm`: Gemma's ``(x * (1 + w))`` in fp32 then
-cast (``w`` given as the fp32 effective weight), Llama's ``w * cast(x_normed)`` (the normed row rounded to the output
-dtype before the weight, as torch does).  A row's result depends on that row alone, whatever the batch.
+output dtype.  :func:`add_rms_norm` does a layer's seam in one: ``x + norm(delta)`` (Gemma's post-attention and
+post-feed-forward norms; plain ``x + delta`` for Llama) and that sum normed again for the next block (Gemma's
+pre-feed-forward norm, Llama's post-attention norm), each value rounded to the output dtype where torch rounds it.
+Both conventions of :class:`~microspec.models.layers.RMSNorm`: Gemma's ``(x * (1 + w))`` in fp32 then cast (``w``
+given as the fp32 effective weight), Llama's ``w * cast(x_normed)`` (the normed row rounded to the output dtype
+before the weight, as torch does).  A row's result depends on that row alone, whatever the batch.
 
 The sum of squares is reduced in another order than ``torch.mean``, so results may differ from the reference in the
 last bits of fp32 before the cast (tests/test_kernels.py bounds it).  Triton compiles for GPUs only; on a CPU it runs
@@ -20,7 +23,6 @@ from __future__ import annotations
 import torch
 
 
-DEVICES = ("cuda",)  # device kinds whose norms take the kernel (tests add "cpu" under the interpreter)
 MAX_DIM = 16384  # one program holds a whole row
 
 
@@ -34,6 +36,14 @@ def reference(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) ->
     return weight * xf.to(x.dtype)
 
 
+def add_reference(x: torch.Tensor, delta: torch.Tensor, delta_weight: torch.Tensor | None,
+                  out_weight: torch.Tensor | None, eps: float, gemma: bool):
+    """What :func:`add_rms_norm` computes, in plain torch: ``r = x + norm(delta)`` (``x + delta`` where
+    ``delta_weight`` is None) and ``norm(r)`` with ``out_weight`` (None where it is None): (r, normed)."""
+    r = x + (delta if delta_weight is None else reference(delta, delta_weight, eps, gemma))
+    return r, (None if out_weight is None else reference(r, out_weight, eps, gemma))
+
+
 def available(device: torch.device | str) -> bool:
     """Whether the kernel runs for ``device`` (Triton imported on first ask: not at every start of the package)."""
     from .triton_env import available as triton_available
@@ -41,34 +51,21 @@ def available(device: torch.device | str) -> bool:
     return triton_available(device)
 
 
-def applies(x: torch.Tensor, weight: torch.Tensor, gemma: bool) -> bool:
-    """Whether :func:`rms_norm` takes ``x``: a device the kernel runs on, a row that fits one program, no autograd,
-    not inside ``torch.compile`` (vLLM's: it fuses the reference itself), and (Llama's convention) a weight of
-    ``x``'s dtype (else the product's dtype would be another)."""
-    return (x.device.type in DEVICES and 0 < x.shape[-1] <= MAX_DIM and x.numel() > 0
-            and not torch.compiler.is_compiling()
-            and x.dtype in (torch.float32, torch.bfloat16, torch.float16) and (gemma or weight.dtype == x.dtype)
-            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)) and available(x.device))
+def applies(x: torch.Tensor, *weights: torch.Tensor | None, gemma: bool) -> bool:
+    """Whether :func:`rms_norm` (one weight) or :func:`add_rms_norm` (its weights, None for a missing one) takes
+    ``x``: what :func:`~microspec.kernels.triton_env.takes` asks, a row that fits one program, and (Llama's
+    convention) weights of ``x``'s dtype (else the product's dtype would be another)."""
+    from .triton_env import takes
+
+    given = [w for w in weights if w is not None]
+    return (0 < x.shape[-1] <= MAX_DIM and (gemma or all(w.dtype == x.dtype for w in given))
+            and takes(x, *given))
 
 
 def _define(triton, tl):
-    @triton.jit
-    def rms_norm_kernel(x_ptr, w_ptr, out_ptr, D, stride_x, stride_o, eps, GEMMA: tl.constexpr,
-                        BLOCK_D: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
-        cols = tl.arange(0, BLOCK_D)
-        ok = cols < D
-        x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
-        scale = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
-        y = x * scale
-        w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-        if GEMMA:
-            out = y * w
-        else:  # cast, then scale (the product rounded once more)
-            out = y.to(out_ptr.dtype.element_ty).to(tl.float32) * w
-        tl.store(out_ptr + row * stride_o + cols, out.to(out_ptr.dtype.element_ty), mask=ok)
+    from . import rms_norm_triton as source  # the jitted functions (Triton imported with it)
 
-    return rms_norm_kernel, triton.next_power_of_2
+    return source.rms_norm_kernel, source.add_rms_norm_kernel, triton.next_power_of_2
 
 
 def _kernel():
@@ -78,17 +75,38 @@ def _kernel():
     return defined("rms_norm", _define)
 
 
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """``x`` [..., D] as [rows, D] with unit column stride (a copy only where it has another)."""
+    rows = x.reshape(-1, x.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> torch.Tensor:
     """:func:`reference` in one kernel launch over the rows of ``x`` [..., D] (where :func:`applies`)."""
-    kernel, next_power_of_2 = _kernel()
+    kernel, _, next_power_of_2 = _kernel()
     d = x.shape[-1]
-    rows = x.reshape(-1, d)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
+    rows = _rows(x)
     out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
     kernel[(rows.shape[0],)](rows, weight.contiguous(), out, d, rows.stride(0), out.stride(0), float(eps),
                              GEMMA=bool(gemma), BLOCK_D=next_power_of_2(d))
     return out.view(x.shape)
 
 
-__all__ = ["applies", "available", "reference", "rms_norm"]
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, delta_weight: torch.Tensor | None,
+                 out_weight: torch.Tensor | None, eps: float, gemma: bool):
+    """:func:`add_reference` in one kernel launch over the rows of ``x`` and ``delta`` [..., D] (where
+    :func:`applies`): (the residual sum, its norm or None)."""
+    _, kernel, next_power_of_2 = _kernel()
+    d = x.shape[-1]
+    rows, deltas = _rows(x), _rows(delta)
+    r = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
+    h = torch.empty(rows.shape, dtype=x.dtype, device=x.device) if out_weight is not None else r
+    kernel[(rows.shape[0],)](rows, deltas, r if delta_weight is None else delta_weight.contiguous(),
+                             r if out_weight is None else out_weight.contiguous(), r, h, d, rows.stride(0),
+                             deltas.stride(0), r.stride(0), h.stride(0), float(eps),
+                             NORM_DELTA=delta_weight is not None, NORM_OUT=out_weight is not None,
+                             GEMMA=bool(gemma), BLOCK_D=next_power_of_2(d))
+    return r.view(x.shape), (None if out_weight is None else h.view(x.shape))
+
+
+__all__ = ["add_reference", "add_rms_norm", "applies", "available", "reference", "rms_norm"]

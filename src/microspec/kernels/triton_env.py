@@ -1,6 +1,7 @@
 """Triton where it is installed (an optional dependency): ``triton`` and ``tl`` (None when absent or broken), and
 whether a kernel can run for a device: compiled on CUDA, or under ``TRITON_INTERPRET=1`` on a CPU (slowly — for
-correctness tests)."""
+correctness tests).  Triton itself is imported at the first ask (``triton`` / ``tl`` / :func:`available`), not when
+this module is: the models ask :func:`takes` on every layer, and a CPU answers it without Triton."""
 
 from __future__ import annotations
 
@@ -8,20 +9,38 @@ import os
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except Exception:  # noqa: BLE001 - any import failure means "not available"
-    triton = tl = None
+_MODULES: list = []  # [triton, tl] once imported (None, None where it cannot be)
+
+
+def _modules():
+    if not _MODULES:
+        try:
+            import triton
+            import triton.language as tl
+        except Exception:  # noqa: BLE001 - any import failure means "not available"
+            triton = tl = None
+        _MODULES.extend((triton, tl))
+    return _MODULES
+
+
+def __getattr__(name: str):
+    if name in ("triton", "tl"):
+        return _modules()[name == "tl"]
+    raise AttributeError(name)
 
 
 _DEFINED: dict = {}
+
+DEVICES = ("cuda",)  # device kinds whose model layers take the fused kernels (norms, RoPE, gated activation); tests
+# and the launch count add "cpu" under the interpreter
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def defined(name: str, define):
     """``define(triton, tl)`` once, its result kept under ``name``: a kernel module that imports this one only when a
     kernel is first wanted defines its kernels then (Triton is not imported at the package's start)."""
     if name not in _DEFINED:
+        triton, tl = _modules()
         if triton is None:
             raise RuntimeError("triton is not installed")
         _DEFINED[name] = define(triton, tl)
@@ -29,6 +48,16 @@ def defined(name: str, define):
 
 
 def available(device: torch.device | str) -> bool:
-    if triton is None:
+    if _modules()[0] is None:
         return False
     return torch.device(device).type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def takes(x: torch.Tensor, *weights: torch.Tensor) -> bool:
+    """What every fused layer kernel asks of its input ``x`` and its ``weights``: a device in :data:`DEVICES` that
+    Triton runs on, a dtype it handles, no autograd (neither ``x`` nor a weight needs a gradient while gradients are
+    on) and not inside ``torch.compile`` (vLLM's compiled models fuse the plain code themselves)."""
+    return (x.device.type in DEVICES and x.dtype in DTYPES and x.numel() > 0
+            and not torch.compiler.is_compiling()
+            and not (torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights)))
+            and available(x.device))

@@ -87,9 +87,7 @@ def static_run(model, x: torch.Tensor, cache: KVCache, slots: torch.Tensor, posi
         buf[1].index_copy_(1, slots, v)
         return model._attend(q, buf[0][:, :span], buf[1][:, :span], masks[spec.layer_windows[i]], gqa)
 
-    for i, layer in enumerate(model.model.layers):
-        x = model.layer(i, layer, x, rope, attend)
-    return model.model.norm(x) if model.model.norm is not None else x
+    return model.stack(x, model.model.layers, rope, attend)[1]
 
 
 class _Graph:

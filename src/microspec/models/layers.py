@@ -8,23 +8,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import MicrospecError
 from ..kernels import cpu_linear, cpu_quant
+from ..kernels.glu import activation  # noqa: F401 - the models' activations by config name
 from ..kernels import rms_norm as rms_kernel
 from ..kernels.rope import rotate  # noqa: F401 - the models' rotation where the kernel does not run
 from .quant import QuantTensor
 from .spec import ArchSpec
-
-
-def activation(name: str):
-    """The elementwise activation function named ``name`` in a config (SiLU or one of the GELUs)."""
-    if name in ("silu", "swish"):
-        return F.silu
-    if name in ("gelu_pytorch_tanh", "gelu_tanh"):
-        return lambda x: F.gelu(x, approximate="tanh")
-    if name == "gelu":
-        return F.gelu
-    raise MicrospecError(f"unsupported activation {name!r}")
 
 
 class RMSNorm(nn.Module):
@@ -48,11 +37,15 @@ class RMSNorm(nn.Module):
             self._effective_key = key
         return self._effective
 
+    def kernel_weight(self) -> torch.Tensor:
+        """The weight the fused kernels take: the fp32 effective weight (Gemma), the weight itself (Llama)."""
+        return self.effective_weight() if self.gemma else self.weight
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if cpu_quant.rows_apply(x) and not (torch.is_grad_enabled() and self.weight.requires_grad):
             return cpu_quant.rms_norm(x, self.effective_weight(), self.eps)
-        if rms_kernel.applies(x, self.weight, self.gemma):  # a GPU: the whole norm in one launch
-            return rms_kernel.rms_norm(x, self.effective_weight() if self.gemma else self.weight, self.eps, self.gemma)
+        if rms_kernel.applies(x, self.weight, gemma=self.gemma):  # a GPU: the whole norm in one launch
+            return rms_kernel.rms_norm(x, self.kernel_weight(), self.eps, self.gemma)
         # Gemma: (x * (1 + w)) in fp32, then cast; Llama: cast, then scale (the weight's own, for its gradient)
         return rms_kernel.reference(x, 1.0 + self.weight.float() if self.gemma else self.weight, self.eps, self.gemma)
 
@@ -74,6 +67,36 @@ class Linear(nn.Module):
         if cpu_linear.applies(self.weight):  # bf16 on a CPU: fp32-accumulating, batch-invariant kernel
             return cpu_linear.linear(x, self.weight, self.bias, out_dtype=x.dtype)
         return F.linear(x, self.weight, self.bias)
+
+
+def joined(owner: nn.Module, linears: tuple[Linear, ...], x: torch.Tensor) -> torch.Tensor:
+    """The products of ``x`` with ``linears`` (which share their input) as one product, their outputs side by side in
+    the order given: one launch where there were several (q/k/v; gate/up).  The first call re-points the linears'
+    weights (and biases) into one matrix whose rows are theirs, kept on ``owner``, so the memory is not doubled and
+    their parameters (state dict, training) stay as they were; a parameter replaced since (a load, a move) joins them
+    anew.  Plain matrices of one dtype and device only: packed GGUF blocks and mixed biases take one product each, as
+    does a first call inside a CUDA graph's capture (the joined matrix would live in the graph's memory pool)."""
+    weights = [lin.weight for lin in linears]
+    kept = owner.__dict__.get("_joined")
+    if kept is None or kept[2] != tuple((w.data_ptr(), w.shape, w.dtype) for w in weights):
+        biases = [lin.bias for lin in linears]
+        kinds = {(w.dtype, w.device, w.shape[1]) for w in weights}
+        if (x.is_cuda and torch.cuda.is_current_stream_capturing()) or len(kinds) != 1 \
+                or any(isinstance(w, QuantTensor) for w in weights) or len({b is None for b in biases}) != 1:
+            return torch.cat([lin(x) for lin in linears], dim=-1)
+        with torch.inference_mode(False), torch.no_grad():  # ordinary tensors: the parameters may train later
+            matrix = torch.cat([w.detach() for w in weights])
+            bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+            row = 0
+            for lin in linears:
+                n = lin.weight.shape[0]
+                lin.weight.data = matrix[row: row + n]
+                if bias is not None:
+                    lin.bias.data = bias[row: row + n]
+                row += n
+        kept = (matrix, bias, tuple((w.data_ptr(), w.shape, w.dtype) for w in weights))
+        owner.__dict__["_joined"] = kept
+    return F.linear(x, kept[0], kept[1])
 
 
 def _linear(dim_in: int, dim_out: int, bias: bool) -> Linear:

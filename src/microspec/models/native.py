@@ -23,10 +23,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import MicrospecError
-from ..kernels import cpu_linear, cpu_quant
+from ..kernels import cpu_linear, cpu_quant, glu, triton_env
+from ..kernels import rms_norm as rms_kernel
 from ..kernels import rope as rope_kernel
 from .kv_cache import CachePool, KVCache
-from .layers import MLP, Attention, DecoderLayer, Embedding, Linear, RMSNorm, activation, by_window, rotate, window_mask
+from .layers import (MLP, Attention, DecoderLayer, Embedding, Linear, RMSNorm, activation, by_window, joined, rotate,
+                     window_mask)
 from .quant import QuantTensor, weight_bytes
 from .spec import ArchSpec, rope_inv_freq, spec_from_config
 
@@ -278,15 +280,13 @@ class NativeCausalLM(nn.Module):
         if fused is not None:  # packed GGUF layers on fp32 rows: each whole layer in one kernel call
             x = self._fused_run(x, [(cache, t, masks)], rope, fused[: len(layers)],
                                 tapped if tapped is None else (taps.layers, tapped))
+            out = self.model.norm(x) if self.model.norm is not None else x
         else:
-            for i, layer in enumerate(layers):
-                if tapped is not None and i in taps.layers:
-                    tapped[i] = x
-                x = self.layer(i, layer, x, rope, attend)
+            x, out = self.stack(x, layers, rope, attend, None if tapped is None else (taps.layers, tapped))
         cache.length = s
         if tapped is not None:
             taps.collect(tapped, x)
-        return self.model.norm(x) if self.model.norm is not None else x
+        return out
 
     def _place(self, cache: KVCache, t: int, positions: torch.Tensor | None,
                mask: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
@@ -366,35 +366,89 @@ class NativeCausalLM(nn.Module):
         """Decoder layer ``i`` on ``x`` [..., T, d]: ``attend(i, q, k, v)`` gets q [..., heads, T, hd] and k, v
         [..., kv_heads, T, hd] (RoPE applied) and returns [..., heads, T, hd].  :meth:`run` attends through its
         cache; batched callers (answer generation, head training) attend their own way."""
+        return self._layer(i, layer, x, rope, attend, None, None)[0]
+
+    def stack(self, x: torch.Tensor, layers, rope: dict, attend, tapped: tuple | None = None):
+        """``layers`` over ``x`` [..., T, d] (:meth:`layer` each), then the final norm: (the last layer's output,
+        the final hidden states).  ``tapped``: (layers, dict) to fill with the input of each of those layers.  On a
+        GPU each layer's last residual sum and the next layer's input norm (the final norm after the last) are one
+        launch; a body whose :meth:`layer` is its own runs it as it is."""
+        seams = type(self).layer is NativeCausalLM.layer
+        final = self.model.norm
+        h = None
+        for i, layer in enumerate(layers):
+            if tapped is not None and i in tapped[0]:
+                tapped[1][i] = x
+            if not seams:
+                x = self.layer(i, layer, x, rope, attend)
+                continue
+            then = layers[i + 1].input_layernorm if i + 1 < len(layers) else final
+            x, h = self._layer(i, layer, x, rope, attend, h, then)
+        if h is not None:  # the last layer's launch normed it
+            return x, h
+        return x, (final(x) if final is not None else x)
+
+    def _layer(self, i: int, layer: nn.Module, x: torch.Tensor, rope: dict, attend, h: torch.Tensor | None,
+               then: RMSNorm | None):
+        """:meth:`layer`, its input already normed where ``h`` is given, and ``then`` (the next norm, or None)
+        applied to its output in the same launch as its last residual sum where the kernels run: (output, ``then``
+        of it or None).  On a GPU the residual sums and the norms around them are fused launches
+        (:func:`~microspec.kernels.rms_norm.add_rms_norm`)."""
         spec = self.spec
-        h = layer.input_layernorm(x) if layer.input_layernorm is not None else x
+        if h is None:
+            h = layer.input_layernorm(x) if layer.input_layernorm is not None else x
         o = self.attention(i, layer.self_attn, h, rope, attend)
+        nxt = () if then is None or then.gemma != spec.gemma else (then.weight,)
         if spec.gemma:
-            x = x + layer.post_attention_layernorm(o)
-            h = layer.pre_feedforward_layernorm(x)
-            return x + layer.post_feedforward_layernorm(self._mlp(layer.mlp, h))
+            post, pre, last = layer.post_attention_layernorm, layer.pre_feedforward_layernorm, \
+                layer.post_feedforward_layernorm
+            if rms_kernel.applies(x, post.weight, pre.weight, last.weight, *nxt, gemma=True):
+                eps = post.eps
+                x, h = rms_kernel.add_rms_norm(x, o, post.kernel_weight(), pre.kernel_weight(), eps, True)
+                out_weight = then.kernel_weight() if nxt and then.eps == eps else None
+                x, h = rms_kernel.add_rms_norm(x, self._mlp(layer.mlp, h), last.kernel_weight(), out_weight, eps,
+                                               True)
+                return x, h
+            x = x + post(o)
+            return x + last(self._mlp(layer.mlp, pre(x))), None
+        post = layer.post_attention_layernorm
+        if rms_kernel.applies(x, post.weight, *nxt, gemma=False):
+            x, h = rms_kernel.add_rms_norm(x, o, None, post.kernel_weight(), post.eps, False)
+            if nxt and then.eps == post.eps:
+                return rms_kernel.add_rms_norm(x, self._mlp(layer.mlp, h), None, then.kernel_weight(), post.eps,
+                                               False)
+            return x + self._mlp(layer.mlp, h), None
         x = x + o
-        return x + self._mlp(layer.mlp, layer.post_attention_layernorm(x))
+        return x + self._mlp(layer.mlp, post(x)), None
 
     def attention(self, i: int, attn: Attention, h: torch.Tensor, rope: dict, attend) -> torch.Tensor:
         """Layer ``i``'s attention block on its normed input ``h`` [..., T, d_in], through ``o_proj``."""
         spec = self.spec
         nh, nkv, hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
         lead, t = h.shape[:-2], h.shape[-2]
+        cos, sin = rope[spec.layer_rope[i]]
+        norms = (attn.q_norm, attn.k_norm) if spec.qk_norm else ()
+        if not lead and cos.dtype == h.dtype and not hd % 2 and not isinstance(attn.q_proj.weight, QuantTensor) \
+                and triton_env.takes(h, attn.q_proj.weight, *(n.weight for n in norms)) \
+                and (spec.gemma or all(n.weight.dtype == h.dtype for n in norms)):
+            # a GPU: q, k and v one product, the q/k norms and both rotations one launch, on [T, heads, hd]
+            qkv = joined(attn, (attn.q_proj, attn.k_proj, attn.v_proj), h)
+            q = qkv[:, : nh * hd].view(t, nh, hd)
+            k = qkv[:, nh * hd: (nh + nkv) * hd].view(t, nkv, hd)
+            v = qkv[:, (nh + nkv) * hd:].view(t, nkv, hd).transpose(0, 1)
+            qk_norms = (norms[0].kernel_weight(), norms[1].kernel_weight(), norms[0].eps, spec.gemma) if norms \
+                else None
+            q, k = rope_kernel.rope_qk(q, k, cos, sin, qk_norms)
+            o = attend(i, q.transpose(0, 1), k.transpose(0, 1), v)
+            return attn.o_proj(o.transpose(0, 1).reshape(t, nh * hd))
         q = attn.q_proj(h).view(*lead, t, nh, hd)
         k = attn.k_proj(h).view(*lead, t, nkv, hd)
         v = attn.v_proj(h).view(*lead, t, nkv, hd).transpose(-2, -3)
-        cos, sin = rope[spec.layer_rope[i]]
         if not lead and cpu_quant.rows_apply(q):  # fp32 CPU step: norms and RoPE fused, on [T, heads, hd]
             if spec.qk_norm:
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q = cpu_quant.rope(q, cos, sin).transpose(0, 1)
             k = cpu_quant.rope(k, cos, sin).transpose(0, 1)
-        elif not lead and rope_kernel.applies(q, cos):  # a GPU: each norm and each RoPE one launch, on [T, heads, hd]
-            if spec.qk_norm:
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q = rope_kernel.rope(q, cos, sin).transpose(0, 1)
-            k = rope_kernel.rope(k, cos, sin).transpose(0, 1)
         else:
             q, k = q.transpose(-2, -3), k.transpose(-2, -3)
             if spec.qk_norm:
@@ -402,8 +456,6 @@ class NativeCausalLM(nn.Module):
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         o = attend(i, q, k, v)
         return attn.o_proj(o.transpose(-2, -3).reshape(*lead, t, nh * hd))
-
-    _ACTIVATIONS = {"silu": 0, "swish": 0, "gelu_pytorch_tanh": 1, "gelu_tanh": 1, "gelu": 2}
 
     def _fused_layers(self) -> list | None:
         """Per layer, what :func:`microspec.kernels.cpu_quant.layer_step` takes (matrices, their types, biases,
@@ -414,7 +466,7 @@ class NativeCausalLM(nn.Module):
         spec = self.spec
         self._fused = None
         self._no_mask = torch.empty(0, dtype=torch.bool)
-        if spec.attn_softcap is not None or spec.hidden_act not in self._ACTIVATIONS or not cpu_quant.available():
+        if spec.attn_softcap is not None or spec.hidden_act not in glu.ACTIVATIONS or not cpu_quant.available():
             return None
         empty = torch.empty(0)
         out = []
@@ -430,7 +482,7 @@ class NativeCausalLM(nn.Module):
                                                                             None),
                      getattr(a, "q_norm", None), getattr(a, "k_norm", None)]
             norms = [empty if n is None else n.effective_weight() for n in norms]
-            dims = [spec.num_heads, spec.num_kv_heads, spec.head_dim, self._ACTIVATIONS[spec.hidden_act],
+            dims = [spec.num_heads, spec.num_kv_heads, spec.head_dim, glu.ACTIVATIONS[spec.hidden_act],
                     int(spec.gemma)]
             out.append(([lin.weight.data for lin in linears], meta, biases, norms, dims))
         self._fused = out
@@ -458,6 +510,11 @@ class NativeCausalLM(nn.Module):
         return self.model.norm(x) if self.model.norm is not None else x
 
     def _mlp(self, mlp: MLP, h: torch.Tensor) -> torch.Tensor:
+        if glu.applies(h, self.spec.hidden_act) and not isinstance(mlp.gate_proj.weight, QuantTensor) \
+                and triton_env.takes(h, mlp.gate_proj.weight):  # a GPU: gate and up one product, act * up one launch
+            f = self.spec.intermediate_size
+            gate_up = joined(mlp, (mlp.gate_proj, mlp.up_proj), h)
+            return mlp.down_proj(glu.act_mul(gate_up[..., :f], gate_up[..., f:], self.spec.hidden_act))
         return mlp.down_proj(self._act(mlp.gate_proj(h)) * mlp.up_proj(h))
 
     def _attend(self, q, k, v, amask, gqa: bool) -> torch.Tensor:
