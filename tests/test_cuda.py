@@ -86,6 +86,15 @@ def test_norm_and_rope_kernels_on_cuda():
                 assert torch.equal(q, rq) and torch.equal(k, rk) and torch.equal(R.rope(x, cos, sin), rq)
             else:
                 torch.testing.assert_close(q, rq, rtol=1e-6, atol=1e-6)
+            for slots in (torch.randperm(t + 5, generator=g)[:t].to(DEV), 2):  # keys and values into a cache
+                cache = torch.randn(2, 2, t + 5, hd, generator=g).to(DEV, dtype)
+                want = cache.clone()
+                got_q = R.rope_qk_store(x, x[:, :2], x[:, 2:4], cos, sin, None, cache, slots)
+                want_q = R.store_reference(x, x[:, :2], x[:, 2:4], cos, sin, None, want, slots)
+                if dtype == torch.bfloat16:
+                    assert torch.equal(got_q, want_q) and torch.equal(cache, want)
+                else:
+                    torch.testing.assert_close(cache, want, rtol=1e-6, atol=1e-6)
             w = torch.randn(hd, generator=g).to(DEV) * 0.5
             norms = (1 + w, 1 + w, 1e-6, True)
             (q, k), (rq, rk) = R.rope_qk(x, x[:, :2], cos, sin, norms), R.qk_reference(x, x[:, :2], cos, sin, norms)
@@ -103,7 +112,7 @@ def test_norm_and_rope_kernels_on_cuda():
         prompt = torch.tensor([1, 2, 3], device=DEV)
         calls = {}
         saved = {(m, n): getattr(m, n) for m, n in ((K, "rms_norm"), (K, "add_rms_norm"), (R, "rope_qk"),
-                                                    (G, "act_mul"))}
+                                                    (R, "rope_qk_store"), (G, "act_mul"))}
         try:
             for (m, n), fn in saved.items():
                 setattr(m, n, lambda *a, _n=n, _f=fn, **k: calls.__setitem__(_n, calls.get(_n, 0) + 1) or _f(*a, **k))
@@ -114,8 +123,8 @@ def test_norm_and_rope_kernels_on_cuda():
                 setattr(m, n, fn)
         layers = nm.spec.num_layers
         # one input norm alone (the first layer's), two seams a layer (the last with the final norm), one q/k
-        # rotation and one gated activation a layer
-        assert calls == {"rms_norm": 1, "add_rms_norm": 2 * layers, "rope_qk": layers, "act_mul": layers}, calls
+        # rotation (writing the keys and values into the cache) and one gated activation a layer
+        assert calls == {"rms_norm": 1, "add_rms_norm": 2 * layers, "rope_qk_store": layers, "act_mul": layers}, calls
         a = nm.model.layers[0].self_attn
         assert a.k_proj.weight.data_ptr() == a._joined[0][a.q_proj.weight.shape[0]:].data_ptr()
 

@@ -227,6 +227,18 @@ RMS_SCRIPT = textwrap.dedent("""
                         assert ((a.float() - b.float()).abs() <= bound).all()
                 if norms is None:
                     assert torch.equal(gq, R.rope(q, cos, sin)) and torch.equal(gk, R.rope(k, cos, sin))
+                # the keys and values written straight into a layer's cache, at slots given or in a row
+                v = qkv[:, (heads + kv) * hd:].view(t, kv, hd)
+                for slots in (torch.randperm(12, generator=g)[:t], 3):
+                    cache = torch.randn(2, kv, 12, hd, generator=g).to(dtype)
+                    want = cache.clone()
+                    got_q = R.rope_qk_store(q, k, v, cos, sin, norms, cache, slots)
+                    want_q = R.store_reference(q, k, v, cos, sin, norms, want, slots)
+                    at = torch.arange(slots, slots + t) if isinstance(slots, int) else slots
+                    rest = torch.ones(12, dtype=torch.bool)
+                    rest[at] = False
+                    assert torch.equal(got_q, gq) and torch.equal(cache[:, :, rest], want[:, :, rest])
+                    assert torch.equal(cache[0][:, at], gk.transpose(0, 1)) and torch.equal(cache[1], want[1])
     # a gated activation read from the two halves of one gate/up product
     for dtype in (torch.float32, torch.bfloat16):
         for act in ("silu", "gelu_pytorch_tanh", "gelu"):
@@ -268,8 +280,8 @@ RMS_SCRIPT = textwrap.dedent("""
         eager = generate_ids(nm, prompt, cfg).token_ids
         triton_env.DEVICES = ("cuda", "cpu")
         calls = {}
-        saved = {(m, n): getattr(m, n) for m in (K, R, G) for n in ("rms_norm", "add_rms_norm", "rope_qk", "act_mul")
-                 if hasattr(m, n)}
+        saved = {(m, n): getattr(m, n) for m in (K, R, G)
+                 for n in ("rms_norm", "add_rms_norm", "rope_qk", "rope_qk_store", "act_mul") if hasattr(m, n)}
         saved[(layers, "joined")] = layers.joined
         def counting(name, fn):
             return lambda *a, **k: calls.__setitem__(name, calls.get(name, 0) + 1) or fn(*a, **k)
@@ -285,12 +297,29 @@ RMS_SCRIPT = textwrap.dedent("""
         native.joined = layers.joined
         triton_env.DEVICES = ("cuda",)
         assert fused == eager == spec, (family, fused, eager, spec)
-        # per layer step: q/k/v and gate/up each one product, the q/k norms and rotations one launch, the seams
-        assert calls["joined"] >= 2 * calls["rope_qk"] > 100 and calls["act_mul"] == calls["rope_qk"], calls
+        # per layer step: q/k/v and gate/up each one product, the q/k norms and rotations one launch that writes the
+        # keys and values into the cache, the seams
+        rot = calls["rope_qk_store"]
+        assert calls["joined"] == 2 * rot > 100 and calls["act_mul"] == rot and "rope_qk" not in calls, calls
         # the seams: two a layer, the last with the next layer's input norm (EAGLE's one-layer head: one), so that
         # few norms run alone (a forward's first input norm, the head's)
-        assert calls["rope_qk"] < calls["add_rms_norm"] <= 2 * calls["rope_qk"], calls
-        assert calls["rms_norm"] < calls["rope_qk"] / 2, calls
+        assert rot < calls["add_rms_norm"] <= 2 * rot, calls
+        assert calls["rms_norm"] < rot / 2, calls
+        # the graphs' fixed-shape forward (slots a tensor) with the kernels: what the eager forward computes and stores
+        from microspec.models.graphs import static_masks, static_run
+        triton_env.DEVICES = ("cuda", "cpu")
+        with torch.inference_mode():
+            one, two = nm.new_cache(16), nm.new_cache(16)
+            for c in (one, two):
+                nm.forward(torch.tensor(prompt[:5]), c)
+            x = nm.embed(torch.tensor([7, 8]))
+            want = nm.run(x, one)
+            pos, _ = nm._place(two, 2, None, None)
+            got = static_run(nm, x, two, torch.tensor([5, 6]), pos, static_masks(nm, two, 5, 2, None, None, 16), 16)
+        triton_env.DEVICES = ("cuda",)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(two.kv[:, :, :, :7], one.kv[:, :, :, :7], rtol=1e-5, atol=1e-5)
+        assert torch.equal(two.kv[0, :, :, :7], one.kv[0, :, :, :7]) and not two.kv[:, :, :, 7:].any()
         a = nm.model.layers[0].self_attn
         assert a.q_proj.weight.data_ptr() == a._joined[0].data_ptr()  # the parameters are views of the joined rows
         after = nm.state_dict()

@@ -5,9 +5,9 @@ counted on a CPU: a small model's GPU step is mostly a count of tiny kernels, so
 
 - a layer: one forward of one new token through ``static_run`` (what the verify graphs capture) on a tiny bf16
   Gemma 3, the CPU's own fused kernels off (as on a GPU), with the fused layer kernels off and on (on: the norms,
-  the residual seams, the q/k norms with RoPE and the gated activation in Triton kernels run by its interpreter, each
-  launch counted once, and q/k/v and gate/up one product each; views, dtype casts and allocations left out of both
-  counts);
+  the residual seams, the q/k norms with RoPE writing the keys and values into the cache, and the gated activation
+  in Triton kernels run by its interpreter, each launch counted once, and q/k/v and gate/up one product each;
+  views, dtype casts and allocations left out of both counts);
 - a tree draft: the tensor operations of one EAGLE-2 tree draft (depth 6, top-k 10, 59 tokens) of EAGLE +
   MicroSpec on CUDA's path with its graphs (a stand-in capture: a replay counted as one, beside its input copies and
   its outputs' clones), level by level (each level's forward a graph) and whole (the draft one graph), the median
@@ -54,7 +54,8 @@ def cuda_path(counter: Count, kernels: bool):
     from microspec.kernels import cpu_linear, cpu_quant, glu, rms_norm, rope, triton_env
 
     launched: list = []
-    fused = [(rms_norm, "rms_norm"), (rms_norm, "add_rms_norm"), (rope, "rope"), (rope, "rope_qk"), (glu, "act_mul")]
+    fused = [(rms_norm, "rms_norm"), (rms_norm, "add_rms_norm"), (rope, "rope"), (rope, "rope_qk"),
+             (rope, "rope_qk_store"), (glu, "act_mul")]
     saved = (cpu_linear.applies, cpu_linear.attention_applies, cpu_quant.rows_apply)
     kernels_saved = [getattr(m, n) for m, n in fused]
 

@@ -81,11 +81,14 @@ def static_run(model, x: torch.Tensor, cache: KVCache, slots: torch.Tensor, posi
     rope = model._rope_tables(positions, model.dtype)
     gqa = spec.num_heads != spec.num_kv_heads
 
-    def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend(i: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None) -> torch.Tensor:
         buf = cache.kv[i]
-        buf[0].index_copy_(1, slots, k)
-        buf[1].index_copy_(1, slots, v)
+        if k is not None:  # None: the fused kernel wrote them (attend.store)
+            buf[0].index_copy_(1, slots, k)
+            buf[1].index_copy_(1, slots, v)
         return model._attend(q, buf[0][:, :span], buf[1][:, :span], masks[spec.layer_windows[i]], gqa)
+
+    attend.store = (cache, slots)
 
     return model.stack(x, model.model.layers, rope, attend)[1]
 

@@ -270,10 +270,12 @@ class NativeCausalLM(nn.Module):
         gqa = self.spec.num_heads != self.spec.num_kv_heads
         layers = self.model.layers if num_layers is None else self.model.layers[:num_layers]
 
-        def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            keys, values = cache.write(i, start, k, v)
+        def attend(i: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None) -> torch.Tensor:
+            keys, values = cache.write(i, start, k, v) if k is not None else cache.kv[i]  # None: written already
             amask, lo = masks[spec.layer_windows[i]]
             return self._attend(q, keys[:, lo:s], values[:, lo:s], amask, gqa)
+
+        attend.store = (cache, start)
 
         fused = self._fused_layers() if t <= cpu_linear.ATTENTION_MAX_ROWS and cpu_quant.rows_apply(x) else None
         tapped = {} if taps is not None and num_layers is None else None
@@ -365,7 +367,9 @@ class NativeCausalLM(nn.Module):
     def layer(self, i: int, layer: nn.Module, x: torch.Tensor, rope: dict, attend) -> torch.Tensor:
         """Decoder layer ``i`` on ``x`` [..., T, d]: ``attend(i, q, k, v)`` gets q [..., heads, T, hd] and k, v
         [..., kv_heads, T, hd] (RoPE applied) and returns [..., heads, T, hd].  :meth:`run` attends through its
-        cache; batched callers (answer generation, head training) attend their own way."""
+        cache; batched callers (answer generation, head training) attend their own way.  An ``attend`` with a
+        ``store`` attribute, (a :class:`KVCache`, the new tokens' slots: a tensor [T] or the first of T in a row),
+        may be handed k = v = None: the fused kernel wrote them into that cache already."""
         return self._layer(i, layer, x, rope, attend, None, None)[0]
 
     def stack(self, x: torch.Tensor, layers, rope: dict, attend, tapped: tuple | None = None):
@@ -438,8 +442,13 @@ class NativeCausalLM(nn.Module):
             v = qkv[:, (nh + nkv) * hd:].view(t, nkv, hd).transpose(0, 1)
             qk_norms = (norms[0].kernel_weight(), norms[1].kernel_weight(), norms[0].eps, spec.gemma) if norms \
                 else None
-            q, k = rope_kernel.rope_qk(q, k, cos, sin, qk_norms)
-            o = attend(i, q.transpose(0, 1), k.transpose(0, 1), v)
+            store = getattr(attend, "store", None)  # (cache, slots): where the attention keeps this layer's keys
+            if store is not None and rope_kernel.stores(store[0].kv[i], q):  # ... and values: written there too
+                q = rope_kernel.rope_qk_store(q, k, v.transpose(0, 1), cos, sin, qk_norms, store[0].kv[i], store[1])
+                o = attend(i, q.transpose(0, 1), None, None)
+            else:
+                q, k = rope_kernel.rope_qk(q, k, cos, sin, qk_norms)
+                o = attend(i, q.transpose(0, 1), k.transpose(0, 1), v)
             return attn.o_proj(o.transpose(0, 1).reshape(t, nh * hd))
         q = attn.q_proj(h).view(*lead, t, nh, hd)
         k = attn.k_proj(h).view(*lead, t, nkv, hd)
