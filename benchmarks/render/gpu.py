@@ -276,8 +276,8 @@ def _launches() -> list[str]:
              f"{num(norms['layer']['kernels']['per_layer'], 1)} (of them "
              f"{num(norms['layer']['kernels']['kernel_launches_per_layer'], 1)} the kernels' launches)"],
             ["the same, the fused layer: q/k/v and gate/up one product each, the q/k norms and both rotations one "
-             "kernel, each residual sum with the norms around it one kernel (the next layer's input norm too), "
-             "the gated activation one kernel",
+             "kernel that writes the keys and values into the cache, each residual sum with the norms around it one "
+             "kernel (the next layer's input norm too), the gated activation one kernel",
              f"{num(layer['kernels']['per_layer'], 1)} (of them "
              f"{num(layer['kernels']['kernel_launches_per_layer'], 1)} the kernels' launches)"],
             ["an EAGLE-2 tree draft (depth 6, top-k 10, 59 tokens), EAGLE + MicroSpec, level by level (each level's "
@@ -300,8 +300,7 @@ def _launches() -> list[str]:
             "measured on a GPU.", "",
             table(["what", "tensor operations"], rows), "", src.markdown(), nsrc.markdown(), "",
             f"- What a fused layer still runs beside its kernels, a layer's share on the {n}-layer model: {left} (the "
-            "rotary tables' cos, sin, products and concatenation are once a forward, shared by its layers; "
-            "`index_copy_` writes the keys and values into the cache).", ""]
+            "rotary tables' cos, sin, products and concatenation are once a forward, shared by its layers).", ""]
 
 
 def render() -> str:
