@@ -127,6 +127,8 @@ def test_norm_and_rope_kernels_on_cuda():
         assert calls == {"rms_norm": 1, "add_rms_norm": 2 * layers, "rope_qk_store": layers, "act_mul": layers}, calls
         a = nm.model.layers[0].self_attn
         assert a.k_proj.weight.data_ptr() == a._joined[0][a.q_proj.weight.shape[0]:].data_ptr()
+        # the prompt's causal masks made additive once for all layers
+        assert 0 < len(nm.__dict__["_masks_made"]) <= len(set(nm.spec.layer_windows))
 
 
 def test_gather_matmul_on_cuda():

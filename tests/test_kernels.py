@@ -271,6 +271,7 @@ RMS_SCRIPT = textwrap.dedent("""
     import tempfile, pathlib
     cpu_quant.rows_apply = lambda *a, **k: False
     cpu_linear.applies = lambda *a, **k: False
+    cpu_linear.attention_applies = lambda *a, **k: False  # torch's attention, its masks made additive as on a GPU
     cfg = GenerationConfig(max_new_tokens=24, ignore_eos=True)
     prompt = [1, 10, 20, 30, 11, 21, 31, 12, 10, 20, 30]
     for family in ("gemma3", "llama", "qwen3"):

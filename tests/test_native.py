@@ -188,3 +188,39 @@ def test_causal_batch_equals_the_cached_forward(overrides):
             torch.testing.assert_close(out[i, : len(s)], want, rtol=1e-5, atol=1e-5)
     assert [i for i, _ in stored] == list(range(model.spec.num_layers))
     assert stored[0][1] == (3, model.spec.num_kv_heads, 9, model.spec.head_dim)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_additive_masks_attend_as_the_bool_masks(dtype, monkeypatch):
+    """Where the layers take the fused path (a GPU; here the CPU added to it) a forward's bool masks are made
+    additive once (0 / the dtype's lowest) and every layer's SDPA gets that: the same attention, bit for bit, as the
+    bool mask SDPA converts itself at each call (grouped heads, a tree mask, a sliding window); one mask made per
+    window and forward."""
+    from microspec.kernels import cpu_linear, triton_env
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 7, 16, generator=g).to(dtype)
+    k, v = (torch.randn(1, 2, 30, 16, generator=g).to(dtype) for _ in range(2))
+    mask = torch.rand(1, 1, 7, 30, generator=g) < 0.6
+    mask[..., 23:] = False
+    mask[..., 3] = True  # every row sees a key
+    _, nm = tiny_pair("gemma3")
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    got = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=nm._additive(mask, dtype),
+                                                           enable_gqa=True)
+    assert torch.equal(got, want)
+    # a tree verify through the model: additive masks on the fused path's devices, the same hidden states
+    monkeypatch.setattr(cpu_linear, "attention_applies", lambda *a, **kw: False)
+    nm = nm.to(dtype)
+    prompt, tree = torch.tensor([1, 2, 3, 4, 5, 6]), torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    outs, made = [], []
+    for devices in (("cuda",), ("cuda", "cpu")):
+        monkeypatch.setattr(triton_env, "DEVICES", devices)
+        monkeypatch.setattr(triton_env, "available", lambda device: False)  # the Triton kernels stay off
+        cache = nm.new_cache(16)
+        with torch.inference_mode():
+            nm.forward(prompt, cache)
+            outs.append(nm.forward(torch.tensor([7, 8, 9]), cache, positions=torch.tensor([6, 7, 7]), mask=tree))
+        made.append(len(nm.__dict__.get("_masks_made", {})))
+    assert torch.equal(outs[0], outs[1])
+    assert made[1] == len(set(nm.spec.layer_windows)) < nm.spec.num_layers

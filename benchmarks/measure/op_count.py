@@ -6,8 +6,10 @@ counted on a CPU: a small model's GPU step is mostly a count of tiny kernels, so
 - a layer: one forward of one new token through ``static_run`` (what the verify graphs capture) on a tiny bf16
   Gemma 3, the CPU's own fused kernels off (as on a GPU), with the fused layer kernels off and on (on: the norms,
   the residual seams, the q/k norms with RoPE writing the keys and values into the cache, and the gated activation
-  in Triton kernels run by its interpreter, each launch counted once, and q/k/v and gate/up one product each;
-  views, dtype casts and allocations left out of both counts);
+  in Triton kernels run by its interpreter, each launch counted once, q/k/v and gate/up one product each, and the
+  attention masks made additive once a forward; views, dtype casts and allocations left out of both counts, and the
+  three launches SDPA spends converting a bool mask at each call — inside its own C++, out of this counter's
+  sight — added to both);
 - a tree draft: the tensor operations of one EAGLE-2 tree draft (depth 6, top-k 10, 59 tokens) of EAGLE +
   MicroSpec on CUDA's path with its graphs (a stand-in capture: a replay counted as one, beside its input copies and
   its outputs' clones), level by level (each level's forward a graph) and whole (the draft one graph), the median
@@ -41,7 +43,11 @@ class Count(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if not self.paused:
-            self.ops[func.__name__.split(".")[0]] += 1
+            name = func.__name__.split(".")[0]
+            self.ops[name] += 1
+            mask = (kwargs or {}).get("attn_mask", args[3] if len(args) > 3 else None)
+            if name.startswith("scaled_dot_product") and isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
+                self.ops["SDPA's bool mask conversion"] += 3  # logical_not, a scalar, where: inside SDPA, unseen here
         return func(*args, **(kwargs or {}))
 
 
