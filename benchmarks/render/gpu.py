@@ -264,20 +264,17 @@ def _e2e() -> list[str]:
 
 
 OPS = "2026-11-27-op-count-layers/op-count.json"  # kernel launches of CUDA's path, counted on a CPU
-OPS_NORMS = "2026-11-27-op-count/op-count.json"  # the same count with only the norm and RoPE kernels
 
 
 def _launches() -> list[str]:
-    res, norms = load(OPS), load(OPS_NORMS)
+    res = load(OPS)
     meta, layer, draft = res["meta"], res["layer"], res["tree_draft"]
     rows = [["a decoder layer (tiny Gemma 3, bf16, one new token), in plain torch",
              num(layer["plain"]["per_layer"], 1)],
-            [f"the same, each RMSNorm and each RoPE one kernel (commit {norms['meta']['commit']})",
-             f"{num(norms['layer']['kernels']['per_layer'], 1)} (of them "
-             f"{num(norms['layer']['kernels']['kernel_launches_per_layer'], 1)} the kernels' launches)"],
             ["the same, the fused layer: q/k/v and gate/up one product each, the q/k norms and both rotations one "
              "kernel that writes the keys and values into the cache, each residual sum with the norms around it one "
-             "kernel (the next layer's input norm too), the gated activation one kernel",
+             "kernel (the next layer's input norm too), the gated activation one kernel, the attention masks made "
+             "additive once a forward",
              f"{num(layer['kernels']['per_layer'], 1)} (of them "
              f"{num(layer['kernels']['kernel_launches_per_layer'], 1)} the kernels' launches)"],
             ["an EAGLE-2 tree draft (depth 6, top-k 10, 59 tokens), EAGLE + MicroSpec, level by level (each level's "
@@ -287,8 +284,6 @@ def _launches() -> list[str]:
              "what stays outside it",
              num(draft["whole"]["median_per_draft"], 0)]]
     src = Source(OPS, meta["command"], meta["date"], f"{meta['machine']}, torch {meta['torch']}", meta["commit"])
-    nsrc = Source(OPS_NORMS, norms["meta"]["command"], norms["meta"]["date"],
-                  f"{norms['meta']['machine']}, torch {norms['meta']['torch']}", norms["meta"]["commit"])
     n = layer["kernels"]["layers"]
     left = ", ".join(f"{k} {num(v / n, 1)}" for k, v in layer["kernels"]["ops"].items())
     return ["### Kernel launches on CUDA's path, counted on a CPU", "",
@@ -296,11 +291,13 @@ def _launches() -> list[str]:
             "model drafts' steps are mostly the host's time: both grow with the number of small operations. Tensor "
             "operations on the path CUDA takes (views, casts and "
             "allocations left out; each a kernel launch on a GPU), counted on a CPU with a dispatch-mode counter "
-            "(the Triton kernels run by the interpreter, a launch each). Counts, not times: none of these is yet "
-            "measured on a GPU.", "",
-            table(["what", "tensor operations"], rows), "", src.markdown(), nsrc.markdown(), "",
+            "(the Triton kernels run by the interpreter, a launch each; the three launches SDPA spends inside its "
+            "C++ converting a bool mask at each call added where one reaches it). Counts, not times: none of these "
+            "is yet measured on a GPU.", "",
+            table(["what", "tensor operations"], rows), "", src.markdown(), "",
             f"- What a fused layer still runs beside its kernels, a layer's share on the {n}-layer model: {left} (the "
-            "rotary tables' cos, sin, products and concatenation are once a forward, shared by its layers).", ""]
+            "rotary tables' cos, sin, products and concatenation, and the additive masks' `where`, are once a "
+            "forward, shared by its layers).", ""]
 
 
 def render() -> str:
