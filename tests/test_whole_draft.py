@@ -243,3 +243,50 @@ def test_a_grown_draft_cache_gets_graphs_of_its_own(tmp_path, monkeypatch):
     (_, call), = head.draft_graphs.calls.values()
     full = {key[-3:] for key in call.graphs if call.graphs[key] is not None and key[1] == 4}
     assert {a for a, _, _ in full} == set(addresses), full  # the full tree's shape captured on both buffers
+
+
+@pytest.mark.parametrize("family", ["gemma3", "llama"])
+def test_graphed_forwards_build_their_masks_inside(family, monkeypatch):
+    """The target's graphed forward builds its attention masks inside the graph from its inputs (slots, positions, a
+    tree's [t, t] mask): the same masks as the host-built ones for causal rows and trees, and, with a stand-in
+    capture on the CPU, the same hidden states as the eager forward for plain steps, tree verifies at positions of
+    their own and a mask over the whole cache, each shape replayed from its second use on."""
+    from microspec.models.graphs import device_masks, static_masks
+
+    _stand_in_capture(monkeypatch)
+    _, nm = tiny_pair(family)
+    _, ref = tiny_pair(family)
+    g = torch.Generator().manual_seed(0)
+    cache = nm.new_cache(64)
+    with torch.inference_mode():
+        nm.forward(torch.arange(1, 12), cache)
+        for t, tree in ((1, None), (4, None), (4, torch.rand(4, 4, generator=g) < 0.5)):
+            if tree is not None:
+                tree |= torch.eye(4, dtype=torch.bool)
+            slots = torch.arange(11, 11 + t)
+            positions = torch.tensor([11, 12, 12, 13][:t]) if tree is not None else slots
+            cache.pos[11: 11 + t] = positions
+            want = static_masks(nm, cache, 11, t, positions, tree, 32)
+            got = device_masks(nm, cache, slots, positions, tree, 32)
+            assert want.keys() == got.keys() and all(torch.equal(got[w], want[w]) for w in want)
+    nm.use_cuda_graphs(True)
+    caches = [nm.take_cache(40), ref.new_cache(256)]
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    steps = [(torch.arange(1, 9), None, None)] + [(torch.tensor([20 + i]), None, None) for i in range(4)]
+    steps += [(torch.tensor([30, 31, 32]), "tree", tree)] * 3 + [(torch.tensor([40]), None, "full")] * 3
+    with torch.inference_mode():
+        for ids, positions, mask in steps:
+            outs = []
+            for model, c in zip((nm, ref), caches):
+                start = c.length
+                pos = torch.tensor([start, start + 1, start + 1]) if positions == "tree" else None
+                m = torch.ones(1, start + 1, dtype=torch.bool) if mask == "full" else mask
+                if mask == "full":
+                    m[0, 2] = False
+                outs.append(model.forward(ids, c, positions=pos, mask=m))
+            torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+            if mask is tree:  # keep the first branch of the tree, as a verify does
+                for c in caches:
+                    c.keep_from(c.length - 3, [0, 1])
+    graphs = nm.cuda_graphs
+    assert graphs.captures == 3 and graphs.replays >= 6, (graphs.captures, graphs.replays)

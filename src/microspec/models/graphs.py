@@ -7,9 +7,11 @@ and writes at a host-side offset.  :func:`static_run` is the same forward in fix
 
 - the new keys and values go to the slots in a device tensor (``index_copy_``), not to a host offset;
 - attention covers the first ``S`` slots, ``S`` the cache length rounded up to a bucket of ``bucket`` slots, with a
-  mask [T, S] built before the replay that hides every slot past the live ones (and what the tree mask and the
-  sliding windows hide);
-- the position ids, the slots and the masks are inputs, copied into the graph's static buffers before each replay.
+  mask [T, S] that hides every slot past the live ones (and what the tree mask and the sliding windows hide), built
+  inside the graph from its inputs (:func:`device_masks`; a caller's mask over the whole cache is made into the
+  bucket's masks before the replay);
+- the position ids, the slots and a tree's [T, T] mask are inputs, written into the graph's static buffers before
+  each replay (slots and default positions in place: the step's eager work is a few copies and the replay).
 
 :class:`CudaGraphs` captures one graph per (rows, bucket, cache) at the second use of that shape (a shape used once,
 a prompt's, runs eagerly) and replays it afterwards, up to :data:`MAX_GRAPHS` a cache (the least recently used
@@ -73,6 +75,23 @@ def static_masks(model, cache: KVCache, start: int, t: int, positions: torch.Ten
     return by_window(model.spec.layer_windows, base, cache.pos[:span], qpos)
 
 
+def device_masks(model, cache: KVCache, slots: torch.Tensor, positions: torch.Tensor, tree: torch.Tensor | None,
+                 span: int) -> dict:
+    """:func:`static_masks` built from device tensors alone, for inside a captured graph (nothing read or decided on
+    the host): the new rows at ``slots`` [t] (in a row) at ``positions``, causal (a row sees the slots up to its
+    own) or, with ``tree`` [t, t], the cached prefix and the tree's own mask among the new rows; ``cache.pos`` must
+    hold the new rows' positions.  The same masks as :func:`static_masks` (tests/test_whole_draft.py)."""
+    t = slots.shape[0]
+    j = torch.arange(span, device=slots.device)
+    if tree is None:
+        base = j[None, :] <= slots[:, None]
+    else:
+        rel = j[None, :] - slots[:1, None]  # [1, span]: a slot's place among the new rows (< 0: the prefix)
+        among = tree.gather(1, rel.clamp(0, t - 1).expand(t, span)) & (rel >= 0) & (rel < t)
+        base = (rel < 0) | among
+    return by_window(model.spec.layer_windows, base, cache.pos[:span], positions)
+
+
 def static_run(model, x: torch.Tensor, cache: KVCache, slots: torch.Tensor, positions: torch.Tensor,
                masks: dict, span: int) -> torch.Tensor:
     """The forward of ``x`` [T, d] in fixed shapes: keys and values written at ``slots`` [T], attention over the
@@ -94,8 +113,13 @@ def static_run(model, x: torch.Tensor, cache: KVCache, slots: torch.Tensor, posi
 
 
 class _Graph:
-    def __init__(self, x, slots, positions, masks, out, graph):
-        self.x, self.slots, self.positions, self.masks, self.out, self.graph = x, slots, positions, masks, out, graph
+    """A captured forward and its static inputs: ``masks`` (by window, built before each replay) where the caller's
+    mask covers the whole cache, else ``tree`` (the [t, t] mask among the new rows, or None: causal) from which the
+    graph builds its masks itself."""
+
+    def __init__(self, x, slots, positions, masks, tree, out, graph):
+        self.x, self.slots, self.positions, self.masks, self.tree = x, slots, positions, masks, tree
+        self.out, self.graph = out, graph
 
 
 class _CacheGraphs:
@@ -145,40 +169,70 @@ class CudaGraphs:
         start = cache.length
         span = bucket_of(start + t, self.bucket, cache.capacity)
         state = self.caches.setdefault(cache, _CacheGraphs())
-        key = (t, span, x.dtype, cache.kv.data_ptr(), cache.capacity)
+        # causal and [t, t] tree masks are built inside the graph from its inputs; a mask over the whole cache
+        # (its width the cache's length) is made into the bucket's masks before each replay
+        kind = None if mask is None else "tree" if mask.dim() == 2 and mask.shape == (t, t) else "full"
+        key = (t, span, x.dtype, cache.kv.data_ptr(), cache.capacity, kind)
         entry = state.lookup(key)
         if entry is None:
             return None
-        pos, _ = self.model._place(cache, t, positions, mask)  # checks the capacity, writes cache.pos
-        masks = static_masks(self.model, cache, start, t, positions, mask, span)
-        slots = torch.arange(start, start + t, device=x.device)
+        if start + t > cache.capacity:
+            self.model._place(cache, t, positions, mask)  # its error
         if entry is True:
-            entry = state.graphs[key] = self._capture(state, x, cache, slots, pos, masks, span)
+            entry = state.graphs[key] = self._capture(state, x, cache, start, positions, mask, kind, span)
             if entry is None:
                 return None
-        entry.x.copy_(x)
-        entry.slots.copy_(slots)
-        entry.positions.copy_(pos)
-        for w, m in masks.items():
-            entry.masks[w].copy_(m)
+        else:
+            entry.x.copy_(x)
+            self._inputs(entry, cache, start, positions, mask, span)
         entry.graph.replay()
         self.replays += 1
         cache.length = start + t
         return entry.out.clone()
 
-    def _capture(self, state: _CacheGraphs, x, cache, slots, pos, masks, span) -> _Graph | None:
-        model = self.model
-        static = (x.clone(), slots.clone(), pos.clone().to(torch.long), {w: m.clone() for w, m in masks.items()})
+    def _inputs(self, entry: _Graph, cache: KVCache, start: int, positions, mask, span: int) -> None:
+        """The step's inputs into the graph's static buffers: slots and positions (written in place), the tree mask
+        or, for a whole-cache mask, the bucket's masks."""
+        t = entry.slots.shape[0]
+        torch.arange(start, start + t, out=entry.slots)
+        if positions is None:
+            torch.arange(start, start + t, out=entry.positions)
+        else:
+            entry.positions.copy_(positions)
+        if entry.tree is not None:
+            entry.tree.copy_(mask)
+        if entry.masks is not None:
+            cache.pos[start: start + t] = entry.positions
+            for w, m in static_masks(self.model, cache, start, t, positions, mask, span).items():
+                entry.masks[w].copy_(m)
+
+    def _capture(self, state: _CacheGraphs, x, cache, start, positions, mask, kind, span) -> _Graph | None:
+        model, t, dev = self.model, int(x.shape[0]), x.device
+        masks = None
+        if kind == "full":
+            model._place(cache, t, positions, mask)  # cache.pos, which the masks read
+            masks = {w: m.clone() for w, m in static_masks(model, cache, start, t, positions, mask, span).items()}
+        entry = _Graph(x.clone(), torch.empty(t, dtype=torch.long, device=dev),
+                       torch.empty(t, dtype=torch.long, device=dev), masks,
+                       mask.to(torch.bool).clone() if kind == "tree" else None, None, None)
+        self._inputs(entry, cache, start, positions, mask, span)
+
+        def body():
+            cache.pos.index_copy_(0, entry.slots, entry.positions)
+            masks = entry.masks if entry.masks is not None else \
+                device_masks(model, cache, entry.slots, entry.positions, entry.tree, span)
+            return static_run(model, entry.x, cache, entry.slots, entry.positions, masks, span)
+
         if state.pool is None:
             state.pool = torch.cuda.graph_pool_handle()
-        captured = capture(lambda: static_run(model, static[0], cache, static[1], static[2], static[3], span),
-                           state.pool, self.refusals)
+        captured = capture(body, state.pool, self.refusals)
         if captured is None:
             if not any(g is not None for g in state.graphs.values()):
                 state.pool = None
             return None
         self.captures += 1
-        return _Graph(*static[:3], static[3], captured[1], captured[0])
+        entry.graph, entry.out = captured
+        return entry
 
 
 def capture(body, pool, refusals: list[str] | None = None) -> tuple[torch.cuda.CUDAGraph, object] | None:
