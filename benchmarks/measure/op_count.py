@@ -141,34 +141,10 @@ def draft_ops(whole: bool) -> dict:
             counter.paused += 1
 
     drafter._tree = counted
-    from microspec.models import graphs
-
-    class Replayed:  # a captured graph's stand-in: its replay one launch, its body re-run uncounted
-        def __init__(self, body, out):
-            self.body, self.out = body, out
-
-        def replay(self):
-            counter.ops["graph replay"] += 1
-            counter.paused += 1
-            try:
-                fresh = self.body()
-                for kept, new in zip(*((self.out, fresh) if isinstance(fresh, tuple) else ((self.out,), (fresh,)))):
-                    kept.copy_(new)
-            finally:
-                counter.paused -= 1
-
-    def capture(body, pool, refusals=None):
-        for _ in range(2):
-            body()
-        out = body()
-        return Replayed(body, out), out
-
-    saved = graphs.capture, torch.cuda.graph_pool_handle, graphs.DEVICES
     route = cuda_path(counter, kernels=True)
     launched = route.__enter__()
-    # CUDA's graphs on both ways (static inputs copied, outputs cloned, a replay counted as one): level by level each
-    # draft level's forward is a graph, whole the draft is one
-    graphs.capture, torch.cuda.graph_pool_handle, graphs.DEVICES = capture, object, ("cuda", "cpu")
+    graphed = stand_in_graphs(counter)
+    graphed.__enter__()
     nm.use_cuda_graphs(True)
     init = PackedRows.__init__
 
@@ -184,9 +160,81 @@ def draft_ops(whole: bool) -> dict:
                          vocab=MicroSpecVocab(nm.spec.vocab_size, w_max=24, backend="device"))
     finally:
         PackedRows.__init__ = init
-        graphs.capture, torch.cuda.graph_pool_handle, graphs.DEVICES = saved
+        graphed.__exit__(None, None, None)
         route.__exit__(None, None, None)
     return {"median_per_draft": statistics.median(per), "drafts": len(per)}
+
+
+@contextlib.contextmanager
+def stand_in_graphs(counter: Count):
+    """CUDA's graphs on a CPU: a capture's stand-in whose replay counts as one launch and re-runs the captured body
+    uncounted (static inputs copied, outputs cloned, as on a GPU)."""
+    from microspec.models import graphs
+
+    class Replayed:
+        def __init__(self, body, out):
+            self.body, self.out = body, out
+
+        def replay(self):
+            counter.ops["graph replay"] += 1
+            counter.paused += 1
+            try:
+                fresh = self.body()
+                for kept, new in zip(*((self.out, fresh) if isinstance(fresh, tuple) else ((self.out,), (fresh,)))):
+                    kept.copy_(new)
+            finally:
+                counter.paused -= 1
+
+    def capture(body, pool, refusals=None):
+        counter.paused += 1
+        try:
+            for _ in range(2):
+                body()
+            out = body()
+        finally:
+            counter.paused -= 1
+        return Replayed(body, out), out
+
+    saved = graphs.capture, torch.cuda.graph_pool_handle, graphs.DEVICES
+    graphs.capture, torch.cuda.graph_pool_handle, graphs.DEVICES = capture, object, ("cuda", "cpu")
+    try:
+        yield
+    finally:
+        graphs.capture, torch.cuda.graph_pool_handle, graphs.DEVICES = saved
+
+
+def step_ops() -> dict:
+    """The operations of a replayed forward of the target (its graph counted as one launch; the embedding, the
+    inputs' copies, the output's clone and whatever else runs eagerly around it): a one-token step and a 3-token
+    tree verify, each the median over its replays."""
+    from support import tiny_pair
+
+    counter = Count()
+    counter.paused = 1
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    per: dict = {"one token": [], "tree of 3": []}
+    with cuda_path(counter, kernels=True) as launched, stand_in_graphs(counter), counter, torch.inference_mode():
+        _, nm = tiny_pair("gemma3")
+        nm = nm.to(torch.bfloat16)
+        nm.use_cuda_graphs(True)
+        cache = nm.take_cache(64)
+        nm.forward(torch.arange(1, 9), cache)
+        for i in range(8):
+            for name, ids, positions, mask in (("one token", torch.tensor([20 + i]), None, None),
+                                               ("tree of 3", torch.tensor([30, 31, 32]), "tree", tree)):
+                start = cache.length
+                pos = None if positions is None else torch.tensor([start, start + 1, start + 1])
+                replays = nm.cuda_graphs.replays
+                counter.paused -= 1
+                before = sum(v for k, v in counter.ops.items() if k not in SKIP) + len(launched)
+                nm.forward(ids, cache, positions=pos, mask=mask)
+                after = sum(v for k, v in counter.ops.items() if k not in SKIP) + len(launched)
+                counter.paused += 1
+                if nm.cuda_graphs.replays > replays:
+                    per[name].append(after - before)
+                if mask is not None:
+                    cache.keep_from(start, [0, 1])
+    return {name: {"median": statistics.median(v), "replays": len(v)} for name, v in per.items()}
 
 
 def meta() -> dict:
@@ -213,13 +261,15 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=None, help="write the counts there as JSON")
     args = p.parse_args(argv)
     result = {"meta": meta(), "layer": {"plain": layer_ops(False), "kernels": layer_ops(True)},
-              "tree_draft": {"levels": draft_ops(False), "whole": draft_ops(True)}}
+              "tree_draft": {"levels": draft_ops(False), "whole": draft_ops(True)}, "graphed_forward": step_ops()}
     for name in ("plain", "kernels"):
         r = result["layer"][name]
         print(f"layer, {name}: {r['per_layer']} operations ({r['kernel_launches_per_layer']} of them the kernels)")
     for name in ("levels", "whole"):
         r = result["tree_draft"][name]
         print(f"tree draft, {name}: {r['median_per_draft']} operations (median of {r['drafts']})")
+    for name, r in result["graphed_forward"].items():
+        print(f"graphed forward, {name}: {r['median']} operations around its replay (median of {r['replays']})")
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
     return 0
