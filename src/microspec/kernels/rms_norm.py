@@ -65,7 +65,7 @@ def applies(x: torch.Tensor, *weights: torch.Tensor | None, gemma: bool) -> bool
 def _define(triton, tl):
     from . import rms_norm_triton as source  # the jitted functions (Triton imported with it)
 
-    return source.rms_norm_kernel, source.add_rms_norm_kernel, triton.next_power_of_2
+    return source.add_rms_norm_kernel, triton.next_power_of_2
 
 
 def _kernel():
@@ -83,30 +83,32 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> torch.Tensor:
     """:func:`reference` in one kernel launch over the rows of ``x`` [..., D] (where :func:`applies`)."""
-    kernel, _, next_power_of_2 = _kernel()
-    d = x.shape[-1]
-    rows = _rows(x)
-    out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
-    kernel[(rows.shape[0],)](rows, weight.contiguous(), out, d, rows.stride(0), out.stride(0), float(eps),
-                             GEMMA=bool(gemma), BLOCK_D=next_power_of_2(d))
-    return out.view(x.shape)
+    return _launch(None, x, weight, None, eps, gemma)[0]
 
 
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, delta_weight: torch.Tensor | None,
                  out_weight: torch.Tensor | None, eps: float, gemma: bool):
     """:func:`add_reference` in one kernel launch over the rows of ``x`` and ``delta`` [..., D] (where
     :func:`applies`): (the residual sum, its norm or None)."""
-    _, kernel, next_power_of_2 = _kernel()
-    d = x.shape[-1]
-    rows, deltas = _rows(x), _rows(delta)
-    r = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
-    h = torch.empty(rows.shape, dtype=x.dtype, device=x.device) if out_weight is not None else r
-    kernel[(rows.shape[0],)](rows, deltas, r if delta_weight is None else delta_weight.contiguous(),
-                             r if out_weight is None else out_weight.contiguous(), r, h, d, rows.stride(0),
-                             deltas.stride(0), r.stride(0), h.stride(0), float(eps),
-                             NORM_DELTA=delta_weight is not None, NORM_OUT=out_weight is not None,
-                             GEMMA=bool(gemma), BLOCK_D=next_power_of_2(d))
-    return r.view(x.shape), (None if out_weight is None else h.view(x.shape))
+    return _launch(x, delta, delta_weight, out_weight, eps, gemma)
+
+
+def _launch(x: torch.Tensor | None, delta: torch.Tensor, delta_weight: torch.Tensor | None,
+            out_weight: torch.Tensor | None, eps: float, gemma: bool):
+    """The kernel: ``x + norm(delta)`` (``delta`` alone normed without ``x``; not normed without its weight), and
+    that normed again with ``out_weight`` where given: (sum, its norm or None), each of ``delta``'s shape."""
+    kernel, next_power_of_2 = _kernel()
+    d = delta.shape[-1]
+    deltas = _rows(delta)
+    rows = deltas if x is None else _rows(x)
+    r = torch.empty(deltas.shape, dtype=delta.dtype, device=delta.device)
+    h = torch.empty(deltas.shape, dtype=delta.dtype, device=delta.device) if out_weight is not None else r
+    kernel[(deltas.shape[0],)](rows, deltas, r if delta_weight is None else delta_weight.contiguous(),
+                               r if out_weight is None else out_weight.contiguous(), r, h, d, rows.stride(0),
+                               deltas.stride(0), r.stride(0), h.stride(0), float(eps), HAS_X=x is not None,
+                               NORM_DELTA=delta_weight is not None, NORM_OUT=out_weight is not None,
+                               GEMMA=bool(gemma), BLOCK_D=next_power_of_2(d))
+    return r.view(delta.shape), (None if out_weight is None else h.view(delta.shape))
 
 
 __all__ = ["add_reference", "add_rms_norm", "applies", "available", "reference", "rms_norm"]

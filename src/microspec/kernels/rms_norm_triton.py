@@ -19,20 +19,10 @@ def normed(x, w_ptr, cols, ok, D, eps, dtype: tl.constexpr, GEMMA: tl.constexpr)
 
 
 @triton.jit
-def rms_norm_kernel(x_ptr, w_ptr, out_ptr, D, stride_x, stride_o, eps, GEMMA: tl.constexpr,
-                    BLOCK_D: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_D)
-    ok = cols < D
-    dtype = out_ptr.dtype.element_ty
-    x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_o + cols, normed(x, w_ptr, cols, ok, D, eps, dtype, GEMMA).to(dtype), mask=ok)
-
-
-@triton.jit
 def add_rms_norm_kernel(x_ptr, d_ptr, wd_ptr, wo_ptr, r_ptr, h_ptr, D, stride_x, stride_d, stride_r, stride_h,
-                        eps, NORM_DELTA: tl.constexpr, NORM_OUT: tl.constexpr, GEMMA: tl.constexpr,
-                        BLOCK_D: tl.constexpr):
+                        eps, HAS_X: tl.constexpr, NORM_DELTA: tl.constexpr, NORM_OUT: tl.constexpr,
+                        GEMMA: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``r = x + norm(delta)`` (or ``x + delta``; without ``x``: the norm alone, a plain RMSNorm) and ``norm(r)``."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     ok = cols < D
@@ -40,8 +30,11 @@ def add_rms_norm_kernel(x_ptr, d_ptr, wd_ptr, wo_ptr, r_ptr, h_ptr, D, stride_x,
     d = tl.load(d_ptr + row * stride_d + cols, mask=ok, other=0.0).to(tl.float32)
     if NORM_DELTA:
         d = normed(d, wd_ptr, cols, ok, D, eps, dtype, GEMMA)
-    x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
-    r = (x + d).to(dtype)  # the residual sum, rounded as torch's add rounds it
+    if HAS_X:
+        x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
+        r = (x + d).to(dtype)  # the residual sum, rounded as torch's add rounds it
+    else:
+        r = d.to(dtype)
     tl.store(r_ptr + row * stride_r + cols, r, mask=ok)
     if NORM_OUT:
         h = normed(r.to(tl.float32), wo_ptr, cols, ok, D, eps, dtype, GEMMA)
