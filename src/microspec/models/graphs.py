@@ -163,6 +163,8 @@ class CudaGraphs:
 
     def run(self, x: torch.Tensor, cache: KVCache, positions: torch.Tensor | None,
             mask: torch.Tensor | None) -> torch.Tensor | None:
+        """The graphed forward of ``x``: input vectors [T, d], or token ids [T] (embedded inside the graph); None
+        where the eager forward must run."""
         t = int(x.shape[0])
         if x.device.type not in DEVICES or t == 0 or t > self.max_rows:
             return None
@@ -221,7 +223,8 @@ class CudaGraphs:
             cache.pos.index_copy_(0, entry.slots, entry.positions)
             masks = entry.masks if entry.masks is not None else \
                 device_masks(model, cache, entry.slots, entry.positions, entry.tree, span)
-            return static_run(model, entry.x, cache, entry.slots, entry.positions, masks, span)
+            x = entry.x if entry.x.is_floating_point() else model.embed(entry.x)  # token ids: embedded here
+            return static_run(model, x, cache, entry.slots, entry.positions, masks, span)
 
         if state.pool is None:
             state.pool = torch.cuda.graph_pool_handle()

@@ -245,7 +245,11 @@ class NativeCausalLM(nn.Module):
         taps: layers whose inputs to hand out as well (:class:`Taps`, EAGLE-3's features; not with ``num_layers``).
         Returns the final-normed hidden states [T, d].
         """
-        return self.run(self.embed(input_ids), cache, positions, mask, num_layers, taps)
+        if self.cuda_graphs is not None and num_layers is None and taps is None:
+            out = self.cuda_graphs.run(input_ids, cache, positions, mask)  # the embedding inside the graph
+            if out is not None:
+                return out
+        return self._run(self.embed(input_ids), cache, positions, mask, num_layers, taps)
 
     def run(
         self,
@@ -261,6 +265,11 @@ class NativeCausalLM(nn.Module):
             out = self.cuda_graphs.run(x, cache, positions, mask)
             if out is not None:
                 return out
+        return self._run(x, cache, positions, mask, num_layers, taps)
+
+    def _run(self, x: torch.Tensor, cache: KVCache, positions: torch.Tensor | None, mask: torch.Tensor | None,
+             num_layers: int | None, taps: "Taps | None") -> torch.Tensor:
+        """The eager forward of :meth:`run`."""
         spec = self.spec
         t = int(x.shape[0])
         start = cache.length
