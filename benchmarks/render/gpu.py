@@ -277,9 +277,9 @@ def _launches() -> list[str]:
              "additive once a forward",
              f"{num(layer['kernels']['per_layer'], 1)} (of them "
              f"{num(layer['kernels']['kernel_launches_per_layer'], 1)} the kernels' launches)"],
-            *[[f"a graphed forward of the target, {name}: what runs around its replay (the embedding, the inputs "
-               "written into the graph's buffers, the replay counted as one, the output's clone); the masks are "
-               "built inside the graph", num(r["median"], 0)] for name, r in res["graphed_forward"].items()],
+            *[[f"a graphed forward of the target, {name}: what runs around its replay (the inputs written into the "
+               "graph's buffers, the replay counted as one, the output's clone); the embedding and the masks are "
+               "inside the graph", num(r["median"], 0)] for name, r in res["graphed_forward"].items()],
             ["an EAGLE-2 tree draft (depth 6, top-k 10, 59 tokens), EAGLE + MicroSpec, level by level (each level's "
              "forward a graph replay)",
              num(draft["levels"]["median_per_draft"], 0)],
