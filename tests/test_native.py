@@ -197,6 +197,7 @@ def test_additive_masks_attend_as_the_bool_masks(dtype, monkeypatch):
     bool mask SDPA converts itself at each call (grouped heads, a tree mask, a sliding window); one mask made per
     window and forward."""
     from microspec.kernels import cpu_linear, triton_env
+    from microspec.models.layers import additive
 
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 4, 7, 16, generator=g).to(dtype)
@@ -206,7 +207,7 @@ def test_additive_masks_attend_as_the_bool_masks(dtype, monkeypatch):
     mask[..., 3] = True  # every row sees a key
     _, nm = tiny_pair("gemma3")
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-    got = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=nm._additive(mask, dtype),
+    got = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=additive({}, mask, dtype),
                                                            enable_gqa=True)
     assert torch.equal(got, want)
     # a tree verify through the model: additive masks on the fused path's devices, the same hidden states

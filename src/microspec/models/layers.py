@@ -158,3 +158,17 @@ def by_window(windows, base: torch.Tensor, kpos: torch.Tensor, qpos: torch.Tenso
     ``kpos`` that lie ``window`` or more positions behind the query at ``qpos`` hidden, as [1, 1, Tq, Tk]."""
     return {w: (base if w is None else base & (kpos[None, :] > qpos[:, None] - w))[None, None] for w in set(windows)}
 
+
+
+def additive(memo: dict, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``mask`` (bool, True = may attend) as the additive mask SDPA would make of it, in ``dtype``: 0 where a query
+    may attend, the dtype's lowest value elsewhere (a row that sees any key gets exactly what -inf gives it: the
+    masked scores' exponentials are 0 either way).  SDPA converts a bool mask at every call in three launches
+    (``logical_not``, a scalar, ``where``); kept in ``memo`` (a forward's: emptied at its start), every layer of the
+    mask's window reuses it."""
+    kept = memo.get(id(mask))
+    if kept is None or kept[0] is not mask or kept[1].dtype != dtype:
+        low = torch.finfo(dtype).min
+        made = torch.where(mask, torch.tensor(0.0, dtype=dtype), torch.tensor(low, dtype=dtype))
+        kept = memo[id(mask)] = (mask, made)
+    return kept[1]

@@ -27,8 +27,8 @@ from ..kernels import cpu_linear, cpu_quant, glu, triton_env
 from ..kernels import rms_norm as rms_kernel
 from ..kernels import rope as rope_kernel
 from .kv_cache import CachePool, KVCache
-from .layers import (MLP, Attention, DecoderLayer, Embedding, Linear, RMSNorm, activation, by_window, joined, rotate,
-                     window_mask)
+from .layers import (MLP, Attention, DecoderLayer, Embedding, Linear, RMSNorm, activation, additive, by_window, joined,
+                     rotate, window_mask)
 from .quant import QuantTensor, weight_bytes
 from .spec import ArchSpec, rope_inv_freq, spec_from_config
 
@@ -388,7 +388,7 @@ class NativeCausalLM(nn.Module):
         launch; a body whose :meth:`layer` is its own runs it as it is."""
         seams = type(self).layer is NativeCausalLM.layer
         final = self.model.norm
-        self.__dict__["_masks_made"] = {}  # this forward's additive masks (_additive)
+        self.__dict__["_masks_made"] = {}  # this forward's additive masks (layers.additive)
         h = None
         for i, layer in enumerate(layers):
             if tapped is not None and i in tapped[0]:
@@ -542,24 +542,10 @@ class NativeCausalLM(nn.Module):
         if cpu_linear.attention_applies(q):  # bf16 CPU decode/verify: rows independent of the batch
             return cpu_linear.attend(q, k, v, amask, self.spec.attn_scale)
         if amask is not None and amask.dtype == torch.bool and q.device.type in triton_env.DEVICES:
-            amask = self._additive(amask, q.dtype)
+            amask = additive(self.__dict__.setdefault("_masks_made", {}), amask, q.dtype)  # stack() empties it
         return F.scaled_dot_product_attention(
             q[None], k[None], v[None], attn_mask=amask, scale=self.spec.attn_scale, enable_gqa=gqa
         )[0]
-
-    def _additive(self, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """``mask`` (bool, True = may attend) as the additive mask SDPA would make of it, in ``dtype``: 0 where a
-        query may attend, the dtype's lowest value elsewhere (a row that sees any key gets exactly what -inf gives
-        it: the masked scores' exponentials are 0 either way).  SDPA converts a bool mask at every call in three
-        launches (``logical_not``, a scalar, ``where``); made once a forward (:meth:`stack` starts a fresh memo),
-        every layer of the mask's window reuses it."""
-        memo = self.__dict__.setdefault("_masks_made", {})
-        kept = memo.get(id(mask))
-        if kept is None or kept[0] is not mask or kept[1].dtype != dtype:
-            low = torch.finfo(dtype).min
-            kept = memo[id(mask)] = (mask, torch.where(mask, torch.tensor(0.0, dtype=dtype),
-                                                       torch.tensor(low, dtype=dtype)))
-        return kept[1]
 
     def attend_batch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
                      causal: bool = False) -> torch.Tensor:
