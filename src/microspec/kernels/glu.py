@@ -33,12 +33,12 @@ def reference(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
     return activation(act)(gate) * up
 
 
-def applies(gate: torch.Tensor, act: str) -> bool:
-    """Whether :func:`act_mul` takes ``gate``: an activation it has and what
+def applies(gate: torch.Tensor, act: str, *weights: torch.Tensor) -> bool:
+    """Whether :func:`act_mul` takes ``gate`` (computed from ``weights``): an activation it has and what
     :func:`~microspec.kernels.triton_env.takes` asks."""
     from .triton_env import takes
 
-    return act in ACTIVATIONS and takes(gate)
+    return act in ACTIVATIONS and takes(gate, *weights)
 
 
 def _define(triton, tl):

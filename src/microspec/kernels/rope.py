@@ -44,10 +44,12 @@ def qk_reference(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     return reference(q, cos, sin), reference(k, cos, sin)
 
 
-def applies(x: torch.Tensor, cos: torch.Tensor, *weights: torch.Tensor) -> bool:
+def applies(x: torch.Tensor, cos: torch.Tensor, *weights: torch.Tensor, gemma: bool = False) -> bool:
     """Whether :func:`rope` / :func:`rope_qk` take ``x`` [T, heads, hd] (and its norm ``weights``): what
-    :func:`~microspec.kernels.triton_env.takes` asks, tables of its dtype, an even head size."""
-    if x.dim() != 3 or x.shape[-1] % 2 or cos.dtype != x.dtype:
+    :func:`~microspec.kernels.triton_env.takes` asks, tables of its dtype, an even head size, and (the norms in
+    Llama's convention) weights of ``x``'s dtype (else the product's dtype would be another)."""
+    if x.dim() != 3 or x.shape[-1] % 2 or cos.dtype != x.dtype \
+            or not (gemma or all(w.dtype == x.dtype for w in weights)):
         return False
     from .triton_env import takes
 

@@ -178,8 +178,7 @@ class CudaGraphs:
         entry = state.lookup(key)
         if entry is None:
             return None
-        if start + t > cache.capacity:
-            self.model._place(cache, t, positions, mask)  # its error
+        self.model.check_room(cache, t)
         if entry is True:
             entry = state.graphs[key] = self._capture(state, x, cache, start, positions, mask, kind, span)
             if entry is None:
@@ -210,10 +209,8 @@ class CudaGraphs:
 
     def _capture(self, state: _CacheGraphs, x, cache, start, positions, mask, kind, span) -> _Graph | None:
         model, t, dev = self.model, int(x.shape[0]), x.device
-        masks = None
-        if kind == "full":
-            model._place(cache, t, positions, mask)  # cache.pos, which the masks read
-            masks = {w: m.clone() for w, m in static_masks(model, cache, start, t, positions, mask, span).items()}
+        masks = {w: torch.empty(1, 1, t, span, dtype=torch.bool, device=dev) for w in set(model.spec.layer_windows)} \
+            if kind == "full" else None  # filled by _inputs
         entry = _Graph(x.clone(), torch.empty(t, dtype=torch.long, device=dev),
                        torch.empty(t, dtype=torch.long, device=dev), masks,
                        mask.to(torch.bool).clone() if kind == "tree" else None, None, None)

@@ -159,7 +159,6 @@ def by_window(windows, base: torch.Tensor, kpos: torch.Tensor, qpos: torch.Tenso
     return {w: (base if w is None else base & (kpos[None, :] > qpos[:, None] - w))[None, None] for w in set(windows)}
 
 
-
 def additive(memo: dict, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``mask`` (bool, True = may attend) as the additive mask SDPA would make of it, in ``dtype``: 0 where a query
     may attend, the dtype's lowest value elsewhere (a row that sees any key gets exactly what -inf gives it: the

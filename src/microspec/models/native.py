@@ -299,14 +299,19 @@ class NativeCausalLM(nn.Module):
             taps.collect(tapped, x)
         return out
 
+    @staticmethod
+    def check_room(cache: KVCache, t: int) -> None:
+        """A clear error where ``cache`` has no room for ``t`` more tokens."""
+        if cache.length + t > cache.capacity:
+            raise MicrospecError(f"KV cache capacity {cache.capacity} exceeded ({cache.length + t} slots needed)")
+
     def _place(self, cache: KVCache, t: int, positions: torch.Tensor | None,
                mask: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
         """Room for ``t`` new tokens after ``cache.length`` (checked), their position ids (``positions``, default
         the slots) written to ``cache.pos``, and their masks by window (:meth:`_masks`): (positions, masks)."""
         start = cache.length
         s = start + t
-        if s > cache.capacity:
-            raise MicrospecError(f"KV cache capacity {cache.capacity} exceeded ({s} slots needed)")
+        self.check_room(cache, t)
         pos = positions if positions is not None else torch.arange(start, s, device=cache.device)
         cache.pos[start:s] = pos
         return pos, self._masks(cache, start, positions, mask, t)
@@ -442,14 +447,17 @@ class NativeCausalLM(nn.Module):
         lead, t = h.shape[:-2], h.shape[-2]
         cos, sin = rope[spec.layer_rope[i]]
         norms = (attn.q_norm, attn.k_norm) if spec.qk_norm else ()
-        if not lead and cos.dtype == h.dtype and not hd % 2 and not isinstance(attn.q_proj.weight, QuantTensor) \
-                and triton_env.takes(h, attn.q_proj.weight, *(n.weight for n in norms)) \
-                and (spec.gemma or all(n.weight.dtype == h.dtype for n in norms)):
-            # a GPU: q, k and v one product, the q/k norms and both rotations one launch, on [T, heads, hd]
-            qkv = joined(attn, (attn.q_proj, attn.k_proj, attn.v_proj), h)
+        if not lead and not isinstance(attn.q_proj.weight, QuantTensor) and triton_env.takes(h, attn.q_proj.weight):
+            qkv = joined(attn, (attn.q_proj, attn.k_proj, attn.v_proj), h)  # a GPU: q, k and v one product
             q = qkv[:, : nh * hd].view(t, nh, hd)
             k = qkv[:, nh * hd: (nh + nkv) * hd].view(t, nkv, hd)
             v = qkv[:, (nh + nkv) * hd:].view(t, nkv, hd).transpose(0, 1)
+        else:
+            q = attn.q_proj(h).view(*lead, t, nh, hd)
+            k = attn.k_proj(h).view(*lead, t, nkv, hd)
+            v = attn.v_proj(h).view(*lead, t, nkv, hd).transpose(-2, -3)
+        if not lead and rope_kernel.applies(q, cos, *(n.weight for n in norms), gemma=spec.gemma):
+            # a GPU: the q/k norms and both rotations one launch, on [T, heads, hd]
             qk_norms = (norms[0].kernel_weight(), norms[1].kernel_weight(), norms[0].eps, spec.gemma) if norms \
                 else None
             store = getattr(attend, "store", None)  # (cache, slots): where the attention keeps this layer's keys
@@ -460,9 +468,6 @@ class NativeCausalLM(nn.Module):
                 q, k = rope_kernel.rope_qk(q, k, cos, sin, qk_norms)
                 o = attend(i, q.transpose(0, 1), k.transpose(0, 1), v)
             return attn.o_proj(o.transpose(0, 1).reshape(t, nh * hd))
-        q = attn.q_proj(h).view(*lead, t, nh, hd)
-        k = attn.k_proj(h).view(*lead, t, nkv, hd)
-        v = attn.v_proj(h).view(*lead, t, nkv, hd).transpose(-2, -3)
         if not lead and cpu_quant.rows_apply(q):  # fp32 CPU step: norms and RoPE fused, on [T, heads, hd]
             if spec.qk_norm:
                 q, k = attn.q_norm(q), attn.k_norm(k)
@@ -529,8 +534,9 @@ class NativeCausalLM(nn.Module):
         return self.model.norm(x) if self.model.norm is not None else x
 
     def _mlp(self, mlp: MLP, h: torch.Tensor) -> torch.Tensor:
-        if glu.applies(h, self.spec.hidden_act) and not isinstance(mlp.gate_proj.weight, QuantTensor) \
-                and triton_env.takes(h, mlp.gate_proj.weight):  # a GPU: gate and up one product, act * up one launch
+        if not isinstance(mlp.gate_proj.weight, QuantTensor) and glu.applies(h, self.spec.hidden_act,
+                                                                              mlp.gate_proj.weight):
+            # a GPU: gate and up one product, act * up one launch
             f = self.spec.intermediate_size
             gate_up = joined(mlp, (mlp.gate_proj, mlp.up_proj), h)
             return mlp.down_proj(glu.act_mul(gate_up[..., :f], gate_up[..., f:], self.spec.hidden_act))
