@@ -39,9 +39,6 @@ CACHE_MARGIN = 256  # cache slots beyond prompt + max_new_tokens, for the tree n
 # 2-core CPU with a long prompt: forwards of this size prefill it faster than one forward over it, and the longest
 # of them (the other streams' longest wait) is well under half a second
 PREFILL_CHUNK = 128
-# the longest prefill forward a server folds into its running requests' batched forward (:func:`step_many`): the
-# rows a sequence may have to share the packed CPU model's one pass over the weights (longer ones run alone in it)
-FOLD_ROWS = cpu_linear.ATTENTION_MAX_ROWS
 
 
 def cache_slots(prompt_tokens: int, cfg: GenerationConfig) -> int:
@@ -145,58 +142,36 @@ def step_many(model: NativeCausalLM, gens: list[Generation],
     those it decodes alone (row-wise kernels, its own cache, drafter, policy and random generator).  ``max_depth``:
     the deepest draft node this step (fewer draft rows as the batch grows), or one per generation (0: a plain step of
     that one, whose drafts do not pay in the batch); a greedy or seeded request's text does
-    not depend on it (a seeded sample is keyed by its position, not drawn in the order of a tree's rows).  A
-    generation whose prompt is not yet in its cache takes its next prefill forward (:meth:`Generation.prefill_ids`)
-    in the same forward instead, and its first token when that was the prompt's last (a newcomer's prefill folded
-    into the batch: the weights read once for both).  What one generation raises (its
+    not depend on it (a seeded sample is keyed by its position, not drawn in the order of a tree's rows).  What one generation raises (its
     ``on_commit``'s cancellation, a drafter's failure) ends that one only; a failure of the shared forward (out of
     memory, say) ends every generation of it: the exceptions, per generation (None: it went on), the failed ones
     marked finished with reason "error".  It raises nothing."""
     errors: list[BaseException | None] = [None] * len(gens)
-    live, inputs, trees = [], [], []  # trees[i]: None for a prefill forward
+    live, trees = [], []
     depths = list(max_depth) if isinstance(max_depth, Sequence) else [max_depth] * len(gens)
     for k, gen in enumerate(gens):
         if gen.finish is not None:
             continue
         try:
-            if gen.prefilled:
-                tree = gen.plan(None if gen.cfg.seed is not None and not gen.pipe.keyed else depths[k])
-                inputs.append(gen.verify_inputs(tree))
-            else:
-                tree = None
-                inputs.append((gen.prefill_ids(), None, None))
-            trees.append(tree)
+            trees.append(gen.plan(None if gen.cfg.seed is not None and not gen.pipe.keyed else depths[k]))
             live.append(k)
         except Exception as exc:  # noqa: BLE001 - one request's failure is its own
             errors[k], gen.finish = exc, "error"
-    prompts: dict[int, torch.Tensor] = {}  # per prefilling generation whose prompt is all in: its hidden states
     try:
+        inputs = [gens[k].verify_inputs(tree) for k, tree in zip(live, trees)]
         hiddens = model.forward_many([(ids, gens[k].cache, positions, mask)
                                       for k, (ids, positions, mask) in zip(live, inputs)],
                                      [gens[k].taps for k in live])
-        # the rows every walk starts from (a finished prompt's last row) through the full-vocabulary head in one pass
-        # (one read of its weights)
-        rows = []
-        for k, tree, hidden in zip(live, trees, hiddens):
-            if tree is not None:
-                rows.append(rows_of(hidden, LazyHead.first_rows(tree, gens[k].head_mode)))
-            elif gens[k].prefill_forward(hidden):
-                prompts[k] = gens[k].prompt_states()
-                rows.append(hidden[-1:])
-            else:
-                rows.append(hidden[:0])
-        sizes = [len(r) for r in rows]
-        logits = model.head(torch.cat(rows)).split(sizes) if sum(sizes) else [None] * len(rows)
+        # the rows every walk starts from, through the full-vocabulary head in one pass (one read of its weights)
+        rows = [LazyHead.first_rows(tree, gens[k].head_mode) for k, tree in zip(live, trees)]
+        logits = model.head(torch.cat([rows_of(h, r) for h, r in zip(hiddens, rows)])).split([len(r) for r in rows])
     except Exception as exc:  # noqa: BLE001 - the shared forward (out of memory...): every row of it fails
         for k in live:
             errors[k], gens[k].finish = exc, "error"
         return errors
-    for k, tree, hidden, first in zip(live, trees, hiddens, logits):
+    for k, hidden, first in zip(live, hiddens, logits):
         try:
-            if tree is not None:
-                gens[k].settle(hidden, first)
-            elif k in prompts:
-                gens[k]._start_decoding(prompts[k], first)
+            gens[k].settle(hidden, first)
         except Exception as exc:  # noqa: BLE001
             errors[k], gens[k].finish = exc, "error"
     return errors
@@ -241,7 +216,6 @@ class Generation:
         layers = drafter.feature_layers(model) if drafter is not None else None
         self.taps = Taps(layers) if layers else None
         self.finish: str | None = None
-        self.prefilled = False  # the prompt is in the cache and the first token chosen
         self._step: tuple | None = None  # the planned step: (t0 mark, host t0, drafting, tree, cache length)
 
     def _emit(self, new: list[int]) -> str | None:
@@ -268,46 +242,30 @@ class Generation:
         """The target over the prompt, in forwards of :data:`PREFILL_CHUNK` tokens, then the policy's and drafter's
         start and the first token.  ``chunks``: at most that many forwards in this call (a server spreads a long
         prompt's prefill over the other requests' steps); whether the prompt is done (its first token committed).
-        However it is spread, and whether a forward runs alone or in a batch (:func:`step_many`), the forwards are
-        the same, so the cache and the tokens are too."""
-        for _ in range(len(self.tokens) if chunks is None else chunks):
-            if self.prefill_forward(self.model(self.prefill_ids(), self.cache, taps=self.taps)):
+        However it is spread, the forwards are the same, so the cache and the tokens are too."""
+        model, tokens, device = self.model, self.tokens, self.model.device
+        for _ in range(len(tokens) if chunks is None else chunks):
+            done = self.cache.length
+            end = min(len(tokens), done + PREFILL_CHUNK)
+            ids = torch.as_tensor(tokens[done:end], dtype=torch.long, device=device)
+            hidden = model(ids, self.cache, taps=self.taps)
+            self._prompt_states.append(hidden if self.taps is None else (hidden, self.taps.out))
+            if end == len(tokens):
                 break
-        if self.cache.length < len(self.tokens):
+        if self.cache.length < len(tokens):
             return False
-        self._start_decoding(self.prompt_states())
-        return True
-
-    def prefill_ids(self) -> torch.Tensor:
-        """The prompt tokens of the next prefill forward (:data:`PREFILL_CHUNK` at most)."""
-        done = self.cache.length
-        return to_device(self.tokens[done:min(len(self.tokens), done + PREFILL_CHUNK)], self.model.device)
-
-    @property
-    def prefill_rows(self) -> int:
-        """How many tokens the next prefill forward takes (0: the prompt is in the cache)."""
-        return min(len(self.tokens) - self.cache.length, PREFILL_CHUNK) if not self.prefilled else 0
-
-    def prefill_forward(self, hidden: torch.Tensor) -> bool:
-        """Keep a prefill forward's final hidden states (and the taps' features); whether the prompt is all in."""
-        self._prompt_states.append(hidden if self.taps is None else (hidden, self.taps.out))
-        return self.cache.length >= len(self.tokens)
-
-    def prompt_states(self) -> torch.Tensor:
-        """The prompt's final hidden states, its forwards' joined (the taps' features joined into :attr:`taps`)."""
         parts, self._prompt_states = self._prompt_states, []
         if self.taps is None:
-            return parts[0] if len(parts) == 1 else torch.cat(parts)
-        if len(parts) > 1:
-            self.taps.out = torch.cat([t for _, t in parts], dim=-2)
-            return torch.cat([h for h, _ in parts])
-        self.taps.out = parts[0][1]
-        return parts[0][0]
+            hidden = parts[0] if len(parts) == 1 else torch.cat(parts)
+        else:
+            hidden = torch.cat([h for h, _ in parts]) if len(parts) > 1 else parts[0][0]
+            self.taps.out = torch.cat([t for _, t in parts], dim=-2) if len(parts) > 1 else parts[0][1]
+        self._start_decoding(hidden)
+        return True
 
-    def _start_decoding(self, hidden: torch.Tensor, logits: torch.Tensor | None = None) -> None:
+    def _start_decoding(self, hidden: torch.Tensor) -> None:
         """After the prompt's forward (``hidden``: its final hidden states; the taps' features in :attr:`taps`): the
-        policy and drafter start, the first token (``logits``: the head's row of the last prompt token, when
-        computed already)."""
+        policy and drafter start, the first token."""
         model, tokens, vocab, drafter, device = self.model, self.tokens, self.vocab, self.drafter, self.model.device
         if vocab is not None:
             vocab.reset()
@@ -317,11 +275,9 @@ class Generation:
                 vocab.on_prefill(torch.as_tensor(tokens, dtype=torch.long, device=device), top)
         if drafter is not None:  # the head's sets: the policy's
             drafter.prefill(model, tokens, hidden if self.taps is None else self.taps.out, vocab)
-        if logits is None:
-            logits = model.head(hidden[-1:])
+        logits = model.head(hidden[-1:])
         if self.pipe.active:
             self.pipe.process(logits)
-        self.prefilled = True
         self._commit([int(self.pipe.choose(logits))])
         self.prefill_end = self.clock.mark()
 

@@ -28,7 +28,6 @@ class Metrics:
         self.auto_steps: dict[str, int] = {}  # auto: decode steps by the arm its online choice took
         self.auto_switches = 0
         self.auto_switch_seconds = 0.0
-        self.prefills = {"alone": 0, "folded": 0}  # prefill forwards: of their own, or in the running ones' step
 
     def on_step(self, requests: int, depth: int | None) -> None:
         """One decode step of ``requests`` requests together, each drafting at most ``depth`` levels (None: as its
@@ -36,11 +35,6 @@ class Metrics:
         key = (requests, "method" if depth is None else str(depth))
         with self.lock:
             self.batch_steps[key] = self.batch_steps.get(key, 0) + 1
-
-    def on_prefill(self, how: str, n: int = 1) -> None:
-        """``n`` prefill forwards, ``how``: "alone" (a forward of their own) or "folded" (in a step's forward)."""
-        with self.lock:
-            self.prefills[how] += n
 
     def on_request(self, stats: GenerationStats, finish: str) -> None:
         """A finished generation."""
@@ -113,9 +107,6 @@ class Metrics:
                    "the method's own).",
                    [(f'batch_size="{n}",depth="{d}"', c) for (n, d), c in sorted(self.batch_steps.items())]
                    or [('batch_size="1",depth="method"', 0)])
-            metric("microspec:prefill_forwards", "counter", "Prefill forwards (a prompt's part each), by how they "
-                   "ran: alone (a forward of their own) or folded (beside the running requests' rows, in their step's "
-                   "forward).", [(f'how="{h}"', n) for h, n in sorted(self.prefills.items())])
             if self.auto_steps or self.auto_switches:
                 metric("microspec:auto_steps", "counter", "Decode steps of auto's requests, by the arm its online "
                        "choice took (plain, lookup, suffix, eagle, ...).",

@@ -3,11 +3,9 @@
 The HTTP side (:mod:`microspec.serve.app`) tokenizes and checks a request off this thread (:meth:`Worker.prepare`),
 submits a :class:`Job` and reads its events from an asyncio queue.  Jobs wait in a bounded queue; at each step
 boundary the worker admits waiting jobs while fewer than ``max_num_seqs`` run and their KV caches fit the memory
-budget (a newcomer's prompt of at most :data:`~microspec.decoding.loop.FOLD_ROWS` tokens — or a long prompt's last
-part — goes through the model in the running requests' next step, its rows beside theirs in one forward, and it
-joins with its first token; a longer part, :data:`~microspec.decoding.loop.PREFILL_CHUNK` tokens, is a forward of its
-own between steps, at most :data:`PREFILL_SHARE` of the time while others run, so that a long prompt never stops the
-other streams for long; with nobody running a prompt's forwards run at once), takes one step of every
+budget (a newcomer's prefill is its own forward, then it joins; a prompt longer than one prefill forward,
+:data:`~microspec.decoding.loop.PREFILL_CHUNK` tokens, takes a forward between steps, at most :data:`PREFILL_SHARE`
+of the time while others run, so that a long prompt never stops the other streams for long), takes one step of every
 running request — each drafts its own tree, and all verify passes
 share one forward of the target (:func:`~microspec.decoding.loop.step_many`: one read of the packed weights for
 every row) — and lets finished, cancelled and failed requests leave.  Each request keeps its own decoding
@@ -267,7 +265,7 @@ class Worker:
 
             torch.set_num_threads(self.threads)
         running: list[_Running] = []
-        prefilling: list[_Running] = []  # admitted, their prompts not all in their caches yet
+        prefilling: list[_Running] = []  # admitted, prompts of several prefill forwards: one per step
         stopping = False
         while True:
             while not stopping and len(running) + len(prefilling) < self.max_num_seqs:
@@ -280,52 +278,33 @@ class Worker:
                 if (running or prefilling) and not self._fits(job):  # waits, first in line, for memory
                     self.queue.put_back(job)
                     break
-                r = self._admit(job, fold=bool(running))
+                r = self._admit(job)
                 if r is not None:
                     self.kv_held += r.kv
                     (running if r.prefilled else prefilling).append(r)
-            # a forward of the first prompt that does not fold into the running requests' step (a long prompt's)
-            alone = next((r for r in prefilling if not (running and self._folds(r))), None)
-            if alone is not None and (not running or self.prefill_debt <= 0):
-                t0 = time.perf_counter()
-                done = self._prefill(alone)
+            if prefilling and (not running or self.prefill_debt <= 0):  # a forward of the first long prompt
+                r, t0 = prefilling[0], time.perf_counter()
+                done = self._prefill(r)
                 if running:  # the running requests' steps pay it back before the next one
                     self.prefill_debt += (time.perf_counter() - t0) * (1 / PREFILL_SHARE - 1)
                 if done is None:  # it ended
-                    prefilling.remove(alone)
-                    self.kv_held -= alone.kv
+                    prefilling.pop(0)
+                    self.kv_held -= r.kv
                 elif done:
-                    prefilling.remove(alone)
-                    running.append(alone)
+                    running.append(prefilling.pop(0))
             if not running:
                 if stopping and not prefilling:
                     return
                 continue
-            folded = [r for r in prefilling if self._folds(r)]
-            for r in [r for r in folded if r.job.cancelled.is_set()]:  # gone before its forward
-                if r.job.reason == "client":
-                    self.metrics.count("cancelled")
-                folded.remove(r)
-                prefilling.remove(r)
-                self.kv_held -= r.kv
             self.running = len(running)
             t0 = time.perf_counter()
             try:
-                errors = self._step(step_many, running, folded)
+                errors = self._step(step_many, running)
             except Exception as exc:  # noqa: BLE001 - the step's own bookkeeping failed: its batch ends, not the worker
-                errors = [exc] * (len(running) + len(folded))
+                errors = [exc] * len(running)
             self.prefill_debt = max(0.0, self.prefill_debt - (time.perf_counter() - t0))
-            errors, fold_errors = errors[: len(running)], errors[len(running):]
             ended = [(r, e) for r, e in zip(running, errors) if e is not None or r.gen.finish is not None]
             running = [r for r, e in zip(running, errors) if e is None and r.gen.finish is None]
-            for r, error in zip(folded, fold_errors):  # a prompt folded into the step: its first token, if all in
-                r.prefilled = r.gen.prefilled
-                if error is not None or r.gen.finish is not None:
-                    ended.append((r, error))
-                    prefilling.remove(r)
-                elif r.prefilled:
-                    running.append(r)
-                    prefilling.remove(r)
             self.running = len(running)  # before the answers: a client that has one sees its slot free
             self.kv_held -= sum(r.kv for r, _ in ended)
             for r, error in ended:
@@ -337,25 +316,19 @@ class Worker:
                     except Exception as exc:  # noqa: BLE001
                         self._end(r.job, exc, started=True)
 
-    def _step(self, step_many, running: list[_Running], folded: list[_Running]) -> list[BaseException | None]:
-        """One step of every running request and the prefill forward of every ``folded`` one, in one forward
-        (:func:`~microspec.decoding.loop.step_many`: a failure of the shared forward, such as running out of
-        memory, fails each request of it): the errors, running then folded.  A step without folded prefills is
-        timed for the batch depth."""
+    def _step(self, step_many, running: list[_Running]) -> list[BaseException | None]:
+        """One step of every running request (:func:`~microspec.decoding.loop.step_many`: a failure of the shared
+        forward, such as running out of memory, fails each request of it), timed for the batch depth."""
         n, before = len(running), sum(len(r.gen.out) for r in running)
         depth, t0 = self.depth(n), time.perf_counter()
         per = depth
         if depth and self.batch_depth is None:  # at a cap above 0, a request whose drafts do not pay decodes plainly
             per = [depth if ok else 0 for ok in self.depths.drafting(n, [r.ledger for r in running])]
-        if folded:
-            per = (per if isinstance(per, list) else [per] * n) + [None] * len(folded)
         steps = [r.gen.stats.steps for r in running]
-        errors = step_many(self.lm.model, [r.gen for r in running + folded], per)
+        errors = step_many(self.lm.model, [r.gen for r in running], per)
         if self.step_delay:  # a testing aid: steps as slow as a slower machine's
             time.sleep(self.step_delay)
         self.metrics.on_step(n, depth)
-        if folded:
-            self.metrics.on_prefill("folded", len(folded))
         if self.batch_depth is None:
             rows = 0
             for r, k in zip(running, steps):
@@ -363,15 +336,13 @@ class Worker:
                 if st.steps > k:  # it stepped: its root and draft nodes were verify rows
                     rows += 1 + st.draft_sizes[-1]
                     r.ledger.observe(st.draft_sizes[-1], st.accept_lengths[-1])
-            if not folded:  # a prefill's rows would charge its time to the depth
-                self.depths.observe(n, depth, sum(len(r.gen.out) for r in running) - before,
-                                    time.perf_counter() - t0, rows)
+            self.depths.observe(n, depth, sum(len(r.gen.out) for r in running) - before, time.perf_counter() - t0,
+                                rows)
         return errors
 
-    def _admit(self, job: Job, fold: bool = False) -> _Running | None:
+    def _admit(self, job: Job) -> _Running | None:
         """Start ``job``: its generation and its prompt's first prefill forward (the whole prompt when it is no
-        longer than one: its first token committed) — unless ``fold`` (others are running) and that forward folds
-        into their next step (:meth:`_folds`); None when it ended already."""
+        longer than one: its first token committed); None when it ended already."""
         if job.cancelled.is_set():  # gone while it waited (a timeout is counted where it happened)
             if job.reason == "client":
                 self.metrics.count("cancelled")
@@ -389,18 +360,7 @@ class Worker:
             self._end(job, exc, started)
             return None
         r = _Running(job, gen, text, self.lm.model.cache_bytes(gen.cache.capacity))
-        if fold and self._folds(r):
-            return r
         return None if self._prefill(r) is None else r
-
-    @staticmethod
-    def _folds(r: _Running) -> bool:
-        """Whether ``r``'s next prefill forward joins the running requests' batched forward instead of running
-        alone: one of at most :data:`~microspec.decoding.loop.FOLD_ROWS` tokens (a short prompt, or a long one's
-        last part), whose rows cost the batch far less than a forward of their own (the weights read once)."""
-        from ..decoding.loop import FOLD_ROWS
-
-        return 0 < r.gen.prefill_rows <= FOLD_ROWS
 
     def _prefill(self, r: _Running) -> bool | None:
         """One prefill forward of ``r``'s prompt: whether its prompt is done (its first token committed); None when
@@ -410,7 +370,6 @@ class Worker:
                 self.metrics.count("cancelled")
             return None
         try:
-            self.metrics.on_prefill("alone")
             r.prefilled = r.gen.prefill(chunks=1)
         except Exception as exc:  # noqa: BLE001 - a request must never kill the worker
             self._end(r.job, exc, started=True)
