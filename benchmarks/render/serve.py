@@ -281,37 +281,62 @@ def _soak() -> str:
     ])
 
 
-REPEATS = "2026-11-27-serve-repeats"  # {greedy,pen}-{none,auto}-r<run>.json: servers one after another
+REPEATS = "2026-11-27-serve-repeats-2"  # {greedy,pen}-{none,auto}-r<run>.json: servers one after another
+BEFORE = "2026-11-27-serve-repeats"  # the same load at b30f044
 REPEATS_CMD = ("python benchmarks/measure/serve_load.py --clients 1,4,8 --requests 8 --max-tokens 64 "
                "[--repetition-penalty 1.2] --serve-args \"--model gemma-3-270m --drafter <none|auto> "
                "--no-access-log\" --out <decoding>-<drafter>-r<run>.json")
 
 
-def _repeats() -> str:
-    """The load runs repeated, plain and ``auto`` servers alternating: means and ranges per client count."""
-    files = sorted((RESULTS / REPEATS).glob("*-r*.json"))
+def _runs(folder: str) -> tuple[dict[tuple[str, str, int], list[float]], dict]:
+    """Aggregate tok/s per (decoding, drafter, clients) over the runs of ``folder``, and the first run's metadata."""
     runs: dict[tuple[str, str, int], list[float]] = {}
     meta = None
-    for f in files:
+    for f in sorted((RESULTS / folder).glob("*-r*.json")):
         dec, drafter = f.stem.split("-")[:2]
-        d = load(f"{REPEATS}/{f.name}")
+        d = load(f"{folder}/{f.name}")
         meta = meta or d
         for lv in d["levels"]:
             runs.setdefault((dec, drafter, lv["clients"]), []).append(lv["generated_tokens_per_s"])
+    return runs, meta
+
+
+def _mean(v: list[float]) -> float:
+    return sum(v) / len(v)
+
+
+def _repeats() -> str:
+    """The load runs repeated, plain and ``auto`` servers alternating: means and ranges per client count."""
+    runs, meta = _runs(REPEATS)
     names = {"greedy": "greedy", "pen": "penalty 1.2"}
 
     def cell(v: list[float]) -> str:
-        return f"{sum(v) / len(v):.1f} ({min(v):.0f}–{max(v):.0f})"
+        return f"{_mean(v):.1f} ({min(v):.0f}–{max(v):.0f})"
 
     rows, ratio = [], {}
     for dec in names:
-        one = sum(runs[(dec, "none", 1)]) / len(runs[(dec, "none", 1)])
+        one = _mean(runs[(dec, "none", 1)])
         for c in sorted({k[2] for k in runs if k[0] == dec}):
             plain, auto = runs[(dec, "none", c)], runs[(dec, "auto", c)]
-            r = sum(auto) / len(auto) / (sum(plain) / len(plain))
-            ratio[(dec, c)] = (r, sum(auto) / len(auto) / one)
-            rows.append([names[dec], c, len(plain), cell(plain), cell(auto), x(r), x(ratio[(dec, c)][1])])
+            ratio[(dec, c)] = (_mean(auto) / _mean(plain), _mean(auto) / one, _mean(plain) / one)
+            rows.append([names[dec], c, len(plain), cell(plain), cell(auto), x(ratio[(dec, c)][0]),
+                         x(ratio[(dec, c)][1])])
     top = max(c for _, c in ratio)
+
+    def spread(dec: str, c: int) -> str:
+        plain, auto = runs[(dec, "none", c)], runs[(dec, "auto", c)]
+        if min(auto) > max(plain):
+            return "every `auto` run above every plain one"
+        if max(auto) < min(plain):
+            return "every `auto` run below every plain one"
+        return "the two servers' ranges overlap"
+
+    old, old_meta = _runs(BEFORE)
+    before = {c: _mean(old[("pen", "none", c)]) / _mean(old[("pen", "none", 1)]) for c in (4, top)}
+    notes = [f"- {names[dec].capitalize()}: `auto` {x(ratio[(dec, 4)][0])} plain batching at 4 clients "
+             f"({spread(dec, 4)}) and {x(ratio[(dec, top)][0])} at {top} ({spread(dec, top)}); "
+             f"{x(ratio[(dec, 4)][1])} and {x(ratio[(dec, top)][1])} one plain client (plain batching "
+             f"{x(ratio[(dec, 4)][2])} and {x(ratio[(dec, top)][2])})." for dec in names]
     return "\n".join([
         "### Clients at once, repeated", "",
         "The same load, greedy and under repetition penalty 1.2, each server run several times, plain and `auto` "
@@ -319,10 +344,11 @@ def _repeats() -> str:
         table(["decoding", "clients", "runs", "plain (`--drafter none`)", "`auto`", "auto vs plain batching",
                "auto vs one plain client"], rows), "",
         Source(f"{REPEATS}/", REPEATS_CMD, meta["date"].split(" ")[0], LOAD_MACHINE, meta["commit"]).markdown(), "",
-        f"- Greedy: `auto` {x(ratio[('greedy', top)][0])} plain batching at {top} clients and "
-        f"{x(ratio[('greedy', top)][1])} one plain client.",
-        f"- Penalty 1.2: {x(ratio[('pen', 4)][0])} plain batching at 4 clients, {x(ratio[('pen', top)][0])} at {top}: "
-        "within the runs' spread of plain batching.",
+        *notes,
+        f"- The same command at commit {old_meta['commit']} (`{BEFORE}/`; since then among others the repetition "
+        f"penalty on a CPU indexes the seen ids instead of selecting over whole rows of 262,144 logits, e3c6c29): "
+        f"plain batching under the penalty {x(before[4])} one plain client at 4 clients and {x(before[top])} at "
+        f"{top}.",
         "- One server's run moves by up to a third from the next on this machine (the ranges): single runs of it "
         "cannot tell a few percent apart.", ""])
 
