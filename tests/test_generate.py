@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -222,3 +223,42 @@ def test_a_graphed_call_never_replays_a_graph_for_another_owner_under_the_same_k
     del owners["b"]
     call("third", add(owners["c"]), x, owner=owners["c"])
     assert set(call.graphs) == {"other", "third"}  # the gone owner's graph dropped
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="reads the process's mappings (Linux)")
+def test_a_cpu_cache_is_a_mapping_of_its_own_returned_when_it_goes():
+    """A CPU KV cache's keys and values live in a memory mapping of their own (zero-filled), grown into a new one
+    with the live slots copied, and unmapped as soon as the last tensor over it goes — a server's memory follows
+    its requests' caches without forcing the allocator's threshold for everything else."""
+    import gc
+
+    from microspec.models.kv_cache import KVCache
+
+    def mapping(addr: int) -> tuple[int, int] | None:
+        for line in Path("/proc/self/maps").read_text().splitlines():
+            lo, hi = (int(v, 16) for v in line.split()[0].split("-"))
+            if lo <= addr < hi:
+                return lo, hi
+        return None
+
+    cache = KVCache(3, 2, 8, 4096, torch.bfloat16, "cpu")
+    kv = cache.kv
+    assert kv.shape == (3, 2, 2, 4096, 8) and kv.dtype == torch.bfloat16 and not kv.any()
+    lo, hi = mapping(kv.data_ptr())
+    assert lo == kv.data_ptr() and hi - lo >= kv.numel() * 2  # the mapping starts at the cache: its own
+    kv[:, :, :, :5] = 1.5
+    cache.length = 5
+    cache.grow(9000)
+    assert cache.capacity >= 9000 and torch.equal(cache.kv[:, :, :, :5], kv[:, :, :, :5])
+    assert not cache.kv[:, :, :, 5:].any() and mapping(cache.kv.data_ptr())[0] == cache.kv.data_ptr()
+    old, new = kv.data_ptr(), cache.kv.data_ptr()
+    del kv
+    gc.collect()
+    assert mapping(old) is None  # the first mapping went with its last tensor
+    view = cache.kv[1]
+    del cache
+    gc.collect()
+    assert mapping(new) is not None  # a view still holds it
+    del view
+    gc.collect()
+    assert mapping(new) is None

@@ -195,7 +195,7 @@ def test_the_device_walk_is_the_host_walk(index, decoding, made):
             if children[row] and float(torch.rand((), generator=g)) < follow:
                 pick = children[row][int(torch.randint(len(children[row]), (), generator=g))]
                 logits[row, tree.tokens[pick]] = 10.0
-        host = host_walk(tree, LazyHead(lambda h: h, logits, tree, "all"), host_pipe)
+        host = host_walk(tree, LazyHead(torch.clone, logits, tree, "all"), host_pipe)  # a head's rows are new
         dev = device_walk(tree, lambda h: h, logits, pipe)
         assert (dev.accepted, dev.tokens, dev.head_rows) == (host.accepted, host.tokens, host.head_rows)
         assert all(torch.equal(a, b) for a, b in zip(dev.logits, host.logits)) and len(dev.logits) == len(host.logits)

@@ -120,22 +120,6 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def fixed_mmap_threshold(nbytes: int = 1 << 20) -> bool:
-    """Have glibc serve every allocation of ``nbytes`` or more with its own mapping, returned to the system when
-    freed.  Each request's KV cache is one such buffer (~10 MB for Gemma 3 270M); with glibc's adaptive threshold
-    the first freed one raises the threshold and later caches come from the heap, whose freed pages the process
-    keeps, so a server's memory drifted up and down by ~100 MB over a thousand requests.  False where it does not
-    apply (another C library)."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(-3, nbytes))  # M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        return False
-
-
 def _loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -152,7 +136,6 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise MicrospecError(f"the server needs starlette and uvicorn ({exc}); pip install microspec") from None
     sock = bind(args.host, args.port)
-    fixed_mmap_threshold()
     try:
         import torch
 

@@ -60,7 +60,8 @@ class Walk:
 
 
 class LazyHead:
-    """Full-vocabulary logits of verify rows, computed on demand according to a head mode."""
+    """Full-vocabulary logits of verify rows, computed on demand according to a head mode.  ``head`` gives new
+    tensors (a product does): a walk processes the rows it visits in place."""
 
     def __init__(self, head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, tree: DraftTree,
                  mode: str, first: torch.Tensor | None = None):
@@ -125,8 +126,8 @@ def _follow(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline, target_o
     row, path_tokens, accepted, chosen_from = 0, [], [], []
     while True:
         logits = logits_of(row)
-        if pipe.active:
-            logits = pipe.process(logits[None].clone(), [path_tokens])[0]
+        if pipe.active:  # in place: the walk visits each row once, and keeps it processed (Walk.logits)
+            logits = pipe.process(logits[None], [path_tokens])[0]
         chosen_from.append(logits)
         target = target_of(row, logits, len(path_tokens))
         child = next((c for c in children[row] if tree.tokens[c] == target), None)
@@ -232,8 +233,8 @@ def sample_walk(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline) -> W
     gen = pipe.generator
     row, path_tokens, accepted, chosen_from = 0, [], [], []
     while True:
-        logits = logits_of(row)[None].clone()
-        if pipe.active:
+        logits = logits_of(row)[None]
+        if pipe.active:  # in place, as in _follow
             logits = pipe.process(logits, [path_tokens])
         chosen_from.append(logits[0])
         p = pipe.probs(logits)[0]
