@@ -10,16 +10,18 @@ from .common import CPU, RESULTS, Source, load, num, table, x
 BATCH = "2026-11-25-serve-batching"
 LOAD = "2026-11-27-serve-aside"
 SERVERS = {"plain.json": "plain decoding (`--drafter none`)", "default.json": "`auto` (the default)"}
-MEMORY = ("rss-1000-cancel-mmap.json", "rss-2400-cancel-mmap.json")
+MEMORY_RUNS = "2026-11-27-serve-mapped"
+MEMORY = ("rss-1000-cancel.json", "rss-2400-cancel.json")
+THRESHOLD = "rss-1000-cancel-threshold.json"  # the same load at beaa19d, whose serve forced glibc's mmap threshold
 SUFFIX_SERVE = "2026-11-26-suffix-serve/results.json"
 SUFFIX_REPEAT = "2026-11-26-suffix-repeat/results.json"
 
 # Provenance the results files do not record, from the runs' notes: commits, and the options the JSON leaves out.
-COMMIT_BATCH, COMMIT_MEMORY, COMMIT_SUFFIX_SERVE = "6118445", "8bfaa2d", "1599f14"
+COMMIT_BATCH, COMMIT_SUFFIX_SERVE = "6118445", "1599f14"
 COMMIT_LOAD = "5552462"
 LOAD_MACHINE = "2-core AMD EPYC (AVX-512)"  # the load runs' machine (the others': common.CPU)
 COMMIT_SUFFIX_REPEAT = "2baed8d with the pattern-length fix of 682ef5e"
-WARMUP = {"rss-2400-cancel-mmap.json": 200}  # requests before the first memory reading (serve_load.py --warmup)
+WARMUP = {"rss-2400-cancel.json": 200}  # requests before the first memory reading (serve_load.py --warmup)
 CMD_SUFFIX_SERVE = ("python3 benchmarks/measure/suffix_serve.py --data ../shared/data/mt_bench/question.jsonl "
                     "--per-category 8 --drafters none,ngram,suffix,auto --out "
                     "benchmarks/results/2026-11-26-suffix-serve/results.json")
@@ -141,7 +143,7 @@ def _load() -> str:
 
 
 def _memory() -> str:
-    runs = {f: load(f"{BATCH}/{f}") for f in MEMORY}
+    runs = {f: load(f"{MEMORY_RUNS}/{f}") for f in MEMORY}
     rows = []
     for f, d in runs.items():
         lv, rss = d["levels"][0], d["rss_mib"]
@@ -151,22 +153,31 @@ def _memory() -> str:
     last = runs[MEMORY[-1]]
     rss, n = last["rss_mib"], last["levels"][0]["sent"]
     d0 = runs[MEMORY[0]]
+    old = load(f"{MEMORY_RUNS}/{THRESHOLD}")
+    o, r0 = old["rss_mib"], d0["rss_mib"]
     return "\n".join([
         "### Memory over many requests with cancellations", "",
         f"Requests of {d0['max_tokens']} tokens from {d0['levels'][0]['clients']} clients, every "
         f"{d0['cancel_every']}th hung up after its first chunk; the server's resident memory (RSS, from `/metrics`) "
-        "after a warm-up, halfway through and at the end. Each request's KV cache is its own memory mapping "
-        "(`serve` fixes glibc's mmap threshold), returned to the system when the request ends.", "",
+        "after a warm-up, halfway through and at the end. On a CPU each request's KV cache is a memory mapping of its "
+        "own (`kv_cache.zeros`), returned to the system when the request ends; everything else keeps glibc's "
+        "adaptive allocator.", "",
         table(["requests", "cancelled", "lost", "req/s", "TTFT p50 / p99 ms",
                "RSS MiB: after warm-up / halfway / end"], rows), "",
-        Source(f"{BATCH}/{{{','.join(f.removesuffix('.json') for f in MEMORY)}}}.json",
+        Source(f"{MEMORY_RUNS}/{{{','.join(f.removesuffix('.json') for f in MEMORY)}}}.json",
                "; ".join(_load_command(f, d) for f, d in runs.items()),
-               " and ".join(sorted({d["date"] for d in runs.values()})), CPU, COMMIT_MEMORY).markdown(), "",
-        f"- Over the last {n - n // 2:,} of {n:,} requests RSS moved by {rss['end'] - rss['halfway']:+.1f} MiB; the "
-        f"rise before ({rss['halfway'] - rss['after_warmup']:+.1f} MiB) is the HTTP side's and the tokenizer's "
-        "pools settling.",
+               " and ".join(sorted({d["date"].split(" ")[0] for d in runs.values()})), LOAD_MACHINE,
+               d0["commit"]).markdown(), "",
+        f"- Over the last {n - n // 2:,} of {n:,} requests RSS moved by {rss['end'] - rss['halfway']:+.1f} MiB, over "
+        f"the first half after the warm-up by {rss['halfway'] - rss['after_warmup']:+.1f} MiB: the process's pools "
+        "grow to a level and stay there.",
         "- " + "; ".join(f"{lv['sent']:,} sent: {lv['completed']:,} completed, {lv['cancelled']:,} cancelled, "
-                         f"{lv['lost']} lost" for lv in (d["levels"][0] for d in runs.values())) + ".", "",
+                         f"{lv['lost']} lost" for lv in (d["levels"][0] for d in runs.values())) + ".",
+        f"- The first load again with the server of commit {old['commit']} (`{THRESHOLD}`, the same day), which "
+        f"forced glibc to map every allocation of 1 MiB or more on its own (a step's logits included): RSS "
+        f"{o['after_warmup']:.1f} / {o['halfway']:.1f} / {o['end']:.1f} MiB ({o['end'] - o['halfway']:+.1f} MiB over "
+        f"the second half, against {r0['end'] - r0['halfway']:+.1f} MiB), {num(old['levels'][0]['requests_per_s'], 1)} "
+        f"req/s against {num(d0['levels'][0]['requests_per_s'], 1)}.", "",
     ])
 
 
