@@ -292,8 +292,8 @@ def _soak() -> str:
     ])
 
 
-REPEATS = "2026-11-27-serve-repeats-2"  # {greedy,pen}-{none,auto}-r<run>.json: servers one after another
-BEFORE = "2026-11-27-serve-repeats"  # the same load at b30f044
+REPEATS = "2026-11-27-serve-repeats-mapped"  # {greedy,pen}-{none,auto}-r<run>.json: servers one after another
+BEFORE = "2026-11-27-serve-repeats-2"  # the same load at 6c2d149, whose serve forced glibc's mmap threshold to 1 MiB
 REPEATS_CMD = ("python benchmarks/measure/serve_load.py --clients 1,4,8 --requests 8 --max-tokens 64 "
                "[--repetition-penalty 1.2] --serve-args \"--model gemma-3-270m --drafter <none|auto> "
                "--no-access-log\" --out <decoding>-<drafter>-r<run>.json")
@@ -343,7 +343,10 @@ def _repeats() -> str:
         return "the two servers' ranges overlap"
 
     old, old_meta = _runs(BEFORE)
-    before = {c: _mean(old[("pen", "none", c)]) / _mean(old[("pen", "none", 1)]) for c in (4, top)}
+
+    def was(dec: str, drafter: str) -> str:
+        return f"{_mean(old[(dec, drafter, top)]):.0f} → {_mean(runs[(dec, drafter, top)]):.0f}"
+
     notes = [f"- {names[dec].capitalize()}: `auto` {x(ratio[(dec, 4)][0])} plain batching at 4 clients "
              f"({spread(dec, 4)}) and {x(ratio[(dec, top)][0])} at {top} ({spread(dec, top)}); "
              f"{x(ratio[(dec, 4)][1])} and {x(ratio[(dec, top)][1])} one plain client (plain batching "
@@ -356,10 +359,12 @@ def _repeats() -> str:
                "auto vs one plain client"], rows), "",
         Source(f"{REPEATS}/", REPEATS_CMD, meta["date"].split(" ")[0], LOAD_MACHINE, meta["commit"]).markdown(), "",
         *notes,
-        f"- The same command at commit {old_meta['commit']} (`{BEFORE}/`; since then among others the repetition "
-        f"penalty on a CPU indexes the seen ids instead of selecting over whole rows of 262,144 logits, e3c6c29): "
-        f"plain batching under the penalty {x(before[4])} one plain client at 4 clients and {x(before[top])} at "
-        f"{top}.",
+        f"- The same command at commit {old_meta['commit']} (`{BEFORE}/`, the same day), whose `serve` forced glibc "
+        f"to map every allocation of 1 MiB or more on its own (each step's logits a fresh mapping and its page "
+        f"faults; now only the KV caches are): at {top} clients, tok/s then → now: "
+        + "; ".join(f"{names[dec]} plain {was(dec, 'none')}, `auto` {was(dec, 'auto')}" for dec in names) + ".",
+        *([f"- `+dirty`: while these runs went, the tree differed from {meta['commit'].removesuffix('+dirty')} in "
+           "this renderer only (benchmarks/render/serve.py)."] if meta["commit"] == "ed36dbe+dirty" else []),
         "- One server's run moves by up to a third from the next on this machine (the ranges): single runs of it "
         "cannot tell a few percent apart.", ""])
 
