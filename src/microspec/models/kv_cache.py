@@ -19,10 +19,10 @@ def zeros(shape: Sequence[int], dtype: torch.dtype, device: torch.device | str) 
     more into a mapping of its own made each of them a mapping and its page faults, measured as a quarter to a half
     of a batched Gemma 3 270M step on a 2-core CPU); elsewhere :func:`torch.zeros`."""
     count = math.prod(shape)
-    if torch.device(device).type != "cpu" or not count:
+    if torch.device(device).type != "cpu" or not count or not hasattr(mmap, "MAP_ANONYMOUS"):  # (Windows: none)
         return torch.zeros(*shape, dtype=dtype, device=device)
     nbytes = count * torch.empty((), dtype=dtype).element_size()
-    buf = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     return torch.frombuffer(buf, dtype=dtype, count=count).view(*shape)  # the tensor holds the mapping
 
 
