@@ -33,7 +33,10 @@ COMMIT_VLLM, COMMIT_VLLM_DRAFT = "3170a0b", "56f30f1"
 # runs record each question's tokens/s, so the same question's speed can be compared from run to run
 AUTO = "2026-11-27-auto-vnni"
 AUTO_BEFORE = "2026-11-27-auto-aside"  # the same runs with the AVX2 products only (before the VNNI tiles)
-AUTO_LATER = "2026-11-27-auto-ea8855b"  # the same runs again at a later commit (K-quant VNNI, the penalty by index)
+# the same runs again at later commits: ea8855b (K-quant VNNI, the penalty by index), 4183d30 (the walks' rows
+# processed in place, the CPU KV caches mapped on their own)
+AUTO_LATER = ("2026-11-27-auto-ea8855b", "2026-11-27-auto-4183d30")
+DIRTY = {"2026-11-27-auto-4183d30": "benchmarks/render/speed.py"}  # what a "+dirty" run's tree differed in
 AUTO_DECODINGS = {"greedy": "greedy", "greedy-rp1.2": "repetition penalty 1.2", "T0.7": "temperature 0.7",
                   "T0.7-rp1.2": "T 0.7 + penalty 1.2"}
 AUTO_FIXED = ("ngram", "microspec@lookup")
@@ -268,12 +271,17 @@ def _before() -> list[str]:
 
 
 def _later() -> list[str]:
-    """The same runs again at a later commit: auto's mean speed-up, its ratio to the best fixed method and its worst
-    question, per decoding."""
-    runs = sorted(p.name for p in (RESULTS / AUTO_LATER).iterdir() if p.is_dir())
+    """The same runs again at later commits (:data:`AUTO_LATER`), a line each."""
+    return [line for folder in AUTO_LATER for line in _later_at(folder)]
+
+
+def _later_at(later: str) -> list[str]:
+    """The same runs again at a later commit (results in ``later``): auto's mean speed-up, its ratio to the best fixed
+    method and its worst question, per decoding."""
+    runs = sorted(p.name for p in (RESULTS / later).iterdir() if p.is_dir())
     cells, commits, mean = [], set(), []
     for d, label in AUTO_DECODINGS.items():
-        res = [load(f"{AUTO_LATER}/{r}/{d}/results.json") for r in runs]
+        res = [load(f"{later}/{r}/{d}/results.json") for r in runs]
         commits |= {commit(r["meta"]) for r in res}
         auto = [r["methods"]["auto"]["overall"]["speedup"] for r in res]
         best = [max(r["methods"][m]["overall"]["speedup"] for m in AUTO_FIXED) for r in res]
@@ -286,10 +294,12 @@ def _later() -> list[str]:
     earlier = [[load(f"{AUTO}/{r}/{d}/results.json")["methods"]["auto"]["overall"]["speedup"] for r in table_runs]
                for d in AUTO_DECODINGS]
     overlap = all(min(a) <= max(b) and min(b) <= max(a) for a, b in zip(mean, earlier))
-    return [f"- The same {len(runs)} runs at commit {', '.join(sorted(commits))} (`benchmarks/results/{AUTO_LATER}/`, "
+    dirty = f" (`+dirty`: the tree differed in {DIRTY[later]} only)" if any("+dirty" in c for c in commits) else ""
+    return [f"- The same {len(runs)} runs at commit {', '.join(sorted(commits))}{dirty} "
+            f"(`benchmarks/results/{later}/`, "
             "the same command): `auto` " + "; ".join(cells) + f"; {spread(avg)} over the four. The fixed methods "
             "moved as much between these runs (prompt lookup greedy " + spread(
-                [load(f"{AUTO_LATER}/{r}/greedy/results.json")["methods"]["ngram"]["overall"]["speedup"]
+                [load(f"{later}/{r}/greedy/results.json")["methods"]["ngram"]["overall"]["speedup"]
                  for r in runs]) + ")" + ("; in every decoding `auto`'s range here overlaps its range in the "
                                           "table above." if overlap else ".")]
 
