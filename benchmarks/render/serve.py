@@ -300,16 +300,18 @@ REPEATS_CMD = ("python benchmarks/measure/serve_load.py --clients 1,4,8 --reques
 
 
 def _runs(folder: str) -> tuple[dict[tuple[str, str, int], list[float]], dict]:
-    """Aggregate tok/s per (decoding, drafter, clients) over the runs of ``folder``, and the first run's metadata."""
+    """Aggregate tok/s per (decoding, drafter, clients) over the runs of ``folder``, and the first run's metadata
+    with ``commits``: every run's commit, in order of first appearance."""
     runs: dict[tuple[str, str, int], list[float]] = {}
-    meta = None
-    for f in sorted((RESULTS / folder).glob("*-r*.json")):
+    meta, commits = None, {}
+    for f in sorted((RESULTS / folder).glob("*-r*.json"), key=lambda p: (int(p.stem.rsplit("-r", 1)[1]), p.name)):
         dec, drafter = f.stem.split("-")[:2]
         d = load(f"{folder}/{f.name}")
         meta = meta or d
+        commits[d["commit"]] = None
         for lv in d["levels"]:
             runs.setdefault((dec, drafter, lv["clients"]), []).append(lv["generated_tokens_per_s"])
-    return runs, meta
+    return runs, {**meta, "commits": ", ".join(commits)}
 
 
 def _mean(v: list[float]) -> float:
@@ -357,14 +359,15 @@ def _repeats() -> str:
         "servers alternating; aggregate generated tok/s, mean (range):", "",
         table(["decoding", "clients", "runs", "plain (`--drafter none`)", "`auto`", "auto vs plain batching",
                "auto vs one plain client"], rows), "",
-        Source(f"{REPEATS}/", REPEATS_CMD, meta["date"].split(" ")[0], LOAD_MACHINE, meta["commit"]).markdown(), "",
+        Source(f"{REPEATS}/", REPEATS_CMD, meta["date"].split(" ")[0], LOAD_MACHINE, meta["commits"]).markdown(), "",
         *notes,
         f"- The same command at commit {old_meta['commit']} (`{BEFORE}/`, the same day), whose `serve` forced glibc "
         f"to map every allocation of 1 MiB or more on its own (each step's logits a fresh mapping and its page "
         f"faults; now only the KV caches are): at {top} clients, tok/s then → now: "
         + "; ".join(f"{names[dec]} plain {was(dec, 'none')}, `auto` {was(dec, 'auto')}" for dec in names) + ".",
-        *([f"- `+dirty`: while these runs went, the tree differed from {meta['commit'].removesuffix('+dirty')} in "
-           "this renderer only (benchmarks/render/serve.py)."] if meta["commit"] == "ed36dbe+dirty" else []),
+        *(["- `ed36dbe+dirty`: while those runs went, the tree differed from ed36dbe in this renderer only "
+           "(benchmarks/render/serve.py); 98bc478 (penalty runs 4–6) runs the same server code."]
+          if "ed36dbe+dirty" in meta["commits"] else []),
         "- One server's run moves by up to a third from the next on this machine (the ranges): single runs of it "
         "cannot tell a few percent apart.", ""])
 
