@@ -153,15 +153,14 @@ def _launch(q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: tor
     cos, sin = _rows(cos), _rows(sin)
     out = torch.empty((t, nq if store else nq + nk, hd), dtype=q.dtype, device=q.device)
     wq, wk, eps, gemma = norms if norms is not None else (out, out, 0.0, False)
-    kv_buf = kv if store else out
+    heads = nq + nk + (nk if store else 0)  # a program per head and token; storing, the value heads too
     by_tensor = store and not isinstance(slots, int)
-    kernel[(t * (nq + nk + (nk if store else 0)),)](
-        q, k, v, wq.contiguous(), wk.contiguous(), cos, sin, out, kv_buf, slots if by_tensor else out,
-        slots if store and not by_tensor else 0, nq, nk, nq + nk + (nk if store else 0), hd // 2, q.stride(0),
-        q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), sin.stride(0), out.stride(0),
-        out.stride(1), kv_buf.stride(0) if store else 0, kv_buf.stride(1) if store else 0,
-        kv_buf.stride(2) if store else 0, float(eps), NORM=norms is not None, GEMMA=bool(gemma), STORE=store,
-        SLOTS=by_tensor, BLOCK=next_power_of_2(hd))
+    kernel[(t * heads,)](
+        q, k, v, wq.contiguous(), wk.contiguous(), cos, sin, out, kv if store else out, slots if by_tensor else out,
+        slots if store and not by_tensor else 0, nq, nk, heads, hd // 2, q.stride(0), q.stride(1), k.stride(0),
+        k.stride(1), v.stride(0), v.stride(1), cos.stride(0), sin.stride(0), out.stride(0), out.stride(1),
+        *(kv.stride()[:3] if store else (0, 0, 0)), float(eps), NORM=norms is not None, GEMMA=bool(gemma),
+        STORE=store, SLOTS=by_tensor, BLOCK=next_power_of_2(hd))
     return out
 
 
