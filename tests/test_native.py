@@ -225,3 +225,32 @@ def test_additive_masks_attend_as_the_bool_masks(dtype, monkeypatch):
         made.append(len(nm.__dict__.get("_masks_made", {})))
     assert torch.equal(outs[0], outs[1])
     assert made[1] == len(set(nm.spec.layer_windows)) < nm.spec.num_layers
+
+
+@pytest.mark.parametrize("family", ["gemma3", "llama"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_table_of_every_position_gives_the_computed_rotations(monkeypatch, family, dtype):
+    """Where a model keeps the RoPE table of every position (:mod:`microspec.models.rotary`, CUDA's path; here on a
+    CPU), a forward's rows are the ones computed per forward, bit for bit, for positions in any order (a tree's),
+    for each base (Gemma 3's local and global); a position past the context takes the last row instead of stopping
+    the device; a table past the size limit is not kept, and the rows are computed."""
+    from microspec.models import rotary
+
+    monkeypatch.setattr(rotary, "TABLE_DEVICES", ("cuda", "cpu"))
+    _, nm = tiny_pair(family)
+    last = nm.spec.max_position - 1
+    positions = torch.cat([torch.randperm(last + 1, generator=torch.Generator().manual_seed(0)),
+                           torch.tensor([7, 7, 0, last])])
+    looked_up = nm._rope_tables(positions, dtype)
+    computed = rotary.compute(nm._rope, positions, dtype)
+    assert looked_up.keys() == computed.keys() and len(computed) == (2 if family == "gemma3" else 1)
+    for key, (cos, sin) in computed.items():
+        assert torch.equal(looked_up[key][0], cos) and torch.equal(looked_up[key][1], sin)
+        assert looked_up[key][0].is_contiguous() and looked_up[key][0].dtype == dtype
+    past = nm._rope_tables(torch.tensor([last + 5]), dtype)
+    assert all(torch.equal(past[k][0][0], computed[k][0][-1]) for k in computed)
+    assert nm._rotary.table(torch.device("cpu"), dtype) is not None
+    monkeypatch.setattr(rotary, "TABLE_BYTES", 1 << 10)
+    small = rotary.RotaryTables(dict(nm._rope), nm.spec.max_position)
+    assert small.table(torch.device("cpu"), dtype) is None
+    assert all(torch.equal(small(positions, dtype)[k][1], computed[k][1]) for k in computed)

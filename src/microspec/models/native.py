@@ -30,6 +30,7 @@ from .kv_cache import CachePool, KVCache
 from .layers import (MLP, Attention, DecoderLayer, Embedding, Linear, RMSNorm, activation, additive, by_window, joined,
                      rotate, window_mask)
 from .quant import QuantTensor, weight_bytes
+from .rotary import RotaryTables
 from .spec import ArchSpec, rope_inv_freq, spec_from_config
 
 
@@ -76,6 +77,7 @@ class NativeCausalLM(nn.Module):
         # RoPE inverse frequencies stay fp32 whatever the model dtype (kept out of the module's buffers so that
         # ``.to(dtype)`` cannot round them); copied to the model's device on first use.
         self._rope = {key: (inv.detach().to("cpu", torch.float32), scale) for key, (inv, scale) in rope.items()}
+        self._rotary = RotaryTables(self._rope, spec.max_position)
         self._act = activation(spec.hidden_act)
         self._embed_scale = math.sqrt(spec.hidden_size) if spec.gemma else None
 
@@ -186,15 +188,8 @@ class NativeCausalLM(nn.Module):
         return x
 
     def _rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> dict[str, tuple[torch.Tensor, ...]]:
-        tables = {}
-        for key, (inv, scale) in self._rope.items():
-            if inv.device != positions.device:
-                inv = inv.to(positions.device)
-                self._rope[key] = (inv, scale)
-            freqs = positions[:, None].float() * inv[None, :]
-            emb = torch.cat((freqs, freqs), dim=-1)
-            tables[key] = ((emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype))
-        return tables
+        """Per RoPE base, the (cos, sin) tables [T, head_dim] of ``positions`` (:mod:`~microspec.models.rotary`)."""
+        return self._rotary(positions, dtype)
 
     def _masks(
         self, cache: KVCache, start: int, positions: torch.Tensor | None, mask: torch.Tensor | None, t: int
