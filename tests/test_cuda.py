@@ -258,6 +258,33 @@ def test_greedy_identity_on_cuda(tmp_path, drafter, policy, processors, graphs):
         assert nm.cuda_graphs.replays > 0
 
 
+@pytest.mark.parametrize("decoding", [{}, {"repetition_penalty": 3.0}, {"temperature": 0.8, "seed": 3},
+                                      {"temperature": 0.9, "top_p": 0.8, "top_k": 20, "min_p": 0.02, "seed": 5,
+                                       "repetition_penalty": 1.5}], ids=["greedy", "penalty", "seeded", "warped"])
+def test_a_plain_step_replays_whole_with_the_eager_tokens(decoding):
+    """A plain step as one CUDA graph (the forward, the LM head, the processors and the token's choice; tests/
+    test_plain_replay.py on a CPU): the eager model's tokens, in the generation that captures and in the next one
+    (the pooled cache's graphs, its own seen ids copied in), every step after the second replayed."""
+    from microspec.decoding.loop import Generation
+
+    eager, nm = _model("gemma3"), _model("gemma3", graphs=True)
+    cfg = GenerationConfig(max_new_tokens=60, ignore_eos=True, **decoding)
+    ref = generate_ids(eager, PROMPT, cfg).token_ids
+    settled, settle = [], Generation.settle
+
+    def counted(self, hidden, first=None, chosen=None):
+        settled.append(chosen is not None)
+        return settle(self, hidden, first, chosen)
+
+    Generation.settle = counted
+    try:
+        runs = [generate_ids(nm, PROMPT, cfg).token_ids for _ in range(2)]
+    finally:
+        Generation.settle = settle
+    assert runs == [ref, ref]
+    assert all(settled[2:len(ref) - 1]) and all(settled[len(ref) - 1:]), settled
+
+
 def test_bf16_greedy_identity_on_cuda(tmp_path):
     nm = _model("gemma3", torch.bfloat16)
     path, _, _ = official_checkpoint(tmp_path / "ck", d=nm.spec.hidden_size)
@@ -305,7 +332,8 @@ def test_the_whole_draft_replays_as_one_graph(tmp_path, policy, decoding):
 
 
 # ---------------------------------------------------------------- host synchronisations
-@pytest.mark.parametrize("method", ["ar", "ngram", "early-exit", "microspec", "eagle+microspec-graphed"])
+@pytest.mark.parametrize("method", ["ar", "ar-graphed", "ngram", "early-exit", "early-exit-chain", "microspec",
+                                    "eagle+microspec-graphed"])
 @pytest.mark.parametrize("decoding", [{}, {"repetition_penalty": 1.2}, {"temperature": 0.8},
                                       {"no_repeat_ngram_size": 3}], ids=["greedy", "penalty", "unseeded", "no-repeat"])
 def test_synchronisations_do_not_grow_with_the_length(tmp_path, method, decoding):
@@ -315,7 +343,9 @@ def test_synchronisations_do_not_grow_with_the_length(tmp_path, method, decoding
     with its length (benchmarks/measure/sync_sites.py lists where they happen; tests/test_sync_free.py counts the
     same on a CPU).  Greedy, under the repetition penalty, with no-repeat-n-gram (its bans found on the device),
     and unseeded sampling (deterministic drafts walked on the device by the keyed rule with the request's own
-    key).  With graphs on, EAGLE + MicroSpec drafts its tree as one replay (greedy, penalty, unseeded)."""
+    key).  With graphs on, EAGLE + MicroSpec drafts its tree as one replay (greedy, penalty, unseeded), and a plain
+    step is one replay with its head, processors and token choice (not with no-repeat-n-gram).  An early-exit chain
+    sampled unseeded is verified by rejection sampling on the device."""
     from microspec.drafters.ngram import NGramDrafter
 
     graphed = method.endswith("-graphed")
@@ -332,8 +362,10 @@ def test_synchronisations_do_not_grow_with_the_length(tmp_path, method, decoding
                     MicroSpecVocab(VOCAB, w_max=24, device=DEV, backend="device"))
         if method == "ngram":
             return NGramDrafter(num_tokens=4), None
-        if method == "ar":
+        if method in ("ar", "ar-graphed"):
             return None, None
+        if method == "early-exit-chain":  # unseeded: a chain sampled on the device, rejection-sampled there
+            return EarlyExitDrafter(1, depth=3), None
         return (EarlyExitDrafter(1, depth=3, top_k=2, total_tokens=5),
                 MicroSpecVocab(VOCAB, w_max=24, device=DEV) if method == "microspec" else None)
 

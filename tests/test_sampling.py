@@ -227,6 +227,8 @@ def _eagle3_head():
 # rule where the walk runs on the device (the others' sampled drafts keep rejection sampling there too); prompt
 # lookup's chain is one too, but finds no match in these samples (tests/test_tree_device.py walks its chains)
 DETERMINISTIC = {"deterministic-topk", "early-exit-tree", "suffix", "eagle-tree", "eagle-lookup", "auto"}
+# model drafters' chains sampled on the device: the device walk's rejection sampling (verify._chain_rejection)
+DEVICE_CHAINS = {"early-exit-chain", "eagle-chain"}
 
 
 @pytest.fixture(params=["keyed", "rejection", "device"])
@@ -247,8 +249,8 @@ def coupling(request, monkeypatch):
                                   "early-exit-chain", "early-exit-tree", "ngram", "suffix", "eagle-chain",
                                   "eagle-tree", "eagle-lookup", "auto"])
 def test_speculative_sampling_matches_exact_distribution(pair, exact, name, coupling, monkeypatch):
-    if coupling == "device" and name not in DETERMINISTIC:
-        pytest.skip("sampled drafts: rejection sampling on the device's path too (the rejection case)")
+    if coupling == "device" and name not in DETERMINISTIC | DEVICE_CHAINS:
+        pytest.skip("sampled trees built on the host: rejection sampling on the host (the rejection case)")
     from microspec.decoding import loop
 
     walked, device_walk = [], loop.device_walk
@@ -395,6 +397,34 @@ def test_autoregressive_sampling_matches_exact_distribution(pair, exact, couplin
             counts[i, t] += 1
     _check(counts[1], m2, "ar token 2")
     _check(counts[2], m3, "ar token 3")
+
+
+def test_plain_steps_replayed_whole_sample_the_exact_distribution(pair, exact, monkeypatch):
+    """A plain step as one graph replay (``Generation.plain_replay``; a stand-in capture on a CPU) draws an unseeded
+    request's token by the keyed rule with the request's own random key: tokens 2 and 3, every one chosen inside a
+    replay after the first generation, follow the target's distribution (the random keys made repeatable here)."""
+    import copy
+
+    from test_whole_draft import _stand_in_capture
+    from microspec.decoding.loop import Generation
+
+    _stand_in_capture(monkeypatch)
+    nm = copy.deepcopy(pair[1])
+    nm.use_cuda_graphs(True)
+    keys = iter(range(7_000_000, 8_000_000))
+    monkeypatch.setattr(torch, "seed", lambda: next(keys))
+    replayed, settle = [], Generation.settle
+    monkeypatch.setattr(Generation, "settle", lambda self, h, first=None, chosen=None: replayed.append(
+        chosen is not None) or settle(self, h, first, chosen))
+    p1, m2, m3 = exact
+    counts = torch.zeros(3, VOCAB)
+    for _ in range(N):
+        r = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=3, ignore_eos=True, **SETTINGS))
+        for i, t in enumerate(r.token_ids):
+            counts[i, t] += 1
+    assert sum(replayed) >= 2 * N - 2, sum(replayed)
+    _check(counts[1], m2, "replayed plain token 2")
+    _check(counts[2], m3, "replayed plain token 3")
 
 
 def test_a_biased_verifier_would_be_caught(pair, exact):

@@ -209,22 +209,23 @@ METHODS = ["ar", "ngram", "suffix", "early-exit", "early-exit-chain", "eagle", "
 UNSEEDED = {"temperature": 0.8}
 NO_REPEAT = {"no_repeat_ngram_size": 3}  # its bans found on the device too (NoRepeatNGram.apply_on_device)
 # under the penalty every draft stays on the device (the lookups' chains and trees copied there); unseeded sampling
-# walks deterministic drafts on the device too (the keyed rule with the request's own key); the model drafters'
-# sampled chains keep rejection sampling on the host (the most acceptance an exact rule has): a read a row there
+# walks deterministic drafts on the device too (the keyed rule with the request's own key), and the model drafters'
+# sampled chains by rejection sampling on the device (the most acceptance an exact rule has)
 CHAINS = ("early-exit-chain", "eagle-chain")
 
 
 @pytest.mark.parametrize("method,decoding", [(m, d) for m in METHODS for d in ({}, {"temperature": 0.8, "seed": 3})]
                          + [(m, PENALTY) for m in METHODS]
-                         + [(m, UNSEEDED) for m in METHODS if m not in CHAINS]
-                         + [(m, {**UNSEEDED, **PENALTY}) for m in ("ngram", "eagle+microspec")]
+                         + [(m, UNSEEDED) for m in METHODS]
+                         + [(m, {**UNSEEDED, **PENALTY}) for m in ("ngram", "eagle+microspec", *CHAINS)]
                          + [(m, NO_REPEAT) for m in ("ngram", "early-exit", "eagle+microspec", "microspec@lookup")])
 def test_a_step_would_synchronise_a_gpu_once(monkeypatch, tmp_path, method, decoding):
     """tests/test_cuda.py's sync-detector test on a CPU, following CUDA's path (the device walk over a tree or chain
     drafted on the device, host walks reading a block of rows' choices at once, the tensor window, the packed rows
     at their fixed shape): one read per step, of the accepted tokens (a device-drafted tree's host lists come back
     in the same read); nothing else may grow with the length.  Greedy, seeded sampling (keyed by position), the
-    repetition penalty and unseeded sampling (not for the model drafters' chains)."""
+    repetition penalty and unseeded sampling (the model drafters' sampled chains verified by rejection sampling on
+    the device)."""
     from microspec.decoding import verify
     from microspec.sync_audit import WouldSync
     from microspec.vocab.packed import PackedRows

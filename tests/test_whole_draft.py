@@ -163,7 +163,7 @@ class _Replayed:
 
 
 def _stand_in_capture(monkeypatch):
-    from microspec.models import graphs
+    from microspec.models import graphs, rotary
 
     def capture(body, pool, refusals=None):
         for _ in range(2):  # warm-up runs, as the real capture does
@@ -174,6 +174,7 @@ def _stand_in_capture(monkeypatch):
     monkeypatch.setattr(graphs, "capture", capture)
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: object())
     monkeypatch.setattr(graphs, "DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(rotary, "TABLE_DEVICES", ("cuda", "cpu"))  # CUDA's RoPE tables, as its graphs read them
 
 
 @pytest.mark.parametrize("policy", list(POLICIES))

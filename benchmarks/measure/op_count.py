@@ -4,16 +4,19 @@ counted on a CPU: a small model's GPU step is mostly a count of tiny kernels, so
     TRITON_INTERPRET=1 PYTHONPATH=src:tests python benchmarks/measure/op_count.py
 
 - a layer: one forward of one new token through ``static_run`` (what the verify graphs capture) on a tiny bf16
-  Gemma 3, the CPU's own fused kernels off (as on a GPU), with the fused layer kernels off and on (on: the norms,
+  Gemma 3, the CPU's own fused kernels off (as on a GPU): in plain torch; with the fused layer kernels (the norms,
   the residual seams, the q/k norms with RoPE writing the keys and values into the cache, and the gated activation
   in Triton kernels run by its interpreter, each launch counted once, q/k/v and gate/up one product each, and the
-  attention masks made additive once a forward; views, dtype casts and allocations left out of both counts, and the
-  three launches SDPA spends converting a bool mask at each call — inside its own C++, out of this counter's
-  sight — added to both);
+  attention masks made additive once a forward), the rotations computed per forward; and with the kernels and the
+  RoPE table of every position (one gather a forward; the table, built at the prompt's forward, not counted).
+  Views, dtype casts and allocations are left out of every count, and the three launches SDPA spends converting a
+  bool mask at each call (inside its own C++, out of this counter's sight) added to each;
 - a tree draft: the tensor operations of one EAGLE-2 tree draft (depth 6, top-k 10, 59 tokens) of EAGLE +
   MicroSpec on CUDA's path with its graphs (a stand-in capture: a replay counted as one, beside its input copies and
   its outputs' clones), level by level (each level's forward a graph) and whole (the draft one graph), the median
-  over a generation.
+  over a generation;
+- a plain step: every operation of one step of plain decoding with graphs, the step one replay (with the LM head,
+  the processors and the token's choice) or the forward's replay with the rest eager after it.
 Counts only: nothing here is timed, and a GPU's time per kernel is not a CPU's.
 """
 
@@ -32,7 +35,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 SKIP = {"view", "reshape", "transpose", "slice", "select", "expand", "unsqueeze", "squeeze", "t", "permute",
         "detach", "alias", "_unsafe_view", "as_strided", "unbind", "split", "lift_fresh", "detach_", "to", "type_as",
-        "empty"}  # views, casts and allocations: no kernel of their own, or a cast the count leaves out
+        "empty", "expand_as", "resolve_conj", "resolve_neg", "item"}  # views, casts, allocations and reads: no kernel
+# of their own, or a cast the count leaves out (a read of the chosen token is each step's one wait, counted apart)
 
 
 class Count(TorchDispatchMode):
@@ -52,12 +56,15 @@ class Count(TorchDispatchMode):
 
 
 @contextlib.contextmanager
-def cuda_path(counter: Count, kernels: bool):
+def cuda_path(counter: Count, kernels: bool, tables: bool = True):
     """The operations CUDA takes, on a CPU: the CPU's own kernels (its bf16 products and attention, its fused fp32
-    rows) off, the fused layer kernels (norms, residual seams, q/k norm + RoPE, gated activation; Triton) on where
-    ``kernels`` (run by the interpreter, each call one launch, their own tensor work uncounted); yields the list
-    their launches go to."""
+    rows, its argmax and its penalty by index) off, the fused layer kernels (norms, residual seams, q/k norm + RoPE,
+    gated activation; Triton) on where ``kernels`` (run by the interpreter, each call one launch, their own tensor
+    work uncounted), the RoPE table of every position kept where ``tables``; yields the list their launches go
+    to."""
+    from microspec.decoding import processors, verify
     from microspec.kernels import cpu_linear, cpu_quant, glu, rms_norm, rope, triton_env
+    from microspec.models import rotary
 
     launched: list = []
     fused = [(rms_norm, "rms_norm"), (rms_norm, "add_rms_norm"), (rope, "rope"), (rope, "rope_qk"),
@@ -77,6 +84,9 @@ def cuda_path(counter: Count, kernels: bool):
         return run
 
     cpu_linear.applies = cpu_linear.attention_applies = cpu_quant.rows_apply = lambda *a, **k: False
+    # CUDA's walk reads a block of rows' argmax at once; its penalty goes over the whole row under the seen bitmap
+    verify.BLOCK_READS, processors.BY_INDEX = ("cuda", "cpu"), ()
+    rotary.TABLE_DEVICES = ("cuda", "cpu") if tables else ("cuda",)
     triton_env.DEVICES = ("cuda", "cpu") if kernels else ("cuda",)
     for (m, n), fn in zip(fused, kernels_saved):
         setattr(m, n, counted(fn))
@@ -87,14 +97,16 @@ def cuda_path(counter: Count, kernels: bool):
         for (m, n), fn in zip(fused, kernels_saved):
             setattr(m, n, fn)
         triton_env.DEVICES = ("cuda",)
+        verify.BLOCK_READS, processors.BY_INDEX = ("cuda",), ("cpu",)
+        rotary.TABLE_DEVICES = ("cuda",)
 
 
-def layer_ops(kernels: bool) -> dict:
+def layer_ops(kernels: bool, tables: bool = False) -> dict:
     from support import tiny_pair
     from microspec.models.graphs import static_masks, static_run
 
     counter = Count()
-    with cuda_path(counter, kernels) as launched:
+    with cuda_path(counter, kernels, tables) as launched:
         _, nm = tiny_pair("gemma3")
         nm = nm.to(torch.bfloat16)
         cache = nm.new_cache(64)
@@ -237,6 +249,46 @@ def step_ops() -> dict:
     return {name: {"median": statistics.median(v), "replays": len(v)} for name, v in per.items()}
 
 
+def plain_step_ops() -> dict:
+    """The operations of a whole plain step of ``generate_ids`` on CUDA's path with graphs (a stand-in capture, a
+    replay counted as one): the step as one replay (the forward, the LM head, the processors and the token's
+    choice; ``Generation.plain_replay``) against the forward's replay with the head, processors and choice run
+    eagerly after it, greedy, under repetition penalty 1.2 and unseeded at temperature 0.7.  Per step: the
+    difference between a 40-token and a 20-token generation over 20 (their prefills the same), each after two
+    generations that captured every shape."""
+    from support import tiny_pair
+    from microspec.decoding import GenerationConfig, generate_ids
+    from microspec.decoding.loop import Generation
+
+    counter = Count()
+    counter.paused = 1
+    out: dict = {}
+    prompt = [1, 10, 20, 30, 11, 21, 31, 12, 10, 20, 30]
+    replay = Generation.plain_replay
+    with cuda_path(counter, kernels=True) as launched, stand_in_graphs(counter), counter, torch.inference_mode():
+        for whole in (False, True):
+            Generation.plain_replay = replay if whole else (lambda self: False)
+            try:
+                for name, decoding in (("greedy", {}), ("penalty 1.2", {"repetition_penalty": 1.2}),
+                                       ("T 0.7", {"temperature": 0.7})):
+                    _, nm = tiny_pair("gemma3")
+                    nm = nm.to(torch.bfloat16)
+                    nm.use_cuda_graphs(True)
+                    totals = []
+                    for n in (40, 40, 20, 40):
+                        cfg = GenerationConfig(max_new_tokens=n, ignore_eos=True, **decoding)
+                        counter.paused -= 1
+                        before = sum(v for k, v in counter.ops.items() if k not in SKIP) + len(launched)
+                        generate_ids(nm, prompt, cfg)
+                        totals.append(sum(v for k, v in counter.ops.items() if k not in SKIP) + len(launched) - before)
+                        counter.paused += 1
+                    out.setdefault("one replay" if whole else "forward replayed, the rest eager", {})[name] = \
+                        (totals[3] - totals[2]) / 20
+            finally:
+                Generation.plain_replay = replay
+    return out
+
+
 def meta() -> dict:
     """When, where and at which commit (``+dirty`` where the tree differs from it)."""
     import datetime
@@ -260,9 +312,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=None, help="write the counts there as JSON")
     args = p.parse_args(argv)
-    result = {"meta": meta(), "layer": {"plain": layer_ops(False), "kernels": layer_ops(True)},
-              "tree_draft": {"levels": draft_ops(False), "whole": draft_ops(True)}, "graphed_forward": step_ops()}
-    for name in ("plain", "kernels"):
+    result = {"meta": meta(), "layer": {"plain": layer_ops(False), "kernels": layer_ops(True),
+                                        "tables": layer_ops(True, True)},
+              "tree_draft": {"levels": draft_ops(False), "whole": draft_ops(True)}, "graphed_forward": step_ops(),
+              "plain_step": plain_step_ops()}
+    for name in ("plain", "kernels", "tables"):
         r = result["layer"][name]
         print(f"layer, {name}: {r['per_layer']} operations ({r['kernel_launches_per_layer']} of them the kernels)")
     for name in ("levels", "whole"):
@@ -270,6 +324,8 @@ def main(argv=None) -> int:
         print(f"tree draft, {name}: {r['median_per_draft']} operations (median of {r['drafts']})")
     for name, r in result["graphed_forward"].items():
         print(f"graphed forward, {name}: {r['median']} operations around its replay (median of {r['replays']})")
+    for how, rows in result["plain_step"].items():
+        print(f"plain step, {how}: " + ", ".join(f"{name} {n:g}" for name, n in rows.items()) + " operations")
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
     return 0

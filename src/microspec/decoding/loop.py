@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from ..errors import MicrospecError, check
 from ..kernels import cpu_linear
+from ..models import graphs as model_graphs
 from ..models.native import NativeCausalLM, Taps
 from ..transfer import rows_of, to_device
 from .adaptive import AdaptiveSteps
@@ -26,8 +27,8 @@ from .observers import CoverageObserver
 from .processors import LogitsPipeline
 from .stats import DeviceTimer, GenerationStats, StepClock
 from .tree import DeviceTree, DraftTree
-from .verify import (HEAD_MODES, LazyHead, default_head_mode, device_walk, device_walk_takes, greedy_walk, keyed_walk,
-                     sample_walk, walks_on_device)
+from .verify import (HEAD_MODES, LazyHead, Walk, default_head_mode, device_walk, device_walk_takes, greedy_walk,
+                     keyed_walk, sample_walk, walks_on_device)
 
 if TYPE_CHECKING:
     from ..drafters.base import Drafter
@@ -129,7 +130,10 @@ def generate_ids(
                      adaptive, on_commit)
     gen.prefill()
     while gen.finish is None:
-        ids, positions, mask = gen.verify_inputs(gen.plan())
+        tree = gen.plan()
+        if not len(tree) and gen.plain_replay():
+            continue
+        ids, positions, mask = gen.verify_inputs(tree)
         gen.settle(model(ids, gen.cache, positions=positions, mask=mask, taps=gen.taps))
     return gen.result()
 
@@ -305,13 +309,41 @@ class Generation:
             return tree.verify_inputs(self.tokens[-1], self.cache.length, self.model.device)
         return to_device([self.tokens[-1]], self.model.device), None, None
 
-    def settle(self, hidden: torch.Tensor, first: torch.Tensor | None = None) -> None:
+    def plain_replay(self) -> bool:
+        """The planned step, a plain one (no draft), as one CUDA graph replay where the model replays graphs
+        (:data:`~microspec.models.graphs.DEVICES`): the forward, the full-vocabulary head, the processors and the
+        choice of the next token (:meth:`LogitsPipeline.choose_fixed`), then :meth:`settle` with the one read of
+        the token.  False where it does not apply (no graphs, a forward with taps, a processor that cannot go into
+        a graph, a shape seen once or refused): the caller runs the step's forward and :meth:`settle` instead."""
+        model, pipe = self.model, self.pipe
+        graphs = model.cuda_graphs
+        if graphs is None or self.taps is not None or model.device.type not in model_graphs.DEVICES:
+            return False
+        choice = pipe.choice_inputs()
+        if choice is None:
+            return False
+        baked, given = choice
+
+        def choose(hidden: torch.Tensor, *given: torch.Tensor) -> tuple[torch.Tensor]:
+            return (pipe.choose_fixed(model.head(hidden[-1:]), given),)
+
+        out = graphs.run(to_device([self.tokens[-1]], model.device), self.cache, None, None,
+                         model_graphs.Tail(("plain", baked), choose, given))
+        if out is None:
+            return False
+        hidden, token = out
+        self.settle(hidden, chosen=int(token))
+        return True
+
+    def settle(self, hidden: torch.Tensor, first: torch.Tensor | None = None, chosen: int | None = None) -> None:
         """After the verify pass (``hidden``: its final hidden states; ``first``: the logits of the rows the walk
-        starts from, when computed already): walk the tree, keep the accepted slots, tell the policy and the
-        drafter, commit the tokens."""
+        starts from, when computed already; ``chosen``: a plain step's token, when chosen already): walk the tree,
+        keep the accepted slots, tell the policy and the drafter, commit the tokens."""
         t0, host_t0, drafting, tree, start, t1 = self._step
         model, vocab, drafter, device = self.model, self.vocab, self.drafter, self.model.device
-        if first is None and walks_on_device(tree, self.pipe, device):  # one read for the whole walk
+        if chosen is not None:
+            walk = Walk([], [chosen], 1)
+        elif first is None and walks_on_device(tree, self.pipe, device):  # one read for the whole walk
             walk = device_walk(tree, model.head, hidden, self.pipe)
         else:
             walk = self.walker(tree, LazyHead(model.head, hidden, tree, self.head_mode, first), self.pipe)

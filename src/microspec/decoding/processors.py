@@ -221,7 +221,7 @@ class LogitsPipeline:
     """The processors a :class:`GenerationConfig` asks for, applied in HF's order, plus sampling warpers."""
 
     def __init__(self, cfg: GenerationConfig, vocab_size: int, device: torch.device):
-        self.cfg = cfg
+        self.cfg, self.device = cfg, torch.device(device)
         self.processors: list = []
         if cfg.repetition_penalty != 1.0:
             self.processors.append(RepetitionPenalty(cfg.repetition_penalty, vocab_size, device))
@@ -266,6 +266,39 @@ class LogitsPipeline:
             return None
         both = [p.graph_state() for p in self.processors]
         return [s for s, _ in both], tuple(k for _, k in both)
+
+    def choice_inputs(self) -> tuple[tuple, tuple[torch.Tensor, ...]] | None:
+        """For a graph that processes a row and chooses the next token itself (a plain step's replay,
+        :meth:`choose_fixed`): (the values it bakes in, the tensors it reads: each processor's :meth:`graph_state`
+        tensors, then when sampling the keyed uniform of the next position as a float64 [1]); None where a processor
+        cannot go into a graph.  Sampling is keyed there, seeded or not (an unseeded request by its own random key,
+        :attr:`key`, as the device walk is): a fresh uniform per position, so the tokens follow the target's
+        distribution exactly, and a seeded request's are those of its eager steps."""
+        state = self.graph_state() if self.active else ([], ())
+        if state is None:
+            return None
+        tensors, baked = state
+        cfg = self.cfg
+        given = tuple(t for s in tensors for t in s)
+        if not cfg.greedy:
+            given += (to_device([keyed_uniform(self.key, self.position)], self.device, torch.float64),)
+        sampling = None if cfg.greedy else (cfg.temperature, cfg.top_p, cfg.top_k, cfg.min_p)
+        return (baked, tuple(len(s) for s in tensors), sampling), given
+
+    def choose_fixed(self, logits: torch.Tensor, given: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The next token [1] of one row of raw logits [1, V]: :meth:`process` and :meth:`choose` in fixed shapes,
+        with nothing read back, from :meth:`choice_inputs`'s tensors ``given`` (a graph's copies of them)."""
+        rest, states = list(given), []
+        for p in self.processors:
+            n = len(p.graph_state()[0])
+            states.append(tuple(rest[:n]))
+            del rest[:n]
+        if states:
+            logits = self.process_on_device(logits, torch.full((1, 0), -1, dtype=torch.long, device=logits.device),
+                                            states=states)
+        if self.cfg.greedy:
+            return logits.argmax(dim=-1)
+        return sample(self.probs(logits), u=rest[0][:, None]).squeeze(-1)
 
     def commit(self, tokens: Sequence[int]) -> None:
         self.position += len(tokens)

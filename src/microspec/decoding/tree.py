@@ -150,12 +150,16 @@ class DeviceTree(DraftTree):
         return self._host
 
     @classmethod
-    def chain_of(cls, tokens: torch.Tensor) -> "DeviceTree":
-        """A chain of the device tensor ``tokens`` [n] (node i's parent i - 1), nothing read back."""
+    def chain_of(cls, tokens: torch.Tensor, q: torch.Tensor | None = None) -> "DeviceTree":
+        """A chain of the device tensor ``tokens`` [n] (node i's parent i - 1), nothing read back; with ``q`` [n, V]
+        its tokens were sampled, node i from ``q[i]`` (scheme iid)."""
         n, dev = tokens.numel(), tokens.device
         idx = torch.arange(n, device=dev)
         anc = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
-        return cls((tokens, idx - 1, idx + 1, anc, torch.ones(n, dtype=torch.bool, device=dev)), n)
+        out = cls((tokens, idx - 1, idx + 1, anc, torch.ones(n, dtype=torch.bool, device=dev)), n)
+        if q is not None:
+            out.q, out.scheme = q, "iid"
+        return out
 
     @classmethod
     def of(cls, tree: DraftTree, device: torch.device) -> "DeviceTree | None":

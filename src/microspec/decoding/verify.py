@@ -157,9 +157,12 @@ def device_walk_takes(tree: DraftTree, pipe: LogitsPipeline, device: torch.devic
     penalty); greedy decoding, seeded sampling, or unseeded sampling over deterministic drafts (the keyed rule with
     the request's random key, :attr:`LogitsPipeline.key`: a child is accepted with the target's residual mass on it,
     as rejection sampling accepts deterministic drafts, so the two rules accept alike; sampled drafts keep rejection
-    sampling, whose acceptance, the sum of min(p, q), is the most any exact rule has)."""
+    sampling, whose acceptance, the sum of min(p, q), is the most any exact rule has), which the device walk
+    takes for a chain sampled on the device (:meth:`DeviceTree.chain_of <microspec.decoding.tree.DeviceTree.chain_of>`
+    with its ``q``)."""
     return device.type in DEVICE_WALK and pipe.on_device and (
-        pipe.cfg.greedy or pipe.keyed or (pipe.key is not None and tree.scheme == "deterministic"))
+        pipe.cfg.greedy or pipe.keyed or (pipe.key is not None and tree.scheme == "deterministic")
+        or (tree.scheme == "iid" and tree.on_device is not None and pipe.generator is not None))
 
 
 def walks_on_device(tree: DraftTree, pipe: LogitsPipeline, device: torch.device) -> bool:
@@ -184,6 +187,8 @@ def device_walk(tree: DeviceTree, head: Callable[[torch.Tensor], torch.Tensor], 
     if pipe is not None and pipe.active:  # row 0 the root (no path), row i + 1 node i (its ancestors and itself)
         paths = torch.where(anc, tokens[None, :], -1)
         logits = pipe.process_on_device(logits, torch.cat([paths.new_full((1, n), -1), paths]))
+    if tree.scheme == "iid":  # a chain sampled from the draft: rejection sampling, every row at once
+        return _chain_rejection(tree, logits, pipe)
     if pipe is None or pipe.cfg.greedy:
         chosen = logits.argmax(dim=-1)
     else:  # every row's keyed sample at once: the uniform of its position (the root's is the next token's)
@@ -202,6 +207,36 @@ def device_walk(tree: DeviceTree, head: Callable[[torch.Tensor], torch.Tensor], 
     bonus = read[n + (accepted[-1] + 1 if accepted else 0)]
     rows = rows_of(logits, [0] + [a + 1 for a in accepted])
     return Walk(accepted, [tree.tokens[a] for a in accepted] + [bonus], n + 1, list(rows))
+
+
+def _chain_rejection(tree: DeviceTree, logits: torch.Tensor, pipe: LogitsPipeline) -> Walk:
+    """:func:`sample_walk` over a chain sampled on the device (node i drawn from ``tree.q[i]``, the draft's
+    distribution at row i), on the device with one read: node i is accepted with probability
+    min(1, p_i(x_i) / q_i(x_i)) (p_i: the target's warped distribution at row i, processed ``logits``), the accepted
+    nodes the chain's prefix up to the first rejection; the bonus token is drawn from row k's residual
+    norm(max(0, p_k - q_k)) where node k is the first rejected (from p_k itself where rounding leaves the residual
+    no mass, as the host walk does), or from the last row's p when every node is accepted.  Each row's candidate
+    bonus is drawn with a uniform of its own, independent of the acceptance draws, and only row k's is kept: the
+    committed tokens follow the target's distribution exactly, as :func:`sample_walk`'s do."""
+    tokens = tree.on_device[0]
+    n, gen = len(tree), pipe.generator
+    p = pipe.probs(logits)  # [n + 1, V]
+    q = tree.q.to(p.device, p.dtype)
+    px, qx = p[:n].gather(1, tokens[:, None])[:, 0], q.gather(1, tokens[:, None])[:, 0]
+    u = torch.rand(n, generator=gen, device=p.device)
+    accept = (qx > 0) & (u < torch.where(qx > 0, px / qx, 0).clamp(max=1))
+    kept = accept.long().cumprod(0)  # node i kept: it and every node before it accepted
+    residual = (p[:n] - q).clamp(min=0)
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p[:n])
+    bonus = sample(torch.cat([residual, p[n:]]), gen)[:, 0]  # row k: the bonus where node k is the first rejected
+    lazy = not tree.read_back
+    parts = [kept, bonus] + ([tokens, tree.on_device[1], tree.on_device[4].long()] if lazy else [])
+    read = torch.cat(parts).tolist()  # the one read
+    if lazy:
+        tree.fill(read[2 * n + 1 : 3 * n + 1], read[3 * n + 1 : 4 * n + 1], read[4 * n + 1 :])
+    accepted = [i for i in range(n) if read[i]]
+    rows = rows_of(logits, [0] + [a + 1 for a in accepted])
+    return Walk(accepted, [tree.tokens[a] for a in accepted] + [read[n + len(accepted)]], n + 1, list(rows))
 
 
 def keyed_walk(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline) -> Walk:

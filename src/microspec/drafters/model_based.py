@@ -217,9 +217,11 @@ class ForwardDrafter(Drafter):
         qs: list[torch.Tensor] = []
         token: torch.Tensor | None = None  # the last drafted token, the next level's input
         processed = ctx.pipe is not None and ctx.pipe.active
-        # processors that take the path as a device tensor (the repetition penalty) see the chain drafted so far
-        # there, so that a greedy or keyed chain stays on the device; they never ban an id (no -inf to stop at)
-        on_device = processed and ctx.pipe.on_device and (ctx.greedy or ctx.pipe.keyed)
+        deterministic = ctx.greedy or ctx.pipe.keyed
+        # processors that take the path as a device tensor see the chain drafted so far there, so that the chain
+        # stays on the device: a greedy or keyed one's, and a sampled one's where they ban no id (the repetition
+        # penalty, which goes into graphs: no -inf row to stop at or to sample from)
+        on_device = processed and ctx.pipe.on_device and (deterministic or ctx.pipe.graph_state() is not None)
         for i in range(steps):
             if i:
                 hidden = self._forward(ctx, token, to_device([root_slot + i], device), None, hidden)
@@ -231,7 +233,7 @@ class ForwardDrafter(Drafter):
                 break
             if processed and not on_device and logits.max() == float("-inf"):
                 break  # the processors banned every id the draft could propose
-            if ctx.greedy or ctx.pipe.keyed:
+            if deterministic:
                 # greedy; or a seeded sample, accepted exactly where it is the target's keyed sample: the draft's
                 # argmax is accepted more often than a draw of the draft with the target's uniform (measured at the
                 # first level on Gemma 3 270M: 0.31 against 0.27 at T 0.7, 0.24 against 0.18 at T 1.0;
@@ -244,11 +246,10 @@ class ForwardDrafter(Drafter):
             drafted.append(token.reshape(-1))
             if processed and not on_device:
                 out.append(int(token))
-        if (on_device or not processed) and drafted and (ctx.greedy or ctx.pipe.keyed):
-            # deterministic (no q needed): the chain stays on the device and comes back with the walk's read
-            return DeviceTree.chain_of(torch.cat(drafted))
-        if not processed and drafted:
-            out = torch.cat(drafted).tolist()
+        if (on_device or not processed) and drafted:
+            # the chain stays on the device and comes back with the walk's read; a sampled one with its q, for
+            # rejection sampling (on the device too: verify.device_walk)
+            return DeviceTree.chain_of(torch.cat(drafted), None if deterministic else torch.stack(qs))
         return DraftTree.chain(out, torch.stack(qs) if qs else None)
 
     def _tree(self, ctx: DraftContext, root_hidden: torch.Tensor, root_slot: int, steps: int) -> DraftTree:

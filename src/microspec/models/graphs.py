@@ -22,6 +22,10 @@ its graphs: a later request replays the shapes earlier ones captured and capture
 CUDA, more rows than ``max_rows``, taps or an early exit, a capture that fails) goes to the eager forward, which is
 also what every CPU run uses.
 
+A forward's graph may go on with a :class:`Tail` inside the same replay: a plain decoding step's LM head,
+processors and choice of the next token (:meth:`Generation.plain_replay
+<microspec.decoding.loop.Generation.plain_replay>`), so that a plain step is one replay and one read of its token.
+
 Beside the forward's graphs, :class:`GraphedCall` replays any function of fixed shapes (the packed draft head's
 product and top-k), and :class:`CallsByCache` keeps such graphs by the KV cache they write: an EAGLE drafter's whole
 tree draft (every level's forward, the head's top-k, the tree's growth and rerank) is one of them, one replay a step
@@ -37,6 +41,8 @@ from __future__ import annotations
 
 import warnings
 import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -112,14 +118,26 @@ def static_run(model, x: torch.Tensor, cache: KVCache, slots: torch.Tensor, posi
     return model.stack(x, model.model.layers, rope, attend)[1]
 
 
+@dataclass(frozen=True)
+class Tail:
+    """What a graphed forward goes on to do inside the same replay: ``fn(hidden, *inputs)`` returns a tuple of
+    tensors (a plain step's LM head, processors and choice of the next token).  ``inputs`` are copied into the
+    graph's static buffers before each replay; ``key`` names everything else ``fn`` depends on (the values it bakes
+    in), for a graph is replayed for any later call of the same key, whatever function that call passes."""
+
+    key: tuple
+    fn: Callable[..., tuple[torch.Tensor, ...]]
+    inputs: tuple[torch.Tensor, ...] = ()
+
+
 class _Graph:
     """A captured forward and its static inputs: ``masks`` (by window, built before each replay) where the caller's
     mask covers the whole cache, else ``tree`` (the [t, t] mask among the new rows, or None: causal) from which the
-    graph builds its masks itself."""
+    graph builds its masks itself; ``tail`` the static inputs of a :class:`Tail`'s function."""
 
-    def __init__(self, x, slots, positions, masks, tree, out, graph):
+    def __init__(self, x, slots, positions, masks, tree, out, graph, tail=()):
         self.x, self.slots, self.positions, self.masks, self.tree = x, slots, positions, masks, tree
-        self.out, self.graph = out, graph
+        self.out, self.graph, self.tail = out, graph, tail
 
 
 class _CacheGraphs:
@@ -162,9 +180,10 @@ class CudaGraphs:
         self.refusals: list[str] = []  # why captures were refused (those shapes run eagerly)
 
     def run(self, x: torch.Tensor, cache: KVCache, positions: torch.Tensor | None,
-            mask: torch.Tensor | None) -> torch.Tensor | None:
+            mask: torch.Tensor | None, tail: Tail | None = None) -> torch.Tensor | tuple[torch.Tensor, ...] | None:
         """The graphed forward of ``x``: input vectors [T, d], or token ids [T] (embedded inside the graph); None
-        where the eager forward must run."""
+        where the eager forward must run.  With ``tail``: (the hidden states, ``tail.fn``'s tensors), all of one
+        replay."""
         t = int(x.shape[0])
         if x.device.type not in DEVICES or t == 0 or t > self.max_rows:
             return None
@@ -174,22 +193,25 @@ class CudaGraphs:
         # causal and [t, t] tree masks are built inside the graph from its inputs; a mask over the whole cache
         # (its width the cache's length) is made into the bucket's masks before each replay
         kind = None if mask is None else "tree" if mask.dim() == 2 and mask.shape == (t, t) else "full"
-        key = (t, span, x.dtype, cache.kv.data_ptr(), cache.capacity, kind)
+        key = (t, span, x.dtype, cache.kv.data_ptr(), cache.capacity, kind,
+               None if tail is None else (tail.key, tuple((i.shape, i.dtype) for i in tail.inputs)))
         entry = state.lookup(key)
         if entry is None:
             return None
         self.model.check_room(cache, t)
         if entry is True:
-            entry = state.graphs[key] = self._capture(state, x, cache, start, positions, mask, kind, span)
+            entry = state.graphs[key] = self._capture(state, x, cache, start, positions, mask, kind, span, tail)
             if entry is None:
                 return None
         else:
             entry.x.copy_(x)
+            for buffer, value in zip(entry.tail, tail.inputs if tail is not None else ()):
+                buffer.copy_(value)
             self._inputs(entry, cache, start, positions, mask, span)
         entry.graph.replay()
         self.replays += 1
         cache.length = start + t
-        return entry.out.clone()
+        return tuple(o.clone() for o in entry.out) if tail is not None else entry.out.clone()
 
     def _inputs(self, entry: _Graph, cache: KVCache, start: int, positions, mask, span: int) -> None:
         """The step's inputs into the graph's static buffers: slots and positions (written in place), the tree mask
@@ -207,13 +229,15 @@ class CudaGraphs:
             for w, m in static_masks(self.model, cache, start, t, positions, mask, span).items():
                 entry.masks[w].copy_(m)
 
-    def _capture(self, state: _CacheGraphs, x, cache, start, positions, mask, kind, span) -> _Graph | None:
+    def _capture(self, state: _CacheGraphs, x, cache, start, positions, mask, kind, span,
+                 tail: Tail | None) -> _Graph | None:
         model, t, dev = self.model, int(x.shape[0]), x.device
         masks = {w: torch.empty(1, 1, t, span, dtype=torch.bool, device=dev) for w in set(model.spec.layer_windows)} \
             if kind == "full" else None  # filled by _inputs
         entry = _Graph(x.clone(), torch.empty(t, dtype=torch.long, device=dev),
                        torch.empty(t, dtype=torch.long, device=dev), masks,
-                       mask.to(torch.bool).clone() if kind == "tree" else None, None, None)
+                       mask.to(torch.bool).clone() if kind == "tree" else None, None, None,
+                       () if tail is None else tuple(i.clone() for i in tail.inputs))
         self._inputs(entry, cache, start, positions, mask, span)
 
         def body():
@@ -221,7 +245,8 @@ class CudaGraphs:
             masks = entry.masks if entry.masks is not None else \
                 device_masks(model, cache, entry.slots, entry.positions, entry.tree, span)
             x = entry.x if entry.x.is_floating_point() else model.embed(entry.x)  # token ids: embedded here
-            return static_run(model, x, cache, entry.slots, entry.positions, masks, span)
+            out = static_run(model, x, cache, entry.slots, entry.positions, masks, span)
+            return out if tail is None else (out, *tail.fn(out, *entry.tail))
 
         if state.pool is None:
             state.pool = torch.cuda.graph_pool_handle()
