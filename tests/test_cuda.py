@@ -285,6 +285,28 @@ def test_a_plain_step_replays_whole_with_the_eager_tokens(decoding):
     assert all(settled[2:len(ref) - 1]) and all(settled[len(ref) - 1:]), settled
 
 
+@pytest.mark.parametrize("decoding", [{}, {"repetition_penalty": 3.0}], ids=["greedy", "penalty"])
+def test_the_plain_step_launched_ahead_stops_at_an_eos_on_cuda(decoding):
+    """Plain decoding launches each step before the last token's read (a pinned copy and an event: the read waits
+    for that step only): ending at an EOS met mid-text, the tokens are the eager model's and the step launched past
+    the end is undone (tests/test_plain_replay.py on a CPU)."""
+    from microspec.decoding.loop import Generation
+
+    eager, nm = _model(), _model(graphs=True)
+    cfg = GenerationConfig(max_new_tokens=60, **decoding)
+    ref = generate_ids(eager, PROMPT, cfg).token_ids
+    cut = next((i for i, t in enumerate(ref) if i >= 8 and ref.index(t) == i), len(ref) - 1) + 1
+    want = generate_ids(eager, PROMPT, cfg, eos_token_ids=[ref[cut - 1]]).token_ids
+    lengths, result = [], Generation.result
+    Generation.result = lambda self: lengths.append(self.cache.length) or result(self)
+    try:
+        runs = [generate_ids(nm, PROMPT, cfg, eos_token_ids=[ref[cut - 1]]).token_ids for _ in range(2)]
+    finally:
+        Generation.result = result
+    assert want == ref[:cut] and runs == [want, want]
+    assert lengths == [len(PROMPT) + len(want) - 1] * 2
+
+
 def test_bf16_greedy_identity_on_cuda(tmp_path):
     nm = _model("gemma3", torch.bfloat16)
     path, _, _ = official_checkpoint(tmp_path / "ck", d=nm.spec.hidden_size)

@@ -98,3 +98,49 @@ def test_the_replayed_body_would_not_wait_for_a_gpu(monkeypatch):
     with torch.inference_mode(), WouldSync() as audit:
         generate_ids(nm, PROMPT, cfg)
     assert len(waits) >= 20 and not any(waits), (waits, dict(audit.reasons))
+
+
+@pytest.mark.parametrize("decoding", ["greedy", "penalty", "warped"])
+@pytest.mark.parametrize("end", ["eos", "stop", "length", "on_commit"])
+def test_the_step_launched_ahead_ends_where_the_eager_generation_does(monkeypatch, decoding, end):
+    """Plain decoding launches each step before the last one's token is read (its input that token on the device,
+    the penalty's seen ids taking it there): the tokens, the finish reason and the streamed tokens are the eager
+    generation's, whether it ends at an EOS, a stop check, its length or a stop from the stream's callback; the
+    step launched past the end is undone (the cache holds the prompt and every token but the last, as after eager
+    steps), and most steps were launched ahead."""
+    _stand_in_capture(monkeypatch)
+    _, eager = tiny_pair("llama")
+    _, nm = tiny_pair("llama")
+    nm.use_cuda_graphs(True)
+    cfg = GenerationConfig(max_new_tokens=60, **DECODINGS[decoding])
+    ref = generate_ids(eager, PROMPT, cfg).token_ids
+    # a token first met past the first steps ends the generation there
+    cut = next(i for i, t in enumerate(ref) if i >= 8 and ref.index(t) == i) + 1
+    mark = ref[cut - 1]
+    kwargs = {"eos": {"eos_token_ids": [mark]}, "stop": {"stop_check": lambda out: out[-1] == mark},
+              "length": {}, "on_commit": {}}[end]
+    streamed: list[int] = []
+
+    def on_commit(tokens):
+        streamed.extend(tokens)
+        return end == "on_commit" and mark in tokens
+
+    ahead, launch = [], Generation._launch
+    monkeypatch.setattr(Generation, "_launch", lambda self, token, ahead=0: ahead_calls(self, token, ahead))
+
+    def ahead_calls(self, token, n):
+        ahead.append(n)
+        return launch(self, token, n)
+
+    lengths, result = [], Generation.result
+    monkeypatch.setattr(Generation, "result", lambda self: lengths.append(self.cache.length) or result(self))
+    want = generate_ids(eager, PROMPT, cfg, on_commit=None, **kwargs)
+    for _ in range(2):
+        streamed.clear()
+        got = generate_ids(nm, PROMPT, cfg, on_commit=on_commit, **kwargs)
+        assert got.token_ids == (want.token_ids if end != "on_commit" else ref[:cut]) == streamed
+        assert got.finish_reason == ("stop" if end == "on_commit" else want.finish_reason)
+        assert lengths[-1] == len(PROMPT) + len(got.token_ids) - 1
+    assert len(ref) == 60 and (end == "length" or 1 < cut < 60) and want.token_ids == (ref[:cut] if end in (
+        "eos", "stop") else ref)
+    assert sum(ahead) >= (100 if end == "length" else 2 * (cut - 4)), ahead

@@ -31,3 +31,24 @@ def rows_of(x: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
     if n and rows[-1] - rows[0] == n - 1 and all(b == a + 1 for a, b in zip(rows, rows[1:])):
         return x[rows[0] : rows[0] + n]
     return x[to_device(rows, x.device)]
+
+
+class HostRead:
+    """A device tensor's values on their way to the host: the copy starts at construction (into pinned memory, after
+    what the stream has queued so far), and :meth:`values` waits for that copy only, not for what is queued after it
+    (on CUDA a plain ``tolist`` waits for the whole stream: a step launched before the read would be waited for
+    too).  On a CPU the values are there already."""
+
+    def __init__(self, t: torch.Tensor):
+        self.event = None
+        self.host = t
+        if t.device.type == "cuda":
+            self.host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            self.host.copy_(t, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+
+    def values(self) -> list:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()

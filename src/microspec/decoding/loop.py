@@ -19,7 +19,7 @@ from ..errors import MicrospecError, check
 from ..kernels import cpu_linear
 from ..models import graphs as model_graphs
 from ..models.native import NativeCausalLM, Taps
-from ..transfer import rows_of, to_device
+from ..transfer import HostRead, rows_of, to_device
 from .adaptive import AdaptiveSteps
 from .config import GenerationConfig
 from .context import DraftContext
@@ -221,6 +221,7 @@ class Generation:
         self.taps = Taps(layers) if layers else None
         self.finish: str | None = None
         self._step: tuple | None = None  # the planned step: (t0 mark, host t0, drafting, tree, cache length)
+        self._ahead: tuple | None = None  # a plain step launched before the last one's token was read
 
     def _emit(self, new: list[int]) -> str | None:
         """Commit ``new`` tokens one by one; the reason to stop, if any (later tokens are dropped)."""
@@ -314,26 +315,45 @@ class Generation:
         (:data:`~microspec.models.graphs.DEVICES`): the forward, the full-vocabulary head, the processors and the
         choice of the next token (:meth:`LogitsPipeline.choose_fixed`), then :meth:`settle` with the one read of
         the token.  False where it does not apply (no graphs, a forward with taps, a processor that cannot go into
-        a graph, a shape seen once or refused): the caller runs the step's forward and :meth:`settle` instead."""
+        a graph, a shape seen once or refused): the caller runs the step's forward and :meth:`settle` instead.
+
+        Without a drafter (plain decoding), the next step is launched before this one's token is read: its input
+        is this step's token on the device (the repetition penalty's seen ids take it there too), so the device
+        runs it while the host reads, commits and streams this one.  Where this token ends the generation (an EOS,
+        a stop, the last token) the step launched ahead is undone (its cache slot dropped); the tokens are those of
+        the steps taken one by one."""
+        graphs = self.model.cuda_graphs
+        if graphs is None or self.taps is not None or self.model.device.type not in model_graphs.DEVICES:
+            return False
+        out = self._ahead or self._launch(to_device([self.tokens[-1]], self.model.device))
+        self._ahead = None
+        if out is None:
+            return False
+        hidden, token = out
+        read = HostRead(token)  # before the next launch: it waits for this step alone
+        if self.drafter is None and self.adaptive is None and len(self.out) + 1 < self.cfg.max_new_tokens:
+            self.pipe.see_on_device(token)
+            self._ahead = self._launch(token, ahead=1)
+        self.settle(hidden, chosen=read.values()[0])
+        if self._ahead is not None and self.finish is not None:  # launched past the end: undone
+            self.cache.length -= 1
+            self._ahead = None
+        return True
+
+    def _launch(self, token: torch.Tensor, ahead: int = 0) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The replay of a plain step over ``token`` [1] (the last token; ``ahead`` 1: the token of the step launched
+        just before, not committed yet): (hidden states, the chosen token), both on the device; None where no
+        graph replays (the caller runs the step eagerly)."""
         model, pipe = self.model, self.pipe
-        graphs = model.cuda_graphs
-        if graphs is None or self.taps is not None or model.device.type not in model_graphs.DEVICES:
-            return False
-        choice = pipe.choice_inputs()
+        choice = pipe.choice_inputs(ahead)
         if choice is None:
-            return False
+            return None
         baked, given = choice
 
         def choose(hidden: torch.Tensor, *given: torch.Tensor) -> tuple[torch.Tensor]:
             return (pipe.choose_fixed(model.head(hidden[-1:]), given),)
 
-        out = graphs.run(to_device([self.tokens[-1]], model.device), self.cache, None, None,
-                         model_graphs.Tail(("plain", baked), choose, given))
-        if out is None:
-            return False
-        hidden, token = out
-        self.settle(hidden, chosen=int(token))
-        return True
+        return model.cuda_graphs.run(token, self.cache, None, None, model_graphs.Tail(("plain", baked), choose, given))
 
     def settle(self, hidden: torch.Tensor, first: torch.Tensor | None = None, chosen: int | None = None) -> None:
         """After the verify pass (``hidden``: its final hidden states; ``first``: the logits of the rows the walk

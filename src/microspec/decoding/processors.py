@@ -102,6 +102,11 @@ class RepetitionPenalty:
         first as inputs and keys itself by the second."""
         return (self.seen,), ("repetition_penalty", self.penalty)
 
+    def see_on_device(self, tokens: torch.Tensor) -> None:
+        """The seen bitmap takes ``tokens`` (a device tensor not read yet) ahead of :meth:`commit`, which takes
+        them again with the host's set."""
+        self.seen.index_fill_(0, tokens, True)
+
     def apply(self, logits: torch.Tensor, extra: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
         """Penalise ``logits`` [R, V] (in place); row r's history is the committed sequence plus ``extra[r]``.
 
@@ -267,13 +272,14 @@ class LogitsPipeline:
         both = [p.graph_state() for p in self.processors]
         return [s for s, _ in both], tuple(k for _, k in both)
 
-    def choice_inputs(self) -> tuple[tuple, tuple[torch.Tensor, ...]] | None:
+    def choice_inputs(self, ahead: int = 0) -> tuple[tuple, tuple[torch.Tensor, ...]] | None:
         """For a graph that processes a row and chooses the next token itself (a plain step's replay,
         :meth:`choose_fixed`): (the values it bakes in, the tensors it reads: each processor's :meth:`graph_state`
-        tensors, then when sampling the keyed uniform of the next position as a float64 [1]); None where a processor
-        cannot go into a graph.  Sampling is keyed there, seeded or not (an unseeded request by its own random key,
-        :attr:`key`, as the device walk is): a fresh uniform per position, so the tokens follow the target's
-        distribution exactly, and a seeded request's are those of its eager steps."""
+        tensors, then when sampling the keyed uniform of the next position, or of the one ``ahead`` positions
+        after it, as a float64 [1]); None where a processor cannot go into a graph.  Sampling is keyed there,
+        seeded or not (an unseeded request by its own random key, :attr:`key`, as the device walk is): a fresh
+        uniform per position, so the tokens follow the target's distribution exactly, and a seeded request's are
+        those of its eager steps."""
         state = self.graph_state() if self.active else ([], ())
         if state is None:
             return None
@@ -281,9 +287,15 @@ class LogitsPipeline:
         cfg = self.cfg
         given = tuple(t for s in tensors for t in s)
         if not cfg.greedy:
-            given += (to_device([keyed_uniform(self.key, self.position)], self.device, torch.float64),)
+            given += (to_device([keyed_uniform(self.key, self.position + ahead)], self.device, torch.float64),)
         sampling = None if cfg.greedy else (cfg.temperature, cfg.top_p, cfg.top_k, cfg.min_p)
         return (baked, tuple(len(s) for s in tensors), sampling), given
+
+    def see_on_device(self, tokens: torch.Tensor) -> None:
+        """The processors' device state takes ``tokens`` [n] (a device tensor, not read yet) ahead of :meth:`commit`
+        (a step launched before its input token is read); only where :meth:`choice_inputs` is not None."""
+        for p in self.processors:
+            p.see_on_device(tokens)
 
     def choose_fixed(self, logits: torch.Tensor, given: Sequence[torch.Tensor]) -> torch.Tensor:
         """The next token [1] of one row of raw logits [1, V]: :meth:`process` and :meth:`choose` in fixed shapes,
