@@ -272,7 +272,7 @@ RMS_SCRIPT = textwrap.dedent("""
     cpu_quant.rows_apply = lambda *a, **k: False
     cpu_linear.applies = lambda *a, **k: False
     cpu_linear.attention_applies = lambda *a, **k: False  # torch's attention, its masks made additive as on a GPU
-    cfg = GenerationConfig(max_new_tokens=14, ignore_eos=True)
+    cfg = GenerationConfig(max_new_tokens=8, ignore_eos=True)
     prompt = [1, 10, 20, 30, 11, 21, 31, 12, 10, 20, 30]
     for family in ("gemma3", "llama", "qwen3"):
         _, nm = tiny_pair(family)
