@@ -200,6 +200,8 @@ def test_whole_draft_graphs_serve_later_generations(tmp_path, monkeypatch, polic
         drafter.whole_graph = whole
         trees, propose = [], drafter.propose
         drafter.propose = lambda ctx, _p=propose, _t=trees: _t.append(_p(ctx)) or _t[-1]
+        alone, root = [], drafter._root
+        drafter._root = lambda ctx, _r=root, _a=alone: _a.append(1) or _r(ctx)
         graphs = head.__dict__.get("draft_graphs")
         before = (0, 0) if graphs is None else (graphs.captures, graphs.replays)
         r = generate_ids(nm, PROMPT, cfg, drafter=drafter, vocab=POLICIES[policy](nm.spec.vocab_size))
@@ -207,6 +209,9 @@ def test_whole_draft_graphs_serve_later_generations(tmp_path, monkeypatch, polic
         graphs = head.__dict__.get("draft_graphs")
         after = (0, 0) if graphs is None else (graphs.captures, graphs.replays)
         assert r.stats.graph_drafts == after[1] - before[1]  # the steps the statistics say replayed
+        # the root pass inside the whole draft's graph, but after the prompt and where a shallower last tree
+        # leaves more pending pairs than it takes
+        assert len(alone) >= len(trees) - 1 if whole is False else len(alone) <= 4, (len(alone), len(trees))
         runs.append((out, [tuple(t.clone() for t in tr.on_device) for tr in trees if tr.on_device],
                      after[0] - before[0], after[1] - before[1]))
     eager, first, second = runs
@@ -214,8 +219,9 @@ def test_whole_draft_graphs_serve_later_generations(tmp_path, monkeypatch, polic
     assert eager[2:] == (0, 0) and _same(first[1], eager[1]) and _same(second[1], eager[1])
     assert first[2] >= 1 and first[3] >= len(first[1]) // 2, first[2:]
     # every step replays (the shallower trees of the last steps, seen once before, captured now): at most one
-    # capture per shallower depth, none of the full tree's shape
-    assert second[2] <= 3 and second[3] == len(second[1]), second[2:]
+    # capture per shallower depth and one of the first step's (its root pass over the prompt runs on its own: a
+    # shape of its own, seen once before), none of the full tree's shape
+    assert second[2] <= 4 and second[3] == len(second[1]), second[2:]
 
 
 def test_a_grown_draft_cache_gets_graphs_of_its_own(tmp_path, monkeypatch):

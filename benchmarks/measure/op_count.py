@@ -13,8 +13,9 @@ counted on a CPU: a small model's GPU step is mostly a count of tiny kernels, so
   bool mask at each call (inside its own C++, out of this counter's sight) added to each;
 - a tree draft: the tensor operations of one EAGLE-2 tree draft (depth 6, top-k 10, 59 tokens) of EAGLE +
   MicroSpec on CUDA's path with its graphs (a stand-in capture: a replay counted as one, beside its input copies and
-  its outputs' clones), level by level (each level's forward a graph) and whole (the draft one graph), the median
-  over a generation;
+  its outputs' clones), the root pass over the last step's pairs included: level by level (each level's forward a
+  graph), whole with the root pass on its own (the tree one graph), and whole (the root pass and the tree one
+  graph), the median over a generation;
 - a plain step: every operation of one step of plain decoding with graphs, the step one replay (with the LM head,
   the processors and the token's choice) or the forward's replay with the rest eager after it.
 Counts only: nothing here is timed, and a GPU's time per kernel is not a CPU's.
@@ -125,7 +126,7 @@ def layer_ops(kernels: bool, tables: bool = False) -> dict:
             "ops": dict(sorted(ops.items(), key=lambda kv: -kv[1]))}
 
 
-def draft_ops(whole: bool) -> dict:
+def draft_ops(whole: bool, root_inside: bool = True) -> dict:
     from support import official_checkpoint, tiny_pair
     from microspec.decoding import GenerationConfig, generate_ids
     from microspec.drafters import EagleDrafter, EagleHead
@@ -136,9 +137,11 @@ def draft_ops(whole: bool) -> dict:
     path, _, _ = official_checkpoint(Path(tempfile.mkdtemp()) / "ck", d=nm.spec.hidden_size)
     drafter = EagleDrafter(EagleHead.load(path), depth=6, top_k=10, total_tokens=59)
     drafter.whole_graph = whole
+    if not root_inside:  # the root pass on its own before the whole tree's replay
+        drafter._whole_with_root = lambda ctx, steps: None
     counter, per = Count(), []
     counter.paused = 1
-    tree = drafter._tree
+    tree = drafter.propose
 
     def total() -> int:
         return sum(v for k, v in counter.ops.items() if k not in SKIP) + len(launched)
@@ -152,7 +155,7 @@ def draft_ops(whole: bool) -> dict:
             per.append(total() - before)
             counter.paused += 1
 
-    drafter._tree = counted
+    drafter.propose = counted
     route = cuda_path(counter, kernels=True)
     launched = route.__enter__()
     graphed = stand_in_graphs(counter)
@@ -314,12 +317,13 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     result = {"meta": meta(), "layer": {"plain": layer_ops(False), "kernels": layer_ops(True),
                                         "tables": layer_ops(True, True)},
-              "tree_draft": {"levels": draft_ops(False), "whole": draft_ops(True)}, "graphed_forward": step_ops(),
+              "tree_draft": {"levels": draft_ops(False), "whole, root apart": draft_ops(True, False),
+                             "whole": draft_ops(True)}, "graphed_forward": step_ops(),
               "plain_step": plain_step_ops()}
     for name in ("plain", "kernels", "tables"):
         r = result["layer"][name]
         print(f"layer, {name}: {r['per_layer']} operations ({r['kernel_launches_per_layer']} of them the kernels)")
-    for name in ("levels", "whole"):
+    for name in ("levels", "whole, root apart", "whole"):
         r = result["tree_draft"][name]
         print(f"tree draft, {name}: {r['median_per_draft']} operations (median of {r['drafts']})")
     for name, r in result["graphed_forward"].items():

@@ -263,7 +263,7 @@ def _e2e() -> list[str]:
             "and the one-row step round differently, so in bf16 a near tie can go either way.", ""]
 
 
-OPS = "2026-11-27-op-count-layers/op-count.json"  # kernel launches of CUDA's path, counted on a CPU
+OPS = "2026-11-27-op-count-plain-step/op-count.json"  # kernel launches of CUDA's path, counted on a CPU
 
 
 def _launches() -> list[str]:
@@ -277,15 +277,26 @@ def _launches() -> list[str]:
              "additive once a forward",
              f"{num(layer['kernels']['per_layer'], 1)} (of them "
              f"{num(layer['kernels']['kernel_launches_per_layer'], 1)} the kernels' launches)"],
+            ["the same, the rotary tables gathered from the table of every position (one operation a forward) "
+             "instead of computed per forward",
+             f"{num(layer['tables']['per_layer'], 1)} (of them "
+             f"{num(layer['tables']['kernel_launches_per_layer'], 1)} the kernels' launches)"],
             *[[f"a graphed forward of the target, {name}: what runs around its replay (the inputs written into the "
                "graph's buffers, the replay counted as one, the output's clone); the embedding and the masks are "
                "inside the graph", num(r["median"], 0)] for name, r in res["graphed_forward"].items()],
-            ["an EAGLE-2 tree draft (depth 6, top-k 10, 59 tokens), EAGLE + MicroSpec, level by level (each level's "
-             "forward a graph replay)",
+            ["an EAGLE-2 tree draft (depth 6, top-k 10, 59 tokens), EAGLE + MicroSpec, its root pass over the last "
+             "step's pairs included, level by level (each level's forward a graph replay)",
              num(draft["levels"]["median_per_draft"], 0)],
-            ["the same, the whole draft one graph replay (counted as one), its input copies and output clones, and "
-             "what stays outside it",
-             num(draft["whole"]["median_per_draft"], 0)]]
+            ["the same, the whole tree one graph replay (counted as one), the root pass a replay of its own before "
+             "it, their input copies and output clones, and what stays outside them",
+             num(draft["whole, root apart"]["median_per_draft"], 0)],
+            ["the same, the root pass and the whole tree one graph replay",
+             num(draft["whole"]["median_per_draft"], 0)],
+            *[[f"a whole plain step, {name}: the forward's replay, then the LM head, the processors and the token's "
+               "choice eagerly", num(eager, 0)] for name, eager in res["plain_step"][
+                   "forward replayed, the rest eager"].items()],
+            *[[f"the same, {name}: the step one replay (forward, head, processors, choice), its input copies and "
+               "output clones", num(whole, 0)] for name, whole in res["plain_step"]["one replay"].items()]]
     src = Source(OPS, meta["command"], meta["date"], f"{meta['machine']}, torch {meta['torch']}", meta["commit"])
     n = layer["kernels"]["layers"]
     left = ", ".join(f"{k} {num(v / n, 1)}" for k, v in layer["kernels"]["ops"].items())
@@ -298,9 +309,13 @@ def _launches() -> list[str]:
             "C++ converting a bool mask at each call added where one reaches it). Counts, not times: none of these "
             "is yet measured on a GPU.", "",
             table(["what", "tensor operations"], rows), "", src.markdown(), "",
-            f"- What a fused layer still runs beside its kernels, a layer's share on the {n}-layer model: {left} (the "
-            "rotary tables' cos, sin, products and concatenation, and the additive masks' `where`, are once a "
-            "forward, shared by its layers).", ""]
+            f"- What a fused layer still runs beside its kernels (the rotary tables computed per forward), a layer's "
+            f"share on the {n}-layer model: {left} (the rotary tables' cos, sin, products and concatenation, and the "
+            "additive masks' `where`, are once a forward, shared by its layers).",
+            "- A plain step counts every operation of a step of `generate_ids` (a 40-token generation's less a "
+            "20-token one's, over 20 steps), greedy, under repetition penalty 1.2 and unseeded at T 0.7; the "
+            "token's read is each step's one wait and not counted. Plain decoding also launches each step before "
+            "the last one's token is read (the same operations, overlapped with the host's work on a GPU).", ""]
 
 
 def render() -> str:

@@ -187,6 +187,15 @@ class EagleDrafter(ForwardDrafter):
         self._parts = []
         return hidden[-1:], start + n - 1
 
+    def _root_inputs(self, ctx: DraftContext):
+        start = self.cache.length
+        pending = self.pending
+        return ctx.tokens[start + 1 : start + 1 + len(pending)], pending, start
+
+    def _root_done(self, ctx: DraftContext, length: int) -> None:
+        self.cache.length = length
+        self._parts = []
+
     def _forward(self, ctx, ids, positions, mask, parent_hidden):
         embeds = ctx.target.embed(ids)
         self.last_inputs = (embeds, parent_hidden)

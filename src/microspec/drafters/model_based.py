@@ -201,6 +201,9 @@ class ForwardDrafter(Drafter):
         if cache.capacity - cache.length < forwards + self._backlog(ctx):
             return DraftTree()
         self.last_inputs = None
+        whole = self._whole_with_root(ctx, steps)
+        if whole is not None:
+            return whole
         root_hidden, root_slot = self._root(ctx)
         self._route(0)
         try:
@@ -209,6 +212,41 @@ class ForwardDrafter(Drafter):
             return self._tree(ctx, root_hidden, root_slot, steps)
         finally:
             self._done(ctx, root_slot)
+
+    def _whole_with_root(self, ctx: DraftContext, steps: int) -> DraftTree | None:
+        """The step's root pass and whole tree as one graph (:meth:`_whole_tree` with the root's pending pairs,
+        :meth:`_root_inputs`, run inside it): None where it does not apply (no tree, a processor the device tree
+        does not take, more pending pairs than a step leaves, or what :meth:`_whole_tree` refuses), and the root
+        pass runs on its own."""
+        if self.top_k is None or not self._tree_on_device(ctx):
+            return None
+        pending = self._root_inputs(ctx)
+        if pending is None:
+            return None
+        tokens, features, start = pending
+        n, rows = features.shape[0], steps + 1  # the old root and every node of a fully accepted draft
+        if not 1 <= n <= rows or start + rows > self._cache(ctx).capacity:
+            return None
+        tree = self._whole_tree(ctx, None, start + n - 1, steps, (tokens, features, start, rows))
+        if tree is not None:
+            self._root_done(ctx, start + n)
+            self._done(ctx, start + n - 1)
+        return tree
+
+    def _root_inputs(self, ctx: DraftContext) -> tuple[list[int], torch.Tensor, int] | None:
+        """What :meth:`_root` runs, for a root pass in fixed shapes inside the whole-draft graph: (the pending
+        pairs' tokens, their features [n, d], the cache slot of the first); None where the drafter has no such pass
+        (its root pass runs on its own)."""
+        return None
+
+    def _root_done(self, ctx: DraftContext, length: int) -> None:
+        """After a root pass inside the whole-draft graph: the draft cache holds ``length`` slots, the pending pairs
+        are consumed (what :meth:`_root` leaves)."""
+        raise NotImplementedError
+
+    def _tree_on_device(self, ctx: DraftContext) -> bool:
+        """Whether :meth:`_tree` builds the tree on the device (no processor needs the paths on the host)."""
+        return self.device_tree and (ctx.pipe is None or not ctx.pipe.active or ctx.pipe.on_device)
 
     def _chain(self, ctx: DraftContext, hidden: torch.Tensor, root_slot: int, steps: int) -> DraftTree:
         device = self._cache(ctx).device
@@ -257,7 +295,7 @@ class ForwardDrafter(Drafter):
         on the device (:func:`~.tree_search.dynamic_tree_on_device`: no read back between levels; a repetition
         penalty sees each node's path as a device tensor) unless a processor needs the paths on the host
         (no-repeat-n-gram)."""
-        if self.device_tree and (ctx.pipe is None or not ctx.pipe.active or ctx.pipe.on_device):
+        if self._tree_on_device(ctx):
             whole = self._whole_tree(ctx, root_hidden, root_slot, steps)
             return whole if whole is not None else self._device_tree(ctx, root_hidden, root_slot, steps)
         cache = self._cache(ctx)
@@ -325,8 +363,8 @@ class ForwardDrafter(Drafter):
         return dynamic_tree_on_device(root_logp[0], root_ids[0], expand, steps, self.top_k, self.total_tokens, steps)
 
     # ---- the whole tree in fixed shapes: one CUDA graph replay a step
-    def _whole_tree(self, ctx: DraftContext, root_hidden: torch.Tensor, root_slot: int,
-                    steps: int) -> DraftTree | None:
+    def _whole_tree(self, ctx: DraftContext, root_hidden: torch.Tensor | None, root_slot: int,
+                    steps: int, root: tuple | None = None) -> DraftTree | None:
         """:meth:`_device_tree` with every shape fixed by (depth, top-k, total tokens, the attention span's bucket),
         so that all its levels (the draft network, the head's top-k, the tree's growth and rerank) replay as one
         CUDA graph, captured at the second use of its shape and kept by the draft cache; the root's slot is a device
@@ -337,7 +375,13 @@ class ForwardDrafter(Drafter):
         network that replays no graphs.  The same tree as :meth:`_device_tree`: attention over
         a bucket of slots with the extra ones masked adds exact zeros to each softmax (tests/test_whole_draft.py;
         as for the verify pass's graphs, a GPU may sum in another order: last bits, and drafts only).  A graphed
-        draft's head time is not timed apart from the rest of the draft."""
+        draft's head time is not timed apart from the rest of the draft.
+
+        With ``root`` (tokens, features, first slot, rows) instead of ``root_hidden``, the root pass goes into the
+        same graph (:meth:`_whole_with_root`): the pending pairs padded to ``rows`` (the most a step leaves), their
+        keys and values written from the first slot on, causal, the root's draft state the last real row's; the
+        padding's slots are past the root, where the tree's nodes are written next (and hidden from every row that
+        is not their descendant), so the tree is the one drafted after the root pass on its own."""
         graphs = self._graphs()
         pipe = ctx.pipe
         processed = pipe is not None and pipe.active
@@ -345,7 +389,7 @@ class ForwardDrafter(Drafter):
         if self.whole_graph is False or (graphs is None and not self.whole_graph) \
                 or type(self)._fixed_forward is ForwardDrafter._fixed_forward or (processed and state is None):
             return None
-        graphed = graphs is not None and root_hidden.device.type in model_graphs.DEVICES
+        graphed = graphs is not None and self._cache(ctx).device.type in model_graphs.DEVICES
         ok, active = self.head.fixed_active(steps, graphed)
         if not ok:
             return None
@@ -353,12 +397,25 @@ class ForwardDrafter(Drafter):
         pipe = pipe if pipe is not None and (processed or not pipe.cfg.greedy) else None
         tensors, baked = state if state is not None else ([], ())
         cache = self._cache(ctx)
-        span = bucket_of(root_slot + 1 + (steps - 1) * self.top_k, BUCKET, cache.capacity)
-        root_slot_t = to_device([root_slot], cache.device)
+        span = bucket_of(max(root_slot + 1 + (steps - 1) * self.top_k, 0 if root is None else root[2] + root[3]),
+                         BUCKET, cache.capacity)
         vocab = self.head.fixed_inputs(active)
         sizes = [len(t) for t in tensors]
+        if root is None:
+            first = (root_hidden, to_device([root_slot], cache.device))
+        else:  # the pending pairs padded to the step's most, the first slot and the root's row
+            tokens, features, start, rows = root
+            n = features.shape[0]
+            first = (to_device(list(tokens) + [0] * (rows - n), cache.device),
+                     torch.cat([features, features.new_zeros(rows - n, features.shape[1])]) if rows > n else features,
+                     to_device([start, n - 1], cache.device))
 
-        def run(hidden: torch.Tensor, slot: torch.Tensor, *given: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        def run(*given: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            if root is None:
+                hidden, slot = given[:2]
+            else:
+                hidden, slot = self._fixed_root(ctx, *given[:3], span)
+            given = given[len(first):]
             rest, states = list(given[len(vocab):]), []
             for n in sizes:  # each processor's own tensors back from the flat inputs
                 states.append(tuple(rest[:n]))
@@ -366,18 +423,29 @@ class ForwardDrafter(Drafter):
             return self._fixed_tree(ctx, hidden, slot, given[: len(vocab)], pipe, states if processed else None,
                                     steps, span)
 
-        inputs = (root_hidden, root_slot_t, *vocab, *(t for s in tensors for t in s))
+        inputs = (*first, *vocab, *(t for s in tensors for t in s))
         out = None
         if graphed:  # the graph reads the target's embeddings (and its LM head): it goes with the target
             cfg = None if pipe is None else (pipe.cfg.temperature, pipe.cfg.top_p, pipe.cfg.top_k, pipe.cfg.min_p)
             # the cache's buffers by address: a cache that grows reallocates them, and a graph of the old ones
             # would write into freed memory
-            key = ("tree", steps, self.top_k, self.total_tokens, span, tuple(t.shape for t in inputs),
-                   root_hidden.dtype, id(self.head.weight), cfg, baked, cache.kv.data_ptr(), cache.pos.data_ptr(),
-                   cache.capacity)
+            key = ("tree" if root is None else "root and tree", steps, self.top_k, self.total_tokens, span,
+                   tuple((t.shape, t.dtype) for t in inputs), id(self.head.weight), cfg, baked, cache.kv.data_ptr(),
+                   cache.pos.data_ptr(), cache.capacity)
             out = graphs(cache, key, run, inputs, owner=ctx.target)
             self.graph_drafts += out is not None
         return DeviceTree(out if out is not None else run(*inputs), steps)
+
+    def _fixed_root(self, ctx: DraftContext, tokens: torch.Tensor, features: torch.Tensor, where: torch.Tensor,
+                    span: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The root pass in fixed shapes (inside the whole-draft graph): the pairs ``tokens`` [R], ``features``
+        [R, d] (padded) run causally from slot ``where[0]`` on (slots and positions alike); (the root's draft state
+        [1, d], from row ``where[1]``, and its slot [1])."""
+        rows = tokens.shape[0]
+        slots = where[:1] + torch.arange(rows, device=tokens.device)
+        mask = torch.arange(span, device=tokens.device)[None, :] <= slots[:, None]
+        hidden = self._fixed_forward(ctx, tokens, slots, slots, mask, span, features)
+        return hidden.index_select(0, where[1:]), where[:1] + where[1:]
 
     def _fixed_tree(self, ctx: DraftContext, root_hidden: torch.Tensor, root_slot: torch.Tensor,
                     given: tuple[torch.Tensor, ...], pipe, states: list | None, steps: int,
