@@ -292,10 +292,10 @@ def _launches() -> list[str]:
              num(draft["whole, root apart"]["median_per_draft"], 0)],
             ["the same, the root pass and the whole tree one graph replay",
              num(draft["whole"]["median_per_draft"], 0)],
-            *[[f"a whole plain step, {name}: the forward's replay, then the LM head, the processors and the token's "
-               "choice eagerly", num(eager, 0)] for name, eager in res["plain_step"][
+            *[[f"a whole plain step, {name}: the forward's replay, the LM head, the processors and the token's "
+               "choice eager after it", num(eager, 0)] for name, eager in res["plain_step"][
                    "forward replayed, the rest eager"].items()],
-            *[[f"the same, {name}: the step one replay (forward, head, processors, choice), its input copies and "
+            *[[f"a whole plain step, {name}: one replay (forward, head, processors, choice), its input copies and "
                "output clones", num(whole, 0)] for name, whole in res["plain_step"]["one replay"].items()]]
     src = Source(OPS, meta["command"], meta["date"], f"{meta['machine']}, torch {meta['torch']}", meta["commit"])
     n = layer["kernels"]["layers"]

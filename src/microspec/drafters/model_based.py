@@ -218,8 +218,9 @@ class ForwardDrafter(Drafter):
         :meth:`_root_inputs`, run inside it): None where it does not apply (no tree, a processor the device tree
         does not take, more pending pairs than a step leaves, or what :meth:`_whole_tree` refuses), and the root
         pass runs on its own."""
-        if self.top_k is None or not self._tree_on_device(ctx):
-            return None
+        if self.top_k is None or self.whole_graph is False or (self._graphs() is None and not self.whole_graph) \
+                or not self._tree_on_device(ctx):
+            return None  # (the cheap refusals of _whole_tree, before the pending pairs are joined)
         pending = self._root_inputs(ctx)
         if pending is None:
             return None
