@@ -11,6 +11,7 @@ from abc import abstractmethod
 
 import torch
 
+from ..decoding import verify
 from ..decoding.processors import sample
 from ..decoding.tree import DeviceTree, DraftTree
 from ..errors import MicrospecError, check
@@ -259,8 +260,10 @@ class ForwardDrafter(Drafter):
         deterministic = ctx.greedy or ctx.pipe.keyed
         # processors that take the path as a device tensor see the chain drafted so far there, so that the chain
         # stays on the device: a greedy or keyed one's, and a sampled one's where they ban no id (the repetition
-        # penalty, which goes into graphs: no -inf row to stop at or to sample from)
-        on_device = processed and ctx.pipe.on_device and (deterministic or ctx.pipe.graph_state() is not None)
+        # penalty, which goes into graphs: no -inf row to stop at or to sample from) and the device walks it (on a
+        # CPU the host's list is free, and the penalty by index cheaper than over whole rows)
+        on_device = processed and ctx.pipe.on_device and (deterministic or (
+            ctx.pipe.graph_state() is not None and device.type in verify.DEVICE_WALK))
         for i in range(steps):
             if i:
                 hidden = self._forward(ctx, token, to_device([root_slot + i], device), None, hidden)
