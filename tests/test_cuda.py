@@ -367,8 +367,9 @@ def test_synchronisations_do_not_grow_with_the_length(tmp_path, method, decoding
     same on a CPU).  Greedy, under the repetition penalty, with no-repeat-n-gram (its bans found on the device),
     and unseeded sampling (deterministic drafts walked on the device by the keyed rule with the request's own
     key).  With graphs on, EAGLE + MicroSpec drafts its tree as one replay (greedy, penalty, unseeded), and a plain
-    step is one replay with its head, processors and token choice (not with no-repeat-n-gram).  An early-exit chain
-    sampled unseeded is verified by rejection sampling on the device."""
+    step is one replay with its head, processors and token choice (not with no-repeat-n-gram), its token read
+    through an event the detector does not report.  An early-exit chain sampled unseeded is verified by rejection
+    sampling on the device."""
     from microspec.drafters.ngram import NGramDrafter
 
     graphed = method.endswith("-graphed")

@@ -6,7 +6,9 @@ most time), beside the step's wall time.
 A step that the host bounds shows a device busy share far below 1: the GPU idles while Python prepares the next
 launch.  The waits count every ``torch.cuda`` synchronisation the detector reports, prefill included, over the
 generation's decode steps (tests/test_sync_free.py holds every method to one a step; on a CPU there is no device to
-wait for and the field is None).  Both extra generations are untimed and not recorded as answers.
+wait for and the field is None).  Plain decoding's read of each token waits on an event for that step alone, the
+next step already queued (``transfer.HostRead``): a wait the detector does not report, so replayed plain steps
+count none.  Both extra generations are untimed and not recorded as answers.
 """
 
 from __future__ import annotations
