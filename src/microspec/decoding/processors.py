@@ -297,14 +297,20 @@ class LogitsPipeline:
         for p in self.processors:
             p.see_on_device(tokens)
 
-    def choose_fixed(self, logits: torch.Tensor, given: Sequence[torch.Tensor]) -> torch.Tensor:
-        """The next token [1] of one row of raw logits [1, V]: :meth:`process` and :meth:`choose` in fixed shapes,
-        with nothing read back, from :meth:`choice_inputs`'s tensors ``given`` (a graph's copies of them)."""
+    def graph_states(self, given: Sequence[torch.Tensor]) -> tuple[list[tuple[torch.Tensor, ...]], list]:
+        """Each processor's :meth:`graph_state` tensors back from the flat ``given`` (theirs in order, as
+        :meth:`choice_inputs` and a whole draft's inputs lay them out; a graph's copies), and what follows them."""
         rest, states = list(given), []
         for p in self.processors:
             n = len(p.graph_state()[0])
             states.append(tuple(rest[:n]))
             del rest[:n]
+        return states, rest
+
+    def choose_fixed(self, logits: torch.Tensor, given: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The next token [1] of one row of raw logits [1, V]: :meth:`process` and :meth:`choose` in fixed shapes,
+        with nothing read back, from :meth:`choice_inputs`'s tensors ``given`` (a graph's copies of them)."""
+        states, rest = self.graph_states(given)
         if states:
             logits = self.process_on_device(logits, torch.full((1, 0), -1, dtype=torch.long, device=logits.device),
                                             states=states)

@@ -219,9 +219,8 @@ class ForwardDrafter(Drafter):
         :meth:`_root_inputs`, run inside it): None where it does not apply (no tree, a processor the device tree
         does not take, more pending pairs than a step leaves, or what :meth:`_whole_tree` refuses), and the root
         pass runs on its own."""
-        if self.top_k is None or self.whole_graph is False or (self._graphs() is None and not self.whole_graph) \
-                or not self._tree_on_device(ctx):
-            return None  # (the cheap refusals of _whole_tree, before the pending pairs are joined)
+        if self.top_k is None or not self._tree_on_device(ctx) or not self._may_draft_whole():
+            return None  # (before the pending pairs are joined)
         pending = self._root_inputs(ctx)
         if pending is None:
             return None
@@ -245,6 +244,12 @@ class ForwardDrafter(Drafter):
         """After a root pass inside the whole-draft graph: the draft cache holds ``length`` slots, the pending pairs
         are consumed (what :meth:`_root` leaves)."""
         raise NotImplementedError
+
+    def _may_draft_whole(self) -> bool:
+        """Whether :meth:`_whole_tree` may run at all: a fixed-shape forward (:meth:`_fixed_forward`), and a network
+        that replays graphs or ``whole_graph`` set."""
+        return self.whole_graph is not False and (self._graphs() is not None or bool(self.whole_graph)) \
+            and type(self)._fixed_forward is not ForwardDrafter._fixed_forward
 
     def _tree_on_device(self, ctx: DraftContext) -> bool:
         """Whether :meth:`_tree` builds the tree on the device (no processor needs the paths on the host)."""
@@ -390,8 +395,7 @@ class ForwardDrafter(Drafter):
         pipe = ctx.pipe
         processed = pipe is not None and pipe.active
         state = pipe.graph_state() if processed and pipe.on_device else None
-        if self.whole_graph is False or (graphs is None and not self.whole_graph) \
-                or type(self)._fixed_forward is ForwardDrafter._fixed_forward or (processed and state is None):
+        if not self._may_draft_whole() or (processed and state is None):
             return None
         graphed = graphs is not None and self._cache(ctx).device.type in model_graphs.DEVICES
         ok, active = self.head.fixed_active(steps, graphed)
@@ -404,7 +408,6 @@ class ForwardDrafter(Drafter):
         span = bucket_of(max(root_slot + 1 + (steps - 1) * self.top_k, 0 if root is None else root[2] + root[3]),
                          BUCKET, cache.capacity)
         vocab = self.head.fixed_inputs(active)
-        sizes = [len(t) for t in tensors]
         if root is None:
             first = (root_hidden, to_device([root_slot], cache.device))
         else:  # the pending pairs padded to the step's most, the first slot and the root's row
@@ -420,12 +423,8 @@ class ForwardDrafter(Drafter):
             else:
                 hidden, slot = self._fixed_root(ctx, *given[:3], span)
             given = given[len(first):]
-            rest, states = list(given[len(vocab):]), []
-            for n in sizes:  # each processor's own tensors back from the flat inputs
-                states.append(tuple(rest[:n]))
-                del rest[:n]
-            return self._fixed_tree(ctx, hidden, slot, given[: len(vocab)], pipe, states if processed else None,
-                                    steps, span)
+            states = ctx.pipe.graph_states(given[len(vocab):])[0] if processed else None
+            return self._fixed_tree(ctx, hidden, slot, given[: len(vocab)], pipe, states, steps, span)
 
         inputs = (*first, *vocab, *(t for s in tensors for t in s))
         out = None
