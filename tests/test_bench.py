@@ -581,3 +581,43 @@ def test_the_profiles_kernel_census():
                                    "device_ms_per_step": None, "device_busy_share": None}})
     assert lines[2].endswith("| 35.0 |") and lines[3].endswith("| – |")
     assert lines[-1] == "- ar: `gemm` 0.700 ms, 7; `rms_norm_kernel` 0.050 ms, 25"
+
+
+def _ab_run(root: Path, speeds: dict[str, dict[str, float]], texts: dict[str, list]) -> Path:
+    """A ``bench --out`` folder of one decoding: results.json and per-method answer files (one turn of 100 tokens a
+    question, ``speeds``: method -> question -> tokens/s)."""
+    folder = root / "greedy"
+    (folder / "answers").mkdir(parents=True)
+    overall = {}
+    for m, per_q in speeds.items():
+        lines = [_rec(q, "code", [100], [100 / s], token_ids=[texts[q]]) for q, s in per_q.items()]
+        (folder / "answers" / f"{m}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        overall[m] = sum(per_q.values()) / len(per_q)
+    plain = overall["ar"]
+    results = {"methods": {m: {"overall": {"speedup": v / plain, "tokens_per_s": v}} for m, v in overall.items()},
+               "mismatches": {}, "meta": {"date": "2026-11-28 00:00 UTC", "machine": "cpu", "threads": 2,
+                                          "command": "microspec bench", "commit": root.name}}
+    (folder / "results.json").write_text(json.dumps(results))
+    return root
+
+
+def test_cpu_ab_flags_only_questions_whose_ranges_fell_apart(tmp_path):
+    """benchmarks/measure/cpu_ab.py: ratios taken within each run; a question counts as fallen only where every
+    new run's ratio lies below every old run's; answers that differ between the commits are counted."""
+    spec = importlib.util.spec_from_file_location("cpu_ab", Path(__file__).parents[1] / "benchmarks" / "measure" /
+                                                  "cpu_ab.py")
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    texts = {"q1": [1, 2], "q2": [3, 4]}
+    old = [_ab_run(tmp_path / f"old{i}", {"ar": {"q1": 10, "q2": 10}, "m": {"q1": 20 + i, "q2": 15 + 3 * i}}, texts)
+           for i in range(2)]  # m: q1 2.0-2.1x, q2 1.5-1.8x
+    new = [_ab_run(tmp_path / f"new{i}", {"ar": {"q1": 20, "q2": 20}, "m": {"q1": 38 + i, "q2": 31 + 2 * i}},
+                   {"q1": [1, 2], "q2": [9]}) for i in range(2)]  # q1 1.9-1.95x: below; q2 1.55-1.65x: lower mean,
+    # but within the old range
+    res = ab.compare(ab.load([str(p) for p in old]), ab.load([str(p) for p in new]))["greedy"]
+    assert [f["question"] for f in res["fell"]["m"]] == ["q1"]
+    assert res["per_question"]["m"]["q2"] == {"old": [1.5, 1.8], "new": [1.55, 1.65]}
+    assert res["same_plain_text"] == {"questions": 2, "same": 1}
+    assert res["plain_tok_s"] == {"old": [10, 10], "new": [20, 20]}
+    assert abs(res["methods"]["m"]["change"] - (1.7625 / 1.85 - 1)) < 1e-9  # the means of the runs' ratios
+    assert ab.main(["--old", str(old[0]), "--new", str(tmp_path / "none")]) == 2  # nothing to compare: one line

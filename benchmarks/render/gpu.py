@@ -6,7 +6,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from collections import Counter
 
-from .common import RESULTS, Source, load, num, table, x
+from .common import RESULTS, Source, load, num, spread, table, x
 
 RUN = "2026-11-27-gpu-suite-h200-bb31583"
 SUITE = f"{RUN}/gpu-suite.json"
@@ -318,6 +318,77 @@ def _launches() -> list[str]:
             "the last one's token is read (the same operations, overlapped with the host's work on a GPU).", ""]
 
 
+AB = "2026-11-28-cpu-ab"  # the CPU's held-apart runs before the GPU path's changes and after them, alternated
+AB_LABELS = {"greedy": "greedy", "greedy-rp1.2": "penalty 1.2", "T0.7": "T 0.7", "T0.7-rp1.2": "T 0.7 + penalty 1.2"}
+AB_METHODS = {"auto": "`auto`", "ngram": "prompt lookup", "microspec": "MicroSpec",
+              "microspec@lookup": "MicroSpec, lookup first"}
+
+
+def _mean(v: list[float]) -> float:
+    return sum(v) / len(v)
+
+
+def _tau(folder: str, decoding: str, method: str) -> list[float]:
+    return [load(f"{AB}/{folder}-{run}/{decoding}/results.json")["methods"][method]["overall"]["mean_accept_len"]
+            for run in ("run1", "run2")]
+
+
+def _cpu_ab() -> list[str]:
+    """The CPU's speed at the commit the GPU step's work started from and at the one it reached (cpu_ab.py)."""
+    res = load(f"{AB}/ab.json")
+    first = next(iter(res.values()))["meta"]
+    old, new = first["old"][0], first["new"][0]
+    rows = []
+    for decoding in AB_LABELS:
+        d = res[decoding]
+        for m, label in AB_METHODS.items():
+            row = d["methods"][m]
+            rows.append([AB_LABELS[decoding], label, spread(row["old"]), spread(row["new"]), f"{row['change']:+.1%}",
+                         f"{spread(_tau('base', decoding, m), 2, '')} → {spread(_tau('head', decoding, m), 2, '')}",
+                         f"{len(d['fell'].get(m, []))} of {row['questions']}"])
+    plain = "; ".join(f"{label} {spread(res[k]['plain_tok_s']['old'], 1, '')} → "
+                      f"{spread(res[k]['plain_tok_s']['new'], 1, '')}" for k, label in AB_LABELS.items())
+    same = ", ".join(f"{label} {res[k]['same_plain_text']['same']} of {res[k]['same_plain_text']['questions']}"
+                     for k, label in AB_LABELS.items())
+    lower = ", ".join(
+        f"{AB_LABELS[k]}, {AB_METHODS[m]} {_mean(r['old']):.2f}x → {_mean(r['new']):.2f}x (τ "
+        f"{_mean(_tau('base', k, m)):.2f} → {_mean(_tau('head', k, m)):.2f})"
+        for k in AB_LABELS for m, r in res[k]["methods"].items() if m in AB_METHODS and max(r["new"]) < min(r["old"]))
+    auto_kept = all(max(res[k]["methods"]["auto"]["new"]) >= min(res[k]["methods"]["auto"]["old"])
+                    for k in AB_LABELS if any(max(r["new"]) < min(r["old"]) for r in res[k]["methods"].values()))
+    clean = all(not mm for d in res.values() for side in ("old", "new") for mm in d["mismatches"][side]
+                if mm is not None)
+    cmd = ("python3 benchmarks/data/held_apart.py --data ../shared/data --out /tmp/held_apart3.jsonl --per-category 3 "
+           f"--seed 2026; {old['command'].replace(' --out /tmp/ab53/base-run1', ' --out /tmp/ab/<side>-run<n>')} "
+           "(in a worktree of each commit, PYTHONPATH=src, the commits alternating, two runs each); "
+           "python3 benchmarks/measure/cpu_ab.py --old /tmp/ab/base-run* --new /tmp/ab/head-run* --out ab.json")
+    dates = sorted(m["date"] for d in res.values() for side in ("old", "new") for m in d["meta"][side])
+    src = Source(f"{AB}/", cmd, f"{dates[0]} to {dates[-1]}",
+                 f"{old['machine']}, {old['threads']} threads", f"{old['commit']} and {new['commit']}")
+    return ["### The CPU across these changes", "",
+            f"The CPU's speed on the held-apart prompts (9 questions, 128 tokens a turn, Gemma 3 270M with packed "
+            f"GGUF weights) at commit {old['commit']}, where the work on the GPU step above started, and at "
+            f"{new['commit']}: two `microspec bench` runs of each, alternated. Each cell: the method's tokens/s over "
+            "plain decoding's in the same run, mean over the runs (range); τ the mean accepted length; the last "
+            "column counts the questions whose ratios at the new commit all lie below the old commit's.", "",
+            table(["decoding", "method", f"x plain at {old['commit']}", f"x plain at {new['commit']}", "change",
+                   "τ", "questions below the old range"], rows), "", src.markdown(), "",
+            f"- Plain decoding's tok/s, old → new: {plain}.",
+            f"- Plain decoding answers with the same tokens at both commits on {same} questions: a seeded sample "
+            "is keyed by the seed and its position since 37eca09, so every sampled answer changed, and prompts "
+            "longer than 128 tokens (MT-bench's second turns, one MGSM question) are prefilled in 128-token "
+            "forwards since ff28ceb, the same cache up to rounding, where three greedy answers under the penalty "
+            "took the other side of a near-tie. Where the answers differ, a question's ratios compare different "
+            "texts; greedy without the penalty compares the same ones.",
+            f"- Lower at {new['commit']}, the two commits' ranges apart: {lower or 'none'}."
+            + (" Every one of them on sampled answers that differ between the commits (above)"
+               + ("; `auto`, the default, is not below its old range there." if auto_kept else "; so is `auto`.")
+               if lower else ""),
+            "- Lossless: " + ("in every greedy run, with and without the penalty, each method's tokens equal plain "
+                              "decoding's." if clean else "a greedy run's tokens differ from plain decoding's (see "
+                                                          "`mismatches` in the results)."), ""]
+
+
 def render() -> str:
     suite, env = load(SUITE), load(SUITE)["environment"]
     parts = ", ".join(f"{k} {v:g} s" for k, v in suite["part_s"].items())
@@ -327,7 +398,7 @@ def render() -> str:
         f"{env['capability']}), driver {env['driver']}, CUDA {env['cuda']}, torch {env['torch']}, Triton "
         f"{env['triton']}, Python {env['python']}, {env['cpu_count']} CPU cores: `benchmarks/gpu_suite.py` in one "
         f"command ({suite['wall_s']:g} s: {parts}), the package run from the copied tree with `PYTHONPATH=src`.", "",
-        *_tests(), *_syncs(), *_figure4(), *_table3(), *_e2e(), *_launches()]).rstrip() + "\n"
+        *_tests(), *_syncs(), *_figure4(), *_table3(), *_e2e(), *_launches(), *_cpu_ab()]).rstrip() + "\n"
 
 
 FIGURES: dict = {}
