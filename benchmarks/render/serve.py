@@ -369,7 +369,29 @@ def _repeats() -> str:
            "(benchmarks/render/serve.py); 98bc478 (penalty runs 4–6) runs the same server code."]
           if "ed36dbe+dirty" in meta["commits"] else []),
         "- One server's run moves by up to a third from the next on this machine (the ranges): single runs of it "
-        "cannot tell a few percent apart.", ""])
+        "cannot tell a few percent apart.", *_across(), ""])
+
+
+AB = "2026-11-28-serve-ab"  # the same load before and after the GPU step's changes: base/ and head/, alternated
+
+
+def _across() -> list[str]:
+    """The same command at the commit before the GPU step's last changes and after them, the two alternating."""
+    (old, old_meta), (new, new_meta) = _runs(f"{AB}/base"), _runs(f"{AB}/head")
+    names = {"greedy": "greedy", "pen": "penalty 1.2"}
+
+    def cell(dec: str, drafter: str, c: int) -> str:
+        a, b = old[(dec, drafter, c)], new[(dec, drafter, c)]
+        apart = " (apart)" if max(b) < min(a) or min(b) > max(a) else ""
+        return f"{_mean(a):.0f} ({min(a):.0f}–{max(a):.0f}) → {_mean(b):.0f} ({min(b):.0f}–{max(b):.0f}){apart}"
+
+    clients = sorted({k[2] for k in old if k[2] > 1})
+    runs = len(old[("greedy", "none", clients[0])])
+    return [f"- The same command at {old_meta['commits']} and {new_meta['commits']} (`{AB}/`, "
+            f"{new_meta['date'].split(' ')[0]}, the two commits alternating, {runs} runs each; what changed between "
+            "them is CUDA's path), tok/s old → new, mean (range), \"apart\" where the ranges do not overlap: "
+            + "; ".join(f"{names[dec]}, {c} clients: plain {cell(dec, 'none', c)}, `auto` {cell(dec, 'auto', c)}"
+                        for dec in names for c in clients) + "."]
 
 
 def render() -> str:
