@@ -17,7 +17,10 @@ counted on a CPU: a small model's GPU step is mostly a count of tiny kernels, so
   graph), whole with the root pass on its own (the tree one graph), and whole (the root pass and the tree one
   graph), the median over a generation;
 - a plain step: every operation of one step of plain decoding with graphs, the step one replay (with the LM head,
-  the processors and the token's choice) or the forward's replay with the rest eager after it.
+  the processors and the token's choice) or the forward's replay with the rest eager after it;
+- a speculative step: every operation of one step of EAGLE + MicroSpec with its graphs, by part (the draft, the
+  verify forward, the walk, the KV compaction, the policy's update, the drafter's commit, the coverage count and the
+  loop around them).  ``--parts`` counts some of these only.
 Counts only: nothing here is timed, and a GPU's time per kernel is not a CPU's.
 """
 
@@ -27,6 +30,7 @@ import argparse
 import contextlib
 import json
 import statistics
+import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -45,14 +49,22 @@ class Count(TorchDispatchMode):
         super().__init__()
         self.ops: Counter = Counter()
         self.paused = 0
+        self.parts: list[str] = []  # the parts of a step being run, innermost last (spec_step_ops)
+        self.by_part: Counter = Counter()  # operations by innermost part ("loop": none)
+
+    def part(self) -> str:
+        return self.parts[-1] if self.parts else "loop"
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if not self.paused:
             name = func.__name__.split(".")[0]
             self.ops[name] += 1
+            if name not in SKIP:
+                self.by_part[self.part()] += 1
             mask = (kwargs or {}).get("attn_mask", args[3] if len(args) > 3 else None)
             if name.startswith("scaled_dot_product") and isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
                 self.ops["SDPA's bool mask conversion"] += 3  # logical_not, a scalar, where: inside SDPA, unseen here
+                self.by_part[self.part()] += 3
         return func(*args, **(kwargs or {}))
 
 
@@ -77,6 +89,7 @@ def cuda_path(counter: Count, kernels: bool, tables: bool = True):
         def run(*a, **k):
             if not counter.paused:
                 launched.append(1)
+                counter.by_part[counter.part()] += 1
             counter.paused += 1
             try:
                 return fn(*a, **k)
@@ -192,6 +205,7 @@ def stand_in_graphs(counter: Count):
 
         def replay(self):
             counter.ops["graph replay"] += 1
+            counter.by_part[counter.part()] += 1
             counter.paused += 1
             try:
                 fresh = self.body()
@@ -292,6 +306,95 @@ def plain_step_ops() -> dict:
     return out
 
 
+SPEC_PARTS = ("draft", "verify forward", "walk", "KV compaction", "policy update", "drafter commit", "coverage")
+
+
+def spec_step_ops() -> dict:
+    """The operations of a whole EAGLE + MicroSpec step (EAGLE-2's tree: depth 6, top-k 10, 59 tokens) on CUDA's
+    path with its graphs (a stand-in capture, a replay counted as one), by part: the draft (the tree one replay with
+    its root pass, ``propose``), the target's verify forward (a replay and what runs around it), the walk
+    (``device_walk``, its one read not counted), keeping the accepted slots (``KVCache.keep_from``, the target's and
+    the draft's), the policy's update (``on_verify``), the drafter's commit and the coverage count (what ``bench``
+    reports), and what the loop runs around them; the median of each over a generation's steps after the first two
+    generations captured every shape, greedy and under repetition penalty 1.2.  MicroSpec's window is the one of
+    tensor operations (``backend="device"``, CUDA's where Triton does not build): the Triton window's kernels are not
+    wrapped as launches here, so the interpreter's work inside them would count as operations."""
+    from support import official_checkpoint, tiny_pair
+    from microspec.decoding import GenerationConfig, generate_ids, loop, verify
+    from microspec.decoding.loop import Generation
+    from microspec.decoding.observers import CoverageObserver
+    from microspec.drafters import EagleDrafter, EagleHead
+    from microspec.models.kv_cache import KVCache
+    from microspec.vocab import MicroSpecVocab
+    from microspec.vocab.packed import PackedRows
+
+    counter = Count()
+    counter.paused = 1
+    steps: list[Counter] = []
+
+    def as_part(part: str, fn):
+        def run(*a, **k):
+            counter.parts.append(part)
+            try:
+                return fn(*a, **k)
+            finally:
+                counter.parts.pop()
+        return run
+
+    def step_start(fn):
+        def run(self, *a, **k):
+            steps.append(counter.by_part.copy())
+            return fn(self, *a, **k)
+        return run
+
+    _, nm = tiny_pair("gemma3")
+    path, _, _ = official_checkpoint(Path(tempfile.mkdtemp()) / "ck", d=nm.spec.hidden_size)
+    patched = [(loop, "device_walk", "walk"), (KVCache, "keep_from", "KV compaction"),
+               (CoverageObserver, "on_verified", "coverage"), (CoverageObserver, "on_emitted", "coverage")]
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patched]
+    saved += [(Generation, "plan", Generation.plan), (PackedRows, "__init__", PackedRows.__init__),
+              (verify, "DEVICE_WALK", verify.DEVICE_WALK)]
+    verify.DEVICE_WALK = ("cuda", "cpu")  # CUDA walks the tree on the device
+    for obj, name, part in patched:
+        setattr(obj, name, as_part(part, getattr(obj, name)))
+    Generation.plan = step_start(Generation.plan)
+    init = PackedRows.__init__
+
+    def fixed(self, *a, **kw):  # CUDA's packed buffer: its fixed shape
+        init(self, *a, **kw)
+        self.fixed_shape = True
+
+    PackedRows.__init__ = fixed
+    out: dict = {}
+    try:
+        with cuda_path(counter, kernels=True), stand_in_graphs(counter), counter, torch.inference_mode():
+            nm.use_cuda_graphs(True)
+            nm.forward = as_part("verify forward", nm.forward)
+            for name, decoding in (("greedy", {}), ("penalty 1.2", {"repetition_penalty": 1.2})):
+                for run in range(3):  # the first two capture the shapes; the third is counted
+                    drafter = EagleDrafter(EagleHead.load(path), depth=6, top_k=10, total_tokens=59)
+                    drafter.whole_graph = True
+                    drafter.propose = as_part("draft", drafter.propose)
+                    drafter.commit = as_part("drafter commit", drafter.commit)
+                    vocab = MicroSpecVocab(nm.spec.vocab_size, w_max=24, backend="device")
+                    vocab.on_verify = as_part("policy update", vocab.on_verify)
+                    steps.clear()
+                    counter.paused -= 1
+                    generate_ids(nm, [1, 10, 20, 30, 11, 21, 31, 12, 10, 20, 30],
+                                 GenerationConfig(max_new_tokens=40, ignore_eos=True, **decoding), drafter=drafter,
+                                 vocab=vocab)
+                    steps.append(counter.by_part.copy())
+                    counter.paused += 1
+                per = [b - a for a, b in zip(steps, steps[1:-1])]  # plan to plan: whole steps (the last cut short)
+                parts = {p: statistics.median(c[p] for c in per) for p in (*SPEC_PARTS, "loop")}
+                out[name] = {"parts": parts, "median_total": statistics.median(sum(c.values()) for c in per),
+                             "steps": len(per)}
+    finally:
+        for obj, name, fn in saved:
+            setattr(obj, name, fn)
+    return out
+
+
 def meta() -> dict:
     """When, where and at which commit (``+dirty`` where the tree differs from it)."""
     import datetime
@@ -308,28 +411,36 @@ def meta() -> dict:
     return {"date": datetime.date.today().isoformat(), "commit": git("rev-parse", "--short", "HEAD")
             + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else ""),
             "machine": f"{model}, {torch.get_num_threads()} threads", "torch": torch.__version__,
-            "command": "TRITON_INTERPRET=1 PYTHONPATH=src:tests python benchmarks/measure/op_count.py"}
+            "command": "TRITON_INTERPRET=1 PYTHONPATH=src:tests python benchmarks/measure/op_count.py "
+                       + " ".join(sys.argv[1:])}
+
+
+PARTS = {"layer": lambda: {"plain": layer_ops(False), "kernels": layer_ops(True), "tables": layer_ops(True, True)},
+         "tree_draft": lambda: {"levels": draft_ops(False), "whole, root apart": draft_ops(True, False),
+                                "whole": draft_ops(True)},
+         "graphed_forward": step_ops, "plain_step": plain_step_ops, "spec_step": spec_step_ops}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=None, help="write the counts there as JSON")
+    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
     args = p.parse_args(argv)
-    result = {"meta": meta(), "layer": {"plain": layer_ops(False), "kernels": layer_ops(True),
-                                        "tables": layer_ops(True, True)},
-              "tree_draft": {"levels": draft_ops(False), "whole, root apart": draft_ops(True, False),
-                             "whole": draft_ops(True)}, "graphed_forward": step_ops(),
-              "plain_step": plain_step_ops()}
-    for name in ("plain", "kernels", "tables"):
-        r = result["layer"][name]
+    wanted = args.parts.split(",")
+    if set(wanted) - set(PARTS):
+        p.error(f"unknown parts {sorted(set(wanted) - set(PARTS))}; choose from {', '.join(PARTS)}")
+    result = {"meta": meta(), **{part: PARTS[part]() for part in wanted}}
+    for name, r in result.get("layer", {}).items():
         print(f"layer, {name}: {r['per_layer']} operations ({r['kernel_launches_per_layer']} of them the kernels)")
-    for name in ("levels", "whole, root apart", "whole"):
-        r = result["tree_draft"][name]
+    for name, r in result.get("tree_draft", {}).items():
         print(f"tree draft, {name}: {r['median_per_draft']} operations (median of {r['drafts']})")
-    for name, r in result["graphed_forward"].items():
+    for name, r in result.get("graphed_forward", {}).items():
         print(f"graphed forward, {name}: {r['median']} operations around its replay (median of {r['replays']})")
-    for how, rows in result["plain_step"].items():
+    for how, rows in result.get("plain_step", {}).items():
         print(f"plain step, {how}: " + ", ".join(f"{name} {n:g}" for name, n in rows.items()) + " operations")
+    for name, r in result.get("spec_step", {}).items():
+        print(f"EAGLE + MicroSpec step, {name}: {r['median_total']:g} operations (median of {r['steps']}): "
+              + ", ".join(f"{part} {n:g}" for part, n in r["parts"].items()))
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
     return 0
