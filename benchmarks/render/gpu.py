@@ -318,6 +318,34 @@ def _launches() -> list[str]:
             "the last one's token is read (the same operations, overlapped with the host's work on a GPU).", ""]
 
 
+OPS_STEP = "2026-11-28-op-count-spec-step/op-count.json"  # a whole EAGLE + MicroSpec step's operations, by part
+STEP_PARTS = {"draft": "the draft: EAGLE-2's tree with its root pass, one replay, and what runs around it",
+              "verify forward": "the target's verify forward: its replay and what runs around it",
+              "walk": "the walk on the device (its one read not counted)",
+              "KV compaction": "keeping the accepted slots (the target's cache and the draft's)",
+              "policy update": "MicroSpec's update from the verification (`on_verify`)",
+              "drafter commit": "the drafter's commit", "coverage": "the coverage count `bench` reports",
+              "loop": "the loop around them"}
+
+
+def _step_launches() -> list[str]:
+    res = load(OPS_STEP)
+    meta, step = res["meta"], res["spec_step"]
+    names = list(step)
+    rows = [[label, *(num(step[n]["parts"][part], 0) for n in names)] for part, label in STEP_PARTS.items()]
+    rows.append(["a step (the median of the steps' totals)", *(num(step[n]["median_total"], 0) for n in names)])
+    src = Source(OPS_STEP, meta["command"], meta["date"], f"{meta['machine']}, torch {meta['torch']}", meta["commit"])
+    return ["A whole EAGLE + MicroSpec step on the same path (EAGLE-2's tree: depth 6, top-k 10, 59 tokens; graphs "
+            "by a stand-in capture, a replay counted as one; the median of each part over a generation's steps "
+            "after two generations captured every shape), by part, MicroSpec's window as tensor operations (where "
+            "Triton builds, CUDA takes its window kernels instead, not counted here):", "",
+            table(["part", *names], rows), "", src.markdown(), "",
+            "- MicroSpec's update is " + ", ".join(
+                f"{step[n]['parts']['policy update'] / step[n]['median_total']:.0%} ({n})" for n in names)
+            + " of a step's operations, every one a launch outside the graphs: on a GPU the largest share of the "
+            "host's launches a step (not yet timed on one).", ""]
+
+
 AB = "2026-11-28-cpu-ab"  # the CPU's held-apart runs before the GPU step's changes and after them, alternated
 AB_LABELS = {"greedy": "greedy", "greedy-rp1.2": "penalty 1.2", "T0.7": "T 0.7", "T0.7-rp1.2": "T 0.7 + penalty 1.2"}
 AB_METHODS = {"auto": "`auto`", "ngram": "prompt lookup", "microspec": "MicroSpec",
@@ -403,7 +431,8 @@ def render() -> str:
         f"{env['capability']}), driver {env['driver']}, CUDA {env['cuda']}, torch {env['torch']}, Triton "
         f"{env['triton']}, Python {env['python']}, {env['cpu_count']} CPU cores: `benchmarks/gpu_suite.py` in one "
         f"command ({suite['wall_s']:g} s: {parts}), the package run from the copied tree with `PYTHONPATH=src`.", "",
-        *_tests(), *_syncs(), *_figure4(), *_table3(), *_e2e(), *_launches(), *_cpu_ab()]).rstrip() + "\n"
+        *_tests(), *_syncs(), *_figure4(), *_table3(), *_e2e(), *_launches(), *_step_launches(),
+        *_cpu_ab()]).rstrip() + "\n"
 
 
 FIGURES: dict = {}
