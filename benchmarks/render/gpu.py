@@ -342,8 +342,9 @@ def _step_launches() -> list[str]:
             table(["part", *names], rows), "", src.markdown(), "",
             "- MicroSpec's update is " + ", ".join(
                 f"{step[n]['parts']['policy update'] / step[n]['median_total']:.0%} ({n})" for n in names)
-            + " of a step's operations, every one a launch outside the graphs: on a GPU the largest share of the "
-            "host's launches a step (not yet timed on one).", ""]
+            + " of a step's operations, each a launch outside the graphs: with the tensor window, the largest share "
+            "of a step's launches on a GPU (not yet timed on one; the Triton window's launches not counted here).",
+            ""]
 
 
 AB = "2026-11-28-cpu-ab"  # the CPU's held-apart runs before the GPU step's changes and after them, alternated
