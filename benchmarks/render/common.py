@@ -36,9 +36,13 @@ def num(v: float | None, digits: int = 2) -> str | None:
     return None if v is None else f"{v:,.{digits}f}"
 
 
+def mean_of(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
 def spread(values: list[float], digits: int = 2, unit: str = "x") -> str:
     """The mean of repeated measurements with their range: ``1.23x (1.20–1.26)``; one value alone."""
-    m = sum(values) / len(values)
+    m = mean_of(values)
     if len(values) == 1:
         return f"{m:.{digits}f}{unit}"
     return f"{m:.{digits}f}{unit} ({min(values):.{digits}f}–{max(values):.{digits}f})"

@@ -4,7 +4,8 @@ the same quantity, and whether the direction agrees."""
 
 from __future__ import annotations
 
-from .common import CPU, Source, answers, commit, load, picture, repeat_ms_per_step, repeat_speedups, spread, table, x
+from .common import (CPU, Source, answers, commit, load, mean_of, picture, repeat_ms_per_step, repeat_speedups,
+                     spread, table, x)
 from .gpu import SUITE, figure4_rows
 from .vocab import COMMIT_SWEEP
 
@@ -112,7 +113,7 @@ def table2_directions() -> str:
     rows.append(["MicroSpec's τ over EAGLE-2's (full vocabulary)", f"{ms['Avg. Len.'] / full:.3f}",
                  f"{_tau(PAPER_RUN, 'microspec-kpall') / _tau(PAPER_RUN, 'eagle-full'):.3f}", "–",
                  f"{_tau(TUNED_RUN, 'microspec') / _tau(TUNED_RUN, 'eagle-full'):.3f}", "–"])
-    verify = {run: _mean(repeat_ms_per_step(run, m, "verify_s"))
+    verify = {run: mean_of(repeat_ms_per_step(run, m, "verify_s"))
               for run, m in ((PAPER_RUN, "microspec-kpall"), (TUNED_RUN, "ar"))}
     return "\n\n".join([
         table(["claim", "paper: Llama-3-8B, H20Z GPU", "here: paper settings", "direction", "here: CPU-tuned",
@@ -124,9 +125,6 @@ def table2_directions() -> str:
         "ordering of the vocabulary methods is the paper's.",
     ])
 
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
 
 
 def table3() -> str:
@@ -233,7 +231,7 @@ def figure4() -> str:
     vs_eagle, vs_fr = (c["value"] for c in item["claims"][:2])
     rows, cells = [], []
     for label, run, ms in (("paper settings", PAPER_RUN, "microspec-kpall"), ("CPU-tuned", TUNED_RUN, "microspec")):
-        mean = {m: _mean(repeat_ms_per_step(run, m)) for m in (ms, "eagle-full", "fr-spec-32k")}
+        mean = {m: mean_of(repeat_ms_per_step(run, m)) for m in (ms, "eagle-full", "fr-spec-32k")}
         cells.append((label, mean["eagle-full"], mean["fr-spec-32k"], mean[ms]))
         rows.append([f"here: {label} (draft ms per step)", f"{mean['eagle-full']:.2f}", f"{mean['fr-spec-32k']:.2f}",
                      f"{mean[ms]:.2f}", f"{100 * (mean[ms] / mean['eagle-full'] - 1):+.1f}%",

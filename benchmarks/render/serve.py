@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from .common import CPU, RESULTS, Source, load, num, table, x
+from .common import CPU, RESULTS, Source, load, mean_of, num, table, x
 
 BATCH = "2026-11-25-serve-batching"
 LOAD = "2026-11-27-serve-aside"
@@ -314,9 +314,6 @@ def _runs(folder: str) -> tuple[dict[tuple[str, str, int], list[float]], dict]:
     return runs, {**meta, "commits": ", ".join(commits)}
 
 
-def _mean(v: list[float]) -> float:
-    return sum(v) / len(v)
-
 
 def _repeats() -> str:
     """The load runs repeated, plain and ``auto`` servers alternating: means and ranges per client count."""
@@ -324,14 +321,14 @@ def _repeats() -> str:
     names = {"greedy": "greedy", "pen": "penalty 1.2"}
 
     def cell(v: list[float]) -> str:
-        return f"{_mean(v):.1f} ({min(v):.0f}–{max(v):.0f})"
+        return f"{mean_of(v):.1f} ({min(v):.0f}–{max(v):.0f})"
 
     rows, ratio = [], {}
     for dec in names:
-        one = _mean(runs[(dec, "none", 1)])
+        one = mean_of(runs[(dec, "none", 1)])
         for c in sorted({k[2] for k in runs if k[0] == dec}):
             plain, auto = runs[(dec, "none", c)], runs[(dec, "auto", c)]
-            ratio[(dec, c)] = (_mean(auto) / _mean(plain), _mean(auto) / one, _mean(plain) / one)
+            ratio[(dec, c)] = (mean_of(auto) / mean_of(plain), mean_of(auto) / one, mean_of(plain) / one)
             rows.append([names[dec], c, len(plain), cell(plain), cell(auto), x(ratio[(dec, c)][0]),
                          x(ratio[(dec, c)][1])])
     top = max(c for _, c in ratio)
@@ -347,7 +344,7 @@ def _repeats() -> str:
     old, old_meta = _runs(BEFORE)
 
     def was(dec: str, drafter: str) -> str:
-        return f"{_mean(old[(dec, drafter, top)]):.0f} → {_mean(runs[(dec, drafter, top)]):.0f}"
+        return f"{mean_of(old[(dec, drafter, top)]):.0f} → {mean_of(runs[(dec, drafter, top)]):.0f}"
 
     notes = [f"- {names[dec].capitalize()}: `auto` {x(ratio[(dec, 4)][0])} plain batching at 4 clients "
              f"({spread(dec, 4)}) and {x(ratio[(dec, top)][0])} at {top} ({spread(dec, top)}); "
@@ -383,7 +380,8 @@ def _across() -> list[str]:
     def cell(dec: str, drafter: str, c: int) -> str:
         a, b = old[(dec, drafter, c)], new[(dec, drafter, c)]
         apart = " (apart)" if max(b) < min(a) or min(b) > max(a) else ""
-        return f"{_mean(a):.0f} ({min(a):.0f}–{max(a):.0f}) → {_mean(b):.0f} ({min(b):.0f}–{max(b):.0f}){apart}"
+        return (f"{mean_of(a):.0f} ({min(a):.0f}–{max(a):.0f}) → {mean_of(b):.0f} ({min(b):.0f}–{max(b):.0f})"
+                f"{apart}")
 
     clients = sorted({k[2] for k in old if k[2] > 1})
     runs = len(old[("greedy", "none", clients[0])])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from .common import CPU, RESULTS, Source, commit, load, num, picture, spread, table, tie, x
+from .common import CPU, RESULTS, Source, commit, load, mean_of, num, picture, spread, table, tie, x
 
 HELD = "2026-11-26-held-apart"
 HELD_VLLM = "2026-11-26-held-apart-vllm"  # optional: vLLM beside plain decoding on the same prompts
@@ -89,9 +89,6 @@ def _cells(decoding: str, where: str | None) -> list[str | None]:
     return [None if not v else (f"**{spread(v)}**" if tie(v, best) else spread(v)) for v in vals.values()]
 
 
-def _mean(v: list[float]) -> float:
-    return sum(v) / len(v)
-
 
 def _commands(metas: list[dict]) -> str:
     """The distinct commands of the runs, their output folders left out."""
@@ -140,7 +137,7 @@ def _held_apart() -> str:
     n_runs = {d: len(RUNS[d]) for d in DECODINGS}
 
     def best_fixed(d):
-        return max(fixed, key=lambda m: _mean(ratios(d, m)))
+        return max(fixed, key=lambda m: mean_of(ratios(d, m)))
 
     bullets = []
     for d in DECODINGS:
@@ -149,13 +146,13 @@ def _held_apart() -> str:
             ("below it" if max(a) < min(ratios(d, b)) else "above it")
         bullets.append(f"- {DECODINGS[d].capitalize()}: the fastest fixed method is {METHODS[b]} "
                        f"({spread(ratios(d, b))}); `auto` reaches {spread(a)}, {verdict}.")
-    spec = [_mean(ratios("greedy-rp1.2", m)) for m in fixed]
+    spec = [mean_of(ratios("greedy-rp1.2", m)) for m in fixed]
     bullets.append(f"- With the penalty every fixed method runs at {min(spec):.2f}-{max(spec):.2f}x plain decoding; "
                    f"`auto` decodes plainly on " + " and ".join(
                        f"{r['methods']['auto']['overall']['auto_share'].get('plain', 0):.0%}"
                        for r in _runs("greedy-rp1.2", "auto")) + " of its steps (per run).")
-    llama = [_mean(ratios(d, "llama-cpp")) for d in DECODINGS]
-    lookup = [_mean(ratios(d, "llama-cpp-lookup")) for d in DECODINGS]
+    llama = [mean_of(ratios(d, "llama-cpp")) for d in DECODINGS]
+    lookup = [mean_of(ratios(d, "llama-cpp-lookup")) for d in DECODINGS]
     bullets.append(f"- llama.cpp decodes at {min(llama):.2f}-{max(llama):.2f}x this "
                    f"engine's plain decoding; its own prompt lookup at {min(lookup):.2f}-{max(lookup):.2f}x.")
     vllm = ratios("greedy", "vllm")
@@ -412,7 +409,7 @@ def _draw(fig) -> None:
         for j, d in enumerate(DECODINGS):
             v = ratios(d, m)
             if v:
-                mean = _mean(v)
+                mean = mean_of(v)
                 ax.bar(j + (i - (len(shown) - 1) / 2) * width, mean, width, color=f"C{i}", label=label,
                        yerr=[[mean - min(v)], [max(v) - mean]], capsize=3)
                 label = None  # one legend entry per method
