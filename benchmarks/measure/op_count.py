@@ -144,7 +144,6 @@ def draft_ops(whole: bool, root_inside: bool = True) -> dict:
     from microspec.decoding import GenerationConfig, generate_ids
     from microspec.drafters import EagleDrafter, EagleHead
     from microspec.vocab import MicroSpecVocab
-    from microspec.vocab.packed import PackedRows
 
     _, nm = tiny_pair("gemma3")
     path, _, _ = official_checkpoint(Path(tempfile.mkdtemp()) / "ck", d=nm.spec.hidden_size)
@@ -174,23 +173,33 @@ def draft_ops(whole: bool, root_inside: bool = True) -> dict:
     graphed = stand_in_graphs(counter)
     graphed.__enter__()
     nm.use_cuda_graphs(True)
+    try:
+        with fixed_packed_rows(), counter, torch.inference_mode():
+            generate_ids(nm, [1, 10, 20, 30, 11, 21, 31, 12, 10, 20, 30],
+                         GenerationConfig(max_new_tokens=40, ignore_eos=True), drafter=drafter,
+                         vocab=MicroSpecVocab(nm.spec.vocab_size, w_max=24, backend="device"))
+    finally:
+        graphed.__exit__(None, None, None)
+        route.__exit__(None, None, None)
+    return {"median_per_draft": statistics.median(per), "drafts": len(per)}
+
+
+@contextlib.contextmanager
+def fixed_packed_rows():
+    """MicroSpec's packed buffers at CUDA's fixed shape (what the whole draft's graph replays with)."""
+    from microspec.vocab.packed import PackedRows
+
     init = PackedRows.__init__
 
-    def fixed(self, *a, **kw):  # CUDA's packed buffer: its fixed shape
+    def fixed(self, *a, **kw):
         init(self, *a, **kw)
         self.fixed_shape = True
 
     PackedRows.__init__ = fixed
     try:
-        with counter, torch.inference_mode():
-            generate_ids(nm, [1, 10, 20, 30, 11, 21, 31, 12, 10, 20, 30],
-                         GenerationConfig(max_new_tokens=40, ignore_eos=True), drafter=drafter,
-                         vocab=MicroSpecVocab(nm.spec.vocab_size, w_max=24, backend="device"))
+        yield
     finally:
         PackedRows.__init__ = init
-        graphed.__exit__(None, None, None)
-        route.__exit__(None, None, None)
-    return {"median_per_draft": statistics.median(per), "drafts": len(per)}
 
 
 @contextlib.contextmanager
@@ -326,7 +335,6 @@ def spec_step_ops() -> dict:
     from microspec.drafters import EagleDrafter, EagleHead
     from microspec.models.kv_cache import KVCache
     from microspec.vocab import MicroSpecVocab
-    from microspec.vocab.packed import PackedRows
 
     counter = Count()
     counter.paused = 1
@@ -352,22 +360,15 @@ def spec_step_ops() -> dict:
     patched = [(loop, "device_walk", "walk"), (KVCache, "keep_from", "KV compaction"),
                (CoverageObserver, "on_verified", "coverage"), (CoverageObserver, "on_emitted", "coverage")]
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patched]
-    saved += [(Generation, "plan", Generation.plan), (PackedRows, "__init__", PackedRows.__init__),
-              (verify, "DEVICE_WALK", verify.DEVICE_WALK)]
+    saved += [(Generation, "plan", Generation.plan), (verify, "DEVICE_WALK", verify.DEVICE_WALK)]
     verify.DEVICE_WALK = ("cuda", "cpu")  # CUDA walks the tree on the device
     for obj, name, part in patched:
         setattr(obj, name, as_part(part, getattr(obj, name)))
     Generation.plan = step_start(Generation.plan)
-    init = PackedRows.__init__
-
-    def fixed(self, *a, **kw):  # CUDA's packed buffer: its fixed shape
-        init(self, *a, **kw)
-        self.fixed_shape = True
-
-    PackedRows.__init__ = fixed
     out: dict = {}
     try:
-        with cuda_path(counter, kernels=True), stand_in_graphs(counter), counter, torch.inference_mode():
+        with cuda_path(counter, kernels=True), stand_in_graphs(counter), fixed_packed_rows(), counter, \
+                torch.inference_mode():
             nm.use_cuda_graphs(True)
             nm.forward = as_part("verify forward", nm.forward)
             for name, decoding in (("greedy", {}), ("penalty 1.2", {"repetition_penalty": 1.2})):
