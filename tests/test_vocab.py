@@ -48,9 +48,11 @@ class NaiveStream:
         self.s += list(prompt)
         self.s += _uniq([t for row in topk_rows for t in row[: self.k_pre]])
 
-    def verify(self, tree, logits):
+    def verify(self, tree, logits, committed=()):
+        top = [t for row in torch.topk(logits, self.k_ver, -1).indices.tolist() for t in row]
         self.s += _uniq(tree)
-        self.s += _uniq([t for row in torch.topk(logits, self.k_ver, -1).indices.tolist() for t in row])
+        self.s += _uniq(top)
+        self.s += _uniq([t for t in committed if t not in tree and t not in top])
 
     def active(self):
         return sorted(set(self.s[-self.w:]))
@@ -97,8 +99,11 @@ def test_stream_equals_literal_algorithm_after_many_random_updates(w, backend):
     for _ in range(60):
         tree = [rnd.randrange(VOCAB) for _ in range(rnd.randrange(0, 30))]
         logits = torch.randn(rnd.randrange(1, 4), VOCAB, generator=g)
-        v.on_verify(torch.tensor(tree, dtype=torch.long), logits)
-        ref.verify(tree, logits)
+        # the committed tokens: accepted drafts, the top-1 of the last row, now and then an id outside both
+        committed = tree[: rnd.randrange(0, 3)] + [int(logits[-1].argmax())] + \
+            [rnd.randrange(VOCAB) for _ in range(rnd.choice((0, 0, 1, 2)))] if rnd.random() < 0.8 else []
+        v.on_verify(torch.tensor(tree, dtype=torch.long), logits, committed)
+        ref.verify(tree, logits, committed)
         assert v.active().tolist() == ref.active()
         assert v.window() == ref.s[-w:]
         recency = v.ranked().tolist()

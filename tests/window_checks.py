@@ -1,11 +1,13 @@
 """The device window's Triton kernels against their plain-torch references and the host window, over random appends:
 run by tests/test_kernels.py under ``TRITON_INTERPRET=1`` on a CPU, and by tests/test_cuda.py compiled on a GPU.
 
-Every step appends a random tuple (repeats, ids new and old, ``unique`` or not, sometimes a skip list, sometimes
-more than W_max entries) to three windows with packed rows bound — :class:`KernelWindow` (the kernels),
-:class:`DeviceWindow` + tensor :class:`PackedRows` updates (the plain-torch reference) and :class:`HostWindow` +
-host-list updates — and checks, bit for bit: the window's entries, the counts, the slot of every id and the packed
-rows.  ``python tests/window_checks.py DEVICE STEPS`` runs it alone.
+Every step appends a random tuple (repeats, ids new and old, ``unique`` or not, sometimes split into up to three
+tuples with the last one ``fresh``, sometimes more than W_max entries) to three windows with packed rows bound —
+:class:`KernelWindow` (the kernels), :class:`DeviceWindow` + tensor :class:`PackedRows` updates (the plain-torch
+reference) and :class:`HostWindow` + host-list updates — and checks, bit for bit: the window's entries, the counts,
+the slot of every id and the packed rows.  A fourth window, a :class:`HostWindow` given each tuple as an append of
+its own (the fresh tuple filtered by hand), checks what a split append means: its entries and counts equal theirs.
+``python tests/window_checks.py DEVICE STEPS`` runs it alone.
 """
 
 from __future__ import annotations
@@ -26,15 +28,29 @@ def check_windows(device: str, steps: int, seed: int = 0, vocab: int = 200, w_ma
     kinds = {"kernel": KernelWindow, "torch": DeviceWindow, "host": HostWindow}
     wins = {k: cls(vocab, w_max, dev) for k, cls in kinds.items()}
     rows = {k: WindowRows(w, weight, w_max + 2, pinned) for k, w in wins.items()}
+    serial = HostWindow(vocab, w_max, dev)  # the same tuples, one append each
     for step in range(steps):
         m = int(torch.randint(0, 3 * w_max // 2 if step % 50 == 0 else 10, (1,), generator=g))
         hi = int(torch.randint(4, vocab, (1,), generator=g))  # a narrow range now and then: many repeats
         ids = torch.randint(0, hi, (m,), generator=g)
         unique = bool(torch.randint(0, 2, (1,), generator=g))
-        skip = torch.randint(0, hi, (3,), generator=g) if step % 3 == 0 else None
+        parts, fresh = (m,), False
+        if step % 3 == 0:  # two or three tuples, some empty
+            n_cuts = int(torch.randint(1, 3, (1,), generator=g))
+            cuts = sorted(torch.randint(0, m + 1, (n_cuts,), generator=g).tolist())
+            parts = tuple(b - a for a, b in zip([0, *cuts], [*cuts, m]))
+            fresh = bool(torch.randint(0, 2, (1,), generator=g))
         for w in wins.values():
-            w.extend(w.load(ids), unique, skip)
+            w.extend(w.load(ids), unique, parts, fresh)
+        start = 0
+        for k, size in enumerate(parts):
+            part = ids[start : start + size].tolist()
+            if fresh and k == len(parts) - 1:
+                part = [t for t in part if t not in ids[:start].tolist()]
+            serial.append(torch.tensor(part, dtype=torch.long), unique)
+            start += size
         host = wins["host"]
+        assert serial.entries() == host.entries() and torch.equal(serial.counts, host.counts), (step, "split")
         want_rows = rows["host"].packed
         for k in ("kernel", "torch"):
             w, packed = wins[k], rows[k].packed
@@ -47,6 +63,7 @@ def check_windows(device: str, steps: int, seed: int = 0, vocab: int = 200, w_ma
             for k in wins:
                 wins[k].reset()
                 rows[k].reset()
+            serial.reset()
     return steps
 
 
@@ -69,8 +86,12 @@ def check_gather(device: str, seed: int = 0) -> None:
     ring = torch.full((9,), -1, dtype=torch.long, device=dev)
     ptr = torch.zeros((), dtype=torch.long, device=dev)
     counts = torch.zeros(64, dtype=torch.int32, device=dev)
-    kern.window_update(torch.tensor([5, 5, 7, 1], device=dev), None, ring, ptr, counts, unique=True)
+    kern.window_update(torch.tensor([5, 5, 7, 1], device=dev), ring, ptr, counts, unique=True)
     assert ring[:3].tolist() == [5, 7, 1] and int(ptr) == 3 and int(counts.sum()) == 3
+    # three tuples, each deduplicated on its own, the last keeping none of the ids before it: 5 7 | 7 2 | 9
+    kern.window_update(torch.tensor([5, 7, 5, 7, 2, 2, 9, 5, 9], device=dev), ring, ptr, counts, unique=True,
+                       parts=(3, 3, 3), fresh=True)
+    assert ring[:8].tolist() == [5, 7, 1, 5, 7, 7, 2, 9] and int(ptr) == 0 and int(counts.sum()) == 8
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
 One append to the candidate window ``S <- S ⊕ ids`` (the paper's tuple(Unique(...)) when ``unique``) is, on the
 device and with nothing read back to the host:
 
-1. ``window_update`` — one program: keep the first occurrence of each appended id (a per-call stamp in a [V] scratch
-   array; ids in ``ban`` are dropped), keep only the last W_max of the kept entries, write them into the ring at the
+1. ``window_update`` — one program: keep the first occurrence of each appended id within its tuple (an append carries
+   up to three consecutive tuples; a stamp per tuple in a [V] scratch array; with ``fresh`` the last tuple drops the
+   ids the others stamped), keep only the last W_max of the kept entries, write them into the ring at the
    write pointer, and update the per-id counts.  An id whose count falls to 0 has left the window; one whose count
    rises from 0 may have entered.  With the packed rows bound (``slots``), the slots of ids that left are freed
    (pinned ids keep theirs) and each entering id without a slot is handed the lowest free slot, in append order.
@@ -28,6 +29,8 @@ loads (all of a program's threads read the scalars).
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
+from itertools import accumulate
 
 import torch
 
@@ -43,29 +46,27 @@ def gather_rows_reference(weight: torch.Tensor, rows: torch.Tensor, ids: torch.T
 
 if triton is not None:
 
-    @triton.jit
-    def _window_update_kernel(ids_ptr, m, ban_ptr, n_ban, ring_ptr, ptr_ptr, counts_ptr, seen_ptr, stamp_ptr,
-                              keep_ptr, left_ptr, enter_ptr, slot_ids_ptr, slot_of_ptr, pinned_ptr, copy_ids_ptr,
-                              copy_slots_ptr, n_copy_ptr, W, CAP,
+    @triton.jit(do_not_specialize=["m", "end0", "end1", "fresh_from"])
+    def _window_update_kernel(ids_ptr, m, end0, end1, fresh_from, ring_ptr, ptr_ptr, counts_ptr, seen_ptr,
+                              stamp_ptr, keep_ptr, left_ptr, enter_ptr, slot_ids_ptr, slot_of_ptr, pinned_ptr,
+                              copy_ids_ptr, copy_slots_ptr, n_copy_ptr, W, CAP,
                               UNIQUE: tl.constexpr, HAS_ROWS: tl.constexpr, BLOCK: tl.constexpr):
-        stamp = tl.load(stamp_ptr) + 1
-        tl.store(stamp_ptr, stamp)
-        # banned ids: seen = -stamp
-        for j0 in range(0, n_ban, BLOCK):
-            js = j0 + tl.arange(0, BLOCK)
-            b = tl.load(ban_ptr + js, mask=js < n_ban, other=0)
-            tl.store(seen_ptr + b, -stamp, mask=js < n_ban)
-        tl.debug_barrier()
-        # pass 1: which entries are kept (not banned; first occurrences when UNIQUE), and how many
+        # the tuples [0, end0), [end0, end1), [end1, m) stamp their ids base + 1, + 2, + 3: an id stamped above base
+        # occurs earlier in this append, stamped with the entry's own stamp, earlier in its own tuple
+        base = tl.load(stamp_ptr)
+        tl.store(stamp_ptr, base + 3)
+        # pass 1: which entries are kept (from fresh_from on, none stamped by an earlier tuple; first occurrences
+        # within their tuple when UNIQUE), and how many
         zero = tl.program_id(0) * 0  # an int32 scalar (m * 0 would be a constant when m is 1)
         n_new = zero
         for i in range(0, m):
             t = tl.load(ids_ptr + i)
             s = tl.load(seen_ptr + t)
-            k = s != -stamp
+            stamp = base + 1 + (i >= end0).to(tl.int32) + (i >= end1).to(tl.int32)
+            k = (i < fresh_from) | (s <= base) | (s == stamp)
             if UNIQUE:
                 k = k & (s != stamp)
-                tl.store(seen_ptr + t, stamp, mask=k)
+            tl.store(seen_ptr + t, stamp, mask=k)
             tl.store(keep_ptr + i, k.to(tl.int8))
             n_new += k.to(tl.int32)
             tl.debug_barrier()
@@ -173,14 +174,21 @@ class WindowKernels:
             buf = self._bufs[name] = torch.empty(max(size, 64), dtype=dtype, device=self.device)
         return buf
 
-    def window_update(self, ids: torch.Tensor, ban: torch.Tensor | None, ring: torch.Tensor, ptr: torch.Tensor,
-                      counts: torch.Tensor, unique: bool, slots: Slots | None = None) -> tuple[torch.Tensor, ...]:
+    def window_update(self, ids: torch.Tensor, ring: torch.Tensor, ptr: torch.Tensor, counts: torch.Tensor,
+                      unique: bool, slots: Slots | None = None, parts: Sequence[int] = (),
+                      fresh: bool = False) -> tuple[torch.Tensor, ...]:
         """Append ``ids`` (flat int64) to the ring ``ring[:w_max]`` at ``ptr`` (a one-element int64 tensor), keeping
         ``counts`` and, with ``slots``, the packed rows' slots; returns (copy_ids, copy_slots, n_copy), the rows to
-        gather.  Launch sizes come from ``ids.numel()`` and the capacity only: no host read."""
+        gather.  ``parts``: the sizes of up to three consecutive tuples (default one), each deduplicated on its own
+        when ``unique``; ``fresh``: the last tuple keeps none of the ids of the others.  Launch sizes come from
+        ``ids.numel()`` and the capacity only: no host read."""
         m = ids.numel()
         w_max = ring.numel() - 1
-        ban = ban if ban is not None else ids[:0]
+        parts = list(parts) or [m]
+        if len(parts) > 3 or sum(parts) != m:
+            raise ValueError(f"parts {parts} must be at most 3 sizes summing to {m}")
+        end0, end1 = (list(accumulate(parts[:-1])) + [m, m])[:2]
+        fresh_from = m - parts[-1] if fresh else m
         keep = self.buffer("keep", m, torch.int8)
         left = self.buffer("left", m, torch.long)
         enter = self.buffer("enter", m, torch.long)
@@ -191,9 +199,9 @@ class WindowKernels:
             cap = 0
         else:
             slot_ids, slot_of, pinned, cap = slots.slot_ids, slots.slot_of, slots.pinned, slots.capacity
-        _window_update_kernel[(1,)](ids, m, ban, ban.numel(), ring, ptr, counts, self.seen, self.stamp, keep, left,
-                                    enter, slot_ids, slot_of, pinned, copy_ids, copy_slots, self.n_copy, w_max,
-                                    cap, UNIQUE=unique, HAS_ROWS=slots is not None, BLOCK=256)
+        _window_update_kernel[(1,)](ids, m, end0, end1, fresh_from, ring, ptr, counts, self.seen, self.stamp, keep,
+                                    left, enter, slot_ids, slot_of, pinned, copy_ids, copy_slots, self.n_copy,
+                                    w_max, cap, UNIQUE=unique, HAS_ROWS=slots is not None, BLOCK=256)
         return copy_ids, copy_slots, self.n_copy
 
 

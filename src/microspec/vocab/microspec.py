@@ -46,6 +46,7 @@ import torch
 
 from ..errors import MicrospecError, check
 from ..options import Option, PolicySpec
+from ..transfer import to_device
 from .base import ActiveSet, VocabPolicy
 from .packed import GATHER, GATHERS, PackedRows
 from .position import POSITION_AWARE, check_ranked, with_budgets
@@ -155,15 +156,14 @@ class MicroSpecVocab(VocabPolicy):
     def on_verify(self, tree_ids: torch.Tensor, verify_logits: torch.Tensor, committed: Sequence[int] = ()) -> None:
         if "ext" not in self.sources:
             return
-        if tree_ids.numel():
-            self.append(tree_ids, unique=True)                     # S <- S ⊕ tuple(Unique(C_draft))
-        top = None
-        if self.k_ver > 0 and verify_logits.numel():
-            top = topk_ids(verify_logits, min(self.k_ver, verify_logits.shape[-1]))
-            self.append(top.reshape(-1), unique=True)              # ⊕ tuple(TopK(z_verify, K_ver))
+        parts = [tree_ids.flatten()]                               # S <- S ⊕ tuple(Unique(C_draft))
+        if self.k_ver > 0 and verify_logits.numel():               # ⊕ tuple(TopK(z_verify, K_ver))
+            parts.append(topk_ids(verify_logits, min(self.k_ver, verify_logits.shape[-1])).flatten())
         if len(committed):                                         # ⊕ committed tokens not entered above
-            entered = tree_ids if top is None else torch.cat([tree_ids.to(top.device), top.flatten()])
-            self.append(torch.as_tensor(list(committed), dtype=torch.long), unique=True, skip=entered)
+            parts.append(torch.as_tensor(list(committed), dtype=torch.long))
+        # one append of the tuples, each deduplicated on its own
+        ids = parts[0] if len(parts) == 1 else torch.cat([to_device(p, self.device) for p in parts])
+        self.append(ids, unique=True, parts=[p.numel() for p in parts], fresh=len(committed) > 0)
 
     def active(self, depth: int = 0) -> ActiveSet:
         """I = Unique(Suffix(S, W_max)) plus the special ids: the packed buffer, or the ids ascending."""
@@ -178,13 +178,13 @@ class MicroSpecVocab(VocabPolicy):
         return self._ids[1]
 
     # ---------------------------------------------------------------- the stream, the rows, the ablation
-    def append(self, ids: torch.Tensor, unique: bool, skip: torch.Tensor | None = None) -> None:
-        """S <- S ⊕ ids (first occurrences only when ``unique``; none of the ids in ``skip``), keeping the window and
-        the packed rows exact."""
+    def append(self, ids: torch.Tensor, unique: bool, parts: Sequence[int] = (), fresh: bool = False) -> None:
+        """S <- S ⊕ ids (first occurrences only when ``unique``; ``parts``, ``fresh``: the tuples of
+        :meth:`~microspec.vocab.window.CandidateWindow.extend`), keeping the window and the packed rows exact."""
         if ids.numel() == 0:
             return
         self.version += 1
-        self.side.run(self.suffix.extend, self.suffix.load(ids), unique, skip)
+        self.side.run(self.suffix.extend, self.suffix.load(ids), unique, parts, fresh)
 
     def attach(self, weight: torch.Tensor) -> None:
         if self.gather != "packed" or (self.rows is not None and self.rows.packed.weight is weight):

@@ -17,9 +17,12 @@ matter, so they live in a ring of W_max token ids with a count per vocabulary id
 
 Both append the same way: with ``unique`` only the first occurrence of each id in the appended tuple is kept (the
 paper's tuple(Unique(...))); of more than W_max new entries only the last W_max stay (the others would be pushed out
-at once).  A window tells its ``listener`` what each append changed: the ids that left the set (count fell to 0)
-and the ids that may have entered it — as host lists (:class:`HostWindow`) or as id tensors with masks
-(:class:`DeviceWindow`).
+at once).  One append may carry up to :data:`MAX_PARTS` consecutive tuples (``parts``, their sizes), each deduplicated
+on its own, the last one optionally keeping none of the ids of the others (``fresh``): a verification's whole update,
+S ⊕ tuple(Unique(C_draft)) ⊕ tuple(TopK(z_verify)) ⊕ tuple(C_commit), is one append — one kernel launch, or one
+pass of tensor operations — instead of three.  A window tells its ``listener`` what each append changed: the ids
+that left the set (count fell to 0) and the ids that may have entered it — as host lists (:class:`HostWindow`) or as
+id tensors with masks (:class:`DeviceWindow`).
 
 :class:`WindowRows` is such a listener: it keeps a :class:`~microspec.vocab.packed.PackedRows` buffer holding the
 head rows of the window's ids (plus pinned specials), freeing the slots of ids that left and copying in only the
@@ -30,12 +33,16 @@ forward, and makes readers wait on an event; without CUDA it runs them inline an
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from itertools import accumulate
 from typing import NamedTuple, Protocol, Union
 
 import torch
 
 from ..transfer import to_device
 from .packed import PackedRows
+
+MAX_PARTS = 3  # tuples one append carries (a verification's C_draft, TopK(z_verify) and committed tokens)
 
 
 class Change(NamedTuple):
@@ -51,6 +58,13 @@ class Change(NamedTuple):
 
 class Listener(Protocol):
     def changed(self, change: Change) -> None: ...
+
+
+def check_parts(parts: Sequence[int], m: int) -> Sequence[int]:
+    """``parts``, checked: at most :data:`MAX_PARTS` sizes summing to ``m``."""
+    if len(parts) > MAX_PARTS or sum(parts) != m or min(parts, default=0) < 0:
+        raise ValueError(f"an append's parts {tuple(parts)} must be at most {MAX_PARTS} sizes summing to {m}")
+    return parts
 
 
 class CandidateWindow(ABC):
@@ -69,9 +83,11 @@ class CandidateWindow(ABC):
         """``ids`` (a tensor) in the form :meth:`extend` takes: a host list, or a flat long tensor on the device."""
 
     @abstractmethod
-    def extend(self, ids, unique: bool, skip: torch.Tensor | None = None) -> None:
-        """:meth:`append` of ids that :meth:`load` gave; ``skip``: ids not to append (a tensor; a device window
-        masks them out without reading anything back)."""
+    def extend(self, ids, unique: bool, parts: Sequence[int] = (), fresh: bool = False) -> None:
+        """:meth:`append` of ids that :meth:`load` gave, as consecutive tuples of sizes ``parts`` (default: one; at
+        most :data:`MAX_PARTS`, summing to the number of ids): with ``unique`` each tuple keeps the first occurrence
+        of each of its ids, whatever the other tuples hold; with ``fresh`` the last tuple keeps none of the ids that
+        occur in the tuples before it (a device window masks them out without reading anything back)."""
 
     @abstractmethod
     def reset(self) -> None:
@@ -110,14 +126,21 @@ class HostWindow(CandidateWindow):
     def load(self, ids: torch.Tensor) -> list[int]:
         return ids.flatten().tolist()
 
-    def extend(self, ids: list[int], unique: bool, skip: torch.Tensor | None = None) -> None:
-        if skip is not None:
-            banned = set(skip.flatten().tolist())
-            ids = [t for t in ids if t not in banned]
-            if not ids:
-                return
-        if unique:
+    def extend(self, ids: list[int], unique: bool, parts: Sequence[int] = (), fresh: bool = False) -> None:
+        if len(parts) > 1:
+            kept, start = [], 0
+            for k, size in enumerate(check_parts(parts, len(ids))):
+                part = ids[start : start + size]
+                if fresh and k == len(parts) - 1:
+                    banned = set(ids[:start])
+                    part = [t for t in part if t not in banned]
+                kept += dict.fromkeys(part) if unique else part
+                start += size
+            ids = kept
+        elif unique:
             ids = list(dict.fromkeys(ids))
+        if not ids:
+            return
         ids = ids[-self.w_max :]
         ring, counts, w, p = self.ring, self.tally, self.w_max, self.ptr
         touched: list[int] = []
@@ -182,13 +205,24 @@ class DeviceWindow(CandidateWindow):
     def load(self, ids: torch.Tensor) -> torch.Tensor:
         return to_device(ids.flatten(), self.device)
 
-    def extend(self, ids: torch.Tensor, unique: bool, skip: torch.Tensor | None = None) -> None:
+    def extend(self, ids: torch.Tensor, unique: bool, parts: Sequence[int] = (), fresh: bool = False) -> None:
         m = ids.numel()
         idx = self._arange[:m] if m <= self._arange.numel() else torch.arange(m, device=ids.device)
-        among = None if skip is None else ~(ids[:, None] == to_device(skip.flatten(), ids.device)[None, :]).any(1)
-        keep = self._first(ids, idx, among) if unique else torch.ones(m, dtype=torch.bool, device=ids.device)
-        if among is not None and not unique:
-            keep = keep & among
+        split = len(parts) > 1 and len(check_parts(parts, m)) > 1
+        among = None
+        if split and fresh:  # the last tuple keeps none of the ids before it
+            start = m - parts[-1]
+            among = ~((ids[:, None] == ids[None, :start]).any(1) & (idx >= start))
+        if unique and split:  # first occurrences within each tuple: keyed by (tuple, id)
+            if self._scratch.numel() < MAX_PARTS * self.vocab_size:  # (grown once)
+                self._scratch = torch.full((MAX_PARTS * self.vocab_size,), self._unset, dtype=torch.long,
+                                           device=self.device)
+            part = sum(idx >= end for end in accumulate(parts[:-1]))
+            keep = self._first(ids + part * self.vocab_size, idx, among)
+        elif unique:
+            keep = self._first(ids, idx, among)
+        else:
+            keep = torch.ones(m, dtype=torch.bool, device=ids.device) if among is None else among
         rank = torch.cumsum(keep, 0) - 1
         n_new = keep.sum()
         keep = keep & (rank >= n_new - self.w_max)  # of more than W_max new entries only the last W_max stay
@@ -202,10 +236,11 @@ class DeviceWindow(CandidateWindow):
         self.ptr = (self.ptr + n_new) % self.w_max
         if self.listener is not None:  # out: ids whose count fell to 0; in: the first occurrence of each new entry
             self.listener.changed(Change(old, ids, gone & (self._counts[old] == 0),
-                                         keep if unique else self._first(ids, idx, keep)))
+                                         keep if unique and not split else self._first(ids, idx, keep)))
 
     def _first(self, ids: torch.Tensor, idx: torch.Tensor, among: torch.Tensor | None) -> torch.Tensor:
-        """[m] bool: first occurrence of each id (among the entries ``among`` when given)."""
+        """[m] bool: first occurrence of each id (among the entries ``among`` when given); ``ids`` may be keys up
+        to :data:`MAX_PARTS` times the vocabulary size."""
         first = self._scratch  # all unset between calls, so the cost is O(m), not O(V)
         first.scatter_reduce_(0, ids, idx if among is None else torch.where(among, idx, self._unset), reduce="amin")
         out = first[ids] == idx
@@ -251,14 +286,14 @@ class KernelWindow(DeviceWindow):
             raise ValueError("the packed rows' weight and buffer must be row-major")
         self.bound = packed
 
-    def extend(self, ids: torch.Tensor, unique: bool, skip: torch.Tensor | None = None) -> None:
+    def extend(self, ids: torch.Tensor, unique: bool, parts: Sequence[int] = (), fresh: bool = False) -> None:
         if ids.numel() == 0:
             return
         from ..kernels.window_update import gather_rows
 
-        ban = None if skip is None else to_device(skip.flatten(), self.device)
-        copy_ids, copy_slots, n = self.kernels.window_update(ids.contiguous(), ban, self.ring, self.ptr,
-                                                             self._counts, unique, self.bound)
+        copy_ids, copy_slots, n = self.kernels.window_update(ids.contiguous(), self.ring, self.ptr, self._counts,
+                                                             unique, self.bound, check_parts(parts or (ids.numel(),),
+                                                                                             ids.numel()), fresh)
         if self.bound is not None:
             packed = self.bound
             gather_rows(packed.weight, packed.rows, copy_ids, copy_slots, n, min(ids.numel(), packed.capacity))
