@@ -20,7 +20,7 @@ counted on a CPU: a small model's GPU step is mostly a count of tiny kernels, so
   the processors and the token's choice) or the forward's replay with the rest eager after it;
 - a speculative step: every operation of one step of EAGLE + MicroSpec with its graphs, by part (the draft, the
   verify forward, the walk, the KV compaction, the policy's update, the drafter's commit, the coverage count and the
-  loop around them).  ``--parts`` counts some of these only.
+  loop around them), with MicroSpec's tensor window and with its Triton window.  ``--parts`` counts some of these only.
 Counts only: nothing here is timed, and a GPU's time per kernel is not a CPU's.
 """
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import statistics
 import sys
@@ -68,6 +69,20 @@ class Count(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def as_launch(counter: Count, launched: list, fn):
+    """``fn`` counted as one kernel launch (appended to ``launched``), the tensor work inside it uncounted."""
+    def run(*a, **k):
+        if not counter.paused:
+            launched.append(1)
+            counter.by_part[counter.part()] += 1
+        counter.paused += 1
+        try:
+            return fn(*a, **k)
+        finally:
+            counter.paused -= 1
+    return run
+
+
 @contextlib.contextmanager
 def cuda_path(counter: Count, kernels: bool, tables: bool = True):
     """The operations CUDA takes, on a CPU: the CPU's own kernels (its bf16 products and attention, its fused fp32
@@ -85,25 +100,13 @@ def cuda_path(counter: Count, kernels: bool, tables: bool = True):
     saved = (cpu_linear.applies, cpu_linear.attention_applies, cpu_quant.rows_apply)
     kernels_saved = [getattr(m, n) for m, n in fused]
 
-    def counted(fn):
-        def run(*a, **k):
-            if not counter.paused:
-                launched.append(1)
-                counter.by_part[counter.part()] += 1
-            counter.paused += 1
-            try:
-                return fn(*a, **k)
-            finally:
-                counter.paused -= 1
-        return run
-
     cpu_linear.applies = cpu_linear.attention_applies = cpu_quant.rows_apply = lambda *a, **k: False
     # CUDA's walk reads a block of rows' argmax at once; its penalty goes over the whole row under the seen bitmap
     verify.BLOCK_READS, processors.BY_INDEX = ("cuda", "cpu"), ()
     rotary.TABLE_DEVICES = ("cuda", "cpu") if tables else ("cuda",)
     triton_env.DEVICES = ("cuda", "cpu") if kernels else ("cuda",)
     for (m, n), fn in zip(fused, kernels_saved):
-        setattr(m, n, counted(fn))
+        setattr(m, n, as_launch(counter, launched, fn))
     try:
         yield launched
     finally:
@@ -325,14 +328,15 @@ def spec_step_ops() -> dict:
     (``device_walk``, its one read not counted), keeping the accepted slots (``KVCache.keep_from``, the target's and
     the draft's), the policy's update (``on_verify``), the drafter's commit and the coverage count (what ``bench``
     reports), and what the loop runs around them; the median of each over a generation's steps after the first two
-    generations captured every shape, greedy and under repetition penalty 1.2.  MicroSpec's window is the one of
-    tensor operations (``backend="device"``, CUDA's where Triton does not build): the Triton window's kernels are not
-    wrapped as launches here, so the interpreter's work inside them would count as operations."""
+    generations captured every shape, greedy and under repetition penalty 1.2, with each of MicroSpec's device
+    windows: the one of tensor operations (``backend="device"``, CUDA's where Triton does not build) and the Triton
+    window (CUDA's default; its update and row gather run by the interpreter, each call one launch)."""
     from support import official_checkpoint, tiny_pair
     from microspec.decoding import GenerationConfig, generate_ids, loop, verify
     from microspec.decoding.loop import Generation
     from microspec.decoding.observers import CoverageObserver
     from microspec.drafters import EagleDrafter, EagleHead
+    from microspec.kernels import window_update
     from microspec.models.kv_cache import KVCache
     from microspec.vocab import MicroSpecVocab
 
@@ -360,24 +364,31 @@ def spec_step_ops() -> dict:
     patched = [(loop, "device_walk", "walk"), (KVCache, "keep_from", "KV compaction"),
                (CoverageObserver, "on_verified", "coverage"), (CoverageObserver, "on_emitted", "coverage")]
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patched]
-    saved += [(Generation, "plan", Generation.plan), (verify, "DEVICE_WALK", verify.DEVICE_WALK)]
+    saved += [(Generation, "plan", Generation.plan), (verify, "DEVICE_WALK", verify.DEVICE_WALK),
+              (window_update.WindowKernels, "window_update", window_update.WindowKernels.window_update),
+              (window_update, "gather_rows", window_update.gather_rows)]
     verify.DEVICE_WALK = ("cuda", "cpu")  # CUDA walks the tree on the device
     for obj, name, part in patched:
         setattr(obj, name, as_part(part, getattr(obj, name)))
     Generation.plan = step_start(Generation.plan)
     out: dict = {}
     try:
-        with cuda_path(counter, kernels=True), stand_in_graphs(counter), fixed_packed_rows(), counter, \
+        with cuda_path(counter, kernels=True) as launched, stand_in_graphs(counter), fixed_packed_rows(), counter, \
                 torch.inference_mode():
+            for fn in ("window_update", "gather_rows"):  # the Triton window's two kernels
+                owner = window_update.WindowKernels if fn == "window_update" else window_update
+                setattr(owner, fn, as_launch(counter, launched, getattr(owner, fn)))
             nm.use_cuda_graphs(True)
             nm.forward = as_part("verify forward", nm.forward)
-            for name, decoding in (("greedy", {}), ("penalty 1.2", {"repetition_penalty": 1.2})):
+            for (name, decoding), window in itertools.product(
+                    (("greedy", {}), ("penalty 1.2", {"repetition_penalty": 1.2})), ("device", "triton")):
+                name += ", Triton window" if window == "triton" else ""
                 for run in range(3):  # the first two capture the shapes; the third is counted
                     drafter = EagleDrafter(EagleHead.load(path), depth=6, top_k=10, total_tokens=59)
                     drafter.whole_graph = True
                     drafter.propose = as_part("draft", drafter.propose)
                     drafter.commit = as_part("drafter commit", drafter.commit)
-                    vocab = MicroSpecVocab(nm.spec.vocab_size, w_max=24, backend="device")
+                    vocab = MicroSpecVocab(nm.spec.vocab_size, w_max=24, backend=window)
                     vocab.on_verify = as_part("policy update", vocab.on_verify)
                     steps.clear()
                     counter.paused -= 1
