@@ -332,11 +332,13 @@ def test_tree_defaults_per_device():
 def test_coverage_asks_only_for_drafted_depths():
     """A fully accepted path ends with a bonus token one level below the deepest draft: routed policies (DynaSpec,
     SpecVocab, CORAL) hold sets only for the depths the head drafted, so coverage must ask for those (regression:
-    the Gemma benchmark stopped on "the DynaSpec router has not seen this depth's draft inputs")."""
+    the Gemma benchmark stopped on "the DynaSpec router has not seen this depth's draft inputs").  A policy with one
+    set for every depth is asked once a step, at depth 0, and gives the same coverage."""
     from microspec.vocab.base import VocabPolicy
 
     class DepthStrict(VocabPolicy):
         name = "depth-strict"
+        per_depth = True
 
         def __init__(self):
             super().__init__()
@@ -359,6 +361,12 @@ def test_coverage_asks_only_for_drafted_depths():
                      drafter=Chain3(truth, len(PROMPT), 0), vocab=vocab)
     assert r.token_ids == truth and r.stats.mean_accept_len > 3.5
     assert max(vocab.asked) == 2 and r.stats.to_dict()["coverage"] == 1.0
+    vocab = DepthStrict()
+    vocab.per_depth = False
+    one = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=20, ignore_eos=True),
+                       drafter=Chain3(truth, len(PROMPT), 0), vocab=vocab)
+    assert one.token_ids == truth and set(vocab.asked) == {0} and len(vocab.asked) <= one.stats.steps
+    assert one.stats.to_dict()["coverage"] == 1.0 and one.stats.coverage_tokens == r.stats.coverage_tokens
 
 
 def test_adaptive_steps_follow_the_measured_rates():

@@ -25,19 +25,25 @@ class CoverageObserver:
         self.routed = policy.wants_draft_inputs or policy.wants_head_input  # sets exist only after drafting
         self.covered = torch.zeros((), dtype=torch.long, device=device)  # summed on the device: read once
         self.tokens = 0
-        self._hits: list[torch.Tensor] = []
+        self._hits: torch.Tensor | None = None  # the step's committed tokens in the draft sets, in order
 
     def on_verified(self, tree: DraftTree, tokens: list[int], scored: bool = True) -> None:
         """The step's committed tokens, before the policy's sets move on (``scored=False``: a step whose draft did
         not come from the draft head, e.g. a chain prompt lookup copied; not counted)."""
-        self._hits = []
+        self._hits = None
         if scored and (len(tree) or not self.routed):
-            last = max(tree.depths()) - 1 if len(tree) else 0
             ids = to_device(tokens, self.device)
-            self._hits = [self.policy.contains(ids[j : j + 1], min(j, last)) for j in range(len(tokens))]
+            if not self.policy.per_depth:  # one set answers for every depth: one lookup for the step
+                self._hits = self.policy.contains(ids, 0)
+                return
+            last = max(tree.depths()) - 1 if len(tree) else 0  # the j-th token against depth j's set, those past
+            hits = [self.policy.contains(ids[j : j + 1], j) for j in range(min(last, len(ids)))]
+            if len(ids) > last:  # those at the deepest depth and past it, against the deepest depth's set
+                hits.append(self.policy.contains(ids[last:], last))
+            self._hits = torch.cat(hits)
 
     def on_emitted(self, count: int) -> None:
         """How many of them were kept (generation may stop inside a step)."""
-        if self._hits:
-            self.covered += torch.cat(self._hits[:count]).sum()
+        if self._hits is not None and count:
+            self.covered += self._hits[:count].sum()
             self.tokens += count

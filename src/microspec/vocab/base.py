@@ -53,6 +53,7 @@ class VocabPolicy(ABC):
     fused = False  # the head reads id-list rows inside a Triton matmul instead of gathering them (--gather fused)
     wants_draft_inputs = False  # a router: on_draft_inputs hears what the draft network is fed at each depth
     wants_head_input = False  # a ranker: on_head_input hears the hidden states the draft head is about to score
+    per_depth = False  # active(depth) may differ between draft depths (else one set answers for every depth)
 
     def __init__(self, always: Sequence[int] = (), device: torch.device | str = "cpu", fused: bool = False):
         # ids every draft vocabulary keeps (EOS, chat special tokens), so a draft may end where the target would

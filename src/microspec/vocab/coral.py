@@ -64,6 +64,7 @@ class CoralRouter:
 class CoralVocab(VocabPolicy):
     name = "coral"
     wants_head_input = True
+    per_depth = True
 
     def __init__(self, artifact: CoralRouter, always: Sequence[int] = (), device: torch.device | str = "cpu",
                  r: int | None = None):

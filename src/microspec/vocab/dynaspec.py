@@ -160,6 +160,7 @@ class DynaSpecVocab(VocabPolicy):
 
     name = "dynaspec"
     wants_draft_inputs = True
+    per_depth = True
 
     def __init__(self, artifact: DynaSpecRouter, always: Sequence[int] = (), device: torch.device | str = "cpu",
                  k0: int | None = None, k1: int | None = None, schedule: str = "dynaspec"):

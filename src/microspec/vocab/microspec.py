@@ -19,7 +19,7 @@ by cumulative sum, count updates by index_add), with the write pointer itself a 
 anything back to the host.  ``host`` (default on a CPU,
 :class:`~microspec.vocab.window.HostWindow`) keeps the ring and the counts in Python and walks the few ids of each
 append one by one: on a CPU every tensor operation pays a fixed dispatch cost whatever its size, so the device
-version's ~60 operations per verification cost far more than the host walk (measured,
+version's ~90 operations per verification cost far more than the host walk (measured,
 BENCHMARKS.md).
 
 What the draft head gets (``gather``): ``"packed"`` (default) — the rows of I in a

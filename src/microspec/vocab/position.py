@@ -69,6 +69,8 @@ def parse_budgets(text: str) -> tuple[int | None, int | None, str]:
 
 
 class PositionAware(VocabPolicy):
+    per_depth = True  # a budget per draft depth
+
     def __init__(self, policy: VocabPolicy, k0: int, k1: int, schedule: str = "dynaspec"):
         check(k0 >= 1 and k1 >= 1, f"position-aware budgets must be >= 1, got {k0},{k1}")
         check(schedule in SCHEDULES, f"unknown budget schedule {schedule!r} (one of {', '.join(SCHEDULES)})")

@@ -101,6 +101,7 @@ class SpecVocab(VocabPolicy):
 
     name = "specvocab"
     wants_head_input = True
+    per_depth = True
 
     def __init__(self, artifact: SpecVocabRanker, always: Sequence[int] = (), device: torch.device | str = "cpu",
                  k: int | None = None):
