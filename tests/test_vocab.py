@@ -77,6 +77,23 @@ def test_hand_made_stream(backend):
 
 
 @BACKENDS
+def test_an_append_of_tuples(backend):
+    """One append of three tuples, each deduplicated on its own, the last keeping none of the others' ids: what
+    three appends give (the verification's update); parts that do not add up are refused."""
+    from microspec.vocab.window import WINDOWS
+
+    w = WINDOWS[backend](VOCAB, 8, torch.device("cpu"))
+    ids = torch.tensor([5, 7, 5, 7, 2, 2, 9, 5, 9])
+    w.extend(w.load(ids), True, (3, 3, 3), True)
+    assert w.entries() == [5, 7, 7, 2, 9]
+    w.extend(w.load(ids), True, (3, 6))  # not fresh: 5 7 | 7 2 9 5, the window's last 8 entries kept
+    assert w.entries() == [2, 9, 5, 7, 7, 2, 9, 5]
+    for bad in ((3, 3), (1, 1, 1, 6), (10, -1)):
+        with pytest.raises(ValueError, match="parts"):
+            w.extend(w.load(ids), True, bad)
+
+
+@BACKENDS
 def test_special_tokens_always_active(backend):
     v = MicroSpecVocab(VOCAB, w_max=3, k_pre=0, k_ver=0, always=[2, 95], backend=backend)
     v.on_prefill(torch.tensor([5, 6, 7, 8]), None)

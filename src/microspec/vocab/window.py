@@ -61,8 +61,8 @@ class Listener(Protocol):
 
 
 def check_parts(parts: Sequence[int], m: int) -> Sequence[int]:
-    """``parts``, checked: at most :data:`MAX_PARTS` sizes summing to ``m``."""
-    if len(parts) > MAX_PARTS or sum(parts) != m or min(parts, default=0) < 0:
+    """``parts``, checked: none (one tuple), or at most :data:`MAX_PARTS` sizes summing to ``m``."""
+    if parts and (len(parts) > MAX_PARTS or sum(parts) != m or min(parts) < 0):
         raise ValueError(f"an append's parts {tuple(parts)} must be at most {MAX_PARTS} sizes summing to {m}")
     return parts
 
@@ -127,9 +127,9 @@ class HostWindow(CandidateWindow):
         return ids.flatten().tolist()
 
     def extend(self, ids: list[int], unique: bool, parts: Sequence[int] = (), fresh: bool = False) -> None:
-        if len(parts) > 1:
+        if len(check_parts(parts, len(ids))) > 1:
             kept, start = [], 0
-            for k, size in enumerate(check_parts(parts, len(ids))):
+            for k, size in enumerate(parts):
                 part = ids[start : start + size]
                 if fresh and k == len(parts) - 1:
                     banned = set(ids[:start])
@@ -208,7 +208,7 @@ class DeviceWindow(CandidateWindow):
     def extend(self, ids: torch.Tensor, unique: bool, parts: Sequence[int] = (), fresh: bool = False) -> None:
         m = ids.numel()
         idx = self._arange[:m] if m <= self._arange.numel() else torch.arange(m, device=ids.device)
-        split = len(parts) > 1 and len(check_parts(parts, m)) > 1
+        split = len(check_parts(parts, m)) > 1
         among = None
         if split and fresh:  # the last tuple keeps none of the ids before it
             start = m - parts[-1]
