@@ -318,7 +318,9 @@ def _launches() -> list[str]:
             "the last one's token is read (the same operations, overlapped with the host's work on a GPU).", ""]
 
 
-OPS_STEP = "2026-11-28-op-count-spec-step/op-count.json"  # a whole EAGLE + MicroSpec step's operations, by part
+OPS_STEP = "2026-11-28-op-count-spec-step-windows/op-count.json"  # a whole EAGLE + MicroSpec step's operations, by part
+# the same count where MicroSpec's update from a verification was three appends to its window (e2062cb)
+OPS_STEP_BEFORE = "2026-11-28-op-count-spec-step-windows/three-appends.json"
 STEP_PARTS = {"draft": "the draft: EAGLE-2's tree with its root pass, one replay, and what runs around it",
               "verify forward": "the target's verify forward: its replay and what runs around it",
               "walk": "the walk on the device (its one read not counted)",
@@ -326,25 +328,43 @@ STEP_PARTS = {"draft": "the draft: EAGLE-2's tree with its root pass, one replay
               "policy update": "MicroSpec's update from the verification (`on_verify`)",
               "drafter commit": "the drafter's commit", "coverage": "the coverage count `bench` reports",
               "loop": "the loop around them"}
+STEP_SHORT = {"draft": "the draft", "verify forward": "the verify forward", "walk": "the walk",
+              "KV compaction": "the KV compaction", "policy update": "the update", "drafter commit": "the commit",
+              "coverage": "coverage", "loop": "the loop"}
 
 
 def _step_launches() -> list[str]:
-    res = load(OPS_STEP)
-    meta, step = res["meta"], res["spec_step"]
+    res, before = load(OPS_STEP), load(OPS_STEP_BEFORE)
+    step, old = res["spec_step"], before["spec_step"]
     names = list(step)
     rows = [[label, *(num(step[n]["parts"][part], 0) for n in names)] for part, label in STEP_PARTS.items()]
     rows.append(["a step (the median of the steps' totals)", *(num(step[n]["median_total"], 0) for n in names)])
-    src = Source(OPS_STEP, meta["command"], meta["date"], f"{meta['machine']}, torch {meta['torch']}", meta["commit"])
+    src, src_before = (Source(path, r["meta"]["command"], r["meta"]["date"],
+                              f"{r['meta']['machine']}, torch {r['meta']['torch']}", r["meta"]["commit"])
+                       for path, r in ((OPS_STEP, res), (OPS_STEP_BEFORE, before)))
+
+    def changed(n: str) -> str:  # the parts whose count moved, and the step's total
+        moved = [f"{STEP_SHORT[p]} {num(old[n]['parts'][p], 0)} → {num(step[n]['parts'][p], 0)}"
+                 for p in STEP_PARTS if old[n]["parts"][p] != step[n]["parts"][p]]
+        return f"{n}: " + ", ".join(moved + [f"a step {num(old[n]['median_total'], 0)} → "
+                                              f"{num(step[n]['median_total'], 0)}"])
+
     return ["A whole EAGLE + MicroSpec step on the same path (EAGLE-2's tree: depth 6, top-k 10, 59 tokens; graphs "
             "by a stand-in capture, a replay counted as one; the median of each part over a generation's steps "
-            "after two generations captured every shape), by part, MicroSpec's window as tensor operations (where "
-            "Triton builds, CUDA takes its window kernels instead, not counted here):", "",
+            "after two generations captured every shape), by part, with MicroSpec's window as tensor operations "
+            "(CUDA's where Triton does not build) and as its two Triton kernels (CUDA's default; each call counted "
+            "as one launch):", "",
             table(["part", *names], rows), "", src.markdown(), "",
-            "- MicroSpec's update is " + ", ".join(
+            "- MicroSpec's update from a verification is one append of its three tuples to the window (C_draft, "
+            "TopK(z_verify, K_ver) and the committed tokens not in them, each deduplicated on its own), and the "
+            "coverage count one lookup a step where one draft set answers for every depth (MicroSpec's). Against "
+            "the same count at " + src_before.commit.split("+")[0] + " (this count's op_count.py copied in, hence "
+            "its +dirty), where the update was three appends and coverage a lookup per token: "
+            + "; ".join(changed(n) for n in names if n in old) + ".", "",
+            src_before.markdown(), "",
+            "- The update's share of a step's operations, each a launch outside the graphs: " + ", ".join(
                 f"{step[n]['parts']['policy update'] / step[n]['median_total']:.0%} ({n})" for n in names)
-            + " of a step's operations, each a launch outside the graphs: with the tensor window, the largest share "
-            "of a step's launches on a GPU (not yet timed on one; the Triton window's launches not counted here).",
-            ""]
+            + " (not yet timed on a GPU).", ""]
 
 
 AB = "2026-11-28-cpu-ab"  # the CPU's held-apart runs before the GPU step's changes and after them, alternated
