@@ -364,9 +364,9 @@ def spec_step_ops() -> dict:
     patched = [(loop, "device_walk", "walk"), (KVCache, "keep_from", "KV compaction"),
                (CoverageObserver, "on_verified", "coverage"), (CoverageObserver, "on_emitted", "coverage")]
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patched]
+    triton_window = [(window_update.WindowKernels, "window_update"), (window_update, "gather_rows")]  # its kernels
     saved += [(Generation, "plan", Generation.plan), (verify, "DEVICE_WALK", verify.DEVICE_WALK),
-              (window_update.WindowKernels, "window_update", window_update.WindowKernels.window_update),
-              (window_update, "gather_rows", window_update.gather_rows)]
+              *((obj, name, getattr(obj, name)) for obj, name in triton_window)]
     verify.DEVICE_WALK = ("cuda", "cpu")  # CUDA walks the tree on the device
     for obj, name, part in patched:
         setattr(obj, name, as_part(part, getattr(obj, name)))
@@ -375,9 +375,8 @@ def spec_step_ops() -> dict:
     try:
         with cuda_path(counter, kernels=True) as launched, stand_in_graphs(counter), fixed_packed_rows(), counter, \
                 torch.inference_mode():
-            for fn in ("window_update", "gather_rows"):  # the Triton window's two kernels
-                owner = window_update.WindowKernels if fn == "window_update" else window_update
-                setattr(owner, fn, as_launch(counter, launched, getattr(owner, fn)))
+            for obj, name in triton_window:
+                setattr(obj, name, as_launch(counter, launched, getattr(obj, name)))
             nm.use_cuda_graphs(True)
             nm.forward = as_part("verify forward", nm.forward)
             for (name, decoding), window in itertools.product(

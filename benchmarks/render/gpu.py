@@ -373,7 +373,6 @@ AB_METHODS = {"auto": "`auto`", "ngram": "prompt lookup", "microspec": "MicroSpe
               "microspec@lookup": "MicroSpec, lookup first"}
 
 
-
 def _tau(folder: str, decoding: str, method: str) -> list[float]:
     return [load(f"{AB}/{folder}-{run}/{decoding}/results.json")["methods"][method]["overall"]["mean_accept_len"]
             for run in ("run1", "run2")]

@@ -126,7 +126,6 @@ def table2_directions() -> str:
     ])
 
 
-
 def table3() -> str:
     item = _paper("microspec")["items"]["table3"]
     full = item["rows"][-1]["values"]["Avg. Speed"]

@@ -314,7 +314,6 @@ def _runs(folder: str) -> tuple[dict[tuple[str, str, int], list[float]], dict]:
     return runs, {**meta, "commits": ", ".join(commits)}
 
 
-
 def _repeats() -> str:
     """The load runs repeated, plain and ``auto`` servers alternating: means and ranges per client count."""
     runs, meta = _runs(REPEATS)

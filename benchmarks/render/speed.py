@@ -89,7 +89,6 @@ def _cells(decoding: str, where: str | None) -> list[str | None]:
     return [None if not v else (f"**{spread(v)}**" if tie(v, best) else spread(v)) for v in vals.values()]
 
 
-
 def _commands(metas: list[dict]) -> str:
     """The distinct commands of the runs, their output folders left out."""
     seen = []

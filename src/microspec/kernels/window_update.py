@@ -185,8 +185,8 @@ class WindowKernels:
         m = ids.numel()
         w_max = ring.numel() - 1
         parts = list(parts) or [m]
-        if len(parts) > 3 or sum(parts) != m:
-            raise ValueError(f"parts {parts} must be at most 3 sizes summing to {m}")
+        if len(parts) > 3 or sum(parts) != m or min(parts) < 0:
+            raise ValueError(f"an append's parts {tuple(parts)} must be at most 3 sizes summing to {m}")
         end0, end1 = (list(accumulate(parts[:-1])) + [m, m])[:2]
         fresh_from = m - parts[-1] if fresh else m
         keep = self.buffer("keep", m, torch.int8)

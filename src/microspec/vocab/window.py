@@ -292,8 +292,7 @@ class KernelWindow(DeviceWindow):
         from ..kernels.window_update import gather_rows
 
         copy_ids, copy_slots, n = self.kernels.window_update(ids.contiguous(), self.ring, self.ptr, self._counts,
-                                                             unique, self.bound, check_parts(parts or (ids.numel(),),
-                                                                                             ids.numel()), fresh)
+                                                             unique, self.bound, parts, fresh)  # (it checks parts)
         if self.bound is not None:
             packed = self.bound
             gather_rows(packed.weight, packed.rows, copy_ids, copy_slots, n, min(ids.numel(), packed.capacity))
