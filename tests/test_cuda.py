@@ -46,6 +46,17 @@ def test_window_kernels_on_cuda():
     assert window_checks.check_windows("cuda", 5000) == 5000
 
 
+def test_tree_kernels_on_cuda():
+    """The tree's verify inputs and acceptance compiled, bit for bit against the references (tests/tree_checks.py),
+    and EAGLE-2 generations on CUDA with them against the references."""
+    if not _triton():
+        pytest.skip("no Triton")
+    import tree_checks
+
+    assert tree_checks.check_kernels("cuda") == 249
+    assert tree_checks.check_generation("cuda") == 72
+
+
 def test_norm_and_rope_kernels_on_cuda():
     """The fused layer kernels compiled: RMSNorm and the residual seams fp32 to the reference's last bits, bf16
     within one step of it and nearly always equal (rounded to nearest, as torch rounds); the q/k rotation bf16 bit for

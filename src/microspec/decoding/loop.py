@@ -381,7 +381,7 @@ class Generation:
                 drafter.head_drafted or drafter.copies_feed_policy)
             with self.vocab_timer:
                 vocab.on_verify(to_device(tree.drafted(), device),
-                                torch.stack(walk.logits) if logits else hidden.new_zeros(0, model.spec.vocab_size),
+                                walk.stacked() if logits else hidden.new_zeros(0, model.spec.vocab_size),
                                 walk.tokens)
         self.spans.append((t0, t1, t2, self.clock.mark()))
         new = walk.tokens

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..kernels import tree_ops
 from ..transfer import to_device
 
 SCHEMES = ("deterministic", "iid", "without-replacement")
@@ -120,13 +121,7 @@ class DraftTree:
 
     def _verify_inputs_on_device(self, root: int, start: int):
         tokens, _, depths, anc = self.on_device[:4]
-        n, dev = len(self) + 1, tokens.device
-        ids = torch.cat([torch.full((1,), root, dtype=torch.long, device=dev), tokens])
-        positions = torch.cat([depths.new_zeros(1), depths]) + start
-        mask = torch.zeros(n, n, dtype=torch.bool, device=dev)
-        mask[:, 0] = True
-        mask[1:, 1:] = anc
-        return ids, positions, mask
+        return tree_ops.verify_inputs(root, start, tokens, depths, anc)  # one launch where Triton runs
 
 
 class DeviceTree(DraftTree):

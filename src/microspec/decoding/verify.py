@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..kernels import cpu_quant
+from ..kernels import cpu_quant, tree_ops
 from ..options import Option
 from ..transfer import rows_of, to_device
 from .processors import LogitsPipeline, keyed_uniform, sample
@@ -55,8 +55,13 @@ class Walk:
     accepted: list[int]  # accepted draft nodes, root's child first
     tokens: list[int]  # tokens to commit: the accepted nodes' tokens, then the bonus token
     head_rows: int  # full-vocabulary head rows computed
-    # [V] logits the target chose from at the root and at each accepted node (processed: the node's path as history)
-    logits: list[torch.Tensor] = field(default_factory=list)
+    # [V] logits the target chose from at the root and at each accepted node (processed: the node's path as history):
+    # a list of rows, or the rows of one [k, V] tensor (the device walk's)
+    logits: list[torch.Tensor] | torch.Tensor = field(default_factory=list)
+
+    def stacked(self) -> torch.Tensor:
+        """:attr:`logits` as one [k, V] tensor (no copy where they are one already)."""
+        return self.logits if isinstance(self.logits, torch.Tensor) else torch.stack(self.logits)
 
 
 class LazyHead:
@@ -196,17 +201,15 @@ def device_walk(tree: DeviceTree, head: Callable[[torch.Tensor], torch.Tensor], 
                           logits.device, torch.float64)
         u = table[torch.cat([depths.new_zeros(1), depths])]
         chosen = sample(pipe.probs(logits), u=u[:, None]).squeeze(-1)
-    match = (chosen[parents + 1] == tokens) & valid  # padding nodes are never accepted
-    ok = ~(anc & ~match[None, :]).any(dim=1)
     lazy = not tree.read_back
-    parts = [ok.long(), chosen] + ([tokens, parents, valid.long()] if lazy else [])
-    read = torch.cat(parts).tolist()  # the one read: the acceptance, the choices (and a lazy tree's host lists)
+    # the one read: the acceptance (padding nodes never accepted), the choices (and a lazy tree's host lists)
+    read = tree_ops.accept(chosen, tokens, parents, anc, valid, lazy).tolist()
     if lazy:
         tree.fill(read[2 * n + 1 : 3 * n + 1], read[3 * n + 1 : 4 * n + 1], read[4 * n + 1 :])
     accepted = [i for i in range(n) if read[i]]
     bonus = read[n + (accepted[-1] + 1 if accepted else 0)]
     rows = rows_of(logits, [0] + [a + 1 for a in accepted])
-    return Walk(accepted, [tree.tokens[a] for a in accepted] + [bonus], n + 1, list(rows))
+    return Walk(accepted, [tree.tokens[a] for a in accepted] + [bonus], n + 1, rows)
 
 
 def _chain_rejection(tree: DeviceTree, logits: torch.Tensor, pipe: LogitsPipeline) -> Walk:
@@ -236,7 +239,7 @@ def _chain_rejection(tree: DeviceTree, logits: torch.Tensor, pipe: LogitsPipelin
         tree.fill(read[2 * n + 1 : 3 * n + 1], read[3 * n + 1 : 4 * n + 1], read[4 * n + 1 :])
     accepted = [i for i in range(n) if read[i]]
     rows = rows_of(logits, [0] + [a + 1 for a in accepted])
-    return Walk(accepted, [tree.tokens[a] for a in accepted] + [read[n + len(accepted)]], n + 1, list(rows))
+    return Walk(accepted, [tree.tokens[a] for a in accepted] + [read[n + len(accepted)]], n + 1, rows)
 
 
 def keyed_walk(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline) -> Walk:

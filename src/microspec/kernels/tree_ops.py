@@ -1,0 +1,161 @@
+"""A draft tree's verify inputs and its acceptance, each one launch on the device (Triton) instead of a few small
+tensor operations each (every one a kernel launch on a GPU, where a small model's step is mostly a count of them).
+
+- :func:`verify_inputs`: from the tree's tensors (tokens [N], depths [N], the ancestor-or-self matrix [N, N]) and
+  the root (the last committed token, at cache position ``start``), the verify pass's ids [N + 1] (the root, then
+  the nodes), positions [N + 1] (``start`` plus each row's depth) and attention mask [N + 1, N + 1] (every row
+  sees the root, a node its ancestors and itself); eight operations in plain torch.
+- :func:`accept`: from the target's choice at every verify row (``chosen`` [N + 1]: row 0 the root's, row i + 1
+  node i's), which nodes are accepted: node i is where it and each of its ancestors is its parent row's choice (and
+  a real node, ``valid``); written with the choices (and, for a tree whose host lists were never read, its tokens,
+  parents and valid flags) into one int64 buffer, the step's one read to the host; nine operations in plain torch.
+
+The plain-torch references (:func:`verify_inputs_reference`, :func:`accept_reference`) are the code the device
+walk ran before these kernels, and run wherever Triton does not (a CPU without the interpreter).  Each kernel is a
+grid of programs over blocks of rows, each walking the columns in blocks: any tree size, no read back, the sizes
+not specialised on (one compilation for every tree).  tests/test_kernels.py runs both under ``TRITON_INTERPRET=1``
+against the references over the device-tree tests' trees and chains (tests/tree_checks.py); tests/test_cuda.py runs
+the same checks compiled.
+"""
+
+from __future__ import annotations
+
+import torch
+
+BLOCK_R = 16  # verify rows a program takes
+BLOCK_C = 64  # columns a program reads at a time
+
+
+def applies(t: torch.Tensor) -> bool:
+    """Whether the kernels take tensors on ``t``'s device: a device kind of the fused kernels
+    (:data:`~microspec.kernels.triton_env.DEVICES`) that Triton runs on, not inside ``torch.compile``."""
+    from . import triton_env
+
+    return (t.device.type in triton_env.DEVICES and triton_env.available(t.device)
+            and not torch.compiler.is_compiling())
+
+
+def verify_inputs_reference(root: int, start: int, tokens: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What :func:`verify_inputs` computes, in plain torch."""
+    n, dev = tokens.numel(), tokens.device
+    ids = torch.cat([torch.full((1,), root, dtype=torch.long, device=dev), tokens])
+    positions = torch.cat([depths.new_zeros(1), depths]) + start
+    mask = torch.zeros(n + 1, n + 1, dtype=torch.bool, device=dev)
+    mask[:, 0] = True
+    mask[1:, 1:] = anc
+    return ids, positions, mask
+
+
+def accept_reference(chosen: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, anc: torch.Tensor,
+                     valid: torch.Tensor, lazy: bool) -> torch.Tensor:
+    """What :func:`accept` computes, in plain torch."""
+    match = (chosen[parents + 1] == tokens) & valid  # padding nodes are never accepted
+    ok = ~(anc & ~match[None, :]).any(dim=1)
+    return torch.cat([ok.long(), chosen] + ([tokens, parents, valid.long()] if lazy else []))
+
+
+def _define(triton, tl):
+    @triton.jit(do_not_specialize=["root", "start", "n"])
+    def verify_inputs_kernel(tokens_ptr, depths_ptr, anc_ptr, ids_ptr, pos_ptr, mask_ptr, root, start, n, s_a0,
+                             s_a1, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # verify rows: 0 the root, r node r - 1
+        in_rows = rows <= n
+        is_node = (rows >= 1) & in_rows
+        node = tl.where(is_node, rows - 1, 0)
+        tok = tl.load(tokens_ptr + node, mask=is_node, other=0)
+        dep = tl.load(depths_ptr + node, mask=is_node, other=0)
+        tl.store(ids_ptr + rows, tl.where(is_node, tok, root), mask=in_rows)
+        tl.store(pos_ptr + rows, dep + start, mask=in_rows)
+        for c0 in range(0, n + 1, BLOCK_C):
+            cols = c0 + tl.arange(0, BLOCK_C)
+            in_cols = cols <= n
+            col_node = tl.where(cols >= 1, cols - 1, 0)
+            a = tl.load(anc_ptr + node[:, None] * s_a0 + col_node[None, :] * s_a1,
+                        mask=is_node[:, None] & ((cols >= 1) & in_cols)[None, :], other=0)
+            seen = (cols[None, :] == 0) | (a != 0)
+            tl.store(mask_ptr + rows[:, None] * (n + 1) + cols[None, :], seen.to(tl.uint8),
+                     mask=in_rows[:, None] & in_cols[None, :])
+
+    @triton.jit(do_not_specialize=["n"])
+    def accept_kernel(chosen_ptr, tokens_ptr, parents_ptr, anc_ptr, valid_ptr, out_ptr, n, s_a0, s_a1,
+                      LAZY: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # node i's acceptance; verify row i's choice
+        is_node = rows < n
+        bad = tl.zeros([BLOCK_R], dtype=tl.int32)  # an ancestor-or-self that is not its parent row's choice
+        for c0 in range(0, n, BLOCK_C):
+            cols = c0 + tl.arange(0, BLOCK_C)
+            in_cols = cols < n
+            tok = tl.load(tokens_ptr + cols, mask=in_cols, other=0)
+            par = tl.load(parents_ptr + cols, mask=in_cols, other=0)
+            val = tl.load(valid_ptr + cols, mask=in_cols, other=0)
+            choice = tl.load(chosen_ptr + par + 1, mask=in_cols, other=0)
+            miss = ((choice != tok) | (val == 0)) & in_cols
+            a = tl.load(anc_ptr + rows[:, None] * s_a0 + cols[None, :] * s_a1,
+                        mask=is_node[:, None] & in_cols[None, :], other=0)
+            bad = tl.maximum(bad, tl.max(((a != 0) & miss[None, :]).to(tl.int32), axis=1))
+        tl.store(out_ptr + rows, (1 - bad).to(tl.int64), mask=is_node)
+        in_chosen = rows <= n
+        tl.store(out_ptr + n + rows, tl.load(chosen_ptr + rows, mask=in_chosen, other=0), mask=in_chosen)
+        if LAZY:  # the tree's host lists, read in the same transfer
+            tl.store(out_ptr + 2 * n + 1 + rows, tl.load(tokens_ptr + rows, mask=is_node, other=0), mask=is_node)
+            tl.store(out_ptr + 3 * n + 1 + rows, tl.load(parents_ptr + rows, mask=is_node, other=0), mask=is_node)
+            tl.store(out_ptr + 4 * n + 1 + rows, tl.load(valid_ptr + rows, mask=is_node, other=0).to(tl.int64),
+                     mask=is_node)
+
+    return verify_inputs_kernel, accept_kernel, triton.cdiv
+
+
+def _kernels():
+    """The jitted kernels, defined at first use."""
+    from .triton_env import defined
+
+    return defined("tree_ops", _define)
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """A bool tensor as uint8 (the same bytes: Triton reads and writes bytes, not its 1-bit type)."""
+    return t.view(torch.uint8) if t.dtype == torch.bool else t
+
+
+def verify_inputs(root: int, start: int, tokens: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids [N + 1], positions [N + 1], mask [N + 1, N + 1] bool) of the verify pass over the root ``root`` at
+    position ``start`` and the tree of ``tokens`` [N], ``depths`` [N] (the root's children 1) and ancestor-or-self
+    matrix ``anc`` [N, N] bool: one launch where :func:`applies`, else :func:`verify_inputs_reference`."""
+    if not applies(tokens):
+        return verify_inputs_reference(root, start, tokens, depths, anc)
+    n, dev = tokens.numel(), tokens.device
+    ids = torch.empty(n + 1, dtype=torch.long, device=dev)
+    positions = torch.empty(n + 1, dtype=depths.dtype, device=dev)
+    mask = torch.empty(n + 1, n + 1, dtype=torch.bool, device=dev)
+    kernel, _, cdiv = _kernels()
+    anc = _bytes(anc)
+    kernel[(cdiv(n + 1, BLOCK_R),)](_flat(tokens), _flat(depths), anc, ids, positions, _bytes(mask), root, start,
+                                    n, anc.stride(0), anc.stride(1), BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C)
+    return ids, positions, mask
+
+
+def accept(chosen: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, anc: torch.Tensor, valid: torch.Tensor,
+           lazy: bool) -> torch.Tensor:
+    """The acceptance of a tree's nodes and what the host reads with it, as one int64 tensor: for each node i of
+    ``tokens`` [N] (``parents`` [N], -1 the root; ``anc`` [N, N] bool, its ancestors and itself; ``valid`` [N] bool,
+    False for padding) 1 where it and each ancestor is its parent row's choice in ``chosen`` [N + 1] (row 0 the
+    root), else 0; then ``chosen``; then where ``lazy`` the tokens, the parents and the valid flags (5N + 1 values,
+    else 2N + 1).  One launch where :func:`applies`, else :func:`accept_reference`."""
+    if not applies(tokens):
+        return accept_reference(chosen, tokens, parents, anc, valid, lazy)
+    n = tokens.numel()
+    out = torch.empty((5 if lazy else 2) * n + 1, dtype=torch.long, device=tokens.device)
+    _, kernel, cdiv = _kernels()
+    anc = _bytes(anc)
+    kernel[(cdiv(n + 1, BLOCK_R),)](_flat(chosen), _flat(tokens), _flat(parents), anc, _bytes(_flat(valid)), out, n,
+                                    anc.stride(0), anc.stride(1), LAZY=lazy, BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C)
+    return out
+
+
+__all__ = ["accept", "accept_reference", "applies", "verify_inputs", "verify_inputs_reference"]

@@ -1,0 +1,126 @@
+"""The tree kernels (kernels/tree_ops.py) against their plain-torch references: run by tests/test_kernels.py under
+``TRITON_INTERPRET=1`` on a CPU, and by tests/test_cuda.py compiled on a GPU.
+
+- :func:`check_kernels`: the verify inputs and the acceptance, bit for bit, over every tree of the device-tree tests
+  (tests/test_tree_device.py: EAGLE-2's trees from one node to a hundred, some with padding nodes), host trees and
+  chains copied to the device, a tree of more rows than a program's block holds in both directions, an empty tree
+  and an ancestor matrix that is a strided view; the target's choices follow the tree never, sometimes or always.
+- :func:`check_generation`: whole generations of EAGLE-2 trees on a tiny Gemma 3 with the device walk and the
+  tree kernels (greedy, repetition penalty, seeded sampling) commit the tokens of the same generations with the
+  references.
+
+``python tests/tree_checks.py DEVICE`` runs both alone.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from microspec.decoding.tree import DeviceTree, DraftTree
+from microspec.kernels import tree_ops
+
+
+def _trees(device: str):
+    from test_tree_device import cases, device_tree, host_tree
+
+    dev = torch.device(device)
+    for case in cases():
+        yield device_tree(case, device)
+    for case in cases()[::9]:
+        yield DeviceTree.of(host_tree(case), dev)
+    for n in (1, 2, 7, 40):
+        yield DeviceTree.chain_of(torch.arange(3, 3 + n, device=dev))
+    g = torch.Generator().manual_seed(5)  # 150 nodes: several row blocks, several column blocks
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) - (i < 4) for i in range(1, 150)]
+    yield DeviceTree.of(DraftTree(list(range(10, 160)), parents), dev)
+
+
+def _choices(tree: DraftTree, follow: float, g: torch.Generator) -> torch.Tensor:
+    """A choice for every verify row: with probability ``follow`` one of the row's children, else a token no
+    child has (never a padding node's token 0 at a row with padding below it: the walk must not accept it)."""
+    children = tree.children()
+    out = []
+    for row in range(len(tree) + 1):
+        if children[row] and float(torch.rand((), generator=g)) < follow:
+            out.append(tree.tokens[children[row][int(torch.randint(len(children[row]), (), generator=g))]])
+        else:
+            out.append(int(torch.randint(0, 2, (), generator=g)))  # 0 or 1: sometimes a padding node's token
+    return torch.tensor(out, device=tree.on_device[0].device)
+
+
+def check_kernels(device: str) -> int:
+    assert tree_ops.applies(torch.zeros(1, device=device)), "the kernels do not run here"
+    g = torch.Generator().manual_seed(0)
+    checked = 0
+    for tree in _trees(device):
+        tokens, parents, depths, anc, valid = tree.on_device
+        for root, start in ((7, 31), (0, 0)):
+            got = tree_ops.verify_inputs(root, start, tokens, depths, anc)
+            want = tree_ops.verify_inputs_reference(root, start, tokens, depths, anc)
+            assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(got, want)), (len(tree), root)
+        for follow in (0.0, 0.5, 1.0):
+            chosen = _choices(tree, follow, g)
+            for lazy in (False, True):
+                got = tree_ops.accept(chosen, tokens, parents, anc, valid, lazy)
+                want = tree_ops.accept_reference(chosen, tokens, parents, anc, valid, lazy)
+                assert got.dtype == want.dtype and torch.equal(got, want), (len(tree), follow, lazy)
+            checked += 1
+    dev = torch.device(device)
+    wide = torch.rand(20, 40, generator=g).to(dev) < 0.3  # a strided ancestor matrix (the kernels read strides)
+    anc, tokens = wide[:, ::2], torch.randint(0, 5, (20,), generator=g).to(dev)
+    parents, depths = torch.arange(-1, 19, device=dev), torch.arange(1, 21, device=dev)
+    valid = torch.rand(20, generator=g).to(dev) < 0.8
+    chosen = torch.randint(0, 5, (21,), generator=g).to(dev)
+    assert all(torch.equal(a, b) for a, b in zip(tree_ops.verify_inputs(4, 9, tokens, depths, anc),
+                                                 tree_ops.verify_inputs_reference(4, 9, tokens, depths, anc)))
+    assert torch.equal(tree_ops.accept(chosen, tokens, parents, anc, valid, True),
+                       tree_ops.accept_reference(chosen, tokens, parents, anc, valid, True))
+    empty = torch.zeros(0, dtype=torch.long, device=dev)
+    none = torch.zeros(0, 0, dtype=torch.bool, device=dev)
+    assert [t.tolist() for t in tree_ops.verify_inputs(4, 9, empty, empty, none)] == [[4], [9], [[True]]]
+    assert tree_ops.accept(torch.tensor([3], device=dev), empty, empty, none, empty.bool(), True).tolist() == [3]
+    return checked
+
+
+def check_generation(device: str) -> int:
+    """Tokens of EAGLE-2's trees with the kernels against the same generation without them, greedy, under a
+    repetition penalty and seeded sampling: the device walk on ``device`` for both (``DEVICE_WALK``)."""
+    from support import official_checkpoint, tiny_pair
+
+    from microspec.decoding import GenerationConfig, generate_ids, verify
+    from microspec.drafters import EagleDrafter, EagleHead
+
+    _, nm = tiny_pair("gemma3")
+    nm = nm.to(device)
+    path, _, _ = official_checkpoint(Path(tempfile.mkdtemp()) / "ck", d=nm.spec.hidden_size)
+    walks, prompt = ("cuda", device), [1, 10, 20, 30, 11, 21, 31, 12, 10, 20, 30]
+    saved_walk, saved_applies = verify.DEVICE_WALK, tree_ops.applies
+    tokens = 0
+    try:
+        verify.DEVICE_WALK = walks
+        for decoding in ({}, {"repetition_penalty": 1.3}, {"temperature": 0.8, "seed": 3}):
+            cfg = GenerationConfig(max_new_tokens=24, ignore_eos=True, **decoding)
+            out = []
+            for kernels in (True, False):
+                tree_ops.applies = lambda t, on=kernels: on  # the layers as they are: only the tree's ops differ
+                drafter = EagleDrafter(EagleHead.load(path).to(device), depth=4, top_k=4, total_tokens=12)
+                out.append(generate_ids(nm, prompt, cfg, drafter=drafter).token_ids)
+            assert out[0] == out[1] and len(out[0]) == 24, (decoding, out)
+            tokens += len(out[0])
+    finally:
+        verify.DEVICE_WALK, tree_ops.applies = saved_walk, saved_applies
+    return tokens
+
+
+if __name__ == "__main__":
+    from microspec.kernels import triton_env
+
+    if sys.argv[1] == "cpu":  # the interpreter runs the kernels on the CPU
+        triton_env.DEVICES = ("cuda", "cpu")
+    checked = check_kernels(sys.argv[1])
+    triton_env.DEVICES = ("cuda",)  # the generations' layers in plain torch on a CPU (the interpreter is slow)
+    print("ok", checked, check_generation(sys.argv[1]))
