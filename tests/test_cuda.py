@@ -46,15 +46,17 @@ def test_window_kernels_on_cuda():
     assert window_checks.check_windows("cuda", 5000) == 5000
 
 
-def test_tree_kernels_on_cuda():
-    """The tree's verify inputs and acceptance compiled, bit for bit against the references (tests/tree_checks.py),
-    and EAGLE-2 generations on CUDA with them against the references."""
+def test_verify_kernels_on_cuda():
+    """The tree's verify inputs and acceptance and the penalty over verify rows compiled, bit for bit against the
+    references (tests/verify_checks.py: the penalty's quotient as torch's CUDA kernel takes it, a product by the
+    reciprocal), and EAGLE-2 generations on CUDA with them against the references."""
     if not _triton():
         pytest.skip("no Triton")
-    import tree_checks
+    import verify_checks
 
-    assert tree_checks.check_kernels("cuda") == 249
-    assert tree_checks.check_generation("cuda") == 72
+    assert verify_checks.check_kernels("cuda") == 249
+    assert verify_checks.check_penalty("cuda") == 5
+    assert verify_checks.check_generation("cuda") == 72
 
 
 def test_norm_and_rope_kernels_on_cuda():

@@ -1,8 +1,8 @@
-"""The kernels: the Triton gather-matmul kernel, the device window's update and row gather and the draft tree's
-verify inputs and acceptance, run by Triton's interpreter on the CPU (TRITON_INTERPRET=1; skipped when Triton is not
-installed; on a GPU the same kernels compile for real in tests/test_cuda.py, see BENCHMARKS.md for what was timed),
-and where the CPU kernels' C++ lives (``src/microspec/kernels/csrc``, shipped with the package, none in Python
-strings) and how a build of it reports a compiler error."""
+"""The kernels: the Triton gather-matmul kernel, the device window's update and row gather, the draft tree's verify
+inputs and acceptance and the penalty over verify rows, run by Triton's interpreter on the CPU (TRITON_INTERPRET=1;
+skipped when Triton is not installed; on a GPU the same kernels compile for real in tests/test_cuda.py, see
+BENCHMARKS.md for what was timed), and where the CPU kernels' C++ lives (``src/microspec/kernels/csrc``, shipped with
+the package, none in Python strings) and how a build of it reports a compiler error."""
 
 from __future__ import annotations
 
@@ -70,15 +70,15 @@ def test_window_kernels_match_torch_and_the_host_window_under_the_interpreter():
     assert out.returncode == 0 and out.stdout.strip() == "ok 400", out.stdout[-2000:] + out.stderr[-3000:]
 
 
-def test_tree_kernels_match_torch_under_the_interpreter():
-    """A draft tree's verify inputs and its acceptance (kernels/tree_ops.py) against their plain-torch references
-    over the device-tree tests' trees, bit for bit, and whole EAGLE-2 generations with them against the references
-    (tests/tree_checks.py; compiled on CUDA in test_cuda.py)."""
+def test_verify_kernels_match_torch_under_the_interpreter():
+    """A draft tree's verify inputs and acceptance (kernels/tree_ops.py) and the repetition penalty over verify rows
+    (kernels/penalty.py) against their plain-torch references, bit for bit, and whole EAGLE-2 generations with them
+    against the references (tests/verify_checks.py; compiled on CUDA in test_cuda.py)."""
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT / "src")]))
-    out = subprocess.run([sys.executable, str(ROOT / "tests" / "tree_checks.py"), "cpu"], env=env,
+    out = subprocess.run([sys.executable, str(ROOT / "tests" / "verify_checks.py"), "cpu"], env=env,
                          capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0 and out.stdout.strip() == "ok 249 72", out.stdout[-2000:] + out.stderr[-3000:]
+    assert out.returncode == 0 and out.stdout.strip() == "ok 249 5 72", out.stdout[-2000:] + out.stderr[-3000:]
 
 
 # what C++ source in a Python string would contain (the kernels' code lives in csrc/*.cpp and csrc/*.h)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from ..errors import check
+from ..kernels import penalty as penalty_kernel
 from ..transfer import to_device
 from .config import GenerationConfig
 
@@ -94,6 +95,8 @@ class RepetitionPenalty:
         tensors to read instead of this one's own (a graph's copies of them)."""
         seen = self.seen if state is None else state[0]
         paths = paths if paths.numel() else paths.new_zeros(logits.shape[0], 0)
+        if col_ids is None and penalty_kernel.applies(logits):  # one launch, the rows read once (the same values)
+            return penalty_kernel.penalise_rows(logits, seen, paths, self.penalty)
         mask = _id_mask(paths, paths >= 0, seen.numel(), None) | seen[None, :]
         return torch.where(_on_columns(mask, col_ids), penalised(logits, self.penalty), logits)
 

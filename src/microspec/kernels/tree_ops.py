@@ -14,7 +14,7 @@ The plain-torch references (:func:`verify_inputs_reference`, :func:`accept_refer
 walk ran before these kernels, and run wherever Triton does not (a CPU without the interpreter).  Each kernel is a
 grid of programs over blocks of rows, each walking the columns in blocks: any tree size, no read back, the sizes
 not specialised on (one compilation for every tree).  tests/test_kernels.py runs both under ``TRITON_INTERPRET=1``
-against the references over the device-tree tests' trees and chains (tests/tree_checks.py); tests/test_cuda.py runs
+against the references over the device-tree tests' trees and chains (tests/verify_checks.py); tests/test_cuda.py runs
 the same checks compiled.
 """
 

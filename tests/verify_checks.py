@@ -1,15 +1,19 @@
-"""The tree kernels (kernels/tree_ops.py) against their plain-torch references: run by tests/test_kernels.py under
+"""The verify step's kernels (kernels/tree_ops.py: a tree's verify inputs and acceptance; kernels/penalty.py: the
+repetition penalty over the verify rows) against their plain-torch references: run by tests/test_kernels.py under
 ``TRITON_INTERPRET=1`` on a CPU, and by tests/test_cuda.py compiled on a GPU.
 
 - :func:`check_kernels`: the verify inputs and the acceptance, bit for bit, over every tree of the device-tree tests
   (tests/test_tree_device.py: EAGLE-2's trees from one node to a hundred, some with padding nodes), host trees and
   chains copied to the device, a tree of more rows than a program's block holds in both directions, an empty tree
   and an ancestor matrix that is a strided view; the target's choices follow the tree never, sometimes or always.
+- :func:`check_penalty`: the penalised rows, bit for bit, against the processor's plain-torch code over random
+  logits (negative, zero, -inf), seen ids and paths (padding, repeats, ids at both ends of the vocabulary, none),
+  vocabularies that are and are not a multiple of the kernel's block, a strided input and several penalties;
 - :func:`check_generation`: whole generations of EAGLE-2 trees on a tiny Gemma 3 with the device walk and the
-  tree kernels (greedy, repetition penalty, seeded sampling) commit the tokens of the same generations with the
+  kernels (greedy, repetition penalty, seeded sampling) commit the tokens of the same generations with the
   references.
 
-``python tests/tree_checks.py DEVICE`` runs both alone.
+``python tests/verify_checks.py DEVICE`` runs them alone.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from pathlib import Path
 import torch
 
 from microspec.decoding.tree import DeviceTree, DraftTree
-from microspec.kernels import tree_ops
+from microspec.kernels import penalty, tree_ops
 
 
 def _trees(device: str):
@@ -86,6 +90,38 @@ def check_kernels(device: str) -> int:
     return checked
 
 
+def check_penalty(device: str) -> int:
+    from microspec.decoding.processors import RepetitionPenalty
+
+    assert penalty.applies(torch.zeros(1, 1, device=device)), "the kernel does not run here"
+    g = torch.Generator().manual_seed(1)
+    checked = 0
+    for rows, vocab, width, factor in ((1, 5, 0, 1.2), (7, 1000, 3, 1.3), (61, 3000, 9, 0.7), (3, 2048, 1, 1.2),
+                                       (5, 1025, 40, 2.5)):
+        logits = torch.randn(rows, vocab + 3, generator=g) * 20
+        logits[:, ::17] = 0.0
+        logits[:, ::29] = float("-inf")
+        logits = logits.to(device)[:, 2 : vocab + 2]  # a strided view
+        proc = RepetitionPenalty(factor, vocab, torch.device(device))
+        proc.commit(torch.randint(0, vocab, (vocab // 7 + 1,), generator=g).tolist() + [0, vocab - 1])
+        paths = torch.randint(-1, vocab, (rows, width), generator=g)
+        if width:
+            paths[0, 0] = vocab - 1
+            paths[-1, -1] = paths[-1, 0]  # a repeat
+        paths = paths.to(device)
+        got = penalty.penalise_rows(logits, proc.seen, paths, factor)
+        saved = penalty.applies
+        try:
+            penalty.applies = lambda t: False
+            want = proc.apply_on_device(logits.clone(), paths)
+        finally:
+            penalty.applies = saved
+        assert torch.equal(got, want), (rows, vocab, width, factor, (got != want).sum())
+        assert torch.equal(proc.apply_on_device(logits, paths), want)  # the processor takes the kernel
+        checked += 1
+    return checked
+
+
 def check_generation(device: str) -> int:
     """Tokens of EAGLE-2's trees with the kernels against the same generation without them, greedy, under a
     repetition penalty and seeded sampling: the device walk on ``device`` for both (``DEVICE_WALK``)."""
@@ -98,7 +134,7 @@ def check_generation(device: str) -> int:
     nm = nm.to(device)
     path, _, _ = official_checkpoint(Path(tempfile.mkdtemp()) / "ck", d=nm.spec.hidden_size)
     walks, prompt = ("cuda", device), [1, 10, 20, 30, 11, 21, 31, 12, 10, 20, 30]
-    saved_walk, saved_applies = verify.DEVICE_WALK, tree_ops.applies
+    saved = verify.DEVICE_WALK, tree_ops.applies, penalty.applies
     tokens = 0
     try:
         verify.DEVICE_WALK = walks
@@ -106,13 +142,13 @@ def check_generation(device: str) -> int:
             cfg = GenerationConfig(max_new_tokens=24, ignore_eos=True, **decoding)
             out = []
             for kernels in (True, False):
-                tree_ops.applies = lambda t, on=kernels: on  # the layers as they are: only the tree's ops differ
+                tree_ops.applies = penalty.applies = lambda t, on=kernels: on  # the layers as they are
                 drafter = EagleDrafter(EagleHead.load(path).to(device), depth=4, top_k=4, total_tokens=12)
                 out.append(generate_ids(nm, prompt, cfg, drafter=drafter).token_ids)
             assert out[0] == out[1] and len(out[0]) == 24, (decoding, out)
             tokens += len(out[0])
     finally:
-        verify.DEVICE_WALK, tree_ops.applies = saved_walk, saved_applies
+        verify.DEVICE_WALK, tree_ops.applies, penalty.applies = saved
     return tokens
 
 
@@ -121,6 +157,6 @@ if __name__ == "__main__":
 
     if sys.argv[1] == "cpu":  # the interpreter runs the kernels on the CPU
         triton_env.DEVICES = ("cuda", "cpu")
-    checked = check_kernels(sys.argv[1])
+    checked = check_kernels(sys.argv[1]), check_penalty(sys.argv[1])
     triton_env.DEVICES = ("cuda",)  # the generations' layers in plain torch on a CPU (the interpreter is slow)
-    print("ok", checked, check_generation(sys.argv[1]))
+    print("ok", *checked, check_generation(sys.argv[1]))
