@@ -318,9 +318,11 @@ def _launches() -> list[str]:
             "the last one's token is read (the same operations, overlapped with the host's work on a GPU).", ""]
 
 
-OPS_STEP = "2026-11-28-op-count-spec-step-windows/op-count.json"  # a whole EAGLE + MicroSpec step's operations, by part
-# the same count where MicroSpec's update from a verification was three appends to its window (e2062cb)
-OPS_STEP_BEFORE = "2026-11-28-op-count-spec-step-windows/three-appends.json"
+OPS_STEP = "2026-11-28-op-count-spec-step-verify-kernels/op-count.json"  # a whole EAGLE + MicroSpec step, by part
+# the same count before the verify step's kernels (9a8312c), and before that where MicroSpec's update from a
+# verification was three appends to its window (e2062cb)
+OPS_STEP_WINDOWS = "2026-11-28-op-count-spec-step-windows/op-count.json"
+OPS_STEP_APPENDS = "2026-11-28-op-count-spec-step-windows/three-appends.json"
 STEP_PARTS = {"draft": "the draft: EAGLE-2's tree with its root pass, one replay, and what runs around it",
               "verify forward": "the target's verify forward: its replay and what runs around it",
               "walk": "the walk on the device (its one read not counted)",
@@ -333,35 +335,48 @@ STEP_SHORT = {"draft": "the draft", "verify forward": "the verify forward", "wal
               "coverage": "coverage", "loop": "the loop"}
 
 
+def _changed(old: dict, new: dict, names: list[str]) -> str:
+    """Per column of two step counts, the parts whose count moved and the step's total."""
+    def one(n: str) -> str:
+        moved = [f"{STEP_SHORT[p]} {num(old[n]['parts'][p], 0)} → {num(new[n]['parts'][p], 0)}"
+                 for p in STEP_PARTS if old[n]["parts"][p] != new[n]["parts"][p]]
+        return f"{n}: " + ", ".join(moved + [f"a step {num(old[n]['median_total'], 0)} → "
+                                              f"{num(new[n]['median_total'], 0)}"])
+
+    return "; ".join(one(n) for n in names if n in old and n in new)
+
+
 def _step_launches() -> list[str]:
-    res, before = load(OPS_STEP), load(OPS_STEP_BEFORE)
-    step, old = res["spec_step"], before["spec_step"]
+    res, windows, appends = load(OPS_STEP), load(OPS_STEP_WINDOWS), load(OPS_STEP_APPENDS)
+    step = res["spec_step"]
     names = list(step)
     rows = [[label, *(num(step[n]["parts"][part], 0) for n in names)] for part, label in STEP_PARTS.items()]
     rows.append(["a step (the median of the steps' totals)", *(num(step[n]["median_total"], 0) for n in names)])
-    src, src_before = (Source(path, r["meta"]["command"], r["meta"]["date"],
-                              f"{r['meta']['machine']}, torch {r['meta']['torch']}", r["meta"]["commit"])
-                       for path, r in ((OPS_STEP, res), (OPS_STEP_BEFORE, before)))
-
-    def changed(n: str) -> str:  # the parts whose count moved, and the step's total
-        moved = [f"{STEP_SHORT[p]} {num(old[n]['parts'][p], 0)} → {num(step[n]['parts'][p], 0)}"
-                 for p in STEP_PARTS if old[n]["parts"][p] != step[n]["parts"][p]]
-        return f"{n}: " + ", ".join(moved + [f"a step {num(old[n]['median_total'], 0)} → "
-                                              f"{num(step[n]['median_total'], 0)}"])
-
+    src, src_windows, src_appends = (
+        Source(path, r["meta"]["command"], r["meta"]["date"], f"{r['meta']['machine']}, torch {r['meta']['torch']}",
+               r["meta"]["commit"])
+        for path, r in ((OPS_STEP, res), (OPS_STEP_WINDOWS, windows), (OPS_STEP_APPENDS, appends)))
     return ["A whole EAGLE + MicroSpec step on the same path (EAGLE-2's tree: depth 6, top-k 10, 59 tokens; graphs "
             "by a stand-in capture, a replay counted as one; the median of each part over a generation's steps "
             "after two generations captured every shape), by part, with MicroSpec's window as tensor operations "
             "(CUDA's where Triton does not build) and as its two Triton kernels (CUDA's default; each call counted "
             "as one launch):", "",
             table(["part", *names], rows), "", src.markdown(), "",
-            "- MicroSpec's update from a verification is one append of its three tuples to the window (C_draft, "
-            "TopK(z_verify, K_ver) and the committed tokens not in them, each deduplicated on its own), and the "
-            "coverage count one lookup a step where one draft set answers for every depth (MicroSpec's). Against "
-            "the same count at " + src_before.commit.split("+")[0] + " (this count's op_count.py copied in, hence "
-            "its +dirty), where the update was three appends and coverage a lookup per token: "
-            + "; ".join(changed(n) for n in names if n in old) + ".", "",
-            src_before.markdown(), "",
+            "- The verify pass's inputs over the tree (ids, positions, mask), the walk's acceptance (written with "
+            "the choices and a lazy tree's lists into the buffer the host reads) and the repetition penalty over "
+            "the verify rows (each row's path with the committed ids, the rows read once) are one Triton launch "
+            "each (`kernels/tree_ops.py`, `kernels/penalty.py`), and the walk hands the policy its rows as one "
+            "tensor. Against the same count at " + src_windows.commit + ", before them: "
+            + _changed(windows["spec_step"], step, names) + ".", "",
+            src_windows.markdown(), "",
+            "- Before that, MicroSpec's update from a verification became one append of its three tuples to the "
+            "window (C_draft, TopK(z_verify, K_ver) and the committed tokens not in them, each deduplicated on its "
+            "own), and the coverage count one lookup a step where one draft set answers for every depth "
+            "(MicroSpec's). The count at " + src_appends.commit.split("+")[0] + " (with " + src_windows.commit
+            + "'s op_count.py copied in, hence its +dirty), where the update was three appends and coverage a "
+            "lookup per token, against " + src_windows.commit + ": "
+            + _changed(appends["spec_step"], windows["spec_step"], names) + ".", "",
+            src_appends.markdown(), "",
             "- The update's share of a step's operations, each a launch outside the graphs: " + ", ".join(
                 f"{step[n]['parts']['policy update'] / step[n]['median_total']:.0%} ({n})" for n in names)
             + " (not yet timed on a GPU).", ""]

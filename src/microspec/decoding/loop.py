@@ -224,18 +224,19 @@ class Generation:
         self._ahead: tuple | None = None  # a plain step launched before the last one's token was read
 
     def _emit(self, new: list[int]) -> str | None:
-        """Commit ``new`` tokens one by one; the reason to stop, if any (later tokens are dropped)."""
-        for t in new:
+        """Commit ``new`` tokens one by one; the reason to stop, if any (later tokens are dropped).  The processors
+        take the kept ones at once (one update of the penalty's seen ids a step, not one a token)."""
+        reason, kept = None, len(new)
+        for i, t in enumerate(new):
             self.out.append(t)
             self.tokens.append(t)
-            self.pipe.commit((t,))
-            if t in self.stops:
-                return "eos"
-            if len(self.out) >= self.cfg.max_new_tokens:
-                return "length"
-            if self.stop_check is not None and self.stop_check(self.out):
-                return "stop"
-        return None
+            reason = "eos" if t in self.stops else "length" if len(self.out) >= self.cfg.max_new_tokens else \
+                "stop" if self.stop_check is not None and self.stop_check(self.out) else None
+            if reason is not None:
+                kept = i + 1
+                break
+        self.pipe.commit(new[:kept])
+        return reason
 
     def _commit(self, new: list[int]) -> None:
         emitted = len(self.out)
