@@ -47,9 +47,9 @@ def test_window_kernels_on_cuda():
 
 
 def test_verify_kernels_on_cuda():
-    """The tree's verify inputs and acceptance and the penalty over verify rows compiled, bit for bit against the
-    references (tests/verify_checks.py: the penalty's quotient as torch's CUDA kernel takes it, a product by the
-    reciprocal), and EAGLE-2 generations on CUDA with them against the references."""
+    """The tree's verify inputs, paths and acceptance and the penalty over verify rows compiled, bit for bit
+    against the references (tests/verify_checks.py: the penalty's quotient as torch's CUDA kernel takes it, a product
+    by the reciprocal), and EAGLE-2 generations on CUDA with them against the references."""
     if not _triton():
         pytest.skip("no Triton")
     import verify_checks

@@ -1,11 +1,12 @@
-"""The verify step's kernels (kernels/tree_ops.py: a tree's verify inputs and acceptance; kernels/penalty.py: the
-repetition penalty over the verify rows) against their plain-torch references: run by tests/test_kernels.py under
-``TRITON_INTERPRET=1`` on a CPU, and by tests/test_cuda.py compiled on a GPU.
+"""The verify step's kernels (kernels/tree_ops.py: a tree's verify inputs, paths and acceptance;
+kernels/penalty.py: the repetition penalty over the verify rows) against their plain-torch references: run by
+tests/test_kernels.py under ``TRITON_INTERPRET=1`` on a CPU, and by tests/test_cuda.py compiled on a GPU.
 
-- :func:`check_kernels`: the verify inputs and the acceptance, bit for bit, over every tree of the device-tree tests
-  (tests/test_tree_device.py: EAGLE-2's trees from one node to a hundred, some with padding nodes), host trees and
-  chains copied to the device, a tree of more rows than a program's block holds in both directions, an empty tree
-  and an ancestor matrix that is a strided view; the target's choices follow the tree never, sometimes or always.
+- :func:`check_kernels`: the verify inputs, the rows' paths and the acceptance, bit for bit, over every tree of the
+  device-tree tests (tests/test_tree_device.py: EAGLE-2's trees from one node to a hundred, some with padding
+  nodes), host trees and chains copied to the device, a tree of more rows than a program's block holds in both
+  directions, an empty tree and an ancestor matrix that is a strided view; the target's choices follow the tree
+  never, sometimes or always.
 - :func:`check_penalty`: the penalised rows, bit for bit, against the processor's plain-torch code over random
   logits (negative, zero, -inf), seen ids and paths (padding, repeats, ids at both ends of the vocabulary, none),
   vocabularies that are and are not a multiple of the kernel's block, a strided input and several penalties;
@@ -66,6 +67,7 @@ def check_kernels(device: str) -> int:
             got = tree_ops.verify_inputs(root, start, tokens, depths, anc)
             want = tree_ops.verify_inputs_reference(root, start, tokens, depths, anc)
             assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(got, want)), (len(tree), root)
+        assert torch.equal(tree_ops.paths(tokens, anc), tree_ops.paths_reference(tokens, anc)), len(tree)
         for follow in (0.0, 0.5, 1.0):
             chosen = _choices(tree, follow, g)
             for lazy in (False, True):
@@ -83,10 +85,12 @@ def check_kernels(device: str) -> int:
                                                  tree_ops.verify_inputs_reference(4, 9, tokens, depths, anc)))
     assert torch.equal(tree_ops.accept(chosen, tokens, parents, anc, valid, True),
                        tree_ops.accept_reference(chosen, tokens, parents, anc, valid, True))
+    assert torch.equal(tree_ops.paths(tokens, anc), tree_ops.paths_reference(tokens, anc))
     empty = torch.zeros(0, dtype=torch.long, device=dev)
     none = torch.zeros(0, 0, dtype=torch.bool, device=dev)
     assert [t.tolist() for t in tree_ops.verify_inputs(4, 9, empty, empty, none)] == [[4], [9], [[True]]]
     assert tree_ops.accept(torch.tensor([3], device=dev), empty, empty, none, empty.bool(), True).tolist() == [3]
+    assert tree_ops.paths(empty, none).shape == (1, 0)
     return checked
 
 

@@ -20,7 +20,8 @@ counted on a CPU: a small model's GPU step is mostly a count of tiny kernels, so
   the processors and the token's choice) or the forward's replay with the rest eager after it;
 - a speculative step: every operation of one step of EAGLE + MicroSpec with its graphs, by part (the draft, the
   verify forward, the walk, the KV compaction, the policy's update, the drafter's commit, the coverage count and the
-  loop around them: the verify inputs, the walk's penalty and its acceptance each one Triton launch), with
+  loop around them: the verify inputs, the rows' paths, the walk's penalty and its acceptance each one Triton
+  launch), with
   MicroSpec's tensor window and with its Triton window.  ``--parts`` counts some of these only.
 Counts only: nothing here is timed, and a GPU's time per kernel is not a CPU's.
 """
@@ -88,16 +89,18 @@ def as_launch(counter: Count, launched: list, fn):
 def cuda_path(counter: Count, kernels: bool, tables: bool = True):
     """The operations CUDA takes, on a CPU: the CPU's own kernels (its bf16 products and attention, its fused fp32
     rows, its argmax and its penalty by index) off, the fused layer kernels (norms, residual seams, q/k norm + RoPE,
-    gated activation) and the verify step's (a tree's verify inputs and acceptance, the penalty over full-vocabulary
-    rows; all Triton) on where ``kernels`` (run by the interpreter, each call one launch, their own tensor work
-    uncounted), the RoPE table of every position kept where ``tables``; yields the list their launches go to."""
+    gated activation) and the verify step's (a tree's verify inputs, paths and acceptance, the penalty over
+    full-vocabulary rows; all Triton) on where ``kernels`` (run by the interpreter, each call one launch, their own
+    tensor work uncounted), the RoPE table of every position kept where ``tables``; yields the list their launches go
+    to."""
     from microspec.decoding import processors, verify
     from microspec.kernels import cpu_linear, cpu_quant, glu, penalty, rms_norm, rope, tree_ops, triton_env
     from microspec.models import rotary
 
     launched: list = []
     fused = [(rms_norm, "rms_norm"), (rms_norm, "add_rms_norm"), (rope, "rope"), (rope, "rope_qk"),
-             (rope, "rope_qk_store"), (glu, "act_mul"), (tree_ops, "verify_inputs"), (tree_ops, "accept"),
+             (rope, "rope_qk_store"), (glu, "act_mul"), (tree_ops, "verify_inputs"), (tree_ops, "paths"),
+             (tree_ops, "accept"),
              (penalty, "penalise_rows")]
     saved = (cpu_linear.applies, cpu_linear.attention_applies, cpu_quant.rows_apply)
     kernels_saved = [getattr(m, n) for m, n in fused]

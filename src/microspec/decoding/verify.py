@@ -190,8 +190,7 @@ def device_walk(tree: DeviceTree, head: Callable[[torch.Tensor], torch.Tensor], 
     n = len(tree)
     logits = head(hidden[: n + 1])
     if pipe is not None and pipe.active:  # row 0 the root (no path), row i + 1 node i (its ancestors and itself)
-        paths = torch.where(anc, tokens[None, :], -1)
-        logits = pipe.process_on_device(logits, torch.cat([paths.new_full((1, n), -1), paths]))
+        logits = pipe.process_on_device(logits, tree_ops.paths(tokens, anc))
     if tree.scheme == "iid":  # a chain sampled from the draft: rejection sampling, every row at once
         return _chain_rejection(tree, logits, pipe)
     if pipe is None or pipe.cfg.greedy:

@@ -2,7 +2,7 @@
 
 A tree's verify rows are penalised over the committed sequence (a [V] bitmap of seen ids) and each row's own path
 (``paths`` [R, W]: its ids, -1 padding); in plain torch that is a scattered [R, V] mask, an or with the bitmap, the
-penalty rule's comparison, product, quotient and two selects: nine launches and as many passes over [R, V].  Here
+penalty rule's comparison, product, quotient and two selects: ten launches and as many passes over [R, V].  Here
 one program per (row, block of columns) reads the logits once, marks the block's seen ids and the row's path ids,
 and writes the penalised rows.
 
@@ -12,7 +12,7 @@ divided by it): on a CPU torch divides; on CUDA it multiplies by the fp32 recipr
 this kernel there.  fp32 logits only (the target's head returns fp32).  The plain-torch reference is the code it
 replaces, :meth:`RepetitionPenalty.apply_on_device <microspec.decoding.processors.RepetitionPenalty.apply_on_device>`
 with the kernel off; tests/test_kernels.py runs the kernel under ``TRITON_INTERPRET=1`` against it
-(tests/penalty_checks.py), tests/test_cuda.py compiled.
+(tests/verify_checks.py), tests/test_cuda.py compiled.
 """
 
 from __future__ import annotations

@@ -1,21 +1,24 @@
-"""A draft tree's verify inputs and its acceptance, each one launch on the device (Triton) instead of a few small
-tensor operations each (every one a kernel launch on a GPU, where a small model's step is mostly a count of them).
+"""A draft tree's verify inputs, its rows' paths and its acceptance, each one launch on the device (Triton) instead
+of a few small tensor operations each (every one a kernel launch on a GPU, where a small model's step is mostly a
+count of them).
 
 - :func:`verify_inputs`: from the tree's tensors (tokens [N], depths [N], the ancestor-or-self matrix [N, N]) and
   the root (the last committed token, at cache position ``start``), the verify pass's ids [N + 1] (the root, then
   the nodes), positions [N + 1] (``start`` plus each row's depth) and attention mask [N + 1, N + 1] (every row
   sees the root, a node its ancestors and itself); eight operations in plain torch.
+- :func:`paths`: each verify row's path as ids [N + 1, N] (-1 padding), the history beyond the committed tokens
+  that the processors (the repetition penalty) see at that row; three operations in plain torch.
 - :func:`accept`: from the target's choice at every verify row (``chosen`` [N + 1]: row 0 the root's, row i + 1
   node i's), which nodes are accepted: node i is where it and each of its ancestors is its parent row's choice (and
   a real node, ``valid``); written with the choices (and, for a tree whose host lists were never read, its tokens,
   parents and valid flags) into one int64 buffer, the step's one read to the host; nine operations in plain torch.
 
-The plain-torch references (:func:`verify_inputs_reference`, :func:`accept_reference`) are the code the device
-walk ran before these kernels, and run wherever Triton does not (a CPU without the interpreter).  Each kernel is a
-grid of programs over blocks of rows, each walking the columns in blocks: any tree size, no read back, the sizes
-not specialised on (one compilation for every tree).  tests/test_kernels.py runs both under ``TRITON_INTERPRET=1``
-against the references over the device-tree tests' trees and chains (tests/verify_checks.py); tests/test_cuda.py runs
-the same checks compiled.
+The plain-torch references (:func:`verify_inputs_reference`, :func:`paths_reference`, :func:`accept_reference`) are
+the code the device walk ran before these kernels, and run wherever Triton does not (a CPU without the
+interpreter).  Each kernel is a grid of programs over blocks of rows, each walking the columns in blocks: any tree
+size, no read back, the sizes not specialised on (one compilation for every tree).  tests/test_kernels.py runs them
+under ``TRITON_INTERPRET=1`` against the references over the device-tree tests' trees and chains
+(tests/verify_checks.py); tests/test_cuda.py runs the same checks compiled.
 """
 
 from __future__ import annotations
@@ -45,6 +48,12 @@ def verify_inputs_reference(root: int, start: int, tokens: torch.Tensor, depths:
     mask[:, 0] = True
     mask[1:, 1:] = anc
     return ids, positions, mask
+
+
+def paths_reference(tokens: torch.Tensor, anc: torch.Tensor) -> torch.Tensor:
+    """What :func:`paths` computes, in plain torch."""
+    rows = torch.where(anc, tokens[None, :], -1)
+    return torch.cat([rows.new_full((1, tokens.numel()), -1), rows])
 
 
 def accept_reference(chosen: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, anc: torch.Tensor,
@@ -78,6 +87,21 @@ def _define(triton, tl):
                      mask=in_rows[:, None] & in_cols[None, :])
 
     @triton.jit(do_not_specialize=["n"])
+    def paths_kernel(tokens_ptr, anc_ptr, out_ptr, n, s_a0, s_a1, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # verify rows: 0 the root, r node r - 1
+        in_rows = rows <= n
+        is_node = (rows >= 1) & in_rows
+        node = tl.where(is_node, rows - 1, 0)
+        for c0 in range(0, n, BLOCK_C):
+            cols = c0 + tl.arange(0, BLOCK_C)
+            in_cols = cols < n
+            tok = tl.load(tokens_ptr + cols, mask=in_cols, other=0)
+            a = tl.load(anc_ptr + node[:, None] * s_a0 + cols[None, :] * s_a1,
+                        mask=is_node[:, None] & in_cols[None, :], other=0)
+            tl.store(out_ptr + rows[:, None] * n + cols[None, :], tl.where(a != 0, tok[None, :], -1),
+                     mask=in_rows[:, None] & in_cols[None, :])
+
+    @triton.jit(do_not_specialize=["n"])
     def accept_kernel(chosen_ptr, tokens_ptr, parents_ptr, anc_ptr, valid_ptr, out_ptr, n, s_a0, s_a1,
                       LAZY: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # node i's acceptance; verify row i's choice
@@ -103,7 +127,7 @@ def _define(triton, tl):
             tl.store(out_ptr + 4 * n + 1 + rows, tl.load(valid_ptr + rows, mask=is_node, other=0).to(tl.int64),
                      mask=is_node)
 
-    return verify_inputs_kernel, accept_kernel, triton.cdiv
+    return verify_inputs_kernel, paths_kernel, accept_kernel, triton.cdiv
 
 
 def _kernels():
@@ -133,11 +157,27 @@ def verify_inputs(root: int, start: int, tokens: torch.Tensor, depths: torch.Ten
     ids = torch.empty(n + 1, dtype=torch.long, device=dev)
     positions = torch.empty(n + 1, dtype=depths.dtype, device=dev)
     mask = torch.empty(n + 1, n + 1, dtype=torch.bool, device=dev)
-    kernel, _, cdiv = _kernels()
+    kernel, _, _, cdiv = _kernels()
     anc = _bytes(anc)
     kernel[(cdiv(n + 1, BLOCK_R),)](_flat(tokens), _flat(depths), anc, ids, positions, _bytes(mask), root, start,
                                     n, anc.stride(0), anc.stride(1), BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C)
     return ids, positions, mask
+
+
+def paths(tokens: torch.Tensor, anc: torch.Tensor) -> torch.Tensor:
+    """Each verify row's path as ids, [N + 1, N] int64: the root's row none (-1 throughout), node i's row the tokens
+    of its ancestors and itself where ``anc`` [N, N] (bool) marks them, -1 elsewhere (what the processors take as
+    each row's history beyond the committed tokens); one launch where :func:`applies`, else
+    :func:`paths_reference`."""
+    if not applies(tokens):
+        return paths_reference(tokens, anc)
+    n = tokens.numel()
+    out = torch.empty(n + 1, n, dtype=torch.long, device=tokens.device)
+    _, kernel, _, cdiv = _kernels()
+    anc = _bytes(anc)
+    kernel[(cdiv(n + 1, BLOCK_R),)](_flat(tokens), anc, out, n, anc.stride(0), anc.stride(1), BLOCK_R=BLOCK_R,
+                                    BLOCK_C=BLOCK_C)
+    return out
 
 
 def accept(chosen: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, anc: torch.Tensor, valid: torch.Tensor,
@@ -151,11 +191,12 @@ def accept(chosen: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, an
         return accept_reference(chosen, tokens, parents, anc, valid, lazy)
     n = tokens.numel()
     out = torch.empty((5 if lazy else 2) * n + 1, dtype=torch.long, device=tokens.device)
-    _, kernel, cdiv = _kernels()
+    _, _, kernel, cdiv = _kernels()
     anc = _bytes(anc)
     kernel[(cdiv(n + 1, BLOCK_R),)](_flat(chosen), _flat(tokens), _flat(parents), anc, _bytes(_flat(valid)), out, n,
                                     anc.stride(0), anc.stride(1), LAZY=lazy, BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C)
     return out
 
 
-__all__ = ["accept", "accept_reference", "applies", "verify_inputs", "verify_inputs_reference"]
+__all__ = ["accept", "accept_reference", "applies", "paths", "paths_reference", "verify_inputs",
+           "verify_inputs_reference"]
