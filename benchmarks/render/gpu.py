@@ -362,11 +362,13 @@ def _step_launches() -> list[str]:
             "(CUDA's where Triton does not build) and as its two Triton kernels (CUDA's default; each call counted "
             "as one launch):", "",
             table(["part", *names], rows), "", src.markdown(), "",
-            "- The verify pass's inputs over the tree (ids, positions, mask), the walk's acceptance (written with "
-            "the choices and a lazy tree's lists into the buffer the host reads) and the repetition penalty over "
-            "the verify rows (each row's path with the committed ids, the rows read once) are one Triton launch "
-            "each (`kernels/tree_ops.py`, `kernels/penalty.py`), and the walk hands the policy its rows as one "
-            "tensor. Against the same count at " + src_windows.commit + ", before them: "
+            "- The verify pass's inputs over the tree (ids, positions, mask), each verify row's path, the "
+            "repetition penalty over the verify rows (the committed ids and the row's path, the rows read once) and "
+            "the walk's acceptance (written with the choices and a lazy tree's lists into the buffer the host "
+            "reads) are one Triton launch each (`kernels/tree_ops.py`, `kernels/penalty.py`); the walk hands the "
+            "policy its rows as one tensor, and a step's committed tokens reach the processors at once (the "
+            "penalty's seen ids one update a step). Against the same count at " + src_windows.commit
+            + ", before them: "
             + _changed(windows["spec_step"], step, names) + ".", "",
             src_windows.markdown(), "",
             "- Before that, MicroSpec's update from a verification became one append of its three tuples to the "
