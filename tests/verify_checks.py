@@ -45,8 +45,8 @@ def _trees(device: str):
 
 
 def _choices(tree: DraftTree, follow: float, g: torch.Generator) -> torch.Tensor:
-    """A choice for every verify row: with probability ``follow`` one of the row's children, else a token no
-    child has (never a padding node's token 0 at a row with padding below it: the walk must not accept it)."""
+    """A choice for every verify row: with probability ``follow`` the token of one of the row's children, else 0 or
+    1 (0 is a padding node's token: a padding node whose token is its parent row's choice must not be accepted)."""
     children = tree.children()
     out = []
     for row in range(len(tree) + 1):
