@@ -25,11 +25,12 @@ BLOCK = 1024
 
 
 def applies(logits: torch.Tensor) -> bool:
-    """Whether :func:`penalise_rows` takes ``logits``: fp32 [R, V] on a device of the fused kernels
+    """Whether :func:`penalise_rows` takes ``logits``: fp32 [R, V], not empty, on a device of the fused kernels
     (:data:`~microspec.kernels.triton_env.DEVICES`) that Triton runs on, no autograd, not inside ``torch.compile``."""
     from . import triton_env
 
-    return (logits.dim() == 2 and logits.dtype == torch.float32 and logits.device.type in triton_env.DEVICES
+    return (logits.dim() == 2 and logits.numel() > 0 and logits.dtype == torch.float32
+            and logits.device.type in triton_env.DEVICES
             and triton_env.available(logits.device) and not torch.compiler.is_compiling()
             and not (torch.is_grad_enabled() and logits.requires_grad))
 
