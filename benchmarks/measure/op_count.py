@@ -21,8 +21,7 @@ counted on a CPU: a small model's GPU step is mostly a count of tiny kernels, so
 - a speculative step: every operation of one step of EAGLE + MicroSpec with its graphs, by part (the draft, the
   verify forward, the walk, the KV compaction, the policy's update, the drafter's commit, the coverage count and the
   loop around them: the verify inputs, the rows' paths, the walk's penalty and its acceptance each one Triton
-  launch), with
-  MicroSpec's tensor window and with its Triton window.  ``--parts`` counts some of these only.
+  launch), with MicroSpec's tensor window and with its Triton window.  ``--parts`` counts some of these only.
 Counts only: nothing here is timed, and a GPU's time per kernel is not a CPU's.
 """
 
@@ -100,8 +99,7 @@ def cuda_path(counter: Count, kernels: bool, tables: bool = True):
     launched: list = []
     fused = [(rms_norm, "rms_norm"), (rms_norm, "add_rms_norm"), (rope, "rope"), (rope, "rope_qk"),
              (rope, "rope_qk_store"), (glu, "act_mul"), (tree_ops, "verify_inputs"), (tree_ops, "paths"),
-             (tree_ops, "accept"),
-             (penalty, "penalise_rows")]
+             (tree_ops, "accept"), (penalty, "penalise_rows")]
     saved = (cpu_linear.applies, cpu_linear.attention_applies, cpu_quant.rows_apply)
     kernels_saved = [getattr(m, n) for m, n in fused]
 

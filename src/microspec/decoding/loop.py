@@ -226,16 +226,20 @@ class Generation:
     def _emit(self, new: list[int]) -> str | None:
         """Commit ``new`` tokens one by one; the reason to stop, if any (later tokens are dropped).  The processors
         take the kept ones at once (one update of the penalty's seen ids a step, not one a token)."""
-        reason, kept = None, len(new)
+        reason = None
         for i, t in enumerate(new):
             self.out.append(t)
             self.tokens.append(t)
-            reason = "eos" if t in self.stops else "length" if len(self.out) >= self.cfg.max_new_tokens else \
-                "stop" if self.stop_check is not None and self.stop_check(self.out) else None
+            if t in self.stops:
+                reason = "eos"
+            elif len(self.out) >= self.cfg.max_new_tokens:
+                reason = "length"
+            elif self.stop_check is not None and self.stop_check(self.out):
+                reason = "stop"
             if reason is not None:
-                kept = i + 1
+                new = new[: i + 1]
                 break
-        self.pipe.commit(new[:kept])
+        self.pipe.commit(new)
         return reason
 
     def _commit(self, new: list[int]) -> None:

@@ -25,14 +25,11 @@ BLOCK = 1024
 
 
 def applies(logits: torch.Tensor) -> bool:
-    """Whether :func:`penalise_rows` takes ``logits``: fp32 [R, V], not empty, on a device of the fused kernels
-    (:data:`~microspec.kernels.triton_env.DEVICES`) that Triton runs on, no autograd, not inside ``torch.compile``."""
+    """Whether :func:`penalise_rows` takes ``logits``: fp32 [R, V] and what
+    :func:`~microspec.kernels.triton_env.takes` asks (not empty, no autograd, a device the fused kernels run on)."""
     from . import triton_env
 
-    return (logits.dim() == 2 and logits.numel() > 0 and logits.dtype == torch.float32
-            and logits.device.type in triton_env.DEVICES
-            and triton_env.available(logits.device) and not torch.compiler.is_compiling()
-            and not (torch.is_grad_enabled() and logits.requires_grad))
+    return logits.dim() == 2 and logits.dtype == torch.float32 and triton_env.takes(logits)
 
 
 def _define(triton, tl):
@@ -75,8 +72,7 @@ def penalise_rows(logits: torch.Tensor, seen: torch.Tensor, paths: torch.Tensor,
     rows, vocab = logits.shape
     x = logits if logits.stride(-1) == 1 else logits.contiguous()
     width = paths.shape[1] if paths.numel() else 0
-    paths = paths if paths.numel() and paths.stride(-1) == 1 else paths.contiguous() if paths.numel() else \
-        seen.new_empty(1, dtype=torch.long)  # never read (no path column)
+    paths = paths.contiguous() if width else seen.new_empty(1, dtype=torch.long)  # never read without a column
     out = torch.empty_like(x)
     inv = _f32(1.0 / _f32(penalty))  # torch's CUDA quotient's factor (a double's quotient rounded once more is fp32's)
     kernel[(rows, cdiv(vocab, BLOCK))](x, seen.view(torch.uint8), paths, out, vocab, width, float(penalty), inv,

@@ -30,12 +30,11 @@ BLOCK_C = 64  # columns a program reads at a time
 
 
 def applies(t: torch.Tensor) -> bool:
-    """Whether the kernels take tensors on ``t``'s device: a device kind of the fused kernels
-    (:data:`~microspec.kernels.triton_env.DEVICES`) that Triton runs on, not inside ``torch.compile``."""
+    """Whether the kernels take tensors on ``t``'s device: one the fused kernels
+    :func:`~microspec.kernels.triton_env.runs` on."""
     from . import triton_env
 
-    return (t.device.type in triton_env.DEVICES and triton_env.available(t.device)
-            and not torch.compiler.is_compiling())
+    return triton_env.runs(t.device)
 
 
 def verify_inputs_reference(root: int, start: int, tokens: torch.Tensor, depths: torch.Tensor, anc: torch.Tensor
@@ -137,10 +136,6 @@ def _kernels():
     return defined("tree_ops", _define)
 
 
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    return t if t.is_contiguous() else t.contiguous()
-
-
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     """A bool tensor as uint8 (the same bytes: Triton reads and writes bytes, not its 1-bit type)."""
     return t.view(torch.uint8) if t.dtype == torch.bool else t
@@ -159,8 +154,8 @@ def verify_inputs(root: int, start: int, tokens: torch.Tensor, depths: torch.Ten
     mask = torch.empty(n + 1, n + 1, dtype=torch.bool, device=dev)
     kernel, _, _, cdiv = _kernels()
     anc = _bytes(anc)
-    kernel[(cdiv(n + 1, BLOCK_R),)](_flat(tokens), _flat(depths), anc, ids, positions, _bytes(mask), root, start,
-                                    n, anc.stride(0), anc.stride(1), BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C)
+    kernel[(cdiv(n + 1, BLOCK_R),)](tokens.contiguous(), depths.contiguous(), anc, ids, positions, _bytes(mask),
+                                    root, start, n, anc.stride(0), anc.stride(1), BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C)
     return ids, positions, mask
 
 
@@ -175,8 +170,8 @@ def paths(tokens: torch.Tensor, anc: torch.Tensor) -> torch.Tensor:
     out = torch.empty(n + 1, n, dtype=torch.long, device=tokens.device)
     _, kernel, _, cdiv = _kernels()
     anc = _bytes(anc)
-    kernel[(cdiv(n + 1, BLOCK_R),)](_flat(tokens), anc, out, n, anc.stride(0), anc.stride(1), BLOCK_R=BLOCK_R,
-                                    BLOCK_C=BLOCK_C)
+    kernel[(cdiv(n + 1, BLOCK_R),)](tokens.contiguous(), anc, out, n, anc.stride(0), anc.stride(1),
+                                    BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C)
     return out
 
 
@@ -193,8 +188,9 @@ def accept(chosen: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, an
     out = torch.empty((5 if lazy else 2) * n + 1, dtype=torch.long, device=tokens.device)
     _, _, kernel, cdiv = _kernels()
     anc = _bytes(anc)
-    kernel[(cdiv(n + 1, BLOCK_R),)](_flat(chosen), _flat(tokens), _flat(parents), anc, _bytes(_flat(valid)), out, n,
-                                    anc.stride(0), anc.stride(1), LAZY=lazy, BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C)
+    kernel[(cdiv(n + 1, BLOCK_R),)](chosen.contiguous(), tokens.contiguous(), parents.contiguous(), anc,
+                                    _bytes(valid.contiguous()), out, n, anc.stride(0), anc.stride(1), LAZY=lazy,
+                                    BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C)
     return out
 
 

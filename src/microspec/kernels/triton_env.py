@@ -53,11 +53,15 @@ def available(device: torch.device | str) -> bool:
     return torch.device(device).type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def runs(device: torch.device) -> bool:
+    """Whether the fused kernels run on ``device``: a kind in :data:`DEVICES` that Triton runs on, and not inside
+    ``torch.compile`` (vLLM's compiled models fuse the plain code themselves).  A CPU answers without Triton."""
+    return device.type in DEVICES and not torch.compiler.is_compiling() and available(device)
+
+
 def takes(x: torch.Tensor, *weights: torch.Tensor) -> bool:
-    """What every fused layer kernel asks of its input ``x`` and its ``weights``: a device in :data:`DEVICES` that
-    Triton runs on, a dtype it handles, no autograd (neither ``x`` nor a weight needs a gradient while gradients are
-    on) and not inside ``torch.compile`` (vLLM's compiled models fuse the plain code themselves)."""
-    return (x.device.type in DEVICES and x.dtype in DTYPES and x.numel() > 0
-            and not torch.compiler.is_compiling()
+    """What every fused layer kernel asks of its input ``x`` and its ``weights``: a dtype it handles, no autograd
+    (neither ``x`` nor a weight needs a gradient while gradients are on) and a device it :func:`runs` on."""
+    return (x.dtype in DTYPES and x.numel() > 0
             and not (torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights)))
-            and available(x.device))
+            and runs(x.device))
