@@ -21,7 +21,8 @@ counted on a CPU: a small model's GPU step is mostly a count of tiny kernels, so
 - a speculative step: every operation of one step of EAGLE + MicroSpec with its graphs, by part (the draft, the
   verify forward, the walk, the KV compaction, the policy's update, the drafter's commit, the coverage count and the
   loop around them: the verify inputs, the rows' paths, the walk's penalty and its acceptance each one Triton
-  launch), with MicroSpec's tensor window and with its Triton window.  ``--parts`` counts some of these only.
+  launch), with MicroSpec's tensor window and with its Triton window, greedy and under the penalty, and seeded at
+  T 0.7 (the walk's keyed draws) with the Triton window.  ``--parts`` counts some of these only.
 Counts only: nothing here is timed, and a GPU's time per kernel is not a CPU's.
 """
 
@@ -324,6 +325,13 @@ def plain_step_ops() -> dict:
 SPEC_PARTS = ("draft", "verify forward", "walk", "KV compaction", "policy update", "drafter commit", "coverage")
 
 
+# the decodings and MicroSpec windows of a speculative step's count: greedy and under the repetition penalty with each
+# window; seeded sampling at T 0.7 (the device walk's keyed draws) with CUDA's default window
+SPEC_STEPS = [(name, decoding, window) for (name, decoding), window in itertools.product(
+    (("greedy", {}), ("penalty 1.2", {"repetition_penalty": 1.2})), ("device", "triton"))]
+SPEC_STEPS.append(("T 0.7", {"temperature": 0.7, "seed": 0}, "triton"))
+
+
 def spec_step_ops() -> dict:
     """The operations of a whole EAGLE + MicroSpec step (EAGLE-2's tree: depth 6, top-k 10, 59 tokens) on CUDA's
     path with its graphs (a stand-in capture, a replay counted as one), by part: the draft (the tree one replay with
@@ -333,7 +341,8 @@ def spec_step_ops() -> dict:
     reports), and what the loop runs around them; the median of each over a generation's steps after the first two
     generations captured every shape, greedy and under repetition penalty 1.2, with each of MicroSpec's device
     windows: the one of tensor operations (``backend="device"``, CUDA's where Triton does not build) and the Triton
-    window (CUDA's default; its update and row gather run by the interpreter, each call one launch)."""
+    window (CUDA's default; its update and row gather run by the interpreter, each call one launch); and seeded
+    sampling at temperature 0.7 with the Triton window (``SPEC_STEPS``)."""
     from support import official_checkpoint, tiny_pair
     from microspec.decoding import GenerationConfig, generate_ids, loop, verify
     from microspec.decoding.loop import Generation
@@ -382,8 +391,7 @@ def spec_step_ops() -> dict:
                 setattr(obj, name, as_launch(counter, launched, getattr(obj, name)))
             nm.use_cuda_graphs(True)
             nm.forward = as_part("verify forward", nm.forward)
-            for (name, decoding), window in itertools.product(
-                    (("greedy", {}), ("penalty 1.2", {"repetition_penalty": 1.2})), ("device", "triton")):
+            for name, decoding, window in SPEC_STEPS:
                 name += ", Triton window" if window == "triton" else ""
                 for run in range(3):  # the first two capture the shapes; the third is counted
                     drafter = EagleDrafter(EagleHead.load(path), depth=6, top_k=10, total_tokens=59)
