@@ -17,7 +17,8 @@ from microspec.auto import Portfolio
 from microspec.drafters.suffix import ResponseCache, SuffixDrafter
 
 PROMPT = [1, 10, 20, 30, 11, 21, 10, 20]
-N = 1000
+N = 1000  # seeds of a distribution test
+N_KEYED = 150  # seeds of a keyed run, each one's tokens checked against plain decoding's, exactly
 SETTINGS = {"temperature": 0.8, "top_p": 0.95, "repetition_penalty": 1.3}
 # top-k and min-p cut the target's distribution (drafts outside it are rejected; the residual has holes)
 SETTINGS_K = {"temperature": 1.2, "top_k": 12, "min_p": 0.05, "top_p": 0.95, "repetition_penalty": 1.3}
@@ -245,6 +246,54 @@ def coupling(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(params=["keyed", "rejection"])
+def rule(request, monkeypatch):
+    """How a seeded sample is verified on the host: keyed by (seed, position), the default, or by rejection sampling
+    (what an unseeded sample uses on a CPU, where a draft's own distribution q decides acceptance)."""
+    from microspec.decoding import processors
+
+    monkeypatch.setattr(processors, "KEYED_SEEDS", request.param == "keyed")
+    return request.param
+
+
+def _keyed() -> bool:
+    from microspec.decoding import processors
+
+    return processors.KEYED_SEEDS
+
+
+_PLAIN: dict = {}
+
+
+def _generations(nm, make, settings: dict, seeds: range, policy: str | None = None) -> tuple[list, list]:
+    """Generations of 3 tokens, one per seed, each with a drafter of its own: all of ``seeds``, or under the keyed
+    rule its first N_KEYED (each is then checked exactly, not counted).  The seeds and their results."""
+    seeds = list(seeds[:N_KEYED] if _keyed() else seeds)
+    return seeds, [generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=3, seed=seed, ignore_eos=True, **settings),
+                                drafter=make(), vocab=_restricted(policy) if policy else None) for seed in seeds]
+
+
+def _follow_the_target(nm, seeds: list, results: list, settings: dict, marginals, label: str) -> None:
+    """The committed tokens follow the target's distribution.  Under the keyed rule each seed's tokens are plain
+    decoding's with that seed, exactly (the seed fixes the text, whatever drafted it), and plain decoding's keyed
+    draws follow the target's distribution (test_autoregressive_sampling_matches_exact_distribution, over N seeds);
+    under rejection sampling the tokens' marginals are the target's (chi-square and total variation)."""
+    if _keyed():
+        for seed, r in zip(seeds, results):
+            key = (tuple(sorted(settings.items())), seed)
+            if key not in _PLAIN:
+                _PLAIN[key] = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=3, seed=seed, ignore_eos=True,
+                                                                        **settings)).token_ids
+            assert r.token_ids == _PLAIN[key], (label, seed, r.token_ids, _PLAIN[key])
+        return
+    counts = torch.zeros(3, VOCAB)
+    for r in results:
+        for i, t in enumerate(r.token_ids):
+            counts[i, t] += 1
+    for i in range(3):
+        _check(counts[i], marginals[i], f"{label} token {i + 1}")
+
+
 @pytest.mark.parametrize("name", ["iid-bad", "iid-good", "without-replacement", "deterministic-topk", "zero-mass",
                                   "early-exit-chain", "early-exit-tree", "ngram", "suffix", "eagle-chain",
                                   "eagle-tree", "eagle-lookup", "auto"])
@@ -260,34 +309,28 @@ def test_speculative_sampling_matches_exact_distribution(pair, exact, name, coup
         return device_walk(*a, **kw)
 
     monkeypatch.setattr(loop, "device_walk", counted)
-    _sampled_as_the_target(pair, exact, name)
-    assert (len(walked) > N // 2) if coupling == "device" else not walked, len(walked)
+    runs = _sampled_as_the_target(pair, exact, name)
+    assert (len(walked) > runs // 2) if coupling == "device" else not walked, len(walked)
 
 
-def _sampled_as_the_target(pair, exact, name):
+def _sampled_as_the_target(pair, exact, name) -> int:
+    """Generations of the drafter ``name`` follow the target's distribution (:func:`_follow_the_target`) and draft
+    what the test is about; how many ran."""
     _, nm = pair
-    p1, m2, m3 = exact
     make = _drafters(exact)[name]
-    counts = torch.zeros(3, VOCAB)
-    accepted = looked = steps = 0
-    arms: dict[str, int] = {}
     # suffix: its own seeds (seeds 0-999 gave p = 0.004 on token 2, one check in 13 below 0.01 over 4 x 1,000 seeds
     # and one run without the shared cache, the rest passing: chance at this threshold, re-drawn once)
     base = 20000 if name == "suffix" else 0
-    for seed in range(base, base + N):
-        r = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=3, seed=seed, ignore_eos=True, **SETTINGS),
-                         drafter=make())
-        for i, t in enumerate(r.token_ids):
-            counts[i, t] += 1
-        accepted += sum(a - 1 for a in r.stats.accept_lengths)
+    seeds, results = _generations(nm, make, SETTINGS, range(base, base + N))
+    _follow_the_target(nm, seeds, results, SETTINGS, exact, name)
+    accepted = sum(sum(a - 1 for a in r.stats.accept_lengths) for r in results)
+    looked, steps = sum(r.stats.lookup_steps or 0 for r in results), sum(r.stats.steps for r in results)
+    arms: dict[str, int] = {}
+    for r in results:
         for arm, n in (r.stats.auto or {}).get("arms", {}).items():
             arms[arm] = arms.get(arm, 0) + n
-        looked, steps = looked + (r.stats.lookup_steps or 0), steps + r.stats.steps
-    _check(counts[0], p1, f"{name} token 1")
-    _check(counts[1], m2, f"{name} token 2")
-    _check(counts[2], m3, f"{name} token 3")
     if name in ("iid-good", "deterministic-topk"):
-        assert accepted > N * 0.3  # the test exercises acceptance, not only the bonus path
+        assert accepted > len(seeds) * 0.3  # the test exercises acceptance, not only the bonus path
     if name == "eagle-lookup":
         assert 0.1 * steps < looked < 0.9 * steps  # both drafted
     if name == "suffix":
@@ -295,6 +338,7 @@ def _sampled_as_the_target(pair, exact, name):
     if name == "auto":
         assert accepted > 0 and sum(arms.values()) == steps, arms
         assert {"plain", "copy", "eagle", "lookup-first"} <= set(arms), arms  # each kind of arm drafted
+    return len(seeds)
 
 
 def _restricted(name):
@@ -323,31 +367,30 @@ def _restricted(name):
                                              ("eagle-tree", "dynaspec"), ("eagle-lookup", "microspec"),
                                              ("eagle-lookup", "dynaspec"), ("eagle3-tree", "microspec"),
                                              ("eagle3-tree-replace", "microspec")])
-def test_sampling_with_a_restricted_draft_vocabulary_matches_exact_distribution(pair, exact, drafter, policy):
+def test_sampling_with_a_restricted_draft_vocabulary_matches_exact_distribution(pair, exact, drafter, policy, rule):
     """Drafts over a restricted vocabulary put zero mass outside it (and are processed and warped like the target):
-    the committed tokens still follow the target's distribution exactly."""
+    the committed tokens still follow the target's distribution exactly, by the keyed rule and, for sampled chains,
+    by rejection sampling, where the draft's q (zero outside the set) decides acceptance."""
+    if rule == "rejection" and drafter not in DEVICE_CHAINS:  # the model drafters' sampled chains
+        pytest.skip("a tree of top-k drafts: accepted with p(x) whatever q is (test_speculative_sampling's cases)")
+    _restricted_follows(pair, exact, drafter, policy)
+
+
+def _restricted_follows(pair, exact, drafter: str, policy: str) -> int:
+    """The restricted-vocabulary test's body; how many generations ran."""
     _, nm = pair
-    p1, m2, m3 = exact
-    make = _drafters(exact)[drafter]
-    counts = torch.zeros(3, VOCAB)
-    sizes = []
-    for seed in range(N):
-        r = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=3, seed=seed, ignore_eos=True, **SETTINGS),
-                         drafter=make(), vocab=_restricted(policy))
-        for i, t in enumerate(r.token_ids):
-            counts[i, t] += 1
-        sizes += r.stats.active_sizes
+    seeds, results = _generations(nm, _drafters(exact)[drafter], SETTINGS, range(N), policy)
+    sizes = [n for r in results for n in r.stats.active_sizes]
     assert sizes and max(sizes) < VOCAB // 2  # the draft really was restricted
-    label = f"{drafter}+{policy}"
-    _check(counts[0], p1, f"{label} token 1")
-    _check(counts[1], m2, f"{label} token 2")
-    _check(counts[2], m3, f"{label} token 3")
+    _follow_the_target(nm, seeds, results, SETTINGS, exact, f"{drafter}+{policy}")
+    return len(seeds)
 
 
 @pytest.mark.parametrize("policy", ["microspec", "fr-spec"])
 def test_sampling_with_the_whole_draft_matches_exact_distribution(pair, exact, policy, monkeypatch):
     """EAGLE's tree drafted whole in fixed shapes (what CUDA replays as one graph; ``whole_graph``, with a packed
-    buffer at CUDA's fixed shape): the committed tokens still follow the target's distribution exactly."""
+    buffer at CUDA's fixed shape): the committed tokens still follow the target's distribution exactly (each seed's
+    plain decoding's, by the keyed rule)."""
     from microspec.drafters.model_based import ForwardDrafter
     from microspec.vocab.packed import PackedRows
 
@@ -361,30 +404,22 @@ def test_sampling_with_the_whole_draft_matches_exact_distribution(pair, exact, p
     monkeypatch.setattr(PackedRows, "__init__", fixed)
     calls, body = [], ForwardDrafter._fixed_tree
     monkeypatch.setattr(ForwardDrafter, "_fixed_tree", lambda self, *a, **k: calls.append(1) or body(self, *a, **k))
-    test_sampling_with_a_restricted_draft_vocabulary_matches_exact_distribution(pair, exact, "eagle-tree", policy)
-    assert len(calls) >= N  # every generation drafted whole
+    runs = _restricted_follows(pair, exact, "eagle-tree", policy)
+    assert len(calls) >= runs  # every generation drafted whole
 
 
 @pytest.mark.parametrize("drafter, policy", [("iid-bad", None), ("eagle-tree", "microspec")])
-def test_sampling_with_top_k_and_min_p_matches_exact_distribution(pair, exact, drafter, policy):
+def test_sampling_with_top_k_and_min_p_matches_exact_distribution(pair, exact, drafter, policy, rule):
     """top-k and min-p warp the target's rows and the drafts alike (a draft over a restricted vocabulary takes its
-    own top-k): the committed tokens follow the target's warped distribution exactly."""
+    own top-k): the committed tokens follow the target's warped distribution exactly (by rejection sampling: drafts
+    outside the cut are rejected and the residual has holes)."""
     hf, nm = pair
     want = _marginals(hf, SETTINGS_K)
     assert (want[1] > 0).sum() < VOCAB // 2  # the warpers really cut
-    make = _drafters(exact)[drafter]
-    counts = torch.zeros(3, VOCAB)
-    accepted = 0
-    for seed in range(N):
-        r = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=3, seed=seed, ignore_eos=True, **SETTINGS_K),
-                         drafter=make(), vocab=_restricted(policy) if policy else None)
-        for i, t in enumerate(r.token_ids):
-            counts[i, t] += 1
-        accepted += sum(a - 1 for a in r.stats.accept_lengths)
-    for i in range(3):
-        _check(counts[i], want[i], f"{drafter}+{policy} top-k/min-p token {i + 1}")
-    if policy:
-        assert accepted > N * 0.1  # drafts get accepted under the cut distribution
+    seeds, results = _generations(nm, _drafters(exact)[drafter], SETTINGS_K, range(N), policy)
+    _follow_the_target(nm, seeds, results, SETTINGS_K, want, f"{drafter}+{policy} top-k/min-p")
+    if policy:  # drafts get accepted under the cut distribution
+        assert sum(sum(a - 1 for a in r.stats.accept_lengths) for r in results) > len(seeds) * 0.1
 
 
 def test_autoregressive_sampling_matches_exact_distribution(pair, exact, coupling):
@@ -430,7 +465,8 @@ def test_plain_steps_replayed_whole_sample_the_exact_distribution(pair, exact, m
 
 
 def test_a_biased_verifier_would_be_caught(pair, exact):
-    """Guard against a test that cannot fail: accepting every draft token unconditionally is detected."""
+    """Guard against a test that cannot fail: accepting every draft token unconditionally is detected, by the
+    distribution check and by the keyed rule's check against plain decoding."""
     import microspec.decoding.loop as loop
     from microspec.decoding.verify import Walk
 
@@ -453,10 +489,13 @@ def test_a_biased_verifier_would_be_caught(pair, exact):
             r = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=3, seed=seed, ignore_eos=True, **SETTINGS),
                              drafter=RandomTreeDrafter(bad, bad, "iid"))
             counts[r.token_ids[1]] += 1
+        seeds, results = _generations(nm, lambda: RandomTreeDrafter(bad, bad, "iid"), SETTINGS, range(40))
     finally:
         loop.sample_walk, loop.keyed_walk = original
     with pytest.raises(AssertionError):
         _check(counts, m2, "biased")
+    with pytest.raises(AssertionError):  # the keyed rule's check: its tokens are not plain decoding's
+        _follow_the_target(nm, seeds, results, SETTINGS, exact, "biased")
 
 
 def test_inverse_cdf_sample_draws_exactly_the_distribution_and_never_a_zero():
