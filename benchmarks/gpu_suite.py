@@ -12,8 +12,8 @@ no registry).  The parts, in order, each written to ``--out`` as soon as it ends
 
 1. ``tests`` — ``pytest -m cuda`` (tests/test_cuda.py): the side stream and its event order, the Triton kernels
    (window update and row gather against the plain-torch window and the host window over 5,000 random appends,
-   gather-matmul, the layer kernels, a tree's verify inputs, paths and acceptance and the penalty over verify rows
-   bit for bit against their references), CUDA graphs against the eager forward, greedy identity of every drafter x
+   gather-matmul, the layer kernels, a tree's verify inputs, paths and acceptance, the penalty over verify rows and
+   the inverse-CDF draw bit for bit against their references), CUDA graphs against the eager forward, greedy identity of every drafter x
    policy on tiny random models on CUDA, and the host synchronisations of a generation as CUDA's sync detector
    counts them;
 2. ``syncs`` — the host synchronisations of a generation per decode step and where they happen, for plain

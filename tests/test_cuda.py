@@ -47,15 +47,16 @@ def test_window_kernels_on_cuda():
 
 
 def test_verify_kernels_on_cuda():
-    """The tree's verify inputs, paths and acceptance and the penalty over verify rows compiled, bit for bit
-    against the references (tests/verify_checks.py: the penalty's quotient as torch's CUDA kernel takes it, a product
-    by the reciprocal), and EAGLE-2 generations on CUDA with them against the references."""
+    """The tree's verify inputs, paths and acceptance, the penalty over verify rows and the inverse-CDF draws
+    compiled, bit for bit against the references (tests/verify_checks.py: the penalty's quotient as torch's CUDA
+    kernel takes it, a product by the reciprocal), and EAGLE-2 generations on CUDA with them against the references."""
     if not _triton():
         pytest.skip("no Triton")
     import verify_checks
 
     assert verify_checks.check_kernels("cuda") == 249
     assert verify_checks.check_penalty("cuda") == 5
+    assert verify_checks.check_sampling("cuda") == 212
     assert verify_checks.check_generation("cuda") == 72
 
 

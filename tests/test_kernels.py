@@ -71,14 +71,15 @@ def test_window_kernels_match_torch_and_the_host_window_under_the_interpreter():
 
 
 def test_verify_kernels_match_torch_under_the_interpreter():
-    """A draft tree's verify inputs and acceptance (kernels/tree_ops.py) and the repetition penalty over verify rows
-    (kernels/penalty.py) against their plain-torch references, bit for bit, and whole EAGLE-2 generations with them
-    against the references (tests/verify_checks.py; compiled on CUDA in test_cuda.py)."""
+    """A draft tree's verify inputs and acceptance (kernels/tree_ops.py), the repetition penalty over verify rows
+    (kernels/penalty.py) and the inverse-CDF draws (kernels/sampling.py) against their plain-torch references, bit
+    for bit, and whole EAGLE-2 generations with them against the references (tests/verify_checks.py; compiled on
+    CUDA in test_cuda.py)."""
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT / "src")]))
     out = subprocess.run([sys.executable, str(ROOT / "tests" / "verify_checks.py"), "cpu"], env=env,
                          capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0 and out.stdout.strip() == "ok 144 5 72", out.stdout[-2000:] + out.stderr[-3000:]
+    assert out.returncode == 0 and out.stdout.strip() == "ok 144 5 212 72", out.stdout[-2000:] + out.stderr[-3000:]
 
 
 # what C++ source in a Python string would contain (the kernels' code lives in csrc/*.cpp and csrc/*.h)

@@ -1,5 +1,6 @@
 """The verify step's kernels (kernels/tree_ops.py: a tree's verify inputs, paths and acceptance;
-kernels/penalty.py: the repetition penalty over the verify rows) against their plain-torch references: run by
+kernels/penalty.py: the repetition penalty over the verify rows; kernels/sampling.py: every draw of a sample on
+CUDA) against their plain-torch references: run by
 tests/test_kernels.py under ``TRITON_INTERPRET=1`` on a CPU, and by tests/test_cuda.py compiled on a GPU.
 
 - :func:`check_kernels`: the verify inputs, the rows' paths and the acceptance, bit for bit, over every tree of the
@@ -10,6 +11,10 @@ tests/test_kernels.py under ``TRITON_INTERPRET=1`` on a CPU, and by tests/test_c
 - :func:`check_penalty`: the penalised rows, bit for bit, against the processor's plain-torch code over random
   logits (negative, zero, -inf), seen ids and paths (padding, repeats, ids at both ends of the vocabulary, none),
   vocabularies that are and are not a multiple of the kernel's block, a strided input and several penalties;
+- :func:`check_sampling`: the inverse-CDF draws (kernels/sampling.py, every sample on CUDA) against the plain-torch
+  search, id for id, over rows of one id to Gemma 3's 262,144, within one block and across several (a multiple of
+  the block and not), normalised or not, fp32 and fp64, a strided input, a row of zeros, a one-hot row, ids of
+  weight 0 (never drawn) and uniforms from 2^-53 to 1, one per row or one for all;
 - :func:`check_generation`: whole generations of EAGLE-2 trees on a tiny Gemma 3 with the device walk and the
   kernels (greedy, repetition penalty, seeded sampling) commit the tokens of the same generations with the
   references.
@@ -27,7 +32,7 @@ from pathlib import Path
 import torch
 
 from microspec.decoding.tree import DeviceTree, DraftTree
-from microspec.kernels import penalty, tree_ops
+from microspec.kernels import penalty, sampling, tree_ops
 
 
 def _trees(device: str, every: int):
@@ -128,6 +133,45 @@ def check_penalty(device: str) -> int:
     return checked
 
 
+def check_sampling(device: str) -> int:
+    """The inverse-CDF kernel's draws against :func:`sampling.reference`'s, id for id; how many rows were drawn."""
+    from microspec.decoding.processors import keyed_uniform, sample
+
+    assert sampling.applies(torch.zeros(1, device=device)), "the kernel does not run here"
+    g = torch.Generator().manual_seed(7)
+    drawn = 0
+    for rows, vocab in ((1, 1), (1, 5), (3, 96), (4, 2048), (2, 2049), (3, 5000), (1, 262144)):
+        p = torch.softmax(torch.randn(rows, vocab, generator=g) * 4, -1)
+        if vocab > 2:
+            p[:, 1::3] = 0  # ids of weight 0 between those with weight
+        cases = [p]
+        if vocab < 10_000:  # (Gemma 3's rows once: the interpreter is slow)
+            cases.append(p.double() * 37.0)  # fp64 and unnormalised
+            wide = torch.zeros(rows, vocab + 7)
+            wide[:, :vocab] = p
+            cases.append(wide[:, :vocab])  # rows that are not contiguous
+        if rows > 2:
+            p = p.clone()
+            p[1] = 0  # a row of zeros: id 0, as the search gives
+            p[2] = 0
+            p[2, -1] = 1  # one id with all the weight, the last
+            cases.append(p)
+        for w in cases:
+            w = w.to(device)
+            # uniforms: one per row, and one for every row (53 bits, as keyed_uniform gives; none and the extremes)
+            for u in (1.0 - torch.rand(rows, 1, dtype=torch.float64, generator=g), keyed_uniform(rows, vocab), 1.0,
+                      2.0 ** -53):
+                u = u.to(device) if isinstance(u, torch.Tensor) else u
+                got, want = sampling.inverse_cdf(w, u), sampling.reference(w, u)
+                assert got.shape == want.shape == (rows, 1) and torch.equal(got, want), (rows, vocab, got, want)
+                weights = w.gather(1, got)[:, 0]
+                assert ((weights > 0) | (w.sum(1) == 0)).all()  # never an id of weight 0 from a row with weight
+                drawn += rows
+    one = torch.rand(300, generator=g).to(device)  # a row without a batch dimension, through the loop's sampler
+    assert torch.equal(sample(one, u=0.25), sampling.reference(one, 0.25)) and sample(one, u=0.25).shape == (1,)
+    return drawn
+
+
 def check_generation(device: str) -> int:
     """Tokens of EAGLE-2's trees with the kernels against the same generation without them, greedy, under a
     repetition penalty and seeded sampling: the device walk on ``device`` for both (``DEVICE_WALK``)."""
@@ -140,7 +184,7 @@ def check_generation(device: str) -> int:
     nm = nm.to(device)
     path, _, _ = official_checkpoint(Path(tempfile.mkdtemp()) / "ck", d=nm.spec.hidden_size)
     walks, prompt = ("cuda", device), [1, 10, 20, 30, 11, 21, 31, 12, 10, 20, 30]
-    saved = verify.DEVICE_WALK, tree_ops.applies, penalty.applies
+    saved = verify.DEVICE_WALK, tree_ops.applies, penalty.applies, sampling.applies
     tokens = 0
     try:
         verify.DEVICE_WALK = walks
@@ -148,13 +192,14 @@ def check_generation(device: str) -> int:
             cfg = GenerationConfig(max_new_tokens=24, ignore_eos=True, **decoding)
             out = []
             for kernels in (True, False):
-                tree_ops.applies = penalty.applies = lambda t, on=kernels: on  # the layers as they are
+                # the verify step's kernels and the draws' on or off (the layers as they are)
+                tree_ops.applies = penalty.applies = sampling.applies = lambda t, on=kernels: on
                 drafter = EagleDrafter(EagleHead.load(path).to(device), depth=4, top_k=4, total_tokens=12)
                 out.append(generate_ids(nm, prompt, cfg, drafter=drafter).token_ids)
             assert out[0] == out[1] and len(out[0]) == 24, (decoding, out)
             tokens += len(out[0])
     finally:
-        verify.DEVICE_WALK, tree_ops.applies, penalty.applies = saved
+        verify.DEVICE_WALK, tree_ops.applies, penalty.applies, sampling.applies = saved
     return tokens
 
 
@@ -163,6 +208,7 @@ if __name__ == "__main__":
 
     if sys.argv[1] == "cpu":  # the interpreter runs the kernels on the CPU
         triton_env.DEVICES = ("cuda", "cpu")
-    checked = check_kernels(sys.argv[1], 2 if sys.argv[1] == "cpu" else 1), check_penalty(sys.argv[1])
+    checked = (check_kernels(sys.argv[1], 2 if sys.argv[1] == "cpu" else 1), check_penalty(sys.argv[1]),
+               check_sampling(sys.argv[1]))
     triton_env.DEVICES = ("cuda",)  # the generations' layers in plain torch on a CPU (the interpreter is slow)
     print("ok", *checked, check_generation(sys.argv[1]))

@@ -71,12 +71,13 @@ class Count(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def as_launch(counter: Count, launched: list, fn):
-    """``fn`` counted as one kernel launch (appended to ``launched``), the tensor work inside it uncounted."""
+def as_launch(counter: Count, launched: list, fn, launches: int = 1):
+    """``fn`` counted as ``launches`` kernel launches (appended to ``launched``), the tensor work inside it
+    uncounted."""
     def run(*a, **k):
         if not counter.paused:
-            launched.append(1)
-            counter.by_part[counter.part()] += 1
+            launched.extend([1] * launches)
+            counter.by_part[counter.part()] += launches
         counter.paused += 1
         try:
             return fn(*a, **k)
@@ -89,18 +90,19 @@ def as_launch(counter: Count, launched: list, fn):
 def cuda_path(counter: Count, kernels: bool, tables: bool = True):
     """The operations CUDA takes, on a CPU: the CPU's own kernels (its bf16 products and attention, its fused fp32
     rows, its argmax and its penalty by index) off, the fused layer kernels (norms, residual seams, q/k norm + RoPE,
-    gated activation) and the verify step's (a tree's verify inputs, paths and acceptance, the penalty over
-    full-vocabulary rows; all Triton) on where ``kernels`` (run by the interpreter, each call one launch, their own
-    tensor work uncounted), the RoPE table of every position kept where ``tables``; yields the list their launches go
-    to."""
+    gated activation), the verify step's (a tree's verify inputs, paths and acceptance, the penalty over
+    full-vocabulary rows) and a sample's inverse-CDF draw (all Triton) on where ``kernels`` (run by the interpreter,
+    each call one launch, the draw two; their own tensor work uncounted), the RoPE table of every position kept where
+    ``tables``; yields the list their launches go to."""
     from microspec.decoding import processors, verify
-    from microspec.kernels import cpu_linear, cpu_quant, glu, penalty, rms_norm, rope, tree_ops, triton_env
+    from microspec.kernels import cpu_linear, cpu_quant, glu, penalty, rms_norm, rope, sampling, tree_ops, triton_env
     from microspec.models import rotary
 
     launched: list = []
     fused = [(rms_norm, "rms_norm"), (rms_norm, "add_rms_norm"), (rope, "rope"), (rope, "rope_qk"),
              (rope, "rope_qk_store"), (glu, "act_mul"), (tree_ops, "verify_inputs"), (tree_ops, "paths"),
-             (tree_ops, "accept"), (penalty, "penalise_rows")]
+             (tree_ops, "accept"), (penalty, "penalise_rows"), (sampling, "inverse_cdf")]
+    launches = {(sampling, "inverse_cdf"): 2}  # its block sums, then the draw
     saved = (cpu_linear.applies, cpu_linear.attention_applies, cpu_quant.rows_apply)
     kernels_saved = [getattr(m, n) for m, n in fused]
 
@@ -110,7 +112,7 @@ def cuda_path(counter: Count, kernels: bool, tables: bool = True):
     rotary.TABLE_DEVICES = ("cuda", "cpu") if tables else ("cuda",)
     triton_env.DEVICES = ("cuda", "cpu") if kernels else ("cuda",)
     for (m, n), fn in zip(fused, kernels_saved):
-        setattr(m, n, as_launch(counter, launched, fn))
+        setattr(m, n, as_launch(counter, launched, fn, launches.get((m, n), 1)))
     try:
         yield launched
     finally:

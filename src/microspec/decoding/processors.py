@@ -18,6 +18,7 @@ import torch
 
 from ..errors import check
 from ..kernels import penalty as penalty_kernel
+from ..kernels import sampling as sampling_kernel
 from ..transfer import to_device
 from .config import GenerationConfig
 
@@ -390,11 +391,14 @@ def sample(p: torch.Tensor, generator: torch.Generator | None = None, u: float |
     Inverse CDF: a float64 running sum and a binary search for ``u * total``, ``u`` uniform in (0, 1] — an id of
     weight 0 is never drawn (the search stops at the first id whose running sum reaches the target, which has
     weight).  ``torch.multinomial`` draws the same distribution but on one 262,144-wide row on a CPU costs a large
-    share of a packed Gemma 3 270M step, many times this search (BENCHMARKS.md)."""
-    cdf = p.double().cumsum(-1)
+    share of a packed Gemma 3 270M step, many times this search (BENCHMARKS.md).  Where the fused kernels run (CUDA)
+    every draw takes :func:`microspec.kernels.sampling.inverse_cdf`, the same search in two launches that write
+    nothing vocabulary-sized; elsewhere its plain-torch reference."""
     if u is None:
-        u = 1.0 - torch.rand((*cdf.shape[:-1], 1), dtype=torch.float64, generator=generator, device=cdf.device)
-    return torch.searchsorted(cdf, u * cdf[..., -1:]).clamp_(max=p.shape[-1] - 1)
+        u = 1.0 - torch.rand((*p.shape[:-1], 1), dtype=torch.float64, generator=generator, device=p.device)
+    if sampling_kernel.applies(p):
+        return sampling_kernel.inverse_cdf(p, u)
+    return sampling_kernel.reference(p, u)
 
 
 def warp_probs(logits: torch.Tensor, temperature: float, top_p: float, top_k: int = 0,
