@@ -198,7 +198,7 @@ def device_walk(tree: DeviceTree, head: Callable[[torch.Tensor], torch.Tensor], 
     else:  # every row's keyed sample at once: the uniform of its position (the root's is the next token's)
         table = to_device([keyed_uniform(pipe.key, pipe.position + d) for d in range(tree.depth + 1)],
                           logits.device, torch.float64)
-        u = table[torch.cat([depths.new_zeros(1), depths])]
+        u = table[torch.nn.functional.pad(depths, (1, 0))]  # the root's depth 0, then the nodes
         chosen = sample(pipe.probs(logits), u=u[:, None]).squeeze(-1)
     lazy = not tree.read_back
     # the one read: the acceptance (padding nodes never accepted), the choices (and a lazy tree's host lists)
