@@ -318,7 +318,8 @@ def _launches() -> list[str]:
             "the last one's token is read (the same operations, overlapped with the host's work on a GPU).", ""]
 
 
-OPS_STEP = "2026-11-28-op-count-spec-step-verify-kernels/op-count.json"  # a whole EAGLE + MicroSpec step, by part
+OPS_STEP = "2026-11-28-op-count-spec-step-draw/op-count.json"  # a whole EAGLE + MicroSpec step, by part
+OPS_STEP_DRAW = "2026-11-28-op-count-spec-step-draw/before.json"  # the same count before the draw's kernels
 # the same count before the verify step's kernels (9a8312c), and before that where MicroSpec's update from a
 # verification was three appends to its window (e2062cb)
 OPS_STEP_WINDOWS = "2026-11-28-op-count-spec-step-windows/op-count.json"
@@ -347,21 +348,35 @@ def _changed(old: dict, new: dict, names: list[str]) -> str:
 
 
 def _step_launches() -> list[str]:
-    res, windows, appends = load(OPS_STEP), load(OPS_STEP_WINDOWS), load(OPS_STEP_APPENDS)
+    res, draw, windows, appends = (load(OPS_STEP), load(OPS_STEP_DRAW), load(OPS_STEP_WINDOWS),
+                                   load(OPS_STEP_APPENDS))
     step = res["spec_step"]
     names = list(step)
     rows = [[label, *(num(step[n]["parts"][part], 0) for n in names)] for part, label in STEP_PARTS.items()]
     rows.append(["a step (the median of the steps' totals)", *(num(step[n]["median_total"], 0) for n in names)])
-    src, src_windows, src_appends = (
+    src, src_draw, src_windows, src_appends = (
         Source(path, r["meta"]["command"], r["meta"]["date"], f"{r['meta']['machine']}, torch {r['meta']['torch']}",
                r["meta"]["commit"])
-        for path, r in ((OPS_STEP, res), (OPS_STEP_WINDOWS, windows), (OPS_STEP_APPENDS, appends)))
+        for path, r in ((OPS_STEP, res), (OPS_STEP_DRAW, draw), (OPS_STEP_WINDOWS, windows),
+                        (OPS_STEP_APPENDS, appends)))
+    same = [n for n in names if n in draw["spec_step"] and draw["spec_step"][n] == step[n]]
     return ["A whole EAGLE + MicroSpec step on the same path (EAGLE-2's tree: depth 6, top-k 10, 59 tokens; graphs "
             "by a stand-in capture, a replay counted as one; the median of each part over a generation's steps "
             "after two generations captured every shape), by part, with MicroSpec's window as tensor operations "
             "(CUDA's where Triton does not build) and as its two Triton kernels (CUDA's default; each call counted "
-            "as one launch):", "",
+            "as one launch), greedy, under repetition penalty 1.2 and sampled at T 0.7 (seeded: the device walk's "
+            "keyed draws):", "",
             table(["part", *names], rows), "", src.markdown(), "",
+            "- A sample's draw is two Triton launches on CUDA (`kernels/sampling.py`: per block of ids a float64 "
+            "sum, then per row the block and the id where the running sum reaches the uniform's share of the total; "
+            "every draw, plain steps' and the walk's, so that a seeded text stays the same whatever drafts it), "
+            "where the running sums and their search were four operations beside a float64 copy of the rows (a "
+            "cast, which the count leaves out), the sums a vocabulary-sized write; the walk's uniforms per row are "
+            "two operations (three before). Against the same count at " + src_draw.commit + ", before them: "
+            + _changed(draw["spec_step"], step, [n for n in names if n not in same])
+            + " (the same counts in the columns " + "; ".join(same) + "). At T 0.7 the median step leaves its "
+            "accepted slots where they are (the KV compaction copies nothing).", "",
+            src_draw.markdown(), "",
             "- The verify pass's inputs over the tree (ids, positions, mask), each verify row's path, the "
             "repetition penalty over the verify rows (the committed ids and the row's path, the rows read once) and "
             "the walk's acceptance (written with the choices and a lazy tree's lists into the buffer the host "
