@@ -10,11 +10,12 @@ verify rows of Gemma 3's 262,144 ids some 400 MB written and read again.  Here:
    that block alone for the id: the rows are read once, and nothing vocabulary-sized is written.
 
 The running sums are added in another order than torch's cumulative sum, so a draw can differ from the reference's
-where ``u * total`` falls within float64 rounding of a boundary between two ids (about V × 1e-16 of draws): each is an
-exact draw of the row's distribution, and every draw on a device goes through the same code (plain steps, tree
-walks, batches), so a seeded sample stays the same text whatever drafts it.  An id of weight 0 is never drawn: the
-first id whose running sum reaches the target has weight (where float64 rounding leaves no id of the found block
-reaching it, the block's last id with weight is taken).  A row that sums to 0 draws id 0, as the reference does.
+where ``u * total`` falls within float64 rounding of a boundary between two ids (rare: none of the checks' draws
+differ): each is an exact draw of the row's distribution, and every draw on a device goes through the same code
+(plain steps, tree walks, batches), so a seeded sample stays the same text whatever drafts it.  An id of weight 0 is
+never drawn: the first id whose running sum reaches the target has weight (where float64 rounding leaves no id of
+the found block reaching it, the block's last id with weight is taken).  A row that sums to 0 draws id 0, as the
+reference does.
 tests/test_kernels.py checks the kernels under ``TRITON_INTERPRET=1`` against the reference, tests/test_cuda.py
 compiled.
 """
