@@ -95,8 +95,8 @@ def inverse_cdf(p: torch.Tensor, u: float | torch.Tensor) -> torch.Tensor:
     # one per row, read where they are
     us = (torch.full((1,), u, dtype=torch.float64, device=p.device) if isinstance(u, float)
           else u.to(torch.float64).reshape(-1))
-    if us.numel() != 1 and (us.numel() != n or us.stride(0) != 1):
-        us = us.expand(n).contiguous()
+    if us.numel() != 1:
+        us = us.expand(n).contiguous()  # (no copy where it is one per row already)
     block_sums[(n, nb)](rows, sums, v, nb, rows.stride(0), BLOCK=BLOCK)
     draw[(n,)](rows, sums, us, out, v, nb, rows.stride(0), 0 if us.numel() == 1 else 1, BLOCK=BLOCK,
                NB_P2=max(2, next_power_of_2(nb)))
