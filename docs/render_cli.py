@@ -62,6 +62,8 @@ GENERAL = """\
   failed kernel build an error instead of a quiet fallback.
 - `MICROSPEC_REPACK`: `0` keeps a GGUF file's quantized matrices in the file's layout instead of the interleaved
   8-row form they are rearranged into at load.
+- `MICROSPEC_DRAFT_AHEAD`: `0` makes a model drafter's next tree on CUDA wait for the step's read instead of being
+  launched before it (the tokens are the same either way; an A/B switch).
 - `MICROSPEC_SERVE_STEP_DELAY`: seconds `serve`'s decoding thread waits after each step (default 0): a testing aid
   that makes a generation outlast a timeout on any machine.
 - `TRITON_INTERPRET=1`: runs Triton kernels (`--gather fused`) in Triton's interpreter, without a GPU.

@@ -335,10 +335,14 @@ def test_bf16_greedy_identity_on_cuda(tmp_path):
 @pytest.mark.parametrize("policy", ["full", "microspec-device", "fr-spec"])
 @pytest.mark.parametrize("decoding", [{}, {"temperature": 0.8, "seed": 3}, {"repetition_penalty": 1.2}],
                          ids=["greedy", "seeded", "penalty"])
-def test_the_whole_draft_replays_as_one_graph(tmp_path, policy, decoding):
+def test_the_whole_draft_replays_as_one_graph(tmp_path, monkeypatch, policy, decoding):
     """EAGLE's tree drafted as one graph replay a step, its root pass inside (``ForwardDrafter._whole_with_root``),
     captured at its shape's second use and kept by the draft cache: the same trees as the level-by-level draft, the
-    target's own text, and a later generation that takes the pooled cache replays without capturing again."""
+    target's own text, and a later generation that takes the pooled cache replays without capturing again.  Each
+    tree drafted after its step's read, as ``propose`` drafts it (the next test drafts ahead of the read)."""
+    from microspec.decoding import loop
+
+    monkeypatch.setattr(loop, "DRAFT_AHEAD", ())
     nm = _model(graphs=True)
     path, _, _ = official_checkpoint(tmp_path / "ck", d=nm.spec.hidden_size)
     head = EagleHead.load(path).to(DEV)
@@ -366,6 +370,40 @@ def test_the_whole_draft_replays_as_one_graph(tmp_path, policy, decoding):
     # the next generation (a policy of its own: its set copied in) replays the pooled cache's graphs (its first
     # step's, whose root pass over the prompt runs on its own, captured now)
     assert second[2] <= 4 and second[3] >= len(second[1]) - 2, second[2:]
+
+
+@pytest.mark.parametrize("policy", ["full", "microspec-device", "microspec-triton", "fr-spec"])
+@pytest.mark.parametrize("decoding", [{}, {"temperature": 0.8, "seed": 3}, {"repetition_penalty": 1.2}],
+                         ids=["greedy", "seeded", "penalty"])
+def test_the_next_tree_is_drafted_ahead_of_the_read(tmp_path, monkeypatch, policy, decoding):
+    """CUDA's default (``loop.DRAFT_AHEAD``): the next step's tree launched as a graph replay before the step's
+    read, the policy's update (the kernel window's padded tuples) and the penalty's seen ids from the device: the
+    target's own text, the text drafted after the read, and every step drafted ahead but those near the end
+    (tests/test_draft_ahead.py holds the trees equal on a CPU; here a tree's attention span may take another
+    bucket, which a GPU may sum in another order: drafts only)."""
+    from microspec.decoding import loop
+    from microspec.drafters.model_based import ForwardDrafter
+
+    nm = _model(graphs=True)
+    path, _, _ = official_checkpoint(tmp_path / "ck", d=nm.spec.hidden_size)
+    head = EagleHead.load(path).to(DEV)
+    cfg = GenerationConfig(max_new_tokens=40, ignore_eos=True, **decoding)
+    ref = generate_ids(nm, PROMPT, cfg).token_ids
+    drafted, draft_ahead = [], ForwardDrafter.draft_ahead
+    monkeypatch.setattr(ForwardDrafter, "draft_ahead",
+                        lambda self, *a: (lambda t: drafted.append(t is not None) or t)(draft_ahead(self, *a)))
+    outs = []
+    for ahead in (("cuda",), ()):
+        monkeypatch.setattr(loop, "DRAFT_AHEAD", ahead)
+        drafted.clear()
+        r = generate_ids(nm, PROMPT, cfg, drafter=EagleDrafter(head, depth=4, top_k=3, total_tokens=10),
+                         vocab=POLICIES[policy]())
+        outs.append((r.token_ids, sum(drafted), r.stats))
+    (out, n_ahead, stats), (out_after, none, _) = outs
+    assert out == out_after == ref and none == 0
+    done = [1 + sum(stats.accept_lengths[:i]) for i in range(stats.steps)]
+    assert n_ahead == sum(n <= 40 - 2 * 4 - 2 for n in done) >= 5, (n_ahead, done)
+    assert stats.graph_drafts >= n_ahead - 4, (stats.graph_drafts, n_ahead)
 
 
 # ---------------------------------------------------------------- host synchronisations

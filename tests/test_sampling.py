@@ -302,13 +302,13 @@ def test_speculative_sampling_matches_exact_distribution(pair, exact, name, coup
         pytest.skip("sampled trees built on the host: rejection sampling on the host (the rejection case)")
     from microspec.decoding import loop
 
-    walked, device_walk = [], loop.device_walk
+    walked, launch_walk = [], loop.launch_walk
 
     def counted(*a, **kw):
         walked.append(1)
-        return device_walk(*a, **kw)
+        return launch_walk(*a, **kw)
 
-    monkeypatch.setattr(loop, "device_walk", counted)
+    monkeypatch.setattr(loop, "launch_walk", counted)
     runs = _sampled_as_the_target(pair, exact, name)
     assert (len(walked) > runs // 2) if coupling == "device" else not walked, len(walked)
 

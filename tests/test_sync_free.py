@@ -302,9 +302,18 @@ def test_contains_is_isin_without_a_read(n):
 @pytest.mark.parametrize("method", ["eagle", "eagle+microspec", "eagle+fr-spec", "microspec@lookup"])
 @pytest.mark.parametrize("decoding", [{}, {"temperature": 0.8, "seed": 3}, UNSEEDED, PENALTY],
                          ids=["greedy", "seeded", "unseeded", "penalty"])
-def test_a_whole_draft_step_would_synchronise_a_gpu_once(monkeypatch, tmp_path, method, decoding):
-    """The same count with EAGLE's tree drafted whole in fixed shapes (what CUDA replays as one graph)."""
+@pytest.mark.parametrize("ahead", [False, True], ids=["after", "ahead"])
+def test_a_whole_draft_step_would_synchronise_a_gpu_once(monkeypatch, tmp_path, method, decoding, ahead):
+    """The same count with EAGLE's tree drafted whole in fixed shapes (what CUDA replays as one graph), and with
+    the next tree drafted before the step's read (``loop.DRAFT_AHEAD``, CUDA's default), which the EAGLE methods
+    do at most steps (prompt lookup first needs the committed tokens: never)."""
+    from microspec.decoding import loop
     from microspec.drafters.model_based import ForwardDrafter
 
     monkeypatch.setattr(ForwardDrafter, "whole_graph", True)
+    monkeypatch.setattr(loop, "DRAFT_AHEAD", ("cuda", "cpu") if ahead else ())
+    drafted, draft_ahead = [], ForwardDrafter.draft_ahead
+    monkeypatch.setattr(ForwardDrafter, "draft_ahead",
+                        lambda self, *a: (lambda t: drafted.append(t is not None) or t)(draft_ahead(self, *a)))
     test_a_step_would_synchronise_a_gpu_once(monkeypatch, tmp_path, method, decoding)
+    assert sum(drafted) >= 5 if ahead and method != "microspec@lookup" else not drafted

@@ -261,9 +261,9 @@ def test_a_drafters_device_tree_is_its_host_tree(tmp_path, monkeypatch, family, 
     from microspec.decoding import verify
 
     walks = []
-    walk = verify.device_walk
+    walk = verify.launch_walk
     monkeypatch.setattr(verify, "DEVICE_WALK", ("cuda", "cpu"))
-    monkeypatch.setattr("microspec.decoding.loop.device_walk", lambda *a: walks.append(1) or walk(*a))
+    monkeypatch.setattr("microspec.decoding.loop.launch_walk", lambda *a: walks.append(1) or walk(*a))
     both, out_both = _trees(nm, make, True, monkeypatch)
     assert out_both == out_host and [t[:2] for t in both] == [t[:2] for t in host]
     assert len(walks) == sum(1 for t in both if t[0])

@@ -3,7 +3,8 @@ kernels/penalty.py: the repetition penalty over the verify rows; kernels/samplin
 CUDA) against their plain-torch references: run by
 tests/test_kernels.py under ``TRITON_INTERPRET=1`` on a CPU, and by tests/test_cuda.py compiled on a GPU.
 
-- :func:`check_kernels`: the verify inputs, the rows' paths and the acceptance, bit for bit, over every tree of the
+- :func:`check_kernels`: the verify inputs, the rows' paths, the acceptance and what it commits (against the
+  reference and the host's reading of the acceptance), bit for bit, over every tree of the
   device-tree tests (tests/test_tree_device.py: EAGLE-2's trees from one node to a hundred, some with padding
   nodes), host trees and chains copied to the device, a tree of more rows than a program's block holds in both
   directions, an empty tree and an ancestor matrix that is a strided view; the target's choices follow the tree
@@ -16,8 +17,8 @@ tests/test_kernels.py under ``TRITON_INTERPRET=1`` on a CPU, and by tests/test_c
   the block and not), normalised or not, fp32 and fp64, a strided input, a row of zeros, a one-hot row, ids of
   weight 0 (never drawn) and uniforms from 2^-53 to 1, one per row or one for all;
 - :func:`check_generation`: whole generations of EAGLE-2 trees on a tiny Gemma 3 with the device walk and the
-  kernels (greedy, repetition penalty, seeded sampling) commit the tokens of the same generations with the
-  references.
+  kernels (greedy, repetition penalty, seeded sampling; each next tree drafted whole before the step's read, as on
+  CUDA) commit the tokens of the same generations with the references.
 
 ``python tests/verify_checks.py DEVICE`` runs them alone (on a CPU, under the interpreter, every second device-tree
 case).
@@ -81,6 +82,13 @@ def check_kernels(device: str, every: int = 1) -> int:
                 got = tree_ops.accept(chosen, tokens, parents, anc, valid, lazy)
                 want = tree_ops.accept_reference(chosen, tokens, parents, anc, valid, lazy)
                 assert got.dtype == want.dtype and torch.equal(got, want), (len(tree), follow, lazy)
+            r = tree.depth + 1  # what the step commits, from the acceptance before it is read
+            got = tree_ops.committed(want, tokens, depths, r)
+            assert torch.equal(got, tree_ops.committed_reference(want, tokens, depths, r)), (len(tree), follow)
+            accepted = [i for i in range(len(tree)) if want[i]]  # and what the host makes of it
+            branch, last = [0] + [a + 1 for a in accepted], (accepted[-1] + 1 if accepted else 0)
+            kept = [int(tokens[a]) for a in accepted] + [int(chosen[last])]
+            assert got.tolist() == branch + [0] * (r - len(branch)) + kept + [-1] * (r - len(kept)) + [len(accepted)]
             checked += 1
     dev = torch.device(device)
     wide = torch.rand(20, 40, generator=g).to(dev) < 0.3  # a strided ancestor matrix (the kernels read strides)
@@ -97,6 +105,7 @@ def check_kernels(device: str, every: int = 1) -> int:
     none = torch.zeros(0, 0, dtype=torch.bool, device=dev)
     assert [t.tolist() for t in tree_ops.verify_inputs(4, 9, empty, empty, none)] == [[4], [9], [[True]]]
     assert tree_ops.accept(torch.tensor([3], device=dev), empty, empty, none, empty.bool(), True).tolist() == [3]
+    assert tree_ops.committed(torch.tensor([3], device=dev), empty, empty, 1).tolist() == [0, 3, 0]
     assert tree_ops.paths(empty, none).shape == (1, 0)
     return checked
 
@@ -177,29 +186,31 @@ def check_generation(device: str) -> int:
     repetition penalty and seeded sampling: the device walk on ``device`` for both (``DEVICE_WALK``)."""
     from support import official_checkpoint, tiny_pair
 
-    from microspec.decoding import GenerationConfig, generate_ids, verify
+    from microspec.decoding import GenerationConfig, generate_ids, loop, verify
     from microspec.drafters import EagleDrafter, EagleHead
 
     _, nm = tiny_pair("gemma3")
     nm = nm.to(device)
     path, _, _ = official_checkpoint(Path(tempfile.mkdtemp()) / "ck", d=nm.spec.hidden_size)
     walks, prompt = ("cuda", device), [1, 10, 20, 30, 11, 21, 31, 12, 10, 20, 30]
-    saved = verify.DEVICE_WALK, tree_ops.applies, penalty.applies, sampling.applies
+    saved = verify.DEVICE_WALK, loop.DRAFT_AHEAD, tree_ops.applies, penalty.applies, sampling.applies
     tokens = 0
     try:
-        verify.DEVICE_WALK = walks
+        verify.DEVICE_WALK = loop.DRAFT_AHEAD = walks
         for decoding in ({}, {"repetition_penalty": 1.3}, {"temperature": 0.8, "seed": 3}):
             cfg = GenerationConfig(max_new_tokens=24, ignore_eos=True, **decoding)
             out = []
             for kernels in (True, False):
-                # the verify step's kernels and the draws' on or off (the layers as they are)
+                # the verify step's kernels and the draws' on or off (the layers as they are); each next tree
+                # drafted whole before the step's read, as CUDA drafts it
                 tree_ops.applies = penalty.applies = sampling.applies = lambda t, on=kernels: on
                 drafter = EagleDrafter(EagleHead.load(path).to(device), depth=4, top_k=4, total_tokens=12)
+                drafter.whole_graph = True
                 out.append(generate_ids(nm, prompt, cfg, drafter=drafter).token_ids)
             assert out[0] == out[1] and len(out[0]) == 24, (decoding, out)
             tokens += len(out[0])
     finally:
-        verify.DEVICE_WALK, tree_ops.applies, penalty.applies, sampling.applies = saved
+        verify.DEVICE_WALK, loop.DRAFT_AHEAD, tree_ops.applies, penalty.applies, sampling.applies = saved
     return tokens
 
 

@@ -4,8 +4,9 @@ run by tests/test_kernels.py under ``TRITON_INTERPRET=1`` on a CPU, and by tests
 Every step appends a random tuple (repeats, ids new and old, ``unique`` or not, sometimes split into up to three
 tuples with the last one ``fresh``, sometimes more than W_max entries) to three windows with packed rows bound —
 :class:`KernelWindow` (the kernels), :class:`DeviceWindow` + tensor :class:`PackedRows` updates (the plain-torch
-reference) and :class:`HostWindow` + host-list updates — and checks, bit for bit: the window's entries, the counts,
-the slot of every id and the packed rows.  A fourth window, a :class:`HostWindow` given each tuple as an append of
+reference) and :class:`HostWindow` + host-list updates — every fourth append with padding ids (-1) in its tuples,
+to be left out as if absent — and checks, bit for bit: the window's entries, the counts, the slot of every id and
+the packed rows.  A fourth window, a :class:`HostWindow` given each tuple as an append of
 its own (the fresh tuple filtered by hand), checks what a split append means: its entries and counts equal theirs.
 ``python tests/window_checks.py DEVICE STEPS`` runs it alone.
 """
@@ -40,8 +41,22 @@ def check_windows(device: str, steps: int, seed: int = 0, vocab: int = 200, w_ma
             cuts = sorted(torch.randint(0, m + 1, (n_cuts,), generator=g).tolist())
             parts = tuple(b - a for a, b in zip([0, *cuts], [*cuts, m]))
             fresh = bool(torch.randint(0, 2, (1,), generator=g))
+        given, sizes, pad = ids, parts, step % 4 == 1
+        if pad:  # padding (-1) anywhere in each tuple, as a verification's update taken from the device has it
+            if parts[-1]:  # a last tuple with id 0 (a fresh one keeps it: the padding before it is not id 0)
+                ids[-1] = 0
+            pieces, sizes, start = [], [], 0
+            for size in parts:
+                part = ids[start : start + size].tolist()
+                start += size
+                for at in torch.randint(0, size + 1, (int(torch.randint(0, 4, (1,), generator=g)),),
+                                        generator=g).tolist():
+                    part.insert(at, -1)
+                pieces += part
+                sizes.append(len(part))
+            given, sizes = torch.tensor(pieces, dtype=torch.long), tuple(sizes)
         for w in wins.values():
-            w.extend(w.load(ids), unique, parts, fresh)
+            w.extend(w.load(given), unique, sizes, fresh, padded=pad)
         start = 0
         for k, size in enumerate(parts):
             part = ids[start : start + size].tolist()

@@ -7,6 +7,7 @@ and host reads only of the chosen tokens (needed anyway to walk the tree and tes
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,8 +28,8 @@ from .observers import CoverageObserver
 from .processors import LogitsPipeline
 from .stats import DeviceTimer, GenerationStats, StepClock
 from .tree import DeviceTree, DraftTree
-from .verify import (HEAD_MODES, LazyHead, Walk, default_head_mode, device_walk, device_walk_takes, greedy_walk,
-                     keyed_walk, sample_walk, walks_on_device)
+from .verify import (HEAD_MODES, LaunchedWalk, LazyHead, Walk, default_head_mode, device_walk_takes, greedy_walk,
+                     keyed_walk, launch_walk, sample_walk, walks_on_device)
 
 if TYPE_CHECKING:
     from ..drafters.base import Drafter
@@ -40,6 +41,11 @@ CACHE_MARGIN = 256  # cache slots beyond prompt + max_new_tokens, for the tree n
 # 2-core CPU with a long prompt: forwards of this size prefill it faster than one forward over it, and the longest
 # of them (the other streams' longest wait) is well under half a second
 PREFILL_CHUNK = 128
+# device types on which a model drafter's next tree is launched before a step's read (Generation.settle): where the
+# device runs behind the host, it drafts while the host reads, commits and streams the step; on a CPU every operation
+# runs as the host issues it, so there is nothing to overlap.  MICROSPEC_DRAFT_AHEAD=0: none (an A/B switch)
+DRAFT_AHEAD = () if os.environ.get("MICROSPEC_DRAFT_AHEAD", "1").strip().lower() in ("0", "off", "false", "no") \
+    else ("cuda",)
 
 
 def cache_slots(prompt_tokens: int, cfg: GenerationConfig) -> int:
@@ -222,6 +228,7 @@ class Generation:
         self.finish: str | None = None
         self._step: tuple | None = None  # the planned step: (t0 mark, host t0, drafting, tree, cache length)
         self._ahead: tuple | None = None  # a plain step launched before the last one's token was read
+        self._next: tuple | None = None  # the next step's tree drafted before the last one's read, and its marks
 
     def _emit(self, new: list[int]) -> str | None:
         """Commit ``new`` tokens one by one; the reason to stop, if any (later tokens are dropped).  The processors
@@ -294,6 +301,11 @@ class Generation:
     def plan(self, max_depth: int | None = None) -> DraftTree:
         """The step's draft tree (empty for a plain step), at most ``max_depth`` levels deep when given (0: a plain
         step, the drafter not asked)."""
+        if self._next is not None:  # drafted ahead of the last step's read (settle)
+            tree, t0, host_t0, t1 = self._next
+            self._next = None
+            self._step = (t0, host_t0, True, tree, self.cache.length, t1)
+            return tree
         t0, host_t0 = self.clock.mark(), time.perf_counter()
         if self.on_step is not None:
             self.on_step(len(self.tokens))
@@ -366,32 +378,42 @@ class Generation:
         keep the accepted slots, tell the policy and the drafter, commit the tokens."""
         t0, host_t0, drafting, tree, start, t1 = self._step
         model, vocab, drafter, device = self.model, self.vocab, self.drafter, self.model.device
+        ahead = None  # (the next step's tree or None, marks): the policy heard the step before its read
         if chosen is not None:
             walk = Walk([], [chosen], 1)
         elif first is None and walks_on_device(tree, self.pipe, device):  # one read for the whole walk
-            walk = device_walk(tree, model.head, hidden, self.pipe)
+            walk = launch_walk(tree, model.head, hidden, self.pipe)
+            if isinstance(walk, LaunchedWalk):
+                ahead = self._draft_ahead(walk, hidden, start) if drafting else None
+                walk = walk.read()
         else:
             walk = self.walker(tree, LazyHead(model.head, hidden, tree, self.head_mode, first), self.pipe)
         branch = [0] + [1 + a for a in walk.accepted]  # verify rows of the root and the accepted nodes
         if len(tree):
             self.cache.keep_from(start, branch)
-        if self.coverage is not None:  # a step drafted without the draft head (a copied chain) is not scored
+        if self.coverage is not None and ahead is None:  # (drafting ahead read it before the policy moved on)
+            # a step drafted without the draft head (a copied chain) is not scored
             self.coverage.on_verified(tree, walk.tokens, scored=not drafting or drafter.head_drafted)
-        t2 = self.clock.mark()
-        if vocab is not None:  # the logits the target chose from on the validated branch (the walk has them);
-            # a step taken plain (the adaptive mode's, auto's plain arm) feeds the policy its committed tokens only
-            # (a top-k over the full vocabulary is a visible share of a packed CPU step: stepping aside must cost
-            # nothing), and so does a step another drafter than the head drafted where the drafter says so (auto)
+        t2 = self.clock.mark() if ahead is None else ahead[1]
+        if vocab is not None and ahead is None:  # (drafting ahead told the policy then)
+            # the logits the target chose from on the validated branch (the walk has them); a step taken plain
+            # (the adaptive mode's, auto's plain arm) feeds the policy its committed tokens only (a top-k over the
+            # full vocabulary is a visible share of a packed CPU step: stepping aside must cost nothing), and so
+            # does a step another drafter than the head drafted where the drafter says so (auto)
             logits = vocab.wants_verify_logits and drafting and len(tree) and (
                 drafter.head_drafted or drafter.copies_feed_policy)
             with self.vocab_timer:
                 vocab.on_verify(to_device(tree.drafted(), device),
                                 walk.stacked() if logits else hidden.new_zeros(0, model.spec.vocab_size),
                                 walk.tokens)
-        self.spans.append((t0, t1, t2, self.clock.mark()))
+        # a tree drafted ahead: the policy's update is the next step's drafting (its span), else this one's
+        self.spans.append((t0, t1, t2, self.clock.mark() if ahead is None else
+                           ahead[1] if ahead[0] is not None else ahead[3]))
         new = walk.tokens
         self.stats.record_step(len(new), len(tree), max(tree.depths(), default=0), walk.head_rows)
-        if drafter is not None:
+        if ahead is not None and ahead[0] is not None:
+            drafter.commit_ahead(len(new))
+        elif drafter is not None:
             drafter.commit(new, rows_of(hidden if self.taps is None else self.taps.out, branch))
         if self.adaptive is not None:  # the host's clock: the walk has read the accepted tokens (device in step)
             self.adaptive.observe(drafting, len(new), time.perf_counter() - host_t0)
@@ -399,6 +421,45 @@ class Generation:
         self._commit(new)
         if self.coverage is not None:
             self.coverage.on_emitted(len(self.out) - emitted)
+        if ahead is not None and ahead[0] is not None:
+            if self.finish is None:
+                self._next = ahead
+            else:  # drafted past the end
+                drafter.drop_ahead()
+
+    def _draft_ahead(self, walk: LaunchedWalk, hidden: torch.Tensor, start: int) -> tuple | None:
+        """Before the read of a drafted step's device walk: where the drafter drafts from the device alone
+        (:meth:`~microspec.drafters.base.Drafter.drafts_ahead`, an EAGLE tree drafted whole) and the policy takes
+        the step from the device too, the step's coverage, the policy's update and the processors' seen ids from
+        what the walk committed on the device (:meth:`LaunchedWalk.path`), then the next step's tree
+        (:meth:`~microspec.drafters.base.Drafter.draft_ahead`), so that the device drafts while the host reads,
+        commits and streams this step (:data:`DRAFT_AHEAD`).  (the next tree or None, its marks: the start's, the
+        host's start, the end's); None where it does not apply, and :meth:`settle` goes on as it does for every
+        step.  The tree is the one the next step would draft after the read (tests/test_draft_ahead.py), so the
+        tokens are those of the steps drafted one by one; where the step ends the generation it is dropped.
+        The next step's least ``max_depth`` (every node accepted now) must leave the drafter its full depth."""
+        drafter, vocab, pipe, tree = self.drafter, self.vocab, self.pipe, walk.tree
+        rows = tree.depth + 1  # the most the step commits
+        ctx = DraftContext(self.tokens, self.model, self.cache, self.cfg.max_new_tokens - len(self.out) - rows - 1,
+                           pipe)
+        if self.model.device.type not in DRAFT_AHEAD or self.adaptive is not None or self.on_step is not None or (
+                vocab is not None and (vocab.per_depth or not vocab.verifies_ahead)) or not drafter.drafts_ahead(ctx):
+            return None
+        mark, host = self.clock.mark(), time.perf_counter()
+        path, committed, _ = walk.path()
+        if self.coverage is not None:  # before the policy's sets move on
+            self.coverage.on_verified(tree, committed.clamp(min=0), scored=drafter.head_drafted)
+        if vocab is not None:
+            with self.vocab_timer:
+                tokens, valid = tree.on_device[0], tree.on_device[4]
+                logits = walk.logits.index_select(0, path) if vocab.wants_verify_logits else \
+                    hidden.new_zeros(0, self.model.spec.vocab_size)
+                vocab.on_verify_ahead(torch.where(valid, tokens, -1), logits, committed)
+        if pipe.active:  # the padding as the first committed token, seen already by then
+            pipe.see_on_device(torch.where(committed >= 0, committed, committed[:1]))
+        features = (hidden if self.taps is None else self.taps.out).index_select(0, path)
+        nxt = drafter.draft_ahead(ctx, committed, features, self.cache.capacity - start - rows - 1)
+        return nxt, mark, host, self.clock.mark()
 
     def result(self) -> GenerationResult:
         """The generation's tokens, finish reason and statistics, once it has finished; its cache goes back to the

@@ -27,7 +27,7 @@ import torch
 
 from ..kernels import cpu_quant, tree_ops
 from ..options import Option
-from ..transfer import rows_of, to_device
+from ..transfer import HostRead, rows_of, to_device
 from .processors import LogitsPipeline, keyed_uniform, sample
 from .tree import DeviceTree, DraftTree
 
@@ -185,7 +185,16 @@ def device_walk(tree: DeviceTree, head: Callable[[torch.Tensor], torch.Tensor], 
     where it and each of its ancestors is its parent row's choice (at most one per depth: the accepted nodes are the
     walk's path), and one read of the acceptance and the choices.  Processors that take the rows' paths on the
     device (the repetition penalty) see each row's own: the root's none, a node's its ancestors and itself.  The
-    tokens are the host walk's with head mode ``all`` (tests/test_tree_device.py)."""
+    tokens are the host walk's with head mode ``all`` (tests/test_tree_device.py).  A chain sampled from the draft
+    is walked by rejection sampling instead (:func:`_chain_rejection`)."""
+    walk = launch_walk(tree, head, hidden, pipe)
+    return walk if isinstance(walk, Walk) else walk.read()
+
+
+def launch_walk(tree: DeviceTree, head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
+                pipe: LogitsPipeline | None = None) -> "LaunchedWalk | Walk":
+    """:func:`device_walk` up to its read, which is under way when this returns (:class:`LaunchedWalk`; work
+    launched after it, a model drafter's next draft, does not delay it); a sampled chain's walk, read already."""
     tokens, parents, depths, anc, valid = tree.on_device
     n = len(tree)
     logits = head(hidden[: n + 1])
@@ -200,15 +209,40 @@ def device_walk(tree: DeviceTree, head: Callable[[torch.Tensor], torch.Tensor], 
                           logits.device, torch.float64)
         u = table[torch.nn.functional.pad(depths, (1, 0))]  # the root's depth 0, then the nodes
         chosen = sample(pipe.probs(logits), u=u[:, None]).squeeze(-1)
-    lazy = not tree.read_back
     # the one read: the acceptance (padding nodes never accepted), the choices (and a lazy tree's host lists)
-    read = tree_ops.accept(chosen, tokens, parents, anc, valid, lazy).tolist()
-    if lazy:
-        tree.fill(read[2 * n + 1 : 3 * n + 1], read[3 * n + 1 : 4 * n + 1], read[4 * n + 1 :])
-    accepted = [i for i in range(n) if read[i]]
-    bonus = read[n + (accepted[-1] + 1 if accepted else 0)]
-    rows = rows_of(logits, [0] + [a + 1 for a in accepted])
-    return Walk(accepted, [tree.tokens[a] for a in accepted] + [bonus], n + 1, rows)
+    return LaunchedWalk(tree, logits, tree_ops.accept(chosen, tokens, parents, anc, valid, not tree.read_back))
+
+
+class LaunchedWalk:
+    """A device walk whose one read is under way (:func:`launch_walk`): :meth:`read` waits for it and gives the
+    :class:`Walk`; before that, :meth:`path` gives on the device what the step commits, for work launched ahead of
+    the read."""
+
+    def __init__(self, tree: DeviceTree, logits: torch.Tensor, out: torch.Tensor):
+        self.tree, self.logits, self.out = tree, logits, out
+        self.lazy = not tree.read_back
+        self.host = HostRead(out)
+
+    def read(self) -> Walk:
+        tree, n = self.tree, len(self.tree)
+        read = self.host.values()
+        if self.lazy:
+            tree.fill(read[2 * n + 1 : 3 * n + 1], read[3 * n + 1 : 4 * n + 1], read[4 * n + 1 :])
+        accepted = [i for i in range(n) if read[i]]
+        bonus = read[n + (accepted[-1] + 1 if accepted else 0)]
+        rows = rows_of(self.logits, [0] + [a + 1 for a in accepted])
+        return Walk(accepted, [tree.tokens[a] for a in accepted] + [bonus], n + 1, rows)
+
+    def path(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """On the device, nothing read: (the verify rows of the root and the accepted nodes [R], 0 after them; the
+        tokens the step commits [R], the accepted nodes' then the bonus, -1 after them; the number of accepted
+        nodes, 0-dim), R = the tree's depth + 1, the most a step commits: :meth:`read`'s ``[0] + [a + 1 for a in
+        accepted]`` and tokens, padded (:func:`~microspec.kernels.tree_ops.committed`, one launch)."""
+        tree = self.tree
+        tokens, _, depths = tree.on_device[:3]
+        r = tree.depth + 1
+        out = tree_ops.committed(self.out, tokens, depths, r)
+        return out[:r], out[r : 2 * r], out[2 * r]
 
 
 def _chain_rejection(tree: DeviceTree, logits: torch.Tensor, pipe: LogitsPipeline) -> Walk:

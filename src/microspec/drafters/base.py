@@ -99,3 +99,27 @@ class Drafter(ABC):
     def commit(self, accepted_tokens: list[int], hidden: torch.Tensor) -> None:
         """Called after each verification with the committed tokens and the target's hidden states of the root and
         the accepted nodes (the features an EAGLE head needs; the tapped ones where :meth:`feature_layers` asks)."""
+
+    # ---- the next draft launched before a step's read (a drafter that needs nothing from the host to draft)
+    def drafts_ahead(self, ctx: DraftContext) -> bool:
+        """Whether :meth:`draft_ahead` may draft the next step now (``ctx``: this step's context, ``max_depth`` the
+        next step's least): False (the default) where drafting needs the committed tokens on the host."""
+        return False
+
+    def draft_ahead(self, ctx: DraftContext, committed: torch.Tensor, hidden: torch.Tensor,
+                    nodes: int) -> DraftTree | None:
+        """The next step's tree, launched on the device before this step's verification is read: ``committed`` [R]
+        the tokens the step commits (-1 after the last; R the most a step commits), ``hidden`` [R, d] the target's
+        hidden states of the root and the accepted nodes (what :meth:`commit` gets, padded alike), ``nodes`` the
+        most the next verify pass takes.  The same tree :meth:`commit` then :meth:`propose` would draft; after the
+        read the loop calls :meth:`commit_ahead` instead of :meth:`commit`, or :meth:`drop_ahead` where the
+        generation ended.  None: not drafted (nothing changed; :meth:`commit` and :meth:`propose` follow)."""
+        return None
+
+    def commit_ahead(self, count: int) -> None:
+        """After the read of a step whose next tree :meth:`draft_ahead` drafted: the step committed ``count``
+        tokens."""
+        raise NotImplementedError
+
+    def drop_ahead(self) -> None:
+        """The tree :meth:`draft_ahead` drafted is not verified (the generation ended)."""

@@ -196,6 +196,9 @@ class EagleDrafter(ForwardDrafter):
         self.cache.length = length
         self._parts = []
 
+    def _ahead_start(self, ctx: DraftContext) -> int | None:
+        return None if self._parts else self.cache.length
+
     def _forward(self, ctx, ids, positions, mask, parent_hidden):
         embeds = ctx.target.embed(ids)
         self.last_inputs = (embeds, parent_hidden)

@@ -115,6 +115,8 @@ class ForwardDrafter(Drafter):
         self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
         self.head: DraftHead | None = None
         self.graph_drafts = 0  # steps since the last report whose whole tree replayed as one CUDA graph
+        # the last tree drafted ahead of a step's read: (its context, first slot, the counters before it)
+        self._ahead: tuple | None = None
         # (embeddings, features) the draft network was last fed, for routing policies; a subclass that feeds
         # features (EAGLE) sets it in _root / _forward
         self.last_inputs: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -226,9 +228,14 @@ class ForwardDrafter(Drafter):
             return None
         tokens, features, start = pending
         n, rows = features.shape[0], steps + 1  # the old root and every node of a fully accepted draft
-        if not 1 <= n <= rows or start + rows > self._cache(ctx).capacity:
+        cache = self._cache(ctx)
+        if not 1 <= n <= rows or start + rows > cache.capacity:
             return None
-        tree = self._whole_tree(ctx, None, start + n - 1, steps, (tokens, features, start, rows))
+        # the pending pairs padded to the step's most, the first slot and the root's row
+        root = (to_device(list(tokens) + [0] * (rows - n), cache.device),
+                torch.cat([features, features.new_zeros(rows - n, features.shape[1])]) if rows > n else features,
+                to_device([start, n - 1], cache.device), start + rows)
+        tree = self._whole_tree(ctx, None, start + n - 1, steps, root)
         if tree is not None:
             self._root_done(ctx, start + n)
             self._done(ctx, start + n - 1)
@@ -244,6 +251,54 @@ class ForwardDrafter(Drafter):
         """After a root pass inside the whole-draft graph: the draft cache holds ``length`` slots, the pending pairs
         are consumed (what :meth:`_root` leaves)."""
         raise NotImplementedError
+
+    def _ahead_start(self, ctx: DraftContext) -> int | None:
+        """The draft cache slot the next step's pending pairs start at, where they are only those the step
+        commits (nothing pending now) and the root pass can run inside the whole-draft graph; else None."""
+        return None
+
+    # ---- the next tree drafted before a step's read (Drafter.draft_ahead)
+    def drafts_ahead(self, ctx: DraftContext) -> bool:
+        """A tree drafted whole with its root pass (:meth:`_whole_with_root`) to this drafter's full depth, with
+        processors that go into its graph."""
+        pipe = ctx.pipe
+        return self.top_k is not None and self.depth <= ctx.max_depth and self._tree_on_device(ctx) \
+            and self._may_draft_whole() and self._ahead_start(ctx) is not None \
+            and (pipe is None or not pipe.active or pipe.graph_state() is not None)
+
+    def draft_ahead(self, ctx: DraftContext, committed: torch.Tensor, hidden: torch.Tensor,
+                    nodes: int) -> DraftTree | None:
+        """:meth:`_whole_with_root` with the pending pairs on the device: the committed tokens (padding 0) and the
+        features of the rows before them, the root's row the number committed less one; the attention span the
+        bucket of the most the step can commit (a row's sums over masked slots add exact zeros)."""
+        rows, steps = committed.numel(), self.depth
+        start = self._ahead_start(ctx)
+        if start is None or rows != steps + 1 or self.total_tokens > nodes:
+            return None
+        forwards = 1 + self.top_k * (steps - 1)
+        self._prepare(ctx, rows + forwards)
+        cache = self._cache(ctx)
+        if cache.capacity - start < rows + forwards:
+            return None
+        real = (committed >= 0).sum(0, keepdim=True)
+        where = torch.cat([to_device([start], cache.device), real - 1])
+        sizes, drafts = len(self.head.sizes), self.graph_drafts
+        self.last_inputs = None
+        tree = self._whole_tree(ctx, None, start + rows - 1, steps,
+                                (committed.clamp(min=0), hidden, where, start + rows))
+        if tree is not None:
+            self._ahead = (ctx, start, sizes, drafts)
+        return tree
+
+    def commit_ahead(self, count: int) -> None:
+        ctx, start = self._ahead[:2]
+        self._root_done(ctx, start + count)  # the root pass ran over the count pairs the step committed
+        self._done(ctx, start + count - 1)
+
+    def drop_ahead(self) -> None:
+        _, _, sizes, drafts = self._ahead
+        del self.head.sizes[sizes:]  # its draft sets and its replay not counted
+        self.graph_drafts = drafts
 
     def _may_draft_whole(self) -> bool:
         """Whether :meth:`_whole_tree` may run at all: a fixed-shape forward (:meth:`_fixed_forward`), and a network
@@ -386,9 +441,10 @@ class ForwardDrafter(Drafter):
         as for the verify pass's graphs, a GPU may sum in another order: last bits, and drafts only).  A graphed
         draft's head time is not timed apart from the rest of the draft.
 
-        With ``root`` (tokens, features, first slot, rows) instead of ``root_hidden``, the root pass goes into the
-        same graph (:meth:`_whole_with_root`): the pending pairs padded to ``rows`` (the most a step leaves), their
-        keys and values written from the first slot on, causal, the root's draft state the last real row's; the
+        With ``root`` (tokens [R], features [R, d], [first slot, root's row], the slot after the last row) instead
+        of ``root_hidden``, the root pass goes into the same graph (:meth:`_whole_with_root`, :meth:`draft_ahead`):
+        the pending pairs padded to R (the most a step leaves), their keys and values written from the first slot
+        on, causal, the root's draft state the last real row's; the
         padding's slots are past the root, where the tree's nodes are written next (and hidden from every row that
         is not their descendant), so the tree is the one drafted after the root pass on its own."""
         graphs = self._graphs()
@@ -405,17 +461,10 @@ class ForwardDrafter(Drafter):
         pipe = pipe if pipe is not None and (processed or not pipe.cfg.greedy) else None
         tensors, baked = state if state is not None else ([], ())
         cache = self._cache(ctx)
-        span = bucket_of(max(root_slot + 1 + (steps - 1) * self.top_k, 0 if root is None else root[2] + root[3]),
+        span = bucket_of(max(root_slot + 1 + (steps - 1) * self.top_k, 0 if root is None else root[3]),
                          BUCKET, cache.capacity)
         vocab = self.head.fixed_inputs(active)
-        if root is None:
-            first = (root_hidden, to_device([root_slot], cache.device))
-        else:  # the pending pairs padded to the step's most, the first slot and the root's row
-            tokens, features, start, rows = root
-            n = features.shape[0]
-            first = (to_device(list(tokens) + [0] * (rows - n), cache.device),
-                     torch.cat([features, features.new_zeros(rows - n, features.shape[1])]) if rows > n else features,
-                     to_device([start, n - 1], cache.device))
+        first = (root_hidden, to_device([root_slot], cache.device)) if root is None else root[:3]
 
         def run(*given: torch.Tensor) -> tuple[torch.Tensor, ...]:
             if root is None:

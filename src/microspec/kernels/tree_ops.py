@@ -12,12 +12,18 @@ count of them).
   node i's), which nodes are accepted: node i is where it and each of its ancestors is its parent row's choice (and
   a real node, ``valid``); written with the choices (and, for a tree whose host lists were never read, its tokens,
   parents and valid flags) into one int64 buffer, the step's one read to the host; nine operations in plain torch.
+- :func:`committed`: from that buffer, before the host reads it, what the step commits as the device sees it, padded
+  to the most a step commits (the tree's depth + 1): the verify rows of the root and the accepted nodes, the
+  committed tokens (the accepted nodes', then the bonus token: the choice at the deepest accepted row) and their
+  number less one; what a model drafter's next draft, launched before the read, starts from; twelve operations in
+  plain torch.
 
-The plain-torch references (:func:`verify_inputs_reference`, :func:`paths_reference`, :func:`accept_reference`) are
-the code the device walk ran before these kernels, and run wherever Triton does not (a CPU without the
-interpreter).  Each kernel is a grid of programs over blocks of rows, each walking the columns in blocks: any tree
-size, no read back, the sizes not specialised on (one compilation for every tree).  tests/test_kernels.py runs them
-under ``TRITON_INTERPRET=1`` against the references over the device-tree tests' trees and chains
+The plain-torch references (:func:`verify_inputs_reference`, :func:`paths_reference`, :func:`accept_reference`,
+:func:`committed_reference`) are the code the device walk ran before these kernels (the last: the code written
+beside it), and run wherever Triton does not (a CPU without the interpreter).  Each kernel but the last is a grid of
+programs over blocks of rows, each walking the columns in blocks; the last one program walking the nodes in blocks:
+any tree size, no read back, the sizes not specialised on (one compilation for every tree).  tests/test_kernels.py
+runs them under ``TRITON_INTERPRET=1`` against the references over the device-tree tests' trees and chains
 (tests/verify_checks.py); tests/test_cuda.py runs the same checks compiled.
 """
 
@@ -61,6 +67,22 @@ def accept_reference(chosen: torch.Tensor, tokens: torch.Tensor, parents: torch.
     match = (chosen[parents + 1] == tokens) & valid  # padding nodes are never accepted
     ok = ~(anc & ~match[None, :]).any(dim=1)
     return torch.cat([ok.long(), chosen] + ([tokens, parents, valid.long()] if lazy else []))
+
+
+def committed_reference(acceptance: torch.Tensor, tokens: torch.Tensor, depths: torch.Tensor, r: int) -> torch.Tensor:
+    """What :func:`committed` computes, in plain torch."""
+    n, dev = tokens.numel(), tokens.device
+    accepted = acceptance[:n] != 0
+    count = accepted.sum()
+    # at most one accepted node a depth (1 to count): node i's row (i + 1) goes to its depth's place, the rest to a
+    # spare one
+    rows = torch.zeros(r + 1, dtype=torch.long, device=dev)
+    rows.scatter_(0, torch.where(accepted, depths, r), torch.arange(1, n + 1, device=dev))
+    rows = rows[:r]
+    bonus = acceptance[n : 2 * n + 1].gather(0, rows.gather(0, count[None]))  # the choice at the deepest accepted row
+    j = torch.arange(r, device=dev)
+    drafted = tokens[(torch.cat([rows[1:], rows[:1]]) - 1).clamp(min=0)]  # place j: the token of row j + 1
+    return torch.cat([rows, torch.where(j < count, drafted, torch.where(j == count, bonus, -1)), count[None]])
 
 
 def _define(triton, tl):
@@ -126,7 +148,34 @@ def _define(triton, tl):
             tl.store(out_ptr + 4 * n + 1 + rows, tl.load(valid_ptr + rows, mask=is_node, other=0).to(tl.int64),
                      mask=is_node)
 
-    return verify_inputs_kernel, paths_kernel, accept_kernel, triton.cdiv
+    @triton.jit(do_not_specialize=["n", "r"])
+    def committed_kernel(acc_ptr, tokens_ptr, depths_ptr, out_ptr, n, r, BLOCK_P: tl.constexpr,
+                         BLOCK_C: tl.constexpr):
+        places = tl.arange(0, BLOCK_P)  # 0 the root; d the accepted node of depth d (one at most)
+        row = tl.zeros([BLOCK_P], dtype=tl.int64)  # the verify row at each place
+        below = tl.full([BLOCK_P], -1, dtype=tl.int64)  # the token of the place below
+        count = tl.zeros([BLOCK_C], dtype=tl.int64)
+        for c0 in range(0, n, BLOCK_C):
+            cols = c0 + tl.arange(0, BLOCK_C)
+            in_cols = cols < n
+            ok = tl.load(acc_ptr + cols, mask=in_cols, other=0) != 0
+            dep = tl.load(depths_ptr + cols, mask=in_cols, other=0)
+            tok = tl.load(tokens_ptr + cols, mask=in_cols, other=0)
+            count += ok.to(tl.int64)
+            here = ok[None, :] & (dep[None, :] == places[:, None])
+            row = tl.maximum(row, tl.max(tl.where(here, (cols + 1).to(tl.int64)[None, :], 0), axis=1))
+            under = ok[None, :] & (dep[None, :] == places[:, None] + 1)
+            below = tl.maximum(below, tl.max(tl.where(under, tok.to(tl.int64)[None, :], -1), axis=1))
+        total = tl.sum(count, axis=0)
+        last = tl.sum(tl.where(places == total, row, 0), axis=0)  # the deepest accepted row (0: the root)
+        bonus = tl.load(acc_ptr + n + last)
+        tokens_out = tl.where(places < total, below, tl.where(places == total, bonus, -1))
+        in_places = places < r
+        tl.store(out_ptr + places, row, mask=in_places)
+        tl.store(out_ptr + r + places, tokens_out, mask=in_places)
+        tl.store(out_ptr + 2 * r, total)
+
+    return verify_inputs_kernel, paths_kernel, accept_kernel, committed_kernel, triton.cdiv
 
 
 def _kernels():
@@ -152,7 +201,7 @@ def verify_inputs(root: int, start: int, tokens: torch.Tensor, depths: torch.Ten
     ids = torch.empty(n + 1, dtype=torch.long, device=dev)
     positions = torch.empty(n + 1, dtype=depths.dtype, device=dev)
     mask = torch.empty(n + 1, n + 1, dtype=torch.bool, device=dev)
-    kernel, _, _, cdiv = _kernels()
+    kernel, _, _, _, cdiv = _kernels()
     anc = _bytes(anc)
     kernel[(cdiv(n + 1, BLOCK_R),)](tokens.contiguous(), depths.contiguous(), anc, ids, positions, _bytes(mask),
                                     root, start, n, anc.stride(0), anc.stride(1), BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C)
@@ -168,7 +217,7 @@ def paths(tokens: torch.Tensor, anc: torch.Tensor) -> torch.Tensor:
         return paths_reference(tokens, anc)
     n = tokens.numel()
     out = torch.empty(n + 1, n, dtype=torch.long, device=tokens.device)
-    _, kernel, _, cdiv = _kernels()
+    _, kernel, _, _, cdiv = _kernels()
     anc = _bytes(anc)
     kernel[(cdiv(n + 1, BLOCK_R),)](tokens.contiguous(), anc, out, n, anc.stride(0), anc.stride(1),
                                     BLOCK_R=BLOCK_R, BLOCK_C=BLOCK_C)
@@ -186,7 +235,7 @@ def accept(chosen: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, an
         return accept_reference(chosen, tokens, parents, anc, valid, lazy)
     n = tokens.numel()
     out = torch.empty((5 if lazy else 2) * n + 1, dtype=torch.long, device=tokens.device)
-    _, _, kernel, cdiv = _kernels()
+    _, _, kernel, _, cdiv = _kernels()
     anc = _bytes(anc)
     kernel[(cdiv(n + 1, BLOCK_R),)](chosen.contiguous(), tokens.contiguous(), parents.contiguous(), anc,
                                     _bytes(valid.contiguous()), out, n, anc.stride(0), anc.stride(1), LAZY=lazy,
@@ -194,5 +243,21 @@ def accept(chosen: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor, an
     return out
 
 
-__all__ = ["accept", "accept_reference", "applies", "paths", "paths_reference", "verify_inputs",
-           "verify_inputs_reference"]
+def committed(acceptance: torch.Tensor, tokens: torch.Tensor, depths: torch.Tensor, r: int) -> torch.Tensor:
+    """What a step commits, on the device before the host reads :func:`accept`'s buffer ``acceptance`` (its first
+    2N + 1 values: the nodes' acceptance, the rows' choices) over the tree of ``tokens`` [N] and ``depths`` [N] (the
+    root's children 1; at most one accepted node a depth), padded to ``r`` places (the tree's depth + 1), as one
+    int64 tensor [2r + 1]: the verify rows of the root and the accepted nodes (0 after them), the committed tokens
+    (the accepted nodes', then the bonus token, the choice at the deepest accepted row; -1 after them), and the
+    number of accepted nodes.  One launch where :func:`applies`, else :func:`committed_reference`."""
+    if not applies(tokens):
+        return committed_reference(acceptance, tokens, depths, r)
+    out = torch.empty(2 * r + 1, dtype=torch.long, device=tokens.device)
+    _, _, _, kernel, _ = _kernels()
+    kernel[(1,)](acceptance, tokens.contiguous(), depths.contiguous(), out, tokens.numel(), r,
+                 BLOCK_P=max(16, 1 << (r - 1).bit_length()), BLOCK_C=BLOCK_C)
+    return out
+
+
+__all__ = ["accept", "accept_reference", "applies", "committed", "committed_reference", "paths", "paths_reference",
+           "verify_inputs", "verify_inputs_reference"]

@@ -5,10 +5,11 @@ device and with nothing read back to the host:
 
 1. ``window_update`` — one program: keep the first occurrence of each appended id within its tuple (an append carries
    up to three consecutive tuples; a stamp per tuple in a [V] scratch array; with ``fresh`` the last tuple drops the
-   ids the others stamped), keep only the last W_max of the kept entries, write them into the ring at the
-   write pointer, and update the per-id counts.  An id whose count falls to 0 has left the window; one whose count
-   rises from 0 may have entered.  With the packed rows bound (``slots``), the slots of ids that left are freed
-   (pinned ids keep theirs) and each entering id without a slot is handed the lowest free slot, in append order.
+   ids the others stamped; a negative id is padding, never kept), keep only the last W_max of the kept entries,
+   write them into the ring at the write pointer, and update the per-id counts.  An id whose count falls to 0 has
+   left the window; one whose count rises from 0 may have entered.  With the packed rows bound (``slots``), the
+   slots of ids that left are freed (pinned ids keep theirs) and each entering id without a slot is handed the
+   lowest free slot, in append order.
    The (id, slot) pairs to copy and their number are written to device buffers.
 2. ``gather_rows`` — one program per pair and slice of the hidden size: ``rows[slot] = weight[id]`` for the first
    ``n`` pairs, ``n`` read on the device.  On CUDA it runs on the side stream, hidden behind the draft backbone.
@@ -61,9 +62,10 @@ if triton is not None:
         n_new = zero
         for i in range(0, m):
             t = tl.load(ids_ptr + i)
-            s = tl.load(seen_ptr + t)
+            real = t >= 0  # a negative id is padding: never kept
+            s = tl.load(seen_ptr + t, mask=real, other=0)
             stamp = base + 1 + (i >= end0).to(tl.int32) + (i >= end1).to(tl.int32)
-            k = (i < fresh_from) | (s <= base) | (s == stamp)
+            k = ((i < fresh_from) | (s <= base) | (s == stamp)) & real
             if UNIQUE:
                 k = k & (s != stamp)
             tl.store(seen_ptr + t, stamp, mask=k)

@@ -73,6 +73,18 @@ class VocabPolicy(ABC):
         processors with each node's path as history), when ``wants_verify_logits``, else empty; committed: the
         tokens the step commits (accepted drafts, then the bonus token)."""
 
+    @property
+    def verifies_ahead(self) -> bool:
+        """Whether :meth:`on_verify_ahead` can take a verification from device tensors before the step's read (a
+        model drafter's next draft launched ahead of it, :meth:`microspec.decoding.loop.Generation.settle`): a
+        policy that hears no verification can."""
+        return type(self).on_verify is VocabPolicy.on_verify
+
+    def on_verify_ahead(self, tree_ids: torch.Tensor, verify_logits: torch.Tensor, committed: torch.Tensor) -> None:
+        """:meth:`on_verify` with everything still on the device, where :attr:`verifies_ahead`: tree_ids [N] every
+        node (-1: a padding node, none drafted); committed [R] the tokens the step commits, -1 after the last;
+        verify_logits [R, V] (or empty) the rows of the validated branch, row r real where committed[r] is."""
+
     def on_draft_inputs(self, embeds: torch.Tensor, features: torch.Tensor, depth: int) -> None:
         """Before the draft head scores draft depth ``depth``: the token embeddings [n, d] and input features
         [n, d] the draft network was fed for the n nodes whose next tokens it scores (only when

@@ -165,6 +165,22 @@ class MicroSpecVocab(VocabPolicy):
         ids = parts[0] if len(parts) == 1 else torch.cat([to_device(p, self.device) for p in parts])
         self.append(ids, unique=True, parts=[p.numel() for p in parts], fresh=len(committed) > 0)
 
+    @property
+    def verifies_ahead(self) -> bool:
+        """A device window takes an update whose tuples are padded to fixed sizes (a host window would read them)."""
+        return self.backend != "host" or "ext" not in self.sources
+
+    def on_verify_ahead(self, tree_ids: torch.Tensor, verify_logits: torch.Tensor, committed: torch.Tensor) -> None:
+        """:meth:`on_verify`'s append with the tuples padded (-1) to fixed sizes: the same window."""
+        if "ext" not in self.sources:
+            return
+        parts = [tree_ids.flatten()]
+        if self.k_ver > 0 and verify_logits.numel():  # the padding rows' top-k left out
+            top = topk_ids(verify_logits, min(self.k_ver, verify_logits.shape[-1]))
+            parts.append(top.masked_fill(committed[:, None] < 0, -1).flatten())
+        parts.append(committed)
+        self.append(torch.cat(parts), unique=True, parts=[p.numel() for p in parts], fresh=True, padded=True)
+
     def active(self, depth: int = 0) -> ActiveSet:
         """I = Unique(Suffix(S, W_max)) plus the special ids: the packed buffer, or the ids ascending."""
         self.side.wait()
@@ -178,13 +194,14 @@ class MicroSpecVocab(VocabPolicy):
         return self._ids[1]
 
     # ---------------------------------------------------------------- the stream, the rows, the ablation
-    def append(self, ids: torch.Tensor, unique: bool, parts: Sequence[int] = (), fresh: bool = False) -> None:
-        """S <- S ⊕ ids (first occurrences only when ``unique``; ``parts``, ``fresh``: the tuples of
+    def append(self, ids: torch.Tensor, unique: bool, parts: Sequence[int] = (), fresh: bool = False,
+               padded: bool = False) -> None:
+        """S <- S ⊕ ids (first occurrences only when ``unique``; ``parts``, ``fresh``, ``padded``: the tuples of
         :meth:`~microspec.vocab.window.CandidateWindow.extend`), keeping the window and the packed rows exact."""
         if ids.numel() == 0:
             return
         self.version += 1
-        self.side.run(self.suffix.extend, self.suffix.load(ids), unique, parts, fresh)
+        self.side.run(self.suffix.extend, self.suffix.load(ids), unique, parts, fresh, padded)
 
     def attach(self, weight: torch.Tensor) -> None:
         if self.gather != "packed" or (self.rows is not None and self.rows.packed.weight is weight):

@@ -83,11 +83,13 @@ class CandidateWindow(ABC):
         """``ids`` (a tensor) in the form :meth:`extend` takes: a host list, or a flat long tensor on the device."""
 
     @abstractmethod
-    def extend(self, ids, unique: bool, parts: Sequence[int] = (), fresh: bool = False) -> None:
+    def extend(self, ids, unique: bool, parts: Sequence[int] = (), fresh: bool = False, padded: bool = False) -> None:
         """:meth:`append` of ids that :meth:`load` gave, as consecutive tuples of sizes ``parts`` (default: one; at
         most :data:`MAX_PARTS`, summing to the number of ids): with ``unique`` each tuple keeps the first occurrence
         of each of its ids, whatever the other tuples hold; with ``fresh`` the last tuple keeps none of the ids that
-        occur in the tuples before it (a device window masks them out without reading anything back)."""
+        occur in the tuples before it (a device window masks them out without reading anything back).  ``padded``:
+        negative ids are padding (tuples of a fixed size whose real length only the device knows), left out as if
+        they were not there (the kernel window leaves them out always)."""
 
     @abstractmethod
     def reset(self) -> None:
@@ -126,11 +128,12 @@ class HostWindow(CandidateWindow):
     def load(self, ids: torch.Tensor) -> list[int]:
         return ids.flatten().tolist()
 
-    def extend(self, ids: list[int], unique: bool, parts: Sequence[int] = (), fresh: bool = False) -> None:
+    def extend(self, ids: list[int], unique: bool, parts: Sequence[int] = (), fresh: bool = False,
+               padded: bool = False) -> None:
         if len(check_parts(parts, len(ids))) > 1:
             kept, start = [], 0
             for k, size in enumerate(parts):
-                part = ids[start : start + size]
+                part = [t for t in ids[start : start + size] if t >= 0] if padded else ids[start : start + size]
                 if fresh and k == len(parts) - 1:
                     banned = set(ids[:start])
                     part = [t for t in part if t not in banned]
@@ -138,7 +141,9 @@ class HostWindow(CandidateWindow):
                 start += size
             ids = kept
         elif unique:
-            ids = list(dict.fromkeys(ids))
+            ids = list(dict.fromkeys(t for t in ids if t >= 0 or not padded))
+        elif padded:
+            ids = [t for t in ids if t >= 0]
         if not ids:
             return
         ids = ids[-self.w_max :]
@@ -205,14 +210,22 @@ class DeviceWindow(CandidateWindow):
     def load(self, ids: torch.Tensor) -> torch.Tensor:
         return to_device(ids.flatten(), self.device)
 
-    def extend(self, ids: torch.Tensor, unique: bool, parts: Sequence[int] = (), fresh: bool = False) -> None:
+    def extend(self, ids: torch.Tensor, unique: bool, parts: Sequence[int] = (), fresh: bool = False,
+               padded: bool = False) -> None:
         m = ids.numel()
         idx = self._arange[:m] if m <= self._arange.numel() else torch.arange(m, device=ids.device)
         split = len(check_parts(parts, m)) > 1
-        among = None
+        among = real = None
+        if padded:  # the padding never kept (and, as id 0, a valid index that no mask lets through)
+            real = among = ids >= 0
+            ids = ids.clamp(min=0)
         if split and fresh:  # the last tuple keeps none of the ids before it
             start = m - parts[-1]
-            among = ~((ids[:, None] == ids[None, :start]).any(1) & (idx >= start))
+            earlier = ids[:, None] == ids[None, :start]
+            if real is not None:
+                earlier &= real[None, :start]
+            fresh_ok = ~(earlier.any(1) & (idx >= start))
+            among = fresh_ok if among is None else among & fresh_ok
         if unique and split:  # first occurrences within each tuple: keyed by (tuple, id)
             if self._scratch.numel() < MAX_PARTS * self.vocab_size:  # (grown once)
                 self._scratch = torch.full((MAX_PARTS * self.vocab_size,), self._unset, dtype=torch.long,
@@ -286,7 +299,8 @@ class KernelWindow(DeviceWindow):
             raise ValueError("the packed rows' weight and buffer must be row-major")
         self.bound = packed
 
-    def extend(self, ids: torch.Tensor, unique: bool, parts: Sequence[int] = (), fresh: bool = False) -> None:
+    def extend(self, ids: torch.Tensor, unique: bool, parts: Sequence[int] = (), fresh: bool = False,
+               padded: bool = False) -> None:
         if ids.numel() == 0:
             return
         from ..kernels.window_update import gather_rows
