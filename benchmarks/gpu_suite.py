@@ -30,6 +30,8 @@ no registry).  The parts, in order, each written to ``--out`` as soon as it ends
 5. ``e2e`` — end-to-end speed of plain decoding, prompt lookup, ``auto``, EAGLE-2, FR-Spec, EAGLE + MicroSpec and
    MicroSpec with lookup first (``microspec bench``, greedy and with repetition penalty 1.2, with ``--profile``: each
    method's host waits per step and the device's busy time against the step's wall time), then plain decoding,
+   EAGLE-2 and EAGLE + MicroSpec greedy with each next tree drafted after the step's read
+   (``MICROSPEC_DRAFT_AHEAD=0``, against the first run's trees drafted before it), then plain decoding,
    ``auto`` and EAGLE + MicroSpec at temperature 0.7, then transformers' ``generate`` beside plain decoding (greedy),
    each a bench of its own (``E2E_RUNS``; none starts after ``--e2e-budget`` seconds of the part) on a real model, when
    one has been staged on the machine (benchmarks/gpu_stage.py; ``--model``), on the prompts of ``--e2e-data``;
@@ -74,9 +76,13 @@ ABLATION = (("indexed GEMM", "microspec-indexed-3k"), ("packed", "microspec-pack
 E2E_METHODS = "ar,ngram,auto,eagle-full,fr-spec-32768,eagle+microspec,microspec@lookup"
 # the e2e part's bench runs, in order: (folder, methods, options); a run the part's time budget leaves no room for
 # is reported as not run
-E2E_RUNS = (("e2e", E2E_METHODS, ["--temperatures", "0", "--repetition-penalties", "1.0,1.2", "--profile"]),
-            ("e2e-t07", "ar,auto,eagle+microspec", ["--temperatures", "0.7", "--repetition-penalties", "1.0"]),
-            ("e2e-hf", "ar,hf-ar", ["--temperatures", "0", "--repetition-penalties", "1.0"]))
+# is reported as not run; (folder, methods, options, environment): "e2e-after" the EAGLE methods with each next tree
+# drafted after the step's read (MICROSPEC_DRAFT_AHEAD=0), against the first run's, which drafts it before
+E2E_RUNS = (("e2e", E2E_METHODS, ["--temperatures", "0", "--repetition-penalties", "1.0,1.2", "--profile"], {}),
+            ("e2e-after", "ar,eagle-full,eagle+microspec", ["--temperatures", "0", "--repetition-penalties", "1.0"],
+             {"MICROSPEC_DRAFT_AHEAD": "0"}),
+            ("e2e-t07", "ar,auto,eagle+microspec", ["--temperatures", "0.7", "--repetition-penalties", "1.0"], {}),
+            ("e2e-hf", "ar,hf-ar", ["--temperatures", "0", "--repetition-penalties", "1.0"], {}))
 PARTS = ("tests", "syncs", "figure4", "ablation", "e2e")
 
 
@@ -258,12 +264,12 @@ def e2e(out: Path, args, device: str) -> dict:
         data.write_text("Write a short story about a lighthouse keeper.\n")
     runs: dict = {}
     t = time.perf_counter()
-    for name, methods, extra in E2E_RUNS:  # each its own bench process and folder, stopped by the time left
+    for name, methods, extra, env in E2E_RUNS:  # each its own bench process and folder, stopped by the time left
         if time.perf_counter() - t > args.e2e_budget and runs:
             runs[name] = {"skipped": f"not run: the e2e part's {args.e2e_budget:g} s were spent"}
             continue
         runs[name] = _bench(out / name, data, model, device, args, "ar,microspec" if dry else methods,
-                            [*extra, "--max-new-tokens", "4" if dry else str(args.e2e_tokens)])
+                            [*extra, "--max-new-tokens", "4" if dry else str(args.e2e_tokens)], env)
     result: dict = {"model": str(model) if model else "the installed default model",
                     "wall_s": round(time.perf_counter() - t, 1), "runs": runs,
                     "returncode": max((r.get("returncode", 0) for r in runs.values()), default=0)}
@@ -277,20 +283,21 @@ def e2e(out: Path, args, device: str) -> dict:
     return result
 
 
-def _bench(folder: Path, data, model: Path | None, device: str, args, methods: str, extra: list[str]) -> dict:
-    """One ``microspec bench`` of the e2e part into ``folder``: its command, return code, wall time and, per
-    decoding, each method's speed, τ, draft ms and mismatches."""
+def _bench(folder: Path, data, model: Path | None, device: str, args, methods: str, extra: list[str],
+           env: dict | None = None) -> dict:
+    """One ``microspec bench`` of the e2e part into ``folder`` (``env``: variables set for it): its command, return
+    code, wall time and, per decoding, each method's speed, τ, draft ms and mismatches."""
     cmd = [sys.executable, "-m", "microspec", "bench", "--device", device, "--methods", methods, "--data", str(data),
            "--limit", "1" if args.dry_run else str(args.e2e_limit), *extra, "--repeats", "1",
            "--warmup", "0" if args.dry_run else "1", "--out", str(folder)]
     if model is not None:
         cmd += ["--model", str(model), "--weights", "bf16"]
     t = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=_env_with_src())
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**_env_with_src(), **(env or {})})
     folder.mkdir(parents=True, exist_ok=True)
     (folder.parent / f"{folder.name}.log").write_text(proc.stdout + proc.stderr)
     result: dict = {"returncode": proc.returncode, "wall_s": round(time.perf_counter() - t, 1),
-                    "command": " ".join(cmd)}
+                    "command": " ".join([*(f"{k}={v}" for k, v in (env or {}).items()), *cmd])}
     decodings = {}
     for report in sorted(folder.glob("*/results.json")):
         res = json.loads(report.read_text())

@@ -337,14 +337,16 @@ SPEC_STEPS.append(("T 0.7", {"temperature": 0.7, "seed": 0}, "triton"))
 def spec_step_ops() -> dict:
     """The operations of a whole EAGLE + MicroSpec step (EAGLE-2's tree: depth 6, top-k 10, 59 tokens) on CUDA's
     path with its graphs (a stand-in capture, a replay counted as one), by part: the draft (the tree one replay with
-    its root pass, ``propose``), the target's verify forward (a replay and what runs around it), the walk
-    (``device_walk``, its one read not counted), keeping the accepted slots (``KVCache.keep_from``, the target's and
-    the draft's), the policy's update (``on_verify``), the drafter's commit and the coverage count (what ``bench``
-    reports), and what the loop runs around them; the median of each over a generation's steps after the first two
-    generations captured every shape, greedy and under repetition penalty 1.2, with each of MicroSpec's device
-    windows: the one of tensor operations (``backend="device"``, CUDA's where Triton does not build) and the Triton
-    window (CUDA's default; its update and row gather run by the interpreter, each call one launch); and seeded
-    sampling at temperature 0.7 with the Triton window (``SPEC_STEPS``)."""
+    its root pass, drafted before the last step's read from what it commits on the device: ``draft_ahead`` and
+    ``LaunchedWalk.path``; ``propose`` where it is not), the target's verify forward (a replay and what runs around
+    it), the walk (``launch_walk`` and ``LaunchedWalk.read``, its one read not counted), keeping the accepted slots
+    (``KVCache.keep_from``, the target's and the draft's), the policy's update (``on_verify_ahead``, ``on_verify``),
+    the drafter's commit and the coverage count (what ``bench`` reports), and what the loop runs around them; the
+    median of each over a generation's steps after the first two generations captured every shape, greedy and
+    under repetition penalty 1.2, with each of MicroSpec's device windows: the one of tensor operations
+    (``backend="device"``, CUDA's where Triton does not build) and the Triton window (CUDA's default; its update and
+    row gather run by the interpreter, each call one launch); and seeded sampling at temperature 0.7 with the Triton
+    window (``SPEC_STEPS``)."""
     from support import official_checkpoint, tiny_pair
     from microspec.decoding import GenerationConfig, generate_ids, loop, verify
     from microspec.decoding.loop import Generation
@@ -375,13 +377,16 @@ def spec_step_ops() -> dict:
 
     _, nm = tiny_pair("gemma3")
     path, _, _ = official_checkpoint(Path(tempfile.mkdtemp()) / "ck", d=nm.spec.hidden_size)
-    patched = [(loop, "device_walk", "walk"), (KVCache, "keep_from", "KV compaction"),
+    patched = [(loop, "launch_walk", "walk"), (verify.LaunchedWalk, "read", "walk"),
+               (verify.LaunchedWalk, "path", "draft"), (KVCache, "keep_from", "KV compaction"),
                (CoverageObserver, "on_verified", "coverage"), (CoverageObserver, "on_emitted", "coverage")]
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patched]
     triton_window = [(window_update.WindowKernels, "window_update"), (window_update, "gather_rows")]  # its kernels
     saved += [(Generation, "plan", Generation.plan), (verify, "DEVICE_WALK", verify.DEVICE_WALK),
+              (loop, "DRAFT_AHEAD", loop.DRAFT_AHEAD),
               *((obj, name, getattr(obj, name)) for obj, name in triton_window)]
     verify.DEVICE_WALK = ("cuda", "cpu")  # CUDA walks the tree on the device
+    loop.DRAFT_AHEAD = ("cuda", "cpu")  # and drafts the next tree before the step's read
     for obj, name, part in patched:
         setattr(obj, name, as_part(part, getattr(obj, name)))
     Generation.plan = step_start(Generation.plan)
@@ -399,9 +404,12 @@ def spec_step_ops() -> dict:
                     drafter = EagleDrafter(EagleHead.load(path), depth=6, top_k=10, total_tokens=59)
                     drafter.whole_graph = True
                     drafter.propose = as_part("draft", drafter.propose)
+                    drafter.draft_ahead = as_part("draft", drafter.draft_ahead)
                     drafter.commit = as_part("drafter commit", drafter.commit)
+                    drafter.commit_ahead = as_part("drafter commit", drafter.commit_ahead)
                     vocab = MicroSpecVocab(nm.spec.vocab_size, w_max=24, backend=window)
                     vocab.on_verify = as_part("policy update", vocab.on_verify)
+                    vocab.on_verify_ahead = as_part("policy update", vocab.on_verify_ahead)
                     steps.clear()
                     counter.paused -= 1
                     generate_ids(nm, [1, 10, 20, 30, 11, 21, 31, 12, 10, 20, 30],
