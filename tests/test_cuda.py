@@ -414,9 +414,9 @@ def test_the_next_tree_is_drafted_ahead_of_the_read(tmp_path, monkeypatch, polic
 def test_synchronisations_do_not_grow_with_the_length(tmp_path, method, decoding):
     """CUDA's own sync detector (``torch.cuda.set_sync_debug_mode``) counts the operations that wait for the
     device.  Per step a generation reads back the accepted tokens once (the device walk's acceptance, with a
-    device-built tree's host lists in the same read; for plain decoding the chosen token); nothing else may grow
-    with its length (benchmarks/measure/sync_sites.py lists where they happen; tests/test_sync_free.py counts the
-    same on a CPU).  Greedy, under the repetition penalty, with no-repeat-n-gram (its bans found on the device),
+    device-built tree's host lists in the same read, through an event the detector does not report; for plain
+    decoding the chosen token); nothing else may grow with its length (benchmarks/measure/sync_sites.py lists where
+    they happen; tests/test_sync_free.py counts the same on a CPU).  Greedy, under the repetition penalty, with no-repeat-n-gram (its bans found on the device),
     and unseeded sampling (deterministic drafts walked on the device by the keyed rule with the request's own
     key).  With graphs on, EAGLE + MicroSpec drafts its tree as one replay (greedy, penalty, unseeded), and a plain
     step is one replay with its head, processors and token choice (not with no-repeat-n-gram), its token read

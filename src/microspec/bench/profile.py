@@ -7,8 +7,9 @@ A step that the host bounds shows a device busy share far below 1: the GPU idles
 launch.  The waits count every ``torch.cuda`` synchronisation the detector reports, prefill included, over the
 generation's decode steps (tests/test_sync_free.py holds every method to one a step; on a CPU there is no device to
 wait for and the field is None).  Plain decoding's read of each token waits on an event for that step alone, the
-next step already queued (``transfer.HostRead``): a wait the detector does not report, so replayed plain steps
-count none.  Both extra generations are untimed and not recorded as answers.
+next step already queued (``transfer.HostRead``), and so does a device walk's read of a step's acceptance (a
+tree's or a lookup's; an EAGLE tree's next draft queued behind it): waits the detector does not report, so such
+steps count none.  Both extra generations are untimed and not recorded as answers.
 """
 
 from __future__ import annotations

@@ -446,7 +446,7 @@ class Generation:
                 vocab is not None and (vocab.per_depth or not vocab.verifies_ahead)) or not drafter.drafts_ahead(ctx):
             return None
         mark, host = self.clock.mark(), time.perf_counter()
-        path, committed, _ = walk.path()
+        path, committed, accepted = walk.path()
         if self.coverage is not None:  # before the policy's sets move on
             self.coverage.on_verified(tree, committed.clamp(min=0), scored=drafter.head_drafted)
         if vocab is not None:
@@ -458,7 +458,7 @@ class Generation:
         if pipe.active:  # the padding as the first committed token, seen already by then
             pipe.see_on_device(torch.where(committed >= 0, committed, committed[:1]))
         features = (hidden if self.taps is None else self.taps.out).index_select(0, path)
-        nxt = drafter.draft_ahead(ctx, committed, features, self.cache.capacity - start - rows - 1)
+        nxt = drafter.draft_ahead(ctx, committed, accepted, features, self.cache.capacity - start - rows - 1)
         return nxt, mark, host, self.clock.mark()
 
     def result(self) -> GenerationResult:

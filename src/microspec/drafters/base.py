@@ -106,12 +106,12 @@ class Drafter(ABC):
         next step's least): False (the default) where drafting needs the committed tokens on the host."""
         return False
 
-    def draft_ahead(self, ctx: DraftContext, committed: torch.Tensor, hidden: torch.Tensor,
+    def draft_ahead(self, ctx: DraftContext, committed: torch.Tensor, accepted: torch.Tensor, hidden: torch.Tensor,
                     nodes: int) -> DraftTree | None:
         """The next step's tree, launched on the device before this step's verification is read: ``committed`` [R]
-        the tokens the step commits (-1 after the last; R the most a step commits), ``hidden`` [R, d] the target's
-        hidden states of the root and the accepted nodes (what :meth:`commit` gets, padded alike), ``nodes`` the
-        most the next verify pass takes.  The same tree :meth:`commit` then :meth:`propose` would draft; after the
+        the tokens the step commits (-1 after the last; R the most a step commits), ``accepted`` (0-dim) the number
+        of accepted drafts among them, ``hidden`` [R, d] the target's hidden states of the root and the accepted
+        nodes (what :meth:`commit` gets, padded alike), ``nodes`` the most the next verify pass takes.  The same tree :meth:`commit` then :meth:`propose` would draft; after the
         read the loop calls :meth:`commit_ahead` instead of :meth:`commit`, or :meth:`drop_ahead` where the
         generation ended.  None: not drafted (nothing changed; :meth:`commit` and :meth:`propose` follow)."""
         return None

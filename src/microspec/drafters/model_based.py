@@ -266,11 +266,11 @@ class ForwardDrafter(Drafter):
             and self._may_draft_whole() and self._ahead_start(ctx) is not None \
             and (pipe is None or not pipe.active or pipe.graph_state() is not None)
 
-    def draft_ahead(self, ctx: DraftContext, committed: torch.Tensor, hidden: torch.Tensor,
+    def draft_ahead(self, ctx: DraftContext, committed: torch.Tensor, accepted: torch.Tensor, hidden: torch.Tensor,
                     nodes: int) -> DraftTree | None:
         """:meth:`_whole_with_root` with the pending pairs on the device: the committed tokens (padding 0) and the
-        features of the rows before them, the root's row the number committed less one; the attention span the
-        bucket of the most the step can commit (a row's sums over masked slots add exact zeros)."""
+        features of the rows before them, the root's row the number accepted; the attention span the bucket of the
+        most the step can commit (a row's sums over masked slots add exact zeros)."""
         rows, steps = committed.numel(), self.depth
         start = self._ahead_start(ctx)
         if start is None or rows != steps + 1 or self.total_tokens > nodes:
@@ -280,8 +280,7 @@ class ForwardDrafter(Drafter):
         cache = self._cache(ctx)
         if cache.capacity - start < rows + forwards:
             return None
-        real = (committed >= 0).sum(0, keepdim=True)
-        where = torch.cat([to_device([start], cache.device), real - 1])
+        where = torch.cat([to_device([start], cache.device), accepted.reshape(1)])
         sizes, drafts = len(self.head.sizes), self.graph_drafts
         self.last_inputs = None
         tree = self._whole_tree(ctx, None, start + rows - 1, steps,
