@@ -403,7 +403,7 @@ def test_the_next_tree_is_drafted_ahead_of_the_read(tmp_path, monkeypatch, polic
     assert out == out_after == ref and none == 0
     done = [1 + sum(stats.accept_lengths[:i]) for i in range(stats.steps)]
     assert n_ahead == sum(n <= 40 - 2 * 4 - 2 for n in done) >= 5, (n_ahead, done)
-    assert stats.graph_drafts >= n_ahead - 4, (stats.graph_drafts, n_ahead)
+    assert stats.graph_drafts >= n_ahead // 2, (stats.graph_drafts, n_ahead)  # (each shape captured at its second use)
 
 
 # ---------------------------------------------------------------- host synchronisations

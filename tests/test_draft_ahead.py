@@ -82,8 +82,9 @@ def _same_stats(a, b) -> bool:
 def test_a_tree_drafted_ahead_is_the_one_drafted_after_the_read(pair, monkeypatch, cuda_path, policy, decoding):
     """Every step's tree (tokens, parents, depths, ancestors, padding) the same tensors, the same output (plain
     decoding's, greedy, seeded and under the penalty: the processors' seen ids taken on the device ahead of the
-    commit), statistics (coverage read before the policy moves on) and window (the policy's update from the
-    device's padded tuples); every step drafted ahead but the last ones, where the full depth no longer fits."""
+    commit; unseeded, with the request's random key the same in both runs), statistics (coverage read before the
+    policy moves on) and window (the policy's update from the device's padded tuples); every step drafted ahead
+    but the last ones, where the full depth no longer fits."""
     dec = {**DECODINGS[decoding], "ignore_eos": True}
     out, _, stats, trees, window, ahead = _run(pair, monkeypatch, True, policy, dec)
     out_after, _, stats_after, trees_after, window_after, none = _run(pair, monkeypatch, False, policy, dec)

@@ -101,7 +101,7 @@ def cuda_path(counter: Count, kernels: bool, tables: bool = True):
     launched: list = []
     fused = [(rms_norm, "rms_norm"), (rms_norm, "add_rms_norm"), (rope, "rope"), (rope, "rope_qk"),
              (rope, "rope_qk_store"), (glu, "act_mul"), (tree_ops, "verify_inputs"), (tree_ops, "paths"),
-             (tree_ops, "accept"), (penalty, "penalise_rows"), (sampling, "inverse_cdf")]
+             (tree_ops, "accept"), (tree_ops, "committed"), (penalty, "penalise_rows"), (sampling, "inverse_cdf")]
     launches = {(sampling, "inverse_cdf"): 2}  # its block sums, then the draw
     saved = (cpu_linear.applies, cpu_linear.attention_applies, cpu_quant.rows_apply)
     kernels_saved = [getattr(m, n) for m, n in fused]
