@@ -318,17 +318,20 @@ def _launches() -> list[str]:
             "the last one's token is read (the same operations, overlapped with the host's work on a GPU).", ""]
 
 
-OPS_STEP = "2026-11-28-op-count-spec-step-draw/op-count.json"  # a whole EAGLE + MicroSpec step, by part
-OPS_STEP_DRAW = "2026-11-28-op-count-spec-step-draw/before.json"  # the same count before the draw's kernels
+OPS_STEP = "2026-11-28-op-count-spec-step-ahead/op-count.json"  # a whole EAGLE + MicroSpec step, by part
+# the same count with each next tree drafted after the step's read (eacb27e), and before that the draw's kernels
+OPS_STEP_AFTER = "2026-11-28-op-count-spec-step-draw/op-count.json"
+OPS_STEP_DRAW = "2026-11-28-op-count-spec-step-draw/before.json"
 # the same count before the verify step's kernels (9a8312c), and before that where MicroSpec's update from a
 # verification was three appends to its window (e2062cb)
 OPS_STEP_WINDOWS = "2026-11-28-op-count-spec-step-windows/op-count.json"
 OPS_STEP_APPENDS = "2026-11-28-op-count-spec-step-windows/three-appends.json"
-STEP_PARTS = {"draft": "the draft: EAGLE-2's tree with its root pass, one replay, and what runs around it",
+STEP_PARTS = {"draft": "the draft: EAGLE-2's tree with its root pass, one replay, what the step commits as the device "
+                       "sees it (one launch) and what runs around them",
               "verify forward": "the target's verify forward: its replay and what runs around it",
               "walk": "the walk on the device (its one read not counted)",
               "KV compaction": "keeping the accepted slots (the target's cache and the draft's)",
-              "policy update": "MicroSpec's update from the verification (`on_verify`)",
+              "policy update": "MicroSpec's update from the verification (`on_verify_ahead`)",
               "drafter commit": "the drafter's commit", "coverage": "the coverage count `bench` reports",
               "loop": "the loop around them"}
 STEP_SHORT = {"draft": "the draft", "verify forward": "the verify forward", "walk": "the walk",
@@ -348,32 +351,47 @@ def _changed(old: dict, new: dict, names: list[str]) -> str:
 
 
 def _step_launches() -> list[str]:
-    res, draw, windows, appends = (load(OPS_STEP), load(OPS_STEP_DRAW), load(OPS_STEP_WINDOWS),
-                                   load(OPS_STEP_APPENDS))
+    res, after, draw, windows, appends = (load(OPS_STEP), load(OPS_STEP_AFTER), load(OPS_STEP_DRAW),
+                                          load(OPS_STEP_WINDOWS), load(OPS_STEP_APPENDS))
     step = res["spec_step"]
     names = list(step)
     rows = [[label, *(num(step[n]["parts"][part], 0) for n in names)] for part, label in STEP_PARTS.items()]
     rows.append(["a step (the median of the steps' totals)", *(num(step[n]["median_total"], 0) for n in names)])
-    src, src_draw, src_windows, src_appends = (
+    src, src_after, src_draw, src_windows, src_appends = (
         Source(path, r["meta"]["command"], r["meta"]["date"], f"{r['meta']['machine']}, torch {r['meta']['torch']}",
                r["meta"]["commit"])
-        for path, r in ((OPS_STEP, res), (OPS_STEP_DRAW, draw), (OPS_STEP_WINDOWS, windows),
-                        (OPS_STEP_APPENDS, appends)))
-    same = [n for n in names if n in draw["spec_step"] and draw["spec_step"][n] == step[n]]
+        for path, r in ((OPS_STEP, res), (OPS_STEP_AFTER, after), (OPS_STEP_DRAW, draw),
+                        (OPS_STEP_WINDOWS, windows), (OPS_STEP_APPENDS, appends)))
+    same = [n for n in names if n in draw["spec_step"] and draw["spec_step"][n] == after["spec_step"][n]]
     return ["A whole EAGLE + MicroSpec step on the same path (EAGLE-2's tree: depth 6, top-k 10, 59 tokens; graphs "
             "by a stand-in capture, a replay counted as one; the median of each part over a generation's steps "
-            "after two generations captured every shape), by part, with MicroSpec's window as tensor operations "
+            "after two generations captured every shape; each next tree drafted before the step's read, as on "
+            "CUDA), by part, with MicroSpec's window as tensor operations "
             "(CUDA's where Triton does not build) and as its two Triton kernels (CUDA's default; each call counted "
             "as one launch), greedy, under repetition penalty 1.2 and sampled at T 0.7 (seeded: the device walk's "
             "keyed draws):", "",
             table(["part", *names], rows), "", src.markdown(), "",
+            "- A model drafter's next tree is launched before the step's read on CUDA (`loop.DRAFT_AHEAD`; "
+            "`MICROSPEC_DRAFT_AHEAD=0` turns it off), so that the device drafts while the host reads, commits and "
+            "streams the step: from what the step commits as the device sees it (`kernels/tree_ops.committed`, one "
+            "launch: the accepted rows and tokens padded to the tree's depth + 1), the coverage count, MicroSpec's "
+            "update (its tuples padded to fixed sizes, the padding left out by the window) and the penalty's seen "
+            "ids, then the tree with its root pass over the padded pairs, the same tree as the one drafted after "
+            "the read (tests/test_draft_ahead.py). Against the same count at " + src_after.commit + ", each tree "
+            "drafted after the read: " + _changed(after["spec_step"], step, names) + ". Drafting ahead costs "
+            "those few operations more a step (the committed kernel, the padded tuples' mask and join, the gathers "
+            "of the accepted rows on the device); what it buys is when the draft runs, behind the read instead of "
+            "after the host's work on it, which a count cannot show. Not yet timed on a GPU: gpu_suite.py's e2e "
+            "part benches the EAGLE methods both ways.", "",
+            src_after.markdown(), "",
             "- A sample's draw is two Triton launches on CUDA (`kernels/sampling.py`: per block of ids a float64 "
             "sum, then per row the block and the id where the running sum reaches the uniform's share of the total; "
             "every draw, plain steps' and the walk's, so that a seeded text stays the same whatever drafts it), "
             "where the running sums and their search were four operations beside a float64 copy of the rows (a "
             "cast, which the count leaves out), the sums a vocabulary-sized write; the walk's uniforms per row are "
-            "two operations (three before). Against the same count at " + src_draw.commit + ", before them: "
-            + _changed(draw["spec_step"], step, [n for n in names if n not in same])
+            "two operations (three before). The same count at " + src_draw.commit + ", before them, against "
+            + src_after.commit + "'s: " + _changed(draw["spec_step"], after["spec_step"],
+                                                   [n for n in names if n not in same])
             + " (the same counts in the columns " + "; ".join(same) + "). At T 0.7 the median step leaves its "
             "accepted slots where they are (the KV compaction copies nothing).", "",
             src_draw.markdown(), "",
@@ -382,9 +400,9 @@ def _step_launches() -> list[str]:
             "the walk's acceptance (written with the choices and a lazy tree's lists into the buffer the host "
             "reads) are one Triton launch each (`kernels/tree_ops.py`, `kernels/penalty.py`); the walk hands the "
             "policy its rows as one tensor, and a step's committed tokens reach the processors at once (the "
-            "penalty's seen ids one update a step). Against the same count at " + src_windows.commit
-            + ", before them: "
-            + _changed(windows["spec_step"], step, names) + ".", "",
+            "penalty's seen ids one update a step). The same count at " + src_windows.commit
+            + ", before them, against " + src_draw.commit + "'s: "
+            + _changed(windows["spec_step"], draw["spec_step"], names) + ".", "",
             src_windows.markdown(), "",
             "- Before that, MicroSpec's update from a verification became one append of its three tuples to the "
             "window (C_draft, TopK(z_verify, K_ver) and the committed tokens not in them, each deduplicated on its "

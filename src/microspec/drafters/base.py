@@ -37,7 +37,8 @@ class Drafter(ABC):
     """Proposes a token tree for the target to verify.  Beside :meth:`propose`, what a drafter may offer is declared
     here with neutral defaults, so the loop and ``auto`` ask no drafter what it has: ``head`` (its draft head, whose
     timer and active sizes feed the statistics), ``cheap``, ``matched``, ``head_drafted``, ``copies_feed_policy``,
-    :meth:`parts` (a composite's drafters), :meth:`take_report` and :meth:`describe`."""
+    :meth:`parts` (a composite's drafters), :meth:`take_report`, :meth:`describe` and :meth:`draft_ahead` (the next
+    tree drafted before a step's read, with :meth:`drafts_ahead`, :meth:`commit_ahead` and :meth:`drop_ahead`)."""
 
     name = "drafter"
     # the draft head (microspec.drafters.head.DraftHead) a vocabulary policy serves, None without one
