@@ -299,14 +299,16 @@ def test_contains_is_isin_without_a_read(n):
 
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle+microspec", "eagle+fr-spec", "microspec@lookup"])
+# drafting ahead: EAGLE + MicroSpec (the policy's update from the device too) and lookup first (never ahead)
+@pytest.mark.parametrize("method,ahead", [(m, False) for m in ("eagle", "eagle+microspec", "eagle+fr-spec",
+                                                                "microspec@lookup")]
+                         + [(m, True) for m in ("eagle+microspec", "microspec@lookup")])
 @pytest.mark.parametrize("decoding", [{}, {"temperature": 0.8, "seed": 3}, UNSEEDED, PENALTY],
                          ids=["greedy", "seeded", "unseeded", "penalty"])
-@pytest.mark.parametrize("ahead", [False, True], ids=["after", "ahead"])
 def test_a_whole_draft_step_would_synchronise_a_gpu_once(monkeypatch, tmp_path, method, decoding, ahead):
     """The same count with EAGLE's tree drafted whole in fixed shapes (what CUDA replays as one graph), and with
-    the next tree drafted before the step's read (``loop.DRAFT_AHEAD``, CUDA's default), which the EAGLE methods
-    do at most steps (prompt lookup first needs the committed tokens: never)."""
+    the next tree drafted before the step's read (``loop.DRAFT_AHEAD``, CUDA's default), which EAGLE + MicroSpec
+    does at most steps (prompt lookup first needs the committed tokens: never)."""
     from microspec.decoding import loop
     from microspec.drafters.model_based import ForwardDrafter
 
