@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +46,17 @@ PREFILL_CHUNK = 128
 # runs as the host issues it, so there is nothing to overlap.  MICROSPEC_DRAFT_AHEAD=0: none (an A/B switch)
 DRAFT_AHEAD = () if os.environ.get("MICROSPEC_DRAFT_AHEAD", "1").strip().lower() in ("0", "off", "false", "no") \
     else ("cuda",)
+
+
+class Ahead(NamedTuple):
+    """What :meth:`Generation._draft_ahead` did before a step's read: the next step's tree (None: not drafted, the
+    policy and coverage heard the step all the same) and the clock's marks at its start and end, with the host's
+    clock at its start."""
+
+    tree: DraftTree | None
+    start: int
+    host_start: float
+    end: int
 
 
 def cache_slots(prompt_tokens: int, cfg: GenerationConfig) -> int:
@@ -228,7 +239,7 @@ class Generation:
         self.finish: str | None = None
         self._step: tuple | None = None  # the planned step: (t0 mark, host t0, drafting, tree, cache length)
         self._ahead: tuple | None = None  # a plain step launched before the last one's token was read
-        self._next: tuple | None = None  # the next step's tree drafted before the last one's read, and its marks
+        self._next: Ahead | None = None  # the next step's tree drafted before the last one's read
 
     def _emit(self, new: list[int]) -> str | None:
         """Commit ``new`` tokens one by one; the reason to stop, if any (later tokens are dropped).  The processors
@@ -378,7 +389,7 @@ class Generation:
         keep the accepted slots, tell the policy and the drafter, commit the tokens."""
         t0, host_t0, drafting, tree, start, t1 = self._step
         model, vocab, drafter, device = self.model, self.vocab, self.drafter, self.model.device
-        ahead = None  # (the next step's tree or None, marks): the policy heard the step before its read
+        ahead: Ahead | None = None  # the policy heard the step before its read
         if chosen is not None:
             walk = Walk([], [chosen], 1)
         elif first is None and walks_on_device(tree, self.pipe, device):  # one read for the whole walk
@@ -394,7 +405,7 @@ class Generation:
         if self.coverage is not None and ahead is None:  # (drafting ahead read it before the policy moved on)
             # a step drafted without the draft head (a copied chain) is not scored
             self.coverage.on_verified(tree, walk.tokens, scored=not drafting or drafter.head_drafted)
-        t2 = self.clock.mark() if ahead is None else ahead[1]
+        t2 = self.clock.mark() if ahead is None else ahead.start
         if vocab is not None and ahead is None:  # (drafting ahead told the policy then)
             # the logits the target chose from on the validated branch (the walk has them); a step taken plain
             # (the adaptive mode's, auto's plain arm) feeds the policy its committed tokens only (a top-k over the
@@ -408,10 +419,11 @@ class Generation:
                                 walk.tokens)
         # a tree drafted ahead: the policy's update is the next step's drafting (its span), else this one's
         self.spans.append((t0, t1, t2, self.clock.mark() if ahead is None else
-                           ahead[1] if ahead[0] is not None else ahead[3]))
+                           ahead.start if ahead.tree is not None else ahead.end))
         new = walk.tokens
         self.stats.record_step(len(new), len(tree), max(tree.depths(), default=0), walk.head_rows)
-        if ahead is not None and ahead[0] is not None:
+        drafted_ahead = ahead is not None and ahead.tree is not None
+        if drafted_ahead:
             drafter.commit_ahead(len(new))
         elif drafter is not None:
             drafter.commit(new, rows_of(hidden if self.taps is None else self.taps.out, branch))
@@ -421,22 +433,22 @@ class Generation:
         self._commit(new)
         if self.coverage is not None:
             self.coverage.on_emitted(len(self.out) - emitted)
-        if ahead is not None and ahead[0] is not None:
+        if drafted_ahead:
             if self.finish is None:
                 self._next = ahead
             else:  # drafted past the end
                 drafter.drop_ahead()
 
-    def _draft_ahead(self, walk: LaunchedWalk, hidden: torch.Tensor, start: int) -> tuple | None:
+    def _draft_ahead(self, walk: LaunchedWalk, hidden: torch.Tensor, start: int) -> Ahead | None:
         """Before the read of a drafted step's device walk: where the drafter drafts from the device alone
         (:meth:`~microspec.drafters.base.Drafter.drafts_ahead`, an EAGLE tree drafted whole) and the policy takes
         the step from the device too, the step's coverage, the policy's update and the processors' seen ids from
         what the walk committed on the device (:meth:`LaunchedWalk.path`), then the next step's tree
         (:meth:`~microspec.drafters.base.Drafter.draft_ahead`), so that the device drafts while the host reads,
-        commits and streams this step (:data:`DRAFT_AHEAD`).  (the next tree or None, its marks: the start's, the
-        host's start, the end's); None where it does not apply, and :meth:`settle` goes on as it does for every
-        step.  The tree is the one the next step would draft after the read (tests/test_draft_ahead.py), so the
-        tokens are those of the steps drafted one by one; where the step ends the generation it is dropped.
+        commits and streams this step (:data:`DRAFT_AHEAD`); None where it does not apply, and :meth:`settle` goes
+        on as it does for every step.  The tree is the one the next step would draft after the read
+        (tests/test_draft_ahead.py), so the tokens are those of the steps drafted one by one; where the step ends
+        the generation it is dropped.
         The next step's least ``max_depth`` (every node accepted now) must leave the drafter its full depth."""
         drafter, vocab, pipe, tree = self.drafter, self.vocab, self.pipe, walk.tree
         rows = tree.depth + 1  # the most the step commits
@@ -459,7 +471,7 @@ class Generation:
             pipe.see_on_device(torch.where(committed >= 0, committed, committed[:1]))
         features = (hidden if self.taps is None else self.taps.out).index_select(0, path)
         nxt = drafter.draft_ahead(ctx, committed, accepted, features, self.cache.capacity - start - rows - 1)
-        return nxt, mark, host, self.clock.mark()
+        return Ahead(nxt, mark, host, self.clock.mark())
 
     def result(self) -> GenerationResult:
         """The generation's tokens, finish reason and statistics, once it has finished; its cache goes back to the

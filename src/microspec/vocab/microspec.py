@@ -154,16 +154,8 @@ class MicroSpecVocab(VocabPolicy):
             self.append(prompt_topk_ids[:, : self.k_pre].reshape(-1), unique=True)  # ⊕ tuple(∪ TopK(z_i, K_pre))
 
     def on_verify(self, tree_ids: torch.Tensor, verify_logits: torch.Tensor, committed: Sequence[int] = ()) -> None:
-        if "ext" not in self.sources:
-            return
-        parts = [tree_ids.flatten()]                               # S <- S ⊕ tuple(Unique(C_draft))
-        if self.k_ver > 0 and verify_logits.numel():               # ⊕ tuple(TopK(z_verify, K_ver))
-            parts.append(topk_ids(verify_logits, min(self.k_ver, verify_logits.shape[-1])).flatten())
-        if len(committed):                                         # ⊕ committed tokens not entered above
-            parts.append(torch.as_tensor(list(committed), dtype=torch.long))
-        # one append of the tuples, each deduplicated on its own
-        ids = parts[0] if len(parts) == 1 else torch.cat([to_device(p, self.device) for p in parts])
-        self.append(ids, unique=True, parts=[p.numel() for p in parts], fresh=len(committed) > 0)
+        self._verified(tree_ids, verify_logits,
+                       torch.as_tensor(list(committed), dtype=torch.long) if len(committed) else None)
 
     @property
     def verifies_ahead(self) -> bool:
@@ -172,14 +164,23 @@ class MicroSpecVocab(VocabPolicy):
 
     def on_verify_ahead(self, tree_ids: torch.Tensor, verify_logits: torch.Tensor, committed: torch.Tensor) -> None:
         """:meth:`on_verify`'s append with the tuples padded (-1) to fixed sizes: the same window."""
+        self._verified(tree_ids, verify_logits, committed, padded=True)
+
+    def _verified(self, tree_ids: torch.Tensor, verify_logits: torch.Tensor, committed: torch.Tensor | None,
+                  padded: bool = False) -> None:
+        """The update from a verification (``committed``: the tokens the step commits, None for none; ``padded``:
+        -1 after them, and the rows of ``verify_logits`` past them padding too)."""
         if "ext" not in self.sources:
             return
-        parts = [tree_ids.flatten()]
-        if self.k_ver > 0 and verify_logits.numel():  # the padding rows' top-k left out
+        parts = [tree_ids.flatten()]                               # S <- S ⊕ tuple(Unique(C_draft))
+        if self.k_ver > 0 and verify_logits.numel():               # ⊕ tuple(TopK(z_verify, K_ver))
             top = topk_ids(verify_logits, min(self.k_ver, verify_logits.shape[-1]))
-            parts.append(top.masked_fill(committed[:, None] < 0, -1).flatten())
-        parts.append(committed)
-        self.append(torch.cat(parts), unique=True, parts=[p.numel() for p in parts], fresh=True, padded=True)
+            parts.append((top.masked_fill(committed[:, None] < 0, -1) if padded else top).flatten())
+        if committed is not None:                                  # ⊕ committed tokens not entered above
+            parts.append(committed)
+        # one append of the tuples, each deduplicated on its own
+        ids = parts[0] if len(parts) == 1 else torch.cat([to_device(p, self.device) for p in parts])
+        self.append(ids, unique=True, parts=[p.numel() for p in parts], fresh=committed is not None, padded=padded)
 
     def active(self, depth: int = 0) -> ActiveSet:
         """I = Unique(Suffix(S, W_max)) plus the special ids: the packed buffer, or the ids ascending."""
