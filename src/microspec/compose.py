@@ -29,6 +29,7 @@ from .engine import Engine, build_policy
 from .errors import MicrospecError
 from .method import Method, as_method, eagle_head_path, method_names
 from .models.registry import DEFAULT_MODEL, load_model
+from .models.first_use import prepare
 from .resolve import build_method, load_heads, log_sizing, make_drafter, open_method
 
 if TYPE_CHECKING:
@@ -57,9 +58,14 @@ def build(method: "Method | str", lm: "LoadedModel", heads: dict | None = None) 
     """The engine of ``method`` for ``lm``: ``"auto"`` -> an :class:`~microspec.auto.AutoEngine`; any other method
     resolved and built by :func:`~microspec.resolve.build_method` (``heads``: EAGLE heads loaded already, see
     :func:`~microspec.resolve.load_heads`)."""
-    if is_auto(method):
-        return auto.engine(lm, heads)
-    return build_method(method, lm, heads)
+    engine = auto.engine(lm, heads) if is_auto(method) else build_method(method, lm, heads)
+    prepare(lm.model, drafting=_drafts(engine))  # one-time costs now, before any timed generation
+    return engine
+
+
+def _drafts(engine) -> bool:
+    """Whether ``engine`` may draft (every ``auto`` engine may; a plain one does not)."""
+    return not isinstance(engine, Engine) or engine.drafter is not None
 
 
 @dataclass(frozen=True)
@@ -90,9 +96,9 @@ def open_engine(request: EngineRequest, cfg: "GenerationConfig | None" = None) -
     decoding, when one is known (``auto`` builds that kind's engine now; None: a server's, every kind's)."""
     set_threads(request.threads)
     kinds = DECODING_KINDS if cfg is None else (decoding_kind(cfg),)
-    if is_auto(request.drafter):
-        return auto.open_auto(request, kinds)
-    return open_method(request)
+    engine = auto.open_auto(request, kinds) if is_auto(request.drafter) else open_method(request)
+    prepare(engine.lm.model, drafting=_drafts(engine))  # one-time costs now (microspec.onetime)
+    return engine
 
 
 __all__ = ["AUTO", "D2T_MODES", "DECODING_KINDS", "AutoEngine", "Engine", "EngineRequest", "Method", "OnlineEngine", "as_method",

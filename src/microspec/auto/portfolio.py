@@ -16,8 +16,6 @@ lookup first; ground-truth coverage is read only at the steps the draft head dra
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from ..decoding.context import DraftContext
@@ -25,6 +23,7 @@ from ..decoding.tree import DraftTree
 from ..drafters.base import DraftReport, Drafter
 from ..errors import check
 from ..models.native import NativeCausalLM
+from ..onetime import clock
 from ..vocab.base import VocabPolicy
 from .choice import ArmHistory, OnlineChoice, arm_of
 
@@ -106,7 +105,7 @@ class Portfolio(Drafter):
         if self.choice is None:
             self.choice = self.chooser(self.history, self.start, catch_up=tuple(self.model),
                                        cheap=(*self.cheap, *self.views), **self.choice_options)
-        t0 = time.perf_counter()
+        t0 = clock()
         self._tokens = ctx.tokens
         self._score(done=False)
         ready = {}  # by statistics key: the cheap arms' proposals (and their views'), where they have one
@@ -123,9 +122,9 @@ class Portfolio(Drafter):
                     left -= self._cost[name]
         for name in asked:
             drafter = self.arms[name]
-            t = time.perf_counter()
+            t = clock()
             tree = drafter.propose(ctx)
-            spent[name] = took = time.perf_counter() - t
+            spent[name] = took = clock() - t
             self._cost[name] = took if name not in self._cost else 0.9 * self._cost[name] + 0.1 * took
             if len(tree):
                 context[name] = drafter.matched  # prompt lookup: the n-gram's length
@@ -139,7 +138,7 @@ class Portfolio(Drafter):
         key = self.choice.pick(ctx.max_depth + 1, {PLAIN, *ready, *self.model}, backlog)
         arm = arm_of(key)
         # choosing's cost: all of it but the taken proposal's own search
-        self.choice.charge(time.perf_counter() - t0 - spent.get(self.views[arm][0] if arm in self.views else arm, 0.0))
+        self.choice.charge(clock() - t0 - spent.get(self.views[arm][0] if arm in self.views else arm, 0.0))
         if key in self.model:
             self._drafted[key] = len(ctx.tokens)
         self._last = key
@@ -158,13 +157,13 @@ class Portfolio(Drafter):
         if self._step is not None:  # the walk has read the accepted tokens: the host's clock covers the step
             arm, t0, nodes = self._step
             self._step = None
-            t1 = time.perf_counter()
+            t1 = clock()
             seconds = t1 - t0
             self.choice.observe(arm, len(accepted_tokens), seconds, nodes)
             for entry in self._pending:
                 if entry[1] == arm and entry[3] is None and entry[0] == len(self._tokens):
                     entry[3] = seconds  # the taken proposal's own time
-            self.choice.charge(time.perf_counter() - t1)
+            self.choice.charge(clock() - t1)
 
     def _score(self, done: bool) -> None:
         """Score the pending proposals whose continuation is known (all of them once the request is ``done``):

@@ -76,6 +76,7 @@ def bench(lm, specs: list[MethodSpec], records: list[dict], decodings: list[Deco
     :func:`microspec.compose.load_heads`).  ``runners`` replaces the runners built from ``specs`` (tests use it to
     corrupt one).  ``resume``: keep the answers an interrupted run already wrote under ``out_dir``.  ``profile``:
     where each engine method's step time goes (:mod:`.profile`), in each decoding's results."""
+    from .. import onetime
     from .report import write_report
     from .runners import make_runner
 
@@ -95,8 +96,10 @@ def bench(lm, specs: list[MethodSpec], records: list[dict], decodings: list[Deco
         res = run_decoding(lm, runners, records, dec, max_new_tokens=max_new_tokens, out_dir=out_dir / dec.name,
                            repeats=repeats, warmup=warmup, seed=seed, chat=chat, model_id=lm.name,
                            ignore_eos=ignore_eos, resume=resume, peers=peers, profile=profile)
+        # the one-time costs paid so far (a kernel build, a conversion): in none of the times above
         res["meta"] = {**meta, "decoding": dec.name, "temperature": dec.temperature,
-                       "repetition_penalty": dec.repetition_penalty}
+                       "repetition_penalty": dec.repetition_penalty,
+                       "one_time_s": {k: round(v, 3) for k, v in onetime.costs().items()}}
         (out_dir / dec.name / "results.json").write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
         results[dec.name] = res
     write_report(results, meta, out_dir, peers)

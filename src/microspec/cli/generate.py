@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from .. import onetime
 from ..api import generate
 from ..auto import AutoEngine, decoding_kind
 from ..drafters import registry as drafters
@@ -37,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not prompt.strip():
         raise MicrospecError("the prompt is empty")
+    paid_before = onetime.costs()  # this command's one-time costs are reported apart, after the times
     cfg, engine = engine_from_args(args)
     lm = engine.lm
     chosen = engine.engine_for(cfg)  # auto: this decoding's engine
@@ -57,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
             "total_tokens": chosen.tree.get("total_tokens"), "vocab": chosen.method.vocab,
             **{k: v for k, v in chosen.describe().items() if k in ("head", "arms", "start")}, "stats": stats,
             **({"plain_stats": plain.stats.to_dict()} if plain is not None else {}),
+            "one_time_s": {k: round(v - paid_before.get(k, 0.0), 3) for k, v in onetime.costs().items()
+                           if v > paid_before.get(k, 0.0)},
         }))
     else:
         print(result.text)
@@ -66,6 +70,9 @@ def run(args: argparse.Namespace) -> int:
             speedup = stats["decode_tokens_per_s"] / p["decode_tokens_per_s"] if p["decode_tokens_per_s"] else 0
             print(f"[microspec] plain decoding (--drafter none) on the same prompt: {p['decode_tokens_per_s']:.2f} "
                   f"tok/s decode -> speculation {speedup:.2f}x", file=sys.stderr)
+        paid = onetime.summary(since=paid_before)
+        if paid:
+            print(f"[microspec] one-time costs (in none of the times above): {paid}", file=sys.stderr)
     return 0
 
 

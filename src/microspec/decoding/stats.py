@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
+
+from ..onetime import clock, total
 
 
 def sync(device: torch.device) -> None:
@@ -50,6 +51,7 @@ class GenerationStats:
     weight_bytes: int = 0  # bytes of target weights one target step reads (every matrix once)
     graph_captures: int | None = None  # CUDA graphs the target captured during this generation (graphs on)
     graph_drafts: int | None = None  # steps whose whole draft tree replayed as one CUDA graph (a graphed drafter)
+    one_time_s: float = 0.0  # one-time costs paid during the generation (microspec.onetime), in none of the times
 
     def record_step(self, committed: int, drafted: int, depth: int, head_rows: int) -> None:
         """One step's counts (its times come at the end of the generation: :class:`StepClock`)."""
@@ -95,6 +97,7 @@ class GenerationStats:
             "prompt_tokens": self.prompt_tokens,
             "wall_s": round(self.wall_s, 6),
             "prefill_s": round(self.prefill_s, 6),
+            "one_time_s": round(self.one_time_s, 6),
             "tokens_per_s": round(self.tokens_per_s, 3),
             "decode_tokens_per_s": round(self.decode_tokens_per_s, 3),
             "steps": self.steps,
@@ -128,13 +131,16 @@ def uses_events(device: torch.device | str) -> bool:
 class StepClock:
     """Time marks of one generation that never wait for the device: on a CPU the host's clock; on CUDA an event
     recorded on the current stream per mark, all read by one synchronisation in :meth:`resolve` at the end — so a
-    step keeps its only host read, the accepted tokens, and a side stream's work can overlap the next draft.
+    step keeps its only host read, the accepted tokens, and a side stream's work can overlap the next draft.  Either
+    way one-time costs (:mod:`microspec.onetime`: a kernel build, a graph capture) are not counted.
 
     ``mark()`` returns a mark's index; ``resolve()`` returns the seconds of every mark since the first."""
 
     def __init__(self, device: torch.device | str):
+        self.paid_from = total()  # one-time costs paid on this thread before the generation
         self.events = uses_events(device)
         self._marks: list = []
+        self._paid: list[float] = []
         self.mark()
 
     def mark(self) -> int:
@@ -142,8 +148,9 @@ class StepClock:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
             self._marks.append(event)
+            self._paid.append(total())  # one-time costs paid on the host: the device waited for them
         else:
-            self._marks.append(time.perf_counter())
+            self._marks.append(clock())
         return len(self._marks) - 1
 
     def resolve(self) -> list[float]:
@@ -151,12 +158,12 @@ class StepClock:
         if not self.events:
             return [t - first for t in self._marks]
         torch.cuda.synchronize()
-        return [first.elapsed_time(e) / 1000.0 for e in self._marks]
+        return [first.elapsed_time(e) / 1000.0 - (p - self._paid[0]) for e, p in zip(self._marks, self._paid)]
 
 
 class DeviceTimer:
     """Accumulates the time spent inside ``with timer:`` blocks without synchronising: CUDA events on a GPU (read
-    once, by :attr:`seconds`), the wall clock on a CPU."""
+    once, by :attr:`seconds`), the wall clock on a CPU; one-time costs paid inside a block are not counted."""
 
     def __init__(self, device: torch.device | str):
         self.cuda = uses_events(device)
@@ -168,15 +175,17 @@ class DeviceTimer:
         if self.cuda:
             self._events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
             self._events[-1][0].record()
+            self._t0 = total()
         else:
-            self._t0 = time.perf_counter()
+            self._t0 = clock()
         return self
 
     def __exit__(self, *exc) -> None:
         if self.cuda:
             self._events[-1][1].record()
+            self._seconds -= total() - self._t0  # one-time costs paid on the host inside the block
         else:
-            self._seconds += time.perf_counter() - self._t0
+            self._seconds += clock() - self._t0
 
     def take(self) -> float:
         """The seconds so far, and start again from zero."""

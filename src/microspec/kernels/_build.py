@@ -110,7 +110,11 @@ class Extension:
         return h.hexdigest()[:12]
 
     def load(self):
-        with self._lock:
+        from ..onetime import paying
+
+        # a one-time cost: the build (once per machine) or the import (once per process), and any wait for another
+        # thread's build; the clocks that time generation stand still meanwhile
+        with paying(f"{self.what} build" if not self._built() else f"{self.what} load"), self._lock:
             if self.module is not None or self.failed is not None:
                 return self.module
             from torch.utils import cpp_extension
@@ -149,6 +153,16 @@ class Extension:
 
                     raise MicrospecError(f"the {self.what} could not be built ({self.failed})") from None
             return self.module
+
+    def _built(self) -> bool:
+        """Whether this machine's cache holds the built module (a cheap look: the name of its file)."""
+        try:
+            from ..paths import cache_root
+
+            key = self.key()
+            return (cache_root() / "kernels" / f"{self.name}-{key}" / f"microspec_{self.name}_{key}.so").is_file()
+        except OSError:
+            return False
 
     def available(self) -> bool:
         """Whether the kernel serves calls (built on first call; False when disabled or unbuildable)."""

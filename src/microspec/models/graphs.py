@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..onetime import paying
 from .kv_cache import KVCache
 from .layers import by_window
 
@@ -266,6 +267,11 @@ def capture(body, pool, refusals: list[str] | None = None) -> tuple[torch.cuda.C
 
     A refused capture ends without CUDA's generator leaving capture mode (``CUDAGraph.capture_end`` raises before
     it resets the generator), after which any random draw outside a capture fails; an empty capture resets it."""
+    with paying("CUDA graph capture"):
+        return _capture(body, pool, refusals)
+
+
+def _capture(body, pool, refusals: list[str] | None) -> tuple[torch.cuda.CUDAGraph, object] | None:
     main = torch.cuda.current_stream()
     side = torch.cuda.Stream()
     side.wait_stream(main)

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from ..errors import MicrospecError
+from ..onetime import paying
 from ..paths import cache_root, exclusive, not_writable, shared_mode
 from .native import NativeCausalLM
 from .spec import GGUF_ARCHITECTURES, spec_from_config
@@ -182,7 +183,7 @@ def model_directory(name: str, kind: str, path: Path) -> Path:
     directory = _gguf_cache_dir(name, path)
     if (directory / "model.safetensors").is_file():
         return directory
-    with exclusive(directory.parent / (directory.name + ".lock")):
+    with paying("model conversion"), exclusive(directory.parent / (directory.name + ".lock")):
         if not (directory / "model.safetensors").is_file():  # not converted meanwhile by another process
             _remove_leftovers(directory)
             _check_architecture(path)  # before anything is written: a truncated file, an architecture not served
@@ -238,7 +239,8 @@ def _builtin_gguf(b: BuiltinModel) -> Path:
     target = cache_root() / "gguf" / b.filename
     if _assembled(target, b):
         return target
-    with exclusive(target.with_suffix(".lock")):  # one process assembles; another waits, then finds it
+    # one process assembles; another waits, then finds it
+    with paying("model file assembly"), exclusive(target.with_suffix(".lock")):
         if not _assembled(target, b):
             if target.is_file():
                 print(f"microspec: {target} is damaged (not the bytes of {b.name}): assembling it again",

@@ -38,10 +38,10 @@ from ..api import encode_messages, encode_prompt, has_chat_template, stop_string
 from ..auto import BatchDepth, RowLedger
 from ..compose import AutoEngine, Engine
 from ..errors import MicrospecError
+from ..onetime import clock
 from .metrics import Metrics
 from .protocol import APIError, Request, shutting_down
 from .text import TextStream
-
 
 STEP_DELAY_ENV = "MICROSPEC_SERVE_STEP_DELAY"
 # the most of the decoding thread's time a long prompt's prefill takes while other requests run: a prefill forward
@@ -283,10 +283,10 @@ class Worker:
                     self.kv_held += r.kv
                     (running if r.prefilled else prefilling).append(r)
             if prefilling and (not running or self.prefill_debt <= 0):  # a forward of the first long prompt
-                r, t0 = prefilling[0], time.perf_counter()
+                r, t0 = prefilling[0], clock()
                 done = self._prefill(r)
                 if running:  # the running requests' steps pay it back before the next one
-                    self.prefill_debt += (time.perf_counter() - t0) * (1 / PREFILL_SHARE - 1)
+                    self.prefill_debt += (clock() - t0) * (1 / PREFILL_SHARE - 1)
                 if done is None:  # it ended
                     prefilling.pop(0)
                     self.kv_held -= r.kv
@@ -297,12 +297,12 @@ class Worker:
                     return
                 continue
             self.running = len(running)
-            t0 = time.perf_counter()
+            t0 = clock()
             try:
                 errors = self._step(step_many, running)
             except Exception as exc:  # noqa: BLE001 - the step's own bookkeeping failed: its batch ends, not the worker
                 errors = [exc] * len(running)
-            self.prefill_debt = max(0.0, self.prefill_debt - (time.perf_counter() - t0))
+            self.prefill_debt = max(0.0, self.prefill_debt - (clock() - t0))
             ended = [(r, e) for r, e in zip(running, errors) if e is not None or r.gen.finish is not None]
             running = [r for r, e in zip(running, errors) if e is None and r.gen.finish is None]
             self.running = len(running)  # before the answers: a client that has one sees its slot free
@@ -320,7 +320,7 @@ class Worker:
         """One step of every running request (:func:`~microspec.decoding.loop.step_many`: a failure of the shared
         forward, such as running out of memory, fails each request of it), timed for the batch depth."""
         n, before = len(running), sum(len(r.gen.out) for r in running)
-        depth, t0 = self.depth(n), time.perf_counter()
+        depth, t0 = self.depth(n), clock()
         per = depth
         if depth and self.batch_depth is None:  # at a cap above 0, a request whose drafts do not pay decodes plainly
             per = [depth if ok else 0 for ok in self.depths.drafting(n, [r.ledger for r in running])]
@@ -336,7 +336,7 @@ class Worker:
                 if st.steps > k:  # it stepped: its root and draft nodes were verify rows
                     rows += 1 + st.draft_sizes[-1]
                     r.ledger.observe(st.draft_sizes[-1], st.accept_lengths[-1])
-            self.depths.observe(n, depth, sum(len(r.gen.out) for r in running) - before, time.perf_counter() - t0,
+            self.depths.observe(n, depth, sum(len(r.gen.out) for r in running) - before, clock() - t0,
                                 rows)
         return errors
 
