@@ -6,9 +6,10 @@ against this project's own MicroSpec policy fed as its engine feeds it.
 With vLLM (marked ``real``): a virtual environment built exactly as the README's [vllm] install line builds it
 (in the background from the start of the session, by tests/first_use.py; reused while pyproject.toml is unchanged;
 MICROSPEC_VLLM_PYTHON names an existing one instead), in which tests/vllm/checks.py runs vLLM without speculation and with the plugin's drafting on Gemma 3 270M, and writes what it
-saw: vLLM's greedy tokens with the plugin equal its own without speculation, one request and a batch of 4, for the
-full, FR-Spec and MicroSpec draft vocabularies and a batch mixing them (Gemma 3 270M; SmolLM2-135M-Instruct too); acceptance read from vLLM's spec-decode
-metrics; the vLLM internals the plugin touches are where it expects them.
+saw: vLLM's greedy tokens with the plugin equal its own without speculation (up to a near tie of vLLM's own bf16
+logits, see TIE), one request and a batch of 4, for the full, FR-Spec and MicroSpec draft vocabularies and a batch
+mixing them (Gemma 3 270M; SmolLM2-135M-Instruct too, beside vLLM's own n-gram speculation); acceptance read from
+vLLM's spec-decode metrics; the vLLM internals the plugin touches are where it expects them.
 """
 
 from __future__ import annotations
@@ -142,35 +143,93 @@ def vllm_run(first_use):
     return json.loads((out / "checks.json").read_text())
 
 
+# Where a speculative run parts from vLLM's plain decoding, the target was at a near tie: its two most likely tokens
+# within TIE in log-probability (vLLM's bf16 logits, 2^-3 apart at a logit between 16 and 32: TIE is two such steps,
+# one step between 32 and 64), and the run took the other of the two.  vLLM's CPU kernels compute a verify pass of
+# several rows in other shapes than a one-row step, and the last bf16 bit of a logit may then differ: at such a tie
+# either token is vLLM's own greedy choice for some batch shape or CPU (SmolLM2's third prompt: 266 against 486,
+# 0.125 apart, one CPU's plain decoding takes one and another CPU's the other).  A token taken anywhere else fails:
+# a plugin that changed what vLLM samples would part from plain decoding far from a tie.  After a near tie the
+# texts go on from different tokens and are not compared further.
+TIE = 0.25
+ACCEPTED_FIRST = 0.15  # the least share of drafts whose first token vLLM accepts (measured: 0.38-0.53)
+
+
+def near_ties(got: list, plain: list, top2: list | None) -> list:
+    """Assert that each sequence of ``got`` is ``plain``'s, or is up to a near tie (see TIE) where it took the
+    runner-up (``top2``: plain decoding's two most likely tokens per position; None: no tie is allowed); return the
+    near ties, (sequence, position, gap)."""
+    assert len(got) == len(plain)
+    ties = []
+    for i, (g, p) in enumerate(zip(got, plain)):
+        assert len(g) == len(p), (i, g, p)
+        pos = next((j for j, (a, b) in enumerate(zip(g, p)) if a != b), None)
+        if pos is None:
+            continue
+        where = f"sequence {i} parts from vLLM's plain decoding at position {pos} ({g[pos]} for {p[pos]})"
+        assert top2 is not None, f"{where}: {g} against {p}"
+        (t1, l1), (t2, l2) = top2[i][pos]
+        assert {t1, t2} == {g[pos], p[pos]} and l1 - l2 <= TIE, \
+            f"{where}, not at a near tie: the target's two most likely there {top2[i][pos]}; {g} against {p}"
+        ties.append((i, pos, round(l1 - l2, 4)))
+    return ties
+
+
+def check_metrics(m: dict) -> None:
+    assert m["num_draft_tokens"] > 0 and 0 < m["num_accepted_tokens"] <= m["num_draft_tokens"]
+    assert len(m["num_accepted_tokens_per_pos"]) == 3
+    assert m["num_accepted_tokens_per_pos"][0] >= ACCEPTED_FIRST * m["num_drafts"], m  # drafts of the target's ids
+
+
+def test_near_ties_allow_a_runner_up_at_a_tie_only():
+    plain, top2 = [[1, 2, 3, 4]], [[[[1, -0.1], [9, -3]], [[2, -1.0], [7, -1.125]], [[3, -0.5], [8, -2]],
+                                     [[4, -0.2], [6, -2]]]]
+    assert near_ties([[1, 2, 3, 4]], plain, top2) == []
+    assert near_ties([[1, 7, 5, 5]], plain, top2) == [(0, 1, 0.125)]  # the runner-up at a tie; then not compared
+    with pytest.raises(AssertionError, match="not at a near tie"):
+        near_ties([[1, 2, 8, 4]], plain, top2)  # the runner-up 1.5 below
+    with pytest.raises(AssertionError, match="not at a near tie"):
+        near_ties([[1, 5, 3, 4]], plain, top2)  # not the runner-up
+    with pytest.raises(AssertionError, match="parts from"):
+        near_ties([[1, 7, 3, 4]], plain, None)
+
+
 @pytest.mark.real
 def test_vllm_internals_are_where_the_plugin_expects_them(vllm_run):
     assert vllm_run["problems"] == []
 
 
+def _alone_top2(run: dict) -> list | None:
+    """Plain decoding's top two for the first prompt alone: the batch's, where plain decoding gave it the same
+    tokens alone and in the batch (else no tie is allowed)."""
+    return run["top2"][:1] if run["alone"] == run["batch"][:1] else None
+
+
 @pytest.mark.real
 @pytest.mark.parametrize("vocab", ["full", "fr-spec-32k", "microspec"])
 def test_vllm_greedy_output_is_vllms_own(vllm_run, vocab):
-    run = vllm_run["spec"][vocab]
-    assert run["batch"] == vllm_run["plain"]["batch"]
-    assert run["alone"] == vllm_run["plain"]["alone"]
-    m = run["metrics"]
-    assert m["num_draft_tokens"] > 0 and 0 < m["num_accepted_tokens"] <= m["num_draft_tokens"]
-    assert len(m["num_accepted_tokens_per_pos"]) == 3 and m["num_accepted_tokens_per_pos"][0] > 0
+    run, plain = vllm_run["spec"][vocab], vllm_run["plain"]
+    near_ties(run["batch"], plain["batch"], plain["top2"])
+    near_ties(run["alone"], plain["alone"], _alone_top2(plain))
+    check_metrics(run["metrics"])
 
 
 @pytest.mark.real
 def test_vllm_second_model(vllm_run):
-    """SmolLM2-135M-Instruct's head (Llama: no embedding scale) drafts in vLLM too, lossless."""
+    """SmolLM2-135M-Instruct's head (Llama: no embedding scale) drafts in vLLM too, lossless up to vLLM's own near
+    ties; vLLM's own speculation (prompt lookup) is held to the same rule."""
     second = vllm_run["second"]
-    assert second["microspec"] == second["plain"] and second["mixed"] == second["plain"]
-    assert second["metrics"]["num_accepted_tokens"] > 0
+    for run in ("microspec", "mixed", "vllm_ngram"):
+        near_ties(second[run], second["plain"], second["top2"])
+    check_metrics(second["metrics"])
 
 
 @pytest.mark.real
 def test_vllm_mixed_batch_and_sampling(vllm_run):
-    assert vllm_run["mixed"] == vllm_run["plain"]["batch"]
-    assert vllm_run["bad_vocab"] == vllm_run["plain"]["alone"]
-    assert vllm_run["absurd_vocab"] == vllm_run["plain"]["batch"]  # refused, drafted with the default, served
+    plain = vllm_run["plain"]
+    near_ties(vllm_run["mixed"], plain["batch"], plain["top2"])
+    near_ties(vllm_run["bad_vocab"], plain["alone"], _alone_top2(plain))
+    near_ties(vllm_run["absurd_vocab"], plain["batch"], plain["top2"])  # refused, drafted with the default, served
     assert [len(t) for t in vllm_run["sampled"]] == [16, 16]
     assert all(0 <= t < 262144 for seq in vllm_run["sampled"] for t in seq)
 

@@ -8,7 +8,10 @@ Two engines in this process (vLLM in-process: VLLM_ENABLE_V1_MULTIPROCESSING=0):
 drafting with the plugin's head.  The same prompts, alone and as a batch of 4, greedy, each draft vocabulary; a
 batch whose requests each use another vocabulary; seeded sampling; a request naming no vocabulary, and requests
 whose vocabulary options are past their bounds.  A second model
-(SmolLM2's head), when given, gets the batch greedy with MicroSpec and the mixed batch.
+(SmolLM2's head), when given, gets the batch greedy with MicroSpec and the mixed batch, and vLLM's own n-gram
+speculation.  Plain decoding's batches keep the target's two most likely tokens and their log-probabilities at every
+position (``top2``): where a speculative run's tokens part from plain decoding's, the test reads there whether the
+target was at a near tie (vLLM's bf16 kernels may then pick either token, as the batch's shape or the CPU decides).
 """
 
 from __future__ import annotations
@@ -31,14 +34,19 @@ def engine(target: str, head: str | None):
     return LLM(**engine_args(target, head, max_model_len=1024, seed=0))
 
 
-def run(llm, prompts, vocabs, temperature=0.0, seed=None):
+def run(llm, prompts, vocabs, temperature=0.0, seed=None, top2=None):
+    """The tokens of each prompt; with ``top2`` (a list), each position's two most likely tokens and their
+    log-probabilities ([[id, logprob], [id, logprob]], vLLM's raw log-probabilities) appended to it per prompt."""
     from vllm import SamplingParams
 
     from microspec.vllm.peer import vocab_args
 
     params = [SamplingParams(temperature=temperature, seed=seed, max_tokens=TOKENS, ignore_eos=True,
-                             extra_args=vocab_args(v)) for v in vocabs]
+                             extra_args=vocab_args(v), logprobs=2 if top2 is not None else None) for v in vocabs]
     outs = llm.generate(prompts, params, use_tqdm=False)
+    if top2 is not None:
+        top2 += [[sorted(([t, lp.logprob] for t, lp in d.items()), key=lambda x: -x[1])[:2]
+                  for d in o.outputs[0].logprobs] for o in outs]
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
@@ -54,7 +62,9 @@ def main(target: str, head: str, out_path: str, second: tuple = ()) -> None:
 
     plain = engine(target, None)
     result["start_s"] = time.time() - t0
-    result["plain"] = {"batch": run(plain, PROMPTS, [None] * 4), "alone": run(plain, PROMPTS[:1], [None])}
+    top2: list = []
+    result["plain"] = {"batch": run(plain, PROMPTS, [None] * 4, top2=top2), "alone": run(plain, PROMPTS[:1], [None]),
+                       "top2": top2}
     del plain
     import gc
 
@@ -78,8 +88,13 @@ def main(target: str, head: str, out_path: str, second: tuple = ()) -> None:
     del spec
     gc.collect()
     if second:
+        from vllm import LLM
+
+        from microspec.vllm.peer import engine_args
+
         plain = engine(second[0], None)
-        result["second"] = {"plain": run(plain, PROMPTS, [None] * 4)}
+        top2 = []
+        result["second"] = {"plain": run(plain, PROMPTS, [None] * 4, top2=top2), "top2": top2}
         del plain
         gc.collect()
         spec = engine(*second)
@@ -87,6 +102,14 @@ def main(target: str, head: str, out_path: str, second: tuple = ()) -> None:
         result["second"]["microspec"] = run(spec, PROMPTS, ["microspec"] * 4)
         result["second"]["metrics"] = counter_delta(spec_counters(spec), before)
         result["second"]["mixed"] = run(spec, PROMPTS, ["microspec", "full", "fr-spec-32k", "microspec"])
+        del spec
+        gc.collect()
+        # vLLM's own speculation (prompt lookup), beside the plugin's: whether it too parts from plain decoding.  The
+        # last engine made here: once its proposer has imported numba, vLLM 0.32's CPU platform fails to start another
+        # engine in the process (rebinding its kernels trips over numba's objects)
+        ngram = LLM(**engine_args(second[0], None, max_model_len=1024, seed=0, speculative_config={
+            "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}))
+        result["second"]["vllm_ngram"] = run(ngram, PROMPTS, [None] * 4)
     mark("second model")
     result["seconds"] = time.time() - t0
     with open(out_path, "w") as f:
