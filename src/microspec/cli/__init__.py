@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
+from .. import onetime
 from ..errors import MachineError, MicrospecError
 from . import analyze, bench, coverage, freq, generate, serve, train, vllm_prepare
 from .common import Parser, resolve_weights
@@ -30,7 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
+        paid_before = onetime.costs()  # what this command pays once is reported apart from its times
         args = build_parser().parse_args(argv)
+        args.paid_before = paid_before
         args.argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
         resolve_weights(args)
         return args.func(args)

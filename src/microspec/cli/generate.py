@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not prompt.strip():
         raise MicrospecError("the prompt is empty")
-    paid_before = onetime.costs()  # this command's one-time costs are reported apart, after the times
+    paid_before = getattr(args, "paid_before", {})  # this command's one-time costs: reported apart, after the times
     cfg, engine = engine_from_args(args)
     lm = engine.lm
     chosen = engine.engine_for(cfg)  # auto: this decoding's engine
