@@ -393,3 +393,34 @@ def test_train_eagle_answers_with_packed_weights(smollm2_gguf, tmp_path):
         assert rec["prompt_ids"] == encode_prompt(smollm2_gguf, prompt)
         assert rec["response_ids"] == generate(smollm2_gguf, prompt, GenerationConfig(max_new_tokens=12),
                                                method="ar").token_ids
+
+
+FRESH = """
+import hashlib, json, torch
+import microspec
+from microspec.decoding import GenerationConfig
+torch.set_num_threads(2)
+lm = microspec.load_model("gemma-3-270m", dtype="gguf")
+ids = lm.tokenizer("Write a short story about a lighthouse keeper who finds a message in a bottle on a "
+                   "stormy night").input_ids[:20]
+with torch.inference_mode():
+    h = lm.model(torch.tensor(ids), lm.model.new_cache(64))
+h = h[0] if isinstance(h, tuple) else h
+out = {"forward": hashlib.md5(h.float().numpy().tobytes()).hexdigest()}
+cfg = GenerationConfig(max_new_tokens=24, temperature=0.7, seed=11)
+for method in ("ar", "auto", "eagle+microspec"):
+    out[method] = microspec.generate(lm, "The three laws of robotics are", cfg, method=method).token_ids
+print(json.dumps(out))
+"""
+def test_a_seeded_request_is_the_same_in_every_fresh_process():
+    """The same request gives the same output every time: fresh processes (two threads each, one after the other:
+    two at once on two cores spin-wait for each other's preempted threads, several times slower) compute the same
+    bits for a 20-row forward (rows split between the threads) and the same seeded T 0.7 text for plain decoding,
+    auto and EAGLE + MicroSpec."""
+    outs = []
+    for _ in range(2):
+        ran = subprocess.run([sys.executable, "-c", FRESH], capture_output=True, text=True, timeout=600)
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        outs.append(json.loads(ran.stdout.strip().splitlines()[-1]))
+    assert outs[0] == outs[1], outs
+    assert outs[0]["ar"] == outs[0]["auto"] == outs[0]["eagle+microspec"]  # the seed fixes the text
