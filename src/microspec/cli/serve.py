@@ -9,6 +9,7 @@ import os
 import socket
 import sys
 
+from .. import onetime
 from ..auto import AutoEngine
 from ..compose import set_threads
 from ..errors import MicrospecError
@@ -164,6 +165,9 @@ def run(args: argparse.Namespace) -> int:
         budget = "" if kv_budget is None else f", KV cache budget {kv_budget / 2**20:.0f} MiB"
         print(f"[microspec] serving {name} ({engine.lm.weights}, {method}) on http://{host}:{args.port}/v1"
               + budget + (", API key required" if args.api_key else ""), file=sys.stderr, flush=True)
+        paid = onetime.summary(since=getattr(args, "paid_before", None))
+        if paid:  # a fresh machine's kernel builds and model conversion: before the first request, in none of its times
+            print(f"[microspec] one-time costs paid before serving: {paid}", file=sys.stderr, flush=True)
         if not args.api_key and not _loopback(args.host):
             print(f"[microspec] warning: {args.host} is reachable from other machines and no API key is set "
                   f"(--api-key or {API_KEY_ENV})", file=sys.stderr, flush=True)
