@@ -28,8 +28,8 @@ from .drafters.eagle3 import D2T_MODES
 from .engine import Engine, build_policy
 from .errors import MicrospecError
 from .method import Method, as_method, eagle_head_path, method_names
-from .models.registry import DEFAULT_MODEL, load_model
 from .models.first_use import prepare
+from .models.registry import DEFAULT_MODEL, load_model
 from .resolve import build_method, load_heads, log_sizing, make_drafter, open_method
 
 if TYPE_CHECKING:

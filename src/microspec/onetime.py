@@ -45,20 +45,29 @@ def record(what: str, seconds: float) -> None:
         _costs[what] = _costs.get(what, 0.0) + seconds
 
 
+class Cost:
+    """What a :func:`paying` block is paying, renamable inside it (a kernel found built is loaded, else built)."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+
 @contextmanager
 def paying(what: str):
-    """Time the block as the one-time cost ``what`` (a block inside another counts once, as the outer one)."""
+    """Time the block as the one-time cost ``what`` (a block inside another counts once, as the outer one); yields a
+    :class:`Cost` whose ``what`` names the cost when the block ends."""
+    cost = Cost(what)
     if getattr(_local, "depth", 0):
-        yield
+        yield cost
         return
     _local.depth = 1
     t0 = time.perf_counter()
     try:
-        yield
+        yield cost
     finally:
         seconds = time.perf_counter() - t0
         _local.depth = 0
-        record(what, seconds)
+        record(cost.what, seconds)
 
 
 def costs() -> dict[str, float]:
@@ -67,12 +76,17 @@ def costs() -> dict[str, float]:
         return dict(_costs)
 
 
+def paid_since(before: dict[str, float] | None = None) -> dict[str, float]:
+    """The one-time costs paid since the snapshot ``before`` of :func:`costs` (all of them without one), by kind."""
+    before = before or {}
+    return {k: v - before.get(k, 0.0) for k, v in costs().items() if v > before.get(k, 0.0)}
+
+
 def summary(since: dict[str, float] | None = None, floor: float = 0.05) -> str:
     """One line naming the one-time costs paid (since the snapshot ``since`` of :func:`costs`, when given) that took
     at least ``floor`` seconds; empty when there are none."""
-    now, before = costs(), since or {}
-    paid = {k: v - before.get(k, 0.0) for k, v in now.items() if v - before.get(k, 0.0) >= floor}
+    paid = {k: v for k, v in paid_since(since).items() if v >= floor}
     return ", ".join(f"{k} {v:.1f} s" for k, v in sorted(paid.items(), key=lambda kv: -kv[1]))
 
 
-__all__ = ["clock", "costs", "paying", "record", "summary", "total"]
+__all__ = ["Cost", "clock", "costs", "paid_since", "paying", "record", "summary", "total"]

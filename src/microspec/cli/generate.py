@@ -59,8 +59,7 @@ def run(args: argparse.Namespace) -> int:
             "total_tokens": chosen.tree.get("total_tokens"), "vocab": chosen.method.vocab,
             **{k: v for k, v in chosen.describe().items() if k in ("head", "arms", "start")}, "stats": stats,
             **({"plain_stats": plain.stats.to_dict()} if plain is not None else {}),
-            "one_time_s": {k: round(v - paid_before.get(k, 0.0), 3) for k, v in onetime.costs().items()
-                           if v > paid_before.get(k, 0.0)},
+            "one_time_s": {k: round(v, 3) for k, v in onetime.paid_since(paid_before).items()},
         }))
     else:
         print(result.text)

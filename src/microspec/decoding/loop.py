@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ..models.first_use import prepare
-from ..onetime import clock, total
 from ..errors import MicrospecError, check
 from ..kernels import cpu_linear
 from ..models import graphs as model_graphs
+from ..models.first_use import prepare
 from ..models.native import NativeCausalLM, Taps
+from ..onetime import clock, total
 from ..transfer import HostRead, rows_of, to_device
 from .adaptive import AdaptiveSteps
 from .config import GenerationConfig

@@ -114,7 +114,7 @@ class Extension:
 
         # a one-time cost: the build (once per machine) or the import (once per process), and any wait for another
         # thread's build; the clocks that time generation stand still meanwhile
-        with paying(f"{self.what} build" if not self._built() else f"{self.what} load"), self._lock:
+        with paying(f"{self.what} load") as cost, self._lock:
             if self.module is not None or self.failed is not None:
                 return self.module
             from torch.utils import cpp_extension
@@ -133,6 +133,7 @@ class Extension:
                         return self.module
                     except (ImportError, OSError):  # cut short by a killed build: built again below
                         damaged = True
+                cost.what = f"{self.what} build"
                 build.mkdir(parents=True, exist_ok=True)
                 # one process builds at a time (a file lock that dies with its holder); holding it, a lock file of
                 # torch's own left in the folder is a killed build's, which would make this one wait forever
@@ -153,16 +154,6 @@ class Extension:
 
                     raise MicrospecError(f"the {self.what} could not be built ({self.failed})") from None
             return self.module
-
-    def _built(self) -> bool:
-        """Whether this machine's cache holds the built module (a cheap look: the name of its file)."""
-        try:
-            from ..paths import cache_root
-
-            key = self.key()
-            return (cache_root() / "kernels" / f"{self.name}-{key}" / f"microspec_{self.name}_{key}.so").is_file()
-        except OSError:
-            return False
 
     def available(self) -> bool:
         """Whether the kernel serves calls (built on first call; False when disabled or unbuildable)."""

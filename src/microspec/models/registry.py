@@ -231,13 +231,19 @@ def builtin_copy(path: Path) -> str | None:
         return None
     if not any(b.size == st.st_size for b in BUILTINS.values()):
         return None
-    key = _key_of(str(path.resolve()), st.st_size, st.st_mtime_ns)
+    key = _key(path, st)
     return next((b.name for b in BUILTINS.values() if b.size == st.st_size and b.file_key == key), None)
+
+
+def _key(path: Path, st: os.stat_result | None = None) -> str:
+    """:func:`_file_key` of ``path``, read once per process and file version (its path, size and modification
+    time): resolving a model, checking an assembled file and naming its cache each ask for it."""
+    st = st or path.stat()
+    return _key_of(str(path.resolve()), st.st_size, st.st_mtime_ns)
 
 
 @functools.lru_cache(maxsize=64)
 def _key_of(path: str, size: int, mtime_ns: int) -> str:
-    """:func:`_file_key` of a file version (its path, size and modification time)."""
     return _file_key(Path(path))
 
 
@@ -273,7 +279,7 @@ def _builtin_gguf(b: BuiltinModel) -> Path:
 
 def _assembled(target: Path, b: BuiltinModel) -> bool:
     """Whether ``target`` is the built-in's assembled file, whole (its key: the size and both ends' bytes)."""
-    return target.is_file() and _file_key(target) == b.file_key
+    return target.is_file() and _key(target) == b.file_key
 
 
 def _file_key(path: Path) -> str:
@@ -306,7 +312,7 @@ def _check_gguf(path: Path) -> None:
 
 
 def _gguf_cache_dir(name: str, path: Path) -> Path:
-    return cache_root() / "models" / f"{name}-{_file_key(path)}"
+    return cache_root() / "models" / f"{name}-{_key(path)}"
 
 
 @contextlib.contextmanager
