@@ -26,12 +26,12 @@ VOCABS = ["full", "fr-spec-32k", "microspec"]
 TOKENS = 16
 
 
-def engine(target: str, head: str | None):
+def engine(target: str, head: str | None, **overrides):
     from vllm import LLM
 
     from microspec.vllm.peer import engine_args
 
-    return LLM(**engine_args(target, head, max_model_len=1024, seed=0))
+    return LLM(**engine_args(target, head, max_model_len=1024, seed=0, **overrides))
 
 
 def run(llm, prompts, vocabs, temperature=0.0, seed=None, top2=None):
@@ -88,10 +88,6 @@ def main(target: str, head: str, out_path: str, second: tuple = ()) -> None:
     del spec
     gc.collect()
     if second:
-        from vllm import LLM
-
-        from microspec.vllm.peer import engine_args
-
         plain = engine(second[0], None)
         top2 = []
         result["second"] = {"plain": run(plain, PROMPTS, [None] * 4, top2=top2), "top2": top2}
@@ -107,8 +103,8 @@ def main(target: str, head: str, out_path: str, second: tuple = ()) -> None:
         # vLLM's own speculation (prompt lookup), beside the plugin's: whether it too parts from plain decoding.  The
         # last engine made here: once its proposer has imported numba, vLLM 0.32's CPU platform fails to start another
         # engine in the process (rebinding its kernels trips over numba's objects)
-        ngram = LLM(**engine_args(second[0], None, max_model_len=1024, seed=0, speculative_config={
-            "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}))
+        ngram = engine(second[0], None, speculative_config={
+            "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1})
         result["second"]["vllm_ngram"] = run(ngram, PROMPTS, [None] * 4)
     mark("second model")
     result["seconds"] = time.time() - t0
