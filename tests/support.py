@@ -20,6 +20,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 96
+# OpenAI's penalties and bias (processors that run in drafting and verification), as tests decode with them
+OPENAI = {"presence_penalty": 0.7, "frequency_penalty": 0.5, "logit_bias": {10: 1.5, 20: -2.0, 31: 3.0}}
 
 
 

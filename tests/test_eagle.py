@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from support import VOCAB, official_checkpoint, tiny_pair
+from support import OPENAI, VOCAB, official_checkpoint, tiny_pair
 from microspec.decoding import GenerationConfig, generate_ids
 from microspec.drafters import EagleDrafter, EagleHead
 from microspec.errors import MicrospecError
@@ -73,7 +73,7 @@ def test_save_load_round_trip(tmp_path):
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 @pytest.mark.parametrize("top_k,depth,total", [(None, 3, None), (2, 3, 5), (3, 4, 10)])
-@pytest.mark.parametrize("processors", [{}, {"repetition_penalty": 1.2}])
+@pytest.mark.parametrize("processors", [{}, {"repetition_penalty": 1.2}, OPENAI])
 def test_eagle_greedy_identity(tmp_path, family, top_k, depth, total, processors):
     _, nm = tiny_pair(family)
     path, _, _ = official_checkpoint(tmp_path / "ck", d=nm.spec.hidden_size)
@@ -87,7 +87,7 @@ def test_eagle_greedy_identity(tmp_path, family, top_k, depth, total, processors
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
-@pytest.mark.parametrize("processors", [{}, {"repetition_penalty": 1.2, "no_repeat_ngram_size": 3}])
+@pytest.mark.parametrize("processors", [{}, {"repetition_penalty": 1.2, "no_repeat_ngram_size": 3}, OPENAI])
 @pytest.mark.parametrize("policy", [None, "microspec"])
 def test_eagle_with_prompt_lookup_first_is_lossless(tmp_path, family, processors, policy):
     """Prompt lookup first, the EAGLE tree elsewhere: both draft in one generation (the head catches up on the

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from microspec.decoding.config import GenerationConfig
-from microspec.decoding.processors import NoRepeatNGram, RepetitionPenalty, warp_probs
+from microspec.decoding.processors import (LogitBias, LogitsPipeline, NoRepeatNGram, PresenceFrequency,
+                                          RepetitionPenalty, warp_probs)
 from microspec.errors import MicrospecError
 
 V = 50
@@ -52,6 +53,77 @@ def test_the_penalty_by_index_is_the_penalty_over_whole_rows(monkeypatch, penalt
                 assert torch.equal(rp.apply(logits[:rows].clone(), ex), whole), (committed, ex)
                 touched = committed or any(len(e) for e in ex or [])
                 assert torch.equal(whole, logits[:rows]) != bool(touched)
+
+
+def _openai_reference(logits: torch.Tensor, generated: list[int], presence: float, frequency: float,
+                      bias: dict[int, float]) -> torch.Tensor:
+    """OpenAI's documented rule, written out: logit[j] + bias[j] - c[j] * frequency - (c[j] > 0) * presence, c[j]
+    the times j was generated (in float64, then compared within float32 rounding)."""
+    out = logits.double().clone()
+    for j, b in bias.items():
+        out[:, j] += b
+    for j in set(generated):
+        c = generated.count(j)
+        out[:, j] -= c * frequency + presence
+    return out
+
+
+@pytest.mark.parametrize("presence, frequency", [(0.6, 0.9), (-0.5, 0.0), (0.0, 2.0), (2.0, -2.0)])
+def test_presence_frequency_and_bias_follow_openais_rule_on_every_path(presence, frequency):
+    """The pipeline's presence and frequency penalties and logit bias: OpenAI's rule over the generated tokens (the
+    prompt not counted), with a tree path's tokens counted as generated; the host's index path, the device path
+    over whole rows and the draft head's columns give the same bits."""
+    rng = random.Random(int(10 * presence + frequency))
+    bias = {3: 5.0, 7: -100.0, 11: 0.25}
+    cfg = GenerationConfig(presence_penalty=presence, frequency_penalty=frequency, logit_bias=bias,
+                           repetition_penalty=1.0)
+    for trial in range(25):
+        pipe = LogitsPipeline(cfg, V, torch.device("cpu"))
+        prompt = [rng.randrange(12) for _ in range(rng.randrange(1, 9))]
+        generated = [rng.randrange(12) for _ in range(rng.randrange(0, 12))]
+        pipe.start(prompt)
+        pipe.commit(generated)
+        paths = [[], [rng.randrange(12) for _ in range(3)], [generated[0] if generated else 1] * 2]
+        logits = torch.randn(len(paths), V) * 3
+        got = pipe.process(logits.clone(), paths)
+        for r, path in enumerate(paths):
+            want = _openai_reference(logits[r : r + 1], generated + path, presence, frequency, bias)
+            torch.testing.assert_close(got[r : r + 1].double(), want, rtol=0, atol=1e-5)
+        width = max(len(p) for p in paths)
+        padded = torch.tensor([p + [-1] * (width - len(p)) for p in paths], dtype=torch.long)
+        assert torch.equal(pipe.process_on_device(logits.clone(), padded), got)
+        col_ids = torch.tensor([3, -1, 0, 7, 11, 5, 2, generated[-1] if generated else 9])
+        col_ids = torch.tensor(list(dict.fromkeys(col_ids.tolist())))  # each id once
+        inverse = torch.full((V,), -1, dtype=torch.long)
+        inverse[col_ids[col_ids >= 0]] = torch.nonzero(col_ids >= 0).squeeze(1)
+        cols = logits[:, col_ids.clamp(min=0)].clone()
+        want = pipe.process_columns(cols.clone(), lambda ids: inverse[ids], paths)
+        assert torch.equal(pipe.process_on_device(cols.clone(), padded, col_ids), want)
+        keep = col_ids >= 0
+        assert torch.equal(want[:, keep], got[:, col_ids[keep]])
+
+
+def test_the_prompt_is_not_counted_but_is_history_for_the_repetition_penalty():
+    cfg = GenerationConfig(presence_penalty=1.0, repetition_penalty=2.0)
+    pipe = LogitsPipeline(cfg, V, torch.device("cpu"))
+    pipe.start([4])
+    pipe.commit([5])
+    out = pipe.process(torch.full((1, V), 4.0))[0]
+    assert out[4] == 2.0 and out[5] == 1.0 and out[6] == 4.0  # 4: the penalty; 5: the penalty, then presence
+
+
+@pytest.mark.parametrize("kwargs", [dict(presence_penalty=2.5), dict(frequency_penalty=-3),
+                                    dict(logit_bias={1: 101}), dict(logit_bias={-1: 1.0}),
+                                    dict(logit_bias={"a": 1.0}), dict(logprobs=21), dict(logprobs=-1),
+                                    dict(logprobs_mode="final")])
+def test_bad_openai_options(kwargs):
+    with pytest.raises(MicrospecError):
+        GenerationConfig(**kwargs)
+
+
+def test_a_bias_outside_the_vocabulary_is_one_clear_error():
+    with pytest.raises(MicrospecError, match="outside the vocabulary"):
+        LogitBias([(V, 1.0)], V, torch.device("cpu"))
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])

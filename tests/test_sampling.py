@@ -22,6 +22,8 @@ N_KEYED = 150  # seeds of a keyed run, each one's tokens checked against plain d
 SETTINGS = {"temperature": 0.8, "top_p": 0.95, "repetition_penalty": 1.3}
 # top-k and min-p cut the target's distribution (drafts outside it are rejected; the residual has holes)
 SETTINGS_K = {"temperature": 1.2, "top_k": 12, "min_p": 0.05, "top_p": 0.95, "repetition_penalty": 1.3}
+# OpenAI's presence and frequency penalties and logit bias with the repetition penalty and the warpers
+SETTINGS_OPENAI = {**SETTINGS, "presence_penalty": 2.0, "frequency_penalty": 1.0, "logit_bias": {10: 3.0, 20: -5.0, 31: 4.0}}
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +39,12 @@ def _warp(hf, seqs: torch.Tensor, settings: dict = SETTINGS) -> torch.Tensor:
 
     with torch.no_grad():
         logits = hf(seqs).logits[:, -1].float()
+    for token, amount in settings.get("logit_bias", {}).items():  # OpenAI's bias, before the penalties
+        logits[:, token] += amount
     logits = RepetitionPenaltyLogitsProcessor(settings["repetition_penalty"])(seqs, logits)
+    if settings.get("presence_penalty") or settings.get("frequency_penalty"):  # OpenAI's rule, generated tokens only
+        counts = torch.zeros_like(logits).scatter_add_(1, seqs[:, len(PROMPT):], torch.ones_like(logits))
+        logits -= counts * settings.get("frequency_penalty", 0) + (counts > 0) * settings.get("presence_penalty", 0)
     logits = TemperatureLogitsWarper(settings["temperature"])(seqs, logits)
     if settings.get("top_k"):
         logits = TopKLogitsWarper(settings["top_k"])(seqs, logits)
@@ -280,7 +287,7 @@ def _follow_the_target(nm, seeds: list, results: list, settings: dict, marginals
     under rejection sampling the tokens' marginals are the target's (chi-square and total variation)."""
     if _keyed():
         for seed, r in zip(seeds, results):
-            key = (tuple(sorted(settings.items())), seed)
+            key = (repr(sorted(settings.items())), seed)
             if key not in _PLAIN:
                 _PLAIN[key] = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=3, seed=seed, ignore_eos=True,
                                                                         **settings)).token_ids
@@ -420,6 +427,23 @@ def test_sampling_with_top_k_and_min_p_matches_exact_distribution(pair, exact, d
     _follow_the_target(nm, seeds, results, SETTINGS_K, want, f"{drafter}+{policy} top-k/min-p")
     if policy:  # drafts get accepted under the cut distribution
         assert sum(sum(a - 1 for a in r.stats.accept_lengths) for r in results) > len(seeds) * 0.1
+
+
+@pytest.mark.parametrize("drafter, policy", [("iid-bad", None), ("deterministic-topk", None),
+                                             ("eagle-chain", "microspec"), ("eagle-tree", "microspec"),
+                                             ("eagle-tree", "fr-spec")])
+def test_sampling_with_openai_penalties_and_bias_matches_exact_distribution(pair, drafter, policy, rule):
+    """OpenAI's presence and frequency penalties (generated tokens only) and logit bias process the target's rows and
+    the drafts alike, a restricted draft vocabulary's columns included: the committed tokens follow the target's
+    distribution under them exactly, chains and trees, by the keyed rule and by rejection sampling."""
+    hf, nm = pair
+    want = _marginals(hf, SETTINGS_OPENAI)
+    before = _marginals(hf, SETTINGS)
+    assert all((a - b).abs().sum() > 0.1 for a, b in zip(want[1:], before[1:]))  # the options change the text
+    seeds, results = _generations(nm, _drafters(want)[drafter], SETTINGS_OPENAI, range(N), policy)
+    _follow_the_target(nm, seeds, results, SETTINGS_OPENAI, want, f"{drafter}+{policy} openai")
+    if drafter != "iid-bad":  # drafts get accepted under the options (a bad draft's rejections are the other case)
+        assert sum(sum(a - 1 for a in r.stats.accept_lengths) for r in results) > len(seeds) * 0.02
 
 
 def test_autoregressive_sampling_matches_exact_distribution(pair, exact, coupling):

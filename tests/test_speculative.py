@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from support import VOCAB, tiny_pair
+from support import OPENAI, VOCAB, tiny_pair
 from microspec.decoding import GenerationConfig, generate_ids
 from microspec.decoding.tree import DraftTree
 from microspec.decoding.verify import HEAD_MODES
@@ -65,7 +65,7 @@ def test_tree_structure():
 
 
 @pytest.mark.parametrize("head_mode", HEAD_MODES)
-@pytest.mark.parametrize("processors", [{}, {"repetition_penalty": 1.3, "no_repeat_ngram_size": 3}])
+@pytest.mark.parametrize("processors", [{}, {"repetition_penalty": 1.3, "no_repeat_ngram_size": 3}, OPENAI])
 def test_oracle_tree_greedy_identity(family, head_mode, processors):
     _, nm = tiny_pair(family)
     n = 30
@@ -110,7 +110,7 @@ def test_eos_inside_tree_and_exact_max_new_tokens():
 
 @pytest.mark.parametrize("make", [lambda: NGramDrafter(num_tokens=5), lambda: NGramDrafter(num_tokens=10),
                                   lambda: EarlyExitDrafter(1, depth=3), lambda: EarlyExitDrafter(1, depth=6)])
-@pytest.mark.parametrize("processors", [{}, {"repetition_penalty": 1.2}])
+@pytest.mark.parametrize("processors", [{}, {"repetition_penalty": 1.2}, OPENAI])
 def test_real_drafters_greedy_identity(family, make, processors):
     _, nm = tiny_pair(family)
     ref = _ar(nm, 40, ignore_eos=True, **processors)
@@ -249,7 +249,7 @@ def test_early_exit_tree_restores_the_cache():
 
 
 @pytest.mark.parametrize("top_k", [None, 2])
-@pytest.mark.parametrize("processors", [{}, {"repetition_penalty": 1.2}])
+@pytest.mark.parametrize("processors", [{}, {"repetition_penalty": 1.2}, OPENAI])
 def test_separate_draft_model_greedy_identity(family, top_k, processors):
     from microspec.drafters import DraftModelDrafter
 

@@ -156,11 +156,15 @@ def test_a_host_tree_goes_to_the_device_whole():
     assert DeviceTree.of(DraftTree.chain([3, 5], torch.full((2, 8), 1 / 8)), cpu) is None
 
 
+SMALL_OPENAI = {"presence_penalty": 0.7, "frequency_penalty": 0.5, "logit_bias": {1: 1.5, 2: -2.0}}  # small vocabularies
+
+
 @pytest.mark.parametrize("index", [0, 5, 9, 35, 36, 40, 44, 47, 60, 65])
 @pytest.mark.parametrize("decoding", [{}, {"temperature": 0.8, "seed": 11},
                                       {"temperature": 1.3, "top_p": 0.9, "seed": 3}, {"repetition_penalty": 1.3},
                                       {"temperature": 0.8, "seed": 5, "repetition_penalty": 1.2},
-                                      {"temperature": 0.9, "repetition_penalty": 1.2}])
+                                      {"temperature": 0.9, "repetition_penalty": 1.2}, SMALL_OPENAI,
+                                      {"temperature": 0.8, "seed": 5, **SMALL_OPENAI}])
 @pytest.mark.parametrize("made", ["device", "host"])
 def test_the_device_walk_is_the_host_walk(index, decoding, made):
     """The walk by tensor ops over a tree on the device (built there, or built on the host and copied over) commits

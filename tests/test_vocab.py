@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from support import VOCAB, official_checkpoint, tiny_pair
+from support import OPENAI, VOCAB, official_checkpoint, tiny_pair
 from microspec.decoding import GenerationConfig, generate_ids
 from microspec.drafters import EagleDrafter, EagleHead, EarlyExitDrafter
 from microspec.errors import MicrospecError
@@ -136,9 +136,11 @@ def _eagle(nm, tmp_path):
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 @pytest.mark.parametrize("policy", ["full", "microspec-small", "microspec"])
 @pytest.mark.parametrize("greedy", [True, False])
-def test_policies_are_lossless(tmp_path, family, policy, greedy):
+@pytest.mark.parametrize("options", ["hf", "openai"])
+def test_policies_are_lossless(tmp_path, family, policy, greedy, options):
     _, nm = tiny_pair(family)
-    cfg = dict(max_new_tokens=30, ignore_eos=True, repetition_penalty=1.2, no_repeat_ngram_size=3)
+    cfg = dict(max_new_tokens=30, ignore_eos=True, **({"repetition_penalty": 1.2, "no_repeat_ngram_size": 3}
+                                                       if options == "hf" else OPENAI))
     if not greedy:
         cfg.update(temperature=0.9, seed=11)
     ref = generate_ids(nm, PROMPT, GenerationConfig(**cfg)).token_ids

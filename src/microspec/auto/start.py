@@ -74,10 +74,11 @@ for _device in ("cpu", "cpu-gguf", "cuda"):
 
 
 def decoding_kind(cfg) -> str:
-    """``greedy``, ``penalty`` (greedy with a repetition penalty or no-repeat n-grams), ``sampling`` or
-    ``sampling-penalty`` (sampling with either): what pays differs between them, so each kind's engine measures its
-    own arms."""
-    penalty = cfg.repetition_penalty != 1.0 or bool(cfg.no_repeat_ngram_size)
+    """``greedy``, ``penalty`` (greedy with a repetition, presence or frequency penalty or no-repeat n-grams),
+    ``sampling`` or ``sampling-penalty`` (sampling with one of them): what pays differs between them, so each kind's
+    engine measures its own arms."""
+    penalty = cfg.repetition_penalty != 1.0 or bool(cfg.no_repeat_ngram_size) or bool(cfg.presence_penalty) \
+        or bool(cfg.frequency_penalty)
     if cfg.temperature > 0:
         return "sampling-penalty" if penalty else "sampling"
     return "penalty" if penalty else "greedy"

@@ -219,7 +219,8 @@ def divergence_gap(lm: LoadedModel, rec: dict, reference: dict, item: dict, cfg:
     logits = model.head(hidden[-1:]).float()
     pipe = LogitsPipeline(cfg, logits.shape[-1], logits.device)
     if pipe.active:
-        pipe.commit(seq)
+        pipe.start(ids)
+        pipe.commit(seq[len(ids):])
         logits = pipe.process(logits)
     a, b = int(item["expected"][0]), int(item["got"][0])
     gap = float(logits[0, a] - logits[0, b])

@@ -69,6 +69,14 @@ def add_decoding_args(p, max_new_tokens: int = 128) -> None:
                    help="Hugging Face's repetition penalty, over prompt and output (default 1.0: none)")
     p.add_argument("--no-repeat-ngram-size", type=int, default=0,
                    help="never repeat an n-gram of this size, prompt included, as Hugging Face's (default 0: off)")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="OpenAI's presence penalty in [-2, 2]: subtracted once from the logit of every id already "
+                        "generated (default 0: none)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="OpenAI's frequency penalty in [-2, 2]: subtracted from an id's logit for each time it was "
+                        "generated (default 0: none)")
+    p.add_argument("--logit-bias", default="", metavar="ID=BIAS,...",
+                   help="OpenAI's logit bias: amounts in [-100, 100] added to the logits of token ids")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's EOS tokens")
 
@@ -188,7 +196,22 @@ def config_from_args(args: argparse.Namespace) -> GenerationConfig:
     return GenerationConfig(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
         repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
-        stop_strings=tuple(args.stop), ignore_eos=args.ignore_eos)
+        presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+        logit_bias=logit_bias(args.logit_bias), stop_strings=tuple(args.stop), ignore_eos=args.ignore_eos)
+
+
+def logit_bias(text: str) -> dict[int, float]:
+    """``--logit-bias``'s ``ID=BIAS,...`` as a dict (its bounds are the configuration's to check)."""
+    out = {}
+    for part in split_list(text):
+        token, sep, amount = part.partition("=")
+        try:
+            out[int(token)] = float(amount)
+        except ValueError:
+            raise MicrospecError(f"--logit-bias takes ID=BIAS pairs separated by commas, got {part!r}") from None
+        if not sep:
+            raise MicrospecError(f"--logit-bias takes ID=BIAS pairs separated by commas, got {part!r}")
+    return out
 
 
 def positive(**values) -> None:

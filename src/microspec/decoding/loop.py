@@ -221,7 +221,7 @@ class Generation:
         self.stops = set(cfg.stop_token_ids) | (set() if cfg.ignore_eos else {int(t) for t in eos_token_ids})
         self.pipe = LogitsPipeline(cfg, model.spec.vocab_size, device)
         self.tokens = list(prompt_ids)
-        self.pipe.commit(self.tokens)
+        self.pipe.start(self.tokens)
         self.stats = GenerationStats(prompt_tokens=len(prompt_ids), weight_bytes=model.weight_bytes())
         self.cache = model.take_cache(cache_slots(len(prompt_ids), cfg))
         graphs = model.cuda_graphs

@@ -141,6 +141,143 @@ class RepetitionPenalty:
         return logits
 
 
+def _counted(counts: dict[int, int], extra: Sequence[int]) -> tuple[list[int], list[int]]:
+    """(ids, counts) of ``counts`` with the tokens of ``extra`` counted too, each id once."""
+    if not len(extra):
+        return list(counts), list(counts.values())
+    more = dict(counts)
+    for t in extra:
+        more[int(t)] = more.get(int(t), 0) + 1
+    return list(more), list(more.values())
+
+
+class PresenceFrequency:
+    """OpenAI's ``presence_penalty`` and ``frequency_penalty``: every id already generated loses ``presence`` once
+    and ``frequency`` times the number of times it was generated, subtracted from its logit.  Only generated tokens
+    count, not the prompt (OpenAI's and vLLM's rule): the pipeline's :meth:`~LogitsPipeline.start` hands the prompt
+    to :meth:`start`, which skips it.  Rows whose history ends in ``extra`` tokens count those too.
+
+    The amount an id loses is ``count * frequency + (count > 0) * presence`` in float32 on every path (by index on
+    the host, over whole rows on the device, over a draft head's columns), so all paths give the same bits."""
+
+    def __init__(self, presence: float, frequency: float, vocab_size: int, device: torch.device):
+        self.presence, self.frequency, self.vocab_size = presence, frequency, vocab_size
+        self.device = torch.device(device)
+        self.counts: dict[int, int] = {}
+        self._dense: torch.Tensor | None = None  # the counts as a [V] float32 tensor, rebuilt when they change
+
+    def start(self, prompt: Sequence[int]) -> None:
+        """The prompt: not counted."""
+
+    def commit(self, tokens: Sequence[int] | torch.Tensor) -> None:
+        for t in (tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens):
+            self.counts[int(t)] = self.counts.get(int(t), 0) + 1
+        if len(tokens):
+            self._dense = None
+
+    def amount(self, counts: torch.Tensor) -> torch.Tensor:
+        """What each id loses given its float32 ``counts`` (any shape)."""
+        return counts * self.frequency + (counts > 0).to(counts.dtype) * self.presence
+
+    def _row(self, extra: Sequence[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        ids, counts = _counted(self.counts, extra)
+        return (torch.as_tensor(ids, dtype=torch.long, device=device),
+                self.amount(torch.as_tensor(counts, dtype=torch.float32, device=device)))
+
+    def apply(self, logits: torch.Tensor, extra: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
+        """Penalise ``logits`` [R, V] in place, by index over the counted ids."""
+        rows = extra if extra is not None else [()] * logits.shape[0]
+        if not any(len(e) for e in rows):
+            ids, amount = self._row((), logits.device)
+            if ids.numel():
+                logits[:, ids] = logits[:, ids] - amount.to(logits.dtype)
+            return logits
+        for r, toks in enumerate(rows):
+            ids, amount = self._row(toks, logits.device)
+            if ids.numel():
+                logits[r, ids] = logits[r, ids] - amount.to(logits.dtype)
+        return logits
+
+    def apply_columns(self, logits: torch.Tensor, columns_of, extra: Sequence[Sequence[int]]) -> torch.Tensor:
+        """:meth:`apply` on draft logits [R, A] whose columns are ids mapped by ``columns_of`` (see
+        :class:`RepetitionPenalty`)."""
+        for r, toks in enumerate(extra):
+            ids, amount = self._row(toks, logits.device)
+            if not ids.numel():
+                continue
+            cols = columns_of(ids)
+            keep = cols >= 0
+            if keep.any():
+                cols = cols[keep]
+                logits[r, cols] = logits[r, cols] - amount[keep].to(logits.dtype)
+        return logits
+
+    def dense(self) -> torch.Tensor:
+        """The counts as a [V] float32 tensor on the device."""
+        if self._dense is None:
+            dense = torch.zeros(self.vocab_size, dtype=torch.float32)
+            if self.counts:
+                dense[torch.tensor(list(self.counts))] = torch.tensor(list(self.counts.values()), dtype=torch.float32)
+            self._dense = dense.to(self.device)
+        return self._dense
+
+    def apply_on_device(self, logits: torch.Tensor, paths: torch.Tensor, col_ids: torch.Tensor | None = None
+                        ) -> torch.Tensor:
+        """:meth:`apply` (``col_ids`` None) or :meth:`apply_columns` (``col_ids`` [A]: each column's id, -1 for
+        none) with each row's path a device tensor ``paths`` [R, W] (-1 padding): the same amounts over whole
+        rows, nothing read back."""
+        rows = logits.shape[0]
+        counts = self.dense().expand(rows, -1)
+        if paths.numel():
+            counts = counts.clone().scatter_add_(1, paths.clamp(min=0), (paths >= 0).to(torch.float32))
+        amount = self.amount(counts)
+        if col_ids is not None:
+            amount = amount[:, col_ids.clamp(min=0)] * (col_ids >= 0).to(torch.float32)[None, :]
+        return logits - amount.to(logits.dtype)
+
+
+class LogitBias:
+    """OpenAI's ``logit_bias``: a fixed amount added to the logits of some ids, every row, every step (no state).
+    On the host by index over the biased ids; on the device as a dense [V] row (an input a graph can read)."""
+
+    def __init__(self, bias: Sequence[tuple[int, float]], vocab_size: int, device: torch.device):
+        ids = [int(i) for i, _ in bias]
+        check(all(0 <= i < vocab_size for i in ids),
+              f"logit_bias names a token id outside the vocabulary (0 to {vocab_size - 1})")
+        self.ids = torch.tensor(ids, dtype=torch.long, device=device)
+        self.values = torch.tensor([float(v) for _, v in bias], dtype=torch.float32, device=device)
+        self.row = torch.zeros(vocab_size, dtype=torch.float32, device=device).index_put_((self.ids,), self.values)
+
+    def commit(self, tokens: Sequence[int] | torch.Tensor) -> None:
+        pass
+
+    def apply(self, logits: torch.Tensor, extra: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
+        ids = self.ids.to(logits.device)
+        logits[:, ids] = logits[:, ids] + self.values.to(logits.device, logits.dtype)
+        return logits
+
+    def apply_columns(self, logits: torch.Tensor, columns_of, extra: Sequence[Sequence[int]]) -> torch.Tensor:
+        cols = columns_of(self.ids.to(logits.device))
+        keep = cols >= 0
+        if keep.any():
+            cols = cols[keep]
+            logits[:, cols] = logits[:, cols] + self.values.to(logits.device, logits.dtype)[keep]
+        return logits
+
+    def apply_on_device(self, logits: torch.Tensor, paths: torch.Tensor, col_ids: torch.Tensor | None = None,
+                        state: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
+        row = self.row if state is None else state[0]
+        if col_ids is not None:
+            row = row[col_ids.clamp(min=0)] * (col_ids >= 0).to(row.dtype)
+        return logits + row.to(logits.dtype)[None, :]
+
+    def graph_state(self) -> tuple[tuple[torch.Tensor, ...], tuple]:
+        return (self.row,), ("logit_bias",)
+
+    def see_on_device(self, tokens: torch.Tensor) -> None:
+        pass
+
+
 class NoRepeatNGram:
     """HF ``NoRepeatNGramLogitsProcessor``: a token that would complete an n-gram already present is banned.
 
@@ -232,8 +369,12 @@ class LogitsPipeline:
     def __init__(self, cfg: GenerationConfig, vocab_size: int, device: torch.device):
         self.cfg, self.device = cfg, torch.device(device)
         self.processors: list = []
+        if cfg.logit_bias:
+            self.processors.append(LogitBias(cfg.logit_bias, vocab_size, device))
         if cfg.repetition_penalty != 1.0:
             self.processors.append(RepetitionPenalty(cfg.repetition_penalty, vocab_size, device))
+        if cfg.presence_penalty or cfg.frequency_penalty:
+            self.processors.append(PresenceFrequency(cfg.presence_penalty, cfg.frequency_penalty, vocab_size, device))
         if cfg.no_repeat_ngram_size > 0:
             self.processors.append(NoRepeatNGram(cfg.no_repeat_ngram_size, vocab_size))
         self.generator = None
@@ -321,6 +462,13 @@ class LogitsPipeline:
         if self.cfg.greedy:
             return logits.argmax(dim=-1)
         return sample(self.probs(logits), u=rest[0][:, None]).squeeze(-1)
+
+    def start(self, prompt: Sequence[int]) -> None:
+        """The prompt, before the first token: every processor takes it as history (the repetition penalty, the
+        n-grams) except those that count generated tokens only (:class:`PresenceFrequency`)."""
+        self.position += len(prompt)
+        for p in self.processors:
+            (p.start if hasattr(p, "start") else p.commit)(prompt)
 
     def commit(self, tokens: Sequence[int]) -> None:
         self.position += len(tokens)
