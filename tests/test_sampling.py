@@ -431,7 +431,7 @@ def test_sampling_with_top_k_and_min_p_matches_exact_distribution(pair, exact, d
 
 @pytest.mark.parametrize("drafter, policy", [("iid-bad", None), ("deterministic-topk", None),
                                              ("eagle-chain", "microspec"), ("eagle-tree", "microspec"),
-                                             ("eagle-tree", "fr-spec")])
+                                             ("early-exit-tree", "microspec-indexed")])
 def test_sampling_with_openai_penalties_and_bias_matches_exact_distribution(pair, drafter, policy, rule):
     """OpenAI's presence and frequency penalties (generated tokens only) and logit bias process the target's rows and
     the drafts alike, a restricted draft vocabulary's columns included: the committed tokens follow the target's
