@@ -26,6 +26,7 @@ from .adaptive import AdaptiveSteps
 from .config import GenerationConfig
 from .context import DraftContext
 from .observers import CoverageObserver
+from .logprobs import TokenLogprob, token_logprobs
 from .processors import LogitsPipeline
 from .stats import DeviceTimer, GenerationStats, StepClock
 from .tree import DeviceTree, DraftTree
@@ -71,6 +72,7 @@ class GenerationResult:
     finish_reason: str  # "eos", "length" or "stop"
     stats: GenerationStats
     text: str | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per token where the configuration asks for them
 
 
 def check_prompt(model: NativeCausalLM, prompt_ids: Sequence[int], cfg: GenerationConfig) -> None:
@@ -229,6 +231,7 @@ class Generation:
         self._given_back = False
         self._prompt_states: list = []  # the prompt's final hidden states (and taps) of a prefill in chunks
         self.out: list[int] = []
+        self.logprobs: list[TokenLogprob] | None = [] if cfg.logprobs is not None else None
         self.walker = greedy_walk if cfg.greedy else keyed_walk if self.pipe.keyed else sample_walk
         prepare(model, drafting=drafter is not None)  # one-time costs before the clock starts (microspec.onetime)
         self.clock = StepClock(device)  # marks read once, at the end: no wait for the device inside a step
@@ -262,9 +265,14 @@ class Generation:
         self.pipe.commit(new)
         return reason
 
-    def _commit(self, new: list[int]) -> None:
+    def _commit(self, new: list[int], rows: torch.Tensor | None = None) -> None:
+        """Commit ``new`` (:meth:`_emit`); with ``rows``, the logits each was chosen from (their log-probabilities
+        are kept for the tokens kept, before :attr:`on_commit` hears of them)."""
         emitted = len(self.out)
         self.finish = self._emit(new)
+        if self.logprobs is not None:
+            kept = self.out[emitted:]
+            self.logprobs.extend(token_logprobs(rows, kept, self.cfg.logprobs))
         if self.on_commit is not None and self.on_commit(self.out[emitted:]):
             self.finish = self.finish or "stop"
 
@@ -306,9 +314,10 @@ class Generation:
         if drafter is not None:  # the head's sets: the policy's
             drafter.prefill(model, tokens, hidden if self.taps is None else self.taps.out, vocab)
         logits = model.head(hidden[-1:])
+        raw = logits.clone() if self.pipe.keep_raw else None
         if self.pipe.active:
             self.pipe.process(logits)
-        self._commit([int(self.pipe.choose(logits))])
+        self._commit([int(self.pipe.choose(logits))], logits if raw is None else raw)
         self.prefill_end = self.clock.mark()
 
     def plan(self, max_depth: int | None = None) -> DraftTree:
@@ -353,7 +362,8 @@ class Generation:
         a stop, the last token) the step launched ahead is undone (its cache slot dropped); the tokens are those of
         the steps taken one by one."""
         graphs = self.model.cuda_graphs
-        if graphs is None or self.taps is not None or self.model.device.type not in model_graphs.DEVICES:
+        if graphs is None or self.taps is not None or self.model.device.type not in model_graphs.DEVICES \
+                or self.logprobs is not None:  # (log-probabilities need the step's row)
             return False
         out = self._ahead or self._launch(to_device([self.tokens[-1]], self.model.device))
         self._ahead = None
@@ -432,7 +442,8 @@ class Generation:
         if self.adaptive is not None:  # the host's clock: the walk has read the accepted tokens (device in step)
             self.adaptive.observe(drafting, len(new), clock() - host_t0)
         emitted = len(self.out)
-        self._commit(new)
+        self._commit(new, None if self.logprobs is None else walk.stacked() if walk.raw is None else
+                     walk.raw if isinstance(walk.raw, torch.Tensor) else torch.stack(walk.raw))
         if self.coverage is not None:
             self.coverage.on_emitted(len(self.out) - emitted)
         if drafted_ahead:
@@ -500,7 +511,7 @@ class Generation:
         if not self._given_back:  # once: a second result() must not hand out a cache another generation holds
             self._given_back = True
             self.model.give_back_cache(self.cache)
-        return GenerationResult(self.out, self.finish, stats)
+        return GenerationResult(self.out, self.finish, stats, logprobs=self.logprobs)
 
 
 def draft(drafter: Drafter | None, ctx: DraftContext) -> DraftTree:

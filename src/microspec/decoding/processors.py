@@ -393,6 +393,12 @@ class LogitsPipeline:
         return bool(self.processors)
 
     @property
+    def keep_raw(self) -> bool:
+        """Whether verification keeps the target's rows before the processors too (raw log-probabilities asked
+        for, and processors that change the rows)."""
+        return self.active and self.cfg.logprobs is not None and self.cfg.logprobs_mode == "raw"
+
+    @property
     def on_device(self) -> bool:
         """Whether every processor can take the rows' paths as a device tensor (:meth:`process_on_device`): the
         repetition penalty and no-repeat-n-gram both can."""

@@ -58,6 +58,8 @@ class Walk:
     # [V] logits the target chose from at the root and at each accepted node (processed: the node's path as history):
     # a list of rows, or the rows of one [k, V] tensor (the device walk's)
     logits: list[torch.Tensor] | torch.Tensor = field(default_factory=list)
+    # the same rows before the processors, where the pipeline keeps them (LogitsPipeline.keep_raw: raw logprobs)
+    raw: list[torch.Tensor] | torch.Tensor | None = None
 
     def stacked(self) -> torch.Tensor:
         """:attr:`logits` as one [k, V] tensor (no copy where they are one already)."""
@@ -129,15 +131,18 @@ def _follow(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline, target_o
     own path as history."""
     children = tree.children()
     row, path_tokens, accepted, chosen_from = 0, [], [], []
+    raw = [] if pipe.keep_raw else None
     while True:
         logits = logits_of(row)
+        if raw is not None:
+            raw.append(logits.clone())
         if pipe.active:  # in place: the walk visits each row once, and keeps it processed (Walk.logits)
             logits = pipe.process(logits[None], [path_tokens])[0]
         chosen_from.append(logits)
         target = target_of(row, logits, len(path_tokens))
         child = next((c for c in children[row] if tree.tokens[c] == target), None)
         if child is None:
-            return Walk(accepted, path_tokens + [target], logits_of.computed, chosen_from)
+            return Walk(accepted, path_tokens + [target], logits_of.computed, chosen_from, raw)
         accepted.append(child)
         path_tokens.append(target)
         row = child + 1
@@ -198,10 +203,11 @@ def launch_walk(tree: DeviceTree, head: Callable[[torch.Tensor], torch.Tensor], 
     tokens, parents, depths, anc, valid = tree.on_device
     n = len(tree)
     logits = head(hidden[: n + 1])
+    raw = logits.clone() if pipe is not None and pipe.keep_raw else None
     if pipe is not None and pipe.active:  # row 0 the root (no path), row i + 1 node i (its ancestors and itself)
         logits = pipe.process_on_device(logits, tree_ops.paths(tokens, anc))
     if tree.scheme == "iid":  # a chain sampled from the draft: rejection sampling, every row at once
-        return _chain_rejection(tree, logits, pipe)
+        return _chain_rejection(tree, logits, pipe, raw)
     if pipe is None or pipe.cfg.greedy:
         chosen = logits.argmax(dim=-1)
     else:  # every row's keyed sample at once: the uniform of its position (the root's is the next token's)
@@ -210,7 +216,7 @@ def launch_walk(tree: DeviceTree, head: Callable[[torch.Tensor], torch.Tensor], 
         u = table[torch.nn.functional.pad(depths, (1, 0))]  # the root's depth 0, then the nodes
         chosen = sample(pipe.probs(logits), u=u[:, None]).squeeze(-1)
     # the one read: the acceptance (padding nodes never accepted), the choices (and a lazy tree's host lists)
-    return LaunchedWalk(tree, logits, tree_ops.accept(chosen, tokens, parents, anc, valid, not tree.read_back))
+    return LaunchedWalk(tree, logits, tree_ops.accept(chosen, tokens, parents, anc, valid, not tree.read_back), raw)
 
 
 class LaunchedWalk:
@@ -218,8 +224,8 @@ class LaunchedWalk:
     :class:`Walk`; before that, :meth:`path` gives on the device what the step commits, for work launched ahead of
     the read."""
 
-    def __init__(self, tree: DeviceTree, logits: torch.Tensor, out: torch.Tensor):
-        self.tree, self.logits, self.out = tree, logits, out
+    def __init__(self, tree: DeviceTree, logits: torch.Tensor, out: torch.Tensor, raw: torch.Tensor | None = None):
+        self.tree, self.logits, self.out, self.raw = tree, logits, out, raw
         self.lazy = not tree.read_back
         self.host = HostRead(out)
 
@@ -230,8 +236,9 @@ class LaunchedWalk:
             tree.fill(read[2 * n + 1 : 3 * n + 1], read[3 * n + 1 : 4 * n + 1], read[4 * n + 1 :])
         accepted = [i for i in range(n) if read[i]]
         bonus = read[n + (accepted[-1] + 1 if accepted else 0)]
-        rows = rows_of(self.logits, [0] + [a + 1 for a in accepted])
-        return Walk(accepted, [tree.tokens[a] for a in accepted] + [bonus], n + 1, rows)
+        picked = [0] + [a + 1 for a in accepted]
+        return Walk(accepted, [tree.tokens[a] for a in accepted] + [bonus], n + 1, rows_of(self.logits, picked),
+                    None if self.raw is None else rows_of(self.raw, picked))
 
     def path(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """On the device, nothing read: (the verify rows of the root and the accepted nodes [R], 0 after them; the
@@ -245,7 +252,8 @@ class LaunchedWalk:
         return out[:r], out[r : 2 * r], out[2 * r]
 
 
-def _chain_rejection(tree: DeviceTree, logits: torch.Tensor, pipe: LogitsPipeline) -> Walk:
+def _chain_rejection(tree: DeviceTree, logits: torch.Tensor, pipe: LogitsPipeline,
+                     raw: torch.Tensor | None = None) -> Walk:
     """:func:`sample_walk` over a chain sampled on the device (node i drawn from ``tree.q[i]``, the draft's
     distribution at row i), on the device with one read: node i is accepted with probability
     min(1, p_i(x_i) / q_i(x_i)) (p_i: the target's warped distribution at row i, processed ``logits``), the accepted
@@ -271,8 +279,9 @@ def _chain_rejection(tree: DeviceTree, logits: torch.Tensor, pipe: LogitsPipelin
     if lazy:
         tree.fill(read[2 * n + 1 : 3 * n + 1], read[3 * n + 1 : 4 * n + 1], read[4 * n + 1 :])
     accepted = [i for i in range(n) if read[i]]
-    rows = rows_of(logits, [0] + [a + 1 for a in accepted])
-    return Walk(accepted, [tree.tokens[a] for a in accepted] + [read[n + len(accepted)]], n + 1, rows)
+    picked = [0] + [a + 1 for a in accepted]
+    return Walk(accepted, [tree.tokens[a] for a in accepted] + [read[n + len(accepted)]], n + 1,
+                rows_of(logits, picked), None if raw is None else rows_of(raw, picked))
 
 
 def keyed_walk(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline) -> Walk:
@@ -303,8 +312,11 @@ def sample_walk(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline) -> W
     children = tree.children()
     gen = pipe.generator
     row, path_tokens, accepted, chosen_from = 0, [], [], []
+    raw = [] if pipe.keep_raw else None
     while True:
         logits = logits_of(row)[None]
+        if raw is not None:
+            raw.append(logits[0].clone())
         if pipe.active:  # in place, as in _follow
             logits = pipe.process(logits, [path_tokens])
         chosen_from.append(logits[0])
@@ -338,7 +350,7 @@ def sample_walk(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline) -> W
             p = p / total
         if chosen is None:
             bonus = int(sample(p, gen))
-            return Walk(accepted, path_tokens + [bonus], logits_of.computed, chosen_from)
+            return Walk(accepted, path_tokens + [bonus], logits_of.computed, chosen_from, raw)
         accepted.append(chosen)
         path_tokens.append(tree.tokens[chosen])
         row = chosen + 1
