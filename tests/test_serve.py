@@ -179,8 +179,27 @@ BAD = [
     ("/v1/completions", {"prompt": "w1", "max_tokens": True}, 400),
     ("/v1/completions", {"prompt": [10**12]}, 400),  # a token id outside the vocabulary
     ("/v1/completions", {"prompt": "w1", "stop": [""]}, 400),
-    ("/v1/completions", {"prompt": "w1", "echo": True}, 400),  # not supported: said, not ignored
-    ("/v1/completions", {"prompt": "w1", "logprobs": 5}, 400),
+    ("/v1/completions", {"prompt": "w1", "echo": "yes"}, 400),
+    ("/v1/completions", {"prompt": "w1", "echo": True, "logprobs": 1}, 400),  # the prompt's logprobs: not given
+    ("/v1/completions", {"prompt": "w1", "logprobs": 21}, 400),
+    ("/v1/completions", {"prompt": "w1", "logprobs": True}, 400),
+    ("/v1/completions", {"prompt": "w1", "logprobs": 2, "logprobs_mode": "final"}, 400),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}], "top_logprobs": 3}, 400),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}], "logprobs": True,
+                              "top_logprobs": 21}, 400),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}], "logprobs": 1}, 400),
+    ("/v1/completions", {"prompt": "w1", "logit_bias": {"abc": 1}}, 400),
+    ("/v1/completions", {"prompt": "w1", "logit_bias": {"-3": 1}}, 400),
+    ("/v1/completions", {"prompt": "w1", "logit_bias": {"5": 101}}, 400),
+    ("/v1/completions", {"prompt": "w1", "logit_bias": {"5": "up"}}, 400),
+    ("/v1/completions", {"prompt": "w1", "logit_bias": {"99999": 1}}, 400),  # outside the vocabulary
+    ("/v1/completions", {"prompt": "w1", "logit_bias": [5, 1]}, 400),
+    ("/v1/completions", {"prompt": "w1", "logit_bias": {str(i): 1 for i in range(2000)}}, 400),
+    ("/v1/completions", {"prompt": "w1", "frequency_penalty": -2.5}, 400),
+    ("/v1/completions", {"prompt": "w1", "frequency_penalty": "some"}, 400),
+    ("/v1/completions", {"prompt": "w1", "response_format": {"type": "json_object"}}, 400),  # not supported: said
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}],
+                              "tools": [{"type": "function", "function": {"name": "f"}}]}, 400),
     ("/v1/completions", {"max_tokens": 4}, 400),  # no prompt
     ("/v1/completions", {"prompt": ""}, 400),
     ("/v1/completions", {"prompt": 5}, 400),
@@ -191,7 +210,8 @@ BAD = [
     ("/v1/completions", {"prompt": "w1", "temperature": -1}, 400),
     ("/v1/completions", {"prompt": "w1", "temperature": "hot"}, 400),
     ("/v1/completions", {"prompt": "w1", "top_p": 0}, 400),
-    ("/v1/completions", {"prompt": "w1", "n": 2}, 400),
+    ("/v1/completions", {"prompt": "w1", "n": 0}, 400),
+    ("/v1/completions", {"prompt": "w1", "n": 17}, 400),
     ("/v1/completions", {"prompt": "w1", "stream": "yes"}, 400),
     ("/v1/completions", {"prompt": "w1", "stop": 3}, 400),
     ("/v1/completions", {"prompt": "w1", "model": "gpt-4"}, 404),
@@ -202,7 +222,7 @@ BAD = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 3}]}, 400),
     ("/v1/chat/completions", {"messages": "w1"}, 400),
     ("/v1/chat/completions", {"messages": [{"role": "user"}]}, 400),  # no content
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}], "presence_penalty": 0.5}, 400),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}], "presence_penalty": 2.5}, 400),
     ("/v1/nothing", {"prompt": "w1"}, 404),
     # text that is not Unicode: JSON escapes spelling a lone surrogate
     ("/v1/completions", b'{"prompt": "w1 \\ud800"}', 400),

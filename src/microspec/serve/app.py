@@ -219,8 +219,10 @@ class Server:
                            "context_length_exceeded")
 
     async def _admit(self, request: HTTPRequest, kind: str, deadline: float, log: dict) -> tuple[
-            protocol.Request, Job]:
-        """The request read, parsed, tokenized, checked and submitted: its job (an :class:`APIError` otherwise)."""
+            protocol.Request, list[Job], str]:
+        """The request read, parsed, tokenized, checked and submitted: its jobs, one per choice (``n``), and the
+        prompt's text where ``echo`` asks for it (an :class:`APIError` otherwise).  Choice i of a seeded request
+        samples with seed + i (choice 0 is the request's text with n = 1)."""
         if self.closing:
             raise shutting_down()
         if not is_json(request.headers.get("content-type")):
@@ -242,41 +244,63 @@ class Server:
         self._check_length(req, len(ids))
         if self.closing:  # it began while the prompt was being tokenized
             raise shutting_down()
-        job = Job(req, asyncio.get_running_loop(), ids=ids)
-        self.worker.submit(job)
-        return req, job
+        echo = ""
+        if req.echo:
+            echo = req.prompt if req.prompt is not None else self.worker.lm.tokenizer.decode(
+                ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        jobs: list[Job] = []
+        try:
+            for i in range(req.n):
+                seed = req.cfg.seed
+                one = req if i == 0 else dataclasses.replace(
+                    req, cfg=dataclasses.replace(req.cfg, seed=None if seed is None else seed + i))
+                jobs.append(Job(one, asyncio.get_running_loop(), ids=ids))
+                self.worker.submit(jobs[-1])
+        except BaseException:
+            for job in jobs:
+                job.cancel()
+            raise
+        return req, jobs, echo
 
     async def _generate(self, request: HTTPRequest, kind: str) -> Response:
         deadline = time.monotonic() + self.timeout
         log = request.scope.get("microspec.log", {})
         try:
-            req, job = await self._admit(request, kind, deadline, log)
+            req, jobs, echo = await self._admit(request, kind, deadline, log)
         except APIError as exc:
             return error_response(exc)
         except ClientGone:
             return Response(status_code=499)
+        streaming = False
         try:
-            first = await self._next(job, deadline, request)  # "start", or the error that came before it
-            if first[0] == "error":
-                return error_response(first[1])
+            for job in jobs:
+                first = await self._next(job, deadline, request)  # "start", or the error that came before it
+                if first[0] == "error":
+                    return error_response(first[1])
             if req.stream:
-                return StreamingResponse(self._stream(job, deadline, log), media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache"})
-            event = await self._next(job, deadline, request)  # a whole answer: "done" or "error"
-            if event[0] == "error":
-                return error_response(event[1])
-            r: Result = event[1]
-            log["completion"] = r.completion_tokens
-            use = protocol.usage(r.prompt_tokens, r.completion_tokens)
-            return JSONResponse(protocol.response(req, self.model, r.text, r.finish, use, r.stats))
+                streaming = True
+                return StreamingResponse(self._stream(req, jobs, deadline, log, echo),
+                                         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            results: list[Result] = []
+            for job in jobs:
+                event = await self._next(job, deadline, request)  # a whole answer: "done" or "error"
+                if event[0] == "error":
+                    return error_response(event[1])
+                results.append(event[1])
+            log["completion"] = sum(r.completion_tokens for r in results)
+            choices = [protocol.choice(req, i, echo + r.text, r.finish, r.logprobs, len(echo))
+                       for i, r in enumerate(results)]
+            return JSONResponse(protocol.response(req, self.model, choices, _usage(results), _figures(results)))
         except APIError as exc:  # the deadline
-            job.cancel("timeout")
+            for job in jobs:
+                job.cancel("timeout")
             return error_response(exc)
         except ClientGone:
             return Response(status_code=499)  # nobody reads it ("client closed request")
-        except BaseException:  # the server is shutting down
-            job.cancel()
-            raise
+        finally:  # answered, failed or shutting down: no choice runs on for nobody (a stream's own end cancels)
+            if not streaming:
+                for job in jobs:
+                    job.cancel()
 
     def _timed_out(self) -> APIError:
         self.worker.metrics.count("timeouts")
@@ -302,38 +326,74 @@ class Server:
             raise ClientGone
         raise self._timed_out()
 
-    async def _stream(self, job: Job, deadline: float, log: dict) -> AsyncIterator[str]:
-        req, first = job.request, True
+    async def _stream(self, req: protocol.Request, jobs: list[Job], deadline: float, log: dict,
+                      echo: str = "") -> AsyncIterator[str]:
+        """The choices' events as server-sent events, each chunk naming its choice's index, as they come; each
+        choice's last chunk has its finish reason and its speculation figures; the usage of all of them last where
+        asked for."""
+        first = [True] * len(jobs)
+        offset = [len(echo)] * len(jobs)  # completions' text_offset: the characters before each delta
+        results: dict[int, Result] = {}
+        waiting: dict[int, asyncio.Future] = {}
         try:
-            if req.kind == "chat":  # the role first, as OpenAI does
-                yield sse(protocol.chunk(req, self.model, "", first=True))
-                first = False
-            while True:
-                try:
-                    event = await asyncio.wait_for(job.events.get(), self._remaining(deadline))
-                except asyncio.TimeoutError:
-                    job.cancel("timeout")
+            for i in range(len(jobs)):
+                if req.kind == "chat":  # the role first, as OpenAI does
+                    yield sse(protocol.chunk(req, self.model, "", first=True, index=i))
+                    first[i] = False
+                elif echo:
+                    yield sse(protocol.chunk(req, self.model, echo, index=i))
+            waiting = {i: asyncio.ensure_future(job.events.get()) for i, job in enumerate(jobs)}
+            failed = False
+            while waiting and not failed:
+                done, _ = await asyncio.wait(waiting.values(), timeout=self._remaining(deadline),
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    for job in jobs:
+                        job.cancel("timeout")
                     log["error"] = "timeout"
                     yield sse(self._timed_out().body())
                     break
-                if event[0] == "delta":
-                    yield sse(protocol.chunk(req, self.model, event[1], first=first))
-                    first = False
-                elif event[0] == "done":
-                    r: Result = event[1]
-                    log["completion"] = r.completion_tokens
-                    yield sse(protocol.chunk(req, self.model, None, r.finish, extra=r.stats))
-                    if req.include_usage:
-                        use = protocol.usage(r.prompt_tokens, r.completion_tokens)
-                        yield sse(protocol.usage_chunk(req, self.model, use))
-                    break
-                else:
-                    log["error"] = event[1].code or event[1].status
-                    yield sse(event[1].body())
-                    break
+                for i in sorted(i for i, task in waiting.items() if task in done):
+                    event = waiting.pop(i).result()
+                    if event[0] == "delta":
+                        yield sse(protocol.chunk(req, self.model, event[1], first=first[i], index=i,
+                                                 logprobs=event[2], offset=offset[i]))
+                        first[i], offset[i] = False, offset[i] + sum(len(e.text) for e in event[2])
+                        waiting[i] = asyncio.ensure_future(jobs[i].events.get())
+                    elif event[0] == "done":
+                        results[i] = event[1]
+                        yield sse(protocol.chunk(req, self.model, None, event[1].finish, extra=event[1].stats,
+                                                 index=i))
+                    else:
+                        log["error"] = event[1].code or event[1].status
+                        yield sse(event[1].body())
+                        failed = True
+                        break
+            if len(results) == len(jobs):
+                log["completion"] = sum(r.completion_tokens for r in results.values())
+                if req.include_usage:
+                    yield sse(protocol.usage_chunk(req, self.model, _usage(list(results.values()))))
             yield "data: [DONE]\n\n"
-        finally:  # the client went away (or the stream ended): a running generation stops at its next step
-            job.cancel()
+        finally:  # the client went away (or the stream ended): running generations stop at their next step
+            for task in waiting.values():
+                task.cancel()
+            for job in jobs:
+                job.cancel()
+
+
+def _usage(results: list[Result]) -> dict:
+    """The usage of a request's choices: its prompt once, every choice's tokens."""
+    return protocol.usage(results[0].prompt_tokens, sum(r.completion_tokens for r in results))
+
+
+def _figures(results: list[Result]) -> dict:
+    """The speculation figures of a request: its one choice's, or for several the sums and each choice's."""
+    if len(results) == 1:
+        return results[0].stats
+    total = {k: sum(r.stats[k] for r in results) for k in ("drafted_steps", "drafted_tokens", "accepted_tokens")}
+    tau = 1 + total["accepted_tokens"] / total["drafted_steps"] if total["drafted_steps"] else 1.0
+    return {"method": results[0].stats["method"], **total, "tau": round(tau, 4),
+            "choices": [r.stats for r in results]}
 
 
 async def _internal(request: HTTPRequest, exc: Exception) -> Response:

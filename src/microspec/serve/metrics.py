@@ -28,6 +28,8 @@ class Metrics:
         self.auto_steps: dict[str, int] = {}  # auto: decode steps by the arm its online choice took
         self.auto_switches = 0
         self.auto_switch_seconds = 0.0
+        # by OpenAI option a request used (serve.worker.options): [requests, drafted tokens, accepted tokens]
+        self.by_option: dict[str, list[int]] = {}
 
     def on_step(self, requests: int, depth: int | None) -> None:
         """One decode step of ``requests`` requests together, each drafting at most ``depth`` levels (None: as its
@@ -36,9 +38,14 @@ class Metrics:
         with self.lock:
             self.batch_steps[key] = self.batch_steps.get(key, 0) + 1
 
-    def on_request(self, stats: GenerationStats, finish: str) -> None:
-        """A finished generation."""
+    def on_request(self, stats: GenerationStats, finish: str, options: list[str] = ()) -> None:
+        """A finished generation, which used the OpenAI ``options``."""
+        drafted = sum(n for n in stats.draft_sizes)
+        accepted = sum(a - 1 for a, n in zip(stats.accept_lengths, stats.draft_sizes) if n)
         with self.lock:
+            for name in options:
+                row = self.by_option.setdefault(name, [0, 0, 0])
+                row[0], row[1], row[2] = row[0] + 1, row[1] + drafted, row[2] + accepted
             for committed, drafted, depth in zip(stats.accept_lengths, stats.draft_sizes, stats.draft_depths):
                 if not drafted:
                     continue
@@ -116,6 +123,14 @@ class Metrics:
                 metric("microspec:auto_switch_seconds", "counter", "Measured cost of auto's switches: the seconds "
                        "their first steps took beyond the arm's steady rate.",
                        [("", round(self.auto_switch_seconds, 6))])
+            if self.by_option:
+                for name, i, doc in (("requests_by_option", 0, "Finished requests, by an OpenAI option they used."),
+                                     ("draft_tokens_by_option", 1, "Draft tokens proposed for requests that used "
+                                      "an OpenAI option, by option."),
+                                     ("accepted_tokens_by_option", 2, "Draft tokens accepted for requests that "
+                                      "used an OpenAI option, by option.")):
+                    metric(f"microspec:{name}", "counter", doc,
+                           [(f'option="{o}"', row[i]) for o, row in sorted(self.by_option.items())])
             for name, value, doc in (("cancelled", self.cancelled, "Generations cancelled by their client."),
                                      ("errors", self.errors, "Requests that failed inside the worker."),
                                      ("rejected", self.rejected, "Requests refused because the queue was full."),

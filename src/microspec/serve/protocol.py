@@ -15,13 +15,16 @@ import uuid
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ..decoding.config import GenerationConfig
+from ..decoding.config import BIAS_BOUND, LOGPROBS_MODES, MAX_LOGPROBS, PENALTY_BOUND, GenerationConfig
 from ..errors import MicrospecError
 
 ROLES = ("system", "user", "assistant", "developer")
 MAX_STOPS = 4  # as OpenAI
 MAX_STOP_CHARS = 256  # the longest stop sequence taken
 DEFAULT_MAX_TOKENS = {"completion": 16, "chat": 256}  # OpenAI's legacy completions default; chat: the server's
+MAX_N = 16  # the most choices one request may ask for
+MAX_BIASED = 1024  # the most token ids one logit_bias may name
+LOGPROB_FLOOR = -9999.0  # what a token the processors banned (log-probability -inf) is given as: JSON has no -inf
 
 
 class APIError(Exception):
@@ -56,6 +59,8 @@ class Request:
     prompt: str | None = None  # completion: text ...
     prompt_ids: list[int] | None = None  # ... or token ids
     messages: list[dict] = field(default_factory=list)  # chat
+    n: int = 1  # independent choices; choice i samples with seed + i where a seed is given
+    echo: bool = False  # completions: the prompt's text before each choice's
     id: str = ""
     created: int = 0
 
@@ -103,9 +108,17 @@ def _number(body: dict, name: str, default, kind=(int, float)):
 
 
 # options of the OpenAI API this server does not implement, with the values that mean "not used"
-UNSUPPORTED = {"echo": (False,), "best_of": (1,), "logprobs": (False, 0), "top_logprobs": (0,), "suffix": ("",),
-               "logit_bias": ({},), "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "tools": ([],),
-               "functions": ([],), "tool_choice": ("none",), "response_format": ({"type": "text"},)}
+UNSUPPORTED = {"best_of": (1,), "suffix": ("",), "tools": ([],), "functions": ([],), "tool_choice": ("none",),
+               "response_format": ({"type": "text"},)}
+# the request fields this server reads (the ones above refused unless unused); others are ignored, as OpenAI's
+# clients send fields of newer API versions
+SUPPORTED = {
+    "both": ("model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop", "seed",
+             "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "top_k", "min_p",
+             "repetition_penalty", "ignore_eos", "logprobs_mode"),
+    "chat": ("messages", "max_completion_tokens", "top_logprobs"),
+    "completion": ("prompt", "echo"),
+}
 
 
 def _unsupported(body: dict) -> None:
@@ -113,6 +126,63 @@ def _unsupported(body: dict) -> None:
         value = body.get(name)
         if value is not None and not any(value == u and type(value) is type(u) for u in unused):
             raise _bad(f"'{name}' is not supported by this server", name)
+
+
+def _bounded(body: dict, name: str, bound: float) -> float:
+    value = _number(body, name, 0.0)
+    if not -bound <= value <= bound:
+        raise _bad(f"'{name}' must be in [-{bound:g}, {bound:g}], got {value}", name)
+    return float(value)
+
+
+def _logit_bias(body: dict) -> dict[int, float]:
+    """OpenAI's ``logit_bias``: an object from token ids (as strings) to amounts in [-100, 100].  Whether each id is
+    in the model's vocabulary is the worker's to check (:meth:`~microspec.serve.worker.Worker.prepare`)."""
+    bias = body.get("logit_bias")
+    if bias is None:
+        return {}
+    if not isinstance(bias, dict):
+        raise _bad(f"'logit_bias' must be an object from token ids to numbers, got {json_type(bias)}", "logit_bias")
+    if len(bias) > MAX_BIASED:
+        raise _bad(f"'logit_bias' may name at most {MAX_BIASED} token ids, got {len(bias)}", "logit_bias")
+    out = {}
+    for key, value in bias.items():
+        if not (key.isascii() and key.isdigit() and len(key) <= 12):
+            raise _bad(f"'logit_bias' keys must be token ids (non-negative integers), got {key[:40]!r}", "logit_bias")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or not -BIAS_BOUND <= value <= BIAS_BOUND:
+            raise _bad(f"'logit_bias' values must be numbers in [-{BIAS_BOUND:g}, {BIAS_BOUND:g}], got "
+                       f"{value!r} for token {key}", "logit_bias")
+        out[int(key)] = float(value)
+    return out
+
+
+def _logprobs(body: dict, kind: str) -> int | None:
+    """How many alternatives each token's log-probabilities list (None: no log-probabilities): chat's ``logprobs``
+    (a boolean) and ``top_logprobs``; completions' ``logprobs`` (that number)."""
+    if kind == "chat":
+        want = body.get("logprobs")
+        if want is not None and not isinstance(want, bool):
+            raise _bad(f"'logprobs' must be a boolean, got {json_type(want)}", "logprobs")
+        top = _number(body, "top_logprobs", None, int)
+        if top is not None and not want:
+            raise _bad("'top_logprobs' needs 'logprobs' to be true", "top_logprobs")
+        if top is not None and not 0 <= top <= MAX_LOGPROBS:
+            raise _bad(f"'top_logprobs' must be in [0, {MAX_LOGPROBS}], got {top}", "top_logprobs")
+        return (top or 0) if want else None
+    top = _number(body, "logprobs", None, int)
+    if top is not None and not 0 <= top <= MAX_LOGPROBS:
+        raise _bad(f"'logprobs' must be in [0, {MAX_LOGPROBS}], got {top}", "logprobs")
+    return top
+
+
+def _flag(body: dict, name: str) -> bool:
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise _bad(f"'{name}' must be a boolean, got {json_type(value)}", name)
+    return value
 
 
 def _stops(body: dict) -> tuple[str, ...]:
@@ -232,8 +302,8 @@ def parse(body, kind: str, model_name: str, max_tokens_cap: int | None = None) -
                        "model_not_found")
     _unsupported(body)
     n = _number(body, "n", 1, int)
-    if n != 1:
-        raise _bad("only n = 1 is supported", "n")
+    if not 1 <= n <= MAX_N:
+        raise _bad(f"'n' must be in [1, {MAX_N}], got {n}", "n")
     stream, include_usage = _stream(body)
     max_tokens = _max_tokens(body, kind, max_tokens_cap)
     temperature = _number(body, "temperature", 1.0)  # OpenAI's default: sampling; below 1e-5: greedy (vLLM)
@@ -252,25 +322,64 @@ def parse(body, kind: str, model_name: str, max_tokens_cap: int | None = None) -
     penalty = _number(body, "repetition_penalty", 1.0)
     if penalty <= 0:
         raise _bad(f"'repetition_penalty' must be > 0, got {penalty}", "repetition_penalty")
-    ignore_eos = body.get("ignore_eos")
-    ignore_eos = False if ignore_eos is None else ignore_eos
-    if not isinstance(ignore_eos, bool):
-        raise _bad("'ignore_eos' must be a boolean", "ignore_eos")
+    ignore_eos = _flag(body, "ignore_eos")
+    logprobs = _logprobs(body, kind)
+    mode = body.get("logprobs_mode")  # this server's extension: before ("raw", the default) or after the processors
+    if mode is not None and mode not in LOGPROBS_MODES:
+        raise _bad(f"'logprobs_mode' must be one of {', '.join(LOGPROBS_MODES)}, got {mode!r}", "logprobs_mode")
+    echo = _flag(body, "echo") if kind == "completion" else False
+    if echo and logprobs is not None:
+        raise _bad("'echo' with 'logprobs' is not supported: this server does not return the prompt's "
+                   "log-probabilities", "echo")
     try:
         cfg = GenerationConfig(max_new_tokens=max_tokens, temperature=float(temperature), top_p=float(top_p),
                                top_k=max(top_k, 0), min_p=float(min_p), seed=seed,
-                               repetition_penalty=float(penalty), stop_strings=_stops(body), ignore_eos=ignore_eos)
+                               repetition_penalty=float(penalty), stop_strings=_stops(body), ignore_eos=ignore_eos,
+                               presence_penalty=_bounded(body, "presence_penalty", PENALTY_BOUND),
+                               frequency_penalty=_bounded(body, "frequency_penalty", PENALTY_BOUND),
+                               logit_bias=_logit_bias(body), logprobs=logprobs, logprobs_mode=mode or "raw")
     except MicrospecError as exc:
         raise _bad(str(exc)) from None
     given = body.get("max_tokens") is not None or (kind == "chat" and body.get("max_completion_tokens") is not None)
     if kind == "chat":
-        return Request(kind, cfg, stream, include_usage, given, messages=_messages(body))
+        return Request(kind, cfg, stream, include_usage, given, messages=_messages(body), n=n)
     prompt, prompt_ids = _prompt(body)
-    return Request(kind, cfg, stream, include_usage, given, prompt=prompt, prompt_ids=prompt_ids)
+    return Request(kind, cfg, stream, include_usage, given, prompt=prompt, prompt_ids=prompt_ids, n=n, echo=echo)
 
 
 # ---------------------------------------------------------------- responses
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+
+
+@dataclass
+class Logprob:
+    """One generated token's log-probability as the wire shows it: its text, and its most likely alternatives'."""
+    text: str
+    logprob: float
+    top: list[tuple[str, float]]
+
+
+def _lp(value: float) -> float:
+    return value if value > LOGPROB_FLOOR else LOGPROB_FLOOR
+
+
+def logprobs_object(req: Request, entries: list[Logprob] | None, offset: int = 0) -> dict | None:
+    """A choice's ``logprobs``: chat's ``{"content": [...]}`` (each token with its bytes and ``top_logprobs``), or
+    completions' ``tokens`` / ``token_logprobs`` / ``top_logprobs`` / ``text_offset`` (``offset``: the characters
+    of text before the first of ``entries``); None where the request asked for none."""
+    if entries is None:
+        return None
+    if req.kind == "chat":
+        return {"content": [{"token": e.text, "logprob": _lp(e.logprob), "bytes": list(e.text.encode()),
+                             "top_logprobs": [{"token": t, "logprob": _lp(v), "bytes": list(t.encode())}
+                                              for t, v in e.top]} for e in entries]}
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e.text)
+    return {"tokens": [e.text for e in entries], "token_logprobs": [_lp(e.logprob) for e in entries],
+            "top_logprobs": [{t: _lp(v) for t, v in [(e.text, e.logprob)] + e.top} for e in entries],
+            "text_offset": offsets}
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -278,34 +387,41 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def response(req: Request, model: str, text: str, finish: str, use: dict, extra: dict) -> dict:
-    """The whole answer of a non-streamed request."""
+def choice(req: Request, index: int, text: str, finish: str, logprobs: list[Logprob] | None = None,
+           offset: int = 0) -> dict:
+    """One choice of a whole answer."""
+    lp = logprobs_object(req, logprobs, offset)
     if req.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                  "finish_reason": FINISH[finish]}
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": FINISH[finish]}
-        obj = "text_completion"
-    return {"id": req.id, "object": obj, "created": req.created, "model": model, "choices": [choice],
+        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": lp,
+                "finish_reason": FINISH[finish]}
+    return {"index": index, "text": text, "logprobs": lp, "finish_reason": FINISH[finish]}
+
+
+def response(req: Request, model: str, choices: list[dict], use: dict, extra: dict) -> dict:
+    """The whole answer of a non-streamed request (``choices``: :func:`choice`'s)."""
+    obj = "chat.completion" if req.kind == "chat" else "text_completion"
+    return {"id": req.id, "object": obj, "created": req.created, "model": model, "choices": choices,
             "usage": use, "microspec": extra}
 
 
 def chunk(req: Request, model: str, text: str | None, finish: str | None = None, first: bool = False,
-          extra: dict | None = None) -> dict:
-    """One server-sent event of a streamed answer: a text delta, or (with ``finish``) the last one with choices.
-    With ``stream_options.include_usage`` every chunk has ``"usage": null`` (the usage comes in
-    :func:`usage_chunk`), as OpenAI streams; without it, none has a usage."""
+          extra: dict | None = None, index: int = 0, logprobs: list[Logprob] | None = None,
+          offset: int = 0) -> dict:
+    """One server-sent event of a streamed answer: a text delta of choice ``index`` (with its tokens'
+    ``logprobs`` where asked for), or (with ``finish``) its last one.  With ``stream_options.include_usage`` every
+    chunk has ``"usage": null`` (the usage comes in :func:`usage_chunk`), as OpenAI streams; without it, none has a
+    usage."""
+    lp = logprobs_object(req, logprobs, offset) if logprobs else None
     if req.kind == "chat":
         delta = {} if text is None else {"content": text}
         if first:
             delta = {"role": "assistant", **delta}
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish and FINISH[finish]}
+        out_choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish and FINISH[finish]}
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish and FINISH[finish]}
+        out_choice = {"index": index, "text": text or "", "logprobs": lp, "finish_reason": finish and FINISH[finish]}
         obj = "text_completion"
-    out = {"id": req.id, "object": obj, "created": req.created, "model": model, "choices": [choice]}
+    out = {"id": req.id, "object": obj, "created": req.created, "model": model, "choices": [out_choice]}
     if req.include_usage:
         out["usage"] = None
     if extra is not None:

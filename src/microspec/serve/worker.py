@@ -40,7 +40,7 @@ from ..compose import AutoEngine, Engine
 from ..errors import MicrospecError
 from ..onetime import clock
 from .metrics import Metrics
-from .protocol import APIError, Request, shutting_down
+from .protocol import APIError, Logprob, Request, shutting_down
 from .text import TextStream
 
 STEP_DELAY_ENV = "MICROSPEC_SERVE_STEP_DELAY"
@@ -48,6 +48,7 @@ STEP_DELAY_ENV = "MICROSPEC_SERVE_STEP_DELAY"
 # waits until their steps have had as much time again (a long prompt's first token comes later; theirs do not wait
 # behind it)
 PREFILL_SHARE = 0.5
+CONTEXT_TOKENS = 4  # the tokens before a token that its text is decoded after (a log-probability's token text)
 
 
 def step_delay() -> float:
@@ -151,6 +152,7 @@ class Result:
     prompt_tokens: int
     completion_tokens: int
     stats: dict
+    logprobs: list[Logprob] | None = None  # the whole answer's, where asked for (a stream's came with its deltas)
 
 
 @dataclass
@@ -158,9 +160,19 @@ class _Running:
     job: Job
     gen: object  # its microspec.decoding.loop.Generation
     text: TextStream
+    pending: list = field(default_factory=list)  # a stream's log-probabilities not sent yet (their text held back)
     kv: int = 0  # the bytes of KV cache it holds
     prefilled: bool = False  # its whole prompt is in its cache (its first token committed)
     ledger: RowLedger = field(default_factory=RowLedger)  # whether its drafts pay in a batch
+
+
+def options(cfg) -> list[str]:
+    """The OpenAI options a request's decoding uses, as ``/metrics`` counts them."""
+    return [name for name, on in (("logprobs", cfg.logprobs is not None),
+                                  ("presence_frequency", bool(cfg.presence_penalty or cfg.frequency_penalty)),
+                                  ("logit_bias", bool(cfg.logit_bias)),
+                                  ("repetition_penalty", cfg.repetition_penalty != 1.0),
+                                  ("sampling", not cfg.greedy), ("seed", cfg.seed is not None)) if on]
 
 
 def default_kv_budget(lm) -> int | None:
@@ -193,6 +205,7 @@ class Worker:
         parallel regions, so each of a step's ~150 regions pays a wake-up (measured on 2 cores: a plain Gemma 3 270M
         step on a decoding thread after a multi-threaded load in the main thread took nearly twice as long)."""
         self.engine, self.lm = engine, engine.lm
+        self.method = engine.summary() if isinstance(engine, Engine) else "auto"  # as each reply names it
         self.queue = JobQueue(max_queue)
         self.metrics = Metrics(model_name or self.lm.name)
         self.max_num_seqs, self.batch_depth, self.threads = max_num_seqs, batch_depth, threads
@@ -352,14 +365,16 @@ class Worker:
             req = job.request
             ids = job.ids if job.ids is not None else self.prepare(req)  # a 400 before anything streams
             text = TextStream(self.lm.tokenizer, req.cfg.stop_strings)
+            running: list[_Running] = []  # the request once it runs: what its on_commit streams from
             gen = self.engine.start(ids, req.cfg, stop_string_check(self.lm.tokenizer, req.cfg.stop_strings),
-                                    on_commit=self._on_commit(job, text))
+                                    on_commit=self._on_commit(job, text, running))
             job.post(("start", len(ids)))
             started = True
         except Exception as exc:  # noqa: BLE001 - a request must never kill the worker
             self._end(job, exc, started)
             return None
-        r = _Running(job, gen, text, self.lm.model.cache_bytes(gen.cache.capacity))
+        r = _Running(job, gen, text, kv=self.lm.model.cache_bytes(gen.cache.capacity))
+        running.append(r)
         return None if self._prefill(r) is None else r
 
     def _prefill(self, r: _Running) -> bool | None:
@@ -392,16 +407,45 @@ class Worker:
             return True
         return self.kv_held + self.kv_need(len(job.ids), job.request.cfg) <= self.kv_budget
 
-    def _on_commit(self, job: Job, text: TextStream):
+    def _on_commit(self, job: Job, text: TextStream, running: list[_Running]):
         def on_commit(tokens: list[int]) -> bool:
             if job.cancelled.is_set():
                 raise Cancelled
             delta = text.push(tokens)
-            if delta and job.request.stream:
-                job.post(("delta", delta))
+            if job.request.stream:
+                r = running[0]
+                if r.gen.logprobs is not None:  # the loop keeps them before it calls this
+                    r.pending += self.logprobs(r.gen.logprobs[len(r.gen.out) - len(tokens):], r.gen.out,
+                                               len(r.gen.out) - len(tokens))
+                if delta:
+                    job.post(("delta", delta, r.pending))
+                    r.pending = []
             return text.stopped  # a stop sequence the loop's tail check missed ends it too
 
         return on_commit
+
+    def logprobs(self, entries, tokens: list[int], start: int) -> list[Logprob]:
+        """Generated tokens' log-probabilities (:class:`~microspec.decoding.logprobs.TokenLogprob`; the first is
+        that of ``tokens[start]``, ``tokens`` the generated ones) with each id's text, as the wire shows them: what
+        the id adds to the answer's text after the generated tokens before it (as the text is decoded: a token alone
+        may lose its leading space), or a special token's own name."""
+        tok = self.lm.tokenizer
+        special = set(getattr(tok, "all_special_ids", ()))
+
+        def decode(ids: list[int]) -> str:
+            return tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+        def piece(context: list[int], i: int) -> str:
+            if i in special:
+                return str(tok.convert_ids_to_tokens(i))
+            before, after = decode(context), decode(context + [i])
+            return after[len(before):] if after.startswith(before) else decode([i])
+
+        out = []
+        for k, e in enumerate(entries):
+            context = tokens[max(0, start + k - CONTEXT_TOKENS): start + k]
+            out.append(Logprob(piece(context, e.token), e.logprob, [(piece(context, i), v) for i, v in e.top]))
+        return out
 
     def _end(self, job: Job, exc: Exception, started: bool) -> None:
         """A job that raised ``exc``: cancelled (nothing to answer), the request's fault before it started (400),
@@ -419,14 +463,26 @@ class Worker:
         gen, text, req = r.gen, r.text, r.job.request
         result = gen.result()
         rest = text.finish()
-        if rest and req.stream:
-            r.job.post(("delta", rest))
+        if (rest or r.pending) and req.stream:
+            r.job.post(("delta", rest, r.pending))
         finish = "stop" if text.stopped else result.finish_reason
-        self.metrics.on_request(result.stats, finish)
-        stats = result.stats.to_dict()
-        extra = {k: stats[k] for k in ("mean_accept_len", "tokens_per_s", "decode_tokens_per_s", "steps")}
+        self.metrics.on_request(result.stats, finish, options(req.cfg))
+        logprobs = None if req.stream or result.logprobs is None else \
+            self.logprobs(result.logprobs, result.token_ids, 0)
         r.job.post(("done", Result(text.text, finish, len(gen.tokens) - len(result.token_ids),
-                                   len(result.token_ids), extra)))
+                                   len(result.token_ids), self.figures(result.stats), logprobs)))
+
+    def figures(self, stats) -> dict:
+        """A request's speculation figures, beside its usage: the method, drafted and accepted tokens, tau (tokens
+        per drafted step), steps and speed."""
+        d = stats.to_dict()
+        drafted = [(a, n) for a, n in zip(stats.accept_lengths, stats.draft_sizes) if n]
+        auto = stats.auto["arms"] if stats.auto is not None else None
+        return {"method": self.method, **({"arms": auto} if auto else {}),
+                "drafted_steps": len(drafted), "drafted_tokens": sum(n for _, n in drafted),
+                "accepted_tokens": sum(a - 1 for a, _ in drafted),
+                "tau": round(1 + sum(a - 1 for a, _ in drafted) / len(drafted), 4) if drafted else 1.0,
+                **{k: d[k] for k in ("mean_accept_len", "tokens_per_s", "decode_tokens_per_s", "steps")}}
 
     def _failed(self, exc: BaseException) -> tuple:
         self.metrics.count("errors")
@@ -439,6 +495,11 @@ class Worker:
         that tokenizing a long prompt never holds the decoding thread."""
         from ..decoding.loop import check_prompt
 
+        vocab = self.lm.model.spec.vocab_size
+        outside = [t for t, _ in req.cfg.logit_bias if t >= vocab]
+        if outside:
+            raise APIError(400, f"'logit_bias' names token id {outside[0]}, outside the vocabulary of {vocab} ids",
+                           "logit_bias")
         ids = self.encode(req)
         try:
             check_prompt(self.lm.model, ids, req.cfg)

@@ -1,0 +1,161 @@
+"""The OpenAI options clients send (logprobs, n, echo, presence and frequency penalties, logit bias), through the
+official ``openai`` client against real server processes: a speculating server (early exit + MicroSpec) answers
+what a plain-decoding server answers, alone and batched, and each reply carries its speculation figures."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from support import METHOD, Server, model_dir_with_chat_template
+
+openai = pytest.importorskip("openai")
+
+PROMPTS = ["w1 w2 w3", "w10 w11 w12 w10 w11", "w40 w7", "w5 w5 w5 w9"]
+SPECIAL = ("<pad>", "<bos>", "<eos>", "<unk>")  # the tiny tokenizer's: a special token's text is its name
+OPTIONS = {"presence_penalty": 0.8, "frequency_penalty": 0.6, "logit_bias": {"12": 2.0, "20": -5.0}}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    return model_dir_with_chat_template(tmp_path_factory.mktemp("serve-openai") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def servers(model):
+    spec, plain = Server(model, *METHOD), Server(model, "--drafter", "none")
+    yield spec, plain
+    spec.close()
+    plain.close()
+
+
+def _ask(server, **kw):
+    return server.client().completions.create(model="tiny", max_tokens=32, temperature=0, **kw)
+
+
+def _same_logprobs(a, b) -> None:
+    assert a.tokens == b.tokens
+    assert a.token_logprobs == pytest.approx(b.token_logprobs, abs=1e-4)
+    for x, y in zip(a.top_logprobs, b.top_logprobs):
+        assert sorted(x.values()) == pytest.approx(sorted(y.values()), abs=1e-4)
+
+
+@pytest.mark.parametrize("options", [{}, OPTIONS], ids=["none", "penalties-bias"])
+def test_greedy_answers_and_logprobs_equal_plain_decodings(servers, options):
+    spec, plain = servers
+    for prompt in PROMPTS:
+        kw = dict(prompt=prompt, logprobs=3, extra_body={"ignore_eos": True, **{k: v for k, v in options.items()
+                                                                                 if k != "logit_bias"}},
+                  **({"logit_bias": options["logit_bias"]} if "logit_bias" in options else {}))
+        a, b = _ask(spec, **kw), _ask(plain, **kw)
+        assert a.choices[0].text == b.choices[0].text, prompt
+        lp = a.choices[0].logprobs
+        assert len(lp.tokens) == a.usage.completion_tokens == 32
+        assert "".join(t for t in lp.tokens if t not in SPECIAL) == a.choices[0].text
+        assert all(v <= 0 for v in lp.token_logprobs) and all(1 <= len(t) <= 4 for t in lp.top_logprobs)
+        assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+        _same_logprobs(lp, b.choices[0].logprobs)
+    if options:  # the options change the text
+        kw.pop("logit_bias", None)
+        kw["extra_body"] = {"ignore_eos": True}
+        assert _ask(plain, **kw).choices[0].text != b.choices[0].text
+
+
+def test_options_in_a_batch_give_what_each_gives_alone(servers):
+    spec, _ = servers
+    asks = [dict(prompt=p, extra_body={"ignore_eos": True}, **({"presence_penalty": 1.0} if i % 2 else
+                                                                {"logit_bias": {"30": 3.0}, "logprobs": 2}))
+            for i, p in enumerate(PROMPTS)]
+    alone = [_ask(spec, **a).choices[0] for a in asks]
+    together, errors = [None] * len(asks), []
+
+    def ask(i):
+        try:
+            together[i] = _ask(spec, **asks[i]).choices[0]
+        except Exception as exc:  # noqa: BLE001
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(asks))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors
+    for a, b in zip(alone, together):
+        assert a.text == b.text
+        if a.logprobs is not None:
+            _same_logprobs(a.logprobs, b.logprobs)
+
+
+def test_chat_logprobs_and_a_streamed_answer_with_them(servers):
+    spec, plain = servers
+    client = spec.client()
+    msgs = [{"role": "user", "content": "w4 w5 w6"}]
+    kw = dict(model="tiny", messages=msgs, max_tokens=24, temperature=0, logprobs=True, top_logprobs=2,
+              extra_body={"ignore_eos": True})
+    whole = client.chat.completions.create(**kw)
+    content = whole.choices[0].logprobs.content
+    assert "".join(c.token for c in content if c.token not in SPECIAL) == whole.choices[0].message.content
+    assert len(content) == 24
+    assert all(len(c.top_logprobs) == 2 and c.top_logprobs[0].logprob >= c.top_logprobs[1].logprob
+               and bytes(c.bytes).decode() == c.token for c in content)
+    ref = plain.client().chat.completions.create(**kw).choices[0].logprobs.content
+    assert [c.logprob for c in content] == pytest.approx([c.logprob for c in ref], abs=1e-4)
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    streamed = [c for ch in chunks if ch.choices and ch.choices[0].logprobs for c in ch.choices[0].logprobs.content]
+    assert [c.token for c in streamed] == [c.token for c in content]
+    assert [c.logprob for c in streamed] == pytest.approx([c.logprob for c in content], abs=1e-6)
+    last = [ch for ch in chunks if ch.choices and ch.choices[0].finish_reason][-1]
+    figures = last.model_extra["microspec"]
+    assert figures["method"] and figures["drafted_tokens"] >= figures["accepted_tokens"] >= 0
+    assert figures["tau"] == pytest.approx(1 + figures["accepted_tokens"] / max(1, figures["drafted_steps"]),
+                                           abs=1e-3)
+
+
+def test_n_choices_sampled_with_a_seed_are_reproducible_and_streamed_alike(servers):
+    spec, _ = servers
+    client = spec.client()
+    kw = dict(model="tiny", prompt="w1 w2", max_tokens=16, temperature=1.0, seed=7, extra_body={"ignore_eos": True})
+    r = client.completions.create(n=4, **kw)
+    texts = [c.text for c in sorted(r.choices, key=lambda c: c.index)]
+    assert [c.index for c in r.choices] == [0, 1, 2, 3] and len(set(texts)) > 1
+    one = client.completions.create(n=1, **kw)
+    assert r.usage.completion_tokens == 64 and r.usage.prompt_tokens == one.usage.prompt_tokens
+    assert texts[0] == one.choices[0].text  # choice 0: the seed's own text
+    assert texts == [c.text for c in client.completions.create(n=4, **kw).choices]
+    parts = {i: "" for i in range(4)}
+    finished = set()
+    for ch in client.completions.create(n=4, stream=True, **kw):
+        for c in ch.choices:
+            parts[c.index] += c.text
+            if c.finish_reason:
+                finished.add(c.index)
+    assert finished == {0, 1, 2, 3} and [parts[i] for i in range(4)] == texts
+    figures = r.model_extra["microspec"]
+    assert len(figures["choices"]) == 4
+    assert figures["drafted_tokens"] == sum(c["drafted_tokens"] for c in figures["choices"])
+    greedy = client.completions.create(n=2, **{**kw, "temperature": 0}).choices
+    assert greedy[0].text == greedy[1].text
+
+
+def test_echo_puts_the_prompt_before_the_answer(servers):
+    spec, _ = servers
+    client = spec.client()
+    plain = client.completions.create(model="tiny", prompt="w3 w4", max_tokens=8, temperature=0)
+    echoed = client.completions.create(model="tiny", prompt="w3 w4", max_tokens=8, temperature=0, echo=True)
+    assert echoed.choices[0].text == "w3 w4" + plain.choices[0].text
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="tiny", prompt="w3 w4", max_tokens=8, temperature=0, echo=True, stream=True) if c.choices)
+    assert streamed == echoed.choices[0].text
+
+
+def test_metrics_count_requests_by_option(servers):
+    spec, _ = servers
+    _ask(spec, prompt="w9", logprobs=1, presence_penalty=0.5)
+    text = spec.get("/metrics")[1].decode()
+    for option in ("logprobs", "presence_frequency"):
+        line = next(ln for ln in text.splitlines()
+                    if ln.startswith(f'microspec:requests_by_option_total{{model_name="tiny",option="{option}"}}'))
+        assert float(line.rsplit(" ", 1)[1]) >= 1
+    assert 'microspec:draft_tokens_by_option_total{model_name="tiny",option="logprobs"}' in text
