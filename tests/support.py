@@ -107,6 +107,29 @@ def write_tiny_model_dir(path: Path, family: str = "llama", seed: int = 0, **ove
     return path
 
 
+CHARS = (' !"#$%\'()*+,-./0123456789:;<=>?@ABCDEFGHIJKLMNOPQRSTUVWXYZ[\\]^_`abcdefghijklmnopqrstuvwxyz{}')
+CHAR_EOS = 2
+
+
+def char_tokenizer():
+    """A tokenizer of the tiny models' 96 ids whose words are single characters (4 special ids, then the 92 of
+    :data:`CHARS`): JSON, regexes and choices spell with it, so grammar tests run on the tiny models."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "<bos>", "<eos>", "<unk>", *CHARS]
+    assert len(words) == VOCAB == len(set(words))
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>",
+                                   pad_token="<pad>")
+
+
+def char_text(ids) -> str:
+    """The text of ids of :func:`char_tokenizer` (special ids dropped)."""
+    return "".join(CHARS[i - 4] for i in ids if i >= 4)
+
+
 def write_checkpoint(path, cfg: dict, state: dict, fmt: str) -> None:
     """A checkpoint directory: config.json and the weights as pytorch_model.bin (``fmt`` "bin") or safetensors."""
     path.mkdir(parents=True, exist_ok=True)

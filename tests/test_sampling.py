@@ -45,6 +45,12 @@ def _warp(hf, seqs: torch.Tensor, settings: dict = SETTINGS) -> torch.Tensor:
     if settings.get("presence_penalty") or settings.get("frequency_penalty"):  # OpenAI's rule, generated tokens only
         counts = torch.zeros_like(logits).scatter_add_(1, seqs[:, len(PROMPT):], torch.ones_like(logits))
         logits -= counts * settings.get("frequency_penalty", 0) + (counts > 0) * settings.get("presence_penalty", 0)
+    if settings.get("grammar") is not None:  # the ids the grammar allows after each generated text
+        from microspec.decoding.grammar import GrammarMask
+
+        allowed = GrammarMask(settings["grammar"], torch.device("cpu")).allowed(
+            [s[len(PROMPT):].tolist() for s in seqs])
+        logits = logits.masked_fill(~allowed, float("-inf"))
     logits = TemperatureLogitsWarper(settings["temperature"])(seqs, logits)
     if settings.get("top_k"):
         logits = TopKLogitsWarper(settings["top_k"])(seqs, logits)
@@ -443,6 +449,26 @@ def test_sampling_with_openai_penalties_and_bias_matches_exact_distribution(pair
     seeds, results = _generations(nm, _drafters(want)[drafter], SETTINGS_OPENAI, range(N), policy)
     _follow_the_target(nm, seeds, results, SETTINGS_OPENAI, want, f"{drafter}+{policy} openai")
     if drafter != "iid-bad":  # drafts get accepted under the options (a bad draft's rejections are the other case)
+        assert sum(sum(a - 1 for a in r.stats.accept_lengths) for r in results) > len(seeds) * 0.02
+
+
+@pytest.mark.parametrize("drafter, policy", [("iid-bad", None), ("deterministic-topk", None),
+                                             ("eagle-chain", "microspec"), ("eagle-tree", "microspec")])
+def test_sampling_under_a_grammar_matches_the_constrained_distribution(pair, drafter, policy, rule):
+    """A grammar (a regex over the tiny models' ids spelled as characters) masks the target's rows and the drafts
+    alike: the committed tokens follow the constrained distribution exactly, chains and trees, a restricted draft
+    vocabulary included, by the keyed rule and by rejection sampling (drafts outside the grammar are rejected)."""
+    from support import CHAR_EOS, char_tokenizer
+    from microspec.decoding.grammar import Constraint, compile_grammar
+
+    hf, nm = pair
+    grammar = compile_grammar(Constraint("regex", "[a-f][a-f0-9]{0,4}"), char_tokenizer(), VOCAB, [CHAR_EOS])
+    settings = {**SETTINGS, "grammar": grammar}
+    want = _marginals(hf, settings)
+    assert 1 < (want[0] > 0).sum() <= 6 and 1 < (want[1] > 0).sum() <= 17  # the grammar cuts: a-f, then a-f0-9, EOS
+    seeds, results = _generations(nm, _drafters(want)[drafter], settings, range(N), policy)
+    _follow_the_target(nm, seeds, results, settings, want, f"{drafter}+{policy} grammar")
+    if drafter != "iid-bad":
         assert sum(sum(a - 1 for a in r.stats.accept_lengths) for r in results) > len(seeds) * 0.02
 
 

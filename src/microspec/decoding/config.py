@@ -41,6 +41,9 @@ class GenerationConfig:
     # after them ("processed": penalties, bias), both before temperature and the warpers
     logprobs: int | None = None
     logprobs_mode: str = "raw"
+    # structured output: a decoding.grammar.Grammar (compile_grammar: a constraint compiled for the tokenizer) the
+    # output must match; None: free text
+    grammar: object | None = None
 
     def __post_init__(self) -> None:
         check(isinstance(self.max_new_tokens, int) and self.max_new_tokens > 0,
@@ -70,6 +73,11 @@ class GenerationConfig:
         check(self.logprobs is None or (isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool)
                                         and 0 <= self.logprobs <= MAX_LOGPROBS),
               f"logprobs must be an integer in [0, {MAX_LOGPROBS}] (or None), got {self.logprobs!r}")
+        if self.grammar is not None:
+            from .grammar import Grammar
+
+            check(isinstance(self.grammar, Grammar), "grammar must be a compiled Grammar (decoding.grammar."
+                                                     "compile_grammar); the API and the CLI take a constraint")
         check(self.logprobs_mode in LOGPROBS_MODES,
               f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {self.logprobs_mode!r}")
 

@@ -377,6 +377,12 @@ class LogitsPipeline:
             self.processors.append(PresenceFrequency(cfg.presence_penalty, cfg.frequency_penalty, vocab_size, device))
         if cfg.no_repeat_ngram_size > 0:
             self.processors.append(NoRepeatNGram(cfg.no_repeat_ngram_size, vocab_size))
+        self.grammar = None  # a structured output's mask (decoding.grammar): last, over the processed rows
+        if cfg.grammar is not None:
+            from .grammar import GrammarMask
+
+            self.grammar = GrammarMask(cfg.grammar, device)
+            self.processors.append(self.grammar)
         self.generator = None
         if not cfg.greedy:
             self.generator = torch.Generator(device=device)
@@ -487,19 +493,28 @@ class LogitsPipeline:
             logits = p.apply(logits, extra)
         return logits
 
-    def process_columns(self, logits: torch.Tensor, columns_of, extra: Sequence[Sequence[int]]) -> torch.Tensor:
+    def process_columns(self, logits: torch.Tensor, columns_of, extra: Sequence[Sequence[int]],
+                        col_ids=None) -> torch.Tensor:
         """The processors on a draft head's fp32 logits [R, A] in place: their columns are the ids
-        ``columns_of(ids) -> [n]`` maps (-1 where an id has no column); row r's history is committed + extra[r]."""
+        ``columns_of(ids) -> [n]`` maps (-1 where an id has no column), and ``col_ids()`` gives each column's id
+        [A] (-1: none) to a processor that masks by columns (the grammar); row r's history is committed + extra[r]."""
         for p in self.processors:
-            logits = p.apply_columns(logits, columns_of, extra)
+            if hasattr(p, "apply_column_ids"):
+                logits = p.apply_column_ids(logits, col_ids(), extra)
+            else:
+                logits = p.apply_columns(logits, columns_of, extra)
         return logits
 
     def draft_logp(self, logits: torch.Tensor) -> torch.Tensor:
         """Log-probabilities [R, A] a draft ranks its candidates by: of the processed logits when greedy, of the
         sampling distribution (temperature, top-k, top-p, min-p) otherwise (-inf where the warpers cut)."""
         if self.cfg.greedy:
-            return torch.log_softmax(logits, dim=-1)
-        return torch.log(self.probs(logits))
+            logp = torch.log_softmax(logits, dim=-1)
+        else:
+            logp = torch.log(self.probs(logits))
+        if self.grammar is not None:  # a row the grammar leaves nothing in: -inf throughout, not NaN
+            logp = logp.masked_fill_(logp.isnan(), float("-inf"))
+        return logp
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """The sampling distribution [R, V] of processed logits: temperature, top-k, top-p, then min-p (HF order

@@ -145,7 +145,9 @@ class DraftHead:
                     out = pipe.process_on_device(out, paths, cols)
                 else:
                     out = pipe.process_columns(out, self.columns_of, paths if paths is not None else
-                                               [()] * out.shape[0])
+                                               [()] * out.shape[0],
+                                               lambda: self.to_full_ids(torch.arange(out.shape[-1],
+                                                                                     device=out.device)))
         return out
 
     def _logits(self, hidden: torch.Tensor, depth: int) -> torch.Tensor:
