@@ -72,6 +72,9 @@ def test_constrained_greedy_output_is_plain_constrained_decodings(tmp_path, tok,
         r = generate_ids(nm, PROMPT, cfg, drafter=drafter(), vocab=policy() if policy else None)
         assert r.token_ids == plain.token_ids, (label, char_text(r.token_ids), text)
         assert r.finish_reason == plain.finish_reason
+        if name == "schema":  # the schema forces its keys and punctuation: free drafts, all of them accepted
+            assert r.stats.forced_steps > 0 and r.stats.mean_accept_len > 1.5, (label, r.stats.to_dict())
+    assert plain.stats.forced_steps == 0  # plain decoding stays plain
 
 
 def test_constrained_requests_in_a_batch_give_what_each_gives_alone(tmp_path, tok):

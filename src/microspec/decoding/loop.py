@@ -245,6 +245,7 @@ class Generation:
         self._step: tuple | None = None  # the planned step: (t0 mark, host t0, drafting, tree, cache length)
         self._ahead: tuple | None = None  # a plain step launched before the last one's token was read
         self._next: Ahead | None = None  # the next step's tree drafted before the last one's read
+        self._forced = False  # the planned step drafts the tokens the grammar forces (not the drafter's)
 
     def _emit(self, new: list[int]) -> str | None:
         """Commit ``new`` tokens one by one; the reason to stop, if any (later tokens are dropped).  The processors
@@ -326,6 +327,7 @@ class Generation:
         if self._next is not None:  # drafted ahead of the last step's read (settle)
             tree, t0, host_t0, t1 = self._next
             self._next = None
+            self._forced = False
             self._step = (t0, host_t0, True, tree, self.cache.length, t1)
             return tree
         t0, host_t0 = self.clock.mark(), clock()
@@ -334,9 +336,16 @@ class Generation:
         drafter = self.drafter
         drafting = drafter is not None and max_depth != 0 and (self.adaptive is None or self.adaptive.draft_now())
         depth = self.cfg.max_new_tokens - len(self.out) - 1
-        tree = draft(drafter if drafting else None,
-                     DraftContext(self.tokens, self.model, self.cache,
-                                  depth if max_depth is None else min(depth, max_depth), self.pipe))
+        ctx = DraftContext(self.tokens, self.model, self.cache, depth if max_depth is None else min(depth, max_depth),
+                           self.pipe)
+        # the tokens a grammar forces next are free drafts (verified as any draft); the drafter is asked elsewhere
+        forced = self.pipe.grammar.forced()[: ctx.max_depth] if drafting and self.pipe.grammar is not None else []
+        self._forced = bool(forced)
+        if forced:
+            self.stats.forced_steps += 1
+            tree = DraftTree.chain(forced).first(self.cache.capacity - self.cache.length - 1)
+        else:
+            tree = draft(drafter if drafting else None, ctx)
         if len(tree) and tree.on_device is None and device_walk_takes(tree, self.pipe, self.model.device):
             tree = DeviceTree.of(tree, self.model.device) or tree  # a lookup's tree: walked on the device too
         self.stats.skipped_steps += drafter is not None and not drafting
@@ -416,7 +425,8 @@ class Generation:
             self.cache.keep_from(start, branch)
         if self.coverage is not None and ahead is None:  # (drafting ahead read it before the policy moved on)
             # a step drafted without the draft head (a copied chain) is not scored
-            self.coverage.on_verified(tree, walk.tokens, scored=not drafting or drafter.head_drafted)
+            self.coverage.on_verified(tree, walk.tokens, scored=not drafting or (drafter.head_drafted and
+                                                                                 not self._forced))
         t2 = self.clock.mark() if ahead is None else ahead.start
         if vocab is not None and ahead is None:  # (drafting ahead told the policy then)
             # the logits the target chose from on the validated branch (the walk has them); a step taken plain
@@ -424,7 +434,7 @@ class Generation:
             # full vocabulary is a visible share of a packed CPU step: stepping aside must cost nothing), and so
             # does a step another drafter than the head drafted where the drafter says so (auto)
             logits = vocab.wants_verify_logits and drafting and len(tree) and (
-                drafter.head_drafted or drafter.copies_feed_policy)
+                (drafter.head_drafted and not self._forced) or drafter.copies_feed_policy)
             with self.vocab_timer:
                 vocab.on_verify(to_device(tree.drafted(), device),
                                 walk.stacked() if logits else hidden.new_zeros(0, model.spec.vocab_size),
