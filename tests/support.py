@@ -88,19 +88,24 @@ def _tiny_pair(family: str, seed: int, dtype, overrides: tuple):
     return hf, native.to(dtype).eval(), torch.get_rng_state()
 
 
-def write_tiny_model_dir(path: Path, family: str = "llama", seed: int = 0, **overrides) -> Path:
-    """A complete local HF model directory (config, safetensors weights, a word-level tokenizer)."""
+def write_tiny_model_dir(path: Path, family: str = "llama", seed: int = 0, chars: bool = False,
+                         **overrides) -> Path:
+    """A complete local HF model directory (config, safetensors weights, a word-level tokenizer: words w0, w1, ...,
+    or with ``chars`` single characters, :func:`char_tokenizer`)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     hf = tiny_hf_model(family, seed, **overrides)
     path.mkdir(parents=True, exist_ok=True)
     hf.save_pretrained(str(path))
-    words = ["<pad>", "<bos>", "<eos>", "<unk>"] + [f"w{i}" for i in range(VOCAB - 4)]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
-                                   unk_token="<unk>", pad_token="<pad>")
+    if chars:
+        fast = char_tokenizer()
+    else:
+        words = ["<pad>", "<bos>", "<eos>", "<unk>"] + [f"w{i}" for i in range(VOCAB - 4)]
+        tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
+                                       unk_token="<unk>", pad_token="<pad>")
     fast.save_pretrained(str(path))
     cfg = json.loads((path / "config.json").read_text())
     assert cfg["vocab_size"] == VOCAB
@@ -114,13 +119,14 @@ CHAR_EOS = 2
 def char_tokenizer():
     """A tokenizer of the tiny models' 96 ids whose words are single characters (4 special ids, then the 92 of
     :data:`CHARS`): JSON, regexes and choices spell with it, so grammar tests run on the tiny models."""
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     words = ["<pad>", "<bos>", "<eos>", "<unk>", *CHARS]
     assert len(words) == VOCAB == len(set(words))
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()  # the characters as they are, side by side
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>",
                                    pad_token="<pad>")
 

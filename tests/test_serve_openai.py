@@ -1,11 +1,14 @@
-"""The OpenAI options clients send (logprobs, n, echo, presence and frequency penalties, logit bias), through the
-official ``openai`` client against real server processes: a speculating server (early exit + MicroSpec) answers
-what a plain-decoding server answers, alone and batched, and each reply carries its speculation figures."""
+"""The OpenAI options clients send (structured outputs, logprobs, n, echo, presence and frequency penalties, logit
+bias), through the official ``openai`` client against real server processes: a speculating server (early exit +
+MicroSpec) answers what a plain-decoding server answers, alone and batched, and each reply carries its speculation
+figures.  The tiny model spells with single characters (support.char_tokenizer), so JSON fits its vocabulary."""
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from support import METHOD, Server, model_dir_with_chat_template
@@ -15,11 +18,15 @@ openai = pytest.importorskip("openai")
 PROMPTS = ["w1 w2 w3", "w10 w11 w12 w10 w11", "w40 w7", "w5 w5 w5 w9"]
 SPECIAL = ("<pad>", "<bos>", "<eos>", "<unk>")  # the tiny tokenizer's: a special token's text is its name
 OPTIONS = {"presence_penalty": 0.8, "frequency_penalty": 0.6, "logit_bias": {"12": 2.0, "20": -5.0}}
+PET = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 5},
+                                        "kind": {"enum": ["cat", "dog"]},
+                                        "legs": {"type": "integer", "minimum": 0, "maximum": 8}},
+       "required": ["name", "kind", "legs"], "additionalProperties": False}
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> Path:
-    return model_dir_with_chat_template(tmp_path_factory.mktemp("serve-openai") / "tiny")
+    return model_dir_with_chat_template(tmp_path_factory.mktemp("serve-openai") / "tiny", chars=True)
 
 
 @pytest.fixture(scope="module")
@@ -159,3 +166,90 @@ def test_metrics_count_requests_by_option(servers):
                     if ln.startswith(f'microspec:requests_by_option_total{{model_name="tiny",option="{option}"}}'))
         assert float(line.rsplit(" ", 1)[1]) >= 1
     assert 'microspec:draft_tokens_by_option_total{model_name="tiny",option="logprobs"}' in text
+
+
+def test_a_pydantic_response_format_parses_and_equals_plain_decoding(servers):
+    """``client.chat.completions.parse`` with a Pydantic model: the answer validates, and the speculating server's
+    is the plain server's; the grammar's forced tokens were drafted."""
+    pydantic = pytest.importorskip("pydantic")
+
+    class Pet(pydantic.BaseModel):
+        name: pydantic.constr(max_length=5)
+        kind: Literal["cat", "dog"]
+        legs: pydantic.conint(ge=0, le=8)
+
+    spec, plain = servers
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "a pet, as JSON"}], max_tokens=80, temperature=0,
+              response_format=Pet)
+    a = spec.client().chat.completions.parse(**kw)
+    b = plain.client().chat.completions.parse(**kw)
+    assert a.choices[0].finish_reason == "stop" and isinstance(a.choices[0].message.parsed, Pet)
+    assert a.choices[0].message.content == b.choices[0].message.content
+    figures = a.model_extra["microspec"]
+    assert figures["drafted_tokens"] > 0 and figures["accepted_tokens"] > 0
+
+
+@pytest.mark.parametrize("extra", [{"guided_regex": "[a-f]{3}-[0-9]{2,4}"},
+                                   {"guided_choice": ["north", "south", "east west"]},
+                                   {"structured_outputs": {"json": PET}},
+                                   {"response_format": {"type": "json_object"}}])
+def test_structured_outputs_as_vllm_clients_send_them(servers, extra):
+    import re
+
+    spec, plain = servers
+    kw = dict(model="tiny", prompt="answer:", max_tokens=60, temperature=0)
+    rf = extra.get("response_format")
+    body = {k: v for k, v in extra.items() if k != "response_format"}
+    a = spec.client().completions.create(extra_body={**body, **({"response_format": rf} if rf else {})}, **kw)
+    b = plain.client().completions.create(extra_body={**body, **({"response_format": rf} if rf else {})}, **kw)
+    text = a.choices[0].text
+    assert text == b.choices[0].text
+    if "guided_regex" in extra:
+        assert re.fullmatch(extra["guided_regex"], text)
+    elif "guided_choice" in extra:
+        assert text in extra["guided_choice"]
+    elif a.choices[0].finish_reason == "stop":  # JSON, complete
+        obj = json.loads(text)
+        assert isinstance(obj, dict)
+        if "structured_outputs" in extra:
+            assert set(obj) == {"name", "kind", "legs"} and obj["kind"] in ("cat", "dog")
+
+
+def test_a_streamed_structured_answer_and_n_samples_validate(servers):
+    jsonschema = pytest.importorskip("jsonschema")
+    spec, _ = servers
+    client = spec.client()
+    rf = {"type": "json_schema", "json_schema": {"name": "pet", "schema": PET, "strict": True}}
+    whole = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "pet"}],
+                                           max_tokens=80, temperature=0, response_format=rf)
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "pet"}], max_tokens=80, temperature=0,
+        response_format=rf, stream=True) if c.choices)
+    assert streamed == whole.choices[0].message.content
+    jsonschema.validate(json.loads(streamed), PET)
+    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "pets"}], n=3,
+                                       max_tokens=80, temperature=1.0, seed=5, response_format=rf)
+    for c in r.choices:
+        assert c.finish_reason == "stop"
+        jsonschema.validate(json.loads(c.message.content), PET)
+
+
+@pytest.mark.parametrize("body", [
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}}}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+    {"response_format": {"type": "yaml"}},
+    {"guided_regex": "a(b"},
+    {"guided_regex": "ab", "guided_choice": ["x"]},
+    {"guided_choice": []},
+    {"guided_grammar": "start: nothing_defined"},
+    {"guided_json": {"type": "string", "pattern": "(" * 3000 + ")" * 3000}},
+])
+def test_bad_structured_outputs_are_400s_naming_the_field(servers, body):
+    spec, _ = servers
+    status, obj = spec.post("/v1/completions", {"prompt": "x", "max_tokens": 4, **body})
+    assert status == 400, obj
+    assert obj["error"]["param"] in ("response_format", "guided_regex", "guided_choice", "guided_grammar",
+                                     "guided_json"), obj
+    assert "\n" not in obj["error"]["message"] and "Traceback" not in obj["error"]["message"]
+    assert spec.client().completions.create(model="tiny", prompt="x", max_tokens=3).choices  # still serving

@@ -40,7 +40,10 @@ def _auto_engine(lm: LoadedModel) -> AutoEngine:
 def generate(lm: LoadedModel, prompt: str, cfg: GenerationConfig | None = None, chat: bool | None = None,
              method: "Method | Engine | AutoEngine | str | None" = "auto", **overrides) -> GenerationResult:
     """Generate a continuation of ``prompt`` with ``lm``; keyword overrides build a :class:`GenerationConfig`
-    (``max_new_tokens``, ``temperature``, ``top_p``, ``seed``, ``repetition_penalty``, ``stop_strings``, ...).
+    (``max_new_tokens``, ``temperature``, ``top_p``, ``seed``, ``repetition_penalty``, ``presence_penalty``,
+    ``frequency_penalty``, ``logit_bias``, ``logprobs``, ``stop_strings``, ...), and ``response_format`` a
+    structured output (a JSON schema, OpenAI's response_format, a Pydantic model or a
+    :class:`~microspec.decoding.grammar.Constraint`).
 
     ``method``: how to decode — ``"auto"`` (the default, also None; as ``microspec generate``: what measured fastest
     for this device and decoding, else the model's EAGLE head + MicroSpec; :mod:`microspec.auto`), a method name

@@ -38,10 +38,17 @@ class TextOut:
 
     def generate(self, prompt: str, cfg: "GenerationConfig | None" = None, chat: bool | None = None,
                  **overrides: Any) -> "GenerationResult":
-        """Text in, text out (see :func:`microspec.api.generate`); keyword overrides build the configuration."""
+        """Text in, text out (see :func:`microspec.api.generate`); keyword overrides build the configuration
+        (``response_format``: a structured output, anything :meth:`~microspec.decoding.grammar.Constraint.of`
+        takes: a JSON schema, OpenAI's response_format, a Pydantic model, a Constraint)."""
         from .decoding.config import GenerationConfig
         from .prompts import generate_text
 
+        response_format = overrides.pop("response_format", None)
+        if response_format is not None:
+            from .decoding.grammar import for_model
+
+            overrides["grammar"] = for_model(self.lm, response_format)
         return generate_text(self, prompt, cfg or GenerationConfig(**overrides), chat)
 
     def engine_for(self, cfg: "GenerationConfig") -> "Engine":

@@ -78,6 +78,14 @@ def add_decoding_args(p, max_new_tokens: int = 128) -> None:
     p.add_argument("--logit-bias", default="", metavar="ID=BIAS,...",
                    help="OpenAI's logit bias: amounts in [-100, 100] added to the logits of token ids")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", metavar="FILE", default=None,
+                       help="structured output: JSON that validates against the JSON schema in FILE")
+    shape.add_argument("--json-object", action="store_true", help="structured output: any JSON object")
+    shape.add_argument("--regex", default=None, help="structured output: text that matches this regular expression")
+    shape.add_argument("--choice", default=None, metavar="A,B,...", help="structured output: one of these strings")
+    shape.add_argument("--grammar", metavar="FILE", default=None,
+                       help="structured output: text of the Lark grammar in FILE (llguidance's dialect)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's EOS tokens")
 
 
@@ -189,7 +197,13 @@ def engine_from_args(args: argparse.Namespace,
     unknown here (a server's: no configuration, every kind's engine built now)."""
     request = request_from_args(args)
     cfg = None if per_request else config_from_args(args)
-    return cfg, open_engine(request, cfg)
+    engine = open_engine(request, cfg)
+    constraint = None if per_request else constraint_from_args(args)
+    if constraint is not None:  # compiled for the model's tokenizer, once it is loaded
+        from ..decoding.grammar import for_model
+
+        cfg = dataclasses.replace(cfg, grammar=for_model(engine.lm, constraint))
+    return cfg, engine
 
 
 def config_from_args(args: argparse.Namespace) -> GenerationConfig:
@@ -198,6 +212,30 @@ def config_from_args(args: argparse.Namespace) -> GenerationConfig:
         repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
         presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
         logit_bias=logit_bias(args.logit_bias), stop_strings=tuple(args.stop), ignore_eos=args.ignore_eos)
+
+
+def constraint_from_args(args: argparse.Namespace):
+    """The structured output the arguments ask for (a :class:`~microspec.decoding.grammar.Constraint`), or None."""
+    from ..decoding.grammar import Constraint
+
+    def read(path: str, what: str) -> str:
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise MicrospecError(f"cannot read the {what} {path}: {exc}") from None
+
+    if getattr(args, "json_schema", None):
+        return Constraint.json_schema(read(args.json_schema, "JSON schema"))
+    if getattr(args, "json_object", False):
+        return Constraint("json_object")
+    if getattr(args, "regex", None):
+        return Constraint("regex", args.regex)
+    if getattr(args, "choice", None):
+        return Constraint.choice(split_list(args.choice))
+    if getattr(args, "grammar", None):
+        return Constraint("grammar", read(args.grammar, "grammar"))
+    return None
 
 
 def logit_bias(text: str) -> dict[int, float]:

@@ -202,6 +202,11 @@ def _compiled(constraint: Constraint, tokenizer, vocab_size: int, eos_ids: tuple
     return grammar
 
 
+def for_model(lm, value) -> Grammar:
+    """A constraint (anything :meth:`Constraint.of` takes) compiled for a loaded model's tokenizer."""
+    return compile_grammar(Constraint.of(value), lm.tokenizer, lm.model.spec.vocab_size, lm.eos_token_ids)
+
+
 def unpack(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     """[R, V] bool of llguidance's int32 bitmask rows [R, ceil(V / 32)] (bit b of word w: id 32 w + b)."""
     bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")[:, :vocab]
@@ -270,4 +275,4 @@ class GrammarMask:
         return logits.masked_fill_(~keep, float("-inf"))
 
 
-__all__ = ["KINDS", "Constraint", "Grammar", "GrammarMask", "compile_grammar", "ll_tokenizer"]
+__all__ = ["KINDS", "Constraint", "Grammar", "GrammarMask", "compile_grammar", "for_model", "ll_tokenizer"]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ..decoding.config import BIAS_BOUND, LOGPROBS_MODES, MAX_LOGPROBS, PENALTY_BOUND, GenerationConfig
+from ..decoding.grammar import Constraint
 from ..errors import MicrospecError
 
 ROLES = ("system", "user", "assistant", "developer")
@@ -60,6 +61,7 @@ class Request:
     prompt_ids: list[int] | None = None  # ... or token ids
     messages: list[dict] = field(default_factory=list)  # chat
     n: int = 1  # independent choices; choice i samples with seed + i where a seed is given
+    constraint: Constraint | None = None  # a structured output (compiled by the worker, for its tokenizer)
     echo: bool = False  # completions: the prompt's text before each choice's
     id: str = ""
     created: int = 0
@@ -108,14 +110,14 @@ def _number(body: dict, name: str, default, kind=(int, float)):
 
 
 # options of the OpenAI API this server does not implement, with the values that mean "not used"
-UNSUPPORTED = {"best_of": (1,), "suffix": ("",), "tools": ([],), "functions": ([],), "tool_choice": ("none",),
-               "response_format": ({"type": "text"},)}
+UNSUPPORTED = {"best_of": (1,), "suffix": ("",), "tools": ([],), "functions": ([],), "tool_choice": ("none",)}
 # the request fields this server reads (the ones above refused unless unused); others are ignored, as OpenAI's
 # clients send fields of newer API versions
 SUPPORTED = {
     "both": ("model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop", "seed",
              "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "top_k", "min_p",
-             "repetition_penalty", "ignore_eos", "logprobs_mode"),
+             "repetition_penalty", "ignore_eos", "logprobs_mode", "response_format", "guided_json", "guided_regex",
+             "guided_choice", "guided_grammar", "structured_outputs"),
     "chat": ("messages", "max_completion_tokens", "top_logprobs"),
     "completion": ("prompt", "echo"),
 }
@@ -174,6 +176,59 @@ def _logprobs(body: dict, kind: str) -> int | None:
     if top is not None and not 0 <= top <= MAX_LOGPROBS:
         raise _bad(f"'logprobs' must be in [0, {MAX_LOGPROBS}], got {top}", "logprobs")
     return top
+
+
+GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+
+
+def _constraint(body: dict) -> Constraint | None:
+    """The structured output a request asks for: OpenAI's ``response_format`` (``json_object``, or ``json_schema``
+    with its ``schema``), or vLLM's extensions (``guided_json`` / ``guided_regex`` / ``guided_choice`` /
+    ``guided_grammar`` at the top level, or ``structured_outputs`` with ``json`` / ``regex`` / ``choice`` /
+    ``grammar``); at most one of them."""
+    found: list[tuple[str, str, object]] = []  # (param, kind, value)
+    rf = body.get("response_format")
+    if rf is not None:
+        if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
+            raise _bad("'response_format' must be an object whose type is text, json_object or json_schema",
+                       "response_format")
+        if rf["type"] == "json_object":
+            found.append(("response_format", "json_object", None))
+        elif rf["type"] == "json_schema":
+            spec = rf.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+                raise _bad("'response_format.json_schema' must be an object with a 'schema' object",
+                           "response_format")
+            found.append(("response_format", "json", spec["schema"]))
+    for name, kind in GUIDED.items():
+        if body.get(name) is not None:
+            found.append((name, kind, body[name]))
+    so = body.get("structured_outputs")
+    if so is not None:
+        if not isinstance(so, dict):
+            raise _bad("'structured_outputs' must be an object", "structured_outputs")
+        found += [("structured_outputs", kind, so[kind]) for kind in ("json", "regex", "choice", "grammar")
+                  if so.get(kind) is not None]
+    if not found:
+        return None
+    if len(found) > 1:
+        raise _bad(f"ask for one structured output, got {len(found)} ({', '.join(p for p, _, _ in found)})",
+                   found[1][0])
+    param, kind, value = found[0]
+    try:
+        if kind == "json_object":
+            return Constraint("json_object")
+        if kind == "json":
+            if not isinstance(value, (dict, str)):
+                raise _bad(f"'{param}' must hold a JSON schema (an object), got {json_type(value)}", param)
+            return Constraint.json_schema(value)
+        if kind == "choice":
+            return Constraint.choice(value)
+        if not isinstance(value, str):
+            raise _bad(f"'{param}' must hold a {kind} as a string, got {json_type(value)}", param)
+        return Constraint("regex" if kind == "regex" else "grammar", _text(value, f"'{param}'", param))
+    except MicrospecError as exc:
+        raise _bad(f"'{param}': {exc}", param) from None
 
 
 def _flag(body: dict, name: str) -> bool:
@@ -341,10 +396,12 @@ def parse(body, kind: str, model_name: str, max_tokens_cap: int | None = None) -
     except MicrospecError as exc:
         raise _bad(str(exc)) from None
     given = body.get("max_tokens") is not None or (kind == "chat" and body.get("max_completion_tokens") is not None)
+    constraint = _constraint(body)
     if kind == "chat":
-        return Request(kind, cfg, stream, include_usage, given, messages=_messages(body), n=n)
+        return Request(kind, cfg, stream, include_usage, given, messages=_messages(body), n=n, constraint=constraint)
     prompt, prompt_ids = _prompt(body)
-    return Request(kind, cfg, stream, include_usage, given, prompt=prompt, prompt_ids=prompt_ids, n=n, echo=echo)
+    return Request(kind, cfg, stream, include_usage, given, prompt=prompt, prompt_ids=prompt_ids, n=n, echo=echo,
+                   constraint=constraint)
 
 
 # ---------------------------------------------------------------- responses

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import os
 import sys
 import threading
@@ -170,7 +171,7 @@ def options(cfg) -> list[str]:
     """The OpenAI options a request's decoding uses, as ``/metrics`` counts them."""
     return [name for name, on in (("logprobs", cfg.logprobs is not None),
                                   ("presence_frequency", bool(cfg.presence_penalty or cfg.frequency_penalty)),
-                                  ("logit_bias", bool(cfg.logit_bias)),
+                                  ("logit_bias", bool(cfg.logit_bias)), ("structured", cfg.grammar is not None),
                                   ("repetition_penalty", cfg.repetition_penalty != 1.0),
                                   ("sampling", not cfg.greedy), ("seed", cfg.seed is not None)) if on]
 
@@ -500,6 +501,13 @@ class Worker:
         if outside:
             raise APIError(400, f"'logit_bias' names token id {outside[0]}, outside the vocabulary of {vocab} ids",
                            "logit_bias")
+        if req.constraint is not None and req.cfg.grammar is None:
+            from ..decoding.grammar import for_model
+
+            try:
+                req.cfg = dataclasses.replace(req.cfg, grammar=for_model(self.lm, req.constraint))
+            except MicrospecError as exc:
+                raise APIError(400, str(exc), "response_format", "invalid_grammar") from None
         ids = self.encode(req)
         try:
             check_prompt(self.lm.model, ids, req.cfg)
