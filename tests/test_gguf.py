@@ -255,6 +255,24 @@ def test_argmax_is_torchs():
     assert cq.argmax(x64) == int(x64.argmax())
 
 
+def test_the_grammar_mask_kernel_is_its_plain_torch_reference():
+    """bitmask_fill (csrc/row_ops.cpp) against its reference: words of all, none and some ids allowed, vocabulary
+    sizes that are and are not multiples of 32, several rows; the bits of a reference unpacked by hand too."""
+    assert cq.available()
+    g = torch.Generator().manual_seed(3)
+    for v in (1, 31, 32, 33, 1000, 262144):
+        words = (v + 31) // 32
+        mask = torch.randint(-(2**31), 2**31 - 1, (3, words), dtype=torch.int32, generator=g)
+        mask[0, : words // 2] = -1  # all allowed
+        mask[1, words // 3 :] = 0  # none allowed
+        logits = torch.randn(3, v, generator=g)
+        got = cq.bitmask_fill(logits.clone(), mask)
+        assert torch.equal(got, cq.bitmask_fill_reference(logits.clone(), mask)), v
+        i = v - 1  # the last id, by hand
+        allowed = [bool((int(mask[r, i // 32]) >> (i % 32)) & 1) for r in range(3)]
+        assert [bool(torch.isfinite(got[r, i])) for r in range(3)] == allowed
+
+
 # ------------------------------------------------------------------------------------------------ a GGUF model
 def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's query/key row order for ``llama`` files (the inverse of what the loader undoes)."""

@@ -59,7 +59,7 @@ class Constraint:
             except ValueError as exc:
                 raise MicrospecError(f"the JSON schema is not JSON: {exc}") from None
         check(isinstance(schema, dict), "a JSON schema must be a JSON object")
-        return cls("json_schema", json.dumps(schema, sort_keys=True))
+        return cls("json_schema", json.dumps(schema))  # the properties' order is the output's: kept
 
     @classmethod
     def choice(cls, options: Sequence[str]) -> Constraint:
@@ -207,10 +207,12 @@ def for_model(lm, value) -> Grammar:
     return compile_grammar(Constraint.of(value), lm.tokenizer, lm.model.spec.vocab_size, lm.eos_token_ids)
 
 
-def unpack(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[R, V] bool of llguidance's int32 bitmask rows [R, ceil(V / 32)] (bit b of word w: id 32 w + b)."""
-    bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")[:, :vocab]
-    return torch.from_numpy(bits).bool()
+def unpack(bitmask: torch.Tensor, vocab: int, invert: bool = False) -> torch.Tensor:
+    """[R, V] bool of llguidance's int32 bitmask rows [R, ceil(V / 32)] (bit b of word w: id 32 w + b): the allowed
+    ids, or with ``invert`` the others."""
+    words = bitmask.numpy()
+    bits = np.unpackbits((~words if invert else words).view(np.uint8), axis=1, bitorder="little")
+    return torch.from_numpy(np.ascontiguousarray(bits[:, :vocab])).view(torch.bool)
 
 
 class GrammarMask:
@@ -241,9 +243,10 @@ class GrammarMask:
             return []
         return list(self.matcher.compute_ff_tokens())
 
-    def allowed(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
-        """[R, V] bool: the ids allowed after the committed tokens and each row's extra tokens (a path that leaves
-        the grammar is masked after its longest allowed prefix: no decision ever reads such a row)."""
+    def bitmask(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
+        """llguidance's int32 bitmask [R, ceil(V / 32)] of the ids allowed after the committed tokens and each row's
+        extra tokens (a path that leaves the grammar is masked after its longest allowed prefix: no decision ever
+        reads such a row); a row that allows nothing (a dead end) allows the EOS ids alone."""
         import llguidance.torch as lt
 
         m = self.matcher
@@ -253,18 +256,23 @@ class GrammarMask:
             lt.fill_next_token_bitmask(m, bitmask, r)
             if took:
                 m.rollback(took)
-        allowed = unpack(bitmask, self.vocab)
-        empty = ~allowed.any(dim=1)
+        empty = ~(bitmask != 0).any(dim=1)
         if empty.any():  # a dead end: the EOS ids alone
-            allowed[empty] = self._eos
+            for t in self.grammar.eos_ids:
+                bitmask[empty, t // 32] |= 1 << (t % 32) if t % 32 < 31 else -(1 << 31)
             if not len(rows[0]) and bool(empty[0]):
                 self.dead_end = True
-        return allowed
+        return bitmask
+
+    def allowed(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:
+        """[R, V] bool: the ids :meth:`bitmask` allows."""
+        return unpack(self.bitmask(rows), self.vocab)
 
     def apply(self, logits: torch.Tensor, extra: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
+        from ..kernels import cpu_quant
+
         rows = extra if extra is not None else [()] * logits.shape[0]
-        allowed = self.allowed(rows).to(logits.device)
-        return logits.masked_fill_(~allowed, float("-inf"))
+        return cpu_quant.bitmask_fill(logits, self.bitmask(rows))
 
     def apply_column_ids(self, logits: torch.Tensor, col_ids: torch.Tensor, extra: Sequence[Sequence[int]]
                          ) -> torch.Tensor:

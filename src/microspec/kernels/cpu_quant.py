@@ -166,6 +166,25 @@ def argmax(x: torch.Tensor) -> int:
     return int(x.argmax())
 
 
+def bitmask_fill(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """-inf in ``logits`` [R, V] (in place) at every id whose bit is clear in ``bitmask`` [R, ceil(V / 32)] (int32
+    words, bit b of word w: id 32 w + b); ``csrc/row_ops.cpp`` on a CPU's contiguous fp32 rows, else
+    :func:`bitmask_fill_reference`."""
+    if logits.dtype == torch.float32 and logits.device.type == "cpu" and logits.dim() == 2 \
+            and logits.is_contiguous() and available():
+        _EXT.module.bitmask_fill(logits, bitmask.contiguous())
+        return logits
+    return bitmask_fill_reference(logits, bitmask)
+
+
+def bitmask_fill_reference(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """:func:`bitmask_fill` in plain torch: the bits unpacked into a [R, V] bool, the banned ids filled."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    bits = (bitmask.to(logits.device)[:, :, None] >> shifts) & 1
+    allowed = bits.reshape(bitmask.shape[0], -1)[:, : logits.shape[1]].bool()
+    return logits.masked_fill_(~allowed, float("-inf"))
+
+
 def dequant_rows(data: torch.Tensor, type_id: int, cols: int, ids: torch.Tensor) -> torch.Tensor:
     """Rows ``ids`` of the packed ``data``, unpacked to fp32 [len(ids), K]."""
     return _EXT.module.dequant_rows(data, type_id, cols, ids.reshape(-1).to(torch.long).cpu())

@@ -21,6 +21,7 @@ torch::Tensor x8_gather(torch::Tensor w, int64_t type, int64_t K, torch::Tensor 
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);
 torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
 int64_t argmax_f32(torch::Tensor x);
+void bitmask_fill(torch::Tensor logits, torch::Tensor bitmask);
 // attention.cpp
 torch::Tensor attend_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor allowed, double scale);
 // layer_step.cpp

@@ -2,7 +2,8 @@
 // Row-wise fp32 operations of the decode step, one call each instead of torch's chain of small ops (on a 2-core CPU
 // a step of a small model spends more time dispatching those than multiplying).  Each row is computed alone, in a
 // fixed order: batch-invariant like the products.
-// Also argmax_f32, the first index of a vector's largest value (the greedy pick over the logits).
+// Also argmax_f32, the first index of a vector's largest value (the greedy pick over the logits), and bitmask_fill,
+// a grammar's mask on the logits.
 #include "common.h"
 #include "quant.h"
 
@@ -91,4 +92,29 @@ int64_t argmax_f32(torch::Tensor x) {
   }
   for (int64_t i = n8; i < n; ++i) if (p[i] == m) return i;
   return 0;  // unreachable: m is one of the values
+}
+
+// A grammar's mask on logits [R, V] (fp32, in place): -inf at every id whose bit is clear in the row's int32 words
+// bitmask [R, ceil(V / 32)] (bit b of word w: id 32 w + b, llguidance's layout).  A word of all ids allowed is
+// skipped, one of none written whole: a pass over the bitmask, and over the logits only where ids are banned.
+void bitmask_fill(torch::Tensor logits, torch::Tensor bitmask) {
+  TORCH_CHECK(logits.dtype() == torch::kFloat32 && logits.dim() == 2 && logits.is_contiguous(),
+              "logits: contiguous fp32 [R, V]");
+  TORCH_CHECK(bitmask.dtype() == torch::kInt32 && bitmask.dim() == 2 && bitmask.is_contiguous(),
+              "bitmask: contiguous int32 [R, W]");
+  const int64_t R = logits.size(0), V = logits.size(1), W = bitmask.size(1);
+  TORCH_CHECK(bitmask.size(0) == R && W * 32 >= V, "bitmask: [R, ceil(V / 32)]");
+  float* lp = logits.data_ptr<float>();
+  const uint32_t* bp = reinterpret_cast<const uint32_t*>(bitmask.data_ptr<int32_t>());
+  for (int64_t r = 0; r < R; ++r) {
+    float* row = lp + r * V;
+    const uint32_t* bits = bp + r * W;
+    for (int64_t w = 0; w < W; ++w) {
+      const uint32_t m = bits[w];
+      if (m == 0xFFFFFFFFu) continue;
+      const int64_t base = w * 32, end = std::min<int64_t>(base + 32, V);
+      for (int64_t i = base; i < end; ++i)
+        if (!((m >> (i - base)) & 1u)) row[i] = -INFINITY;
+    }
+  }
 }
