@@ -40,10 +40,11 @@ def _llguidance(lm, schemas, answers) -> dict:
     import llguidance
     import llguidance.torch as lt
 
-    from microspec.decoding.grammar import ll_tokenizer
+    import llguidance.hf
 
-    t0 = time.perf_counter()
-    tok = ll_tokenizer(lm.tokenizer, lm.model.spec.vocab_size, lm.eos_token_ids)
+    t0 = time.perf_counter()  # built afresh here (the package keeps one per tokenizer)
+    tok = llguidance.hf.from_tokenizer(lm.tokenizer, n_vocab=lm.model.spec.vocab_size,
+                                       eos_token=list(lm.eos_token_ids))
     setup = time.perf_counter() - t0
     compile_s, mask_s, n = [], 0.0, 0
     bitmask = torch.zeros(1, (lm.model.spec.vocab_size + 31) // 32, dtype=torch.int32)
