@@ -199,7 +199,12 @@ BAD = [
     ("/v1/completions", {"prompt": "w1", "frequency_penalty": "some"}, 400),
     ("/v1/completions", {"prompt": "w1", "response_format": {"type": "json_object"}}, 400),  # not supported: said
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}],
-                              "tools": [{"type": "function", "function": {"name": "f"}}]}, 400),
+                              "tools": [{"type": "function", "function": {"name": "f g"}}]}, 400),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}], "tool_choice": "required"}, 400),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}],
+                              "tools": [{"type": "function", "function": {"name": "f"}}],
+                              "tool_choice": {"type": "function", "function": {"name": "g"}}}, 400),
+    ("/v1/completions", {"prompt": "w1", "tools": [{"type": "function", "function": {"name": "f"}}]}, 400),
     ("/v1/completions", {"max_tokens": 4}, 400),  # no prompt
     ("/v1/completions", {"prompt": ""}, 400),
     ("/v1/completions", {"prompt": 5}, 400),

@@ -26,7 +26,9 @@ PET = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> Path:
-    return model_dir_with_chat_template(tmp_path_factory.mktemp("serve-openai") / "tiny", chars=True)
+    # a context for the tools' system message, spelled one character a token
+    return model_dir_with_chat_template(tmp_path_factory.mktemp("serve-openai") / "tiny", chars=True,
+                                        max_position_embeddings=2048)
 
 
 @pytest.fixture(scope="module")
@@ -253,3 +255,61 @@ def test_bad_structured_outputs_are_400s_naming_the_field(servers, body):
                                      "guided_json"), obj
     assert "\n" not in obj["error"]["message"] and "Traceback" not in obj["error"]["message"]
     assert spec.client().completions.create(model="tiny", prompt="x", max_tokens=3).choices  # still serving
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "the weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+                                                    "unit": {"enum": ["c", "f"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}}, "required": ["zone"],
+    "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
+def test_tool_calls_whole_and_streamed_equal_plain_decodings(servers, choice):
+    spec, plain = servers
+    msgs = [{"role": "user", "content": "weather in Oslo?"}]
+    kw = dict(model="tiny", messages=msgs, max_tokens=80, temperature=0, tools=[WEATHER, CLOCK], tool_choice=choice)
+    a = spec.client().chat.completions.create(**kw)
+    b = plain.client().chat.completions.create(**kw)
+    call = a.choices[0].message.tool_calls[0]
+    assert a.choices[0].finish_reason == "tool_calls" and a.choices[0].message.content is None
+    assert call.function.name in ("get_weather", "get_time") and call.id.startswith("call_")
+    if isinstance(choice, dict):
+        assert call.function.name == "get_time"
+    args = json.loads(call.function.arguments)
+    assert set(args) == ({"city", "unit"} if call.function.name == "get_weather" else {"zone"})
+    other = b.choices[0].message.tool_calls[0]
+    assert (call.function.name, call.function.arguments) == (other.function.name, other.function.arguments)
+    chunks = list(spec.client().chat.completions.create(stream=True, **kw))
+    deltas = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
+    assert len(deltas) == 1 and deltas[0].function.name == call.function.name
+    assert json.loads(deltas[0].function.arguments) == args
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == \
+        ["tool_calls"]
+    # the call and its result as the next turns: the conversation goes on
+    follow = msgs + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                     {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21"}]
+    again = spec.client().chat.completions.create(model="tiny", messages=follow, max_tokens=8, temperature=0)
+    assert again.choices[0].message.content is not None
+
+
+def test_tool_choice_auto_answers_a_call_or_text(servers):
+    spec, plain = servers
+    for prompt in ("weather in Oslo?", "hello", "what time is it in utc"):
+        kw = dict(model="tiny", messages=[{"role": "user", "content": prompt}], max_tokens=60, temperature=0,
+                  tools=[WEATHER, CLOCK])
+        a = spec.client().chat.completions.create(**kw).choices[0]
+        b = plain.client().chat.completions.create(**kw).choices[0]
+        assert (a.message.content, a.finish_reason) == (b.message.content, b.finish_reason)
+        if a.message.tool_calls:
+            assert a.finish_reason == "tool_calls" and not a.message.content.startswith("{") if a.message.content \
+                else a.finish_reason == "tool_calls"
+        else:
+            assert not a.message.content.lstrip().startswith("{")
+        streamed = list(spec.client().chat.completions.create(stream=True, **kw))
+        text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+        calls = [tc for c in streamed if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+        assert (text or None) == a.message.content and bool(calls) == bool(a.message.tool_calls)

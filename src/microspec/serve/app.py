@@ -333,6 +333,8 @@ class Server:
         asked for."""
         first = [True] * len(jobs)
         offset = [len(echo)] * len(jobs)  # completions' text_offset: the characters before each delta
+        # with tools, the text of what may be a call is held back until the answer is complete (serve.tools)
+        held: list[str | None] = [("" if req.tools is not None else None)] * len(jobs)
         results: dict[int, Result] = {}
         waiting: dict[int, asyncio.Future] = {}
         try:
@@ -356,14 +358,27 @@ class Server:
                 for i in sorted(i for i, task in waiting.items() if task in done):
                     event = waiting.pop(i).result()
                     if event[0] == "delta":
-                        yield sse(protocol.chunk(req, self.model, event[1], first=first[i], index=i,
-                                                 logprobs=event[2], offset=offset[i]))
-                        first[i], offset[i] = False, offset[i] + sum(len(e.text) for e in event[2])
+                        text = event[1]
+                        if held[i] is not None:
+                            held[i] += text
+                            text = None
+                            if req.tools.choice == "auto" and held[i].strip() and \
+                                    not held[i].lstrip().startswith("{"):
+                                text, held[i] = held[i], None  # a text answer: it streams from here
+                        if text is not None or event[2]:
+                            yield sse(protocol.chunk(req, self.model, text, first=first[i], index=i,
+                                                     logprobs=event[2], offset=offset[i]))
+                            first[i], offset[i] = False, offset[i] + sum(len(e.text) for e in event[2])
                         waiting[i] = asyncio.ensure_future(jobs[i].events.get())
                     elif event[0] == "done":
                         results[i] = event[1]
-                        yield sse(protocol.chunk(req, self.model, None, event[1].finish, extra=event[1].stats,
-                                                 index=i))
+                        finish = event[1].finish
+                        if held[i]:
+                            call = req.tools.call_of(held[i])
+                            yield sse(protocol.chunk(req, self.model, None if call else held[i], first=first[i],
+                                                     index=i, call=call))
+                            finish = "tool_calls" if call else finish
+                        yield sse(protocol.chunk(req, self.model, None, finish, extra=event[1].stats, index=i))
                     else:
                         log["error"] = event[1].code or event[1].status
                         yield sse(event[1].body())

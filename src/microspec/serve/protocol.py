@@ -18,8 +18,9 @@ from typing import ClassVar
 from ..decoding.config import BIAS_BOUND, LOGPROBS_MODES, MAX_LOGPROBS, PENALTY_BOUND, GenerationConfig
 from ..decoding.grammar import Constraint
 from ..errors import MicrospecError
+from .tools import ToolError, Tools, as_text, parse_tools
 
-ROLES = ("system", "user", "assistant", "developer")
+ROLES = ("system", "user", "assistant", "developer", "tool")
 MAX_STOPS = 4  # as OpenAI
 MAX_STOP_CHARS = 256  # the longest stop sequence taken
 DEFAULT_MAX_TOKENS = {"completion": 16, "chat": 256}  # OpenAI's legacy completions default; chat: the server's
@@ -62,6 +63,7 @@ class Request:
     messages: list[dict] = field(default_factory=list)  # chat
     n: int = 1  # independent choices; choice i samples with seed + i where a seed is given
     constraint: Constraint | None = None  # a structured output (compiled by the worker, for its tokenizer)
+    tools: Tools | None = None  # chat: the tools offered (serve.tools); a call in the answer is a tool call
     echo: bool = False  # completions: the prompt's text before each choice's
     id: str = ""
     created: int = 0
@@ -110,7 +112,7 @@ def _number(body: dict, name: str, default, kind=(int, float)):
 
 
 # options of the OpenAI API this server does not implement, with the values that mean "not used"
-UNSUPPORTED = {"best_of": (1,), "suffix": ("",), "tools": ([],), "functions": ([],), "tool_choice": ("none",)}
+UNSUPPORTED = {"best_of": (1,), "suffix": ("",), "functions": ([],), "function_call": ("none",)}
 # the request fields this server reads (the ones above refused unless unused); others are ignored, as OpenAI's
 # clients send fields of newer API versions
 SUPPORTED = {
@@ -118,7 +120,7 @@ SUPPORTED = {
              "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "top_k", "min_p",
              "repetition_penalty", "ignore_eos", "logprobs_mode", "response_format", "guided_json", "guided_regex",
              "guided_choice", "guided_grammar", "structured_outputs"),
-    "chat": ("messages", "max_completion_tokens", "top_logprobs"),
+    "chat": ("messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls"),
     "completion": ("prompt", "echo"),
 }
 
@@ -281,7 +283,16 @@ def _messages(body: dict) -> list[dict]:
         role = m.get("role")
         if role not in ROLES:
             raise _bad(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}", "messages")
-        out.append({"role": "system" if role == "developer" else role, "content": _content(m, i)})
+        try:
+            call = as_text(m)
+        except ToolError as exc:
+            raise _bad(f"messages[{i}]: {exc.message}", "messages") from None
+        if call is not None:  # an earlier turn's tool call, written as the answer that made it
+            out.append({"role": "assistant", "content": call})
+        elif role == "tool":  # a tool's result: a user turn (the models' templates know no tool role)
+            out.append({"role": "user", "content": "Function result: " + _content(m, i)})
+        else:
+            out.append({"role": "system" if role == "developer" else role, "content": _content(m, i)})
     if not any(m["content"].strip() for m in out):
         raise _bad("the messages are all empty", "messages")
     return out
@@ -398,14 +409,31 @@ def parse(body, kind: str, model_name: str, max_tokens_cap: int | None = None) -
     given = body.get("max_tokens") is not None or (kind == "chat" and body.get("max_completion_tokens") is not None)
     constraint = _constraint(body)
     if kind == "chat":
-        return Request(kind, cfg, stream, include_usage, given, messages=_messages(body), n=n, constraint=constraint)
+        try:
+            tools = parse_tools(body)
+        except ToolError as exc:
+            raise _bad(exc.message, exc.param) from None
+        messages = _messages(body)
+        if tools is not None:
+            if constraint is not None:
+                raise _bad("'tools' and a structured output ('response_format', 'guided_*') cannot be combined",
+                           "tools")
+            constraint = tools.constraint()
+            if messages[0]["role"] == "system":
+                messages[0] = {"role": "system", "content": tools.system_text() + "\n\n" + messages[0]["content"]}
+            else:
+                messages.insert(0, {"role": "system", "content": tools.system_text()})
+        return Request(kind, cfg, stream, include_usage, given, messages=messages, n=n, constraint=constraint,
+                       tools=tools)
+    if body.get("tools"):
+        raise _bad("'tools' are for /v1/chat/completions", "tools")
     prompt, prompt_ids = _prompt(body)
     return Request(kind, cfg, stream, include_usage, given, prompt=prompt, prompt_ids=prompt_ids, n=n, echo=echo,
                    constraint=constraint)
 
 
 # ---------------------------------------------------------------- responses
-FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "tool_calls": "tool_calls"}
 
 
 @dataclass
@@ -449,6 +477,10 @@ def choice(req: Request, index: int, text: str, finish: str, logprobs: list[Logp
     """One choice of a whole answer."""
     lp = logprobs_object(req, logprobs, offset)
     if req.kind == "chat":
+        call = req.tools.call_of(text) if req.tools is not None else None
+        if call is not None:
+            return {"index": index, "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+                    "logprobs": lp, "finish_reason": "tool_calls"}
         return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": lp,
                 "finish_reason": FINISH[finish]}
     return {"index": index, "text": text, "logprobs": lp, "finish_reason": FINISH[finish]}
@@ -463,7 +495,7 @@ def response(req: Request, model: str, choices: list[dict], use: dict, extra: di
 
 def chunk(req: Request, model: str, text: str | None, finish: str | None = None, first: bool = False,
           extra: dict | None = None, index: int = 0, logprobs: list[Logprob] | None = None,
-          offset: int = 0) -> dict:
+          offset: int = 0, call: dict | None = None) -> dict:
     """One server-sent event of a streamed answer: a text delta of choice ``index`` (with its tokens'
     ``logprobs`` where asked for), or (with ``finish``) its last one.  With ``stream_options.include_usage`` every
     chunk has ``"usage": null`` (the usage comes in :func:`usage_chunk`), as OpenAI streams; without it, none has a
@@ -471,6 +503,8 @@ def chunk(req: Request, model: str, text: str | None, finish: str | None = None,
     lp = logprobs_object(req, logprobs, offset) if logprobs else None
     if req.kind == "chat":
         delta = {} if text is None else {"content": text}
+        if call is not None:  # a whole tool call, as the stream's one tool_calls delta
+            delta = {"tool_calls": [{"index": 0, **call}]}
         if first:
             delta = {"role": "assistant", **delta}
         out_choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish and FINISH[finish]}
