@@ -197,7 +197,8 @@ BAD = [
     ("/v1/completions", {"prompt": "w1", "logit_bias": {str(i): 1 for i in range(2000)}}, 400),
     ("/v1/completions", {"prompt": "w1", "frequency_penalty": -2.5}, 400),
     ("/v1/completions", {"prompt": "w1", "frequency_penalty": "some"}, 400),
-    ("/v1/completions", {"prompt": "w1", "response_format": {"type": "json_object"}}, 400),  # not supported: said
+    ("/v1/completions", {"prompt": "w1", "response_format": {"type": "json_schema"}}, 400),  # no schema
+    ("/v1/completions", {"prompt": "w1", "best_of": 3}, 400),  # not supported: said, not ignored
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}],
                               "tools": [{"type": "function", "function": {"name": "f g"}}]}, 400),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}], "tool_choice": "required"}, 400),
