@@ -37,7 +37,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 # the others, once the first-use process (tests/first_use.py) has finished, so that nothing they time or decode
 # shares the cores with it.  The vLLM plugin's module runs last.
 HEAVY_MODULES = ("test_bench", "test_cli", "test_gpu_suite", "test_real", "test_serve", "test_serve_faults",
-                 "test_vllm_plugin")
+                 "test_serve_openai", "test_vllm_plugin")
 BUILT_INS = ("gemma-3-270m", "smollm2-135m-instruct")
 _FIRST_USE: dict = {}
 

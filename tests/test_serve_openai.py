@@ -313,3 +313,49 @@ def test_tool_choice_auto_answers_a_call_or_text(servers):
         text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
         calls = [tc for c in streamed if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
         assert (text or None) == a.message.content and bool(calls) == bool(a.message.tool_calls)
+
+
+@pytest.mark.real
+def test_real_smollm2_served_with_auto_and_eagle_microspec(tmp_path):
+    """SmolLM2-135M-Instruct (a chat model) served by the default ``auto`` and by EAGLE + MicroSpec: a Pydantic
+    response_format parses, logprobs come with the answer, n samples each validate, a required tool call streams;
+    the two servers answer greedy requests alike (each is plain decoding's)."""
+    pydantic = pytest.importorskip("pydantic")
+    jsonschema = pytest.importorskip("jsonschema")
+
+    class City(pydantic.BaseModel):
+        name: pydantic.constr(max_length=20)
+        country: pydantic.constr(max_length=20)
+        population_millions: pydantic.conint(ge=0, le=100)
+
+    msgs = [{"role": "user", "content": "Give the largest city of Japan as JSON."}]
+    closed = {**City.model_json_schema(), "additionalProperties": False}  # (an open object may add keys at will)
+    answers = []
+    for method in ((), ("--drafter", "eagle", "--vocab", "microspec")):
+        s = Server("smollm2-135m-instruct", *method, log_dir=tmp_path)
+        try:
+            client = s.client()
+            r = client.chat.completions.parse(model="smollm2-135m-instruct", messages=msgs, max_tokens=60,
+                                              temperature=0, response_format=City, logprobs=True, top_logprobs=2)
+            parsed = r.choices[0].message.parsed
+            assert isinstance(parsed, City), r.choices[0].message.content
+            content = r.choices[0].logprobs.content
+            assert len(content) == r.usage.completion_tokens and all(len(c.top_logprobs) == 2 for c in content)
+            several = client.chat.completions.create(model="smollm2-135m-instruct", messages=msgs, max_tokens=60,
+                                                     n=2, temperature=0.8, seed=3,
+                                                     response_format={"type": "json_schema", "json_schema": {
+                                                         "name": "city", "schema": closed}})
+            for c in several.choices:
+                jsonschema.validate(json.loads(c.message.content), closed)
+            chunks = list(client.chat.completions.create(
+                model="smollm2-135m-instruct", messages=[{"role": "user", "content": "What is the weather in Oslo?"}],
+                max_tokens=60, temperature=0, tools=[WEATHER], tool_choice="required", stream=True))
+            calls = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
+            assert len(calls) == 1 and calls[0].function.name == "get_weather"
+            assert set(json.loads(calls[0].function.arguments)) == {"city", "unit"}
+            answers.append((r.choices[0].message.content, [c.message.content for c in several.choices],
+                            calls[0].function.arguments))
+            assert r.model_extra["microspec"]["method"]
+        finally:
+            s.close()
+    assert answers[0] == answers[1]
