@@ -15,6 +15,20 @@ def test_cli_reference_matches_parsers():
         "docs/cli.md differs from the command-line parsers: run `python3 docs/render_cli.py` and commit the result")
 
 
+def test_openai_reference_matches_the_servers_fields():
+    """docs/openai.md is what docs/render_openai.py renders from the server's table of fields, and every field in
+    that table is read by the request parser (named there beside the table)."""
+    render = load_script(ROOT / "docs" / "render_openai.py")
+    assert render.render() == (ROOT / "docs" / "openai.md").read_text(encoding="utf-8"), (
+        "docs/openai.md differs from the server's fields: run `python3 docs/render_openai.py` and commit the result")
+    from microspec.serve.protocol import FIELDS
+
+    source = "".join((ROOT / "src" / "microspec" / "serve" / f).read_text(encoding="utf-8")
+                     for f in ("protocol.py", "tools.py"))
+    unread = [name for name in FIELDS if source.count(f'"{name}"') < 2 and f"'{name}'" not in source]
+    assert not unread, f"in FIELDS but never read: {unread}"
+
+
 def test_benchmarks_md_matches_results():
     """BENCHMARKS.md and the README's results table are what benchmarks/render_docs.py renders from the results JSON
     in benchmarks/results/ (no number in them is typed by hand)."""

@@ -113,15 +113,44 @@ def _number(body: dict, name: str, default, kind=(int, float)):
 
 # options of the OpenAI API this server does not implement, with the values that mean "not used"
 UNSUPPORTED = {"best_of": (1,), "suffix": ("",), "functions": ([],), "function_call": ("none",)}
-# the request fields this server reads (the ones above refused unless unused); others are ignored, as OpenAI's
-# clients send fields of newer API versions
-SUPPORTED = {
-    "both": ("model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop", "seed",
-             "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "top_k", "min_p",
-             "repetition_penalty", "ignore_eos", "logprobs_mode", "response_format", "guided_json", "guided_regex",
-             "guided_choice", "guided_grammar", "structured_outputs"),
-    "chat": ("messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls"),
-    "completion": ("prompt", "echo"),
+# the request fields this server reads, the endpoints that take them ("both", "chat" or "completion") and what they
+# do (docs/openai.md is rendered from this table); the UNSUPPORTED ones are refused unless unused, others ignored
+# (OpenAI's clients send fields of newer API versions)
+FIELDS = {
+    "model": ("both", "the served model's name; another name is a 404"),
+    "messages": ("chat", "the conversation (system, developer, user, assistant, tool; text parts)"),
+    "prompt": ("completion", "a string, a list of one string, or token ids"),
+    "max_tokens": ("both", "the most tokens to generate (chat: also `max_completion_tokens`)"),
+    "max_completion_tokens": ("chat", "as `max_tokens`"),
+    "temperature": ("both", "0 (below 1e-5): greedy; default 1"),
+    "top_p": ("both", "nucleus sampling"),
+    "top_k": ("both", "vLLM's extension: the k most probable tokens (0 or -1: all)"),
+    "min_p": ("both", "vLLM's extension: drop tokens below min_p times the most probable"),
+    "seed": ("both", "a seeded sample is the same text whatever the method, batch or device"),
+    "n": ("both", f"up to {MAX_N} choices; choice i samples with seed + i"),
+    "stream": ("both", "server-sent events, a chunk per step"),
+    "stream_options": ("both", "`include_usage`: a last chunk with the usage"),
+    "stop": ("both", f"up to {MAX_STOPS} stop strings"),
+    "echo": ("completion", "the prompt's text before the answer's (not with `logprobs`)"),
+    "presence_penalty": ("both", "[-2, 2], over the generated tokens; runs in drafting and verification"),
+    "frequency_penalty": ("both", "[-2, 2], over the generated tokens; runs in drafting and verification"),
+    "logit_bias": ("both", f"token id -> [-100, 100], at most {MAX_BIASED} ids"),
+    "repetition_penalty": ("both", "vLLM's / Hugging Face's extension, over prompt and output"),
+    "ignore_eos": ("both", "vLLM's extension: do not stop at EOS"),
+    "logprobs": ("both", "chat: true for each token's log-probability; completions: the number of alternatives"),
+    "top_logprobs": ("chat", f"0 to {MAX_LOGPROBS} alternatives per token"),
+    "logprobs_mode": ("both", "this server's extension: `raw` (default, the target's logits) or `processed` "
+                              "(after penalties, bias and grammar)"),
+    "response_format": ("both", "`json_object` or `json_schema` (a grammar: the output validates)"),
+    "guided_json": ("both", "vLLM's extension: a JSON schema"),
+    "guided_regex": ("both", "vLLM's extension: a regular expression"),
+    "guided_choice": ("both", "vLLM's extension: one of these strings"),
+    "guided_grammar": ("both", "vLLM's extension: a Lark grammar (llguidance's dialect)"),
+    "structured_outputs": ("both", "vLLM's extension: `json`, `regex`, `choice` or `grammar`"),
+    "tools": ("chat", "functions the model may call (a generic tool-call convention, arguments constrained by "
+                      "each function's schema)"),
+    "tool_choice": ("chat", "`none`, `auto` (default with tools), `required` or a named function"),
+    "parallel_tool_calls": ("chat", "taken; one call per answer"),
 }
 
 

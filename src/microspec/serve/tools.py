@@ -85,6 +85,9 @@ class Tools:
 def parse_tools(body: dict) -> Tools | None:
     """The request's ``tools`` and ``tool_choice`` (None: no tools offered), or a :class:`ToolError`."""
     tools, choice = body.get("tools"), body.get("tool_choice")
+    parallel = body.get("parallel_tool_calls")  # taken: an answer makes one call either way
+    if parallel is not None and not isinstance(parallel, bool):
+        raise ToolError("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
     if tools is None or tools == []:
         if choice not in (None, "none", "auto"):
             raise ToolError("'tool_choice' needs 'tools'", "tool_choice")
