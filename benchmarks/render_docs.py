@@ -24,10 +24,11 @@ from render import (  # this folder's (a script's is on its path)
     papers,
     serve,
     speed,
+    structured,
     vocab,
 )
 
-SECTIONS = (speed, vocab, cost, serve, papers, gpu, heads)
+SECTIONS = (speed, vocab, cost, serve, structured, papers, gpu, heads)
 OUT = common.ROOT / "BENCHMARKS.md"
 README = common.ROOT / "README.md"
 README_BEGIN = "<!-- results: rendered by benchmarks/render_docs.py from benchmarks/results/; do not edit by hand -->"
