@@ -7,7 +7,8 @@ Writes one JSON file of what it saw; tests/test_vllm_plugin.py asserts on it.
 Two engines in this process (vLLM in-process: VLLM_ENABLE_V1_MULTIPROCESSING=0): vLLM without speculation, and vLLM
 drafting with the plugin's head.  The same prompts, alone and as a batch of 4, greedy, each draft vocabulary; a
 batch whose requests each use another vocabulary; seeded sampling; a request naming no vocabulary, and requests
-whose vocabulary options are past their bounds.  A second model
+whose vocabulary options are past their bounds; a structured output (a JSON schema, vLLM's own grammar) with
+log-probabilities, plain and drafted with MicroSpec.  A second model
 (SmolLM2's head), when given, gets the batch greedy with MicroSpec and the mixed batch, and vLLM's own n-gram
 speculation.  Plain decoding's batches keep the target's two most likely tokens and their log-probabilities at every
 position (``top2``): where a speculative run's tokens part from plain decoding's, the test reads there whether the
@@ -24,6 +25,11 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):\n", "Once upon a time,
            "The three laws of robotics are"]
 VOCABS = ["full", "fr-spec-32k", "microspec"]
 TOKENS = 16
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24},
+                                           "country": {"type": "string", "maxLength": 24},
+                                           "population_millions": {"type": "integer", "minimum": 0, "maximum": 100}},
+          "required": ["city", "country", "population_millions"], "additionalProperties": False}
+STRUCTURED = "The largest city of Japan, as JSON with its country and population in millions:"
 
 
 def engine(target: str, head: str | None, **overrides):
@@ -50,6 +56,22 @@ def run(llm, prompts, vocabs, temperature=0.0, seed=None, top2=None):
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
+def structured(llm, vocab) -> dict:
+    """A JSON-schema request (vLLM's structured outputs) with log-probabilities: its tokens, text and the
+    log-probability of each token (vLLM's raw ones)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    from microspec.vllm.peer import vocab_args
+
+    params = SamplingParams(temperature=0, max_tokens=48, logprobs=2, extra_args=vocab_args(vocab),
+                            structured_outputs=StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True))
+    out = llm.generate([STRUCTURED], [params], use_tqdm=False)[0].outputs[0]
+    return {"tokens": list(out.token_ids), "text": out.text,
+            "logprobs": [d[t].logprob for t, d in zip(out.token_ids, out.logprobs)],
+            "top2": [sorted(([t, lp.logprob] for t, lp in d.items()), key=lambda x: -x[1])[:2] for d in out.logprobs]}
+
+
 def main(target: str, head: str, out_path: str, second: tuple = ()) -> None:
     from microspec.vllm import internals
     from microspec.vllm.peer import counter_delta, spec_counters
@@ -64,7 +86,7 @@ def main(target: str, head: str, out_path: str, second: tuple = ()) -> None:
     result["start_s"] = time.time() - t0
     top2: list = []
     result["plain"] = {"batch": run(plain, PROMPTS, [None] * 4, top2=top2), "alone": run(plain, PROMPTS[:1], [None]),
-                       "top2": top2}
+                       "top2": top2, "structured": structured(plain, None)}
     del plain
     import gc
 
@@ -79,6 +101,9 @@ def main(target: str, head: str, out_path: str, second: tuple = ()) -> None:
         result["spec"][vocab] = {"batch": batch, "metrics": counter_delta(spec_counters(spec), before),
                                  "alone": run(spec, PROMPTS[:1], [vocab])}
     mark("vocabularies")
+    before = spec_counters(spec)
+    result["spec_structured"] = {**structured(spec, "microspec"),
+                                 "metrics": counter_delta(spec_counters(spec), before)}
     result["mixed"] = run(spec, PROMPTS, ["microspec", "full", "fr-spec-32k", "microspec"])
     result["sampled"] = run(spec, PROMPTS[:2], ["microspec", "full"], temperature=0.8, seed=7)
     result["bad_vocab"] = run(spec, PROMPTS[:1], ["no-such-vocabulary"])  # drafts with the default instead
