@@ -7,6 +7,7 @@ from .common import Source, load, num, table, x
 
 RUN = "2026-11-28-structured/results.json"
 ENGINES = "2026-11-28-grammar-engines/results.json"
+VLLM = "2026-11-28-vllm-options/results.json"
 NAMES = {"ar": "plain constrained decoding", "auto": "`auto`", "eagle+microspec": "EAGLE + MicroSpec"}
 
 
@@ -63,5 +64,24 @@ def _speed() -> list[str]:
             "grammar forbids are then rejected by verification)."]
 
 
+def _vllm() -> list[str]:
+    r = load(VLLM)
+    m = r["meta"]
+    return ["### The same requests through vLLM", "",
+            f"The {m['prompts']} structured-output prompts, greedy, JSON schema and `logprobs=2`, through vLLM "
+            f"{m['vllm']}'s CPU backend (no speculation; its structured outputs with the llguidance backend and this "
+            "project's JSON style, so that both sides apply the same grammar) and through `microspec serve` "
+            f"(`auto`, the `openai` client); weights {m['weights']}. Requests one at a time; speed: generated tokens "
+            "over the requests' wall time (prefill included).", "",
+            table(["server", "tok/s", "tokens", "tau"],
+                  [["vLLM (plain)", num(r["vllm_plain"]["tok_s"], 1), r["vllm_plain"]["tokens"], None],
+                   ["`microspec serve` (`auto`)", num(r["microspec_serve"]["tok_s"], 1),
+                    r["microspec_serve"]["tokens"], num(r["microspec_serve"]["mean_tau"])]]), "",
+            Source(VLLM, m["command"], m["date"], _machine(m), m["commit"]).markdown(), "",
+            f"- The same text from both for {r['same_text']} of {m['prompts']} requests"
+            + (": " + "; ".join(f"{d['id']} parts at character {d['char']}" for d in r["differences"])
+               if r["differences"] else ".")]
+
+
 def render() -> str:
-    return "\n".join(["## Structured outputs", "", *_engines(), "", *_speed()])
+    return "\n".join(["## Structured outputs", "", *_engines(), "", *_speed(), "", *_vllm()])
