@@ -65,7 +65,8 @@ NOTES = """\
 - **Log-probabilities** are the target's, from the rows verification chose from: before the processors (`raw`, the
   default, as OpenAI and vLLM) or after them (`processed`), both before temperature and the warpers.  They equal
   plain decoding's up to the rounding of a row computed in another batch (tested to 1e-4).
-- **`n`** runs n generations of the prompt (each prefills it; they are batched together with the other requests).
+- **`n`** runs n generations of the prompt, batched with the other requests; the first prefills the prompt and the
+  others copy its keys, values and final hidden states (the same values) instead of computing them again.
 - **Tools**: neither built-in model has a tool template, so the tools are offered in a system message and a call
   is the answer `{"name": ..., "arguments": {...}}`, constrained by the grammar; in a stream the call comes whole,
   as one `tool_calls` delta, when the answer is complete.

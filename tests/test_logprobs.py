@@ -79,3 +79,30 @@ def test_a_stop_inside_a_step_keeps_the_logprobs_of_the_tokens_kept():
     cfg = GenerationConfig(max_new_tokens=20, stop_token_ids=(truth[6],), logprobs=2)
     r = generate_ids(nm, PROMPT, cfg, drafter=NGramDrafter(num_tokens=8))
     assert r.finish_reason == "eos" and len(r.logprobs) == len(r.token_ids) <= 7
+
+
+@pytest.mark.parametrize("options", [{}, {"temperature": 0.9, "seed": 11, **OPENAI}], ids=["greedy", "seeded"])
+def test_a_prefill_copied_from_a_generation_of_the_same_prompt_gives_the_same_output(tmp_path, options):
+    """n choices share a prompt's prefill (Generation.prefill_from): the copy's output, its drafter and policy
+    started from the copied states, is a generation's own, token for token and log-probability for log-probability;
+    and the first generation goes on unchanged."""
+    from microspec.decoding.loop import Generation, step_many
+
+    _, nm = tiny_pair("gemma3")
+    cfg = GenerationConfig(max_new_tokens=20, ignore_eos=True, logprobs=2, **options)
+    drafters = _drafters(tmp_path, nm)
+    make = {"plain": lambda: (None, None), "eagle+microspec": lambda: drafters["eagle+microspec"]}
+    for name, parts in make.items():
+        alone = generate_ids(nm, PROMPT, cfg)
+        first = Generation(nm, PROMPT, cfg, drafter=parts()[0], vocab=parts()[1])
+        first.share_prompt = True
+        first.prefill()
+        d, v = _drafters(tmp_path, nm)[name] if name != "plain" else (None, None)
+        copy = Generation(nm, PROMPT, cfg, drafter=d, vocab=v)
+        copy.prefill_from(first)
+        while first.finish is None or copy.finish is None:
+            assert not any(step_many(nm, [g for g in (first, copy) if g.finish is None], None))
+        for g in (first, copy):
+            r = g.result()
+            assert r.token_ids == alone.token_ids, name
+            assert [e.logprob for e in r.logprobs] == pytest.approx([e.logprob for e in alone.logprobs], abs=1e-4)

@@ -132,6 +132,8 @@ def test_n_choices_sampled_with_a_seed_are_reproducible_and_streamed_alike(serve
     one = client.completions.create(n=1, **kw)
     assert r.usage.completion_tokens == 64 and r.usage.prompt_tokens == one.usage.prompt_tokens
     assert texts[0] == one.choices[0].text  # choice 0: the seed's own text
+    third = client.completions.create(n=1, **{**kw, "seed": 9})  # choice 2: seed + 2's (its prefill was copied)
+    assert texts[2] == third.choices[0].text
     assert texts == [c.text for c in client.completions.create(n=4, **kw).choices]
     parts = {i: "" for i in range(4)}
     finished = set()
@@ -143,6 +145,7 @@ def test_n_choices_sampled_with_a_seed_are_reproducible_and_streamed_alike(serve
     assert finished == {0, 1, 2, 3} and [parts[i] for i in range(4)] == texts
     figures = r.model_extra["microspec"]
     assert len(figures["choices"]) == 4
+    assert [c.get("prefill_copied", False) for c in figures["choices"]] == [False, True, True, True]
     assert figures["drafted_tokens"] == sum(c["drafted_tokens"] for c in figures["choices"])
     greedy = client.completions.create(n=2, **{**kw, "temperature": 0}).choices
     assert greedy[0].text == greedy[1].text

@@ -246,6 +246,10 @@ class Generation:
         self._ahead: tuple | None = None  # a plain step launched before the last one's token was read
         self._next: Ahead | None = None  # the next step's tree drafted before the last one's read
         self._forced = False  # the planned step drafts the tokens the grammar forces (not the drafter's)
+        # set before the prefill: keep the prompt's final hidden states (and taps) for generations of the same
+        # prompt (prefill_from), in prompt_out
+        self.share_prompt = False
+        self.prompt_out: tuple | None = None
 
     def _emit(self, new: list[int]) -> str | None:
         """Commit ``new`` tokens one by one; the reason to stop, if any (later tokens are dropped).  The processors
@@ -299,8 +303,27 @@ class Generation:
         else:
             hidden = torch.cat([h for h, _ in parts]) if len(parts) > 1 else parts[0][0]
             self.taps.out = torch.cat([t for _, t in parts], dim=-2) if len(parts) > 1 else parts[0][1]
+        if self.share_prompt:
+            self.prompt_out = (hidden, None if self.taps is None else self.taps.out)
         self._start_decoding(hidden)
         return True
+
+    def prefill_from(self, other: "Generation") -> None:
+        """The prefill of a prompt ``other`` has prefilled (with :attr:`share_prompt`): its prompt's keys and values
+        copied into this generation's cache and its final hidden states taken, not computed again (the same values:
+        the prompt's forward is the same), then this generation's own start (its policy, drafter and first token,
+        drawn with its own settings).  ``n`` samples of one prompt share its prefill so."""
+        n = len(self.tokens)
+        check(other.prompt_out is not None and other.tokens[:n] == self.tokens and other.cache.length >= n
+              and self.cache.length == 0, "prefill_from needs a generation that prefilled the same prompt")
+        self.cache.kv[:, :, :, :n] = other.cache.kv[:, :, :, :n]
+        self.cache.pos[:n] = other.cache.pos[:n]
+        self.cache.length = n
+        hidden, taps = other.prompt_out
+        if self.taps is not None:
+            self.taps.out = taps
+        self.stats.prefill_copied = True
+        self._start_decoding(hidden)
 
     def _start_decoding(self, hidden: torch.Tensor) -> None:
         """After the prompt's forward (``hidden``: its final hidden states; the taps' features in :attr:`taps`): the

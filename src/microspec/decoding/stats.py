@@ -48,6 +48,7 @@ class GenerationStats:
     skipped_steps: int = 0  # steps the adaptive mode took without drafting (it judged drafting would not pay)
     lookup_steps: int | None = None  # prompt lookup first: the drafted steps prompt lookup proposed (else None)
     forced_steps: int = 0  # steps that drafted the tokens a grammar forced (structured output)
+    prefill_copied: bool = False  # the prompt's prefill was copied from a generation of the same prompt
     auto: dict | None = None  # auto's online choice: steps per arm, switches, their measured seconds (else None)
     weight_bytes: int = 0  # bytes of target weights one target step reads (every matrix once)
     graph_captures: int | None = None  # CUDA graphs the target captured during this generation (graphs on)
@@ -116,6 +117,7 @@ class GenerationStats:
             "skipped_steps": self.skipped_steps,
             **({"lookup_steps": self.lookup_steps} if self.lookup_steps is not None else {}),
             **({"forced_steps": self.forced_steps} if self.forced_steps else {}),
+            **({"prefill_copied": True} if self.prefill_copied else {}),
             **({"auto": self.auto} if self.auto is not None else {}),
             **({"graph_captures": self.graph_captures} if self.graph_captures is not None else {}),
             **({"graph_drafts": self.graph_drafts} if self.graph_drafts is not None else {}),

@@ -249,12 +249,13 @@ class Server:
             echo = req.prompt if req.prompt is not None else self.worker.lm.tokenizer.decode(
                 ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
         jobs: list[Job] = []
+        group = {} if req.n > 1 else None  # the choices share the prompt's prefill (Job.group)
         try:
             for i in range(req.n):
                 seed = req.cfg.seed
                 one = req if i == 0 else dataclasses.replace(
                     req, cfg=dataclasses.replace(req.cfg, seed=None if seed is None else seed + i))
-                jobs.append(Job(one, asyncio.get_running_loop(), ids=ids))
+                jobs.append(Job(one, asyncio.get_running_loop(), ids=ids, group=group))
                 self.worker.submit(jobs[-1])
         except BaseException:
             for job in jobs:

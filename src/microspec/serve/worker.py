@@ -77,6 +77,9 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     reason: str = ""  # why it was cancelled: "client" (it went away) or "timeout"
     ids: list[int] | None = None  # the prompt's ids, from Worker.prepare (off the decoding thread)
+    # the choices of one request (n > 1) share a dict: the first to prefill keeps its prompt's states there
+    # ("gen"), and the others copy its prefill instead of computing it again (Generation.prefill_from)
+    group: dict | None = None
     queue: "JobQueue | None" = None  # the queue it waits in: a cancelled job leaves it at once
 
     def post(self, event: tuple) -> None:
@@ -376,17 +379,28 @@ class Worker:
             return None
         r = _Running(job, gen, text, kv=self.lm.model.cache_bytes(gen.cache.capacity))
         running.append(r)
+        leader = None if job.group is None else job.group.get("gen")
+        if leader is not None and leader.finish is None and leader.prompt_out is not None:
+            return None if self._prefill(r, leader) is None else r
+        if job.group is not None and leader is None:  # the first choice: the others will copy its prefill
+            gen.share_prompt = True
+            job.group["gen"] = gen
         return None if self._prefill(r) is None else r
 
-    def _prefill(self, r: _Running) -> bool | None:
-        """One prefill forward of ``r``'s prompt: whether its prompt is done (its first token committed); None when
+    def _prefill(self, r: _Running, sibling=None) -> bool | None:
+        """One prefill forward of ``r``'s prompt (or, with ``sibling``, a generation of the same request that has
+        prefilled it, a copy of that prefill): whether its prompt is done (its first token committed); None when
         ``r`` ended (finished at its first token, failed, or cancelled)."""
         if r.job.cancelled.is_set():
             if r.job.reason == "client":
                 self.metrics.count("cancelled")
             return None
         try:
-            r.prefilled = r.gen.prefill(chunks=1)
+            if sibling is not None:
+                r.gen.prefill_from(sibling)
+                r.prefilled = True
+            else:
+                r.prefilled = r.gen.prefill(chunks=1)
         except Exception as exc:  # noqa: BLE001 - a request must never kill the worker
             self._end(r.job, exc, started=True)
             return None
@@ -483,7 +497,8 @@ class Worker:
                 "drafted_steps": len(drafted), "drafted_tokens": sum(n for _, n in drafted),
                 "accepted_tokens": sum(a - 1 for a, _ in drafted),
                 "tau": round(1 + sum(a - 1 for a, _ in drafted) / len(drafted), 4) if drafted else 1.0,
-                **{k: d[k] for k in ("mean_accept_len", "tokens_per_s", "decode_tokens_per_s", "steps")}}
+                **{k: d[k] for k in ("mean_accept_len", "tokens_per_s", "decode_tokens_per_s", "steps")},
+                **({"prefill_copied": True} if stats.prefill_copied else {})}
 
     def _failed(self, exc: BaseException) -> tuple:
         self.metrics.count("errors")
