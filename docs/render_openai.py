@@ -61,7 +61,8 @@ NOTES = """\
   the draft head scores the intersection of its vocabulary (MicroSpec's in-context set) and the grammar's allowed
   ids; the tokens the grammar forces are drafted for free and verified like any draft.  JSON is written with `", "`
   and `": "` and no free whitespace.  A schema, regex or grammar the engine refuses (or one past its limits on size
-  and work) is a 400 naming the field; a grammar that reaches a dead end allows only EOS.
+  and work) is a 400 naming the field; a grammar that reaches a dead end allows only EOS, and the reply's
+  `microspec.grammar` says why.
 - **Log-probabilities** are the target's, from the rows verification chose from: before the processors (`raw`, the
   default, as OpenAI and vLLM) or after them (`processed`), both before temperature and the warpers.  They equal
   plain decoding's up to the rounding of a row computed in another batch (tested to 1e-4).

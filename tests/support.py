@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import socket
+import threading
 import subprocess
 import sys
 import time
@@ -267,6 +268,25 @@ class ScriptedChoice:
 
     def summary(self):
         return {"arms": dict(self.chosen), "switches": 0, "switch_s": 0.0}
+
+
+def concurrently(calls, timeout: float = 300) -> tuple[list, list[str]]:
+    """Each of ``calls`` (functions of no argument) on a thread of its own, all at once: their results, in order
+    (None where one raised), and the errors raised."""
+    results, errors = [None] * len(calls), []
+
+    def one(i: int) -> None:
+        try:
+            results[i] = calls[i]()
+        except Exception as exc:  # noqa: BLE001
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    return results, errors
 
 
 def free_port() -> int:

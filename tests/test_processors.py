@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from microspec.decoding.config import GenerationConfig
-from microspec.decoding.processors import (LogitBias, LogitsPipeline, NoRepeatNGram, PresenceFrequency,
-                                          RepetitionPenalty, warp_probs)
+from microspec.decoding.processors import LogitBias, LogitsPipeline, NoRepeatNGram, RepetitionPenalty, warp_probs
 from microspec.errors import MicrospecError
 
 V = 50

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import CHAT_TEMPLATE, METHOD, Server, model_dir_with_chat_template
+from support import CHAT_TEMPLATE, METHOD, Server, concurrently, model_dir_with_chat_template
 
 openai = pytest.importorskip("openai")
 
@@ -407,19 +407,8 @@ def test_real_gemma_served_greedy_equals_generate(tmp_path):
                 dict(prompt="The capital of France is", max_tokens=30, temperature=0,
                      extra_body={"repetition_penalty": 1.2})]
         alone = [client.completions.create(model="gemma-3-270m", **a).choices[0].text for a in asks]
-        together, errors = [None] * len(asks), []
-
-        def ask(i: int) -> None:
-            try:
-                together[i] = s.client().completions.create(model="gemma-3-270m", **asks[i]).choices[0].text
-            except Exception as exc:  # noqa: BLE001
-                errors.append(repr(exc))
-
-        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(asks))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(300)
+        together, errors = concurrently(
+            [lambda a=a: s.client().completions.create(model="gemma-3-270m", **a).choices[0].text for a in asks])
         assert not errors and together == alone
         text = s.get("/metrics")[1].decode()
         batched = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
@@ -427,6 +416,16 @@ def test_real_gemma_served_greedy_equals_generate(tmp_path):
         assert batched > 0, "no step decoded more than one request"
     finally:
         s.close()
+
+
+def test_a_grammar_at_a_dead_end_ends_the_answer_and_says_so(server):
+    """The tiny model's words (w0, w1, ...) cannot spell JSON: the grammar allows nothing at the first token, so
+    the answer ends there (EOS) and its figures say why; the server goes on."""
+    status, obj = server.post("/v1/completions", {"prompt": "w1", "max_tokens": 8, "temperature": 0,
+                                                  "response_format": {"type": "json_object"}})
+    assert status == 200 and obj["choices"][0]["finish_reason"] == "stop", obj
+    assert obj["microspec"]["grammar"].startswith("dead end"), obj["microspec"]
+    assert server.post("/v1/completions", {"prompt": "w1", "max_tokens": 2})[0] == 200
 
 
 def test_text_stream_deltas_add_up_and_stop_before_stop_sequences(model):

@@ -6,12 +6,11 @@ figures.  The tiny model spells with single characters (support.char_tokenizer),
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import Literal
 
 import pytest
-from support import METHOD, Server, model_dir_with_chat_template
+from support import METHOD, Server, concurrently, model_dir_with_chat_template
 
 openai = pytest.importorskip("openai")
 
@@ -77,19 +76,7 @@ def test_options_in_a_batch_give_what_each_gives_alone(servers):
                                                                 {"logit_bias": {"30": 3.0}, "logprobs": 2}))
             for i, p in enumerate(PROMPTS)]
     alone = [_ask(spec, **a).choices[0] for a in asks]
-    together, errors = [None] * len(asks), []
-
-    def ask(i):
-        try:
-            together[i] = _ask(spec, **asks[i]).choices[0]
-        except Exception as exc:  # noqa: BLE001
-            errors.append(repr(exc))
-
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(asks))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    together, errors = concurrently([lambda a=a: _ask(spec, **a).choices[0] for a in asks], 120)
     assert not errors
     for a, b in zip(alone, together):
         assert a.text == b.text

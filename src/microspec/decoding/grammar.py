@@ -181,8 +181,6 @@ def _first_line(message: str) -> str:
 def compile_grammar(constraint: Constraint, tokenizer, vocab_size: int, eos_ids: Sequence[int]) -> Grammar:
     """``constraint`` compiled for ``tokenizer`` (validated: a schema, regex or grammar the engine refuses, or one
     past its limits on size and work, is one :class:`~microspec.errors.MicrospecError` line)."""
-    import llguidance
-
     check(bool(eos_ids), "structured output needs the model's EOS token ids")
     return _compiled(constraint, ll_tokenizer(tokenizer, vocab_size, eos_ids), vocab_size, tuple(eos_ids))
 
@@ -226,6 +224,7 @@ class GrammarMask:
         self.vocab = grammar.vocab_size
         self.words = (self.vocab + 31) // 32
         self.dead_end = False
+        self.why = ""  # the engine's reason for a dead end (its first line)
         self._eos = torch.zeros(self.vocab, dtype=torch.bool)
         self._eos[list(grammar.eos_ids)] = True
 
@@ -236,6 +235,7 @@ class GrammarMask:
         tokens = tokens.tolist() if isinstance(tokens, torch.Tensor) else [int(t) for t in tokens]
         if tokens and not self.matcher.consume_tokens(tokens):
             self.dead_end = True
+            self.why = self.why or _first_line(self.matcher.get_error())
 
     def forced(self) -> list[int]:
         """The tokens the grammar forces next (fast-forward tokens): free drafts."""
@@ -262,6 +262,7 @@ class GrammarMask:
                 bitmask[empty, t // 32] |= 1 << (t % 32) if t % 32 < 31 else -(1 << 31)
             if not len(rows[0]) and bool(empty[0]):
                 self.dead_end = True
+                self.why = self.why or _first_line(m.get_error())
         return bitmask
 
     def allowed(self, rows: Sequence[Sequence[int]]) -> torch.Tensor:

@@ -484,8 +484,12 @@ class Worker:
         self.metrics.on_request(result.stats, finish, options(req.cfg))
         logprobs = None if req.stream or result.logprobs is None else \
             self.logprobs(result.logprobs, result.token_ids, 0)
+        figures = self.figures(result.stats)
+        grammar = gen.pipe.grammar
+        if grammar is not None and grammar.dead_end:  # the answer ended where the grammar allowed nothing
+            figures["grammar"] = f"dead end: {grammar.why or 'no token was allowed'}; only EOS was"
         r.job.post(("done", Result(text.text, finish, len(gen.tokens) - len(result.token_ids),
-                                   len(result.token_ids), self.figures(result.stats), logprobs)))
+                                   len(result.token_ids), figures, logprobs)))
 
     def figures(self, stats) -> dict:
         """A request's speculation figures, beside its usage: the method, drafted and accepted tokens, tau (tokens
