@@ -349,3 +349,61 @@ def test_real_smollm2_served_with_auto_and_eagle_microspec(tmp_path):
         finally:
             s.close()
     assert answers[0] == answers[1]
+
+
+def _junk(rng, depth=0):
+    """A random JSON value: of every type, sizes and signs, nested a little."""
+    kind = rng.randrange(9 if depth < 2 else 6)
+    if kind == 0:
+        return None
+    if kind == 1:
+        return rng.choice([True, False])
+    if kind == 2:
+        return rng.choice([0, 1, -1, 2, 17, 101, -3, 2**40, -(2**63), 10**30])
+    if kind == 3:
+        return rng.choice([0.0, 0.5, -0.5, 1.5, 2.0, -2.0, 2.5, 99.9, 100.0, -100.5, 1e300, 1e-300])
+    if kind == 4:
+        return rng.choice(["", "x", "auto", "none", "required", "json_object", "json_schema", "text", "a(b", "[a-z]+",
+                           "{", "start: x", "12", "-1", "\u00e9", "raw", "processed", "999999"])
+    if kind == 5:
+        return "y" * rng.choice([1, 100, 70000])
+    if kind in (6, 7):
+        return [_junk(rng, depth + 1) for _ in range(rng.randrange(4))]
+    keys = ["type", "json_schema", "schema", "name", "function", "json", "regex", "choice", "grammar", "properties",
+            "12", "abc", "-1", "parameters", "strict"]
+    return {rng.choice(keys): _junk(rng, depth + 1) for _ in range(rng.randrange(4))}
+
+
+FUZZED = ["response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+          "logprobs", "top_logprobs", "logprobs_mode", "n", "echo", "presence_penalty", "frequency_penalty",
+          "logit_bias", "tools", "tool_choice", "parallel_tool_calls", "messages", "best_of", "seed", "stream"]
+
+
+def test_random_values_of_the_options_get_an_answer_or_a_400_never_a_500(servers):
+    """Hundreds of requests with random JSON values in the options (of every type, size and nesting): each is
+    answered (200) or refused with an OpenAI error object naming a field (400), never a 500 or a hang, and the
+    server answers a plain request after them."""
+    import random
+
+    spec, _ = servers
+    rng = random.Random(76)
+    statuses: dict[int, int] = {}
+    for i in range(300):
+        chat = rng.random() < 0.5
+        body = {"max_tokens": 3, "temperature": 0}
+        body.update({"messages": [{"role": "user", "content": "pet"}]} if chat else {"prompt": "pet"})
+        for name in rng.sample(FUZZED, rng.randrange(1, 4)):
+            body[name] = _junk(rng)
+        status, data = spec.request("POST", "/v1/chat/completions" if chat else "/v1/completions",
+                                    json.dumps(body).encode())
+        statuses[status] = statuses.get(status, 0) + 1
+        assert status in (200, 400), (status, body, data[:500])
+        if status == 200 and body.get("stream") is True:  # events, the last one [DONE]; no error event
+            assert data.rstrip().endswith(b"data: [DONE]") and b'"error"' not in data, (body, data[-500:])
+            continue
+        obj = json.loads(data)
+        if status == 400:
+            assert set(obj["error"]) == {"message", "type", "param", "code"} and obj["error"]["message"], obj
+            assert "Traceback" not in obj["error"]["message"] and "\n" not in obj["error"]["message"], obj
+    assert statuses.get(200, 0) > 10 and statuses.get(400, 0) > 100, statuses  # both kinds were exercised
+    assert spec.client().completions.create(model="tiny", prompt="x", max_tokens=2).choices
