@@ -136,6 +136,12 @@ def test_n_choices_sampled_with_a_seed_are_reproducible_and_streamed_alike(serve
     assert figures["drafted_tokens"] == sum(c["drafted_tokens"] for c in figures["choices"])
     greedy = client.completions.create(n=2, **{**kw, "temperature": 0}).choices
     assert greedy[0].text == greedy[1].text
+    # a prompt of several prefill forwards (128 tokens each): the other choices wait for the first one's and copy it
+    long = dict(kw, prompt="w1 w2 w3 " * 100, max_tokens=8)
+    r = client.completions.create(n=3, **long)
+    assert [c.get("prefill_copied", False) for c in r.model_extra["microspec"]["choices"]] == [False, True, True]
+    assert [c.text for c in sorted(r.choices, key=lambda c: c.index)][2] == \
+        client.completions.create(n=1, **{**long, "seed": 9}).choices[0].text
 
 
 def test_echo_puts_the_prompt_before_the_answer(servers):

@@ -295,6 +295,10 @@ class Worker:
                 if (running or prefilling) and not self._fits(job):  # waits, first in line, for memory
                     self.queue.put_back(job)
                     break
+                leader = job.group.get("gen") if job.group is not None else None
+                if leader is not None and any(p.gen is leader for p in prefilling):  # its request's first choice
+                    self.queue.put_back(job)  # is prefilling a long prompt: this one copies it when it is done
+                    break
                 r = self._admit(job)
                 if r is not None:
                     self.kv_held += r.kv
