@@ -69,8 +69,8 @@ NOTES = """\
 - **`n`** runs n generations of the prompt, batched with the other requests; the first prefills the prompt and the
   others copy its keys, values and final hidden states (the same values) instead of computing them again.
 - **Tools**: neither built-in model has a tool template, so the tools are offered in a system message and a call
-  is the answer `{"name": ..., "arguments": {...}}`, constrained by the grammar; in a stream the call comes whole,
-  as one `tool_calls` delta, when the answer is complete.
+  is the answer `{"name": ..., "arguments": {...}}`, constrained by the grammar; in a stream, as OpenAI streams a
+  call: a `tool_calls` delta with its id and name, then its arguments in fragments.
 """
 
 

@@ -281,8 +281,11 @@ def test_tool_calls_whole_and_streamed_equal_plain_decodings(servers, choice):
     assert (call.function.name, call.function.arguments) == (other.function.name, other.function.arguments)
     chunks = list(spec.client().chat.completions.create(stream=True, **kw))
     deltas = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
-    assert len(deltas) == 1 and deltas[0].function.name == call.function.name
-    assert json.loads(deltas[0].function.arguments) == args
+    # as OpenAI streams a call: its id and name first (arguments empty), then the arguments in fragments
+    assert deltas[0].id.startswith("call_") and deltas[0].function.name == call.function.name
+    assert deltas[0].function.arguments == "" and len(deltas) > 2
+    assert all(d.index == 0 and d.id is None and d.function.name is None for d in deltas[1:])
+    assert json.loads("".join(d.function.arguments for d in deltas)) == args
     assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == \
         ["tool_calls"]
     # the call and its result as the next turns: the conversation goes on
@@ -347,10 +350,9 @@ def test_real_smollm2_served_with_auto_and_eagle_microspec(tmp_path):
                 model="smollm2-135m-instruct", messages=[{"role": "user", "content": "What is the weather in Oslo?"}],
                 max_tokens=60, temperature=0, tools=[WEATHER], tool_choice="required", stream=True))
             calls = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
-            assert len(calls) == 1 and calls[0].function.name == "get_weather"
-            assert set(json.loads(calls[0].function.arguments)) == {"city", "unit"}
-            answers.append((r.choices[0].message.content, [c.message.content for c in several.choices],
-                            calls[0].function.arguments))
+            arguments = "".join(c.function.arguments for c in calls)
+            assert calls[0].function.name == "get_weather" and set(json.loads(arguments)) == {"city", "unit"}
+            answers.append((r.choices[0].message.content, [c.message.content for c in several.choices], arguments))
             assert r.model_extra["microspec"]["method"]
         finally:
             s.close()
@@ -413,3 +415,24 @@ def test_random_values_of_the_options_get_an_answer_or_a_400_never_a_500(servers
             assert "Traceback" not in obj["error"]["message"] and "\n" not in obj["error"]["message"], obj
     assert statuses.get(200, 0) > 10 and statuses.get(400, 0) > 100, statuses  # both kinds were exercised
     assert spec.client().completions.create(model="tiny", prompt="x", max_tokens=2).choices
+
+
+def test_a_call_streams_as_its_name_then_its_arguments_in_fragments():
+    from microspec.serve.tools import CallStream, parse_tools
+
+    tools = parse_tools({"tools": [WEATHER, CLOCK]})
+    s = CallStream(tools)
+    text = '{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}'
+    parts = [p for i in range(0, len(text), 5) for p in s.push(text[i:i + 5])]
+    rest, whole = s.finish()
+    parts += rest
+    assert whole and parts[0][0] == "call" and parts[0][1]["function"] == {"name": "get_weather", "arguments": ""}
+    assert all(k == "arguments" for k, _ in parts[1:]) and len(parts) > 3
+    assert json.loads("".join(v for _, v in parts[1:])) == {"city": "Oslo", "unit": "c"}
+    s = CallStream(tools)  # auto: an answer of text streams as text from its first character
+    assert s.push(" Hello") == [("text", " Hello")] and s.push(" there") == [("text", " there")]
+    assert s.finish() == ([], False)
+    s = CallStream(tools)  # a call cut short (the token limit): its arguments so far, not a whole call
+    parts = s.push('{"name": "get_time", "arguments": {"zo')
+    rest, whole = s.finish()
+    assert not whole and "".join(v for k, v in parts + rest if k == "arguments") == '{"zo'

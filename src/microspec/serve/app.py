@@ -50,6 +50,7 @@ from starlette.routing import Route
 
 from . import protocol
 from .protocol import APIError, shutting_down
+from .tools import CallStream
 from .worker import Job, Result, Worker
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a request body's cap by default: 4 MiB
@@ -332,17 +333,15 @@ class Server:
         """The choices' events as server-sent events, each chunk naming its choice's index, as they come; each
         choice's last chunk has its finish reason and its speculation figures; the usage of all of them last where
         asked for."""
-        first = [True] * len(jobs)
         offset = [len(echo)] * len(jobs)  # completions' text_offset: the characters before each delta
-        # with tools, the text of what may be a call is held back until the answer is complete (serve.tools)
-        held: list[str | None] = [("" if req.tools is not None else None)] * len(jobs)
+        # with tools, each answer through a CallStream: text, or a call's name and then its arguments (serve.tools)
+        calls = [CallStream(req.tools) if req.tools is not None else None for _ in jobs]
         results: dict[int, Result] = {}
         waiting: dict[int, asyncio.Future] = {}
         try:
             for i in range(len(jobs)):
                 if req.kind == "chat":  # the role first, as OpenAI does
                     yield sse(protocol.chunk(req, self.model, "", first=True, index=i))
-                    first[i] = False
                 elif echo:
                     yield sse(protocol.chunk(req, self.model, echo, index=i))
             waiting = {i: asyncio.ensure_future(job.events.get()) for i, job in enumerate(jobs)}
@@ -359,26 +358,19 @@ class Server:
                 for i in sorted(i for i, task in waiting.items() if task in done):
                     event = waiting.pop(i).result()
                     if event[0] == "delta":
-                        text = event[1]
-                        if held[i] is not None:
-                            held[i] += text
-                            text = None
-                            if req.tools.choice == "auto" and held[i].strip() and \
-                                    not held[i].lstrip().startswith("{"):
-                                text, held[i] = held[i], None  # a text answer: it streams from here
-                        if text is not None or event[2]:
-                            yield sse(protocol.chunk(req, self.model, text, first=first[i], index=i,
-                                                     logprobs=event[2], offset=offset[i]))
-                            first[i], offset[i] = False, offset[i] + sum(len(e.text) for e in event[2])
+                        parts = [("text", event[1])] if calls[i] is None else calls[i].push(event[1])
+                        for chunk in _parts(req, self.model, parts, i, event[2] or None, offset[i]):
+                            yield sse(chunk)
+                        offset[i] += sum(len(e.text) for e in event[2])
                         waiting[i] = asyncio.ensure_future(jobs[i].events.get())
                     elif event[0] == "done":
                         results[i] = event[1]
                         finish = event[1].finish
-                        if held[i]:
-                            call = req.tools.call_of(held[i])
-                            yield sse(protocol.chunk(req, self.model, None if call else held[i], first=first[i],
-                                                     index=i, call=call))
-                            finish = "tool_calls" if call else finish
+                        if calls[i] is not None:
+                            parts, whole = calls[i].finish()
+                            for chunk in _parts(req, self.model, parts, i):
+                                yield sse(chunk)
+                            finish = "tool_calls" if whole else finish
                         yield sse(protocol.chunk(req, self.model, None, finish, extra=event[1].stats, index=i))
                     else:
                         log["error"] = event[1].code or event[1].status
@@ -395,6 +387,20 @@ class Server:
                 task.cancel()
             for job in jobs:
                 job.cancel()
+
+
+def _parts(req: protocol.Request, model: str, parts: list, index: int, logprobs=None, offset: int = 0):
+    """The chunks of one delta's parts (text, a tool call's start, its arguments' next fragment); its logprobs go
+    with the first chunk (or a chunk of their own where the delta's text is held back)."""
+    if not parts and logprobs:
+        parts = [("text", None)]
+    for kind, value in parts:
+        if kind == "text":
+            yield protocol.chunk(req, model, value, index=index, logprobs=logprobs, offset=offset)
+        else:
+            call = value if kind == "call" else {"function": {"arguments": value}}
+            yield protocol.chunk(req, model, None, index=index, logprobs=logprobs, offset=offset, call=call)
+        logprobs = None
 
 
 def _usage(results: list[Result]) -> dict:

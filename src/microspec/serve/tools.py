@@ -9,9 +9,9 @@ the answer ``{"name": ..., "arguments": {...}}`` — JSON the grammar constrains
 - ``"auto"`` (the default with tools): either such a call or text that does not start with ``{``;
 - ``"none"``: the tools are not offered, the answer is text.
 
-A call in the answer comes back as ``message.tool_calls`` (``finish_reason`` ``"tool_calls"``); streamed, the call
-comes as one ``tool_calls`` delta with its whole arguments once the answer is complete (the text of a possible call
-is held back until then).  Earlier turns' calls (an assistant message's ``tool_calls``) and results (``tool``
+A call in the answer comes back as ``message.tool_calls`` (``finish_reason`` ``"tool_calls"``); streamed
+(:class:`CallStream`), as OpenAI streams one: a ``tool_calls`` delta with the call's id and name once they are
+written, then its arguments in fragments as they come.  Earlier turns' calls (an assistant message's ``tool_calls``) and results (``tool``
 messages) are written into the conversation in the same convention.  One call per answer (``parallel_tool_calls``
 is taken and not used).
 """
@@ -82,6 +82,55 @@ class Tools:
                 "function": {"name": obj["name"], "arguments": json.dumps(obj["arguments"])}}
 
 
+CALL_START = re.compile(r'^\{"name": "([A-Za-z0-9_-]{1,64})", "arguments": ')  # a call as the grammar writes it
+
+
+class CallStream:
+    """One streamed answer of a request with tools: what :meth:`push` and :meth:`finish` give is ``("text", str)``
+    (an answer of text: with ``tool_choice`` auto, once it does not start with ``{``), ``("call", entry)`` (a call's
+    id, type and name, its arguments empty) or ``("arguments", str)`` (the next fragment of its arguments; the
+    answer's closing brace is held back to the end, where it is not sent)."""
+
+    def __init__(self, tools: Tools):
+        self.tools, self.text, self.mode, self.sent = tools, "", None, 0  # mode: None, "text" or "call"
+        self.started = False  # the call's id and name were sent
+
+    def push(self, delta: str) -> list[tuple[str, object]]:
+        self.text += delta
+        if self.mode is None and self.text.strip():
+            self.mode = "call" if self.tools.choice != "auto" or self.text.lstrip().startswith("{") else "text"
+        if self.mode == "text":
+            out, self.sent = self.text[self.sent:], len(self.text)
+            return [("text", out)] if out else []
+        if self.mode != "call":
+            return []
+        out = []
+        if not self.started:
+            m = CALL_START.match(self.text)
+            if m is None:
+                return []
+            self.started, self.sent = True, m.end()
+            out.append(("call", {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                                 "function": {"name": m[1], "arguments": ""}}))
+        upto = len(self.text) - 1  # the last character may be the call's closing brace
+        if upto > self.sent:
+            out.append(("arguments", self.text[self.sent:upto]))
+            self.sent = upto
+        return out
+
+    def finish(self) -> tuple[list[tuple[str, object]], bool]:
+        """What is left to send, and whether the answer was a whole call (its finish reason: tool_calls)."""
+        if self.mode == "text" or (self.mode == "call" and not self.started):
+            rest, self.sent = self.text[self.sent:], len(self.text)
+            return ([("text", rest)] if rest else []), False
+        if self.mode != "call":
+            return [], False
+        whole = self.tools.call_of(self.text) is not None
+        end = len(self.text) - 1 if whole else len(self.text)  # a whole call's closing brace is not its arguments'
+        rest = [("arguments", self.text[self.sent:end])] if end > self.sent else []
+        return rest, whole
+
+
 def parse_tools(body: dict) -> Tools | None:
     """The request's ``tools`` and ``tool_choice`` (None: no tools offered), or a :class:`ToolError`."""
     tools, choice = body.get("tools"), body.get("tool_choice")
@@ -144,4 +193,4 @@ def as_text(message: dict) -> str | None:
     return None
 
 
-__all__ = ["ToolError", "Tools", "as_text", "parse_tools"]
+__all__ = ["CallStream", "ToolError", "Tools", "as_text", "parse_tools"]
