@@ -106,3 +106,25 @@ def test_a_prefill_copied_from_a_generation_of_the_same_prompt_gives_the_same_ou
             r = g.result()
             assert r.token_ids == alone.token_ids, name
             assert [e.logprob for e in r.logprobs] == pytest.approx([e.logprob for e in alone.logprobs], abs=1e-4)
+
+
+def test_prompt_logprobs_are_a_forward_over_the_prompt():
+    """The prompt's log-probabilities (echo with logprobs): each prompt token after the first under the target's raw
+    logits at the position before it, with its top alternatives, computed from the prefill in blocks (a prompt
+    longer than one block and one prefill chunk here), whatever the drafter."""
+    from microspec.decoding import loop
+
+    _, nm = tiny_pair("llama")
+    prompt = (PROMPT * 20)[:150]
+    ids = torch.tensor(prompt)
+    with torch.no_grad():
+        logp = torch.log_softmax(nm.head(nm(ids, nm.new_cache(len(ids)))).float(), -1)
+    cfg = GenerationConfig(max_new_tokens=4, prompt_logprobs=3)
+    for drafter in (None, NGramDrafter(num_tokens=4)):
+        r = generate_ids(nm, prompt, cfg, drafter=drafter)
+        assert len(r.prompt_logprobs) == len(prompt) - 1 > loop.PROMPT_LOGPROB_ROWS
+        for i, e in enumerate(r.prompt_logprobs):
+            assert e.token == prompt[i + 1]
+            assert e.logprob == pytest.approx(float(logp[i, prompt[i + 1]]), abs=1e-4)
+            assert [t for t, _ in e.top] == torch.topk(logp[i], 3).indices.tolist()
+    assert generate_ids(nm, prompt, GenerationConfig(max_new_tokens=2)).prompt_logprobs is None

@@ -180,7 +180,6 @@ BAD = [
     ("/v1/completions", {"prompt": [10**12]}, 400),  # a token id outside the vocabulary
     ("/v1/completions", {"prompt": "w1", "stop": [""]}, 400),
     ("/v1/completions", {"prompt": "w1", "echo": "yes"}, 400),
-    ("/v1/completions", {"prompt": "w1", "echo": True, "logprobs": 1}, 400),  # the prompt's logprobs: not given
     ("/v1/completions", {"prompt": "w1", "logprobs": 21}, 400),
     ("/v1/completions", {"prompt": "w1", "logprobs": True}, 400),
     ("/v1/completions", {"prompt": "w1", "logprobs": 2, "logprobs_mode": "final"}, 400),

@@ -155,6 +155,26 @@ def test_echo_puts_the_prompt_before_the_answer(servers):
     assert streamed == echoed.choices[0].text
 
 
+def test_echo_with_logprobs_gives_the_prompts_tokens_too(servers):
+    """OpenAI's echo with logprobs: the prompt's tokens come first (the first with no log-probability), then the
+    answer's; the speculating server's equal the plain server's; streamed, the prompt's come in the first chunk."""
+    spec, plain = servers
+    kw = dict(model="tiny", prompt="w3 w4 w5", max_tokens=6, temperature=0, echo=True, logprobs=2)
+    a, b = spec.client().completions.create(**kw), plain.client().completions.create(**kw)
+    lp = a.choices[0].logprobs
+    n = a.usage.prompt_tokens
+    assert len(lp.tokens) == n + a.usage.completion_tokens and lp.token_logprobs[0] is None
+    assert lp.top_logprobs[0] is None and all(v <= 0 for v in lp.token_logprobs[1:])
+    assert a.choices[0].text.startswith("w3 w4 w5")
+    assert lp.tokens == b.choices[0].logprobs.tokens
+    assert lp.token_logprobs[1:] == pytest.approx(b.choices[0].logprobs.token_logprobs[1:], abs=1e-4)
+    chunks = list(spec.client().completions.create(stream=True, **kw))
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+    assert streamed == lp.tokens and "".join(c.choices[0].text for c in chunks if c.choices) == a.choices[0].text
+    first = next(c for c in chunks if c.choices and c.choices[0].logprobs)
+    assert first.choices[0].text == "w3 w4 w5" and first.choices[0].logprobs.token_logprobs[0] is None
+
+
 def test_metrics_count_requests_by_option(servers):
     spec, _ = servers
     _ask(spec, prompt="w9", logprobs=1, presence_penalty=0.5)

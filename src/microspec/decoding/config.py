@@ -41,6 +41,9 @@ class GenerationConfig:
     # after them ("processed": penalties, bias), both before temperature and the warpers
     logprobs: int | None = None
     logprobs_mode: str = "raw"
+    # the prompt's own: of each prompt token after the first under the target's raw logits, with the top
+    # ``prompt_logprobs`` alternatives (None: none), computed from the prefill's hidden states
+    prompt_logprobs: int | None = None
     # structured output: a decoding.grammar.Grammar (compile_grammar: a constraint compiled for the tokenizer) the
     # output must match; None: free text
     grammar: object | None = None
@@ -78,6 +81,9 @@ class GenerationConfig:
 
             check(isinstance(self.grammar, Grammar), "grammar must be a compiled Grammar (decoding.grammar."
                                                      "compile_grammar); the API and the CLI take a constraint")
+        check(self.prompt_logprobs is None or (isinstance(self.prompt_logprobs, int) and not isinstance(
+            self.prompt_logprobs, bool) and 0 <= self.prompt_logprobs <= MAX_LOGPROBS),
+              f"prompt_logprobs must be an integer in [0, {MAX_LOGPROBS}] (or None), got {self.prompt_logprobs!r}")
         check(self.logprobs_mode in LOGPROBS_MODES,
               f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {self.logprobs_mode!r}")
 

@@ -43,6 +43,7 @@ CACHE_MARGIN = 256  # cache slots beyond prompt + max_new_tokens, for the tree n
 # 2-core CPU with a long prompt: forwards of this size prefill it faster than one forward over it, and the longest
 # of them (the other streams' longest wait) is well under half a second
 PREFILL_CHUNK = 128
+PROMPT_LOGPROB_ROWS = 64  # prompt rows through the full head at once for prompt log-probabilities
 # device types on which a model drafter's next tree is launched before a step's read (Generation.settle): where the
 # device runs behind the host, it drafts while the host reads, commits and streams the step; on a CPU every operation
 # runs as the host issues it, so there is nothing to overlap.  MICROSPEC_DRAFT_AHEAD=0: none (an A/B switch)
@@ -73,6 +74,7 @@ class GenerationResult:
     stats: GenerationStats
     text: str | None = None
     logprobs: list[TokenLogprob] | None = None  # one per token where the configuration asks for them
+    prompt_logprobs: list[TokenLogprob] | None = None  # one per prompt token after the first, where asked for
 
 
 def check_prompt(model: NativeCausalLM, prompt_ids: Sequence[int], cfg: GenerationConfig) -> None:
@@ -232,6 +234,7 @@ class Generation:
         self._prompt_states: list = []  # the prompt's final hidden states (and taps) of a prefill in chunks
         self.out: list[int] = []
         self.logprobs: list[TokenLogprob] | None = [] if cfg.logprobs is not None else None
+        self.prompt_logprobs: list[TokenLogprob] | None = None
         self.walker = greedy_walk if cfg.greedy else keyed_walk if self.pipe.keyed else sample_walk
         prepare(model, drafting=drafter is not None)  # one-time costs before the clock starts (microspec.onetime)
         self.clock = StepClock(device)  # marks read once, at the end: no wait for the device inside a step
@@ -329,6 +332,10 @@ class Generation:
         """After the prompt's forward (``hidden``: its final hidden states; the taps' features in :attr:`taps`): the
         policy and drafter start, the first token."""
         model, tokens, vocab, drafter, device = self.model, self.tokens, self.vocab, self.drafter, self.model.device
+        if self.cfg.prompt_logprobs is not None:  # the prompt's rows through the head in blocks (not [T, V] at once)
+            self.prompt_logprobs = [e for s in range(0, len(tokens) - 1, PROMPT_LOGPROB_ROWS) for e in token_logprobs(
+                model.head(hidden[s: min(s + PROMPT_LOGPROB_ROWS, len(tokens) - 1)]),
+                tokens[s + 1: s + 1 + PROMPT_LOGPROB_ROWS], self.cfg.prompt_logprobs)]
         if vocab is not None:
             vocab.reset()
             tail = hidden if vocab.prompt_positions is None else hidden[max(0, len(tokens) - vocab.prompt_positions):]
@@ -544,7 +551,8 @@ class Generation:
         if not self._given_back:  # once: a second result() must not hand out a cache another generation holds
             self._given_back = True
             self.model.give_back_cache(self.cache)
-        return GenerationResult(self.out, self.finish, stats, logprobs=self.logprobs)
+        return GenerationResult(self.out, self.finish, stats, logprobs=self.logprobs,
+                                prompt_logprobs=self.prompt_logprobs)
 
 
 def draft(drafter: Drafter | None, ctx: DraftContext) -> DraftTree:

@@ -291,6 +291,8 @@ class Server:
                 results.append(event[1])
             log["completion"] = sum(r.completion_tokens for r in results)
             choices = [protocol.choice(req, i, echo + r.text, r.finish, r.logprobs, len(echo))
+                       if r.prompt_logprobs is None else  # echo with logprobs: the prompt's tokens first
+                       protocol.choice(req, i, echo + r.text, r.finish, r.prompt_logprobs + r.logprobs)
                        for i, r in enumerate(results)]
             return JSONResponse(protocol.response(req, self.model, choices, _usage(results), _figures(results)))
         except APIError as exc:  # the deadline
@@ -342,7 +344,7 @@ class Server:
             for i in range(len(jobs)):
                 if req.kind == "chat":  # the role first, as OpenAI does
                     yield sse(protocol.chunk(req, self.model, "", first=True, index=i))
-                elif echo:
+                elif echo and req.cfg.prompt_logprobs is None:  # (with logprobs: when they come, "prompt")
                     yield sse(protocol.chunk(req, self.model, echo, index=i))
             waiting = {i: asyncio.ensure_future(job.events.get()) for i, job in enumerate(jobs)}
             failed = False
@@ -357,7 +359,11 @@ class Server:
                     break
                 for i in sorted(i for i, task in waiting.items() if task in done):
                     event = waiting.pop(i).result()
-                    if event[0] == "delta":
+                    if event[0] == "prompt":  # echo with logprobs: the prompt's text with its tokens'
+                        yield sse(protocol.chunk(req, self.model, echo, index=i, logprobs=event[1]))
+                        offset[i] = sum(len(e.text) for e in event[1])
+                        waiting[i] = asyncio.ensure_future(jobs[i].events.get())
+                    elif event[0] == "delta":
                         parts = [("text", event[1])] if calls[i] is None else calls[i].push(event[1])
                         for chunk in _parts(req, self.model, parts, i, event[2] or None, offset[i]):
                             yield sse(chunk)

@@ -131,7 +131,7 @@ FIELDS = {
     "stream": ("both", "server-sent events, a chunk per step"),
     "stream_options": ("both", "`include_usage`: a last chunk with the usage"),
     "stop": ("both", f"up to {MAX_STOPS} stop strings"),
-    "echo": ("completion", "the prompt's text before the answer's (not with `logprobs`)"),
+    "echo": ("completion", "the prompt's text before the answer's (with `logprobs`: the prompt's tokens' too)"),
     "presence_penalty": ("both", "[-2, 2], over the generated tokens; runs in drafting and verification"),
     "frequency_penalty": ("both", "[-2, 2], over the generated tokens; runs in drafting and verification"),
     "logit_bias": ("both", f"token id -> [-100, 100], at most {MAX_BIASED} ids"),
@@ -423,16 +423,14 @@ def parse(body, kind: str, model_name: str, max_tokens_cap: int | None = None) -
     if mode is not None and mode not in LOGPROBS_MODES:
         raise _bad(f"'logprobs_mode' must be one of {', '.join(LOGPROBS_MODES)}, got {mode!r}", "logprobs_mode")
     echo = _flag(body, "echo") if kind == "completion" else False
-    if echo and logprobs is not None:
-        raise _bad("'echo' with 'logprobs' is not supported: this server does not return the prompt's "
-                   "log-probabilities", "echo")
     try:
         cfg = GenerationConfig(max_new_tokens=max_tokens, temperature=float(temperature), top_p=float(top_p),
                                top_k=max(top_k, 0), min_p=float(min_p), seed=seed,
                                repetition_penalty=float(penalty), stop_strings=_stops(body), ignore_eos=ignore_eos,
                                presence_penalty=_bounded(body, "presence_penalty", PENALTY_BOUND),
                                frequency_penalty=_bounded(body, "frequency_penalty", PENALTY_BOUND),
-                               logit_bias=_logit_bias(body), logprobs=logprobs, logprobs_mode=mode or "raw")
+                               logit_bias=_logit_bias(body), logprobs=logprobs, logprobs_mode=mode or "raw",
+                               prompt_logprobs=logprobs if echo else None)
     except MicrospecError as exc:
         raise _bad(str(exc)) from None
     given = body.get("max_tokens") is not None or (kind == "chat" and body.get("max_completion_tokens") is not None)
@@ -469,7 +467,7 @@ FINISH = {"eos": "stop", "stop": "stop", "length": "length", "tool_calls": "tool
 class Logprob:
     """One generated token's log-probability as the wire shows it: its text, and its most likely alternatives'."""
     text: str
-    logprob: float
+    logprob: float | None  # None: the prompt's first token (echo), which nothing predicts
     top: list[tuple[str, float]]
 
 
@@ -491,8 +489,10 @@ def logprobs_object(req: Request, entries: list[Logprob] | None, offset: int = 0
     for e in entries:
         offsets.append(offset)
         offset += len(e.text)
-    return {"tokens": [e.text for e in entries], "token_logprobs": [_lp(e.logprob) for e in entries],
-            "top_logprobs": [{t: _lp(v) for t, v in [(e.text, e.logprob)] + e.top} for e in entries],
+    return {"tokens": [e.text for e in entries],
+            "token_logprobs": [None if e.logprob is None else _lp(e.logprob) for e in entries],
+            "top_logprobs": [None if e.logprob is None else {t: _lp(v) for t, v in [(e.text, e.logprob)] + e.top}
+                             for e in entries],
             "text_offset": offsets}
 
 

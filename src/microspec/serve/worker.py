@@ -41,6 +41,7 @@ from ..compose import AutoEngine, Engine
 from ..errors import MicrospecError
 from ..onetime import clock
 from .metrics import Metrics
+from ..decoding.logprobs import TokenLogprob
 from .protocol import APIError, Logprob, Request, shutting_down
 from .text import TextStream
 
@@ -157,6 +158,7 @@ class Result:
     completion_tokens: int
     stats: dict
     logprobs: list[Logprob] | None = None  # the whole answer's, where asked for (a stream's came with its deltas)
+    prompt_logprobs: list[Logprob] | None = None  # the prompt's (echo with logprobs; a stream's came first)
 
 
 @dataclass
@@ -165,6 +167,7 @@ class _Running:
     gen: object  # its microspec.decoding.loop.Generation
     text: TextStream
     pending: list = field(default_factory=list)  # a stream's log-probabilities not sent yet (their text held back)
+    prompt_sent: bool = False  # a stream's prompt log-probabilities went out (echo with logprobs)
     kv: int = 0  # the bytes of KV cache it holds
     prefilled: bool = False  # its whole prompt is in its cache (its first token committed)
     ledger: RowLedger = field(default_factory=RowLedger)  # whether its drafts pay in a batch
@@ -433,6 +436,9 @@ class Worker:
             delta = text.push(tokens)
             if job.request.stream:
                 r = running[0]
+                if r.gen.prompt_logprobs is not None and not r.prompt_sent:  # before the first delta
+                    job.post(("prompt", self.prompt_logprobs(r.gen)))
+                    r.prompt_sent = True
                 if r.gen.logprobs is not None:  # the loop keeps them before it calls this
                     r.pending += self.logprobs(r.gen.logprobs[len(r.gen.out) - len(tokens):], r.gen.out,
                                                len(r.gen.out) - len(tokens))
@@ -442,6 +448,13 @@ class Worker:
             return text.stopped  # a stop sequence the loop's tail check missed ends it too
 
         return on_commit
+
+    def prompt_logprobs(self, gen) -> list[Logprob]:
+        """The prompt's log-probabilities as the wire shows them: its first token's text with none, then each
+        other's (:meth:`logprobs`)."""
+        prompt = gen.tokens[: len(gen.tokens) - len(gen.out)]
+        first = self.logprobs([TokenLogprob(prompt[0], 0.0)], prompt, 0)[0]
+        return [Logprob(first.text, None, []), *self.logprobs(gen.prompt_logprobs, prompt, 1)]
 
     def logprobs(self, entries, tokens: list[int], start: int) -> list[Logprob]:
         """Generated tokens' log-probabilities (:class:`~microspec.decoding.logprobs.TokenLogprob`; the first is
@@ -492,8 +505,9 @@ class Worker:
         grammar = gen.pipe.grammar
         if grammar is not None and grammar.dead_end:  # the answer ended where the grammar allowed nothing
             figures["grammar"] = f"dead end: {grammar.why or 'no token was allowed'}; only EOS was"
+        prompt = None if req.stream or result.prompt_logprobs is None else self.prompt_logprobs(gen)
         r.job.post(("done", Result(text.text, finish, len(gen.tokens) - len(result.token_ids),
-                                   len(result.token_ids), figures, logprobs)))
+                                   len(result.token_ids), figures, logprobs, prompt)))
 
     def figures(self, stats) -> dict:
         """A request's speculation figures, beside its usage: the method, drafted and accepted tokens, tau (tokens
