@@ -84,6 +84,12 @@ BAD = [
     (["--drafter", "eagle", "--vocab", "full", "--d2t", "replace"], "restricted draft vocabulary"),
     (["--drafter", "early-exit", "--vocab", "microspec", "--d2t", "replace"], "--d2t applies"),
     (["--d2t", "swap"], "invalid choice"),
+    (["--presence-penalty", "3"], "presence_penalty"),
+    (["--logit-bias", "5:1"], "--logit-bias"),
+    (["--logit-bias", "5=500"], "logit_bias"),
+    (["--json-schema", "/nonexistent/schema.json"], "cannot read the JSON schema"),
+    (["--regex", "a(b"], "regex is not valid"),
+    (["--json-object", "--regex", "a"], "not allowed with"),
 ]
 
 
@@ -398,3 +404,29 @@ def test_character_level_tokenizer_is_refused(tiny_model_dir):
     with pytest.raises(MicrospecError, match="characters, not words"):
         check_tokenizer(chars, "broken.gguf")
     check_tokenizer(AutoTokenizer.from_pretrained(str(tiny_model_dir)), "tiny")
+
+
+def test_generate_with_a_json_schema_and_openais_options(capsys, tmp_path):
+    """``--json-schema FILE`` (with penalties and a bias): the text is JSON that validates, the same with a drafter
+    as without; ``--choice`` answers one of its strings."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from support import model_dir_with_chat_template
+
+    model = model_dir_with_chat_template(tmp_path / "chars", chars=True)
+    schema = {"type": "object", "properties": {"k": {"enum": ["ab", "cd"]}, "n": {"type": "integer", "minimum": 0,
+                                                                               "maximum": 99}},
+              "required": ["k", "n"], "additionalProperties": False}
+    (tmp_path / "schema.json").write_text(json.dumps(schema))
+    texts = []
+    for drafter in ("none", "early-exit"):
+        rc, out, err = _run(capsys, "generate", "--model", str(model), "--prompt", "json:", "--max-new-tokens", "40",
+                            "--json-schema", str(tmp_path / "schema.json"), "--presence-penalty", "0.5",
+                            "--logit-bias", "20=1.5,30=-2", "--drafter", drafter, "--json", "--no-chat")
+        assert rc == 0, err
+        obj = json.loads(out)
+        jsonschema.validate(json.loads(obj["text"]), schema)
+        texts.append(obj["text"])
+    assert texts[0] == texts[1]
+    rc, out, err = _run(capsys, "generate", "--model", str(model), "--prompt", "pick:", "--max-new-tokens", "20",
+                        "--choice", "north,south west", "--json", "--no-chat")
+    assert rc == 0 and json.loads(out)["text"] in ("north", "south west"), err
