@@ -112,7 +112,7 @@ def test_prompt_logprobs_are_a_forward_over_the_prompt():
     """The prompt's log-probabilities (echo with logprobs): each prompt token after the first under the target's raw
     logits at the position before it, with its top alternatives, computed from the prefill in blocks (a prompt
     longer than one block and one prefill chunk here), whatever the drafter."""
-    from microspec.decoding import loop
+    from microspec.decoding import logprobs as lp_module
 
     _, nm = tiny_pair("llama")
     prompt = (PROMPT * 20)[:150]
@@ -122,7 +122,7 @@ def test_prompt_logprobs_are_a_forward_over_the_prompt():
     cfg = GenerationConfig(max_new_tokens=4, prompt_logprobs=3)
     for drafter in (None, NGramDrafter(num_tokens=4)):
         r = generate_ids(nm, prompt, cfg, drafter=drafter)
-        assert len(r.prompt_logprobs) == len(prompt) - 1 > loop.PROMPT_LOGPROB_ROWS
+        assert len(r.prompt_logprobs) == len(prompt) - 1 > lp_module.PROMPT_LOGPROB_ROWS
         for i, e in enumerate(r.prompt_logprobs):
             assert e.token == prompt[i + 1]
             assert e.logprob == pytest.approx(float(logp[i, prompt[i + 1]]), abs=1e-4)

@@ -18,6 +18,18 @@ class TokenLogprob:
     top: list[tuple[int, float]] = field(default_factory=list)  # the most likely ids, most likely first
 
 
+PROMPT_LOGPROB_ROWS = 64  # prompt rows through the full head at once for prompt log-probabilities
+
+
+def prompt_logprobs(head, hidden: torch.Tensor, tokens: Sequence[int], top: int) -> list[TokenLogprob]:
+    """:class:`TokenLogprob` of each prompt token after the first under the target's raw logits at the position
+    before it (``hidden``: the prompt's final hidden states, ``head``: the full-vocabulary head), the rows through
+    the head :data:`PROMPT_LOGPROB_ROWS` at a time (never [T, V] at once)."""
+    n = len(tokens) - 1
+    return [e for s in range(0, n, PROMPT_LOGPROB_ROWS) for e in token_logprobs(
+        head(hidden[s: min(s + PROMPT_LOGPROB_ROWS, n)]), tokens[s + 1: s + 1 + PROMPT_LOGPROB_ROWS], top)]
+
+
 def token_logprobs(rows: torch.Tensor, tokens: Sequence[int], top: int) -> list[TokenLogprob]:
     """:class:`TokenLogprob` of ``tokens[i]`` under row ``rows[i]`` ([k, V] logits, k >= len(tokens)) with its
     ``top`` most likely ids: a log-softmax in float32 and one read of what is kept."""

@@ -26,7 +26,7 @@ from .adaptive import AdaptiveSteps
 from .config import GenerationConfig
 from .context import DraftContext
 from .observers import CoverageObserver
-from .logprobs import TokenLogprob, token_logprobs
+from .logprobs import TokenLogprob, prompt_logprobs, token_logprobs
 from .processors import LogitsPipeline
 from .stats import DeviceTimer, GenerationStats, StepClock
 from .tree import DeviceTree, DraftTree
@@ -43,7 +43,6 @@ CACHE_MARGIN = 256  # cache slots beyond prompt + max_new_tokens, for the tree n
 # 2-core CPU with a long prompt: forwards of this size prefill it faster than one forward over it, and the longest
 # of them (the other streams' longest wait) is well under half a second
 PREFILL_CHUNK = 128
-PROMPT_LOGPROB_ROWS = 64  # prompt rows through the full head at once for prompt log-probabilities
 # device types on which a model drafter's next tree is launched before a step's read (Generation.settle): where the
 # device runs behind the host, it drafts while the host reads, commits and streams the step; on a CPU every operation
 # runs as the host issues it, so there is nothing to overlap.  MICROSPEC_DRAFT_AHEAD=0: none (an A/B switch)
@@ -313,15 +312,12 @@ class Generation:
 
     def prefill_from(self, other: "Generation") -> None:
         """The prefill of a prompt ``other`` has prefilled (with :attr:`share_prompt`): its prompt's keys and values
-        copied into this generation's cache and its final hidden states taken, not computed again (the same values:
-        the prompt's forward is the same), then this generation's own start (its policy, drafter and first token,
+        copied into this generation's cache (:meth:`KVCache.copy_prefix`) and its final hidden states taken, not
+        computed again (the same values), then this generation's own start (its policy, drafter and first token,
         drawn with its own settings).  ``n`` samples of one prompt share its prefill so."""
-        n = len(self.tokens)
-        check(other.prompt_out is not None and other.tokens[:n] == self.tokens and other.cache.length >= n
-              and self.cache.length == 0, "prefill_from needs a generation that prefilled the same prompt")
-        self.cache.kv[:, :, :, :n] = other.cache.kv[:, :, :, :n]
-        self.cache.pos[:n] = other.cache.pos[:n]
-        self.cache.length = n
+        check(other.prompt_out is not None and other.tokens[: len(self.tokens)] == self.tokens,
+              "prefill_from needs a generation that prefilled the same prompt")
+        self.cache.copy_prefix(other.cache, len(self.tokens))
         hidden, taps = other.prompt_out
         if self.taps is not None:
             self.taps.out = taps
@@ -332,10 +328,8 @@ class Generation:
         """After the prompt's forward (``hidden``: its final hidden states; the taps' features in :attr:`taps`): the
         policy and drafter start, the first token."""
         model, tokens, vocab, drafter, device = self.model, self.tokens, self.vocab, self.drafter, self.model.device
-        if self.cfg.prompt_logprobs is not None:  # the prompt's rows through the head in blocks (not [T, V] at once)
-            self.prompt_logprobs = [e for s in range(0, len(tokens) - 1, PROMPT_LOGPROB_ROWS) for e in token_logprobs(
-                model.head(hidden[s: min(s + PROMPT_LOGPROB_ROWS, len(tokens) - 1)]),
-                tokens[s + 1: s + 1 + PROMPT_LOGPROB_ROWS], self.cfg.prompt_logprobs)]
+        if self.cfg.prompt_logprobs is not None:
+            self.prompt_logprobs = prompt_logprobs(model.head, hidden, tokens, self.cfg.prompt_logprobs)
         if vocab is not None:
             vocab.reset()
             tail = hidden if vocab.prompt_positions is None else hidden[max(0, len(tokens) - vocab.prompt_positions):]

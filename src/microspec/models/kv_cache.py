@@ -97,6 +97,16 @@ class KVCache:
             self.pos[start + first : n] = self.pos[tail]
         self.length = n
 
+    def copy_prefix(self, other: "KVCache", n: int) -> None:
+        """Hold ``other``'s first ``n`` slots (keys, values, positions) and nothing else: a prefill another cache
+        made (an empty cache of at least ``n`` slots, in the same layout)."""
+        if self.length or n > min(self.capacity, other.length):
+            raise ValueError(f"cannot copy {n} slots of a cache holding {other.length} into one of {self.capacity} "
+                             f"holding {self.length}")
+        self.kv[:, :, :, :n] = other.kv[:, :, :, :n]
+        self.pos[:n] = other.pos[:n]
+        self.length = n
+
     def grow(self, capacity: int) -> None:
         """Make room for at least ``capacity`` slots (reallocating to twice the need, live slots copied)."""
         if capacity <= self.capacity:

@@ -41,7 +41,7 @@ from ..compose import AutoEngine, Engine
 from ..errors import MicrospecError
 from ..onetime import clock
 from .metrics import Metrics
-from ..decoding.logprobs import TokenLogprob
+from .answers import TokenTexts, figures, options
 from .protocol import APIError, Logprob, Request, shutting_down
 from .text import TextStream
 
@@ -50,7 +50,6 @@ STEP_DELAY_ENV = "MICROSPEC_SERVE_STEP_DELAY"
 # waits until their steps have had as much time again (a long prompt's first token comes later; theirs do not wait
 # behind it)
 PREFILL_SHARE = 0.5
-CONTEXT_TOKENS = 4  # the tokens before a token that its text is decoded after (a log-probability's token text)
 
 
 def step_delay() -> float:
@@ -173,15 +172,6 @@ class _Running:
     ledger: RowLedger = field(default_factory=RowLedger)  # whether its drafts pay in a batch
 
 
-def options(cfg) -> list[str]:
-    """The OpenAI options a request's decoding uses, as ``/metrics`` counts them."""
-    return [name for name, on in (("logprobs", cfg.logprobs is not None),
-                                  ("presence_frequency", bool(cfg.presence_penalty or cfg.frequency_penalty)),
-                                  ("logit_bias", bool(cfg.logit_bias)), ("structured", cfg.grammar is not None),
-                                  ("repetition_penalty", cfg.repetition_penalty != 1.0),
-                                  ("sampling", not cfg.greedy), ("seed", cfg.seed is not None)) if on]
-
-
 def default_kv_budget(lm) -> int | None:
     """The KV-cache memory a server's running requests may hold together, by default: half the memory the system
     has available now (CPU), 90% of the device's free memory (CUDA); None where that cannot be read."""
@@ -213,6 +203,7 @@ class Worker:
         step on a decoding thread after a multi-threaded load in the main thread took nearly twice as long)."""
         self.engine, self.lm = engine, engine.lm
         self.method = engine.summary() if isinstance(engine, Engine) else "auto"  # as each reply names it
+        self.texts = TokenTexts(self.lm.tokenizer)  # tokens' texts for log-probabilities
         self.queue = JobQueue(max_queue)
         self.metrics = Metrics(model_name or self.lm.name)
         self.max_num_seqs, self.batch_depth, self.threads = max_num_seqs, batch_depth, threads
@@ -437,47 +428,17 @@ class Worker:
             if job.request.stream:
                 r = running[0]
                 if r.gen.prompt_logprobs is not None and not r.prompt_sent:  # before the first delta
-                    job.post(("prompt", self.prompt_logprobs(r.gen)))
+                    job.post(("prompt", self.texts.prompt_logprobs(r.gen)))
                     r.prompt_sent = True
                 if r.gen.logprobs is not None:  # the loop keeps them before it calls this
-                    r.pending += self.logprobs(r.gen.logprobs[len(r.gen.out) - len(tokens):], r.gen.out,
-                                               len(r.gen.out) - len(tokens))
+                    start = len(r.gen.out) - len(tokens)
+                    r.pending += self.texts.logprobs(r.gen.logprobs[start:], r.gen.out, start)
                 if delta:
                     job.post(("delta", delta, r.pending))
                     r.pending = []
             return text.stopped  # a stop sequence the loop's tail check missed ends it too
 
         return on_commit
-
-    def prompt_logprobs(self, gen) -> list[Logprob]:
-        """The prompt's log-probabilities as the wire shows them: its first token's text with none, then each
-        other's (:meth:`logprobs`)."""
-        prompt = gen.tokens[: len(gen.tokens) - len(gen.out)]
-        first = self.logprobs([TokenLogprob(prompt[0], 0.0)], prompt, 0)[0]
-        return [Logprob(first.text, None, []), *self.logprobs(gen.prompt_logprobs, prompt, 1)]
-
-    def logprobs(self, entries, tokens: list[int], start: int) -> list[Logprob]:
-        """Generated tokens' log-probabilities (:class:`~microspec.decoding.logprobs.TokenLogprob`; the first is
-        that of ``tokens[start]``, ``tokens`` the generated ones) with each id's text, as the wire shows them: what
-        the id adds to the answer's text after the generated tokens before it (as the text is decoded: a token alone
-        may lose its leading space), or a special token's own name."""
-        tok = self.lm.tokenizer
-        special = set(getattr(tok, "all_special_ids", ()))
-
-        def decode(ids: list[int]) -> str:
-            return tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-
-        def piece(context: list[int], i: int) -> str:
-            if i in special:
-                return str(tok.convert_ids_to_tokens(i))
-            before, after = decode(context), decode(context + [i])
-            return after[len(before):] if after.startswith(before) else decode([i])
-
-        out = []
-        for k, e in enumerate(entries):
-            context = tokens[max(0, start + k - CONTEXT_TOKENS): start + k]
-            out.append(Logprob(piece(context, e.token), e.logprob, [(piece(context, i), v) for i, v in e.top]))
-        return out
 
     def _end(self, job: Job, exc: Exception, started: bool) -> None:
         """A job that raised ``exc``: cancelled (nothing to answer), the request's fault before it started (400),
@@ -499,28 +460,11 @@ class Worker:
             r.job.post(("delta", rest, r.pending))
         finish = "stop" if text.stopped else result.finish_reason
         self.metrics.on_request(result.stats, finish, options(req.cfg))
-        logprobs = None if req.stream or result.logprobs is None else \
-            self.logprobs(result.logprobs, result.token_ids, 0)
-        figures = self.figures(result.stats)
-        grammar = gen.pipe.grammar
-        if grammar is not None and grammar.dead_end:  # the answer ended where the grammar allowed nothing
-            figures["grammar"] = f"dead end: {grammar.why or 'no token was allowed'}; only EOS was"
-        prompt = None if req.stream or result.prompt_logprobs is None else self.prompt_logprobs(gen)
-        r.job.post(("done", Result(text.text, finish, len(gen.tokens) - len(result.token_ids),
-                                   len(result.token_ids), figures, logprobs, prompt)))
-
-    def figures(self, stats) -> dict:
-        """A request's speculation figures, beside its usage: the method, drafted and accepted tokens, tau (tokens
-        per drafted step), steps and speed."""
-        d = stats.to_dict()
-        drafted = [(a, n) for a, n in zip(stats.accept_lengths, stats.draft_sizes) if n]
-        auto = stats.auto["arms"] if stats.auto is not None else None
-        return {"method": self.method, **({"arms": auto} if auto else {}),
-                "drafted_steps": len(drafted), "drafted_tokens": sum(n for _, n in drafted),
-                "accepted_tokens": sum(a - 1 for a, _ in drafted),
-                "tau": round(1 + sum(a - 1 for a, _ in drafted) / len(drafted), 4) if drafted else 1.0,
-                **{k: d[k] for k in ("mean_accept_len", "tokens_per_s", "decode_tokens_per_s", "steps")},
-                **({"prefill_copied": True} if stats.prefill_copied else {})}
+        whole = not req.stream  # (a stream's came with its deltas)
+        logprobs = self.texts.logprobs(result.logprobs, result.token_ids, 0) if whole and result.logprobs else None
+        prompt = self.texts.prompt_logprobs(gen) if whole and result.prompt_logprobs is not None else None
+        r.job.post(("done", Result(text.text, finish, len(gen.tokens) - len(result.token_ids), len(result.token_ids),
+                                   figures(result.stats, self.method, gen.pipe.grammar), logprobs, prompt)))
 
     def _failed(self, exc: BaseException) -> tuple:
         self.metrics.count("errors")
@@ -533,19 +477,8 @@ class Worker:
         that tokenizing a long prompt never holds the decoding thread."""
         from ..decoding.loop import check_prompt
 
-        vocab = self.lm.model.spec.vocab_size
-        outside = [t for t, _ in req.cfg.logit_bias if t >= vocab]
-        if outside:
-            raise APIError(400, f"'logit_bias' names token id {outside[0]}, outside the vocabulary of {vocab} ids",
-                           "logit_bias")
-        if req.constraint is not None and req.cfg.grammar is None:
-            from ..decoding.grammar import for_model
-
-            try:
-                req.cfg = dataclasses.replace(req.cfg, grammar=for_model(self.lm, req.constraint))
-            except MicrospecError as exc:
-                raise APIError(400, str(exc), "response_format", "invalid_grammar") from None
-        ids = self.encode(req)
+        fit_options(self.lm, req)
+        ids = encode(self.lm, req)
         try:
             check_prompt(self.lm.model, ids, req.cfg)
         except MicrospecError as exc:
@@ -559,22 +492,35 @@ class Worker:
                            code="kv_budget")
         return ids
 
-    def encode(self, req: Request) -> list[int]:
-        """The request's prompt ids: a completion's text as :func:`microspec.api.encode_prompt` encodes plain text
-        (with the tokenizer's BOS, never a chat template), or its ids as given; a chat's messages through the chat
-        template (:meth:`encode_messages`)."""
-        if req.kind == "chat":
-            return self.encode_messages(req.messages)
-        if req.prompt_ids is not None:
-            return req.prompt_ids
-        return encode_prompt(self.lm, req.prompt, chat=False)
 
-    def encode_messages(self, messages: list[dict]) -> list[int]:
-        """Chat ``messages`` through the chat template (:func:`microspec.api.encode_messages`); what the model or
-        the template refuses is a 400."""
-        if not has_chat_template(self.lm):
-            raise APIError(400, f"model {self.lm.name!r} has no chat template: use /v1/completions", "messages")
+def encode(lm, req: Request) -> list[int]:
+    """A request's prompt ids: a completion's text as :func:`microspec.api.encode_prompt` encodes plain text (with
+    the tokenizer's BOS, never a chat template), or its ids as given; a chat's messages through the chat template
+    (:func:`microspec.api.encode_messages`); what the model or the template refuses is a 400."""
+    if req.kind == "chat":
+        if not has_chat_template(lm):
+            raise APIError(400, f"model {lm.name!r} has no chat template: use /v1/completions", "messages")
         try:
-            return encode_messages(self.lm, messages)
+            return encode_messages(lm, req.messages)
         except MicrospecError as exc:
             raise APIError(400, str(exc), "messages") from None
+    if req.prompt_ids is not None:
+        return req.prompt_ids
+    return encode_prompt(lm, req.prompt, chat=False)
+
+
+def fit_options(lm, req: Request) -> None:
+    """What of a request's options only the model can judge: ``logit_bias``'s ids inside its vocabulary, and a
+    structured output compiled for its tokenizer (into ``req.cfg.grammar``); a 400 naming the field otherwise."""
+    vocab = lm.model.spec.vocab_size
+    outside = [t for t, _ in req.cfg.logit_bias if t >= vocab]
+    if outside:
+        raise APIError(400, f"'logit_bias' names token id {outside[0]}, outside the vocabulary of {vocab} ids",
+                       "logit_bias")
+    if req.constraint is not None and req.cfg.grammar is None:
+        from ..decoding.grammar import for_model
+
+        try:
+            req.cfg = dataclasses.replace(req.cfg, grammar=for_model(lm, req.constraint))
+        except MicrospecError as exc:
+            raise APIError(400, str(exc), "response_format", "invalid_grammar") from None
