@@ -12,6 +12,20 @@ RESULTS = ROOT / "benchmarks" / "results"
 FIGURES = ROOT / "docs" / "figures"  # pictures, linked from BENCHMARKS.md and the README as docs/figures/<name>.svg
 
 
+MANIFEST = Path(__file__).with_name("runs.json")  # which run feeds which table: data, not code
+
+
+def _tuples(obj):
+    return tuple(obj["__tuple__"]) if set(obj) == {"__tuple__"} else obj
+
+
+@lru_cache(maxsize=None)
+def runs(section: str) -> dict:
+    """A section's runs and their provenance (results folders, commands, commits, dates, notes) from
+    ``benchmarks/render/runs.json``: a new run enters BENCHMARKS.md there, not in the code."""
+    return json.loads(MANIFEST.read_text(encoding="utf-8"), object_hook=_tuples)[section]
+
+
 @lru_cache(maxsize=None)
 def load(rel: str):
     """A results file (JSON) by its path under ``benchmarks/results/``."""

@@ -5,22 +5,22 @@ from __future__ import annotations
 
 import re
 
-from .common import CPU, RESULTS, Source, load, num, table, x
+from .common import CPU, RESULTS, Source, load, num, runs, table, x
 from .vocab import METHODS, MODELS, PEERS, PROTOCOL, ov, source, title
 
-KX8 = "2026-11-24-issue22-kx8"  # K-quants interleaved too: the packed kernel as it is now
-COMMIT_KX8 = "70e1f17"
+DATA = runs("cost")  # its runs and their provenance: benchmarks/render/runs.json
+
+KX8 = DATA["KX8"]  # K-quants interleaved too: the packed kernel as it is now
+COMMIT_KX8 = DATA["COMMIT_KX8"]
 STEP, LAYER = f"{KX8}/step_cost_kx8.json", f"{KX8}/layer_products_kx8.json"
-STEP_BF16, COMMIT_BF16 = "2026-11-24-gemma-gguf-cpu/step_cost.json", "415d397"
+STEP_BF16, COMMIT_BF16 = DATA["STEP_BF16"], DATA["COMMIT_BF16"]
 KX8_RUNS = (f"{KX8}/greedy/greedy/results.json", f"{KX8}/penalty/greedy-rp1.2/results.json")
 # The machine's read bandwidth (benchmarks/measure/bandwidth.py), measured twice that day: morning and evening.
-BANDWIDTH = {"2026-11-24-gemma-gguf-cpu/bandwidth.json": "415d397", "2026-11-24-issue22-x8/kernel/bandwidth.json":
-             "0d63b03"}
+BANDWIDTH = DATA["BANDWIDTH"]
 # Plain generations of the README prompt printed by `microspec generate` (peak_memory.py), interleaved layout
 # (repack=1) and the file's (repack=0): the CLI's stats line names the weight bytes a step reads.
-PLAIN_LINES, COMMIT_LINES = {"gemma-3-270m": "2026-11-24-issue22-x8/kernel/gemma_plain_slabs.txt",
-                             "smollm2-135m-instruct": "2026-11-24-issue22-x8/kernel/smollm2_plain.txt"}, "0d63b03"
-PEAK_BF16, COMMIT_PEAK = "2026-11-24-issue22-gguf/peak_memory.json", "e718edd"
+PLAIN_LINES, COMMIT_LINES = DATA["PLAIN_LINES"], DATA["COMMIT_LINES"]
+PEAK_BF16, COMMIT_PEAK = DATA["PEAK_BF16"], DATA["COMMIT_PEAK"]
 Q8_0_BYTES_PER_WEIGHT = 34 / 32  # GGML's Q8_0 block: an fp16 scale and 32 int8 weights
 PARTS = ("draft", "verify", "prefill", "other")
 LINE = re.compile(r"repack=(\d) gguf: peak RSS (\d+) MiB .*?decode ([\d.]+) tok/s.*?weights (\d+) MB/step")
@@ -44,7 +44,7 @@ def _split() -> list[str]:
     rows = [[METHODS[m], *(cell(r, m) for r in runs.values())] for m in methods]
     other = max(ov(r, m)["time_split"]["other"] for r in runs.values() for m in r["methods"]
                 if "time_split" in ov(r, m))
-    g, s = runs[next(iter(PROTOCOL))], runs["2026-11-25-protocol-cpu/smollm2-greedy/greedy/results.json"]
+    g, s = runs[next(iter(PROTOCOL))], runs[DATA["SMOLLM2_GREEDY"]]
     share = {m: [ov(r, m)["time_split"]["draft"] for r in runs.values() if m in r["methods"]]
              for m in ("eagle-full", "microspec")}
     pol = [ov(r, m)["time_split"]["draft"] for r in runs.values() for m in ("dynaspec", "specvocab", "coral")
@@ -54,7 +54,7 @@ def _split() -> list[str]:
             f"{other:.1%}). The runs, their commands and sources: \"Vocabulary methods compared\".", "",
             table(["method", *(title(r["meta"]) for r in runs.values())], rows), "",
             Source(", ".join(PROTOCOL), "microspec bench --protocol cpu (each run's command: \"Vocabulary methods "
-                   "compared\")", "2026-11-24 to 2026-11-25", CPU, ", ".join(PROTOCOL.values())).markdown(), "",
+                   "compared\")", DATA["DATE_PROTOCOL"], CPU, ", ".join(PROTOCOL.values())).markdown(), "",
             f"- Verification is most of every step: {ov(g, 'ar')['time_split']['verify']:.0%} of plain decoding's "
             f"time on Gemma (greedy), {ov(g, 'microspec')['time_split']['verify']:.0%} of MicroSpec's.",
             f"- The full head's draft takes {min(share['eagle-full']):.0%}–{max(share['eagle-full']):.0%} of "
@@ -83,9 +83,9 @@ def _step() -> list[str]:
                   [line("LM head, packed", head), line("forward without the head, packed", fwd),
                    line("LM head, bf16", bf["head_ms_by_rows"]), line("forward without the head, bf16",
                                                                       bf["forward_ms_by_tokens"])]), "",
-            Source(STEP, "python benchmarks/measure/head_cost.py --dtypes gguf", "2026-11-24", CPU,
+            Source(STEP, "python benchmarks/measure/head_cost.py --dtypes gguf", DATA["DATE"], CPU,
                    COMMIT_KX8).markdown(),
-            Source(STEP_BF16, "python benchmarks/measure/head_cost.py --dtypes gguf,bf16", "2026-11-24", CPU,
+            Source(STEP_BF16, "python benchmarks/measure/head_cost.py --dtypes gguf,bf16", DATA["DATE"], CPU,
                    COMMIT_BF16).markdown(), "",
             f"- A plain step is {plain:.1f} ms here (head {head['1']:.1f} + layers {fwd['1']:.1f}). A second row "
             f"costs {head['2'] - head['1']:.1f} ms in the head and {fwd['2'] - fwd['1']:.1f} ms in the layers: the "
@@ -105,7 +105,7 @@ def _layer() -> list[str]:
             f"Layer {d['layer']} of Gemma 3 270M, weights in cache, µs, {d['threads']} threads "
             "(`python benchmarks/measure/layer_products.py --rows 1,2,4,8`); `_X8`: the interleaved 8-row form.", "",
             table(["matrix", "type", "shape", *(f"{n} row{'s' * (n != '1')}" for n in ns), "GB/s at one row"], rows),
-            "", Source(LAYER, "python benchmarks/measure/layer_products.py --rows 1,2,4,8", "2026-11-24", CPU,
+            "", Source(LAYER, "python benchmarks/measure/layer_products.py --rows 1,2,4,8", DATA["DATE"], CPU,
                        COMMIT_KX8).markdown(), ""]
 
 
@@ -136,9 +136,9 @@ def _floor() -> list[str]:
             *(Source(rel, "python benchmarks/measure/bandwidth.py", load(rel)["date"], CPU, c).markdown()
               for rel, c in BANDWIDTH.items()),
             *(Source(p, "python benchmarks/measure/peak_memory.py --weights gguf (MICROSPEC_REPACK=0 and 1, "
-                        "alternating)", "2026-11-24", CPU, COMMIT_LINES).markdown() for p in PLAIN_LINES.values()),
+                        "alternating)", DATA["DATE"], CPU, COMMIT_LINES).markdown() for p in PLAIN_LINES.values()),
             *(source(rel, c).markdown() for rel, c in runs),
-            Source(PEAK_BF16, "python benchmarks/measure/peak_memory.py --weights gguf,bf16", "2026-11-24", CPU,
+            Source(PEAK_BF16, "python benchmarks/measure/peak_memory.py --weights gguf,bf16", DATA["DATE"], CPU,
                    COMMIT_PEAK).markdown(), "",
             f"- The LM head alone ({head_mb:.0f} MB of Q8_0) runs near its floor: {head_ms:.1f} ms for one row is "
             f"{head_mb / head_ms:.1f} GB/s, {head_mb / head_ms / hi:.0%}–{head_mb / head_ms / lo:.0%} of the read "

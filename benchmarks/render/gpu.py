@@ -6,17 +6,16 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from collections import Counter
 
-from .common import RESULTS, Source, load, mean_of, num, spread, table, x
+from .common import RESULTS, Source, load, mean_of, num, runs, spread, table, x
 
-RUN = "2026-11-27-gpu-suite-h200-bb31583"
+DATA = runs("gpu")  # its runs and their provenance: benchmarks/render/runs.json
+
+RUN = DATA["RUN"]
 SUITE = f"{RUN}/gpu-suite.json"
-COMMAND = ("PYTHONPATH=src python3 benchmarks/gpu_suite.py --out /tmp/suite --commit bb31583 --repeats 10 --model "
-           "/tmp/microspec-stage/gemma-3-270m-q4_k_m.gguf --e2e-data "
-           "benchmarks/results/2026-11-26-gpu-heads/prompts.jsonl "
-           "--e2e-limit 2 --e2e-budget 220")
+COMMAND = DATA["COMMAND"]
 # the e2e part's budget ran out before its T 0.7 and transformers benches at RUN: those come from the suite's
 # earlier run on the same kind of machine and prompts, each ratio within its own bench
-EARLIER = "2026-11-27-gpu-suite-h200-699a0ec"
+EARLIER = DATA["EARLIER"]
 E2E = {"greedy": f"{RUN}/e2e/greedy/results.json", "penalty 1.2": f"{RUN}/e2e/greedy-rp1.2/results.json"}
 E2E_EARLIER = {"T 0.7": f"{EARLIER}/e2e-t07/T0.7/results.json"}
 HF = f"{EARLIER}/e2e-hf/greedy/results.json"  # transformers' generate beside plain decoding: a bench of its own
@@ -30,12 +29,7 @@ SYNC_METHODS = {"ar": "plain decoding", "ngram": "prompt lookup", "early-exit": 
 WINDOWS = {"packed": "packed, tensor window on the main stream", "async": "packed, tensor window on a side stream",
            "triton": "packed, Triton window on a side stream", "indexed": "indexed rows",
            "fused": "fused Triton gather-matmul"}
-FAILED_SINCE = {  # a failed CUDA test of RUN that was mended after it: what it got wrong (not rerun on a GPU since)
-    "test_a_second_request_replays_the_first_requests_graphs":
-        "The test was wrong, not the graphs: a shape is captured at its second use, so the second request captures "
-        "the prompt's shape that the first ran eagerly (2 captures, not 1). The test now expects that one capture "
-        "and none from a third request; not yet rerun on a GPU.",
-}
+FAILED_SINCE = DATA["FAILED_SINCE"]
 SHORT = ("full", "fr-spec-32k", "fr-spec-8k", "microspec-triton-1k", "microspec-triton-3k", "microspec-indexed-3k",
          "dynaspec", "specvocab")  # the paths of the all-shapes table
 
@@ -263,7 +257,7 @@ def _e2e() -> list[str]:
             "and the one-row step round differently, so in bf16 a near tie can go either way.", ""]
 
 
-OPS = "2026-11-27-op-count-plain-step/op-count.json"  # kernel launches of CUDA's path, counted on a CPU
+OPS = DATA["OPS"]  # kernel launches of CUDA's path, counted on a CPU
 
 
 def _launches() -> list[str]:
@@ -318,14 +312,14 @@ def _launches() -> list[str]:
             "the last one's token is read (the same operations, overlapped with the host's work on a GPU).", ""]
 
 
-OPS_STEP = "2026-11-28-op-count-spec-step-ahead/op-count.json"  # a whole EAGLE + MicroSpec step, by part
+OPS_STEP = DATA["OPS_STEP"]  # a whole EAGLE + MicroSpec step, by part
 # the same count with each next tree drafted after the step's read (eacb27e), and before that the draw's kernels
-OPS_STEP_AFTER = "2026-11-28-op-count-spec-step-draw/op-count.json"
-OPS_STEP_DRAW = "2026-11-28-op-count-spec-step-draw/before.json"
+OPS_STEP_AFTER = DATA["OPS_STEP_AFTER"]
+OPS_STEP_DRAW = DATA["OPS_STEP_DRAW"]
 # the same count before the verify step's kernels (9a8312c), and before that where MicroSpec's update from a
 # verification was three appends to its window (e2062cb)
-OPS_STEP_WINDOWS = "2026-11-28-op-count-spec-step-windows/op-count.json"
-OPS_STEP_APPENDS = "2026-11-28-op-count-spec-step-windows/three-appends.json"
+OPS_STEP_WINDOWS = DATA["OPS_STEP_WINDOWS"]
+OPS_STEP_APPENDS = DATA["OPS_STEP_APPENDS"]
 STEP_PARTS = {"draft": "the draft: EAGLE-2's tree with its root pass, one replay, what the step commits as the device "
                        "sees it (one launch) and what runs around them",
               "verify forward": "the target's verify forward: its replay and what runs around it",
@@ -417,7 +411,7 @@ def _step_launches() -> list[str]:
             + " (not yet timed on a GPU).", ""]
 
 
-AB = "2026-11-28-cpu-ab"  # the CPU's held-apart runs before the GPU step's changes and after them, alternated
+AB = DATA["AB"]  # the CPU's held-apart runs before the GPU step's changes and after them, alternated
 AB_LABELS = {"greedy": "greedy", "greedy-rp1.2": "penalty 1.2", "T0.7": "T 0.7", "T0.7-rp1.2": "T 0.7 + penalty 1.2"}
 AB_METHODS = {"auto": "`auto`", "ngram": "prompt lookup", "microspec": "MicroSpec",
               "microspec@lookup": "MicroSpec, lookup first"}

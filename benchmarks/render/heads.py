@@ -5,25 +5,24 @@ from __future__ import annotations
 
 import json
 
-from .common import CPU, ROOT, Source, load, num, table, x
+from .common import CPU, ROOT, Source, load, num, runs, table, x
 from .vocab import MODELS
 
-GEMMA = "2026-11-25-broad-head"  # fine-tune 4: the shipped Gemma head
+DATA = runs("heads")  # its runs and their provenance: benchmarks/render/runs.json
+
+GEMMA = DATA["GEMMA"]  # fine-tune 4: the shipped Gemma head
 GEMMA_BENCH, GEMMA_LANG = f"{GEMMA}/tau-specbench-broad.json", f"{GEMMA}/tau-languages-broad.json"
 GEMMA_FT3, GEMMA_FT3_GO = f"{GEMMA}/tau-specbench-shipped.json", f"{GEMMA}/tau-go-shipped.json"  # the head before
-FT3_LANG = "2026-11-24-tau-by-language/gemma-3-270m.json"
-PROMPTS = ("2026-11-24-tau-by-language/prompts.jsonl", f"{GEMMA}/prompts-go.jsonl")
-SMOL = "2026-11-24-smollm2-head/tau-v2.json"
-TRAIN = {"Gemma 3 270M (fine-tune 4, the last stage)": f"{GEMMA}/training-run.json",
-         "SmolLM2-135M-Instruct (epochs 3–4)": "2026-11-24-smollm2-head/training-v2.json",
-         "EAGLE-3 pilot, Gemma 3 270M (not shipped)": "2026-11-25-eagle3-pilot/training.json"}
-SMOL_FIRST = "2026-11-24-smollm2-head/training-v1.json"
-DATES = dict(zip(TRAIN.values(), ("2026-11-25", "2026-11-24", "2026-11-25")))  # the runs' days (not recorded)
-PILOT, PILOT_BASE = "2026-11-25-eagle3-pilot/tau-eagle3-pilot.json", "2026-11-25-eagle3-pilot/tau-eagle2-shipped.json"
-COMMITS = {GEMMA_BENCH: "384c951", GEMMA_LANG: "384c951", SMOL: "fc626c5", PILOT: "3381c89", PILOT_BASE: "3381c89",
-           TRAIN["Gemma 3 270M (fine-tune 4, the last stage)"]: "1c31da4", SMOL_FIRST: "fc626c5",
-           TRAIN["SmolLM2-135M-Instruct (epochs 3–4)"]: "fc626c5", TRAIN["EAGLE-3 pilot, Gemma 3 270M (not shipped)"]:
-           "3381c89"}
+FT3_LANG = DATA["FT3_LANG"]
+PROMPTS = (DATA["LANGUAGE_PROMPTS"], f"{GEMMA}/prompts-go.jsonl")
+SMOL = DATA["SMOL"]
+TRAIN = {label: rel.replace("{GEMMA}", GEMMA) for label, rel in DATA["TRAIN"].items()}  # label -> training run
+SMOL_FIRST = DATA["SMOL_FIRST"]
+DATES = dict(zip(TRAIN.values(), DATA["TRAIN_DATES"]))  # the runs' days (not recorded)
+PILOT, PILOT_BASE = DATA["PILOT"], DATA["PILOT_BASE"]
+# each run's commit, by what the run is called in RUNS (the training runs by their label)
+COMMITS = {**{globals()[name]: c for name, c in DATA["COMMITS"].items()},
+           **{TRAIN[label]: c for label, c in DATA["TRAIN_COMMITS"].items()}}
 CATS = {"mt_bench": "mt_bench", "translation": "translation", "summarization": "summarization", "qa": "qa",
         "math_reasoning": "math", "rag": "rag", "humaneval": "humaneval", "overall": "**overall**"}
 LANGS = {"de": "German", "es": "Spanish", "fr": "French", "ja": "Japanese", "ru": "Russian", "zh": "Chinese",
@@ -148,9 +147,9 @@ def _pilot() -> list[str]:
             f"step 0 and {t['heldout']['top1_step2']:.3f} at step 2: a budget too small to judge the method by.", ""]
 
 
-GPU = "2026-11-26-gpu-heads"
+GPU = DATA["GPU"]
 CPU_AVX512 = "2-core AMD EPYC (AVX-512), 2 threads"
-GPU_H200 = "2026-11-27-gpu-heads-h200"
+GPU_H200 = DATA["GPU_H200"]
 GPU_TAU = {"shipped EAGLE-1 head": f"{GPU}/tau-old-held", "EAGLE-1, fine-tuned on an H100": f"{GPU}/tau-e1new-held",
            "EAGLE-3, trained on an H100": f"{GPU}/tau-e3-held",
            "EAGLE-3, trained on an H200": f"{GPU_H200}/tau-e3-held"}
@@ -216,7 +215,7 @@ def _gpu_heads() -> list[str]:
             f"{e1['heldout']['top1']:.3f}). Neither is shipped; the EAGLE-1 head stays the default.", ""]
 
 
-E1_H200 = "2026-11-27-gpu-heads-h200-eagle1"
+E1_H200 = DATA["E1_H200"]
 E1_HEADS = {"shipped EAGLE-1 head": "shipped", "EAGLE-1 from it, 3,500 prompts (e1b)": "e1b",
             "EAGLE-1 from it, 1,500 prompts (e1)": "e1"}
 

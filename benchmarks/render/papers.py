@@ -4,23 +4,23 @@ the same quantity, and whether the direction agrees."""
 
 from __future__ import annotations
 
-from .common import (CPU, Source, answers, commit, load, mean_of, picture, repeat_ms_per_step, repeat_speedups,
+from .common import (CPU, Source, answers, commit, load, mean_of, picture, repeat_ms_per_step, repeat_speedups, runs,
                      spread, table, x)
 from .gpu import SUITE, figure4_rows
 from .vocab import COMMIT_SWEEP
 
-PAPER_RUN = "2026-11-26-paper-settings/paper/greedy"
-TUNED_RUN = "2026-11-26-paper-settings/cpu-tuned/greedy"
-ABLATION_RUN = "2026-11-26-paper-settings/ablation/greedy"
-PROTOCOL = "2026-11-24-protocol-cpu/gemma-greedy/greedy/results.json"
-COVERAGE = "2026-11-26-coverage"
+DATA = runs("papers")  # its runs and their provenance: benchmarks/render/runs.json
+
+PAPER_RUN = DATA["PAPER_RUN"]
+TUNED_RUN = DATA["TUNED_RUN"]
+ABLATION_RUN = DATA["ABLATION_RUN"]
+PROTOCOL = DATA["PROTOCOL"]
+COVERAGE = DATA["COVERAGE"]
 COVERAGE_W = (128, 512, 3072)
-ANALYZE = "2026-11-23-gemma-bf16-cpu-analyze/analysis.json"
-WMAX = "2026-11-24-wmax-long/analysis.json"
-BENCH = ("microspec bench --weights gguf --threads 2 --data ../shared/data/spec_bench/question.jsonl,"
-         "../shared/data/human_eval/HumanEval.jsonl.gz --protocol cpu --limit 1 --max-new-tokens 128 --repeats 2 "
-         "--temperatures 0 --repetition-penalties 1.0 --seed 0")
-COMMIT_COVERAGE = "ef4edc3"  # the coverage runs ran with the tree at ef4edc3, documentation files aside
+ANALYZE = DATA["ANALYZE"]
+WMAX = DATA["WMAX"]
+BENCH = DATA["BENCH"]
+COMMIT_COVERAGE = DATA["COMMIT_COVERAGE"]  # the coverage runs ran with the tree at ef4edc3, documentation files aside
 
 
 def _paper(name: str) -> dict:
@@ -158,7 +158,7 @@ def figure1a() -> str:
     sizes = [r for r in load(ANALYZE)["oracle"] if not r["size"].startswith("full")]
     best = max(sizes, key=lambda r: r["tokens_per_s"])
     meta = load(ANALYZE)["meta"]
-    src = Source("2026-11-23-gemma-bf16-cpu-analyze/", meta["command"].replace("/work/art/", ""), meta["date"],
+    src = Source(DATA["ANALYZE_FOLDER"], meta["command"].replace("/work/art/", ""), meta["date"],
                  CPU + ", bf16 weights, the EAGLE head of that date", COMMIT_SWEEP)
     return "\n\n".join([
         f"The paper (Llama-3-8B, multi-turn conversation, FR-Spec's static top-K from 32k down to 0.5k): {claims}.",
@@ -211,7 +211,7 @@ def figure1b() -> str:
         "question.jsonl --categories math_reasoning,qa,rag,summarization,translation,mt_bench --limit 2 "
         "--max-new-tokens 128 --drafter eagle --vocab microspec --w-max W --k-pre-positions 1000000 --depth 6 "
         "--top-k 10 --total-tokens 59 --curve-map src/microspec/heads/gemma-3-270m/fr-spec/token_map.pt --json` "
-        "(W = 128, 512, 3072; CPU-tuned: without --w-max, --k-pre-positions and the tree); 2026-11-26, "
+        f"(W = 128, 512, 3072; CPU-tuned: without --w-max, --k-pre-positions and the tree); {DATA['DATE_COVERAGE']}, "
         f"{CPU}, commit {COMMIT_COVERAGE}. First turns, greedy; static columns: the shipped FR-Spec map on the "
         "same tokens.</sub>",
         f"- MicroSpec per category here: {min(cats):.2f}–{max(cats):.2f} with {paper['active_vocab_mean']:.0f} ids on "
@@ -270,7 +270,7 @@ def figure5() -> str:
     return "\n\n".join([
         f"The paper (Llama-3-8B, W_max 1,024–8,192): {claims}.",
         table(["W_max", "active ids (mean)", "coverage", "τ", "speed-up over plain"], rows),
-        Source("2026-11-24-wmax-long/", meta["command"], meta["date"], CPU, "4998c4f").markdown()
+        Source(DATA["WMAX_FOLDER"], meta["command"], meta["date"], CPU, DATA["COMMIT_WMAX"]).markdown()
         + " <sub>1,024 tokens per answer with a repetition penalty of 1.2 (the text moves on instead of looping, so "
           "the window fills).</sub>",
         f"- Coverage grows with the window ({covs[0]:.2f} → {covs[-1]:.2f}); τ "
@@ -342,7 +342,7 @@ def render() -> str:
         _source(PAPER_RUN, BENCH + " --methods ar,eagle-full,fr-spec-32k,microspec-kpall --depth 6 --top-k 10 "
                 "--total-tokens 59").markdown(),
         _source(TUNED_RUN, BENCH + " --methods ar,eagle-full,fr-spec-32k,microspec,microspec-kpall").markdown(),
-        Source("2026-11-24-protocol-cpu/gemma-greedy/", proto["command"], proto["date"], CPU, "70e1f17").markdown()
+        Source(DATA["PROTOCOL_FOLDER"], proto["command"], proto["date"], CPU, DATA["COMMIT_PROTOCOL"]).markdown()
         + " <sub>40 questions, 256 tokens, one run.</sub>",
         table2_directions(),
         "### MicroSpec, Table 3: where the in-context vocabulary comes from",

@@ -5,29 +5,27 @@ from __future__ import annotations
 
 import re
 
-from .common import CPU, RESULTS, Source, load, mean_of, num, table, x
+from .common import CPU, RESULTS, Source, load, mean_of, num, runs, table, x
 
-BATCH = "2026-11-25-serve-batching"
-LOAD = "2026-11-27-serve-aside"
+DATA = runs("serve")  # its runs and their provenance: benchmarks/render/runs.json
+
+BATCH = DATA["BATCH"]
+LOAD = DATA["LOAD"]
 SERVERS = {"plain.json": "plain decoding (`--drafter none`)", "default.json": "`auto` (the default)"}
-MEMORY_RUNS = "2026-11-27-serve-mapped"
+MEMORY_RUNS = DATA["MEMORY_RUNS"]
 MEMORY = ("rss-1000-cancel.json", "rss-2400-cancel.json")
 THRESHOLD = "rss-1000-cancel-threshold.json"  # the same load at beaa19d, whose serve forced glibc's mmap threshold
-SUFFIX_SERVE = "2026-11-26-suffix-serve/results.json"
-SUFFIX_REPEAT = "2026-11-26-suffix-repeat/results.json"
+SUFFIX_SERVE = DATA["SUFFIX_SERVE"]
+SUFFIX_REPEAT = DATA["SUFFIX_REPEAT"]
 
 # Provenance the results files do not record, from the runs' notes: commits, and the options the JSON leaves out.
-COMMIT_BATCH, COMMIT_SUFFIX_SERVE = "6118445", "1599f14"
-COMMIT_LOAD = "5552462"
+COMMIT_BATCH, COMMIT_SUFFIX_SERVE = DATA["COMMIT_BATCH"], DATA["COMMIT_SUFFIX_SERVE"]
+COMMIT_LOAD = DATA["COMMIT_LOAD"]
 LOAD_MACHINE = "2-core AMD EPYC (AVX-512)"  # the load runs' machine (the others': common.CPU)
-COMMIT_SUFFIX_REPEAT = "2baed8d with the pattern-length fix of 682ef5e"
+COMMIT_SUFFIX_REPEAT = DATA["COMMIT_SUFFIX_REPEAT"]
 WARMUP = {"rss-2400-cancel.json": 200}  # requests before the first memory reading (serve_load.py --warmup)
-CMD_SUFFIX_SERVE = ("python3 benchmarks/measure/suffix_serve.py --data ../shared/data/mt_bench/question.jsonl "
-                    "--per-category 8 --drafters none,ngram,suffix,auto --out "
-                    "benchmarks/results/2026-11-26-suffix-serve/results.json")
-CMD_SUFFIX_REPEAT = ("python3 benchmarks/measure/suffix_repeat.py --data ../shared/data/mt_bench/question.jsonl "
-                     "--per-category 8 --suffix-trees 3x4,4x8,8x16 --out "
-                     "benchmarks/results/2026-11-26-suffix-repeat/results.json")
+CMD_SUFFIX_SERVE = DATA["CMD_SUFFIX_SERVE"]
+CMD_SUFFIX_REPEAT = DATA["CMD_SUFFIX_REPEAT"]
 DRAFTERS = {"none": "plain (`none`)", "ngram": "prompt lookup (`ngram`)", "suffix": "suffix decoding (`suffix`)",
             "auto": "`auto` (the default)"}
 
@@ -228,12 +226,12 @@ def _suffix() -> str:
         f"In process, the same {r['prompts']} prompts through one engine per method, by tree size: decode tokens/s "
         "(mean accepted length per step) · ratio to prompt lookup in the same round.", "",
         table(["method", "round 1: new requests", "round 2: repeated requests"], rrows), "",
-        Source(SUFFIX_REPEAT, CMD_SUFFIX_REPEAT, "2026-11-26", CPU, COMMIT_SUFFIX_REPEAT).markdown(), "",
+        Source(SUFFIX_REPEAT, CMD_SUFFIX_REPEAT, DATA["DATE_SUFFIX_REPEAT"], CPU, COMMIT_SUFFIX_REPEAT).markdown(), "",
         *bullets, "",
     ])
 
 
-SOAK = "2026-11-26-soak/results.json"
+SOAK = DATA["SOAK"]
 # the long prompt's length in Gemma 3 270M's tokens where a run did not record it (soak.py's LONG_TEXT repeated for
 # --long-tokens 30000, counted with the model's tokenizer)
 LONG_PROMPT_TOKENS = {30000: 26786}
@@ -292,11 +290,9 @@ def _soak() -> str:
     ])
 
 
-REPEATS = "2026-11-27-serve-repeats-mapped"  # {greedy,pen}-{none,auto}-r<run>.json: servers one after another
-BEFORE = "2026-11-27-serve-repeats-2"  # the same load at 6c2d149, whose serve forced glibc's mmap threshold to 1 MiB
-REPEATS_CMD = ("python benchmarks/measure/serve_load.py --clients 1,4,8 --requests 8 --max-tokens 64 "
-               "[--repetition-penalty 1.2] --serve-args \"--model gemma-3-270m --drafter <none|auto> "
-               "--no-access-log\" --out <decoding>-<drafter>-r<run>.json")
+REPEATS = DATA["REPEATS"]  # {greedy,pen}-{none,auto}-r<run>.json: servers one after another
+BEFORE = DATA["BEFORE"]  # the same load at 6c2d149, whose serve forced glibc's mmap threshold to 1 MiB
+REPEATS_CMD = DATA["REPEATS_CMD"]
 
 
 def _runs(folder: str) -> tuple[dict[tuple[str, str, int], list[float]], dict]:
@@ -368,7 +364,7 @@ def _repeats() -> str:
         "cannot tell a few percent apart.", *_across(), ""])
 
 
-AB = "2026-11-28-serve-ab"  # the same load before and after the GPU step's changes: base/ and head/, alternated
+AB = DATA["AB"]  # the same load before and after the GPU step's changes: base/ and head/, alternated
 
 
 def _across() -> list[str]:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import re
 
-from .common import CPU, RESULTS, Source, commit, load, mean_of, num, picture, spread, table, tie, x
+from .common import CPU, RESULTS, Source, commit, load, mean_of, num, picture, runs, spread, table, tie, x
 
-HELD = "2026-11-26-held-apart"
-HELD_VLLM = "2026-11-26-held-apart-vllm"  # optional: vLLM beside plain decoding on the same prompts
-VLLM = "2026-11-25-vllm/greedy/results.json"
-VLLM_DRAFT = "2026-11-25-vllm-draft/results.json"
+DATA = runs("speed")  # its runs and their provenance: benchmarks/render/runs.json
+
+HELD = DATA["HELD"]
+HELD_VLLM = DATA["HELD_VLLM"]  # optional: vLLM beside plain decoding on the same prompts
+VLLM = DATA["VLLM"]
+VLLM_DRAFT = DATA["VLLM_DRAFT"]
 
 DECODINGS = {"greedy": "greedy", "greedy-rp1.2": "repetition penalty 1.2", "T0.7": "temperature 0.7"}
 CATEGORIES = {"code": "code", "mt-bench-2turn": "MT-bench 2-turn", "multilingual": "MGSM"}
@@ -27,21 +29,20 @@ PEERS = {"llama-cpp", "llama-cpp-lookup", "vllm"}
 # (table.json, written by benchmarks/measure/held_apart_table.py, pools greedy runs 1 and 2 only.)
 RUNS = {"greedy": ("run1", "run2", "run3"), "greedy-rp1.2": ("run1", "run2"), "T0.7": ("run1", "run2")}
 LATEST_ONLY = {"greedy": {"auto": ("run3",), "microspec": ("run3",), "microspec@lookup": ("run3",)}}
-COMMIT_HELD = "66aec15 (greedy runs 1-2), 1599f14 (greedy run 3 and every other run)"
-COMMIT_VLLM, COMMIT_VLLM_DRAFT = "3170a0b", "56f30f1"
+COMMIT_HELD = DATA["COMMIT_HELD"]
+COMMIT_VLLM, COMMIT_VLLM_DRAFT = DATA["COMMIT_VLLM"], DATA["COMMIT_VLLM_DRAFT"]
 # auto against the fixed methods built from its own arms, in four decodings, after its choosing got a budget; the
 # runs record each question's tokens/s, so the same question's speed can be compared from run to run
-AUTO = "2026-11-27-auto-vnni"
-AUTO_BEFORE = "2026-11-27-auto-aside"  # the same runs with the AVX2 products only (before the VNNI tiles)
+AUTO = DATA["AUTO"]
+AUTO_BEFORE = DATA["AUTO_BEFORE"]  # the same runs with the AVX2 products only (before the VNNI tiles)
 # the same runs again at later commits: ea8855b (K-quant VNNI, the penalty by index), 4183d30 (the walks' rows
 # processed in place, the CPU KV caches mapped on their own)
-AUTO_LATER = ("2026-11-27-auto-ea8855b", "2026-11-27-auto-4183d30")
-DIRTY = {"2026-11-27-auto-4183d30": "benchmarks/render/speed.py"}  # what a "+dirty" run's tree differed in
+AUTO_LATER = DATA["AUTO_LATER"]
+DIRTY = DATA["DIRTY"]  # what a "+dirty" run's tree differed in
 AUTO_DECODINGS = {"greedy": "greedy", "greedy-rp1.2": "repetition penalty 1.2", "T0.7": "temperature 0.7",
                   "T0.7-rp1.2": "T 0.7 + penalty 1.2"}
 AUTO_FIXED = ("ngram", "microspec@lookup")
-PROMPTS_CMD = ("python3 benchmarks/data/held_apart.py --data ../shared/data --out /tmp/held_apart.jsonl "
-               "--per-category 3 --seed 2026")
+PROMPTS_CMD = DATA["PROMPTS_CMD"]
 
 
 def _vllm_files(decoding: str) -> list[str]:
@@ -356,7 +357,7 @@ def _vllm() -> str:
         f"engine (drafting the same chain) and llama.cpp: {meta['questions']} held-out prompts (one per language of "
         f"the τ-by-language set), {meta['max_new_tokens']} tokens. τ: tokens per target step.", "",
         table(["method", "tok/s", "vs this engine's plain decoding", "τ", "acceptance by draft position"], rows), "",
-        Source("2026-11-25-vllm/greedy/results.json", meta["command"], meta["date"], _machine(meta),
+        Source(VLLM, meta["command"], meta["date"], _machine(meta),
                COMMIT_VLLM).markdown(), "",
         "- The head drafts in vLLM as in this engine: full-vocabulary acceptance by position " +
         " / ".join(f"{p:.3f}" for p in pos["vllm-eagle"]) + " in vLLM against " +
@@ -368,7 +369,7 @@ def _vllm() -> str:
         f"The draft step alone (`benchmarks/measure/vllm_draft.py`: the first {d['prompts']} prompts, "
         f"{d['max_new_tokens']} tokens, batch 1 and batch 4; ms: median (mean)):", "",
         table(["draft vocabulary", "batch 1 tok/s", "draft step ms", "batch 4 tok/s", "draft step ms", "τ"], drows), "",
-        Source(VLLM_DRAFT, d["command"], "2026-11-25", CPU, COMMIT_VLLM_DRAFT).markdown(), "",
+        Source(VLLM_DRAFT, d["command"], DATA["DATE_VLLM_DRAFT"], CPU, COMMIT_VLLM_DRAFT).markdown(), "",
         f"- MicroSpec's draft step is {1 - micro['draft_step_ms_median'] / full['draft_step_ms_median']:.0%} cheaper "
         f"than the full head's at batch 1 (median), "
         f"{1 - runs['microspec/batch4']['draft_step_ms_median'] / runs['full/batch4']['draft_step_ms_median']:.0%} at "

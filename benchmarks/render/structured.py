@@ -3,11 +3,13 @@ schema against plain constrained decoding on the structured-output prompts."""
 
 from __future__ import annotations
 
-from .common import Source, load, num, table, x
+from .common import Source, load, num, runs, table, x
 
-RUN = "2026-11-28-structured/results.json"
-ENGINES = "2026-11-28-grammar-engines/results.json"
-VLLM = "2026-11-28-vllm-options/results.json"
+DATA = runs("structured")  # its runs and their provenance: benchmarks/render/runs.json
+
+RUN = DATA["RUN"]
+ENGINES = DATA["ENGINES"]
+VLLM = DATA["VLLM"]
 NAMES = {"ar": "plain constrained decoding", "auto": "`auto`", "eagle+microspec": "EAGLE + MicroSpec"}
 
 

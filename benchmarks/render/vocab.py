@@ -3,23 +3,19 @@ packed weights), the trained policies, a dense bf16 target, and speed against th
 
 from __future__ import annotations
 
-from .common import Source, load, num, picture, table, x
+from .common import Source, load, num, picture, runs, table, x
+
+DATA = runs("vocab")  # its runs and their provenance: benchmarks/render/runs.json
 
 # The CPU protocol runs (results.json -> the commit their code was at: not in meta, from the runs' records).
-PROTOCOL = {
-    "2026-11-24-protocol-cpu/gemma-greedy/greedy/results.json": "70e1f17",
-    "2026-11-25-protocol-cpu/gemma-penalty/greedy-rp1.2/results.json": "3ba4781",
-    "2026-11-24-protocol-cpu/gemma-t07/T0.7/results.json": "8e2d1ea",
-    "2026-11-25-protocol-cpu/smollm2-greedy/greedy/results.json": "06be2e6",
-    "2026-11-25-protocol-cpu/smollm2-t07/T0.7/results.json": "b93a03e",
-}
+PROTOCOL = DATA["PROTOCOL"]
 GEMMA_GREEDY = next(iter(PROTOCOL))  # the run the figure draws
-GATHER, COMMIT_GATHER = "2026-11-24-issue22-kx8/policies-gather/greedy/results.json", "467fa92"
-RETRAINED, COMMIT_RETRAINED = "2026-11-24-policies-retrained/{}/greedy/results.json", "53b4dc8"
-BF16, COMMIT_BF16 = "2026-11-23-gemma-bf16-cpu-ft2/greedy/results.json", "e65ad66"
-SWEEP, COMMIT_SWEEP = "2026-11-23-gemma-bf16-cpu-analyze/bench/greedy/results.json", "ff27564"
-HEAD_FT3 = "2026-11-25-broad-head/tau-specbench-shipped.json"  # the head of Gemma's protocol runs
-HEAD_FT4 = "2026-11-25-broad-head/tau-specbench-broad.json"  # the head shipped now
+GATHER, COMMIT_GATHER = DATA["GATHER"], DATA["COMMIT_GATHER"]
+RETRAINED, COMMIT_RETRAINED = DATA["RETRAINED"], DATA["COMMIT_RETRAINED"]
+BF16, COMMIT_BF16 = DATA["BF16"], DATA["COMMIT_BF16"]
+SWEEP, COMMIT_SWEEP = DATA["SWEEP"], DATA["COMMIT_SWEEP"]
+HEAD_FT3 = DATA["HEAD_FT3"]  # the head of Gemma's protocol runs
+HEAD_FT4 = DATA["HEAD_FT4"]  # the head shipped now
 
 MODELS = {"gemma-3-270m": "Gemma 3 270M", "smollm2-135m-instruct": "SmolLM2-135M-Instruct"}
 CATS = {"humaneval": "humaneval", "math_reasoning": "math", "mt_bench": "mt_bench", "qa": "qa", "rag": "rag",
