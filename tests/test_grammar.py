@@ -177,7 +177,7 @@ def test_a_grammar_masks_a_draft_heads_columns_and_rows_with_paths(tok):
     """The mask of a row is the one after its path; a draft head's columns (ids, -1 for none) get the same ids'
     mask; a path that leaves the grammar does not disturb the committed state."""
     g = _grammar(tok, Constraint("regex", "ab(c|d)e"))
-    mask = GrammarMask(g, torch.device("cpu"))
+    mask = GrammarMask(g)
     ids = tok("abce", add_special_tokens=False).input_ids
     allowed = mask.allowed([[], ids[:1], ids[:2], ids[:3], ids[:4], [ids[1]]])
     assert allowed[0].nonzero().flatten().tolist() == [ids[0]]

@@ -48,7 +48,7 @@ def _warp(hf, seqs: torch.Tensor, settings: dict = SETTINGS) -> torch.Tensor:
     if settings.get("grammar") is not None:  # the ids the grammar allows after each generated text
         from microspec.decoding.grammar import GrammarMask
 
-        allowed = GrammarMask(settings["grammar"], torch.device("cpu")).allowed(
+        allowed = GrammarMask(settings["grammar"]).allowed(
             [s[len(PROMPT):].tolist() for s in seqs])
         logits = logits.masked_fill(~allowed, float("-inf"))
     logits = TemperatureLogitsWarper(settings["temperature"])(seqs, logits)

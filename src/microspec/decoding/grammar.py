@@ -13,7 +13,7 @@ by consuming the path, filling the mask and rolling the path back: the target's 
 plain constrained decoding would see after that path, so greedy output is plain constrained decoding's and sampling
 follows the constrained distribution.  A draft head's columns (a restricted vocabulary such as MicroSpec's) are
 masked the same way: the draft scores the intersection of its set and the grammar's allowed ids.  Tokens the
-grammar forces are drafted for free (:class:`~microspec.drafters.forced.ForcedFirst`) and verified as any draft.
+grammar forces (:meth:`GrammarMask.forced`) are drafted for free by the loop's plan and verified as any draft.
 JSON is written compactly (``", "`` and ``": "`` separators, no free whitespace): a model cannot pad an answer with
 whitespace until it runs out of tokens.
 """
@@ -205,11 +205,9 @@ def for_model(lm, value) -> Grammar:
     return compile_grammar(Constraint.of(value), lm.tokenizer, lm.model.spec.vocab_size, lm.eos_token_ids)
 
 
-def unpack(bitmask: torch.Tensor, vocab: int, invert: bool = False) -> torch.Tensor:
-    """[R, V] bool of llguidance's int32 bitmask rows [R, ceil(V / 32)] (bit b of word w: id 32 w + b): the allowed
-    ids, or with ``invert`` the others."""
-    words = bitmask.numpy()
-    bits = np.unpackbits((~words if invert else words).view(np.uint8), axis=1, bitorder="little")
+def unpack(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[R, V] bool of llguidance's int32 bitmask rows [R, ceil(V / 32)] (bit b of word w: id 32 w + b)."""
+    bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")
     return torch.from_numpy(np.ascontiguousarray(bits[:, :vocab])).view(torch.bool)
 
 
@@ -218,15 +216,13 @@ class GrammarMask:
     Where the grammar has reached a dead end (no id allowed, the matcher in error), only the EOS ids are allowed,
     and :attr:`dead_end` says so."""
 
-    def __init__(self, grammar: Grammar, device: torch.device):
-        self.grammar, self.device = grammar, torch.device(device)
+    def __init__(self, grammar: Grammar):
+        self.grammar = grammar
         self.matcher = grammar.matcher()
         self.vocab = grammar.vocab_size
         self.words = (self.vocab + 31) // 32
         self.dead_end = False
         self.why = ""  # the engine's reason for a dead end (its first line)
-        self._eos = torch.zeros(self.vocab, dtype=torch.bool)
-        self._eos[list(grammar.eos_ids)] = True
 
     def start(self, prompt: Sequence[int]) -> None:
         """The prompt is not output: the grammar starts after it."""
@@ -278,10 +274,11 @@ class GrammarMask:
     def apply_column_ids(self, logits: torch.Tensor, col_ids: torch.Tensor, extra: Sequence[Sequence[int]]
                          ) -> torch.Tensor:
         """Draft logits [R, A] whose column j scores id ``col_ids[j]`` (-1: no id): the columns the grammar allows
-        after each row's path, the rest -inf (the draft's set meets the grammar's)."""
-        allowed = self.allowed(extra).to(logits.device)
-        keep = allowed[:, col_ids.clamp(min=0)] & (col_ids >= 0)[None, :]
-        return logits.masked_fill_(~keep, float("-inf"))
+        after each row's path, the rest -inf (the draft's set meets the grammar's).  The columns' bits are read from
+        the bitmask words, not from the whole vocabulary unpacked."""
+        ids = col_ids.clamp(min=0).cpu()
+        keep = ((self.bitmask(extra)[:, ids // 32] >> (ids % 32).to(torch.int32)) & 1).bool() & (col_ids >= 0).cpu()
+        return logits.masked_fill_(~keep.to(logits.device), float("-inf"))
 
 
 __all__ = ["KINDS", "Constraint", "Grammar", "GrammarMask", "compile_grammar", "for_model", "ll_tokenizer"]

@@ -476,8 +476,7 @@ class Generation:
         if self.adaptive is not None:  # the host's clock: the walk has read the accepted tokens (device in step)
             self.adaptive.observe(drafting, len(new), clock() - host_t0)
         emitted = len(self.out)
-        self._commit(new, None if self.logprobs is None else walk.stacked() if walk.raw is None else
-                     walk.raw if isinstance(walk.raw, torch.Tensor) else torch.stack(walk.raw))
+        self._commit(new, None if self.logprobs is None else walk.stacked(raw=True))
         if self.coverage is not None:
             self.coverage.on_emitted(len(self.out) - emitted)
         if drafted_ahead:

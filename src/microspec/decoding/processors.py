@@ -381,7 +381,7 @@ class LogitsPipeline:
         if cfg.grammar is not None:
             from .grammar import GrammarMask
 
-            self.grammar = GrammarMask(cfg.grammar, device)
+            self.grammar = GrammarMask(cfg.grammar)
             self.processors.append(self.grammar)
         self.generator = None
         if not cfg.greedy:

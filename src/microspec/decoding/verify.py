@@ -61,9 +61,11 @@ class Walk:
     # the same rows before the processors, where the pipeline keeps them (LogitsPipeline.keep_raw: raw logprobs)
     raw: list[torch.Tensor] | torch.Tensor | None = None
 
-    def stacked(self) -> torch.Tensor:
-        """:attr:`logits` as one [k, V] tensor (no copy where they are one already)."""
-        return self.logits if isinstance(self.logits, torch.Tensor) else torch.stack(self.logits)
+    def stacked(self, raw: bool = False) -> torch.Tensor:
+        """:attr:`logits` (with ``raw``, :attr:`raw` where the walk kept it) as one [k, V] tensor (no copy where
+        they are one already)."""
+        rows = self.raw if raw and self.raw is not None else self.logits
+        return rows if isinstance(rows, torch.Tensor) else torch.stack(rows)
 
 
 class LazyHead:

@@ -52,15 +52,30 @@ def figures(stats, method: str, grammar=None) -> dict:
     d = stats.to_dict()
     drafted = [(a, n) for a, n in zip(stats.accept_lengths, stats.draft_sizes) if n]
     auto = stats.auto["arms"] if stats.auto is not None else None
+    accepted = sum(a - 1 for a, _ in drafted)
     out = {"method": method, **({"arms": auto} if auto else {}),
            "drafted_steps": len(drafted), "drafted_tokens": sum(n for _, n in drafted),
-           "accepted_tokens": sum(a - 1 for a, _ in drafted),
-           "tau": round(1 + sum(a - 1 for a, _ in drafted) / len(drafted), 4) if drafted else 1.0,
+           "accepted_tokens": accepted, "tau": _tau(accepted, len(drafted)),
            **{k: d[k] for k in ("mean_accept_len", "tokens_per_s", "decode_tokens_per_s", "steps")},
            **({"prefill_copied": True} if stats.prefill_copied else {})}
     if grammar is not None and grammar.dead_end:  # the answer ended where the grammar allowed nothing
         out["grammar"] = f"dead end: {grammar.why or 'no token was allowed'}; only EOS was"
     return out
+
+
+def request_figures(choices: list[dict]) -> dict:
+    """The figures of a request (its choices' :func:`figures`): its one choice's, or for several the sums and
+    each choice's."""
+    if len(choices) == 1:
+        return choices[0]
+    total = {k: sum(c[k] for c in choices) for k in ("drafted_steps", "drafted_tokens", "accepted_tokens")}
+    return {"method": choices[0]["method"], **total, "tau": _tau(total["accepted_tokens"], total["drafted_steps"]),
+            "choices": choices}
+
+
+def _tau(accepted: int, drafted_steps: int) -> float:
+    """Tokens committed per drafted step: 1 + accepted drafts per drafted step (1 where none drafted)."""
+    return round(1 + accepted / drafted_steps, 4) if drafted_steps else 1.0
 
 
 def options(cfg) -> list[str]:
@@ -72,4 +87,4 @@ def options(cfg) -> list[str]:
                                   ("sampling", not cfg.greedy), ("seed", cfg.seed is not None)) if on]
 
 
-__all__ = ["CONTEXT_TOKENS", "TokenTexts", "figures", "options"]
+__all__ = ["CONTEXT_TOKENS", "TokenTexts", "figures", "options", "request_figures"]

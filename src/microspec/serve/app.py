@@ -50,6 +50,7 @@ from starlette.routing import Route
 
 from . import protocol
 from .protocol import APIError, shutting_down
+from .answers import request_figures
 from .tools import CallStream
 from .worker import Job, Result, Worker
 
@@ -294,7 +295,8 @@ class Server:
                        if r.prompt_logprobs is None else  # echo with logprobs: the prompt's tokens first
                        protocol.choice(req, i, echo + r.text, r.finish, r.prompt_logprobs + r.logprobs)
                        for i, r in enumerate(results)]
-            return JSONResponse(protocol.response(req, self.model, choices, _usage(results), _figures(results)))
+            return JSONResponse(protocol.response(req, self.model, choices, _usage(results),
+                                                  request_figures([r.stats for r in results])))
         except APIError as exc:  # the deadline
             for job in jobs:
                 job.cancel("timeout")
@@ -412,16 +414,6 @@ def _parts(req: protocol.Request, model: str, parts: list, index: int, logprobs=
 def _usage(results: list[Result]) -> dict:
     """The usage of a request's choices: its prompt once, every choice's tokens."""
     return protocol.usage(results[0].prompt_tokens, sum(r.completion_tokens for r in results))
-
-
-def _figures(results: list[Result]) -> dict:
-    """The speculation figures of a request: its one choice's, or for several the sums and each choice's."""
-    if len(results) == 1:
-        return results[0].stats
-    total = {k: sum(r.stats[k] for r in results) for k in ("drafted_steps", "drafted_tokens", "accepted_tokens")}
-    tau = 1 + total["accepted_tokens"] / total["drafted_steps"] if total["drafted_steps"] else 1.0
-    return {"method": results[0].stats["method"], **total, "tau": round(tau, 4),
-            "choices": [r.stats for r in results]}
 
 
 async def _internal(request: HTTPRequest, exc: Exception) -> Response:
