@@ -161,6 +161,35 @@ def test_gemma_speculative_greedy_identity(gemma_gguf, gemma_ar, drafter):
         assert max(accepted) > 1.0
 
 
+def test_gemma_openai_options_and_a_json_schema_are_lossless(gemma_gguf):
+    """On the real 262k vocabulary (packed target): a JSON schema with OpenAI's penalties and bias, greedy, and the
+    same seeded at T 0.7 with the repetition penalty: EAGLE + MicroSpec (the shipped head) and ``auto`` give plain
+    decoding's tokens and log-probabilities; the greedy answer validates; the forced tokens were drafted."""
+    import json
+
+    from microspec.api import generate
+
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                               "country": {"type": "string", "maxLength": 20},
+                                               "population_millions": {"type": "integer", "minimum": 0,
+                                                                       "maximum": 100}},
+              "required": ["city", "country", "population_millions"], "additionalProperties": False}
+    prompt = "Text: Osaka is a city in Japan with 2.7 million people.\nExtract it as JSON.\nJSON:"
+    options = dict(max_new_tokens=60, presence_penalty=0.4, frequency_penalty=0.2, logit_bias={1234: -5.0},
+                   logprobs=2)
+    for decoding in ({}, {"temperature": 0.7, "seed": 3, "repetition_penalty": 1.2}):
+        kw = {**options, **decoding, "response_format": schema}
+        plain = generate(gemma_gguf, prompt, method="ar", **kw)
+        if not decoding:
+            jsonschema.validate(json.loads(plain.text), schema)
+        for method in ("eagle+microspec", "auto"):
+            r = generate(gemma_gguf, prompt, method=method, **kw)
+            assert r.token_ids == plain.token_ids, (method, decoding, r.text, plain.text)
+            assert [e.logprob for e in r.logprobs] == pytest.approx([e.logprob for e in plain.logprobs], abs=1e-3)
+            assert r.stats.forced_steps > 0, method
+
+
 @pytest.mark.parametrize("policy", ["fr-spec", "microspec-device-indexed", "microspec-position-aware"])
 def test_gemma_every_policy_is_lossless(gemma_gguf, gemma_ar, policy):
     """The other policies (and MicroSpec's other backend and gather) on the real 262k vocabulary, one prompt."""
