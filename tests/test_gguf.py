@@ -151,29 +151,35 @@ def test_interleaved_forms_hold_the_same_values_and_products(qtype):
 
 
 @pytest.mark.parametrize("qtype", list(cq.INTERLEAVED))
-def test_vnni_products_are_the_avx2_products_bit_for_bit(qtype):
-    """Where the CPU has AVX-512 VNNI the interleaved forms' integer products take it (one vpdpbusd per chunk and
-    row): the same exact int32 group sums and the same fp32 chain, so every output equals the AVX2 path's bit for
-    bit, at any row count and at the quants' extremes; switched off, the AVX2 path runs."""
-    if not cq.set_vnni(None):
-        pytest.skip("this CPU has no AVX-512 VNNI: the AVX2 path is the only one")
+def test_every_instruction_path_gives_the_avx2_products_bit_for_bit(qtype):
+    """The interleaved forms' integer products take the widest path the CPU has (AVX-512 VNNI on 512-bit registers,
+    two tiles of 8 weight rows and up to 8 activation rows at a time; on 256-bit registers; AVX2): the same exact
+    int32 group sums and the same fp32 chain, so every output equals the AVX2 path's bit for bit, at any row count
+    (register tiles of 1..8 rows and their remainders), for an odd number of tiles (the last one alone) and at the
+    quants' extremes; a path the CPU lacks is refused for AVX2."""
+    widest = cq.int_path(None)
     rng = np.random.default_rng(11)
     cols = 768
-    raw = torch.from_numpy(random_rows(qtype, 64, cols, rng))
+    raw = torch.from_numpy(random_rows(qtype, 72, cols, rng))  # 9 tiles: 4 pairs and one alone
     x8 = QuantTensor(cq.repack(raw, qtype), cq.INTERLEAVED[qtype], cols)
-    x = torch.randn(21, cols) * torch.logspace(-3, 3, 21)[:, None]
+    x = torch.randn(37, cols) * torch.logspace(-3, 3, 37)[:, None]
     x[3] = 0.0
     x[4, ::2] = 127.0
     x[4, 1::2] = -127.0
+    paths = cq.INT_PATHS[: cq.INT_PATHS.index(widest) + 1]
     try:
-        for rows in (1, 2, 3, 4, 5, 9, 21):
-            on = x8.linear(x[:rows])
-            assert not cq.set_vnni(False)
-            off = x8.linear(x[:rows])
-            assert cq.set_vnni(True)
-            assert torch.equal(on, off), rows
+        assert cq.int_path("avx2") == "avx2"
+        ref = {rows: x8.linear(x[:rows]) for rows in (1, 2, 3, 5, 8, 9, 13, 16, 17, 37)}
+        for path in paths[1:]:
+            assert cq.int_path(path) == path
+            for rows, want in ref.items():
+                assert torch.equal(x8.linear(x[:rows]), want), (path, rows)
+        for path in cq.INT_PATHS[len(paths):]:  # not on this CPU
+            assert cq.int_path(path) == "avx2"
     finally:
-        cq.set_vnni(None)
+        assert cq.int_path(None) == widest
+    if widest == "avx2":
+        pytest.skip("this CPU has no AVX-512 VNNI: the AVX2 path is the only one")
 
 
 @pytest.mark.parametrize("qtype", list(cq.INTERLEAVED))

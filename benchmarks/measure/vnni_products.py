@@ -1,12 +1,13 @@
-"""The interleaved integer products with AVX-512 VNNI against the AVX2 path, in one process (``cpu_quant.set_vnni``
-switches between them; the outputs are equal bit for bit, tests/test_gguf.py): the LM head (Q8_0) and a layer
-matrix of each other packed type (Q5_0, Q4_K, Q6_K) of Gemma 3 270M's packed GGUF at 1-16 activation rows, and the
-model's forward plus head over 1-64 new tokens (a plain step, verify passes of draft trees, a prefill chunk).
+"""The interleaved integer products on each instruction path this CPU has, in one process (``cpu_quant.int_path``
+switches between them; the outputs are equal bit for bit, tests/test_gguf.py): AVX2, AVX-512 VNNI on 256-bit
+registers and on 512-bit registers.  The LM head (Q8_0) and a layer matrix of each other packed type (Q5_0, Q4_K,
+Q6_K) of Gemma 3 270M's packed GGUF at 1-16 activation rows, and the model's forward plus head over 1-64 new tokens
+(a plain step, verify passes of draft trees, a prefill chunk), with each row count's cost over one row's.
 
     python benchmarks/measure/vnni_products.py --out vnni.json
 
-Each cell is the best of ``--rounds`` rounds of the median of ``--reps`` calls, the two paths alternating within
-a round.  Needs a CPU with AVX-512 VNNI.
+Each cell is the best of ``--rounds`` rounds of the median of ``--reps`` calls, the paths alternating within a
+round.  Needs a CPU with AVX-512 VNNI.
 """
 
 from __future__ import annotations
@@ -33,15 +34,21 @@ def timed(fn, reps: int) -> float:
     return statistics.median(ts) * 1e3
 
 
-def both(fn, reps: int, rounds: int) -> dict:
-    best = {True: float("inf"), False: float("inf")}
+def every_path(fn, reps: int, rounds: int) -> dict:
+    """ms per call on each path, and the widest path's speed-up over AVX2"""
+    best = dict.fromkeys(cpu_quant.INT_PATHS, float("inf"))
     for _ in range(rounds):
-        for on in (True, False):
-            cpu_quant.set_vnni(on)
-            best[on] = min(best[on], timed(fn, reps))
-    cpu_quant.set_vnni(None)
-    return {"vnni_ms": round(best[True], 3), "avx2_ms": round(best[False], 3),
-            "speedup": round(best[False] / best[True], 3)}
+        for path in best:
+            cpu_quant.int_path(path)
+            best[path] = min(best[path], timed(fn, reps))
+    cpu_quant.int_path(None)
+    out = {f"{p}_ms": round(t, 3) for p, t in best.items()}
+    out["speedup"] = round(best["avx2"] / best[cpu_quant.INT_PATHS[-1]], 3)
+    return out
+
+
+def show(r: dict) -> str:
+    return ", ".join(f"{k[:-3]} {v:.3f} ms" for k, v in r.items() if k.endswith("_ms")) + f", {r['speedup']:.2f}x"
 
 
 def main() -> None:
@@ -52,7 +59,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     lm = load_model(args.model, dtype="gguf")
-    if not cpu_quant.set_vnni(None):
+    if cpu_quant.int_path(None) != cpu_quant.INT_PATHS[-1]:
         raise SystemExit("this CPU has no AVX-512 VNNI: nothing to compare")
     m = lm.model
     mats = {"head": m.head_weight}
@@ -66,10 +73,9 @@ def main() -> None:
         for name, w in mats.items():
             for rows in (1, 4, 8, 16):
                 x = torch.randn(rows, w.shape[1])
-                r = both(lambda: w.linear(x), args.reps if name == "head" else 20 * args.reps, args.rounds)
+                r = every_path(lambda: w.linear(x), args.reps if name == "head" else 20 * args.reps, args.rounds)
                 out["products"][f"{name} {w.qtype} rows={rows}"] = r
-                print(f"{name} ({w.qtype}) {rows:>2} rows: VNNI {r['vnni_ms']:.3f} ms, AVX2 {r['avx2_ms']:.3f} ms, "
-                      f"{r['speedup']:.2f}x", flush=True)
+                print(f"{name} ({w.qtype}) {rows:>2} rows: {show(r)}", flush=True)
         cache = m.take_cache(600)
         m(torch.randint(100, 20000, (100,)), cache)
         for t in (1, 2, 4, 8, 16, 64):
@@ -79,10 +85,11 @@ def main() -> None:
                 m.head(m(x, cache))
                 cache.length -= t
 
-            r = both(step, args.reps, args.rounds)
+            r = every_path(step, args.reps, args.rounds)
+            one = out["forward_head"].get("tokens=1", r)
+            r["over_one_token"] = {p: round(r[f"{p}_ms"] / one[f"{p}_ms"], 2) for p in cpu_quant.INT_PATHS}
             out["forward_head"][f"tokens={t}"] = r
-            print(f"forward + head over {t:>2} tokens: VNNI {r['vnni_ms']:.1f} ms, AVX2 {r['avx2_ms']:.1f} ms, "
-                  f"{r['speedup']:.2f}x", flush=True)
+            print(f"forward + head over {t:>2} tokens: {show(r)}; over one token {r['over_one_token']}", flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=2)

@@ -57,8 +57,8 @@ ROWS_PER_TILE = 8  # rows of an interleaved form held together
 # integer products), row_ops.cpp (rms_norm, rope, argmax), attention.cpp, layer_step.cpp (a fused decoder layer);
 # blocks.h and common.h the shared layouts and helpers.  Built with -ffp-contract=off: no fused multiply-add where
 # the code does not write one (the gguf package's dequantized values, exactly).
-_EXT = Extension("cpu_quant", ["dequant.cpp", "repack.cpp", "quant_linear.cpp", "row_ops.cpp", "attention.cpp",
-                               "layer_step.cpp", "bindings_quant.cpp"],
+_EXT = Extension("cpu_quant", ["dequant.cpp", "repack.cpp", "quant_linear.cpp", "linear_x8.cpp", "row_ops.cpp",
+                               "attention.cpp", "layer_step.cpp", "bindings_quant.cpp"],
                  "CPU quantized-weight kernel", flags=("-mf16c", "-ffp-contract=off"))
 
 
@@ -91,12 +91,18 @@ def linear_q8(x: torch.Tensor, data: torch.Tensor, type_id: int, cols: int) -> t
     return y.reshape(*lead, y.shape[-1])
 
 
-def set_vnni(on: bool | None = None) -> bool:
-    """Whether the interleaved forms' integer products (every packed type, the K-quants included) use AVX-512 VNNI
-    (``vpdpbusd`` into int32 lanes in place of ``maddubs`` and ``madd``: the same exact int32 sums, so the same
-    results bit for bit): ``on`` True where the CPU has it, False never, None as the CPU allows (the default);
-    returns whether they do now."""
-    return bool(_EXT.module.set_vnni(-1 if on is None else int(bool(on))))
+INT_PATHS = ("avx2", "vnni256", "vnni512")
+
+
+def int_path(path: str | None = None) -> str:
+    """The instruction path of the interleaved forms' integer products (every packed type, the K-quants included):
+    ``avx2`` (``maddubs`` into int16 pair sums, then ``madd``), ``vnni256`` (AVX-512 VNNI's ``vpdpbusd`` into int32
+    lanes on 256-bit registers, one tile of 8 weight rows at a time) or ``vnni512`` (two tiles on 512-bit registers,
+    up to 8 activation rows per register tile).  Every path gives the same exact int32 sums and the same fp32 chain,
+    so the same results bit for bit.  ``path`` None: the widest this CPU has (the default); a path the CPU lacks
+    falls back to ``avx2``.  Returns the path in use."""
+    code = -1 if path is None else INT_PATHS.index(path)
+    return INT_PATHS[_EXT.module.set_int_path(code)]
 
 
 def repack(data: torch.Tensor, qtype: str) -> torch.Tensor:

@@ -11,9 +11,9 @@ torch::Tensor dequant_rows(torch::Tensor w, int64_t type, int64_t K, torch::Tens
 // quant_linear.cpp
 torch::Tensor linear_q(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K);
 torch::Tensor linear_q8(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K);
-// whether the interleaved integer products use AVX-512 VNNI: on (1, where the CPU has it), off (0), or as the CPU
-// allows (-1, the default); returns whether they do now
-bool set_vnni(int64_t on);
+// linear_x8.cpp: the instruction path of the interleaved integer products (0 AVX2, 1 AVX-512 VNNI on 256-bit
+// registers, 2 on 512-bit registers; -1 the widest the CPU has, the default), capped by the CPU; returns the one in use
+int64_t set_int_path(int64_t path);
 // repack.cpp
 torch::Tensor repack_x8(torch::Tensor w, int64_t type);
 torch::Tensor x8_gather(torch::Tensor w, int64_t type, int64_t K, torch::Tensor ids);

@@ -1,10 +1,10 @@
 // Products with packed GGUF weights, y = x W^T: linear_q on fp32 activations (a chunk of weight rows unpacked to
 // fp32 in L2, then the register tiles of common.h) and linear_q8, the integer path (activations quantized to int8
-// per 32-element block, exact int32 group sums; the file's blocks and the interleaved forms of blocks.h).
+// per 32-element block, exact int32 group sums) on the file's blocks; the interleaved forms' products are in
+// linear_x8.cpp.
 #include "blocks.h"
+#include "int8.h"
 #include "quant.h"
-
-#include <atomic>
 
 namespace {
 
@@ -147,9 +147,7 @@ void quant_row(const float* x, int64_t K, int8_t* qx, float* dx, float* dxs) {
   }
 }
 
-// Quantized activation rows: int8 q [M, K], scales d and d * sum(q) [M, G], and for an offset type the per-lane
-// sums of OFF * q [M, G, 8] (int32).
-struct Act { const int8_t* q; const float* d; const float* ds; const int32_t* off; int64_t K, G; };
+
 
 // Tile: activation rows m0..m0+MT-1 against the NT weight rows at w, w + RB, ...  Each (row, weight row) sum:
 // acc = fma(s_lanes * dx, int32 lanes, acc) over the groups in order, then hsum, then + the min terms summed in order.
@@ -264,294 +262,8 @@ void linear_q8_type(const int8_t* qx, const float* dx, const float* dxs, int64_t
   });
 }
 
-// A group's exact int32 lane sums t32 of rows m0..m0+MT-1 (the 8 weight rows of an interleaved tile at b) into the
-// fp32 accumulators: less OFF * sum(qx) for the offset types, acc = fma(fp32(sum), d_rows * dx, acc), and the min
-// term accm = fma(m_rows, dx * sum(qx), accm) beside it.  tile_x8 and tile_x8_vnni share it: one fp32 chain.
-template <class T, int MT>
-__attribute__((always_inline)) inline void x8_accumulate(const Act& a, const int32_t* offs, const uint8_t* b,
-                                                         int64_t g, int64_t m0, const __m256i* t32, __m256* acc,
-                                                         __m256* accm) {
-  const __m256 sv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
-  for (int i = 0; i < MT; ++i) {
-    const int64_t r = m0 + i;
-    __m256i p = t32[i];
-    if (T::off) p = _mm256_sub_epi32(p, _mm256_set1_epi32(offs[r * a.G + g]));
-    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(sv, _mm256_set1_ps(a.d[r * a.G + g])), acc[i]);
-    if (T::min) {
-      const __m256 mm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16)));
-      accm[i] = _mm256_fmadd_ps(mm, _mm256_set1_ps(a.ds[r * a.G + g]), accm[i]);
-    }
-  }
-}
-
-// Activation rows m0..m0+MT-1 against one tile of an interleaved form (8 weight rows, lanes 0..7): per group, the
-// exact int32 sums of the 8 rows (int16 pair sums of CH16 chunks added before each madd: no overflow, see X8), less
-// OFF * sum(qx) for the offset types, then acc = fma(fp32(sum), d_rows * dx, acc) over the groups in order; the min
-// term accm = fma(m_rows, dx * sum(qx), accm) beside it; out = acc (+ accm).  Each lane is one (row, weight row)
-// chain whatever MT or the call: batch-invariant.
-template <class T, int MT>
-inline void tile_x8(const Act& a, const int32_t* offs, const uint8_t* w, int64_t m0, float* out) {
-  __m256 acc[MT], accm[MT];
-  for (int i = 0; i < MT; ++i) { acc[i] = _mm256_setzero_ps(); accm[i] = _mm256_setzero_ps(); }
-  const __m256i ones = _mm256_set1_epi16(1);
-  for (int64_t g = 0; g < a.G; ++g) {
-    const uint8_t* b = w + g * T::gbytes;
-    __m256i t32[MT];
-    for (int h = 0; h < 8 / T::ch16; ++h) {
-      __m256i t16[MT];
-      for (int i = 0; i < MT; ++i) t16[i] = _mm256_setzero_si256();
-      for (int c = h * T::ch16; c < (h + 1) * T::ch16; ++c) {
-        const __m256i wv = T::chunk(b, c);
-        const __m256i uw = T::sign ? _mm256_sign_epi8(wv, wv) : wv;
-        for (int i = 0; i < MT; ++i) {
-          int32_t xs;
-          std::memcpy(&xs, a.q + (m0 + i) * a.K + 32 * g + 4 * c, 4);
-          __m256i xv = _mm256_set1_epi32(xs);
-          if (T::sign) xv = _mm256_sign_epi8(xv, wv);
-          const __m256i p16 = _mm256_maddubs_epi16(uw, xv);
-          t16[i] = T::ch16 == 1 ? p16 : _mm256_add_epi16(t16[i], p16);
-        }
-      }
-      for (int i = 0; i < MT; ++i) {
-        const __m256i p = _mm256_madd_epi16(t16[i], ones);
-        t32[i] = h == 0 ? p : _mm256_add_epi32(t32[i], p);
-      }
-    }
-    x8_accumulate<T, MT>(a, offs, b, g, m0, t32, acc, accm);
-  }
-  for (int i = 0; i < MT; ++i) _mm256_storeu_ps(out + 8 * i, T::min ? _mm256_add_ps(acc[i], accm[i]) : acc[i]);
-}
-
-// tile_x8 where the CPU has AVX-512 VNNI (on 256-bit registers): each chunk's four products per lane go straight
-// into the int32 lane with one vpdpbusd (unsigned x signed, exact: no int16 step to saturate), instead of maddubs
-// into int16 pairs, their sums and a madd.  Q8_0's signed q goes in as q + 128 (one xor per chunk for every row,
-// instead of the sign trick's two sign ops per row), less 128 * sum(qx) per group (``sums``).  The same exact int32
-// group sums, then the same fp32 chain in the same order: bit for bit tile_x8's result (tests/test_gguf.py).
-#define MICROSPEC_VNNI __attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni")))
-template <class T, int MT>
-MICROSPEC_VNNI void tile_x8_vnni(const Act& a, const int32_t* offs, const int32_t* sums, const uint8_t* w,
-                                 int64_t m0, float* out) {
-  __m256 acc[MT], accm[MT];
-  for (int i = 0; i < MT; ++i) { acc[i] = _mm256_setzero_ps(); accm[i] = _mm256_setzero_ps(); }
-  for (int64_t g = 0; g < a.G; ++g) {
-    const uint8_t* b = w + g * T::gbytes;
-    __m256i t32[MT];
-    for (int i = 0; i < MT; ++i) t32[i] = _mm256_setzero_si256();
-    for (int c = 0; c < 8; ++c) {
-      const __m256i wv = T::chunk(b, c);
-      const __m256i uw = T::sign ? _mm256_xor_si256(wv, _mm256_set1_epi8(char(0x80))) : wv;  // q + 128
-      for (int i = 0; i < MT; ++i) {
-        int32_t xs;
-        std::memcpy(&xs, a.q + (m0 + i) * a.K + 32 * g + 4 * c, 4);
-        t32[i] = _mm256_dpbusd_epi32(t32[i], uw, _mm256_set1_epi32(xs));
-      }
-    }
-    if (T::sign)  // the q + 128 of the products: less 128 * sum(qx)
-      for (int i = 0; i < MT; ++i)
-        t32[i] = _mm256_sub_epi32(t32[i], _mm256_set1_epi32(128 * sums[(m0 + i) * a.G + g]));
-    x8_accumulate<T, MT>(a, offs, b, g, m0, t32, acc, accm);
-  }
-  for (int i = 0; i < MT; ++i) _mm256_storeu_ps(out + 8 * i, T::min ? _mm256_add_ps(acc[i], accm[i]) : acc[i]);
-}
-
-// Whether the interleaved products take tile_x8_vnni and tile_k8_vnni: -1 until first asked (then whether the CPU
-// has AVX-512 VNNI with 256-bit registers), or as set_vnni set it.
-std::atomic<int> g_vnni{-1};
-
-bool cpu_has_vnni() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
-}
-
-bool vnni_on() {
-  int v = g_vnni.load(std::memory_order_relaxed);
-  if (v < 0) {
-    v = cpu_has_vnni() ? 1 : 0;
-    g_vnni.store(v, std::memory_order_relaxed);
-  }
-  return v == 1;
-}
-
-// A K-quant group's exact int32 lane sums t32 (scales applied) of rows m0..m0+MT-1 into the fp32 accumulators:
-// Q6_K less 32 (sc_a * sum(qx[0..15]) + sc_b * sum(qx[16..31])), acc = fma(fp32(t32), d_rows * dx, acc), and Q4_K's
-// min term accm = fnma(dmin_rows * m, dx * sum(qx), accm).  ``sx``: the group's scale pairs (see tile_k8).
-// tile_k8 and tile_k8_vnni share it: one fp32 chain.
-template <class T, int MT>
-__attribute__((always_inline)) inline void k8_accumulate(const Act& a, const int32_t* offs, int64_t g, int64_t m0,
-                                                         __m256i sx, __m256 dv, __m256 dminv, const __m256i* t32,
-                                                         __m256* acc, __m256* accm) {
-  constexpr bool Q6 = T::kq == 14;
-  const __m256 mf = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(sx, 16)), dminv);  // Q4_K: dmin * m
-  for (int i = 0; i < MT; ++i) {
-    const int64_t r = m0 + i;
-    __m256i p = t32[i];
-    if (Q6)  // - 32 (sc_a * sum(qx[0..15]) + sc_b * sum(qx[16..31]))
-      p = _mm256_sub_epi32(p, _mm256_slli_epi32(_mm256_madd_epi16(sx, _mm256_set1_epi32(offs[r * a.G + g])), 5));
-    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dv, _mm256_set1_ps(a.d[r * a.G + g])), acc[i]);
-    if (T::min) accm[i] = _mm256_fnmadd_ps(mf, _mm256_set1_ps(a.ds[r * a.G + g]), accm[i]);
-  }
-}
-
-// Activation rows m0..m0+MT-1 against one tile-block row of a K-quant's interleaved form (XQ4_K, XQ6_K): per group,
-// the int16 pair sums of chunks (8 for Q4_K, 2 for Q6_K) go through madd with the lanes' sub-block scales (sc, sc),
-// so t32 = sum over the group of sc * q * qx, exactly; Q6_K subtracts 32 * (sc_a * sum(qx of elements 0..15) +
-// sc_b * sum(qx of 16..31)), the offset of its q - 32 (offs: those two sums as an int16 pair per row and group);
-// then acc = fma(fp32(t32), d_rows * dx, acc) over the groups in order, and for Q4_K the min term
-// accm = fnma(dmin_rows * m, dx * sum(qx), accm) beside it.  One lane per (row, weight row): batch-invariant.
-template <class T, int MT>
-inline void tile_k8(const Act& a, const int32_t* offs, const uint8_t* w, int64_t m0, float* out) {
-  constexpr bool Q6 = T::kq == 14;
-  __m256 acc[MT], accm[MT];
-  for (int i = 0; i < MT; ++i) { acc[i] = _mm256_setzero_ps(); accm[i] = _mm256_setzero_ps(); }
-  const __m256i hi16 = _mm256_set1_epi32(int32_t(0xFFFF0000u));
-  for (int64_t blk = 0; blk < a.G / 8; ++blk) {
-    const uint8_t* B = w + blk * T::tbytes;
-    const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B)));
-    const __m256 dminv = T::min ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B + 16)))
-                                : _mm256_setzero_ps();
-    for (int j = 0; j < 8; ++j) {
-      const int64_t g = blk * 8 + j;
-      const __m128i sb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(B + T::soff + 16 * j));
-      // lane s: the int16 pair (byte 2s, byte 2s + 1): Q4_K (sc, m) unsigned, Q6_K (sc_a, sc_b) signed
-      const __m256i sx = Q6 ? _mm256_cvtepi8_epi16(sb) : _mm256_cvtepu8_epi16(sb);
-      const __m256i sa = _mm256_slli_epi32(sx, 16);
-      const __m256i pa = _mm256_or_si256(sa, _mm256_srli_epi32(sa, 16));  // (sc_a, sc_a)
-      const __m256i hb = _mm256_and_si256(sx, hi16);
-      const __m256i pb = _mm256_or_si256(hb, _mm256_srli_epi32(hb, 16));  // Q6_K: (sc_b, sc_b)
-      const uint8_t* q = B + T::qoff + T::qbytes * j;
-      constexpr int CH16 = Q6 ? 2 : 8;
-      __m256i t32[MT];
-      for (int h = 0; h < 8 / CH16; ++h) {
-        __m256i t16[MT];
-        for (int i = 0; i < MT; ++i) t16[i] = _mm256_setzero_si256();
-        for (int c = h * CH16; c < (h + 1) * CH16; ++c) {
-          const __m256i wv = T::chunk(q, c);
-          for (int i = 0; i < MT; ++i) {
-            int32_t xs;
-            std::memcpy(&xs, a.q + (m0 + i) * a.K + 32 * g + 4 * c, 4);
-            t16[i] = _mm256_add_epi16(t16[i], _mm256_maddubs_epi16(wv, _mm256_set1_epi32(xs)));
-          }
-        }
-        for (int i = 0; i < MT; ++i) {
-          const __m256i p = _mm256_madd_epi16(t16[i], Q6 && h >= 2 ? pb : pa);
-          t32[i] = h == 0 ? p : _mm256_add_epi32(t32[i], p);
-        }
-      }
-      k8_accumulate<T, MT>(a, offs, g, m0, sx, dv, dminv, t32, acc, accm);
-    }
-  }
-  for (int i = 0; i < MT; ++i) _mm256_storeu_ps(out + 8 * i, T::min ? _mm256_add_ps(acc[i], accm[i]) : acc[i]);
-}
-
-// tile_k8 with AVX-512 VNNI: each chunk's products go into int32 lanes with one vpdpbusd (the whole group for Q4_K,
-// each half for Q6_K), times the lanes' sub-block scales with one mullo: the same exact int32 t32 as madd of the
-// int16 pair sums with (sc, sc), so the same results bit for bit.
-template <class T, int MT>
-MICROSPEC_VNNI void tile_k8_vnni(const Act& a, const int32_t* offs, const uint8_t* w, int64_t m0, float* out) {
-  constexpr bool Q6 = T::kq == 14;
-  __m256 acc[MT], accm[MT];
-  for (int i = 0; i < MT; ++i) { acc[i] = _mm256_setzero_ps(); accm[i] = _mm256_setzero_ps(); }
-  for (int64_t blk = 0; blk < a.G / 8; ++blk) {
-    const uint8_t* B = w + blk * T::tbytes;
-    const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B)));
-    const __m256 dminv = T::min ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B + 16)))
-                                : _mm256_setzero_ps();
-    for (int j = 0; j < 8; ++j) {
-      const int64_t g = blk * 8 + j;
-      const __m128i sb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(B + T::soff + 16 * j));
-      // lane s: the int16 pair (byte 2s, byte 2s + 1): Q4_K (sc, m) unsigned, Q6_K (sc_a, sc_b) signed
-      const __m256i sx = Q6 ? _mm256_cvtepi8_epi16(sb) : _mm256_cvtepu8_epi16(sb);
-      const uint8_t* q = B + T::qoff + T::qbytes * j;
-      // exact int32 sums per lane: the whole group (Q4_K) or its halves (Q6_K), then times the lanes' scales
-      __m256i s0[MT], s1[MT];
-      for (int i = 0; i < MT; ++i) { s0[i] = _mm256_setzero_si256(); s1[i] = _mm256_setzero_si256(); }
-      for (int c = 0; c < 8; ++c) {
-        const __m256i wv = T::chunk(q, c);
-        for (int i = 0; i < MT; ++i) {
-          int32_t xs;
-          std::memcpy(&xs, a.q + (m0 + i) * a.K + 32 * g + 4 * c, 4);
-          if (Q6 && c >= 4) s1[i] = _mm256_dpbusd_epi32(s1[i], wv, _mm256_set1_epi32(xs));
-          else s0[i] = _mm256_dpbusd_epi32(s0[i], wv, _mm256_set1_epi32(xs));
-        }
-      }
-      // Q4_K: sc, the low int16 of the lane (unsigned); Q6_K: sc_a (low) and sc_b (high), signed
-      const __m256i sca = Q6 ? _mm256_srai_epi32(_mm256_slli_epi32(sx, 16), 16)
-                             : _mm256_and_si256(sx, _mm256_set1_epi32(0xFFFF));
-      const __m256i scb = _mm256_srai_epi32(sx, 16);
-      __m256i t32[MT];
-      for (int i = 0; i < MT; ++i) {
-        t32[i] = _mm256_mullo_epi32(s0[i], sca);
-        if (Q6) t32[i] = _mm256_add_epi32(t32[i], _mm256_mullo_epi32(s1[i], scb));
-      }
-      k8_accumulate<T, MT>(a, offs, g, m0, sx, dv, dminv, t32, acc, accm);
-    }
-  }
-  for (int i = 0; i < MT; ++i) _mm256_storeu_ps(out + 8 * i, T::min ? _mm256_add_ps(acc[i], accm[i]) : acc[i]);
-}
-
-template <class T, int MT>
-inline void tile_any(const Act& a, const int32_t* offs, const int32_t* sums, const uint8_t* w, int64_t m0,
-                     float* out, bool vnni) {
-  if constexpr (T::kq != 0) {
-    if (vnni) tile_k8_vnni<T, MT>(a, offs, w, m0, out);
-    else tile_k8<T, MT>(a, offs, w, m0, out);
-  } else if (vnni) tile_x8_vnni<T, MT>(a, offs, sums, w, m0, out);
-  else tile_x8<T, MT>(a, offs, w, m0, out);
-}
-
-// The integer product with an interleaved form: tiles in chunks of ~48 KiB (L2), the input rows in blocks of 16
-// and register tiles of up to 4 rows (each tile unpacks the weights it multiplies); every weight byte comes from
-// memory once per call.
-template <class T>
-void linear_x8_type(const int8_t* qx, const float* dx, const float* dxs, int64_t M, int64_t K, const uint8_t* wp,
-                    int64_t tiles, int64_t RB, float* op) {
-  const int64_t G = K / 32, N = tiles * 8;
-  std::vector<int32_t> offs(T::off ? M * G : 0);
-  for (int64_t i = 0; T::off && i < M * G; ++i) {  // per row and group: OFF * sum(qx); Q6_K: the halves' sums
-    int32_t lo = 0, hi = 0;
-    for (int k = 0; k < 16; ++k) { lo += qx[32 * i + k]; hi += qx[32 * i + 16 + k]; }
-    offs[i] = T::kq == 14 ? int32_t((uint32_t(lo) & 0xFFFFu) | (uint32_t(hi) << 16)) : T::off * (lo + hi);
-  }
-  const Act a{qx, dx, dxs, nullptr, K, G};
-  const bool vnni = vnni_on();
-  std::vector<int32_t> sums(vnni && T::kq == 0 && T::sign ? M * G : 0);  // per row and group: sum(qx)
-  for (int64_t i = 0; i < int64_t(sums.size()); ++i) {
-    int32_t v = 0;
-    for (int k = 0; k < 32; ++k) v += qx[32 * i + k];
-    sums[i] = v;
-  }
-  constexpr int64_t MB = 16;
-  const int64_t chunk = std::max<int64_t>(1, int64_t(48) * 1024 / RB);
-  at::parallel_for(0, (tiles + chunk - 1) / chunk, 1, [&](int64_t c0, int64_t c1) {
-    float buf[4 * 8];
-    for (int64_t c = c0; c < c1; ++c) {
-      const int64_t t0 = c * chunk, t1 = std::min(tiles, t0 + chunk);
-      for (int64_t mb = 0; mb < M; mb += MB) {
-        const int64_t me = std::min(M, mb + MB);
-        for (int64_t t = t0; t < t1; ++t)
-          for (int64_t m0 = mb; m0 < me; m0 += 4) {
-            const int64_t mt = std::min<int64_t>(4, me - m0);
-            const uint8_t* wt = wp + t * RB;
-            switch (mt) {
-              case 4: tile_any<T, 4>(a, offs.data(), sums.data(), wt, m0, buf, vnni); break;
-              case 3: tile_any<T, 3>(a, offs.data(), sums.data(), wt, m0, buf, vnni); break;
-              case 2: tile_any<T, 2>(a, offs.data(), sums.data(), wt, m0, buf, vnni); break;
-              default: tile_any<T, 1>(a, offs.data(), sums.data(), wt, m0, buf, vnni); break;
-            }
-            for (int64_t i = 0; i < mt; ++i) std::memcpy(op + (m0 + i) * N + 8 * t, buf + 8 * i, 8 * sizeof(float));
-          }
-      }
-    }
-  });
-}
 
 }  // namespace
-
-bool set_vnni(int64_t on) {
-  g_vnni.store(on < 0 ? (cpu_has_vnni() ? 1 : 0) : (on && cpu_has_vnni() ? 1 : 0), std::memory_order_relaxed);
-  return vnni_on();
-}
 
 // x: [M, K] fp32 contiguous; w: [N, row_bytes] uint8, each row K elements of GGML type `type`.  Returns [M, N] fp32.
 torch::Tensor linear_q(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
@@ -618,17 +330,11 @@ torch::Tensor linear_q8(torch::Tensor x, torch::Tensor w, int64_t type, int64_t 
   auto run = [&](auto tag) {
     linear_q8_type<decltype(tag)>(qx.data(), dx.data(), dxs.data(), M, K, wp, N, RB, op);
   };
-  auto run_x8 = [&](auto tag) {
-    linear_x8_type<decltype(tag)>(qx.data(), dx.data(), dxs.data(), M, K, wp, w.size(0), RB, op);
-  };
+  if (type > 1000) {
+    microspec::linear_x8(type, qx.data(), dx.data(), dxs.data(), M, K, wp, w.size(0), RB, op);
+    return out;
+  }
   switch (type) {
-    case 1008: run_x8(XQ8_0{}); break;
-    case 1002: run_x8(XQ4_0{}); break;
-    case 1003: run_x8(XQ4_1{}); break;
-    case 1006: run_x8(XQ5_0{}); break;
-    case 1007: run_x8(XQ5_1{}); break;
-    case 1012: run_x8(XQ4_K{}); break;
-    case 1014: run_x8(XQ6_K{}); break;
     case 8: run(WQ8_0{}); break;
     case 2: run(WQ4_0{}); break;
     case 3: run(WQ4_1{}); break;
