@@ -20,9 +20,11 @@ from microspec.decoding import GenerationConfig
 
 PROMPTS = ["The three laws of robotics are", "def quicksort(arr):\n", "Question: Why is the sky blue? Answer:"]
 CONFIGS = [("ar", {}), ("microspec", dict(depth=1, top_k=1, total_tokens=1)),
-           ("microspec", dict(depth=2, top_k=1, total_tokens=2)), ("microspec", dict(depth=2, top_k=2, total_tokens=3)),
-           ("microspec", dict(depth=1, top_k=2, total_tokens=2)), ("microspec", dict(depth=4, top_k=2, total_tokens=8)),
-           ("microspec", dict(depth=3, top_k=2, total_tokens="auto")), ("microspec", dict(adaptive=True))]
+           ("microspec", dict(depth=2, top_k=1, total_tokens=2)), ("microspec", dict(depth=3, top_k=1, total_tokens=3)),
+           ("microspec", dict(depth=3, top_k=2, total_tokens=4)), ("microspec", dict(depth=4, top_k=2, total_tokens=6)),
+           ("microspec", dict(depth=4, top_k=2, total_tokens=8)), ("microspec", dict(depth=5, top_k=4, total_tokens=12)),
+           ("microspec", dict(depth=6, top_k=4, total_tokens=16)), ("microspec", dict(depth=6, top_k=8, total_tokens=24)),
+           ("eagle-full", dict(depth=4, top_k=2, total_tokens=8)), ("eagle-full", dict(depth=6, top_k=4, total_tokens=16))]
 
 
 def main() -> None:
@@ -30,16 +32,17 @@ def main() -> None:
     ap.add_argument("--model", default="gemma-3-270m")
     ap.add_argument("--weights", default="gguf")
     ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--penalties", default="1.0,1.2")
+    ap.add_argument("--configs", default=None, help="comma-separated indices into CONFIGS (default: all)")
     args = ap.parse_args()
     torch.set_num_threads(2)
     lm = load_model(args.model, dtype=args.weights)
-    for penalty in (1.0, 1.2):
+    configs = CONFIGS if args.configs is None else [CONFIGS[int(i)] for i in args.configs.split(",")]
+    for penalty in map(float, args.penalties.split(",")):
         cfg = GenerationConfig(max_new_tokens=args.tokens, repetition_penalty=penalty)
-        for name, opts in CONFIGS:
-            engine = None
-            if name != "ar":
-                method = Method.parse(name, **opts).for_model(args.model)
-                engine = build(method, lm, load_heads([method]))
+        for name, opts in configs:
+            method = Method.parse("none" if name == "ar" else name, **opts).for_model(args.model)
+            engine = build(method, lm, load_heads([method]))
             seconds = tokens = draft = verify = 0.0
             taus = []
             for prompt in PROMPTS:
