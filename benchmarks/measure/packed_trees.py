@@ -24,7 +24,11 @@ CONFIGS = [("ar", {}), ("microspec", dict(depth=1, top_k=1, total_tokens=1)),
            ("microspec", dict(depth=3, top_k=2, total_tokens=4)), ("microspec", dict(depth=4, top_k=2, total_tokens=6)),
            ("microspec", dict(depth=4, top_k=2, total_tokens=8)), ("microspec", dict(depth=5, top_k=4, total_tokens=12)),
            ("microspec", dict(depth=6, top_k=4, total_tokens=16)), ("microspec", dict(depth=6, top_k=8, total_tokens=24)),
-           ("eagle-full", dict(depth=4, top_k=2, total_tokens=8)), ("eagle-full", dict(depth=6, top_k=4, total_tokens=16))]
+           ("eagle-full", dict(depth=4, top_k=2, total_tokens=8)), ("eagle-full", dict(depth=6, top_k=4, total_tokens=16)),
+           ("microspec", dict(depth=3, top_k=2, total_tokens=4, head_mode="all")),
+           ("microspec", dict(depth=4, top_k=2, total_tokens=8, head_mode="all")),
+           ("microspec", dict(depth=5, top_k=4, total_tokens=12, head_mode="all")),
+           ("microspec", dict(depth=2, top_k=1, total_tokens=2, head_mode="all"))]
 
 
 def main() -> None:
@@ -52,8 +56,8 @@ def main() -> None:
                 taus.append(s["mean_accept_len"])
                 draft += s["draft_s"]
                 verify += s["verify_s"]
-            print(f"penalty {penalty} {name} {opts}: {tokens / seconds:.1f} tok/s, tau {sum(taus) / len(taus):.2f}, "
-                  f"draft {draft:.2f} s, verify {verify:.2f} s", flush=True)
+            print(f"penalty {penalty} {name} {opts or engine.tree}: {tokens / seconds:.1f} tok/s, "
+                  f"tau {sum(taus) / len(taus):.2f}, draft {draft:.2f} s, verify {verify:.2f} s", flush=True)
 
 
 if __name__ == "__main__":

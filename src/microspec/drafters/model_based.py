@@ -75,9 +75,10 @@ def check_shape(method) -> None:
 
 # Tree shape when the user gives none: on a GPU, EAGLE-2's published default (60 tokens with the root, depth 5 =
 # 6 draft levels, top-k 10); on a CPU, where a verify pass grows with every node (BENCHMARKS.md), small trees; with
-# packed GGUF weights on a CPU ("cpu-gguf") one drafted token: there each further verify row costs a sizeable share of
-# a plain step, in the body and more in the head, so only the first draft position pays (measured on Gemma 3 270M:
-# one drafted token beat two and the dense CPU tree; BENCHMARKS.md, "Where the time goes").
+# packed GGUF weights on a CPU ("cpu-gguf") one drafted token.  There a draft level costs about a tenth of a plain
+# step and, where the 512-bit integer products apply, 3 verify rows about one; measured on Gemma 3 270M
+# (benchmarks/measure/packed_trees.py, AMD EPYC): greedy, a chain of 2 beat 1 in each of four paired runs (by 1-15%),
+# under repetition penalty 1.2 it lost to 1 (by 8-16%), and every wider tree lost to both.
 TREES = {
     "cuda": {"depth": 6, "top_k": 10, "total_tokens": 59},
     "cpu": {"depth": 4, "top_k": 2, "total_tokens": 8},
