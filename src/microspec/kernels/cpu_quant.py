@@ -102,6 +102,8 @@ def int_path(path: str | None = None) -> str:
     so the same results bit for bit.  ``path`` None: the widest this CPU has (the default); a path the CPU lacks
     falls back to ``avx2``.  Returns the path in use."""
     code = -1 if path is None else INT_PATHS.index(path)
+    if not available():
+        raise RuntimeError(f"the CPU quantized-weight kernel is not available here: {build_error() or 'off'}")
     return INT_PATHS[_EXT.module.set_int_path(code)]
 
 
