@@ -15,14 +15,18 @@ own CPU time on the same cores.
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 
 from serve_load import PROMPTS  # this folder's (a script's folder is on its path)
 
 from microspec.auto import BatchDepth
+from microspec.bench import run_meta
 from microspec.compose import build
 from microspec.decoding import GenerationConfig
 from microspec.decoding.loop import step_many
+from microspec.kernels import cpu_quant
 from microspec.models.registry import load_model
 from microspec.prompts import encode_prompt
 
@@ -36,6 +40,11 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--levels", default="1,2,4,8")
     ap.add_argument("--depth", default="auto", help="comma-separated: auto or a depth cap per run")
+    ap.add_argument("--int-paths", default=None,
+                    help="comma-separated instruction paths of the packed products to run in turn (cpu_quant.INT_PATHS;"
+                         " default: this CPU's widest)")
+    ap.add_argument("--rounds", type=int, default=1, help="every path and level this many times, in turn")
+    ap.add_argument("--out", default=None, help="write every rate (and the run's provenance) here as JSON")
     args = ap.parse_args()
     lm = load_model(args.model, dtype=args.weights)
     engine = build(args.method, lm)
@@ -67,13 +76,24 @@ def main() -> None:
             running = [(k, g) for k, g in running if g.finish is None]
         return tokens / (time.perf_counter() - t), same
 
-    for depth in args.depth.split(","):
-        base = None
-        for n in (int(x) for x in args.levels.split(",")):
-            rate, same = run(n, depth)
-            base = base or rate
-            print(f"{args.method} depth={depth} requests_at_once={n} {rate:.1f} tok/s {rate / base:.2f}x same={same}",
-                  flush=True)
+    paths = [None] if args.int_paths is None else args.int_paths.split(",")
+    rates: dict = {}
+    for r in range(args.rounds):
+        for path in paths:
+            name = cpu_quant.int_path(path) if path is not None else "default"
+            for depth in args.depth.split(","):
+                base = None
+                for n in (int(x) for x in args.levels.split(",")):
+                    rate, same = run(n, depth)
+                    base = base or rate
+                    rates.setdefault(f"{name} depth={depth}", {}).setdefault(str(n), []).append(
+                        {"tok_s": round(rate, 1), "over_one": round(rate / base, 3), "same": same})
+                    print(f"{args.method} {name} depth={depth} requests_at_once={n} {rate:.1f} tok/s "
+                          f"{rate / base:.2f}x same={same}", flush=True)
+    if args.out:
+        meta = run_meta(method=args.method, model=args.model, requests=args.requests,
+                        max_new_tokens=args.max_new_tokens, rounds=args.rounds)
+        Path(args.out).write_text(json.dumps({**meta, "rates": rates}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
