@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from .common import CPU, RESULTS, Source, load, num, runs, table, x
+from .common import CPU, RESULTS, Source, commit, load, num, runs, spread, table, x
 from .vocab import METHODS, MODELS, PEERS, PROTOCOL, ov, source, title
 
 DATA = runs("cost")  # its runs and their provenance: benchmarks/render/runs.json
@@ -183,8 +183,66 @@ def _llama() -> list[str]:
             "in another order), not a decoding difference.", ""]
 
 
+def _source(rel: str, what: str = "") -> str:
+    meta = load(rel)
+    where = f"{meta['machine']}, {meta['threads']} threads"
+    return Source(rel, meta["command"] + what, meta["date"], where, commit(meta)).markdown()
+
+
+def _paths() -> list[str]:
+    """The interleaved products on each instruction path, against the commit before the 512-bit path."""
+    paths = DATA["INT_PATHS"]
+    now, before, batch = (f"{paths['DIR']}/{paths[k]}" for k in ("NOW", "BEFORE", "BATCH"))
+    new, old = load(now), load(before)
+    names = ("avx2", "vnni256", "vnni512")
+    tokens = [k.split("=")[1] for k in new["forward_head"]]
+
+    def fwd(d: dict, key: str, n: str) -> str:
+        one = d["forward_head"]["tokens=1"][key]
+        ms = d["forward_head"][f"tokens={n}"][key]
+        return f"{ms:.1f} ({ms / one:.2f}x)"
+
+    fwd_rows = [[f"{p}, now", *(fwd(new, f"{p}_ms", n) for n in tokens)] for p in names]
+    fwd_rows += [[f"{label}, before ({commit(old)})", *(fwd(old, key, n) for n in tokens)]
+                 for label, key in (("AVX2", "avx2_ms"), ("256-bit VNNI", "vnni_ms"))]
+    head = {k.split("rows=")[1]: v for k, v in new["products"].items() if k.startswith("head ")}
+    head_old = {k.split("rows=")[1]: v for k, v in old["products"].items() if k.startswith("head ")}
+    head_rows = [[f"{p}, now", *(num(head[n][f"{p}_ms"]) for n in head)] for p in names]
+    head_rows += [[f"{label}, before", *(num(head_old[n][key]) for n in head)]
+                  for label, key in (("AVX2", "avx2_ms"), ("256-bit VNNI", "vnni_ms"))]
+    b = load(batch)
+    levels = list(next(iter(b["rates"].values())))
+    batch_rows = [[key.split()[0], *(spread([r["over_one"] for r in v[n]]) for n in levels)]
+                  for key, v in b["rates"].items()]
+    same = all(r["same"] for v in b["rates"].values() for rs in v.values() for r in rs)
+    w16, n16 = (new["forward_head"]["tokens=16"]["over_one_token"][p] for p in ("vnni512", "vnni256"))
+    o16 = old["forward_head"]["tokens=16"]["vnni_ms"] / old["forward_head"]["tokens=1"]["vnni_ms"]
+    one_old, one_new = old["forward_head"]["tokens=1"]["vnni_ms"], new["forward_head"]["tokens=1"]["vnni512_ms"]
+    return ["### The products by instruction path", "",
+            "The interleaved integer products take the widest path the CPU reports (`cpu_quant.int_path`): AVX2 "
+            "(`maddubs` into int16 pairs), AVX-512 VNNI on 256-bit registers (one tile of 8 weight rows, up to 4 "
+            "activation rows a register tile), or on 512-bit registers (two tiles side by side, up to 8 activation "
+            "rows, from 5 rows on). Every path gives the same int32 sums and fp32 chain, so the same bits "
+            "(tests/test_gguf.py); every path now also prefetches the tiles ahead. Gemma 3 270M, packed GGUF, the "
+            f"model's forward plus its LM head over *n* new tokens after a 100-token prefix, ms (and over one token), "
+            "best of 3 rounds of the median of 10, the paths alternating in one process:", "",
+            table(["path", *(f"{n} token{'s' * (n != '1')}" for n in tokens)], fwd_rows), "",
+            "The LM head alone (Q8_0, 262,144 x 640, streamed from memory), ms by rows:", "",
+            table(["path", *(f"{n} row{'s' * (n != '1')}" for n in head)], head_rows), "",
+            "Plain batching in process (`step_many`, 16 greedy requests of 64 tokens, at most *n* at once): the "
+            f"batch's tokens per second over one request at a time, mean of {b['rounds']} rounds (range); "
+            f"{'every answer equal to the request decoded alone' if same else 'SOME ANSWERS DIFFER'}:", "",
+            table(["path", *(f"{n} at once" for n in levels)], batch_rows), "",
+            _source(now), _source(before, f" (in a worktree of {commit(old)}, PYTHONPATH=src)"), _source(batch), "",
+            f"- A 16-token verify pass (forward and head) costs {w16:.2f}x a one-token step on the 512-bit path, "
+            f"against {o16:.2f}x before on 256-bit VNNI ({n16:.2f}x now, with the prefetch); the LM head's 16 rows "
+            f"cost {head['16']['vnni512_ms'] / head['1']['vnni512_ms']:.1f}x its one row.",
+            f"- At one token only the prefetch differs between the commits: {one_old:.1f} -> {one_new:.1f} ms here.",
+            "- Not measured on an Intel CPU with AMX, whose tiles these products do not use.", ""]
+
+
 def render() -> str:
-    return "\n".join(["## Where the time goes", "", *_split(), *_step(), *_layer(), *_floor(),
+    return "\n".join(["## Where the time goes", "", *_split(), *_step(), *_layer(), *_paths(), *_floor(),
                       *_llama()]).rstrip() + "\n"
 
 
