@@ -49,3 +49,30 @@ def test_load_model_and_the_command_line_leave_the_choice_to_the_device(tiny_mod
     for flags, want in (([], None), (["--cuda-graphs", "off"], False), (["--cuda-graphs", "on"], True)):
         common.load_model_from_args(build_parser().parse_args(["generate", "--prompt", "x", *flags]))
         assert seen[-1] is want
+
+
+def test_environment_switches_are_read_when_asked_and_parsed_one_way(monkeypatch):
+    """MICROSPEC_DRAFT_AHEAD, MICROSPEC_REPACK and MICROSPEC_CPU_KERNEL are read at the moment they decide, through
+    one parser: unset or empty -> the default; 0 / off / false / no in any case -> off; anything else -> on."""
+    from microspec.devices import env_flag
+    from microspec.kernels import _build
+    from microspec.models import gguf
+
+    monkeypatch.delenv("MICROSPEC_X_TEST", raising=False)
+    assert env_flag("MICROSPEC_X_TEST") is True and env_flag("MICROSPEC_X_TEST", default=False) is False
+    for off in ("0", "off", "FALSE", " No "):
+        monkeypatch.setenv("MICROSPEC_X_TEST", off)
+        assert env_flag("MICROSPEC_X_TEST") is False, off
+    for on in ("1", "on", "yes", "auto"):
+        monkeypatch.setenv("MICROSPEC_X_TEST", on)
+        assert env_flag("MICROSPEC_X_TEST", default=False) is True, on
+    monkeypatch.setenv("MICROSPEC_X_TEST", "")
+    assert env_flag("MICROSPEC_X_TEST", default=False) is False
+    monkeypatch.setenv("MICROSPEC_REPACK", "off")
+    assert gguf.repack_setting() is False
+    monkeypatch.setenv("MICROSPEC_REPACK", "1")
+    assert gguf.repack_setting() is True
+    monkeypatch.setenv("MICROSPEC_CPU_KERNEL", "0")
+    assert _build.disabled()
+    monkeypatch.setenv("MICROSPEC_CPU_KERNEL", "auto")
+    assert not _build.disabled()

@@ -149,7 +149,7 @@ def test_drafting_ahead_steps_aside_where_it_cannot_apply(pair, monkeypatch, cud
     """No tree drafted ahead, and the same output, where the draft needs the host or the step's order: a host
     window (a CPU's MicroSpec: its update reads the tuples), a policy with sets per depth, a chain, a drafter that
     needs the committed tokens (prompt lookup first), the adaptive steps, an ``on_step`` listener, a processor that
-    cannot go into the whole draft (no-repeat-n-gram), or no whole draft at all."""
+    cannot go into the whole draft (no-repeat-n-gram), no whole draft at all, or MICROSPEC_DRAFT_AHEAD=0."""
     from microspec.decoding.adaptive import AdaptiveSteps
     from microspec.drafters import NGramDrafter
     from microspec.drafters.lookup_first import LookupFirst
@@ -180,3 +180,7 @@ def test_drafting_ahead_steps_aside_where_it_cannot_apply(pair, monkeypatch, cud
     drafter = EagleDrafter(head, **SHAPE)
     drafter.whole_graph = False
     assert generate_ids(nm, PROMPT, cfg, drafter=drafter).token_ids == plain and not calls
+    monkeypatch.setenv("MICROSPEC_DRAFT_AHEAD", "0")  # switched off, read at the step (not at import)
+    assert generate_ids(nm, PROMPT, cfg, drafter=EagleDrafter(head, **SHAPE)).token_ids == plain and not calls
+    monkeypatch.delenv("MICROSPEC_DRAFT_AHEAD")
+    assert generate_ids(nm, PROMPT, cfg, drafter=EagleDrafter(head, **SHAPE)).token_ids == plain and calls

@@ -11,6 +11,7 @@ to.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 DEVICE_KINDS = ("cuda", "cpu", "cpu-gguf")
@@ -56,4 +57,17 @@ def apply(model, cuda_graphs: bool | None = None) -> None:
     model.use_cuda_graphs(on and model.device.type == "cuda")
 
 
-__all__ = ["DEVICE_KINDS", "SETTINGS", "DeviceSettings", "apply", "device_kind", "of_model", "settings"]
+OFF = ("0", "off", "false", "no")
+
+
+def env_flag(name: str, default: bool = True) -> bool:
+    """An on/off switch from the environment, read when asked (no module reads one at import): unset or empty ->
+    ``default``; 0, off, false or no (any case) -> False; anything else -> True.  The switches: MICROSPEC_DRAFT_AHEAD
+    (the next tree drafted before a step's read, where the device runs behind the host), MICROSPEC_REPACK (GGUF
+    matrices interleaved at load), MICROSPEC_CPU_KERNEL (the CPU kernels at all)."""
+    value = os.environ.get(name, "").strip().lower()
+    return default if not value else value not in OFF
+
+
+__all__ = ["DEVICE_KINDS", "OFF", "SETTINGS", "DeviceSettings", "apply", "device_kind", "env_flag", "of_model",
+           "settings"]

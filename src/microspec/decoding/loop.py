@@ -7,7 +7,6 @@ and host reads only of the chosen tokens (needed anyway to walk the tree and tes
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from ..devices import env_flag
 from ..errors import MicrospecError, check
 from ..kernels import cpu_linear
 from ..models import graphs as model_graphs
@@ -45,9 +45,9 @@ CACHE_MARGIN = 256  # cache slots beyond prompt + max_new_tokens, for the tree n
 PREFILL_CHUNK = 128
 # device types on which a model drafter's next tree is launched before a step's read (Generation.settle): where the
 # device runs behind the host, it drafts while the host reads, commits and streams the step; on a CPU every operation
-# runs as the host issues it, so there is nothing to overlap.  MICROSPEC_DRAFT_AHEAD=0: none (an A/B switch)
-DRAFT_AHEAD = () if os.environ.get("MICROSPEC_DRAFT_AHEAD", "1").strip().lower() in ("0", "off", "false", "no") \
-    else ("cuda",)
+# runs as the host issues it, so there is nothing to overlap.  MICROSPEC_DRAFT_AHEAD=0: none (an A/B switch, read
+# at each generation's steps: devices.env_flag)
+DRAFT_AHEAD = ("cuda",)
 
 
 class Ahead(NamedTuple):
@@ -500,7 +500,8 @@ class Generation:
         rows = tree.depth + 1  # the most the step commits
         ctx = DraftContext(self.tokens, self.model, self.cache, self.cfg.max_new_tokens - len(self.out) - rows - 1,
                            pipe)
-        if self.model.device.type not in DRAFT_AHEAD or self.adaptive is not None or self.on_step is not None or (
+        if self.model.device.type not in DRAFT_AHEAD or not env_flag("MICROSPEC_DRAFT_AHEAD") \
+                or self.adaptive is not None or self.on_step is not None or (
                 vocab is not None and (vocab.per_depth or not vocab.verifies_ahead)) or not drafter.drafts_ahead(ctx):
             return None
         mark, host = self.clock.mark(), clock()

@@ -24,17 +24,15 @@ from pathlib import Path
 
 import torch
 
+from ..devices import env_flag
+
 
 def setting() -> str:
     return os.environ.get("MICROSPEC_CPU_KERNEL", "auto").strip().lower()
 
 
-_OFF = ("0", "off", "false", "no")
-
-
 def disabled() -> bool:
-    value = os.environ.get("MICROSPEC_CPU_KERNEL")  # asked before every product: kept to one lookup
-    return value is not None and value.strip().lower() in _OFF
+    return not env_flag("MICROSPEC_CPU_KERNEL")  # asked before every product: one lookup
 
 
 @functools.cache

@@ -19,7 +19,6 @@ safetensors cache built where the ``gguf`` package is missing (``MICROSPEC_GGUF_
 from __future__ import annotations
 
 import mmap
-import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..devices import env_flag
 from ..errors import MicrospecError
 from ..kernels import cpu_quant
 from .layers import Linear
@@ -222,7 +222,7 @@ def repack_setting() -> bool:
     """Whether GGUF loads keep Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q6_K matrices in their interleaved form
     (see :meth:`GGUFFile.packed`); ``MICROSPEC_REPACK=0``: every tensor as the file has it (to measure the
     difference)."""
-    return os.environ.get("MICROSPEC_REPACK", "1").strip().lower() not in ("0", "off", "false", "no")
+    return env_flag("MICROSPEC_REPACK")
 
 
 def packed_weights(path: Path, spec, integer: bool = True, repack: bool | None = None) -> dict[str, QuantTensor]:
