@@ -218,6 +218,9 @@ def _paths() -> list[str]:
     w16, n16 = (new["forward_head"]["tokens=16"]["over_one_token"][p] for p in ("vnni512", "vnni256"))
     o16 = old["forward_head"]["tokens=16"]["vnni_ms"] / old["forward_head"]["tokens=1"]["vnni_ms"]
     one_old, one_new = old["forward_head"]["tokens=1"]["vnni_ms"], new["forward_head"]["tokens=1"]["vnni512_ms"]
+    floor = f"{paths['DIR']}/{paths['FLOOR']}"
+    fl = load(floor)
+    shares, bws, toks = ([r[k] for r in fl["rounds"]] for k in ("share", "read_gb_s", "decode_tok_s"))
     return ["### The products by instruction path", "",
             "The interleaved integer products take the widest path the CPU reports (`cpu_quant.int_path`): AVX2 "
             "(`maddubs` into int16 pairs), AVX-512 VNNI on 256-bit registers (one tile of 8 weight rows, up to 4 "
@@ -238,6 +241,11 @@ def _paths() -> list[str]:
             f"against {o16:.2f}x before on 256-bit VNNI ({n16:.2f}x now, with the prefetch); the LM head's 16 rows "
             f"cost {head['16']['vnni512_ms'] / head['1']['vnni512_ms']:.1f}x its one row.",
             f"- At one token only the prefetch differs between the commits: {one_old:.1f} -> {one_new:.1f} ms here.",
+            f"- Plain decoding against the read bandwidth, measured in pairs (each round a bandwidth measurement, then "
+            f"a plain generation of {fl['tokens']} tokens): {fl['median_share']:.0%} of it, median of "
+            f"{len(fl['rounds'])} rounds ({min(shares):.0%}–{max(shares):.0%}; the bandwidth "
+            f"{min(bws):.1f}–{max(bws):.1f} GB/s, plain decoding {min(toks):.0f}–{max(toks):.0f} tok/s). "
+            + _source(floor),
             "- Not measured on an Intel CPU with AMX, whose tiles these products do not use.", ""]
 
 
