@@ -359,14 +359,16 @@ class Server(_Client):
     """``microspec serve`` in its own process."""
 
     def __init__(self, model: Path | str, *extra: str, log_dir: Path | None = None, api_key: str | None = None,
-                 env: dict | None = None):
+                 env: dict | None = None, step_delay: float = 0.0):
+        """``step_delay``: each step of the worker at least this many seconds longer (tests/slow_steps.py)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
         self.log = open((log_dir or Path(model).parent) / f"server-{self.port}.log", "w+")  # noqa: SIM115
         key = ["--api-key", api_key] if api_key else []
         extra_env, env = env, {k: v for k, v in os.environ.items() if k != "MICROSPEC_API_KEY"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "microspec", "serve", "--model", str(model), "--port",
+        cmd = [str(Path(__file__).with_name("slow_steps.py")), str(step_delay)] if step_delay else ["-m", "microspec"]
+        self.proc = subprocess.Popen([sys.executable, *cmd, "serve", "--model", str(model), "--port",
                                       str(self.port), *key, *extra], stdout=self.log, stderr=subprocess.STDOUT,
                                      env={**env, "PYTHONUNBUFFERED": "1", **(extra_env or {})})
         deadline = time.time() + 180

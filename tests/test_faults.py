@@ -238,7 +238,8 @@ def test_a_failure_of_the_batched_step_fails_its_requests_and_the_server_goes_on
     """An exception from the forward every running request shares (out of memory, say) answers each of them 500
     (an error object, no trace) and the worker serves the next request."""
     from microspec.serve.app import create_app
-    from microspec.serve.worker import STEP_DELAY_ENV, Worker
+    from microspec.serve.worker import Worker
+    from slow_steps import slow_steps
 
     model = engine.lm.model
     real = model.forward_many
@@ -251,7 +252,7 @@ def test_a_failure_of_the_batched_step_fails_its_requests_and_the_server_goes_on
         return real(rows, taps)
 
     monkeypatch.setattr(model, "forward_many", forward_many)
-    monkeypatch.setenv(STEP_DELAY_ENV, "0.01")  # each request lasts long enough to share steps
+    slow_steps(0.01, monkeypatch.setattr)  # each request lasts long enough to share steps
     server = InProcessServer(create_app(Worker(engine, max_num_seqs=4), access_log=False))
     try:
         body = {"prompt": "w1 w2 w3", "max_tokens": 60, "temperature": 0, "ignore_eos": True}
@@ -364,10 +365,11 @@ def test_a_long_prompt_does_not_stop_the_other_streams(engine, monkeypatch):
     decodes meanwhile; both answers are those each gets alone."""
     from microspec.decoding import GenerationConfig, loop
     from microspec.serve.app import create_app
-    from microspec.serve.worker import STEP_DELAY_ENV, Worker
+    from microspec.serve.worker import Worker
+    from slow_steps import slow_steps
 
     monkeypatch.setattr(loop, "PREFILL_CHUNK", 8)
-    monkeypatch.setenv(STEP_DELAY_ENV, "0.01")
+    slow_steps(0.01, monkeypatch.setattr)
     model, events = engine.lm.model, []
     forward, forward_many = model.forward, model.forward_many
 

@@ -291,7 +291,7 @@ def long_server(tmp_path_factory):
     d = model_dir_with_chat_template(tmp_path_factory.mktemp("serve-long") / "long", refusing + CHAT_TEMPLATE,
                    max_position_embeddings=8192)
     s = Server(d, "--max-queue", "1", "--max-num-seqs", "1", "--request-timeout", "3",
-               env={"MICROSPEC_SERVE_STEP_DELAY": "0.002"})
+               step_delay=0.002)
     yield s
     s.close()
 

@@ -25,7 +25,7 @@ def server(tmp_path_factory):
     d = model_dir_with_chat_template(tmp_path_factory.mktemp("serve-faults") / "tiny", max_position_embeddings=512)
     s = Server(d, *METHOD, "--max-body-bytes", str(CAP), "--max-tokens", str(MAX_TOKENS), "--max-model-len",
                str(MAX_MODEL_LEN), "--max-num-seqs", "1", "--shutdown-timeout", "30", api_key=KEY,
-               env={"MICROSPEC_SERVE_STEP_DELAY": "0.005"})  # a MAX_TOKENS stream lasts 1 s at least
+               step_delay=0.005)  # a MAX_TOKENS stream lasts 1 s at least
     yield s
     s.close()
 

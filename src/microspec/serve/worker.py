@@ -28,10 +28,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import os
 import sys
 import threading
-import time
 import traceback
 from dataclasses import dataclass, field
 
@@ -45,24 +43,10 @@ from .answers import TokenTexts, figures, options
 from .protocol import APIError, Logprob, Request, shutting_down
 from .text import TextStream
 
-STEP_DELAY_ENV = "MICROSPEC_SERVE_STEP_DELAY"
 # the most of the decoding thread's time a long prompt's prefill takes while other requests run: a prefill forward
 # waits until their steps have had as much time again (a long prompt's first token comes later; theirs do not wait
 # behind it)
 PREFILL_SHARE = 0.5
-
-
-def step_delay() -> float:
-    """``$MICROSPEC_SERVE_STEP_DELAY``: seconds the worker waits after each decoding step (default 0), so that a test
-    of a timeout or a race holds its premise (a generation outlasts its deadline) on any machine."""
-    value = os.environ.get(STEP_DELAY_ENV, "").strip()
-    try:
-        delay = float(value) if value else 0.0
-    except ValueError:
-        raise MicrospecError(f"{STEP_DELAY_ENV}={value!r} is not a number of seconds") from None
-    if not 0 <= delay <= 10:
-        raise MicrospecError(f"{STEP_DELAY_ENV} must be between 0 and 10 seconds, got {value}")
-    return delay
 
 
 class Cancelled(Exception):
@@ -211,7 +195,6 @@ class Worker:
         self.prefill_debt = 0.0  # seconds of steps owed to the running requests before the next prefill forward
         self.kv_held = 0  # bytes of KV cache the running requests hold
         self.depths = BatchDepth()
-        self.step_delay = step_delay()
         self.running = 0
         self.closing = False
         self.thread = threading.Thread(target=self._loop, name="microspec-worker", daemon=True)
@@ -341,8 +324,6 @@ class Worker:
             per = [depth if ok else 0 for ok in self.depths.drafting(n, [r.ledger for r in running])]
         steps = [r.gen.stats.steps for r in running]
         errors = step_many(self.lm.model, [r.gen for r in running], per)
-        if self.step_delay:  # a testing aid: steps as slow as a slower machine's
-            time.sleep(self.step_delay)
         self.metrics.on_step(n, depth)
         if self.batch_depth is None:
             rows = 0
