@@ -59,13 +59,12 @@ GENERAL = """\
 - `MICROSPEC_GGUF_ASSETS`: a folder with a GGUF model's `config.json` and tokenizer files (each plain or gzipped);
   where the `gguf` package is missing, a `.gguf` model then loads through microspec's own dense reader.
 - `MICROSPEC_CPU_KERNEL`: `0` turns microspec's compiled CPU kernels off (torch's operations instead); `1` makes a
-  failed kernel build an error instead of a quiet fallback.
+  failed kernel build an error instead of a quiet fallback.  (The on/off switches here read `0`, `off`, `false` or
+  `no` as off, in any case, at the moment they decide.)
 - `MICROSPEC_REPACK`: `0` keeps a GGUF file's quantized matrices in the file's layout instead of the interleaved
   8-row form they are rearranged into at load.
 - `MICROSPEC_DRAFT_AHEAD`: `0` makes a model drafter's next tree on CUDA wait for the step's read instead of being
   launched before it (the tokens are the same either way; an A/B switch).
-- `MICROSPEC_SERVE_STEP_DELAY`: seconds `serve`'s decoding thread waits after each step (default 0): a testing aid
-  that makes a generation outlast a timeout on any machine.
 - `TRITON_INTERPRET=1`: runs Triton kernels (`--gather fused`) in Triton's interpreter, without a GPU.
 - The command sets `HF_HUB_OFFLINE=1`, `TRANSFORMERS_VERBOSITY=error` and `TOKENIZERS_PARALLELISM=false` unless they
   are set: nothing is ever downloaded.
