@@ -240,11 +240,7 @@ class NativeCausalLM(nn.Module):
         taps: layers whose inputs to hand out as well (:class:`Taps`, EAGLE-3's features; not with ``num_layers``).
         Returns the final-normed hidden states [T, d].
         """
-        if self.cuda_graphs is not None and num_layers is None and taps is None:
-            out = self.cuda_graphs.run(input_ids, cache, positions, mask)  # the embedding inside the graph
-            if out is not None:
-                return out
-        return self._run(self.embed(input_ids), cache, positions, mask, num_layers, taps)
+        return self._replay_or_run(input_ids, self.embed, cache, positions, mask, num_layers, taps)
 
     def run(
         self,
@@ -256,11 +252,17 @@ class NativeCausalLM(nn.Module):
         taps: "Taps | None" = None,
     ) -> torch.Tensor:
         """:meth:`forward` from input vectors ``x`` [T, d] instead of token ids (final norm applied if present)."""
+        return self._replay_or_run(x, None, cache, positions, mask, num_layers, taps)
+
+    def _replay_or_run(self, inputs: torch.Tensor, embed, cache: KVCache, positions: torch.Tensor | None,
+                       mask: torch.Tensor | None, num_layers: int | None, taps: "Taps | None") -> torch.Tensor:
+        """The CUDA graph of the whole forward where one replays (``inputs`` as given: token ids are embedded inside
+        the graph), else the eager forward over ``embed(inputs)`` (``embed`` None: ``inputs`` are vectors)."""
         if self.cuda_graphs is not None and num_layers is None and taps is None:
-            out = self.cuda_graphs.run(x, cache, positions, mask)
+            out = self.cuda_graphs.run(inputs, cache, positions, mask)
             if out is not None:
                 return out
-        return self._run(x, cache, positions, mask, num_layers, taps)
+        return self._run(inputs if embed is None else embed(inputs), cache, positions, mask, num_layers, taps)
 
     def _run(self, x: torch.Tensor, cache: KVCache, positions: torch.Tensor | None, mask: torch.Tensor | None,
              num_layers: int | None, taps: "Taps | None") -> torch.Tensor:

@@ -477,7 +477,7 @@ void linear_x8_type(const int8_t* qx, const float* dx, const float* dxs, int64_t
           const int64_t ahead = two ? 2 : PREFETCH_TILES;  // the next pair, or a few tiles on
           for (int64_t m0 = mb; m0 < me; m0 += two ? MT : 4)
             rows_tiles<T>(a, offs.data(), sums.data(), wp + t * RB, RB, m0, std::min<int64_t>(two ? MT : 4, me - m0),
-                          two, path, N, t, op, m0 == mb && t + ahead < tiles ? ahead * RB : 0);
+                          two, path, N, t, op, m0 == mb && t + ahead + two < tiles ? ahead * RB : 0);
           t += two ? 2 : 1;
         }
       }
