@@ -418,3 +418,11 @@ class InProcessServer(_Client):
     def close(self) -> None:
         self.server.should_exit = True
         self.thread.join(30)
+
+
+def device_as(monkeypatch, device: str = "cpu", **changes) -> None:
+    """For the test, ``device``'s profile (:mod:`microspec.devices`) with ``changes``: a test following CUDA's path
+    on a CPU says which of CUDA's choices it takes (``walk_on_device=True``, ``draft_ahead=True``, ...)."""
+    from microspec import devices
+
+    monkeypatch.setitem(devices.PROFILES, device, devices.with_changes(device, **changes))

@@ -10,7 +10,8 @@ import warnings
 import pytest
 import torch
 
-from support import VOCAB, official_checkpoint, tiny_pair
+from support import VOCAB, device_as, official_checkpoint, tiny_pair
+from microspec import devices
 from microspec.decoding import GenerationConfig, generate_ids
 from microspec.drafters import EagleDrafter, EagleHead, EarlyExitDrafter, NGramDrafter
 from microspec.drafters.lookup_first import LookupFirst
@@ -65,7 +66,7 @@ def test_norm_and_rope_kernels_on_cuda():
     within one step of it and nearly always equal (rounded to nearest, as torch rounds); the q/k rotation bf16 bit for
     bit, with the q/k norms within a step; the gated activation within a step; a model's layers take them on CUDA,
     q/k/v joined into one matrix."""
-    from microspec.kernels import glu as G, rms_norm as K, rope as R, triton_env
+    from microspec.kernels import glu as G, rms_norm as K, rope as R
 
     def close(got, ref, share=0.02):
         diff = (got.float() - ref.float()).abs()
@@ -120,7 +121,7 @@ def test_norm_and_rope_kernels_on_cuda():
     for act in ("silu", "gelu_pytorch_tanh", "gelu"):
         gu = torch.randn(33, 2 * 2048, generator=g).to(DEV, torch.bfloat16) * 2
         close(G.act_mul(gu[:, :2048], gu[:, 2048:], act), G.reference(gu[:, :2048], gu[:, 2048:], act), 0.05)
-    assert triton_env.DEVICES == ("cuda",)
+    assert devices.profile("cuda").fused_layers and not devices.profile("cpu").fused_layers
     for family in ("gemma3", "llama"):
         nm = _model(family, torch.bfloat16)
         prompt = torch.tensor([1, 2, 3], device=DEV)
@@ -340,9 +341,7 @@ def test_the_whole_draft_replays_as_one_graph(tmp_path, monkeypatch, policy, dec
     captured at its shape's second use and kept by the draft cache: the same trees as the level-by-level draft, the
     target's own text, and a later generation that takes the pooled cache replays without capturing again.  Each
     tree drafted after its step's read, as ``propose`` drafts it (the next test drafts ahead of the read)."""
-    from microspec.decoding import loop
-
-    monkeypatch.setattr(loop, "DRAFT_AHEAD", ())
+    device_as(monkeypatch, "cuda", draft_ahead=False)
     nm = _model(graphs=True)
     path, _, _ = official_checkpoint(tmp_path / "ck", d=nm.spec.hidden_size)
     head = EagleHead.load(path).to(DEV)
@@ -376,12 +375,11 @@ def test_the_whole_draft_replays_as_one_graph(tmp_path, monkeypatch, policy, dec
 @pytest.mark.parametrize("decoding", [{}, {"temperature": 0.8, "seed": 3}, {"repetition_penalty": 1.2}],
                          ids=["greedy", "seeded", "penalty"])
 def test_the_next_tree_is_drafted_ahead_of_the_read(tmp_path, monkeypatch, policy, decoding):
-    """CUDA's default (``loop.DRAFT_AHEAD``): the next step's tree launched as a graph replay before the step's
-    read, the policy's update (the kernel window's padded tuples) and the penalty's seen ids from the device: the
-    target's own text, the text drafted after the read, and every step drafted ahead but those near the end
+    """CUDA's default (its profile's ``draft_ahead``): the next step's tree launched as a graph replay before the
+    step's read, the policy's update (the kernel window's padded tuples) and the penalty's seen ids from the device:
+    the target's own text, the text drafted after the read, and every step drafted ahead but those near the end
     (tests/test_draft_ahead.py holds the trees equal on a CPU; here a tree's attention span may take another
     bucket, which a GPU may sum in another order: drafts only)."""
-    from microspec.decoding import loop
     from microspec.drafters.model_based import ForwardDrafter
 
     nm = _model(graphs=True)
@@ -393,8 +391,8 @@ def test_the_next_tree_is_drafted_ahead_of_the_read(tmp_path, monkeypatch, polic
     monkeypatch.setattr(ForwardDrafter, "draft_ahead",
                         lambda self, *a: (lambda t: drafted.append(t is not None) or t)(draft_ahead(self, *a)))
     outs = []
-    for ahead in (("cuda",), ()):
-        monkeypatch.setattr(loop, "DRAFT_AHEAD", ahead)
+    for ahead in (True, False):
+        device_as(monkeypatch, "cuda", draft_ahead=ahead)
         drafted.clear()
         r = generate_ids(nm, PROMPT, cfg, drafter=EagleDrafter(head, depth=4, top_k=3, total_tokens=10),
                          vocab=POLICIES[policy]())

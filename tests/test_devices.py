@@ -3,6 +3,8 @@ default on CUDA (its CUDA counterpart, which counts the replays of a real genera
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from microspec import devices
@@ -76,3 +78,29 @@ def test_environment_switches_are_read_when_asked_and_parsed_one_way(monkeypatch
     assert _build.disabled()
     monkeypatch.setenv("MICROSPEC_CPU_KERNEL", "auto")
     assert not _build.disabled()
+
+
+def test_a_device_profile_says_what_a_device_type_does_and_tests_swap_it_back():
+    """CUDA's profile takes every device-side path; a CPU's none but the penalty by index; a type without a profile
+    of its own (Apple's MPS) takes the CPU's choices under its own name; ``overriding`` restores what it changed."""
+    cuda, cpu, mps = devices.profile("cuda:1"), devices.profile(torch.device("cpu")), devices.profile("mps")
+    assert cuda.runs_behind_host and cuda.walk_on_device and cuda.draft_ahead and cuda.graphs and cuda.fused_layers
+    assert not (cpu.runs_behind_host or cpu.walk_on_device or cpu.draft_ahead or cpu.graphs) and cpu.penalty_by_index
+    assert mps.type == "mps" and not mps.graphs and not mps.walk_on_device
+    with devices.overriding("cpu", walk_on_device=True) as p:
+        assert p.walk_on_device and devices.profile("cpu") is p and p.penalty_by_index
+    assert devices.profile("cpu") == cpu
+    with devices.overriding("mps", graphs=True):
+        assert devices.profile("mps").graphs
+    assert "mps" not in devices.PROFILES
+
+
+def test_device_knowledge_stays_in_the_profile():
+    """No module but ``devices`` compares a device with CUDA's name: what a device does is its profile's (at most
+    three lines elsewhere may name it, as the design allows)."""
+    import microspec
+
+    root = Path(microspec.__file__).parent
+    named = [f"{p.relative_to(root)}:{i}" for p in root.rglob("*.py") if p.name != "devices.py"
+             for i, line in enumerate(p.read_text().splitlines(), 1) if '"cuda"' in line]
+    assert len(named) <= 3, named

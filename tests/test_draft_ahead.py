@@ -1,15 +1,15 @@
-"""A model drafter's next tree launched before a step's read (``Generation._draft_ahead``, on CUDA by default:
-``loop.DRAFT_AHEAD``), run here on a CPU with the device walk and the whole-draft path that CUDA takes: every tree
-equal tensor for tensor to the one drafted after the read, the same tokens, statistics and MicroSpec window; the
-device's view of what a step commits (``LaunchedWalk.path``) equal to the read's; a tree drafted past the end
-dropped; where it cannot apply the loop drafts after the read."""
+"""A model drafter's next tree launched before a step's read (``Generation._draft_ahead``, on CUDA by default: the
+device profile's ``draft_ahead``), run here on a CPU with the device walk and the whole-draft path that CUDA takes:
+every tree equal tensor for tensor to the one drafted after the read, the same tokens, statistics and MicroSpec
+window; the device's view of what a step commits (``LaunchedWalk.path``) equal to the read's; a tree drafted past the
+end dropped; where it cannot apply the loop drafts after the read."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from support import official_checkpoint, tiny_pair
+from support import device_as, official_checkpoint, tiny_pair
 from test_tree_device import PROMPT
 from microspec.decoding import GenerationConfig, generate_ids, loop, verify
 from microspec.drafters import EagleDrafter, EagleHead
@@ -32,7 +32,7 @@ _PLAN = loop.Generation.plan  # (each run records its trees through a wrapper of
 @pytest.fixture
 def cuda_path(monkeypatch):
     """The device walk and the whole draft, as CUDA takes them; whether it drafts ahead is each run's."""
-    monkeypatch.setattr(verify, "DEVICE_WALK", ("cuda", "cpu"))
+    device_as(monkeypatch, walk_on_device=True)
     monkeypatch.setattr(ForwardDrafter, "whole_graph", True)
 
 
@@ -46,7 +46,7 @@ def pair(tmp_path_factory):
 def _run(pair, monkeypatch, ahead: bool, policy: str, decoding: dict, n: int = 40, **kw):
     """(output, finish reason, statistics, every step's tree tensors, the window's entries, trees drafted ahead)."""
     nm, head = pair
-    monkeypatch.setattr(loop, "DRAFT_AHEAD", ("cuda", "cpu") if ahead else ("cuda",))
+    device_as(monkeypatch, draft_ahead=ahead)
     monkeypatch.setattr(torch, "seed", lambda: 1234)  # an unseeded request's key and generator
     drafter = EagleDrafter(head, **SHAPE)
     trees, drafted = [], []
@@ -156,7 +156,7 @@ def test_drafting_ahead_steps_aside_where_it_cannot_apply(pair, monkeypatch, cud
     from microspec.vocab.position import PositionAware
 
     nm, head = pair
-    monkeypatch.setattr(loop, "DRAFT_AHEAD", ("cuda", "cpu"))
+    device_as(monkeypatch, draft_ahead=True)
     v = nm.spec.vocab_size
     calls = []
     draft_ahead = ForwardDrafter.draft_ahead

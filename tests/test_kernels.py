@@ -165,7 +165,8 @@ def test_kernel_build_error_names_the_file_and_line(tmp_path, monkeypatch):
 RMS_SCRIPT = textwrap.dedent("""
     import sys
     import torch
-    from microspec.kernels import cpu_linear, cpu_quant, glu as G, rms_norm as K, rope as R, triton_env
+    from microspec.kernels import cpu_linear, cpu_quant, glu as G, rms_norm as K, rope as R
+    from microspec import devices
     assert K.available("cpu")
     g = torch.Generator().manual_seed(0)
     STEP = 2 ** -7  # a bf16 step, relative
@@ -266,13 +267,13 @@ RMS_SCRIPT = textwrap.dedent("""
                 assert torch.equal(G.act_mul(gate.contiguous(), up.contiguous(), act), got)
     # a norm whose weight trains keeps the plain path (its gradient), whatever the input, in both conventions
     from microspec.models.layers import RMSNorm
-    triton_env.DEVICES = ("cuda", "cpu")
+    devices.PROFILES["cpu"] = devices.with_changes("cpu", fused_layers=True)
     cpu_quant.rows_apply = lambda *a, **k: False
     for gemma in (True, False):
         assert RMSNorm(8, 1e-6, gemma)(torch.randn(2, 8)).requires_grad
         with torch.no_grad():
             assert not RMSNorm(8, 1e-6, gemma)(torch.randn(2, 8)).requires_grad
-    triton_env.DEVICES = ("cuda",)
+    devices.PROFILES["cpu"] = devices.with_changes("cpu", fused_layers=False)
     # a whole model with its layers in the kernels (the CPU's own fused paths off, as on a GPU): the same tokens,
     # plain (Gemma 3, Llama, Qwen 3) and speculative (Gemma 3, EAGLE's head too); its parameters what they were, and
     # trainable
@@ -292,7 +293,7 @@ RMS_SCRIPT = textwrap.dedent("""
         before = {k: v.clone() for k, v in nm.state_dict().items()}
         path, _, _ = official_checkpoint(pathlib.Path(tempfile.mkdtemp()) / "ck", d=nm.spec.hidden_size)
         eager = generate_ids(nm, prompt, cfg).token_ids
-        triton_env.DEVICES = ("cuda", "cpu")
+        devices.PROFILES["cpu"] = devices.with_changes("cpu", fused_layers=True)
         calls = {}
         saved = {(m, n): getattr(m, n) for m in (K, R, G)
                  for n in ("rms_norm", "add_rms_norm", "rope_qk", "rope_qk_store", "act_mul") if hasattr(m, n)}
@@ -311,7 +312,7 @@ RMS_SCRIPT = textwrap.dedent("""
         for (m, n), fn in saved.items():
             setattr(m, n, fn)
         native.joined = layers.joined
-        triton_env.DEVICES = ("cuda",)
+        devices.PROFILES["cpu"] = devices.with_changes("cpu", fused_layers=False)
         assert fused == eager == spec, (family, fused, eager, spec)
         # per layer step: q/k/v and gate/up each one product, the q/k norms and rotations one launch that writes the
         # keys and values into the cache, the seams
@@ -324,7 +325,7 @@ RMS_SCRIPT = textwrap.dedent("""
         assert calls["rms_norm"] <= rot / 2, calls
         # the graphs' fixed-shape forward (slots a tensor) with the kernels: what the eager forward computes and stores
         from microspec.models.graphs import static_masks, static_run
-        triton_env.DEVICES = ("cuda", "cpu")
+        devices.PROFILES["cpu"] = devices.with_changes("cpu", fused_layers=True)
         with torch.inference_mode():
             one, two = nm.new_cache(16), nm.new_cache(16)
             for c in (one, two):
@@ -333,7 +334,7 @@ RMS_SCRIPT = textwrap.dedent("""
             want = nm.run(x, one)
             pos, _ = nm._place(two, 2, None, None)
             got = static_run(nm, x, two, torch.tensor([5, 6]), pos, static_masks(nm, two, 5, 2, None, None, 16), 16)
-        triton_env.DEVICES = ("cuda",)
+        devices.PROFILES["cpu"] = devices.with_changes("cpu", fused_layers=False)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(two.kv[:, :, :, :7], one.kv[:, :, :, :7], rtol=1e-5, atol=1e-5)
         assert torch.equal(two.kv[0, :, :, :7], one.kv[0, :, :, :7]) and not two.kv[:, :, :, 7:].any()
@@ -342,10 +343,10 @@ RMS_SCRIPT = textwrap.dedent("""
         after = nm.state_dict()
         assert after.keys() == before.keys() and all(torch.equal(after[k], v) for k, v in before.items())
         nm.load_hf_state_dict({k: v.clone() * 0.5 for k, v in before.items()}, assign=True)  # joined anew after this
-        triton_env.DEVICES = ("cuda", "cpu")
+        devices.PROFILES["cpu"] = devices.with_changes("cpu", fused_layers=True)
         with torch.inference_mode():
             generate_ids(nm, prompt, GenerationConfig(max_new_tokens=2, ignore_eos=True))
-        triton_env.DEVICES = ("cuda",)
+        devices.PROFILES["cpu"] = devices.with_changes("cpu", fused_layers=False)
         q_rows = a._joined[0][: a.q_proj.weight.shape[0]]
         assert torch.equal(q_rows, before["model.layers.0.self_attn.q_proj.weight"] * 0.5)
         x = nm.embed(torch.tensor(prompt))  # training after a join: the gradients reach each parameter

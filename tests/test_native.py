@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from support import VOCAB, tiny_pair
+from support import VOCAB, device_as, tiny_pair
 from microspec.errors import MicrospecError
 
 
@@ -215,8 +215,8 @@ def test_additive_masks_attend_as_the_bool_masks(dtype, monkeypatch):
     nm = nm.to(dtype)
     prompt, tree = torch.tensor([1, 2, 3, 4, 5, 6]), torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
     outs, made = [], []
-    for devices in (("cuda",), ("cuda", "cpu")):
-        monkeypatch.setattr(triton_env, "DEVICES", devices)
+    for fused in (False, True):
+        device_as(monkeypatch, fused_layers=fused)
         monkeypatch.setattr(triton_env, "available", lambda device: False)  # the Triton kernels stay off
         cache = nm.new_cache(16)
         with torch.inference_mode():
@@ -236,7 +236,7 @@ def test_the_table_of_every_position_gives_the_computed_rotations(monkeypatch, f
     the device; a table past the size limit is not kept, and the rows are computed."""
     from microspec.models import rotary
 
-    monkeypatch.setattr(rotary, "TABLE_DEVICES", ("cuda", "cpu"))
+    device_as(monkeypatch, rope_table=True)
     _, nm = tiny_pair(family)
     last = nm.spec.max_position - 1
     positions = torch.cat([torch.randperm(last + 1, generator=torch.Generator().manual_seed(0)),

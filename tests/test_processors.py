@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 
+from support import device_as
 from microspec.decoding.config import GenerationConfig
 from microspec.decoding.processors import LogitBias, LogitsPipeline, NoRepeatNGram, RepetitionPenalty, warp_probs
 from microspec.errors import MicrospecError
@@ -34,8 +35,6 @@ def test_repetition_penalty_matches_hf(penalty):
 def test_the_penalty_by_index_is_the_penalty_over_whole_rows(monkeypatch, penalty):
     """On a CPU the penalty indexes the seen ids; the whole rows' select (a GPU's way) gives the same logits bit for
     bit: nothing seen, one row, rows with and without a tree path of their own."""
-    from microspec.decoding import processors
-
     g = torch.Generator().manual_seed(1)
     seq = torch.randint(0, V, (40,), generator=g).tolist()
     logits = torch.randn(5, V, generator=g) * 3
@@ -46,9 +45,9 @@ def test_the_penalty_by_index_is_the_penalty_over_whole_rows(monkeypatch, penalt
         for extra in extras:
             for rows in (1, 5):
                 ex = None if extra is None else extra[:rows]
-                monkeypatch.setattr(processors, "BY_INDEX", ())
+                device_as(monkeypatch, penalty_by_index=False)
                 whole = rp.apply(logits[:rows].clone(), ex)
-                monkeypatch.setattr(processors, "BY_INDEX", ("cpu",))
+                device_as(monkeypatch, penalty_by_index=True)
                 assert torch.equal(rp.apply(logits[:rows].clone(), ex), whole), (committed, ex)
                 touched = committed or any(len(e) for e in ex or [])
                 assert torch.equal(whole, logits[:rows]) != bool(touched)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.stats import chi2 as chi2_dist
 
-from support import VOCAB, ScriptedChoice, eagle3_checkpoint, official_checkpoint, tiny_pair
+from support import VOCAB, ScriptedChoice, device_as, eagle3_checkpoint, official_checkpoint, tiny_pair
 from microspec.decoding import GenerationConfig, generate_ids
 from microspec.decoding.tree import DraftTree
 from microspec.drafters import Eagle3Drafter, Eagle3Head, EagleDrafter, EagleHead, EarlyExitDrafter, NGramDrafter
@@ -251,11 +251,11 @@ def coupling(request, monkeypatch):
     unseeded sample uses on a CPU; seeded here so that the test is reproducible); ``device``: an unseeded sample
     on CUDA's path (the device walk, here on the CPU), deterministic drafts by the keyed rule with the request's
     own key (its generator's seed: the test's seed), sampled ones by rejection sampling."""
-    from microspec.decoding import processors, verify
+    from microspec.decoding import processors
 
     monkeypatch.setattr(processors, "KEYED_SEEDS", request.param == "keyed")
     if request.param == "device":
-        monkeypatch.setattr(verify, "DEVICE_WALK", ("cuda", "cpu"))
+        device_as(monkeypatch, walk_on_device=True)
     return request.param
 
 

@@ -13,9 +13,9 @@ import time
 
 import pytest
 import torch
-from support import tiny_pair
+from support import device_as, tiny_pair
 
-from microspec.decoding import GenerationConfig, generate_ids, processors, stats
+from microspec.decoding import GenerationConfig, generate_ids, stats
 from microspec.compose import make_drafter
 from microspec.vocab import MicroSpecVocab
 
@@ -226,13 +226,11 @@ def test_a_step_would_synchronise_a_gpu_once(monkeypatch, tmp_path, method, deco
     in the same read); nothing else may grow with the length.  Greedy, seeded sampling (keyed by position), the
     repetition penalty and unseeded sampling (the model drafters' sampled chains verified by rejection sampling on
     the device)."""
-    from microspec.decoding import verify
     from microspec.sync_audit import WouldSync
     from microspec.vocab.packed import PackedRows
 
-    monkeypatch.setattr(verify, "DEVICE_WALK", ("cuda", "cpu"))
-    monkeypatch.setattr(verify, "BLOCK_READS", ("cuda", "cpu"))
-    monkeypatch.setattr(processors, "BY_INDEX", ())  # the penalty over whole rows, as on CUDA
+    # the device walk, block reads and the penalty over whole rows, as on CUDA
+    device_as(monkeypatch, walk_on_device=True, block_reads=True, penalty_by_index=False)
     init = PackedRows.__init__
 
     def fixed(self, *a, **kw):
@@ -259,12 +257,10 @@ def test_a_step_would_synchronise_a_gpu_once(monkeypatch, tmp_path, method, deco
 def test_an_auto_step_would_synchronise_a_gpu_once(monkeypatch, tiny_model_dir):
     """``auto`` (its arms, the online choice, the bookkeeping) on CUDA's path, counted on a CPU: one read a step."""
     import microspec
-    from microspec.decoding import verify
     from microspec.sync_audit import WouldSync
 
-    monkeypatch.setattr(verify, "DEVICE_WALK", ("cuda", "cpu"))
-    monkeypatch.setattr(verify, "BLOCK_READS", ("cuda", "cpu"))
-    monkeypatch.setattr(processors, "BY_INDEX", ())  # the penalty over whole rows, as on CUDA
+    # the device walk, block reads and the penalty over whole rows, as on CUDA
+    device_as(monkeypatch, walk_on_device=True, block_reads=True, penalty_by_index=False)
     lm = microspec.load_model(str(tiny_model_dir), dtype="fp32")
     engine = microspec.build("auto", lm)
     prompt = PROMPT + PROMPT[1:6]
@@ -307,13 +303,12 @@ def test_contains_is_isin_without_a_read(n):
                          ids=["greedy", "seeded", "unseeded", "penalty"])
 def test_a_whole_draft_step_would_synchronise_a_gpu_once(monkeypatch, tmp_path, method, decoding, ahead):
     """The same count with EAGLE's tree drafted whole in fixed shapes (what CUDA replays as one graph), and with
-    the next tree drafted before the step's read (``loop.DRAFT_AHEAD``, CUDA's default), which EAGLE + MicroSpec
-    does at most steps (prompt lookup first needs the committed tokens: never)."""
-    from microspec.decoding import loop
+    the next tree drafted before the step's read (the device profile's ``draft_ahead``, CUDA's default), which
+    EAGLE + MicroSpec does at most steps (prompt lookup first needs the committed tokens: never)."""
     from microspec.drafters.model_based import ForwardDrafter
 
     monkeypatch.setattr(ForwardDrafter, "whole_graph", True)
-    monkeypatch.setattr(loop, "DRAFT_AHEAD", ("cuda", "cpu") if ahead else ())
+    device_as(monkeypatch, draft_ahead=ahead)
     drafted, draft_ahead = [], ForwardDrafter.draft_ahead
     monkeypatch.setattr(ForwardDrafter, "draft_ahead",
                         lambda self, *a: (lambda t: drafted.append(t is not None) or t)(draft_ahead(self, *a)))

@@ -234,7 +234,7 @@ def test_a_drafters_device_tree_is_its_host_tree(tmp_path, monkeypatch, family, 
     target's output either way; under a repetition penalty the drafter keeps the host tree (paths on the host)."""
     from microspec.drafters import EagleDrafter, EarlyExitDrafter
     from microspec.drafters.eagle import EagleHead
-    from support import official_checkpoint, tiny_pair
+    from support import device_as, official_checkpoint, tiny_pair
 
     _, nm = tiny_pair(family)
     path, _, _ = official_checkpoint(tmp_path / "ck", d=nm.spec.hidden_size)
@@ -266,7 +266,7 @@ def test_a_drafters_device_tree_is_its_host_tree(tmp_path, monkeypatch, family, 
 
     walks = []
     walk = verify.launch_walk
-    monkeypatch.setattr(verify, "DEVICE_WALK", ("cuda", "cpu"))
+    device_as(monkeypatch, walk_on_device=True)
     monkeypatch.setattr("microspec.decoding.loop.launch_walk", lambda *a: walks.append(1) or walk(*a))
     both, out_both = _trees(nm, make, True, monkeypatch)
     assert out_both == out_host and [t[:2] for t in both] == [t[:2] for t in host]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from support import official_checkpoint, tiny_pair
+from support import device_as, official_checkpoint, tiny_pair
 from test_tree_device import PROMPT
 from microspec.decoding import GenerationConfig, generate_ids
 from microspec.drafters import EagleDrafter, EagleHead
@@ -163,7 +163,7 @@ class _Replayed:
 
 
 def _stand_in_capture(monkeypatch):
-    from microspec.models import graphs, rotary
+    from microspec.models import graphs
 
     def capture(body, pool, refusals=None):
         for _ in range(2):  # warm-up runs, as the real capture does
@@ -173,8 +173,7 @@ def _stand_in_capture(monkeypatch):
 
     monkeypatch.setattr(graphs, "capture", capture)
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: object())
-    monkeypatch.setattr(graphs, "DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(rotary, "TABLE_DEVICES", ("cuda", "cpu"))  # CUDA's RoPE tables, as its graphs read them
+    device_as(monkeypatch, graphs=True, rope_table=True)  # CUDA's RoPE tables, as its graphs read them
 
 
 @pytest.mark.parametrize("policy", list(POLICIES))

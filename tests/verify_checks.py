@@ -26,6 +26,7 @@ case).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import tempfile
 from pathlib import Path
@@ -183,43 +184,45 @@ def check_sampling(device: str) -> int:
 
 def check_generation(device: str) -> int:
     """Tokens of EAGLE-2's trees with the kernels against the same generation without them, greedy, under a
-    repetition penalty and seeded sampling: the device walk on ``device`` for both (``DEVICE_WALK``)."""
+    repetition penalty and seeded sampling: the device walk on ``device`` for both (its profile's
+    ``walk_on_device``), each next tree drafted before the step's read (``draft_ahead``)."""
     from support import official_checkpoint, tiny_pair
 
-    from microspec.decoding import GenerationConfig, generate_ids, loop, verify
+    from microspec import devices
+    from microspec.decoding import GenerationConfig, generate_ids
     from microspec.drafters import EagleDrafter, EagleHead
 
     _, nm = tiny_pair("gemma3")
     nm = nm.to(device)
     path, _, _ = official_checkpoint(Path(tempfile.mkdtemp()) / "ck", d=nm.spec.hidden_size)
-    walks, prompt = ("cuda", device), [1, 10, 20, 30, 11, 21, 31, 12, 10, 20, 30]
-    saved = verify.DEVICE_WALK, loop.DRAFT_AHEAD, tree_ops.applies, penalty.applies, sampling.applies
+    prompt = [1, 10, 20, 30, 11, 21, 31, 12, 10, 20, 30]
+    saved = tree_ops.applies, penalty.applies, sampling.applies
     tokens = 0
     try:
-        verify.DEVICE_WALK = loop.DRAFT_AHEAD = walks
-        for decoding in ({}, {"repetition_penalty": 1.3}, {"temperature": 0.8, "seed": 3}):
-            cfg = GenerationConfig(max_new_tokens=24, ignore_eos=True, **decoding)
-            out = []
-            for kernels in (True, False):
-                # the verify step's kernels and the draws' on or off (the layers as they are); each next tree
-                # drafted whole before the step's read, as CUDA drafts it
-                tree_ops.applies = penalty.applies = sampling.applies = lambda t, on=kernels: on
-                drafter = EagleDrafter(EagleHead.load(path).to(device), depth=4, top_k=4, total_tokens=12)
-                drafter.whole_graph = True
-                out.append(generate_ids(nm, prompt, cfg, drafter=drafter).token_ids)
-            assert out[0] == out[1] and len(out[0]) == 24, (decoding, out)
-            tokens += len(out[0])
+        with devices.overriding(device, walk_on_device=True, draft_ahead=True):
+            for decoding in ({}, {"repetition_penalty": 1.3}, {"temperature": 0.8, "seed": 3}):
+                cfg = GenerationConfig(max_new_tokens=24, ignore_eos=True, **decoding)
+                out = []
+                for kernels in (True, False):
+                    # the verify step's kernels and the draws' on or off (the layers as they are); each next tree
+                    # drafted whole before the step's read, as CUDA drafts it
+                    tree_ops.applies = penalty.applies = sampling.applies = lambda t, on=kernels: on
+                    drafter = EagleDrafter(EagleHead.load(path).to(device), depth=4, top_k=4, total_tokens=12)
+                    drafter.whole_graph = True
+                    out.append(generate_ids(nm, prompt, cfg, drafter=drafter).token_ids)
+                assert out[0] == out[1] and len(out[0]) == 24, (decoding, out)
+                tokens += len(out[0])
     finally:
-        verify.DEVICE_WALK, loop.DRAFT_AHEAD, tree_ops.applies, penalty.applies, sampling.applies = saved
+        tree_ops.applies, penalty.applies, sampling.applies = saved
     return tokens
 
 
 if __name__ == "__main__":
-    from microspec.kernels import triton_env
+    from microspec import devices
 
-    if sys.argv[1] == "cpu":  # the interpreter runs the kernels on the CPU
-        triton_env.DEVICES = ("cuda", "cpu")
-    checked = (check_kernels(sys.argv[1], 2 if sys.argv[1] == "cpu" else 1), check_penalty(sys.argv[1]),
-               check_sampling(sys.argv[1]))
-    triton_env.DEVICES = ("cuda",)  # the generations' layers in plain torch on a CPU (the interpreter is slow)
+    # on a CPU the interpreter runs the layers' kernels too, for the kernel checks only
+    with devices.overriding(sys.argv[1], fused_layers=True) if sys.argv[1] == "cpu" else contextlib.nullcontext():
+        checked = (check_kernels(sys.argv[1], 2 if sys.argv[1] == "cpu" else 1), check_penalty(sys.argv[1]),
+                   check_sampling(sys.argv[1]))
+    # the generations' layers in plain torch on a CPU (the interpreter is slow)
     print("ok", *checked, check_generation(sys.argv[1]))

@@ -41,6 +41,8 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from microspec import devices
+
 SKIP = {"view", "reshape", "transpose", "slice", "select", "expand", "unsqueeze", "squeeze", "t", "permute",
         "detach", "alias", "_unsafe_view", "as_strided", "unbind", "split", "lift_fresh", "detach_", "to", "type_as",
         "empty", "expand_as", "resolve_conj", "resolve_neg", "item"}  # views, casts, allocations and reads: no kernel
@@ -94,9 +96,7 @@ def cuda_path(counter: Count, kernels: bool, tables: bool = True):
     full-vocabulary rows) and a sample's inverse-CDF draw (all Triton) on where ``kernels`` (run by the interpreter,
     each call one launch, the draw two; their own tensor work uncounted), the RoPE table of every position kept where
     ``tables``; yields the list their launches go to."""
-    from microspec.decoding import processors, verify
-    from microspec.kernels import cpu_linear, cpu_quant, glu, penalty, rms_norm, rope, sampling, tree_ops, triton_env
-    from microspec.models import rotary
+    from microspec.kernels import cpu_linear, cpu_quant, glu, penalty, rms_norm, rope, sampling, tree_ops
 
     launched: list = []
     fused = [(rms_norm, "rms_norm"), (rms_norm, "add_rms_norm"), (rope, "rope"), (rope, "rope_qk"),
@@ -108,9 +108,9 @@ def cuda_path(counter: Count, kernels: bool, tables: bool = True):
 
     cpu_linear.applies = cpu_linear.attention_applies = cpu_quant.rows_apply = lambda *a, **k: False
     # CUDA's walk reads a block of rows' argmax at once; its penalty goes over the whole row under the seen bitmap
-    verify.BLOCK_READS, processors.BY_INDEX = ("cuda", "cpu"), ()
-    rotary.TABLE_DEVICES = ("cuda", "cpu") if tables else ("cuda",)
-    triton_env.DEVICES = ("cuda", "cpu") if kernels else ("cuda",)
+    cpu_profile = devices.PROFILES["cpu"]
+    devices.PROFILES["cpu"] = devices.with_changes("cpu", block_reads=True, penalty_by_index=False,
+                                                   rope_table=tables, fused_layers=kernels)
     for (m, n), fn in zip(fused, kernels_saved):
         setattr(m, n, as_launch(counter, launched, fn, launches.get((m, n), 1)))
     try:
@@ -119,9 +119,7 @@ def cuda_path(counter: Count, kernels: bool, tables: bool = True):
         cpu_linear.applies, cpu_linear.attention_applies, cpu_quant.rows_apply = saved
         for (m, n), fn in zip(fused, kernels_saved):
             setattr(m, n, fn)
-        triton_env.DEVICES = ("cuda",)
-        verify.BLOCK_READS, processors.BY_INDEX = ("cuda",), ("cpu",)
-        rotary.TABLE_DEVICES = ("cuda",)
+        devices.PROFILES["cpu"] = cpu_profile
 
 
 def layer_ops(kernels: bool, tables: bool = False) -> dict:
@@ -242,12 +240,13 @@ def stand_in_graphs(counter: Count):
             counter.paused -= 1
         return Replayed(body, out), out
 
-    saved = graphs.capture, torch.cuda.graph_pool_handle, graphs.DEVICES
-    graphs.capture, torch.cuda.graph_pool_handle, graphs.DEVICES = capture, object, ("cuda", "cpu")
+    saved = graphs.capture, torch.cuda.graph_pool_handle
+    graphs.capture, torch.cuda.graph_pool_handle = capture, object
     try:
-        yield
+        with devices.overriding("cpu", graphs=True):
+            yield
     finally:
-        graphs.capture, torch.cuda.graph_pool_handle, graphs.DEVICES = saved
+        graphs.capture, torch.cuda.graph_pool_handle = saved
 
 
 def step_ops() -> dict:
@@ -382,11 +381,10 @@ def spec_step_ops() -> dict:
                (CoverageObserver, "on_verified", "coverage"), (CoverageObserver, "on_emitted", "coverage")]
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patched]
     triton_window = [(window_update.WindowKernels, "window_update"), (window_update, "gather_rows")]  # its kernels
-    saved += [(Generation, "plan", Generation.plan), (verify, "DEVICE_WALK", verify.DEVICE_WALK),
-              (loop, "DRAFT_AHEAD", loop.DRAFT_AHEAD),
+    saved += [(Generation, "plan", Generation.plan), (devices.PROFILES, "cpu", devices.PROFILES["cpu"]),
               *((obj, name, getattr(obj, name)) for obj, name in triton_window)]
-    verify.DEVICE_WALK = ("cuda", "cpu")  # CUDA walks the tree on the device
-    loop.DRAFT_AHEAD = ("cuda", "cpu")  # and drafts the next tree before the step's read
+    # CUDA walks the tree on the device and drafts the next tree before the step's read
+    devices.PROFILES["cpu"] = devices.with_changes("cpu", walk_on_device=True, draft_ahead=True)
     for obj, name, part in patched:
         setattr(obj, name, as_part(part, getattr(obj, name)))
     Generation.plan = step_start(Generation.plan)
@@ -423,7 +421,10 @@ def spec_step_ops() -> dict:
                              "steps": len(per)}
     finally:
         for obj, name, fn in saved:
-            setattr(obj, name, fn)
+            if isinstance(obj, dict):  # the CPU's profile
+                obj[name] = fn
+            else:
+                setattr(obj, name, fn)
     return out
 
 

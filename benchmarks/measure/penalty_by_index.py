@@ -16,8 +16,9 @@ import statistics as st
 import time
 
 import microspec
+from microspec import devices
 from microspec.api import encode_prompt
-from microspec.decoding import GenerationConfig, processors
+from microspec.decoding import GenerationConfig
 
 
 def main() -> None:
@@ -40,9 +41,9 @@ def main() -> None:
         rate: dict[str, list[float]] = {"rows": [], "index": []}
         outs: dict[str, list] = {}
         for rep in range(args.repeats):
-            ways = [("rows", ()), ("index", ("cpu",))]
+            ways = [("rows", False), ("index", True)]
             for way, by in ways if rep % 2 == 0 else ways[::-1]:
-                processors.BY_INDEX = by
+                devices.PROFILES["cpu"] = devices.with_changes("cpu", penalty_by_index=by)
                 t = time.perf_counter()
                 outs[way] = [ar.generate_ids(p, cfg).token_ids for p in prompts]
                 rate[way].append(len(prompts) * n / (time.perf_counter() - t))

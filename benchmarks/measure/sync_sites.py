@@ -25,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from microspec.decoding import GenerationConfig, generate_ids, processors, verify
+from microspec import devices
+from microspec.decoding import GenerationConfig, generate_ids
 from microspec.drafters import EagleDrafter, EagleHead, EarlyExitDrafter, NGramDrafter
 from microspec.drafters.eagle import _layer_config
 from microspec.models.native import NativeCausalLM
@@ -126,9 +127,9 @@ def main(argv=None) -> dict:
         raise SystemExit("error: the sync detector needs a CUDA device (or --device cpu)")
     device = torch.device(args.device)
     if device.type == "cpu":  # follow CUDA's path: the device walk, the packed rows at a fixed shape
-        verify.DEVICE_WALK = (*verify.DEVICE_WALK, "cpu")
-        verify.BLOCK_READS = (*verify.BLOCK_READS, "cpu")
-        processors.BY_INDEX = ()  # the repetition penalty over whole rows
+        # the repetition penalty over whole rows
+        devices.PROFILES["cpu"] = devices.with_changes("cpu", walk_on_device=True, block_reads=True,
+                                                       penalty_by_index=False)
         init = PackedRows.__init__
 
         def fixed(self, *a, **kw):

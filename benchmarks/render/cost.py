@@ -226,8 +226,8 @@ def _paths() -> list[str]:
             "(`maddubs` into int16 pairs), AVX-512 VNNI on 256-bit registers (one tile of 8 weight rows, up to 4 "
             "activation rows a register tile), or on 512-bit registers (two tiles side by side, up to 8 activation "
             "rows, from 5 rows on). Every path gives the same int32 sums and fp32 chain, so the same bits "
-            "(tests/test_gguf.py); every path now also prefetches the tiles ahead. Gemma 3 270M, packed GGUF, the "
-            f"model's forward plus its LM head over *n* new tokens after a 100-token prefix, ms (and over one token), "
+            "(tests/test_gguf.py); every path prefetches the tiles ahead. Gemma 3 270M, packed GGUF, the "
+            "model's forward plus its LM head over *n* new tokens after a 100-token prefix, ms (and over one token), "
             "best of 3 rounds of the median of 10, the paths alternating in one process:", "",
             table(["path", *(f"{n} token{'s' * (n != '1')}" for n in tokens)], fwd_rows), "",
             "The LM head alone (Q8_0, 262,144 x 640, streamed from memory), ms by rows:", "",

@@ -365,9 +365,9 @@ def _step_launches() -> list[str]:
             "as one launch), greedy, under repetition penalty 1.2 and sampled at T 0.7 (seeded: the device walk's "
             "keyed draws):", "",
             table(["part", *names], rows), "", src.markdown(), "",
-            "- A model drafter's next tree is launched before the step's read on CUDA (`loop.DRAFT_AHEAD`; "
-            "`MICROSPEC_DRAFT_AHEAD=0` turns it off), so that the device drafts while the host reads, commits and "
-            "streams the step: from what the step commits as the device sees it (`kernels/tree_ops.committed`, one "
+            "- A model drafter's next tree is launched before the step's read on CUDA (its device profile's "
+            "`draft_ahead`; `MICROSPEC_DRAFT_AHEAD=0` turns it off), so that the device drafts while the host reads, "
+            "commits and streams the step: from what the step commits as the device sees it (`kernels/tree_ops.committed`, one "
             "launch: the accepted rows and tokens padded to the tree's depth + 1), the coverage count, MicroSpec's "
             "update (its tuples padded to fixed sizes, the padding left out by the window) and the penalty's seen "
             "ids, then the tree with its root pass over the padded pairs, the same tree as the one drafted after "

@@ -1,6 +1,6 @@
 """Host values onto the device without making the host wait.
 
-``torch.tensor(values, device="cuda")`` copies from pageable host memory, which CUDA does synchronously: the host
+``torch.tensor(values, device=...)`` on CUDA copies from pageable host memory, synchronously: the host
 waits until the GPU has finished everything queued before it.  A decode step builds a few such tensors (the verify
 pass's ids, positions and tree mask, the accepted rows to keep, the draft tree's ids for the vocabulary policy), and
 each one was a host synchronisation.  :func:`to_device` stages them in pinned memory and copies asynchronously
@@ -13,13 +13,15 @@ from collections.abc import Sequence
 
 import torch
 
+from .devices import profile
+
 
 def to_device(values: Sequence | torch.Tensor, device: torch.device | str, dtype: torch.dtype = torch.long
               ) -> torch.Tensor:
     """``values`` (a host sequence or tensor) as a ``dtype`` tensor on ``device``, copied without a host wait."""
     device = torch.device(device)
     t = values.to(dtype) if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
-    if device.type != "cuda" or t.device.type == "cuda":
+    if not profile(device).runs_behind_host or t.device.type != "cpu":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
 
@@ -42,7 +44,7 @@ class HostRead:
     def __init__(self, t: torch.Tensor):
         self.event = None
         self.host = t
-        if t.device.type == "cuda":
+        if profile(t.device).runs_behind_host:
             self.host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
             self.host.copy_(t, non_blocking=True)
             self.event = torch.cuda.Event()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..devices import CPU, CPU_GGUF, CUDA, DEVICE_KINDS
 from ..errors import MicrospecError
 
 DECODING_KINDS = ("greedy", "penalty", "sampling", "sampling-penalty")
@@ -32,42 +33,42 @@ class Start:
 
 _SOURCE = "BENCHMARKS.md"
 MEASURED: dict[tuple[str, str], Start] = {
-    ("cpu", "greedy"): Start(
+    (CPU, "greedy"): Start(
         LOOKUP, "prompt lookup, adaptive: measured fastest on a dense CPU target",
         "Gemma 3 270M bf16, 2-core CPU: prompt lookup adaptive ahead of EAGLE + MicroSpec, fixed or adaptive, "
         "both faster than plain decoding", _SOURCE),
-    ("cpu", "penalty"): Start(
+    (CPU, "penalty"): Start(
         PLAIN, "speculation measured slower than plain decoding on cpu with penalty",
         "repetition penalty 1.2: every speculative method below plain decoding", _SOURCE),
-    ("cpu", "sampling"): Start(
+    (CPU, "sampling"): Start(
         PLAIN, "speculation measured slower than plain decoding on cpu with sampling",
         "T 0.7: EAGLE + MicroSpec below plain decoding; prompt lookup adaptive about even overall but below plain "
         "decoding in most categories", _SOURCE),
-    ("cpu-gguf", "greedy"): Start(
+    (CPU_GGUF, "greedy"): Start(
         LOOKUP, "prompt lookup: measured fastest on a packed CPU target",
         "Gemma 3 270M packed Q4_K_M, 2-core CPU: prompt lookup fastest, ahead of plain decoding in every category, "
         "fixed ahead of adaptive; EAGLE + MicroSpec behind it", _SOURCE),
-    ("cpu-gguf", "penalty"): Start(
+    (CPU_GGUF, "penalty"): Start(
         PLAIN, "speculation measured slower than plain decoding on cpu-gguf with penalty",
         "repetition penalty 1.2: every speculative method below plain decoding", _SOURCE),
-    ("cpu-gguf", "sampling"): Start(
+    (CPU_GGUF, "sampling"): Start(
         LOOKUP, "prompt lookup, adaptive: measured fastest on a packed CPU target when sampling",
         "T 0.7, `bench --protocol cpu`: prompt lookup adaptive fastest, ahead of plain decoding in every category; "
         "EAGLE + MicroSpec behind it (below plain decoding on summarization)", _SOURCE),
-    ("cuda", "greedy"): Start(
+    (CUDA, "greedy"): Start(
         LOOKUP, "prompt lookup: measured fastest on a GPU at batch 1 (the tree methods' draft step is host-bound)",
         "Gemma 3 270M bf16, batch 1: prompt lookup 1.44x plain decoding on an H100 and 1.08x on an H200; every tree "
         "method below plain decoding on both (EAGLE + MicroSpec 0.84x and 0.72x, EAGLE-2 0.58x and 0.53x)",
         _SOURCE),
-    ("cuda", "penalty"): Start(
+    (CUDA, "penalty"): Start(
         PLAIN, "speculation measured slower than plain decoding on cuda with penalty",
         "repetition penalty 1.2 on an H100: every tree method 0.34-0.41x plain decoding", _SOURCE),
-    ("cuda", "sampling"): Start(
+    (CUDA, "sampling"): Start(
         PLAIN, "speculation measured slower than plain decoding on cuda with sampling",
         "T 0.7 on an H200: EAGLE + MicroSpec 0.46x plain decoding", _SOURCE),
 }
 # sampling with a penalty starts where greedy decoding with the penalty does (its own engine measures from there)
-for _device in ("cpu", "cpu-gguf", "cuda"):
+for _device in DEVICE_KINDS:
     MEASURED[_device, "sampling-penalty"] = Start(
         PLAIN, f"speculation measured slower than plain decoding on {_device} with penalty",
         MEASURED[_device, "penalty"].measured + " (greedy; sampling with the penalty starts there too)", _SOURCE)

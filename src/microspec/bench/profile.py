@@ -18,6 +18,8 @@ import warnings
 
 import torch
 
+from ..devices import profile as device_profile
+
 
 def _device_us(event) -> float:
     """An averaged profiler event's own device time in microseconds (``self_device_time_total`` in recent torch,
@@ -48,7 +50,7 @@ def census(events, steps: int, top: int = CENSUS_TOP) -> dict:
 def profile_method(runner, prompt_ids: list[int], cfg) -> dict:
     """``runner`` (an engine method: its generations carry stats) on ``prompt_ids`` under ``cfg``: steps, wall ms
     per decode step, host waits per step (CUDA) and the device's busy ms per step and share of the wall (CUDA)."""
-    cuda = runner.lm.model.device.type == "cuda"
+    cuda = device_profile(runner.lm.model.device).runs_behind_host  # CUDA's sync detector and profiler
     waits = None
     if cuda:
         torch.cuda.synchronize()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ..devices import env_flag
+from ..devices import env_flag, profile
 from ..errors import MicrospecError, check
 from ..kernels import cpu_linear
 from ..models import graphs as model_graphs
@@ -43,11 +43,10 @@ CACHE_MARGIN = 256  # cache slots beyond prompt + max_new_tokens, for the tree n
 # 2-core CPU with a long prompt: forwards of this size prefill it faster than one forward over it, and the longest
 # of them (the other streams' longest wait) is well under half a second
 PREFILL_CHUNK = 128
-# device types on which a model drafter's next tree is launched before a step's read (Generation.settle): where the
-# device runs behind the host, it drafts while the host reads, commits and streams the step; on a CPU every operation
-# runs as the host issues it, so there is nothing to overlap.  MICROSPEC_DRAFT_AHEAD=0: none (an A/B switch, read
-# at each generation's steps: devices.env_flag)
-DRAFT_AHEAD = ("cuda",)
+# A model drafter's next tree is launched before a step's read (Generation.settle) where the device's profile says
+# so (draft_ahead: a device that runs behind the host drafts while the host reads, commits and streams the step; on a
+# CPU every operation runs as the host issues it, so there is nothing to overlap).  MICROSPEC_DRAFT_AHEAD=0: never
+# (an A/B switch, read at each generation's steps: devices.env_flag)
 
 
 class Ahead(NamedTuple):
@@ -384,7 +383,7 @@ class Generation:
 
     def plain_replay(self) -> bool:
         """The planned step, a plain one (no draft), as one CUDA graph replay where the model replays graphs
-        (:data:`~microspec.models.graphs.DEVICES`): the forward, the full-vocabulary head, the processors and the
+        (its device's profile: ``graphs``): the forward, the full-vocabulary head, the processors and the
         choice of the next token (:meth:`LogitsPipeline.choose_fixed`), then :meth:`settle` with the one read of
         the token.  False where it does not apply (no graphs, a forward with taps, a processor that cannot go into
         a graph, a shape seen once or refused): the caller runs the step's forward and :meth:`settle` instead.
@@ -395,7 +394,7 @@ class Generation:
         a stop, the last token) the step launched ahead is undone (its cache slot dropped); the tokens are those of
         the steps taken one by one."""
         graphs = self.model.cuda_graphs
-        if graphs is None or self.taps is not None or self.model.device.type not in model_graphs.DEVICES \
+        if graphs is None or self.taps is not None or not profile(self.model.device).graphs \
                 or self.logprobs is not None:  # (log-probabilities need the step's row)
             return False
         out = self._ahead or self._launch(to_device([self.tokens[-1]], self.model.device))
@@ -491,8 +490,8 @@ class Generation:
         the step from the device too, the step's coverage, the policy's update and the processors' seen ids from
         what the walk committed on the device (:meth:`LaunchedWalk.path`), then the next step's tree
         (:meth:`~microspec.drafters.base.Drafter.draft_ahead`), so that the device drafts while the host reads,
-        commits and streams this step (:data:`DRAFT_AHEAD`); None where it does not apply, and :meth:`settle` goes
-        on as it does for every step.  The tree is the one the next step would draft after the read
+        commits and streams this step (the device profile's ``draft_ahead``); None where it does not apply, and
+        :meth:`settle` goes on as it does for every step.  The tree is the one the next step would draft after the read
         (tests/test_draft_ahead.py), so the tokens are those of the steps drafted one by one; where the step ends
         the generation it is dropped.
         The next step's least ``max_depth`` (every node accepted now) must leave the drafter its full depth."""
@@ -500,7 +499,7 @@ class Generation:
         rows = tree.depth + 1  # the most the step commits
         ctx = DraftContext(self.tokens, self.model, self.cache, self.cfg.max_new_tokens - len(self.out) - rows - 1,
                            pipe)
-        if self.model.device.type not in DRAFT_AHEAD or not env_flag("MICROSPEC_DRAFT_AHEAD") \
+        if not profile(self.model.device).draft_ahead or not env_flag("MICROSPEC_DRAFT_AHEAD") \
                 or self.adaptive is not None or self.on_step is not None or (
                 vocab is not None and (vocab.per_depth or not vocab.verifies_ahead)) or not drafter.drafts_ahead(ctx):
             return None

@@ -16,14 +16,12 @@ from collections.abc import Sequence
 
 import torch
 
+from ..devices import profile
 from ..errors import check
 from ..kernels import penalty as penalty_kernel
 from ..kernels import sampling as sampling_kernel
 from ..transfer import to_device
 from .config import GenerationConfig
-
-
-BY_INDEX = ("cpu",)  # devices where the penalty indexes the seen ids (tests following CUDA's path on a CPU clear it)
 
 
 def _id_mask(ids: torch.Tensor, keep: torch.Tensor, vocab: int, col_ids: torch.Tensor | None) -> torch.Tensor:
@@ -117,7 +115,7 @@ class RepetitionPenalty:
         On a CPU only the seen ids' logits are read and written (a few hundred of a vocabulary of 262,144: the whole
         rows' select was ~4% of a Gemma 3 270M step there), the same values; on a GPU the whole rows under the seen
         bitmap, which needs no host list (a new id would be a copy the step waits for)."""
-        if logits.device.type in BY_INDEX:
+        if profile(logits.device).penalty_by_index:
             return self._apply_seen(logits, extra)
         seen = self.seen.expand_as(logits)
         if extra is not None and any(len(e) for e in extra):

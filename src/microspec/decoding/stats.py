@@ -6,12 +6,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..devices import profile
 from ..onetime import clock, total
 
 
 def sync(device: torch.device) -> None:
     """Wait for queued device work, so that wall-clock readings mean something on CUDA (no-op on CPU)."""
-    if device.type == "cuda":
+    if profile(device).runs_behind_host:
         torch.cuda.synchronize(device)
 
 
@@ -129,7 +130,7 @@ class GenerationStats:
 
 def uses_events(device: torch.device | str) -> bool:
     """Whether timing on ``device`` goes through CUDA events (read once) rather than the host's clock."""
-    return torch.device(device).type == "cuda"
+    return profile(device).runs_behind_host
 
 
 class StepClock:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..devices import profile
 from ..kernels import cpu_quant, tree_ops
 from ..options import Option
 from ..transfer import HostRead, rows_of, to_device
@@ -40,7 +41,7 @@ HEAD_MODE = Option(
 
 
 def default_head_mode(device: torch.device, head_weight: torch.Tensor | None = None) -> str:
-    if device.type == "cuda":
+    if profile(device).cheap_rows:
         return "path"
     from ..kernels import cpu_linear
     from ..models.quant import QuantTensor
@@ -119,7 +120,7 @@ class LazyHead:
         """The id of the largest logit of ``row``.  On a GPU the rows computed together with it are read back in
         the same transfer (one wait for the draft's whole main path, not one per accepted token)."""
         logits = self(row)
-        if logits.device.type not in BLOCK_READS:
+        if not profile(logits.device).block_reads:
             return cpu_quant.argmax(logits)
         if row not in self._argmax:
             rows, block = next(b for b in self._blocks if row in b[0])
@@ -159,20 +160,16 @@ def greedy_walk(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline) -> W
     return _follow(tree, logits_of, pipe, argmax)
 
 
-BLOCK_READS = ("cuda",)  # device types whose host walks read the argmax of a block of rows at once (LazyHead.argmax)
-DEVICE_WALK = ("cuda",)  # device types whose steps over a tree the device walk can take walk it on the device
-
-
 def device_walk_takes(tree: DraftTree, pipe: LogitsPipeline, device: torch.device) -> bool:
-    """Whether :func:`device_walk` verifies a step over ``tree`` on ``device`` (of ``DEVICE_WALK``), once the tree
-    is on the device: no processor or only those that take each row's path as a device tensor (the repetition
-    penalty); greedy decoding, seeded sampling, or unseeded sampling over deterministic drafts (the keyed rule with
-    the request's random key, :attr:`LogitsPipeline.key`: a child is accepted with the target's residual mass on it,
-    as rejection sampling accepts deterministic drafts, so the two rules accept alike; sampled drafts keep rejection
-    sampling, whose acceptance, the sum of min(p, q), is the most any exact rule has), which the device walk
-    takes for a chain sampled on the device (:meth:`DeviceTree.chain_of <microspec.decoding.tree.DeviceTree.chain_of>`
-    with its ``q``)."""
-    return device.type in DEVICE_WALK and pipe.on_device and (
+    """Whether :func:`device_walk` verifies a step over ``tree`` on ``device`` (where its profile walks on the device),
+    once the tree is on the device: no processor or only those that take each row's path as a device tensor (the
+    repetition penalty); greedy decoding, seeded sampling, or unseeded sampling over deterministic drafts (the keyed
+    rule with the request's random key, :attr:`LogitsPipeline.key`: a child is accepted with the target's residual
+    mass on it, as rejection sampling accepts deterministic drafts, so the two rules accept alike; sampled drafts
+    keep rejection sampling, whose acceptance, the sum of min(p, q), is the most any exact rule has), which the
+    device walk takes for a chain sampled on the device (:meth:`DeviceTree.chain_of
+    <microspec.decoding.tree.DeviceTree.chain_of>` with its ``q``)."""
+    return profile(device).walk_on_device and pipe.on_device and (
         pipe.cfg.greedy or pipe.keyed or (pipe.key is not None and tree.scheme == "deterministic")
         or (tree.scheme == "iid" and tree.on_device is not None and pipe.generator is not None))
 

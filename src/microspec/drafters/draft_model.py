@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..decoding.adaptive import ADAPTIVE
+from ..devices import CUDA
 from ..errors import MicrospecError, check
 from ..models.native import NativeCausalLM
 from ..options import DrafterSpec
@@ -66,7 +67,7 @@ def _check(method) -> None:
 
 def _shape(kind: str, method) -> dict:
     """A chain on a CPU, the device's tree on CUDA or wherever ``--top-k`` is given."""
-    return tree_shape(kind, method, trees=("cuda",))
+    return tree_shape(kind, method, trees=(CUDA,))
 
 
 def _make(method, ctx) -> "DraftModelDrafter":

@@ -8,6 +8,7 @@ pass overwrites those slots anyway.  Drafts a chain (``top_k=None``) or an EAGLE
 from __future__ import annotations
 
 from ..decoding.adaptive import ADAPTIVE
+from ..devices import CUDA
 from ..errors import check
 from ..options import DrafterSpec, Option
 from ..transfer import to_device
@@ -54,7 +55,7 @@ def default_layers(num_layers_target: int | None) -> int:
 
 def _shape(kind: str, method) -> dict:
     """A chain on a CPU, the device's tree on CUDA or wherever ``--top-k`` is given; the layers it drafts with."""
-    return {**tree_shape(kind, method, trees=("cuda",)), "draft_layers": method.draft_layers}
+    return {**tree_shape(kind, method, trees=(CUDA,)), "draft_layers": method.draft_layers}
 
 
 def _make(method, ctx) -> "EarlyExitDrafter":

@@ -11,11 +11,10 @@ from abc import abstractmethod
 
 import torch
 
-from ..decoding import verify
 from ..decoding.processors import sample
 from ..decoding.tree import DeviceTree, DraftTree
+from ..devices import CPU, CPU_GGUF, CUDA, profile
 from ..errors import MicrospecError, check
-from ..models import graphs as model_graphs
 from ..models.graphs import BUCKET, CallsByCache, bucket_of
 from ..models.kv_cache import KVCache
 from ..models.native import NativeCausalLM
@@ -80,9 +79,9 @@ def check_shape(method) -> None:
 # (benchmarks/measure/packed_trees.py, AMD EPYC): greedy, a chain of 2 beat 1 in each of four paired runs (by 1-15%),
 # under repetition penalty 1.2 it lost to 1 (by 8-16%), and every wider tree lost to both.
 TREES = {
-    "cuda": {"depth": 6, "top_k": 10, "total_tokens": 59},
-    "cpu": {"depth": 4, "top_k": 2, "total_tokens": 8},
-    "cpu-gguf": {"depth": 1, "top_k": 1, "total_tokens": 1},
+    CUDA: {"depth": 6, "top_k": 10, "total_tokens": 59},
+    CPU: {"depth": 4, "top_k": 2, "total_tokens": 8},
+    CPU_GGUF: {"depth": 1, "top_k": 1, "total_tokens": 1},
 }
 
 
@@ -95,7 +94,7 @@ def tree_shape(kind: str, method, trees: tuple[str, ...] | None = None) -> dict:
     total = None if total == "auto" else total
     if (top_k is None and total is not None) or (top_k is None and trees is not None and kind not in trees):
         return {"depth": depth, "top_k": top_k, "total_tokens": total}
-    d = TREES.get(kind, TREES["cpu"])
+    d = TREES.get(kind, TREES[CPU])
     if total is None:
         total = d["total_tokens"] if top_k is None else (d["depth"] if depth is None else depth) * top_k
     return {"depth": d["depth"] if depth is None else depth, "top_k": d["top_k"] if top_k is None else top_k,
@@ -323,7 +322,7 @@ class ForwardDrafter(Drafter):
         # penalty, which goes into graphs: no -inf row to stop at or to sample from) and the device walks it (on a
         # CPU the host's list is free, and the penalty by index cheaper than over whole rows)
         on_device = processed and ctx.pipe.on_device and (deterministic or (
-            ctx.pipe.graph_state() is not None and device.type in verify.DEVICE_WALK))
+            ctx.pipe.graph_state() is not None and profile(device).walk_on_device))
         for i in range(steps):
             if i:
                 hidden = self._forward(ctx, token, to_device([root_slot + i], device), None, hidden)
@@ -453,7 +452,7 @@ class ForwardDrafter(Drafter):
         state = pipe.graph_state() if processed and pipe.on_device else None
         if not self._may_draft_whole() or (processed and state is None):
             return None
-        graphed = graphs is not None and self._cache(ctx).device.type in model_graphs.DEVICES
+        graphed = graphs is not None and profile(self._cache(ctx).device).graphs
         ok, active = self.head.fixed_active(steps, graphed)
         if not ok:
             return None

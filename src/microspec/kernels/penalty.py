@@ -21,6 +21,8 @@ import struct
 
 import torch
 
+from ..devices import profile
+
 BLOCK = 1024
 
 
@@ -77,7 +79,7 @@ def penalise_rows(logits: torch.Tensor, seen: torch.Tensor, paths: torch.Tensor,
     inv = _f32(1.0 / _f32(penalty))  # torch's CUDA quotient's factor (a double's quotient rounded once more is fp32's)
     kernel[(rows, cdiv(vocab, BLOCK))](x, seen.view(torch.uint8), paths, out, vocab, width, float(penalty), inv,
                                        x.stride(0), paths.stride(0) if width else 0, out.stride(0),
-                                       RECIPROCAL=logits.device.type == "cuda", BLOCK=BLOCK)
+                                       RECIPROCAL=profile(logits.device).reciprocal_division, BLOCK=BLOCK)
     return out
 
 

@@ -9,6 +9,8 @@ import os
 
 import torch
 
+from ..devices import profile
+
 _MODULES: list = []  # [triton, tl] once imported (None, None where it cannot be)
 
 
@@ -31,8 +33,6 @@ def __getattr__(name: str):
 
 _DEFINED: dict = {}
 
-DEVICES = ("cuda",)  # device kinds whose model layers take the fused kernels (norms, RoPE, gated activation); tests
-# and the launch count add "cpu" under the interpreter
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -50,13 +50,14 @@ def defined(name: str, define):
 def available(device: torch.device | str) -> bool:
     if _modules()[0] is None:
         return False
-    return torch.device(device).type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    return profile(device).triton or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def runs(device: torch.device) -> bool:
-    """Whether the fused kernels run on ``device``: a kind in :data:`DEVICES` that Triton runs on, and not inside
-    ``torch.compile`` (vLLM's compiled models fuse the plain code themselves).  A CPU answers without Triton."""
-    return device.type in DEVICES and not torch.compiler.is_compiling() and available(device)
+    """Whether the fused kernels run on ``device``: one whose profile takes them (``fused_layers``; tests and the
+    launch count give a CPU's under the interpreter) that Triton runs on, and not inside ``torch.compile`` (vLLM's
+    compiled models fuse the plain code themselves).  A CPU answers without Triton."""
+    return profile(device).fused_layers and not torch.compiler.is_compiling() and available(device)
 
 
 def takes(x: torch.Tensor, *weights: torch.Tensor) -> bool:

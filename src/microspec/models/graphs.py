@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..devices import profile
 from ..onetime import paying
 from .kv_cache import KVCache
 from .layers import by_window
@@ -53,8 +54,6 @@ from .layers import by_window
 BUCKET = 256  # cache slots per attention bucket: a graph serves lengths up to a multiple of this
 MAX_ROWS = 64  # the most new rows a graphed forward takes (a verify tree, a draft level)
 MAX_GRAPHS = 128  # graphs kept per cache (row counts x attention spans seen)
-DEVICES = ("cuda",)  # device kinds whose forwards and whole drafts replay graphs (tests and a measurement add "cpu",
-# with a stand-in capture)
 
 
 def bucket_of(slots: int, bucket: int, capacity: int) -> int:
@@ -186,7 +185,7 @@ class CudaGraphs:
         where the eager forward must run.  With ``tail``: (the hidden states, ``tail.fn``'s tensors), all of one
         replay."""
         t = int(x.shape[0])
-        if x.device.type not in DEVICES or t == 0 or t > self.max_rows:
+        if not profile(x.device).graphs or t == 0 or t > self.max_rows:
             return None
         start = cache.length
         span = bucket_of(start + t, self.bucket, cache.capacity)

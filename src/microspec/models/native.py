@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..devices import profile
 from ..errors import MicrospecError
 from ..kernels import cpu_linear, cpu_quant, glu, triton_env
 from ..kernels import rms_norm as rms_kernel
@@ -544,7 +545,7 @@ class NativeCausalLM(nn.Module):
             return self.attend_batch(q, k, v, None if amask is None else amask[0])
         if cpu_linear.attention_applies(q):  # bf16 CPU decode/verify: rows independent of the batch
             return cpu_linear.attend(q, k, v, amask, self.spec.attn_scale)
-        if amask is not None and amask.dtype == torch.bool and q.device.type in triton_env.DEVICES:
+        if amask is not None and amask.dtype == torch.bool and profile(q.device).fused_layers:
             amask = additive(self.__dict__.setdefault("_masks_made", {}), amask, q.dtype)  # stack() empties it
         return F.scaled_dot_product_attention(
             q[None], k[None], v[None], attn_mask=amask, scale=self.spec.attn_scale, enable_gqa=gqa

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ..devices import CUDA, PROFILES
 from ..errors import MicrospecError
 from ..onetime import paying
 from ..paths import cache_root, exclusive, not_writable, shared_mode
@@ -147,10 +148,10 @@ def parse_device(device: str | torch.device) -> torch.device:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise MicrospecError(f"unknown device {device!r}") from exc
-    if dev.type == "cuda" and not torch.cuda.is_available():
+    if dev.type == CUDA and not torch.cuda.is_available():
         raise MicrospecError("device 'cuda' requested but CUDA is not available on this machine")
-    if dev.type not in ("cpu", "cuda"):
-        raise MicrospecError(f"unsupported device {device!r}; choose cpu or cuda")
+    if dev.type not in PROFILES:
+        raise MicrospecError(f"unsupported device {device!r}; choose {' or '.join(sorted(PROFILES))}")
     return dev
 
 

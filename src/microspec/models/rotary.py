@@ -2,17 +2,18 @@
 
 Per forward they are a dozen small elementwise operations (a product, a concatenation, the cos and the sin, the
 scaling and the cast, for each of a model's RoPE bases: Gemma 3 has a local and a global one), the same for every
-layer.  On a device whose forwards replay as CUDA graphs (:data:`TABLE_DEVICES`), each of them a kernel a step, the
-tables of every position the model can attend at are computed once instead (by the same operations, so the same
-values; tests/test_native.py) and a forward gathers its positions' rows in one operation.  Elsewhere (a CPU, where
-they cost microseconds and the memory would not pay) they are computed per forward.
+layer.  On a device whose forwards replay as CUDA graphs (its profile's ``rope_table``), each of them a kernel a
+step, the tables of every position the model can attend at are computed once instead (by the same operations, so
+the same values; tests/test_native.py) and a forward gathers its positions' rows in one operation.  Elsewhere (a
+CPU, where they cost microseconds and the memory would not pay) they are computed per forward.
 """
 
 from __future__ import annotations
 
 import torch
 
-TABLE_DEVICES = ("cuda",)  # devices where a model keeps the table of every position (tests add "cpu")
+from ..devices import profile
+
 TABLE_BYTES = 256 << 20  # the largest table kept (Gemma 3 270M in bf16: 64 MiB); a larger one is computed per forward
 
 
@@ -33,14 +34,15 @@ def compute(freqs: dict[str, tuple[torch.Tensor, float]], positions: torch.Tenso
 
 class RotaryTables:
     """A model's RoPE tables by position: :func:`compute`'s, looked up in a table of every position below
-    ``max_position`` on :data:`TABLE_DEVICES` (built at the first forward there, per device and dtype)."""
+    ``max_position`` where the device's profile keeps one (built at the first forward there, per device and
+    dtype)."""
 
     def __init__(self, freqs: dict[str, tuple[torch.Tensor, float]], max_position: int):
         self.freqs, self.max_position = freqs, max_position
         self.kept: dict[tuple, torch.Tensor | None] = {}  # (device, dtype) -> [2 x bases, positions, head_dim]
 
     def __call__(self, positions: torch.Tensor, dtype: torch.dtype) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        table = self.table(positions.device, dtype) if positions.device.type in TABLE_DEVICES else None
+        table = self.table(positions.device, dtype) if profile(positions.device).rope_table else None
         if table is None:
             return compute(self.freqs, positions, dtype)
         # a position past the model's context (a draft node beyond it, cut from the tree before verification)

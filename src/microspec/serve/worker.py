@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from ..api import encode_messages, encode_prompt, has_chat_template, stop_string_check
 from ..auto import BatchDepth, RowLedger
 from ..compose import AutoEngine, Engine
+from ..devices import profile
 from ..errors import MicrospecError
 from ..onetime import clock
 from .metrics import Metrics
@@ -162,7 +163,7 @@ def default_kv_budget(lm) -> int | None:
     import torch
 
     device = lm.model.device
-    if device.type == "cuda":
+    if profile(device).runs_behind_host:  # a GPU: its own memory
         free, _ = torch.cuda.mem_get_info(device)
         return int(free * 0.9)
     try:

@@ -35,6 +35,7 @@ from ..api import encode_prompt
 from ..decoding.config import GenerationConfig
 from ..decoding.loop import generate_ids
 from ..decoding.processors import penalised
+from ..devices import profile
 from ..drafters.eagle import EagleHead, _layer_config
 from ..errors import MicrospecError, check
 from ..models.native import NativeCausalLM, Taps
@@ -388,7 +389,7 @@ class Trainer:
         ploss_sum = torch.zeros((), device=dev)
         top1 = torch.zeros((), dtype=torch.long, device=dev)
         topk = torch.zeros((), dtype=torch.long, device=dev)
-        rows = cfg.chunk_rows or (2048 if dev.type == "cuda" else 128)
+        rows = cfg.chunk_rows or profile(dev).train_chunk_rows
         for c in range(0, count, rows):
             pen = penalised(c, c + rows) if penalised is not None else None
             with torch.no_grad():
@@ -434,7 +435,7 @@ class Trainer:
         return rows
 
     def _batch_size(self) -> int:
-        return self.cfg.batch_tokens or (16384 if self.target.device.type == "cuda" else 1024)
+        return self.cfg.batch_tokens or profile(self.target.device).train_batch_tokens
 
     def batches(self, data: list[dict], epochs: float) -> list[list[int]]:
         """The micro-batches of every epoch (deterministic in the seed): each epoch shuffles the sequences, sorts

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 from ..compose import eagle_head_path, set_threads
+from ..devices import profile
 from ..drafters import load_eagle_head
 from ..drafters.eagle import EagleHead
 from ..errors import MicrospecError
@@ -280,7 +281,7 @@ def _train_eagle(opts, deadline: float | None) -> dict:
                        seed=opts.seed, save_every=opts.save_every, noise_std=opts.noise_std, p_w=opts.p_w,
                        v_w=opts.v_w, ce_vocab=opts.ce_vocab, batch_tokens=opts.batch_tokens,
                        loss_on=opts.loss_on, penalty_loss=getattr(opts, "penalty_loss", False))
-    if lm.model.device.type == "cuda":  # TF32 for the full-vocabulary products of the loss (fp32 elsewhere)
+    if profile(lm.model.device).tf32:  # TF32 for the full-vocabulary products of the loss (fp32 elsewhere)
         torch.backends.cuda.matmul.allow_tf32 = True
     train, held = split_heldout(data, tcfg.heldout, tcfg.seed)
     torch.manual_seed(tcfg.seed)

@@ -44,6 +44,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..devices import profile
 from ..errors import MicrospecError, check
 from ..options import Option, PolicySpec
 from ..transfer import to_device
@@ -121,11 +122,12 @@ class MicroSpecVocab(VocabPolicy):
             option.check(value)
         check(gather in GATHERS, f"unknown gather {gather!r}; choose from {', '.join(GATHERS)}")
         device = torch.device(device)
-        if backend is None:  # CUDA: the Triton window kernels where they build (the tensor window's update costs
-            # several times theirs, BENCHMARKS.md, "GPU"), else the tensor window
+        if backend is None:  # on the device where its profile says so (CUDA): the Triton window kernels where they
+            # build (the tensor window's update costs several times theirs, BENCHMARKS.md, "GPU"), else the tensor
+            # window; elsewhere the host's
             from ..kernels.window_update import compiles
 
-            backend = "host" if device.type != "cuda" else "triton" if compiles(device) else "device"
+            backend = "host" if not profile(device).window_on_device else "triton" if compiles(device) else "device"
         check(backend in WINDOWS, f"unknown backend {backend!r}; choose from {', '.join(WINDOWS)}")
         super().__init__(always, device)
         self.vocab_size, self.w_max, self.k_pre, self.k_ver, self.gather = vocab_size, w_max, k_pre, k_ver, gather

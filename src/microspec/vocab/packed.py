@@ -24,6 +24,7 @@ import heapq
 
 import torch
 
+from ..devices import profile
 from ..options import Option
 
 GATHERS = ("packed", "indexed", "fused")  # fused: indexed sets, read by a Triton kernel inside the matmul
@@ -57,7 +58,7 @@ class PackedRows:
         self.slot_of = torch.full((self.vocab_size + 1,), -1, dtype=torch.long, device=dev)
         self._slots = torch.arange(capacity, device=dev)
         self.pinned = torch.zeros(self.vocab_size + 1, dtype=torch.bool, device=dev)  # ids never removed
-        self.fixed_shape = dev.type == "cuda"
+        self.fixed_shape = profile(dev).graphs  # shapes a graph can capture
         self._extent: int | None = 0
         self.version = 0
         # host bookkeeping (remove_ids / insert_ids): free slots (a heap), slot of each held id, high-water mark

@@ -39,6 +39,7 @@ from typing import NamedTuple, Protocol, Union
 
 import torch
 
+from ..devices import profile
 from ..transfer import to_device
 from .packed import PackedRows
 
@@ -347,7 +348,7 @@ class SideStream:
     it wrote; disabled (no CUDA, or not wanted) it runs the work inline and ``wait`` does nothing."""
 
     def __init__(self, device: torch.device, enabled: bool = True):
-        self.stream = torch.cuda.Stream(device) if enabled and device.type == "cuda" else None
+        self.stream = torch.cuda.Stream(device) if enabled and profile(device).runs_behind_host else None
         self.event = torch.cuda.Event() if self.stream is not None else None
 
     def wait(self) -> None:
