@@ -70,8 +70,7 @@ class TrainConfig:
 # ---------------------------------------------------------------------------------------------------- heads
 def init_head(head: EagleHead, source: EagleHead) -> None:
     """Copy ``source``'s weights into ``head`` (same shapes), in ``head``'s dtype; one clear error otherwise."""
-    theirs = source.state_dict()
-    mine = head.state_dict()
+    theirs, mine = source.state_dict(), head.state_dict()
     bad = sorted(k for k in mine if k not in theirs or theirs[k].shape != mine[k].shape)
     if bad or set(theirs) - set(mine):
         where = (bad or sorted(set(theirs) - set(mine)))[:3]
