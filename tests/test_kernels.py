@@ -324,7 +324,7 @@ RMS_SCRIPT = textwrap.dedent("""
         assert rot < calls["add_rms_norm"] <= 2 * rot, calls
         assert calls["rms_norm"] <= rot / 2, calls
         # the graphs' fixed-shape forward (slots a tensor) with the kernels: what the eager forward computes and stores
-        from microspec.models.graphs import static_masks, static_run
+        from microspec.models.graphs import static_inputs, static_run
         devices.PROFILES["cpu"] = devices.with_changes("cpu", fused_layers=True)
         with torch.inference_mode():
             one, two = nm.new_cache(16), nm.new_cache(16)
@@ -332,8 +332,8 @@ RMS_SCRIPT = textwrap.dedent("""
                 nm.forward(torch.tensor(prompt[:5]), c)
             x = nm.embed(torch.tensor([7, 8]))
             want = nm.run(x, one)
-            pos, _ = nm._place(two, 2, None, None)
-            got = static_run(nm, x, two, torch.tensor([5, 6]), pos, static_masks(nm, two, 5, 2, None, None, 16), 16)
+            slots, pos, masks = static_inputs(nm, two, 2, span=16)
+            got = static_run(nm, x, two, slots, pos, masks, 16)
         devices.PROFILES["cpu"] = devices.with_changes("cpu", fused_layers=False)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(two.kv[:, :, :, :7], one.kv[:, :, :, :7], rtol=1e-5, atol=1e-5)

@@ -124,7 +124,7 @@ def cuda_path(counter: Count, kernels: bool, tables: bool = True):
 
 def layer_ops(kernels: bool, tables: bool = False) -> dict:
     from support import tiny_pair
-    from microspec.models.graphs import static_masks, static_run
+    from microspec.models.graphs import static_inputs, static_run
 
     counter = Count()
     with cuda_path(counter, kernels, tables) as launched:
@@ -134,11 +134,10 @@ def layer_ops(kernels: bool, tables: bool = False) -> dict:
         with torch.inference_mode():
             nm.forward(torch.tensor([1, 2, 3, 4, 5]), cache)
             x = nm.embed(torch.tensor([7]))
-            pos, _ = nm._place(cache, 1, None, None)
-            masks = static_masks(nm, cache, 5, 1, None, None, 64)
+            slots, pos, masks = static_inputs(nm, cache, 1, span=64)
             launched.clear()
             with counter:
-                static_run(nm, x, cache, torch.tensor([5]), pos, masks, 64)
+                static_run(nm, x, cache, slots, pos, masks, 64)
     ops = {k: v for k, v in counter.ops.items() if k not in SKIP}
     layers = nm.spec.num_layers
     return {"layers": layers, "per_layer": round((sum(ops.values()) + len(launched)) / layers, 1),
@@ -156,8 +155,7 @@ def draft_ops(whole: bool, root_inside: bool = True) -> dict:
     path, _, _ = official_checkpoint(Path(tempfile.mkdtemp()) / "ck", d=nm.spec.hidden_size)
     drafter = EagleDrafter(EagleHead.load(path), depth=6, top_k=10, total_tokens=59)
     drafter.whole_graph = whole
-    if not root_inside:  # the root pass on its own before the whole tree's replay
-        drafter._whole_with_root = lambda ctx, steps: None
+    drafter.root_in_graph = root_inside  # else the root pass on its own before the whole tree's replay
     counter, per = Count(), []
     counter.paused = 1
     tree = drafter.propose

@@ -106,6 +106,7 @@ class ForwardDrafter(Drafter):
     # the whole device tree in fixed shapes (_whole_tree), replayed as one CUDA graph: None, where the drafter's network
     # replays CUDA graphs; True, also where it runs eagerly (a CPU: the same operations, for tests); False: never
     whole_graph: bool | None = None
+    root_in_graph = True  # the step's root pass inside the whole-draft graph (False: on its own before it)
 
     def __init__(self, depth: int = CHAIN_DEPTH, top_k: int | None = None, total_tokens: int | None = None):
         check(depth >= 1, f"--depth must be >= 1, got {depth}")
@@ -221,7 +222,7 @@ class ForwardDrafter(Drafter):
         :meth:`_root_inputs`, run inside it): None where it does not apply (no tree, a processor the device tree
         does not take, more pending pairs than a step leaves, or what :meth:`_whole_tree` refuses), and the root
         pass runs on its own."""
-        if self.top_k is None or not self._tree_on_device(ctx) or not self._may_draft_whole():
+        if self.top_k is None or not self.root_in_graph or not self._tree_on_device(ctx) or not self._may_draft_whole():
             return None  # (before the pending pairs are joined)
         pending = self._root_inputs(ctx)
         if pending is None:

@@ -98,6 +98,20 @@ def device_masks(model, cache: KVCache, slots: torch.Tensor, positions: torch.Te
     return by_window(model.spec.layer_windows, base, cache.pos[:span], positions)
 
 
+def static_inputs(model, cache: KVCache, t: int, positions: torch.Tensor | None = None,
+                  mask: torch.Tensor | None = None, span: int | None = None) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """What :func:`static_run` takes for ``t`` new rows after ``cache.length``, placed as the eager forward places
+    them: their slots, their positions (``positions``, default the slots; written to ``cache.pos``) and the masks
+    over the first ``span`` slots (default the cache's capacity)."""
+    start = cache.length
+    model.check_room(cache, t)
+    slots = torch.arange(start, start + t, device=cache.device)
+    pos = positions if positions is not None else slots
+    cache.pos[start: start + t] = pos
+    span = cache.capacity if span is None else span
+    return slots, pos, static_masks(model, cache, start, t, positions, mask, span)
+
+
 def static_run(model, x: torch.Tensor, cache: KVCache, slots: torch.Tensor, positions: torch.Tensor,
                masks: dict, span: int) -> torch.Tensor:
     """The forward of ``x`` [T, d] in fixed shapes: keys and values written at ``slots`` [T], attention over the
