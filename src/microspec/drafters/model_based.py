@@ -76,8 +76,8 @@ def check_shape(method) -> None:
 # 6 draft levels, top-k 10); on a CPU, where a verify pass grows with every node (BENCHMARKS.md), small trees; with
 # packed GGUF weights on a CPU ("cpu-gguf") one drafted token.  There a draft level costs about a tenth of a plain
 # step and, where the 512-bit integer products apply, 3 verify rows about one; measured on Gemma 3 270M
-# (benchmarks/measure/packed_trees.py, AMD EPYC): greedy, a chain of 2 beat 1 in each of four paired runs (by 1-15%),
-# under repetition penalty 1.2 it lost to 1 (by 8-16%), and every wider tree lost to both.
+# (benchmarks/measure/packed_trees.py, AMD EPYC): greedy, a chain of 2 beat 1 in each of six paired runs (by 1-15%),
+# under repetition penalty 1.2 it lost to 1 in each of four (by 7-16%), and every wider tree lost to both.
 TREES = {
     CUDA: {"depth": 6, "top_k": 10, "total_tokens": 59},
     CPU: {"depth": 4, "top_k": 2, "total_tokens": 8},
