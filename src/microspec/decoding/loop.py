@@ -49,6 +49,19 @@ PREFILL_CHUNK = 128
 # (an A/B switch, read at each generation's steps: devices.env_flag)
 
 
+class PlannedStep(NamedTuple):
+    """The step :meth:`Generation.plan` planned, as :meth:`Generation.settle` takes it up: the clock's mark and the
+    host's clock at its start, whether the drafter was asked, the tree, the cache's length before the verify pass
+    and the clock's mark at the draft's end."""
+
+    start: int
+    host_start: float
+    drafting: bool
+    tree: DraftTree
+    cache_length: int
+    drafted: int
+
+
 class Ahead(NamedTuple):
     """What :meth:`Generation._draft_ahead` did before a step's read: the next step's tree (None: not drafted, the
     policy and coverage heard the step all the same) and the clock's marks at its start and end, with the host's
@@ -243,7 +256,7 @@ class Generation:
         layers = drafter.feature_layers(model) if drafter is not None else None
         self.taps = Taps(layers) if layers else None
         self.finish: str | None = None
-        self._step: tuple | None = None  # the planned step: (t0 mark, host t0, drafting, tree, cache length)
+        self._step: PlannedStep | None = None  # the planned step (plan), taken up by settle
         self._ahead: tuple | None = None  # a plain step launched before the last one's token was read
         self._next: Ahead | None = None  # the next step's tree drafted before the last one's read
         self._forced = False  # the planned step drafts the tokens the grammar forces (not the drafter's)
@@ -351,7 +364,7 @@ class Generation:
             tree, t0, host_t0, t1 = self._next
             self._next = None
             self._forced = False
-            self._step = (t0, host_t0, True, tree, self.cache.length, t1)
+            self._step = PlannedStep(t0, host_t0, True, tree, self.cache.length, t1)
             return tree
         t0, host_t0 = self.clock.mark(), clock()
         if self.on_step is not None:
@@ -372,7 +385,7 @@ class Generation:
         if len(tree) and tree.on_device is None and device_walk_takes(tree, self.pipe, self.model.device):
             tree = DeviceTree.of(tree, self.model.device) or tree  # a lookup's tree: walked on the device too
         self.stats.skipped_steps += drafter is not None and not drafting
-        self._step = (t0, host_t0, drafting, tree, self.cache.length, self.clock.mark())
+        self._step = PlannedStep(t0, host_t0, drafting, tree, self.cache.length, self.clock.mark())
         return tree
 
     def verify_inputs(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
