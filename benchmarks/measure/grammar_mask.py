@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics as st
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -27,13 +25,9 @@ import torch
 
 import microspec
 from microspec.api import encode_prompt
+from microspec.bench import run_meta
 from microspec.decoding import GenerationConfig
 from microspec.decoding.grammar import JSON_STYLE, Constraint, for_model
-
-
-def _cpu() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-    return next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "")
 
 
 def _llguidance(lm, schemas, answers) -> dict:
@@ -126,11 +120,7 @@ def main() -> None:
         step_s += free.stats.wall_s - free.stats.prefill_s
         steps += len(free.token_ids) - 1
     schemas = [r["schema"] for r in recs]
-    result = {"meta": {"date": time.strftime("%Y-%m-%d"), "machine": _cpu(),
-                       "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                                text=True, check=False).stdout.strip(),
-                       "model": "gemma-3-270m", "vocab": lm.model.spec.vocab_size, "prompts": len(recs),
-                       "command": "python3 benchmarks/measure/grammar_mask.py " + " ".join(sys.argv[1:])},
+    result = {"meta": run_meta(model="gemma-3-270m", vocab=lm.model.spec.vocab_size, prompts=len(recs)),
               "plain_step_us": round(1e6 * step_s / steps, 1),
               "llguidance": _llguidance(lm, schemas, answers), "outlines_core": _outlines(lm, schemas, answers),
               "xgrammar": _xgrammar(lm, schemas, answers)}

@@ -21,33 +21,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics as st
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import microspec
 from microspec import auto
 from microspec.api import encode_prompt
+from microspec.bench import run_meta
 from microspec.decoding import GenerationConfig, grammar as grammar_mod
 from microspec.decoding.grammar import Constraint, for_model
 
 METHODS = ("ar", "auto", "eagle+microspec")
-
-
-def _cpu() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-        return next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "")
-    except OSError:
-        return platform.processor()
-
-
-def _commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
-    return out.stdout.strip()
 
 
 def _run(engine, prompts, cfgs) -> tuple[list, float, int, list]:
@@ -156,10 +141,9 @@ def main() -> None:
 
     base = st.mean(rates["ar"])
     result = {
-        "meta": {"date": time.strftime("%Y-%m-%d"), "machine": _cpu(), "commit": _commit(), "model": "gemma-3-270m",
-                 "weights": "gguf", "prompts": len(recs), "data": "benchmarks/data/json_prompts.py",
-                 "repeats": args.repeats, "max_new_tokens": args.max_new_tokens,
-                 "command": "python3 benchmarks/measure/structured.py " + " ".join(sys.argv[1:])},
+        "meta": run_meta(model="gemma-3-270m", weights="gguf", prompts=len(recs),
+                         data="benchmarks/data/json_prompts.py", repeats=args.repeats,
+                         max_new_tokens=args.max_new_tokens),
         "methods": {m: {"tok_s": [round(v, 2) for v in rates[m]], "mean_tok_s": round(st.mean(rates[m]), 2),
                         "vs_plain": round(st.mean(rates[m]) / base, 3),
                         "paired_vs_plain": [round(a / b, 3) for a, b in zip(rates[m], rates["ar"])],

@@ -14,6 +14,10 @@ NAMES = {"ar": "plain constrained decoding", "auto": "`auto`", "eagle+microspec"
 
 
 def _machine(meta: dict) -> str:
+    """Where a run ran: ``run_meta``'s machine and threads, or (the committed runs, which named the CPU alone) the
+    CPU on this project's 2-core kind with 2 threads."""
+    if "threads" in meta:
+        return f"{meta['machine']}, {meta['threads']} threads"
     return f"2-core {meta['machine']}, 2 threads"
 
 
