@@ -115,6 +115,22 @@ MICROSPEC_VNNI void tile_x8_vnni(const Act& a, const int32_t* offs, const int32_
   for (int i = 0; i < MT; ++i) _mm256_storeu_ps(out + 8 * i, T::min ? _mm256_add_ps(acc[i], accm[i]) : acc[i]);
 }
 
+// A K-quant tile-block B's fp16 d (which 0) or, for Q4_K, dmin (which 1) of its 8 rows, as fp32 lanes (Q6_K has
+// no dmin: zeros)
+template <class T>
+inline __m256 k8_d(const uint8_t* B, int which) {
+  if (which && !T::min) return _mm256_setzero_ps();
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B + 16 * which)));
+}
+
+// Group j's sub-block scales of the 8 rows: lane s the int16 pair (byte 2s, byte 2s + 1), Q4_K's (sc, m) unsigned,
+// Q6_K's (sc_a, sc_b) signed
+template <class T>
+inline __m256i k8_scales(const uint8_t* B, int j) {
+  const __m128i sb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(B + T::soff + 16 * j));
+  return T::kq == 14 ? _mm256_cvtepi8_epi16(sb) : _mm256_cvtepu8_epi16(sb);
+}
+
 // A K-quant group's exact int32 lane sums t32 (scales applied) of rows m0..m0+MT-1 into the fp32 accumulators:
 // Q6_K less 32 (sc_a * sum(qx[0..15]) + sc_b * sum(qx[16..31])), acc = fma(fp32(t32), d_rows * dx, acc), and Q4_K's
 // min term accm = fnma(dmin_rows * m, dx * sum(qx), accm).  ``sx``: the group's scale pairs (see tile_k8).
@@ -149,15 +165,11 @@ inline void tile_k8(const Act& a, const int32_t* offs, const uint8_t* w, int64_t
   const __m256i hi16 = _mm256_set1_epi32(int32_t(0xFFFF0000u));
   for (int64_t blk = 0; blk < a.G / 8; ++blk) {
     const uint8_t* B = w + blk * T::tbytes;
-    const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B)));
-    const __m256 dminv = T::min ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B + 16)))
-                                : _mm256_setzero_ps();
+    const __m256 dv = k8_d<T>(B, 0), dminv = k8_d<T>(B, 1);
     for (int j = 0; j < 8; ++j) {
       const int64_t g = blk * 8 + j;
       if (pf) prefetch_group(B + pf + j * T::tbytes / 8, T::tbytes / 8);  // an eighth of the tile-block ahead
-      const __m128i sb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(B + T::soff + 16 * j));
-      // lane s: the int16 pair (byte 2s, byte 2s + 1): Q4_K (sc, m) unsigned, Q6_K (sc_a, sc_b) signed
-      const __m256i sx = Q6 ? _mm256_cvtepi8_epi16(sb) : _mm256_cvtepu8_epi16(sb);
+      const __m256i sx = k8_scales<T>(B, j);
       const __m256i sa = _mm256_slli_epi32(sx, 16);
       const __m256i pa = _mm256_or_si256(sa, _mm256_srli_epi32(sa, 16));  // (sc_a, sc_a)
       const __m256i hb = _mm256_and_si256(sx, hi16);
@@ -198,15 +210,11 @@ MICROSPEC_VNNI void tile_k8_vnni(const Act& a, const int32_t* offs, const uint8_
   for (int i = 0; i < MT; ++i) { acc[i] = _mm256_setzero_ps(); accm[i] = _mm256_setzero_ps(); }
   for (int64_t blk = 0; blk < a.G / 8; ++blk) {
     const uint8_t* B = w + blk * T::tbytes;
-    const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B)));
-    const __m256 dminv = T::min ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B + 16)))
-                                : _mm256_setzero_ps();
+    const __m256 dv = k8_d<T>(B, 0), dminv = k8_d<T>(B, 1);
     for (int j = 0; j < 8; ++j) {
       const int64_t g = blk * 8 + j;
       if (pf) prefetch_group(B + pf + j * T::tbytes / 8, T::tbytes / 8);  // an eighth of the tile-block ahead
-      const __m128i sb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(B + T::soff + 16 * j));
-      // lane s: the int16 pair (byte 2s, byte 2s + 1): Q4_K (sc, m) unsigned, Q6_K (sc_a, sc_b) signed
-      const __m256i sx = Q6 ? _mm256_cvtepi8_epi16(sb) : _mm256_cvtepu8_epi16(sb);
+      const __m256i sx = k8_scales<T>(B, j);
       const uint8_t* q = B + T::qoff + T::qbytes * j;
       // exact int32 sums per lane: the whole group (Q4_K) or its halves (Q6_K), then times the lanes' scales
       __m256i s0[MT], s1[MT];
