@@ -1,7 +1,7 @@
 """``auto``'s drafter: several drafting methods (*arms*) behind one drafter, one of them chosen at each step by the
 online bandit of :mod:`microspec.auto.choice`, which times each step from the proposal to the commit.
 
-*Cheap* drafters (:attr:`~microspec.drafters.base.Drafter.cheap`: prompt lookup, suffix decoding) propose at every
+*Cheap* drafters (:class:`~microspec.auto.arms.CheapArm`: prompt lookup, suffix decoding) propose at every
 step before the choice (while plain decoding is taken, as often as the choice's ``plain_share`` of a plain step pays
 for, the cheapest first: where nothing pays, auto is to cost next to nothing over plain decoding), and only the
 arms with a proposal are offered to it; each proposal is scored against the text that follows (the tokens it would
@@ -25,6 +25,7 @@ from ..errors import check
 from ..models.native import NativeCausalLM
 from ..onetime import clock
 from ..vocab.base import VocabPolicy
+from .arms import is_cheap, proposal_context
 from .choice import ArmHistory, OnlineChoice, arm_of
 
 PLAIN = "plain"
@@ -43,7 +44,7 @@ class Portfolio(Drafter):
         self.views = dict(views or {})  # arm -> (the cheap arm whose proposal it cuts, levels kept)
         names = [*arms, *self.views]
         check(start in names, f"auto: start arm {start!r} is not one of {', '.join(names)}")
-        check(all(src in arms and arms[src] is not None and arms[src].cheap for src, _ in self.views.values()),
+        check(all(src in arms and is_cheap(arms[src]) for src, _ in self.views.values()),
               "auto: a view arm cuts a cheap arm's proposal")
         check(PLAIN in arms and arms[PLAIN] is None, f"auto: the arms need {PLAIN!r} (None: plain decoding)")
         self.arms, self.start = dict(arms), start
@@ -53,7 +54,7 @@ class Portfolio(Drafter):
         self.chooser = chooser
         self.choice_options = choice_options
         self.leaves = _leaves(arms.values())  # each distinct drafter once
-        self.cheap = [n for n, d in arms.items() if d is not None and d.cheap]
+        self.cheap = [n for n, d in arms.items() if is_cheap(d)]
         self.model = [n for n, d in arms.items() if d is not None and n not in self.cheap]
         self.choice: OnlineChoice | None = None
         self._step: tuple[str, float, int] | None = None  # (arm, host clock at the proposal, draft nodes)
@@ -127,7 +128,7 @@ class Portfolio(Drafter):
             spent[name] = took = clock() - t
             self._cost[name] = took if name not in self._cost else 0.9 * self._cost[name] + 0.1 * took
             if len(tree):
-                context[name] = drafter.matched  # prompt lookup: the n-gram's length
+                context[name] = proposal_context(drafter)  # prompt lookup: the n-gram's length
                 ready[_key(name, context[name])] = tree
         if self._last == PLAIN:
             self._credit -= sum(spent.values())
@@ -216,7 +217,7 @@ class Aside(Drafter):
 
     def finish(self, output: list[int]) -> None:
         for d in self.portfolio.leaves:  # the cheap arms draft from the text alone (suffix decoding keeps responses)
-            if d.cheap:
+            if is_cheap(d):
                 d.finish(output)
 
     def take_report(self) -> DraftReport:

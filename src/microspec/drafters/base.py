@@ -36,22 +36,17 @@ class DraftReport:
 class Drafter(ABC):
     """Proposes a token tree for the target to verify.  Beside :meth:`propose`, what a drafter may offer is declared
     here with neutral defaults, so the loop and ``auto`` ask no drafter what it has: ``head`` (its draft head, whose
-    timer and active sizes feed the statistics), ``cheap``, ``matched``, ``head_drafted``, ``copies_feed_policy``,
-    :meth:`parts` (a composite's drafters), :meth:`take_report`, :meth:`describe` and :meth:`draft_ahead` (the next
-    tree drafted before a step's read, with :meth:`drafts_ahead`, :meth:`commit_ahead` and :meth:`drop_ahead`)."""
+    timer and active sizes feed the statistics), ``head_drafted``, ``copies_feed_policy`` (what ``auto`` alone asks
+    of its arms is its own protocol, :mod:`microspec.auto.arms`), :meth:`parts` (a composite's drafters),
+    :meth:`take_report`, :meth:`describe` and :meth:`draft_ahead` (the next tree drafted before a step's read, with
+    :meth:`drafts_ahead`, :meth:`commit_ahead` and :meth:`drop_ahead`)."""
 
     name = "drafter"
     # the draft head (microspec.drafters.head.DraftHead) a vocabulary policy serves, None without one
     head = None
-    # what the last proposal matched on, where the drafter measures it (prompt lookup: the n-gram's length; auto
-    # measures its proposals apart by it); None: no such measure
-    matched: int | None = None
     # False when the last proposal did not come from the draft head the vocabulary policy serves (prompt lookup
     # first: a copied chain); the loop then reads no ground-truth coverage for the step
     head_drafted = True
-    # True for a drafter whose proposal costs a small fraction of a decode step (from the text alone, no network):
-    # auto asks such drafters at every step and offers the choice only the arms that have a proposal
-    cheap = False
     # whether a step drafted without the head (head_drafted False) still feeds the vocabulary policy the target's
     # logits of its verified rows (prompt lookup first: yes, its copied chains enter MicroSpec's stream; auto: no,
     # the top-k over the full vocabulary would tax every step the head does not draft)

@@ -23,10 +23,14 @@ class NGramDrafter(Drafter):
 
     The earlier n-grams are kept in an index (per length, an n-gram -> its latest start) that grows with the text, so
     a proposal costs a few dictionary reads whatever the text's length, not a scan of it (:func:`scan` is the scan,
-    the reference the index is tested against)."""
+    the reference the index is tested against).
+
+    A cheap arm of ``auto`` (:class:`~microspec.auto.arms.CheapArm`): its proposal costs a few dictionary reads, and
+    ``matched`` is the length of the n-gram the last proposal matched (0: none; None before any)."""
 
     name = "ngram"
     cheap = True
+    matched: int | None = None
 
     def __init__(self, num_tokens: int = TOKENS, max_ngram: int = 3, min_ngram: int = 1):
         check(num_tokens >= 1, f"ngram draft length must be >= 1, got {num_tokens}")
