@@ -4,14 +4,15 @@ Every drafter with an LM head computes its logits here and nowhere else, so a vo
 in-context vocabulary, a static shortlist, a trained router) changes what the drafts cost and cover — and cannot
 change what the target accepts, because verification always uses the full vocabulary.
 
-At each call the head asks the policy for the set of draft depth ``depth`` and computes, by what it gets:
-- None: the whole [V, d] weight (EAGLE-2);
+At each call the head asks the policy for the set of draft depth ``depth``, reads it as an
+:class:`~microspec.vocab.active.ActiveRows` (the same few questions whatever the set) and computes, by what it is:
+- the whole vocabulary (the policy answers None): the whole [V, d] weight (EAGLE-2);
 - a packed buffer (:class:`~microspec.vocab.packed.PackedRows`): one dense matmul over its leading rows, free slots
   masked to -inf — the policy copied only the rows that entered the set;
 - an id list: the indexed path, ``W[idx] @ h`` — rows gathered whenever the list changes (the ablation baseline),
   or, for a policy made with ``--gather fused``, a Triton kernel that reads the rows inside the matmul
   (:mod:`microspec.kernels`);
-- a prefix of a fixed order (:class:`~microspec.vocab.base.RankedPrefix`: a static shortlist under a per-depth
+- a prefix of a fixed order (:class:`~microspec.vocab.active.RankedPrefix`: a static shortlist under a per-depth
   budget): the order's rows gathered once, each budget a view of their leading rows.
 It keeps the time it spent (``seconds``, device-timed) and the size of each set it used (``sizes``).
 """
@@ -25,8 +26,8 @@ from ..decoding.stats import DeviceTimer
 from ..errors import check
 from ..kernels import cpu_linear
 from ..models.quant import QuantTensor
-from ..vocab.base import RankedPrefix, VocabPolicy, active_size
-from ..vocab.packed import PackedRows
+from ..vocab.active import ActiveRows, as_active
+from ..vocab.base import VocabPolicy
 
 
 class DraftVocabRows:
@@ -94,7 +95,7 @@ class DraftHead:
         self.mapped = weight if isinstance(weight, DraftVocabRows) else None
         self.vocab_size = weight.shape[0]
         self.policy = policy
-        self.active: torch.Tensor | PackedRows | RankedPrefix | None = None  # what the last logits() call used
+        self.selected: ActiveRows = self._as_active(None)  # the set the last logits() call scored
         self._source: torch.Tensor | None = None  # the id list (or a prefix's order) whose rows are in _rows
         self._rows: torch.Tensor | None = None
         self._inverse: tuple[torch.Tensor, torch.Tensor] | None = None  # (id list, [V] column of each id or -1)
@@ -108,6 +109,15 @@ class DraftHead:
             policy.attach(weight)
 
     # ---------------------------------------------------------------- what to score
+    @property
+    def active(self):
+        """What the policy answered for the last :meth:`logits` call (None: the whole vocabulary; an id tensor, a
+        packed buffer, a ranked prefix)."""
+        return self.selected.answer
+
+    def _as_active(self, answer) -> ActiveRows:
+        return as_active(answer, self.vocab_size, self.mapped)
+
     def route(self, inputs: tuple[torch.Tensor, torch.Tensor] | None, depth: int) -> None:
         """Before scoring ``depth``: tell a routing policy what the draft network was fed, ``inputs`` = (token
         embeddings, input features) of the nodes whose next tokens are scored (None: a drafter that feeds no
@@ -118,16 +128,16 @@ class DraftHead:
                   f"vocabulary policy {policy.name!r} routes on the draft's inputs: it needs the eagle drafter")
             policy.on_draft_inputs(*inputs, depth)
 
-    def _select(self, depth: int):
-        active = self.policy.active(depth) if self.policy is not None else None
-        source = active.order if isinstance(active, RankedPrefix) else active
-        if isinstance(source, torch.Tensor) and source is not self._source and not self._fused:
+    def _select(self, depth: int) -> ActiveRows:
+        active = self._as_active(self.policy.active(depth) if self.policy is not None else None)
+        source = active.source
+        if source is not None and source is not self._source and not self._fused:
             self._source = source
             self._rows = self.weight.index_select(0, source)  # the indexed path: W[idx]
-        self.active = active
+        self.selected = active
         # a head with a draft vocabulary of its own scores its rows when unrestricted (a restricted set may hold ids
         # outside it: they are masked, and counted as the rows the product read)
-        self.sizes.append(active_size(active, self.vocab_size if self.mapped is None else self.mapped.rows.shape[0]))
+        self.sizes.append(active.size())
         return active
 
     # ---------------------------------------------------------------- scoring
@@ -155,7 +165,7 @@ class DraftHead:
             if self.norm is not None:
                 hidden = self.norm(hidden)
             out = self._scores(hidden, depth)
-            if self.mapped is not None and self.active is not None:  # ids outside the draft vocabulary
+            if self.mapped is not None and not self.selected.whole:  # ids outside the draft vocabulary
                 out.masked_fill_(~self.mapped.present[self.to_full_ids(
                     torch.arange(out.shape[-1], device=out.device))], float("-inf"))
             return out
@@ -164,30 +174,24 @@ class DraftHead:
         if self.policy is not None and self.policy.wants_head_input:
             self.policy.on_head_input(hidden, depth)
         active = self._select(depth)
-        if isinstance(active, PackedRows):
-            if self.graphs is not None and hidden.is_cuda and active.fixed_shape:  # fixed shape: one graph
-                out = self.graphs((id(active), hidden.shape, hidden.dtype), lambda h: self._packed(h, active), hidden,
-                                  owner=active)
-                if out is not None:
-                    return out
-            return self._packed(hidden, active)
-        ids = active.ids if isinstance(active, RankedPrefix) else active
-        if isinstance(ids, torch.Tensor) and self._fused:
+        if self.graphs is not None and hidden.is_cuda and active.fixed_shape:  # fixed shape (packed): one graph
+            out = self.graphs((id(active), hidden.shape, hidden.dtype), lambda h: self._product(h, active), hidden,
+                              owner=active)
+            if out is not None:
+                return out
+        listed = active.listed if self._fused else None
+        if listed is not None:
             from ..kernels.gather_matmul import gather_matmul
 
-            return self._cap(gather_matmul(hidden, self.weight, ids))
-        if isinstance(active, RankedPrefix):  # a view of the order's leading rows
-            rows = self._rows
-            return self._matmul(hidden, rows.leading(active.n) if isinstance(rows, QuantTensor) else
-                                rows[: active.n])
-        if active is None:
-            return self._matmul(hidden, self.weight if self.mapped is None else self.mapped.rows)
-        return self._matmul(hidden, self._rows)
+            return self._cap(gather_matmul(hidden, self.weight, listed))
+        return self._product(hidden, active)
 
-    def _packed(self, hidden: torch.Tensor, active: PackedRows) -> torch.Tensor:
-        """One product over the packed buffer's leading rows, free slots at -inf."""
-        out = self._matmul(hidden, active.rows[: active.extent])
-        return out.masked_fill_(~active.valid(), float("-inf"))
+    def _product(self, hidden: torch.Tensor, active: ActiveRows) -> torch.Tensor:
+        """One product over the set's rows (the whole weight, the gathered rows or a view of their leading ones, a
+        packed buffer's leading slots), columns holding no id at -inf."""
+        out = self._matmul(hidden, active.matrix(self.weight, self._rows))
+        free = active.free()
+        return out if free is None else out.masked_fill_(free, float("-inf"))
 
     def use_cuda_graphs(self, on: bool = True) -> None:
         """Replay the packed head's product and mask as a CUDA graph (on CUDA, with a fixed-shape buffer)."""
@@ -207,44 +211,35 @@ class DraftHead:
 
     def columns_of(self, ids: torch.Tensor) -> torch.Tensor:
         """Columns [n] of the last :meth:`logits` call that hold ``ids`` (-1 for an id outside the set)."""
-        active = self.active
-        if active is None:
-            return ids if self.mapped is None else self.mapped.row_of[ids]
-        if isinstance(active, PackedRows):
-            return active.slot_of[ids]  # occupied slots lie below the extent the logits cover
-        source = active.order if isinstance(active, RankedPrefix) else active
+        return self.selected.columns_of(ids, self._inverse_of)
+
+    def _inverse_of(self, source: torch.Tensor) -> torch.Tensor:
+        """[V]: the position of each id in the id list ``source`` (-1: absent), kept while ``source`` is the list."""
         if self._inverse is None or self._inverse[0] is not source:
             inverse = torch.full((self.vocab_size,), -1, dtype=torch.long, device=source.device)
             inverse[source] = torch.arange(source.numel(), device=source.device)
             self._inverse = (source, inverse)
-        cols = self._inverse[1][ids.to(source.device)]
-        return cols.masked_fill(cols >= active.n, -1) if isinstance(active, RankedPrefix) else cols
+        return self._inverse[1]
 
     def to_full_ids(self, columns: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary ids of columns of the last :meth:`logits` call."""
-        if self.active is None:
-            return columns if self.mapped is None else self.mapped.ids[columns]
-        if isinstance(self.active, PackedRows):
-            return self.active.to_full_ids(columns)
-        if isinstance(self.active, RankedPrefix):
-            return self.active.ids[columns]
-        return self.active[columns]
+        return self.selected.to_full_ids(columns)
 
     def topk(self, hidden: torch.Tensor, k: int, depth: int = 0, pipe=None,
              paths=None) -> tuple[torch.Tensor, torch.Tensor]:
         """(log-probabilities [R, k], full-vocabulary ids [R, k]) of the k most probable active tokens (a set
         smaller than k, or a top-p nucleus, yields -inf entries, which drafters skip).  With ``pipe``: under the
         decoding's processors (see :meth:`logits`) and, when sampling, its temperature and top-p."""
-        packed = getattr(self.policy, "packed", None)
-        if self.graphs is not None and hidden.is_cuda and isinstance(packed, PackedRows) and packed.fixed_shape \
+        if self.graphs is not None and hidden.is_cuda \
+                and self._as_active(getattr(self.policy, "packed", None)).fixed_shape \
                 and self.norm is None and self.mapped is None and not self.policy.wants_head_input \
                 and (pipe is None or (pipe.cfg.greedy and not pipe.active)):
             with self.timer:  # the packed head whole (product, mask, log-softmax, top-k, ids) as one graph
-                active = self._select(depth)
+                active = self._select(depth)  # that buffer
                 k = min(k, active.extent)
                 out = self.graphs((id(active), "topk", k, hidden.shape, hidden.dtype),
-                                  lambda h: self._packed_topk(h, active, k), hidden, owner=active)
-                return out if out is not None else self._packed_topk(hidden, active, k)  # not capturable: eager
+                                  lambda h: self._product_topk(h, active, k), hidden, owner=active)
+                return out if out is not None else self._product_topk(hidden, active, k)  # not capturable: eager
         logits = self.logits(hidden, depth, pipe, paths)
         logp = pipe.draft_logp(logits) if pipe is not None else torch.log_softmax(logits, dim=-1)
         k = min(k, logp.shape[-1])
@@ -252,34 +247,32 @@ class DraftHead:
         return values, self.to_full_ids(cols)
 
     # ---------------------------------------------------------------- the draft in fixed shapes (one graph)
-    def fixed_active(self, depths: int, graphed: bool) -> tuple[bool, object]:
+    def fixed_active(self, depths: int, graphed: bool) -> tuple[bool, ActiveRows | None]:
         """Whether depths ``0..depths-1`` can be scored by :meth:`fixed_topk` inside one graph of the whole draft, and
-        their one active set (None, a packed buffer, an id list).  It can when the head has no draft vocabulary of its
-        own, no policy hears the draft's inputs or ranks by the head's input, and every depth scores the same set:
-        the whole vocabulary, an id list (its rows gathered here, outside the graph) or a packed buffer (of fixed
-        shape where ``graphed``: its extent is not read).  Records the sets' sizes as :meth:`logits` would."""
+        their one active set (an :class:`~microspec.vocab.active.ActiveRows`).  It can when the head has no draft
+        vocabulary of its own, no policy hears the draft's inputs or ranks by the head's input, and every depth scores
+        the same set (:meth:`~microspec.vocab.active.ActiveRows.fits_fixed`): the whole vocabulary, an id list (its
+        rows gathered here, outside the graph) or a packed buffer (of fixed shape where ``graphed``: its extent is not
+        read).  Records the sets' sizes as :meth:`logits` would."""
         policy = self.policy
         if self.mapped is not None or self._fused or (policy is not None and (
                 policy.wants_head_input or policy.wants_draft_inputs)):
             return False, None
         first = policy.active(0) if policy is not None else None
-        if isinstance(first, RankedPrefix) or (isinstance(first, PackedRows) and graphed and not first.fixed_shape) \
+        chosen = self._as_active(first)
+        if not chosen.fits_fixed(graphed) \
                 or (policy is not None and any(policy.active(d) is not first for d in range(1, depths))):
             return False, None
         self._select(0)
         self.sizes += self.sizes[-1:] * (depths - 1)  # one set for every depth: its size counted once
-        return True, first
+        return True, chosen
 
     def fixed_inputs(self, active) -> tuple[torch.Tensor, ...]:
         """What :meth:`fixed_topk` reads of a set :meth:`fixed_active` accepted: nothing for the whole vocabulary (the
         weight itself), a packed buffer's leading rows and the id of each slot (-1: free), an id list's gathered rows
         and the ids.  A graph of the whole draft copies them into inputs of its own at each replay, so that it serves
         the sets of later generations too (each generation has a policy of its own)."""
-        if active is None:
-            return ()
-        if isinstance(active, PackedRows):
-            return active.rows[: active.extent], active.slot_ids[: active.extent]
-        return self._rows, active
+        return self._as_active(active).fixed_inputs(self._rows)
 
     def fixed_topk(self, hidden: torch.Tensor, k: int, inputs: tuple[torch.Tensor, ...], pipe=None,
                    paths: torch.Tensor | None = None, states=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -301,14 +294,14 @@ class DraftHead:
         values, cols = torch.topk(logp, min(k, logp.shape[-1]), dim=-1)
         return values, cols if ids is None else ids[cols]
 
-    def _packed_topk(self, hidden: torch.Tensor, active: PackedRows, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        values, cols = torch.topk(torch.log_softmax(self._packed(hidden, active), dim=-1), k, dim=-1)
+    def _product_topk(self, hidden: torch.Tensor, active: ActiveRows, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        values, cols = torch.topk(torch.log_softmax(self._product(hidden, active), dim=-1), k, dim=-1)
         return values, active.to_full_ids(cols)
 
     def full_distribution(self, probs_active: torch.Tensor) -> torch.Tensor:
         """Scatter a distribution over the columns of the last :meth:`logits` call [R, A] into the full vocabulary
         [R, V] (zeros elsewhere)."""
-        if self.active is None and self.mapped is None:
+        if self.selected.whole and self.mapped is None:
             return probs_active
         ids = self.to_full_ids(torch.arange(probs_active.shape[-1], device=probs_active.device))
         out = probs_active.new_zeros(probs_active.shape[0], self.vocab_size + 1)

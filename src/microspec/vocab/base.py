@@ -5,7 +5,8 @@ every verification (all token ids of the draft tree, and the target's logits on 
 ``active(depth)``: what the draft head computes at that draft depth (0 = the first drafted token) — None for the
 whole vocabulary, a 1-D tensor of ids (the head gathers their rows: the indexed path), a
 :class:`~microspec.vocab.packed.PackedRows` buffer the policy keeps up to date itself (the packed path), or a
-:class:`RankedPrefix` of one fixed order (the head gathers the order once and scores a view of its first rows).  Drafts are
+:class:`RankedPrefix` of one fixed order (the head gathers the order once and scores a view of its first rows); the
+head reads each through one interface, :class:`~microspec.vocab.active.ActiveRows`.  Drafts are
 chosen among the active ids and mapped back to full-vocabulary ids; verification always uses the full vocabulary,
 so no policy can change what is generated (tests/test_vocab.py checks that for each one).
 
@@ -15,32 +16,17 @@ the ranking never changes), which is what :class:`~microspec.vocab.position.Posi
 
 from __future__ import annotations
 
-import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Union
 
 import torch
 
 from ..options import PolicySpec
+from .active import RankedPrefix, as_active
 from .packed import PackedRows
 
-
-@dataclass(frozen=True, eq=False)
-class RankedPrefix:
-    """The first ``n`` ids of ``order``, one fixed ranking (the same tensor every step): what a static shortlist
-    answers under a per-depth budget (PA-FR).  The draft head gathers ``order``'s rows once and scores a prefix view
-    of them, so the depths' budgets cost no gather of their own."""
-
-    order: torch.Tensor
-    n: int
-
-    @property
-    def ids(self) -> torch.Tensor:
-        return self.order[: self.n]
-
-
+# what active(depth) answers; the draft head reads each as an ActiveRows (microspec.vocab.active.as_active)
 ActiveSet = Union[None, torch.Tensor, PackedRows, RankedPrefix]
 
 
@@ -129,37 +115,15 @@ class VocabPolicy(ABC):
 
 
 def contains(active: ActiveSet, ids: torch.Tensor, cache: list | None = None) -> torch.Tensor:
-    """[n] bool: which of ``ids`` are in ``active``, without waiting for a GPU: a binary search of the set's sorted
-    ids (``torch.isin`` over a set of thousands takes ATen's sorting path, whose ``unique`` reads its size back).
-    ``cache``: a list that keeps the last set's sorted ids while that set lives."""
-    if active is None:
-        return torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
-    if isinstance(active, PackedRows):
-        return active.contains(ids)
-    if isinstance(active, RankedPrefix):
-        active = active.ids
-    ids = ids.to(active.device)
-    if active.numel() == 0:
-        return torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
-    if cache and cache[0][0]() is active:
-        order = cache[0][1]
-    else:
-        order = active.reshape(-1).sort().values
-        if cache is not None:
-            cache[:] = [(weakref.ref(active), order)]
-    at = torch.searchsorted(order, ids.to(order.dtype)).clamp_(max=order.numel() - 1)
-    return order[at] == ids
+    """[n] bool: which of ``ids`` are in ``active``, without waiting for a GPU (an id list's: a binary search of its
+    sorted ids, :func:`~microspec.vocab.active.listed_contains`).  ``cache``: a list that keeps the last id list's
+    sorted ids while that list lives."""
+    return as_active(active).contains(ids, cache)
 
 
 def active_size(active: ActiveSet, vocab_size: int) -> torch.Tensor | int:
     """Number of ids in ``active`` (a device scalar for a packed buffer: no synchronisation)."""
-    if active is None:
-        return vocab_size
-    if isinstance(active, PackedRows):
-        return active.size()
-    if isinstance(active, RankedPrefix):
-        return active.n
-    return active.numel()
+    return as_active(active, vocab_size).size()
 
 
 class FullVocab(VocabPolicy):

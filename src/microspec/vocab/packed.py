@@ -26,6 +26,7 @@ import torch
 
 from ..devices import profile
 from ..options import Option
+from .active import ActiveRows
 
 GATHERS = ("packed", "indexed", "fused")  # fused: indexed sets, read by a Triton kernel inside the matmul
 GATHER = Option(
@@ -47,7 +48,10 @@ def check_fused(gather: str | None, device) -> bool:
     return True
 
 
-class PackedRows:
+class PackedRows(ActiveRows):
+    """The active rows in one buffer (see the module docstring): an :class:`~microspec.vocab.active.ActiveRows` whose
+    product is one matmul over the leading ``extent`` slots, free slots masked."""
+
     def __init__(self, weight: torch.Tensor, capacity: int, pinned: torch.Tensor | None = None):
         self.weight = weight  # [V, d], not copied
         self.vocab_size, d = weight.shape
@@ -189,8 +193,24 @@ class PackedRows:
         """Host-side membership (after host-side updates)."""
         return token in self._held
 
-    def contains(self, ids: torch.Tensor) -> torch.Tensor:
+    def contains(self, ids: torch.Tensor, cache: list | None = None) -> torch.Tensor:
         return self.slot_of[ids.to(self.slot_of.device, torch.long)] >= 0
 
     def to_full_ids(self, columns: torch.Tensor) -> torch.Tensor:
         return self.slot_ids[columns]
+
+    # ------------------------------------------------------------------ as the draft head's active set
+    def matrix(self, weight, gathered) -> torch.Tensor:
+        return self.rows[: self.extent]
+
+    def free(self) -> torch.Tensor:
+        return ~self.valid()
+
+    def columns_of(self, ids: torch.Tensor, inverse=None) -> torch.Tensor:
+        return self.slot_of[ids]  # occupied slots lie below the extent the logits cover
+
+    def fits_fixed(self, graphed: bool) -> bool:
+        return not graphed or self.fixed_shape  # a graph needs the fixed shape: its extent is not read
+
+    def fixed_inputs(self, gathered=None) -> tuple[torch.Tensor, ...]:
+        return self.rows[: self.extent], self.slot_ids[: self.extent]
