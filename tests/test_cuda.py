@@ -387,9 +387,9 @@ def test_the_next_tree_is_drafted_ahead_of_the_read(tmp_path, monkeypatch, polic
     head = EagleHead.load(path).to(DEV)
     cfg = GenerationConfig(max_new_tokens=40, ignore_eos=True, **decoding)
     ref = generate_ids(nm, PROMPT, cfg).token_ids
-    drafted, draft_ahead = [], ForwardDrafter.draft_ahead
-    monkeypatch.setattr(ForwardDrafter, "draft_ahead",
-                        lambda self, *a: (lambda t: drafted.append(t is not None) or t)(draft_ahead(self, *a)))
+    drafted, draft_early = [], ForwardDrafter._draft_early
+    monkeypatch.setattr(ForwardDrafter, "_draft_early",
+                        lambda self, *a: (lambda t: drafted.append(len(t) > 0) or t)(draft_early(self, *a)))
     outs = []
     for ahead in (True, False):
         device_as(monkeypatch, "cuda", draft_ahead=ahead)

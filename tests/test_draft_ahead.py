@@ -1,4 +1,4 @@
-"""A model drafter's next tree launched before a step's read (``Generation._draft_ahead``, on CUDA by default: the
+"""A model drafter's next tree launched before a step's read (``Generation._draft_early``, on CUDA by default: the
 device profile's ``draft_ahead``), run here on a CPU with the device walk and the whole-draft path that CUDA takes:
 every tree equal tensor for tensor to the one drafted after the read, the same tokens, statistics and MicroSpec
 window; the device's view of what a step commits (``LaunchedWalk.path``) equal to the read's; a tree drafted past the
@@ -50,7 +50,7 @@ def _run(pair, monkeypatch, ahead: bool, policy: str, decoding: dict, n: int = 4
     monkeypatch.setattr(torch, "seed", lambda: 1234)  # an unseeded request's key and generator
     drafter = EagleDrafter(head, **SHAPE)
     trees, drafted = [], []
-    plan, draft_ahead = _PLAN, drafter.draft_ahead
+    plan, draft_early = _PLAN, drafter._draft_early
 
     def recording(gen, *a):
         tree = plan(gen, *a)
@@ -59,7 +59,7 @@ def _run(pair, monkeypatch, ahead: bool, policy: str, decoding: dict, n: int = 4
         return tree
 
     monkeypatch.setattr(loop.Generation, "plan", recording)
-    drafter.draft_ahead = lambda *a: (lambda t: drafted.append(t is not None) or t)(draft_ahead(*a))
+    drafter._draft_early = lambda *a: (lambda t: drafted.append(len(t) > 0) or t)(draft_early(*a))
     vocab = POLICIES[policy](nm.spec.vocab_size)
     r = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=n, **decoding), drafter=drafter, vocab=vocab, **kw)
     window = vocab.window() if isinstance(vocab, MicroSpecVocab) else None
@@ -133,8 +133,13 @@ def test_a_tree_drafted_past_the_end_is_dropped(pair, monkeypatch, cuda_path, de
     plain = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=40, ignore_eos=True, **dec)).token_ids
     eos = plain[next(i for i in range(14, 40) if plain[i] not in plain[:i])]  # ends the text there
     stop = plain[:24]
-    drop, dropped = ForwardDrafter.drop_ahead, []
-    monkeypatch.setattr(ForwardDrafter, "drop_ahead", lambda self: dropped.append(1) or drop(self))
+    finish, dropped = ForwardDrafter.finish, []
+
+    def finishing(self, output):  # a tree drafted before the last read and never verified is dropped there
+        dropped.extend([1] if self._unverified is not None else [])
+        finish(self, output)
+
+    monkeypatch.setattr(ForwardDrafter, "finish", finishing)
     for kw in ({"eos_token_ids": [eos]}, {"stop_check": lambda out: out[: len(stop)] == stop}):
         dropped.clear()
         out, reason, stats, trees, window, ahead = _run(pair, monkeypatch, True, "microspec", dec, **kw)
@@ -159,8 +164,8 @@ def test_drafting_ahead_steps_aside_where_it_cannot_apply(pair, monkeypatch, cud
     device_as(monkeypatch, draft_ahead=True)
     v = nm.spec.vocab_size
     calls = []
-    draft_ahead = ForwardDrafter.draft_ahead
-    monkeypatch.setattr(ForwardDrafter, "draft_ahead", lambda self, *a: calls.append(1) or draft_ahead(self, *a))
+    draft_early = ForwardDrafter._draft_early
+    monkeypatch.setattr(ForwardDrafter, "_draft_early", lambda self, *a: calls.append(1) or draft_early(self, *a))
     cfg = GenerationConfig(max_new_tokens=30, ignore_eos=True)
     plain = generate_ids(nm, PROMPT, cfg).token_ids
     cases = [

@@ -363,12 +363,12 @@ def test_requests_are_admitted_by_kv_cache_memory(engine, monkeypatch):
 def test_a_long_prompt_does_not_stop_the_other_streams(engine, monkeypatch):
     """A prompt of many prefill forwards takes one per step: a short request that comes while it is prefilled
     decodes meanwhile; both answers are those each gets alone."""
-    from microspec.decoding import GenerationConfig, loop
+    from microspec.decoding import GenerationConfig, prefill
     from microspec.serve.app import create_app
     from microspec.serve.worker import Worker
     from slow_steps import slow_steps
 
-    monkeypatch.setattr(loop, "PREFILL_CHUNK", 8)
+    monkeypatch.setattr(prefill, "PREFILL_CHUNK", 8)
     slow_steps(0.01, monkeypatch.setattr)
     model, events = engine.lm.model, []
     forward, forward_many = model.forward, model.forward_many

@@ -132,7 +132,7 @@ def test_a_graphed_model_reuses_a_finished_generations_caches(tmp_path, drafter)
     tests/test_cuda.py counts the captures) gives the next generation the caches the last one gave back, target
     and EAGLE draft alike, and the output is that of a model with fresh caches; without graphs, each generation
     gets a new cache of exactly its size."""
-    from microspec.decoding.loop import Generation, cache_slots
+    from microspec.decoding.loop import Generation, Setup, cache_slots
     from microspec.drafters import EagleDrafter, EagleHead
     from support import official_checkpoint
 
@@ -144,7 +144,7 @@ def test_a_graphed_model_reuses_a_finished_generations_caches(tmp_path, drafter)
 
     def run(model, prompt):
         d = EagleDrafter(heads[id(model)], depth=3, top_k=2, total_tokens=5) if drafter else None
-        gen = Generation(model, prompt, GenerationConfig(max_new_tokens=12, ignore_eos=True), (), drafter=d)
+        gen = Generation(model, prompt, GenerationConfig(max_new_tokens=12, ignore_eos=True), Setup(drafter=d))
         gen.prefill()
         while gen.finish is None:
             ids, positions, mask = gen.verify_inputs(gen.plan())

@@ -520,10 +520,10 @@ def test_forward_many_equals_each_forward_alone(gguf_model):
 def test_a_prompt_prefilled_over_several_calls_is_the_prompt_prefilled_at_once(gguf_model, chunk, monkeypatch):
     """A server spreads a long prompt's prefill over its other requests' steps (a forward of PREFILL_CHUNK tokens
     per step): the forwards are those of one prefill call, so the cache and the greedy tokens are, bit for bit."""
-    from microspec.decoding import GenerationConfig, generate_ids, loop
+    from microspec.decoding import GenerationConfig, generate_ids, prefill
     from microspec.decoding.loop import Generation, step_many
 
-    monkeypatch.setattr(loop, "PREFILL_CHUNK", chunk)
+    monkeypatch.setattr(prefill, "PREFILL_CHUNK", chunk)
     packed, _, _ = gguf_model
     prompt = [(7 * i + 3) % 150 for i in range(90)]
     cfg = GenerationConfig(max_new_tokens=12, ignore_eos=True)
@@ -548,7 +548,7 @@ def test_requests_stepped_together_decode_as_each_alone(gguf_model, integer):
     one's tokens equal its own generation alone — greedy token for token, seeded sampling draw for draw (its own
     random generator; a seeded request keeps its method's depth)."""
     from microspec.decoding import GenerationConfig, generate_ids
-    from microspec.decoding.loop import Generation, step_many
+    from microspec.decoding.loop import Generation, Setup, step_many
     from microspec.compose import make_drafter
     from microspec.vocab import MicroSpecVocab
 
@@ -592,8 +592,8 @@ def test_requests_stepped_together_decode_as_each_alone(gguf_model, integer):
     for step in range(200):
         for k, (p, cfg, d, v, joins, limit) in enumerate(cases):
             if joins == step:
-                gens[k] = Generation(packed, p, cfg, (), drafter=drafter(d),
-                                     vocab=MicroSpecVocab(160, w_max=64) if v else None, on_commit=on_commit(limit))
+                gens[k] = Generation(packed, p, cfg, Setup(drafter=drafter(d),
+                                     vocab=MicroSpecVocab(160, w_max=64) if v else None, on_commit=on_commit(limit)))
                 gens[k].prefill()
         live = [k for k, g in enumerate(gens) if g is not None and g.finish is None]
         if not live and all(g is not None for g in gens):

@@ -78,13 +78,13 @@ def test_constrained_greedy_output_is_plain_constrained_decodings(tmp_path, tok,
 
 
 def test_constrained_requests_in_a_batch_give_what_each_gives_alone(tmp_path, tok):
-    from microspec.decoding.loop import Generation, step_many
+    from microspec.decoding.loop import Generation, Setup, step_many
 
     _, nm = tiny_pair("gemma3")
     cfgs = [_cfg(tok, c, max_new_tokens=40) for c in CONSTRAINTS.values()] + [GenerationConfig(max_new_tokens=40)]
     alone = [generate_ids(nm, PROMPT, c).token_ids for c in cfgs]
     make, policy = _drafters(tmp_path, nm)["eagle+microspec"]
-    gens = [Generation(nm, PROMPT, c, drafter=make(), vocab=policy()) for c in cfgs]
+    gens = [Generation(nm, PROMPT, c, Setup(drafter=make(), vocab=policy())) for c in cfgs]
     for g in gens:
         g.prefill()
     while any(g.finish is None for g in gens):

@@ -86,7 +86,7 @@ def test_a_prefill_copied_from_a_generation_of_the_same_prompt_gives_the_same_ou
     """n choices share a prompt's prefill (Generation.prefill_from): the copy's output, its drafter and policy
     started from the copied states, is a generation's own, token for token and log-probability for log-probability;
     and the first generation goes on unchanged."""
-    from microspec.decoding.loop import Generation, step_many
+    from microspec.decoding.loop import Generation, Setup, step_many
 
     _, nm = tiny_pair("gemma3")
     cfg = GenerationConfig(max_new_tokens=20, ignore_eos=True, logprobs=2, **options)
@@ -94,11 +94,11 @@ def test_a_prefill_copied_from_a_generation_of_the_same_prompt_gives_the_same_ou
     make = {"plain": lambda: (None, None), "eagle+microspec": lambda: drafters["eagle+microspec"]}
     for name, parts in make.items():
         alone = generate_ids(nm, PROMPT, cfg)
-        first = Generation(nm, PROMPT, cfg, drafter=parts()[0], vocab=parts()[1])
+        first = Generation(nm, PROMPT, cfg, Setup(drafter=parts()[0], vocab=parts()[1]))
         first.share_prompt = True
         first.prefill()
         d, v = _drafters(tmp_path, nm)[name] if name != "plain" else (None, None)
-        copy = Generation(nm, PROMPT, cfg, drafter=d, vocab=v)
+        copy = Generation(nm, PROMPT, cfg, Setup(drafter=d, vocab=v))
         copy.prefill_from(first)
         while first.finish is None or copy.finish is None:
             assert not any(step_many(nm, [g for g in (first, copy) if g.finish is None], None))

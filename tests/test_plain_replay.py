@@ -13,6 +13,7 @@ from test_tree_device import PROMPT
 from test_whole_draft import _Replayed, _stand_in_capture
 from microspec.decoding import GenerationConfig, generate_ids
 from microspec.decoding.loop import Generation
+from microspec.decoding.replay import PlainReplay
 
 DECODINGS = {
     "greedy": {},
@@ -125,8 +126,8 @@ def test_the_step_launched_ahead_ends_where_the_eager_generation_does(monkeypatc
         streamed.extend(tokens)
         return end == "on_commit" and mark in tokens
 
-    ahead, launch = [], Generation._launch
-    monkeypatch.setattr(Generation, "_launch", lambda self, token, ahead=0: ahead_calls(self, token, ahead))
+    ahead, launch = [], PlainReplay._launch
+    monkeypatch.setattr(PlainReplay, "_launch", lambda self, token, ahead=0: ahead_calls(self, token, ahead))
 
     def ahead_calls(self, token, n):
         ahead.append(n)

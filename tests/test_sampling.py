@@ -493,7 +493,7 @@ def test_plain_steps_replayed_whole_sample_the_exact_distribution(pair, exact, m
     import copy
 
     from test_whole_draft import _stand_in_capture
-    from microspec.decoding.loop import Generation
+    from microspec.decoding.loop import Generation, Setup
 
     _stand_in_capture(monkeypatch)
     nm = copy.deepcopy(pair[1])
@@ -609,15 +609,16 @@ def test_keyed_uniforms_are_uniform_and_independent():
 def test_a_seeded_sample_is_the_same_text_in_a_batch_at_any_depth(pair, exact):
     """A server steps its requests together with the draft depth its batch size allows: a seeded request's text is
     the one it gets alone at any depth cap, beside any other request."""
-    from microspec.decoding.loop import Generation, step_many
+    from microspec.decoding.loop import Generation, Setup, step_many
 
     _, nm = pair
     cfg = GenerationConfig(max_new_tokens=20, seed=11, ignore_eos=True, temperature=0.9)
     alone = generate_ids(nm, PROMPT, cfg).token_ids
     for depth in (0, 1, None):
-        gens = [Generation(nm, PROMPT, cfg, drafter=EagleDrafter(_eagle_head(), depth=3, top_k=2, total_tokens=6)),
+        gens = [Generation(nm, PROMPT, cfg, Setup(drafter=EagleDrafter(_eagle_head(), depth=3, top_k=2,
+                                                                       total_tokens=6))),
                 Generation(nm, PROMPT[:5], GenerationConfig(max_new_tokens=30, ignore_eos=True),
-                           drafter=NGramDrafter(num_tokens=3))]
+                           Setup(drafter=NGramDrafter(num_tokens=3)))]
         with torch.inference_mode():  # as generate_ids runs it (the tiny model's weights want gradients)
             for g in gens:
                 g.prefill()

@@ -448,12 +448,12 @@ def test_in_a_batch_a_request_whose_drafts_miss_decodes_plainly_and_one_whose_dr
 
 
 def test_a_request_at_depth_zero_in_a_batch_takes_plain_steps_with_the_same_text():
-    from microspec.decoding.loop import Generation, step_many
+    from microspec.decoding.loop import Generation, Setup, step_many
 
     _, nm = tiny_pair("llama")
     cfg = GenerationConfig(max_new_tokens=24, ignore_eos=True)
     want = [generate_ids(nm, p, cfg).token_ids for p in (PROMPT, PROMPT[:5])]
-    gens = [Generation(nm, p, cfg, drafter=NGramDrafter(num_tokens=3)) for p in (PROMPT, PROMPT[:5])]
+    gens = [Generation(nm, p, cfg, Setup(drafter=NGramDrafter(num_tokens=3))) for p in (PROMPT, PROMPT[:5])]
     with torch.inference_mode():
         for g in gens:
             g.prefill()

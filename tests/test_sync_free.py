@@ -309,8 +309,8 @@ def test_a_whole_draft_step_would_synchronise_a_gpu_once(monkeypatch, tmp_path, 
 
     monkeypatch.setattr(ForwardDrafter, "whole_graph", True)
     device_as(monkeypatch, draft_ahead=ahead)
-    drafted, draft_ahead = [], ForwardDrafter.draft_ahead
-    monkeypatch.setattr(ForwardDrafter, "draft_ahead",
-                        lambda self, *a: (lambda t: drafted.append(t is not None) or t)(draft_ahead(self, *a)))
+    drafted, draft_early = [], ForwardDrafter._draft_early
+    monkeypatch.setattr(ForwardDrafter, "_draft_early",
+                        lambda self, *a: (lambda t: drafted.append(len(t) > 0) or t)(draft_early(self, *a)))
     test_a_step_would_synchronise_a_gpu_once(monkeypatch, tmp_path, method, decoding)
     assert sum(drafted) >= 5 if ahead and method != "microspec@lookup" else not drafted

@@ -110,14 +110,14 @@ class Engine(TextOut):
         """A :class:`~microspec.decoding.loop.Generation` of this method, not yet prefilled, with a drafter and a
         policy of its own: a server steps several at once (:func:`~microspec.decoding.loop.step_many`)."""
         from .decoding.adaptive import AdaptiveSteps
-        from .decoding.loop import Generation
+        from .decoding.loop import Generation, Setup
 
         drafter, policy = self.request_drafter(prompt_ids, cfg)
         drafter = drafter.fresh() if drafter is not None else None
         adaptive = AdaptiveSteps() if self.method.adaptive and drafter is not None else None
-        return Generation(self.lm.model, prompt_ids, cfg, self.lm.eos_token_ids, stop_check, drafter=drafter,
-                          head_mode=self.head_mode, vocab=self.policy() if policy else None, adaptive=adaptive,
-                          on_commit=on_commit)
+        return Generation(self.lm.model, prompt_ids, cfg, Setup(
+            self.lm.eos_token_ids, stop_check, drafter=drafter, head_mode=self.head_mode,
+            vocab=self.policy() if policy else None, adaptive=adaptive, on_commit=on_commit))
 
     def describe(self) -> dict:
         m = self.method

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ..decoding.context import DraftContext
+from ..decoding.context import DraftContext, Verified
 from ..decoding.tree import DraftTree
 from ..drafters.base import DraftReport, Drafter
 from ..errors import check
@@ -152,15 +152,15 @@ class Portfolio(Drafter):
         self._step = (key, t0, len(tree))
         return tree
 
-    def commit(self, accepted_tokens: list[int], hidden: torch.Tensor) -> None:
+    def commit(self, step: Verified) -> None:
         for d in self.leaves:
-            d.commit(accepted_tokens, hidden)
+            d.commit(step)
         if self._step is not None:  # the walk has read the accepted tokens: the host's clock covers the step
             arm, t0, nodes = self._step
             self._step = None
             t1 = clock()
             seconds = t1 - t0
-            self.choice.observe(arm, len(accepted_tokens), seconds, nodes)
+            self.choice.observe(arm, len(step.tokens), seconds, nodes)
             for entry in self._pending:
                 if entry[1] == arm and entry[3] is None and entry[0] == len(self._tokens):
                     entry[3] = seconds  # the taken proposal's own time

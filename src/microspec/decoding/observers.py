@@ -12,10 +12,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..transfer import to_device
-
 if TYPE_CHECKING:
     from ..vocab.base import VocabPolicy
+    from .context import Verified
     from .tree import DraftTree
 
 
@@ -27,13 +26,13 @@ class CoverageObserver:
         self.tokens = 0
         self._hits: torch.Tensor | None = None  # the step's committed tokens in the draft sets, in order
 
-    def on_verified(self, tree: DraftTree, tokens: list[int] | torch.Tensor, scored: bool = True) -> None:
-        """The step's committed tokens (a list, or a device tensor whose entries past the committed ones are never
-        counted), before the policy's sets move on (``scored=False``: a step whose draft did not come from the draft
-        head, e.g. a chain prompt lookup copied; not counted)."""
+    def on_verified(self, tree: DraftTree, step: Verified, scored: bool = True) -> None:
+        """The step's committed tokens (``step.ids``: padded, its entries past the committed ones are never counted),
+        before the policy's sets move on (``scored=False``: a step whose draft did not come from the draft head,
+        e.g. a chain prompt lookup copied; not counted)."""
         self._hits = None
         if scored and (len(tree) or not self.routed):
-            ids = tokens if isinstance(tokens, torch.Tensor) else to_device(tokens, self.device)
+            ids = step.ids.clamp(min=0) if step.padded else step.ids
             if not self.policy.per_depth:  # one set answers for every depth: one lookup for the step
                 self._hits = self.policy.contains(ids, 0)
                 return

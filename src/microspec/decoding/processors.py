@@ -54,10 +54,12 @@ class RepetitionPenalty:
         self.seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
         self._seen_ids: set[int] = set()
         self._seen_list: torch.Tensor | None = None  # the seen ids as a tensor, rebuilt when the set grows
+        self._seen_early = False  # the bitmap took the next commit's tokens already (see_on_device)
 
     def commit(self, tokens: Sequence[int] | torch.Tensor) -> None:
-        # the ids copied pinned and asynchronously, the value a kernel argument: no host wait on CUDA
-        self.seen.index_fill_(0, to_device(tokens, self.seen.device), True)
+        if not self._seen_early:  # the ids copied pinned and asynchronously: no host wait on CUDA
+            self.seen.index_fill_(0, to_device(tokens, self.seen.device), True)
+        self._seen_early = False
         new = {int(t) for t in (tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens)} - self._seen_ids
         if new:
             self._seen_ids |= new
@@ -105,9 +107,10 @@ class RepetitionPenalty:
         return (self.seen,), ("repetition_penalty", self.penalty)
 
     def see_on_device(self, tokens: torch.Tensor) -> None:
-        """The seen bitmap takes ``tokens`` (a device tensor not read yet) ahead of :meth:`commit`, which takes
-        them again with the host's set."""
+        """The seen bitmap takes ``tokens`` (a device tensor not read yet: the next commit's tokens, and maybe more)
+        ahead of :meth:`commit`, which then takes them into the host's set only."""
         self.seen.index_fill_(0, tokens, True)
+        self._seen_early = True
 
     def apply(self, logits: torch.Tensor, extra: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
         """Penalise ``logits`` [R, V] (in place); row r's history is the committed sequence plus ``extra[r]``.

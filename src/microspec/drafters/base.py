@@ -8,13 +8,13 @@ from dataclasses import dataclass
 
 import torch
 
-from ..decoding.context import DraftContext
+from ..decoding.context import DraftContext, Verified
 from ..decoding.tree import DraftTree
 from ..models.native import NativeCausalLM
 from ..options import Option
 from ..vocab.base import VocabPolicy
 
-__all__ = ["DRAFT", "DraftContext", "DraftReport", "Drafter"]
+__all__ = ["DRAFT", "DraftContext", "DraftReport", "Drafter", "Verified"]
 
 DRAFT = Option("draft", metavar="NAME|PATH",
                help="model drafter: the draft model (built-in name, .gguf or HF directory; same tokenizer); eagle "
@@ -38,8 +38,8 @@ class Drafter(ABC):
     here with neutral defaults, so the loop and ``auto`` ask no drafter what it has: ``head`` (its draft head, whose
     timer and active sizes feed the statistics), ``head_drafted``, ``copies_feed_policy`` (what ``auto`` alone asks
     of its arms is its own protocol, :mod:`microspec.auto.arms`), :meth:`parts` (a composite's drafters),
-    :meth:`take_report`, :meth:`describe` and :meth:`draft_ahead` (the next tree drafted before a step's read, with
-    :meth:`drafts_ahead`, :meth:`commit_ahead` and :meth:`drop_ahead`)."""
+    :meth:`take_report`, :meth:`describe` and :meth:`drafts_before_read` (the next tree drafted before a step's
+    read)."""
 
     name = "drafter"
     # the draft head (microspec.drafters.head.DraftHead) a vocabulary policy serves, None without one
@@ -92,30 +92,17 @@ class Drafter(ABC):
         """Called once a generation ends, with the tokens it generated (a drafter that learns from earlier
         responses keeps them)."""
 
-    def commit(self, accepted_tokens: list[int], hidden: torch.Tensor) -> None:
-        """Called after each verification with the committed tokens and the target's hidden states of the root and
-        the accepted nodes (the features an EAGLE head needs; the tapped ones where :meth:`feature_layers` asks)."""
+    def commit(self, step: Verified) -> None:
+        """Once a step, after its read: what the verification committed (``step.tokens`` on the host, ``step.ids``
+        on the device) and the target's features of the root and the accepted nodes (``step.hidden``: the final
+        hidden states, or the tapped ones where :meth:`feature_layers` asks) — the features an EAGLE head pairs
+        with the committed tokens.  Where the next tree was drafted before the read (``ctx.step`` in
+        :meth:`propose`), this is the same step, read since."""
 
-    # ---- the next draft launched before a step's read (a drafter that needs nothing from the host to draft)
-    def drafts_ahead(self, ctx: DraftContext) -> bool:
-        """Whether :meth:`draft_ahead` may draft the next step now (``ctx``: this step's context, ``max_depth`` the
-        next step's least): False (the default) where drafting needs the committed tokens on the host."""
+    def drafts_before_read(self, ctx: DraftContext) -> bool:
+        """Whether :meth:`propose` can draft the next tree before the last step's read, from that step's padded form
+        on the device (``ctx``: its context, ``ctx.step`` set, ``max_depth`` the next step's least): False (the
+        default) where drafting needs the committed tokens on the host.  The tree must be the one :meth:`propose`
+        would draft after the read and :meth:`commit`; :meth:`commit` then hears that step, and where the
+        generation ends before the tree is verified, :meth:`finish` follows instead."""
         return False
-
-    def draft_ahead(self, ctx: DraftContext, committed: torch.Tensor, accepted: torch.Tensor, hidden: torch.Tensor,
-                    nodes: int) -> DraftTree | None:
-        """The next step's tree, launched on the device before this step's verification is read: ``committed`` [R]
-        the tokens the step commits (-1 after the last; R the most a step commits), ``accepted`` (0-dim) the number
-        of accepted drafts among them, ``hidden`` [R, d] the target's hidden states of the root and the accepted
-        nodes (what :meth:`commit` gets, padded alike), ``nodes`` the most the next verify pass takes.  The same tree :meth:`commit` then :meth:`propose` would draft; after the
-        read the loop calls :meth:`commit_ahead` instead of :meth:`commit`, or :meth:`drop_ahead` where the
-        generation ended.  None: not drafted (nothing changed; :meth:`commit` and :meth:`propose` follow)."""
-        return None
-
-    def commit_ahead(self, count: int) -> None:
-        """After the read of a step whose next tree :meth:`draft_ahead` drafted: the step committed ``count``
-        tokens."""
-        raise NotImplementedError
-
-    def drop_ahead(self) -> None:
-        """The tree :meth:`draft_ahead` drafted is not verified (the generation ended)."""

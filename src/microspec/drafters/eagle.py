@@ -28,7 +28,7 @@ from ..models.layers import Linear, by_window
 from ..models.native import NativeCausalLM
 from ..models.registry import read_weights
 from ..transfer import to_device
-from .base import DraftContext
+from .base import DraftContext, Verified
 from .model_based import CHAIN_DEPTH, ForwardDrafter
 
 
@@ -157,9 +157,9 @@ class EagleDrafter(ForwardDrafter):
             self._given_back = True  # graphs); the next prefill takes a cache anew, so this one is not used again
             self.eagle.body.give_back_cache(self.cache)
 
-    def commit(self, accepted_tokens, hidden: torch.Tensor) -> None:
+    def _heard(self, step: Verified) -> None:
         # features of the old root and of the accepted nodes: they pair with the tokens committed after them
-        self._parts.append(hidden)
+        self._parts.append(step.hidden)
 
     @property
     def pending(self) -> torch.Tensor:

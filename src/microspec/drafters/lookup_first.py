@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ..decoding.context import DraftContext
+from ..decoding.context import DraftContext, Verified
 from ..decoding.tree import DraftTree
 from ..models.native import NativeCausalLM
 from ..options import Option
@@ -76,8 +76,8 @@ class LookupFirst(Drafter):
             return tree
         return self.drafter.propose(ctx)
 
-    def commit(self, accepted_tokens: list[int], hidden: torch.Tensor) -> None:
-        self.drafter.commit(accepted_tokens, hidden)
+    def commit(self, step: Verified) -> None:
+        self.drafter.commit(step)
 
     def finish(self, output: list[int]) -> None:
         self.drafter.finish(output)

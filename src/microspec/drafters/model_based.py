@@ -21,7 +21,7 @@ from ..models.native import NativeCausalLM
 from ..options import Option
 from ..transfer import to_device
 from ..vocab.base import VocabPolicy
-from .base import DraftContext, Drafter, DraftReport
+from .base import DraftContext, Drafter, DraftReport, Verified
 from .head import DraftHead
 from .tree_search import PartialTree, TreeTensors, check_tree_args, dynamic_tree, dynamic_tree_on_device
 
@@ -116,8 +116,10 @@ class ForwardDrafter(Drafter):
         self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
         self.head: DraftHead | None = None
         self.graph_drafts = 0  # steps since the last report whose whole tree replayed as one CUDA graph
-        # the last tree drafted ahead of a step's read: (its context, first slot, the counters before it)
-        self._ahead: tuple | None = None
+        # the tree drafted before a step's read: (that step, its context, the first slot, the counters before it),
+        # until the step's commit; then the counters, until the tree is verified (dropped where it never is)
+        self._early: tuple | None = None
+        self._unverified: tuple[int, int] | None = None
         # (embeddings, features) the draft network was last fed, for routing policies; a subclass that feeds
         # features (EAGLE) sets it in _root / _forward
         self.last_inputs: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -194,8 +196,32 @@ class ForwardDrafter(Drafter):
         self._cache(ctx).truncate(root_slot)
 
     # ---- drafting
+    def commit(self, step: Verified) -> None:
+        self._unverified = None  # the tree drafted before the last read is verified now
+        early, self._early = self._early, None
+        if early is not None and early[0] is step:  # this step's pairs ran in the root pass of the next tree
+            ctx, start = early[1], early[2]
+            count = len(step.tokens)
+            self._root_done(ctx, start + count)
+            self._done(ctx, start + count - 1)
+            self._unverified = early[3:]
+        else:
+            self._heard(step)
+
+    def _heard(self, step: Verified) -> None:
+        """:meth:`commit` of a step whose pairs the draft network has not run yet (an EAGLE head keeps them)."""
+
+    def finish(self, output: list[int]) -> None:
+        super().finish(output)
+        if self._unverified is not None:  # a tree drafted before the last read, never verified: not counted
+            sizes, self.graph_drafts = self._unverified
+            del self.head.sizes[sizes:]
+            self._unverified = None
+
     @torch.inference_mode()
     def propose(self, ctx: DraftContext) -> DraftTree:
+        if ctx.step is not None:
+            return self._draft_early(ctx)
         steps = min(self.depth, ctx.max_depth)
         if steps <= 0:
             return DraftTree()
@@ -258,8 +284,8 @@ class ForwardDrafter(Drafter):
         commits (nothing pending now) and the root pass can run inside the whole-draft graph; else None."""
         return None
 
-    # ---- the next tree drafted before a step's read (Drafter.draft_ahead)
-    def drafts_ahead(self, ctx: DraftContext) -> bool:
+    # ---- the next tree drafted before a step's read (Drafter.drafts_before_read)
+    def drafts_before_read(self, ctx: DraftContext) -> bool:
         """A tree drafted whole with its root pass (:meth:`_whole_with_root`) to this drafter's full depth, with
         processors that go into its graph."""
         pipe = ctx.pipe
@@ -267,38 +293,30 @@ class ForwardDrafter(Drafter):
             and self._may_draft_whole() and self._ahead_start(ctx) is not None \
             and (pipe is None or not pipe.active or pipe.graph_state() is not None)
 
-    def draft_ahead(self, ctx: DraftContext, committed: torch.Tensor, accepted: torch.Tensor, hidden: torch.Tensor,
-                    nodes: int) -> DraftTree | None:
-        """:meth:`_whole_with_root` with the pending pairs on the device: the committed tokens (padding 0) and the
-        features of the rows before them, the root's row the number accepted; the attention span the bucket of the
-        most the step can commit (a row's sums over masked slots add exact zeros)."""
-        rows, steps = committed.numel(), self.depth
+    def _draft_early(self, ctx: DraftContext) -> DraftTree:
+        """:meth:`_whole_with_root` with the pending pairs on the device (``ctx.step``, padded): the committed tokens
+        (padding 0) and the features of the rows before them, the root's row the number accepted; the attention span
+        the bucket of the most the step can commit (a row's sums over masked slots add exact zeros).  Empty where it
+        does not apply (nothing changed: :meth:`commit` and :meth:`propose` follow after the read)."""
+        step = ctx.step
+        rows, steps = step.ids.numel(), self.depth
         start = self._ahead_start(ctx)
-        if start is None or rows != steps + 1 or self.total_tokens > nodes:
-            return None
+        if start is None or rows != steps + 1 or ctx.room is None or self.total_tokens > ctx.room:
+            return DraftTree()
         forwards = 1 + self.top_k * (steps - 1)
         self._prepare(ctx, rows + forwards)
         cache = self._cache(ctx)
         if cache.capacity - start < rows + forwards:
-            return None
-        where = torch.cat([to_device([start], cache.device), accepted.reshape(1)])
+            return DraftTree()
+        where = torch.cat([to_device([start], cache.device), step.accepted.reshape(1)])
         sizes, drafts = len(self.head.sizes), self.graph_drafts
         self.last_inputs = None
         tree = self._whole_tree(ctx, None, start + rows - 1, steps,
-                                (committed.clamp(min=0), hidden, where, start + rows))
-        if tree is not None:
-            self._ahead = (ctx, start, sizes, drafts)
+                                (step.ids.clamp(min=0), step.hidden, where, start + rows))
+        if tree is None:
+            return DraftTree()
+        self._early = (step, ctx, start, sizes, drafts)
         return tree
-
-    def commit_ahead(self, count: int) -> None:
-        ctx, start = self._ahead[:2]
-        self._root_done(ctx, start + count)  # the root pass ran over the count pairs the step committed
-        self._done(ctx, start + count - 1)
-
-    def drop_ahead(self) -> None:
-        _, _, sizes, drafts = self._ahead
-        del self.head.sizes[sizes:]  # its draft sets and its replay not counted
-        self.graph_drafts = drafts
 
     def _may_draft_whole(self) -> bool:
         """Whether :meth:`_whole_tree` may run at all: a fixed-shape forward (:meth:`_fixed_forward`), and a network

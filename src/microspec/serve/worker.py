@@ -4,7 +4,7 @@ The HTTP side (:mod:`microspec.serve.app`) tokenizes and checks a request off th
 submits a :class:`Job` and reads its events from an asyncio queue.  Jobs wait in a bounded queue; at each step
 boundary the worker admits waiting jobs while fewer than ``max_num_seqs`` run and their KV caches fit the memory
 budget (a newcomer's prefill is its own forward, then it joins; a prompt longer than one prefill forward,
-:data:`~microspec.decoding.loop.PREFILL_CHUNK` tokens, takes a forward between steps, at most :data:`PREFILL_SHARE`
+:data:`~microspec.decoding.prefill.PREFILL_CHUNK` tokens, takes a forward between steps, at most :data:`PREFILL_SHARE`
 of the time while others run, so that a long prompt never stops the other streams for long), takes one step of every
 running request — each drafts its own tree, and all verify passes
 share one forward of the target (:func:`~microspec.decoding.loop.step_many`: one read of the packed weights for

@@ -53,23 +53,22 @@ class VocabPolicy(ABC):
         """prompt_ids [L]; prompt_topk_ids [min(L, prompt_positions), prompt_topk] (rank order, the last prompt
         positions) when ``prompt_topk`` > 0."""
 
-    def on_verify(self, tree_ids: torch.Tensor, verify_logits: torch.Tensor, committed: Sequence[int] = ()) -> None:
-        """tree_ids [N]: every node of the step's draft tree; verify_logits [R, V]: the target's logits on the
-        validated branch (the root and the accepted nodes), processed as the target chose from them (the decoding's
-        processors with each node's path as history), when ``wants_verify_logits``, else empty; committed: the
-        tokens the step commits (accepted drafts, then the bonus token)."""
+    def on_verify(self, tree_ids: torch.Tensor, verify_logits: torch.Tensor,
+                  committed: Sequence[int] | torch.Tensor = (), padded: bool = False) -> None:
+        """Once a step, the verification: tree_ids [N] every node of the step's draft tree; verify_logits [R, V]
+        the target's logits on the validated branch (the root and the accepted nodes), processed as the target chose
+        from them (the decoding's processors with each node's path as history), when ``wants_verify_logits``, else
+        empty; committed: the tokens the step commits (accepted drafts, then the bonus token).  ``padded`` (only
+        where :attr:`takes_padded`): the step's form before its read, everything on the device and in fixed
+        sizes — -1 for a tree node not drafted and after the last committed token, and the rows of
+        ``verify_logits`` past the committed tokens padding too."""
 
     @property
-    def verifies_ahead(self) -> bool:
-        """Whether :meth:`on_verify_ahead` can take a verification from device tensors before the step's read (a
-        model drafter's next draft launched ahead of it, :meth:`microspec.decoding.loop.Generation.settle`): a
-        policy that hears no verification can."""
+    def takes_padded(self) -> bool:
+        """Whether :meth:`on_verify` takes a step in its padded form (before the step's read, where the next tree is
+        drafted while the host reads: :class:`microspec.decoding.loop.Generation`): a policy that hears no
+        verification can."""
         return type(self).on_verify is VocabPolicy.on_verify
-
-    def on_verify_ahead(self, tree_ids: torch.Tensor, verify_logits: torch.Tensor, committed: torch.Tensor) -> None:
-        """:meth:`on_verify` with everything still on the device, where :attr:`verifies_ahead`: tree_ids [N] every
-        node (-1: a padding node, none drafted); committed [R] the tokens the step commits, -1 after the last;
-        verify_logits [R, V] (or empty) the rows of the validated branch, row r real where committed[r] is."""
 
     def on_draft_inputs(self, embeds: torch.Tensor, features: torch.Tensor, depth: int) -> None:
         """Before the draft head scores draft depth ``depth``: the token embeddings [n, d] and input features

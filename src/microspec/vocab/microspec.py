@@ -155,18 +155,16 @@ class MicroSpecVocab(VocabPolicy):
         if prompt_topk_ids is not None and self.k_pre > 0:
             self.append(prompt_topk_ids[:, : self.k_pre].reshape(-1), unique=True)  # ⊕ tuple(∪ TopK(z_i, K_pre))
 
-    def on_verify(self, tree_ids: torch.Tensor, verify_logits: torch.Tensor, committed: Sequence[int] = ()) -> None:
-        self._verified(tree_ids, verify_logits,
-                       torch.as_tensor(list(committed), dtype=torch.long) if len(committed) else None)
+    def on_verify(self, tree_ids: torch.Tensor, verify_logits: torch.Tensor,
+                  committed: Sequence[int] | torch.Tensor = (), padded: bool = False) -> None:
+        if not isinstance(committed, torch.Tensor):
+            committed = torch.as_tensor(list(committed), dtype=torch.long)
+        self._verified(tree_ids, verify_logits, committed if committed.numel() else None, padded)
 
     @property
-    def verifies_ahead(self) -> bool:
+    def takes_padded(self) -> bool:
         """A device window takes an update whose tuples are padded to fixed sizes (a host window would read them)."""
         return self.backend != "host" or "ext" not in self.sources
-
-    def on_verify_ahead(self, tree_ids: torch.Tensor, verify_logits: torch.Tensor, committed: torch.Tensor) -> None:
-        """:meth:`on_verify`'s append with the tuples padded (-1) to fixed sizes: the same window."""
-        self._verified(tree_ids, verify_logits, committed, padded=True)
 
     def _verified(self, tree_ids: torch.Tensor, verify_logits: torch.Tensor, committed: torch.Tensor | None,
                   padded: bool = False) -> None:

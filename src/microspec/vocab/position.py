@@ -97,8 +97,8 @@ class PositionAware(VocabPolicy):
     def on_prefill(self, prompt_ids, prompt_topk_ids) -> None:
         self.policy.on_prefill(prompt_ids, prompt_topk_ids)
 
-    def on_verify(self, tree_ids, verify_logits, committed=()) -> None:
-        self.policy.on_verify(tree_ids, verify_logits, committed)
+    def on_verify(self, tree_ids, verify_logits, committed=(), padded=False) -> None:
+        self.policy.on_verify(tree_ids, verify_logits, committed, padded)
 
     def attach(self, weight: torch.Tensor) -> None:
         pass  # the budgeted sets are id lists or prefixes, read by the head (the wrapped policy's buffer is unused)
