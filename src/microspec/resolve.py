@@ -72,7 +72,8 @@ def build_method(method: "Method | str", lm: "LoadedModel", heads: dict | None =
     if method.total_tokens == "auto":
         from .decoding.sizing import auto_total_tokens
 
-        tree["total_tokens"], sizing = auto_total_tokens(lm.model, depth=tree["depth"])
+        profile = devices.profile(lm.model.device)  # looked up once, for every reading of the timing
+        tree["total_tokens"], sizing = auto_total_tokens(lm.model, tree["depth"], profile)
     ctx = BuildContext(kind, tree, lm.model, lm.tokenizer, heads if heads is not None else {})
     drafter = spec.make(method, ctx) if spec.make is not None else None
     if drafter is not None and method.lookup is not None:
