@@ -11,7 +11,7 @@ Model drafters (the EAGLE head) propose only when
 chosen; the plain arm proposes nothing (the loop's step is then an autoregressive one).  Every drafter hears every
 commit, whichever arm drafted (an EAGLE head catches up on the features it missed at its next draft): a switch into
 it costs that catch-up, which the bandit measures.  A vocabulary policy hears every verification, as under prompt
-lookup first; ground-truth coverage is read only at the steps the draft head drafted (``head_drafted``).
+lookup first; ground-truth coverage is read only at the steps the draft head drafted (the tree's ``origin``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ class Portfolio(Drafter):
     :class:`~microspec.auto.choice.OnlineChoice`.  :meth:`fresh` copies for another request share the history."""
 
     name = "auto"
-    copies_feed_policy = False
 
     def __init__(self, arms: dict[str, Drafter | None], start: str, history: ArmHistory | None = None,
                  chooser=OnlineChoice, views: dict[str, tuple[str, int]] | None = None, **choice_options):
@@ -64,7 +63,6 @@ class Portfolio(Drafter):
         self._last = None  # the arm of the previous step
         self._credit = 0.0  # seconds the cheap arms' proposals may still spend while plain decoding is taken
         self._cost: dict[str, float] = {}  # per cheap arm: the seconds of its proposals, a running mean
-        self.head_drafted = False
 
     def for_request(self, prompt_tokens: int, max_new_tokens: int) -> "Drafter":
         """This portfolio, or one without the model arms a request of ``max_new_tokens`` tokens after a prompt of
@@ -145,8 +143,9 @@ class Portfolio(Drafter):
         self._last = key
         drafter = self.arms.get(arm_of(key))
         tree = ready[key] if key in ready else DraftTree() if drafter is None else drafter.propose(ctx)
-        self.head_drafted = drafter is not None and drafter.head is not None and drafter.head_drafted
         tree = tree.truncated(ctx.max_depth)
+        if drafter is None or drafter.head is None or tree.origin != "head":  # fed the committed tokens only
+            tree.from_("aside")
         for k, proposal in ready.items():  # scored once the text after it is known
             self._pending.append([len(ctx.tokens), k, proposal.truncated(ctx.max_depth), None])
         self._step = (key, t0, len(tree))
@@ -201,8 +200,6 @@ class Aside(Drafter):
     responses still hear its response, and its report counts its steps as plain ones."""
 
     name = "auto"
-    copies_feed_policy = False
-    head_drafted = False
     model: tuple = ()
 
     def __init__(self, portfolio: Portfolio):
@@ -213,7 +210,7 @@ class Aside(Drafter):
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         self.steps += 1
-        return DraftTree()
+        return DraftTree(origin="aside")
 
     def finish(self, output: list[int]) -> None:
         for d in self.portfolio.leaves:  # the cheap arms draft from the text alone (suffix decoding keeps responses)

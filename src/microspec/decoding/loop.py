@@ -369,15 +369,16 @@ class Generation:
         """The coverage and the vocabulary policy hear the planned step, once (``rows``: the logits of the
         validated branch, made where the policy reads them).  A step taken plain (the adaptive mode's, auto's plain
         arm) feeds the policy its committed tokens only (a top-k over the full vocabulary is a visible share of a
-        packed CPU step: stepping aside must cost nothing), and so does a step another drafter than the head
-        drafted, where the drafter says so (auto); such a step's coverage (a copied chain's) is not scored."""
-        planned, drafter, vocab = self._step, self.drafter, self.vocab
+        packed CPU step: stepping aside must cost nothing), and so does a tree drafted without the head unless it
+        says it feeds the policy (its ``origin``: a copied chain of prompt lookup first does, auto's arms do not);
+        only a tree the head drafted has its coverage scored."""
+        planned, vocab = self._step, self.vocab
         tree, drafting = planned.tree, planned.drafting
-        head = drafting and drafter.head_drafted and not self._forced
+        head = drafting and tree.origin == "head" and not self._forced
         if self.coverage is not None:  # before the policy's sets move on
             self.coverage.on_verified(tree, step, scored=not drafting or head)
         if vocab is not None:
-            logits = vocab.wants_verify_logits and drafting and len(tree) and (head or drafter.copies_feed_policy)
+            logits = vocab.wants_verify_logits and drafting and len(tree) and (head or tree.origin == "copy")
             with self.vocab_timer:
                 vocab.on_verify(step.tree_ids, rows() if logits else
                                 step.hidden.new_zeros(0, self.model.spec.vocab_size), step.ids, padded=step.padded)

@@ -46,6 +46,13 @@ class DraftTree:
     # ancestor-or-self matrix [N, N], valid [N]): the verify pass's inputs and the device walk are made from it with
     # no host work per node
     on_device: tuple[torch.Tensor, ...] | None = field(default=None, compare=False, repr=False)
+    # where the proposal came from, for what the step feeds the vocabulary policy and the coverage (the drafter that
+    # proposed it says so): "head", the draft head (and its draft vocabulary) drafted it, or nothing asked it;
+    # "copy", a chain copied from the text that still feeds the policy the target's verified logits (prompt lookup
+    # first: its chains enter MicroSpec's stream); "aside", drafted without the head and feeding the policy the
+    # committed tokens only (auto's other arms: the top-k over the full vocabulary would tax every such step).
+    # Coverage is read at "head" steps only
+    origin: str = field(default="head", compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.parents):
@@ -67,7 +74,13 @@ class DraftTree:
         """The first ``n`` nodes (a prefix-closed subtree, since parents come before children)."""
         if n >= len(self):
             return self
-        return DraftTree(self.tokens[:n], self.parents[:n], self.q[:n] if self.q is not None else None, self.scheme)
+        return DraftTree(self.tokens[:n], self.parents[:n], self.q[:n] if self.q is not None else None, self.scheme,
+                         origin=self.origin)
+
+    def from_(self, origin: str) -> "DraftTree":
+        """This tree, proposed from ``origin`` (see :attr:`origin`)."""
+        self.origin = origin
+        return self
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -93,14 +106,14 @@ class DraftTree:
     def truncated(self, max_depth: int) -> "DraftTree":
         """The nodes of depth <= max_depth (they form a prefix-closed set, so indices are re-mapped in order)."""
         if max_depth <= 0:
-            return DraftTree()
+            return DraftTree(origin=self.origin)
         keep = [i for i, d in enumerate(self.depths()) if d <= max_depth]
         if len(keep) == len(self):
             return self
         remap = {old: new for new, old in enumerate(keep)}
         q = self.q[keep] if self.q is not None else None
         return DraftTree([self.tokens[i] for i in keep], [remap.get(self.parents[i], -1) for i in keep], q,
-                         self.scheme)
+                         self.scheme, origin=self.origin)
 
     def verify_inputs(self, root: int, start: int, device: torch.device):
         """(ids [N+1], positions [N+1], mask [N+1, N+1]) of the verify pass: root then nodes, each row seeing its
@@ -174,6 +187,7 @@ class DeviceTree(DraftTree):
         out = cls((lists[0], lists[1], lists[2], to_device(anc, device, torch.bool),
                    torch.ones(n, dtype=torch.bool, device=device)), max(depths))
         out.fill(list(tree.tokens), list(tree.parents), [1] * n)
+        out.origin = tree.origin
         return out
 
     @property

@@ -36,21 +36,14 @@ class DraftReport:
 class Drafter(ABC):
     """Proposes a token tree for the target to verify.  Beside :meth:`propose`, what a drafter may offer is declared
     here with neutral defaults, so the loop and ``auto`` ask no drafter what it has: ``head`` (its draft head, whose
-    timer and active sizes feed the statistics), ``head_drafted``, ``copies_feed_policy`` (what ``auto`` alone asks
-    of its arms is its own protocol, :mod:`microspec.auto.arms`), :meth:`parts` (a composite's drafters),
-    :meth:`take_report`, :meth:`describe` and :meth:`drafts_before_read` (the next tree drafted before a step's
-    read)."""
+    timer and active sizes feed the statistics), :meth:`parts` (a composite's drafters), :meth:`take_report`,
+    :meth:`describe` and :meth:`drafts_before_read` (the next tree drafted before a step's read).  What ``auto``
+    alone asks of its arms is its own protocol (:mod:`microspec.auto.arms`); where a proposal came from (the draft
+    head, a copied chain) its tree says (:attr:`~microspec.decoding.tree.DraftTree.origin`)."""
 
     name = "drafter"
     # the draft head (microspec.drafters.head.DraftHead) a vocabulary policy serves, None without one
     head = None
-    # False when the last proposal did not come from the draft head the vocabulary policy serves (prompt lookup
-    # first: a copied chain); the loop then reads no ground-truth coverage for the step
-    head_drafted = True
-    # whether a step drafted without the head (head_drafted False) still feeds the vocabulary policy the target's
-    # logits of its verified rows (prompt lookup first: yes, its copied chains enter MicroSpec's stream; auto: no,
-    # the top-k over the full vocabulary would tax every step the head does not draft)
-    copies_feed_policy = True
 
     def prefill(self, target: NativeCausalLM, prompt_ids: list[int], hidden: torch.Tensor,
                 vocab: VocabPolicy | None = None) -> None:

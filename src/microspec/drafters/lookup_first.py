@@ -7,7 +7,7 @@ the last ``min_ngram`` or more tokens occurred earlier in prompt + output, and t
 The model drafter hears every commit, whoever drafted (an EAGLE head runs the features it missed at its next
 draft), so a switch costs only that catch-up.  Verification is the loop's as always: lossless whichever proposed.
 A vocabulary policy hears every verification (a copied chain's tokens enter MicroSpec's stream like a drafted
-tree's); ground-truth coverage is read only at the steps the model drafter drafted (``head_drafted``): a copied
+tree's); ground-truth coverage is read only at the steps the model drafter drafted (the tree's ``origin``): a copied
 chain was never scored against a draft vocabulary, and a routed policy has no set before its first draft.
 """
 
@@ -70,10 +70,9 @@ class LookupFirst(Drafter):
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         tree = self.lookup.propose(ctx)
-        self.head_drafted = not len(tree)  # a copied chain: no draft-vocabulary set was asked for this step
-        if len(tree):
+        if len(tree):  # a copied chain: no draft-vocabulary set was asked for this step
             self.lookup_steps += 1
-            return tree
+            return tree.from_("copy")
         return self.drafter.propose(ctx)
 
     def commit(self, step: Verified) -> None:
