@@ -334,10 +334,10 @@ SPEC_STEPS.append(("T 0.7", {"temperature": 0.7, "seed": 0}, "triton"))
 def spec_step_ops() -> dict:
     """The operations of a whole EAGLE + MicroSpec step (EAGLE-2's tree: depth 6, top-k 10, 59 tokens) on CUDA's
     path with its graphs (a stand-in capture, a replay counted as one), by part: the draft (the tree one replay with
-    its root pass, drafted before the last step's read from what it commits on the device: ``draft_ahead`` and
-    ``LaunchedWalk.path``; ``propose`` where it is not), the target's verify forward (a replay and what runs around
+    its root pass, drafted before the last step's read from what it commits on the device: ``propose`` with the step's
+    padded form and ``LaunchedWalk.path``; ``propose`` after the read where it is not), the target's verify forward (a replay and what runs around
     it), the walk (``launch_walk`` and ``LaunchedWalk.read``, its one read not counted), keeping the accepted slots
-    (``KVCache.keep_from``, the target's and the draft's), the policy's update (``on_verify_ahead``, ``on_verify``),
+    (``KVCache.keep_from``, the target's and the draft's), the policy's update (``on_verify``, once a step),
     the drafter's commit and the coverage count (what ``bench`` reports), and what the loop runs around them; the
     median of each over a generation's steps after the first two generations captured every shape, greedy and
     under repetition penalty 1.2, with each of MicroSpec's device windows: the one of tensor operations
@@ -399,13 +399,10 @@ def spec_step_ops() -> dict:
                 for run in range(3):  # the first two capture the shapes; the third is counted
                     drafter = EagleDrafter(EagleHead.load(path), depth=6, top_k=10, total_tokens=59)
                     drafter.whole_graph = True
-                    drafter.propose = as_part("draft", drafter.propose)
-                    drafter.draft_ahead = as_part("draft", drafter.draft_ahead)
+                    drafter.propose = as_part("draft", drafter.propose)  # (before the read too: ctx.step)
                     drafter.commit = as_part("drafter commit", drafter.commit)
-                    drafter.commit_ahead = as_part("drafter commit", drafter.commit_ahead)
                     vocab = MicroSpecVocab(nm.spec.vocab_size, w_max=24, backend=window)
                     vocab.on_verify = as_part("policy update", vocab.on_verify)
-                    vocab.on_verify_ahead = as_part("policy update", vocab.on_verify_ahead)
                     steps.clear()
                     counter.paused -= 1
                     generate_ids(nm, [1, 10, 20, 30, 11, 21, 31, 12, 10, 20, 30],

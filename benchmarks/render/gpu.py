@@ -325,7 +325,7 @@ STEP_PARTS = {"draft": "the draft: EAGLE-2's tree with its root pass, one replay
               "verify forward": "the target's verify forward: its replay and what runs around it",
               "walk": "the walk on the device (its one read not counted)",
               "KV compaction": "keeping the accepted slots (the target's cache and the draft's)",
-              "policy update": "MicroSpec's update from the verification (`on_verify_ahead`)",
+              "policy update": "MicroSpec's update from the verification (`on_verify`)",
               "drafter commit": "the drafter's commit", "coverage": "the coverage count `bench` reports",
               "loop": "the loop around them"}
 STEP_SHORT = {"draft": "the draft", "verify forward": "the verify forward", "walk": "the walk",
