@@ -20,11 +20,11 @@ class _Model:
         self.graphs.append(on)
 
 
-def test_device_kinds_and_their_settings():
+def test_device_kinds_and_their_profiles():
     assert devices.device_kind("cuda:1") == "cuda" and devices.device_kind(torch.device("cuda", 0)) == "cuda"
     assert devices.device_kind("cpu") == "cpu" and devices.device_kind("cpu", packed=True) == "cpu-gguf"
-    assert devices.settings("cuda").cuda_graphs and not devices.settings("cpu").cuda_graphs
-    assert devices.settings("mps") == devices.DeviceSettings("mps")  # another accelerator: the CPU's settings
+    assert devices.profile("cuda").graphs and not devices.profile("cpu").graphs
+    assert devices.profile("mps") == devices.DeviceProfile("mps")  # another accelerator: the CPU's choices
 
 
 def test_a_model_on_cuda_replays_graphs_unless_told_not_to():

@@ -2,11 +2,11 @@
 
 The kind is what every per-device default is keyed by (each drafter's tree shape in its own spec,
 ``DrafterSpec.shape``; an option's ``per_device`` defaults; ``auto``'s measured starts): ``cuda``, ``cpu``, or ``cpu-gguf``
-(a target whose GGUF blocks stay packed on a CPU, where a verify row costs a sizeable share of a plain step).  The
-settings are those a device applies whatever the method: on CUDA the verify pass and the draft levels replay as CUDA
-graphs (a small model's step is launch-bound there: eager decoding runs several times slower), so a model loaded on
-CUDA by any entry point (:func:`microspec.load_model`, the command line, the server, bench) graphs unless told not
-to.
+(a target whose GGUF blocks stay packed on a CPU, where a verify row costs a sizeable share of a plain step).  What a
+device applies whatever the method comes from its profile (:func:`apply`): on CUDA the verify pass and the draft
+levels replay as CUDA graphs (a small model's step is launch-bound there: eager decoding runs several times slower),
+so a model loaded on CUDA by any entry point (:func:`microspec.load_model`, the command line, the server, bench)
+graphs unless told not to.
 
 The profile (:class:`DeviceProfile`, :func:`profile`) is everything a device *type* can do and prefers: whether it
 runs behind the host (timing waits, pinned copies, side streams), walks a tree on the device, reads a block of
@@ -27,22 +27,6 @@ from dataclasses import dataclass, replace
 
 DEVICE_KINDS = ("cuda", "cpu", "cpu-gguf")
 CUDA, CPU, CPU_GGUF = DEVICE_KINDS  # the kinds' names, for the tables keyed by them
-
-
-@dataclass(frozen=True)
-class DeviceSettings:
-    """A device kind's own settings: ``cuda_graphs``, whether the model replays CUDA graphs unless told otherwise.
-    (A method option whose default depends on the device says so itself: ``Option.per_device``.)"""
-
-    kind: str
-    cuda_graphs: bool = False
-
-
-SETTINGS = {
-    CUDA: DeviceSettings(CUDA, cuda_graphs=True),
-    CPU: DeviceSettings(CPU),
-    CPU_GGUF: DeviceSettings(CPU_GGUF),
-}
 
 
 @dataclass(frozen=True)
@@ -116,21 +100,11 @@ def device_kind(device, packed: bool = False) -> str:
     return CPU_GGUF if device == CPU and packed else device
 
 
-def settings(kind: str) -> DeviceSettings:
-    """The settings of device kind ``kind`` (a kind without its own: the CPU's)."""
-    return SETTINGS.get(kind) or DeviceSettings(kind)
-
-
-def of_model(model) -> DeviceSettings:
-    """The settings of the device a loaded :class:`~microspec.models.native.NativeCausalLM` runs on."""
-    return settings(device_kind(model.device, model.quantized))
-
-
 def apply(model, cuda_graphs: bool | None = None) -> None:
-    """The device's settings applied to a loaded model: CUDA graphs on where the device's kind says so, or as
-    ``cuda_graphs`` says when given (never off CUDA)."""
-    on = of_model(model).cuda_graphs if cuda_graphs is None else bool(cuda_graphs)
-    model.use_cuda_graphs(on and profile(model.device).graphs)
+    """The device's settings applied to a loaded model: graphs replayed where its profile replays them, unless
+    ``cuda_graphs`` says otherwise (never where the profile has none)."""
+    graphs = profile(model.device).graphs
+    model.use_cuda_graphs(graphs if cuda_graphs is None else bool(cuda_graphs) and graphs)
 
 
 OFF = ("0", "off", "false", "no")
@@ -145,6 +119,5 @@ def env_flag(name: str, default: bool = True) -> bool:
     return default if not value else value not in OFF
 
 
-__all__ = ["CPU", "CPU_GGUF", "CUDA", "DEVICE_KINDS", "OFF", "PROFILES", "SETTINGS", "DeviceProfile", "DeviceSettings",
-           "apply", "device_kind", "device_type", "env_flag", "of_model", "overriding", "profile", "settings",
-           "with_changes"]
+__all__ = ["CPU", "CPU_GGUF", "CUDA", "DEVICE_KINDS", "OFF", "PROFILES", "DeviceProfile", "apply", "device_kind",
+           "device_type", "env_flag", "overriding", "profile", "with_changes"]
