@@ -15,10 +15,10 @@
 from __future__ import annotations
 
 from . import auto
-from .compose import AutoEngine, Engine, Method, build
+from .compose import AutoEngine, Engine, Method, build, is_auto
 from .decoding.config import GenerationConfig
 from .decoding.loop import GenerationResult
-from .errors import check
+from .errors import MicrospecError
 from .models.registry import LoadedModel
 from .prompts import (
     encode_conversation,
@@ -51,12 +51,13 @@ def generate(lm: LoadedModel, prompt: str, cfg: GenerationConfig | None = None, 
     :mod:`microspec.method`), a :class:`~microspec.method.Method`, or an engine built once with
     :func:`~microspec.compose.build` and reused across calls.  The output is plain decoding's whatever the method."""
     if isinstance(method, (Engine, AutoEngine)):
+        if method.lm is not lm:
+            raise MicrospecError("the engine was built for another model")
         engine = method
-    elif method is None or (isinstance(method, str) and method.strip() == "auto"):
+    elif method is None or is_auto(method):
         engine = _auto_engine(lm)
     else:
         engine = build(method, lm)
-    check(engine.lm is lm, "the engine was built for another model")
     return engine.generate(prompt, cfg, chat, **overrides)
 
 
