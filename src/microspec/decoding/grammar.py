@@ -58,13 +58,14 @@ class Constraint:
                 schema = json.loads(schema)
             except ValueError as exc:
                 raise MicrospecError(f"the JSON schema is not JSON: {exc}") from None
-        check(isinstance(schema, dict), "a JSON schema must be a JSON object")
+        if not isinstance(schema, dict):
+            raise MicrospecError("a JSON schema must be a JSON object")
         return cls("json_schema", json.dumps(schema))  # the properties' order is the output's: kept
 
     @classmethod
     def choice(cls, options: Sequence[str]) -> Constraint:
-        check(isinstance(options, (list, tuple)) and options and all(isinstance(o, str) and o for o in options),
-              "a choice must be a non-empty list of non-empty strings")
+        if not (isinstance(options, (list, tuple)) and options and all(isinstance(o, str) and o for o in options)):
+            raise MicrospecError("a choice must be a non-empty list of non-empty strings")
         return cls("choice", json.dumps(list(options)))
 
     @classmethod
@@ -181,7 +182,8 @@ def _first_line(message: str) -> str:
 def compile_grammar(constraint: Constraint, tokenizer, vocab_size: int, eos_ids: Sequence[int]) -> Grammar:
     """``constraint`` compiled for ``tokenizer`` (validated: a schema, regex or grammar the engine refuses, or one
     past its limits on size and work, is one :class:`~microspec.errors.MicrospecError` line)."""
-    check(bool(eos_ids), "structured output needs the model's EOS token ids")
+    if not eos_ids:
+        raise MicrospecError("structured output needs the model's EOS token ids")
     return _compiled(constraint, ll_tokenizer(tokenizer, vocab_size, eos_ids), vocab_size, tuple(eos_ids))
 
 
