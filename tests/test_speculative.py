@@ -292,13 +292,14 @@ def test_kv_cache_grow_keeps_live_slots():
 
 
 def test_auto_tree_size_model_and_choice():
+    from microspec import devices
     from microspec.decoding.sizing import auto_total_tokens, expected_tokens
 
     assert expected_tokens(0, 5, 0.6) == 1.0
     assert expected_tokens(5, 5, 0.6) == pytest.approx(1 + sum(0.6**k for k in range(1, 6)))
     assert expected_tokens(60, 5, 0.6) > expected_tokens(10, 5, 0.6) > expected_tokens(5, 5, 0.6)
     _, nm = tiny_pair("llama")
-    n, costs = auto_total_tokens(nm, depth=4, candidates=(4, 8, 16))
+    n, costs = auto_total_tokens(nm, 4, devices.profile(nm.device), candidates=(4, 8, 16))
     assert set(costs) == {4, 8, 16} and all(c > 0 for c in costs.values())
 
     def tokens_per_step(size):  # 4 levels of size / 4 candidates, each accepted with probability 0.6

@@ -32,12 +32,12 @@ def expected_tokens(n: int, depth: int, alpha: float) -> float:
 
 
 @torch.inference_mode()
-def verify_cost_s(model: NativeCausalLM, n: int, profile: DeviceProfile | None = None, prefix: int = 128,
+def verify_cost_s(model: NativeCausalLM, n: int, profile: DeviceProfile, prefix: int = 128,
                   repeats: int = 2) -> float:
     """Seconds of one verify pass over ``n`` nodes (a chain mask: cost depends on the count, not the shape) on a
     device of ``profile`` (see :func:`auto_total_tokens`)."""
     device = model.device
-    behind = profile is not None and profile.runs_behind_host  # each reading waits for the queued work
+    behind = profile.runs_behind_host  # each reading waits for the queued work
     cache = model.new_cache(prefix + n + 1)
     model(torch.zeros(prefix, dtype=torch.long, device=device), cache)
     ids = torch.zeros(n + 1, dtype=torch.long, device=device)
@@ -58,11 +58,11 @@ def verify_cost_s(model: NativeCausalLM, n: int, profile: DeviceProfile | None =
     return best
 
 
-def auto_total_tokens(model: NativeCausalLM, depth: int, profile: DeviceProfile | None = None, alpha: float = 0.6,
+def auto_total_tokens(model: NativeCausalLM, depth: int, profile: DeviceProfile, alpha: float = 0.6,
                       candidates: tuple[int, ...] = CANDIDATES) -> tuple[int, dict[int, float]]:
     """(chosen tree size, {size: measured verify seconds}).  ``profile``: the profile of the model's device
     (:func:`microspec.devices.profile`, looked up once by the caller); where it runs behind the host, every reading
-    waits for its queued work.  None: a device that runs with the host (the CPU's choices)."""
+    waits for its queued work."""
     check(0 < alpha < 1, f"alpha must be in (0, 1), got {alpha}")
     costs = {n: verify_cost_s(model, n, profile) for n in candidates}
     best = max(candidates, key=lambda n: (expected_tokens(n, depth, alpha) / costs[n], -n))
