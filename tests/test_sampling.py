@@ -404,6 +404,7 @@ def test_sampling_with_the_whole_draft_matches_exact_distribution(pair, exact, p
     """EAGLE's tree drafted whole in fixed shapes (what CUDA replays as one graph; ``whole_graph``, with a packed
     buffer at CUDA's fixed shape): the committed tokens still follow the target's distribution exactly (each seed's
     plain decoding's, by the keyed rule)."""
+    from microspec.drafters.builders import WholeTreeBuilder
     from microspec.drafters.model_based import ForwardDrafter
     from microspec.vocab.packed import PackedRows
 
@@ -415,8 +416,8 @@ def test_sampling_with_the_whole_draft_matches_exact_distribution(pair, exact, p
         self.fixed_shape = True
 
     monkeypatch.setattr(PackedRows, "__init__", fixed)
-    calls, body = [], ForwardDrafter._fixed_tree
-    monkeypatch.setattr(ForwardDrafter, "_fixed_tree", lambda self, *a, **k: calls.append(1) or body(self, *a, **k))
+    calls, body = [], WholeTreeBuilder.fixed_tree
+    monkeypatch.setattr(WholeTreeBuilder, "fixed_tree", lambda self, *a, **k: calls.append(1) or body(self, *a, **k))
     runs = _restricted_follows(pair, exact, "eagle-tree", policy)
     assert len(calls) >= runs  # every generation drafted whole
 

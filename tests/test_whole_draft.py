@@ -1,6 +1,7 @@
-"""The whole draft tree in fixed shapes (``ForwardDrafter._whole_tree``): what one CUDA graph replays a step, run
-here eagerly on a CPU (``whole_graph = True``) against the level-by-level device tree, which tests/test_tree_device.py
-holds to the host tree's golden outputs.  The graphs themselves are tested in tests/test_cuda.py."""
+"""The whole draft tree in fixed shapes (``microspec.drafters.builders.WholeTreeBuilder``): what one CUDA graph
+replays a step, run here eagerly on a CPU (``whole_graph = True``) against the level-by-level device tree, which
+tests/test_tree_device.py holds to the host tree's golden outputs.  The graphs themselves are tested in
+tests/test_cuda.py."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from support import device_as, official_checkpoint, tiny_pair
 from test_tree_device import PROMPT
 from microspec.decoding import GenerationConfig, generate_ids
 from microspec.drafters import EagleDrafter, EagleHead
+from microspec.drafters.builders import WholeTreeBuilder
 from microspec.vocab import MicroSpecVocab, StaticShortlist
 
 POLICIES = {
@@ -41,7 +43,7 @@ def _run(nm, path, shape, policy, decoding, whole, monkeypatch, fixed_shape=Fals
     drafter = EagleDrafter(EagleHead.load(path), **shape)
     drafter.whole_graph = whole
     trees, wholes = [], []
-    propose, fixed_tree = drafter.propose, drafter._fixed_tree
+    propose, fixed_tree = drafter.propose, WholeTreeBuilder.fixed_tree
 
     def recording(ctx):
         tree = propose(ctx)
@@ -49,7 +51,7 @@ def _run(nm, path, shape, policy, decoding, whole, monkeypatch, fixed_shape=Fals
         return tree
 
     drafter.propose = recording
-    drafter._fixed_tree = lambda *a, **kw: wholes.append(1) or fixed_tree(*a, **kw)
+    monkeypatch.setattr(WholeTreeBuilder, "fixed_tree", lambda *a, **kw: wholes.append(1) or fixed_tree(*a, **kw))
     cfg = GenerationConfig(max_new_tokens=40, ignore_eos=True, **decoding)
     out = generate_ids(nm, PROMPT, cfg, drafter=drafter, vocab=POLICIES[policy](nm.spec.vocab_size)).token_ids
     return trees, out, len(wholes)
@@ -109,8 +111,8 @@ def test_the_whole_draft_steps_aside_where_it_cannot_apply(tmp_path, monkeypatch
             pass
 
     calls = []
-    fixed_tree = drafter._fixed_tree
-    drafter._fixed_tree = lambda *a, **kw: calls.append(1) or fixed_tree(*a, **kw)
+    fixed_tree = WholeTreeBuilder.fixed_tree
+    monkeypatch.setattr(WholeTreeBuilder, "fixed_tree", lambda *a, **kw: calls.append(1) or fixed_tree(*a, **kw))
     router = Router(list(range(nm.spec.vocab_size)), nm.spec.vocab_size // 2, always=[0])
     r = generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=40, ignore_eos=True), drafter=drafter, vocab=router)
     assert not calls and r.token_ids == generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=40,
@@ -132,7 +134,7 @@ def test_the_whole_draft_would_not_wait_for_a_gpu(tmp_path, monkeypatch, policy,
     drafter = EagleDrafter(EagleHead.load(path), depth=4, top_k=3, total_tokens=10)
     drafter.whole_graph = True
     waits = []
-    fixed_tree = drafter._fixed_tree
+    fixed_tree = WholeTreeBuilder.fixed_tree
 
     def counted(*a, **kw):
         before = audit.count
@@ -140,7 +142,7 @@ def test_the_whole_draft_would_not_wait_for_a_gpu(tmp_path, monkeypatch, policy,
         waits.append(audit.count - before)
         return out
 
-    drafter._fixed_tree = counted
+    monkeypatch.setattr(WholeTreeBuilder, "fixed_tree", counted)
     cfg = GenerationConfig(max_new_tokens=32, ignore_eos=True, **decoding)
     with torch.inference_mode(), WouldSync() as audit:
         r = generate_ids(nm, PROMPT, cfg, drafter=drafter, vocab=POLICIES[policy](nm.spec.vocab_size))

@@ -116,6 +116,7 @@ class EagleDrafter(ForwardDrafter):
     """EAGLE-2 drafting (chain, or dynamic tree with ``top_k``) with an :class:`EagleHead`."""
 
     name = "eagle"
+    fixed_forward = True  # the head's layer in fixed shapes (static_run): the whole tree drafts as one graph
 
     def __init__(self, head: EagleHead, depth: int = CHAIN_DEPTH, top_k: int | None = None,
                  total_tokens: int | None = None):
