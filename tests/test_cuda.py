@@ -337,7 +337,7 @@ def test_bf16_greedy_identity_on_cuda(tmp_path):
 @pytest.mark.parametrize("decoding", [{}, {"temperature": 0.8, "seed": 3}, {"repetition_penalty": 1.2}],
                          ids=["greedy", "seeded", "penalty"])
 def test_the_whole_draft_replays_as_one_graph(tmp_path, monkeypatch, policy, decoding):
-    """EAGLE's tree drafted as one graph replay a step, its root pass inside (``ForwardDrafter._whole_with_root``),
+    """EAGLE's tree drafted as one graph replay a step, its root pass inside (``WholeTreeBuilder.with_root``),
     captured at its shape's second use and kept by the draft cache: the same trees as the level-by-level draft, the
     target's own text, and a later generation that takes the pooled cache replays without capturing again.  Each
     tree drafted after its step's read, as ``propose`` drafts it (the next test drafts ahead of the read)."""

@@ -494,7 +494,7 @@ def test_plain_steps_replayed_whole_sample_the_exact_distribution(pair, exact, m
     import copy
 
     from test_whole_draft import _stand_in_capture
-    from microspec.decoding.loop import Generation, Setup
+    from microspec.decoding.loop import Generation
 
     _stand_in_capture(monkeypatch)
     nm = copy.deepcopy(pair[1])

@@ -29,7 +29,7 @@ processors and choice of the next token (:meth:`Generation.plain_replay
 Beside the forward's graphs, :class:`GraphedCall` replays any function of fixed shapes (the packed draft head's
 product and top-k), and :class:`CallsByCache` keeps such graphs by the KV cache they write: an EAGLE drafter's whole
 tree draft (every level's forward, the head's top-k, the tree's growth and rerank) is one of them, one replay a step
-(:meth:`ForwardDrafter._whole_tree <microspec.drafters.model_based.ForwardDrafter._whole_tree>`).
+(:meth:`WholeTreeBuilder.build <microspec.drafters.builders.WholeTreeBuilder.build>`).
 
 Attention over a bucket with masked slots adds exact zeros to each softmax, but a GPU kernel may sum in another
 order over a longer row, so graphed logits can differ from eager ones in the last bits, as a pass over 5 rows
