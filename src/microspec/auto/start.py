@@ -39,12 +39,13 @@ def _load() -> dict[tuple[str, str], Start]:
     """The starts shipped in ``starts.json``, by (device kind, decoding kind)."""
     doc = json.loads(resources.files(__package__).joinpath("starts.json").read_text(encoding="utf-8"))
     out = {}
-    for row in doc["starts"]:
-        key = row["device"], row["decoding"]
-        if key[0] not in DEVICE_KINDS or key[1] not in DECODING_KINDS or row["arm"] not in (PLAIN, LOOKUP, EAGLE):
-            raise MicrospecError(f"starts.json: unknown device kind, decoding kind or arm in {key}: {row['arm']!r}")
-        where = [RESULTS + s["file"] for s in row["sources"]] + ([row["untraced"]] if row.get("untraced") else [])
-        out[key] = Start(row["arm"], row["why"], row["measured"], "; ".join(where))
+    for device, by_decoding in doc["starts (device kind, then decoding kind)"].items():
+        for decoding, row in by_decoding.items():
+            key = device, decoding
+            if device not in DEVICE_KINDS or decoding not in DECODING_KINDS or row["arm"] not in (PLAIN, LOOKUP, EAGLE):
+                raise MicrospecError(f"starts.json: unknown device kind, decoding kind or arm in {key}: {row['arm']!r}")
+            where = [RESULTS + s["file"] for s in row["sources"]] + ([row["untraced"]] if row.get("untraced") else [])
+            out[key] = Start(row["arm"], row["why"], row["measured"], "; ".join(where))
     return out
 
 
