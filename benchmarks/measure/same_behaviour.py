@@ -35,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 TIMING = {"achieved_gb_s", "wall_s", "prefill_s", "tokens_per_s", "decode_tokens_per_s", "draft_s", "verify_s",
           "other_s", "head_s", "vocab_s", "time_split", "wall_time", "date", "command", "torch", "transformers",
           "machine", "threads", "python", "speedup", "question_tokens_per_s", "oracle_tokens_per_s", "actual_over_oracle",
-          "draft_share", "one_time_s", "overhead_s", "spent_s", "switch_s", "probe_s"}
+          "draft_share", "one_time_s", "overhead_s", "spent_s", "switch_s", "probe_s", "commit"}
 
 
 def setup(root: Path) -> dict:
