@@ -43,7 +43,6 @@ from microspec.bench import run_meta
 from microspec.drafters.eagle import EagleHead, _layer_config
 from microspec.drafters.head import DraftHead
 from microspec.vocab import MicroSpecVocab, StaticShortlist
-from microspec.vocab.base import active_size
 from microspec.vocab.dynaspec import DynaSpecRouter, DynaSpecVocab, Router
 from microspec.vocab.specvocab import Ranker, SpecVocab, SpecVocabRanker
 
@@ -230,8 +229,8 @@ def measure(path: str, syn: Synthetic, timer: Timer, depth: int, graphs: bool = 
     for k in range(depth):  # every depth's set exists before the head alone is timed
         head_call(k)
     head_ms = timer.ms(head_call)
-    active = head.active
-    rows = int(active_size(active, syn.vocab)) if not hasattr(active, "extent") else int(active.extent)
+    w = head.matrix()  # the rows the head multiplies (a packed buffer's: its extent, free slots included)
+    rows = int(w.shape[0])
     head_bytes = rows * syn.d * syn.weight.element_size()
     out = {"active_rows": rows, "head_ms": head_ms, "head_bytes": head_bytes,
            "head_gb_s": round(head_bytes / (head_ms / 1000) / 1e9, 2),
@@ -241,7 +240,6 @@ def measure(path: str, syn: Synthetic, timer: Timer, depth: int, graphs: bool = 
     if update is not None:  # the same step with the window left as it is: what the update adds to the step
         out["draft_no_update_ms"] = timer.ms(lambda: draft_step(False))
         out["update_overhead"] = round(out["draft_ms"] / out["draft_no_update_ms"], 3)
-    w = syn.weight if active is None else active.rows[: active.extent] if hasattr(active, "extent") else head._rows
     if isinstance(w, torch.Tensor):  # the head's product alone: the bandwidth its kernel reaches
         out["gemm_ms"] = product_ms(hidden, w, timer)
         out["gemm_gb_s"] = round(w.numel() * w.element_size() / (out["gemm_ms"] / 1000) / 1e9, 2)

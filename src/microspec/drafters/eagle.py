@@ -197,7 +197,7 @@ class EagleDrafter(ForwardDrafter):
         self.cache.length = length
         self._parts = []
 
-    def _ahead_start(self, ctx: DraftContext) -> int | None:
+    def _early_start(self, ctx: DraftContext) -> int | None:
         return None if self._parts else self.cache.length
 
     def _forward(self, ctx, ids, positions, mask, parent_hidden):

@@ -115,6 +115,11 @@ class DraftHead:
         packed buffer, a ranked prefix)."""
         return self.selected.answer
 
+    def matrix(self):
+        """The rows the head multiplies for the set of the last :meth:`logits` call ([A, d]: the whole head, the
+        gathered rows, a prefix of them or a packed buffer's extent)."""
+        return self.selected.matrix(self.weight, self._rows)
+
     def _as_active(self, answer) -> ActiveRows:
         return as_active(answer, self.vocab_size, self.mapped)
 

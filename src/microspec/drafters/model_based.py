@@ -272,7 +272,7 @@ class ForwardDrafter(Drafter):
         are consumed (what :meth:`_root` leaves)."""
         raise NotImplementedError
 
-    def _ahead_start(self, ctx: DraftContext) -> int | None:
+    def _early_start(self, ctx: DraftContext) -> int | None:
         """The draft cache slot the next step's pending pairs start at, where they are only those the step
         commits (nothing pending now) and the root pass can run inside the whole-draft graph; else None."""
         return None
@@ -283,7 +283,7 @@ class ForwardDrafter(Drafter):
         depth, with processors that go into its graph."""
         pipe = ctx.pipe
         return self.top_k is not None and self.depth <= ctx.max_depth and self._tree_on_device(ctx) \
-            and self._may_draft_whole() and self._ahead_start(ctx) is not None \
+            and self._may_draft_whole() and self._early_start(ctx) is not None \
             and (pipe is None or not pipe.active or pipe.graph_state() is not None)
 
     def _draft_early(self, ctx: DraftContext) -> DraftTree:
@@ -294,7 +294,7 @@ class ForwardDrafter(Drafter):
         read)."""
         step = ctx.step
         rows, steps = step.ids.numel(), self.depth
-        start = self._ahead_start(ctx)
+        start = self._early_start(ctx)
         if start is None or rows != steps + 1 or ctx.room is None or self.total_tokens > ctx.room:
             return DraftTree()
         forwards = 1 + self.top_k * (steps - 1)
