@@ -302,8 +302,8 @@ RMS_SCRIPT = textwrap.dedent("""
             return lambda *a, **k: calls.__setitem__(name, calls.get(name, 0) + 1) or fn(*a, **k)
         for (m, n), fn in saved.items():
             setattr(m, n, counting(n, fn))
-        import microspec.models.native as native
-        native.joined = layers.joined
+        import microspec.models.decoder as decoder  # (the layer arithmetic's module)
+        decoder.joined = layers.joined
         fused = generate_ids(nm, prompt, cfg).token_ids
         spec = fused  # EAGLE's tree on the default family (sliding windows, q/k norms in a tree's verify)
         if family == "gemma3":
@@ -311,7 +311,7 @@ RMS_SCRIPT = textwrap.dedent("""
                                                                        total_tokens=5)).token_ids
         for (m, n), fn in saved.items():
             setattr(m, n, fn)
-        native.joined = layers.joined
+        decoder.joined = layers.joined
         devices.PROFILES["cpu"] = devices.with_changes("cpu", fused_layers=False)
         assert fused == eager == spec, (family, fused, eager, spec)
         # per layer step: q/k/v and gate/up each one product, the q/k norms and rotations one launch that writes the
