@@ -189,3 +189,55 @@ def test_drafting_ahead_steps_aside_where_it_cannot_apply(pair, monkeypatch, cud
     assert generate_ids(nm, PROMPT, cfg, drafter=EagleDrafter(head, **SHAPE)).token_ids == plain and not calls
     monkeypatch.delenv("MICROSPEC_DRAFT_AHEAD")
     assert generate_ids(nm, PROMPT, cfg, drafter=EagleDrafter(head, **SHAPE)).token_ids == plain and calls
+
+
+@pytest.mark.parametrize("decoding", ["greedy", "penalty"])
+def test_each_step_is_heard_once_whether_drafted_before_or_after_the_read(pair, monkeypatch, cuda_path, decoding):
+    """The step's one committed form: the policy's update, the coverage, the drafter's commit and the penalty's
+    device bitmap each take a step once a step, on the path that drafts before the read as on the one after it (no
+    second update of any of them), the policy's padded form only before the read."""
+    from microspec.decoding import processors
+    from microspec.decoding.observers import CoverageObserver
+
+    heard: dict[str, list] = {}
+
+    def counted(name, fn):
+        def run(*a, **k):
+            heard.setdefault(name, []).append(k.get("padded", False))
+            return fn(*a, **k)
+        return run
+
+    fill, commit, copy = processors.RepetitionPenalty.see_on_device, processors.RepetitionPenalty.commit, \
+        processors.to_device
+    in_commit = []
+
+    def committing(self, tokens):
+        heard.setdefault("penalty commit", []).append(self._seen_early)
+        in_commit.append(1)
+        try:
+            return commit(self, tokens)
+        finally:
+            in_commit.pop()
+
+    def copied(*a, **k):  # a commit's own fill of the bitmap copies its tokens over
+        if in_commit:
+            heard.setdefault("host fill", []).append(1)
+        return copy(*a, **k)
+
+    monkeypatch.setattr(processors.RepetitionPenalty, "see_on_device",
+                        lambda self, t: heard.setdefault("device fill", []).append(1) or fill(self, t))
+    monkeypatch.setattr(processors.RepetitionPenalty, "commit", committing)
+    monkeypatch.setattr(processors, "to_device", copied)
+    monkeypatch.setattr(CoverageObserver, "on_verified", counted("coverage", CoverageObserver.on_verified))
+    monkeypatch.setattr(MicroSpecVocab, "on_verify", counted("policy", MicroSpecVocab.on_verify))
+    monkeypatch.setattr(EagleDrafter, "commit", counted("drafter", EagleDrafter.commit))
+    for ahead in (True, False):
+        heard.clear()
+        *_, stats, _, _, drafted = _run(pair, monkeypatch, ahead, "microspec",
+                                       {**DECODINGS[decoding], "ignore_eos": True})
+        steps = stats.steps
+        assert len(heard["policy"]) == len(heard["coverage"]) == len(heard["drafter"]) == steps, (heard, steps)
+        assert sum(heard["policy"]) == drafted and (drafted >= 8 if ahead else drafted == 0)
+        if decoding == "penalty":  # the prompt, then one commit a step; the device took a step's tokens first
+            assert len(heard["penalty commit"]) == steps + 2 and sum(heard["penalty commit"]) == drafted
+            assert len(heard.get("device fill", [])) == drafted and len(heard["host fill"]) == steps + 2 - drafted
