@@ -346,7 +346,7 @@ class Generation:
             step = Verified(lambda: to_device(new, device), lambda: rows_of(features, branch),
                             lambda: to_device(tree.drafted(), device), new)
             t2 = self.clock.mark()
-            self._hear(step, walk.stacked)
+            self._hear(step, walk.stacked, hidden)
             end = self.clock.mark()
         else:  # the policy's update was the next step's drafting (its span)
             step = early.step
@@ -365,13 +365,14 @@ class Generation:
         if early is not None and early.tree is not None and self.finish is None:
             self._next = early  # (where the step ended the generation, the tree is dropped: Drafter.finish)
 
-    def _hear(self, step: Verified, rows: Callable[[], torch.Tensor]) -> None:
+    def _hear(self, step: Verified, rows: Callable[[], torch.Tensor], hidden: torch.Tensor) -> None:
         """The coverage and the vocabulary policy hear the planned step, once (``rows``: the logits of the
-        validated branch, made where the policy reads them).  A step taken plain (the adaptive mode's, auto's plain
-        arm) feeds the policy its committed tokens only (a top-k over the full vocabulary is a visible share of a
-        packed CPU step: stepping aside must cost nothing), and so does a tree drafted without the head unless it
-        says it feeds the policy (its ``origin``: a copied chain of prompt lookup first does, auto's arms do not);
-        only a tree the head drafted has its coverage scored."""
+        validated branch, made where the policy reads them; ``hidden``: the verify pass's, whose kind an empty set
+        of rows takes).  A step taken plain (the adaptive mode's, auto's plain arm) feeds the policy its committed
+        tokens only (a top-k over the full vocabulary is a visible share of a packed CPU step: stepping aside must
+        cost nothing), and so does a tree drafted without the head unless it says it feeds the policy (its
+        ``origin``: a copied chain of prompt lookup first does, auto's arms do not); only a tree the head drafted
+        has its coverage scored."""
         planned, vocab = self._step, self.vocab
         tree, drafting = planned.tree, planned.drafting
         head = drafting and tree.origin == "head" and not self._forced
@@ -381,7 +382,7 @@ class Generation:
             logits = vocab.wants_verify_logits and drafting and len(tree) and (head or tree.origin == "copy")
             with self.vocab_timer:
                 vocab.on_verify(step.tree_ids, rows() if logits else
-                                step.hidden.new_zeros(0, self.model.spec.vocab_size), step.ids, padded=step.padded)
+                                hidden.new_zeros(0, self.model.spec.vocab_size), step.ids, padded=step.padded)
 
     def _draft_early(self, walk: LaunchedWalk, features: torch.Tensor) -> Early | None:
         """Before the read of a drafted step's device walk: where the drafter drafts from the device alone
@@ -406,7 +407,7 @@ class Generation:
         path, committed, accepted = walk.path()
         step = Verified(committed, lambda: features.index_select(0, path),
                         torch.where(tree.on_device[4], tree.on_device[0], -1), accepted=accepted)
-        self._hear(step, lambda: walk.logits.index_select(0, path))
+        self._hear(step, lambda: walk.logits.index_select(0, path), features)
         if pipe.active:  # the padding as the first committed token, seen already by then
             pipe.see_on_device(torch.where(committed >= 0, committed, committed[:1]))
         ctx.step, ctx.room = step, self.cache.capacity - self._step.cache_length - rows - 1
