@@ -149,24 +149,23 @@ def _gguf_sampling(run: Run) -> tuple[str, list[dict]]:
     return words, [{"lowest_category": {"ngram@adaptive": [cat, low], "microspec": [mcat, mlow]}}]
 
 
-def _cuda_greedy(run: Run) -> tuple[str, list[dict]]:
+def _lookup_ahead_of_trees(run: Run, decoding: str, h100: str) -> str:
+    """A CUDA run where prompt lookup leads and every tree method is below plain decoding (checked), in words."""
     trees = [m for m in run.speculative() if run.drafter(m) != LOOKUP_DRAFTER]
     below_plain(run, trees)
-    words = (f"Gemma 3 270M bf16, batch 1, on an H200 ({run.meta['questions']} held-apart prompts): prompt lookup "
-             f"{common.x(run.speedup('ngram'))} plain decoding, every tree method below plain decoding (EAGLE + "
-             f"MicroSpec {common.x(run.speedup('eagle+microspec'))}, EAGLE-2 {common.x(run.speedup('eagle-full'))}); "
-             "on an H100 likewise: prompt lookup ahead of plain decoding, every tree method below it")
-    return words, [{}]
+    return (f"{decoding}Gemma 3 270M bf16, batch 1, on an H200 ({run.meta['questions']} held-apart prompts): prompt "
+            f"lookup {common.x(run.speedup('ngram'))} plain decoding, every tree method below plain decoding (EAGLE + "
+            f"MicroSpec {common.x(run.speedup('eagle+microspec'))}, EAGLE-2 {common.x(run.speedup('eagle-full'))}); "
+            f"{h100}")
+
+
+def _cuda_greedy(run: Run) -> tuple[str, list[dict]]:
+    return _lookup_ahead_of_trees(run, "", "on an H100 likewise: prompt lookup ahead of plain decoding, every tree "
+                                           "method below it"), [{}]
 
 
 def _cuda_penalty(run: Run) -> tuple[str, list[dict]]:
-    trees = [m for m in run.speculative() if run.drafter(m) != LOOKUP_DRAFTER]
-    below_plain(run, trees)
-    words = (f"repetition penalty 1.2, Gemma 3 270M bf16, batch 1, on an H200 ({run.meta['questions']} held-apart "
-             f"prompts): prompt lookup {common.x(run.speedup('ngram'))} plain decoding, every tree method below "
-             f"plain decoding (EAGLE + MicroSpec {common.x(run.speedup('eagle+microspec'))}, EAGLE-2 "
-             f"{common.x(run.speedup('eagle-full'))}); on an H100 every tree method below it too")
-    return words, [{}]
+    return _lookup_ahead_of_trees(run, "repetition penalty 1.2, ", "on an H100 every tree method below it too"), [{}]
 
 
 def _cuda_sampling(run: Run) -> tuple[str, list[dict]]:
