@@ -426,3 +426,51 @@ def device_as(monkeypatch, device: str = "cpu", **changes) -> None:
     from microspec import devices
 
     monkeypatch.setitem(devices.PROFILES, device, devices.with_changes(device, **changes))
+
+
+class RandomLength:
+    """A :class:`~microspec.drafters.length.DraftLength` whose choices are coin flips from a generator of its own
+    (seeded), a level's token taken with the probability the drafter gives for it, at least ``floor``: chains of every length from none
+    to the limit, chosen as the real one chooses, before each level's token is drawn — for the losslessness and
+    exact-distribution tests of sized chains.  ``lengths`` counts the chains by length."""
+
+    def __init__(self, seed: int = 0, stop: float = 0.3, floor: float = 0.7):
+        import random
+
+        from microspec.drafters.length import DraftLength
+
+        self.inner, self.rng, self.stop, self.floor = DraftLength(), random.Random(seed), stop, floor
+        self.limit, self.lengths, self._n = self.inner.limit, {}, 0
+
+    def sibling(self) -> "RandomLength":
+        return RandomLength(self.rng.randrange(1 << 30), self.stop, self.floor)
+
+    def restart(self) -> None:
+        self.inner.restart()
+
+    def begin(self, deterministic: bool, processed: bool) -> None:
+        self.inner.begin(deterministic, processed)
+        self._n = 0
+
+    def take(self, p: float) -> bool:
+        assert 0.0 <= p <= 1.0
+        keep = self.rng.random() < max(p, self.floor)  # on the probability it is given (choosing on the draw
+        # would bias the draws), at least ``floor``
+        if keep:
+            self.inner._chain.append(self.inner.bin_of(p))  # what the real one keeps of a token taken
+            self._n += 1
+        return keep
+
+    def deeper(self) -> bool:
+        return self._n < self.limit and self.rng.random() >= self.stop
+
+    def level(self, seconds: float) -> None:
+        self.inner.level(seconds)
+
+    def drafted(self) -> None:
+        self.inner.drafted()
+
+    def heard(self, committed: int) -> None:
+        if self.inner._chain is not None:
+            self.lengths[self._n] = self.lengths.get(self._n, 0) + 1
+        self.inner.heard(committed)

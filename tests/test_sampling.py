@@ -3,11 +3,14 @@ exact autoregressive distribution, enumerated on a tiny model, for every kind of
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from scipy.stats import chi2 as chi2_dist
 
-from support import VOCAB, ScriptedChoice, device_as, eagle3_checkpoint, official_checkpoint, tiny_pair
+from support import (VOCAB, RandomLength, ScriptedChoice, device_as, eagle3_checkpoint, official_checkpoint,
+                     tiny_pair)
 from microspec.decoding import GenerationConfig, generate_ids
 from microspec.decoding.tree import DraftTree
 from microspec.drafters import Eagle3Drafter, Eagle3Head, EagleDrafter, EagleHead, EarlyExitDrafter, NGramDrafter
@@ -195,6 +198,8 @@ def _drafters(exact):
         # suffix decoding with one cache of earlier responses across the seeds: drafts that depend on history
         "suffix": lambda cache=ResponseCache(): SuffixDrafter(depth=2, total_tokens=4, cache=cache),
         "eagle-chain": lambda: EagleDrafter(_eagle_head(), depth=2),
+        # a chain sized step by step (--depth auto), its lengths coin flips from none to the limit
+        "eagle-sized": lambda: _sized(EagleDrafter(_eagle_head(), depth="auto")),
         "eagle-tree": lambda: EagleDrafter(_eagle_head(), depth=2, top_k=3, total_tokens=6),
         # prompt lookup first: a copied chain (a point-mass draft) at some steps, the EAGLE tree at the others
         "eagle-lookup": lambda: LookupFirst(EagleDrafter(_eagle_head(), depth=2, top_k=3, total_tokens=6),
@@ -213,6 +218,14 @@ def _drafters(exact):
 
 
 _HEAD = {}
+
+
+_SIZED = itertools.count()
+
+
+def _sized(drafter):
+    drafter.length = RandomLength(seed=next(_SIZED))  # each generation's lengths of its own
+    return drafter
 
 
 def _eagle_head():
@@ -242,7 +255,7 @@ def _eagle3_head():
 # lookup's chain is one too, but finds no match in these samples (tests/test_tree_device.py walks its chains)
 DETERMINISTIC = {"deterministic-topk", "early-exit-tree", "suffix", "eagle-tree", "eagle-lookup", "auto"}
 # model drafters' chains sampled on the device: the device walk's rejection sampling (verify._chain_rejection)
-DEVICE_CHAINS = {"early-exit-chain", "eagle-chain"}
+DEVICE_CHAINS = {"early-exit-chain", "eagle-chain", "eagle-sized"}
 
 
 @pytest.fixture(params=["keyed", "rejection", "device"])
@@ -309,7 +322,7 @@ def _follow_the_target(nm, seeds: list, results: list, settings: dict, marginals
 
 @pytest.mark.parametrize("name", ["iid-bad", "iid-good", "without-replacement", "deterministic-topk", "zero-mass",
                                   "early-exit-chain", "early-exit-tree", "ngram", "suffix", "eagle-chain",
-                                  "eagle-tree", "eagle-lookup", "auto"])
+                                  "eagle-sized", "eagle-tree", "eagle-lookup", "auto"])
 def test_speculative_sampling_matches_exact_distribution(pair, exact, name, coupling, monkeypatch):
     if coupling == "device" and name not in DETERMINISTIC | DEVICE_CHAINS:
         pytest.skip("sampled trees built on the host: rejection sampling on the host (the rejection case)")
@@ -379,7 +392,7 @@ def _restricted(name):
                                              ("eagle-tree", "fr-spec-pa"), ("eagle-chain", "dynaspec"),
                                              ("eagle-tree", "dynaspec"), ("eagle-lookup", "microspec"),
                                              ("eagle-lookup", "dynaspec"), ("eagle3-tree", "microspec"),
-                                             ("eagle3-tree-replace", "microspec")])
+                                             ("eagle3-tree-replace", "microspec"), ("eagle-sized", "microspec")])
 def test_sampling_with_a_restricted_draft_vocabulary_matches_exact_distribution(pair, exact, drafter, policy, rule):
     """Drafts over a restricted vocabulary put zero mass outside it (and are processed and warped like the target):
     the committed tokens still follow the target's distribution exactly, by the keyed rule and, for sampled chains,

@@ -321,7 +321,18 @@ def test_tree_defaults_per_device():
 
     assert shape("eagle", "cuda") == (6, 10, 59)  # EAGLE-2: 60 with the root
     assert shape("eagle", "cpu") == tuple(TREES["cpu"].values())
-    assert shape("eagle", "cpu-gguf") == (1, 1, 1)  # packed GGUF target: one token
+    # packed GGUF target: a chain sized step by step (drafters.length); a number is a chain of that length, a top-k
+    # the CPU's tree
+    assert shape("eagle", "cpu-gguf") == ("auto", None, None)
+    assert shape("eagle", "cpu-gguf", depth=3) == (3, None, None)
+    assert shape("eagle", "cpu-gguf", top_k=2) == tuple(TREES["cpu"].values())
+    assert shape("eagle", "cpu", depth="auto") == ("auto", None, None)
+    for name, kind, options, says in [("eagle", "cuda", {"depth": "auto"}, "a CPU's chain, not cuda's"),
+                                      ("eagle", "cpu", {"depth": "auto", "top_k": 2}, "it takes no --top-k"),
+                                      ("ngram", "cpu", {"depth": "auto"}, "ngram takes a number"),
+                                      ("suffix", "cpu", {"depth": "auto"}, "suffix takes a number")]:
+        with pytest.raises(MicrospecError, match=says):
+            shape(name, kind, **options)
     assert shape("early-exit", "cpu") == (None, None, None)  # a chain
     assert shape("early-exit", "cuda", depth=3) == (3, 10, 59)
     assert shape("eagle", "cpu", depth=5, top_k=3) == (5, 3, 15)

@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     limits = {} if args.limit is not None else preset["limits"]
     args.limit = preset["limit"] if args.limit is None else args.limit
     args.max_new_tokens = preset["max_new_tokens"] if args.max_new_tokens is None else args.max_new_tokens
-    positive(limit=args.limit, repeats=args.repeats, max_new_tokens=args.max_new_tokens, depth=args.depth,
+    positive(limit=args.limit, repeats=args.repeats, max_new_tokens=args.max_new_tokens,
              top_k=args.top_k, total_tokens=args.total_tokens, draft_layers=args.draft_layers)
     if args.warmup < 0:
         raise MicrospecError(f"--warmup must be >= 0, got {args.warmup}")

@@ -19,8 +19,10 @@ from ..decoding.processors import sample
 from ..decoding.tree import DeviceTree, DraftTree
 from ..devices import profile
 from ..models.graphs import BUCKET, bucket_of
+from ..onetime import clock
 from ..transfer import to_device
 from .base import DraftContext
+from .length import probability
 from .tree_search import PartialTree, TreeTensors, dynamic_tree, dynamic_tree_on_device
 
 if TYPE_CHECKING:
@@ -53,13 +55,21 @@ class ChainBuilder(Builder):
         # CPU the host's list is free, and the penalty by index cheaper than over whole rows)
         on_device = processed and ctx.pipe.on_device and (deterministic or (
             ctx.pipe.graph_state() is not None and profile(device).walk_on_device))
+        length = d.sized(ctx)  # the chain's length chosen level by level (drafters.length), or None
+        if length is not None:
+            length.begin(deterministic, processed)
         for i in range(steps):
             if i:
+                if length is not None and not length.deeper():
+                    break
+                t0 = clock()
                 hidden = d._forward(ctx, token, to_device([root_slot + i], device), None, hidden)
                 d._route(i)
             paths = (torch.cat(drafted) if drafted else torch.zeros(0, dtype=torch.long, device=device))[None] \
                 if on_device else [out]
             logits = d.head.logits(hidden, depth=i, pipe=ctx.pipe, paths=paths)
+            if length is not None and i:
+                length.level(clock() - t0)
             if logits.shape[-1] == 0:  # an empty draft vocabulary drafts nothing
                 break
             if processed and not on_device and logits.max() == float("-inf"):
@@ -69,14 +79,23 @@ class ChainBuilder(Builder):
                 # argmax is accepted more often than a draw of the draft with the target's uniform (measured at the
                 # first level on Gemma 3 270M: 0.31 against 0.27 at T 0.7, 0.24 against 0.18 at T 1.0;
                 # benchmarks/measure/sampling_rules.py)
-                token = d.head.to_full_ids(logits.argmax(dim=-1))
+                column = logits.argmax(dim=-1)
+                if length is not None and not length.take(probability(logits, column)):  # the top probability
+                    break
+                token = d.head.to_full_ids(column)
             else:  # sample from the draft's own distribution, warped like the target's; rejection sampling needs it
                 q = ctx.pipe.probs(logits)
+                # (the choice reads the distribution, not the draw: a length chosen by the token drawn would change
+                # the draft distribution rejection sampling divides by)
+                if length is not None and not length.take(float(q.max())):
+                    break
                 token = d.head.to_full_ids(sample(q, ctx.pipe.generator)[0])
                 qs.append(d.head.full_distribution(q)[0])
             drafted.append(token.reshape(-1))
             if processed and not on_device:
                 out.append(int(token))
+        if length is not None:
+            length.drafted()
         if (on_device or not processed) and drafted:
             # the chain stays on the device and comes back with the walk's read; a sampled one with its q, for
             # rejection sampling (on the device too: verify.device_walk)

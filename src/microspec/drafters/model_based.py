@@ -14,7 +14,7 @@ from abc import abstractmethod
 import torch
 
 from ..decoding.tree import DraftTree
-from ..devices import CPU, CPU_GGUF, CUDA
+from ..devices import CPU, CPU_GGUF, CUDA, profile
 from ..errors import MicrospecError, check
 from ..models.graphs import CallsByCache
 from ..models.kv_cache import KVCache
@@ -25,9 +25,19 @@ from ..vocab.base import VocabPolicy
 from .base import DraftContext, Drafter, DraftReport, Verified
 from .builders import ChainBuilder, DeviceTreeBuilder, HostTreeBuilder, WholeTreeBuilder
 from .head import DraftHead
+from .length import LIMIT, DraftLength
 from .tree_search import check_tree_args
 
 CHAIN_DEPTH = 4  # a chain's length, and a tree's depth when the device's tree is not used
+
+
+def _depth(value):
+    if value == AUTO_DEPTH or isinstance(value, int):
+        return value
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise MicrospecError(f"--depth must be an integer or '{AUTO_DEPTH}', got {value!r}") from None
 
 
 def _total_tokens(value):
@@ -44,9 +54,13 @@ def _total_tokens(value):
 
 MAX_TOTAL_TOKENS = 1024  # the most draft-tree nodes a step may verify
 
-DEPTH = Option("depth", type=int, low=1, high=64,
+AUTO_DEPTH = "auto"  # a chain whose length each step chooses (drafters.length)
+DEPTH = Option("depth", convert=_depth, low=1, high=64, metavar="N|auto",
                help="draft levels (ngram: tokens proposed, default 10, 3 on a packed CPU target; tree drafters: the "
-                    f"device's tree; early-exit / model chains: {CHAIN_DEPTH})")
+                    f"device's tree; early-exit / model chains: {CHAIN_DEPTH}); 'auto' (a model drafter's chain): "
+                    f"each step's length, up to {LIMIT}, chosen from the draft's calibrated confidence and the "
+                    "measured costs of a verify row and a draft level (a CPU; the default of the EAGLE chain on a "
+                    "packed CPU target)")
 TOP_K = Option("top_k", type=int, low=1, high=64,
                help="tree drafters (eagle, early-exit, model): build an EAGLE-2 dynamic tree expanding the top-k "
                     "nodes per level (default: eagle everywhere and the others on CUDA draft the device's tree; "
@@ -57,9 +71,20 @@ TOTAL_TOKENS = Option("total_tokens", convert=_total_tokens, metavar="N|auto",
 TREE_OPTIONS = (DEPTH, TOP_K, TOTAL_TOKENS)
 
 
+def counted_depth(method, name: str) -> int | None:
+    """``method.depth`` (None: unset) for a drafter whose length is a number: ``auto`` sizes a model drafter's
+    chain only."""
+    if method is not None and method.depth == AUTO_DEPTH:
+        raise MicrospecError(f"--depth auto sizes a model drafter's chain (eagle, eagle3, model, early-exit); {name} "
+                             "takes a number")
+    return None if method is None else method.depth
+
+
 def check_auto_size(method) -> None:
     if method.total_tokens == "auto" and method.top_k is None:
         raise MicrospecError("--total-tokens auto needs --top-k (a tree drafter)")
+    if method.depth == AUTO_DEPTH and (method.top_k is not None or method.total_tokens is not None):
+        raise MicrospecError("--depth auto sizes a chain: it takes no --top-k or --total-tokens")
 
 
 def check_shape(method) -> None:
@@ -76,14 +101,15 @@ def check_shape(method) -> None:
 
 # Tree shape when the user gives none: on a GPU, EAGLE-2's published default (60 tokens with the root, depth 5 =
 # 6 draft levels, top-k 10); on a CPU, where a verify pass grows with every node (BENCHMARKS.md), small trees; with
-# packed GGUF weights on a CPU ("cpu-gguf") one drafted token.  There a draft level costs about a tenth of a plain
-# step and, where the 512-bit integer products apply, 3 verify rows about one; measured on Gemma 3 270M
-# (benchmarks/measure/packed_trees.py, AMD EPYC): greedy, a chain of 2 beat 1 in each of six paired runs (by 1-15%),
-# under repetition penalty 1.2 it lost to 1 in each of four (by 7-16%), and every wider tree lost to both.
+# packed GGUF weights on a CPU ("cpu-gguf") a chain whose length each step chooses from the draft's calibrated
+# confidence and the measured costs (drafters.length).  There a draft level costs about a tenth of a plain step and a
+# verify row about a twentieth; wider trees lost to a chain of 1 or 2 on Gemma 3 270M
+# (benchmarks/measure/packed_trees.py, AMD EPYC): the head's top token is accepted about half the time, and a node
+# verified costs its row whether or not it is.
 TREES = {
     CUDA: {"depth": 6, "top_k": 10, "total_tokens": 59},
     CPU: {"depth": 4, "top_k": 2, "total_tokens": 8},
-    CPU_GGUF: {"depth": 1, "top_k": 1, "total_tokens": 1},
+    CPU_GGUF: {"depth": AUTO_DEPTH, "top_k": None, "total_tokens": None},
 }
 
 
@@ -94,9 +120,17 @@ def tree_shape(kind: str, method, trees: tuple[str, ...] | None = None) -> dict:
     the factory's defaults).  ``total_tokens`` "auto" is left to the resolver, which times the verify pass."""
     depth, top_k, total = method.depth, method.top_k, method.total_tokens
     total = None if total == "auto" else total
-    if (top_k is None and total is not None) or (top_k is None and trees is not None and kind not in trees):
+    if depth == AUTO_DEPTH and profile(kind).runs_behind_host:
+        raise MicrospecError(f"--depth auto reads the draft's confidence at every level: a CPU's chain, not {kind}'s "
+                             "(there a tree, the default, or a number)")
+    if depth == AUTO_DEPTH or (top_k is None and total is not None) \
+            or (top_k is None and trees is not None and kind not in trees):
         return {"depth": depth, "top_k": top_k, "total_tokens": total}
     d = TREES.get(kind, TREES[CPU])
+    if d["top_k"] is None:  # the device drafts a chain (sized step by step): a tree given ``top_k`` is the CPU's
+        if top_k is None:
+            return {"depth": d["depth"] if depth is None else depth, "top_k": None, "total_tokens": None}
+        d = TREES[CPU]
     if total is None:
         total = d["total_tokens"] if top_k is None else (d["depth"] if depth is None else depth) * top_k
     return {"depth": d["depth"] if depth is None else depth, "top_k": d["top_k"] if top_k is None else top_k,
@@ -115,7 +149,13 @@ class ForwardDrafter(Drafter):
     root_in_graph = True  # the step's root pass inside the whole-draft graph (False: on its own before it)
     fixed_forward = False  # whether the drafter has _fixed_forward (the whole tree in fixed shapes needs it)
 
-    def __init__(self, depth: int = CHAIN_DEPTH, top_k: int | None = None, total_tokens: int | None = None):
+    def __init__(self, depth: int | str = CHAIN_DEPTH, top_k: int | None = None, total_tokens: int | None = None):
+        # a chain whose length each step chooses (drafters.length: ``--depth auto``), None: ``depth`` tokens
+        self.length: DraftLength | None = None
+        if depth == AUTO_DEPTH:
+            check(top_k is None and total_tokens is None,
+                  "--depth auto sizes a chain: it takes no --top-k or --total-tokens")
+            depth, self.length = LIMIT, DraftLength()
         check(depth >= 1, f"--depth must be >= 1, got {depth}")
         if top_k is not None:
             total_tokens = depth * top_k if total_tokens is None else total_tokens
@@ -135,6 +175,21 @@ class ForwardDrafter(Drafter):
                 vocab: VocabPolicy | None = None) -> None:
         self.head = DraftHead(*self._start(target, prompt_ids, hidden), policy=vocab, norm=self._head_norm())
         self.head.use_cuda_graphs(target.cuda_graphs is not None)  # graphed where the target is
+        if self.length is not None:
+            self.length.restart()
+
+    def fresh(self) -> "ForwardDrafter":
+        out = super().fresh()
+        if self.length is not None:  # its own step, the measurements shared
+            out.length = self.length.sibling()
+        return out
+
+    def sized(self, ctx: DraftContext) -> DraftLength | None:
+        """The chain's length chooser for this step: :attr:`length` where the drafter's device does not run behind
+        the host (each level's choice reads a probability there), else None (``depth`` tokens)."""
+        if self.length is None or profile(self._cache(ctx).device).runs_behind_host:
+            return None
+        return self.length
 
     def take_report(self) -> DraftReport:
         out, self.graph_drafts = self.graph_drafts, 0
@@ -205,6 +260,8 @@ class ForwardDrafter(Drafter):
 
     # ---- drafting
     def commit(self, step: Verified) -> None:
+        if self.length is not None and step.tokens is not None:
+            self.length.heard(len(step.tokens))
         self._unverified = None  # the tree drafted before the last read is verified now
         early, self._early = self._early, None
         if early is not None and early[0] is step:  # this step's pairs ran in the root pass of the next tree

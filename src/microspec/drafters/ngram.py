@@ -9,7 +9,7 @@ from ..decoding.tree import DraftTree
 from ..errors import check
 from ..options import DrafterSpec
 from .base import DraftContext, Drafter
-from .model_based import DEPTH
+from .model_based import DEPTH, counted_depth
 
 TOKENS = 10  # the longest chain it proposes, where the device's measured default (DEVICE_TOKENS) says none
 # its longest draft by device kind: 3 on a packed CPU target, where a verify row costs a sizeable share of a plain
@@ -82,7 +82,7 @@ def scan(tokens: list[int], num_tokens: int, max_ngram: int = 3, min_ngram: int 
 
 def chain_length(kind: str, method=None) -> dict:
     """Its chain's length on device kind ``kind``: the method's ``depth`` where set."""
-    depth = None if method is None else method.depth
+    depth = counted_depth(method, "ngram")
     return {"depth": DEVICE_TOKENS.get(kind, TOKENS) if depth is None else depth}
 
 

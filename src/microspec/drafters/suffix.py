@@ -27,7 +27,7 @@ from ..decoding.tree import DraftTree
 from ..errors import check
 from ..options import DrafterSpec, Option
 from .base import DraftContext, Drafter
-from .model_based import DEPTH, TOTAL_TOKENS
+from .model_based import DEPTH, TOTAL_TOKENS, counted_depth
 
 DEPTH_LIMIT = 16  # the longest substring a trie holds: pattern and continuation together
 MIN_PROB = 0.1  # a node whose estimated probability of acceptance is lower is not proposed
@@ -227,8 +227,8 @@ class SuffixDrafter(Drafter):
 
 def _shape(kind: str, method) -> dict:
     """Its own depth and size unless the method sets them (the same on every device)."""
-    total = method.total_tokens
-    return {"depth": TREE_DEPTH if method.depth is None else method.depth,
+    total, depth = method.total_tokens, counted_depth(method, "suffix")
+    return {"depth": TREE_DEPTH if depth is None else depth,
             "total_tokens": total if isinstance(total, int) else TREE_TOKENS}
 
 
