@@ -143,12 +143,16 @@ also `serve`'s and `coverage`'s, and these notes apply to them there too.
   the head's draft vocabulary, or, with `--d2t replace`, its other ids are scored with the target's LM-head rows;
   the trained routers (`dynaspec`, `specvocab`, `coral`) were fitted to an EAGLE-2 head and are refused with an
   EAGLE-3 one.
-- **Tree shape.** Unset, `eagle` drafts an EAGLE-2 dynamic tree on every device, `early-exit` and `model` on CUDA
-  only (a chain on a CPU).  The device's tree: on CUDA EAGLE-2's published shape (top-k 10, 6 draft levels, 59
-  nodes + the root); on a CPU top-k 2, 4 levels, 8 nodes; on a packed GGUF target on a CPU one draft token.
-  `--depth` counts draft levels.  `--total-tokens auto` times the target's verify pass at several tree sizes on
-  this device and takes the size with the most expected tokens per second.  `--head-mode`'s default follows what
-  costs less on the device (see BENCHMARKS.md).
+- **Tree shape.** Unset, `eagle` drafts an EAGLE-2 dynamic tree on CUDA and on a CPU, `early-exit` and `model` on
+  CUDA only (a chain on a CPU).  The device's tree: on CUDA EAGLE-2's published shape (top-k 10, 6 draft levels, 59
+  nodes + the root); on a CPU top-k 2, 4 levels, 8 nodes; on a packed GGUF target on a CPU a chain sized step by
+  step (`--depth auto`).  `--depth` counts draft levels.  `--depth auto` (a model drafter's chain, on a CPU): each
+  step drafts up to 8 tokens, a level's token kept where its calibrated chance of acceptance (the draft's top
+  probability there, calibrated per decoding and depth by what was accepted) is worth a verify row, one level more
+  where the next token's expected chance is worth a draft level and a row, the costs and the rate to beat measured
+  on the generation itself (`microspec.drafters.length`).  `--total-tokens auto` times the target's verify pass at
+  several tree sizes on this device and takes the size with the most expected tokens per second.
+  `--head-mode`'s default follows what costs less on the device (see BENCHMARKS.md).
 - **`--adaptive`** (method suffix `@adaptive`, e.g. `microspec@adaptive`): compares the tokens per second of the
   last 16 drafted and the last 16 plain steps of the generation and takes the faster kind, probing the other for 4
   steps after 8 steps, then twice as long after each probe that finds it still slower (up to 128).  The first

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import json
 from dataclasses import dataclass
 from functools import lru_cache
@@ -141,3 +143,51 @@ def repeat_ms_per_step(run: str, method: str, key: str = "draft_s") -> list[floa
     n = min(len(r["choices"]) for r in recs)
     return [1000 * sum(r["choices"][i][key] for r in recs)
             / sum(sum(r["choices"][i]["decoding_steps"]) for r in recs) for i in range(n)]
+
+
+def ab_tau(folder: str, side: str, decoding: str, method: str) -> list[float]:
+    """The mean accepted lengths of ``method`` in each run of one side (``base``, ``head``) of an alternated A/B
+    (``benchmarks/measure/cpu_ab.py``'s layout: ``<side>-run1``, ``<side>-run2``)."""
+    return [load(f"{folder}/{side}-{run}/{decoding}/results.json")["methods"][method]["overall"]["mean_accept_len"]
+            for run in ("run1", "run2")]
+
+
+def ab_rows(folder: str, decodings: dict, methods: dict) -> list[list]:
+    """Table rows of an alternated A/B (``cpu_ab.py``'s ``ab.json`` in ``folder``): per decoding and method (their
+    labels), the ratio over plain decoding at each commit (mean, range), the change, τ at each, and how many
+    questions fell below the old range."""
+    res = load(f"{folder}/ab.json")
+    rows = []
+    for decoding, dlabel in decodings.items():
+        d = res[decoding]
+        for m, label in methods.items():
+            row = d["methods"][m]
+            rows.append([dlabel, label, spread(row["old"]), spread(row["new"]), f"{row['change']:+.1%}",
+                         f"{spread(ab_tau(folder, 'base', decoding, m), 2, '')} → "
+                         f"{spread(ab_tau(folder, 'head', decoding, m), 2, '')}",
+                         f"{len(d['fell'].get(m, []))} of {row['questions']}"])
+    return rows
+
+
+def ab_source(folder: str, res: dict) -> Source:
+    """Where an alternated A/B's table comes from: the held-apart prompts, the bench command of each side (its
+    ``--out`` generalised), cpu_ab.py; the dates, the machine, both commits."""
+    first = next(iter(res.values()))["meta"]
+    old, new = first["old"][0], first["new"][0]
+    bench = re.sub(r" --out \S+", " --out /tmp/ab/<side>-run<n>", old["command"])
+    cmd = ("python3 benchmarks/data/held_apart.py --data ../shared/data --out /tmp/held_apart3.jsonl --per-category 3 "
+           f"--seed 2026; {bench} (in a worktree of each commit, PYTHONPATH=src, the commits alternating, two runs "
+           "each); python3 benchmarks/measure/cpu_ab.py --old /tmp/ab/base-run* --new /tmp/ab/head-run* --out ab.json")
+    dates = sorted(m["date"] for d in res.values() for side in ("old", "new") for m in d["meta"][side])
+    return Source(f"{folder}/", cmd, f"{dates[0]} to {dates[-1]}", f"{old['machine']}, {old['threads']} threads",
+                  f"{old['commit']} and {new['commit']}")
+
+
+def ab_lossless(res: dict) -> str:
+    """The line saying whether every greedy run of an A/B gave plain decoding's tokens."""
+    clean = all(not mm for d in res.values() for side in ("old", "new") for mm in d["mismatches"][side]
+                if mm is not None)
+    return "- Lossless: " + ("in every greedy run, with and without the penalty, each method's tokens equal plain "
+                             "decoding's." if clean else "a greedy run's tokens differ from plain decoding's (see "
+                                                         "`mismatches` in the results).")
+

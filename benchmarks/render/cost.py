@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import re
 
-from .common import CPU, RESULTS, Source, commit, load, num, runs, spread, table, x
+from .common import (CPU, RESULTS, Source, ab_lossless, ab_rows, ab_source, ab_tau, commit, load, mean_of, num,
+                     runs, spread, table, x)
 from .vocab import METHODS, MODELS, PEERS, PROTOCOL, ov, source, title
 
 DATA = runs("cost")  # its runs and their provenance: benchmarks/render/runs.json
@@ -249,9 +250,43 @@ def _paths() -> list[str]:
             "- Not measured on an Intel CPU with AMX, whose tiles these products do not use.", ""]
 
 
+SIZED = {"greedy": "greedy", "greedy-rp1.2": "penalty 1.2", "T0.7": "T 0.7", "T0.7-rp1.2": "T 0.7 + penalty 1.2"}
+SIZED_METHODS = {"microspec": "EAGLE + MicroSpec", "eagle-full": "EAGLE, full vocabulary", "auto": "`auto`"}
+
+
+def _sized() -> list[str]:
+    """The packed CPU's EAGLE chain, one drafted token against a chain sized step by step (``--depth auto``)."""
+    folder = DATA["SIZED_CHAIN"]
+    res = load(f"{folder}/ab.json")
+    first = next(iter(res.values()))["meta"]
+    old, new = first["old"][0], first["new"][0]
+    src = ab_source(folder, res)
+    micro = res["greedy"]["methods"]["microspec"]
+    full = [a / b for a, b in zip(res["greedy"]["methods"]["microspec"]["new"],
+                                  res["greedy"]["methods"]["eagle-full"]["new"])]
+    return ["### The EAGLE chain sized step by step (packed CPU)", "",
+            f"With packed GGUF weights on a CPU the EAGLE head drafted one token a step until {old['commit']}; since "
+            f"{new['commit']} it drafts a chain whose length each step chooses (`--depth auto`, "
+            "`microspec.drafters.length`): a level's token goes in where its calibrated chance of acceptance is "
+            "worth a verify row, one level more where the next token's expected chance is worth a draft level and "
+            "a row, the costs and the rate to beat measured on the generation itself. Held-apart prompts (9 "
+            "questions, 128 tokens a turn, Gemma 3 270M), two `microspec bench` runs of each commit, alternated; "
+            "each cell the method's tokens/s over plain decoding's in the same run, mean over the runs (range); "
+            "τ the mean accepted length; the last column counts the questions whose ratios at the new commit all "
+            "lie below the old commit's:", "",
+            table(["decoding", "method", f"x plain at {old['commit']}", f"x plain at {new['commit']}", "change",
+                   "τ", "questions below the old range"], ab_rows(folder, SIZED, SIZED_METHODS)), "",
+            src.markdown(), "",
+            f"- Greedy EAGLE + MicroSpec {mean_of(micro['old']):.2f}x → {mean_of(micro['new']):.2f}x plain decoding "
+            f"(τ {mean_of(ab_tau(folder, 'base', 'greedy', 'microspec')):.2f} → "
+            f"{mean_of(ab_tau(folder, 'head', 'greedy', 'microspec')):.2f}); {mean_of(full):.2f}x the full-vocabulary "
+            "head's chain, sized alike (whose every level pays the whole LM head).",
+            ab_lossless(res), ""]
+
+
 def render() -> str:
-    return "\n".join(["## Where the time goes", "", *_split(), *_step(), *_layer(), *_paths(), *_floor(),
-                      *_llama()]).rstrip() + "\n"
+    return "\n".join(["## Where the time goes", "", *_split(), *_step(), *_layer(), *_paths(), *_sized(),
+                      *_floor(), *_llama()]).rstrip() + "\n"
 
 
 FIGURES: dict = {}

@@ -6,7 +6,8 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from collections import Counter
 
-from .common import RESULTS, Source, load, mean_of, num, runs, spread, table, x
+from .common import (RESULTS, Source, ab_lossless, ab_rows, ab_source, ab_tau, load, mean_of, num, runs, spread,
+                     table, x)
 
 DATA = runs("gpu")  # its runs and their provenance: benchmarks/render/runs.json
 
@@ -419,8 +420,7 @@ AB_METHODS = {"auto": "`auto`", "ngram": "prompt lookup", "microspec": "MicroSpe
 
 
 def _tau(folder: str, decoding: str, method: str) -> list[float]:
-    return [load(f"{AB}/{folder}-{run}/{decoding}/results.json")["methods"][method]["overall"]["mean_accept_len"]
-            for run in ("run1", "run2")]
+    return ab_tau(AB, folder, decoding, method)
 
 
 def _cpu_ab() -> list[str]:
@@ -428,14 +428,7 @@ def _cpu_ab() -> list[str]:
     res = load(f"{AB}/ab.json")
     first = next(iter(res.values()))["meta"]
     old, new = first["old"][0], first["new"][0]
-    rows = []
-    for decoding in AB_LABELS:
-        d = res[decoding]
-        for m, label in AB_METHODS.items():
-            row = d["methods"][m]
-            rows.append([AB_LABELS[decoding], label, spread(row["old"]), spread(row["new"]), f"{row['change']:+.1%}",
-                         f"{spread(_tau('base', decoding, m), 2, '')} → {spread(_tau('head', decoding, m), 2, '')}",
-                         f"{len(d['fell'].get(m, []))} of {row['questions']}"])
+    rows = ab_rows(AB, AB_LABELS, AB_METHODS)
     plain = "; ".join(f"{label} {spread(res[k]['plain_tok_s']['old'], 1, '')} → "
                       f"{spread(res[k]['plain_tok_s']['new'], 1, '')}" for k, label in AB_LABELS.items())
     same = ", ".join(f"{label} {res[k]['same_plain_text']['same']} of {res[k]['same_plain_text']['questions']}"
@@ -449,15 +442,7 @@ def _cpu_ab() -> list[str]:
     decodings = {k for k, _ in apart}
     changed = all(res[k]["same_plain_text"]["same"] < res[k]["same_plain_text"]["questions"] for k in decodings)
     auto_kept = all(max(res[k]["methods"]["auto"]["new"]) >= min(res[k]["methods"]["auto"]["old"]) for k in decodings)
-    clean = all(not mm for d in res.values() for side in ("old", "new") for mm in d["mismatches"][side]
-                if mm is not None)
-    cmd = ("python3 benchmarks/data/held_apart.py --data ../shared/data --out /tmp/held_apart3.jsonl --per-category 3 "
-           f"--seed 2026; {old['command'].replace(' --out /tmp/ab53/base-run1', ' --out /tmp/ab/<side>-run<n>')} "
-           "(in a worktree of each commit, PYTHONPATH=src, the commits alternating, two runs each); "
-           "python3 benchmarks/measure/cpu_ab.py --old /tmp/ab/base-run* --new /tmp/ab/head-run* --out ab.json")
-    dates = sorted(m["date"] for d in res.values() for side in ("old", "new") for m in d["meta"][side])
-    src = Source(f"{AB}/", cmd, f"{dates[0]} to {dates[-1]}",
-                 f"{old['machine']}, {old['threads']} threads", f"{old['commit']} and {new['commit']}")
+    src = ab_source(AB, res)
     return ["### The CPU across these changes", "",
             f"The CPU's speed on the held-apart prompts (9 questions, 128 tokens a turn, Gemma 3 270M with packed "
             f"GGUF weights) at commit {old['commit']}, before the changes to the GPU step above (the first "
@@ -480,9 +465,7 @@ def _cpu_ab() -> list[str]:
             + ((" Every one of them in a decoding whose answers differ between the commits (above)" if changed
                 else "") + ("; `auto`, the default, is not below its old range there." if auto_kept else
                             "; so is `auto`.") if lower else ""),
-            "- Lossless: " + ("in every greedy run, with and without the penalty, each method's tokens equal plain "
-                              "decoding's." if clean else "a greedy run's tokens differ from plain decoding's (see "
-                                                          "`mismatches` in the results)."), ""]
+            ab_lossless(res), ""]
 
 
 def render() -> str:
