@@ -126,7 +126,8 @@ also `serve`'s and `coverage`'s, and these notes apply to them there too.
   worst question and `auto`'s choosing cost).  `--compare` also decodes the prompt plainly (`--drafter none`) and
   prints the speed-up.
 - **Drafters.** `ngram`: the tokens that followed the last 3..1 tokens' latest earlier occurrence in prompt +
-  output, up to `--depth` of them.  `suffix` (SuffixDecoding): a tree of the continuations seen most often after the
+  output, up to `--depth` of them (on a packed CPU target `--depth auto`: the copied chain cut where a token's
+  calibrated chance, by the matched n-gram's length and its place, stops paying for its verify row; up to 10).  `suffix` (SuffixDecoding): a tree of the continuations seen most often after the
   text's longest matching suffix, in this request and in earlier responses of the same engine (a bounded cache that
   `serve`'s requests share), best first by estimated acceptance, at most `--total-tokens` (16) nodes and `--depth`
   (8) levels; model-free.  `early-exit`: the target's first `--draft-layers` layers, final norm and LM head;

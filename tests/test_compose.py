@@ -178,10 +178,13 @@ def test_auto_engine_runs_each_request_on_its_decodings_engine(tiny_model_dir, t
 
 
 def test_prompt_lookup_draft_length_by_device():
-    """Prompt lookup drafts up to 10 tokens, 3 on a packed CPU target (measured), what --depth says otherwise."""
+    """Prompt lookup drafts up to 10 tokens; on a packed CPU target a chain sized step by step (measured), 3 fixed
+    tokens inside composites (auto's short arm, lookup first); what --depth says otherwise."""
     from microspec.drafters import spec
+    from microspec.drafters.ngram import chain_length
 
     ngram = spec("ngram").shape
     assert ngram("cpu", Method(drafter="ngram")) == {"depth": 10} == ngram("cuda", Method(drafter="ngram"))
-    assert ngram("cpu-gguf", Method(drafter="ngram")) == {"depth": 3}
+    assert ngram("cpu-gguf", Method(drafter="ngram")) == {"depth": "auto"}
+    assert chain_length("cpu-gguf") == {"depth": 3} and chain_length("cuda") == {"depth": 10}
     assert ngram("cpu-gguf", Method(drafter="ngram", depth=7)) == {"depth": 7}

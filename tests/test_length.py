@@ -130,3 +130,26 @@ def test_a_device_that_runs_behind_the_host_drafts_the_fixed_chain(tmp_path, mon
     assert drafter.sized(None) is drafter.length
     device_as(monkeypatch, "cpu", runs_behind_host=True)
     assert drafter.sized(None) is None
+
+
+@pytest.mark.parametrize("processors", [{}, {"repetition_penalty": 1.2}])
+def test_prompt_lookup_sized_by_depth_auto(processors):
+    """Prompt lookup's copied chain cut where a token stops paying for its row: the target's own tokens, the cut
+    at every length, the measurements shared by a server's copies."""
+    from microspec.drafters import NGramDrafter
+    from microspec.drafters.ngram import TOKENS
+
+    _, nm = tiny_pair("llama")
+    cfg = GenerationConfig(max_new_tokens=60, ignore_eos=True, **processors)
+    prompt = PROMPT * 3
+    ref = generate_ids(nm, prompt, cfg).token_ids
+    drafter = NGramDrafter(num_tokens="auto")
+    assert drafter.length is not None and drafter.num_tokens == TOKENS
+    fixed = generate_ids(nm, prompt, cfg, drafter=NGramDrafter(num_tokens=drafter.num_tokens)).stats
+    drafter.length.measured = measured(rate=1000, row_s=2e-4, level_s=0)  # a row worth 0.2 tokens
+    r = generate_ids(nm, prompt, cfg, drafter=drafter)
+    assert r.token_ids == ref
+    assert drafter.length.measured.steps > L.WARMUP
+    assert r.stats.steps >= fixed.steps  # never longer than the fixed chain of the same limit
+    copy = drafter.fresh()
+    assert copy.length.measured is drafter.length.measured and copy.length is not drafter.length

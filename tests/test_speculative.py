@@ -329,7 +329,6 @@ def test_tree_defaults_per_device():
     assert shape("eagle", "cpu", depth="auto") == ("auto", None, None)
     for name, kind, options, says in [("eagle", "cuda", {"depth": "auto"}, "a CPU's chain, not cuda's"),
                                       ("eagle", "cpu", {"depth": "auto", "top_k": 2}, "it takes no --top-k"),
-                                      ("ngram", "cpu", {"depth": "auto"}, "ngram takes a number"),
                                       ("suffix", "cpu", {"depth": "auto"}, "suffix takes a number")]:
         with pytest.raises(MicrospecError, match=says):
             shape(name, kind, **options)
@@ -337,6 +336,7 @@ def test_tree_defaults_per_device():
     assert shape("early-exit", "cuda", depth=3) == (3, 10, 59)
     assert shape("eagle", "cpu", depth=5, top_k=3) == (5, 3, 15)
     assert shape("ngram", "cuda") == (10, None, None)  # a draft length only
+    assert shape("ngram", "cpu-gguf", depth="auto") == ("auto", None, None)  # sized step by step
     assert spec("early-exit").shape("cpu", Method(drafter="early-exit", draft_layers=2))["draft_layers"] == 2
     assert spec("none").shape is None
 

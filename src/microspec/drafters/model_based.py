@@ -56,11 +56,12 @@ MAX_TOTAL_TOKENS = 1024  # the most draft-tree nodes a step may verify
 
 AUTO_DEPTH = "auto"  # a chain whose length each step chooses (drafters.length)
 DEPTH = Option("depth", convert=_depth, low=1, high=64, metavar="N|auto",
-               help="draft levels (ngram: tokens proposed, default 10, 3 on a packed CPU target; tree drafters: the "
-                    f"device's tree; early-exit / model chains: {CHAIN_DEPTH}); 'auto' (a model drafter's chain): "
-                    f"each step's length, up to {LIMIT}, chosen from the draft's calibrated confidence and the "
-                    "measured costs of a verify row and a draft level (a CPU; the default of the EAGLE chain on a "
-                    "packed CPU target)")
+               help="draft levels (ngram: tokens proposed, default 10, sized step by step on a packed CPU target; "
+                    f"tree drafters: the device's tree; early-exit / model chains: {CHAIN_DEPTH}); 'auto' (a model "
+                    f"drafter's chain on a CPU, up to {LIMIT}; prompt lookup's copied chain, up to 10): each step's "
+                    "length chosen from the calibrated chance of each token (the draft's confidence, or the matched "
+                    "n-gram's length) and the measured costs of a verify row and a draft level (the default of the "
+                    "EAGLE chain and of prompt lookup on a packed CPU target)")
 TOP_K = Option("top_k", type=int, low=1, high=64,
                help="tree drafters (eagle, early-exit, model): build an EAGLE-2 dynamic tree expanding the top-k "
                     "nodes per level (default: eagle everywhere and the others on CUDA draft the device's tree; "
@@ -75,8 +76,8 @@ def counted_depth(method, name: str) -> int | None:
     """``method.depth`` (None: unset) for a drafter whose length is a number: ``auto`` sizes a model drafter's
     chain only."""
     if method is not None and method.depth == AUTO_DEPTH:
-        raise MicrospecError(f"--depth auto sizes a model drafter's chain (eagle, eagle3, model, early-exit); {name} "
-                             "takes a number")
+        raise MicrospecError(f"--depth auto sizes a chain (eagle, eagle3, model, early-exit, ngram); {name} takes a "
+                             "number")
     return None if method is None else method.depth
 
 

@@ -8,13 +8,22 @@ from ..decoding.adaptive import ADAPTIVE
 from ..decoding.tree import DraftTree
 from ..errors import check
 from ..options import DrafterSpec
-from .base import DraftContext, Drafter
-from .model_based import DEPTH, counted_depth
+from .base import DraftContext, Drafter, Verified
+from .length import DraftLength
+from .model_based import AUTO_DEPTH, DEPTH
 
 TOKENS = 10  # the longest chain it proposes, where the device's measured default (DEVICE_TOKENS) says none
-# its longest draft by device kind: 3 on a packed CPU target, where a verify row costs a sizeable share of a plain
-# step: there 3 tokens measured fastest against 5 and 10, adaptive or fixed (BENCHMARKS.md)
+# its longest fixed draft by device kind, where prompt lookup goes into a composite (auto's lookup arms, lookup
+# first): 3 on a packed CPU target, where a verify row costs a sizeable share of a plain step: there 3 tokens
+# measured fastest against 5 and 10, adaptive or fixed (BENCHMARKS.md)
 DEVICE_TOKENS = {"cpu-gguf": 3}
+# the ``ngram`` method's own chain where the device's default is sized step by step (``--depth auto``): on a packed
+# CPU target, held-apart prompts, greedy 2.31x -> 3.08x plain decoding against the fixed 3 tokens (penalty 1.2
+# 1.08x -> 1.07x, T 0.7 1.51x -> 1.52x; BENCHMARKS.md)
+SIZED_KINDS = ("cpu-gguf",)
+# a sized chain's (``--depth auto``) starting confidence by the matched n-gram's length (0, 1, 2, 3 tokens): the
+# calibration's bins, which what is accepted then corrects
+MATCH_CONFIDENCE = (0.1, 0.3, 0.5, 0.7)
 
 
 class NGramDrafter(Drafter):
@@ -32,7 +41,11 @@ class NGramDrafter(Drafter):
     cheap = True
     matched: int | None = None
 
-    def __init__(self, num_tokens: int = TOKENS, max_ngram: int = 3, min_ngram: int = 1):
+    def __init__(self, num_tokens: int | str = TOKENS, max_ngram: int = 3, min_ngram: int = 1):
+        # ``auto``: the chain cut where a copied token stops paying for its verify row (drafters.length: its chance
+        # calibrated by the matched n-gram's length and the token's place, the row's cost measured), up to TOKENS
+        self.length = DraftLength(TOKENS) if num_tokens == AUTO_DEPTH else None
+        num_tokens = TOKENS if num_tokens == AUTO_DEPTH else num_tokens
         check(num_tokens >= 1, f"ngram draft length must be >= 1, got {num_tokens}")
         check(1 <= min_ngram <= max_ngram, f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.num_tokens, self.max_ngram, self.min_ngram = num_tokens, max_ngram, min_ngram
@@ -62,8 +75,35 @@ class NGramDrafter(Drafter):
             start = self._index[n].get(tuple(text[len(text) - n:]))
             if start is not None:
                 self.matched = n
-                return DraftTree.chain(text[start + n:start + n + limit])
+                return DraftTree.chain(self._sized(text[start + n:start + n + limit], n))
         return DraftTree()
+
+    def _sized(self, chain: list[int], n: int) -> list[int]:
+        """``chain`` cut by :attr:`length` (where sized): each copied token's confidence class is the matched
+        n-gram's length (its bin, where the calibration starts it), no draft level to pay."""
+        if self.length is None:
+            return chain
+        length, p = self.length, MATCH_CONFIDENCE[min(n, len(MATCH_CONFIDENCE) - 1)]
+        length.begin(True, False)
+        kept = 0
+        while kept < len(chain) and length.take(p):
+            kept += 1
+        length.drafted()
+        return chain[:kept]
+
+    def fresh(self) -> "NGramDrafter":
+        out = super().fresh()
+        if self.length is not None:  # its own step, the engine's measurements
+            out.length = self.length.sibling()
+        return out
+
+    def prefill(self, target, prompt_ids, hidden, vocab=None) -> None:
+        if self.length is not None:
+            self.length.restart()
+
+    def commit(self, step: Verified) -> None:
+        if self.length is not None and step.tokens is not None:
+            self.length.heard(len(step.tokens))
 
 
 def scan(tokens: list[int], num_tokens: int, max_ngram: int = 3, min_ngram: int = 1) -> tuple[list[int], int]:
@@ -80,13 +120,20 @@ def scan(tokens: list[int], num_tokens: int, max_ngram: int = 3, min_ngram: int 
     return [], 0
 
 
-def chain_length(kind: str, method=None) -> dict:
-    """Its chain's length on device kind ``kind``: the method's ``depth`` where set."""
-    depth = counted_depth(method, "ngram")
-    return {"depth": DEVICE_TOKENS.get(kind, TOKENS) if depth is None else depth}
+def chain_length(kind: str) -> dict:
+    """Its fixed chain's length on device kind ``kind`` inside a composite (auto's arms, lookup first)."""
+    return {"depth": DEVICE_TOKENS.get(kind, TOKENS)}
+
+
+def method_length(kind: str, method) -> dict:
+    """The ``ngram`` method's chain on device kind ``kind``: the method's ``depth`` where set, else sized step by
+    step where the kind's default is (:data:`SIZED_KINDS`), else the fixed length."""
+    if method.depth is not None:
+        return {"depth": method.depth}
+    return {"depth": AUTO_DEPTH} if kind in SIZED_KINDS else chain_length(kind)
 
 
 SPEC = DrafterSpec(
     "ngram", "prompt lookup: the tokens that followed the last 3..1 tokens' latest earlier occurrence, a chain",
     options=(DEPTH, ADAPTIVE), aliases=("prompt-lookup",),
-    make=lambda method, ctx: NGramDrafter(num_tokens=ctx.tree.get("depth") or TOKENS), shape=chain_length)
+    make=lambda method, ctx: NGramDrafter(num_tokens=ctx.tree.get("depth") or TOKENS), shape=method_length)
