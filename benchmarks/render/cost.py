@@ -281,7 +281,40 @@ def _sized() -> list[str]:
             f"(τ {mean_of(ab_tau(folder, 'base', 'greedy', 'microspec')):.2f} → "
             f"{mean_of(ab_tau(folder, 'head', 'greedy', 'microspec')):.2f}); {mean_of(full):.2f}x the full-vocabulary "
             "head's chain, sized alike (whose every level pays the whole LM head).",
-            ab_lossless(res), ""]
+            ab_lossless(res), "", *_sized_lookup(folder)]
+
+
+def _sized_lookup(folder: str) -> list[str]:
+    """Prompt lookup (the ``ngram`` method) with 3 fixed tokens against its chain sized step by step, one commit."""
+    runs_of = {d: [f"{folder}/lookup/depth-{d}-run{r}" for r in (1, 2)] for d in ("3", "auto")}
+
+    def over(d: str, decoding: str, key: str) -> list[float]:
+        return [load(f"{run}/{decoding}/results.json")["methods"]["ngram"]["overall"][key] for run in runs_of[d]]
+
+    rows = [[label, spread(over("3", k, "speedup")), spread(over("auto", k, "speedup")),
+             f"{spread(over('3', k, 'mean_accept_len'), 2, '')} → {spread(over('auto', k, 'mean_accept_len'), 2, '')}"]
+            for k, label in SIZED.items()]
+    metas = [load(f"{run}/{k}/results.json")["meta"] for d in runs_of for run in runs_of[d] for k in SIZED]
+    mism = [load(f"{run}/{k}/results.json").get("mismatches") for d in runs_of for run in runs_of[d]
+            for k in ("greedy", "greedy-rp1.2")]
+    first = metas[0]
+    cmd = ("microspec bench --data /tmp/held_apart3.jsonl --methods ar,ngram --depth D --temperatures 0,0.7 "
+           "--repetition-penalties 1.0,1.2 --max-new-tokens 128 --out /tmp/ngl/depth-D-runN (D = 3 and auto "
+           "alternating, two runs each)")
+    dates = sorted(m["date"] for m in metas)
+    src = Source(f"{folder}/lookup/", cmd, f"{dates[0]} to {dates[-1]}", f"{first['machine']}, {first['threads']} "
+                 "threads", commit(first))
+    return ["Prompt lookup (the `ngram` method) sizes its copied chain the same way on a packed CPU target "
+            "(`--depth auto`, its default there since " + commit(first) + "): a copied token is kept while its "
+            "calibrated chance (by the matched n-gram's length and its place) pays for its verify row, up to 10 "
+            "tokens; there is no draft level to pay. Against its earlier 3 fixed tokens, one commit, the same "
+            "prompts, two runs of each alternated (x plain decoding in the same run, mean (range); τ):", "",
+            table(["decoding", "3 tokens", "sized", "τ"], rows), "", src.markdown(), "",
+            "- Lossless: " + ("every greedy run's tokens equal plain decoding's." if not any(mism) else
+                              "a greedy run's tokens differ from plain decoding's (see `mismatches`)."),
+            "- Inside `auto` and lookup first prompt lookup keeps its fixed chains (3 tokens, and 8 for `auto`'s "
+            "long arm): `auto` computes every cheap arm's proposal at every step, verified or not, which a "
+            "calibration by what was accepted cannot take.", ""]
 
 
 def render() -> str:

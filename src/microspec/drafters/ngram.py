@@ -18,8 +18,8 @@ TOKENS = 10  # the longest chain it proposes, where the device's measured defaul
 # measured fastest against 5 and 10, adaptive or fixed (BENCHMARKS.md)
 DEVICE_TOKENS = {"cpu-gguf": 3}
 # the ``ngram`` method's own chain where the device's default is sized step by step (``--depth auto``): on a packed
-# CPU target, held-apart prompts, greedy 2.31x -> 3.08x plain decoding against the fixed 3 tokens (penalty 1.2
-# 1.08x -> 1.07x, T 0.7 1.51x -> 1.52x; BENCHMARKS.md)
+# CPU target, held-apart prompts, greedy 2.22x -> 2.91x plain decoding against the fixed 3 tokens (penalty 1.2
+# 1.07x -> 1.06x, T 0.7 1.43x -> 1.46x; BENCHMARKS.md, "The EAGLE chain sized step by step")
 SIZED_KINDS = ("cpu-gguf",)
 # a sized chain's (``--depth auto``) starting confidence by the matched n-gram's length (0, 1, 2, 3 tokens): the
 # calibration's bins, which what is accepted then corrects
