@@ -92,9 +92,9 @@ def test_a_sibling_shares_the_measurements_not_the_step():
 def test_a_drafter_sized_by_depth_auto_and_what_it_refuses(tmp_path):
     path, _, _ = official_checkpoint(tmp_path / "ck")
     d = EagleDrafter(EagleHead.load(path), depth="auto")
-    assert isinstance(d.length, L.DraftLength) and d.depth == L.LIMIT and d.top_k is None
+    assert isinstance(d.draft_length, L.DraftLength) and d.depth == L.LIMIT and d.top_k is None
     copy = d.fresh()  # a server's request: its own step, the engine's measurements
-    assert copy.length is not d.length and copy.length.measured is d.length.measured
+    assert copy.draft_length is not d.draft_length and copy.draft_length.measured is d.draft_length.measured
     with pytest.raises(MicrospecError, match="no --top-k"):
         EagleDrafter(EagleHead.load(path), depth="auto", top_k=2)
 
@@ -109,14 +109,15 @@ def test_sized_chains_give_the_targets_greedy_output(tmp_path, family, processor
     cfg = GenerationConfig(max_new_tokens=60, ignore_eos=True, **processors)
     ref = generate_ids(nm, PROMPT, cfg).token_ids
     drafter = EagleDrafter(EagleHead.load(path), depth="auto")
-    drafter.length = RandomLength(seed=1)
+    drafter.draft_length = RandomLength(seed=1)
     assert generate_ids(nm, PROMPT, cfg, drafter=drafter).token_ids == ref
-    assert min(drafter.length.lengths) == 0 and max(drafter.length.lengths) >= 3, drafter.length.lengths
+    lengths = drafter.draft_length.lengths
+    assert min(lengths) == 0 and max(lengths) >= 3, lengths
     real = EagleDrafter(EagleHead.load(path), depth="auto")
-    real.length.measured = measured(rate=1.0, row_s=1e-6, level_s=1e-6)  # tokens worth any cost: long chains
+    real.draft_length.measured = measured(rate=1.0, row_s=1e-6, level_s=1e-6)  # tokens worth any cost: long chains
     r = generate_ids(nm, PROMPT, cfg, drafter=real)
     assert r.token_ids == ref and r.stats.steps < len(ref)
-    assert real.length.measured.steps > L.WARMUP  # it measured the steps it drafted
+    assert real.draft_length.measured.steps > L.WARMUP  # it measured the steps it drafted
 
 
 def test_a_device_that_runs_behind_the_host_drafts_the_fixed_chain(tmp_path, monkeypatch):
@@ -127,7 +128,7 @@ def test_a_device_that_runs_behind_the_host_drafts_the_fixed_chain(tmp_path, mon
     path, _, _ = official_checkpoint(tmp_path / "ck", d=nm.spec.hidden_size)
     drafter = EagleDrafter(EagleHead.load(path), depth="auto")
     generate_ids(nm, PROMPT, GenerationConfig(max_new_tokens=4, ignore_eos=True), drafter=drafter)
-    assert drafter.sized(None) is drafter.length
+    assert drafter.sized(None) is drafter.draft_length
     device_as(monkeypatch, "cpu", runs_behind_host=True)
     assert drafter.sized(None) is None
 
@@ -144,12 +145,12 @@ def test_prompt_lookup_sized_by_depth_auto(processors):
     prompt = PROMPT * 3
     ref = generate_ids(nm, prompt, cfg).token_ids
     drafter = NGramDrafter(num_tokens="auto")
-    assert drafter.length is not None and drafter.num_tokens == TOKENS
+    assert drafter.draft_length is not None and drafter.num_tokens == TOKENS
     fixed = generate_ids(nm, prompt, cfg, drafter=NGramDrafter(num_tokens=drafter.num_tokens)).stats
-    drafter.length.measured = measured(rate=1000, row_s=2e-4, level_s=0)  # a row worth 0.2 tokens
+    drafter.draft_length.measured = measured(rate=1000, row_s=2e-4, level_s=0)  # a row worth 0.2 tokens
     r = generate_ids(nm, prompt, cfg, drafter=drafter)
     assert r.token_ids == ref
-    assert drafter.length.measured.steps > L.WARMUP
+    assert drafter.draft_length.measured.steps > L.WARMUP
     assert r.stats.steps >= fixed.steps  # never longer than the fixed chain of the same limit
     copy = drafter.fresh()
-    assert copy.length.measured is drafter.length.measured and copy.length is not drafter.length
+    assert copy.draft_length.measured is drafter.draft_length.measured and copy.draft_length is not drafter.draft_length

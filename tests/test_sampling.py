@@ -224,7 +224,7 @@ _SIZED = itertools.count()
 
 
 def _sized(drafter):
-    drafter.length = RandomLength(seed=next(_SIZED))  # each generation's lengths of its own
+    drafter.draft_length = RandomLength(seed=next(_SIZED))  # each generation's lengths of its own
     return drafter
 
 

@@ -44,18 +44,28 @@ class Drafter(ABC):
     name = "drafter"
     # the draft head (microspec.drafters.head.DraftHead) a vocabulary policy serves, None without one
     head = None
+    # a chain whose length each step chooses (microspec.drafters.length.DraftLength, ``--depth auto``), None
+    # without one: restarted at :meth:`prefill`, hearing each step at :meth:`commit`, its measurements shared by the
+    # copies :meth:`fresh` makes
+    draft_length = None
 
     def prefill(self, target: NativeCausalLM, prompt_ids: list[int], hidden: torch.Tensor,
                 vocab: VocabPolicy | None = None) -> None:
         """Called once per generation after the target's prefill with its final hidden states of the prompt and the
         vocabulary policy a draft head takes its sets from (None: the whole vocabulary; drafters without an LM head
         ignore it)."""
+        if self.draft_length is not None:
+            self.draft_length.restart()
 
     def fresh(self) -> "Drafter":
         """A drafter of the same kind and settings for another generation running beside this one's (a server
         decoding several requests at once): it shares the weights, not the state.  The state a drafter keeps
-        is set up again by :meth:`prefill`, so a shallow copy serves; a drafter made of drafters copies them too."""
-        return copy.copy(self)
+        is set up again by :meth:`prefill`, so a shallow copy serves (a :attr:`draft_length` of its own, sharing the
+        measurements); a drafter made of drafters copies them too."""
+        out = copy.copy(self)
+        if self.draft_length is not None:
+            out.draft_length = self.draft_length.sibling()
+        return out
 
     def feature_layers(self, target: NativeCausalLM) -> tuple[int, ...] | None:
         """Layers of ``target`` whose inputs the drafter drafts from (:class:`~microspec.models.native.Taps`):
@@ -91,6 +101,8 @@ class Drafter(ABC):
         hidden states, or the tapped ones where :meth:`feature_layers` asks) — the features an EAGLE head pairs
         with the committed tokens.  Where the next tree was drafted before the read (``ctx.step`` in
         :meth:`propose`), this is the same step, read since."""
+        if self.draft_length is not None and step.tokens is not None:
+            self.draft_length.heard(len(step.tokens))
 
     def drafts_before_read(self, ctx: DraftContext) -> bool:
         """Whether :meth:`propose` can draft the next tree before the last step's read, from that step's padded form

@@ -108,6 +108,7 @@ class DraftLength:
         self._chain: list[int] | None = None  # the probability bins of this step's chain
         self._key: tuple = ()
         self._q = 1.0  # the chance that the chain so far is accepted whole
+        self._costs: tuple[float, float, float] | None = None  # this step's (Measured.costs, read once a step)
         self._t1 = 0.0  # when this step's drafting ended
         self._last: float | None = None  # when the last step was heard (None: a generation's first step)
 
@@ -133,26 +134,21 @@ class DraftLength:
 
     def begin(self, deterministic: bool, processed: bool) -> None:
         self._key = (deterministic, processed)
-        self._chain, self._q = [], 1.0
+        self._chain, self._q, self._costs = [], 1.0, self.measured.costs()
 
     def take(self, p: float) -> bool:
         """Whether the next level's token goes into the chain, its distribution's largest probability ``p``."""
         depth, b = len(self._chain), self.bin_of(p)
-        costs = self.measured.costs()
-        if costs is None:
-            keep = depth == 0
-        else:
-            rate, row, _ = costs
-            keep = self._q * self.chance(depth, b) >= rate * row
+        chance, costs = self.chance(depth, b), self._costs
+        keep = depth == 0 if costs is None else self._q * chance >= costs[0] * costs[1]  # rate x row
         if keep:
             self._chain.append(b)
-            self._q *= self.chance(depth, b)
+            self._q *= chance
         return keep
 
     def deeper(self) -> bool:
         """Whether to draft one level more after the chain so far."""
-        depth = len(self._chain)
-        costs = self.measured.costs()
+        depth, costs = len(self._chain), self._costs
         if costs is None or depth >= self.limit:
             return False
         rate, row, level = costs
@@ -192,14 +188,6 @@ class DraftLength:
             m.tokens = DECAY * m.tokens + committed
             m.seconds = DECAY * m.seconds + (end - last)
             m.steps += 1
-
-    def describe(self) -> dict:
-        costs = self.measured.costs()
-        out = {"steps": self.measured.steps}
-        if costs is not None:
-            rate, row, level = costs
-            out.update(rate=round(rate, 1), row_ms=round(row * 1e3, 3), level_ms=round(level * 1e3, 3))
-        return out
 
 
 def probability(logits, index) -> float:

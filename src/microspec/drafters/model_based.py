@@ -152,11 +152,11 @@ class ForwardDrafter(Drafter):
 
     def __init__(self, depth: int | str = CHAIN_DEPTH, top_k: int | None = None, total_tokens: int | None = None):
         # a chain whose length each step chooses (drafters.length: ``--depth auto``), None: ``depth`` tokens
-        self.length: DraftLength | None = None
+        self.draft_length: DraftLength | None = None
         if depth == AUTO_DEPTH:
             check(top_k is None and total_tokens is None,
                   "--depth auto sizes a chain: it takes no --top-k or --total-tokens")
-            depth, self.length = LIMIT, DraftLength()
+            depth, self.draft_length = LIMIT, DraftLength()
         check(depth >= 1, f"--depth must be >= 1, got {depth}")
         if top_k is not None:
             total_tokens = depth * top_k if total_tokens is None else total_tokens
@@ -176,21 +176,14 @@ class ForwardDrafter(Drafter):
                 vocab: VocabPolicy | None = None) -> None:
         self.head = DraftHead(*self._start(target, prompt_ids, hidden), policy=vocab, norm=self._head_norm())
         self.head.use_cuda_graphs(target.cuda_graphs is not None)  # graphed where the target is
-        if self.length is not None:
-            self.length.restart()
-
-    def fresh(self) -> "ForwardDrafter":
-        out = super().fresh()
-        if self.length is not None:  # its own step, the measurements shared
-            out.length = self.length.sibling()
-        return out
+        super().prefill(target, prompt_ids, hidden, vocab)
 
     def sized(self, ctx: DraftContext) -> DraftLength | None:
-        """The chain's length chooser for this step: :attr:`length` where the drafter's device does not run behind
+        """The chain's length chooser for this step: :attr:`draft_length` where the drafter's device does not run behind
         the host (each level's choice reads a probability there), else None (``depth`` tokens)."""
-        if self.length is None or profile(self._cache(ctx).device).runs_behind_host:
+        if self.draft_length is None or profile(self._cache(ctx).device).runs_behind_host:
             return None
-        return self.length
+        return self.draft_length
 
     def take_report(self) -> DraftReport:
         out, self.graph_drafts = self.graph_drafts, 0
@@ -261,8 +254,7 @@ class ForwardDrafter(Drafter):
 
     # ---- drafting
     def commit(self, step: Verified) -> None:
-        if self.length is not None and step.tokens is not None:
-            self.length.heard(len(step.tokens))
+        super().commit(step)  # the chain's length hears the step
         self._unverified = None  # the tree drafted before the last read is verified now
         early, self._early = self._early, None
         if early is not None and early[0] is step:  # this step's pairs ran in the root pass of the next tree

@@ -8,7 +8,7 @@ from ..decoding.adaptive import ADAPTIVE
 from ..decoding.tree import DraftTree
 from ..errors import check
 from ..options import DrafterSpec
-from .base import DraftContext, Drafter, Verified
+from .base import DraftContext, Drafter
 from .length import DraftLength
 from .model_based import AUTO_DEPTH, DEPTH
 
@@ -44,7 +44,7 @@ class NGramDrafter(Drafter):
     def __init__(self, num_tokens: int | str = TOKENS, max_ngram: int = 3, min_ngram: int = 1):
         # ``auto``: the chain cut where a copied token stops paying for its verify row (drafters.length: its chance
         # calibrated by the matched n-gram's length and the token's place, the row's cost measured), up to TOKENS
-        self.length = DraftLength(TOKENS) if num_tokens == AUTO_DEPTH else None
+        self.draft_length = DraftLength(TOKENS) if num_tokens == AUTO_DEPTH else None
         num_tokens = TOKENS if num_tokens == AUTO_DEPTH else num_tokens
         check(num_tokens >= 1, f"ngram draft length must be >= 1, got {num_tokens}")
         check(1 <= min_ngram <= max_ngram, f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
@@ -79,31 +79,17 @@ class NGramDrafter(Drafter):
         return DraftTree()
 
     def _sized(self, chain: list[int], n: int) -> list[int]:
-        """``chain`` cut by :attr:`length` (where sized): each copied token's confidence class is the matched
+        """``chain`` cut by :attr:`draft_length` (where sized): each copied token's confidence class is the matched
         n-gram's length (its bin, where the calibration starts it), no draft level to pay."""
-        if self.length is None:
+        if self.draft_length is None:
             return chain
-        length, p = self.length, MATCH_CONFIDENCE[min(n, len(MATCH_CONFIDENCE) - 1)]
+        length, p = self.draft_length, MATCH_CONFIDENCE[min(n, len(MATCH_CONFIDENCE) - 1)]
         length.begin(True, False)
         kept = 0
         while kept < len(chain) and length.take(p):
             kept += 1
         length.drafted()
         return chain[:kept]
-
-    def fresh(self) -> "NGramDrafter":
-        out = super().fresh()
-        if self.length is not None:  # its own step, the engine's measurements
-            out.length = self.length.sibling()
-        return out
-
-    def prefill(self, target, prompt_ids, hidden, vocab=None) -> None:
-        if self.length is not None:
-            self.length.restart()
-
-    def commit(self, step: Verified) -> None:
-        if self.length is not None and step.tokens is not None:
-            self.length.heard(len(step.tokens))
 
 
 def scan(tokens: list[int], num_tokens: int, max_ngram: int = 3, min_ngram: int = 1) -> tuple[list[int], int]:
