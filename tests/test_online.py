@@ -140,7 +140,8 @@ def test_greedy_output_is_the_targets_whatever_the_arms(tmp_path, settings, choo
     eagle = EagleDrafter(EagleHead.load(path), depth=3, top_k=2, total_tokens=5)
     arms = {"plain": None, "lookup-6": NGramDrafter(num_tokens=6), "suffix": SuffixDrafter(depth=3, total_tokens=6),
             "eagle": eagle, "lookup-first": LookupFirst(eagle, NGramDrafter(num_tokens=3, min_ngram=2))}
-    portfolio = Portfolio(arms, "eagle", chooser=chooser, views={"lookup": ("lookup-6", 2)},
+    portfolio = Portfolio(arms, "eagle", chooser=chooser, views={"lookup": ("lookup-6", 2),
+                                                                 "lookup-sized": ("lookup-6", "auto")},
                           **({"interval": 2, "probe_steps": 2} if chooser is OnlineChoice else {}))
     prompt = [1, 5, 9, 13, 5, 9, 13, 17, 5, 9]
     cfg = GenerationConfig(max_new_tokens=40, ignore_eos=True, **settings)
@@ -193,6 +194,45 @@ def test_what_choosing_costs_stays_within_its_budget(monkeypatch):
     spent = auto["overhead_s"] + auto["probe_s"]
     assert auto["arms"]["plain"] >= 0.95 * got.stats.steps, auto
     assert spent <= portfolio.choice_options.get("budget", 0.03) * auto["spent_s"] + step_s, auto
+
+
+class SizedFirst(ScriptedChoice):
+    """A chooser that takes the sized view's proposal wherever it is offered, plain decoding elsewhere."""
+
+    def pick(self, tokens_left, available=None, backlog=None):
+        return self.take(next((k for k in sorted(available) if k.startswith("sized@")), "plain"))
+
+
+class Copies(Missing):
+    """A cheap arm that copies the target's own output ``truth`` from the step on (every copied token accepted)."""
+
+    def propose(self, ctx):
+        at = len(ctx.tokens) - self.prompt
+        self.matched = 3
+        return DraftTree.chain(self.truth[at:at + self.length])
+
+
+@pytest.mark.parametrize("arm", [Copies, Missing])
+def test_a_sized_view_keeps_the_copied_tokens_that_pay(monkeypatch, arm):
+    """A sized view of a cheap arm's proposal (``"auto"``): calibrated by the scores of the whole proposals, priced
+    by the plain and cheap steps, it keeps a long chain where every copied token is accepted and stops offering a
+    chain where none is; the output is the target's either way."""
+    _, nm = tiny_pair("llama")
+    forward = nm.forward
+    monkeypatch.setattr(nm, "forward", lambda *a, **k: (time.sleep(0.004), forward(*a, **k))[1])
+    prompt = [1, 5, 9, 13, 5, 9, 13, 17, 5, 9]
+    cfg = GenerationConfig(max_new_tokens=160, ignore_eos=True)
+    truth = generate_ids(nm, prompt, cfg).token_ids
+    portfolio = Portfolio({"plain": None, "copy": arm(truth, len(prompt), 0.0, cheap=True, length=8)}, "plain",
+                          chooser=SizedFirst, views={"sized": ("copy", "auto")})
+    got = generate_ids(nm, prompt, cfg, drafter=portfolio)
+    assert got.token_ids == truth
+    taken = got.stats.auto["arms"].get("sized", 0)
+    if arm is Copies:  # one token a step until measured, then the whole copy: about 9 tokens a step
+        assert taken == got.stats.steps and got.stats.steps <= 40, got.stats.auto
+    else:  # the misses teach the calibration that no copied token pays: plain steps after the first few
+        assert taken <= 25 and got.stats.steps == len(truth) - 1, got.stats.auto  # (the prefill gave one)
+    assert portfolio.fresh().measured is portfolio.measured  # an engine's requests share what sized views learn
 
 
 def test_a_model_arm_that_loses_to_plain_decoding_steps_aside():

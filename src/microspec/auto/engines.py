@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..drafters.ngram import NGramDrafter, chain_length
+from ..drafters.model_based import AUTO_DEPTH
+from ..drafters.ngram import SIZED_KINDS, NGramDrafter, chain_length
 from ..drafters.registry import DEFAULT_HEAD
 from ..drafters.suffix import PRIVATE, SuffixDrafter
 from ..engine import Engine, TextOut
@@ -65,23 +66,26 @@ def online(lm: "LoadedModel", kind: str, heads: dict | None = None, **options: A
     private = bool(options.pop(PRIVATE.name, False))
     device = kind_of(lm)
     chain = chain_length(device)["depth"]
+    # one search, two chain lengths where the device's fixed chain is short: the short chain is a view of the long
+    # one, sized step by step where the ngram method's chain is (a copied token kept where its chance pays its row)
+    short = AUTO_DEPTH if device in SIZED_KINDS and chain < LONG_CHAIN else chain
     match = {} if lookup is None else {"min_ngram": lookup, "max_ngram": max(3, lookup)}
     arms: dict = {PLAIN: None}
     views = {}
-    if chain < LONG_CHAIN:  # one search, two chain lengths: the short chain is a view of the long one
+    if chain < LONG_CHAIN:
         arms[f"{LOOKUP}-{LONG_CHAIN}"] = NGramDrafter(num_tokens=LONG_CHAIN, **match)
-        views[LOOKUP] = (f"{LOOKUP}-{LONG_CHAIN}", chain)
+        views[LOOKUP] = (f"{LOOKUP}-{LONG_CHAIN}", short)
     else:
         arms[LOOKUP] = NGramDrafter(num_tokens=chain, **match)
     arms["suffix"] = SuffixDrafter(private=private)
     shipped = shipped_eagle_head(lm.name)
     head = draft if draft is not None else shipped
-    method, tree, spare = Method(drafter=NGramDrafter.name), {"lookup": chain}, None
+    method, tree, spare = Method(drafter=NGramDrafter.name), {"lookup": short}, None
     if head is not None:
         eagle = build_method(Method(drafter=DEFAULT_HEAD, vocab=HEAD_VOCAB if vocab == "full" else vocab, draft=head,
                                     **options), lm, heads)
         arms[EAGLE] = eagle.drafter
-        method, tree, spare = eagle.method, {**eagle.tree, "lookup": chain}, eagle.spare
+        method, tree, spare = eagle.method, {**eagle.tree, "lookup": short}, eagle.spare
     elif vocab != "full" or options:
         raise MicrospecError("auto: --vocab and tree options apply to an EAGLE head, and this model has none "
                              "(give one with --draft)")

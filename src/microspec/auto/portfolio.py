@@ -6,7 +6,12 @@ step before the choice (while plain decoding is taken, as often as the choice's 
 for, the cheapest first: where nothing pays, auto is to cost next to nothing over plain decoding), and only the
 arms with a proposal are offered to it; each proposal is scored against the text that follows (the tokens it would
 have committed), whichever arm was taken; a *view* arm is another arm's proposal cut to fewer levels (the device's
-short lookup chain from the long one's single search).
+short lookup chain from the long one's single search): a fixed number, or, where the view is *sized* (``"auto"``,
+a packed CPU's short lookup chain), as many as :class:`~microspec.drafters.length.DraftLength` keeps, each copied
+token where its calibrated chance pays for its verify row.  A sized view is calibrated by the scores of its source's
+whole proposals (which tokens the text that followed took: under sampling, with a point-mass draft, a token's chance
+of matching it is its chance of acceptance), whether taken or not, and priced by the steps of the plain and cheap
+arms (verify seconds against nodes; committed tokens against whole steps' seconds).
 Model drafters (the EAGLE head) propose only when
 chosen; the plain arm proposes nothing (the loop's step is then an autoregressive one).  Every drafter hears every
 commit, whichever arm drafted (an EAGLE head catches up on the features it missed at its next draft): a switch into
@@ -21,6 +26,9 @@ import torch
 from ..decoding.context import DraftContext, Verified
 from ..decoding.tree import DraftTree
 from ..drafters.base import DraftReport, Drafter
+from ..drafters.length import DraftLength, Measured
+from ..drafters.model_based import AUTO_DEPTH
+from ..drafters.ngram import match_confidence
 from ..errors import check
 from ..models.native import NativeCausalLM
 from ..onetime import clock
@@ -33,20 +41,28 @@ PLAIN = "plain"
 
 class Portfolio(Drafter):
     """Arms by name (a drafter, or None for plain decoding), a ``start`` arm, and the engine's shared
-    :class:`~microspec.auto.choice.ArmHistory`; ``choice_options`` go to each request's
-    :class:`~microspec.auto.choice.OnlineChoice`.  :meth:`fresh` copies for another request share the history."""
+    :class:`~microspec.auto.choice.ArmHistory`; ``views``: arm -> (the cheap arm whose proposal it cuts, the levels
+    kept: a number, or ``"auto"`` for a sized cut); ``measured``: what sized views learn (made where one is given);
+    ``choice_options`` go to each request's :class:`~microspec.auto.choice.OnlineChoice`.  :meth:`fresh` copies for
+    another request share the history and ``measured``."""
 
     name = "auto"
 
     def __init__(self, arms: dict[str, Drafter | None], start: str, history: ArmHistory | None = None,
-                 chooser=OnlineChoice, views: dict[str, tuple[str, int]] | None = None, **choice_options):
-        self.views = dict(views or {})  # arm -> (the cheap arm whose proposal it cuts, levels kept)
+                 chooser=OnlineChoice, views: dict[str, tuple[str, int | str]] | None = None,
+                 measured: Measured | None = None, **choice_options):
+        self.views = dict(views or {})  # arm -> (the cheap arm whose proposal it cuts, levels kept or "auto")
         names = [*arms, *self.views]
         check(start in names, f"auto: start arm {start!r} is not one of {', '.join(names)}")
         check(all(src in arms and is_cheap(arms[src]) for src, _ in self.views.values()),
               "auto: a view arm cuts a cheap arm's proposal")
         check(PLAIN in arms and arms[PLAIN] is None, f"auto: the arms need {PLAIN!r} (None: plain decoding)")
+        check(all(levels == AUTO_DEPTH or isinstance(levels, int) for _, levels in self.views.values()),
+              f"auto: a view keeps a number of levels or {AUTO_DEPTH!r}")
         self.arms, self.start = dict(arms), start
+        self.sized = {src for src, levels in self.views.values() if levels == AUTO_DEPTH}  # sources of sized views
+        self.measured = measured if measured is not None or not self.sized else Measured()
+        self._length = None if self.measured is None else DraftLength(measured=self.measured)
         self.history = history if history is not None else ArmHistory(tuple(names))
         # (history, start, catch_up=..., cheap=..., **choice_options) -> pick, observe, score, charge, plain_step,
         # summary
@@ -63,6 +79,7 @@ class Portfolio(Drafter):
         self._last = None  # the arm of the previous step
         self._credit = 0.0  # seconds the cheap arms' proposals may still spend while plain decoding is taken
         self._cost: dict[str, float] = {}  # per cheap arm: the seconds of its proposals, a running mean
+        self._committed: float | None = None  # when the last step committed (sized views' whole steps)
 
     def for_request(self, prompt_tokens: int, max_new_tokens: int) -> "Drafter":
         """This portfolio, or one without the model arms a request of ``max_new_tokens`` tokens after a prompt of
@@ -78,12 +95,14 @@ class Portfolio(Drafter):
         if len(keep) == len(self.model):
             return self
         arms = {name: d for name, d in self.arms.items() if name not in self.model or name in keep}
-        return Portfolio(arms, self.start, self.history, self.chooser, self.views, **self.choice_options)
+        return Portfolio(arms, self.start, self.history, self.chooser, self.views, self.measured,
+                         **self.choice_options)
 
     def fresh(self) -> "Portfolio":
         copies: dict[int, Drafter] = {}  # an arm given twice stays one drafter
         arms = {name: None if d is None else copies.setdefault(id(d), d.fresh()) for name, d in self.arms.items()}
-        return Portfolio(arms, self.start, self.history, self.chooser, self.views, **self.choice_options)
+        return Portfolio(arms, self.start, self.history, self.chooser, self.views, self.measured,
+                         **self.choice_options)
 
     @property
     def head(self):  # the draft head of the model drafter (its timer and active sizes feed the stats)
@@ -96,7 +115,7 @@ class Portfolio(Drafter):
                 vocab: VocabPolicy | None = None) -> None:
         self.choice, self._step, self._pending = None, None, []  # made at the first step, which knows the decoding
         self._drafted = {}  # per model arm: the length of the text when it last drafted
-        self._last, self._credit = None, 0.0
+        self._last, self._credit, self._committed = None, 0.0, None
         for d in self.leaves:
             d.prefill(target, prompt_ids, hidden, vocab)
 
@@ -132,7 +151,11 @@ class Portfolio(Drafter):
             self._credit -= sum(spent.values())
         for name, (src, levels) in self.views.items():
             if src in context:
-                ready[_key(name, context[src])] = ready[_key(src, context[src])].truncated(levels)
+                whole = ready[_key(src, context[src])]
+                if levels == AUTO_DEPTH:
+                    levels = self._length.copied(match_confidence(context[src]), len(whole))
+                if levels:
+                    ready[_key(name, context[src])] = whole.truncated(levels)
         backlog = {name: len(ctx.tokens) - self._drafted.get(name, 0) for name in self.model}
         key = self.choice.pick(ctx.max_depth + 1, {PLAIN, *ready, *self.model}, backlog)
         arm = arm_of(key)
@@ -147,7 +170,8 @@ class Portfolio(Drafter):
         if drafter is None or drafter.head is None or tree.origin != "head":  # fed the committed tokens only
             tree.from_("aside")
         for k, proposal in ready.items():  # scored once the text after it is known
-            self._pending.append([len(ctx.tokens), k, proposal.truncated(ctx.max_depth), None])
+            self._pending.append([len(ctx.tokens), k, proposal.truncated(ctx.max_depth), None,
+                                  context.get(arm_of(k))])
         self._step = (key, t0, len(tree))
         return tree
 
@@ -160,6 +184,8 @@ class Portfolio(Drafter):
             t1 = clock()
             seconds = t1 - t0
             self.choice.observe(arm, len(step.tokens), seconds, nodes)
+            if self.measured is not None:
+                self._price(arm, len(step.tokens), seconds, nodes, t1)
             for entry in self._pending:
                 if entry[1] == arm and entry[3] is None and entry[0] == len(self._tokens):
                     entry[3] = seconds  # the taken proposal's own time
@@ -170,13 +196,30 @@ class Portfolio(Drafter):
         the tokens each would have committed (its longest path along the committed text, plus the bonus)."""
         text, keep = self._tokens, []
         for entry in self._pending:
-            pos, arm, tree, seconds = entry
+            pos, arm, tree, seconds, context = entry
             deepest = max(tree.depths(), default=0)
             if not done and len(text) < pos + deepest + 1:
                 keep.append(entry)
                 continue
-            self.choice.score(arm, 1 + _matched(tree, text, pos), len(tree), seconds)
+            matched = _matched(tree, text, pos)
+            self.choice.score(arm, 1 + matched, len(tree), seconds)
+            if arm_of(arm) in self.sized:  # a sized view's source: its whole chain calibrates the view
+                bins = [DraftLength.bin_of(match_confidence(context))] * len(tree)
+                if matched < len(tree) and pos + matched >= len(text):  # the text ended: no token was refused
+                    bins = bins[:matched]
+                self.measured.accepted((True, False), bins, matched)
         self._pending = keep
+
+    def _price(self, arm: str, committed: int, seconds: float, nodes: int, now: float) -> None:
+        """What sized views learn from a step: the verify pass's seconds against its nodes, where the step drafted
+        from the text (plain decoding, a cheap arm or a view: its seconds are the verify pass's), and the committed
+        tokens against the seconds since the last commit."""
+        name = arm_of(arm)
+        if name == PLAIN or name in self.cheap or name in self.views:
+            self.measured.verified(nodes, seconds)
+        if self._committed is not None:
+            self.measured.stepped(committed, now - self._committed)
+        self._committed = now
 
     def finish(self, output: list[int]) -> None:
         if self.choice is not None:

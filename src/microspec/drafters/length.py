@@ -86,9 +86,33 @@ class Measured:
             table = self.hits[key] = [[[0.0, 0.0] for _ in range(BINS)] for _ in range(DEPTHS)]
         return table
 
+    def accepted(self, key: tuple, chain: list[int], accepted: int) -> None:
+        """A chain of decoding ``key`` whose tokens fell in probability bins ``chain`` had its first ``accepted``
+        accepted: each token verified with its predecessors accepted is counted at its depth and bin, older
+        counts weighing less."""
+        table = self.table(key)
+        for row in table:
+            for cell in row:
+                cell[0] *= DECAY
+                cell[1] *= DECAY
+        for depth, b in enumerate(chain[: accepted + 1]):
+            cell = table[min(depth, DEPTHS - 1)][b]
+            cell[0] += depth < accepted
+            cell[1] += 1
+
+    def verified(self, nodes: int, seconds: float) -> None:
+        """A verify pass over ``nodes`` drafted nodes (and the root) took ``seconds``."""
+        self.rows.add(nodes, seconds)
+
+    def stepped(self, committed: int, seconds: float) -> None:
+        """A whole step (commit to commit) committed ``committed`` tokens in ``seconds``."""
+        self.tokens = DECAY * self.tokens + committed
+        self.seconds = DECAY * self.seconds + seconds
+        self.steps += 1
+
     def costs(self) -> tuple[float, float, float] | None:
         """(rate to beat in tokens/s, a row's seconds, a level's seconds); None until measured."""
-        if self.steps < WARMUP or self.seconds <= 0:
+        if self.steps < WARMUP or self.seconds <= 0 or self.rows.w <= 0:
             return None
         base, row = self.rows.line(ROW_PRIOR)
         row = max(row, 1e-3 * max(base, 1e-9))
@@ -146,6 +170,15 @@ class DraftLength:
             self._q *= chance
         return keep
 
+    def copied(self, p: float, available: int) -> int:
+        """How many of ``available`` copied tokens (a chain with no draft level to pay, each of confidence ``p``:
+        prompt lookup's, by the matched n-gram's length) to keep: as many as :meth:`take` keeps."""
+        self.begin(True, False)
+        kept = 0
+        while kept < available and self.take(p):
+            kept += 1
+        return kept
+
     def deeper(self) -> bool:
         """Whether to draft one level more after the chain so far."""
         depth, costs = len(self._chain), self._costs
@@ -173,21 +206,10 @@ class DraftLength:
         if chain is None:  # a step the chain did not draft (a plain one, forced tokens, another arm's)
             return
         m = self.measured
-        accepted = committed - 1
-        table = m.table(self._key)
-        for row in table:
-            for cell in row:
-                cell[0] *= DECAY
-                cell[1] *= DECAY
-        for depth, b in enumerate(chain[: accepted + 1]):  # the tokens verified with their predecessors accepted
-            cell = table[min(depth, DEPTHS - 1)][b]
-            cell[0] += depth < accepted
-            cell[1] += 1
-        m.rows.add(len(chain), end - self._t1)
+        m.accepted(self._key, chain, committed - 1)
+        m.verified(len(chain), end - self._t1)
         if last is not None:  # (a generation's first step: its seconds since the prefill are not one step's)
-            m.tokens = DECAY * m.tokens + committed
-            m.seconds = DECAY * m.seconds + (end - last)
-            m.steps += 1
+            m.stepped(committed, end - last)
 
 
 def probability(logits, index) -> float:

@@ -26,6 +26,11 @@ SIZED_KINDS = ("cpu-gguf",)
 MATCH_CONFIDENCE = (0.1, 0.3, 0.5, 0.7)
 
 
+def match_confidence(n: int) -> float:
+    """A sized chain's starting confidence in a token copied after a matched n-gram of ``n`` tokens."""
+    return MATCH_CONFIDENCE[min(n, len(MATCH_CONFIDENCE) - 1)]
+
+
 class NGramDrafter(Drafter):
     """Match the last ``max_ngram`` .. ``min_ngram`` tokens of prompt + output against earlier text and propose up
     to ``num_tokens`` tokens that followed the most recent match (a chain).
@@ -83,12 +88,8 @@ class NGramDrafter(Drafter):
         n-gram's length (its bin, where the calibration starts it), no draft level to pay."""
         if self.draft_length is None:
             return chain
-        length, p = self.draft_length, MATCH_CONFIDENCE[min(n, len(MATCH_CONFIDENCE) - 1)]
-        length.begin(True, False)
-        kept = 0
-        while kept < len(chain) and length.take(p):
-            kept += 1
-        length.drafted()
+        kept = self.draft_length.copied(match_confidence(n), len(chain))
+        self.draft_length.drafted()
         return chain[:kept]
 
 
