@@ -301,6 +301,9 @@ def test_a_request_leaves_out_the_model_arms_it_would_not_take(tmp_path):
     for _ in range(16):
         history.add("eagle", 2, 0.022)  # now within reach
     assert portfolio.for_request(10, 1000) is portfolio
+    for _ in range(16):  # prompt lookup after a 3-token match: 4 tokens in 11 ms, far above eagle's rate, but offered
+        history.add("lookup@3", 4, 0.011)  # only at the steps with a match, where eagle would not be taken
+    assert portfolio.for_request(10, 1000) is portfolio
 
     class Lm:  # what an engine reads of its loaded model
         model, eos_token_ids, name, tokenizer = nm, (), "tiny", None

@@ -147,9 +147,10 @@ def repeat_ms_per_step(run: str, method: str, key: str = "draft_s") -> list[floa
 
 def ab_tau(folder: str, side: str, decoding: str, method: str) -> list[float]:
     """The mean accepted lengths of ``method`` in each run of one side (``base``, ``head``) of an alternated A/B
-    (``benchmarks/measure/cpu_ab.py``'s layout: ``<side>-run1``, ``<side>-run2``)."""
-    return [load(f"{folder}/{side}-{run}/{decoding}/results.json")["methods"][method]["overall"]["mean_accept_len"]
-            for run in ("run1", "run2")]
+    (``benchmarks/measure/cpu_ab.py``'s layout: ``<side>-run1``, ``<side>-run2``, ...)."""
+    runs = sorted(p.name for p in (RESULTS / folder).glob(f"{side}-run*") if p.is_dir())
+    return [load(f"{folder}/{run}/{decoding}/results.json")["methods"][method]["overall"]["mean_accept_len"]
+            for run in runs]
 
 
 def ab_rows(folder: str, decodings: dict, methods: dict) -> list[list]:
@@ -169,6 +170,9 @@ def ab_rows(folder: str, decodings: dict, methods: dict) -> list[list]:
     return rows
 
 
+NUMBERS = {2: "two", 3: "three", 4: "four"}
+
+
 def ab_source(folder: str, res: dict) -> Source:
     """Where an alternated A/B's table comes from: the held-apart prompts, the bench command of each side (its
     ``--out`` generalised), cpu_ab.py; the dates, the machine, both commits."""
@@ -176,8 +180,8 @@ def ab_source(folder: str, res: dict) -> Source:
     old, new = first["old"][0], first["new"][0]
     bench = re.sub(r" --out \S+", " --out /tmp/ab/<side>-run<n>", old["command"])
     cmd = ("python3 benchmarks/data/held_apart.py --data ../shared/data --out /tmp/held_apart3.jsonl --per-category 3 "
-           f"--seed 2026; {bench} (in a worktree of each commit, PYTHONPATH=src, the commits alternating, two runs "
-           "each); python3 benchmarks/measure/cpu_ab.py --old /tmp/ab/base-run* --new /tmp/ab/head-run* --out ab.json")
+           f"--seed 2026; {bench} (in a worktree of each commit, PYTHONPATH=src, the commits alternating, "
+           f"{NUMBERS.get(len(first['old']), len(first['old']))} runs each); python3 benchmarks/measure/cpu_ab.py --old /tmp/ab/base-run* --new /tmp/ab/head-run* --out ab.json")
     dates = sorted(m["date"] for d in res.values() for side in ("old", "new") for m in d["meta"][side])
     return Source(f"{folder}/", cmd, f"{dates[0]} to {dates[-1]}", f"{old['machine']}, {old['threads']} threads",
                   f"{old['commit']} and {new['commit']}")

@@ -342,11 +342,14 @@ class OnlineChoice:
         vocabulary policy fed at every step, a share of a plain step): the start arm always; an arm measured well
         (``probe_steps`` steps and more) where it is within ``prune`` of the best rate measured; an arm measured
         less where the request's budget could pay for a probe of it (its catch-up on ``backlog`` tokens and its steps
-        at the best rate).  ``options``: the choice's."""
+        at the best rate).  The rates it is held against are those of the arms a step can always take (plain
+        decoding, the model arms): a cheap arm's key is offered only at the steps it has a proposal for (prompt lookup
+        after a match), where the model arm would not be taken anyway.  ``options``: the choice's (``cheap``: the
+        cheap arms)."""
         choice = cls(history, start, catch_up=(arm,), **options)
         if arm in (start, choice.start):  # the configured start, or the one the engine measured fastest
             return True
-        rates = [r for k in list(history.steps) if (r := history.rate(k))]
+        rates = [r for k in list(history.steps) if arm_of(k) not in choice.cheap and (r := history.rate(k))]
         if not rates:
             return True
         best = max(rates)

@@ -91,7 +91,8 @@ class Portfolio(Drafter):
         if self.history.step_aside():
             return Aside(self)
         keep = [m for m in self.model if self.chooser is not OnlineChoice or OnlineChoice.keeps(
-            self.history, self.start, m, max_new_tokens, prompt_tokens + max_new_tokens // 2, **self.choice_options)]
+            self.history, self.start, m, max_new_tokens, prompt_tokens + max_new_tokens // 2,
+            cheap=(*self.cheap, *self.views), **self.choice_options)]
         if len(keep) == len(self.model):
             return self
         arms = {name: d for name, d in self.arms.items() if name not in self.model or name in keep}
