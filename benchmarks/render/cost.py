@@ -312,9 +312,39 @@ def _sized_lookup(folder: str) -> list[str]:
             table(["decoding", "3 tokens", "sized", "τ"], rows), "", src.markdown(), "",
             "- Lossless: " + ("every greedy run's tokens equal plain decoding's." if not any(mism) else
                               "a greedy run's tokens differ from plain decoding's (see `mismatches`)."),
-            "- Inside `auto` and lookup first prompt lookup keeps its fixed chains (3 tokens, and 8 for `auto`'s "
-            "long arm): `auto` computes every cheap arm's proposal at every step, verified or not, which a "
-            "calibration by what was accepted cannot take.", ""]
+            "- Lookup first keeps its fixed chain (3 tokens); `auto` sizes its short lookup chain apart (below).", "",
+            *_sized_auto(f"{folder}/auto-lookup")]
+
+
+def _sized_auto(folder: str) -> list[str]:
+    """``auto``'s short prompt-lookup chain, 3 fixed tokens against a view of the long chain sized step by step."""
+    res = load(f"{folder}/ab.json")
+    first = next(iter(res.values()))["meta"]
+    old, new = first["old"][0], first["new"][0]
+
+    def share(side: str) -> list[float]:
+        return [load(f"{folder}/{side}-{run}/greedy/results.json")["methods"]["auto"]["overall"]["auto_share"]
+                .get("lookup", 0.0) for run in ("run1", "run2", "run3")]
+
+    apart = [SIZED[k] for k, d in res.items() if k in SIZED and (
+        max(d["methods"]["auto"]["old"]) < min(d["methods"]["auto"]["new"])
+        or max(d["methods"]["auto"]["new"]) < min(d["methods"]["auto"]["old"]))]
+    return ["`auto` searches prompt lookup once a step for its long chain (8 tokens) and offers a shorter view of it; "
+            f"until {old['commit']} the view kept 3 tokens, since {new['commit']} it is sized the same way on a packed "
+            "CPU target. A proposal is scored against the text that followed whether it was taken or not, so the "
+            "view's calibration takes the long chain's every scored proposal (with a point-mass draft a token's "
+            "chance of matching the text is its chance of acceptance, sampled or not), and it is priced by the plain "
+            "and prompt-lookup steps (verify seconds against nodes, committed tokens against whole steps). The same "
+            "held-apart prompts, " + str(len(first["old"])) + " alternated runs of each commit (x plain decoding in "
+            "the same run, mean (range)):", "",
+            table(["decoding", "method", f"x plain at {old['commit']}", f"x plain at {new['commit']}", "change",
+                   "τ", "questions below the old range"], ab_rows(folder, SIZED, {"auto": "`auto`"})), "",
+            ab_source(folder, res).markdown(), "",
+            f"- The short view's share of `auto`'s greedy steps: {spread(share('base'), 2, '')} → "
+            f"{spread(share('head'), 2, '')}.",
+            "- " + (f"In {', '.join(apart)} the two commits' ranges do not overlap." if apart else
+                    "In every decoding the two commits' ranges overlap: no change here is larger than the runs' "
+                    "spread."), ab_lossless(res), ""]
 
 
 def render() -> str:
