@@ -291,7 +291,8 @@ def _soak() -> str:
 
 
 REPEATS = DATA["REPEATS"]  # {greedy,pen}-{none,auto}-r<run>.json: servers one after another
-BEFORE = DATA["BEFORE"]  # the same load at 6c2d149, whose serve forced glibc's mmap threshold to 1 MiB
+BEFORE = DATA["BEFORE"]  # the same load, repeated alike at an earlier commit
+SIZED_AB = DATA["SIZED_AB"]  # greedy `auto` servers before and after auto's short lookup chain was sized: base/, head/
 REPEATS_CMD = DATA["REPEATS_CMD"]
 
 
@@ -353,10 +354,10 @@ def _repeats() -> str:
                "auto vs one plain client"], rows), "",
         Source(f"{REPEATS}/", REPEATS_CMD, meta["date"].split(" ")[0], LOAD_MACHINE, meta["commits"]).markdown(), "",
         *notes,
-        f"- The same command at commit {old_meta['commit']} (`{BEFORE}/`, the same day), whose `serve` forced glibc "
-        f"to map every allocation of 1 MiB or more on its own (each step's logits a fresh mapping and its page "
-        f"faults; now only the KV caches are): at {top} clients, tok/s then → now: "
+        f"- The same command at {old_meta['commits']} (`{BEFORE}/`, {old_meta['date'].split(' ')[0]}): at {top} "
+        "clients, tok/s then → now: "
         + "; ".join(f"{names[dec]} plain {was(dec, 'none')}, `auto` {was(dec, 'auto')}" for dec in names) + ".",
+        *_sized_ab(),
         *(["- `ed36dbe+dirty`: while those runs went, the tree differed from ed36dbe in this renderer only "
            "(benchmarks/render/serve.py); 98bc478 (penalty runs 4–6) runs the same server code."]
           if "ed36dbe+dirty" in meta["commits"] else []),
@@ -385,6 +386,26 @@ def _across() -> list[str]:
             "them is CUDA's path), tok/s old → new, mean (range), \"apart\" where the ranges do not overlap: "
             + "; ".join(f"{names[dec]}, {c} clients: plain {cell(dec, 'none', c)}, `auto` {cell(dec, 'auto', c)}"
                         for dec in names for c in clients) + "."]
+
+
+def _sized_ab() -> list[str]:
+    """Greedy ``auto`` servers at the commit before its short lookup chain was sized and at one after, alternating."""
+    (old, old_meta), (new, new_meta) = _runs(f"{SIZED_AB}/base"), _runs(f"{SIZED_AB}/head")
+    clients = sorted({k[2] for k in old})
+
+    def cell(c: int) -> str:
+        a, b = old[("greedy", "auto", c)], new[("greedy", "auto", c)]
+        apart = " (apart)" if max(b) < min(a) or min(b) > max(a) else ""
+        lower = sum(y < x for x, y in zip(a, b))
+        return (f"{mean_of(a):.0f} ({min(a):.0f}–{max(a):.0f}) → {mean_of(b):.0f} ({min(b):.0f}–{max(b):.0f}){apart}"
+                f", the new run below its pair in {lower} of {len(a)}")
+
+    runs = len(old[("greedy", "auto", clients[0])])
+    return [f"- `auto`'s short prompt-lookup chain sized step by step (c4428c4), greedy `auto` servers at "
+            f"{old_meta['commits']} and {new_meta['commits']} (`{SIZED_AB}/`, {new_meta['date'].split(' ')[0]}, "
+            f"alternating, {runs} runs each), tok/s old → new, mean (range), \"apart\" where the ranges do not "
+            "overlap, and how often a run at the new commit fell below the run of the old one just before it: "
+            + "; ".join(f"{c} client{'s' if c > 1 else ''} {cell(c)}" for c in clients) + "."]
 
 
 def render() -> str:
