@@ -113,10 +113,10 @@ also `serve`'s and `coverage`'s, and these notes apply to them there too.
   first) and are scored against the text that follows whether or not they are taken; the EAGLE head is probed now
   and then, and its switching cost (the features it catches up on) is measured and charged.  What choosing costs
   is bounded: the proposals not taken, their scoring, the bookkeeping and the probes are charged as they are spent,
-  within 3% of a request's time (an engine's first few steps of a model arm excepted: its first measure, which
-  every later request reads); a probe runs only where its expected gain covers its cost; a model arm whose
+  within 3% of a request's time; a probe runs only where its expected gain covers its cost; a model arm whose
   steps lose three plain steps' time in a request is left out of it until a probe finds it paying, and one the
-  engine measured clearly slower is not kept ready at all (no features or vocabulary policy fed at each step).  Where four requests in a row of a decoding kind lost to
+  request would not take (measured clearly slower, or a probe its budget cannot pay for) is not kept ready at all
+  (no features or vocabulary policy fed at each step).  Where four requests in a row of a decoding kind lost to
   plain decoding (their drafted steps' tokens at a plain step each, less those steps' time, less choosing), the
   next requests of that kind run plainly, choosing nothing (suffix decoding still learns their responses): four,
   then one that chooses again, then eight, up to sixteen while they keep losing; one that gains ends it.  An

@@ -177,9 +177,7 @@ class Missing(Drafter):
 def test_what_choosing_costs_stays_within_its_budget(monkeypatch):
     """A slow cheap arm (a proposal costs a fifth of a plain step) and a slow model arm (a step three times a plain
     one) that never pay: auto decodes plainly, its choosing (the proposals not taken, scoring, bookkeeping, the
-    probes) costs at most its budget of the steps' time, and its output is the target's.  The engine's first measure
-    of the model arm (one probe, the first request's) is outside the budget: a second request stays within it and
-    leaves the arm out."""
+    probes) costs at most its budget of the steps' time, and its output is the target's."""
     _, nm = tiny_pair("llama")
     step_s = 0.010
     forward = nm.forward
@@ -190,17 +188,12 @@ def test_what_choosing_costs_stays_within_its_budget(monkeypatch):
     arms = {"plain": None, "slow": Missing(truth, len(prompt), step_s / 5, cheap=True),
             "heavy": Missing(truth, len(prompt), 2 * step_s, cheap=False)}
     portfolio = Portfolio(arms, "plain")
-    budget = portfolio.choice_options.get("budget", 0.03)
-    for request in range(2):
-        drafter = portfolio.for_request()
-        got = generate_ids(nm, prompt, cfg, drafter=drafter)
-        assert got.token_ids == truth
-        auto = got.stats.auto
-        spent = auto["overhead_s"] + auto["probe_s"]
-        assert auto["arms"]["plain"] >= 0.95 * got.stats.steps, auto
-        first = 3 * 2 * step_s if request == 0 else 0.0  # the first measure: one probe of 3 steps, 2 plain steps over
-        assert spent <= budget * auto["spent_s"] + step_s + first, auto
-    assert drafter.model == [] and auto["arms"].get("heavy", 0) == 0, auto
+    got = generate_ids(nm, prompt, cfg, drafter=portfolio)
+    assert got.token_ids == truth
+    auto = got.stats.auto
+    spent = auto["overhead_s"] + auto["probe_s"]
+    assert auto["arms"]["plain"] >= 0.95 * got.stats.steps, auto
+    assert spent <= portfolio.choice_options.get("budget", 0.03) * auto["spent_s"] + step_s, auto
 
 
 class SizedFirst(ScriptedChoice):
@@ -299,25 +292,18 @@ def test_a_request_leaves_out_the_model_arms_it_would_not_take(tmp_path):
     for _ in range(16):
         history.add("plain", 1, 0.010)
         history.add("eagle", 1, 0.020)  # half plain decoding's rate
-    assert portfolio.for_request().model == []
-    assert Portfolio(portfolio.arms, "eagle", history).for_request().model == ["eagle"]  # the start arm
+    assert portfolio.for_request(10, 1000).model == []
+    assert Portfolio(portfolio.arms, "eagle", history).for_request(10, 1000).model == ["eagle"]  # the start arm
     fresh = Portfolio(portfolio.arms, "plain")
     fresh.history.add("plain", 1, 0.010)
-    assert fresh.for_request().model == ["eagle"]  # never measured: the engine's first measure of it
-    for _ in range(2):
-        fresh.history.add("eagle", 2, 0.012)  # two steps at 167 tok/s: still measured
-    assert fresh.for_request().model == ["eagle"]
-    slow = Portfolio(portfolio.arms, "plain")
-    slow.history.add("plain", 1, 0.010)
-    for _ in range(2):
-        slow.history.add("eagle", 1, 0.050)  # two steps at 20 tok/s: even its optimistic rate is below plain's
-    assert slow.for_request().model == []
+    assert fresh.for_request(10, 16).model == []  # unmeasured: 16 tokens cannot pay for a 3-step probe
+    assert fresh.for_request(10, 100_000).model == ["eagle"]
     for _ in range(16):
         history.add("eagle", 2, 0.022)  # now within reach
-    assert portfolio.for_request() is portfolio
+    assert portfolio.for_request(10, 1000) is portfolio
     for _ in range(16):  # prompt lookup after a 3-token match: 4 tokens in 11 ms, far above eagle's rate, but offered
         history.add("lookup@3", 4, 0.011)  # only at the steps with a match, where eagle would not be taken
-    assert portfolio.for_request() is portfolio
+    assert portfolio.for_request(10, 1000) is portfolio
 
     class Lm:  # what an engine reads of its loaded model
         model, eos_token_ids, name, tokenizer = nm, (), "tiny", None
@@ -371,7 +357,7 @@ def test_an_engine_whose_requests_lose_to_plain_decoding_steps_aside():
                        "plain")
     pattern = []
     for _ in range(ASIDE_AFTER + 4 + 1 + 8 + 1 + 16 + 1 + 16):
-        drafter = engine.for_request()
+        drafter = engine.for_request(len(prompt), cfg.max_new_tokens)
         got = generate_ids(nm, prompt, cfg, drafter=drafter)
         assert got.token_ids == truth
         aside = bool(got.stats.auto.get("aside"))
@@ -386,7 +372,7 @@ def test_an_engine_whose_requests_lose_to_plain_decoding_steps_aside():
     assert "".join(pattern) == want
     assert len(suffix.cache.responses) == len(pattern)  # every response learnt, run plainly or not
     engine.history.request_done(0.05)  # a request that gained: choosing again from the next one on
-    assert not isinstance(engine.for_request(), Aside)
+    assert not isinstance(engine.for_request(len(prompt), cfg.max_new_tokens), Aside)
 
 
 def test_a_requests_gain_is_its_drafted_steps_at_plain_speed_less_choosing():

@@ -35,10 +35,7 @@ and the choice's bookkeeping (charged by the caller, :meth:`OnlineChoice.charge`
 what the preferred arm would have taken are counted as they are spent (while plain decoding is taken, the caller's
 cheap proposals get ``plain_share`` of a plain step, and that share of the rest of the request is kept for them); a
 probe needs room in the budget and an expected gain (at the arm's optimistic rate, over the tokens left) above its
-expected cost, its catch-up included.  One exception: an engine's *first measure* of a model arm (its first
-``first_measure`` steady steps, while its optimistic rate still beats the best) is the engine's, outside any one
-request's budget: a few steps of a model arm are a large share of one request's time, so no request's budget would
-ever pay for them, and the engine could never learn the arm's rate; every later request reads what they measured.
+expected cost, its catch-up included.
 **A model arm that loses steps to plain decoding steps aside**: each request keeps, per model arm, the seconds its
 steady steps gained on plain decoding's (tokens times a plain step's seconds, minus theirs); an arm ``give_up`` plain
 steps behind is left out of the exploit for the rest of the request, until a probe of it pays (``benched``); so is
@@ -220,11 +217,6 @@ class OnlineChoice:
         self.plain, self.prior_steps, self.base_interval, self.max_interval = plain, prior_steps, interval, max_interval
         self.probe_steps, self.prune, self.stay, self.budget, self.give_up = probe_steps, prune, stay, budget, give_up
         self.plain_share = plain_share  # the cheap arms' proposals' share of a plain step while plain decoding is taken
-        # a model arm's first steady steps on an engine: probed whatever the request's budget (a probe of a few steps
-        # of a model arm is a large share of one request's time, so no budget would ever pay for it, and an arm
-        # judged on a step or two could be dropped for good on a draw), once per engine: every later request reads
-        # what they measured
-        self.first_measure = max(8, probe_steps)
         self.own: dict[str, list] = defaultdict(lambda: [0.0, 0.0, 0])  # by key: tokens, seconds, steady steps
         self.chosen = {a: 0 for a in history.arms}
         self.switches = 0
@@ -345,14 +337,15 @@ class OnlineChoice:
         return best
 
     @classmethod
-    def keeps(cls, history: ArmHistory, start: str, arm: str, **options) -> bool:
-        """Whether a request keeps model arm ``arm`` ready (its features and its vocabulary policy fed at every
-        step, a share of a plain step): the start arm always; an arm the engine measured for :attr:`first_measure`
-        steady steps where it is within ``prune`` of the best rate measured; one measured less while the engine's
-        first measure of it is under way (never measured, or its optimistic rate above the best).  The rates it is
-        held against are those of the arms a step can always take (plain decoding, the model arms): a cheap arm's
-        key is offered only at the steps it has a proposal for (prompt lookup after a match), where the model arm
-        would not be taken anyway.  ``options``: the choice's (``cheap``: the cheap arms)."""
+    def keeps(cls, history: ArmHistory, start: str, arm: str, tokens: int, backlog: int, **options) -> bool:
+        """Whether a request of up to ``tokens`` tokens keeps model arm ``arm`` ready (its features and its
+        vocabulary policy fed at every step, a share of a plain step): the start arm always; an arm measured well
+        (``probe_steps`` steps and more) where it is within ``prune`` of the best rate measured; an arm measured
+        less where the request's budget could pay for a probe of it (its catch-up on ``backlog`` tokens and its steps
+        at the best rate).  The rates it is held against are those of the arms a step can always take (plain
+        decoding, the model arms): a cheap arm's key is offered only at the steps it has a proposal for (prompt lookup
+        after a match), where the model arm would not be taken anyway.  ``options``: the choice's (``cheap``: the
+        cheap arms)."""
         choice = cls(history, start, catch_up=(arm,), **options)
         if arm in (start, choice.start):  # the configured start, or the one the engine measured fastest
             return True
@@ -360,11 +353,10 @@ class OnlineChoice:
         if not rates:
             return True
         best = max(rates)
-        measured, rate = history.sums(arm)[2], history.rate(arm) or 0.0
-        if measured >= choice.first_measure:
-            return rate >= choice.prune * best
-        # the engine's first measure of it (see first_measure): under way while its optimistic rate beats the best
-        return not measured or rate * (1 + 1 / math.sqrt(1 + measured)) > best
+        if history.sums(arm)[2] >= max(8, choice.probe_steps):
+            return (history.rate(arm) or 0.0) >= choice.prune * best
+        cost = history.switch_cost(arm, backlog) + choice.probe_steps / best
+        return (choice.budget - choice.plain_share) * tokens / best >= cost
 
     def _probe_target(self, arms: list[str]) -> str | None:
         """The most promising model arm other than the one the estimates prefer (cheap arms are scored at every
@@ -387,8 +379,8 @@ class OnlineChoice:
             return True
         m = self._means(arm)
         catch = self.history.switch_cost(arm, self.backlog.get(arm, 1)) if arm in self.catch_up else 0.0
-        if self._measured(arm) < self.first_measure:
-            return True  # the engine's first measure of the arm, not the request's (see first_measure)
+        if m is None:  # never measured: its first measure, if the budget has room for its steps at twice the best's
+            return self.room(catch + self.probe_steps / best)
         tokens, seconds = m
         cost = catch + self.probe_steps * max(0.0, seconds - tokens / best)
         gain = self._left * (1 / best - 1 / self.value(arm, optimistic=True))

@@ -49,7 +49,7 @@ class OnlineEngine(Engine):
     def request_drafter(self, prompt_ids, cfg: "GenerationConfig") -> tuple[Portfolio, bool]:
         """The arms the request may take (:meth:`~microspec.auto.portfolio.Portfolio.for_request`); left without a
         model arm, no vocabulary policy."""
-        drafter = self.drafter.for_request()
+        drafter = self.drafter.for_request(len(prompt_ids), cfg.max_new_tokens)
         return drafter, drafter is self.drafter or bool(drafter.model)
 
 

@@ -81,17 +81,18 @@ class Portfolio(Drafter):
         self._cost: dict[str, float] = {}  # per cheap arm: the seconds of its proposals, a running mean
         self._committed: float | None = None  # when the last step committed (sized views' whole steps)
 
-    def for_request(self) -> "Drafter":
-        """This portfolio, or one without the model arms the next request would not take
-        (:meth:`OnlineChoice.keeps`: measured clearly slower, or measured enough to tell): they would cost a share
-        of every step kept ready (fed the features, their vocabulary policy the tokens) for nothing.  It shares the
-        arms' drafters and the history.  Where the engine's recent requests lost to plain decoding
-        (:meth:`~microspec.auto.choice.ArmHistory.step_aside`), :class:`Aside`: the request runs plainly and chooses
-        nothing."""
+    def for_request(self, prompt_tokens: int, max_new_tokens: int) -> "Drafter":
+        """This portfolio, or one without the model arms a request of ``max_new_tokens`` tokens after a prompt of
+        ``prompt_tokens`` would not take (:meth:`OnlineChoice.keeps`: measured clearly slower, or a probe the
+        request's budget cannot pay for): they would cost a share of every step kept ready (fed the features,
+        their vocabulary policy the tokens) for nothing.  It shares the arms' drafters and the history.  Where the
+        engine's recent requests lost to plain decoding (:meth:`~microspec.auto.choice.ArmHistory.step_aside`),
+        :class:`Aside`: the request runs plainly and chooses nothing."""
         if self.history.step_aside():
             return Aside(self)
         keep = [m for m in self.model if self.chooser is not OnlineChoice or OnlineChoice.keeps(
-            self.history, self.start, m, cheap=(*self.cheap, *self.views), **self.choice_options)]
+            self.history, self.start, m, max_new_tokens, prompt_tokens + max_new_tokens // 2,
+            cheap=(*self.cheap, *self.views), **self.choice_options)]
         if len(keep) == len(self.model):
             return self
         arms = {name: d for name, d in self.arms.items() if name not in self.model or name in keep}
