@@ -316,40 +316,62 @@ def _sized_lookup(folder: str) -> list[str]:
             *_sized_auto(f"{folder}/auto-lookup")]
 
 
-def _sized_auto(folder: str) -> list[str]:
-    """``auto``'s short prompt-lookup chain, 3 fixed tokens against a view of the long chain sized step by step."""
+def _auto_ab(folder: str, intro: str, arm: str, label: str) -> list[str]:
+    """An alternated A/B of ``auto`` alone (``folder``'s ab.json): ``intro`` (given the two commits), the table, its
+    source, ``arm``'s share of the steps at each commit (``label``), whether the ranges overlap, losslessness."""
     res = load(f"{folder}/ab.json")
     first = next(iter(res.values()))["meta"]
-    old, new = first["old"][0], first["new"][0]
+    old, new = first["old"][0]["commit"], first["new"][0]["commit"]
+    runs = sorted(p.name.split("-", 1)[1] for p in (RESULTS / folder).glob("base-run*"))
 
-    def share(side: str) -> list[float]:
-        return [load(f"{folder}/{side}-{run}/greedy/results.json")["methods"]["auto"]["overall"]["auto_share"]
-                .get("lookup", 0.0) for run in ("run1", "run2", "run3")]
+    def share(side: str, decoding: str) -> list[float]:
+        return [load(f"{folder}/{side}-{run}/{decoding}/results.json")["methods"]["auto"]["overall"]["auto_share"]
+                .get(arm, 0.0) for run in runs]
 
     apart = [SIZED[k] for k, d in res.items() if k in SIZED and (
         max(d["methods"]["auto"]["old"]) < min(d["methods"]["auto"]["new"])
         or max(d["methods"]["auto"]["new"]) < min(d["methods"]["auto"]["old"]))]
-    return ["`auto` searches prompt lookup once a step for its long chain (8 tokens) and offers a shorter view of it; "
-            f"until {old['commit']} the view kept 3 tokens, since {new['commit']} it is sized the same way on a packed "
-            "CPU target. A proposal is scored against the text that followed whether it was taken or not, so the "
-            "view's calibration takes the long chain's every scored proposal (with a point-mass draft a token's "
-            "chance of matching the text is its chance of acceptance, sampled or not), and it is priced by the plain "
-            "and prompt-lookup steps (verify seconds against nodes, committed tokens against whole steps). The same "
-            "held-apart prompts, " + str(len(first["old"])) + " alternated runs of each commit (x plain decoding in "
-            "the same run, mean (range)):", "",
-            table(["decoding", "method", f"x plain at {old['commit']}", f"x plain at {new['commit']}", "change",
-                   "τ", "questions below the old range"], ab_rows(folder, SIZED, {"auto": "`auto`"})), "",
+    return [intro.format(old=old, new=new) + " The same held-apart prompts, "
+            + f"{len(first['old'])} alternated runs of each commit (x plain decoding in the same run, mean (range)):",
+            "", table(["decoding", "method", f"x plain at {old}", f"x plain at {new}", "change", "τ",
+                       "questions below the old range"],
+                      ab_rows(folder, {k: v for k, v in SIZED.items() if k in res}, {"auto": "`auto`"})), "",
             ab_source(folder, res).markdown(), "",
-            f"- The short view's share of `auto`'s greedy steps: {spread(share('base'), 2, '')} → "
-            f"{spread(share('head'), 2, '')}.",
+            f"- {label} share of `auto`'s steps: " + "; ".join(
+                f"{SIZED[k]} {spread(share('base', k), 2, '')} → {spread(share('head', k), 2, '')}"
+                for k in SIZED if k in res) + ".",
             "- " + (f"In {', '.join(apart)} the two commits' ranges do not overlap." if apart else
                     "In every decoding the two commits' ranges overlap: no change here is larger than the runs' "
                     "spread."), ab_lossless(res), ""]
 
 
+def _sized_auto(folder: str) -> list[str]:
+    """``auto``'s short prompt-lookup chain, 3 fixed tokens against a view of the long chain sized step by step."""
+    return _auto_ab(folder, "`auto` searches prompt lookup once a step for its long chain (8 tokens) and offers a "
+                    "shorter view of it; until {old} the view kept 3 tokens, since {new} it is sized the same way on a "
+                    "packed CPU target. A proposal is scored against the text that followed whether it was taken or "
+                    "not, so the view's calibration takes the long chain's every scored proposal (with a point-mass "
+                    "draft a token's chance of matching the text is its chance of acceptance, sampled or not), and it "
+                    "is priced by the plain and prompt-lookup steps (verify seconds against nodes, committed tokens "
+                    "against whole steps).", "lookup", "The short view's")
+
+
+def _first_measure() -> list[str]:
+    """``auto`` measuring its model arm once per engine outside a request's budget: measured, then reverted."""
+    return ["### `auto`'s EAGLE arm measured once per engine (reverted)", "",
+            *_auto_ab(DATA["AUTO_FIRST_MEASURE"],
+                      "On the packed CPU `auto` keeps its EAGLE arm only where a request's choosing budget (3%) can pay "
+                      "for a probe of it, which a request of 128 tokens never can: the arm is never measured, or "
+                      "measured on one probe of two steps and then left out for good. {new} made an engine's first "
+                      "measure of a model arm (its first 8 steady steps, while its optimistic rate beats the best) the "
+                      "engine's, outside the budget; measured against {old} it lost, and it is reverted (the arm is "
+                      "kept ready while it is measured, and it pays, if at all, only at the plain steps).",
+                      "eagle", "The EAGLE arm's")]
+
+
 def render() -> str:
     return "\n".join(["## Where the time goes", "", *_split(), *_step(), *_layer(), *_paths(), *_sized(),
-                      *_floor(), *_llama()]).rstrip() + "\n"
+                      *_first_measure(), *_floor(), *_llama()]).rstrip() + "\n"
 
 
 FIGURES: dict = {}
