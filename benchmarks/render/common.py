@@ -181,7 +181,8 @@ def ab_source(folder: str, res: dict) -> Source:
     bench = re.sub(r" --out \S+", " --out /tmp/ab/<side>-run<n>", old["command"])
     cmd = ("python3 benchmarks/data/held_apart.py --data ../shared/data --out /tmp/held_apart3.jsonl --per-category 3 "
            f"--seed 2026; {bench} (in a worktree of each commit, PYTHONPATH=src, the commits alternating, "
-           f"{NUMBERS.get(len(first['old']), len(first['old']))} runs each); python3 benchmarks/measure/cpu_ab.py --old /tmp/ab/base-run* --new /tmp/ab/head-run* --out ab.json")
+           f"{NUMBERS.get(len(first['old']), len(first['old']))} runs each); "
+           "python3 benchmarks/measure/cpu_ab.py --old /tmp/ab/base-run* --new /tmp/ab/head-run* --out ab.json")
     dates = sorted(m["date"] for d in res.values() for side in ("old", "new") for m in d["meta"][side])
     return Source(f"{folder}/", cmd, f"{dates[0]} to {dates[-1]}", f"{old['machine']}, {old['threads']} threads",
                   f"{old['commit']} and {new['commit']}")

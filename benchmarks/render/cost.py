@@ -292,7 +292,8 @@ def _sized_lookup(folder: str) -> list[str]:
         return [load(f"{run}/{decoding}/results.json")["methods"]["ngram"]["overall"][key] for run in runs_of[d]]
 
     rows = [[label, spread(over("3", k, "speedup")), spread(over("auto", k, "speedup")),
-             f"{spread(over('3', k, 'mean_accept_len'), 2, '')} → {spread(over('auto', k, 'mean_accept_len'), 2, '')}"]
+             f"{spread(over('3', k, 'mean_accept_len'), 2, '')} → "
+             f"{spread(over('auto', k, 'mean_accept_len'), 2, '')}"]
             for k, label in SIZED.items()]
     metas = [load(f"{run}/{k}/results.json")["meta"] for d in runs_of for run in runs_of[d] for k in SIZED]
     mism = [load(f"{run}/{k}/results.json").get("mismatches") for d in runs_of for run in runs_of[d]
@@ -360,12 +361,12 @@ def _first_measure() -> list[str]:
     """``auto`` measuring its model arm once per engine outside a request's budget: measured, then reverted."""
     return ["### `auto`'s EAGLE arm measured once per engine (reverted)", "",
             *_auto_ab(DATA["AUTO_FIRST_MEASURE"],
-                      "On the packed CPU `auto` keeps its EAGLE arm only where a request's choosing budget (3%) can pay "
-                      "for a probe of it, which a request of 128 tokens never can: the arm is never measured, or "
+                      "On the packed CPU `auto` keeps its EAGLE arm only where a request's choosing budget (3%) can "
+                      "pay for a probe of it, which a request of 128 tokens never can: the arm is never measured, or "
                       "measured on one probe of two steps and then left out for good. {new} made an engine's first "
-                      "measure of a model arm (its first 8 steady steps, while its optimistic rate beats the best) the "
-                      "engine's, outside the budget; measured against {old} it lost, and it is reverted (the arm is "
-                      "kept ready while it is measured, and it pays, if at all, only at the plain steps).",
+                      "measure of a model arm (its first 8 steady steps, while its optimistic rate beats the best) "
+                      "the engine's, outside the budget; measured against {old} it lost, and it is reverted (the arm "
+                      "is kept ready while it is measured, and it pays, if at all, only at the plain steps).",
                       "eagle", "The EAGLE arm's")]
 
 

@@ -397,8 +397,8 @@ def _sized_ab() -> list[str]:
         a, b = old[("greedy", "auto", c)], new[("greedy", "auto", c)]
         apart = " (apart)" if max(b) < min(a) or min(b) > max(a) else ""
         lower = sum(y < x for x, y in zip(a, b))
-        return (f"{mean_of(a):.0f} ({min(a):.0f}–{max(a):.0f}) → {mean_of(b):.0f} ({min(b):.0f}–{max(b):.0f}){apart}"
-                f", the new run below its pair in {lower} of {len(a)}")
+        return (f"{mean_of(a):.0f} ({min(a):.0f}–{max(a):.0f}) → {mean_of(b):.0f} ({min(b):.0f}–{max(b):.0f})"
+                f"{apart}, the new run below its pair in {lower} of {len(a)}")
 
     runs = len(old[("greedy", "auto", clients[0])])
     return [f"- `auto`'s short prompt-lookup chain sized step by step (c4428c4), greedy `auto` servers at "
