@@ -400,11 +400,10 @@ def _sized_ab() -> list[str]:
         return (f"{mean_of(a):.0f} ({min(a):.0f}–{max(a):.0f}) → {mean_of(b):.0f} ({min(b):.0f}–{max(b):.0f})"
                 f"{apart}, the new run below its pair in {lower} of {len(a)}")
 
-    runs = len(old[("greedy", "auto", clients[0])])
     return [f"- `auto`'s short prompt-lookup chain sized step by step (c4428c4), greedy `auto` servers at "
             f"{old_meta['commits']} and {new_meta['commits']} (`{SIZED_AB}/`, {new_meta['date'].split(' ')[0]}, "
-            f"alternating, {runs} runs each), tok/s old → new, mean (range), \"apart\" where the ranges do not "
-            "overlap, and how often a run at the new commit fell below the run of the old one just before it: "
+            "alternating; runs 6-11 load 1 and 4 clients only), tok/s old → new, mean (range), \"apart\" where "
+            "the ranges do not overlap, and how often a run at the new commit fell below the run of the old one just before it: "
             + "; ".join(f"{c} client{'s' if c > 1 else ''} {cell(c)}" for c in clients) + "."]
 
 
