@@ -403,7 +403,8 @@ def _sized_ab() -> list[str]:
     return [f"- `auto`'s short prompt-lookup chain sized step by step (c4428c4), greedy `auto` servers at "
             f"{old_meta['commits']} and {new_meta['commits']} (`{SIZED_AB}/`, {new_meta['date'].split(' ')[0]}, "
             "alternating; runs 6-11 load 1 and 4 clients only), tok/s old → new, mean (range), \"apart\" where "
-            "the ranges do not overlap, and how often a run at the new commit fell below the run of the old one just before it: "
+            "the ranges do not overlap, and how often a run at the new commit fell below the run of the old one "
+            "just before it: "
             + "; ".join(f"{c} client{'s' if c > 1 else ''} {cell(c)}" for c in clients) + "."]
 
 
