@@ -145,12 +145,21 @@ def repeat_ms_per_step(run: str, method: str, key: str = "draft_s") -> list[floa
             / sum(sum(r["choices"][i]["decoding_steps"]) for r in recs) for i in range(n)]
 
 
-def ab_tau(folder: str, side: str, decoding: str, method: str) -> list[float]:
-    """The mean accepted lengths of ``method`` in each run of one side (``base``, ``head``) of an alternated A/B
+def ab_runs(folder: str, side: str) -> list[str]:
+    """The run folders of one side (``base``, ``head``) of an alternated A/B in ``folder``
     (``benchmarks/measure/cpu_ab.py``'s layout: ``<side>-run1``, ``<side>-run2``, ...)."""
-    runs = sorted(p.name for p in (RESULTS / folder).glob(f"{side}-run*") if p.is_dir())
-    return [load(f"{folder}/{run}/{decoding}/results.json")["methods"][method]["overall"]["mean_accept_len"]
-            for run in runs]
+    return sorted(p.name for p in (RESULTS / folder).glob(f"{side}-run*") if p.is_dir())
+
+
+def ab_overall(folder: str, side: str, decoding: str, method: str) -> list[dict]:
+    """``method``'s overall results for ``decoding`` in each run of one side of an alternated A/B."""
+    return [load(f"{folder}/{run}/{decoding}/results.json")["methods"][method]["overall"]
+            for run in ab_runs(folder, side)]
+
+
+def ab_tau(folder: str, side: str, decoding: str, method: str) -> list[float]:
+    """The mean accepted lengths of ``method`` in each run of one side of an alternated A/B."""
+    return [o["mean_accept_len"] for o in ab_overall(folder, side, decoding, method)]
 
 
 def ab_rows(folder: str, decodings: dict, methods: dict) -> list[list]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from .common import (CPU, RESULTS, Source, ab_lossless, ab_rows, ab_source, ab_tau, commit, load, mean_of, num,
-                     runs, spread, table, x)
+from .common import (CPU, RESULTS, Source, ab_lossless, ab_overall, ab_rows, ab_source, ab_tau, commit, load,
+                     mean_of, num, runs, spread, table, tie, x)
 from .vocab import METHODS, MODELS, PEERS, PROTOCOL, ov, source, title
 
 DATA = runs("cost")  # its runs and their provenance: benchmarks/render/runs.json
@@ -323,15 +323,12 @@ def _auto_ab(folder: str, intro: str, arm: str, label: str) -> list[str]:
     res = load(f"{folder}/ab.json")
     first = next(iter(res.values()))["meta"]
     old, new = first["old"][0]["commit"], first["new"][0]["commit"]
-    runs = sorted(p.name.split("-", 1)[1] for p in (RESULTS / folder).glob("base-run*"))
 
     def share(side: str, decoding: str) -> list[float]:
-        return [load(f"{folder}/{side}-{run}/{decoding}/results.json")["methods"]["auto"]["overall"]["auto_share"]
-                .get(arm, 0.0) for run in runs]
+        return [o["auto_share"].get(arm, 0.0) for o in ab_overall(folder, side, decoding, "auto")]
 
-    apart = [SIZED[k] for k, d in res.items() if k in SIZED and (
-        max(d["methods"]["auto"]["old"]) < min(d["methods"]["auto"]["new"])
-        or max(d["methods"]["auto"]["new"]) < min(d["methods"]["auto"]["old"]))]
+    apart = [SIZED[k] for k, d in res.items() if k in SIZED
+             and not tie(d["methods"]["auto"]["old"], d["methods"]["auto"]["new"])]
     return [intro.format(old=old, new=new) + " The same held-apart prompts, "
             + f"{len(first['old'])} alternated runs of each commit (x plain decoding in the same run, mean (range)):",
             "", table(["decoding", "method", f"x plain at {old}", f"x plain at {new}", "change", "τ",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from .common import CPU, RESULTS, Source, load, mean_of, num, runs, table, x
+from .common import CPU, RESULTS, Source, load, mean_of, num, runs, table, tie, x
 
 DATA = runs("serve")  # its runs and their provenance: benchmarks/render/runs.json
 
@@ -368,16 +368,20 @@ def _repeats() -> str:
 AB = DATA["AB"]  # the same load before and after the GPU step's changes: base/ and head/, alternated
 
 
+def _old_new(a: list[float], b: list[float]) -> str:
+    """Tok/s of repeated runs at two commits: ``mean (range) → mean (range)``, `` (apart)`` where the ranges do not
+    overlap."""
+    return (f"{mean_of(a):.0f} ({min(a):.0f}–{max(a):.0f}) → {mean_of(b):.0f} ({min(b):.0f}–{max(b):.0f})"
+            + ("" if tie(a, b) else " (apart)"))
+
+
 def _across() -> list[str]:
     """The same command at the commit before the GPU step's last changes and after them, the two alternating."""
     (old, old_meta), (new, new_meta) = _runs(f"{AB}/base"), _runs(f"{AB}/head")
     names = {"greedy": "greedy", "pen": "penalty 1.2"}
 
     def cell(dec: str, drafter: str, c: int) -> str:
-        a, b = old[(dec, drafter, c)], new[(dec, drafter, c)]
-        apart = " (apart)" if max(b) < min(a) or min(b) > max(a) else ""
-        return (f"{mean_of(a):.0f} ({min(a):.0f}–{max(a):.0f}) → {mean_of(b):.0f} ({min(b):.0f}–{max(b):.0f})"
-                f"{apart}")
+        return _old_new(old[(dec, drafter, c)], new[(dec, drafter, c)])
 
     clients = sorted({k[2] for k in old if k[2] > 1})
     runs = len(old[("greedy", "none", clients[0])])
@@ -395,10 +399,7 @@ def _sized_ab() -> list[str]:
 
     def cell(c: int) -> str:
         a, b = old[("greedy", "auto", c)], new[("greedy", "auto", c)]
-        apart = " (apart)" if max(b) < min(a) or min(b) > max(a) else ""
-        lower = sum(y < x for x, y in zip(a, b))
-        return (f"{mean_of(a):.0f} ({min(a):.0f}–{max(a):.0f}) → {mean_of(b):.0f} ({min(b):.0f}–{max(b):.0f})"
-                f"{apart}, the new run below its pair in {lower} of {len(a)}")
+        return f"{_old_new(a, b)}, the new run below its pair in {sum(y < x for x, y in zip(a, b))} of {len(a)}"
 
     return [f"- `auto`'s short prompt-lookup chain sized step by step (c4428c4), greedy `auto` servers at "
             f"{old_meta['commits']} and {new_meta['commits']} (`{SIZED_AB}/`, {new_meta['date'].split(' ')[0]}, "

@@ -61,7 +61,7 @@ class Portfolio(Drafter):
               f"auto: a view keeps a number of levels or {AUTO_DEPTH!r}")
         self.arms, self.start = dict(arms), start
         self.sized = {src for src, levels in self.views.values() if levels == AUTO_DEPTH}  # sources of sized views
-        self.measured = measured if measured is not None or not self.sized else Measured()
+        self.measured = measured if measured is not None else Measured() if self.sized else None
         self._length = None if self.measured is None else DraftLength(measured=self.measured)
         self.history = history if history is not None else ArmHistory(tuple(names))
         # (history, start, catch_up=..., cheap=..., **choice_options) -> pick, observe, score, charge, plain_step,
