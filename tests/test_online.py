@@ -16,6 +16,7 @@ from microspec.decoding import GenerationConfig, generate_ids
 from microspec.auto import ArmHistory, OnlineChoice
 from microspec.drafters import EagleDrafter, EagleHead, NGramDrafter
 from microspec.drafters.lookup_first import LookupFirst
+from microspec.drafters.ngram import match_confidence
 from microspec.auto import Portfolio
 from microspec.drafters.base import Drafter
 from microspec.decoding.tree import DraftTree
@@ -171,7 +172,11 @@ class Missing(Drafter):
     def propose(self, ctx):
         time.sleep(self.delay)
         at = len(ctx.tokens) - self.prompt
-        return DraftTree.chain([(t + 1) % VOCAB for t in self.truth[at:at + self.length]])
+        return self._chain([(t + 1) % VOCAB for t in self.truth[at:at + self.length]])
+
+    def _chain(self, tokens):  # each node's own chance as prompt lookup's after the matched n-gram
+        self.chances = [match_confidence(self.matched)] * len(tokens)
+        return DraftTree.chain(tokens)
 
 
 def test_what_choosing_costs_stays_within_its_budget(monkeypatch):
@@ -214,7 +219,7 @@ class Copies(Missing):
     def propose(self, ctx):
         at = len(ctx.tokens) - self.prompt
         self.matched = 3
-        return DraftTree.chain(self.truth[at:at + self.length])
+        return self._chain(self.truth[at:at + self.length])
 
 
 @pytest.mark.parametrize("arm", [Copies, Missing])
@@ -224,7 +229,9 @@ def test_a_sized_view_keeps_the_copied_tokens_that_pay(monkeypatch, arm):
     chain where none is; the output is the target's either way."""
     _, nm = tiny_pair("llama")
     forward = nm.forward
-    monkeypatch.setattr(nm, "forward", lambda *a, **k: (time.sleep(0.004), forward(*a, **k))[1])
+    # a step of 4 ms and 0.5 ms a row: a verify row has a price the sizing measures
+    monkeypatch.setattr(nm, "forward", lambda ids, *a, **k: (time.sleep(0.004 + 0.0005 * len(ids)),
+                                                             forward(ids, *a, **k))[1])
     prompt = [1, 5, 9, 13, 5, 9, 13, 17, 5, 9]
     cfg = GenerationConfig(max_new_tokens=160, ignore_eos=True)
     truth = generate_ids(nm, prompt, cfg).token_ids

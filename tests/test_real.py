@@ -241,15 +241,15 @@ def test_gemma_shipped_eagle_head_out_of_the_box(gemma_gguf, gemma_ar):
 
 def test_gemma_generate_speculates_by_default():
     """`microspec generate` with no drafter option on the default model (packed GGUF weights): auto, chosen online
-    among plain decoding, prompt lookup (two chains), suffix decoding and the EAGLE head, starting with prompt lookup
-    on plain greedy decoding (what measured fastest on this path) — the same tokens as plain decoding (`--compare`
+    among plain decoding, prompt lookup and suffix decoding (each sized step by step) and the EAGLE head, starting
+    with prompt lookup on plain greedy decoding (what measured fastest on this path) — the same tokens as plain decoding (`--compare`
     runs both) — and auto too with repetition penalty 1.2, the stats line saying what it took."""
     base = [sys.executable, "-m", "microspec", "generate", "--prompt", SPEC_PROMPTS[0], "--max-new-tokens", "32"]
     proc = subprocess.run([*base, "--compare", "--json"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     obj = json.loads(proc.stdout)
     assert (obj["drafter"], obj["start"], obj["dtype"]) == ("auto", "lookup", "gguf")
-    assert obj["arms"] == ["plain", "lookup-8", "suffix", "eagle", "lookup"]
+    assert obj["arms"] == ["plain", "lookup", "suffix", "eagle"]
     assert "warning" not in proc.stderr  # --compare found the plain greedy tokens identical
     assert obj["plain_stats"]["new_tokens"] == obj["stats"]["new_tokens"]
     proc = subprocess.run([*base, "--repetition-penalty", "1.2"], capture_output=True, text=True, timeout=600)

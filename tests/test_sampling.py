@@ -204,12 +204,14 @@ def _drafters(exact):
         # prompt lookup first: a copied chain (a point-mass draft) at some steps, the EAGLE tree at the others
         "eagle-lookup": lambda: LookupFirst(EagleDrafter(_eagle_head(), depth=2, top_k=3, total_tokens=6),
                                             EveryOtherMatch()),
-        # auto: plain, prompt lookup (whole and sized), the EAGLE tree and lookup first, the arm changing from step
-        # to step
+        # auto: plain, prompt lookup (whole, and a fixed view), suffix decoding's tree cut to the nodes that pay (a
+        # sized view), the EAGLE tree and lookup first, the arm changing from step to step
         "auto": lambda: Portfolio({"plain": None, "lookup": NGramDrafter(num_tokens=3), "copy": CopiedChain(),
+                                   "suffix-tree": SuffixDrafter(depth=3, total_tokens=6),
                                    "eagle": (e := EagleDrafter(_eagle_head(), depth=2, top_k=3, total_tokens=6)),
                                    "lookup-first": LookupFirst(e, EveryOtherMatch())}, "plain",
-                                  chooser=RotatingArms, views={"sized": ("lookup", "auto")}),
+                                  chooser=RotatingArms, views={"short": ("lookup", 1),
+                                                               "sized": ("suffix-tree", "auto")}),
         # EAGLE-3 over a draft vocabulary of its own (48 of the 96 ids): zero draft mass outside it
         "eagle3-tree": lambda: Eagle3Drafter(_eagle3_head(), depth=2, top_k=3, total_tokens=6),
         # the same with the set replacing the draft vocabulary (ids outside it scored with the target's rows)

@@ -63,11 +63,12 @@ def test_trie_counts_every_substring_and_forgets_what_it_removes():
 def test_tree_is_best_first_by_frequency():
     trie = SuffixTrie(depth=6)
     trie.extend([7, 1, 2, 7, 1, 2, 7, 1, 3, 7, 5])
-    tokens, parents, score = trie.tree(trie.find([7]), max_depth=3, max_tokens=4, min_prob=0.1)
+    tokens, parents, score, shares = trie.tree(trie.find([7]), max_depth=3, max_tokens=4, min_prob=0.1)
     # 7 -> 1 (3 of 4: 0.75), 7 1 -> 2 (2 of 3: 0.5), 7 1 2 -> 7 (2 of 2: 0.5), then 7 -> 5 and 7 1 -> 3 tie at 0.25:
     # the earlier found (the root's child) first
     assert (tokens, parents) == ([1, 2, 7, 5], [-1, 0, 1, -1])
     assert score == pytest.approx(0.75 + 0.5 + 0.5 + 0.25)
+    assert shares == pytest.approx([0.75, 2 / 3, 1.0, 0.25])  # each node's share of its parent's occurrences
     assert trie.longest_match([9, 9, 7, 1]) == trie.find([7, 1])
     assert trie.longest_match([9, 4]) is None
 

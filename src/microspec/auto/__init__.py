@@ -4,8 +4,9 @@ the drafting method chosen online, per request and step, by measured speed.
 - :mod:`.engines`: :func:`engine` (the one entry point, which :func:`microspec.compose.build` calls for ``auto``, and
   :func:`open_auto` for the command line's and the server's requests),
   the :class:`AutoEngine` holding an :class:`OnlineEngine` per decoding kind (greedy, penalty, sampling, sampling
-  with a penalty), each with its arms: plain decoding, prompt lookup (two chain lengths from one search), suffix
-  decoding and, for a model with an EAGLE head, the head with MicroSpec's vocabulary;
+  with a penalty), each with its arms: plain decoding, prompt lookup, suffix decoding (on a packed CPU target each
+  proposal cut to the nodes that pay for their verify rows) and, for a model with an EAGLE head, the head with
+  MicroSpec's vocabulary;
 - :mod:`.portfolio`: the :class:`Portfolio` drafter behind an online engine, which asks the cheap arms at every step,
   scores their proposals against the text that follows and drafts with the arm the choice takes;
 - :mod:`.choice`: the online choice (:class:`OnlineChoice`, per request) and the engine's shared measurements

@@ -11,6 +11,10 @@ from ``auto``), and a drafter that declares neither is a *model* arm.
 - ``matched``: what the arm's last proposal matched on, where it measures that (prompt lookup: the length of the
   n-gram it matched); ``auto`` measures the arm's proposals apart by it (``lookup@2``).  None, or not declared: no
   such measure.
+- ``chances``: per node of the arm's last proposal, its own estimate of the node's chance of acceptance given its
+  parent's (prompt lookup: by the matched n-gram's length; suffix decoding: the node's share of its parent's
+  occurrences), the bins a sized view of the arm is calibrated by (:class:`~microspec.auto.portfolio.Portfolio`).
+  Not declared: :data:`UNKNOWN_CHANCE` for every node.
 """
 
 from __future__ import annotations
@@ -24,8 +28,12 @@ if TYPE_CHECKING:
     from ..decoding.tree import DraftTree
 
 
+UNKNOWN_CHANCE = 0.5  # a node's own chance where its arm declares none
+
+
 class CheapArm(Protocol):
-    """A cheap arm: a drafter that declares ``cheap = True`` and, where it measures one, ``matched``."""
+    """A cheap arm: a drafter that declares ``cheap = True`` and, where it measures them, ``matched`` and
+    ``chances``."""
 
     cheap: bool
 
@@ -42,4 +50,11 @@ def proposal_context(arm: object) -> int | None:
     return getattr(arm, "matched", None)
 
 
-__all__ = ["CheapArm", "is_cheap", "proposal_context"]
+def proposal_chances(arm: object, nodes: int) -> list[float]:
+    """Each of the ``nodes`` nodes of ``arm``'s last proposal: its own estimate of its chance given its parent's
+    (:data:`UNKNOWN_CHANCE` where the arm declares none)."""
+    chances = getattr(arm, "chances", None)
+    return list(chances) if chances is not None and len(chances) == nodes else [UNKNOWN_CHANCE] * nodes
+
+
+__all__ = ["UNKNOWN_CHANCE", "CheapArm", "is_cheap", "proposal_chances", "proposal_context"]

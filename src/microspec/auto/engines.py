@@ -6,36 +6,38 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..drafters.model_based import AUTO_DEPTH
-from ..drafters.ngram import SIZED_KINDS, NGramDrafter, chain_length
+from ..drafters.ngram import SIZED_KINDS, TOKENS, NGramDrafter, chain_length
 from ..drafters.registry import DEFAULT_HEAD
-from ..drafters.suffix import PRIVATE, SuffixDrafter
+from ..drafters.suffix import PRIVATE, TREE_TOKENS, SuffixDrafter
 from ..engine import Engine, TextOut
 from ..errors import MicrospecError, check
 from ..method import Method
 from ..models.registry import shipped_eagle_head
 from ..resolve import build_method, kind_of, load_heads, log_sizing
 from .portfolio import Portfolio
-from .start import DECODING_KINDS, EAGLE, LOOKUP, PLAIN, decoding_kind, start_arm
+from .start import DECODING_KINDS, EAGLE, LOOKUP, PLAIN, SUFFIX, decoding_kind, start_arm
 
 if TYPE_CHECKING:
     from ..decoding.config import GenerationConfig
     from ..decoding.loop import Generation, GenerationResult
     from ..models.registry import LoadedModel
 
-LONG_CHAIN = 8  # the longer prompt-lookup chain where the device's default is shorter (long repeats pay)
 HEAD_VOCAB = "microspec"  # the EAGLE arm's draft vocabulary unless the user names another
 
 
 class OnlineEngine(Engine):
     """``auto``'s engine for one decoding kind: a :class:`~microspec.auto.portfolio.Portfolio` of arms (plain
-    decoding, prompt lookup with two chain lengths, suffix decoding, the EAGLE head with its vocabulary policy)
-    chosen online per step by measured speed; its requests share what they measured.  Built by :func:`online`."""
+    decoding, prompt lookup, suffix decoding, the EAGLE head with its vocabulary policy) chosen online per step by
+    measured speed; its requests share what they measured.  Built by :func:`online`."""
 
     why = ""
 
     @property
     def arms(self) -> list[str]:
-        return [*self.drafter.arms, *self.drafter.views]
+        """The arms offered, in order: a sized view in its source's place (the source is never offered)."""
+        d = self.drafter
+        by_source = {src: name for name, (src, _) in d.views.items() if src in d.sized}
+        return [by_source.get(a, a) for a in d.arms] + [v for v in d.views if v not in by_source.values()]
 
     def describe(self) -> dict:
         d = self.drafter
@@ -66,26 +68,28 @@ def online(lm: "LoadedModel", kind: str, heads: dict | None = None, **options: A
     private = bool(options.pop(PRIVATE.name, False))
     device = kind_of(lm)
     chain = chain_length(device)["depth"]
-    # one search, two chain lengths where the device's fixed chain is short: the short chain is a view of the long
-    # one, sized step by step where the ngram method's chain is (a copied token kept where its chance pays its row)
-    short = AUTO_DEPTH if device in SIZED_KINDS and chain < LONG_CHAIN else chain
+    sized = device in SIZED_KINDS
+    short = AUTO_DEPTH if sized else chain
     match = {} if lookup is None else {"min_ngram": lookup, "max_ngram": max(3, lookup)}
     arms: dict = {PLAIN: None}
     views = {}
-    if chain < LONG_CHAIN:
-        arms[f"{LOOKUP}-{LONG_CHAIN}"] = NGramDrafter(num_tokens=LONG_CHAIN, **match)
-        views[LOOKUP] = (f"{LOOKUP}-{LONG_CHAIN}", short)
+    if sized:  # where the ngram method's chain is sized: the cheap arms' proposals offered as sized views of their
+        # longest (each node kept where its calibrated chance pays for its verify row)
+        arms[f"{LOOKUP}-{TOKENS}"] = NGramDrafter(num_tokens=TOKENS, **match)
+        arms[f"{SUFFIX}-{TREE_TOKENS}"] = SuffixDrafter(private=private)
+        views = {LOOKUP: (f"{LOOKUP}-{TOKENS}", AUTO_DEPTH), SUFFIX: (f"{SUFFIX}-{TREE_TOKENS}", AUTO_DEPTH)}
     else:
         arms[LOOKUP] = NGramDrafter(num_tokens=chain, **match)
-    arms["suffix"] = SuffixDrafter(private=private)
+        arms[SUFFIX] = SuffixDrafter(private=private)
     shipped = shipped_eagle_head(lm.name)
     head = draft if draft is not None else shipped
-    method, tree, spare = Method(drafter=NGramDrafter.name), {"lookup": short}, None
+    shapes = {LOOKUP: short, **({SUFFIX: AUTO_DEPTH} if sized else {})}
+    method, tree, spare = Method(drafter=NGramDrafter.name), shapes, None
     if head is not None:
         eagle = build_method(Method(drafter=DEFAULT_HEAD, vocab=HEAD_VOCAB if vocab == "full" else vocab, draft=head,
                                     **options), lm, heads)
         arms[EAGLE] = eagle.drafter
-        method, tree, spare = eagle.method, {**eagle.tree, "lookup": short}, eagle.spare
+        method, tree, spare = eagle.method, {**eagle.tree, **shapes}, eagle.spare
     elif vocab != "full" or options:
         raise MicrospecError("auto: --vocab and tree options apply to an EAGLE head, and this model has none "
                              "(give one with --draft)")
@@ -175,4 +179,4 @@ def open_auto(request, kinds=DECODING_KINDS) -> AutoEngine:
     return engine
 
 
-__all__ = ["LONG_CHAIN", "AutoEngine", "OnlineEngine", "online", "open_auto", "preload"]
+__all__ = ["AutoEngine", "OnlineEngine", "online", "open_auto", "preload"]

@@ -5,13 +5,16 @@ online bandit of :mod:`microspec.auto.choice`, which times each step from the pr
 step before the choice (while plain decoding is taken, as often as the choice's ``plain_share`` of a plain step pays
 for, the cheapest first: where nothing pays, auto is to cost next to nothing over plain decoding), and only the
 arms with a proposal are offered to it; each proposal is scored against the text that follows (the tokens it would
-have committed), whichever arm was taken; a *view* arm is another arm's proposal cut to fewer levels (the device's
-short lookup chain from the long one's single search): a fixed number, or, where the view is *sized* (``"auto"``,
-a packed CPU's short lookup chain), as many as :class:`~microspec.drafters.length.DraftLength` keeps, each copied
-token where its calibrated chance pays for its verify row.  A sized view is calibrated by the scores of its source's
-whole proposals (which tokens the text that followed took: under sampling, with a point-mass draft, a token's chance
-of matching it is its chance of acceptance), whether taken or not, and priced by the steps of the plain and cheap
-arms (verify seconds against nodes; committed tokens against whole steps' seconds).
+have committed), whichever arm was taken; a *view* arm is another arm's proposal cut: to a fixed number of levels,
+or, where the view is *sized* (``"auto"``: a packed CPU's prompt lookup and suffix decoding), to the nodes
+:meth:`~microspec.drafters.length.DraftLength.kept` keeps, each where its calibrated chance of being reached and
+accepted pays for its verify row.  A sized view is calibrated by the scores of its source's whole proposals (which
+nodes the text that followed took, binned by the arm's own estimate of each node's chance, ``chances``: under
+sampling, with a point-mass draft, a token's chance of matching the text is its chance of acceptance), whether taken
+or not, and priced by the steps of the plain and cheap arms (verify seconds against nodes; committed tokens against
+whole steps' seconds).  A sized view's source is never offered itself: the view is its proposal less the nodes
+that do not pay (held-apart prompts, greedy: offering the whole 8-token lookup chain beside its sized view cost
+auto 9%, BENCHMARKS.md).
 Model drafters (the EAGLE head) propose only when
 chosen; the plain arm proposes nothing (the loop's step is then an autoregressive one).  Every drafter hears every
 commit, whichever arm drafted (an EAGLE head catches up on the features it missed at its next draft): a switch into
@@ -28,12 +31,11 @@ from ..decoding.tree import DraftTree
 from ..drafters.base import DraftReport, Drafter
 from ..drafters.length import DraftLength, Measured
 from ..drafters.model_based import AUTO_DEPTH
-from ..drafters.ngram import match_confidence
 from ..errors import check
 from ..models.native import NativeCausalLM
 from ..onetime import clock
 from ..vocab.base import VocabPolicy
-from .arms import is_cheap, proposal_context
+from .arms import is_cheap, proposal_chances, proposal_context
 from .choice import ArmHistory, OnlineChoice, arm_of
 
 PLAIN = "plain"
@@ -128,7 +130,7 @@ class Portfolio(Drafter):
         self._tokens = ctx.tokens
         self._score(done=False)
         ready = {}  # by statistics key: the cheap arms' proposals (and their views'), where they have one
-        context, spent = {}, {}
+        context, chances, spent = {}, {}, {}
         asked, plain = self.cheap, self.choice.plain_step()
         if self._last == PLAIN and plain is not None and len(self._cost) == len(self.cheap):
             # their share of a plain step: the cheapest first, each while what is left covers its mean cost
@@ -147,18 +149,20 @@ class Portfolio(Drafter):
             self._cost[name] = took if name not in self._cost else 0.9 * self._cost[name] + 0.1 * took
             if len(tree):
                 context[name] = proposal_context(drafter)  # prompt lookup: the n-gram's length
+                chances[name] = proposal_chances(drafter, len(tree))
                 ready[_key(name, context[name])] = tree
         if self._last == PLAIN:
             self._credit -= sum(spent.values())
         for name, (src, levels) in self.views.items():
             if src in context:
                 whole = ready[_key(src, context[src])]
-                if levels == AUTO_DEPTH:
-                    levels = self._length.copied(match_confidence(context[src]), len(whole))
-                if levels:
-                    ready[_key(name, context[src])] = whole.truncated(levels)
+                view = whole.truncated(levels) if levels != AUTO_DEPTH else \
+                    whole.subset(self._length.kept((src,), whole.parents, chances[src]))
+                if len(view):
+                    ready[_key(name, context[src])] = view
         backlog = {name: len(ctx.tokens) - self._drafted.get(name, 0) for name in self.model}
-        key = self.choice.pick(ctx.max_depth + 1, {PLAIN, *ready, *self.model}, backlog)
+        offered = {PLAIN, *(k for k in ready if arm_of(k) not in self.sized), *self.model}
+        key = self.choice.pick(ctx.max_depth + 1, offered, backlog)
         arm = arm_of(key)
         # choosing's cost: all of it but the taken proposal's own search
         self.choice.charge(clock() - t0 - spent.get(self.views[arm][0] if arm in self.views else arm, 0.0))
@@ -171,8 +175,7 @@ class Portfolio(Drafter):
         if drafter is None or drafter.head is None or tree.origin != "head":  # fed the committed tokens only
             tree.from_("aside")
         for k, proposal in ready.items():  # scored once the text after it is known
-            self._pending.append([len(ctx.tokens), k, proposal.truncated(ctx.max_depth), None,
-                                  context.get(arm_of(k))])
+            self._pending.append([len(ctx.tokens), k, proposal.truncated(ctx.max_depth), None, chances.get(arm_of(k))])
         self._step = (key, t0, len(tree))
         return tree
 
@@ -194,21 +197,20 @@ class Portfolio(Drafter):
 
     def _score(self, done: bool) -> None:
         """Score the pending proposals whose continuation is known (all of them once the request is ``done``):
-        the tokens each would have committed (its longest path along the committed text, plus the bonus)."""
+        the tokens each would have committed (its longest path along the committed text, plus the bonus); a sized
+        view's source's whole proposal calibrates the view (each node verified, binned by its own chance)."""
         text, keep = self._tokens, []
         for entry in self._pending:
-            pos, arm, tree, seconds, context = entry
-            deepest = max(tree.depths(), default=0)
-            if not done and len(text) < pos + deepest + 1:
+            pos, arm, tree, seconds, chances = entry
+            depths = tree.depths()
+            if not done and len(text) < pos + max(depths, default=0) + 1:
                 keep.append(entry)
                 continue
-            matched = _matched(tree, text, pos)
-            self.choice.score(arm, 1 + matched, len(tree), seconds)
-            if arm_of(arm) in self.sized:  # a sized view's source: its whole chain calibrates the view
-                bins = [DraftLength.bin_of(match_confidence(context))] * len(tree)
-                if matched < len(tree) and pos + matched >= len(text):  # the text ended: no token was refused
-                    bins = bins[:matched]
-                self.measured.accepted((True, False), bins, matched)
+            tried = _tried(tree, text, pos)
+            self.choice.score(arm, 1 + sum(hit for _, hit in tried), len(tree), seconds)
+            if arm_of(arm) in self.sized and chances is not None and len(chances) == len(tree):
+                self.measured.tried((arm_of(arm),), [(depths[i] - 1, DraftLength.bin_of(chances[i]), hit)
+                                                     for i, hit in tried])
         self._pending = keep
 
     def _price(self, arm: str, committed: int, seconds: float, nodes: int, now: float) -> None:
@@ -271,16 +273,22 @@ def _key(arm: str, context) -> str:
     return arm if context is None else f"{arm}@{context}"
 
 
-def _matched(tree: DraftTree, text: list[int], pos: int) -> int:
-    """How deep ``tree`` follows ``text`` from ``pos`` on (the tokens a greedy walk would accept)."""
-    node, depth = -1, 0
-    while pos + depth < len(text):
-        want = text[pos + depth]
-        node = next((i for i, (t, p) in enumerate(zip(tree.tokens, tree.parents)) if p == node and t == want), None)
-        if node is None:
+def _tried(tree: DraftTree, text: list[int], pos: int) -> list[tuple[int, bool]]:
+    """The nodes of ``tree`` a greedy walk along ``text`` from ``pos`` verifies (the children of each node it
+    accepts, the root's first, while the text goes on), each with whether it is accepted (the walk follows it)."""
+    children = tree.children()
+    out, row, depth = [], 0, 0
+    while pos + depth < len(text) and children[row]:
+        want, nxt = text[pos + depth], None
+        for i in children[row]:
+            hit = tree.tokens[i] == want and nxt is None
+            out.append((i, hit))
+            if hit:
+                nxt = i
+        if nxt is None:
             break
-        depth += 1
-    return depth
+        row, depth = nxt + 1, depth + 1
+    return out
 
 
 def _leaves(drafters) -> list[Drafter]:

@@ -22,6 +22,7 @@ from ..errors import MicrospecError
 
 DECODING_KINDS = ("greedy", "penalty", "sampling", "sampling-penalty")
 PLAIN, LOOKUP, EAGLE = "plain", "lookup", "eagle"  # the arms a start names (microspec.auto.engines)
+SUFFIX = "suffix"  # suffix decoding's arm
 RESULTS = "benchmarks/results/"  # where a start's source files are, in the project's repository
 
 
@@ -77,4 +78,4 @@ def start_arm(device_kind: str, kind: str, shipped_head: bool) -> tuple[str, str
     return EAGLE, "the model's EAGLE head + MicroSpec, adaptive"
 
 
-__all__ = ["DECODING_KINDS", "EAGLE", "LOOKUP", "MEASURED", "PLAIN", "Start", "decoding_kind", "start_arm"]
+__all__ = ["DECODING_KINDS", "EAGLE", "LOOKUP", "MEASURED", "PLAIN", "SUFFIX", "Start", "decoding_kind", "start_arm"]

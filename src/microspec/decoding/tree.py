@@ -107,7 +107,10 @@ class DraftTree:
         """The nodes of depth <= max_depth (they form a prefix-closed set, so indices are re-mapped in order)."""
         if max_depth <= 0:
             return DraftTree(origin=self.origin)
-        keep = [i for i, d in enumerate(self.depths()) if d <= max_depth]
+        return self.subset([i for i, d in enumerate(self.depths()) if d <= max_depth])
+
+    def subset(self, keep: list[int]) -> "DraftTree":
+        """The nodes ``keep`` (increasing, each node's parent among them: a prefix-closed set), re-mapped in order."""
         if len(keep) == len(self):
             return self
         remap = {old: new for new, old in enumerate(keep)}

@@ -90,14 +90,19 @@ class Measured:
         """A chain of decoding ``key`` whose tokens fell in probability bins ``chain`` had its first ``accepted``
         accepted: each token verified with its predecessors accepted is counted at its depth and bin, older
         counts weighing less."""
+        self.tried(key, [(depth, b, depth < accepted) for depth, b in enumerate(chain[: accepted + 1])])
+
+    def tried(self, key: tuple, nodes: list[tuple[int, int, bool]]) -> None:
+        """A proposal of calibration ``key`` whose ``nodes`` (depth from 0, probability bin, accepted) were verified
+        (each with its parent accepted): each counted at its depth and bin, older proposals weighing less."""
         table = self.table(key)
         for row in table:
             for cell in row:
                 cell[0] *= DECAY
                 cell[1] *= DECAY
-        for depth, b in enumerate(chain[: accepted + 1]):
+        for depth, b, hit in nodes:
             cell = table[min(depth, DEPTHS - 1)][b]
-            cell[0] += depth < accepted
+            cell[0] += hit
             cell[1] += 1
 
     def verified(self, nodes: int, seconds: float) -> None:
@@ -141,10 +146,10 @@ class DraftLength:
         measurements."""
         return DraftLength(self.limit, self.measured)
 
-    def chance(self, depth: int, b: int) -> float:
+    def chance(self, depth: int, b: int, key: tuple | None = None) -> float:
         """The calibrated chance that a token at ``depth`` (0: the first) in probability bin ``b`` is accepted,
-        its predecessors accepted."""
-        acc, n = self.measured.table(self._key)[min(depth, DEPTHS - 1)][b]
+        its predecessors accepted (``key``: the calibration's, default the chain's decoding)."""
+        acc, n = self.measured.table(self._key if key is None else key)[min(depth, DEPTHS - 1)][b]
         return (acc + PRIOR * (b + 0.5) / BINS) / (n + PRIOR)
 
     @staticmethod
@@ -178,6 +183,26 @@ class DraftLength:
         while kept < available and self.take(p):
             kept += 1
         return kept
+
+    def kept(self, key: tuple, parents: list[int], chances: list[float]) -> list[int]:
+        """The nodes of a tree with no draft level to pay (copied from the text: parents ``parents``, each node's own
+        estimate of its chance given its parent's, ``chances``) worth their verify rows, calibration ``key``: a node
+        where its parent is kept and its calibrated chance of being reached and accepted (the product along its
+        path) passes :meth:`take`'s test; until measured, the first node only."""
+        costs = self.measured.costs()
+        if costs is None:
+            return [0] if parents else []
+        bar = costs[0] * costs[1]  # rate x row
+        reach = {-1: (1.0, -1)}  # kept node -> (its chance of being reached and accepted, its depth from 0)
+        out = []
+        for i, (p, c) in enumerate(zip(parents, chances)):
+            if p in reach:
+                q, depth = reach[p]
+                q *= self.chance(depth + 1, self.bin_of(c), key)
+                if q >= bar:
+                    reach[i] = (q, depth + 1)
+                    out.append(i)
+        return out
 
     def deeper(self) -> bool:
         """Whether to draft one level more after the chain so far."""

@@ -40,11 +40,13 @@ class NGramDrafter(Drafter):
     the reference the index is tested against).
 
     A cheap arm of ``auto`` (:class:`~microspec.auto.arms.CheapArm`): its proposal costs a few dictionary reads, and
-    ``matched`` is the length of the n-gram the last proposal matched (0: none; None before any)."""
+    ``matched`` is the length of the n-gram the last proposal matched (0: none; None before any), ``chances`` each
+    proposed token's starting confidence (:func:`match_confidence` of that length)."""
 
     name = "ngram"
     cheap = True
     matched: int | None = None
+    chances: list[float] = []
 
     def __init__(self, num_tokens: int | str = TOKENS, max_ngram: int = 3, min_ngram: int = 1):
         # ``auto``: the chain cut where a copied token stops paying for its verify row (drafters.length: its chance
@@ -73,6 +75,7 @@ class NGramDrafter(Drafter):
         text = ctx.tokens
         limit = min(self.num_tokens, ctx.max_depth)
         self.matched = 0  # the length of the n-gram the last proposal matched (0: none)
+        self.chances = []
         if limit <= 0:
             return DraftTree()
         self._update(text)
@@ -80,7 +83,9 @@ class NGramDrafter(Drafter):
             start = self._index[n].get(tuple(text[len(text) - n:]))
             if start is not None:
                 self.matched = n
-                return DraftTree.chain(self._sized(text[start + n:start + n + limit], n))
+                chain = self._sized(text[start + n:start + n + limit], n)
+                self.chances = [match_confidence(n)] * len(chain)
+                return DraftTree.chain(chain)
         return DraftTree()
 
     def _sized(self, chain: list[int], n: int) -> list[int]:

@@ -117,10 +117,12 @@ class SuffixTrie:
         return None
 
     def tree(self, node: int, max_depth: int, max_tokens: int, min_prob: float = MIN_PROB
-             ) -> tuple[list[int], list[int], float]:
-        """(tokens, parents, expected accepted length) of the best-first tree below ``node``."""
+             ) -> tuple[list[int], list[int], float, list[float]]:
+        """(tokens, parents, expected accepted length, each node's share of its parent's occurrences: its estimated
+        chance given its parent's) of the best-first tree below ``node``."""
         tokens: list[int] = []
         parents: list[int] = []
+        shares: list[float] = []
         score = 0.0
         order = 0
         heap: list = []
@@ -134,16 +136,17 @@ class SuffixTrie:
                 p = prob * self.count[child] / total
                 if p >= min_prob:
                     order += 1
-                    heapq.heappush(heap, (-p, order, tok, child, parent_index, depth))
+                    heapq.heappush(heap, (-p, order, tok, child, parent_index, depth, self.count[child] / total))
 
         push(node, -1, 1.0, 1)
         while heap and len(tokens) < max_tokens:
-            negp, _, tok, child, parent_index, depth = heapq.heappop(heap)
+            negp, _, tok, child, parent_index, depth, share = heapq.heappop(heap)
             tokens.append(tok)
             parents.append(parent_index)
+            shares.append(share)
             score -= negp
             push(child, len(tokens) - 1, -negp, depth + 1)
-        return tokens, parents, score
+        return tokens, parents, score, shares
 
 
 class ResponseCache:
@@ -170,10 +173,11 @@ class ResponseCache:
                 self.trie.extend(old, sign=-1)
                 self.tokens -= len(old)
 
-    def tree(self, text: Sequence[int], max_depth: int, max_tokens: int) -> tuple[list[int], list[int], float]:
+    def tree(self, text: Sequence[int], max_depth: int, max_tokens: int
+             ) -> tuple[list[int], list[int], float, list[float]]:
         with self.lock:
             node = self.trie.longest_match(text, self.trie.depth - max_depth)
-            return ([], [], 0.0) if node is None else self.trie.tree(node, max_depth, max_tokens)
+            return ([], [], 0.0, []) if node is None else self.trie.tree(node, max_depth, max_tokens)
 
 
 class SuffixDrafter(Drafter):
@@ -181,6 +185,7 @@ class SuffixDrafter(Drafter):
 
     name = "suffix"
     cheap = True
+    chances: list[float] = []  # per node of the last proposal: its share of its parent's occurrences (auto reads it)
 
     def __init__(self, depth: int = TREE_DEPTH, total_tokens: int = TREE_TOKENS, cache: ResponseCache | None = None,
                  private: bool = False):
@@ -206,9 +211,10 @@ class SuffixDrafter(Drafter):
             self._active = self.trie.extend(text[self._seen:], self._active)
             self._seen = len(text)
         depth = min(self.depth, ctx.max_depth)
+        self.chances = []
         if depth <= 0:
             return DraftTree()
-        best = ([], [], 0.0)
+        best = ([], [], 0.0, [])
         longest = self.trie.depth - depth  # a pattern leaves the trie room for a continuation ``depth`` deep
         level, kids = self.trie.level, self.trie.children
         node = next((n for n in reversed(self._active) if level[n] <= longest and kids[n]), None)
@@ -218,6 +224,7 @@ class SuffixDrafter(Drafter):
             other = self.cache.tree(text, depth, self.total_tokens)
             if other[2] > best[2]:
                 best = other
+        self.chances = best[3]
         return DraftTree(best[0], best[1])
 
     def finish(self, output: Sequence[int]) -> None:
