@@ -354,6 +354,21 @@ def _sized_auto(folder: str) -> list[str]:
                     "against whole steps).", "lookup", "The short view's")
 
 
+def _sized_views() -> list[str]:
+    """``auto``'s cheap arms offered only as sized views of their whole proposals."""
+    return ["### `auto`'s cheap arms offered only as sized views", "",
+            *_auto_ab(DATA["SIZED_VIEWS"],
+                      "Until {old} `auto` on the packed CPU offered prompt lookup's whole 8-token chain beside its "
+                      "sized view, and suffix decoding's whole tree (up to 16 nodes, every node the trie puts at 0.1 "
+                      "or more); the choice takes a key by its mean rate, not by the proposal in front of it, and took "
+                      "whole chains and trees whose last nodes did not pay for their verify rows. Since {new} both "
+                      "arms are offered only as sized views: each node of the whole proposal (prompt lookup's now up "
+                      "to 10 tokens) is kept where its calibrated chance of being reached and accepted pays for its "
+                      "verify row, suffix decoding's nodes binned by their share of the parent's occurrences; the "
+                      "whole proposals are still scored, for the calibration, and never taken.",
+                      "suffix", "Suffix decoding's")]
+
+
 def _first_measure() -> list[str]:
     """``auto`` measuring its model arm once per engine outside a request's budget: measured, then reverted."""
     return ["### `auto`'s EAGLE arm measured once per engine (reverted)", "",
@@ -369,7 +384,7 @@ def _first_measure() -> list[str]:
 
 def render() -> str:
     return "\n".join(["## Where the time goes", "", *_split(), *_step(), *_layer(), *_paths(), *_sized(),
-                      *_first_measure(), *_floor(), *_llama()]).rstrip() + "\n"
+                      *_sized_views(), *_first_measure(), *_floor(), *_llama()]).rstrip() + "\n"
 
 
 FIGURES: dict = {}
