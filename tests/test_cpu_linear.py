@@ -218,3 +218,25 @@ def test_bf16_speculative_greedy_equals_bf16_autoregressive(family):
                     EarlyExitDrafter(1, depth=3, top_k=3, total_tokens=8)):
         for mode in ("visited", "path", "all"):
             assert generate_ids(nm, prompt, cfg, drafter=drafter, head_mode=mode).token_ids == ref
+
+
+@needs_attention
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,groups,t,s,d", [(4, 1, 16, 100, 256), (6, 2, 5, 70, 20), (3, 3, 9, 33, 8)])
+def test_attention_rows_of_a_pass_are_each_alone(dtype, heads, groups, t, s, d):
+    """Many rows and heads in one pass (the keys scored by blocks over the cores, the values summed by chunks of the
+    output, several heads sharing each load): every row's output is bit for bit the row's alone over its visible
+    keys, whatever the key blocks, output chunks (a width off 8 lanes included) and head groups."""
+    g = torch.Generator().manual_seed(heads * s + d)
+    k = torch.randn(groups, s, d, generator=g).to(dtype)
+    v = torch.randn(groups, s, d, generator=g).to(dtype)
+    q = torch.randn(heads, t, d, generator=g).to(dtype)
+    mask = torch.rand(t, s, generator=g) < 0.8
+    mask[:, 0] = True
+    batch = cpu_linear.attend(q, k, v, mask, d ** -0.5)
+    for r in range(t):
+        keep = mask[r].nonzero().flatten()
+        alone = cpu_linear.attend(q[:, r:r + 1], k[:, keep].contiguous(), v[:, keep].contiguous(), None, d ** -0.5)
+        assert torch.equal(batch[:, r:r + 1], alone), r
+    want = cpu_linear.attention_reference(q.float(), k.float(), v.float(), mask, d ** -0.5)
+    assert torch.allclose(batch.float(), want, atol=2e-2, rtol=2e-2)

@@ -1,9 +1,10 @@
-// Attention of a few query rows over the cached keys.  A work item is one query row and up to HC heads of one key
-// group (they share every key and value row it reads); it visits exactly the keys the row may see, in slot order:
-// scores in fp32 (each the same 8-lane fma chain and horizontal sum, whichever heads and keys share a pass),
-// e = exp(score - max) (a vectorized expf), a sequential fp32 sum of the e's, and per output element a sequential
-// fma chain over the values.  A row's result depends only on its own visible keys, not on the other rows of the
-// call nor on masked slots: the one-token decode step and a tree-verify pass agree bit for bit.
+// Attention of a few query rows over the cached keys; from PASS_ROWS rows on, every query row and head of a key
+// group at once (attend_passes: each key and value row read once for all of them, not once per row).  Each row
+// visits exactly the keys it may see, in slot order: scores in fp32 (each the same 8-lane fma chain and horizontal
+// sum, whichever heads and keys share a pass), e = exp(score - max) (a vectorized expf), a sequential fp32 sum of the
+// e's, and per output element a sequential fma chain over the values.  A row's result depends only on its own visible
+// keys, not on the other rows of the call nor on masked slots: the one-token decode step and a tree-verify pass agree
+// bit for bit.
 // q: [H, T, D]; k, v: [G, S, D] with unit stride along D, all bf16 (E = uint16_t) or all fp32 (E = float);
 // allowed: [T, S] bool or empty (all visible).
 #include "common.h"
@@ -113,8 +114,10 @@ void attend_heads(const float* qf, const E* kp, const E* vp, int64_t ks1, int64_
 
 constexpr int HC = 2;  // heads per work item (decode: Gemma's 4 heads of one group make 2 items for 2 cores)
 
+// A few rows: a work item is one query row and up to HC heads of one key group (they share every key and value
+// row it reads), all of it in one parallel pass.
 template <typename E>
-void attend_impl(const E* qp, const E* kp, const E* vp, const bool* mp, E* op, int64_t H, int64_t T, int64_t D,
+void attend_items(const E* qp, const E* kp, const E* vp, const bool* mp, E* op, int64_t H, int64_t T, int64_t D,
                  int64_t S, int64_t ks0, int64_t ks1, int64_t vs0, int64_t vs1, int64_t rep, float sc) {
   const int64_t G = H / rep, nc = (rep + HC - 1) / HC;
   at::parallel_for(0, G * nc * T, 1, [&](int64_t b0, int64_t b1) {
@@ -139,6 +142,157 @@ void attend_impl(const E* qp, const E* kp, const E* vp, const bool* mp, E* op, i
       else attend_heads<E, 1>(qf.data(), kg, vg, ks1, vs1, vis.data(), nv, D, S, sc, scores.data(), orow);
     }
   });
+}
+
+// out rows of NH heads of one query row (the same visible keys): out[d] = (sum_n e_n v_n[d]) * inv, CH * 8 elements
+// of d from d0, a sequential fma chain over n per element; the heads share each value load.
+template <typename E, int NH, int CH>
+inline void pv_heads(const float* const* e, const E* vp, int64_t vs1, const int32_t* vis, int64_t nv, int64_t d0,
+                     const float* inv, E* const* orow) {
+  __m256 acc[NH][CH];
+  for (int r = 0; r < NH; ++r)
+    for (int u = 0; u < CH; ++u) acc[r][u] = _mm256_setzero_ps();
+  for (int64_t n = 0; n < nv; ++n) {
+    const E* vr = vp + vis[n] * vs1 + d0;
+    __m256 vv[CH];
+    for (int u = 0; u < CH; ++u) vv[u] = load8(vr + 8 * u);
+    for (int r = 0; r < NH; ++r) {
+      const __m256 ev = _mm256_set1_ps(e[r][n]);
+      for (int u = 0; u < CH; ++u) acc[r][u] = _mm256_fmadd_ps(ev, vv[u], acc[r][u]);
+    }
+  }
+  alignas(32) float o[8 * CH];
+  for (int r = 0; r < NH; ++r) {
+    for (int u = 0; u < CH; ++u) _mm256_store_ps(o + 8 * u, acc[r][u]);
+    for (int i = 0; i < 8 * CH; ++i) store_f32(orow[r] + d0 + i, o[i] * inv[r]);
+  }
+}
+
+template <typename E, int NH>
+void pv_chunk(const float* const* e, const E* vp, int64_t vs1, const int32_t* vis, int64_t nv, int64_t d0, int nd,
+              const float* inv, E* const* orow) {
+  switch (nd) {
+    case 4: pv_heads<E, NH, 4>(e, vp, vs1, vis, nv, d0, inv, orow); break;
+    case 3: pv_heads<E, NH, 3>(e, vp, vs1, vis, nv, d0, inv, orow); break;
+    case 2: pv_heads<E, NH, 2>(e, vp, vs1, vis, nv, d0, inv, orow); break;
+    default: pv_heads<E, NH, 1>(e, vp, vs1, vis, nv, d0, inv, orow); break;
+  }
+}
+
+template <typename E, int NH>
+void scores_heads(const float* q, int64_t D, const E* kp, int64_t ks1, const int32_t* vis, int64_t nv, float sc,
+                  int64_t S, float* scores) {
+  scores_rows<E, NH, (NH >= 4 ? 2 : 8 / NH)>(q, D, kp, ks1, vis, nv, sc, S, scores);
+}
+
+constexpr int64_t KEY_BLOCK = 32;  // keys a work item scores (their rows stay in L1 while every query row reads them)
+constexpr int64_t D_CHUNK = 32;    // output elements a work item sums (its value columns stay in L2 across the rows)
+
+// Three passes over the keys and values of each key group, each split over the cores: (1) the scores of every query
+// row and head, by blocks of keys (every key row read once from memory, then from cache by every query row and head:
+// up to 4 heads of a row share each key load); (2) per row and head, the max, e = exp(score - max) and their
+// sequential sum; (3) the outputs, by chunks of D_CHUNK elements (every value row read once; 2 heads of a row share
+// each value load).  Every value is the same fp32 sequence whichever pass, block or chunk computes it.
+template <typename E>
+void attend_passes(const E* qp, const E* kp, const E* vp, const bool* mp, E* op, int64_t H, int64_t T, int64_t D,
+                   int64_t S, int64_t ks0, int64_t ks1, int64_t vs0, int64_t vs1, int64_t rep, float sc) {
+  const int64_t G = H / rep, Sb = std::max<int64_t>(S, 1), D8 = D & ~int64_t(7);
+  // query rows as fp32, [T, H, D] (the heads of a row at stride D); per row its visible keys in slot order
+  std::vector<float> qf(T * H * D);
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t d = 0; d < D; ++d) qf[(t * H + h) * D + d] = to_f32(qp[(h * T + t) * D + d]);
+  std::vector<int32_t> vis(T * Sb);
+  std::vector<int64_t> nvis(T);
+  for (int64_t t = 0; t < T; ++t) {
+    const bool* mrow = mp ? mp + t * S : nullptr;
+    int64_t nv = 0;
+    for (int64_t j = 0; j < S; ++j)
+      if (!mrow || mrow[j]) vis[t * Sb + nv++] = int32_t(j);
+    nvis[t] = nv;
+  }
+  std::vector<float> e(T * H * Sb), inv(T * H);  // scores, then e, by [T, H, visible key]
+  const int64_t nkb = (S + KEY_BLOCK - 1) / KEY_BLOCK;
+  at::parallel_for(0, G * nkb, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t g = b / nkb, j0 = (b % nkb) * KEY_BLOCK, j1 = std::min(S, j0 + KEY_BLOCK);
+      const E* kg = kp + g * ks0;
+      for (int64_t t = 0; t < T; ++t) {
+        const int32_t* vt = vis.data() + t * Sb;
+        const int64_t a = std::lower_bound(vt, vt + nvis[t], int32_t(j0)) - vt;
+        const int64_t z = std::lower_bound(vt + a, vt + nvis[t], int32_t(j1)) - vt;
+        if (z <= a) continue;
+        for (int64_t h0 = g * rep; h0 < (g + 1) * rep; h0 += 4) {
+          const int nh = int(std::min<int64_t>(4, (g + 1) * rep - h0));
+          const float* q = qf.data() + (t * H + h0) * D;
+          float* sp = e.data() + (t * H + h0) * Sb + a;
+          switch (nh) {
+            case 4: scores_heads<E, 4>(q, D, kg, ks1, vt + a, z - a, sc, Sb, sp); break;
+            case 3: scores_heads<E, 3>(q, D, kg, ks1, vt + a, z - a, sc, Sb, sp); break;
+            case 2: scores_heads<E, 2>(q, D, kg, ks1, vt + a, z - a, sc, Sb, sp); break;
+            default: scores_heads<E, 1>(q, D, kg, ks1, vt + a, z - a, sc, Sb, sp); break;
+          }
+        }
+      }
+    }
+  });
+  at::parallel_for(0, T * H, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t nv = nvis[r / H];
+      float* x = e.data() + r * Sb;
+      float mx = -INFINITY;
+      for (int64_t n = 0; n < nv; ++n) mx = std::max(mx, x[n]);
+      float sum = 0.0f;
+      if (nv > 0) {
+        const __m256 m = _mm256_set1_ps(mx);
+        int64_t n = 0;
+        for (; n + 8 <= nv; n += 8) _mm256_storeu_ps(x + n, exp_ps(_mm256_sub_ps(_mm256_loadu_ps(x + n), m)));
+        for (; n < nv; ++n) x[n] = exp1(x[n] - mx);
+        for (n = 0; n < nv; ++n) sum += x[n];
+      }
+      inv[r] = sum > 0.0f ? 1.0f / sum : 0.0f;
+    }
+  });
+  const int64_t nch = std::max<int64_t>(1, (D8 + D_CHUNK - 1) / D_CHUNK);  // chunk 0 also sums the scalar tail
+  at::parallel_for(0, G * nch, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t g = c / nch, d0 = (c % nch) * D_CHUNK, nd = std::min<int64_t>(D_CHUNK, D8 - d0) / 8;
+      const E* vg = vp + g * vs0;
+      for (int64_t t = 0; t < T; ++t) {
+        const int32_t* vt = vis.data() + t * Sb;
+        const int64_t nv = nvis[t];
+        for (int64_t h0 = g * rep; h0 < (g + 1) * rep; h0 += 2) {
+          const int nh = int(std::min<int64_t>(2, (g + 1) * rep - h0));
+          const float* er[2] = {e.data() + (t * H + h0) * Sb, e.data() + (t * H + h0 + nh - 1) * Sb};
+          E* orow[2] = {op + (h0 * T + t) * D, op + ((h0 + nh - 1) * T + t) * D};
+          const float* iv = inv.data() + t * H + h0;
+          if (nd > 0) {
+            if (nh == 2) pv_chunk<E, 2>(er, vg, vs1, vt, nv, d0, int(nd), iv, orow);
+            else pv_chunk<E, 1>(er, vg, vs1, vt, nv, d0, int(nd), iv, orow);
+          }
+          if (d0 == 0)
+            for (int r = 0; r < nh; ++r)
+              for (int64_t d = D8; d < D; ++d) {
+                float a = 0.0f;
+                for (int64_t n = 0; n < nv; ++n) a += er[r][n] * to_f32(vg[vt[n] * vs1 + d]);
+                store_f32(orow[r] + d, a * iv[r]);
+              }
+        }
+      }
+    }
+  });
+}
+
+// Rows from which the three passes (each key and value row read once for every row and head) beat one pass of
+// (row, heads) items (each reading every key and value row again): the passes' two extra parallel regions cost more
+// than they save for a decode step's single row.
+constexpr int64_t PASS_ROWS = 2;
+
+template <typename E>
+void attend_impl(const E* qp, const E* kp, const E* vp, const bool* mp, E* op, int64_t H, int64_t T, int64_t D,
+                 int64_t S, int64_t ks0, int64_t ks1, int64_t vs0, int64_t vs1, int64_t rep, float sc) {
+  if (T >= PASS_ROWS) attend_passes(qp, kp, vp, mp, op, H, T, D, S, ks0, ks1, vs0, vs1, rep, sc);
+  else attend_items(qp, kp, vp, mp, op, H, T, D, S, ks0, ks1, vs0, vs1, rep, sc);
 }
 
 }  // namespace
