@@ -36,6 +36,15 @@ inline float exp1(float x) {  // exp_ps for one value (the tail of a row)
   return o[0];
 }
 
+// Software prefetch of the row segment of `n` elements at p, AHEAD key rows before it is read: a key or value row
+// of the cache is read once per pass, and the hardware prefetchers stop at every page (4 rows of fp32 keys).
+constexpr int64_t AHEAD = 8;
+template <typename E>
+inline void prefetch_row(const E* p, int64_t n) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (int64_t o = 0; o < n * int64_t(sizeof(E)); o += 64) _mm_prefetch(c + o, _MM_HINT_T0);
+}
+
 // scores[r * S + n] = (q_r . key(vis[n])) * sc for the NH heads' fp32 rows q_r (stride D) and the visible keys, KB
 // keys at a time (NH * KB independent fma chains; each dot the same chain of 8-lane fmas, hsum8 and scalar tail).
 template <typename E, int NH, int KB>
@@ -46,6 +55,7 @@ void scores_rows(const float* q, int64_t D, const E* kp, int64_t ks1, const int3
   for (; n + KB <= nv; n += KB) {
     const E* kr[KB];
     for (int b = 0; b < KB; ++b) kr[b] = kp + vis[n + b] * ks1;
+    for (int b = 0; b < KB && n + b + AHEAD < nv; ++b) prefetch_row(kp + vis[n + b + AHEAD] * ks1, D);
     __m256 acc[NH][KB];
     for (int r = 0; r < NH; ++r)
       for (int b = 0; b < KB; ++b) acc[r][b] = _mm256_setzero_ps();
@@ -94,6 +104,7 @@ void attend_heads(const float* qf, const E* kp, const E* vp, int64_t ks1, int64_
       for (int64_t n = 0; n < nv; ++n) {
         const __m256 ev = _mm256_set1_ps(e[n]);
         const E* vr = vp + vis[n] * vs1 + d0;
+        if (n + AHEAD < nv) prefetch_row(vp + vis[n + AHEAD] * vs1 + d0, 8 * nd);
         if (nd == 8) {
           for (int u = 0; u < 8; ++u) acc[u] = _mm256_fmadd_ps(ev, load8(vr + 8 * u), acc[u]);
         } else {
@@ -154,6 +165,7 @@ inline void pv_heads(const float* const* e, const E* vp, int64_t vs1, const int3
     for (int u = 0; u < CH; ++u) acc[r][u] = _mm256_setzero_ps();
   for (int64_t n = 0; n < nv; ++n) {
     const E* vr = vp + vis[n] * vs1 + d0;
+    if (n + AHEAD < nv) prefetch_row(vp + vis[n + AHEAD] * vs1 + d0, 8 * CH);
     __m256 vv[CH];
     for (int u = 0; u < CH; ++u) vv[u] = load8(vr + 8 * u);
     for (int r = 0; r < NH; ++r) {
