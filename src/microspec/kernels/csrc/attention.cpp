@@ -78,6 +78,22 @@ void scores_rows(const float* q, int64_t D, const E* kp, int64_t ks1, const int3
     scores_rows<E, NH, 1>(q, D, kp, ks1, vis + n, 1, sc, S, scores + n);
 }
 
+// The row's scores e[0..nv) -> e^(score - max) in place (exp_ps in 8-lane groups, exp1 for the tail); returns
+// 1 / their sequential fp32 sum (0 where the row sees no key).
+inline float softmax_row(float* e, int64_t nv) {
+  float mx = -INFINITY;
+  for (int64_t n = 0; n < nv; ++n) mx = std::max(mx, e[n]);
+  float sum = 0.0f;
+  if (nv > 0) {
+    const __m256 m = _mm256_set1_ps(mx);
+    int64_t n = 0;
+    for (; n + 8 <= nv; n += 8) _mm256_storeu_ps(e + n, exp_ps(_mm256_sub_ps(_mm256_loadu_ps(e + n), m)));
+    for (; n < nv; ++n) e[n] = exp1(e[n] - mx);
+    for (n = 0; n < nv; ++n) sum += e[n];
+  }
+  return sum > 0.0f ? 1.0f / sum : 0.0f;
+}
+
 template <typename E, int NH>
 void attend_heads(const float* qf, const E* kp, const E* vp, int64_t ks1, int64_t vs1, const int32_t* vis, int64_t nv,
                   int64_t D, int64_t S, float sc, float* scores, E* const* orow) {
@@ -85,17 +101,7 @@ void attend_heads(const float* qf, const E* kp, const E* vp, int64_t ks1, int64_
   const int64_t D8 = D & ~int64_t(7);
   for (int r = 0; r < NH; ++r) {
     float* e = scores + r * S;
-    float mx = -INFINITY;
-    for (int64_t n = 0; n < nv; ++n) mx = std::max(mx, e[n]);
-    float sum = 0.0f;
-    if (nv > 0) {
-      const __m256 m = _mm256_set1_ps(mx);
-      int64_t n = 0;
-      for (; n + 8 <= nv; n += 8) _mm256_storeu_ps(e + n, exp_ps(_mm256_sub_ps(_mm256_loadu_ps(e + n), m)));
-      for (; n < nv; ++n) e[n] = exp1(e[n] - mx);
-      for (n = 0; n < nv; ++n) sum += e[n];
-    }
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const float inv = softmax_row(e, nv);
     // out[d] = (sum_n e_n v_n[d]) * inv: 64 elements of d at a time in registers, a sequential fma chain over n
     for (int64_t d0 = 0; d0 < D8; d0 += 64) {
       const int nd = int(std::min<int64_t>(64, D8 - d0) / 8);
@@ -249,21 +255,7 @@ void attend_passes(const E* qp, const E* kp, const E* vp, const bool* mp, E* op,
     }
   });
   at::parallel_for(0, T * H, 1, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t nv = nvis[r / H];
-      float* x = e.data() + r * Sb;
-      float mx = -INFINITY;
-      for (int64_t n = 0; n < nv; ++n) mx = std::max(mx, x[n]);
-      float sum = 0.0f;
-      if (nv > 0) {
-        const __m256 m = _mm256_set1_ps(mx);
-        int64_t n = 0;
-        for (; n + 8 <= nv; n += 8) _mm256_storeu_ps(x + n, exp_ps(_mm256_sub_ps(_mm256_loadu_ps(x + n), m)));
-        for (; n < nv; ++n) x[n] = exp1(x[n] - mx);
-        for (n = 0; n < nv; ++n) sum += x[n];
-      }
-      inv[r] = sum > 0.0f ? 1.0f / sum : 0.0f;
-    }
+    for (int64_t r = r0; r < r1; ++r) inv[r] = softmax_row(e.data() + r * Sb, nvis[r / H]);
   });
   const int64_t nch = std::max<int64_t>(1, (D8 + D_CHUNK - 1) / D_CHUNK);  // chunk 0 also sums the scalar tail
   at::parallel_for(0, G * nch, 1, [&](int64_t c0, int64_t c1) {
