@@ -94,71 +94,19 @@ inline float softmax_row(float* e, int64_t nv) {
   return sum > 0.0f ? 1.0f / sum : 0.0f;
 }
 
-template <typename E, int NH>
-void attend_heads(const float* qf, const E* kp, const E* vp, int64_t ks1, int64_t vs1, const int32_t* vis, int64_t nv,
-                  int64_t D, int64_t S, float sc, float* scores, E* const* orow) {
-  scores_rows<E, NH, (NH >= 4 ? 2 : 8 / NH)>(qf, D, kp, ks1, vis, nv, sc, S, scores);
-  const int64_t D8 = D & ~int64_t(7);
-  for (int r = 0; r < NH; ++r) {
-    float* e = scores + r * S;
-    const float inv = softmax_row(e, nv);
-    // out[d] = (sum_n e_n v_n[d]) * inv: 64 elements of d at a time in registers, a sequential fma chain over n
-    for (int64_t d0 = 0; d0 < D8; d0 += 64) {
-      const int nd = int(std::min<int64_t>(64, D8 - d0) / 8);
-      __m256 acc[8];
-      for (int u = 0; u < 8; ++u) acc[u] = _mm256_setzero_ps();
-      for (int64_t n = 0; n < nv; ++n) {
-        const __m256 ev = _mm256_set1_ps(e[n]);
-        const E* vr = vp + vis[n] * vs1 + d0;
-        if (n + AHEAD < nv) prefetch_row(vp + vis[n + AHEAD] * vs1 + d0, 8 * nd);
-        if (nd == 8) {
-          for (int u = 0; u < 8; ++u) acc[u] = _mm256_fmadd_ps(ev, load8(vr + 8 * u), acc[u]);
-        } else {
-          for (int u = 0; u < nd; ++u) acc[u] = _mm256_fmadd_ps(ev, load8(vr + 8 * u), acc[u]);
-        }
-      }
-      alignas(32) float o[64];
-      for (int u = 0; u < nd; ++u) _mm256_store_ps(o + 8 * u, acc[u]);
-      for (int i = 0; i < 8 * nd; ++i) store_f32(orow[r] + d0 + i, o[i] * inv);
-    }
-    for (int64_t d = D8; d < D; ++d) {
-      float a = 0.0f;
-      for (int64_t n = 0; n < nv; ++n) a += e[n] * to_f32(vp[vis[n] * vs1 + d]);
-      store_f32(orow[r] + d, a * inv);
-    }
-  }
+// The slots of row mrow (S of them; null: all) it may see, in order, into vis; returns how many.
+inline int64_t visible_keys(const bool* mrow, int64_t S, int32_t* vis) {
+  int64_t nv = 0;
+  for (int64_t j = 0; j < S; ++j)
+    if (!mrow || mrow[j]) vis[nv++] = int32_t(j);
+  return nv;
 }
 
-constexpr int HC = 2;  // heads per work item (decode: Gemma's 4 heads of one group make 2 items for 2 cores)
-
-// A few rows: a work item is one query row and up to HC heads of one key group (they share every key and value
-// row it reads), all of it in one parallel pass.
-template <typename E>
-void attend_items(const E* qp, const E* kp, const E* vp, const bool* mp, E* op, int64_t H, int64_t T, int64_t D,
-                 int64_t S, int64_t ks0, int64_t ks1, int64_t vs0, int64_t vs1, int64_t rep, float sc) {
-  const int64_t G = H / rep, nc = (rep + HC - 1) / HC;
-  at::parallel_for(0, G * nc * T, 1, [&](int64_t b0, int64_t b1) {
-    std::vector<float> qf(HC * D), scores(HC * std::max<int64_t>(S, 1));
-    std::vector<int32_t> vis(std::max<int64_t>(S, 1));
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t t = b % T, c = (b / T) % nc, g = b / (T * nc);
-      const int64_t h0 = g * rep + c * HC, nh = std::min<int64_t>(HC, rep - c * HC);
-      const bool* mrow = mp ? mp + t * S : nullptr;
-      int64_t nv = 0;
-      for (int64_t j = 0; j < S; ++j)
-        if (!mrow || mrow[j]) vis[nv++] = int32_t(j);
-      E* orow[HC];
-      for (int64_t r = 0; r < nh; ++r) {
-        const E* qrow = qp + ((h0 + r) * T + t) * D;
-        for (int64_t d = 0; d < D; ++d) qf[r * D + d] = to_f32(qrow[d]);
-        orow[r] = op + ((h0 + r) * T + t) * D;
-      }
-      const E* kg = kp + g * ks0;
-      const E* vg = vp + g * vs0;
-      if (nh == 2) attend_heads<E, 2>(qf.data(), kg, vg, ks1, vs1, vis.data(), nv, D, S, sc, scores.data(), orow);
-      else attend_heads<E, 1>(qf.data(), kg, vg, ks1, vs1, vis.data(), nv, D, S, sc, scores.data(), orow);
-    }
-  });
+// scores_rows for NH heads of one row, as many keys at a time as their registers allow
+template <typename E, int NH>
+void scores_heads(const float* q, int64_t D, const E* kp, int64_t ks1, const int32_t* vis, int64_t nv, float sc,
+                  int64_t S, float* scores) {
+  scores_rows<E, NH, (NH >= 4 ? 2 : 8 / NH)>(q, D, kp, ks1, vis, nv, sc, S, scores);
 }
 
 // out rows of NH heads of one query row (the same visible keys): out[d] = (sum_n e_n v_n[d]) * inv, CH * 8 elements
@@ -197,14 +145,81 @@ void pv_chunk(const float* const* e, const E* vp, int64_t vs1, const int32_t* vi
   }
 }
 
-template <typename E, int NH>
-void scores_heads(const float* q, int64_t D, const E* kp, int64_t ks1, const int32_t* vis, int64_t nv, float sc,
-                  int64_t S, float* scores) {
-  scores_rows<E, NH, (NH >= 4 ? 2 : 8 / NH)>(q, D, kp, ks1, vis, nv, sc, S, scores);
+// The output elements past the last 8 lanes (d from D8 to D) of nh heads: the same sequential chain, scalar.
+template <typename E>
+void pv_tail(const float* const* e, const E* vp, int64_t vs1, const int32_t* vis, int64_t nv, int64_t D8, int64_t D,
+             int nh, const float* inv, E* const* orow) {
+  for (int r = 0; r < nh; ++r)
+    for (int64_t d = D8; d < D; ++d) {
+      float a = 0.0f;
+      for (int64_t n = 0; n < nv; ++n) a += e[r][n] * to_f32(vp[vis[n] * vs1 + d]);
+      store_f32(orow[r] + d, a * inv[r]);
+    }
 }
 
 constexpr int64_t KEY_BLOCK = 32;  // keys a work item scores (their rows stay in L1 while every query row reads them)
 constexpr int64_t D_CHUNK = 32;    // output elements a work item sums (its value columns stay in L2 across the rows)
+
+// NH heads of one query row over its visible keys, in one work item: the scores, then per head the softmax and the
+// outputs, 64 elements of d at a time in registers, a sequential fma chain over n.
+template <typename E, int NH>
+void attend_heads(const float* qf, const E* kp, const E* vp, int64_t ks1, int64_t vs1, const int32_t* vis, int64_t nv,
+                  int64_t D, int64_t S, float sc, float* scores, E* const* orow) {
+  scores_heads<E, NH>(qf, D, kp, ks1, vis, nv, sc, S, scores);
+  const int64_t D8 = D & ~int64_t(7);
+  for (int r = 0; r < NH; ++r) {
+    const float* e = scores + r * S;
+    const float inv = softmax_row(scores + r * S, nv);
+    for (int64_t d0 = 0; d0 < D8; d0 += 64) {
+      const int nd = int(std::min<int64_t>(64, D8 - d0) / 8);
+      __m256 acc[8];
+      for (int u = 0; u < 8; ++u) acc[u] = _mm256_setzero_ps();
+      for (int64_t n = 0; n < nv; ++n) {
+        const __m256 ev = _mm256_set1_ps(e[n]);
+        const E* vr = vp + vis[n] * vs1 + d0;
+        if (n + AHEAD < nv) prefetch_row(vp + vis[n + AHEAD] * vs1 + d0, 8 * nd);
+        if (nd == 8) {
+          for (int u = 0; u < 8; ++u) acc[u] = _mm256_fmadd_ps(ev, load8(vr + 8 * u), acc[u]);
+        } else {
+          for (int u = 0; u < nd; ++u) acc[u] = _mm256_fmadd_ps(ev, load8(vr + 8 * u), acc[u]);
+        }
+      }
+      alignas(32) float o[64];
+      for (int u = 0; u < nd; ++u) _mm256_store_ps(o + 8 * u, acc[u]);
+      for (int i = 0; i < 8 * nd; ++i) store_f32(orow[r] + d0 + i, o[i] * inv);
+    }
+    pv_tail(&e, vp, vs1, vis, nv, D8, D, 1, &inv, orow + r);
+  }
+}
+
+constexpr int HC = 2;  // heads per work item (decode: Gemma's 4 heads of one group make 2 items for 2 cores)
+
+// A few rows: a work item is one query row and up to HC heads of one key group (they share every key and value
+// row it reads), all of it in one parallel pass.
+template <typename E>
+void attend_items(const E* qp, const E* kp, const E* vp, const bool* mp, E* op, int64_t H, int64_t T, int64_t D,
+                 int64_t S, int64_t ks0, int64_t ks1, int64_t vs0, int64_t vs1, int64_t rep, float sc) {
+  const int64_t G = H / rep, nc = (rep + HC - 1) / HC;
+  at::parallel_for(0, G * nc * T, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<float> qf(HC * D), scores(HC * std::max<int64_t>(S, 1));
+    std::vector<int32_t> vis(std::max<int64_t>(S, 1));
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t t = b % T, c = (b / T) % nc, g = b / (T * nc);
+      const int64_t h0 = g * rep + c * HC, nh = std::min<int64_t>(HC, rep - c * HC);
+      const int64_t nv = visible_keys(mp ? mp + t * S : nullptr, S, vis.data());
+      E* orow[HC];
+      for (int64_t r = 0; r < nh; ++r) {
+        const E* qrow = qp + ((h0 + r) * T + t) * D;
+        for (int64_t d = 0; d < D; ++d) qf[r * D + d] = to_f32(qrow[d]);
+        orow[r] = op + ((h0 + r) * T + t) * D;
+      }
+      const E* kg = kp + g * ks0;
+      const E* vg = vp + g * vs0;
+      if (nh == 2) attend_heads<E, 2>(qf.data(), kg, vg, ks1, vs1, vis.data(), nv, D, S, sc, scores.data(), orow);
+      else attend_heads<E, 1>(qf.data(), kg, vg, ks1, vs1, vis.data(), nv, D, S, sc, scores.data(), orow);
+    }
+  });
+}
 
 // Three passes over the keys and values of each key group, each split over the cores: (1) the scores of every query
 // row and head, by blocks of keys (every key row read once from memory, then from cache by every query row and head:
@@ -222,13 +237,7 @@ void attend_passes(const E* qp, const E* kp, const E* vp, const bool* mp, E* op,
       for (int64_t d = 0; d < D; ++d) qf[(t * H + h) * D + d] = to_f32(qp[(h * T + t) * D + d]);
   std::vector<int32_t> vis(T * Sb);
   std::vector<int64_t> nvis(T);
-  for (int64_t t = 0; t < T; ++t) {
-    const bool* mrow = mp ? mp + t * S : nullptr;
-    int64_t nv = 0;
-    for (int64_t j = 0; j < S; ++j)
-      if (!mrow || mrow[j]) vis[t * Sb + nv++] = int32_t(j);
-    nvis[t] = nv;
-  }
+  for (int64_t t = 0; t < T; ++t) nvis[t] = visible_keys(mp ? mp + t * S : nullptr, S, vis.data() + t * Sb);
   std::vector<float> e(T * H * Sb), inv(T * H);  // scores, then e, by [T, H, visible key]
   const int64_t nkb = (S + KEY_BLOCK - 1) / KEY_BLOCK;
   at::parallel_for(0, G * nkb, 1, [&](int64_t b0, int64_t b1) {
@@ -274,13 +283,7 @@ void attend_passes(const E* qp, const E* kp, const E* vp, const bool* mp, E* op,
             if (nh == 2) pv_chunk<E, 2>(er, vg, vs1, vt, nv, d0, int(nd), iv, orow);
             else pv_chunk<E, 1>(er, vg, vs1, vt, nv, d0, int(nd), iv, orow);
           }
-          if (d0 == 0)
-            for (int r = 0; r < nh; ++r)
-              for (int64_t d = D8; d < D; ++d) {
-                float a = 0.0f;
-                for (int64_t n = 0; n < nv; ++n) a += er[r][n] * to_f32(vg[vt[n] * vs1 + d]);
-                store_f32(orow[r] + d, a * iv[r]);
-              }
+          if (d0 == 0) pv_tail(er, vg, vs1, vt, nv, D8, D, nh, iv, orow);
         }
       }
     }
