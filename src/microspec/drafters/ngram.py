@@ -13,9 +13,9 @@ from .length import DraftLength
 from .model_based import AUTO_DEPTH, DEPTH
 
 TOKENS = 10  # the longest chain it proposes, where the device's measured default (DEVICE_TOKENS) says none
-# its longest fixed draft by device kind, where prompt lookup goes into a composite (lookup first; auto's short
-# lookup chain where not sized): 3 on a packed CPU target, where a verify row costs a sizeable share of a plain
-# step: there 3 tokens measured fastest against 5 and 10, adaptive or fixed (BENCHMARKS.md)
+# its longest fixed draft by device kind, where prompt lookup goes into a composite (lookup first; auto's lookup arm
+# on a kind not sized): 3 on a packed CPU target, where a verify row costs a sizeable share of a plain step: there 3
+# tokens measured fastest against 5 and 10, adaptive or fixed (BENCHMARKS.md)
 DEVICE_TOKENS = {"cpu-gguf": 3}
 # the ``ngram`` method's own chain where the device's default is sized step by step (``--depth auto``): on a packed
 # CPU target, held-apart prompts, greedy 2.22x -> 2.91x plain decoding against the fixed 3 tokens (penalty 1.2
