@@ -274,8 +274,7 @@ def _sized() -> list[str]:
             "each cell the method's tokens/s over plain decoding's in the same run, mean over the runs (range); "
             "τ the mean accepted length; the last column counts the questions whose ratios at the new commit all "
             "lie below the old commit's:", "",
-            table(["decoding", "method", f"x plain at {old['commit']}", f"x plain at {new['commit']}", "change",
-                   "τ", "questions below the old range"], ab_rows(folder, SIZED, SIZED_METHODS)), "",
+            _ab_table(folder, SIZED_METHODS, old["commit"], new["commit"]), "",
             src.markdown(), "",
             f"- Greedy EAGLE + MicroSpec {mean_of(micro['old']):.2f}x → {mean_of(micro['new']):.2f}x plain decoding "
             f"(τ {mean_of(ab_tau(folder, 'base', 'greedy', 'microspec')):.2f} → "
@@ -317,6 +316,23 @@ def _sized_lookup(folder: str) -> list[str]:
             *_sized_auto(f"{folder}/auto-lookup")]
 
 
+def _ab_table(folder: str, methods: dict, old: str, new: str) -> str:
+    """The table of an alternated A/B (``folder``'s ab.json, :func:`ab_rows`) over the decodings it holds, ``methods``
+    (their labels), the two commits in the headers."""
+    res = load(f"{folder}/ab.json")
+    return table(["decoding", "method", f"x plain at {old}", f"x plain at {new}", "change", "τ",
+                  "questions below the old range"],
+                 ab_rows(folder, {k: v for k, v in SIZED.items() if k in res}, methods))
+
+
+def _plain_tok_s(res: dict) -> str:
+    """Plain decoding's tok/s at the two commits of an A/B's ``res``, per decoding (``greedy 141 → 122``)."""
+    def tok_s(d: dict, side: str) -> str:
+        return spread(d["plain_tok_s"][side], 0, "")
+
+    return "; ".join(f"{SIZED[k]} {tok_s(d, 'old')} → {tok_s(d, 'new')}" for k, d in res.items() if k in SIZED)
+
+
 def _auto_ab(folder: str, intro: str, arm: str, label: str) -> list[str]:
     """An alternated A/B of ``auto`` alone (``folder``'s ab.json): ``intro`` (given the two commits), the table, its
     source, ``arm``'s share of the steps at each commit (``label``), whether the ranges overlap, losslessness."""
@@ -331,9 +347,7 @@ def _auto_ab(folder: str, intro: str, arm: str, label: str) -> list[str]:
              and not tie(d["methods"]["auto"]["old"], d["methods"]["auto"]["new"])]
     return [intro.format(old=old, new=new) + " The same held-apart prompts, "
             + f"{len(first['old'])} alternated runs of each commit (x plain decoding in the same run, mean (range)):",
-            "", table(["decoding", "method", f"x plain at {old}", f"x plain at {new}", "change", "τ",
-                       "questions below the old range"],
-                      ab_rows(folder, {k: v for k, v in SIZED.items() if k in res}, {"auto": "`auto`"})), "",
+            "", _ab_table(folder, {"auto": "`auto`"}, old, new), "",
             ab_source(folder, res).markdown(), "",
             f"- {label} share of `auto`'s steps: " + "; ".join(
                 f"{SIZED[k]} {spread(share('base', k), 2, '')} → {spread(share('head', k), 2, '')}"
@@ -376,8 +390,6 @@ def _attention() -> list[str]:
     folder = runs["DIR"]
     old, new, rows_table, src = _rows_by_context(folder, runs["ROWS"])
     res = load(f"{folder}/ab.json")
-    plain = {k: (spread(d["plain_tok_s"]["old"], 0, ""), spread(d["plain_tok_s"]["new"], 0, ""))
-             for k, d in res.items() if k in SIZED}
     methods = {"auto": "`auto`", "microspec": "EAGLE + MicroSpec"}
     apart = [f"{SIZED[k]} ({label}: {spread(d['methods'][m]['old'])} → {spread(d['methods'][m]['new'])})"
              for k, d in res.items() if k in SIZED for m, label in methods.items()
@@ -396,12 +408,9 @@ def _attention() -> list[str]:
             table(rows_table[0], rows_table[1:]), "", src.markdown(), "",
             "End to end, the same held-apart prompts, three alternated runs of each commit (x plain decoding in the "
             "same run, mean (range)):", "",
-            table(["decoding", "method", f"x plain at {old}", f"x plain at {new}", "change", "τ",
-                   "questions below the old range"],
-                  ab_rows(folder, {k: v for k, v in SIZED.items() if k in res}, methods)), "",
+            _ab_table(folder, methods, old, new), "",
             ab_source(folder, res).markdown(), "",
-            "- Plain decoding (one row: the same kernel path at both commits), tok/s: " + "; ".join(
-                f"{SIZED[k]} {a} → {b}" for k, (a, b) in plain.items()) + ".",
+            "- Plain decoding (one row: the same kernel path at both commits), tok/s: " + _plain_tok_s(res) + ".",
             "- " + ("In every decoding and method the two commits' ranges overlap end to end: the held-apart prompts' "
                     "contexts are short (a few hundred tokens), where a pass saves least, and the runs' spread is "
                     "larger than the saving." if not apart else
@@ -460,8 +469,6 @@ def _cache_prefetch() -> list[str]:
     share = {side: spread([100 * v for v in rounds(side, "share")], 0, "%") for side in floors}
     toks = {side: spread(rounds(side, "decode_tok_s"), 0, "") for side in floors}
     res = load(f"{folder}/ab.json")
-    plain = {k: (spread(d["plain_tok_s"]["old"], 0, ""), spread(d["plain_tok_s"]["new"], 0, ""))
-             for k, d in res.items() if k in SIZED}
     return ["### The cache's rows prefetched", "",
             "A decode step reads every layer's keys and values from memory (2 KB a token a layer in fp32), a row "
             "apart, and the hardware prefetchers stop at every page (four rows). Since " + new + " the attention "
@@ -476,12 +483,9 @@ def _cache_prefetch() -> list[str]:
             "every prefix. The prefetch is kept for long contexts; it does not move the floor share.", "",
             "End to end, the same held-apart prompts, three alternated runs of each commit (x plain decoding in the "
             "same run, mean (range)):", "",
-            table(["decoding", "method", f"x plain at {old}", f"x plain at {new}", "change", "τ",
-                   "questions below the old range"],
-                  ab_rows(folder, {k: v for k, v in SIZED.items() if k in res}, {"auto": "`auto`"})), "",
+            _ab_table(folder, {"auto": "`auto`"}, old, new), "",
             ab_source(folder, res).markdown(), "",
-            "- Plain decoding in those runs, tok/s: " + "; ".join(f"{SIZED[k]} {a} → {b}"
-                                                                  for k, (a, b) in plain.items()) + ".",
+            "- Plain decoding in those runs, tok/s: " + _plain_tok_s(res) + ".",
             ab_lossless(res), ""]
 
 
