@@ -182,6 +182,45 @@ def test_every_instruction_path_gives_the_avx2_products_bit_for_bit(qtype):
         pytest.skip("this CPU has no AVX-512 VNNI: the AVX2 path is the only one")
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_products_of_one_input_in_one_region_are_each_product_alone(threads):
+    """``linear_q8_many`` (a layer's q/k/v or gate/up: one quantization of the input, the tiles of every matrix in
+    one parallel region, split over the cores by their bytes at pair boundaries) gives each matrix what
+    ``linear_q8`` gives it alone, bit for bit: on every instruction path, at row counts that take every register
+    tile, with odd tile counts (a pair split and a tile alone) and shares that end inside a matrix; a list with a
+    file-layout matrix in it takes one product each."""
+    rng = np.random.default_rng(13)
+    cols = 768
+    mats = []
+    for qtype, rows in (("Q5_0", 72), ("Q8_0", 40), ("Q4_K", 24), ("Q6_K", 56), ("Q4_0", 8), ("Q4_1", 136),
+                        ("Q5_1", 48)):
+        raw = torch.from_numpy(random_rows(qtype, rows, cols, rng))
+        form = cq.INTERLEAVED[qtype]
+        mats.append((cq.repack(raw, qtype), cq.TYPES[form][0]))
+    assert sum(d.numel() for d, _ in mats) > 4 * 16 * 1024  # shares of several tiles each on 2 cores
+    x = torch.randn(17, cols) * torch.logspace(-2, 2, 17)[:, None]
+    widest = cq.int_path(None)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for path in cq.INT_PATHS[: cq.INT_PATHS.index(widest) + 1]:
+            cq.int_path(path)
+            for rows in (1, 3, 4, 5, 9, 17):
+                xr = x[:rows].contiguous()
+                alone = [cq.linear_q8(xr, d, t, cols) for d, t in mats]
+                for lo, hi in ((0, len(mats)), (0, 3), (3, 5), (1, 2)):
+                    got = cq.linear_q8_many(xr, mats[lo:hi], cols)
+                    assert len(got) == hi - lo
+                    assert all(torch.equal(g, w) for g, w in zip(got, alone[lo:hi])), (path, rows, lo, hi)
+        raw = torch.from_numpy(random_rows("Q8_0", 16, cols, rng))  # the file's blocks beside an interleaved form
+        mixed = [(raw, cq.TYPES["Q8_0"][0]), mats[0]]
+        got = cq.linear_q8_many(x, mixed, cols)
+        assert all(torch.equal(g, cq.linear_q8(x, d, t, cols)) for g, (d, t) in zip(got, mixed))
+    finally:
+        torch.set_num_threads(before)
+        cq.int_path(None)
+
+
 @pytest.mark.parametrize("qtype", list(cq.INTERLEAVED))
 def test_interleaved_products_at_the_quant_extremes(qtype):
     """The int16 sums of several chunks before one madd cannot overflow: every quant at its largest (or Q8_0's

@@ -91,6 +91,14 @@ def linear_q8(x: torch.Tensor, data: torch.Tensor, type_id: int, cols: int) -> t
     return y.reshape(*lead, y.shape[-1])
 
 
+def linear_q8_many(x: torch.Tensor, mats: list[tuple[torch.Tensor, int]], cols: int) -> list[torch.Tensor]:
+    """:func:`linear_q8` of one ``x`` [M, cols] (contiguous fp32) by each ``(data, type_id)`` of ``mats``: the rows
+    quantized once and, where every matrix is an interleaved form, all the products in one parallel region, the
+    tiles of all of them split over the cores by their bytes (a decoder layer's q, k and v; its gate and up).  Each
+    output is :func:`linear_q8`'s for its matrix, bit for bit."""
+    return _EXT.module.linear_q8_many(x, [d for d, _ in mats], [t for _, t in mats], cols)
+
+
 INT_PATHS = ("avx2", "vnni256", "vnni512")
 
 

@@ -7,10 +7,51 @@
 
 namespace {
 
+torch::Tensor with_bias(torch::Tensor y, const torch::Tensor& bias) {
+  return bias.defined() && bias.numel() ? y + bias : y;
+}
+
 torch::Tensor lin(const torch::Tensor& x, const torch::Tensor& w, int64_t type, int64_t K, int64_t integer,
                   const torch::Tensor& bias) {
-  torch::Tensor y = integer ? linear_q8(x, w, type, K) : linear_q(x, w, type, K);
-  return bias.defined() && bias.numel() ? y + bias : y;
+  return with_bias(integer ? linear_q8(x, w, type, K) : linear_q(x, w, type, K), bias);
+}
+
+// The products of matrices `idx` with the same input: on the integer path with one K, through linear_q8_many (one
+// quantization of the input, one parallel region; the same values as one product each), else one lin each
+std::vector<torch::Tensor> lins(const torch::Tensor& x, const std::vector<torch::Tensor>& mats,
+                                const std::vector<int64_t>& meta, const std::vector<torch::Tensor>& biases,
+                                std::initializer_list<int> idx) {
+  bool joint = x.is_contiguous() && x.dim() == 2;
+  for (int i : idx) joint = joint && meta[3 * i + 2] && meta[3 * i + 1] == meta[3 * *idx.begin() + 1];
+  std::vector<torch::Tensor> out;
+  if (!joint) {
+    for (int i : idx) out.push_back(lin(x, mats[i], meta[3 * i], meta[3 * i + 1], meta[3 * i + 2], biases[i]));
+    return out;
+  }
+  std::vector<torch::Tensor> ws;
+  std::vector<int64_t> types;
+  for (int i : idx) { ws.push_back(mats[i]); types.push_back(meta[3 * i]); }
+  out = linear_q8_many(x, ws, types, meta[3 * *idx.begin() + 1]);
+  size_t j = 0;
+  for (int i : idx) { out[j] = with_bias(out[j], biases[i]); ++j; }
+  return out;
+}
+
+// rows t of src [H, T, hd] from r0 into dst [H, capacity, hd] (a layer's keys or values) from slot start: as
+// dst.narrow(1, start, t).copy_(src.narrow(1, r0, t)), without the views' dispatch where both are fp32
+void put_rows(const torch::Tensor& dst, const torch::Tensor& src, int64_t r0, int64_t start, int64_t t) {
+  const int64_t H = src.size(0), hd = src.size(2);
+  if (dst.scalar_type() != torch::kFloat32 || src.scalar_type() != torch::kFloat32 || dst.stride(2) != 1 ||
+      src.stride(2) != 1) {
+    dst.narrow(1, start, t).copy_(src.narrow(1, r0, t));
+    return;
+  }
+  const float* sp = src.data_ptr<float>();
+  float* dp = dst.data_ptr<float>();
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t r = 0; r < t; ++r)
+      std::memcpy(dp + h * dst.stride(0) + (start + r) * dst.stride(1),
+                  sp + h * src.stride(0) + (r0 + r) * src.stride(1), hd * sizeof(float));
 }
 
 }  // namespace
@@ -38,9 +79,10 @@ torch::Tensor layer_step(torch::Tensor x, std::vector<torch::Tensor> mats, std::
   auto L = [&](int i, const torch::Tensor& in) { return lin(in, mats[i], meta[3 * i], meta[3 * i + 1], meta[3 * i + 2], biases[i]); };
   auto N = [&](int i, const torch::Tensor& in) { return rms_norm(in, norms[i], eps); };
   const torch::Tensor h = norms[0].numel() ? N(0, x) : x;
-  torch::Tensor q = L(0, h).view({T, nh, hd});
-  torch::Tensor k = L(1, h).view({T, nkv, hd});
-  const torch::Tensor v = L(2, h).view({T, nkv, hd}).transpose(0, 1);
+  std::vector<torch::Tensor> qkv = lins(h, mats, meta, biases, {0, 1, 2});
+  torch::Tensor q = qkv[0].view({T, nh, hd});
+  torch::Tensor k = qkv[1].view({T, nkv, hd});
+  const torch::Tensor v = qkv[2].view({T, nkv, hd}).transpose(0, 1);
   if (norms[4].numel()) { q = N(4, q); k = N(5, k); }
   q = rope(q, cos, sin).transpose(0, 1);
   k = rope(k, cos, sin).transpose(0, 1);
@@ -49,8 +91,8 @@ torch::Tensor layer_step(torch::Tensor x, std::vector<torch::Tensor> mats, std::
   for (size_t j = 0; j < nseg; ++j) {
     const int64_t t = rows[j], start = starts[j], lo = los[j], S = start + t;
     const torch::Tensor& kv = kvs[j];
-    kv.select(0, 0).narrow(1, start, t).copy_(k.narrow(1, r0, t));
-    kv.select(0, 1).narrow(1, start, t).copy_(v.narrow(1, r0, t));
+    put_rows(kv.select(0, 0), k, r0, start, t);
+    put_rows(kv.select(0, 1), v, r0, start, t);
     const torch::Tensor keys = kv.select(0, 0).narrow(1, lo, S - lo), values = kv.select(0, 1).narrow(1, lo, S - lo);
     outs.push_back(attend_rows(q.narrow(1, r0, t), keys, values, alloweds[j], scale));
     r0 += t;
@@ -59,9 +101,11 @@ torch::Tensor layer_step(torch::Tensor x, std::vector<torch::Tensor> mats, std::
   torch::Tensor o = nseg == 1 ? outs[0] : torch::cat(outs, 1);
   o = L(3, o.transpose(0, 1).reshape({T, nh * hd}));
   auto mlp = [&](const torch::Tensor& in) {
-    torch::Tensor g = L(4, in);
-    g = act == 0 ? at::silu(g) : act == 1 ? at::gelu(g, "tanh") : at::gelu(g);
-    return L(6, g * L(5, in));
+    std::vector<torch::Tensor> gu = lins(in, mats, meta, biases, {4, 5});
+    torch::Tensor& g = gu[0];
+    if (act == 0) at::silu_(g);
+    else at::gelu_(g, act == 1 ? "tanh" : "none");
+    return L(6, g.mul_(gu[1]));
   };
   if (gemma) {
     x = x + N(1, o);

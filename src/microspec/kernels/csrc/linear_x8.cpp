@@ -446,28 +446,40 @@ inline void rows_tiles(const Act& a, const int32_t* offs, const int32_t* sums, c
   for (int64_t i = 0; i < mt; ++i) std::memcpy(op + (m0 + i) * N + 8 * t, buf + 8 * i, 8 * sizeof(float));
 }
 
-// The integer product with an interleaved form: tiles in chunks of ~48 KiB (L2), the input rows in blocks of 16
-// and register tiles of up to 4 rows (8 on path 2 with two tiles at a time); the first register tile over a tile
-// prefetches one a few tiles on (the next pair on path 2); each register tile unpacks the weights it multiplies,
-// and every weight byte comes from memory once per call.
+// What an interleaved form's integer products need of the quantized rows beyond qx, dx and dxs: per row and group
+// OFF * sum(qx) (Q6_K: the two halves' sums as an int16 pair) for the offset types, and sum(qx) for the signed
+// types on the VNNI paths.  Made once per call, before the tiles are split over the cores.
+struct X8Prep {
+  std::vector<int32_t> offs, sums;
+};
+
 template <class T>
-void linear_x8_type(const int8_t* qx, const float* dx, const float* dxs, int64_t M, int64_t K, const uint8_t* wp,
-                    int64_t tiles, int64_t RB, float* op) {
-  const int64_t G = K / 32, N = tiles * 8;
-  std::vector<int32_t> offs(T::off ? M * G : 0);
-  for (int64_t i = 0; T::off && i < M * G; ++i) {  // per row and group: OFF * sum(qx); Q6_K: the halves' sums
+X8Prep x8_prep(const int8_t* qx, int64_t M, int64_t G, int path) {
+  X8Prep p;
+  p.offs.resize(T::off ? M * G : 0);
+  for (int64_t i = 0; T::off && i < M * G; ++i) {
     int32_t lo = 0, hi = 0;
     for (int k = 0; k < 16; ++k) { lo += qx[32 * i + k]; hi += qx[32 * i + 16 + k]; }
-    offs[i] = T::kq == 14 ? int32_t((uint32_t(lo) & 0xFFFFu) | (uint32_t(hi) << 16)) : T::off * (lo + hi);
+    p.offs[i] = T::kq == 14 ? int32_t((uint32_t(lo) & 0xFFFFu) | (uint32_t(hi) << 16)) : T::off * (lo + hi);
   }
-  const Act a{qx, dx, dxs, nullptr, K, G};
-  const int path = path_now();
-  std::vector<int32_t> sums(path && T::kq == 0 && T::sign ? M * G : 0);  // per row and group: sum(qx)
-  for (int64_t i = 0; i < int64_t(sums.size()); ++i) {
+  p.sums.resize(path && T::kq == 0 && T::sign ? M * G : 0);
+  for (int64_t i = 0; i < int64_t(p.sums.size()); ++i) {
     int32_t v = 0;
     for (int k = 0; k < 32; ++k) v += qx[32 * i + k];
-    sums[i] = v;
+    p.sums[i] = v;
   }
+  return p;
+}
+
+// Tiles tb..te-1 of an interleaved form (`tiles` in all) against the M rows, written to op [M, tiles * 8]: in chunks
+// of ~48 KiB (L2), the input rows in blocks of 16 and register tiles of up to 4 rows (8 on path 2 with two tiles at a
+// time); the first register tile over a tile prefetches one a few tiles on (the next pair on path 2); each register
+// tile unpacks the weights it multiplies, and every weight byte comes from memory once per call.  A tile's results
+// do not depend on the range it falls in, nor on the tile beside it.
+template <class T>
+void x8_tiles(const Act& a, const X8Prep& p, int64_t M, const uint8_t* wp, int64_t tiles, int64_t RB, float* op,
+              int path, int64_t tb, int64_t te) {
+  const int64_t N = tiles * 8;
   constexpr int64_t MB = 16;
   // Path 2 pairs the tiles from 5 rows on; up to 4 rows the products stream from memory faster one tile at a time
   // (one stream the hardware prefetches; Gemma 3's LM head: 3.7 against 4.1 ms a row), on 256-bit VNNI
@@ -475,41 +487,85 @@ void linear_x8_type(const int8_t* qx, const float* dx, const float* dxs, int64_t
   constexpr int64_t PREFETCH_TILES = 4;  // one tile at a time: prefetch this far ahead (1-8 measured alike)
   const int64_t MT = wide ? 8 : 4;
   const int64_t chunk = std::max<int64_t>(2, int64_t(48) * 1024 / RB / 2 * 2);  // whole pairs of tiles
-  at::parallel_for(0, (tiles + chunk - 1) / chunk, 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
-      const int64_t t0 = c * chunk, t1 = std::min(tiles, t0 + chunk);
-      for (int64_t mb = 0; mb < M; mb += MB) {
-        const int64_t me = std::min(M, mb + MB);
-        for (int64_t t = t0; t < t1;) {
-          const bool two = wide && t + 1 < t1;
-          const int64_t ahead = two ? 2 : PREFETCH_TILES;  // the next pair, or a few tiles on
-          for (int64_t m0 = mb; m0 < me; m0 += two ? MT : 4)
-            rows_tiles<T>(a, offs.data(), sums.data(), wp + t * RB, RB, m0, std::min<int64_t>(two ? MT : 4, me - m0),
-                          two, path, N, t, op, m0 == mb && t + ahead + two < tiles ? ahead * RB : 0);
-          t += two ? 2 : 1;
-        }
+  for (int64_t t0 = tb; t0 < te; t0 += chunk) {
+    const int64_t t1 = std::min(te, t0 + chunk);
+    for (int64_t mb = 0; mb < M; mb += MB) {
+      const int64_t me = std::min(M, mb + MB);
+      for (int64_t t = t0; t < t1;) {
+        const bool two = wide && t + 1 < t1;
+        const int64_t ahead = two ? 2 : PREFETCH_TILES;  // the next pair, or a few tiles on
+        for (int64_t m0 = mb; m0 < me; m0 += two ? MT : 4)
+          rows_tiles<T>(a, p.offs.data(), p.sums.data(), wp + t * RB, RB, m0, std::min<int64_t>(two ? MT : 4, me - m0),
+                        two, path, N, t, op, m0 == mb && t + ahead + two < tiles ? ahead * RB : 0);
+        t += two ? 2 : 1;
       }
     }
-  });
+  }
+}
+
+// Calls f(tag) with the block type of an interleaved form's type id
+template <class F>
+void x8_dispatch(int64_t type, F&& f) {
+  switch (type) {
+    case 1008: f(XQ8_0{}); break;
+    case 1002: f(XQ4_0{}); break;
+    case 1003: f(XQ4_1{}); break;
+    case 1006: f(XQ5_0{}); break;
+    case 1007: f(XQ5_1{}); break;
+    case 1012: f(XQ4_K{}); break;
+    case 1014: f(XQ6_K{}); break;
+    default: TORCH_CHECK(false, "GGML type ", type, " is not an interleaved form");
+  }
 }
 
 }  // namespace
 
 namespace microspec {
 
+// Several interleaved forms against the same quantized rows, in one parallel region: the tiles of all of them, in
+// order, are split over the cores by their bytes (each core one contiguous share, a matrix's share rounded to whole
+// pairs of tiles), so small matrices (a layer's k and v) neither idle a core nor pay a region of their own, and the
+// stream of weight bytes goes on from one matrix into the next.  Each tile's results are what linear_x8 gives it.
+void linear_x8_many(const std::vector<X8Job>& jobs, const int8_t* qx, const float* dx, const float* dxs, int64_t M,
+                    int64_t K) {
+  const int64_t G = K / 32;
+  const int path = path_now();
+  const Act a{qx, dx, dxs, nullptr, K, G};
+  std::vector<X8Prep> preps(jobs.size());
+  std::vector<int64_t> first(jobs.size() + 1, 0);  // the bytes before each job's tiles
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    x8_dispatch(jobs[j].type, [&](auto tag) { preps[j] = x8_prep<decltype(tag)>(qx, M, G, path); });
+    first[j + 1] = first[j] + jobs[j].tiles * jobs[j].RB;
+  }
+  const int64_t total = first.back();
+  if (total == 0) return;
+  // one share per core, but none of under ~16 KiB of weights for one row (a region costs more than it saves there)
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), total * M / (16 * 1024)));
+  at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t part = p0; part < p1; ++part) {
+      const int64_t b0 = total * part / parts, b1 = total * (part + 1) / parts;  // this share's bytes
+      for (size_t j = 0; j < jobs.size(); ++j) {
+        const X8Job& job = jobs[j];
+        // the pairs of tiles whose first byte falls in [b0, b1), as offsets into this job
+        auto edge = [&](int64_t b) {
+          const int64_t rel = std::clamp<int64_t>(b - first[j], 0, job.tiles * job.RB);
+          const int64_t pairs = (rel + 2 * job.RB - 1) / (2 * job.RB);
+          return std::min(job.tiles, 2 * pairs);
+        };
+        const int64_t tb = edge(b0), te = edge(b1);
+        if (tb >= te) continue;
+        x8_dispatch(job.type, [&](auto tag) {
+          x8_tiles<decltype(tag)>(a, preps[j], M, job.w, job.tiles, job.RB, job.out, path, tb, te);
+        });
+      }
+    }
+  });
+}
+
+
 void linear_x8(int64_t type, const int8_t* qx, const float* dx, const float* dxs, int64_t M, int64_t K,
                const uint8_t* wp, int64_t tiles, int64_t RB, float* op) {
-  auto run = [&](auto tag) { linear_x8_type<decltype(tag)>(qx, dx, dxs, M, K, wp, tiles, RB, op); };
-  switch (type) {
-    case 1008: run(XQ8_0{}); break;
-    case 1002: run(XQ4_0{}); break;
-    case 1003: run(XQ4_1{}); break;
-    case 1006: run(XQ5_0{}); break;
-    case 1007: run(XQ5_1{}); break;
-    case 1012: run(XQ4_K{}); break;
-    case 1014: run(XQ6_K{}); break;
-    default: TORCH_CHECK(false, "GGML type ", type, " is not an interleaved form");
-  }
+  linear_x8_many({X8Job{type, wp, tiles, RB, op}}, qx, dx, dxs, M, K);
 }
 
 }  // namespace microspec

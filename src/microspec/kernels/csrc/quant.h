@@ -11,6 +11,8 @@ torch::Tensor dequant_rows(torch::Tensor w, int64_t type, int64_t K, torch::Tens
 // quant_linear.cpp
 torch::Tensor linear_q(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K);
 torch::Tensor linear_q8(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K);
+std::vector<torch::Tensor> linear_q8_many(torch::Tensor x, std::vector<torch::Tensor> ws, std::vector<int64_t> types,
+                                          int64_t K);
 // linear_x8.cpp: the instruction path of the interleaved integer products (0 AVX2, 1 AVX-512 VNNI on 256-bit
 // registers, 2 on 512-bit registers; -1 the widest the CPU has, the default), capped by the CPU; returns the one in use
 int64_t set_int_path(int64_t path);

@@ -315,23 +315,44 @@ torch::Tensor linear_q(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K
   return out;
 }
 
-torch::Tensor linear_q8(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
+namespace {
+
+void check_q8_input(const torch::Tensor& x, int64_t K) {
   TORCH_CHECK(x.dtype() == torch::kFloat32 && x.is_contiguous() && x.dim() == 2 && x.size(1) == K && K % 32 == 0,
               "x: contiguous fp32 [M, K], K a multiple of 32");
+}
+
+void check_q8_weight(const torch::Tensor& w) {
   TORCH_CHECK(w.dtype() == torch::kUInt8 && w.dim() == 2 && w.stride(1) == 1, "w: uint8 [N, row bytes]");
-  const int64_t M = x.size(0), N = layout(w, type, K).N, RB = w.stride(0), G = K / 32;
+}
+
+// The rows of x [M, K] quantized for the integer path (see quant_row)
+struct QRows {
+  std::vector<int8_t> q;
+  std::vector<float> d, ds;
+  QRows(const torch::Tensor& x, int64_t K) : q(x.size(0) * K), d(x.size(0) * (K / 32)), ds(x.size(0) * (K / 32)) {
+    const float* xp = x.data_ptr<float>();
+    const int64_t G = K / 32;
+    for (int64_t m = 0; m < x.size(0); ++m)
+      quant_row(xp + m * K, K, q.data() + m * K, d.data() + m * G, ds.data() + m * G);
+  }
+};
+
+}  // namespace
+
+torch::Tensor linear_q8(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
+  check_q8_input(x, K);
+  check_q8_weight(w);
+  const int64_t M = x.size(0), N = layout(w, type, K).N, RB = w.stride(0);
   auto out = torch::empty({M, N}, x.options());
-  std::vector<int8_t> qx(M * K);
-  std::vector<float> dx(M * G), dxs(M * G);
-  const float* xp = x.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m) quant_row(xp + m * K, K, qx.data() + m * K, dx.data() + m * G, dxs.data() + m * G);
+  const QRows qr(x, K);
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
   auto run = [&](auto tag) {
-    linear_q8_type<decltype(tag)>(qx.data(), dx.data(), dxs.data(), M, K, wp, N, RB, op);
+    linear_q8_type<decltype(tag)>(qr.q.data(), qr.d.data(), qr.ds.data(), M, K, wp, N, RB, op);
   };
   if (type > 1000) {
-    microspec::linear_x8(type, qx.data(), dx.data(), dxs.data(), M, K, wp, w.size(0), RB, op);
+    microspec::linear_x8(type, qr.q.data(), qr.d.data(), qr.ds.data(), M, K, wp, w.size(0), RB, op);
     return out;
   }
   switch (type) {
@@ -346,4 +367,31 @@ torch::Tensor linear_q8(torch::Tensor x, torch::Tensor w, int64_t type, int64_t 
     default: TORCH_CHECK(false, "GGML type ", type, " has no integer path");
   }
   return out;
+}
+
+// linear_q8 of the same x by several matrices: x quantized once, and where every matrix is an interleaved form their
+// products run in one parallel region (linear_x8_many); otherwise one linear_q8 each.  The same values as
+// linear_q8 of each, bit for bit.
+std::vector<torch::Tensor> linear_q8_many(torch::Tensor x, std::vector<torch::Tensor> ws, std::vector<int64_t> types,
+                                          int64_t K) {
+  TORCH_CHECK(ws.size() == types.size(), "linear_q8_many: one type per matrix");
+  check_q8_input(x, K);
+  const bool interleaved = std::all_of(types.begin(), types.end(), [](int64_t t) { return t > 1000; });
+  std::vector<torch::Tensor> outs;
+  if (!interleaved) {
+    for (size_t j = 0; j < ws.size(); ++j) outs.push_back(linear_q8(x, ws[j], types[j], K));
+    return outs;
+  }
+  const int64_t M = x.size(0);
+  std::vector<microspec::X8Job> jobs;
+  for (size_t j = 0; j < ws.size(); ++j) {
+    check_q8_weight(ws[j]);
+    const int64_t N = layout(ws[j], types[j], K).N;
+    outs.push_back(torch::empty({M, N}, x.options()));
+    jobs.push_back(
+        {types[j], ws[j].data_ptr<uint8_t>(), ws[j].size(0), ws[j].stride(0), outs.back().data_ptr<float>()});
+  }
+  const QRows qr(x, K);
+  microspec::linear_x8_many(jobs, qr.q.data(), qr.d.data(), qr.ds.data(), M, K);
+  return outs;
 }

@@ -1,0 +1,119 @@
+"""Two builds of the packed CPU kernel (``cpu_quant``) in one process, the same forward through each, alternating call
+by call: an A/B of a kernel change that a shared machine's drifting bandwidth cannot tilt.
+
+    python benchmarks/measure/kernel_ab.py --base-src /path/to/other/checkout/src --out kernel_ab.json
+    python benchmarks/measure/kernel_ab.py --base-so ~/.cache/microspec/kernels/cpu_quant-<hash>/<module>.so
+
+Gemma 3 270M (packed GGUF), after a prefix of each ``--contexts`` tokens: the forward over each ``--rows`` new
+tokens (a chain's causal mask), ``--calls`` calls through the base build and as many through this checkout's,
+interleaved (ABBA), the first ``--warmup`` of each left out; the median and quartiles of each, the median of the
+paired ratios new / base, and a check that both builds give the same hidden states bit for bit.  Separate processes
+run minutes apart on a machine whose read bandwidth moves by tens of percent (this project's 2-core kind: 26-44 GB/s
+within a minute), so their medians compare poorly; here both builds see the same moments.  ``--base-src`` builds
+(or finds built) the other checkout's kernel in a child process, with that checkout's sources; both builds must take
+the same arguments (the model's fused-layer path calls ``layer_step`` and ``linear_q8``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+FIND = "from microspec.kernels import cpu_quant as c; assert c.available(), c.build_error(); print(c._EXT.module.__file__)"
+
+
+def built_module(src: str) -> str:
+    """The path of the cpu_quant module built from the checkout whose ``src`` folder is ``src``."""
+    env = dict(os.environ, PYTHONPATH=src)
+    out = subprocess.run([sys.executable, "-c", FIND], env=env, capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise SystemExit(f"kernel_ab: the base checkout's kernel did not build: {out.stderr.strip().splitlines()[-1:]}")
+    return out.stdout.strip().splitlines()[-1]
+
+
+def load_module(path: str):
+    name = Path(path).name.split(".")[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@torch.inference_mode()
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base-src", help="the other checkout's src folder (its kernel is built there, once)")
+    ap.add_argument("--base-so", help="a built cpu_quant module to compare against, instead of --base-src")
+    ap.add_argument("--model", default="gemma-3-270m")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--contexts", default="100,400")
+    ap.add_argument("--rows", default="1,4,16")
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    if bool(a.base_src) == bool(a.base_so):
+        ap.error("give one of --base-src and --base-so")
+    from microspec.bench import run_meta
+    from microspec.kernels import cpu_quant
+    from microspec.models.registry import load_model
+
+    torch.set_num_threads(a.threads)
+    if not cpu_quant.available():
+        raise SystemExit(f"kernel_ab: this checkout's kernel is not available: {cpu_quant.build_error()}")
+    base_path = a.base_so or built_module(a.base_src)
+    builds = {"base": load_module(base_path), "new": cpu_quant._EXT.module}
+    m = load_model(a.model, dtype="gguf").model
+    contexts, rows = [int(c) for c in a.contexts.split(",")], [int(r) for r in a.rows.split(",")]
+    g = torch.Generator().manual_seed(0)
+    cache = m.new_cache(max(contexts) + max(rows) + 1)
+    results = []
+    try:
+        for c in contexts:
+            cache.length = 0
+            m.forward(torch.randint(100, 20000, (c,), generator=g), cache)
+            for r in rows:
+                ids = torch.randint(100, 20000, (r,), generator=g)
+                mask = torch.ones(r, r, dtype=torch.bool).tril() if r > 1 else None
+                times: dict[str, list[float]] = {k: [] for k in builds}
+                hidden = {}
+                for i in range(a.calls):
+                    order = ("base", "new") if i % 2 == 0 else ("new", "base")
+                    for k in order:
+                        cpu_quant._EXT.module = builds[k]
+                        cache.length = c
+                        t0 = time.perf_counter()
+                        hidden[k] = m.forward(ids, cache, positions=torch.arange(c, c + r), mask=mask)
+                        times[k].append(time.perf_counter() - t0)
+                same = torch.equal(hidden["base"], hidden["new"])
+                tb, tn = times["base"][a.warmup:], times["new"][a.warmup:]
+                ratio = statistics.median(n / b for n, b in zip(tn, tb))
+                row = {"context": c, "rows": r, "same_bits": same, "ratio_new_over_base": round(ratio, 4)}
+                for k, v in (("base", tb), ("new", tn)):
+                    q = statistics.quantiles(v, n=4)
+                    row[k] = {"median_ms": round(statistics.median(v) * 1e3, 3), "q1_ms": round(q[0] * 1e3, 3),
+                              "q3_ms": round(q[2] * 1e3, 3)}
+                results.append(row)
+                print(f"context {c}, {r} rows: base {row['base']['median_ms']:.3f} ms "
+                      f"({row['base']['q1_ms']:.3f}-{row['base']['q3_ms']:.3f}), new {row['new']['median_ms']:.3f} "
+                      f"ms ({row['new']['q1_ms']:.3f}-{row['new']['q3_ms']:.3f}), paired ratio {ratio:.3f}, "
+                      f"{'same bits' if same else 'OUTPUTS DIFFER'}", flush=True)
+    finally:
+        cpu_quant._EXT.module = builds["new"]
+    if a.out:
+        out = run_meta(model=a.model, threads=a.threads, base_module=Path(base_path).name, calls=a.calls,
+                       warmup=a.warmup, results=results)
+        Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
