@@ -221,6 +221,37 @@ def test_products_of_one_input_in_one_region_are_each_product_alone(threads):
         cq.int_path(None)
 
 
+def test_the_prefetch_distance_changes_no_value(monkeypatch):
+    """Whether (and how far ahead) the products of up to 4 rows prefetch their weights is a speed setting: every
+    distance gives the same products bit for bit; ``tune_prefetch`` measures and keeps one of the two it compares
+    (or the one ``MICROSPEC_CPU_PREFETCH`` names) and says how it chose."""
+    rng = np.random.default_rng(17)
+    cols = 768
+    mats = [(cq.repack(torch.from_numpy(random_rows(q, 136, cols, rng)), q), cq.TYPES[cq.INTERLEAVED[q]][0])
+            for q in ("Q8_0", "Q5_0", "Q6_K", "Q4_K")]
+    x = torch.randn(4, cols)
+    before = cq.prefetch_tiles()
+    monkeypatch.setattr(cq, "_TUNED", {})
+    try:
+        want = {(j, r): cq.linear_q8(x[:r].contiguous(), d, t, cols) for j, (d, t) in enumerate(mats)
+                for r in (1, 2, 3, 4)}
+        for tiles in (0, 1, 9, 64):
+            assert cq.prefetch_tiles(tiles) == tiles
+            for (j, r), y in want.items():
+                assert torch.equal(cq.linear_q8(x[:r].contiguous(), *mats[j], cols), y), (tiles, j, r)
+        choice = cq.tune_prefetch(*mats[0], cols, calls=4)
+        assert choice["how"] == "measured" and choice["tiles"] in (0, cq.PREFETCH_TILES)
+        assert cq.prefetch_tiles() == choice["tiles"] and choice["off_over_on"] > 0
+        assert cq.tune_prefetch(*mats[1], cols) is choice  # once per process
+        for forced, tiles in (("off", 0), ("on", cq.PREFETCH_TILES)):
+            monkeypatch.setattr(cq, "_TUNED", {})
+            monkeypatch.setenv("MICROSPEC_CPU_PREFETCH", forced)
+            assert cq.tune_prefetch(*mats[0], cols) == {"tiles": tiles, "how": f"MICROSPEC_CPU_PREFETCH={forced}"}
+            assert cq.prefetch_tiles() == tiles
+    finally:
+        cq.prefetch_tiles(before)
+
+
 @pytest.mark.parametrize("qtype", list(cq.INTERLEAVED))
 def test_interleaved_products_at_the_quant_extremes(qtype):
     """The int16 sums of several chunks before one madd cannot overflow: every quant at its largest (or Q8_0's

@@ -3,6 +3,9 @@ by call: an A/B of a kernel change that a shared machine's drifting bandwidth ca
 
     python benchmarks/measure/kernel_ab.py --base-src /path/to/other/checkout/src --out kernel_ab.json
     python benchmarks/measure/kernel_ab.py --base-so ~/.cache/microspec/kernels/cpu_quant-<hash>/<module>.so
+    python benchmarks/measure/kernel_ab.py --prefetch-ab --contexts 100 --rows 1,4,16
+
+``--prefetch-ab`` compares instead this build with its products' software prefetch (base) and without (new).
 
 Gemma 3 270M (packed GGUF), after a prefix of each ``--contexts`` tokens: the forward over each ``--rows`` new
 tokens (a chain's causal mask), ``--calls`` calls through the base build and as many through this checkout's,
@@ -11,7 +14,8 @@ paired ratios new / base, and a check that both builds give the same hidden stat
 run minutes apart on a machine whose read bandwidth moves by tens of percent (this project's 2-core kind: 26-44 GB/s
 within a minute), so their medians compare poorly; here both builds see the same moments.  ``--base-src`` builds
 (or finds built) the other checkout's kernel in a child process, with that checkout's sources; both builds must take
-the same arguments (the model's fused-layer path calls ``layer_step`` and ``linear_q8``).
+the same arguments (the model's fused-layer path calls ``layer_step`` and ``linear_q8``).  Each call is a decode or
+verify step's target work: the forward, then the LM head over its rows, timed apart.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from pathlib import Path
 
 import torch
 
-FIND = "from microspec.kernels import cpu_quant as c; assert c.available(), c.build_error(); print(c._EXT.module.__file__)"
+FIND = ("from microspec.kernels import cpu_quant as c; assert c.available(), c.build_error(); "
+        "print(c._EXT.module.__file__)")
 
 
 def built_module(src: str) -> str:
@@ -53,6 +58,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base-src", help="the other checkout's src folder (its kernel is built there, once)")
     ap.add_argument("--base-so", help="a built cpu_quant module to compare against, instead of --base-src")
+    ap.add_argument("--prefetch-ab", action="store_true",
+                    help="this build with its products' prefetch (base) against without (new)")
     ap.add_argument("--model", default="gemma-3-270m")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--contexts", default="100,400")
@@ -61,8 +68,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    if bool(a.base_src) == bool(a.base_so):
-        ap.error("give one of --base-src and --base-so")
+    if (bool(a.base_src) + bool(a.base_so) + a.prefetch_ab) != 1:
+        ap.error("give one of --base-src, --base-so and --prefetch-ab")
     from microspec.bench import run_meta
     from microspec.kernels import cpu_quant
     from microspec.models.registry import load_model
@@ -70,8 +77,17 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     if not cpu_quant.available():
         raise SystemExit(f"kernel_ab: this checkout's kernel is not available: {cpu_quant.build_error()}")
-    base_path = a.base_so or built_module(a.base_src)
-    builds = {"base": load_module(base_path), "new": cpu_quant._EXT.module}
+    new_module = cpu_quant._EXT.module
+    if a.prefetch_ab:
+        base_path = "this build, prefetch off (new) against on (base)"
+        sides = {"base": lambda: cpu_quant.prefetch_tiles(cpu_quant.PREFETCH_TILES),
+                 "new": lambda: cpu_quant.prefetch_tiles(0)}
+    else:
+        base_path = a.base_so or built_module(a.base_src)
+        base_module = load_module(base_path)
+        sides = {"base": lambda: setattr(cpu_quant._EXT, "module", base_module),
+                 "new": lambda: setattr(cpu_quant._EXT, "module", new_module)}
+    tiles_before = cpu_quant.prefetch_tiles()
     m = load_model(a.model, dtype="gguf").model
     contexts, rows = [int(c) for c in a.contexts.split(",")], [int(r) for r in a.rows.split(",")]
     g = torch.Generator().manual_seed(0)
@@ -84,31 +100,38 @@ def main() -> None:
             for r in rows:
                 ids = torch.randint(100, 20000, (r,), generator=g)
                 mask = torch.ones(r, r, dtype=torch.bool).tril() if r > 1 else None
-                times: dict[str, list[float]] = {k: [] for k in builds}
-                hidden = {}
+                times = {(k, part): [] for k in sides for part in ("forward", "head")}
+                outputs = {}
                 for i in range(a.calls):
-                    order = ("base", "new") if i % 2 == 0 else ("new", "base")
-                    for k in order:
-                        cpu_quant._EXT.module = builds[k]
+                    for k in (("base", "new") if i % 2 == 0 else ("new", "base")):
+                        sides[k]()
                         cache.length = c
                         t0 = time.perf_counter()
-                        hidden[k] = m.forward(ids, cache, positions=torch.arange(c, c + r), mask=mask)
-                        times[k].append(time.perf_counter() - t0)
-                same = torch.equal(hidden["base"], hidden["new"])
-                tb, tn = times["base"][a.warmup:], times["new"][a.warmup:]
-                ratio = statistics.median(n / b for n, b in zip(tn, tb))
-                row = {"context": c, "rows": r, "same_bits": same, "ratio_new_over_base": round(ratio, 4)}
-                for k, v in (("base", tb), ("new", tn)):
-                    q = statistics.quantiles(v, n=4)
-                    row[k] = {"median_ms": round(statistics.median(v) * 1e3, 3), "q1_ms": round(q[0] * 1e3, 3),
-                              "q3_ms": round(q[2] * 1e3, 3)}
+                        hidden = m.forward(ids, cache, positions=torch.arange(c, c + r), mask=mask)
+                        t1 = time.perf_counter()
+                        logits = m.head(hidden)
+                        times[k, "head"].append(time.perf_counter() - t1)
+                        times[k, "forward"].append(t1 - t0)
+                        outputs[k] = (hidden, logits)
+                same = all(torch.equal(x, y) for x, y in zip(outputs["base"], outputs["new"]))
+                row = {"context": c, "rows": r, "same_bits": same}
+                line = []
+                for part in ("forward", "head"):
+                    tb, tn = times["base", part][a.warmup:], times["new", part][a.warmup:]
+                    ratio = statistics.median(n / b for n, b in zip(tn, tb))
+                    row[part] = {"ratio_new_over_base": round(ratio, 4)}
+                    for k, v in (("base", tb), ("new", tn)):
+                        q = statistics.quantiles(v, n=4)
+                        row[part][k] = {"median_ms": round(statistics.median(v) * 1e3, 3),
+                                        "q1_ms": round(q[0] * 1e3, 3), "q3_ms": round(q[2] * 1e3, 3)}
+                    line.append(f"{part} base {row[part]['base']['median_ms']:.3f} ms, new "
+                                f"{row[part]['new']['median_ms']:.3f} ms, paired ratio {ratio:.3f}")
                 results.append(row)
-                print(f"context {c}, {r} rows: base {row['base']['median_ms']:.3f} ms "
-                      f"({row['base']['q1_ms']:.3f}-{row['base']['q3_ms']:.3f}), new {row['new']['median_ms']:.3f} "
-                      f"ms ({row['new']['q1_ms']:.3f}-{row['new']['q3_ms']:.3f}), paired ratio {ratio:.3f}, "
-                      f"{'same bits' if same else 'OUTPUTS DIFFER'}", flush=True)
+                print(f"context {c}, {r} rows: " + "; ".join(line) + f"; {'same bits' if same else 'OUTPUTS DIFFER'}",
+                      flush=True)
     finally:
-        cpu_quant._EXT.module = builds["new"]
+        cpu_quant._EXT.module = new_module
+        cpu_quant.prefetch_tiles(tiles_before)
     if a.out:
         out = run_meta(model=a.model, threads=a.threads, base_module=Path(base_path).name, calls=a.calls,
                        warmup=a.warmup, results=results)

@@ -383,6 +383,13 @@ MICROSPEC_V512 void tile_k16(const Act& a, const int32_t* offs, const uint8_t* w
 // The path in use: -1 until first asked (then the widest the CPU reports), or as set_int_path set it.
 std::atomic<int> g_path{-1};
 
+// How many tiles ahead a product taken one tile at a time (up to 4 rows) prefetches; 0: none, the hardware's
+// prefetchers alone.  Which pays depends on the CPU and its neighbours: on one AMD EPYC of this project's 2-core kind
+// the prefetch took Gemma 3's LM head from 4.7 to 3.7 ms a row, on another it cost 10%; so it is chosen at run time
+// by measuring (cpu_quant.tune_prefetch).  The values are the same either way.  The pairs of path 2 always
+// prefetch the next pair (without, a 16-row LM head took 23% longer on both).
+std::atomic<int64_t> g_prefetch_tiles{4};
+
 int cpu_path() {
   __builtin_cpu_init();
   const bool vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
@@ -484,7 +491,7 @@ void x8_tiles(const Act& a, const X8Prep& p, int64_t M, const uint8_t* wp, int64
   // Path 2 pairs the tiles from 5 rows on; up to 4 rows the products stream from memory faster one tile at a time
   // (one stream the hardware prefetches; Gemma 3's LM head: 3.7 against 4.1 ms a row), on 256-bit VNNI
   const bool wide = path == 2 && M > 4;
-  constexpr int64_t PREFETCH_TILES = 4;  // one tile at a time: prefetch this far ahead (1-8 measured alike)
+  const int64_t one_ahead = g_prefetch_tiles.load(std::memory_order_relaxed);  // one tile at a time (0: none)
   const int64_t MT = wide ? 8 : 4;
   const int64_t chunk = std::max<int64_t>(2, int64_t(48) * 1024 / RB / 2 * 2);  // whole pairs of tiles
   for (int64_t t0 = tb; t0 < te; t0 += chunk) {
@@ -493,10 +500,10 @@ void x8_tiles(const Act& a, const X8Prep& p, int64_t M, const uint8_t* wp, int64
       const int64_t me = std::min(M, mb + MB);
       for (int64_t t = t0; t < t1;) {
         const bool two = wide && t + 1 < t1;
-        const int64_t ahead = two ? 2 : PREFETCH_TILES;  // the next pair, or a few tiles on
+        const int64_t ahead = two ? 2 : one_ahead;  // the next pair, or a few tiles on
         for (int64_t m0 = mb; m0 < me; m0 += two ? MT : 4)
           rows_tiles<T>(a, p.offs.data(), p.sums.data(), wp + t * RB, RB, m0, std::min<int64_t>(two ? MT : 4, me - m0),
-                        two, path, N, t, op, m0 == mb && t + ahead + two < tiles ? ahead * RB : 0);
+                        two, path, N, t, op, ahead && m0 == mb && t + ahead + two < tiles ? ahead * RB : 0);
         t += two ? 2 : 1;
       }
     }
@@ -569,6 +576,11 @@ void linear_x8(int64_t type, const int8_t* qx, const float* dx, const float* dxs
 }
 
 }  // namespace microspec
+
+int64_t set_prefetch_tiles(int64_t tiles) {
+  if (tiles >= 0) g_prefetch_tiles.store(std::min<int64_t>(tiles, 64), std::memory_order_relaxed);
+  return g_prefetch_tiles.load(std::memory_order_relaxed);
+}
 
 int64_t set_int_path(int64_t path) {
   const int most = cpu_path();

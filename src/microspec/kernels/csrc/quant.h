@@ -16,6 +16,8 @@ std::vector<torch::Tensor> linear_q8_many(torch::Tensor x, std::vector<torch::Te
 // linear_x8.cpp: the instruction path of the interleaved integer products (0 AVX2, 1 AVX-512 VNNI on 256-bit
 // registers, 2 on 512-bit registers; -1 the widest the CPU has, the default), capped by the CPU; returns the one in use
 int64_t set_int_path(int64_t path);
+// linear_x8.cpp: how many tiles ahead a product of up to 4 rows prefetches (0 none; -1 only asks); returns it
+int64_t set_prefetch_tiles(int64_t tiles);
 // repack.cpp
 torch::Tensor repack_x8(torch::Tensor w, int64_t type);
 torch::Tensor x8_gather(torch::Tensor w, int64_t type, int64_t K, torch::Tensor ids);
