@@ -6,6 +6,12 @@ by call: an A/B of a kernel change that a shared machine's drifting bandwidth ca
     python benchmarks/measure/kernel_ab.py --prefetch-ab --contexts 100 --rows 1,4,16
 
 ``--prefetch-ab`` compares instead this build with its products' software prefetch (base) and without (new).
+``--generate TOKENS`` times whole plain-decoding generations instead (a prompt of the prefill, then TOKENS tokens,
+``--calls`` generations a side, alternating), the read bandwidth measured between rounds (``bandwidth.py``), and
+with a base build and ``--prefetch-ab`` together runs three sides: the base build, this one with the prefetch, this
+one without:
+
+    python benchmarks/measure/kernel_ab.py --base-src /tmp/base/src --prefetch-ab --generate 128 --calls 8
 
 Gemma 3 270M (packed GGUF), after a prefix of each ``--contexts`` tokens: the forward over each ``--rows`` new
 tokens (a chain's causal mask), ``--calls`` calls through the base build and as many through this checkout's,
@@ -66,10 +72,16 @@ def main() -> None:
     ap.add_argument("--rows", default="1,4,16")
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--generate", type=int, default=0, metavar="TOKENS",
+                    help="time plain-decoding generations of TOKENS tokens instead of forwards")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    if (bool(a.base_src) + bool(a.base_so) + a.prefetch_ab) != 1:
-        ap.error("give one of --base-src, --base-so and --prefetch-ab")
+    if bool(a.base_src) and bool(a.base_so):
+        ap.error("give at most one of --base-src and --base-so")
+    if not (a.base_src or a.base_so or a.prefetch_ab):
+        ap.error("give --base-src, --base-so or --prefetch-ab")
+    if not a.generate and (a.base_src or a.base_so) and a.prefetch_ab:
+        ap.error("--prefetch-ab with a base build: with --generate only")
     from microspec.bench import run_meta
     from microspec.kernels import cpu_quant
     from microspec.models.registry import load_model
@@ -78,16 +90,37 @@ def main() -> None:
     if not cpu_quant.available():
         raise SystemExit(f"kernel_ab: this checkout's kernel is not available: {cpu_quant.build_error()}")
     new_module = cpu_quant._EXT.module
-    if a.prefetch_ab:
-        base_path = "this build, prefetch off (new) against on (base)"
-        sides = {"base": lambda: cpu_quant.prefetch_tiles(cpu_quant.PREFETCH_TILES),
-                 "new": lambda: cpu_quant.prefetch_tiles(0)}
-    else:
+    tiles_before = cpu_quant.prefetch_tiles()
+
+    def this_build(tiles):
+        def setup():
+            cpu_quant._EXT.module = new_module
+            cpu_quant.prefetch_tiles(tiles)
+        return setup
+
+    sides = {}
+    base_path = "this build, prefetch on (base) against off (new)"
+    if a.base_src or a.base_so:
         base_path = a.base_so or built_module(a.base_src)
         base_module = load_module(base_path)
-        sides = {"base": lambda: setattr(cpu_quant._EXT, "module", base_module),
-                 "new": lambda: setattr(cpu_quant._EXT, "module", new_module)}
-    tiles_before = cpu_quant.prefetch_tiles()
+        sides["base"] = lambda: setattr(cpu_quant._EXT, "module", base_module)
+    if a.prefetch_ab and sides:
+        sides["new, prefetch on"] = this_build(cpu_quant.PREFETCH_TILES)
+        sides["new, prefetch off"] = this_build(0)
+    elif a.prefetch_ab:
+        sides = {"base": this_build(cpu_quant.PREFETCH_TILES), "new": this_build(0)}
+    else:
+        sides["new"] = this_build(tiles_before)
+    if a.generate:
+        try:
+            results = generations(a, sides)
+        finally:
+            this_build(tiles_before)()
+        if a.out:
+            out = run_meta(model=a.model, threads=a.threads, base_module=Path(base_path).name, calls=a.calls,
+                           tokens=a.generate, results=results)
+            Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+        return
     m = load_model(a.model, dtype="gguf").model
     contexts, rows = [int(c) for c in a.contexts.split(",")], [int(r) for r in a.rows.split(",")]
     g = torch.Generator().manual_seed(0)
@@ -130,12 +163,60 @@ def main() -> None:
                 print(f"context {c}, {r} rows: " + "; ".join(line) + f"; {'same bits' if same else 'OUTPUTS DIFFER'}",
                       flush=True)
     finally:
-        cpu_quant._EXT.module = new_module
-        cpu_quant.prefetch_tiles(tiles_before)
+        this_build(tiles_before)()
     if a.out:
         out = run_meta(model=a.model, threads=a.threads, base_module=Path(base_path).name, calls=a.calls,
                        warmup=a.warmup, results=results)
         Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+
+
+def generations(a, sides: dict) -> dict:
+    """Plain decoding of one prompt through each side, ``a.calls`` generations a side in alternating order, the read
+    bandwidth measured before each round: decode tok/s and share of the bandwidth per side, the paired ratios to
+    the first side, and whether every side generated the same tokens."""
+    from bandwidth import read_bandwidth  # this folder's (a script's folder is on its path)
+
+    from microspec import load_model
+    from microspec.api import generate
+    from microspec.compose import Method, build
+    from microspec.decoding import GenerationConfig
+
+    lm = load_model(a.model, dtype="gguf")
+    engine = build(Method.parse("none").for_model(a.model), lm)
+    cfg = GenerationConfig(max_new_tokens=a.generate, ignore_eos=True)
+    prompt = "The history of the printing press begins"
+    names = list(sides)
+    tok_s: dict[str, list[float]] = {k: [] for k in names}
+    share: dict[str, list[float]] = {k: [] for k in names}
+    tokens = {}
+    for k in names:  # warm-up, and each side's first use
+        sides[k]()
+        generate(lm, prompt, cfg, method=engine)
+    for i in range(a.calls):
+        gb_s = read_bandwidth(256, a.threads)
+        torch.set_num_threads(a.threads)
+        for k in (names if i % 2 == 0 else names[::-1]):
+            sides[k]()
+            out = generate(lm, prompt, cfg, method=engine)
+            s = out.stats.to_dict()
+            tok_s[k].append(s["decode_tokens_per_s"])
+            share[k].append(s["weight_bytes_per_step"] * s["steps"] / (s["wall_s"] - s["prefill_s"]) / 1e9 / gb_s)
+            tokens.setdefault(k, out.token_ids)
+    first = names[0]
+    res = {"same_tokens": all(tokens[k] == tokens[first] for k in names), "sides": {}}
+    for k in names:
+        ratio = statistics.median(x / y for x, y in zip(tok_s[k], tok_s[first]))
+        res["sides"][k] = {"decode_tok_s_median": round(statistics.median(tok_s[k]), 1),
+                           "decode_tok_s_range": [round(min(tok_s[k]), 1), round(max(tok_s[k]), 1)],
+                           "read_share_median": round(statistics.median(share[k]), 3),
+                           "read_share_range": [round(min(share[k]), 3), round(max(share[k]), 3)],
+                           "paired_ratio_to_first": round(ratio, 3)}
+        print(f"{k}: plain decoding {res['sides'][k]['decode_tok_s_median']} tok/s "
+              f"({res['sides'][k]['decode_tok_s_range'][0]}-{res['sides'][k]['decode_tok_s_range'][1]}), "
+              f"{res['sides'][k]['read_share_median']:.0%} of the read bandwidth, paired ratio to {first} {ratio:.3f}",
+              flush=True)
+    print("same tokens on every side" if res["same_tokens"] else "THE SIDES' TOKENS DIFFER")
+    return res
 
 
 if __name__ == "__main__":
