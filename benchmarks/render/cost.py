@@ -489,6 +489,75 @@ def _cache_prefetch() -> list[str]:
             ab_lossless(res), ""]
 
 
+def _kernel_source(rel: str, meta: dict, what: str) -> Source:
+    return Source(rel, meta["command"].replace("/tmp/base/src", f"<a worktree of {what}>/src"), meta["date"][:10],
+                  f"{meta['machine']}, {meta['threads']} threads", commit(meta))
+
+
+def _layer_regions() -> list[str]:
+    """A layer's q/k/v and gate/up each in one parallel region, and the software prefetch of the products of up to 4
+    rows chosen at run time: kernel_ab.py's paired runs (two kernels, or two settings, in one process)."""
+    runs = DATA["LAYER_REGIONS"]
+    fwd, pf, plain = (load(runs[k]) for k in ("FORWARD", "PREFETCH", "PLAIN"))
+    base = "1cce1b5"
+
+    def ms(part: dict, side: str) -> str:
+        return f"{part[side]['median_ms']:.2f} ({part[side]['q1_ms']:.2f}–{part[side]['q3_ms']:.2f})"
+
+    def rows_table(res: dict, parts: tuple[str, ...]) -> str:
+        heads = ["prefix", "rows"] + [f"{p} {s}" for p in parts for s in ("base ms", "new ms", "new / base")]
+        body = [[r["context"], r["rows"]] + [c for p in parts for c in (ms(r[p], "base"), ms(r[p], "new"),
+                                                                            f"{r[p]['ratio_new_over_base']:.3f}")]
+                for r in res["results"]]
+        return table(heads, body)
+
+    same = all(r["same_bits"] for r in fwd["results"] + pf["results"])
+    sides = plain["results"]["sides"]
+    names = list(sides)
+
+    def side(k: str) -> str:
+        v = sides[k]
+        return (f"{v['decode_tok_s_median']:.1f} tok/s ({v['decode_tok_s_range'][0]:.1f}–"
+                f"{v['decode_tok_s_range'][1]:.1f}), {100 * v['read_share_median']:.0f}% "
+                f"({100 * v['read_share_range'][0]:.0f}–{100 * v['read_share_range'][1]:.0f}%)")
+
+    return ["### A layer's products in fewer regions, and the prefetch chosen by measuring", "",
+            "One row's products of a layer are small (k and v of Gemma 3 270M: 113 and 174 KB), and each paid a "
+            "parallel region, its own quantization of the input and an uneven split over the two cores (k's 32 tiles "
+            "in chunks of 12). Since 3b381a6 q, k and v run in one region and gate and up in another "
+            "(`cpu_quant.linear_q8_many`: the input quantized once, the tiles of all the matrices split over the "
+            "cores by their bytes), the keys and values are written into the cache without ATen's views, and the "
+            "activation and the gate's product run in place. A shared machine's read bandwidth moves by tens of "
+            "percent within a minute (26–44 GB/s here), so separate processes compare poorly: "
+            "`benchmarks/measure/kernel_ab.py` loads both kernels into one process and alternates them call by call "
+            "(ABBA), the ratio the median of the paired calls'. A forward by prefix and rows, ms, median "
+            f"(quartiles), against {base}'s kernel:", "",
+            rows_table(fwd, ("forward",)), "", _kernel_source(runs["FORWARD"], fwd, base).markdown(), "",
+            "The products of up to 4 rows took their weights one tile at a time with a software prefetch 4 tiles "
+            "ahead, which another AMD EPYC of this kind measured as a fifth off the LM head's time. On this one it "
+            "costs time instead; this build, with and without the prefetch (the forward and the LM head over "
+            "its rows timed apart):", "",
+            rows_table(pf, ("forward", "head")), "",
+            _kernel_source(runs["PREFETCH"], pf, "this build").markdown(), "",
+            "- Since a095bf6 a packed model's first use times its LM head one row both ways, alternating (0.3 s, a "
+            "one-time cost apart from generation: `cpu_quant.tune_prefetch`), and turns the prefetch off where that "
+            "is at least 3% faster; `MICROSPEC_CPU_PREFETCH=on` / `off` skips the measurement. From 5 rows on the "
+            "products pair their tiles and always prefetch the next pair (without, the 16-row head took 23% longer "
+            "here too).",
+            "- " + ("Every call gave the same hidden states and logits bit for bit through both sides."
+                    if same else "SOME CALLS DIFFERED BETWEEN THE SIDES."), "",
+            f"Plain decoding end to end, {plain['tokens']} tokens after a short prompt, {plain['calls']} "
+            "generations a side in one process, alternating, the read bandwidth measured before each round "
+            f"(the ratio: the median of each round's to {names[0]}'s):", "",
+            table(["side", "decode tok/s, median (range)", "x " + names[0]],
+                  [[k, side(k).split(", ")[0], f"{sides[k]['paired_ratio_to_first']:.3f}"] for k in names]), "",
+            _kernel_source(runs["PLAIN"], plain, base).markdown(), "",
+            "- Shares of the read bandwidth, median (range): " + "; ".join(f"{k} {side(k).split(', ')[1]}"
+                                                                          for k in names) + ". "
+            + ("Every side generated the same tokens." if plain["results"]["same_tokens"]
+               else "THE SIDES' TOKENS DIFFERED."), ""]
+
+
 def _first_measure() -> list[str]:
     """``auto`` measuring its model arm once per engine outside a request's budget: measured, then reverted."""
     return ["### `auto`'s EAGLE arm measured once per engine (reverted)", "",
@@ -504,7 +573,8 @@ def _first_measure() -> list[str]:
 
 def render() -> str:
     return "\n".join(["## Where the time goes", "", *_split(), *_step(), *_layer(), *_paths(), *_sized(),
-                      *_sized_views(), *_attention(), *_cache_prefetch(), *_first_measure(), *_floor(),
+                      *_sized_views(), *_attention(), *_cache_prefetch(), *_layer_regions(), *_first_measure(),
+                      *_floor(),
                       *_llama()]).rstrip() + "\n"
 
 
