@@ -242,7 +242,10 @@ def test_the_prefetch_distance_changes_no_value(monkeypatch):
         choice = cq.tune_prefetch(*mats[0], cols, calls=4)
         assert choice["how"] == "measured" and choice["tiles"] in (0, cq.PREFETCH_TILES)
         assert cq.prefetch_tiles() == choice["tiles"] and choice["off_over_on"] > 0
-        assert cq.tune_prefetch(*mats[1], cols) is choice  # once per process
+        assert cq.tune_prefetch(*mats[1], cols) is choice and choice["bytes"] == mats[0][0].numel()  # once
+        bigger = cq.repack(torch.from_numpy(random_rows("Q8_0", 272, cols, rng)), "Q8_0")
+        again = cq.tune_prefetch(bigger, mats[0][1], cols, calls=4)  # a larger matrix than the one measured
+        assert again["how"] == "measured" and again["bytes"] == bigger.numel()
         for forced, tiles in (("off", 0), ("on", cq.PREFETCH_TILES)):
             monkeypatch.setattr(cq, "_TUNED", {})
             monkeypatch.setenv("MICROSPEC_CPU_PREFETCH", forced)

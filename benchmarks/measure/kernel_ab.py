@@ -82,7 +82,6 @@ def main() -> None:
         ap.error("give --base-src, --base-so or --prefetch-ab")
     if not a.generate and (a.base_src or a.base_so) and a.prefetch_ab:
         ap.error("--prefetch-ab with a base build: with --generate only")
-    from microspec.bench import run_meta
     from microspec.kernels import cpu_quant
     from microspec.models.registry import load_model
 
@@ -116,10 +115,7 @@ def main() -> None:
             results = generations(a, sides)
         finally:
             this_build(tiles_before)()
-        if a.out:
-            out = run_meta(model=a.model, threads=a.threads, base_module=Path(base_path).name, calls=a.calls,
-                           tokens=a.generate, results=results)
-            Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+        write(a, base_path, results, tokens=a.generate)
         return
     m = load_model(a.model, dtype="gguf").model
     contexts, rows = [int(c) for c in a.contexts.split(",")], [int(r) for r in a.rows.split(",")]
@@ -164,9 +160,16 @@ def main() -> None:
                       flush=True)
     finally:
         this_build(tiles_before)()
+    write(a, base_path, results, warmup=a.warmup)
+
+
+def write(a, base_path: str, results, **fields) -> None:
+    """The run's results with its meta into ``a.out``, where given."""
+    from microspec.bench import run_meta
+
     if a.out:
-        out = run_meta(model=a.model, threads=a.threads, base_module=Path(base_path).name, calls=a.calls,
-                       warmup=a.warmup, results=results)
+        out = run_meta(model=a.model, threads=a.threads, base_module=Path(base_path).name, calls=a.calls, **fields,
+                       results=results)
         Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
 
 

@@ -160,10 +160,12 @@ def tune_prefetch(data: torch.Tensor, type_id: int, cols: int, calls: int = 16) 
     up by a fifth, on another it slowed it by a tenth).  Times one row through the interleaved matrix ``data`` (the
     LM head: most of a decode step's bytes) ``calls`` times each way, alternating (ABBA), and turns the prefetch
     off where the median of the paired ratios is below :data:`PREFETCH_GAIN`.  ``MICROSPEC_CPU_PREFETCH`` = on /
-    off skips the measurement.  Once per process (the first packed model's first use); returns the choice:
-    ``{"tiles", "how"}`` with the medians and ratio where measured."""
-    if _TUNED:
+    off skips the measurement.  Once per process (a packed model's first use), again only for a matrix larger than
+    the one measured (a small test model's head is a poor guide to a real one's); returns the choice:
+    ``{"tiles", "how"}`` with the medians, the ratio and the matrix's bytes where measured."""
+    if _TUNED and _TUNED.get("bytes", float("inf")) >= data.numel():
         return _TUNED
+    _TUNED.clear()
     forced = os.environ.get("MICROSPEC_CPU_PREFETCH", "auto").strip().lower()
     if forced in ("on", "off"):
         _TUNED.update(tiles=prefetch_tiles(PREFETCH_TILES if forced == "on" else 0),
@@ -185,7 +187,7 @@ def tune_prefetch(data: torch.Tensor, type_id: int, cols: int, calls: int = 16) 
     ratio = statistics.median(b / a for a, b in zip(on, off))
     chosen = 0 if ratio < PREFETCH_GAIN else PREFETCH_TILES
     _TUNED.update(tiles=prefetch_tiles(chosen), how="measured", on_ms=round(statistics.median(on) * 1e3, 3),
-                  off_ms=round(statistics.median(off) * 1e3, 3), off_over_on=round(ratio, 3))
+                  off_ms=round(statistics.median(off) * 1e3, 3), off_over_on=round(ratio, 3), bytes=data.numel())
     return _TUNED
 
 
