@@ -246,9 +246,11 @@ def test_the_prefetch_distance_changes_no_value(monkeypatch):
         bigger = cq.repack(torch.from_numpy(random_rows("Q8_0", 272, cols, rng)), "Q8_0")
         again = cq.tune_prefetch(bigger, mats[0][1], cols, calls=4)  # a larger matrix than the one measured
         assert again["how"] == "measured" and again["bytes"] == bigger.numel()
-        for forced, tiles in (("off", 0), ("on", cq.PREFETCH_TILES)):
+        on = cq.PREFETCH_TILES
+        for value, forced, tiles in (("off", "off", 0), ("0", "off", 0), ("No", "off", 0), ("on", "on", on),
+                                     ("1", "on", on)):
             monkeypatch.setattr(cq, "_TUNED", {})
-            monkeypatch.setenv("MICROSPEC_CPU_PREFETCH", forced)
+            monkeypatch.setenv("MICROSPEC_CPU_PREFETCH", value)
             assert cq.tune_prefetch(*mats[0], cols) == {"tiles": tiles, "how": f"MICROSPEC_CPU_PREFETCH={forced}"}
             assert cq.prefetch_tiles() == tiles
     finally:

@@ -27,7 +27,6 @@ verify step's target work: the forward, then the LM head over its rows, timed ap
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -49,14 +48,6 @@ def built_module(src: str) -> str:
     if out.returncode:
         raise SystemExit(f"kernel_ab: the base checkout's kernel did not build: {out.stderr.strip().splitlines()[-1:]}")
     return out.stdout.strip().splitlines()[-1]
-
-
-def load_module(path: str):
-    name = Path(path).name.split(".")[0]
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @torch.inference_mode()
@@ -82,7 +73,7 @@ def main() -> None:
         ap.error("give --base-src, --base-so or --prefetch-ab")
     if not a.generate and (a.base_src or a.base_so) and a.prefetch_ab:
         ap.error("--prefetch-ab with a base build: with --generate only")
-    from microspec.kernels import cpu_quant
+    from microspec.kernels import _build, cpu_quant
     from microspec.models.registry import load_model
 
     torch.set_num_threads(a.threads)
@@ -101,7 +92,7 @@ def main() -> None:
     base_path = "this build, prefetch on (base) against off (new)"
     if a.base_src or a.base_so:
         base_path = a.base_so or built_module(a.base_src)
-        base_module = load_module(base_path)
+        base_module = _build._import(Path(base_path).name.split(".")[0], Path(base_path))
         sides["base"] = lambda: setattr(cpu_quant._EXT, "module", base_module)
     if a.prefetch_ab and sides:
         sides["new, prefetch on"] = this_build(cpu_quant.PREFETCH_TILES)

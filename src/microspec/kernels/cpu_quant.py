@@ -36,6 +36,7 @@ import time
 
 import torch
 
+from .. import devices
 from ._build import Extension
 
 # type name -> (GGML type id as in gguf.GGMLQuantizationType, block size in elements, bytes per block)
@@ -159,22 +160,24 @@ def tune_prefetch(data: torch.Tensor, type_id: int, cols: int, calls: int = 16) 
     may do better alone: on one AMD EPYC of this project's 2-core kind the software prefetch sped Gemma 3's LM head
     up by a fifth, on another it slowed it by a tenth).  Times one row through the interleaved matrix ``data`` (the
     LM head: most of a decode step's bytes) ``calls`` times each way, alternating (ABBA), and turns the prefetch
-    off where the median of the paired ratios is below :data:`PREFETCH_GAIN`.  ``MICROSPEC_CPU_PREFETCH`` = on /
-    off skips the measurement.  Once per process (a packed model's first use), again only for a matrix larger than
-    the one measured (a small test model's head is a poor guide to a real one's); returns the choice:
-    ``{"tiles", "how"}`` with the medians, the ratio and the matrix's bytes where measured."""
+    off where the median of the paired ratios is below :data:`PREFETCH_GAIN`.  ``MICROSPEC_CPU_PREFETCH`` set to
+    anything but ``auto`` skips the measurement: off where it reads as off (0, off, false, no), else on.  Once per
+    process (a packed model's first use), again only for a matrix larger than the one measured (a small test
+    model's head is a poor guide to a real one's); returns the choice: ``{"tiles", "how"}`` with the medians, the
+    ratio and the matrix's bytes where measured."""
     if _TUNED and _TUNED.get("bytes", float("inf")) >= data.numel():
         return _TUNED
     _TUNED.clear()
-    forced = os.environ.get("MICROSPEC_CPU_PREFETCH", "auto").strip().lower()
-    if forced in ("on", "off"):
-        _TUNED.update(tiles=prefetch_tiles(PREFETCH_TILES if forced == "on" else 0),
-                      how=f"MICROSPEC_CPU_PREFETCH={forced}")
+    forced = os.environ.get("MICROSPEC_CPU_PREFETCH", "").strip().lower()
+    if forced not in ("", "auto"):  # on / off as the other switches read it (devices.OFF)
+        off = forced in devices.OFF
+        _TUNED.update(tiles=prefetch_tiles(0 if off else PREFETCH_TILES),
+                      how=f"MICROSPEC_CPU_PREFETCH={'off' if off else 'on'}")
         return _TUNED
     x = torch.randn(1, cols, generator=torch.Generator().manual_seed(0))
     times: dict[int, list[float]] = {PREFETCH_TILES: [], 0: []}
     try:
-        for i in range(calls + 2):  # the first pair warms up
+        for i in range(calls + 2):  # the first two rounds warm up
             for tiles in ((PREFETCH_TILES, 0) if i % 2 == 0 else (0, PREFETCH_TILES)):
                 prefetch_tiles(tiles)
                 t0 = time.perf_counter()

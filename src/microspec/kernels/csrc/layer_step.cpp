@@ -21,8 +21,9 @@ torch::Tensor lin(const torch::Tensor& x, const torch::Tensor& w, int64_t type, 
 std::vector<torch::Tensor> lins(const torch::Tensor& x, const std::vector<torch::Tensor>& mats,
                                 const std::vector<int64_t>& meta, const std::vector<torch::Tensor>& biases,
                                 std::initializer_list<int> idx) {
+  const int64_t K = meta[3 * *idx.begin() + 1];
   bool joint = x.is_contiguous() && x.dim() == 2;
-  for (int i : idx) joint = joint && meta[3 * i + 2] && meta[3 * i + 1] == meta[3 * *idx.begin() + 1];
+  for (int i : idx) joint = joint && meta[3 * i + 2] && meta[3 * i + 1] == K;
   std::vector<torch::Tensor> out;
   if (!joint) {
     for (int i : idx) out.push_back(lin(x, mats[i], meta[3 * i], meta[3 * i + 1], meta[3 * i + 2], biases[i]));
@@ -31,7 +32,7 @@ std::vector<torch::Tensor> lins(const torch::Tensor& x, const std::vector<torch:
   std::vector<torch::Tensor> ws;
   std::vector<int64_t> types;
   for (int i : idx) { ws.push_back(mats[i]); types.push_back(meta[3 * i]); }
-  out = linear_q8_many(x, ws, types, meta[3 * *idx.begin() + 1]);
+  out = linear_q8_many(x, ws, types, K);
   size_t j = 0;
   for (int i : idx) { out[j] = with_bias(out[j], biases[i]); ++j; }
   return out;
