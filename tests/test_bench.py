@@ -168,7 +168,7 @@ def test_second_turn_carries_the_methods_own_first_answer(tiny_model_dir):
     from microspec import load_model
     from microspec.api import encode_conversation, encode_prompt
 
-    lm = load_model(str(tiny_model_dir))
+    lm = load_model(str(tiny_model_dir), dtype="fp32")
     one = encode_conversation(lm, ["w1 w2"], [])
     assert one == encode_prompt(lm, "w1 w2")
     two = encode_conversation(lm, ["w1 w2", "w5"], ["w3 w4"])
@@ -209,7 +209,7 @@ def test_mismatch_detector_fires_on_a_corrupted_run(tiny_model_dir, tmp_path, ca
     from microspec.bench import Decoding, bench, load_questions, parse_methods
     from microspec.bench.runners import make_runner
 
-    lm = load_model(str(tiny_model_dir))
+    lm = load_model(str(tiny_model_dir), dtype="fp32")
     specs = parse_methods("ar,ngram")
     runners = {s.name: make_runner(s, lm, dtype=torch.float32) for s in specs}
     runners["ngram"] = _Corrupt(runners["ngram"])
@@ -255,7 +255,7 @@ def test_peer_differences_are_not_lossless_mismatches(tiny_model_dir, tmp_path, 
     from microspec.bench.run import run_decoding
     from microspec.bench.runners import make_runner
 
-    lm = load_model(str(tiny_model_dir))
+    lm = load_model(str(tiny_model_dir), dtype="fp32")
     specs = parse_methods("ar,llama-cpp-lookup")
     ar = make_runner(specs[0], lm, dtype=torch.float32)
     runners = {"ar": ar, "llama-cpp-lookup": _CorruptPeer(ar)}
@@ -452,7 +452,7 @@ def test_overlap_terms_bound_holds_at_every_step(tiny_model_dir, tmp_path):
     from microspec.bench.analyze import overlap_terms
     from microspec.drafters import EagleHead
 
-    lm = load_model(str(tiny_model_dir))
+    lm = load_model(str(tiny_model_dir), dtype="fp32")
     head = EagleHead.load(official_checkpoint(tmp_path / "eagle")[0])
     seq = list(range(5, 30))
     g = torch.Generator().manual_seed(0)

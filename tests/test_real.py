@@ -117,6 +117,20 @@ def gemma_gguf():
     return load_model("gemma-3-270m", dtype="gguf")
 
 
+def test_load_model_with_nothing_said_loads_what_the_command_line_does(gemma_gguf, tiny_model_dir):
+    """``microspec.load_model()`` (the README's first line of Python) loads the weights ``microspec generate`` does
+    when ``--weights`` is not given: the packed GGUF blocks on a CPU where the kernel builds, not dense fp32 (several
+    times slower); a Hugging Face directory, bf16."""
+    from microspec.kernels import cpu_quant
+    from microspec.models.registry import DEFAULT_MODEL, default_weights
+
+    lm = load_model()
+    expected = "gguf" if cpu_quant.available() else "bf16"
+    assert lm.weights == default_weights(DEFAULT_MODEL) == expected
+    assert lm.model.quantized == (expected == "gguf")
+    assert default_weights(str(tiny_model_dir)) == "bf16"
+
+
 @pytest.fixture(scope="module")
 def gemma_ar(gemma_gguf):
     """Plain greedy decoding of every prompt on the packed target: the reference of the identity checks."""

@@ -477,13 +477,14 @@ def _strip_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def load_model(
     name_or_path: str | os.PathLike = DEFAULT_MODEL,
-    dtype: str | torch.dtype = "fp32",
+    dtype: str | torch.dtype | None = None,
     device: str | torch.device = "cpu",
     cuda_graphs: bool | None = None,
 ) -> LoadedModel:
     """Load a model by built-in name, local ``.gguf`` file or local Hugging Face directory, fully offline.
 
-    ``dtype``: ``fp32`` or ``bf16`` (dense weights), or ``gguf``: a GGUF model's matrices stay in the file's own
+    ``dtype``: unset, what ``--weights`` means when not given (:func:`default_weights`: the packed ``gguf`` path for
+    a GGUF model on a CPU, else ``bf16``); ``fp32`` or ``bf16`` (dense weights), or ``gguf``: a GGUF model's matrices stay in the file's own
     block formats (memory-mapped, products through :mod:`microspec.kernels.cpu_quant` on its integer path: int8
     activations per 32-element block, as llama.cpp does), activations and KV cache in fp32 — a CPU path; where its
     kernel cannot be built it falls back to dense fp32 with a one-line notice.  ``gguf-f32``: the same packed
@@ -492,9 +493,10 @@ def load_model(
     device's own setting, :mod:`microspec.devices`: on for CUDA)."""
     from transformers import AutoConfig, AutoTokenizer
 
+    dev = parse_device(device)
+    dtype = default_weights(name_or_path, dev) if dtype is None else dtype
     quantized = dtype in ("gguf", "gguf-f32")
     torch_dtype = parse_dtype(dtype)
-    dev = parse_device(device)
     name, kind, path = resolve(name_or_path)
     if quantized:
         from ..kernels import cpu_quant
