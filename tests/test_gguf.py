@@ -536,6 +536,54 @@ def test_fused_layer_equals_the_layer_by_layer_path(gguf_model):
     packed._fused = False
 
 
+def test_the_stack_in_one_call_is_one_call_a_layer(gguf_model):
+    """``cpu_quant.layers_step`` runs every packed layer of a forward in one call (the layers' arguments kept in the
+    kernel once): the same hidden states and cache bit for bit as one ``layer_step`` call a layer — a prefill, a
+    decode step, a token tree, the rows of two sequences at once, the first layers only (an early exit's draft), and
+    layers of two sliding-window kinds and two RoPE bases (a window shorter than the prefix, as Gemma's local layers
+    have)."""
+    from dataclasses import replace
+
+    from microspec.models.rotary import RotaryTables
+
+    packed, _, _ = gguf_model
+    spec = packed.spec
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+
+    def run():
+        cache, other = packed.new_cache(64), packed.new_cache(64)
+        out = [packed.forward(torch.tensor([1, 5, 9, 33, 70, 2, 101, 150, 7, 8, 9, 12]), cache),
+               packed.forward(torch.tensor([40]), cache),
+               packed.forward(torch.tensor([7, 8, 9]), cache, positions=torch.tensor([13, 14, 14]), mask=tree),
+               packed.forward(torch.tensor([3, 4]), other)]
+        cache.length -= 3
+        out += packed.forward_many([(torch.tensor([6]), cache, None, None), (torch.tensor([5]), other, None, None)])
+        out.append(packed.run(packed.embed(torch.tensor([9, 10])), cache, num_layers=1))
+        return out + [cache.kv[:, :, :, : cache.length].clone(), other.kv[:, :, :, : other.length].clone()]
+
+    for windows, ropes in ((spec.layer_windows, spec.layer_rope),
+                           ((4, None) * (spec.num_layers // 2) + (4,) * (spec.num_layers % 2),
+                            ("local", "global") * (spec.num_layers // 2) + ("local",) * (spec.num_layers % 2))):
+        saved = packed._rope, packed._rotary
+        packed.spec = replace(spec, layer_windows=tuple(windows), layer_rope=tuple(ropes))
+        if "local" in ropes:  # a second RoPE base: half the first's frequencies
+            inv, scale = packed._rope[spec.layer_rope[0]]
+            packed._rope = {"local": (inv * 0.5, scale), "global": (inv, scale)}
+            packed._rotary = RotaryTables(packed._rope, spec.max_position)
+        try:
+            packed._fused = False  # built again at the next use, with its plan
+            whole = run()
+            assert packed._plan is not None and len(packed._window_kinds) == len(set(windows))
+            packed._plan = None  # one layer_step call a layer
+            layered = run()
+        finally:
+            packed.spec, packed._fused = spec, False
+            packed._rope, packed._rotary = saved
+        assert len(whole) == len(layered)
+        for a, b in zip(whole, layered):
+            assert torch.equal(a, b)
+
+
 def test_eagle3_on_a_packed_target_is_bit_identical(gguf_model, tmp_path):
     """An EAGLE-3 head beside a packed target: the tapped features come out of the fused layer kernel the same as
     out of the layer-by-layer path, and drafting (the head's matrices packed Q8_0 too) changes no output token."""

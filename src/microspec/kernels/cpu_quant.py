@@ -229,6 +229,28 @@ def layer_step(x: torch.Tensor, mats: list[torch.Tensor], meta: list[int], biase
                                   scale)
 
 
+def layers_plan(layers: list, windows: list[int], ropes: list[int], eps: float, scale: float):
+    """``layers`` (per layer :func:`layer_step`'s matrices, meta, biases, norms and dims, the dims the same for every
+    layer) kept in the kernel once for :func:`layers_step`; ``windows`` and ``ropes``: per layer the index of its
+    sliding-window kind and RoPE base in what :func:`layers_step` is given."""
+    def joined(k: int) -> list:
+        return [v for layer in layers for v in layer[k]]
+
+    return _EXT.module.LayersPlan(joined(0), joined(1), joined(2), joined(3), list(layers[0][4]), list(windows),
+                                  list(ropes), eps, scale)
+
+
+def layers_step(x: torch.Tensor, plan, layers: int, cos: list[torch.Tensor], sin: list[torch.Tensor],
+                segments: list[tuple[torch.Tensor, int, int, list[int], list[torch.Tensor]]]) -> torch.Tensor:
+    """The first ``layers`` layers of ``plan`` (:func:`layers_plan`) over ``x`` in one call, each exactly as
+    :func:`layer_step`: ``cos``/``sin`` per RoPE base, and per segment (``kv``: its sequence's whole cache
+    [layers, 2, kv heads, capacity, hd], its row count, its start slot, per window kind its first visible key and
+    its mask)."""
+    kvs, rows, starts, los, masks = (list(part) for part in zip(*segments))
+    return _EXT.module.layers_step(x, plan, layers, cos, sin, kvs, rows, starts, [v for lo in los for v in lo],
+                                   [m for ms in masks for m in ms])
+
+
 def argmax(x: torch.Tensor) -> int:
     """``int(x.argmax())`` for a vector ``x``: the first index of the largest value, the first NaN's if any (as
     torch); a vectorized pass on a CPU fp32 vector (torch's is a visible share of a packed decode step over

@@ -21,4 +21,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope", torch::wrap_pybind_function(rope), "rope");
   m.def("attend_rows", torch::wrap_pybind_function_no_gil(attend_rows), "attend_rows");
   m.def("layer_step", torch::wrap_pybind_function_no_gil(layer_step), "layer_step");
+  pybind11::class_<LayersPlan, std::shared_ptr<LayersPlan>>(m, "LayersPlan")
+      .def(pybind11::init<std::vector<torch::Tensor>, std::vector<int64_t>, std::vector<torch::Tensor>,
+                          std::vector<torch::Tensor>, std::vector<int64_t>, std::vector<int64_t>,
+                          std::vector<int64_t>, double, double>());
+  m.def("layers_step", torch::wrap_pybind_function_no_gil(layers_step), "layers_step");
 }

@@ -115,3 +115,51 @@ torch::Tensor layer_step(torch::Tensor x, std::vector<torch::Tensor> mats, std::
   x = x + o;
   return x + mlp(N(1, x));
 }
+
+LayersPlan::LayersPlan(std::vector<torch::Tensor> mats_, std::vector<int64_t> meta_,
+                       std::vector<torch::Tensor> biases_, std::vector<torch::Tensor> norms_,
+                       std::vector<int64_t> dims_, std::vector<int64_t> windows_, std::vector<int64_t> ropes_,
+                       double eps_, double scale_)
+    : mats(std::move(mats_)), biases(std::move(biases_)), norms(std::move(norms_)), meta(std::move(meta_)),
+      windows(std::move(windows_)), ropes(std::move(ropes_)), dims(std::move(dims_)), eps(eps_), scale(scale_) {
+  const size_t L = windows.size();
+  TORCH_CHECK(L > 0 && ropes.size() == L && mats.size() == 7 * L && meta.size() == 21 * L &&
+              biases.size() == 7 * L && norms.size() == 6 * L && dims.size() == 5,
+              "LayersPlan: per layer 7 matrices, 21 meta values, 7 biases, 6 norms, a window and a RoPE base; 5 dims");
+}
+
+// The first `layers` layers of `plan` over x, each as layer_step: the same calls, so the same values as one call a
+// layer.  Segment j (rows[j] rows of x from its sequence's starts[j]) has kvs[j], its sequence's whole cache
+// [layers, 2, G, capacity, hd]; per window kind w its first visible key los[j * W + w] and mask alloweds[j * W + w]
+// (W kinds: the plan's window indices); cos[r], sin[r] are RoPE base r's rows.
+torch::Tensor layers_step(torch::Tensor x, const std::shared_ptr<LayersPlan>& plan, int64_t layers,
+                          std::vector<torch::Tensor> cos, std::vector<torch::Tensor> sin,
+                          std::vector<torch::Tensor> kvs, std::vector<int64_t> rows, std::vector<int64_t> starts,
+                          std::vector<int64_t> los, std::vector<torch::Tensor> alloweds) {
+  TORCH_CHECK(plan, "layers_step: no plan");
+  const LayersPlan& p = *plan;
+  const size_t nseg = kvs.size();
+  TORCH_CHECK(layers >= 0 && size_t(layers) <= p.windows.size(), "layers_step: more layers than the plan has");
+  TORCH_CHECK(nseg > 0 && rows.size() == nseg && starts.size() == nseg && los.size() % nseg == 0 &&
+              alloweds.size() == los.size() && cos.size() == sin.size(),
+              "layers_step: per segment a cache, a row count, a start, and a first key and mask per window kind");
+  const size_t W = los.size() / nseg;
+  std::vector<torch::Tensor> kv(nseg), allowed(nseg);
+  std::vector<int64_t> lo(nseg);
+  for (int64_t i = 0; i < layers; ++i) {
+    const size_t w = size_t(p.windows[i]), r = size_t(p.ropes[i]);
+    TORCH_CHECK(w < W && r < cos.size(), "layers_step: a layer's window kind or RoPE base is not given");
+    for (size_t j = 0; j < nseg; ++j) {
+      kv[j] = kvs[j].select(0, i);
+      lo[j] = los[j * W + w];
+      allowed[j] = alloweds[j * W + w];
+    }
+    auto at = [&](const std::vector<torch::Tensor>& v, int n) {
+      return std::vector<torch::Tensor>(v.begin() + n * i, v.begin() + n * (i + 1));
+    };
+    x = layer_step(x, at(p.mats, 7), std::vector<int64_t>(p.meta.begin() + 21 * i, p.meta.begin() + 21 * (i + 1)),
+                   at(p.biases, 7), at(p.norms, 6), cos[r], sin[r], kv, rows, starts, lo, allowed, p.dims, p.eps,
+                   p.scale);
+  }
+  return x;
+}
