@@ -240,3 +240,29 @@ def test_attention_rows_of_a_pass_are_each_alone(dtype, heads, groups, t, s, d):
         assert torch.equal(batch[:, r:r + 1], alone), r
     want = cpu_linear.attention_reference(q.float(), k.float(), v.float(), mask, d ** -0.5)
     assert torch.allclose(batch.float(), want, atol=2e-2, rtol=2e-2)
+
+
+@needs_attention
+@pytest.mark.parametrize("heads,groups", [(4, 1), (8, 2), (6, 1), (2, 2), (3, 3)])
+def test_one_row_of_each_of_several_sequences_in_one_call_is_each_alone(heads, groups):
+    """``attend_rows_many`` (a batch's decode steps: one query row per sequence, each over its own keys, one parallel
+    pass with up to 4 heads of a key group per item) gives each row exactly what ``attend_rows`` gives it alone:
+    sequences of different lengths, key-cache views, masks or none, head groups of 1 to 6 heads, a row that sees no
+    key (zeros)."""
+    g = torch.Generator().manual_seed(heads * 10 + groups)
+    d = 24
+    lengths = [1, 37, 9, 130, 64]
+    qs, ks, vs, ms = [], [], [], []
+    for j, s in enumerate(lengths):
+        cache = torch.randn(2, groups, s + 5, d, generator=g)  # views of a longer cache, as the layer passes
+        qs.append(torch.randn(heads, 1, d, generator=g) * 2)
+        ks.append(cache[0, :, :s])
+        vs.append(cache[1, :, :s])
+        m = torch.rand(1, s, generator=g) < 0.7 if j % 2 else torch.empty(0, dtype=torch.bool)
+        if j == 3:
+            m[:] = False
+        ms.append(m)
+    many = cpu_quant._EXT.module.attend_rows_many(qs, ks, vs, ms, 0.3)
+    for q, k, v, m, got in zip(qs, ks, vs, ms, many):
+        assert torch.equal(got, cpu_quant.attend_rows(q, k, v, m, 0.3))
+    assert torch.equal(many[3], torch.zeros(heads, 1, d))

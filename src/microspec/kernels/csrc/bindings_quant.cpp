@@ -20,6 +20,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", torch::wrap_pybind_function(rms_norm), "rms_norm");
   m.def("rope", torch::wrap_pybind_function(rope), "rope");
   m.def("attend_rows", torch::wrap_pybind_function_no_gil(attend_rows), "attend_rows");
+  m.def("attend_rows_many", torch::wrap_pybind_function_no_gil(attend_rows_many), "attend_rows_many");
   m.def("layer_step", torch::wrap_pybind_function_no_gil(layer_step), "layer_step");
   pybind11::class_<LayersPlan, std::shared_ptr<LayersPlan>>(m, "LayersPlan")
       .def(pybind11::init<std::vector<torch::Tensor>, std::vector<int64_t>, std::vector<torch::Tensor>,

@@ -87,7 +87,11 @@ torch::Tensor layer_step(torch::Tensor x, std::vector<torch::Tensor> mats, std::
   if (norms[4].numel()) { q = N(4, q); k = N(5, k); }
   q = rope(q, cos, sin).transpose(0, 1);
   k = rope(k, cos, sin).transpose(0, 1);
-  std::vector<torch::Tensor> outs;
+  // attention per segment over its own cache; the one-row segments of a batch (decode steps) in one call
+  // (attend_rows_many: one parallel pass, the same values as one call each)
+  std::vector<torch::Tensor> outs(nseg);
+  std::vector<size_t> single;
+  std::vector<torch::Tensor> sq, sk, sv, sm;
   int64_t r0 = 0;
   for (size_t j = 0; j < nseg; ++j) {
     const int64_t t = rows[j], start = starts[j], lo = los[j], S = start + t;
@@ -95,10 +99,22 @@ torch::Tensor layer_step(torch::Tensor x, std::vector<torch::Tensor> mats, std::
     put_rows(kv.select(0, 0), k, r0, start, t);
     put_rows(kv.select(0, 1), v, r0, start, t);
     const torch::Tensor keys = kv.select(0, 0).narrow(1, lo, S - lo), values = kv.select(0, 1).narrow(1, lo, S - lo);
-    outs.push_back(attend_rows(q.narrow(1, r0, t), keys, values, alloweds[j], scale));
+    if (nseg > 1 && t == 1 && kv.scalar_type() == torch::kFloat32 && q.scalar_type() == torch::kFloat32) {
+      single.push_back(j);
+      sq.push_back(q.narrow(1, r0, 1));
+      sk.push_back(keys);
+      sv.push_back(values);
+      sm.push_back(alloweds[j]);
+    } else {
+      outs[j] = attend_rows(q.narrow(1, r0, t), keys, values, alloweds[j], scale);
+    }
     r0 += t;
   }
   TORCH_CHECK(r0 == T, "layer_step: the segments' rows do not add up to x's");
+  if (!single.empty()) {
+    std::vector<torch::Tensor> got = attend_rows_many(sq, sk, sv, sm, scale);
+    for (size_t i = 0; i < single.size(); ++i) outs[single[i]] = got[i];
+  }
   torch::Tensor o = nseg == 1 ? outs[0] : torch::cat(outs, 1);
   o = L(3, o.transpose(0, 1).reshape({T, nh * hd}));
   auto mlp = [&](const torch::Tensor& in) {

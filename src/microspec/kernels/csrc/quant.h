@@ -29,6 +29,9 @@ int64_t argmax_f32(torch::Tensor x);
 void bitmask_fill(torch::Tensor logits, torch::Tensor bitmask);
 // attention.cpp
 torch::Tensor attend_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor allowed, double scale);
+std::vector<torch::Tensor> attend_rows_many(std::vector<torch::Tensor> qs, std::vector<torch::Tensor> ks,
+                                            std::vector<torch::Tensor> vs, std::vector<torch::Tensor> alloweds,
+                                            double scale);
 // layer_step.cpp
 torch::Tensor layer_step(torch::Tensor x, std::vector<torch::Tensor> mats, std::vector<int64_t> meta,
                          std::vector<torch::Tensor> biases, std::vector<torch::Tensor> norms, torch::Tensor cos,
