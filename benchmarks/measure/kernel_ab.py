@@ -5,7 +5,12 @@ by call: an A/B of a kernel change that a shared machine's drifting bandwidth ca
     python benchmarks/measure/kernel_ab.py --base-so ~/.cache/microspec/kernels/cpu_quant-<hash>/<module>.so
     python benchmarks/measure/kernel_ab.py --prefetch-ab --contexts 100 --rows 1,4,16
 
-``--prefetch-ab`` compares instead this build with its products' software prefetch (base) and without (new).
+``--prefetch-ab`` compares instead this build with its products' software prefetch (base) and without (new);
+``--stack-ab`` this build's forward with one ``layer_step`` call a layer (base) and with the whole stack in one
+``layers_step`` call (new).  ``--batch N`` times, at each prefix, the forward of N sequences of one new token each
+(``forward_many``: a server's decode steps batched) instead of one sequence's ``--rows``:
+
+    python benchmarks/measure/kernel_ab.py --base-src /tmp/base/src --batch 8 --contexts 120,600
 ``--generate TOKENS`` times whole plain-decoding generations instead (a prompt of the prefill, then TOKENS tokens,
 ``--calls`` generations a side, alternating), the read bandwidth measured between rounds (``bandwidth.py``), and
 with a base build and ``--prefetch-ab`` together runs three sides: the base build, this one with the prefetch, this
@@ -57,6 +62,10 @@ def main() -> None:
     ap.add_argument("--base-so", help="a built cpu_quant module to compare against, instead of --base-src")
     ap.add_argument("--prefetch-ab", action="store_true",
                     help="this build with its products' prefetch (base) against without (new)")
+    ap.add_argument("--stack-ab", action="store_true",
+                    help="this build, one layer_step call a layer (base) against the stack in one call (new)")
+    ap.add_argument("--batch", type=int, default=0, metavar="N",
+                    help="the forward of N one-token sequences at each prefix (forward_many) instead of --rows")
     ap.add_argument("--model", default="gemma-3-270m")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--contexts", default="100,400")
@@ -69,10 +78,9 @@ def main() -> None:
     a = ap.parse_args()
     if bool(a.base_src) and bool(a.base_so):
         ap.error("give at most one of --base-src and --base-so")
-    if not (a.base_src or a.base_so or a.prefetch_ab):
-        ap.error("give --base-src, --base-so or --prefetch-ab")
-    if not a.generate and (a.base_src or a.base_so) and a.prefetch_ab:
-        ap.error("--prefetch-ab with a base build: with --generate only")
+    if (a.base_src or a.base_so or a.prefetch_ab) + a.stack_ab != 1 and not (a.prefetch_ab and a.generate):
+        ap.error("give one of --base-src / --base-so, --prefetch-ab or --stack-ab (a base build and "
+                 "--prefetch-ab together: with --generate only)")
     from microspec.kernels import _build, cpu_quant
     from microspec.models.registry import load_model
 
@@ -90,6 +98,14 @@ def main() -> None:
 
     sides = {}
     base_path = "this build, prefetch on (base) against off (new)"
+    held: dict = {}  # the model and its stack's plan, for --stack-ab's sides
+
+    def stack(whole: bool):
+        def setup():
+            if "model" in held:
+                held["model"]._plan = held["plan"] if whole else None
+        return setup
+
     if a.base_src or a.base_so:
         base_path = a.base_so or built_module(a.base_src)
         base_module = _build._import(Path(base_path).name.split(".")[0], Path(base_path))
@@ -99,42 +115,56 @@ def main() -> None:
         sides["new, prefetch off"] = this_build(0)
     elif a.prefetch_ab:
         sides = {"base": this_build(cpu_quant.PREFETCH_TILES), "new": this_build(0)}
+    elif a.stack_ab:
+        base_path = "this build, one layer_step call a layer (base) against the stack in one call (new)"
+        sides = {"base": stack(False), "new": stack(True)}
     else:
         sides["new"] = this_build(tiles_before)
     if a.generate:
         try:
-            results = generations(a, sides)
+            results = generations(a, sides, held)
         finally:
             this_build(tiles_before)()
         write(a, base_path, results, tokens=a.generate)
         return
     m = load_model(a.model, dtype="gguf").model
+    hold(held, m)
     contexts, rows = [int(c) for c in a.contexts.split(",")], [int(r) for r in a.rows.split(",")]
+    rows = [1] if a.batch else rows
     g = torch.Generator().manual_seed(0)
-    cache = m.new_cache(max(contexts) + max(rows) + 1)
+    caches = [m.new_cache(max(contexts) + max(rows) + 1) for _ in range(max(a.batch, 1))]
     results = []
     try:
         for c in contexts:
-            cache.length = 0
-            m.forward(torch.randint(100, 20000, (c,), generator=g), cache)
+            for cache in caches:
+                cache.length = 0
+                m.forward(torch.randint(100, 20000, (c,), generator=g), cache)
             for r in rows:
-                ids = torch.randint(100, 20000, (r,), generator=g)
+                ids = torch.randint(100, 20000, (max(r, a.batch),), generator=g)
                 mask = torch.ones(r, r, dtype=torch.bool).tril() if r > 1 else None
                 times = {(k, part): [] for k in sides for part in ("forward", "head")}
                 outputs = {}
+
+                def forward():
+                    for cache in caches:
+                        cache.length = c
+                    if a.batch:
+                        return torch.cat(m.forward_many([(ids[j : j + 1], caches[j], None, None)
+                                                         for j in range(a.batch)]))
+                    return m.forward(ids, caches[0], positions=torch.arange(c, c + r), mask=mask)
+
                 for i in range(a.calls):
                     for k in (("base", "new") if i % 2 == 0 else ("new", "base")):
                         sides[k]()
-                        cache.length = c
                         t0 = time.perf_counter()
-                        hidden = m.forward(ids, cache, positions=torch.arange(c, c + r), mask=mask)
+                        hidden = forward()
                         t1 = time.perf_counter()
                         logits = m.head(hidden)
                         times[k, "head"].append(time.perf_counter() - t1)
                         times[k, "forward"].append(t1 - t0)
                         outputs[k] = (hidden, logits)
                 same = all(torch.equal(x, y) for x, y in zip(outputs["base"], outputs["new"]))
-                row = {"context": c, "rows": r, "same_bits": same}
+                row = {"context": c, "rows": r, "same_bits": same, **({"sequences": a.batch} if a.batch else {})}
                 line = []
                 for part in ("forward", "head"):
                     tb, tn = times["base", part][a.warmup:], times["new", part][a.warmup:]
@@ -147,11 +177,18 @@ def main() -> None:
                     line.append(f"{part} base {row[part]['base']['median_ms']:.3f} ms, new "
                                 f"{row[part]['new']['median_ms']:.3f} ms, paired ratio {ratio:.3f}")
                 results.append(row)
-                print(f"context {c}, {r} rows: " + "; ".join(line) + f"; {'same bits' if same else 'OUTPUTS DIFFER'}",
+                what = f"{a.batch} sequences of one row" if a.batch else f"{r} rows"
+                print(f"context {c}, {what}: " + "; ".join(line) + f"; {'same bits' if same else 'OUTPUTS DIFFER'}",
                       flush=True)
     finally:
         this_build(tiles_before)()
-    write(a, base_path, results, warmup=a.warmup)
+    stack(True)()
+    write(a, base_path, results, warmup=a.warmup, **({"sequences": a.batch} if a.batch else {}))
+
+
+def hold(held: dict, model) -> None:
+    """The model and the plan of its stack (None where its layers do not fuse), for --stack-ab's sides."""
+    held["model"], held["plan"] = model, model._fused_layers() and model._plan
 
 
 def write(a, base_path: str, results, **fields) -> None:
@@ -164,7 +201,7 @@ def write(a, base_path: str, results, **fields) -> None:
         Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
 
 
-def generations(a, sides: dict) -> dict:
+def generations(a, sides: dict, held: dict) -> dict:
     """Plain decoding of one prompt through each side, ``a.calls`` generations a side in alternating order, the read
     bandwidth measured before each round: decode tok/s and share of the bandwidth per side, the paired ratios to
     the first side, and whether every side generated the same tokens."""
@@ -176,6 +213,7 @@ def generations(a, sides: dict) -> dict:
     from microspec.decoding import GenerationConfig
 
     lm = load_model(a.model, dtype="gguf")
+    hold(held, lm.model)
     engine = build(Method.parse("none").for_model(a.model), lm)
     cfg = GenerationConfig(max_new_tokens=a.generate, ignore_eos=True)
     prompt = "The history of the printing press begins"
