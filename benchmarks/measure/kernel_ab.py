@@ -78,7 +78,7 @@ def main() -> None:
     a = ap.parse_args()
     if bool(a.base_src) and bool(a.base_so):
         ap.error("give at most one of --base-src and --base-so")
-    if (a.base_src or a.base_so or a.prefetch_ab) + a.stack_ab != 1 and not (a.prefetch_ab and a.generate):
+    if bool(a.base_src or a.base_so or a.prefetch_ab) + a.stack_ab != 1 and not (a.prefetch_ab and a.generate):
         ap.error("give one of --base-src / --base-so, --prefetch-ab or --stack-ab (a base build and "
                  "--prefetch-ab together: with --generate only)")
     from microspec.kernels import _build, cpu_quant
