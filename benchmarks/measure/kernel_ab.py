@@ -78,9 +78,10 @@ def main() -> None:
     a = ap.parse_args()
     if bool(a.base_src) and bool(a.base_so):
         ap.error("give at most one of --base-src and --base-so")
-    if bool(a.base_src or a.base_so or a.prefetch_ab) + a.stack_ab != 1 and not (a.prefetch_ab and a.generate):
-        ap.error("give one of --base-src / --base-so, --prefetch-ab or --stack-ab (a base build and "
-                 "--prefetch-ab together: with --generate only)")
+    if bool(a.base_src or a.base_so or a.prefetch_ab) + a.stack_ab != 1:
+        ap.error("give one of --base-src / --base-so, --prefetch-ab or --stack-ab")
+    if not a.generate and (a.base_src or a.base_so) and a.prefetch_ab:
+        ap.error("--prefetch-ab with a base build: with --generate only")
     from microspec.kernels import _build, cpu_quant
     from microspec.models.registry import load_model
 
