@@ -229,15 +229,31 @@ def layer_step(x: torch.Tensor, mats: list[torch.Tensor], meta: list[int], biase
                                   scale)
 
 
-def layers_plan(layers: list, windows: list[int], ropes: list[int], eps: float, scale: float):
+class LayersPlan:
     """``layers`` (per layer :func:`layer_step`'s matrices, meta, biases, norms and dims, the dims the same for every
     layer) kept in the kernel once for :func:`layers_step`; ``windows`` and ``ropes``: per layer the index of its
-    sliding-window kind and RoPE base in what :func:`layers_step` is given."""
-    def joined(k: int) -> list:
-        return [v for layer in layers for v in layer[k]]
+    sliding-window kind and RoPE base in what :func:`layers_step` is given.  The kernel's object is made at its first
+    use by each build of the kernel (one, except where a measurement loads two)."""
 
-    return _EXT.module.LayersPlan(joined(0), joined(1), joined(2), joined(3), list(layers[0][4]), list(windows),
-                                  list(ropes), eps, scale)
+    def __init__(self, layers: list, windows: list[int], ropes: list[int], eps: float, scale: float):
+        def joined(k: int) -> list:
+            return [v for layer in layers for v in layer[k]]
+
+        self.args = (joined(0), joined(1), joined(2), joined(3), list(layers[0][4]), list(windows), list(ropes), eps,
+                     scale)
+        self._native: dict[int, object] = {}
+
+    def native(self, module):
+        """The plan as ``module`` (a build of the kernel) holds it."""
+        plan = self._native.get(id(module))
+        if plan is None:
+            plan = self._native[id(module)] = module.LayersPlan(*self.args)
+        return plan
+
+
+def layers_plan(layers: list, windows: list[int], ropes: list[int], eps: float, scale: float) -> LayersPlan:
+    """A :class:`LayersPlan` of ``layers`` for :func:`layers_step`."""
+    return LayersPlan(layers, windows, ropes, eps, scale)
 
 
 def layers_step(x: torch.Tensor, plan, layers: int, cos: list[torch.Tensor], sin: list[torch.Tensor],
@@ -247,8 +263,9 @@ def layers_step(x: torch.Tensor, plan, layers: int, cos: list[torch.Tensor], sin
     [layers, 2, kv heads, capacity, hd], its row count, its start slot, per window kind its first visible key and
     its mask)."""
     kvs, rows, starts, los, masks = (list(part) for part in zip(*segments))
-    return _EXT.module.layers_step(x, plan, layers, cos, sin, kvs, rows, starts, [v for lo in los for v in lo],
-                                   [m for ms in masks for m in ms])
+    module = _EXT.module
+    return module.layers_step(x, plan.native(module), layers, cos, sin, kvs, rows, starts,
+                              [v for lo in los for v in lo], [m for ms in masks for m in ms])
 
 
 def argmax(x: torch.Tensor) -> int:

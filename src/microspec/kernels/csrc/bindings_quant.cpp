@@ -22,7 +22,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend_rows", torch::wrap_pybind_function_no_gil(attend_rows), "attend_rows");
   m.def("attend_rows_many", torch::wrap_pybind_function_no_gil(attend_rows_many), "attend_rows_many");
   m.def("layer_step", torch::wrap_pybind_function_no_gil(layer_step), "layer_step");
-  pybind11::class_<LayersPlan, std::shared_ptr<LayersPlan>>(m, "LayersPlan")
+  // module_local: two builds of this extension in one process (benchmarks/measure/kernel_ab.py) each keep their own
+  pybind11::class_<LayersPlan, std::shared_ptr<LayersPlan>>(m, "LayersPlan", pybind11::module_local())
       .def(pybind11::init<std::vector<torch::Tensor>, std::vector<int64_t>, std::vector<torch::Tensor>,
                           std::vector<torch::Tensor>, std::vector<int64_t>, std::vector<int64_t>,
                           std::vector<int64_t>, double, double>());
