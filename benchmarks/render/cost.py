@@ -490,8 +490,8 @@ def _cache_prefetch() -> list[str]:
 
 
 def _kernel_source(rel: str, meta: dict, what: str) -> Source:
-    return Source(rel, meta["command"].replace("/tmp/base/src", f"<a worktree of {what}>/src"), meta["date"][:10],
-                  f"{meta['machine']}, {meta['threads']} threads", commit(meta))
+    command = re.sub(r"/tmp/base\w*/src", f"<a worktree of {what}>/src", meta["command"])
+    return Source(rel, command, meta["date"][:10], f"{meta['machine']}, {meta['threads']} threads", commit(meta))
 
 
 def _layer_regions() -> list[str]:
@@ -558,6 +558,110 @@ def _layer_regions() -> list[str]:
                else "THE SIDES' TOKENS DIFFERED."), ""]
 
 
+HELD_APART = {"greedy": "greedy", "greedy-rp1.2": "penalty 1.2", "T0.7": "T 0.7", "T0.7-rp1.2": "T 0.7 + penalty 1.2"}
+
+
+def _stack_call() -> list[str]:
+    """A forward's layer stack in one kernel call, a batch's one-row attention in one pass: kernel_ab.py's paired
+    runs; plain batching by level; the held-apart bench before and after."""
+    runs = DATA["STACK_CALL"]
+    fwd, plain = (load(runs[k]) for k in ("FORWARD", "PLAIN"))
+    batches = [load(f) for f in runs["BATCH"]]
+    batch = batches[0]
+    steps = load(runs["STEPS"])
+
+    def ms(part: dict, side: str) -> str:
+        return f"{part[side]['median_ms']:.2f} ({part[side]['q1_ms']:.2f}–{part[side]['q3_ms']:.2f})"
+
+    def rows_table(results: list[dict], what: str) -> str:
+        runs_of = len(results) > 1
+        body = [[*([i + 1] if runs_of else []), r["context"], r.get("sequences", r["rows"]), ms(r["forward"], "base"),
+                 ms(r["forward"], "new"), f"{r['forward']['ratio_new_over_base']:.3f}"]
+                for i, res in enumerate(results) for r in res["results"]]
+        return table([*(["run"] if runs_of else []), "prefix", what, "forward base ms", "forward new ms",
+                      "new / base"], body)
+
+    sides = plain["results"]["sides"]
+    names = list(sides)
+    same = all(r["same_bits"] for r in fwd["results"] + [r for b in batches for r in b["results"]])
+    levels = list(next(iter(steps["rates"].values())))
+    step_rows = [[f"{n} at once", spread([r["tok_s"] for r in v[n]], 1, " tok/s"),
+                  spread([r["over_one"] for r in v[n]])] for v in steps["rates"].values() for n in levels]
+    same_steps = all(r["same"] for v in steps["rates"].values() for rs in v.values() for r in rs)
+    folder = runs["HELD_APART"]
+    res = load(f"{folder}/ab.json")
+    first = next(iter(res.values()))["meta"]
+    old, new = first["old"][0], first["new"][0]
+    bench = re.sub(r" --out \S+", " --out /tmp/hb/<side>-run<n>", old["command"])
+    dates = sorted(m["date"] for d in res.values() for side in ("old", "new") for m in d["meta"][side])
+    later = list(dict.fromkeys(m["commit"] for m in first["new"]))
+    held = Source(f"{folder}/", "python3 benchmarks/data/held_apart.py --data ../shared/data --out "
+                  f"/tmp/held_apart3.jsonl --per-category 3 --seed 2026; {bench} (two runs at {old['commit']}, then "
+                  f"two at {' and '.join(later)}: the second run's commit changed benchmarks/measure/kernel_ab.py "
+                  "only); python3 benchmarks/measure/cpu_ab.py --old /tmp/hb/base-run* --new /tmp/hb/head-run* "
+                  "--out ab.json", f"{dates[0]} to {dates[-1]}", f"{old['machine']}, {old['threads']} threads",
+                  f"{old['commit']} and {' / '.join(later)}")
+    g = res["greedy"]["methods"]
+    micro_over_full = [a / b for a, b in zip(g["microspec"]["new"], g["eagle-full"]["new"])]
+    base = "50a42bf"  # the base build of the batch runs (a worktree of it, --base-src)
+    vr = load(runs["ROWS"])
+    verify = "; ".join(
+        f"after {c} tokens a pass over 16 rows (the forward and the LM head over all of them) costs "
+        f"{vr['ms'][c]['16']['total'] / vr['ms'][c]['1']['total']:.2f}x one row's" if i == 0 else
+        f"{vr['ms'][c]['16']['total'] / vr['ms'][c]['1']['total']:.2f}x after {c}"
+        for i, c in enumerate(vr["ms"]))
+    return ["### A forward's layers in one kernel call, a batch's attention in one pass", "",
+            "A packed model's forward called the fused layer kernel once a layer, handing it some twenty tensors "
+            "each time (the layer's matrices, biases, norms, its cache, masks, RoPE rows): about 30 µs a layer of "
+            "conversion from Python. Since 50a42bf the layers' own arguments live in the kernel "
+            "(`cpu_quant.layers_plan`) and a forward that taps no layer's input runs its whole stack in one call "
+            "(`cpu_quant.layers_step`), each layer the same `layer_step` as before. This build, one call a layer "
+            "(base) against one call a forward (new), alternating in one process (kernel_ab.py `--stack-ab`), ms, "
+            "median (quartiles):", "",
+            rows_table([fwd], "rows"), "", _kernel_source(runs["FORWARD"], fwd, "this build").markdown(), "",
+            f"Plain decoding, {plain['tokens']} tokens, {plain['calls']} generations a side alternating: "
+            + "; ".join(f"{k} {sides[k]['decode_tok_s_median']:.1f} tok/s ({sides[k]['decode_tok_s_range'][0]:.1f}–"
+                        f"{sides[k]['decode_tok_s_range'][1]:.1f}), {100 * sides[k]['read_share_median']:.0f}% of the "
+                        "read bandwidth" for k in names)
+            + f"; paired ratio {sides[names[-1]]['paired_ratio_to_first']:.3f}"
+            + (", the same tokens." if plain["results"]["same_tokens"] else ", THE TOKENS DIFFERED.") + " "
+            + _kernel_source(runs["PLAIN"], plain, "this build").markdown(), "",
+            "A batch of decode steps (a server's requests, one row each) shares each layer's products, but each "
+            "sequence attended over its own cache in a call and parallel region of its own, the two cores each "
+            "reading every key and value row for two of the four heads. Since 52d8bce the one-row sequences of a "
+            "layer attend in one pass (`attend_rows_many`: items of a sequence and its key group's heads, each "
+            "group's keys and values read once), each row's values those it gets alone. The forward of "
+            f"{batch['sequences']} one-token sequences (`forward_many`), {base}'s kernel against this one, "
+            "alternating (kernel_ab.py `--batch`), two runs:", "",
+            rows_table(batches, "sequences"), "",
+            *(_kernel_source(f, b, base).markdown() for f, b in zip(runs["BATCH"], batches)), "",
+            "- " + ("Every call gave the same hidden states and logits bit for bit through both sides."
+                    if same else "SOME CALLS DIFFERED BETWEEN THE SIDES."),
+            f"- Plain batching in process at {commit(steps)} (`step_many`, {steps['requests']} greedy requests of "
+            f"{steps['max_new_tokens']} tokens, at most *n* at once, prefills included; mean of {steps['rounds']} "
+            "rounds (range)); "
+            + ("every answer equal to the request decoded alone:" if same_steps else "SOME ANSWERS DIFFER:"), "",
+            table(["requests", "tokens/s", "x one at a time"], step_rows), "",
+            Source(runs["STEPS"], steps["command"], steps["date"][:10], f"{steps['machine']}, {steps['threads']} "
+                   "threads", commit(steps)).markdown(), "",
+            "Against plain decoding on held-apart prompts these changes move little: they speed up plain and "
+            "speculative steps alike (9 questions, 128 tokens a turn; x plain decoding in the same run, mean of two "
+            "runs (range); τ; the last column counts the questions whose ratios at the later commit all lie below "
+            "the earlier's):", "",
+            table(["decoding", "method", f"x plain at {old['commit']}", f"x plain at {new['commit']}", "change",
+                   "τ", "questions below the old range"],
+                  ab_rows(folder, HELD_APART, SIZED_METHODS)), "", held.markdown(), "",
+            f"- EAGLE + MicroSpec greedy {mean_of(g['microspec']['new']):.2f}x plain and "
+            f"{mean_of(micro_over_full):.2f}x EAGLE-2's full-vocabulary head; `auto` "
+            f"{mean_of(g['auto']['new']):.2f}x greedy, "
+            f"{mean_of(res['greedy-rp1.2']['methods']['auto']['new']):.2f}x under penalty 1.2. The speed-ups are "
+            "bound by what the shipped head gets accepted (τ 1.2–1.8 on its sized chain), more than by the verify "
+            f"rows: {verify}. " + Source(runs["ROWS"], vr["meta"]["command"], vr["meta"]["date"][:10],
+                                           f"{vr['meta']['machine']}, {vr['meta']['threads']} threads",
+                                           commit(vr["meta"])).markdown(),
+            ab_lossless(res), ""]
+
+
 def _first_measure() -> list[str]:
     """``auto`` measuring its model arm once per engine outside a request's budget: measured, then reverted."""
     return ["### `auto`'s EAGLE arm measured once per engine (reverted)", "",
@@ -573,8 +677,8 @@ def _first_measure() -> list[str]:
 
 def render() -> str:
     return "\n".join(["## Where the time goes", "", *_split(), *_step(), *_layer(), *_paths(), *_sized(),
-                      *_sized_views(), *_attention(), *_cache_prefetch(), *_layer_regions(), *_first_measure(),
-                      *_floor(),
+                      *_sized_views(), *_attention(), *_cache_prefetch(), *_layer_regions(), *_stack_call(),
+                      *_first_measure(), *_floor(),
                       *_llama()]).rstrip() + "\n"
 
 
