@@ -614,7 +614,7 @@ def _stack_call() -> list[str]:
             "A packed model's forward called the fused layer kernel once a layer, handing it some twenty tensors "
             "each time (the layer's matrices, biases, norms, its cache, masks, RoPE rows): about 30 µs a layer of "
             "conversion from Python. Since 50a42bf the layers' own arguments live in the kernel "
-            "(`cpu_quant.layers_plan`) and a forward that taps no layer's input runs its whole stack in one call "
+            "(`cpu_quant.LayersPlan`) and a forward that taps no layer's input runs its whole stack in one call "
             "(`cpu_quant.layers_step`), each layer the same `layer_step` as before. This build, one call a layer "
             "(base) against one call a forward (new), alternating in one process (kernel_ab.py `--stack-ab`), ms, "
             "median (quartiles):", "",

@@ -251,14 +251,9 @@ class LayersPlan:
         return plan
 
 
-def layers_plan(layers: list, windows: list[int], ropes: list[int], eps: float, scale: float) -> LayersPlan:
-    """A :class:`LayersPlan` of ``layers`` for :func:`layers_step`."""
-    return LayersPlan(layers, windows, ropes, eps, scale)
-
-
-def layers_step(x: torch.Tensor, plan, layers: int, cos: list[torch.Tensor], sin: list[torch.Tensor],
+def layers_step(x: torch.Tensor, plan: LayersPlan, layers: int, cos: list[torch.Tensor], sin: list[torch.Tensor],
                 segments: list[tuple[torch.Tensor, int, int, list[int], list[torch.Tensor]]]) -> torch.Tensor:
-    """The first ``layers`` layers of ``plan`` (:func:`layers_plan`) over ``x`` in one call, each exactly as
+    """The first ``layers`` layers of ``plan`` over ``x`` in one call, each exactly as
     :func:`layer_step`: ``cos``/``sin`` per RoPE base, and per segment (``kv``: its sequence's whole cache
     [layers, 2, kv heads, capacity, hd], its row count, its start slot, per window kind its first visible key and
     its mask)."""

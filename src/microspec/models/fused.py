@@ -63,9 +63,9 @@ class FusedLayers:
         # arguments kept in the kernel once, each layer's window kind and RoPE base by their index here
         self._window_kinds = list(dict.fromkeys(spec.layer_windows))
         self._rope_kinds = list(dict.fromkeys(spec.layer_rope))
-        self._plan = cpu_quant.layers_plan(out, [self._window_kinds.index(w) for w in spec.layer_windows],
-                                           [self._rope_kinds.index(r) for r in spec.layer_rope], spec.rms_norm_eps,
-                                           spec.attn_scale)
+        self._plan = cpu_quant.LayersPlan(out, [self._window_kinds.index(w) for w in spec.layer_windows],
+                                          [self._rope_kinds.index(r) for r in spec.layer_rope], spec.rms_norm_eps,
+                                          spec.attn_scale)
         self._fused = out
         return out
 
