@@ -764,3 +764,40 @@ def test_a_copy_of_a_built_in_gguf_is_that_model(tmp_path, monkeypatch):
     read = []
     monkeypatch.setattr(registry, "_file_key", lambda p: read.append(p) or "")
     assert registry.resolve(str(longer))[0] == "longer" and read == []  # another size: its bytes not read
+
+
+def test_a_draft_network_beside_a_packed_target_takes_the_interleaved_form(monkeypatch):
+    """``quantize_linears`` (an EAGLE head beside a packed target): Q8_0 in the interleaved form where the rows come
+    in eights — the same weight values, products within fp32 rounding of the file's blocks' (whose kernel sums in
+    another order; drafts only: verification decides what is kept), at 1 to 9 rows (in the file's blocks a draft
+    level over 3 rows cost 2.4x one row); the file's blocks with ``MICROSPEC_REPACK=0`` and for rows not in eights."""
+    from microspec.models.gguf import quantize_linears
+    from microspec.models.layers import Linear
+
+    g = torch.Generator().manual_seed(5)
+
+    def module():
+        torch.manual_seed(5)
+        m = torch.nn.Sequential(Linear(64, 48, False), Linear(64, 20, False))
+        for lin in m:
+            lin.weight.data = torch.randn(lin.weight.shape, generator=g) * 0.1
+        return m
+
+    a = module()
+    monkeypatch.setenv("MICROSPEC_REPACK", "0")
+    b = module()
+    for lin, other in zip(a, b):
+        other.weight.data = lin.weight.data.clone()
+    monkeypatch.delenv("MICROSPEC_REPACK")
+    assert quantize_linears(a) == 2
+    monkeypatch.setenv("MICROSPEC_REPACK", "0")
+    assert quantize_linears(b) == 2
+    assert a[0].weight.qtype == "Q8_0_X8" and a[1].weight.qtype == "Q8_0"  # 20 rows: not in eights
+    assert b[0].weight.qtype == "Q8_0" and b[1].weight.qtype == "Q8_0"
+    for lin, other in zip(a, b):
+        assert torch.equal(lin.weight.float(), other.weight.float())
+    for rows in (1, 3, 9):
+        x = torch.randn(rows, 64, generator=g)
+        for lin, other in zip(a, b):
+            assert torch.allclose(lin(x), other(x), rtol=1e-5, atol=1e-6)
+    assert torch.equal(a[0](x)[:1], a[0](x[:1]))  # a row's products do not depend on the rows beside it
