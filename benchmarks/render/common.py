@@ -85,9 +85,9 @@ class Source:
 
 CPU = "2-core AMD EPYC (AVX2), 2 threads"
 # results whose meta says <commit>+dirty where the tree differed from <commit> in documentation files only
-# (e097533 and 1d7576d: the renderer's files, benchmarks/render/, edited while kernel_ab.py ran)
+# (e097533, 1d7576d and c50c376: the renderer's files, benchmarks/render/, edited while a measurement ran)
 DOCS_ONLY_DIRTY = {"ef4edc3+dirty": "ef4edc3", "f61a72c+dirty": "f61a72c", "e097533+dirty": "e097533",
-                   "1d7576d+dirty": "1d7576d"}
+                   "1d7576d+dirty": "1d7576d", "c50c376+dirty": "c50c376"}
 
 
 def commit(meta: dict) -> str:

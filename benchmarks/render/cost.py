@@ -662,6 +662,32 @@ def _stack_call() -> list[str]:
             ab_lossless(res), ""]
 
 
+def _draft_layout() -> list[str]:
+    """The EAGLE head beside a packed target: its Q8_0 matrices interleaved against in the file's blocks."""
+    rel = DATA["STACK_CALL"]["DRAFT_LAYOUT"]
+    res = load(rel)
+    fwd, gen = res["forward"], res["generation"]
+    names = list(res["layouts"])
+    body = [[r["context"], r["rows"], *(num(r[f"{k} ms"]) for k in names), f"{r['ratio']:.3f}"] for r in fwd]
+    return ["### The EAGLE head's matrices interleaved beside a packed target", "",
+            "Beside a packed target the EAGLE head's matrices are quantized to Q8_0 at its first use "
+            "(`models.gguf.quantize_linears`); until 9b6ef6a they kept the file's block layout, whose product "
+            "costs nearly as much again for every further row (below), so a step's root pass over the accepted "
+            "tokens, a few rows, cost several draft levels. They now take the interleaved form the target's matrices take (8 rows a "
+            "tile; `MICROSPEC_REPACK=0` keeps the file's blocks): the same weights, products within fp32 rounding "
+            "(drafts only). Both layouts in one process, alternating (`benchmarks/measure/draft_layout.py`); the "
+            "head's forward, ms, median:", "",
+            table(["prefix", "rows", *(f"{k} ({res['layouts'][k]})" for k in names), "ratio"], body), "",
+            f"EAGLE + MicroSpec on the held-apart prompts ({gen['generations']} generations a side, 128 tokens, the "
+            f"sides alternating, plain decoding beside them): {names[0]} {gen['tok_s'][names[0]]} tok/s "
+            f"({gen['over_plain'][names[0]]:.3f}x plain, τ {gen['tau'][names[0]]:.2f}), {names[1]} "
+            f"{gen['tok_s'][names[1]]} tok/s ({gen['over_plain'][names[1]]:.3f}x, τ {gen['tau'][names[1]]:.2f}); "
+            f"paired {gen['ratio']:.3f}x"
+            + ("; every generation's tokens plain decoding's." if gen["same_tokens"] else "; TOKENS DIFFERED."), "",
+            Source(rel, res["command"], res["date"][:10], f"{res['machine']}, {res['threads']} threads",
+                   commit(res)).markdown(), ""]
+
+
 def _first_measure() -> list[str]:
     """``auto`` measuring its model arm once per engine outside a request's budget: measured, then reverted."""
     return ["### `auto`'s EAGLE arm measured once per engine (reverted)", "",
@@ -678,7 +704,7 @@ def _first_measure() -> list[str]:
 def render() -> str:
     return "\n".join(["## Where the time goes", "", *_split(), *_step(), *_layer(), *_paths(), *_sized(),
                       *_sized_views(), *_attention(), *_cache_prefetch(), *_layer_regions(), *_stack_call(),
-                      *_first_measure(), *_floor(),
+                      *_draft_layout(), *_first_measure(), *_floor(),
                       *_llama()]).rstrip() + "\n"
 
 
