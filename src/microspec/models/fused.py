@@ -69,6 +69,10 @@ class FusedLayers:
         self._fused = out
         return out
 
+    def _allowed(self, amask: torch.Tensor | None, t: int, start: int, lo: int) -> torch.Tensor:
+        """A segment's mask as the layer kernel takes it: contiguous bool [t, keys from ``lo``], empty for none."""
+        return self._no_mask if amask is None else amask.reshape(t, start + t - lo).contiguous()
+
     def _fused_run(self, x: torch.Tensor, segments: list, rope: dict, fused: list, tap) -> torch.Tensor:
         """The fused layers over ``x``, whose rows are ``segments`` of one sequence each: (its cache, its row count,
         its masks by window as :func:`~microspec.models.placement.place` gives them).  ``tap``: None, or (layers,
@@ -80,8 +84,7 @@ class FusedLayers:
                 start = cache.length
                 windows = [masks[w] for w in self._window_kinds]
                 parts.append((cache.kv, t, start, [lo for _, lo in windows],
-                              [self._no_mask if amask is None else amask.reshape(t, start + t - lo).contiguous()
-                               for amask, lo in windows]))
+                              [self._allowed(amask, t, start, lo) for amask, lo in windows]))
             return cpu_quant.layers_step(x, self._plan, len(fused), [rope[r][0] for r in self._rope_kinds],
                                          [rope[r][1] for r in self._rope_kinds], parts)
         for i in range(len(fused)):
@@ -91,8 +94,7 @@ class FusedLayers:
             for cache, t, masks in segments:
                 amask, lo = masks[spec.layer_windows[i]]
                 start = cache.length
-                allowed = self._no_mask if amask is None else amask.reshape(t, start + t - lo).contiguous()
-                parts.append((cache.kv[i], t, start, lo, allowed))
+                parts.append((cache.kv[i], t, start, lo, self._allowed(amask, t, start, lo)))
             cos, sin = rope[spec.layer_rope[i]]
             x = cpu_quant.layer_step(x, *fused[i][:4], cos, sin, parts, fused[i][4], spec.rms_norm_eps,
                                      spec.attn_scale)

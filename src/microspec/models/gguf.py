@@ -156,8 +156,7 @@ class GGUFFile:
         row_bytes = cols // block * size
         if order is not None and len(order) != rows:
             raise MicrospecError(f"{self.path.name}: tensor {name}: a row order of {len(order)} for {rows} rows")
-        if integer and repack and qtype in cpu_quant.INTERLEAVED and rows and rows % cpu_quant.ROWS_PER_TILE == 0 \
-                and cpu_quant.available():
+        if integer and repack and interleaves(qtype, rows):
             # read from the file, not through the map (the packed pages never become part of the process), a slab
             # of rows at a time (the peak memory of a load stays near the interleaved copy's own size)
             tile = cpu_quant.ROWS_PER_TILE
@@ -218,6 +217,13 @@ def _unpermute(n_rows: int, n_head: int) -> torch.Tensor:
 SLAB_BYTES = 1 << 24
 
 
+def interleaves(qtype: str, rows: int) -> bool:
+    """Whether a matrix of ``qtype`` with ``rows`` rows can take an interleaved form (Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0
+    / Q4_K / Q6_K, its rows in eights, the kernel built): what :meth:`GGUFFile.packed` and :func:`quantize_linears`
+    repack where asked to."""
+    return qtype in cpu_quant.INTERLEAVED and rows > 0 and rows % cpu_quant.ROWS_PER_TILE == 0 and cpu_quant.available()
+
+
 def repack_setting() -> bool:
     """Whether GGUF loads keep Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q6_K matrices in their interleaved form
     (see :meth:`GGUFFile.packed`); ``MICROSPEC_REPACK=0``: every tensor as the file has it (to measure the
@@ -268,7 +274,7 @@ def quantize_linears(module: torch.nn.Module, qtype: str = "Q8_0") -> int:
     from gguf.quants import quantize
 
     _, block, _ = cpu_quant.TYPES[qtype]
-    interleave = qtype in cpu_quant.INTERLEAVED and repack_setting() and cpu_quant.available()
+    repack = repack_setting()
     packed = 0
     for layer in module.modules():
         w = layer._parameters.get("weight") if isinstance(layer, Linear) else None
@@ -277,7 +283,7 @@ def quantize_linears(module: torch.nn.Module, qtype: str = "Q8_0") -> int:
         raw = torch.from_numpy(quantize(w.detach().float().cpu().numpy(), GGMLQuantizationType[qtype]))
         raw = raw.reshape(w.shape[0], -1)
         layer._parameters.pop("weight")
-        if interleave and w.shape[0] % cpu_quant.ROWS_PER_TILE == 0:
+        if repack and interleaves(qtype, w.shape[0]):
             layer.weight = QuantTensor(cpu_quant.repack(raw, qtype), cpu_quant.INTERLEAVED[qtype], int(w.shape[1]))
         else:
             layer.weight = QuantTensor(raw, qtype, int(w.shape[1]))
