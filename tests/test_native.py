@@ -229,6 +229,59 @@ def test_additive_masks_attend_as_the_bool_masks(dtype, monkeypatch):
 
 @pytest.mark.parametrize("family", ["gemma3", "llama"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_cpus_table_grows_with_the_positions_and_gives_the_computed_rotations(monkeypatch, family, dtype):
+    """On a CPU (no table of every position) a model keeps the rotations of the positions reached so far, looked up
+    where the caller knows a bound on the positions on the host (a forward's default positions: its slots): the rows
+    are the ones computed per forward, bit for bit, before and after the table grows (by pieces, by doubling, up to
+    the context), for positions in any order and each base; without a bound, past the context and past the size
+    limit they are computed; a model's forwards give the same hidden states as with the rotations computed."""
+    from microspec.models import rotary
+
+    _, nm = tiny_pair(family)
+    last = nm.spec.max_position - 1
+    key = ("grown", torch.device("cpu"), dtype)
+    g = torch.Generator().manual_seed(0)
+    positions = torch.randperm(last + 1, generator=g)[:50]
+    computed = rotary.compute(nm._rope, positions, dtype)
+    got = nm._rope_tables(positions, dtype)  # no bound: computed, nothing kept
+    assert key not in nm._rotary.kept and all(torch.equal(got[k][0], computed[k][0]) for k in computed)
+    needs = (1, 3, rotary.PIECE + 5, rotary.GROW + 1, 700, last + 1)
+    sizes = []
+    for need in needs:
+        positions = torch.cat([torch.randperm(need, generator=g)[:40], torch.tensor([need - 1, 0])])
+        got, computed = nm._rope_tables(positions, dtype, need), rotary.compute(nm._rope, positions, dtype)
+        assert got.keys() == computed.keys() and len(computed) == (2 if family == "gemma3" else 1)
+        for k, (cos, sin) in computed.items():
+            assert torch.equal(got[k][0], cos) and torch.equal(got[k][1], sin)
+            assert got[k][0].is_contiguous() and got[k][0].dtype == dtype
+        sizes.append(nm._rotary.kept[key].shape[1])
+    assert sizes[0] == rotary.GROW and sizes[-1] == last + 1
+    for need, a, b in zip(needs[1:], sizes, sizes[1:]):  # kept while it holds the positions, else grown
+        assert b == (a if need <= a else min(last + 1, max(need, 2 * a, a + rotary.GROW)))
+    past = torch.tensor([last + 5, 3])
+    got, computed = nm._rope_tables(past, dtype, last + 6), rotary.compute(nm._rope, past, dtype)
+    assert all(torch.equal(got[k][0], computed[k][0]) for k in computed)  # computed, not clamped to the last row
+    monkeypatch.setattr(rotary, "TABLE_BYTES", 1 << 10)
+    small = rotary.RotaryTables(dict(nm._rope), nm.spec.max_position)
+    positions = torch.tensor([5, 900, 2])
+    assert small.grown(torch.device("cpu"), dtype, 901) is None
+    assert all(torch.equal(small(positions, dtype, 901)[k][1], rotary.compute(nm._rope, positions, dtype)[k][1])
+               for k in nm._rope)
+    monkeypatch.undo()
+    ids = torch.randint(0, nm.spec.vocab_size, (12,), generator=g)
+    outs = []
+    for table in (True, False):
+        _, nm = tiny_pair(family)
+        if not table:
+            monkeypatch.setattr(nm._rotary, "grown", lambda *a: None)
+        cache = nm.new_cache(16)
+        outs.append(torch.cat([nm(ids[:9], cache), nm(ids[9:10], cache), nm(ids[10:], cache)]))
+        assert (key in nm._rotary.kept) == table or dtype != torch.float32
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("family", ["gemma3", "llama"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_table_of_every_position_gives_the_computed_rotations(monkeypatch, family, dtype):
     """Where a model keeps the RoPE table of every position (:mod:`microspec.models.rotary`, CUDA's path; here on a
     CPU), a forward's rows are the ones computed per forward, bit for bit, for positions in any order (a tree's),

@@ -131,7 +131,9 @@ class FusedLayers:
         x = torch.cat(xs)
         layers = sorted({i for j in joint if taps[j] is not None for i in taps[j].layers})
         tapped: dict[int, torch.Tensor] = {}
-        x = self._fused_run(x, segments, self._rope_tables(torch.cat(pos), self.dtype), fused,
+        below = None if any(b[2] is not None for b in (batch[j] for j in joint)) else \
+            max(cache.length + t for cache, t, _ in segments)  # default positions: the slots
+        x = self._fused_run(x, segments, self._rope_tables(torch.cat(pos), self.dtype, below), fused,
                             (layers, tapped) if layers else None)
         hidden = self.model.norm(x) if self.model.norm is not None else x
         r0 = 0

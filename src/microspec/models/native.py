@@ -190,9 +190,11 @@ class NativeCausalLM(DecoderStack, FusedLayers, nn.Module):
             x = x * torch.tensor(self._embed_scale, dtype=x.dtype)
         return x
 
-    def _rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> dict[str, tuple[torch.Tensor, ...]]:
-        """Per RoPE base, the (cos, sin) tables [T, head_dim] of ``positions`` (:mod:`~microspec.models.rotary`)."""
-        return self._rotary(positions, dtype)
+    def _rope_tables(self, positions: torch.Tensor, dtype: torch.dtype,
+                     below: int | None = None) -> dict[str, tuple[torch.Tensor, ...]]:
+        """Per RoPE base, the (cos, sin) tables [T, head_dim] of ``positions`` (:mod:`~microspec.models.rotary`;
+        ``below``: a bound on the positions known on the host, None where there is none)."""
+        return self._rotary(positions, dtype, below)
 
     check_room = staticmethod(check_room)  # (cache, t): a clear error where the cache has no room for t more tokens
 
@@ -249,7 +251,7 @@ class NativeCausalLM(DecoderStack, FusedLayers, nn.Module):
         start = cache.length
         s = start + t
         pos, masks = place(spec.layer_windows, cache, t, positions, mask)
-        rope = self._rope_tables(pos, self.dtype)
+        rope = self._rope_tables(pos, self.dtype, s if positions is None else None)  # default positions: the slots
         gqa = self.spec.num_heads != self.spec.num_kv_heads
         layers = self.model.layers if num_layers is None else self.model.layers[:num_layers]
 
