@@ -312,6 +312,11 @@ class Generation:
     def verify_inputs(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """(ids, positions, mask) of the verify pass over the root and ``tree`` (no positions or mask: one token)."""
         if len(tree):
+            if tree.causal() and not profile(self.model.device).runs_behind_host:
+                # a chain: causal at the slots it fills, the forward's defaults (no mask made, a CPU's rotations
+                # looked up); the same rows as under its mask and positions.  A device that runs behind the host
+                # keeps the tree's inputs: the graphs of its verify passes take them
+                return tree.verify_ids(self.tokens[-1], self.model.device), None, None
             return tree.verify_inputs(self.tokens[-1], self.cache.length, self.model.device)
         return to_device([self.tokens[-1]], self.model.device), None, None
 

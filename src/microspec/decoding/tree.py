@@ -118,6 +118,15 @@ class DraftTree:
         return DraftTree([self.tokens[i] for i in keep], [remap.get(self.parents[i], -1) for i in keep], q,
                          self.scheme, origin=self.origin)
 
+    def causal(self) -> bool:
+        """Whether each node's parent is the node before it (a chain): then the verify pass is causal at the slots
+        it fills, a forward's default positions and mask."""
+        return all(p == i - 1 for i, p in enumerate(self.parents))
+
+    def verify_ids(self, root: int, device: torch.device) -> torch.Tensor:
+        """The verify pass's ids [N+1]: root then nodes."""
+        return to_device([root] + self.tokens, device)
+
     def verify_inputs(self, root: int, start: int, device: torch.device):
         """(ids [N+1], positions [N+1], mask [N+1, N+1]) of the verify pass: root then nodes, each row seeing its
         ancestors and itself; the root sits at position ``start`` (the cache length)."""
@@ -150,9 +159,17 @@ class DeviceTree(DraftTree):
     (:meth:`children` leaves it out on the host, the device walk masks it).  ``depth``: the depth it was built to
     (a cut to that depth keeps it whole, no read needed)."""
 
+    chained = False  # a chain (chain_of, or a host chain copied over): causal() without reading the host lists
+
     def __init__(self, on_device: tuple[torch.Tensor, ...], depth: int) -> None:
         self.q, self.scheme, self.on_device, self.depth = None, "deterministic", on_device, depth
         self._host: tuple[list[int], list[int], list[int]] | None = None
+
+    def causal(self) -> bool:
+        return self.chained or (self._host is not None and all(self._host[2]) and super().causal())
+
+    def verify_ids(self, root: int, device: torch.device) -> torch.Tensor:
+        return torch.cat([to_device([root], self.on_device[0].device), self.on_device[0]])
 
     def _lists(self) -> tuple[list[int], list[int], list[int]]:
         if self._host is None:
@@ -168,6 +185,7 @@ class DeviceTree(DraftTree):
         idx = torch.arange(n, device=dev)
         anc = torch.ones(n, n, dtype=torch.bool, device=dev).tril()
         out = cls((tokens, idx - 1, idx + 1, anc, torch.ones(n, dtype=torch.bool, device=dev)), n)
+        out.chained = True
         if q is not None:
             out.q, out.scheme = q, "iid"
         return out
@@ -190,7 +208,7 @@ class DeviceTree(DraftTree):
         out = cls((lists[0], lists[1], lists[2], to_device(anc, device, torch.bool),
                    torch.ones(n, dtype=torch.bool, device=device)), max(depths))
         out.fill(list(tree.tokens), list(tree.parents), [1] * n)
-        out.origin = tree.origin
+        out.origin, out.chained = tree.origin, tree.causal()
         return out
 
     @property
