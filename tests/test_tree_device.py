@@ -156,6 +156,55 @@ def test_a_host_tree_goes_to_the_device_whole():
     assert DeviceTree.of(DraftTree.chain([3, 5], torch.full((2, 8), 1 / 8)), cpu) is None
 
 
+@pytest.mark.parametrize("family", ["gemma3", "llama"])
+def test_a_chains_verify_pass_at_the_defaults_is_the_trees(family, monkeypatch):
+    """A chain (host, made on the device, or copied there) is causal: its verify pass at the forward's defaults (no
+    positions, no mask: what a CPU runs) gives the hidden states and the cache its positions and mask give, bit for
+    bit, past a sliding window too; a tree with siblings, a device tree from the search and a device tree with
+    padding are not causal; and the step loop passes a chain without positions or mask on a CPU only."""
+    from microspec.decoding.tree import DeviceTree
+    from support import tiny_pair
+
+    cpu = torch.device("cpu")
+    chain = DraftTree.chain([5, 9, 2, 7])
+    made = DeviceTree.chain_of(torch.tensor([5, 9, 2, 7]))
+    assert chain.causal() and made.causal() and not made.read_back and DeviceTree.of(chain, cpu).causal()
+    assert not DraftTree([4, 7, 8], [-1, -1, 0]).causal()
+    assert not DeviceTree.of(DraftTree([4, 7], [-1, -1]), cpu).causal()
+    assert not device_tree(cases()[44]).causal()
+    assert torch.equal(made.verify_ids(3, cpu), chain.verify_ids(3, cpu)) and chain.verify_ids(3, cpu).tolist() == \
+        [3, 5, 9, 2, 7]
+    _, nm = tiny_pair(family, sliding_window=3) if family == "gemma3" else tiny_pair(family)
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, nm.spec.vocab_size, (9,), generator=g)
+    tree = DraftTree.chain(torch.randint(0, nm.spec.vocab_size, (5,), generator=g).tolist())
+    outs = []
+    for defaults in (True, False):
+        cache = nm.new_cache(32)
+        nm(prompt, cache)
+        if defaults:
+            outs.append((nm(tree.verify_ids(int(prompt[-1]), cpu), cache), cache))
+        else:
+            ids, positions, mask = tree.verify_inputs(int(prompt[-1]), cache.length, cpu)
+            outs.append((nm(ids, cache, positions=positions, mask=mask), cache))
+    (a, ca), (b, cb) = outs
+    assert torch.equal(a, b) and ca.length == cb.length and torch.equal(ca.pos[: ca.length], cb.pos[: cb.length])
+    assert all(torch.equal(x[:, :, : ca.length], y[:, :, : cb.length]) for x, y in zip(ca.kv, cb.kv))
+    from microspec import devices
+    from microspec.decoding import loop
+    from microspec.decoding.config import GenerationConfig
+
+    gen = loop.Generation(nm, prompt.tolist(), GenerationConfig(max_new_tokens=4), loop.Setup())
+    gen.prefill()
+    _, positions, mask = gen.verify_inputs(tree)
+    assert positions is None and mask is None
+    assert all(x is not None for x in gen.verify_inputs(DraftTree([4, 7, 8], [-1, -1, 0])))  # not a chain
+    behind = devices.with_changes("cpu", runs_behind_host=True)
+    monkeypatch.setattr(loop, "profile", lambda device: behind)  # a device its verify graphs run on
+    _, positions, mask = gen.verify_inputs(tree)
+    assert torch.equal(positions, torch.arange(gen.cache.length, gen.cache.length + 6)) and mask.shape == (6, 6)
+
+
 SMALL_OPENAI = {"presence_penalty": 0.7, "frequency_penalty": 0.5, "logit_bias": {1: 1.5, 2: -2.0}}  # small vocabularies
 
 
