@@ -131,7 +131,7 @@ class FusedLayers:
         x = torch.cat(xs)
         layers = sorted({i for j in joint if taps[j] is not None for i in taps[j].layers})
         tapped: dict[int, torch.Tensor] = {}
-        below = None if any(b[2] is not None for b in (batch[j] for j in joint)) else \
+        below = None if any(batch[j][2] is not None for j in joint) else \
             max(cache.length + t for cache, t, _ in segments)  # default positions: the slots
         x = self._fused_run(x, segments, self._rope_tables(torch.cat(pos), self.dtype, below), fused,
                             (layers, tapped) if layers else None)

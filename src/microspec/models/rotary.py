@@ -41,6 +41,11 @@ def compute(freqs: dict[str, tuple[torch.Tensor, float]], positions: torch.Tenso
     return tables
 
 
+def _stacked(tables: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """:func:`compute`'s tables as one tensor [2 x bases, positions, head_dim]: each base's cos, then its sin."""
+    return torch.stack([t for pair in tables.values() for t in pair])
+
+
 class RotaryTables:
     """A model's RoPE tables by position: :func:`compute`'s, looked up in a table of every position below
     ``max_position`` where the device's profile keeps one (built at the first forward there, per device and
@@ -82,8 +87,7 @@ class RotaryTables:
         """Positions lo..hi-1 of every base, stacked [2 x bases, hi - lo, head_dim], computed PIECE at a time."""
         parts = []
         for a in range(lo, hi, PIECE):
-            got = compute(self.freqs, torch.arange(a, min(hi, a + PIECE), device=device), dtype)
-            parts.append(torch.stack([t for pair in got.values() for t in pair]))
+            parts.append(_stacked(compute(self.freqs, torch.arange(a, min(hi, a + PIECE), device=device), dtype)))
         return torch.cat(parts, dim=1)
 
     def grown(self, device: torch.device, dtype: torch.dtype, need: int) -> torch.Tensor | None:
@@ -108,6 +112,5 @@ class RotaryTables:
         if key not in self.kept:
             self.kept[key] = None
             if self._stackable(self.max_position, dtype):
-                every = compute(self.freqs, torch.arange(self.max_position, device=device), dtype)
-                self.kept[key] = torch.stack([t for pair in every.values() for t in pair])
+                self.kept[key] = _stacked(compute(self.freqs, torch.arange(self.max_position, device=device), dtype))
         return self.kept[key]
