@@ -285,41 +285,51 @@ MICROSPEC_V512 inline __m512i chunk2(const uint8_t* b0, const uint8_t* b1, int c
   }
 }
 
+// Path 2's view of the quantized rows, laid out group by group so that a register tile's rows lie at fixed offsets
+// from one pointer (no register per row): q [G][M][32], d, ds, init and offs [G][M].  init is the int32 lanes' start
+// for the non-K types: -(128 * sum(qx)) for Q8_0's q + 128 and -(OFF * sum(qx)) for the offset types, so the exact
+// group sums come out of the vpdpbusd chain with nothing subtracted after it (the same int32 values, so the same
+// results bit for bit); offs is Q6_K's pair of half sums (x8_prep).
+struct Wide {
+  const int8_t* q;
+  const float *d, *ds;
+  const int32_t *init, *offs;
+  int64_t M;
+};
+
 // tile_x8_vnni over two tiles at w0, w1: out[i * 16 + l], row m0 + i against weight row l of the pair
 template <class T, int MT>
-MICROSPEC_V512 void tile_x16(const Act& a, const int32_t* offs, const int32_t* sums, const uint8_t* w0,
-                             const uint8_t* w1, int64_t m0, float* out, int64_t pf) {
+MICROSPEC_V512 void tile_x16(const Wide& v, int64_t G, const uint8_t* w0, const uint8_t* w1, int64_t m0, float* out,
+                             int64_t pf) {
   __m512 acc[MT], accm[MT];
   for (int i = 0; i < MT; ++i) { acc[i] = _mm512_setzero_ps(); accm[i] = _mm512_setzero_ps(); }
-  for (int64_t g = 0; g < a.G; ++g) {
+  for (int64_t g = 0; g < G; ++g) {
     const uint8_t* b0 = w0 + g * T::gbytes;
     const uint8_t* b1 = w1 + g * T::gbytes;
-    const int8_t* xg = a.q + m0 * a.K + 32 * g;
+    const int64_t at = g * v.M + m0;  // row m0's entry of group g
+    const int8_t* xg = v.q + 32 * at;
     if (pf) {
       prefetch_group(b0 + pf, T::gbytes);
       prefetch_group(b1 + pf, T::gbytes);
     }
     __m512i t32[MT];
-    for (int i = 0; i < MT; ++i) t32[i] = _mm512_setzero_si512();
+    for (int i = 0; i < MT; ++i)
+      t32[i] = T::sign || T::off ? _mm512_set1_epi32(v.init[at + i]) : _mm512_setzero_si512();
 #pragma GCC unroll 8
     for (int c = 0; c < 8; ++c) {
       const __m512i wv = chunk2<T>(b0, b1, c);
       const __m512i uw = T::sign ? _mm512_xor_si512(wv, _mm512_set1_epi8(char(0x80))) : wv;  // q + 128
       for (int i = 0; i < MT; ++i) {
         int32_t xs;
-        std::memcpy(&xs, xg + i * a.K + 4 * c, 4);
+        std::memcpy(&xs, xg + 32 * i + 4 * c, 4);
         t32[i] = _mm512_dpbusd_epi32(t32[i], uw, _mm512_set1_epi32(xs));
       }
     }
     const __m512 sv = _mm512_cvtph_ps(load2h(b0, b1));
     const __m512 mm = T::min ? _mm512_cvtph_ps(load2h(b0 + 16, b1 + 16)) : _mm512_setzero_ps();
     for (int i = 0; i < MT; ++i) {
-      const int64_t r = m0 + i;
-      __m512i p = t32[i];
-      if (T::sign) p = _mm512_sub_epi32(p, _mm512_set1_epi32(128 * sums[r * a.G + g]));
-      if (T::off) p = _mm512_sub_epi32(p, _mm512_set1_epi32(offs[r * a.G + g]));
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(sv, _mm512_set1_ps(a.d[r * a.G + g])), acc[i]);
-      if (T::min) accm[i] = _mm512_fmadd_ps(mm, _mm512_set1_ps(a.ds[r * a.G + g]), accm[i]);
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t32[i]), _mm512_mul_ps(sv, _mm512_set1_ps(v.d[at + i])), acc[i]);
+      if (T::min) accm[i] = _mm512_fmadd_ps(mm, _mm512_set1_ps(v.ds[at + i]), accm[i]);
     }
   }
   for (int i = 0; i < MT; ++i) _mm512_storeu_ps(out + 16 * i, T::min ? _mm512_add_ps(acc[i], accm[i]) : acc[i]);
@@ -327,18 +337,19 @@ MICROSPEC_V512 void tile_x16(const Act& a, const int32_t* offs, const int32_t* s
 
 // tile_k8_vnni over two tile-block rows at w0, w1 (the lanes' sub-block scales and d of both: 16 lanes)
 template <class T, int MT>
-MICROSPEC_V512 void tile_k16(const Act& a, const int32_t* offs, const uint8_t* w0, const uint8_t* w1, int64_t m0,
-                             float* out, int64_t pf) {
+MICROSPEC_V512 void tile_k16(const Wide& v, int64_t G, const uint8_t* w0, const uint8_t* w1, int64_t m0, float* out,
+                             int64_t pf) {
   constexpr bool Q6 = T::kq == 14;
   __m512 acc[MT], accm[MT];
   for (int i = 0; i < MT; ++i) { acc[i] = _mm512_setzero_ps(); accm[i] = _mm512_setzero_ps(); }
-  for (int64_t blk = 0; blk < a.G / 8; ++blk) {
+  for (int64_t blk = 0; blk < G / 8; ++blk) {
     const uint8_t* B0 = w0 + blk * T::tbytes;
     const uint8_t* B1 = w1 + blk * T::tbytes;
     const __m512 dv = _mm512_cvtph_ps(load2h(B0, B1));
     const __m512 dminv = T::min ? _mm512_cvtph_ps(load2h(B0 + 16, B1 + 16)) : _mm512_setzero_ps();
     for (int j = 0; j < 8; ++j) {
       const int64_t g = blk * 8 + j;
+      const int64_t at = g * v.M + m0;
       if (pf) {  // an eighth of the tile-blocks ahead
         prefetch_group(B0 + pf + j * T::tbytes / 8, T::tbytes / 8);
         prefetch_group(B1 + pf + j * T::tbytes / 8, T::tbytes / 8);
@@ -347,7 +358,7 @@ MICROSPEC_V512 void tile_k16(const Act& a, const int32_t* offs, const uint8_t* w
       const __m512i sx = Q6 ? _mm512_cvtepi8_epi16(sb) : _mm512_cvtepu8_epi16(sb);
       const uint8_t* q0 = B0 + T::qoff + T::qbytes * j;
       const uint8_t* q1 = B1 + T::qoff + T::qbytes * j;
-      const int8_t* xg = a.q + m0 * a.K + 32 * g;
+      const int8_t* xg = v.q + 32 * at;
       __m512i s0[MT], s1[MT];
       for (int i = 0; i < MT; ++i) { s0[i] = _mm512_setzero_si512(); s1[i] = _mm512_setzero_si512(); }
 #pragma GCC unroll 8
@@ -355,7 +366,7 @@ MICROSPEC_V512 void tile_k16(const Act& a, const int32_t* offs, const uint8_t* w
         const __m512i wv = chunk2<T>(q0, q1, c);
         for (int i = 0; i < MT; ++i) {
           int32_t xs;
-          std::memcpy(&xs, xg + i * a.K + 4 * c, 4);
+          std::memcpy(&xs, xg + 32 * i + 4 * c, 4);
           if (Q6 && c >= 4) s1[i] = _mm512_dpbusd_epi32(s1[i], wv, _mm512_set1_epi32(xs));
           else s0[i] = _mm512_dpbusd_epi32(s0[i], wv, _mm512_set1_epi32(xs));
         }
@@ -365,19 +376,19 @@ MICROSPEC_V512 void tile_k16(const Act& a, const int32_t* offs, const uint8_t* w
       const __m512i scb = _mm512_srai_epi32(sx, 16);
       const __m512 mf = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(sx, 16)), dminv);  // Q4_K: dmin * m
       for (int i = 0; i < MT; ++i) {
-        const int64_t r = m0 + i;
         __m512i p = _mm512_mullo_epi32(s0[i], sca);
         if (Q6) {
           p = _mm512_add_epi32(p, _mm512_mullo_epi32(s1[i], scb));
-          p = _mm512_sub_epi32(p, _mm512_slli_epi32(_mm512_madd_epi16(sx, _mm512_set1_epi32(offs[r * a.G + g])), 5));
+          p = _mm512_sub_epi32(p, _mm512_slli_epi32(_mm512_madd_epi16(sx, _mm512_set1_epi32(v.offs[at + i])), 5));
         }
-        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dv, _mm512_set1_ps(a.d[r * a.G + g])), acc[i]);
-        if (T::min) accm[i] = _mm512_fnmadd_ps(mf, _mm512_set1_ps(a.ds[r * a.G + g]), accm[i]);
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dv, _mm512_set1_ps(v.d[at + i])), acc[i]);
+        if (T::min) accm[i] = _mm512_fnmadd_ps(mf, _mm512_set1_ps(v.ds[at + i]), accm[i]);
       }
     }
   }
   for (int i = 0; i < MT; ++i) _mm512_storeu_ps(out + 16 * i, T::min ? _mm512_add_ps(acc[i], accm[i]) : acc[i]);
 }
+
 
 // ---------------------------------------------------------------------------------------------------------------
 // The path in use: -1 until first asked (then the widest the CPU reports), or as set_int_path set it.
@@ -419,27 +430,28 @@ inline void tile_one(const Act& a, const int32_t* offs, const int32_t* sums, con
 }
 
 template <class T, int MT>
-inline void tile_two(const Act& a, const int32_t* offs, const int32_t* sums, const uint8_t* w0, const uint8_t* w1,
-                     int64_t m0, float* out, int64_t pf) {
-  if constexpr (T::kq != 0) tile_k16<T, MT>(a, offs, w0, w1, m0, out, pf);
-  else tile_x16<T, MT>(a, offs, sums, w0, w1, m0, out, pf);
+inline void tile_two(const Wide& v, int64_t G, const uint8_t* w0, const uint8_t* w1, int64_t m0, float* out,
+                     int64_t pf) {
+  if constexpr (T::kq != 0) tile_k16<T, MT>(v, G, w0, w1, m0, out, pf);
+  else tile_x16<T, MT>(v, G, w0, w1, m0, out, pf);
 }
 
 // Rows m0..m0+mt-1 (mt <= 8) against tile t (and t + 1 where `two`; pf: see tile_one), written to op [M, N]
 template <class T>
-inline void rows_tiles(const Act& a, const int32_t* offs, const int32_t* sums, const uint8_t* wt, int64_t RB,
-                       int64_t m0, int64_t mt, bool two, int path, int64_t N, int64_t t, float* op, int64_t pf) {
+inline void rows_tiles(const Act& a, const int32_t* offs, const int32_t* sums, const Wide& v, const uint8_t* wt,
+                       int64_t RB, int64_t m0, int64_t mt, bool two, int path, int64_t N, int64_t t, float* op,
+                       int64_t pf) {
   float buf[8 * 16];
   if (two) {
     switch (mt) {
-      case 8: tile_two<T, 8>(a, offs, sums, wt, wt + RB, m0, buf, pf); break;
-      case 7: tile_two<T, 7>(a, offs, sums, wt, wt + RB, m0, buf, pf); break;
-      case 6: tile_two<T, 6>(a, offs, sums, wt, wt + RB, m0, buf, pf); break;
-      case 5: tile_two<T, 5>(a, offs, sums, wt, wt + RB, m0, buf, pf); break;
-      case 4: tile_two<T, 4>(a, offs, sums, wt, wt + RB, m0, buf, pf); break;
-      case 3: tile_two<T, 3>(a, offs, sums, wt, wt + RB, m0, buf, pf); break;
-      case 2: tile_two<T, 2>(a, offs, sums, wt, wt + RB, m0, buf, pf); break;
-      default: tile_two<T, 1>(a, offs, sums, wt, wt + RB, m0, buf, pf); break;
+      case 8: tile_two<T, 8>(v, a.G, wt, wt + RB, m0, buf, pf); break;
+      case 7: tile_two<T, 7>(v, a.G, wt, wt + RB, m0, buf, pf); break;
+      case 6: tile_two<T, 6>(v, a.G, wt, wt + RB, m0, buf, pf); break;
+      case 5: tile_two<T, 5>(v, a.G, wt, wt + RB, m0, buf, pf); break;
+      case 4: tile_two<T, 4>(v, a.G, wt, wt + RB, m0, buf, pf); break;
+      case 3: tile_two<T, 3>(v, a.G, wt, wt + RB, m0, buf, pf); break;
+      case 2: tile_two<T, 2>(v, a.G, wt, wt + RB, m0, buf, pf); break;
+      default: tile_two<T, 1>(v, a.G, wt, wt + RB, m0, buf, pf); break;
     }
     for (int64_t i = 0; i < mt; ++i) std::memcpy(op + (m0 + i) * N + 8 * t, buf + 16 * i, 16 * sizeof(float));
     return;
@@ -455,13 +467,22 @@ inline void rows_tiles(const Act& a, const int32_t* offs, const int32_t* sums, c
 
 // What an interleaved form's integer products need of the quantized rows beyond qx, dx and dxs: per row and group
 // OFF * sum(qx) (Q6_K: the two halves' sums as an int16 pair) for the offset types, and sum(qx) for the signed
-// types on the VNNI paths.  Made once per call, before the tiles are split over the cores.
+// types on the VNNI paths; where path 2 pairs the tiles (more than 4 rows), the rows in its layout (Wide).  Made
+// once per call, before the tiles are split over the cores.
 struct X8Prep {
   std::vector<int32_t> offs, sums;
+  std::vector<int8_t> wq;
+  std::vector<float> wd, wds;
+  std::vector<int32_t> winit, woffs;
+  Wide wide(int64_t M) const { return Wide{wq.data(), wd.data(), wds.data(), winit.data(), woffs.data(), M}; }
 };
 
+// Whether path 2 pairs the tiles for M rows (from 5 on; up to 4 rows the products stream from memory faster one
+// tile at a time: one stream the hardware prefetches; Gemma 3's LM head: 3.7 against 4.1 ms a row, on 256-bit VNNI)
+inline bool pairs_tiles(int path, int64_t M) { return path == 2 && M > 4; }
+
 template <class T>
-X8Prep x8_prep(const int8_t* qx, int64_t M, int64_t G, int path) {
+X8Prep x8_prep(const int8_t* qx, const float* dx, const float* dxs, int64_t M, int64_t G, int path) {
   X8Prep p;
   p.offs.resize(T::off ? M * G : 0);
   for (int64_t i = 0; T::off && i < M * G; ++i) {
@@ -474,6 +495,22 @@ X8Prep x8_prep(const int8_t* qx, int64_t M, int64_t G, int path) {
     int32_t v = 0;
     for (int k = 0; k < 32; ++k) v += qx[32 * i + k];
     p.sums[i] = v;
+  }
+  if (pairs_tiles(path, M)) {  // [M][G] -> [G][M]
+    p.wq.resize(M * G * 32);
+    p.wd.resize(M * G);
+    p.wds.resize(M * G);
+    p.winit.resize(M * G, 0);
+    p.woffs.resize(T::kq == 14 ? M * G : 0);
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t from = r * G + g, to = g * M + r;
+        std::memcpy(&p.wq[32 * to], qx + 32 * from, 32);
+        p.wd[to] = dx[from];
+        p.wds[to] = dxs[from];
+        if (T::kq == 0) p.winit[to] = -(T::sign ? 128 * p.sums[from] : 0) - (T::off ? p.offs[from] : 0);
+        if (T::kq == 14) p.woffs[to] = p.offs[from];
+      }
   }
   return p;
 }
@@ -488,9 +525,8 @@ void x8_tiles(const Act& a, const X8Prep& p, int64_t M, const uint8_t* wp, int64
               int path, int64_t tb, int64_t te) {
   const int64_t N = tiles * 8;
   constexpr int64_t MB = 16;
-  // Path 2 pairs the tiles from 5 rows on; up to 4 rows the products stream from memory faster one tile at a time
-  // (one stream the hardware prefetches; Gemma 3's LM head: 3.7 against 4.1 ms a row), on 256-bit VNNI
-  const bool wide = path == 2 && M > 4;
+  const bool wide = pairs_tiles(path, M);
+  const Wide v = p.wide(M);
   const int64_t one_ahead = g_prefetch_tiles.load(std::memory_order_relaxed);  // one tile at a time (0: none)
   const int64_t MT = wide ? 8 : 4;
   const int64_t chunk = std::max<int64_t>(2, int64_t(48) * 1024 / RB / 2 * 2);  // whole pairs of tiles
@@ -502,8 +538,9 @@ void x8_tiles(const Act& a, const X8Prep& p, int64_t M, const uint8_t* wp, int64
         const bool two = wide && t + 1 < t1;
         const int64_t ahead = two ? 2 : one_ahead;  // the next pair, or a few tiles on
         for (int64_t m0 = mb; m0 < me; m0 += two ? MT : 4)
-          rows_tiles<T>(a, p.offs.data(), p.sums.data(), wp + t * RB, RB, m0, std::min<int64_t>(two ? MT : 4, me - m0),
-                        two, path, N, t, op, ahead && m0 == mb && t + ahead + two < tiles ? ahead * RB : 0);
+          rows_tiles<T>(a, p.offs.data(), p.sums.data(), v, wp + t * RB, RB, m0,
+                        std::min<int64_t>(two ? MT : 4, me - m0), two, path, N, t, op,
+                        ahead && m0 == mb && t + ahead + two < tiles ? ahead * RB : 0);
         t += two ? 2 : 1;
       }
     }
@@ -541,7 +578,7 @@ void linear_x8_many(const std::vector<X8Job>& jobs, const int8_t* qx, const floa
   std::vector<X8Prep> preps(jobs.size());
   std::vector<int64_t> first(jobs.size() + 1, 0);  // the bytes before each job's tiles
   for (size_t j = 0; j < jobs.size(); ++j) {
-    x8_dispatch(jobs[j].type, [&](auto tag) { preps[j] = x8_prep<decltype(tag)>(qx, M, G, path); });
+    x8_dispatch(jobs[j].type, [&](auto tag) { preps[j] = x8_prep<decltype(tag)>(qx, dx, dxs, M, G, path); });
     first[j + 1] = first[j] + jobs[j].tiles * jobs[j].RB;
   }
   const int64_t total = first.back();
