@@ -184,6 +184,11 @@ def ab_rows(folder: str, decodings: dict, methods: dict) -> list[list]:
 NUMBERS = {2: "two", 3: "three", 4: "four"}
 
 
+def runs_each(n: int) -> str:
+    """``two runs each``, ``one run each``."""
+    return "one run each" if n == 1 else f"{NUMBERS.get(n, n)} runs each"
+
+
 def ab_source(folder: str, res: dict) -> Source:
     """Where an alternated A/B's table comes from: the held-apart prompts, the bench command of each side (its
     ``--out`` generalised), cpu_ab.py; the dates, the machine, both commits."""
@@ -192,7 +197,7 @@ def ab_source(folder: str, res: dict) -> Source:
     bench = re.sub(r" --out \S+", " --out /tmp/ab/<side>-run<n>", old["command"])
     cmd = ("python3 benchmarks/data/held_apart.py --data ../shared/data --out /tmp/held_apart3.jsonl --per-category 3 "
            f"--seed 2026; {bench} (in a worktree of each commit, PYTHONPATH=src, the commits alternating, "
-           f"{NUMBERS.get(len(first['old']), len(first['old']))} runs each); "
+           f"{runs_each(len(first['old']))}); "
            "python3 benchmarks/measure/cpu_ab.py --old /tmp/ab/base-run* --new /tmp/ab/head-run* --out ab.json")
     dates = sorted(m["date"] for d in res.values() for side in ("old", "new") for m in d["meta"][side])
     return Source(f"{folder}/", cmd, f"{dates[0]} to {dates[-1]}", f"{old['machine']}, {old['threads']} threads",
