@@ -142,13 +142,14 @@ def quantize_activations(x: torch.Tensor) -> torch.Tensor:
     return (torch.round(xb * inv) * d).reshape(x.shape)
 
 
-PREFETCH_TILES = 4  # the kernel's default: a product of up to 4 rows prefetches its weights this many tiles ahead
+PREFETCH_TILES = 4  # the kernel's default: a product taken one tile at a time prefetches this many tiles ahead
 PREFETCH_GAIN = 0.97  # turned off only where that makes the measured product at least 3% faster
 
 
 def prefetch_tiles(tiles: int | None = None) -> int:
-    """How many tiles ahead the interleaved forms' products of up to 4 rows prefetch their weights (0: none, the
-    hardware prefetchers alone); ``tiles`` sets it.  Only the speed changes, never a value."""
+    """How many tiles ahead the interleaved forms' products taken one tile at a time (one row; Q8_0's up to 4
+    rows) prefetch their weights (0: none, the hardware prefetchers alone); ``tiles`` sets it.  Only the speed
+    changes, never a value."""
     return int(_EXT.module.set_prefetch_tiles(-1 if tiles is None else int(tiles)))
 
 
@@ -156,15 +157,15 @@ _TUNED: dict = {}  # this process's choice of tune_prefetch, once made
 
 
 def tune_prefetch(data: torch.Tensor, type_id: int, cols: int, calls: int = 16) -> dict:
-    """Choose by measurement whether the products of up to 4 rows prefetch their weights (a CPU's own prefetchers
-    may do better alone: on one AMD EPYC of this project's 2-core kind the software prefetch sped Gemma 3's LM head
-    up by a fifth, on another it slowed it by a tenth).  Times one row through the interleaved matrix ``data`` (the
-    LM head: most of a decode step's bytes) ``calls`` times each way, alternating (ABBA), and turns the prefetch
-    off where the median of the paired ratios is below :data:`PREFETCH_GAIN`.  ``MICROSPEC_CPU_PREFETCH`` set to
-    anything but ``auto`` skips the measurement: off where it reads as off (0, off, false, no), else on.  Once per
-    process (a packed model's first use), again only for a matrix larger than the one measured (a small test
-    model's head is a poor guide to a real one's); returns the choice: ``{"tiles", "how"}`` with the medians, the
-    ratio and the matrix's bytes where measured."""
+    """Choose by measurement whether the products taken one tile at a time prefetch their weights (a CPU's own
+    prefetchers may do better alone: on one AMD EPYC of this project's 2-core kind the software prefetch sped Gemma
+    3's LM head up by a fifth, on another it slowed it by a tenth).  Times one row through the interleaved matrix
+    ``data`` (the LM head: most of a decode step's bytes) ``calls`` times each way, alternating (ABBA), and turns
+    the prefetch off where the median of the paired ratios is below :data:`PREFETCH_GAIN`.
+    ``MICROSPEC_CPU_PREFETCH`` set to anything but ``auto`` skips the measurement: off where it reads as off (0, off,
+    false, no), else on.  Once per process (a packed model's first use), again only for a matrix larger than the
+    one measured (a small test model's head is a poor guide to a real one's); returns the choice: ``{"tiles",
+    "how"}`` with the medians, the ratio and the matrix's bytes where measured."""
     if _TUNED and _TUNED.get("bytes", float("inf")) >= data.numel():
         return _TUNED
     _TUNED.clear()

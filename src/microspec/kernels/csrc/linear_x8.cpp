@@ -394,11 +394,11 @@ MICROSPEC_V512 void tile_k16(const Wide& v, int64_t G, const uint8_t* w0, const 
 // The path in use: -1 until first asked (then the widest the CPU reports), or as set_int_path set it.
 std::atomic<int> g_path{-1};
 
-// How many tiles ahead a product taken one tile at a time (up to 4 rows) prefetches; 0: none, the hardware's
-// prefetchers alone.  Which pays depends on the CPU and its neighbours: on one AMD EPYC of this project's 2-core kind
-// the prefetch took Gemma 3's LM head from 4.7 to 3.7 ms a row, on another it cost 10%; so it is chosen at run time
-// by measuring (cpu_quant.tune_prefetch).  The values are the same either way.  The pairs of path 2 always
-// prefetch the next pair (without, a 16-row LM head took 23% longer on both).
+// How many tiles ahead a product taken one tile at a time (one row; Q8_0 up to 4 rows: pairs_tiles) prefetches;
+// 0: none, the hardware's prefetchers alone.  Which pays depends on the CPU and its neighbours: on one AMD EPYC of
+// this project's 2-core kind the prefetch took Gemma 3's LM head from 4.7 to 3.7 ms a row, on another it cost 10%;
+// so it is chosen at run time by measuring (cpu_quant.tune_prefetch).  The values are the same either way.  The
+// pairs of path 2 always prefetch the next pair (without, a 16-row LM head took 23% longer on both).
 std::atomic<int64_t> g_prefetch_tiles{4};
 
 int cpu_path() {
@@ -467,7 +467,7 @@ inline void rows_tiles(const Act& a, const int32_t* offs, const int32_t* sums, c
 
 // What an interleaved form's integer products need of the quantized rows beyond qx, dx and dxs: per row and group
 // OFF * sum(qx) (Q6_K: the two halves' sums as an int16 pair) for the offset types, and sum(qx) for the signed
-// types on the VNNI paths; where path 2 pairs the tiles (more than 4 rows), the rows in its layout (Wide).  Made
+// types on the VNNI paths; where path 2 pairs the tiles (pairs_tiles), the rows in its layout (Wide).  Made
 // once per call, before the tiles are split over the cores.
 struct X8Prep {
   std::vector<int32_t> offs, sums;
@@ -477,9 +477,16 @@ struct X8Prep {
   Wide wide(int64_t M) const { return Wide{wq.data(), wd.data(), wds.data(), winit.data(), woffs.data(), M}; }
 };
 
-// Whether path 2 pairs the tiles for M rows (from 5 on; up to 4 rows the products stream from memory faster one
-// tile at a time: one stream the hardware prefetches; Gemma 3's LM head: 3.7 against 4.1 ms a row, on 256-bit VNNI)
-inline bool pairs_tiles(int path, int64_t M) { return path == 2 && M > 4; }
+// Whether path 2 pairs the tiles for M rows.  One row streams from memory faster one tile at a time (one stream the
+// hardware prefetches; Gemma 3's LM head: 3.7 against 4.1 ms a row, on 256-bit VNNI), and so does Q8_0 up to 4 rows:
+// its chunks are plain loads, so its products keep up with memory there (the LM head 12-19% slower paired at 2-4
+// rows).  The types whose chunks are unpacked (nibbles, fifth bits, K-quants) are bound by instructions from 2 rows
+// on, where the pairs halve them (Gemma 3 270M's forward 0.87-0.92x at 3 and 4 rows; AMD EPYC).
+template <class T>
+inline bool pairs_tiles(int path, int64_t M) {
+  constexpr bool plain_loads = T::kq == 0 && T::sign;  // Q8_0
+  return path == 2 && (M > 4 || (M > 1 && !plain_loads));
+}
 
 template <class T>
 X8Prep x8_prep(const int8_t* qx, const float* dx, const float* dxs, int64_t M, int64_t G, int path) {
@@ -496,7 +503,7 @@ X8Prep x8_prep(const int8_t* qx, const float* dx, const float* dxs, int64_t M, i
     for (int k = 0; k < 32; ++k) v += qx[32 * i + k];
     p.sums[i] = v;
   }
-  if (pairs_tiles(path, M)) {  // [M][G] -> [G][M]
+  if (pairs_tiles<T>(path, M)) {  // [M][G] -> [G][M]
     p.wq.resize(M * G * 32);
     p.wd.resize(M * G);
     p.wds.resize(M * G);
@@ -525,7 +532,7 @@ void x8_tiles(const Act& a, const X8Prep& p, int64_t M, const uint8_t* wp, int64
               int path, int64_t tb, int64_t te) {
   const int64_t N = tiles * 8;
   constexpr int64_t MB = 16;
-  const bool wide = pairs_tiles(path, M);
+  const bool wide = pairs_tiles<T>(path, M);
   const Wide v = p.wide(M);
   const int64_t one_ahead = g_prefetch_tiles.load(std::memory_order_relaxed);  // one tile at a time (0: none)
   const int64_t MT = wide ? 8 : 4;
