@@ -1,7 +1,7 @@
 """One layer's packed products by number of rows: what each linear of a decoder layer costs on the int8 path.
 
     python benchmarks/measure/layer_products.py                      # gemma-3-270m, layer 0, rows 1 and 4
-    python benchmarks/measure/layer_products.py --layer 1 --rows 1,2,4,8,16,64
+    python benchmarks/measure/layer_products.py --layer 1 --rows 1,2,4,8,16,64 --out products.json
 
 Each figure is the best of 3 means of 200 calls (in cache: one layer's weights fit in L3, so these are the
 products' compute cost; a real step streams every layer from memory).  Prints µs per call and the bytes of the
@@ -13,10 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 import torch
 
 from microspec import load_model
+from microspec.bench import run_meta
 from microspec.kernels import cpu_quant
 
 
@@ -39,6 +41,7 @@ def main() -> None:
     ap.add_argument("--layer", type=int, default=0)
     ap.add_argument("--rows", default="1,4")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=None, help="also write the figures, with the run's meta, to this JSON file")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     m = load_model(a.model, dtype="gguf").model
@@ -58,8 +61,11 @@ def main() -> None:
                      "gb_per_s_one_row": round(w.data.numel() / us[rows[0]] / 1e3, 2)}
         print(f"{name:5s} {w.qtype:5s} {tuple(w.shape)}: " + ", ".join(f"{r} rows {us[r]} us" for r in rows))
     print("sum: " + ", ".join(f"{r} rows {total[r]:.0f} us" for r in rows))
-    print(json.dumps({"model": a.model, "layer": a.layer, "threads": a.threads, "products": out,
-                      "sum_us_by_rows": {r: round(t, 1) for r, t in total.items()}}))
+    res = {"model": a.model, "layer": a.layer, "threads": a.threads, "products": out,
+           "sum_us_by_rows": {r: round(t, 1) for r, t in total.items()}}
+    print(json.dumps(res))
+    if a.out:
+        Path(a.out).write_text(json.dumps(run_meta(**res), indent=1) + "\n")
 
 
 if __name__ == "__main__":

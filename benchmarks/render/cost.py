@@ -490,7 +490,7 @@ def _cache_prefetch() -> list[str]:
 
 
 def _kernel_source(rel: str, meta: dict, what: str) -> Source:
-    command = re.sub(r"/tmp/base\w*/src", f"<a worktree of {what}>/src", meta["command"])
+    command = re.sub(r"/tmp/\w+/src", f"<a worktree of {what}>/src", meta["command"])
     return Source(rel, command, meta["date"][:10], f"{meta['machine']}, {meta['threads']} threads", commit(meta))
 
 
@@ -662,6 +662,19 @@ def _stack_call() -> list[str]:
             ab_lossless(res), ""]
 
 
+_PAIRED_HEADS = [f"{p} {s}" for p in ("forward", "head") for s in ("base ms", "new ms", "new / base")]
+
+
+def _paired_body(res: dict) -> list[list]:
+    """kernel_ab.py's results as table rows: prefix, rows (or sequences), the forward's and the head's medians
+    (quartiles) on each side and their paired ratio."""
+    def ms(part: dict, side: str) -> str:
+        return f"{part[side]['median_ms']:.2f} ({part[side]['q1_ms']:.2f}–{part[side]['q3_ms']:.2f})"
+
+    return [[r["context"], r.get("sequences", r["rows"]), *(c for p in ("forward", "head") for c in (
+        ms(r[p], "base"), ms(r[p], "new"), f"{r[p]['ratio_new_over_base']:.3f}"))] for r in res["results"]]
+
+
 def _wide_rows() -> list[str]:
     """Path 2's register tiles over the quantized rows laid out by group: kernel_ab.py's paired runs (the previous
     build against this one) by rows and for a batch of one-row sequences; the held-apart bench at both commits."""
@@ -670,14 +683,7 @@ def _wide_rows() -> list[str]:
     serves = [load(f) for f in runs["SERVE"]]
     base = "cbe4a0d"
 
-    def ms(part: dict, side: str) -> str:
-        return f"{part[side]['median_ms']:.2f} ({part[side]['q1_ms']:.2f}–{part[side]['q3_ms']:.2f})"
-
-    def body(res: dict) -> list[list]:
-        return [[r["context"], r.get("sequences", r["rows"]), *(c for p in ("forward", "head") for c in (
-            ms(r[p], "base"), ms(r[p], "new"), f"{r[p]['ratio_new_over_base']:.3f}"))] for r in res["results"]]
-
-    heads = [f"{p} {s}" for p in ("forward", "head") for s in ("base ms", "new ms", "new / base")]
+    body, heads = _paired_body, _PAIRED_HEADS
     same = all(r["same_bits"] for r in rows["results"] + batch["results"])
 
     def step(r: dict, side: str) -> float:
@@ -733,6 +739,37 @@ def _wide_rows() -> list[str]:
             ab_source(folder, res).markdown(), "", ab_lossless(res), ""]
 
 
+def _unpacked_pairs() -> list[str]:
+    """Path 2 pairing the tiles from 2 rows for the unpacked types: kernel_ab.py's paired run by rows; the held-apart
+    bench, two alternated runs of each commit."""
+    runs = DATA["UNPACKED_PAIRS"]
+    rows = load(runs["ROWS"])
+    folder = runs["HELD_APART"]
+    res = load(f"{folder}/ab.json")
+    first = next(iter(res.values()))["meta"]
+    old, new = first["old"][0]["commit"], first["new"][0]["commit"]
+    same = all(r["same_bits"] for r in rows["results"])
+    return ["### Paired tiles from 2 rows for the unpacked types", "",
+            "Up to 4 rows the products took one tile at a time on 256-bit registers. For Q8_0, whose chunks are "
+            "plain loads, that keeps up with memory (paired, the LM head streamed 12–19% slower at 2–4 rows); the "
+            "types whose chunks are unpacked (Q4_0/Q5_0 nibbles and fifth bits, Q4_K and Q6_K) are bound by "
+            "instructions there (on 512-bit registers a pair of tiles takes half the instructions). Since "
+            f"{new} those types pair their tiles from 2 rows, Q8_0 from 5, and one row keeps one tile at a time. The previous build against this one, alternating in one "
+            "process (kernel_ab.py), ms, median (quartiles):", "",
+            table(["prefix", "rows", *_PAIRED_HEADS], _paired_body(rows)), "",
+            _kernel_source(runs["ROWS"], rows, old).markdown(), "",
+            "- " + ("Every call gave the same hidden states and logits bit for bit through both sides."
+                    if same else "SOME CALLS DIFFERED BETWEEN THE SIDES."),
+            "- The held-apart prompts, two alternated runs of each commit (x plain decoding in the same run, mean "
+            "(range)):", "",
+            table(["decoding", "method", f"x plain at {old}", f"x plain at {new}", "change", "τ",
+                   "questions below the old range"],
+                  ab_rows(folder, {k: v for k, v in HELD_APART.items() if k in res}, SIZED_METHODS)), "",
+            ab_source(folder, res).markdown(), "",
+            "- Greedy moves within the runs' spread; under the penalty EAGLE + MicroSpec's ranges lie apart.",
+            ab_lossless(res), ""]
+
+
 def _draft_layout() -> list[str]:
     """The EAGLE head beside a packed target: its Q8_0 matrices interleaved against in the file's blocks."""
     rel = DATA["STACK_CALL"]["DRAFT_LAYOUT"]
@@ -775,7 +812,7 @@ def _first_measure() -> list[str]:
 def render() -> str:
     return "\n".join(["## Where the time goes", "", *_split(), *_step(), *_layer(), *_paths(), *_sized(),
                       *_sized_views(), *_attention(), *_cache_prefetch(), *_layer_regions(), *_stack_call(),
-                      *_wide_rows(), *_draft_layout(), *_first_measure(), *_floor(),
+                      *_wide_rows(), *_unpacked_pairs(), *_draft_layout(), *_first_measure(), *_floor(),
                       *_llama()]).rstrip() + "\n"
 
 
