@@ -683,7 +683,6 @@ def _wide_rows() -> list[str]:
     serves = [load(f) for f in runs["SERVE"]]
     base = "cbe4a0d"
 
-    body, heads = _paired_body, _PAIRED_HEADS
     same = all(r["same_bits"] for r in rows["results"] + batch["results"])
 
     def step(r: dict, side: str) -> float:
@@ -709,17 +708,18 @@ def _wide_rows() -> list[str]:
             "instead: the same exact int32 sums and fp32 chain, every path's products still the AVX2 path's bit "
             "for bit. The LM head over 8 rows on one thread: 12.0 → 7.5 ms. The previous build against this one, "
             "alternating in one process (kernel_ab.py), ms, median (quartiles):", "",
-            table(["prefix", "rows", *heads], body(rows)), "", _kernel_source(runs["ROWS"], rows, base).markdown(),
-            "", f"The forward of {batch['sequences']} one-token sequences (`forward_many`: a server's batched "
-            "decode steps, whose products take 8 rows):", "",
-            table(["prefix", "sequences", *heads], body(batch)), "",
+            table(["prefix", "rows", *_PAIRED_HEADS], _paired_body(rows)), "",
+            _kernel_source(runs["ROWS"], rows, base).markdown(), "",
+            f"The forward of {batch['sequences']} one-token sequences (`forward_many`: a server's batched decode "
+            "steps, whose products take 8 rows):", "",
+            table(["prefix", "sequences", *_PAIRED_HEADS], _paired_body(batch)), "",
             _kernel_source(runs["BATCH"], batch, base).markdown(), "",
             "- " + ("Every call gave the same hidden states and logits bit for bit through both sides."
                     if same else "SOME CALLS DIFFERED BETWEEN THE SIDES."),
             f"- A verify pass over 16 rows (the forward and the LM head over all of them) against one row's step: "
-            f"{ratio}. Up to 4 rows nothing changed: there the products take one tile at a time (paired tiles "
-            "were measured again from 2 and from 3 rows: the LM head streamed 12–19% slower at 2–4 rows, so the "
-            "pairing still starts at 5).",
+            f"{ratio}. Up to 4 rows nothing changed at {new}: there the products took one tile at a time (paired tiles "
+            "were measured again from 2 and from 3 rows: the LM head streamed 12–19% slower at 2–4 rows; see the "
+            "next section).",
             "- Served over HTTP, plain batching (serve_load.py: each client streams its requests one after another; "
             "the clients share the server's 2 cores): " + "; ".join(
                 f"8 clients at once {lv[-1]['generated_tokens_per_s']:.0f} tok/s, {lv[-1]['speedup_vs_1_client']:.2f}x "
@@ -733,9 +733,7 @@ def _wide_rows() -> list[str]:
             "- The CPU defaults verify short sized chains and small trees, few rows a pass, so on the held-apart "
             "prompts the change is within one run's noise (one run of each commit, x plain decoding in the same "
             "run):", "",
-            table(["decoding", "method", f"x plain at {old}", f"x plain at {new}", "change", "τ",
-                   "questions below the old range"],
-                  ab_rows(folder, {k: v for k, v in HELD_APART.items() if k in res}, SIZED_METHODS)), "",
+            _ab_table(folder, SIZED_METHODS, old, new), "",
             ab_source(folder, res).markdown(), "", ab_lossless(res), ""]
 
 
@@ -754,17 +752,16 @@ def _unpacked_pairs() -> list[str]:
             "plain loads, that keeps up with memory (paired, the LM head streamed 12–19% slower at 2–4 rows); the "
             "types whose chunks are unpacked (Q4_0/Q5_0 nibbles and fifth bits, Q4_K and Q6_K) are bound by "
             "instructions there (on 512-bit registers a pair of tiles takes half the instructions). Since "
-            f"{new} those types pair their tiles from 2 rows, Q8_0 from 5, and one row keeps one tile at a time. The previous build against this one, alternating in one "
-            "process (kernel_ab.py), ms, median (quartiles):", "",
+            f"{new} those types pair their tiles from 2 rows, Q8_0 from 5, and one row keeps one tile at a time. "
+            "The previous build against this one, alternating in one process (kernel_ab.py), ms, median "
+            "(quartiles):", "",
             table(["prefix", "rows", *_PAIRED_HEADS], _paired_body(rows)), "",
             _kernel_source(runs["ROWS"], rows, old).markdown(), "",
             "- " + ("Every call gave the same hidden states and logits bit for bit through both sides."
                     if same else "SOME CALLS DIFFERED BETWEEN THE SIDES."),
             "- The held-apart prompts, two alternated runs of each commit (x plain decoding in the same run, mean "
             "(range)):", "",
-            table(["decoding", "method", f"x plain at {old}", f"x plain at {new}", "change", "τ",
-                   "questions below the old range"],
-                  ab_rows(folder, {k: v for k, v in HELD_APART.items() if k in res}, SIZED_METHODS)), "",
+            _ab_table(folder, SIZED_METHODS, old, new), "",
             ab_source(folder, res).markdown(), "",
             "- Greedy moves within the runs' spread; under the penalty EAGLE + MicroSpec's ranges lie apart.",
             ab_lossless(res), ""]

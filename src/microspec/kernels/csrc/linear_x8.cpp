@@ -389,7 +389,6 @@ MICROSPEC_V512 void tile_k16(const Wide& v, int64_t G, const uint8_t* w0, const 
   for (int i = 0; i < MT; ++i) _mm512_storeu_ps(out + 16 * i, T::min ? _mm512_add_ps(acc[i], accm[i]) : acc[i]);
 }
 
-
 // ---------------------------------------------------------------------------------------------------------------
 // The path in use: -1 until first asked (then the widest the CPU reports), or as set_int_path set it.
 std::atomic<int> g_path{-1};
@@ -506,15 +505,15 @@ X8Prep x8_prep(const int8_t* qx, const float* dx, const float* dxs, int64_t M, i
   if (pairs_tiles<T>(path, M)) {  // [M][G] -> [G][M]
     p.wq.resize(M * G * 32);
     p.wd.resize(M * G);
-    p.wds.resize(M * G);
-    p.winit.resize(M * G, 0);
+    p.wds.resize(T::min ? M * G : 0);  // what the kernels read of each type: tile_x16, tile_k16
+    p.winit.resize(T::kq == 0 ? M * G : 0);
     p.woffs.resize(T::kq == 14 ? M * G : 0);
     for (int64_t r = 0; r < M; ++r)
       for (int64_t g = 0; g < G; ++g) {
         const int64_t from = r * G + g, to = g * M + r;
         std::memcpy(&p.wq[32 * to], qx + 32 * from, 32);
         p.wd[to] = dx[from];
-        p.wds[to] = dxs[from];
+        if (T::min) p.wds[to] = dxs[from];
         if (T::kq == 0) p.winit[to] = -(T::sign ? 128 * p.sums[from] : 0) - (T::off ? p.offs[from] : 0);
         if (T::kq == 14) p.woffs[to] = p.offs[from];
       }
