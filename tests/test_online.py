@@ -6,6 +6,7 @@ server run."""
 
 from __future__ import annotations
 
+import importlib
 import random
 import time
 
@@ -21,6 +22,8 @@ from microspec.auto import Portfolio
 from microspec.drafters.base import Drafter
 from microspec.decoding.tree import DraftTree
 from microspec.drafters.suffix import SuffixDrafter
+
+portfolio_module = importlib.import_module("microspec.auto.portfolio")
 
 ARMS = ("plain", "lookup", "suffix", "eagle")
 
@@ -161,16 +164,18 @@ def test_greedy_output_is_the_targets_whatever_the_arms(tmp_path, settings, choo
 
 class Missing(Drafter):
     """A drafter whose proposals always miss (the token after the true next one, ``truth`` being the target's own
-    output) after ``delay`` seconds: a slow arm that never pays.  ``cheap``: proposes at every step it is asked."""
+    output) after ``delay`` seconds (spent by ``wait``): a slow arm that never pays.  ``cheap``: proposes at every
+    step it is asked."""
 
     name = "missing"
 
-    def __init__(self, truth: list[int], prompt: int, delay: float, cheap: bool, length: int = 2):
+    def __init__(self, truth: list[int], prompt: int, delay: float, cheap: bool, length: int = 2, wait=time.sleep):
         self.truth, self.prompt, self.delay, self.cheap, self.length = truth, prompt, delay, cheap, length
         self.matched = 1
+        self.wait = wait
 
     def propose(self, ctx):
-        time.sleep(self.delay)
+        self.wait(self.delay)
         at = len(ctx.tokens) - self.prompt
         return self._chain([(t + 1) % VOCAB for t in self.truth[at:at + self.length]])
 
@@ -182,16 +187,21 @@ class Missing(Drafter):
 def test_what_choosing_costs_stays_within_its_budget(monkeypatch):
     """A slow cheap arm (a proposal costs a fifth of a plain step) and a slow model arm (a step three times a plain
     one) that never pay: auto decodes plainly, its choosing (the proposals not taken, scoring, bookkeeping, the
-    probes) costs at most its budget of the steps' time, and its output is the target's."""
+    probes) costs at most its budget of the steps' time, and its output is the target's.  The arms' and the steps'
+    seconds are added to auto's clock rather than slept, so that a machine busy with other work (a sleeping thread
+    woken late) does not stretch them; what auto's own choosing takes is timed as it runs."""
     _, nm = tiny_pair("llama")
     step_s = 0.010
+    slept = [0.0]
+    wait = lambda seconds: slept.__setitem__(0, slept[0] + seconds)  # noqa: E731
+    monkeypatch.setattr(portfolio_module, "clock", lambda: time.perf_counter() + slept[0])
     forward = nm.forward
-    monkeypatch.setattr(nm, "forward", lambda *a, **k: (time.sleep(step_s), forward(*a, **k))[1])
+    monkeypatch.setattr(nm, "forward", lambda *a, **k: (wait(step_s), forward(*a, **k))[1])
     prompt = [1, 5, 9, 13, 5, 9, 13, 17, 5, 9]
     cfg = GenerationConfig(max_new_tokens=160, ignore_eos=True)
     truth = generate_ids(nm, prompt, cfg).token_ids
-    arms = {"plain": None, "slow": Missing(truth, len(prompt), step_s / 5, cheap=True),
-            "heavy": Missing(truth, len(prompt), 2 * step_s, cheap=False)}
+    arms = {"plain": None, "slow": Missing(truth, len(prompt), step_s / 5, cheap=True, wait=wait),
+            "heavy": Missing(truth, len(prompt), 2 * step_s, cheap=False, wait=wait)}
     portfolio = Portfolio(arms, "plain")
     got = generate_ids(nm, prompt, cfg, drafter=portfolio)
     assert got.token_ids == truth
