@@ -7,8 +7,10 @@ by call: an A/B of a kernel change that a shared machine's drifting bandwidth ca
 
 ``--prefetch-ab`` compares instead this build with its products' software prefetch (base) and without (new);
 ``--stack-ab`` this build's forward with one ``layer_step`` call a layer (base) and with the whole stack in one
-``layers_step`` call (new).  ``--batch N`` times, at each prefix, the forward of N sequences of one new token each
-(``forward_many``: a server's decode steps batched) instead of one sequence's ``--rows``:
+``layers_step`` call (new); ``--path-ab BASE,NEW`` this build on two instruction paths of its integer products
+(``cpu_quant.int_path``: ``vnni512,amx`` on a CPU with AMX tiles).  ``--batch N`` times, at each prefix, the
+forward of N sequences of one new token each (``forward_many``: a server's decode steps batched) instead of one
+sequence's ``--rows``:
 
     python benchmarks/measure/kernel_ab.py --base-src /tmp/base/src --batch 8 --contexts 120,600
 ``--generate TOKENS`` times whole plain-decoding generations instead (a prompt of the prefill, then TOKENS tokens,
@@ -64,6 +66,8 @@ def main() -> None:
                     help="this build with its products' prefetch (base) against without (new)")
     ap.add_argument("--stack-ab", action="store_true",
                     help="this build, one layer_step call a layer (base) against the stack in one call (new)")
+    ap.add_argument("--path-ab", metavar="BASE,NEW",
+                    help="this build on two instruction paths (cpu_quant.INT_PATHS), e.g. vnni512,amx")
     ap.add_argument("--batch", type=int, default=0, metavar="N",
                     help="the forward of N one-token sequences at each prefix (forward_many) instead of --rows")
     ap.add_argument("--model", default="gemma-3-270m")
@@ -78,8 +82,8 @@ def main() -> None:
     a = ap.parse_args()
     if bool(a.base_src) and bool(a.base_so):
         ap.error("give at most one of --base-src and --base-so")
-    if bool(a.base_src or a.base_so or a.prefetch_ab) + a.stack_ab != 1:
-        ap.error("give one of --base-src / --base-so, --prefetch-ab or --stack-ab")
+    if bool(a.base_src or a.base_so or a.prefetch_ab) + a.stack_ab + bool(a.path_ab) != 1:
+        ap.error("give one of --base-src / --base-so, --prefetch-ab, --stack-ab or --path-ab")
     if not a.generate and (a.base_src or a.base_so) and a.prefetch_ab:
         ap.error("--prefetch-ab with a base build: with --generate only")
     from microspec.kernels import _build, cpu_quant
@@ -90,6 +94,15 @@ def main() -> None:
         raise SystemExit(f"kernel_ab: this checkout's kernel is not available: {cpu_quant.build_error()}")
     new_module = cpu_quant._EXT.module
     tiles_before = cpu_quant.prefetch_tiles()
+    path_before = cpu_quant.int_path()
+    if a.path_ab:
+        paths = a.path_ab.split(",")
+        if len(paths) != 2 or not set(paths) <= set(cpu_quant.INT_PATHS):
+            ap.error(f"--path-ab takes two of {', '.join(cpu_quant.INT_PATHS)}")
+        for p in paths:
+            if cpu_quant.int_path(p) != p:
+                raise SystemExit(f"kernel_ab: this CPU has no {p} path")
+        cpu_quant.int_path(path_before)
 
     def this_build(tiles):
         def setup():
@@ -116,6 +129,9 @@ def main() -> None:
         sides["new, prefetch off"] = this_build(0)
     elif a.prefetch_ab:
         sides = {"base": this_build(cpu_quant.PREFETCH_TILES), "new": this_build(0)}
+    elif a.path_ab:
+        base_path = f"this build, the {paths[0]} path (base) against {paths[1]} (new)"
+        sides = {"base": lambda: cpu_quant.int_path(paths[0]), "new": lambda: cpu_quant.int_path(paths[1])}
     elif a.stack_ab:
         base_path = "this build, one layer_step call a layer (base) against the stack in one call (new)"
         sides = {"base": stack(False), "new": stack(True)}
@@ -183,6 +199,7 @@ def main() -> None:
                       flush=True)
     finally:
         this_build(tiles_before)()
+        cpu_quant.int_path(path_before)
     stack(True)()
     write(a, base_path, results, warmup=a.warmup, **({"sequences": a.batch} if a.batch else {}))
 

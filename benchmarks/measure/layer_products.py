@@ -41,9 +41,14 @@ def main() -> None:
     ap.add_argument("--layer", type=int, default=0)
     ap.add_argument("--rows", default="1,4")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--path", default=None, choices=cpu_quant.INT_PATHS,
+                    help="the products' instruction path (cpu_quant.int_path; default: the widest this CPU has)")
     ap.add_argument("--out", default=None, help="also write the figures, with the run's meta, to this JSON file")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    path = cpu_quant.int_path(a.path)
+    if a.path and path != a.path:
+        raise SystemExit(f"layer_products: this CPU has no {a.path} path")
     m = load_model(a.model, dtype="gguf").model
     layer = m.model.layers[a.layer]
     att, mlp = layer.self_attn, layer.mlp
@@ -61,7 +66,7 @@ def main() -> None:
                      "gb_per_s_one_row": round(w.data.numel() / us[rows[0]] / 1e3, 2)}
         print(f"{name:5s} {w.qtype:5s} {tuple(w.shape)}: " + ", ".join(f"{r} rows {us[r]} us" for r in rows))
     print("sum: " + ", ".join(f"{r} rows {total[r]:.0f} us" for r in rows))
-    res = {"model": a.model, "layer": a.layer, "threads": a.threads, "products": out,
+    res = {"model": a.model, "layer": a.layer, "threads": a.threads, "path": path, "products": out,
            "sum_us_by_rows": {r: round(t, 1) for r, t in total.items()}}
     print(json.dumps(res))
     if a.out:

@@ -104,16 +104,20 @@ def linear_q8_many(x: torch.Tensor, mats: list[tuple[torch.Tensor, int]], cols: 
     return _EXT.module.linear_q8_many(x, [d for d, _ in mats], [t for _, t in mats], cols)
 
 
-INT_PATHS = ("avx2", "vnni256", "vnni512")
+INT_PATHS = ("avx2", "vnni256", "vnni512", "amx")
 
 
 def int_path(path: str | None = None) -> str:
     """The instruction path of the interleaved forms' integer products (every packed type, the K-quants included):
     ``avx2`` (``maddubs`` into int16 pair sums, then ``madd``), ``vnni256`` (AVX-512 VNNI's ``vpdpbusd`` into int32
     lanes on 256-bit registers, one tile of 8 weight rows at a time) or ``vnni512`` (two tiles on 512-bit registers,
-    up to 8 activation rows per register tile).  Every path gives the same exact int32 sums and the same fp32 chain,
-    so the same results bit for bit.  ``path`` None: the widest this CPU has (the default); a path the CPU lacks
-    falls back to ``avx2``.  Returns the path in use."""
+    up to 8 activation rows per register tile) or ``amx`` (Intel's AMX tiles: from :func:`amx_min_rows` rows on, a
+    pair of tiles' unpacked weights and up to 16 activation rows are two tiles of one ``tdpbssd`` a group; fewer
+    rows take ``vnni512``).  Every path gives the same exact int32 sums and the same fp32 chain, so the same
+    results bit for bit.  ``amx`` is taken only when asked for: with the fp32 chain and the unpacking left to the
+    vector units it measured slower than ``vnni512`` (benchmarks/results/2026-12-02-amx/).  ``path`` None: the
+    default, the widest this CPU has but ``amx``; a path the CPU lacks falls back to ``avx2``.  Returns the path
+    in use."""
     code = -1 if path is None else INT_PATHS.index(path)
     if not available():
         raise RuntimeError(f"the CPU quantized-weight kernel is not available here: {build_error() or 'off'}")
@@ -151,6 +155,12 @@ def prefetch_tiles(tiles: int | None = None) -> int:
     rows) prefetch their weights (0: none, the hardware prefetchers alone); ``tiles`` sets it.  Only the speed
     changes, never a value."""
     return int(_EXT.module.set_prefetch_tiles(-1 if tiles is None else int(tiles)))
+
+
+def amx_min_rows(rows: int | None = None) -> int:
+    """From how many rows the ``amx`` path multiplies on AMX tiles (fewer take ``vnni512``); ``rows`` sets it.  Only
+    the speed changes, never a value."""
+    return int(_EXT.module.set_amx_min_rows(-1 if rows is None else int(rows)))
 
 
 _TUNED: dict = {}  # this process's choice of tune_prefetch, once made

@@ -6,10 +6,20 @@
 //   0  AVX2: maddubs into int16 pair sums, then madd (tile_x8, tile_k8);
 //   1  AVX-512 VNNI on 256-bit registers: one vpdpbusd per chunk and row (tile_x8_vnni, tile_k8_vnni);
 //   2  AVX-512 VNNI on 512-bit registers: two tiles (16 weight rows) per register and up to 8 activation rows per
-//      register tile, so each unpacked weight vector serves twice the rows (tile_x16, tile_k16).
+//      register tile, so each unpacked weight vector serves twice the rows (tile_x16, tile_k16);
+//   3  AMX (Intel Xeon 4th generation on), only when asked for (set_int_path 3): from amx_min_rows rows on, a pair
+//      of tiles' unpacked weights are one AMX tile and up to 16 activation rows another, one tdpbssd / tdpbsud a
+//      group (AmxPair); fewer rows take path 2.  Not the default: the exact group sums leave each (row, weight
+//      row, group) its own fp32 multiply-add and the weights their unpacking, which the tiles do not take over,
+//      and the tiles add a store and a load a group; on an Intel Xeon with AMX (2 cores) Gemma 3 270M's forward
+//      was 1.02-1.52x path 2's time at 2-64 rows, its LM head 0.95-1.39x (benchmarks/results/2026-12-02-amx/).
 #include "blocks.h"
 #include "int8.h"
 #include "quant.h"
+
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
 
@@ -390,6 +400,220 @@ MICROSPEC_V512 void tile_k16(const Wide& v, int64_t G, const uint8_t* w0, const 
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// Path 3: AMX.  Per group, the 16 weight rows of a pair of tiles, unpacked as path 2 unpacks them (chunk2), are
+// stored as the B tile of the tile product (8 rows of 64 bytes: row c holds chunk c, 4 bytes of each weight row) and
+// the group's 32 bytes of up to 16 activation rows (path 2's layout, Wide) are the A tile: one tdpbssd (or tdpbsud
+// for the unsigned q of the types with a minimum and of Q4_K) gives every (row, weight row) its exact int32 group
+// sum.  The weights go in less their offset (q - OFF, signed), so the sums need nothing subtracted: they are the
+// same int32 values as path 2's lanes (Q6_K's: sc_a * sum(qx (q - 32)) + sc_b * ..., the same integer as its
+// offset-corrected sum), and the fp32 chain after them is path 2's, in the same order: bit for bit its results.
+#define MICROSPEC_AMX __attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni,avx512dq,amx-tile,amx-int8")))
+
+// A tile configuration (palette 1) for mt activation rows: tiles 0, 1 the A tiles (mt rows of a group's 32 bytes,
+// or for Q6_K of a 16-element half's 16), 2, 3 the B tiles (8 rows of 64 bytes, Q6_K 4), 4..7 the C tiles (mt rows
+// of 16 int32): up to 4 groups' products in flight (Q6_K: 2 groups' halves)
+struct alignas(64) AmxConfig {
+  uint8_t palette = 1, start = 0, pad[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+thread_local int t_amx_config = 0;  // the configuration this thread loaded: 2 mt + (Q6_K's), 0 none
+
+MICROSPEC_AMX inline void amx_configure(int mt, bool halves) {
+  const int key = 2 * mt + halves;
+  if (t_amx_config == key) return;
+  AmxConfig c;
+  for (int i = 0; i < 8; ++i) {
+    c.colsb[i] = i < 2 ? (halves ? 16 : 32) : 64;
+    c.rows[i] = uint8_t(i >= 2 && i < 4 ? (halves ? 4 : 8) : mt);
+  }
+  // GCC does not see ldtilecfg read its operand and drops the stores above without this barrier
+  __asm__ __volatile__("" : : "r"(&c) : "memory");
+  _tile_loadconfig(&c);
+  t_amx_config = key;
+}
+
+MICROSPEC_AMX inline void amx_release() {
+  if (t_amx_config) _tile_release();
+  t_amx_config = 0;
+}
+
+// Whether this CPU has AMX tiles and int8 products, and Linux lets this process use them (the tile data is state the
+// kernel saves only for a process that asked: arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA)
+bool amx_usable() {
+  static const bool ok = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    if (!((d >> 24) & 1u) || !((d >> 25) & 1u)) return false;  // AMX-TILE, AMX-INT8
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  }();
+  return ok;
+}
+
+// The 8 chunks of group b0, b1 of a pair of tiles as a B tile at bt (row c: chunk c), signed q - OFF where the type
+// has an offset (Q8_0's q are signed already)
+template <class T>
+MICROSPEC_AMX inline void amx_weights(const uint8_t* b0, const uint8_t* b1, int8_t* bt) {
+#pragma GCC unroll 8
+  for (int c = 0; c < 8; ++c) {
+    __m512i wv = chunk2<T>(b0, b1, c);
+    if (!T::sign && T::off) wv = _mm512_sub_epi8(wv, _mm512_set1_epi8(char(T::off)));
+    _mm512_store_si512(reinterpret_cast<__m512i*>(bt + 64 * c), wv);
+  }
+}
+
+// One group's tile product into C tile C: A tile A the activations at x (row stride 32), B tile B the unpacked
+// weights at bt; signed weights (q - OFF) or unsigned (q).  A macro: GCC's tile intrinsics paste the tile numbers
+// into their assembly, so they must be literal numbers.
+#define MICROSPEC_AMX_GROUP(A, B, C, SIGNED, x, bt) \
+  do {                                              \
+    _tile_loadd(A, x, 32);                          \
+    _tile_loadd(B, bt, 64);                         \
+    _tile_zero(C);                                  \
+    if constexpr (SIGNED) _tile_dpbssd(C, A, B);    \
+    else _tile_dpbsud(C, A, B);                     \
+  } while (0)
+
+// Rows m0..m0+mt-1 (mt <= 16, the configuration loaded) against the pair of tiles w0, w1 on AMX: out[i * 16 + l].
+// The groups go in batches of NG (4; Q6_K 2, each group two tile products, one a 16-element half), in three stages
+// a batch apart so that none waits on the one before (a tile load waits for the stores of the weights it reads to
+// leave the core, the vector loads of the sums for the tile store): the weights of batch b + 1 are unpacked while
+// batch b's tile products run and batch b - 1's sums go through the fp32 chain, each group in order per lane.
+template <class T>
+struct AmxPair {
+  static constexpr bool K = T::kq != 0, Q6 = T::kq == 14, S = T::sign || T::off;
+  static constexpr int NG = Q6 ? 2 : 4;
+  const Wide& v;
+  int64_t G;
+  const uint8_t *w0, *w1;
+  int64_t m0;
+  int mt;
+  int64_t pf;
+  alignas(64) int8_t bt[2][4][512];
+  alignas(64) int32_t ct[2][4][256];
+  __m512 acc[16], accm[16];
+
+  // group g's first quant byte (X8, XQ8_0: the group's first byte) in the tile-block row w
+  static const uint8_t* quants(const uint8_t* w, int64_t g) {
+    if constexpr (K) return w + (g / 8) * T::tbytes + T::qoff + T::qbytes * (g % 8);
+    else return w + g * T::gbytes;
+  }
+  // the bytes the prefetch of group g takes (0: none): its own (X8), or its tile-block's at the block's first group
+  static int64_t span(int64_t g) {
+    if constexpr (K) return g % 8 == 0 ? T::tbytes : 0;
+    else return T::gbytes;
+  }
+  static int64_t at_byte(int64_t g) {
+    if constexpr (K) return (g / 8) * T::tbytes;
+    else return g * T::gbytes;
+  }
+  int count(int64_t b) const { return int(std::min<int64_t>(NG, G - b * NG)); }
+
+  MICROSPEC_AMX __attribute__((always_inline)) inline void unpack(int64_t b) {
+    for (int k = 0; k < count(b); ++k) {
+      const int64_t g = b * NG + k;
+      if (pf && span(g)) {  // the pair after, a group (X8) or a tile-block (K-quants) at a time
+        prefetch_group(w0 + at_byte(g) + pf, int(span(g)));
+        prefetch_group(w1 + at_byte(g) + pf, int(span(g)));
+      }
+      amx_weights<T>(quants(w0, g), quants(w1, g), bt[b & 1][k]);
+    }
+  }
+
+  MICROSPEC_AMX __attribute__((always_inline)) inline void products(int64_t b) {
+    const int n = count(b);
+    const int8_t* x = v.q + 32 * (b * NG * v.M + m0);
+    const int64_t xs = 32 * v.M;  // the next group's rows
+    int8_t(*w)[512] = bt[b & 1];
+    int32_t(*c)[256] = ct[b & 1];
+    if constexpr (Q6) {  // A tiles 0 (elements 0..15), 1 (16..31); B tiles 2, 3; C 4, 5 and 6, 7
+      _tile_loadd(0, x, 32);
+      _tile_loadd(1, x + 16, 32);
+      _tile_loadd(2, w[0], 64);
+      _tile_loadd(3, w[0] + 256, 64);
+      _tile_zero(4);
+      _tile_zero(5);
+      _tile_dpbssd(4, 0, 2);
+      _tile_dpbssd(5, 1, 3);
+      if (n > 1) {
+        _tile_loadd(0, x + xs, 32);
+        _tile_loadd(1, x + xs + 16, 32);
+        _tile_loadd(2, w[1], 64);
+        _tile_loadd(3, w[1] + 256, 64);
+        _tile_zero(6);
+        _tile_zero(7);
+        _tile_dpbssd(6, 0, 2);
+        _tile_dpbssd(7, 1, 3);
+      }
+    } else {
+      MICROSPEC_AMX_GROUP(0, 2, 4, S, x, w[0]);
+      if (n > 1) MICROSPEC_AMX_GROUP(1, 3, 5, S, x + xs, w[1]);
+      if (n > 2) MICROSPEC_AMX_GROUP(0, 2, 6, S, x + 2 * xs, w[2]);
+      if (n > 3) MICROSPEC_AMX_GROUP(1, 3, 7, S, x + 3 * xs, w[3]);
+    }
+    const int tiles = Q6 ? 2 * n : n;
+    _tile_stored(4, c[0], 64);
+    if (tiles > 1) _tile_stored(5, c[1], 64);
+    if (tiles > 2) _tile_stored(6, c[2], 64);
+    if (tiles > 3) _tile_stored(7, c[3], 64);
+  }
+
+  MICROSPEC_AMX __attribute__((always_inline)) inline void chain(int64_t b) {
+    for (int k = 0; k < count(b); ++k) {
+      const int64_t g = b * NG + k, at = g * v.M + m0;
+      if constexpr (K) {
+        const uint8_t* B0 = w0 + at_byte(g);
+        const uint8_t* B1 = w1 + at_byte(g);
+        const int j = int(g % 8);
+        const __m512 dv = _mm512_cvtph_ps(load2h(B0, B1));
+        const __m512 dminv = T::min ? _mm512_cvtph_ps(load2h(B0 + 16, B1 + 16)) : _mm512_setzero_ps();
+        const __m256i sb = load2h(B0 + T::soff + 16 * j, B1 + T::soff + 16 * j);
+        const __m512i sx = Q6 ? _mm512_cvtepi8_epi16(sb) : _mm512_cvtepu8_epi16(sb);
+        const __m512i sca = Q6 ? _mm512_srai_epi32(_mm512_slli_epi32(sx, 16), 16)
+                               : _mm512_and_si512(sx, _mm512_set1_epi32(0xFFFF));
+        const __m512i scb = _mm512_srai_epi32(sx, 16);
+        const __m512 mf = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(sx, 16)), dminv);  // Q4_K: dmin * m
+        const int32_t* c0 = ct[b & 1][Q6 ? 2 * k : k];
+        for (int i = 0; i < mt; ++i) {
+          __m512i p = _mm512_mullo_epi32(_mm512_load_si512(reinterpret_cast<const __m512i*>(c0 + 16 * i)), sca);
+          if (Q6)
+            p = _mm512_add_epi32(
+                p, _mm512_mullo_epi32(_mm512_load_si512(reinterpret_cast<const __m512i*>(c0 + 256 + 16 * i)), scb));
+          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dv, _mm512_set1_ps(v.d[at + i])), acc[i]);
+          if (T::min) accm[i] = _mm512_fnmadd_ps(mf, _mm512_set1_ps(v.ds[at + i]), accm[i]);
+        }
+      } else {
+        const uint8_t* b0 = w0 + g * T::gbytes;
+        const uint8_t* b1 = w1 + g * T::gbytes;
+        const __m512 sv = _mm512_cvtph_ps(load2h(b0, b1));
+        const __m512 mm = T::min ? _mm512_cvtph_ps(load2h(b0 + 16, b1 + 16)) : _mm512_setzero_ps();
+        const int32_t* c0 = ct[b & 1][k];
+        for (int i = 0; i < mt; ++i) {
+          const __m512i p = _mm512_load_si512(reinterpret_cast<const __m512i*>(c0 + 16 * i));
+          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(sv, _mm512_set1_ps(v.d[at + i])), acc[i]);
+          if (T::min) accm[i] = _mm512_fmadd_ps(mm, _mm512_set1_ps(v.ds[at + i]), accm[i]);
+        }
+      }
+    }
+  }
+
+  MICROSPEC_AMX void run(float* out) {
+    for (int i = 0; i < 16; ++i) { acc[i] = _mm512_setzero_ps(); accm[i] = _mm512_setzero_ps(); }
+    const int64_t nb = (G + NG - 1) / NG;
+    unpack(0);
+    for (int64_t b = 0; b < nb; ++b) {
+      products(b);
+      if (b + 1 < nb) unpack(b + 1);
+      if (b > 0) chain(b - 1);
+    }
+    chain(nb - 1);
+    for (int i = 0; i < mt; ++i) _mm512_storeu_ps(out + 16 * i, T::min ? _mm512_add_ps(acc[i], accm[i]) : acc[i]);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------------------------
 // The path in use: -1 until first asked (then the widest the CPU reports), or as set_int_path set it.
 std::atomic<int> g_path{-1};
 
@@ -400,18 +624,25 @@ std::atomic<int> g_path{-1};
 // pairs of path 2 always prefetch the next pair (without, a 16-row LM head took 23% longer on both).
 std::atomic<int64_t> g_prefetch_tiles{4};
 
+// From how many rows path 3 multiplies on AMX tiles (set_amx_min_rows; the values are the same either way)
+std::atomic<int64_t> g_amx_min_rows{2};
+
+// The widest path this CPU has (3 where it has AMX and the process may use it)
 int cpu_path() {
   __builtin_cpu_init();
   const bool vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
                     __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni") &&
                     __builtin_cpu_supports("avx512dq");
-  return vnni ? 2 : 0;
+  return !vnni ? 0 : amx_usable() ? 3 : 2;
 }
+
+// The default path: the widest but AMX (see path 3 above)
+int default_path() { return std::min(cpu_path(), 2); }
 
 int path_now() {
   int v = g_path.load(std::memory_order_relaxed);
   if (v < 0) {
-    v = cpu_path();
+    v = default_path();
     g_path.store(v, std::memory_order_relaxed);
   }
   return v;
@@ -464,6 +695,16 @@ inline void rows_tiles(const Act& a, const int32_t* offs, const int32_t* sums, c
   for (int64_t i = 0; i < mt; ++i) std::memcpy(op + (m0 + i) * N + 8 * t, buf + 8 * i, 8 * sizeof(float));
 }
 
+// Rows m0..m0+mt-1 (mt <= 16) against the pair of tiles t, t + 1 on AMX, written to op [M, N]
+template <class T>
+MICROSPEC_AMX void rows_amx(const Wide& v, int64_t G, const uint8_t* wt, int64_t RB, int64_t m0, int mt, int64_t N,
+                            int64_t t, float* op, int64_t pf) {
+  alignas(64) float buf[16 * 16];
+  AmxPair<T> pair{v, G, wt, wt + RB, m0, mt, pf};
+  pair.run(buf);
+  for (int i = 0; i < mt; ++i) std::memcpy(op + (m0 + i) * N + 8 * t, buf + 16 * i, 16 * sizeof(float));
+}
+
 // What an interleaved form's integer products need of the quantized rows beyond qx, dx and dxs: per row and group
 // OFF * sum(qx) (Q6_K: the two halves' sums as an int16 pair) for the offset types, and sum(qx) for the signed
 // types on the VNNI paths; where path 2 pairs the tiles (pairs_tiles), the rows in its layout (Wide).  Made
@@ -484,7 +725,13 @@ struct X8Prep {
 template <class T>
 inline bool pairs_tiles(int path, int64_t M) {
   constexpr bool plain_loads = T::kq == 0 && T::sign;  // Q8_0
-  return path == 2 && (M > 4 || (M > 1 && !plain_loads));
+  return path >= 2 && (M > 4 || (M > 1 && !plain_loads));
+}
+
+// Whether path 3 takes M rows on AMX tiles (fewer take path 2)
+template <class T>
+inline bool amx_rows(int path, int64_t M) {
+  return path == 3 && M >= g_amx_min_rows.load(std::memory_order_relaxed);
 }
 
 template <class T>
@@ -502,7 +749,7 @@ X8Prep x8_prep(const int8_t* qx, const float* dx, const float* dxs, int64_t M, i
     for (int k = 0; k < 32; ++k) v += qx[32 * i + k];
     p.sums[i] = v;
   }
-  if (pairs_tiles<T>(path, M)) {  // [M][G] -> [G][M]
+  if (pairs_tiles<T>(path, M) || amx_rows<T>(path, M)) {  // [M][G] -> [G][M]
     p.wq.resize(M * G * 32);
     p.wd.resize(M * G);
     p.wds.resize(T::min ? M * G : 0);  // what the kernels read of each type: tile_x16, tile_k16
@@ -531,7 +778,7 @@ void x8_tiles(const Act& a, const X8Prep& p, int64_t M, const uint8_t* wp, int64
               int path, int64_t tb, int64_t te) {
   const int64_t N = tiles * 8;
   constexpr int64_t MB = 16;
-  const bool wide = pairs_tiles<T>(path, M);
+  const bool amx = amx_rows<T>(path, M), wide = amx || pairs_tiles<T>(path, M);
   const Wide v = p.wide(M);
   const int64_t one_ahead = g_prefetch_tiles.load(std::memory_order_relaxed);  // one tile at a time (0: none)
   const int64_t MT = wide ? 8 : 4;
@@ -542,6 +789,12 @@ void x8_tiles(const Act& a, const X8Prep& p, int64_t M, const uint8_t* wp, int64
       const int64_t me = std::min(M, mb + MB);
       for (int64_t t = t0; t < t1;) {
         const bool two = wide && t + 1 < t1;
+        if (amx && two) {  // all the block's rows in one tile product a group
+          amx_configure(int(me - mb), T::kq == 14);
+          rows_amx<T>(v, a.G, wp + t * RB, RB, mb, int(me - mb), N, t, op, t + 3 < tiles ? 2 * RB : 0);
+          t += 2;
+          continue;
+        }
         const int64_t ahead = two ? 2 : one_ahead;  // the next pair, or a few tiles on
         for (int64_t m0 = mb; m0 < me; m0 += two ? MT : 4)
           rows_tiles<T>(a, p.offs.data(), p.sums.data(), v, wp + t * RB, RB, m0,
@@ -551,6 +804,7 @@ void x8_tiles(const Act& a, const X8Prep& p, int64_t M, const uint8_t* wp, int64
       }
     }
   }
+  if (amx) amx_release();
 }
 
 // Calls f(tag) with the block type of an interleaved form's type id
@@ -626,7 +880,12 @@ int64_t set_prefetch_tiles(int64_t tiles) {
 }
 
 int64_t set_int_path(int64_t path) {
-  const int most = cpu_path();
-  g_path.store(path < 0 ? most : int(std::min<int64_t>(path, most == 2 ? 2 : 0)), std::memory_order_relaxed);
+  const int most = cpu_path();  // a path the CPU lacks: AVX2
+  g_path.store(path < 0 ? default_path() : path <= most ? int(path) : 0, std::memory_order_relaxed);
   return path_now();
+}
+
+int64_t set_amx_min_rows(int64_t rows) {
+  if (rows >= 1) g_amx_min_rows.store(rows, std::memory_order_relaxed);
+  return g_amx_min_rows.load(std::memory_order_relaxed);
 }

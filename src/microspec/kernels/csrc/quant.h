@@ -15,8 +15,12 @@ torch::Tensor linear_q8(torch::Tensor x, torch::Tensor w, int64_t type, int64_t 
 std::vector<torch::Tensor> linear_q8_many(torch::Tensor x, std::vector<torch::Tensor> ws, std::vector<int64_t> types,
                                           int64_t K);
 // linear_x8.cpp: the instruction path of the interleaved integer products (0 AVX2, 1 AVX-512 VNNI on 256-bit
-// registers, 2 on 512-bit registers; -1 the widest the CPU has, the default), capped by the CPU; returns the one in use
+// registers, 2 on 512-bit registers, 3 AMX; -1 the default, the widest the CPU has but AMX; a path the CPU lacks:
+// AVX2);
+// returns the one in use
 int64_t set_int_path(int64_t path);
+// linear_x8.cpp: from how many rows path 3 takes AMX tiles (< 1 only asks); returns it
+int64_t set_amx_min_rows(int64_t rows);
 // linear_x8.cpp: how many tiles ahead a product of up to 4 rows prefetches (0 none; -1 only asks); returns it
 int64_t set_prefetch_tiles(int64_t tiles);
 // repack.cpp
