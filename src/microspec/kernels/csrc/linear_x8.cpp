@@ -12,7 +12,8 @@
 //      group (AmxPair); fewer rows take path 2.  Not the default: the exact group sums leave each (row, weight
 //      row, group) its own fp32 multiply-add and the weights their unpacking, which the tiles do not take over,
 //      and the tiles add a store and a load a group; on an Intel Xeon with AMX (2 cores) Gemma 3 270M's forward
-//      was 1.02-1.52x path 2's time at 2-64 rows, its LM head 0.95-1.39x (benchmarks/results/2026-12-02-amx/).
+//      took 1.00-1.45x path 2's time at 2-64 rows (1.06x at 16), its LM head 0.96-1.40x, one layer's products in
+//      cache at 16 rows the same as path 2's (benchmarks/results/2026-12-02-amx/).
 #include "blocks.h"
 #include "int8.h"
 #include "quant.h"
@@ -481,9 +482,11 @@ MICROSPEC_AMX inline void amx_weights(const uint8_t* b0, const uint8_t* b1, int8
 // a batch apart so that none waits on the one before (a tile load waits for the stores of the weights it reads to
 // leave the core, the vector loads of the sums for the tile store): the weights of batch b + 1 are unpacked while
 // batch b's tile products run and batch b - 1's sums go through the fp32 chain, each group in order per lane.
-template <class T>
+// MT: the rows as a constant (their accumulators then stay in registers), 0 for mt's.
+template <class T, int MT>
 struct AmxPair {
   static constexpr bool K = T::kq != 0, Q6 = T::kq == 14, S = T::sign || T::off;
+  static constexpr int R = MT ? MT : 16;  // the loops' bound
   static constexpr int NG = Q6 ? 2 : 4;
   const Wide& v;
   int64_t G;
@@ -493,7 +496,6 @@ struct AmxPair {
   int64_t pf;
   alignas(64) int8_t bt[2][4][512];
   alignas(64) int32_t ct[2][4][256];
-  __m512 acc[16], accm[16];
 
   // group g's first quant byte (X8, XQ8_0: the group's first byte) in the tile-block row w
   static const uint8_t* quants(const uint8_t* w, int64_t g) {
@@ -560,7 +562,7 @@ struct AmxPair {
     if (tiles > 3) _tile_stored(7, c[3], 64);
   }
 
-  MICROSPEC_AMX __attribute__((always_inline)) inline void chain(int64_t b) {
+  MICROSPEC_AMX __attribute__((always_inline)) inline void chain(int64_t b, __m512 (&acc)[16], __m512 (&accm)[16]) {
     for (int k = 0; k < count(b); ++k) {
       const int64_t g = b * NG + k, at = g * v.M + m0;
       if constexpr (K) {
@@ -576,7 +578,9 @@ struct AmxPair {
         const __m512i scb = _mm512_srai_epi32(sx, 16);
         const __m512 mf = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(sx, 16)), dminv);  // Q4_K: dmin * m
         const int32_t* c0 = ct[b & 1][Q6 ? 2 * k : k];
-        for (int i = 0; i < mt; ++i) {
+#pragma GCC unroll 16
+        for (int i = 0; i < R; ++i) {
+          if (!MT && i >= mt) break;
           __m512i p = _mm512_mullo_epi32(_mm512_load_si512(reinterpret_cast<const __m512i*>(c0 + 16 * i)), sca);
           if (Q6)
             p = _mm512_add_epi32(
@@ -590,7 +594,9 @@ struct AmxPair {
         const __m512 sv = _mm512_cvtph_ps(load2h(b0, b1));
         const __m512 mm = T::min ? _mm512_cvtph_ps(load2h(b0 + 16, b1 + 16)) : _mm512_setzero_ps();
         const int32_t* c0 = ct[b & 1][k];
-        for (int i = 0; i < mt; ++i) {
+#pragma GCC unroll 16
+        for (int i = 0; i < R; ++i) {
+          if (!MT && i >= mt) break;
           const __m512i p = _mm512_load_si512(reinterpret_cast<const __m512i*>(c0 + 16 * i));
           acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(sv, _mm512_set1_ps(v.d[at + i])), acc[i]);
           if (T::min) accm[i] = _mm512_fmadd_ps(mm, _mm512_set1_ps(v.ds[at + i]), accm[i]);
@@ -600,15 +606,16 @@ struct AmxPair {
   }
 
   MICROSPEC_AMX void run(float* out) {
+    __m512 acc[16], accm[16];
     for (int i = 0; i < 16; ++i) { acc[i] = _mm512_setzero_ps(); accm[i] = _mm512_setzero_ps(); }
     const int64_t nb = (G + NG - 1) / NG;
     unpack(0);
     for (int64_t b = 0; b < nb; ++b) {
       products(b);
       if (b + 1 < nb) unpack(b + 1);
-      if (b > 0) chain(b - 1);
+      if (b > 0) chain(b - 1, acc, accm);
     }
-    chain(nb - 1);
+    chain(nb - 1, acc, accm);
     for (int i = 0; i < mt; ++i) _mm512_storeu_ps(out + 16 * i, T::min ? _mm512_add_ps(acc[i], accm[i]) : acc[i]);
   }
 };
@@ -700,8 +707,13 @@ template <class T>
 MICROSPEC_AMX void rows_amx(const Wide& v, int64_t G, const uint8_t* wt, int64_t RB, int64_t m0, int mt, int64_t N,
                             int64_t t, float* op, int64_t pf) {
   alignas(64) float buf[16 * 16];
-  AmxPair<T> pair{v, G, wt, wt + RB, m0, mt, pf};
-  pair.run(buf);
+  if (mt == 16) {
+    AmxPair<T, 16> pair{v, G, wt, wt + RB, m0, mt, pf};
+    pair.run(buf);
+  } else {
+    AmxPair<T, 0> pair{v, G, wt, wt + RB, m0, mt, pf};
+    pair.run(buf);
+  }
   for (int i = 0; i < mt; ++i) std::memcpy(op + (m0 + i) * N + 8 * t, buf + 16 * i, 16 * sizeof(float));
 }
 
