@@ -767,6 +767,55 @@ def _unpacked_pairs() -> list[str]:
             ab_lossless(res), ""]
 
 
+def _amx() -> list[str]:
+    """Path 3 (AMX tiles) against path 2 on a CPU with AMX: kernel_ab.py's paired run of the two paths in one
+    process; one layer's products in cache on each path (layer_products.py)."""
+    runs = DATA["AMX"]
+    rows = load(runs["ROWS"])
+    layers = [load(f) for f in runs["LAYER"]]
+    meta = rows
+    same = all(r["same_bits"] for r in rows["results"])
+    by_path = [[f"{name} ({layers[0]['products'][name]['type']})",
+                *(f"{lp['products'][name]['us_by_rows'][str(r)]:.1f}" for lp in layers for r in (2, 16, 64))]
+               for name in layers[0]["products"]]
+    by_path.append(["sum", *(f"{lp['sum_us_by_rows'][str(r)]:.0f}" for lp in layers for r in (2, 16, 64))])
+    fwd = [r["forward"]["ratio_new_over_base"] for r in rows["results"] if r["rows"] > 1]
+    head = [r["head"]["ratio_new_over_base"] for r in rows["results"] if r["rows"] > 1]
+    sixteen = [r for r in rows["results"] if r["rows"] == 16]
+    one = {r["context"]: r for r in rows["results"] if r["rows"] == 1}
+
+    def step(r: dict) -> float:  # path 2's forward and head
+        return r["forward"]["base"]["median_ms"] + r["head"]["base"]["median_ms"]
+
+    return ["### AMX tiles for the packed products (taken only when asked for)", "",
+            "On a CPU with AMX (Intel Xeon 4th generation on) the products have a third path (`int_path(\"amx\")`): "
+            "per 32-element group, a pair of tiles' weights, unpacked as path 2 unpacks them and less their offset "
+            "(q − OFF, signed), are the B tile and up to 16 activation rows the A tile of one `tdpbssd` "
+            "(`tdpbsud` for the unsigned quants; Q6_K one per 16-element half), in batches of groups a stage apart. "
+            "The sums are the same exact int32 values as the other paths', and the same fp32 chain follows, so its "
+            "results are theirs bit for bit (tests/test_gguf.py, every block type). The tiles take over only the "
+            "multiply-adds: each (row, weight row, group) keeps its own fp32 multiply-add (the exact group sums "
+            "need it), the weights their unpacking, and each group adds a tile store and loads. Path 2 (vnni512) "
+            "against it, alternating in one process (kernel_ab.py --path-ab), ms, median (quartiles):", "",
+            table(["prefix", "rows", *_PAIRED_HEADS], _paired_body(rows)), "",
+            Source(runs["ROWS"], meta["command"], meta["date"][:10], f"{meta['machine']}, {meta['threads']} "
+                   "threads (AMX tiles, AVX-512 VNNI/BF16/FP16)", commit(meta)).markdown(), "",
+            "One layer's products in cache (layer 0; µs a call at 2, 16 and 64 rows, path 2 then AMX):", "",
+            table(["product", *(f"{lp['path']} {r} rows" for lp in layers for r in (2, 16, 64))], by_path), "",
+            " ".join(Source(f, lp["command"], lp["date"][:10], f"{lp['machine']}, {lp['threads']} threads",
+                            commit(lp)).markdown() for f, lp in zip(runs["LAYER"], layers)), "",
+            "- " + ("Every call gave the same hidden states and logits bit for bit on both paths."
+                    if same else "SOME CALLS DIFFERED BETWEEN THE PATHS."),
+            f"- From 2 to 64 rows the forward took {min(fwd):.2f}–{max(fwd):.2f}x path 2's time and the LM head "
+            f"{min(head):.2f}–{max(head):.2f}x (16 rows: the forward "
+            + ", ".join(f"{r['forward']['ratio_new_over_base']:.2f}x after {r['context']} tokens" for r in sixteen)
+            + "); the layer's products break even at about 16 rows. So the default stays path 2 on every CPU, AMX "
+            "or not, and the AMX path is there to be measured and chosen where it pays.",
+            "- On path 2 a verify pass over 16 rows (the forward and the LM head over all of them) costs "
+            + "; ".join(f"{step(r) / step(one[r['context']]):.2f}x one row's step after {r['context']} tokens"
+                        for r in sixteen) + " on this CPU.", ""]
+
+
 def _draft_layout() -> list[str]:
     """The EAGLE head beside a packed target: its Q8_0 matrices interleaved against in the file's blocks."""
     rel = DATA["STACK_CALL"]["DRAFT_LAYOUT"]
@@ -809,7 +858,7 @@ def _first_measure() -> list[str]:
 def render() -> str:
     return "\n".join(["## Where the time goes", "", *_split(), *_step(), *_layer(), *_paths(), *_sized(),
                       *_sized_views(), *_attention(), *_cache_prefetch(), *_layer_regions(), *_stack_call(),
-                      *_wide_rows(), *_unpacked_pairs(), *_draft_layout(), *_first_measure(), *_floor(),
+                      *_wide_rows(), *_unpacked_pairs(), *_amx(), *_draft_layout(), *_first_measure(), *_floor(),
                       *_llama()]).rstrip() + "\n"
 
 
