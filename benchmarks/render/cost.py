@@ -816,6 +816,52 @@ def _amx() -> list[str]:
                         for r in sixteen) + " on this CPU.", ""]
 
 
+def _intel() -> list[str]:
+    """The defaults on the Intel Xeon with AMX of the AMX section: the held-apart bench (two runs), plain decoding
+    against the read bandwidth, plain batching served to 8 clients."""
+    runs = DATA["AMX"]
+    names = {"ar": "plain", "auto": "`auto`", "eagle-full": "EAGLE-2, full vocabulary",
+             "microspec": "EAGLE + MicroSpec"}
+    res = [{d: load(f"{folder}/{d}/results.json") for d in ("greedy", "greedy-rp1.2")}
+           for folder in runs["HELD_APART"]]
+    questions = res[0]["greedy"]["methods"]["ar"]["overall"]["questions"]
+    body = []
+    for d, label in (("greedy", "greedy"), ("greedy-rp1.2", "penalty 1.2")):
+        for method, name in names.items():
+            if method == "ar":
+                tok = [r[d]["methods"][method]["overall"]["tokens_per_s"] for r in res]
+                body.append([label, name, " / ".join(f"{t:.1f}" for t in tok), "1.00", "1.00"])
+                continue
+            o = [r[d]["methods"][method]["overall"] for r in res]
+            body.append([label, name, " / ".join(f"{x['tokens_per_s']:.1f}" for x in o),
+                         " / ".join(f"{x['speedup']:.2f}" for x in o),
+                         " / ".join(f"{x['mean_accept_len']:.2f}" for x in o)])
+    same = all(not r[d]["mismatches"] for r in res for d in r)
+    fl, sv = load(runs["FLOOR"]), load(runs["SERVE"])
+    shares = [r["share"] for r in fl["rounds"]]
+    lv = sv["levels"]
+    return ["### The defaults on the Intel Xeon with AMX", "",
+            f"On the same machine (path 2, the default), the held-apart prompts ({questions} questions, 128 tokens; two runs one after the other, tok/s and x plain decoding in the same run, run 1 / "
+            "run 2):", "",
+            table(["decoding", "method", "tok/s", "x plain", "τ"], body), "",
+            " ".join(Source(f"{folder}/greedy/results.json", r["greedy"]["meta"]["command"],
+                            r["greedy"]["meta"]["date"][:10], f"{r['greedy']['meta']['machine']}, "
+                            f"{r['greedy']['meta']['threads']} threads", commit(r["greedy"]["meta"])).markdown()
+                     for folder, r in zip(runs["HELD_APART"], res)), "",
+            "- " + ("Every greedy answer equal to plain decoding's." if same else "SOME ANSWERS DIFFERED."),
+            f"- Plain decoding against the read bandwidth measured beside it ({len(shares)} rounds): median "
+            f"{fl['median_share']:.0%} ({min(shares):.0%}–{max(shares):.0%}; "
+            f"{min(r['decode_tok_s'] for r in fl['rounds']):.0f}–{max(r['decode_tok_s'] for r in fl['rounds']):.0f} "
+            f"tok/s at {min(r['read_gb_s'] for r in fl['rounds']):.1f}–{max(r['read_gb_s'] for r in fl['rounds']):.1f}"
+            " GB/s). " + Source(runs["FLOOR"], fl["command"], fl["date"][:10], f"{fl['machine']}, {fl['threads']} "
+                                "threads", commit(fl)).markdown(),
+            f"- Served over HTTP, plain batching: 8 clients at once {lv[-1]['generated_tokens_per_s']:.0f} tok/s, "
+            f"{lv[-1]['speedup_vs_1_client']:.2f}x one client's {lv[0]['generated_tokens_per_s']:.0f} (the clients "
+            "share the server's 2 cores). " + Source(runs["SERVE"], sv["command"], sv["date"][:10],
+                                                    f"{sv['machine']}, {sv['threads']} threads", commit(sv)).markdown(),
+            ""]
+
+
 def _draft_layout() -> list[str]:
     """The EAGLE head beside a packed target: its Q8_0 matrices interleaved against in the file's blocks."""
     rel = DATA["STACK_CALL"]["DRAFT_LAYOUT"]
@@ -858,7 +904,7 @@ def _first_measure() -> list[str]:
 def render() -> str:
     return "\n".join(["## Where the time goes", "", *_split(), *_step(), *_layer(), *_paths(), *_sized(),
                       *_sized_views(), *_attention(), *_cache_prefetch(), *_layer_regions(), *_stack_call(),
-                      *_wide_rows(), *_unpacked_pairs(), *_amx(), *_draft_layout(), *_first_measure(), *_floor(),
+                      *_wide_rows(), *_unpacked_pairs(), *_amx(), *_intel(), *_draft_layout(), *_first_measure(), *_floor(),
                       *_llama()]).rstrip() + "\n"
 
 
