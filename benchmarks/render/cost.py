@@ -841,8 +841,8 @@ def _intel() -> list[str]:
     shares = [r["share"] for r in fl["rounds"]]
     lv = sv["levels"]
     return ["### The defaults on the Intel Xeon with AMX", "",
-            f"On the same machine (path 2, the default), the held-apart prompts ({questions} questions, 128 tokens; two runs one after the other, tok/s and x plain decoding in the same run, run 1 / "
-            "run 2):", "",
+            f"On the same machine (path 2, the default), the held-apart prompts ({questions} questions, 128 "
+            "tokens; two runs one after the other, tok/s and x plain decoding in the same run, run 1 / run 2):", "",
             table(["decoding", "method", "tok/s", "x plain", "τ"], body), "",
             " ".join(Source(f"{folder}/greedy/results.json", r["greedy"]["meta"]["command"],
                             r["greedy"]["meta"]["date"][:10], f"{r['greedy']['meta']['machine']}, "
@@ -852,8 +852,9 @@ def _intel() -> list[str]:
             f"- Plain decoding against the read bandwidth measured beside it ({len(shares)} rounds): median "
             f"{fl['median_share']:.0%} ({min(shares):.0%}–{max(shares):.0%}; "
             f"{min(r['decode_tok_s'] for r in fl['rounds']):.0f}–{max(r['decode_tok_s'] for r in fl['rounds']):.0f} "
-            f"tok/s at {min(r['read_gb_s'] for r in fl['rounds']):.1f}–{max(r['read_gb_s'] for r in fl['rounds']):.1f}"
-            " GB/s). " + Source(runs["FLOOR"], fl["command"], fl["date"][:10], f"{fl['machine']}, {fl['threads']} "
+            f"tok/s at {min(r['read_gb_s'] for r in fl['rounds']):.1f}–"
+            f"{max(r['read_gb_s'] for r in fl['rounds']):.1f} GB/s). "
+            + Source(runs["FLOOR"], fl["command"], fl["date"][:10], f"{fl['machine']}, {fl['threads']} "
                                 "threads", commit(fl)).markdown(),
             f"- Served over HTTP, plain batching: 8 clients at once {lv[-1]['generated_tokens_per_s']:.0f} tok/s, "
             f"{lv[-1]['speedup_vs_1_client']:.2f}x one client's {lv[0]['generated_tokens_per_s']:.0f} (the clients "
@@ -904,8 +905,8 @@ def _first_measure() -> list[str]:
 def render() -> str:
     return "\n".join(["## Where the time goes", "", *_split(), *_step(), *_layer(), *_paths(), *_sized(),
                       *_sized_views(), *_attention(), *_cache_prefetch(), *_layer_regions(), *_stack_call(),
-                      *_wide_rows(), *_unpacked_pairs(), *_amx(), *_intel(), *_draft_layout(), *_first_measure(), *_floor(),
-                      *_llama()]).rstrip() + "\n"
+                      *_wide_rows(), *_unpacked_pairs(), *_amx(), *_intel(), *_draft_layout(), *_first_measure(),
+                      *_floor(), *_llama()]).rstrip() + "\n"
 
 
 FIGURES: dict = {}
