@@ -11,9 +11,9 @@
 //      of tiles' unpacked weights are one AMX tile and up to 16 activation rows another, one tdpbssd / tdpbsud a
 //      group (AmxPair); fewer rows take path 2.  Not the default: the exact group sums leave each (row, weight
 //      row, group) its own fp32 multiply-add and the weights their unpacking, which the tiles do not take over,
-//      and the tiles add a store and a load a group; on an Intel Xeon with AMX (2 cores) Gemma 3 270M's forward
-//      took 1.00-1.45x path 2's time at 2-64 rows (1.06x at 16), its LM head 0.96-1.40x, one layer's products in
-//      cache at 16 rows the same as path 2's (benchmarks/results/2026-12-02-amx/).
+//      and the tiles add stores and loads a group; on an Intel Xeon with AMX (2 cores) Gemma 3 270M's forward and
+//      LM head were slower than path 2's up to 8 rows (1.05-1.5x) and within 10% of them from 16 to 64 rows
+//      (benchmarks/results/2026-12-02-amx/).
 #include "blocks.h"
 #include "int8.h"
 #include "quant.h"
@@ -419,15 +419,19 @@ struct alignas(64) AmxConfig {
   uint8_t rows[16] = {};
 };
 
-thread_local int t_amx_config = 0;  // the configuration this thread loaded: 2 mt + (Q6_K's), 0 none
+// Q8_0's configuration instead: its weights are B tiles as they lie in memory (a tile's group: 8 rows of 32
+// bytes, chunk c at row c), one for each tile of the pair, so the B tiles (2, 3) and the C tiles (4..7) are 8
+// columns wide, 32 bytes; the C tiles of a pair are stored side by side, 16 lanes a row as path 2 has them.
+thread_local int t_amx_config = 0;  // the configuration this thread loaded: 3 mt + kind, 0 none
 
-MICROSPEC_AMX inline void amx_configure(int mt, bool halves) {
-  const int key = 2 * mt + halves;
+// kind 0: 32-byte A, 64-byte B and C; 1: Q6_K's halves; 2: Q8_0's weights as they lie
+MICROSPEC_AMX inline void amx_configure(int mt, int kind) {
+  const int key = 3 * mt + kind;
   if (t_amx_config == key) return;
   AmxConfig c;
   for (int i = 0; i < 8; ++i) {
-    c.colsb[i] = i < 2 ? (halves ? 16 : 32) : 64;
-    c.rows[i] = uint8_t(i >= 2 && i < 4 ? (halves ? 4 : 8) : mt);
+    c.colsb[i] = i < 2 ? (kind == 1 ? 16 : 32) : kind == 2 ? 32 : 64;
+    c.rows[i] = uint8_t(i >= 2 && i < 4 ? (kind == 1 ? 4 : 8) : mt);
   }
   // GCC does not see ldtilecfg read its operand and drops the stores above without this barrier
   __asm__ __volatile__("" : : "r"(&c) : "memory");
@@ -487,7 +491,8 @@ template <class T, int MT>
 struct AmxPair {
   static constexpr bool K = T::kq != 0, Q6 = T::kq == 14, S = T::sign || T::off;
   static constexpr int R = MT ? MT : 16;  // the loops' bound
-  static constexpr int NG = Q6 ? 2 : 4;
+  static constexpr bool DIRECT = T::sign;  // Q8_0: the B tiles straight from the weights, nothing unpacked
+  static constexpr int NG = Q6 || DIRECT ? 2 : 4;
   const Wide& v;
   int64_t G;
   const uint8_t *w0, *w1;
@@ -520,7 +525,7 @@ struct AmxPair {
         prefetch_group(w0 + at_byte(g) + pf, int(span(g)));
         prefetch_group(w1 + at_byte(g) + pf, int(span(g)));
       }
-      amx_weights<T>(quants(w0, g), quants(w1, g), bt[b & 1][k]);
+      if constexpr (!DIRECT) amx_weights<T>(quants(w0, g), quants(w1, g), bt[b & 1][k]);
     }
   }
 
@@ -530,7 +535,34 @@ struct AmxPair {
     const int64_t xs = 32 * v.M;  // the next group's rows
     int8_t(*w)[512] = bt[b & 1];
     int32_t(*c)[256] = ct[b & 1];
-    if constexpr (Q6) {  // A tiles 0 (elements 0..15), 1 (16..31); B tiles 2, 3; C 4, 5 and 6, 7
+    if constexpr (DIRECT) {  // A tiles 0, 1 (a group each); B tiles 2, 3 (tile t's, t + 1's); C 4, 5 and 6, 7
+      const uint8_t* q0 = quants(w0, b * NG) + T::head;
+      const uint8_t* q1 = quants(w1, b * NG) + T::head;
+      _tile_loadd(0, x, 32);
+      _tile_loadd(2, q0, 32);
+      _tile_loadd(3, q1, 32);
+      _tile_zero(4);
+      _tile_zero(5);
+      _tile_dpbssd(4, 0, 2);
+      _tile_dpbssd(5, 0, 3);
+      if (n > 1) {
+        _tile_loadd(1, x + xs, 32);
+        _tile_loadd(2, q0 + T::gbytes, 32);
+        _tile_loadd(3, q1 + T::gbytes, 32);
+        _tile_zero(6);
+        _tile_zero(7);
+        _tile_dpbssd(6, 1, 2);
+        _tile_dpbssd(7, 1, 3);
+      }
+      _tile_stored(4, c[0], 64);
+      _tile_stored(5, c[0] + 8, 64);
+      if (n > 1) {
+        _tile_stored(6, c[1], 64);
+        _tile_stored(7, c[1] + 8, 64);
+      }
+      (void)w;
+      return;
+    } else if constexpr (Q6) {  // A tiles 0 (elements 0..15), 1 (16..31); B tiles 2, 3; C 4, 5 and 6, 7
       _tile_loadd(0, x, 32);
       _tile_loadd(1, x + 16, 32);
       _tile_loadd(2, w[0], 64);
@@ -802,7 +834,7 @@ void x8_tiles(const Act& a, const X8Prep& p, int64_t M, const uint8_t* wp, int64
       for (int64_t t = t0; t < t1;) {
         const bool two = wide && t + 1 < t1;
         if (amx && two) {  // all the block's rows in one tile product a group
-          amx_configure(int(me - mb), T::kq == 14);
+          amx_configure(int(me - mb), T::kq == 14 ? 1 : T::sign ? 2 : 0);
           rows_amx<T>(v, a.G, wp + t * RB, RB, mb, int(me - mb), N, t, op, t + 3 < tiles ? 2 * RB : 0);
           t += 2;
           continue;
