@@ -61,6 +61,8 @@ GENERAL = """\
 - `MICROSPEC_CPU_KERNEL`: `0` turns microspec's compiled CPU kernels off (torch's operations instead); `1` makes a
   failed kernel build an error instead of a quiet fallback.  (The on/off switches here read `0`, `off`, `false` or
   `no` as off, in any case, at the moment they decide.)
+- `MICROSPEC_AMX`: `0` keeps a bf16 model's products off the CPU's AMX tiles (where the CPU has AMX-BF16 they take
+  them by default; the values differ from the other path's in the low bits, each path batch-invariant).
 - `MICROSPEC_REPACK`: `0` keeps a GGUF file's quantized matrices in the file's layout instead of the interleaved
   8-row form they are rearranged into at load.
 - `MICROSPEC_CPU_PREFETCH`: `on` or `off` sets whether the packed products of up to 4 rows prefetch their weights in

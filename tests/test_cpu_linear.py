@@ -57,6 +57,43 @@ def test_rows_do_not_depend_on_the_batch(dtype):
 
 
 @needs_kernel
+@pytest.mark.parametrize("amx", [False, True])
+def test_amx_rows_match_the_reference_and_do_not_depend_on_the_batch(amx):
+    """bf16 activations and weights with K a multiple of 32 take AMX tiles where the CPU has AMX-BF16 (the weight
+    rows in whole blocks of 16; the last 11 of 523 take the other path): every row is the same bits alone, in a
+    small batch or deep in a large one (several blocks of 16 rows), close to the fp32 reference, in both output
+    dtypes; with the tiles switched off the same holds on the other path, whose low bits differ."""
+    was = cpu_linear.amx()
+    if amx and not was:
+        pytest.skip("this CPU has no AMX-BF16 (or Linux does not let this process use it)")
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(37, 256, generator=g).bfloat16()
+    w = torch.randn(523, 256, generator=g).bfloat16()
+    b = torch.randn(523, generator=g)
+    try:
+        assert cpu_linear.amx(amx) == amx
+        for out_dtype in (torch.float32, torch.bfloat16):
+            batch = cpu_linear.linear(x, w, b, out_dtype=out_dtype)
+            alone = torch.cat([cpu_linear.linear(x[i : i + 1], w, b, out_dtype=out_dtype) for i in range(37)])
+            threes = torch.cat([cpu_linear.linear(x[i : i + 3], w, b, out_dtype=out_dtype) for i in range(0, 37, 3)])
+            assert torch.equal(batch, alone)
+            assert torch.equal(batch, threes)
+            want = cpu_linear.reference(x, w, b, out_dtype=torch.float32)
+            assert torch.allclose(batch.float(), want, atol=2e-2 if out_dtype == torch.bfloat16 else 2e-3, rtol=1e-2)
+        if amx:
+            cpu_linear.amx(False)
+            other = cpu_linear.linear(x, w, b, out_dtype=torch.float32)
+            cpu_linear.amx(True)
+            tiles = cpu_linear.linear(x, w, b, out_dtype=torch.float32)
+            assert not torch.equal(tiles[:, :512], other[:, :512])  # the tiles did the whole blocks
+            assert torch.equal(tiles[:, 512:], other[:, 512:])  # the rows after them: the other path
+            # fp32 activations (in general not bf16 values) keep the other path
+            assert torch.equal(cpu_linear.linear(x.float(), w, b, out_dtype=torch.float32), other)
+    finally:
+        cpu_linear.amx(was)
+
+
+@needs_kernel
 def test_leading_dims_and_input_dtypes():
     g = torch.Generator().manual_seed(2)
     w = torch.randn(20, 16, generator=g).bfloat16()

@@ -17,6 +17,13 @@ it for the same reason: torch's fp32 matmul blocks its sums by the number of row
 1-row and a 16-row product), so a verify pass or a server's batch could leave plain decoding at a near tie; through
 this kernel a CPU fp32 row is the same bits in any batch.
 
+AMX (:func:`amx`): where the CPU has AMX-BF16 tiles, a bf16 layer's product (bf16 activations, K a multiple of 32)
+takes them for the weight rows in whole blocks of 16: the weight rows are the A tiles straight from memory, the
+activation rows the B tile as bf16 pairs, the fp32 sums stay in the C tiles over the whole of K (``tdpbf16ps``'s
+own rounding) and are stored once.  Each weight row takes the same path whatever the number of rows, so a row's
+result is still batch-invariant; its low bits differ from the register-tile path's.  fp32 activations keep that
+path (rounding them to bf16 would change the values).
+
 Attention (:func:`attend`, bf16 decode steps and tree verification of at most ``ATTENTION_MAX_ROWS`` query rows):
 torch's SDPA blocks its reductions by the shape of the call, so a token's attention output in a 60-row verify pass
 differed in the last bf16 bit from the one-token step's, and greedy speculative output left the autoregressive
@@ -39,6 +46,7 @@ from __future__ import annotations
 import torch
 
 # the row-wise attention kernel (csrc/attention.cpp) is built into the quantized-weight extension (cpu_quant)
+from ..devices import env_flag
 from . import cpu_quant
 from ._build import Extension
 
@@ -86,10 +94,32 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1]).to(torch.float32).contiguous()
     b = bias.to(torch.float32).contiguous() if bias is not None else torch.empty(0)
-    out = _EXT.module.linear_bf16(x2, weight.contiguous(), b, out_dtype == torch.bfloat16)
+    x_bf16 = x.dtype == torch.bfloat16
+    if x_bf16 and not _AMX_ENV:
+        amx()  # MICROSPEC_AMX
+    out = _EXT.module.linear_bf16(x2, weight.contiguous(), b, out_dtype == torch.bfloat16, x_bf16)
     if out_dtype not in (torch.bfloat16, torch.float32):
         out = out.to(out_dtype)
     return out.reshape(*lead, weight.shape[0])
+
+
+_AMX_ENV: list = []  # MICROSPEC_AMX, once applied: a process takes one path for its bf16 layers
+
+
+def amx(on: bool | None = None) -> bool:
+    """Whether a bf16 layer's product (bf16 activations and weights, K a multiple of 32) takes the CPU's AMX tiles
+    for its weight rows in whole blocks of 16 (the default where the CPU has AMX-BF16; ``MICROSPEC_AMX=0``, read at
+    the first product, turns it off); ``on`` sets it (a CPU without AMX stays off).  Each weight row takes the same
+    path whatever the rows, so the rows stay batch-invariant either way; the values differ from the other path's in
+    the low bits (tdpbf16ps's own fp32 sums).  Switch it only between generations: a decode step and the verify
+    pass after it must take the same path."""
+    if not available():
+        return False
+    if not _AMX_ENV:
+        _AMX_ENV.append(True)
+        if not env_flag("MICROSPEC_AMX") and on is None:
+            on = False
+    return bool(_EXT.module.set_amx_bf16(-1 if on is None else int(bool(on))))
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,

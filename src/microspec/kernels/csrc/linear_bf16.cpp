@@ -1,8 +1,16 @@
 // The dense-weight product of cpu_linear: y = x W^T (+ b), bf16 weights widened to fp32 in registers (or fp32
 // weights as they are), fp32 sums in a fixed order (the register tile of common.h), outputs rounded to bf16 or kept
-// in fp32.
+// in fp32.  Where the CPU has AMX-BF16 and the rows' values are bf16 (a bf16 model's activations), the weight rows
+// in blocks of 16 of a bf16 matrix whose K is a multiple of 32 go through AMX tiles instead (amx_product): one
+// sequence of tile products per weight row, the same whatever the number of rows, so batch-invariant too.
 #include "common.h"
 #include "linear_bf16.h"
+
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
 
 namespace {
 // x: [M, K] fp32, wp: [N, K] weight rows of E (uint16_t: bf16; float), bp: [N] fp32 or null; out: [M, N].
@@ -52,10 +60,151 @@ void product(const float* xp, const E* wp, const float* bp, void* op, int64_t M,
     }
   });
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// AMX-BF16.  A tile product C[16 weight rows][mt rows] += A · B, A the weight rows' 32 bf16 of a K step straight
+// from W (16 rows of 64 bytes, the row stride 2K), B the activation rows' same 32 values as bf16 pairs (16 rows of
+// mt x 4 bytes: row p holds each row's elements 2p, 2p + 1).  C stays in its tile over the whole of K (fp32,
+// tdpbf16ps's own rounding), four weight-row tiles a pass (64 weight rows), then it is stored and transposed into
+// the output.  Each output element is the same sequence of tile products, in K order, whatever mt or the block it
+// falls in.
+#define MICROSPEC_AMX_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")))
+
+std::atomic<int> g_amx_bf16{-1};  // -1: not yet asked; 0 off; 1 on
+
+// Whether this CPU has AMX tiles with bf16 products and Linux lets this process use them (arch_prctl
+// ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA)
+bool amx_bf16_usable() {
+  static const bool ok = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    if (!((d >> 24) & 1u) || !((d >> 22) & 1u)) return false;  // AMX-TILE, AMX-BF16
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512bf16") || !__builtin_cpu_supports("avx512bw")) return false;
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  }();
+  return ok;
+}
+
+bool amx_bf16_on() {
+  int v = g_amx_bf16.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = amx_bf16_usable() ? 1 : 0;
+    g_amx_bf16.store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start = 0, pad[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// tiles 0 (B: 16 rows of mt x 4 bytes), 1..3 (A: 16 rows of 64 bytes), 4..7 (C: 16 rows of mt fp32)
+MICROSPEC_AMX_BF16 void amx_bf16_configure(int mt) {
+  TileConfig c;
+  for (int i = 0; i < 8; ++i) {
+    c.colsb[i] = uint16_t(i >= 1 && i <= 3 ? 64 : 4 * mt);
+    c.rows[i] = 16;
+  }
+  __asm__ __volatile__("" : : "r"(&c) : "memory");  // GCC does not see ldtilecfg read c
+  _tile_loadconfig(&c);
+}
+
+// The rows xp [M, K] fp32 (bf16 values) as B tiles: [M / 16 blocks][K / 2][16][2] bf16, the missing rows of the
+// last block zero
+std::vector<uint16_t> amx_bf16_rows(const float* xp, int64_t M, int64_t K) {
+  const int64_t blocks = (M + 15) / 16;
+  std::vector<uint16_t> xb(size_t(blocks * K * 16), 0);
+  for (int64_t m = 0; m < M; ++m) {
+    uint16_t* dst = xb.data() + (m / 16) * K * 16 + (m % 16) * 2;
+    for (int64_t k = 0; k < K; ++k) dst[(k / 2) * 32 + (k % 2)] = f32_to_bf16(xp[m * K + k]);
+  }
+  return xb;
+}
+
+// Weight rows n0..n0+63 (four A tiles; `tiles` of them, 1..4) against row block mb (mt rows) of xb: C into cbuf
+// [64][16] fp32
+MICROSPEC_AMX_BF16 void amx_bf16_block(const uint16_t* wp, int64_t K, const uint16_t* xb, int64_t n0, int tiles,
+                                       float* cbuf) {
+  const int64_t stride = 2 * K;
+  const uint8_t* w = reinterpret_cast<const uint8_t*>(wp + n0 * K);
+  _tile_zero(4);
+  _tile_zero(5);
+  _tile_zero(6);
+  _tile_zero(7);
+  for (int64_t k0 = 0; k0 < K; k0 += 32) {
+    _tile_loadd(0, xb + (k0 / 2) * 32, 64);
+    const uint8_t* a = w + 2 * k0;
+    _tile_loadd(1, a, stride);
+    _tile_dpbf16ps(4, 1, 0);
+    if (tiles > 1) {
+      _tile_loadd(2, a + 16 * stride, stride);
+      _tile_dpbf16ps(5, 2, 0);
+    }
+    if (tiles > 2) {
+      _tile_loadd(3, a + 32 * stride, stride);
+      _tile_dpbf16ps(6, 3, 0);
+    }
+    if (tiles > 3) {
+      _tile_loadd(1, a + 48 * stride, stride);
+      _tile_dpbf16ps(7, 1, 0);
+    }
+  }
+  _tile_stored(4, cbuf, 64);
+  if (tiles > 1) _tile_stored(5, cbuf + 16 * 16, 64);
+  if (tiles > 2) _tile_stored(6, cbuf + 32 * 16, 64);
+  if (tiles > 3) _tile_stored(7, cbuf + 48 * 16, 64);
+}
+
+MICROSPEC_AMX_BF16 void amx_bf16_release() { _tile_release(); }
+
+// Weight rows 0..N16-1 (N16 a multiple of 16) of wp [N, K] bf16 against xp [M, K] (bf16 values; K a multiple of 32)
+// on AMX tiles, into op [M, N]
+void amx_product(const float* xp, const uint16_t* wp, const float* bp, void* op, int64_t M, int64_t K, int64_t N,
+                 int64_t N16, bool out_bf16) {
+  const std::vector<uint16_t> xb = amx_bf16_rows(xp, M, K);
+  const int64_t blocks = (N16 + 63) / 64;  // of 64 weight rows (the last one may hold fewer tiles)
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    alignas(64) float cbuf[64 * 16];
+    int configured = 0;
+    for (int64_t mb = 0; mb < M; mb += 16) {
+      const int mt = int(std::min<int64_t>(16, M - mb));
+      if (mt != configured) {
+        amx_bf16_configure(mt);
+        configured = mt;
+      }
+      const uint16_t* x = xb.data() + (mb / 16) * K * 16;
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t n0 = b * 64;
+        const int tiles = int(std::min<int64_t>(4, (N16 - n0) / 16));
+        amx_bf16_block(wp, K, x, n0, tiles, cbuf);
+        for (int64_t r = 0; r < 16 * tiles; ++r)
+          for (int i = 0; i < mt; ++i) {
+            const float v = cbuf[r * 16 + i] + (bp ? bp[n0 + r] : 0.0f);
+            const int64_t at = (mb + i) * N + n0 + r;
+            if (out_bf16) static_cast<uint16_t*>(op)[at] = f32_to_bf16(v);
+            else static_cast<float*>(op)[at] = v;
+          }
+      }
+    }
+    if (configured) amx_bf16_release();
+  });
+}
+
 }  // namespace
 
+int64_t set_amx_bf16(int64_t on) {
+  if (on >= 0) g_amx_bf16.store(on && amx_bf16_usable() ? 1 : 0, std::memory_order_relaxed);
+  return amx_bf16_on() ? 1 : 0;
+}
+
 // x: [M, K] fp32 (contiguous), w: [N, K] bf16 or fp32, bias: [N] fp32 or empty.  Returns [M, N] in out_dtype.
-torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, torch::Tensor bias, bool out_bf16) {
+// x_bf16: x's values are bf16 (a bf16 layer's activations): a bf16 w then takes AMX tiles where amx_bf16_on() and
+// K is a multiple of 32, for its weight rows in whole blocks of 16 (the rest as the others).
+torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, torch::Tensor bias, bool out_bf16, bool x_bf16) {
   TORCH_CHECK(x.dtype() == torch::kFloat32 && x.is_contiguous() && x.dim() == 2, "x: contiguous fp32 [M, K]");
   TORCH_CHECK((w.dtype() == torch::kBFloat16 || w.dtype() == torch::kFloat32) && w.is_contiguous() && w.dim() == 2,
               "w: contiguous bf16 or fp32 [N, K]");
@@ -65,10 +214,18 @@ torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, torch::Tensor bias, 
   if (has_bias) TORCH_CHECK(bias.dtype() == torch::kFloat32 && bias.numel() == N, "bias: fp32 [N]");
   auto out = torch::empty({M, N}, x.options().dtype(out_bf16 ? torch::kBFloat16 : torch::kFloat32));
   const float* bp = has_bias ? bias.data_ptr<float>() : nullptr;
-  if (w.dtype() == torch::kFloat32)
+  if (w.dtype() == torch::kFloat32) {
     product(x.data_ptr<float>(), w.data_ptr<float>(), bp, out.data_ptr(), M, K, N, out_bf16);
-  else
-    product(x.data_ptr<float>(), reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), bp, out.data_ptr(),
-            M, K, N, out_bf16);
+    return out;
+  }
+  const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+  const int64_t N16 = x_bf16 && K % 32 == 0 && M > 0 && amx_bf16_on() ? N / 16 * 16 : 0;
+  if (N16) amx_product(x.data_ptr<float>(), wp, bp, out.data_ptr(), M, K, N, N16, out_bf16);
+  if (N16 < N) {  // the rows after the whole blocks of 16, one product over [N16, N)
+    torch::Tensor rest = torch::empty({M, N - N16}, out.options());
+    product(x.data_ptr<float>(), wp + N16 * K, bp ? bp + N16 : nullptr, rest.data_ptr(), M, K, N - N16, out_bf16);
+    if (N16) out.narrow(1, N16, N - N16).copy_(rest);
+    else out = rest;
+  }
   return out;
 }
