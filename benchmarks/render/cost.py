@@ -864,6 +864,59 @@ def _intel() -> list[str]:
             ""]
 
 
+def _amx_bf16() -> list[str]:
+    """A bf16 model's products on AMX-BF16 tiles against the register-tile path: bf16_amx.py's paired run by rows;
+    the held-apart bench with bf16 weights on each path (MICROSPEC_AMX=0 for the other)."""
+    runs = DATA["AMX_BF16"]
+    rows = load(runs["ROWS"])
+
+    def ms(part: dict, side: str) -> str:
+        return f"{part[side]['median_ms']:.2f} ({part[side]['q1_ms']:.2f}–{part[side]['q3_ms']:.2f})"
+
+    body = [[r["context"], r["rows"], *(c for p in ("forward", "head") for c in (
+        ms(r[p], "other"), ms(r[p], "amx"), f"{r[p]['ratio_amx_over_other']:.3f}")), f"{r['logits_max_abs_diff']:.3g}"]
+        for r in rows["results"]]
+    one = {r["context"]: r for r in rows["results"] if r["rows"] == 1}
+
+    def step(r: dict, side: str) -> float:
+        return r["forward"][side]["median_ms"] + r["head"][side]["median_ms"]
+
+    verify = "; ".join(f"after {r['context']} tokens {step(r, 'amx') / step(one[r['context']], 'amx'):.2f}x on the "
+                       f"tiles, {step(r, 'other') / step(one[r['context']], 'other'):.2f}x on the other path"
+                       for r in rows["results"] if r["rows"] == 16)
+    bench = {side: load(f"{folder}/greedy/results.json") for side, folder in runs["HELD_APART"].items()}
+    names = {"ar": "plain", "auto": "`auto`", "microspec": "EAGLE + MicroSpec",
+             "eagle-full": "EAGLE-2, full vocabulary"}
+    bbody = [[name, *(f"{bench[s]['methods'][k]['overall']['tokens_per_s']:.1f}" for s in ("other", "amx")),
+              *(f"{bench[s]['methods'][k]['overall']['speedup']:.2f}" for s in ("other", "amx")),
+              f"{bench['amx']['methods'][k]['overall']['mean_accept_len']:.2f}"] for k, name in names.items()]
+    meta = bench["amx"]["meta"]
+    same = all(not b["mismatches"] for b in bench.values())
+    return ["### bf16 models on AMX-BF16 tiles", "",
+            "Where the CPU has AMX-BF16, a bf16 layer's product (`cpu_linear`: bf16 activations, K a multiple of 32) "
+            "takes the tiles for its weight rows in whole blocks of 16: 16 weight rows' 32 values of a K step are the "
+            "A tile straight from memory, up to 16 activation rows the B tile as bf16 pairs, and the fp32 sums stay "
+            "in four C tiles over the whole of K, stored once. No per-group scales stand between the products "
+            "here, so the tiles do all the arithmetic. Each weight row takes the same tile products whatever the "
+            "number of rows, so its result is batch-invariant; its low bits differ from the register-tile path's. "
+            "Both paths in one process, alternating (bf16_amx.py), Gemma 3 270M in bf16, ms, median (quartiles), "
+            "and how far the paths' logits lie apart:", "",
+            table(["prefix", "rows", *(f"{p} {s}" for p in ("forward", "head")
+                                      for s in ("other ms", "AMX ms", "AMX / other")), "logits apart"], body), "",
+            Source(runs["ROWS"], rows["command"], rows["date"][:10], f"{rows['machine']}, {rows['threads']} threads",
+                   commit(rows)).markdown(), "",
+            f"- A verify pass over 16 rows against one row's step: {verify}.",
+            f"- The held-apart prompts with bf16 weights ({bench['amx']['methods']['ar']['overall']['questions']} "
+            "questions, 64 tokens, greedy; one run on each path, `MICROSPEC_AMX=0` for the other; tok/s and x plain "
+            "decoding on the same path, τ on the tiles):", "",
+            table(["method", "tok/s other", "tok/s AMX", "x plain other", "x plain AMX", "τ"], bbody), "",
+            " ".join(Source(f"{folder}/greedy/results.json", bench[s]["meta"]["command"],
+                            bench[s]["meta"]["date"][:10], f"{meta['machine']}, {meta['threads']} threads",
+                            commit(bench[s]["meta"])).markdown() for s, folder in runs["HELD_APART"].items()), "",
+            "- " + ("Every greedy answer on each path equal to plain decoding's on it."
+                    if same else "SOME ANSWERS DIFFERED FROM PLAIN DECODING'S."), ""]
+
+
 def _draft_layout() -> list[str]:
     """The EAGLE head beside a packed target: its Q8_0 matrices interleaved against in the file's blocks."""
     rel = DATA["STACK_CALL"]["DRAFT_LAYOUT"]
@@ -906,7 +959,7 @@ def _first_measure() -> list[str]:
 def render() -> str:
     return "\n".join(["## Where the time goes", "", *_split(), *_step(), *_layer(), *_paths(), *_sized(),
                       *_sized_views(), *_attention(), *_cache_prefetch(), *_layer_regions(), *_stack_call(),
-                      *_wide_rows(), *_unpacked_pairs(), *_amx(), *_intel(), *_draft_layout(), *_first_measure(),
+                      *_wide_rows(), *_unpacked_pairs(), *_amx(), *_intel(), *_amx_bf16(), *_draft_layout(), *_first_measure(),
                       *_floor(), *_llama()]).rstrip() + "\n"
 
 
