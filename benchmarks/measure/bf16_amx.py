@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 
 import torch
+from kernel_ab import paired  # this folder's: the same summary of two alternating sides
 
 
 @torch.inference_mode()
@@ -68,13 +68,7 @@ def main() -> None:
                        "logits_max_abs_diff": round(float((logits["amx"] - logits["other"]).abs().max()), 4)}
                 line = []
                 for part in ("forward", "head"):
-                    to, ta = times["other", part][a.warmup:], times["amx", part][a.warmup:]
-                    ratio = statistics.median(x / y for x, y in zip(ta, to))
-                    row[part] = {"ratio_amx_over_other": round(ratio, 4)}
-                    for k, v in (("other", to), ("amx", ta)):
-                        q = statistics.quantiles(v, n=4)
-                        row[part][k] = {"median_ms": round(statistics.median(v) * 1e3, 3),
-                                        "q1_ms": round(q[0] * 1e3, 3), "q3_ms": round(q[2] * 1e3, 3)}
+                    row[part], ratio = paired(times, part, "other", "amx", a.warmup, key="ratio_amx_over_other")
                     line.append(f"{part} other {row[part]['other']['median_ms']:.2f} ms, amx "
                                 f"{row[part]['amx']['median_ms']:.2f} ms, paired {ratio:.3f}")
                 results.append(row)

@@ -184,13 +184,7 @@ def main() -> None:
                 row = {"context": c, "rows": r, "same_bits": same, **({"sequences": a.batch} if a.batch else {})}
                 line = []
                 for part in ("forward", "head"):
-                    tb, tn = times["base", part][a.warmup:], times["new", part][a.warmup:]
-                    ratio = statistics.median(n / b for n, b in zip(tn, tb))
-                    row[part] = {"ratio_new_over_base": round(ratio, 4)}
-                    for k, v in (("base", tb), ("new", tn)):
-                        q = statistics.quantiles(v, n=4)
-                        row[part][k] = {"median_ms": round(statistics.median(v) * 1e3, 3),
-                                        "q1_ms": round(q[0] * 1e3, 3), "q3_ms": round(q[2] * 1e3, 3)}
+                    row[part], ratio = paired(times, part, "base", "new", a.warmup)
                     line.append(f"{part} base {row[part]['base']['median_ms']:.3f} ms, new "
                                 f"{row[part]['new']['median_ms']:.3f} ms, paired ratio {ratio:.3f}")
                 results.append(row)
@@ -202,6 +196,20 @@ def main() -> None:
         cpu_quant.int_path(path_before)
     stack(True)()
     write(a, base_path, results, warmup=a.warmup, **({"sequences": a.batch} if a.batch else {}))
+
+
+def paired(times: dict, part: str, base: str, new: str, warmup: int, key: str = "ratio_new_over_base"):
+    """The calls of ``part`` on the two sides (``times[side, part]``, seconds, the first ``warmup`` left out): each
+    side's median and quartiles in ms, and the median of the paired ratios new / base under ``key``; and that
+    ratio."""
+    tb, tn = times[base, part][warmup:], times[new, part][warmup:]
+    ratio = statistics.median(n / b for n, b in zip(tn, tb))
+    out = {key: round(ratio, 4)}
+    for k, v in ((base, tb), (new, tn)):
+        q = statistics.quantiles(v, n=4)
+        out[k] = {"median_ms": round(statistics.median(v) * 1e3, 3), "q1_ms": round(q[0] * 1e3, 3),
+                  "q3_ms": round(q[2] * 1e3, 3)}
+    return out, ratio
 
 
 def hold(held: dict, model) -> None:
