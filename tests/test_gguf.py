@@ -330,6 +330,34 @@ def test_fused_row_operations_equal_torch():
     assert torch.equal(cq.rope(x, cos, sin), x * cos[:, None] + rot * sin[:, None])
 
 
+@pytest.mark.parametrize("gemma", [True, False])
+def test_bf16_rms_norm_is_the_references_within_a_bf16_step_and_row_by_row(gemma):
+    """A bf16 model's norms on the CPU (RMSNorm's two conventions in its roundings: Gemma's fp32 product with 1 + w
+    then the cast, Llama's cast then the bf16 weight): the torch reference's values, or one bf16 step from them
+    where the fp32 mean square, summed in another order, rounds across; each row the same alone as in the batch
+    (vector body and tail: d 576 and 13); the module takes the kernel."""
+    from microspec.kernels import rms_norm as rk
+    from microspec.models.layers import RMSNorm
+
+    g = torch.Generator().manual_seed(3)
+    for d in (576, 13):
+        x = (torch.randn(37, d, generator=g) * 3).bfloat16()
+        w = (torch.randn(d, generator=g) * 0.1).bfloat16()
+        weff = 1.0 + w.float() if gemma else w
+        got = cq.rms_norm_bf16(x, weff, 1e-6, gemma)
+        want = rk.reference(x, weff, 1e-6, gemma)
+        assert got.dtype == torch.bfloat16
+        step = want.float().abs().clamp_min(1e-20) * 2.0 ** -7
+        assert ((got.float() - want.float()).abs() <= step).all()
+        assert (got == want).float().mean() > 0.99
+        assert torch.equal(torch.cat([cq.rms_norm_bf16(x[i : i + 1], weff, 1e-6, gemma) for i in range(37)]), got)
+        norm = RMSNorm(d, 1e-6, gemma).bfloat16()
+        with torch.no_grad():
+            norm.weight.copy_(w)
+        with torch.inference_mode():
+            assert torch.equal(norm(x), got)
+
+
 def test_argmax_is_torchs():
     """First index among equal maxima, the first NaN where there is one, any length (vector body and tail)."""
     g = torch.Generator().manual_seed(0)

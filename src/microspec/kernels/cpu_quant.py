@@ -217,6 +217,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return _EXT.module.rms_norm(x, weight, eps)
 
 
+def rms_norm_bf16(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> torch.Tensor:
+    """:func:`rms_norm` of bf16 rows in RMSNorm's roundings: Gemma's ``bf16((x * inv) * weight)`` (``weight`` the
+    fp32 effective weight ``1 + w``), Llama's ``bf16(weight * bf16(x * inv))`` (``weight`` the bf16 weight); one row
+    at a time, so batch-invariant.  The mean square is summed in another order than ``torch.mean``, so a value may
+    differ from the torch reference by a bf16 step (tests/test_kernels.py)."""
+    return _EXT.module.rms_norm_bf16(x, weight, eps, gemma)
+
+
+def bf16_rows_apply(x: torch.Tensor) -> bool:
+    """Whether :func:`rms_norm_bf16` serves ``x``: bf16 on a CPU, no gradient wanted, kernel available."""
+    return (x.dtype == torch.bfloat16 and x.device.type == "cpu"
+            and not (torch.is_grad_enabled() and x.requires_grad) and available())
+
+
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """``x * cos + rotate_half(x) * sin`` for ``x`` [T, H, D] and ``cos``, ``sin`` [T, D] (fp32)."""
     return _EXT.module.rope(x, cos, sin)

@@ -44,6 +44,10 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if cpu_quant.rows_apply(x) and not (torch.is_grad_enabled() and self.weight.requires_grad):
             return cpu_quant.rms_norm(x, self.effective_weight(), self.eps)
+        if cpu_quant.bf16_rows_apply(x) and not (torch.is_grad_enabled() and self.weight.requires_grad) \
+                and (self.gemma or self.weight.dtype == torch.bfloat16):
+            return cpu_quant.rms_norm_bf16(x, self.effective_weight() if self.gemma else self.weight, self.eps,
+                                           self.gemma)
         if rms_kernel.applies(x, self.weight, gemma=self.gemma):  # a GPU: the whole norm in one launch
             return rms_kernel.rms_norm(x, self.kernel_weight(), self.eps, self.gemma)
         # Gemma: (x * (1 + w)) in fp32, then cast; Llama: cast, then scale (the weight's own, for its gradient)

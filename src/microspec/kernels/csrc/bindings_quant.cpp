@@ -19,6 +19,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("repack_x8", torch::wrap_pybind_function_no_gil(repack_x8), "repack_x8");
   m.def("x8_gather", torch::wrap_pybind_function_no_gil(x8_gather), "x8_gather");
   m.def("rms_norm", torch::wrap_pybind_function(rms_norm), "rms_norm");
+  m.def("rms_norm_bf16", torch::wrap_pybind_function(rms_norm_bf16), "rms_norm_bf16");
   m.def("rope", torch::wrap_pybind_function(rope), "rope");
   m.def("attend_rows", torch::wrap_pybind_function_no_gil(attend_rows), "attend_rows");
   m.def("attend_rows_many", torch::wrap_pybind_function_no_gil(attend_rows_many), "attend_rows_many");

@@ -28,6 +28,7 @@ torch::Tensor repack_x8(torch::Tensor w, int64_t type);
 torch::Tensor x8_gather(torch::Tensor w, int64_t type, int64_t K, torch::Tensor ids);
 // row_ops.cpp
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps);
+torch::Tensor rms_norm_bf16(torch::Tensor x, torch::Tensor w, double eps, bool gemma);
 torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
 int64_t argmax_f32(torch::Tensor x);
 void bitmask_fill(torch::Tensor logits, torch::Tensor bitmask);

@@ -37,6 +37,45 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
   return out;
 }
 
+// rms_norm of bf16 rows x [R, d] (a bf16 model's norms), RMSNorm's two conventions in its roundings: Gemma's
+// bf16((x * inv) * w) with w its fp32 effective weight 1 + w; Llama's bf16(w * bf16(x * inv)) with w the bf16 weight.
+// inv = 1 / sqrt(mean(x^2) + eps), the mean in rms_norm's order; one row at a time.
+torch::Tensor rms_norm_bf16(torch::Tensor x, torch::Tensor w, double eps, bool gemma) {
+  TORCH_CHECK(x.dtype() == torch::kBFloat16 && w.dim() == 1 &&
+              w.dtype() == (gemma ? torch::kFloat32 : torch::kBFloat16),
+              "bf16 x; w: the fp32 effective weight (Gemma) or the bf16 weight");
+  x = x.contiguous();
+  w = w.contiguous();
+  const int64_t d = w.size(0);
+  TORCH_CHECK(x.size(-1) == d, "x's last dimension differs from w's");
+  const int64_t R = x.numel() / d;
+  auto out = torch::empty_like(x);
+  const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+  uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  const float* wf = gemma ? w.data_ptr<float>() : nullptr;
+  const uint16_t* wb = gemma ? nullptr : reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+  const int64_t d8 = d & ~int64_t(7);
+  at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint16_t* xr = xp + r * d;
+      uint16_t* yr = op + r * d;
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t k = 0; k < d8; k += 8) {
+        const __m256 v = load_bf16x8(xr + k);
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v));
+      }
+      float ss = hsum8(acc);
+      for (int64_t k = d8; k < d; ++k) ss += bf16_to_f32(xr[k]) * bf16_to_f32(xr[k]);
+      const float inv = 1.0f / std::sqrt(ss / float(d) + float(eps));
+      for (int64_t k = 0; k < d; ++k) {
+        const float n = bf16_to_f32(xr[k]) * inv;
+        yr[k] = gemma ? f32_to_bf16(n * wf[k]) : f32_to_bf16(bf16_to_f32(wb[k]) * bf16_to_f32(f32_to_bf16(n)));
+      }
+    }
+  });
+  return out;
+}
+
 // Rotary embedding of x [T, H, D] with cos, sin [T, D]: x * cos + rotate_half(x) * sin (two products, one sum, as
 // torch computes them: the same values)
 torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
