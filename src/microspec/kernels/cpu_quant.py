@@ -221,7 +221,7 @@ def rms_norm_bf16(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool
     """:func:`rms_norm` of bf16 rows in RMSNorm's roundings: Gemma's ``bf16((x * inv) * weight)`` (``weight`` the
     fp32 effective weight ``1 + w``), Llama's ``bf16(weight * bf16(x * inv))`` (``weight`` the bf16 weight); one row
     at a time, so batch-invariant.  The mean square is summed in another order than ``torch.mean``, so a value may
-    differ from the torch reference by a bf16 step (tests/test_kernels.py)."""
+    differ from the torch reference by a bf16 step (tests/test_gguf.py)."""
     return _EXT.module.rms_norm_bf16(x, weight, eps, gemma)
 
 

@@ -3,12 +3,9 @@
 // in fp32.  Where the CPU has AMX-BF16 and the rows' values are bf16 (a bf16 model's activations), the weight rows
 // in blocks of 16 of a bf16 matrix whose K is a multiple of 32 go through AMX tiles instead (amx_product): one
 // sequence of tile products per weight row, the same whatever the number of rows, so batch-invariant too.
+#include "amx.h"
 #include "common.h"
 #include "linear_bf16.h"
-
-#include <cpuid.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <atomic>
 
@@ -72,19 +69,10 @@ void product(const float* xp, const E* wp, const float* bp, void* op, int64_t M,
 
 std::atomic<int> g_amx_bf16{-1};  // -1: not yet asked; 0 off; 1 on
 
-// Whether this CPU has AMX tiles with bf16 products and Linux lets this process use them (arch_prctl
-// ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA)
+// Whether this CPU has AMX tiles with bf16 products (and AVX-512 BF16 for the conversions) that this process may use
 bool amx_bf16_usable() {
-  static const bool ok = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-    if (!((d >> 24) & 1u) || !((d >> 22) & 1u)) return false;  // AMX-TILE, AMX-BF16
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx512bf16") || !__builtin_cpu_supports("avx512bw")) return false;
-    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-  }();
-  return ok;
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") && amx_permitted(22);
 }
 
 bool amx_bf16_on() {
@@ -96,12 +84,6 @@ bool amx_bf16_on() {
   return v == 1;
 }
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start = 0, pad[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // tiles 0 (B: 16 rows of mt x 4 bytes), 1..3 (A: 16 rows of 64 bytes), 4..7 (C: 16 rows of mt fp32)
 MICROSPEC_AMX_BF16 void amx_bf16_configure(int mt) {
   TileConfig c;
@@ -109,8 +91,7 @@ MICROSPEC_AMX_BF16 void amx_bf16_configure(int mt) {
     c.colsb[i] = uint16_t(i >= 1 && i <= 3 ? 64 : 4 * mt);
     c.rows[i] = 16;
   }
-  __asm__ __volatile__("" : : "r"(&c) : "memory");  // GCC does not see ldtilecfg read c
-  _tile_loadconfig(&c);
+  load_tile_config(c);
 }
 
 // The rows xp [M, K] fp32 (bf16 values) as B tiles: [M / 16 blocks][K / 2][16][2] bf16, the missing rows of the
@@ -220,12 +201,15 @@ torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, torch::Tensor bias, 
   }
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
   const int64_t N16 = x_bf16 && K % 32 == 0 && M > 0 && amx_bf16_on() ? N / 16 * 16 : 0;
-  if (N16) amx_product(x.data_ptr<float>(), wp, bp, out.data_ptr(), M, K, N, N16, out_bf16);
+  if (N16 == 0) {
+    product(x.data_ptr<float>(), wp, bp, out.data_ptr(), M, K, N, out_bf16);
+    return out;
+  }
+  amx_product(x.data_ptr<float>(), wp, bp, out.data_ptr(), M, K, N, N16, out_bf16);
   if (N16 < N) {  // the rows after the whole blocks of 16, one product over [N16, N)
     torch::Tensor rest = torch::empty({M, N - N16}, out.options());
     product(x.data_ptr<float>(), wp + N16 * K, bp ? bp + N16 : nullptr, rest.data_ptr(), M, K, N - N16, out_bf16);
-    if (N16) out.narrow(1, N16, N - N16).copy_(rest);
-    else out = rest;
+    out.narrow(1, N16, N - N16).copy_(rest);
   }
   return out;
 }

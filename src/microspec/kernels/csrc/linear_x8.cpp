@@ -14,13 +14,10 @@
 //      and the tiles add stores and loads a group; on an Intel Xeon with AMX (2 cores) Gemma 3 270M's forward and
 //      LM head were slower than path 2's up to 8 rows (1.05-1.5x) and within 10% of them from 16 to 64 rows
 //      (benchmarks/results/2026-12-02-amx/).
+#include "amx.h"
 #include "blocks.h"
 #include "int8.h"
 #include "quant.h"
-
-#include <cpuid.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <atomic>
 
@@ -412,13 +409,7 @@ MICROSPEC_V512 void tile_k16(const Wide& v, int64_t G, const uint8_t* w0, const 
 
 // A tile configuration (palette 1) for mt activation rows: tiles 0, 1 the A tiles (mt rows of a group's 32 bytes,
 // or for Q6_K of a 16-element half's 16), 2, 3 the B tiles (8 rows of 64 bytes, Q6_K 4), 4..7 the C tiles (mt rows
-// of 16 int32): up to 4 groups' products in flight (Q6_K: 2 groups' halves)
-struct alignas(64) AmxConfig {
-  uint8_t palette = 1, start = 0, pad[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
+// of 16 int32): up to 4 groups' products in flight (Q6_K: 2 groups' halves).
 // Q8_0's configuration instead: its weights are B tiles as they lie in memory (a tile's group: 8 rows of 32
 // bytes, chunk c at row c), one for each tile of the pair, so the B tiles (2, 3) and the C tiles (4..7) are 8
 // columns wide, 32 bytes; the C tiles of a pair are stored side by side, 16 lanes a row as path 2 has them.
@@ -428,33 +419,18 @@ thread_local int t_amx_config = 0;  // the configuration this thread loaded: 3 m
 MICROSPEC_AMX inline void amx_configure(int mt, int kind) {
   const int key = 3 * mt + kind;
   if (t_amx_config == key) return;
-  AmxConfig c;
+  TileConfig c;
   for (int i = 0; i < 8; ++i) {
     c.colsb[i] = i < 2 ? (kind == 1 ? 16 : 32) : kind == 2 ? 32 : 64;
     c.rows[i] = uint8_t(i >= 2 && i < 4 ? (kind == 1 ? 4 : 8) : mt);
   }
-  // GCC does not see ldtilecfg read its operand and drops the stores above without this barrier
-  __asm__ __volatile__("" : : "r"(&c) : "memory");
-  _tile_loadconfig(&c);
+  load_tile_config(c);
   t_amx_config = key;
 }
 
 MICROSPEC_AMX inline void amx_release() {
   if (t_amx_config) _tile_release();
   t_amx_config = 0;
-}
-
-// Whether this CPU has AMX tiles and int8 products, and Linux lets this process use them (the tile data is state the
-// kernel saves only for a process that asked: arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA)
-bool amx_usable() {
-  static const bool ok = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-    if (!((d >> 24) & 1u) || !((d >> 25) & 1u)) return false;  // AMX-TILE, AMX-INT8
-    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-  }();
-  return ok;
 }
 
 // The 8 chunks of group b0, b1 of a pair of tiles as a B tile at bt (row c: chunk c), signed q - OFF where the type
@@ -672,7 +648,7 @@ int cpu_path() {
   const bool vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
                     __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni") &&
                     __builtin_cpu_supports("avx512dq");
-  return !vnni ? 0 : amx_usable() ? 3 : 2;
+  return !vnni ? 0 : amx_permitted(25) ? 3 : 2;  // AMX-INT8
 }
 
 // The default path: the widest but AMX (see path 3 above)
@@ -773,7 +749,6 @@ inline bool pairs_tiles(int path, int64_t M) {
 }
 
 // Whether path 3 takes M rows on AMX tiles (fewer take path 2)
-template <class T>
 inline bool amx_rows(int path, int64_t M) {
   return path == 3 && M >= g_amx_min_rows.load(std::memory_order_relaxed);
 }
@@ -793,7 +768,7 @@ X8Prep x8_prep(const int8_t* qx, const float* dx, const float* dxs, int64_t M, i
     for (int k = 0; k < 32; ++k) v += qx[32 * i + k];
     p.sums[i] = v;
   }
-  if (pairs_tiles<T>(path, M) || amx_rows<T>(path, M)) {  // [M][G] -> [G][M]
+  if (pairs_tiles<T>(path, M) || amx_rows(path, M)) {  // [M][G] -> [G][M]
     p.wq.resize(M * G * 32);
     p.wd.resize(M * G);
     p.wds.resize(T::min ? M * G : 0);  // what the kernels read of each type: tile_x16, tile_k16
@@ -822,7 +797,7 @@ void x8_tiles(const Act& a, const X8Prep& p, int64_t M, const uint8_t* wp, int64
               int path, int64_t tb, int64_t te) {
   const int64_t N = tiles * 8;
   constexpr int64_t MB = 16;
-  const bool amx = amx_rows<T>(path, M), wide = amx || pairs_tiles<T>(path, M);
+  const bool amx = amx_rows(path, M), wide = amx || pairs_tiles<T>(path, M);
   const Wide v = p.wide(M);
   const int64_t one_ahead = g_prefetch_tiles.load(std::memory_order_relaxed);  // one tile at a time (0: none)
   const int64_t MT = wide ? 8 : 4;

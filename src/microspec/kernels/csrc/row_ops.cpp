@@ -7,6 +7,22 @@
 #include "common.h"
 #include "quant.h"
 
+namespace {
+// 1 / sqrt(mean(x^2) + eps) of the row xr [d] (fp32 or bf16): the squares summed in 8 fp32 lanes, then the tail
+template <class E>
+float inv_rms(const E* xr, int64_t d, double eps) {
+  const int64_t d8 = d & ~int64_t(7);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t k = 0; k < d8; k += 8) {
+    const __m256 v = load8(xr + k);
+    acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v));
+  }
+  float ss = hsum8(acc);
+  for (int64_t k = d8; k < d; ++k) ss += to_f32(xr[k]) * to_f32(xr[k]);
+  return 1.0f / std::sqrt(ss / float(d) + float(eps));
+}
+}  // namespace
+
 // y = (x * (1 / sqrt(mean(x^2) + eps))) * w over the last dimension d of x [R, d]
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
   TORCH_CHECK(x.dtype() == torch::kFloat32 && w.dtype() == torch::kFloat32 && w.dim() == 1, "fp32 x and w");
@@ -23,11 +39,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = xp + r * d;
       float* yr = op + r * d;
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t k = 0; k < d8; k += 8) { const __m256 v = _mm256_loadu_ps(xr + k); acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v)); }
-      float ss = hsum8(acc);
-      for (int64_t k = d8; k < d; ++k) ss += xr[k] * xr[k];
-      const float inv = 1.0f / std::sqrt(ss / float(d) + float(eps));
+      const float inv = inv_rms(xr, d, eps);
       const __m256 iv = _mm256_set1_ps(inv);
       for (int64_t k = 0; k < d8; k += 8)
         _mm256_storeu_ps(yr + k, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + k), iv), _mm256_loadu_ps(wp + k)));
@@ -54,19 +66,11 @@ torch::Tensor rms_norm_bf16(torch::Tensor x, torch::Tensor w, double eps, bool g
   uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
   const float* wf = gemma ? w.data_ptr<float>() : nullptr;
   const uint16_t* wb = gemma ? nullptr : reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
-  const int64_t d8 = d & ~int64_t(7);
   at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const uint16_t* xr = xp + r * d;
       uint16_t* yr = op + r * d;
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t k = 0; k < d8; k += 8) {
-        const __m256 v = load_bf16x8(xr + k);
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v));
-      }
-      float ss = hsum8(acc);
-      for (int64_t k = d8; k < d; ++k) ss += bf16_to_f32(xr[k]) * bf16_to_f32(xr[k]);
-      const float inv = 1.0f / std::sqrt(ss / float(d) + float(eps));
+      const float inv = inv_rms(xr, d, eps);
       for (int64_t k = 0; k < d; ++k) {
         const float n = bf16_to_f32(xr[k]) * inv;
         yr[k] = gemma ? f32_to_bf16(n * wf[k]) : f32_to_bf16(bf16_to_f32(wb[k]) * bf16_to_f32(f32_to_bf16(n)));
