@@ -654,15 +654,15 @@ def test_eagle3_on_a_packed_target_is_bit_identical(gguf_model, tmp_path):
 # ------------------------------------------------------------------------------------------------ several at once
 def test_forward_many_equals_each_forward_alone(gguf_model):
     """The rows of several sequences through one fused call per layer (each with its own cache, a one-token step, a
-    token tree, a chain, a prefill too long to join): each sequence's hidden states and cache are its own forward's,
-    bit for bit."""
+    token tree, a chain, a prefill of 70 rows): each sequence's hidden states and cache are its own forward's, bit
+    for bit."""
     packed, _, _ = gguf_model
     prompts = [[1, 5, 9, 33], [70, 2, 101, 150, 7, 8], [3] * 80, [11, 12]]
     tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
     steps = [(torch.tensor([40]), None, None),
              (torch.tensor([7, 8, 9]), torch.tensor([6, 7, 7]), tree),
              (torch.tensor([4, 5]), None, None),
-             (torch.tensor(list(range(20, 90))), None, None)]  # 70 rows: runs on its own
+             (torch.tensor(list(range(20, 90))), None, None)]
     alone, caches = [], []
     for p, (ids, pos, mask) in zip(prompts, steps):
         cache = packed.new_cache(200)
@@ -675,6 +675,47 @@ def test_forward_many_equals_each_forward_alone(gguf_model):
     for (h, c), h2, c2 in zip(alone, together, caches):
         assert torch.equal(h, h2)
         assert c.length == c2.length and torch.equal(c.kv[:, :, :, : c.length], c2.kv[:, :, :, : c2.length])
+
+
+@pytest.mark.parametrize("weights", ["packed", "fp32", "bf16"])
+def test_a_pass_of_many_rows_gives_each_row_its_own_values(gguf_model, weights):
+    """A CPU forward of many new tokens (a prompt's prefill forward, a large tree): causal, and a token tree at
+    given positions, with an EAGLE-3 tap; each row's hidden states, keys and values equal those of the row in a
+    forward of its own, bit for bit (torch's attention over more than 64 rows did not give them)."""
+    from support import tiny_pair
+
+    from microspec.models.native import Taps
+
+    if weights == "packed":
+        model = gguf_model[0]
+    else:
+        model = tiny_pair("llama", dtype=torch.float32 if weights == "fp32" else torch.bfloat16, hidden_size=128,
+                          intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                          vocab_size=160)[1]
+    g = torch.Generator().manual_seed(7)
+    prompt = torch.randint(0, 160, (30,), generator=g)
+    n = 131
+    ids = torch.randint(0, 160, (n,), generator=g)
+    tree = torch.tril(torch.rand(n, n, generator=g) < 0.3) | torch.eye(n, dtype=torch.bool)
+    positions = 30 + tree.sum(1) - 1  # each node's depth after the prompt
+    with torch.no_grad():  # as the engine runs (the tiny models' weights want gradients)
+        for pos, mask in ((None, None), (positions, tree)):
+            whole, alone = model.new_cache(400), model.new_cache(400)
+            model.forward(prompt, whole)
+            model.forward(prompt, alone)
+            taps = Taps([1, model.spec.num_layers])
+            h = model.forward(ids, whole, positions=pos, mask=mask, taps=taps)
+            rows, tapped = [], []
+            for i in range(n):
+                sees = None if mask is None else torch.cat([torch.ones(30, dtype=torch.bool), mask[i, : i + 1]])[None]
+                one = Taps(taps.layers)
+                rows.append(model.forward(ids[i : i + 1], alone, positions=None if pos is None else pos[i : i + 1],
+                                          mask=sees, taps=one))
+                tapped.append(one.out)
+            assert torch.equal(h, torch.cat(rows)) and torch.equal(taps.out, torch.cat(tapped))
+            s = whole.length
+            assert s == alone.length == 30 + n and torch.equal(whole.kv[..., :s, :], alone.kv[..., :s, :])
+            assert torch.equal(whole.pos[:s], alone.pos[:s])
 
 
 @pytest.mark.parametrize("chunk", [16, 89, 256])

@@ -349,7 +349,7 @@ def test_real_smollm2_served_with_auto_and_eagle_microspec(tmp_path):
 
     msgs = [{"role": "user", "content": "Give the largest city of Japan as JSON."}]
     closed = {**City.model_json_schema(), "additionalProperties": False}  # (an open object may add keys at will)
-    answers = []
+    answers, figures = [], []
     for method in ((), ("--drafter", "eagle", "--vocab", "microspec")):
         s = Server("smollm2-135m-instruct", *method, log_dir=tmp_path)
         try:
@@ -374,9 +374,10 @@ def test_real_smollm2_served_with_auto_and_eagle_microspec(tmp_path):
             assert calls[0].function.name == "get_weather" and set(json.loads(arguments)) == {"city", "unit"}
             answers.append((r.choices[0].message.content, [c.message.content for c in several.choices], arguments))
             assert r.model_extra["microspec"]["method"]
+            figures.append(several.model_extra["microspec"])  # each choice's arms and steps, should they differ
         finally:
             s.close()
-    assert answers[0] == answers[1]
+    assert answers[0] == answers[1], figures
 
 
 def _junk(rng, depth=0):

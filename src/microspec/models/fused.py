@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..kernels import cpu_linear, cpu_quant, glu
+from ..kernels import cpu_quant, glu
 from .kv_cache import KVCache
 from .placement import place
 from .quant import QuantTensor
@@ -105,22 +105,18 @@ class FusedLayers:
         """:meth:`forward` of several sequences at once, each ``(input_ids, cache, positions, mask)`` with a cache of
         its own; the final hidden states of each, in order.
 
-        On a packed CPU model the rows of every sequence of at most ``ATTENTION_MAX_ROWS`` new tokens go through
-        each layer in one fused call — one read of the packed weights for all of them — with attention per sequence
-        over its own cache; every kernel is row-wise, so a row gets the values it gets alone and each sequence's
-        output is its own :meth:`forward`'s, bit for bit.  Other models and longer sequences run one by one."""
+        On a packed CPU model the rows of every sequence go through each layer in one fused call — one read of the
+        packed weights for all of them — with attention per sequence over its own cache; every kernel is row-wise,
+        so a row gets the values it gets alone and each sequence's output is its own :meth:`forward`'s, bit for
+        bit.  Other models run the sequences one by one."""
         taps = list(taps) if taps is not None else [None] * len(batch)
-        out: list[torch.Tensor | None] = [None] * len(batch)
-        joint = [j for j, b in enumerate(batch) if len(b[0]) <= cpu_linear.ATTENTION_MAX_ROWS]
-        fused = self._fused_layers() if len(joint) > 1 and \
+        fused = self._fused_layers() if len(batch) > 1 and \
             cpu_quant.rows_apply(torch.empty(0, dtype=self.dtype, device=self.device)) else None
         if fused is None:
-            joint = []
-        for j in set(range(len(batch))) - set(joint):
-            ids, cache, positions, mask = batch[j]
-            out[j] = self.forward(ids, cache, positions, mask, taps=taps[j])
-        if not joint:
-            return out
+            return [self.forward(ids, cache, positions, mask, taps=t)
+                    for (ids, cache, positions, mask), t in zip(batch, taps)]
+        out: list[torch.Tensor | None] = [None] * len(batch)
+        joint = range(len(batch))
         segments, xs, pos = [], [], []
         for j in joint:
             ids, cache, positions, mask = batch[j]

@@ -262,7 +262,7 @@ class NativeCausalLM(DecoderStack, FusedLayers, nn.Module):
 
         attend.store = (cache, start)
 
-        fused = self._fused_layers() if t <= cpu_linear.ATTENTION_MAX_ROWS and cpu_quant.rows_apply(x) else None
+        fused = self._fused_layers() if cpu_quant.rows_apply(x) else None
         tapped = {} if taps is not None and num_layers is None else None
         if fused is not None:  # packed GGUF layers on fp32 rows: each whole layer in one kernel call
             x = self._fused_run(x, [(cache, t, masks)], rope, fused[: len(layers)],
