@@ -681,7 +681,7 @@ def test_forward_many_equals_each_forward_alone(gguf_model):
 def test_a_pass_of_many_rows_gives_each_row_its_own_values(gguf_model, weights):
     """A CPU forward of many new tokens (a prompt's prefill forward, a large tree): causal, and a token tree at
     given positions, with an EAGLE-3 tap; each row's hidden states, keys and values equal those of the row in a
-    forward of its own, bit for bit (torch's attention over more than 64 rows did not give them)."""
+    forward of its own, bit for bit (torch's attention, blocked by the call's shape, does not give them)."""
     from support import tiny_pair
 
     from microspec.models.native import Taps

@@ -31,9 +31,9 @@ output at near ties (on several Spec-Bench turns).  The kernel computes each (he
 row may see, in slot order, with fp32 scores, a sequential fp32 softmax sum and weighted sum: a row's result depends
 only on its visible keys.  With the linear rows above, a bf16 tree-verify pass computes the very values the
 one-token step does, and bf16 greedy speculation equals bf16 autoregressive decoding (tested).  It serves passes of any
-number of rows: with SDPA above 64 rows, as it once was, a tree of more nodes left the one-row values (hidden states
-up to 0.9 apart on SmolLM2-135M at 65 rows), and a prompt's values depended on how it was split into forwards.  At
-128 rows after 1,000 tokens (a prefill's forward) it took about SDPA's time (bf16, fp32 and packed Gemma 3 270M).
+number of rows, so a large tree's rows and a prompt's, however it is split into forwards, keep the one-row values
+(SDPA over 65 rows put SmolLM2-135M's hidden states up to 0.9 from them).  At 128 rows after 1,000 tokens (a
+prefill's forward) it takes about SDPA's time (bf16, fp32 and packed Gemma 3 270M).
 
 The product's C++ is ``csrc/linear_bf16.cpp``, the attention's ``csrc/attention.cpp`` (built into the
 quantized-weight extension, :mod:`.cpu_quant`).  They are compiled once with the system C++ compiler through

@@ -115,28 +115,25 @@ class FusedLayers:
         if fused is None:
             return [self.forward(ids, cache, positions, mask, taps=t)
                     for (ids, cache, positions, mask), t in zip(batch, taps)]
-        out: list[torch.Tensor | None] = [None] * len(batch)
-        joint = range(len(batch))
         segments, xs, pos = [], [], []
-        for j in joint:
-            ids, cache, positions, mask = batch[j]
+        for ids, cache, positions, mask in batch:
             p, masks = place(self.spec.layer_windows, cache, len(ids), positions, mask)
             segments.append((cache, len(ids), masks))
             xs.append(self.embed(ids))
             pos.append(p)
         x = torch.cat(xs)
-        layers = sorted({i for j in joint if taps[j] is not None for i in taps[j].layers})
+        layers = sorted({i for tap in taps if tap is not None for i in tap.layers})
         tapped: dict[int, torch.Tensor] = {}
-        below = None if any(batch[j][2] is not None for j in joint) else \
+        below = None if any(positions is not None for _, _, positions, _ in batch) else \
             max(cache.length + t for cache, t, _ in segments)  # default positions: the slots
         x = self._fused_run(x, segments, self._rope_tables(torch.cat(pos), self.dtype, below), fused,
                             (layers, tapped) if layers else None)
         hidden = self.model.norm(x) if self.model.norm is not None else x
-        r0 = 0
-        for j, (cache, t, _) in zip(joint, segments):
+        out, r0 = [], 0
+        for (cache, t, _), tap in zip(segments, taps):
             cache.length += t
-            if taps[j] is not None:
-                taps[j].collect({i: v[r0 : r0 + t] for i, v in tapped.items()}, x[r0 : r0 + t])
-            out[j] = hidden[r0 : r0 + t]
+            if tap is not None:
+                tap.collect({i: v[r0 : r0 + t] for i, v in tapped.items()}, x[r0 : r0 + t])
+            out.append(hidden[r0 : r0 + t])
             r0 += t
         return out
