@@ -621,3 +621,31 @@ def test_cpu_ab_flags_only_questions_whose_ranges_fell_apart(tmp_path):
     assert res["plain_tok_s"] == {"old": [10, 10], "new": [20, 20]}
     assert abs(res["methods"]["m"]["change"] - (1.7625 / 1.85 - 1)) < 1e-9  # the means of the runs' ratios
     assert ab.main(["--old", str(old[0]), "--new", str(tmp_path / "none")]) == 2  # nothing to compare: one line
+
+
+def test_repeats_do_not_draft_from_the_answers_to_their_own_question(tiny_model_dir, tmp_path):
+    """A method that keeps earlier answers (suffix decoding) answers each repeat of a question from what its first
+    answer drafted from, not from that answer: greedy repeats then take the same steps.  The answers are kept for the
+    questions after it."""
+    import torch
+
+    from microspec import load_model
+    from microspec.bench import Decoding, load_questions, parse_methods
+    from microspec.bench.run import run_decoding
+    from microspec.bench.runners import make_runner
+
+    lm = load_model(str(tiny_model_dir), dtype="fp32")
+    runners = {s.name: make_runner(s, lm, dtype=torch.float32) for s in parse_methods("ar,suffix,auto")}
+    records = load_questions([str(_data(tmp_path))])
+    res = run_decoding(lm, runners, records, Decoding(), max_new_tokens=24, out_dir=tmp_path / "out", repeats=3,
+                       warmup=0, ignore_eos=True, log=lambda _: None)
+    assert not res["mismatches"]
+    answers = [json.loads(x) for x in (tmp_path / "out" / "answers" / "suffix.jsonl").read_text().splitlines()]
+    for answer in answers:
+        first, *rest = answer["choices"]
+        assert all(c["token_ids"] == first["token_ids"] for c in rest)
+        assert all(c["accept_lengths"] == first["accept_lengths"] for c in rest), answer["question_id"]
+    turns = sum(len(r["turns"]) for r in records)
+    for name in ("suffix", "auto"):  # one answer a turn, each kept once (auto: its greedy engine's suffix arm)
+        cache, = runners[name].engine.responses()
+        assert cache.tokens == 24 * turns and len(cache.responses) == turns, name

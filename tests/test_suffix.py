@@ -84,6 +84,31 @@ def test_response_cache_is_bounded():
     assert len(cache.responses) < len(seqs)
 
 
+def test_response_cache_restores_a_snapshot():
+    """restore() puts back what snapshot() held: the responses added since leave (the trie as it was: the same
+    proposals), the ones dropped for room since come back (the same counts), and it goes on from there."""
+    cache = ResponseCache(max_tokens=50, depth=4)
+    rng = random.Random(2)
+    seqs = [[rng.randrange(6) for _ in range(rng.randrange(5, 20))] for _ in range(12)]
+    for s in seqs[:2]:  # at most 38 tokens
+        cache.add(s)
+    held = cache.snapshot()
+    want, before = _counts(cache.trie), [cache.tree(t, 3, 8) for t in ([1, 2], [0], [5, 5], [3])]
+    cache.add([1, 2, 3, 1, 2, 0])  # room for it: nothing held is dropped
+    assert set(map(id, held)) < set(map(id, cache.responses))
+    cache.restore(held)
+    assert list(cache.responses) == list(held) and cache.tokens == sum(map(len, held))
+    assert _counts(cache.trie) == want and [cache.tree(t, 3, 8) for t in ([1, 2], [0], [5, 5], [3])] == before
+    for s in seqs[5:]:  # enough to drop some of the held ones for room
+        cache.add(s)
+    assert not set(map(id, held)) <= set(map(id, cache.responses))
+    cache.restore(held)
+    assert list(cache.responses) == list(held) and cache.tokens == sum(map(len, held))
+    assert _counts(cache.trie) == want == _substrings(list(held), 4)
+    cache.add(seqs[6])
+    assert _counts(cache.trie) == _substrings(list(cache.responses), 4) and cache.tokens <= 50
+
+
 def test_suffix_drafting_is_greedy_exact(family):
     _, nm = tiny_pair(family)
     for processors in ({}, {"repetition_penalty": 1.2}):

@@ -87,6 +87,11 @@ class Engine(TextOut):
         return build_policy(self.method, lm.model.spec.vocab_size, lm.model.device,
                             always=set(lm.eos_token_ids) | set(special_ids(lm.tokenizer)))
 
+    def responses(self, cfg: "GenerationConfig | None" = None) -> tuple:
+        """The caches of earlier responses its drafter drafts from (:meth:`~microspec.drafters.base.Drafter.
+        responses`), those a generation under ``cfg`` would draft from included."""
+        return () if self.drafter is None else self.drafter.responses()
+
     def request_drafter(self, prompt_ids, cfg: "GenerationConfig") -> "tuple[Drafter | None, bool]":
         """The drafter of one request, and whether it takes a vocabulary policy: the engine's own (``auto``'s
         leaves out the arms the request would not take)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..drafters.base import responses_of
 from ..drafters.model_based import AUTO_DEPTH
 from ..drafters.ngram import SIZED_KINDS, TOKENS, NGramDrafter, chain_length
 from ..drafters.registry import DEFAULT_HEAD
@@ -148,6 +149,13 @@ class AutoEngine(TextOut):
 
     def start(self, prompt_ids, cfg: "GenerationConfig", stop_check=None, on_commit=None) -> "Generation":
         return self.engine_for(cfg).start(prompt_ids, cfg, stop_check, on_commit)
+
+    def responses(self, cfg: "GenerationConfig | None" = None) -> tuple:
+        """The caches of earlier responses of the engines built so far, ``cfg``'s (built now if not yet) among
+        them."""
+        if cfg is not None:
+            self.engine_for(cfg)
+        return responses_of(self.engines.values())
 
     def describe(self) -> dict:
         return {kind: self.engines[kind].describe() if kind in self.engines else {"drafter": "auto"}

@@ -28,7 +28,7 @@ import torch
 
 from ..decoding.context import DraftContext, Verified
 from ..decoding.tree import DraftTree
-from ..drafters.base import DraftReport, Drafter
+from ..drafters.base import DraftReport, Drafter, responses_of
 from ..drafters.length import DraftLength, Measured
 from ..drafters.model_based import AUTO_DEPTH
 from ..errors import check
@@ -106,6 +106,9 @@ class Portfolio(Drafter):
         arms = {name: None if d is None else copies.setdefault(id(d), d.fresh()) for name, d in self.arms.items()}
         return Portfolio(arms, self.start, self.history, self.chooser, self.views, self.measured,
                          **self.choice_options)
+
+    def responses(self) -> tuple:
+        return responses_of(self.leaves)
 
     @property
     def head(self):  # the draft head of the model drafter (its timer and active sizes feed the stats)

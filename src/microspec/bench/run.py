@@ -96,7 +96,12 @@ def run_decoding(lm: LoadedModel, runners: dict[str, object], records: Sequence[
                     results[name].append(done[name][str(rec["id"])])
                     continue
                 choices = []
+                # each repeat drafts from what the first did: a method that keeps earlier answers (suffix decoding,
+                # auto's suffix arm) would otherwise draft the repeat from the answer it gave to the same question
+                held = runner.remembered(cfg) if hasattr(runner, "remembered") else None
                 for r in range(repeats):
+                    if r and held:
+                        runner.recall(held)
                     answers: list[str] = []
                     choice: dict = {"index": r, "turns": [], "token_ids": [], "new_tokens": [], "wall_time": [],
                                     "accept_lengths": [], "draft_depths": [], "decoding_steps": []}

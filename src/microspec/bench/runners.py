@@ -61,6 +61,16 @@ class EngineRunner:
         res = self.engine.generate_ids(prompt_ids, cfg)
         return Turn(res.token_ids, res.stats.wall_s, res.stats)
 
+    def remembered(self, cfg: GenerationConfig) -> list:
+        """What the method keeps of earlier answers (suffix decoding's caches of responses) as a generation under
+        ``cfg`` would find it, for :meth:`recall`."""
+        return [(c, c.snapshot()) for c in self.engine.responses(cfg)]
+
+    def recall(self, held: list) -> None:
+        """Back to what :meth:`remembered` gave: a repeat of a question does not draft from the answers to it."""
+        for cache, responses in held:
+            cache.restore(responses)
+
 
 # tokens a prompt lookup peer drafts a step: transformers' ``prompt_lookup_num_tokens`` (hf-prompt-lookup) and
 # llama-cpp-python's ``LlamaPromptLookupDecoding(num_pred_tokens=...)`` (llama-cpp-lookup), both libraries' default

@@ -60,7 +60,9 @@ def add(sub) -> None:
                         "and the turn), e.g. 0,0.7,1.0")
     p.add_argument("--repetition-penalties", default="1.0,1.2",
                    help="one decoding configuration per value (default: plain and 1.2, both reported)")
-    p.add_argument("--repeats", type=int, default=1, help="runs of each question (one answer choice each)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs of each question (one answer choice each; each repeat drafts from what the first did, "
+                        "not from the answers to that question)")
     p.add_argument("--warmup", type=int, default=1, help="untimed generations per method before timing")
     p.add_argument("--profile", action="store_true",
                    help="per engine method, where a decode step's time goes (one untimed generation of the first "

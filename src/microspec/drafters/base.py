@@ -82,6 +82,12 @@ class Drafter(ABC):
         finishes each distinct one once."""
         return ()
 
+    def responses(self) -> tuple:
+        """The caches of earlier responses this drafter drafts from, shared across generations
+        (:class:`~microspec.drafters.suffix.ResponseCache`: suffix decoding's): a composite's parts' by default, each
+        once; empty for a drafter that learns nothing from earlier responses."""
+        return responses_of(self.parts())
+
     def take_report(self) -> DraftReport:
         """What this generation's drafting adds to its statistics (see :class:`DraftReport`), read once at its
         end."""
@@ -111,3 +117,12 @@ class Drafter(ABC):
         would draft after the read and :meth:`commit`; :meth:`commit` then hears that step, and where the
         generation ends before the tree is verified, :meth:`finish` follows instead."""
         return False
+
+
+def responses_of(drafters) -> tuple:
+    """The distinct caches of earlier responses of ``drafters`` (:meth:`Drafter.responses`), in order."""
+    out: dict[int, object] = {}
+    for d in drafters:
+        for c in d.responses():
+            out.setdefault(id(c), c)
+    return tuple(out.values())

@@ -173,6 +173,28 @@ class ResponseCache:
                 self.trie.extend(old, sign=-1)
                 self.tokens -= len(old)
 
+    def snapshot(self) -> tuple[list[int], ...]:
+        """The responses held now, oldest first, for :meth:`restore`."""
+        with self.lock:
+            return tuple(self.responses)
+
+    def restore(self, held: tuple[list[int], ...]) -> None:
+        """Back to holding what :meth:`snapshot` gave (``held``): the responses added since leave the trie (which is
+        then as it was), the ones dropped since for room come back (the same counts; ties between equal counts may
+        then be proposed in another order).  A benchmark's repeat of a question then drafts from what its first
+        answer drafted from, not from that answer."""
+        with self.lock:
+            keep = {id(r) for r in held}
+            for r in self.responses:
+                if id(r) not in keep:
+                    self.trie.extend(r, sign=-1)
+            now = {id(r) for r in self.responses}
+            for r in held:
+                if id(r) not in now:
+                    self.trie.extend(r)
+            self.responses = deque(held)
+            self.tokens = sum(map(len, held))
+
     def tree(self, text: Sequence[int], max_depth: int, max_tokens: int
              ) -> tuple[list[int], list[int], float, list[float]]:
         with self.lock:
@@ -204,6 +226,9 @@ class SuffixDrafter(Drafter):
 
     def prefill(self, target, prompt_ids, hidden, vocab=None) -> None:
         self._start()
+
+    def responses(self) -> tuple[ResponseCache, ...]:
+        return () if self.cache is None else (self.cache,)
 
     def propose(self, ctx: DraftContext) -> DraftTree:
         text = ctx.tokens
