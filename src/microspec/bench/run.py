@@ -98,7 +98,7 @@ def run_decoding(lm: LoadedModel, runners: dict[str, object], records: Sequence[
                 choices = []
                 # each repeat drafts from what the first did: a method that keeps earlier answers (suffix decoding,
                 # auto's suffix arm) would otherwise draft the repeat from the answer it gave to the same question
-                held = runner.remembered(cfg) if hasattr(runner, "remembered") else None
+                held = runner.remembered(cfg) if repeats > 1 and hasattr(runner, "remembered") else None
                 for r in range(repeats):
                     if r and held:
                         runner.recall(held)
