@@ -160,36 +160,74 @@ void pv_tail(const float* const* e, const E* vp, int64_t vs1, const int32_t* vis
 constexpr int64_t KEY_BLOCK = 32;  // keys a work item scores (their rows stay in L1 while every query row reads them)
 constexpr int64_t D_CHUNK = 32;    // output elements a work item sums (its value columns stay in L2 across the rows)
 
-// NH heads of one query row over its visible keys, in one work item: the scores, then per head the softmax and the
-// outputs, 64 elements of d at a time in registers, a sequential fma chain over n.
+constexpr int64_t PV_KEYS = 32;  // keys whose value rows a blocked output pass keeps in L1 (pv_blocked)
+
+// The chains of pv_heads for keys n0..n1 only: CH * 8 elements of d from d0, the NH heads' accumulators loaded from
+// and stored back to acc (row r at acc[r * W]), so that a chain resumes where the last block of keys left it; the
+// value rows of the block after it are prefetched, the same columns, as this block reads them.
+template <typename E, int NH, int CH>
+inline void pv_keys(const float* const* e, const E* vp, int64_t vs1, const int32_t* vis, int64_t n0, int64_t n1,
+                    int64_t nv, int64_t d0, float* acc, int64_t W) {
+  __m256 a[NH][CH];
+  for (int r = 0; r < NH; ++r)
+    for (int u = 0; u < CH; ++u) a[r][u] = _mm256_loadu_ps(acc + r * W + 8 * u);
+  for (int64_t n = n0; n < n1; ++n) {
+    const E* vr = vp + vis[n] * vs1 + d0;
+    if (n + PV_KEYS < nv) prefetch_row(vp + vis[n + PV_KEYS] * vs1 + d0, 8 * CH);
+    __m256 vv[CH];
+    for (int u = 0; u < CH; ++u) vv[u] = load8(vr + 8 * u);
+    for (int r = 0; r < NH; ++r) {
+      const __m256 ev = _mm256_set1_ps(e[r][n]);
+      for (int u = 0; u < CH; ++u) a[r][u] = _mm256_fmadd_ps(ev, vv[u], a[r][u]);
+    }
+  }
+  for (int r = 0; r < NH; ++r)
+    for (int u = 0; u < CH; ++u) _mm256_storeu_ps(acc + r * W + 8 * u, a[r][u]);
+}
+
+// pv_heads' outputs for d in [0, D8) (a multiple of 8) of NH heads of one query row, by blocks of PV_KEYS keys: each
+// block's value rows come from memory once and serve every column chunk and head from L1, where one pass a chunk
+// over all the keys reads every value row again from farther away for each chunk and head (at 1,200 keys a layer's
+// values no longer fit a core's L2).  Per element the same sequential fma chain over the keys in order, from 0, then
+// times inv: pv_heads' values bit for bit.  acc: NH * D8 floats of scratch.
+template <typename E, int NH>
+void pv_blocked(const float* const* e, const E* vp, int64_t vs1, const int32_t* vis, int64_t nv, int64_t D8,
+                const float* inv, E* const* orow, float* acc) {
+  std::fill(acc, acc + NH * D8, 0.0f);
+  for (int64_t n0 = 0; n0 < nv; n0 += PV_KEYS) {
+    const int64_t n1 = std::min(nv, n0 + PV_KEYS);
+    for (int64_t d0 = 0; d0 < D8; d0 += 32) {
+      float* ad = acc + d0;
+      switch (std::min<int64_t>(4, (D8 - d0) / 8)) {
+        case 4: pv_keys<E, NH, 4>(e, vp, vs1, vis, n0, n1, nv, d0, ad, D8); break;
+        case 3: pv_keys<E, NH, 3>(e, vp, vs1, vis, n0, n1, nv, d0, ad, D8); break;
+        case 2: pv_keys<E, NH, 2>(e, vp, vs1, vis, n0, n1, nv, d0, ad, D8); break;
+        default: pv_keys<E, NH, 1>(e, vp, vs1, vis, n0, n1, nv, d0, ad, D8); break;
+      }
+    }
+  }
+  for (int r = 0; r < NH; ++r)
+    for (int64_t i = 0; i < D8; ++i) store_f32(orow[r] + i, acc[r * D8 + i] * inv[r]);
+}
+
+// NH heads of one query row over its visible keys, in one work item: the scores, per head the softmax, then the
+// outputs two heads at a time (pv_blocked: they share each value load) and the scalar tail.  acc: NH * D floats.
 template <typename E, int NH>
 void attend_heads(const float* qf, const E* kp, const E* vp, int64_t ks1, int64_t vs1, const int32_t* vis, int64_t nv,
-                  int64_t D, int64_t S, float sc, float* scores, E* const* orow) {
+                  int64_t D, int64_t S, float sc, float* scores, E* const* orow, float* acc) {
   scores_heads<E, NH>(qf, D, kp, ks1, vis, nv, sc, S, scores);
   const int64_t D8 = D & ~int64_t(7);
+  const float* e[NH];
+  float inv[NH];
   for (int r = 0; r < NH; ++r) {
-    const float* e = scores + r * S;
-    const float inv = softmax_row(scores + r * S, nv);
-    for (int64_t d0 = 0; d0 < D8; d0 += 64) {
-      const int nd = int(std::min<int64_t>(64, D8 - d0) / 8);
-      __m256 acc[8];
-      for (int u = 0; u < 8; ++u) acc[u] = _mm256_setzero_ps();
-      for (int64_t n = 0; n < nv; ++n) {
-        const __m256 ev = _mm256_set1_ps(e[n]);
-        const E* vr = vp + vis[n] * vs1 + d0;
-        if (n + AHEAD < nv) prefetch_row(vp + vis[n + AHEAD] * vs1 + d0, 8 * nd);
-        if (nd == 8) {
-          for (int u = 0; u < 8; ++u) acc[u] = _mm256_fmadd_ps(ev, load8(vr + 8 * u), acc[u]);
-        } else {
-          for (int u = 0; u < nd; ++u) acc[u] = _mm256_fmadd_ps(ev, load8(vr + 8 * u), acc[u]);
-        }
-      }
-      alignas(32) float o[64];
-      for (int u = 0; u < nd; ++u) _mm256_store_ps(o + 8 * u, acc[u]);
-      for (int i = 0; i < 8 * nd; ++i) store_f32(orow[r] + d0 + i, o[i] * inv);
-    }
-    pv_tail(&e, vp, vs1, vis, nv, D8, D, 1, &inv, orow + r);
+    e[r] = scores + r * S;
+    inv[r] = softmax_row(scores + r * S, nv);
   }
+  for (int r = 0; r < NH; r += 2) {
+    if (r + 1 < NH) pv_blocked<E, 2>(e + r, vp, vs1, vis, nv, D8, inv + r, orow + r, acc);
+    else pv_blocked<E, 1>(e + r, vp, vs1, vis, nv, D8, inv + r, orow + r, acc);
+  }
+  for (int r = 0; r < NH; ++r) pv_tail(e + r, vp, vs1, vis, nv, D8, D, 1, inv + r, orow + r);
 }
 
 constexpr int HC = 2;  // heads per work item (decode: Gemma's 4 heads of one group make 2 items for 2 cores)
@@ -201,7 +239,7 @@ void attend_items(const E* qp, const E* kp, const E* vp, const bool* mp, E* op, 
                  int64_t S, int64_t ks0, int64_t ks1, int64_t vs0, int64_t vs1, int64_t rep, float sc) {
   const int64_t G = H / rep, nc = (rep + HC - 1) / HC;
   at::parallel_for(0, G * nc * T, 1, [&](int64_t b0, int64_t b1) {
-    std::vector<float> qf(HC * D), scores(HC * std::max<int64_t>(S, 1));
+    std::vector<float> qf(HC * D), scores(HC * std::max<int64_t>(S, 1)), acc(HC * D);
     std::vector<int32_t> vis(std::max<int64_t>(S, 1));
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t t = b % T, c = (b / T) % nc, g = b / (T * nc);
@@ -215,8 +253,9 @@ void attend_items(const E* qp, const E* kp, const E* vp, const bool* mp, E* op, 
       }
       const E* kg = kp + g * ks0;
       const E* vg = vp + g * vs0;
-      if (nh == 2) attend_heads<E, 2>(qf.data(), kg, vg, ks1, vs1, vis.data(), nv, D, S, sc, scores.data(), orow);
-      else attend_heads<E, 1>(qf.data(), kg, vg, ks1, vs1, vis.data(), nv, D, S, sc, scores.data(), orow);
+      if (nh == 2)
+        attend_heads<E, 2>(qf.data(), kg, vg, ks1, vs1, vis.data(), nv, D, S, sc, scores.data(), orow, acc.data());
+      else attend_heads<E, 1>(qf.data(), kg, vg, ks1, vs1, vis.data(), nv, D, S, sc, scores.data(), orow, acc.data());
     }
   });
 }
@@ -316,7 +355,7 @@ void attend_seq_items(const std::vector<const E*>& qp, const std::vector<const E
   const int64_t n = int64_t(qp.size()), G = H / rep, nc = (rep + HG - 1) / HG;
   const int64_t Smax = std::max<int64_t>(1, *std::max_element(S.begin(), S.end()));
   at::parallel_for(0, n * G * nc, 1, [&](int64_t b0, int64_t b1) {
-    std::vector<float> qf(HG * D), scores(HG * Smax);
+    std::vector<float> qf(HG * D), scores(HG * Smax), acc(HG * D);
     std::vector<int32_t> vis(Smax);
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t j = b / (G * nc), g = (b / nc) % G, c = b % nc;
@@ -332,10 +371,14 @@ void attend_seq_items(const std::vector<const E*>& qp, const std::vector<const E
       const E* vg = vp[j] + g * vs0[j];
       const int64_t k1 = ks1[j], v1 = vs1[j];
       switch (nh) {
-        case 4: attend_heads<E, 4>(qf.data(), kg, vg, k1, v1, vis.data(), nv, D, S[j], sc, scores.data(), orow); break;
-        case 3: attend_heads<E, 3>(qf.data(), kg, vg, k1, v1, vis.data(), nv, D, S[j], sc, scores.data(), orow); break;
-        case 2: attend_heads<E, 2>(qf.data(), kg, vg, k1, v1, vis.data(), nv, D, S[j], sc, scores.data(), orow); break;
-        default: attend_heads<E, 1>(qf.data(), kg, vg, k1, v1, vis.data(), nv, D, S[j], sc, scores.data(), orow);
+        case 4: attend_heads<E, 4>(qf.data(), kg, vg, k1, v1, vis.data(), nv, D, S[j], sc, scores.data(), orow,
+                                   acc.data()); break;
+        case 3: attend_heads<E, 3>(qf.data(), kg, vg, k1, v1, vis.data(), nv, D, S[j], sc, scores.data(), orow,
+                                   acc.data()); break;
+        case 2: attend_heads<E, 2>(qf.data(), kg, vg, k1, v1, vis.data(), nv, D, S[j], sc, scores.data(), orow,
+                                   acc.data()); break;
+        default: attend_heads<E, 1>(qf.data(), kg, vg, k1, v1, vis.data(), nv, D, S[j], sc, scores.data(), orow,
+                                    acc.data());
       }
     }
   });
