@@ -280,6 +280,31 @@ def test_attention_rows_of_a_pass_are_each_alone(dtype, heads, groups, t, s, d):
 
 
 @needs_attention
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,groups,t,s,d", [(4, 1, 16, 100, 256), (3, 1, 5, 70, 20), (6, 2, 9, 33, 24),
+                                                (8, 2, 3, 9, 72), (2, 1, 2, 40, 8), (3, 3, 1, 50, 40)])
+def test_attention_512_bit_form_gives_the_256_bit_values(dtype, heads, groups, t, s, d):
+    """The 512-bit form of the attention (two 8-lane chains a register: two heads' scores, 16 output elements) gives
+    the 256-bit form's values bit for bit: odd head counts, widths off 16 and 8 lanes, masks, one row and many.
+    Skipped where the CPU has no AVX-512."""
+    if not cpu_quant.attention_wide(True):
+        pytest.skip("no AVX-512 F/DQ on this CPU")
+    g = torch.Generator().manual_seed(heads * s + d + t)
+    k = torch.randn(groups, s, d, generator=g).to(dtype)
+    v = torch.randn(groups, s, d, generator=g).to(dtype)
+    q = torch.randn(heads, t, d, generator=g).to(dtype)
+    mask = torch.rand(t, s, generator=g) < 0.8
+    mask[:, 0] = True
+    try:
+        wide = [cpu_linear.attend(q, k, v, m, d ** -0.5) for m in (mask, None)]
+        cpu_quant.attention_wide(False)
+        narrow = [cpu_linear.attend(q, k, v, m, d ** -0.5) for m in (mask, None)]
+    finally:
+        cpu_quant.attention_wide(True)
+    assert all(torch.equal(a, b) for a, b in zip(wide, narrow))
+
+
+@needs_attention
 @pytest.mark.parametrize("heads,groups", [(4, 1), (8, 2), (6, 1), (2, 2), (3, 3)])
 def test_one_row_of_each_of_several_sequences_in_one_call_is_each_alone(heads, groups):
     """``attend_rows_many`` (a batch's decode steps: one query row per sequence, each over its own keys, one parallel

@@ -242,6 +242,15 @@ def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torc
     return _EXT.module.attend_rows(q, k, v, allowed, scale)
 
 
+def attention_wide(on: bool | None = None) -> bool:
+    """Whether :func:`attend_rows` takes its 512-bit form (two of the 8-lane fp32 chains a register: the same
+    values bit for bit, half the fma instructions); the default where the CPU has AVX-512 F and DQ.  ``on`` False
+    takes the 256-bit form, True the 512-bit one where the CPU has it; None only asks.  Returns the form in use."""
+    if not available():
+        raise RuntimeError(f"the CPU quantized-weight kernel is not available here: {build_error() or 'off'}")
+    return bool(_EXT.module.set_attention_wide(-1 if on is None else int(bool(on))))
+
+
 def layer_step(x: torch.Tensor, mats: list[torch.Tensor], meta: list[int], biases: list[torch.Tensor],
                norms: list[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
                segments: list[tuple[torch.Tensor, int, int, int, torch.Tensor]], dims: list[int], eps: float,

@@ -10,6 +10,8 @@
 #include "common.h"
 #include "quant.h"
 
+#include <atomic>
+
 namespace {
 
 // e^x, 8 lanes (x <= 0 here): Cephes' expf — x = n ln2 + r by a two-part ln 2, a degree-5 polynomial in r, times
@@ -102,10 +104,106 @@ inline int64_t visible_keys(const bool* mrow, int64_t S, int32_t* vis) {
   return nv;
 }
 
-// scores_rows for NH heads of one row, as many keys at a time as their registers allow
+// ---------------------------------------------------------------------------------------------------------------
+// The 512-bit form of the score and value chains, which the passes (several query rows) take where the CPU has
+// AVX-512 F and DQ (set_attention_wide): each register holds two of the 8-lane chains side by side, so every value is
+// the same fp32 sequence whichever form computed it, bit for bit (tests/test_cpu_linear.py compares the two forms).
+// Scores: the low half is head r's chain, the high half head r + 1's, over the same key (its 8 elements broadcast to
+// both halves), so one fma serves two heads; values: 16 consecutive output elements a register, each its own chain
+// over the keys.  The passes are bound by their fmas (Gemma 3 270M's shapes, 16 rows: 0.78-0.86x the 256-bit form's
+// time after 100-1,200 keys, Intel Xeon, 2 threads); one row is bound by its reads and keeps the 256-bit form
+// (the 512-bit one took 0.99-1.10x its time).
+#define MICROSPEC_ATT512 __attribute__((target("avx512f,avx512dq")))
+
+std::atomic<int> g_att_wide{-1};  // -1 until first asked: whether the CPU has the 512-bit form
+
+bool cpu_att_wide() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+}
+
+inline bool att_wide() {
+  int v = g_att_wide.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = cpu_att_wide() ? 1 : 0;
+    g_att_wide.store(v, std::memory_order_relaxed);
+  }
+  return v != 0;
+}
+
+constexpr int64_t WIDE_D = 512;  // the widest head the 512-bit scores take (its queries interleaved on the stack)
+
+// 8 elements at p widened to fp32, in both halves of a register; 16 consecutive elements at p, widened
+MICROSPEC_ATT512 inline __m512 bcast8(const float* p) { return _mm512_broadcast_f32x8(_mm256_loadu_ps(p)); }
+MICROSPEC_ATT512 inline __m512 bcast8(const uint16_t* p) {
+  const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+}
+MICROSPEC_ATT512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+MICROSPEC_ATT512 inline __m512 load16(const uint16_t* p) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+}
+
+// scores_rows for NP pairs of heads, KB keys at a time: qq holds the pairs' queries interleaved (pair p's 8 elements
+// from k of head 2p, then of head 2p + 1, at qq + 2 (p D8 + k)); q the heads' rows, for the scalar tail
+template <typename E, int NP, int KB>
+MICROSPEC_ATT512 void scores_pairs(const float* q, const float* qq, int64_t D, const E* kp, int64_t ks1,
+                                   const int32_t* vis, int64_t nv, float sc, int64_t S, float* scores) {
+  const int64_t D8 = D & ~int64_t(7);
+  int64_t n = 0;
+  for (; n + KB <= nv; n += KB) {
+    const E* kr[KB];
+    for (int b = 0; b < KB; ++b) kr[b] = kp + vis[n + b] * ks1;
+    for (int b = 0; b < KB && n + b + AHEAD < nv; ++b) prefetch_row(kp + vis[n + b + AHEAD] * ks1, D);
+    __m512 acc[NP][KB];
+    for (int p = 0; p < NP; ++p)
+      for (int b = 0; b < KB; ++b) acc[p][b] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < D8; k += 8) {
+      __m512 kv[KB];
+      for (int b = 0; b < KB; ++b) kv[b] = bcast8(kr[b] + k);
+      for (int p = 0; p < NP; ++p) {
+        const __m512 qv = _mm512_load_ps(qq + 2 * (p * D8 + k));
+        for (int b = 0; b < KB; ++b) acc[p][b] = _mm512_fmadd_ps(qv, kv[b], acc[p][b]);
+      }
+    }
+    for (int p = 0; p < NP; ++p)
+      for (int b = 0; b < KB; ++b)
+        for (int h = 0; h < 2; ++h) {
+          const int r = 2 * p + h;
+          float s = hsum8(h ? _mm512_extractf32x8_ps(acc[p][b], 1) : _mm512_castps512_ps256(acc[p][b]));
+          for (int64_t k = D8; k < D; ++k) s += q[r * D + k] * to_f32(kr[b][k]);
+          scores[r * S + n + b] = s * sc;
+        }
+  }
+  for (; n < nv; ++n)  // the last keys, one at a time (the same chain per dot)
+    scores_pairs<E, NP, 1>(q, qq, D, kp, ks1, vis + n, 1, sc, S, scores + n);
+}
+
+// scores_heads in the 512-bit form (NH >= 2, D <= WIDE_D): the heads in pairs, an odd last one on 256 bits
+template <typename E, int NH>
+MICROSPEC_ATT512 void scores_heads_wide(const float* q, int64_t D, const E* kp, int64_t ks1, const int32_t* vis,
+                                        int64_t nv, float sc, int64_t S, float* scores) {
+  constexpr int NP = NH / 2;
+  const int64_t D8 = D & ~int64_t(7);
+  alignas(64) float qq[2 * NP * WIDE_D];
+  for (int p = 0; p < NP; ++p)
+    for (int64_t k = 0; k < D8; k += 8) {
+      std::memcpy(qq + 2 * (p * D8 + k), q + 2 * p * D + k, 8 * sizeof(float));
+      std::memcpy(qq + 2 * (p * D8 + k) + 8, q + (2 * p + 1) * D + k, 8 * sizeof(float));
+    }
+  scores_pairs<E, NP, (NP >= 2 ? 4 : 8)>(q, qq, D, kp, ks1, vis, nv, sc, S, scores);
+  if (NH % 2) scores_rows<E, 1, 8>(q + (NH - 1) * D, D, kp, ks1, vis, nv, sc, S, scores + (NH - 1) * S);
+}
+
+// scores_rows for NH heads of one row, as many keys at a time as their registers allow (wide: the 512-bit form for
+// two heads or more)
 template <typename E, int NH>
 void scores_heads(const float* q, int64_t D, const E* kp, int64_t ks1, const int32_t* vis, int64_t nv, float sc,
-                  int64_t S, float* scores) {
+                  int64_t S, float* scores, bool wide = false) {
+  if constexpr (NH >= 2) {
+    if (wide && D <= WIDE_D) return scores_heads_wide<E, NH>(q, D, kp, ks1, vis, nv, sc, S, scores);
+  }
   scores_rows<E, NH, (NH >= 4 ? 2 : 8 / NH)>(q, D, kp, ks1, vis, nv, sc, S, scores);
 }
 
@@ -134,9 +232,41 @@ inline void pv_heads(const float* const* e, const E* vp, int64_t vs1, const int3
   }
 }
 
+// pv_heads in the 512-bit form: CZ * 16 elements of d from d0, the same chain per element
+template <typename E, int NH, int CZ>
+MICROSPEC_ATT512 void pv_heads16(const float* const* e, const E* vp, int64_t vs1, const int32_t* vis, int64_t nv,
+                                 int64_t d0, const float* inv, E* const* orow) {
+  __m512 acc[NH][CZ];
+  for (int r = 0; r < NH; ++r)
+    for (int u = 0; u < CZ; ++u) acc[r][u] = _mm512_setzero_ps();
+  for (int64_t n = 0; n < nv; ++n) {
+    const E* vr = vp + vis[n] * vs1 + d0;
+    if (n + AHEAD < nv) prefetch_row(vp + vis[n + AHEAD] * vs1 + d0, 16 * CZ);
+    __m512 vv[CZ];
+    for (int u = 0; u < CZ; ++u) vv[u] = load16(vr + 16 * u);
+    for (int r = 0; r < NH; ++r) {
+      const __m512 ev = _mm512_set1_ps(e[r][n]);
+      for (int u = 0; u < CZ; ++u) acc[r][u] = _mm512_fmadd_ps(ev, vv[u], acc[r][u]);
+    }
+  }
+  alignas(64) float o[16 * CZ];
+  for (int r = 0; r < NH; ++r) {
+    for (int u = 0; u < CZ; ++u) _mm512_store_ps(o + 16 * u, acc[r][u]);
+    for (int i = 0; i < 16 * CZ; ++i) store_f32(orow[r] + d0 + i, o[i] * inv[r]);
+  }
+}
+
+// nd * 8 elements of d from d0 (nd <= 4); wide: pairs of 8 in the 512-bit form, an odd last 8 on 256 bits
 template <typename E, int NH>
 void pv_chunk(const float* const* e, const E* vp, int64_t vs1, const int32_t* vis, int64_t nv, int64_t d0, int nd,
-              const float* inv, E* const* orow) {
+              const float* inv, E* const* orow, bool wide) {
+  if (wide && nd >= 2) {
+    if (nd >= 4) pv_heads16<E, NH, 2>(e, vp, vs1, vis, nv, d0, inv, orow);
+    else pv_heads16<E, NH, 1>(e, vp, vs1, vis, nv, d0, inv, orow);
+    const int done = nd >= 4 ? 4 : 2;
+    if (nd > done) pv_heads<E, NH, 1>(e, vp, vs1, vis, nv, d0 + 8 * done, inv, orow);
+    return;
+  }
   switch (nd) {
     case 4: pv_heads<E, NH, 4>(e, vp, vs1, vis, nv, d0, inv, orow); break;
     case 3: pv_heads<E, NH, 3>(e, vp, vs1, vis, nv, d0, inv, orow); break;
@@ -269,6 +399,7 @@ template <typename E>
 void attend_passes(const E* qp, const E* kp, const E* vp, const bool* mp, E* op, int64_t H, int64_t T, int64_t D,
                    int64_t S, int64_t ks0, int64_t ks1, int64_t vs0, int64_t vs1, int64_t rep, float sc) {
   const int64_t G = H / rep, Sb = std::max<int64_t>(S, 1), D8 = D & ~int64_t(7);
+  const bool wide = att_wide();  // the 512-bit form where the CPU has it: the passes are bound by their fmas
   // query rows as fp32, [T, H, D] (the heads of a row at stride D); per row its visible keys in slot order
   std::vector<float> qf(T * H * D);
   for (int64_t h = 0; h < H; ++h)
@@ -293,10 +424,10 @@ void attend_passes(const E* qp, const E* kp, const E* vp, const bool* mp, E* op,
           const float* q = qf.data() + (t * H + h0) * D;
           float* sp = e.data() + (t * H + h0) * Sb + a;
           switch (nh) {
-            case 4: scores_heads<E, 4>(q, D, kg, ks1, vt + a, z - a, sc, Sb, sp); break;
-            case 3: scores_heads<E, 3>(q, D, kg, ks1, vt + a, z - a, sc, Sb, sp); break;
-            case 2: scores_heads<E, 2>(q, D, kg, ks1, vt + a, z - a, sc, Sb, sp); break;
-            default: scores_heads<E, 1>(q, D, kg, ks1, vt + a, z - a, sc, Sb, sp); break;
+            case 4: scores_heads<E, 4>(q, D, kg, ks1, vt + a, z - a, sc, Sb, sp, wide); break;
+            case 3: scores_heads<E, 3>(q, D, kg, ks1, vt + a, z - a, sc, Sb, sp, wide); break;
+            case 2: scores_heads<E, 2>(q, D, kg, ks1, vt + a, z - a, sc, Sb, sp, wide); break;
+            default: scores_heads<E, 1>(q, D, kg, ks1, vt + a, z - a, sc, Sb, sp, wide); break;
           }
         }
       }
@@ -319,8 +450,8 @@ void attend_passes(const E* qp, const E* kp, const E* vp, const bool* mp, E* op,
           E* orow[2] = {op + (h0 * T + t) * D, op + ((h0 + nh - 1) * T + t) * D};
           const float* iv = inv.data() + t * H + h0;
           if (nd > 0) {
-            if (nh == 2) pv_chunk<E, 2>(er, vg, vs1, vt, nv, d0, int(nd), iv, orow);
-            else pv_chunk<E, 1>(er, vg, vs1, vt, nv, d0, int(nd), iv, orow);
+            if (nh == 2) pv_chunk<E, 2>(er, vg, vs1, vt, nv, d0, int(nd), iv, orow, wide);
+            else pv_chunk<E, 1>(er, vg, vs1, vt, nv, d0, int(nd), iv, orow, wide);
           }
           if (d0 == 0) pv_tail(er, vg, vs1, vt, nv, D8, D, nh, iv, orow);
         }
@@ -452,4 +583,9 @@ torch::Tensor attend_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, tor
                        T, D, S, k.stride(0), k.stride(1), v.stride(0), v.stride(1), H / G, sc);
   }
   return out;
+}
+
+int64_t set_attention_wide(int64_t on) {
+  if (on >= 0) g_att_wide.store(on && cpu_att_wide() ? 1 : 0, std::memory_order_relaxed);
+  return att_wide() ? 1 : 0;
 }

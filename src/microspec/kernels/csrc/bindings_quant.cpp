@@ -23,6 +23,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope", torch::wrap_pybind_function(rope), "rope");
   m.def("attend_rows", torch::wrap_pybind_function_no_gil(attend_rows), "attend_rows");
   m.def("attend_rows_many", torch::wrap_pybind_function_no_gil(attend_rows_many), "attend_rows_many");
+  m.def("set_attention_wide", torch::wrap_pybind_function(set_attention_wide), "set_attention_wide");
   m.def("layer_step", torch::wrap_pybind_function_no_gil(layer_step), "layer_step");
   // module_local: two builds of this extension in one process (benchmarks/measure/kernel_ab.py) each keep their own
   pybind11::class_<LayersPlan, std::shared_ptr<LayersPlan>>(m, "LayersPlan", pybind11::module_local())

@@ -34,6 +34,9 @@ int64_t argmax_f32(torch::Tensor x);
 void bitmask_fill(torch::Tensor logits, torch::Tensor bitmask);
 // attention.cpp
 torch::Tensor attend_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor allowed, double scale);
+// attention.cpp: whether the attention takes its 512-bit form (1 where the CPU has it, 0 the 256-bit one; the same
+// values; -1 only asks); returns the form in use
+int64_t set_attention_wide(int64_t on);
 std::vector<torch::Tensor> attend_rows_many(std::vector<torch::Tensor> qs, std::vector<torch::Tensor> ks,
                                             std::vector<torch::Tensor> vs, std::vector<torch::Tensor> alloweds,
                                             double scale);
