@@ -817,18 +817,19 @@ def _amx() -> list[str]:
                         for r in sixteen) + " on this CPU.", ""]
 
 
-def _intel() -> list[str]:
-    """The defaults on the Intel Xeon with AMX of the AMX section: the held-apart bench (two runs), plain decoding
-    against the read bandwidth, plain batching served to 8 clients."""
-    runs = DATA["AMX"]
-    names = {"ar": "plain", "auto": "`auto`", "eagle-full": "EAGLE-2, full vocabulary",
-             "microspec": "EAGLE + MicroSpec"}
-    res = [{d: load(f"{folder}/{d}/results.json") for d in ("greedy", "greedy-rp1.2")}
-           for folder in runs["HELD_APART"]]
+_HELD_APART_NAMES = {"ar": "plain", "auto": "`auto`", "eagle-full": "EAGLE-2, full vocabulary",
+                     "microspec": "EAGLE + MicroSpec"}
+
+
+def _held_apart_runs(folders) -> tuple[list[list], int, bool, str]:
+    """The held-apart bench's runs one after the other (each folder a greedy and a penalty 1.2 run of the methods
+    of :data:`_HELD_APART_NAMES`): the table's rows (tok/s, x plain and τ, run 1 / run 2 ...), the questions, whether
+    every greedy answer equalled plain decoding's, and the runs' sources."""
+    res = [{d: load(f"{folder}/{d}/results.json") for d in ("greedy", "greedy-rp1.2")} for folder in folders]
     questions = res[0]["greedy"]["methods"]["ar"]["overall"]["questions"]
     body = []
     for d, label in (("greedy", "greedy"), ("greedy-rp1.2", "penalty 1.2")):
-        for method, name in names.items():
+        for method, name in _HELD_APART_NAMES.items():
             if method == "ar":
                 tok = [r[d]["methods"][method]["overall"]["tokens_per_s"] for r in res]
                 body.append([label, name, " / ".join(f"{t:.1f}" for t in tok), "1.00", "1.00"])
@@ -838,6 +839,18 @@ def _intel() -> list[str]:
                          " / ".join(f"{x['speedup']:.2f}" for x in o),
                          " / ".join(f"{x['mean_accept_len']:.2f}" for x in o)])
     same = all(not r[d]["mismatches"] for r in res for d in r)
+    sources = " ".join(Source(f"{folder}/greedy/results.json", r["greedy"]["meta"]["command"],
+                              r["greedy"]["meta"]["date"][:10], f"{r['greedy']['meta']['machine']}, "
+                              f"{r['greedy']['meta']['threads']} threads", commit(r["greedy"]["meta"])).markdown()
+                       for folder, r in zip(folders, res))
+    return body, questions, same, sources
+
+
+def _intel() -> list[str]:
+    """The defaults on the Intel Xeon with AMX of the AMX section: the held-apart bench (two runs), plain decoding
+    against the read bandwidth, plain batching served to 8 clients."""
+    runs = DATA["AMX"]
+    body, questions, same, sources = _held_apart_runs(runs["HELD_APART"])
     fl, sv = load(runs["FLOOR"]), load(runs["SERVE"])
     shares = [r["share"] for r in fl["rounds"]]
     lv = sv["levels"]
@@ -845,10 +858,7 @@ def _intel() -> list[str]:
             f"On the same machine (path 2, the default), the held-apart prompts ({questions} questions, 128 "
             "tokens; two runs one after the other, tok/s and x plain decoding in the same run, run 1 / run 2):", "",
             table(["decoding", "method", "tok/s", "x plain", "τ"], body), "",
-            " ".join(Source(f"{folder}/greedy/results.json", r["greedy"]["meta"]["command"],
-                            r["greedy"]["meta"]["date"][:10], f"{r['greedy']['meta']['machine']}, "
-                            f"{r['greedy']['meta']['threads']} threads", commit(r["greedy"]["meta"])).markdown()
-                     for folder, r in zip(runs["HELD_APART"], res)), "",
+            sources, "",
             "- " + ("Every greedy answer equal to plain decoding's." if same else "SOME ANSWERS DIFFERED."),
             f"- Plain decoding against the read bandwidth measured beside it ({len(shares)} rounds): median "
             f"{fl['median_share']:.0%} ({min(shares):.0%}–{max(shares):.0%}; "
@@ -862,6 +872,80 @@ def _intel() -> list[str]:
             "share the server's 2 cores). " + Source(runs["SERVE"], sv["command"], sv["date"][:10],
                                                     f"{sv['machine']}, {sv['threads']} threads", commit(sv)).markdown(),
             ""]
+
+
+def _attention_wide() -> list[str]:
+    """The attention's passes in a 512-bit form: attention_rows.py's paired run of the two forms; the packed verify
+    pass by rows before and after (verify_rows.py, the commits alternating); the held-apart bench at the new commit
+    and EAGLE + MicroSpec with two trees beside the CPU's chain."""
+    runs = DATA["ATTENTION_WIDE"]
+    forms = load(runs["FORMS"])
+    fm = forms["meta"]
+    fbody = [[r["dtype"], r["keys"], r["rows"], f"{r['us_256']:.1f}", f"{r['us_512']:.1f}", f"{r['ratio']:.2f}"]
+             for r in forms["rows"]]
+    (old, old_files), (new, new_files) = runs["ROWS"].items()
+    olds, news = [load(f) for f in old_files], [load(f) for f in new_files]
+
+    def fwd(res: list, c: str, r: str) -> list[float]:
+        return [x["ms"][c][r]["forward"] for x in res]
+
+    rbody = [[c, r, spread(fwd(olds, c, r), unit=""), spread(fwd(news, c, r), unit=""),
+              f"{mean_of(fwd(news, c, r)) / mean_of(fwd(olds, c, r)):.2f}",
+              spread([x["ms"][c][r]["total"] / x["ms"][c]["1"]["total"] for x in news])]
+             for c in (str(v) for v in olds[0]["contexts"]) for r in (str(v) for v in olds[0]["rows"])]
+    rm = news[0]["meta"]
+    body, questions, same, sources = _held_apart_runs(runs["HELD_APART"])
+    chain = [{d: load(f"{f}/{d}/results.json")["methods"]["microspec"]["overall"] for d in ("greedy", "greedy-rp1.2")}
+             for f in runs["HELD_APART"]]
+    trees = {n: {d: load(f"{f}/{d}/results.json") for d in ("greedy", "greedy-rp1.2")}
+             for n, f in runs["TREES"].items()}
+    tbody = [["the CPU default: a chain, each step's length chosen (runs 1, 2)",
+              *(" / ".join(f"{c[d][k]:.2f}" for c in chain) for d in ("greedy", "greedy-rp1.2")
+                for k in ("speedup", "mean_accept_len"))]]
+    for n, t in trees.items():
+        tree = t["greedy"]["meta"]["methods"]["microspec"]["tree"]
+        tbody.append([f"a tree of {n} tokens (depth {tree['depth']}, top-k {tree['top_k']})",
+                      *(f"{t[d]['methods']['microspec']['overall'][k]:.2f}" for d in ("greedy", "greedy-rp1.2")
+                        for k in ("speedup", "mean_accept_len"))])
+    tsources = " ".join(Source(f"{runs['TREES'][n]}/greedy/results.json", t["greedy"]["meta"]["command"],
+                               t["greedy"]["meta"]["date"][:10], f"{t['greedy']['meta']['machine']}, "
+                               f"{t['greedy']['meta']['threads']} threads", commit(t["greedy"]["meta"])).markdown()
+                        for n, t in trees.items())
+    same_trees = all(not t[d]["mismatches"] for t in trees.values() for d in t)
+    return ["### The attention's passes on 512-bit registers", "",
+            "Where the CPU has AVX-512 (F and DQ), the attention's passes (two query rows or more: a verify pass) "
+            "hold two of the 8-lane fp32 chains in each register: two heads' scores over one key broadcast to both "
+            "halves, and 16 output elements of the value sums. Each score, sum and output is the same fp32 "
+            "sequence as on 256-bit registers, so the values are the same bit for bit (tests/test_cpu_linear.py "
+            "compares the two forms); one row keeps the 256-bit form, bound by its reads. Gemma 3 270M's shapes "
+            "(4 heads over one key group of 256), each call over one of 18 caches in turn, both forms alternating "
+            "in one process (`cpu_quant.attention_wide`), µs a call, median of 7 rounds and the median of the "
+            "paired ratios:", "",
+            table(["dtype", "keys", "rows", "256-bit µs", "512-bit µs", "512 / 256"], fbody), "",
+            Source(runs["FORMS"], fm["command"], fm["date"][:10], f"{fm['machine']}, {fm['threads']} threads "
+                   "(AVX-512, AMX)", commit(fm)).markdown(), "",
+            f"The packed model's forward by rows after a prefix (verify_rows.py), ms, two runs of each commit "
+            f"alternating, mean (range), and the whole verify pass (the forward and the LM head) over one row's at "
+            f"{new}:", "",
+            table(["prefix", "rows", f"forward {old}", f"forward {new}", "new / old", f"pass over one row ({new})"],
+                  rbody), "",
+            Source(f"{runs['DIR']}/verify-rows-*-{{1,2}}.json", rm["command"].replace(new_files[0], "FILE"),
+                   rm["date"][:10], f"{rm['machine']}, {rm['threads']} threads", f"{old} and {new}").markdown(), "",
+            "- One row takes the same kernels at both commits: its difference is the runs' spread on this shared "
+            "machine. From 4 rows on the passes take the 512-bit form.", "",
+            f"At {new} on the same machine, the held-apart prompts ({questions} questions, 128 tokens; two runs one "
+            "after the other, tok/s and x plain decoding in the same run, run 1 / run 2):", "",
+            table(["decoding", "method", "tok/s", "x plain", "τ"], body), "",
+            sources, "",
+            "- " + ("Every greedy answer equal to plain decoding's." if same else "SOME ANSWERS DIFFERED."),
+            "- EAGLE + MicroSpec with its CPU default (a chain whose length each step chooses from the draft's "
+            "confidence and the measured costs of a verify row and a draft level) and with two trees, the same "
+            "prompts (x plain decoding in the same run and τ):", "",
+            table(["draft", "greedy x plain", "greedy τ", "penalty 1.2 x plain", "penalty 1.2 τ"], tbody), "",
+            tsources, "",
+            "- " + ("Every greedy answer equal to plain decoding's." if same_trees else "SOME ANSWERS DIFFERED.")
+            + " The trees accept more tokens a step but lose to the chain: a verify row and a draft level cost "
+            "more here than the tokens they add.", ""]
 
 
 def _amx_bf16() -> list[str]:
@@ -959,7 +1043,8 @@ def _first_measure() -> list[str]:
 def render() -> str:
     return "\n".join(["## Where the time goes", "", *_split(), *_step(), *_layer(), *_paths(), *_sized(),
                       *_sized_views(), *_attention(), *_cache_prefetch(), *_layer_regions(), *_stack_call(),
-                      *_wide_rows(), *_unpacked_pairs(), *_amx(), *_intel(), *_amx_bf16(), *_draft_layout(), *_first_measure(),
+                      *_wide_rows(), *_unpacked_pairs(), *_amx(), *_intel(), *_amx_bf16(), *_attention_wide(),
+                      *_draft_layout(), *_first_measure(),
                       *_floor(), *_llama()]).rstrip() + "\n"
 
 
