@@ -359,11 +359,27 @@ def test_bf16_rms_norm_is_the_references_within_a_bf16_step_and_row_by_row(gemma
 
 
 def test_argmax_is_torchs():
-    """First index among equal maxima, the first NaN where there is one, any length (vector body and tail)."""
+    """First index among equal maxima, the first NaN where there is one, any length (the 32-value body of four max
+    chains, the 8-value steps after it and the tail; a long vector in parts over the cores, a maximum or a NaN in
+    either), zeros of both signs."""
     g = torch.Generator().manual_seed(0)
-    for n in (1, 7, 8, 9, 1000, 262147):
+    n = 262147
+    for at in (10, n // 2 - 1, n // 2 + 1, n - 2):  # equal maxima across the parts: the first one wins
+        x = torch.randn(n, generator=g)
+        x[at] = x[n - 1] = 9.0
+        assert cq.argmax(x) == int(x.argmax()) == at
+        x[n - 3] = float("nan")
+        assert cq.argmax(x) == int(x.argmax()) == n - 3
+    for n in (1, 7, 8, 9, 31, 32, 33, 47, 64, 71, 1000, 65537, 262147):
+        signed_zeros = -torch.rand(n, generator=g)
+        signed_zeros[torch.randperm(n, generator=g)[: max(1, n // 3)]] = 0.0
+        signed_zeros[torch.randperm(n, generator=g)[: max(1, n // 3)]] = -0.0
         cases = [torch.randn(n, generator=g), torch.randint(-2, 2, (n,), generator=g).float(),
-                 torch.full((n,), float("-inf"))]
+                 torch.full((n,), float("-inf")), signed_zeros]
+        for at in {0, n // 2, n - 1}:  # the one maximum in each part of the pass
+            x = torch.randn(n, generator=g) - 10
+            x[at] = 5.0
+            cases.append(x)
         x = torch.randn(n, generator=g)
         x[n // 2] = float("nan")
         x[-1] = float("nan")
