@@ -932,7 +932,7 @@ def _attention_wide() -> list[str]:
             Source(f"{runs['DIR']}/verify-rows-*-{{1,2}}.json", rm["command"].replace(new_files[0], "FILE"),
                    rm["date"][:10], f"{rm['machine']}, {rm['threads']} threads", f"{old} and {new}").markdown(), "",
             "- One row takes the same kernels at both commits: its difference is the runs' spread on this shared "
-            "machine. From 4 rows on the passes take the 512-bit form.", "",
+            "machine. From 2 rows on (here 4 and 16) the passes take the 512-bit form.", "",
             f"At {new} on the same machine, the held-apart prompts ({questions} questions, 128 tokens; two runs one "
             "after the other, tok/s and x plain decoding in the same run, run 1 / run 2):", "",
             table(["decoding", "method", "tok/s", "x plain", "τ"], body), "",
