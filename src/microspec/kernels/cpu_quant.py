@@ -107,6 +107,13 @@ def linear_q8_many(x: torch.Tensor, mats: list[tuple[torch.Tensor, int]], cols: 
 INT_PATHS = ("avx2", "vnni256", "vnni512", "amx")
 
 
+def _built():
+    """The built extension module, for a switch of its paths; an error where the kernel is not available."""
+    if not available():
+        raise RuntimeError(f"the CPU quantized-weight kernel is not available here: {build_error() or 'off'}")
+    return _EXT.module
+
+
 def int_path(path: str | None = None) -> str:
     """The instruction path of the interleaved forms' integer products (every packed type, the K-quants included):
     ``avx2`` (``maddubs`` into int16 pair sums, then ``madd``), ``vnni256`` (AVX-512 VNNI's ``vpdpbusd`` into int32
@@ -119,9 +126,7 @@ def int_path(path: str | None = None) -> str:
     default, the widest this CPU has but ``amx``; a path the CPU lacks falls back to ``avx2``.  Returns the path
     in use."""
     code = -1 if path is None else INT_PATHS.index(path)
-    if not available():
-        raise RuntimeError(f"the CPU quantized-weight kernel is not available here: {build_error() or 'off'}")
-    return INT_PATHS[_EXT.module.set_int_path(code)]
+    return INT_PATHS[_built().set_int_path(code)]
 
 
 def repack(data: torch.Tensor, qtype: str) -> torch.Tensor:
@@ -246,9 +251,7 @@ def attention_wide(on: bool | None = None) -> bool:
     """Whether :func:`attend_rows` takes its 512-bit form (two of the 8-lane fp32 chains a register: the same
     values bit for bit, half the fma instructions); the default where the CPU has AVX-512 F and DQ.  ``on`` False
     takes the 256-bit form, True the 512-bit one where the CPU has it; None only asks.  Returns the form in use."""
-    if not available():
-        raise RuntimeError(f"the CPU quantized-weight kernel is not available here: {build_error() or 'off'}")
-    return bool(_EXT.module.set_attention_wide(-1 if on is None else int(bool(on))))
+    return bool(_built().set_attention_wide(-1 if on is None else int(bool(on))))
 
 
 def layer_step(x: torch.Tensor, mats: list[torch.Tensor], meta: list[int], biases: list[torch.Tensor],

@@ -207,29 +207,39 @@ void scores_heads(const float* q, int64_t D, const E* kp, int64_t ks1, const int
   scores_rows<E, NH, (NH >= 4 ? 2 : 8 / NH)>(q, D, kp, ks1, vis, nv, sc, S, scores);
 }
 
-// out rows of NH heads of one query row (the same visible keys): out[d] = (sum_n e_n v_n[d]) * inv, CH * 8 elements
-// of d from d0, a sequential fma chain over n per element; the heads share each value load.
+// The value chains of NH heads of one query row (the same visible keys) for keys n0..n1: CH * 8 elements of d from
+// d0, acc[r * W + i] = fma(e_n, v_n[d0 + i], acc[r * W + i]) over n in order, the heads sharing each value load; the
+// accumulators come from and go back to acc, so that a chain resumes where an earlier block of keys left it.  The
+// value row `ahead` keys on is prefetched, the same columns, as each is read.
 template <typename E, int NH, int CH>
-inline void pv_heads(const float* const* e, const E* vp, int64_t vs1, const int32_t* vis, int64_t nv, int64_t d0,
-                     const float* inv, E* const* orow) {
-  __m256 acc[NH][CH];
+inline void pv_keys(const float* const* e, const E* vp, int64_t vs1, const int32_t* vis, int64_t n0, int64_t n1,
+                    int64_t nv, int64_t d0, float* acc, int64_t W, int64_t ahead) {
+  __m256 a[NH][CH];
   for (int r = 0; r < NH; ++r)
-    for (int u = 0; u < CH; ++u) acc[r][u] = _mm256_setzero_ps();
-  for (int64_t n = 0; n < nv; ++n) {
+    for (int u = 0; u < CH; ++u) a[r][u] = _mm256_loadu_ps(acc + r * W + 8 * u);
+  for (int64_t n = n0; n < n1; ++n) {
     const E* vr = vp + vis[n] * vs1 + d0;
-    if (n + AHEAD < nv) prefetch_row(vp + vis[n + AHEAD] * vs1 + d0, 8 * CH);
+    if (n + ahead < nv) prefetch_row(vp + vis[n + ahead] * vs1 + d0, 8 * CH);
     __m256 vv[CH];
     for (int u = 0; u < CH; ++u) vv[u] = load8(vr + 8 * u);
     for (int r = 0; r < NH; ++r) {
       const __m256 ev = _mm256_set1_ps(e[r][n]);
-      for (int u = 0; u < CH; ++u) acc[r][u] = _mm256_fmadd_ps(ev, vv[u], acc[r][u]);
+      for (int u = 0; u < CH; ++u) a[r][u] = _mm256_fmadd_ps(ev, vv[u], a[r][u]);
     }
   }
-  alignas(32) float o[8 * CH];
-  for (int r = 0; r < NH; ++r) {
-    for (int u = 0; u < CH; ++u) _mm256_store_ps(o + 8 * u, acc[r][u]);
-    for (int i = 0; i < 8 * CH; ++i) store_f32(orow[r] + d0 + i, o[i] * inv[r]);
-  }
+  for (int r = 0; r < NH; ++r)
+    for (int u = 0; u < CH; ++u) _mm256_storeu_ps(acc + r * W + 8 * u, a[r][u]);
+}
+
+// out rows of NH heads of one query row (the same visible keys): out[d] = (sum_n e_n v_n[d]) * inv, CH * 8 elements
+// of d from d0, one pv_keys chain over all the keys per element from 0.
+template <typename E, int NH, int CH>
+inline void pv_heads(const float* const* e, const E* vp, int64_t vs1, const int32_t* vis, int64_t nv, int64_t d0,
+                     const float* inv, E* const* orow) {
+  alignas(32) float o[NH * 8 * CH] = {};
+  pv_keys<E, NH, CH>(e, vp, vs1, vis, 0, nv, nv, d0, o, 8 * CH, AHEAD);
+  for (int r = 0; r < NH; ++r)
+    for (int i = 0; i < 8 * CH; ++i) store_f32(orow[r] + d0 + i, o[r * 8 * CH + i] * inv[r]);
 }
 
 // pv_heads in the 512-bit form: CZ * 16 elements of d from d0, the same chain per element
@@ -292,29 +302,6 @@ constexpr int64_t D_CHUNK = 32;    // output elements a work item sums (its valu
 
 constexpr int64_t PV_KEYS = 32;  // keys whose value rows a blocked output pass keeps in L1 (pv_blocked)
 
-// The chains of pv_heads for keys n0..n1 only: CH * 8 elements of d from d0, the NH heads' accumulators loaded from
-// and stored back to acc (row r at acc[r * W]), so that a chain resumes where the last block of keys left it; the
-// value rows of the block after it are prefetched, the same columns, as this block reads them.
-template <typename E, int NH, int CH>
-inline void pv_keys(const float* const* e, const E* vp, int64_t vs1, const int32_t* vis, int64_t n0, int64_t n1,
-                    int64_t nv, int64_t d0, float* acc, int64_t W) {
-  __m256 a[NH][CH];
-  for (int r = 0; r < NH; ++r)
-    for (int u = 0; u < CH; ++u) a[r][u] = _mm256_loadu_ps(acc + r * W + 8 * u);
-  for (int64_t n = n0; n < n1; ++n) {
-    const E* vr = vp + vis[n] * vs1 + d0;
-    if (n + PV_KEYS < nv) prefetch_row(vp + vis[n + PV_KEYS] * vs1 + d0, 8 * CH);
-    __m256 vv[CH];
-    for (int u = 0; u < CH; ++u) vv[u] = load8(vr + 8 * u);
-    for (int r = 0; r < NH; ++r) {
-      const __m256 ev = _mm256_set1_ps(e[r][n]);
-      for (int u = 0; u < CH; ++u) a[r][u] = _mm256_fmadd_ps(ev, vv[u], a[r][u]);
-    }
-  }
-  for (int r = 0; r < NH; ++r)
-    for (int u = 0; u < CH; ++u) _mm256_storeu_ps(acc + r * W + 8 * u, a[r][u]);
-}
-
 // pv_heads' outputs for d in [0, D8) (a multiple of 8) of NH heads of one query row, by blocks of PV_KEYS keys: each
 // block's value rows come from memory once and serve every column chunk and head from L1, where one pass a chunk
 // over all the keys reads every value row again from farther away for each chunk and head (at 1,200 keys a layer's
@@ -329,10 +316,10 @@ void pv_blocked(const float* const* e, const E* vp, int64_t vs1, const int32_t* 
     for (int64_t d0 = 0; d0 < D8; d0 += 32) {
       float* ad = acc + d0;
       switch (std::min<int64_t>(4, (D8 - d0) / 8)) {
-        case 4: pv_keys<E, NH, 4>(e, vp, vs1, vis, n0, n1, nv, d0, ad, D8); break;
-        case 3: pv_keys<E, NH, 3>(e, vp, vs1, vis, n0, n1, nv, d0, ad, D8); break;
-        case 2: pv_keys<E, NH, 2>(e, vp, vs1, vis, n0, n1, nv, d0, ad, D8); break;
-        default: pv_keys<E, NH, 1>(e, vp, vs1, vis, n0, n1, nv, d0, ad, D8); break;
+        case 4: pv_keys<E, NH, 4>(e, vp, vs1, vis, n0, n1, nv, d0, ad, D8, PV_KEYS); break;
+        case 3: pv_keys<E, NH, 3>(e, vp, vs1, vis, n0, n1, nv, d0, ad, D8, PV_KEYS); break;
+        case 2: pv_keys<E, NH, 2>(e, vp, vs1, vis, n0, n1, nv, d0, ad, D8, PV_KEYS); break;
+        default: pv_keys<E, NH, 1>(e, vp, vs1, vis, n0, n1, nv, d0, ad, D8, PV_KEYS); break;
       }
     }
   }
