@@ -152,12 +152,13 @@ def test_interleaved_forms_hold_the_same_values_and_products(qtype):
 
 @pytest.mark.parametrize("qtype", list(cq.INTERLEAVED))
 def test_every_instruction_path_gives_the_avx2_products_bit_for_bit(qtype):
-    """The interleaved forms' integer products on every path the CPU has (AMX tiles, taken only when asked for,
-    from 2, 9 or 17 rows; AVX-512 VNNI on 512-bit registers, two tiles of 8 weight rows and up to 8 activation rows
-    at a time; on 256-bit registers; AVX2): the same exact int32 group sums and the same fp32 chain, so every
-    output equals the AVX2 path's bit for bit, at any row count (register tiles of 1..8 rows and their
-    remainders), for an odd number of tiles (the last one alone) and at the
-    quants' extremes; a path the CPU lacks is refused for AVX2."""
+    """The interleaved forms' integer products on every path the CPU has (AMX tiles: the default where the CPU has
+    them, for Q8_0's products of 2-4 and 9 or more rows, and with every type on the tiles from 2, 9 or 17 rows; AVX-512
+    VNNI on 512-bit registers, two tiles of 8 weight rows and up to 8 activation rows at a time; on 256-bit
+    registers; AVX2): the same exact int32 group sums and the same fp32 chain, so every output equals the AVX2
+    path's bit for bit, at any row count (register tiles of 1..8 rows and their remainders, AMX's 16-row blocks and
+    a remainder), for an odd number of tiles (the last one alone) and at the quants' extremes; a path the CPU lacks
+    is refused for AVX2."""
     widest = cq.int_path(None)
     rng = np.random.default_rng(11)
     cols = 768
@@ -167,25 +168,27 @@ def test_every_instruction_path_gives_the_avx2_products_bit_for_bit(qtype):
     x[3] = 0.0
     x[4, ::2] = 127.0
     x[4, 1::2] = -127.0
-    assert widest != "amx"  # taken only when asked for
     taken = []
     try:
         assert cq.int_path("avx2") == "avx2"
-        ref = {rows: x8.linear(x[:rows]) for rows in (1, 2, 3, 5, 8, 9, 13, 16, 17, 37)}
+        ref = {rows: x8.linear(x[:rows]) for rows in (1, 2, 3, 4, 5, 8, 9, 13, 16, 17, 37)}
         for path in cq.INT_PATHS[1:]:
             got = cq.int_path(path)
             if got == "avx2":  # not on this CPU
                 continue
             assert got == path
             taken.append(path)
-            for min_rows in ((2, 9, 17) if path == "amx" else (None,)):  # AMX from 2, 9 or 17 rows, path 2 below
-                if min_rows:
-                    cq.amx_min_rows(min_rows)
+            # AMX where it pays (the default), then every type on the tiles from 2, 9 or 17 rows, path 2 below
+            sides = ((False, 2), (True, 2), (True, 9), (True, 17)) if path == "amx" else ((False, 2),)
+            for every, min_rows in sides:
+                cq.amx_every_type(every)
+                cq.amx_min_rows(min_rows)
                 for rows, want in ref.items():
-                    assert torch.equal(x8.linear(x[:rows]), want), (path, rows, min_rows)
+                    assert torch.equal(x8.linear(x[:rows]), want), (path, rows, every, min_rows)
         assert taken == list(cq.INT_PATHS[1:len(taken) + 1])  # a path has every narrower one beside it
-        assert not taken or cq.INT_PATHS.index(widest) == min(len(taken), 2)
+        assert not taken or cq.INT_PATHS.index(widest) == len(taken)  # the default: the widest
     finally:
+        cq.amx_every_type(False)
         cq.amx_min_rows(2)
         assert cq.int_path(None) == widest
     if not taken:

@@ -8,7 +8,8 @@ by call: an A/B of a kernel change that a shared machine's drifting bandwidth ca
 ``--prefetch-ab`` compares instead this build with its products' software prefetch (base) and without (new);
 ``--stack-ab`` this build's forward with one ``layer_step`` call a layer (base) and with the whole stack in one
 ``layers_step`` call (new); ``--path-ab BASE,NEW`` this build on two instruction paths of its integer products
-(``cpu_quant.int_path``: ``vnni512,amx`` on a CPU with AMX tiles).  ``--batch N`` times, at each prefix, the
+(``cpu_quant.int_path``: ``vnni512,amx`` on a CPU with AMX tiles; ``amx-every``: the ``amx`` path with every product
+on the tiles, ``cpu_quant.amx_every_type``).  ``--batch N`` times, at each prefix, the
 forward of N sequences of one new token each (``forward_many``: a server's decode steps batched) instead of one
 sequence's ``--rows``:
 
@@ -67,7 +68,7 @@ def main() -> None:
     ap.add_argument("--stack-ab", action="store_true",
                     help="this build, one layer_step call a layer (base) against the stack in one call (new)")
     ap.add_argument("--path-ab", metavar="BASE,NEW",
-                    help="this build on two instruction paths (cpu_quant.INT_PATHS), e.g. vnni512,amx")
+                    help="this build on two instruction paths (cpu_quant.INT_PATHS, or amx-every), e.g. vnni512,amx")
     ap.add_argument("--batch", type=int, default=0, metavar="N",
                     help="the forward of N one-token sequences at each prefix (forward_many) instead of --rows")
     ap.add_argument("--model", default="gemma-3-270m")
@@ -95,14 +96,22 @@ def main() -> None:
     new_module = cpu_quant._EXT.module
     tiles_before = cpu_quant.prefetch_tiles()
     path_before = cpu_quant.int_path()
+    every_before = cpu_quant.amx_every_type()
+    PATH_SIDES = (*cpu_quant.INT_PATHS, "amx-every")  # --path-ab's sides
     if a.path_ab:
         paths = a.path_ab.split(",")
-        if len(paths) != 2 or not set(paths) <= set(cpu_quant.INT_PATHS):
-            ap.error(f"--path-ab takes two of {', '.join(cpu_quant.INT_PATHS)}")
+        if len(paths) != 2 or not set(paths) <= set(PATH_SIDES):
+            ap.error(f"--path-ab takes two of {', '.join(PATH_SIDES)}")
         for p in paths:
-            if cpu_quant.int_path(p) != p:
+            if cpu_quant.int_path(p.split("-")[0]) != p.split("-")[0]:
                 raise SystemExit(f"kernel_ab: this CPU has no {p} path")
         cpu_quant.int_path(path_before)
+
+    def take_path(p: str):
+        def setup():
+            cpu_quant.int_path(p.split("-")[0])
+            cpu_quant.amx_every_type(p == "amx-every")
+        return setup
 
     def this_build(tiles):
         def setup():
@@ -131,7 +140,7 @@ def main() -> None:
         sides = {"base": this_build(cpu_quant.PREFETCH_TILES), "new": this_build(0)}
     elif a.path_ab:
         base_path = f"this build, the {paths[0]} path (base) against {paths[1]} (new)"
-        sides = {"base": lambda: cpu_quant.int_path(paths[0]), "new": lambda: cpu_quant.int_path(paths[1])}
+        sides = {"base": take_path(paths[0]), "new": take_path(paths[1])}
     elif a.stack_ab:
         base_path = "this build, one layer_step call a layer (base) against the stack in one call (new)"
         sides = {"base": stack(False), "new": stack(True)}
@@ -194,6 +203,7 @@ def main() -> None:
     finally:
         this_build(tiles_before)()
         cpu_quant.int_path(path_before)
+        cpu_quant.amx_every_type(every_before)
     stack(True)()
     write(a, base_path, results, warmup=a.warmup, **({"sequences": a.batch} if a.batch else {}))
 

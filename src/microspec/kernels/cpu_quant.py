@@ -118,13 +118,12 @@ def int_path(path: str | None = None) -> str:
     """The instruction path of the interleaved forms' integer products (every packed type, the K-quants included):
     ``avx2`` (``maddubs`` into int16 pair sums, then ``madd``), ``vnni256`` (AVX-512 VNNI's ``vpdpbusd`` into int32
     lanes on 256-bit registers, one tile of 8 weight rows at a time) or ``vnni512`` (two tiles on 512-bit registers,
-    up to 8 activation rows per register tile) or ``amx`` (Intel's AMX tiles: from :func:`amx_min_rows` rows on, a
-    pair of tiles' unpacked weights and up to 16 activation rows are two tiles of one ``tdpbssd`` a group; fewer
-    rows take ``vnni512``).  Every path gives the same exact int32 sums and the same fp32 chain, so the same
-    results bit for bit.  ``amx`` is taken only when asked for: with the fp32 chain and the unpacking left to the
-    vector units it measured slower than ``vnni512`` (benchmarks/results/2026-12-02-amx/).  ``path`` None: the
-    default, the widest this CPU has but ``amx``; a path the CPU lacks falls back to ``avx2``.  Returns the path
-    in use."""
+    up to 8 activation rows per register tile) or ``amx`` (Intel's AMX tiles: a pair of tiles' weights and up to 16
+    activation rows are two tiles of one ``tdpbssd`` a group, for Q8_0 products of 2-4 rows and of 9 rows or more,
+    where they measured faster than ``vnni512`` (the LM head of the built-in models); every other product takes
+    ``vnni512``; :func:`amx_every_type` puts every product from :func:`amx_min_rows` rows on the tiles).  Every
+    path gives the same exact int32 sums and the same fp32 chain, so the same results bit for bit.  ``path`` None:
+    the default, the widest this CPU has; a path the CPU lacks falls back to ``avx2``.  Returns the path in use."""
     code = -1 if path is None else INT_PATHS.index(path)
     return INT_PATHS[_built().set_int_path(code)]
 
@@ -166,6 +165,13 @@ def amx_min_rows(rows: int | None = None) -> int:
     """From how many rows the ``amx`` path multiplies on AMX tiles (fewer take ``vnni512``); ``rows`` sets it.  Only
     the speed changes, never a value."""
     return int(_EXT.module.set_amx_min_rows(-1 if rows is None else int(rows)))
+
+
+def amx_every_type(on: bool | None = None) -> bool:
+    """Whether the ``amx`` path puts every product of :func:`amx_min_rows` rows or more on AMX tiles (every packed
+    type, every such row count), not only the Q8_0 products where the tiles measured faster; ``on`` sets it.  For
+    the tests and for measuring; only the speed changes, never a value."""
+    return bool(_EXT.module.set_amx_every_type(-1 if on is None else int(bool(on))))
 
 
 _TUNED: dict = {}  # this process's choice of tune_prefetch, once made

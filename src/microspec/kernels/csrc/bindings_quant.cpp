@@ -16,6 +16,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_int_path", torch::wrap_pybind_function(set_int_path), "set_int_path");
   m.def("set_prefetch_tiles", torch::wrap_pybind_function(set_prefetch_tiles), "set_prefetch_tiles");
   m.def("set_amx_min_rows", torch::wrap_pybind_function(set_amx_min_rows), "set_amx_min_rows");
+  m.def("set_amx_every_type", torch::wrap_pybind_function(set_amx_every_type), "set_amx_every_type");
   m.def("repack_x8", torch::wrap_pybind_function_no_gil(repack_x8), "repack_x8");
   m.def("x8_gather", torch::wrap_pybind_function_no_gil(x8_gather), "x8_gather");
   m.def("rms_norm", torch::wrap_pybind_function(rms_norm), "rms_norm");

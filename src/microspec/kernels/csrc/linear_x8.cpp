@@ -7,13 +7,9 @@
 //   1  AVX-512 VNNI on 256-bit registers: one vpdpbusd per chunk and row (tile_x8_vnni, tile_k8_vnni);
 //   2  AVX-512 VNNI on 512-bit registers: two tiles (16 weight rows) per register and up to 8 activation rows per
 //      register tile, so each unpacked weight vector serves twice the rows (tile_x16, tile_k16);
-//   3  AMX (Intel Xeon 4th generation on), only when asked for (set_int_path 3): from amx_min_rows rows on, a pair
-//      of tiles' unpacked weights are one AMX tile and up to 16 activation rows another, one tdpbssd / tdpbsud a
-//      group (AmxPair); fewer rows take path 2.  Not the default: the exact group sums leave each (row, weight
-//      row, group) its own fp32 multiply-add and the weights their unpacking, which the tiles do not take over,
-//      and the tiles add stores and loads a group; on an Intel Xeon with AMX (2 cores) Gemma 3 270M's forward and
-//      LM head were slower than path 2's up to 8 rows (1.05-1.5x) and within 10% of them from 16 to 64 rows
-//      (benchmarks/results/2026-12-02-amx/).
+//   3  AMX (Intel Xeon 4th generation on): a pair of tiles' weights are one AMX tile and up to 16 activation rows
+//      another, one tdpbssd / tdpbsud a group (AmxRot, AmxQ6), where the tiles pay (amx_rows: Q8_0, the LM head of
+//      the built-in models, at 2-4 and 9 or more rows); every other product takes path 2.
 #include "amx.h"
 #include "blocks.h"
 #include "int8.h"
@@ -405,23 +401,22 @@ MICROSPEC_V512 void tile_k16(const Wide& v, int64_t G, const uint8_t* w0, const 
 // sum.  The weights go in less their offset (q - OFF, signed), so the sums need nothing subtracted: they are the
 // same int32 values as path 2's lanes (Q6_K's: sc_a * sum(qx (q - 32)) + sc_b * ..., the same integer as its
 // offset-corrected sum), and the fp32 chain after them is path 2's, in the same order: bit for bit its results.
+// The tiles pay where the weights need no unpacking (Q8_0, the LM head of the built-in models) and the rows are
+// more than path 2 takes in one register tile, or so few that path 2 takes Q8_0 one tile at a time: amx_rows.
 #define MICROSPEC_AMX __attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni,avx512dq,amx-tile,amx-int8")))
 
 // A tile configuration (palette 1) for mt activation rows: tiles 0, 1 the A tiles (mt rows of a group's 32 bytes,
 // or for Q6_K of a 16-element half's 16), 2, 3 the B tiles (8 rows of 64 bytes, Q6_K 4), 4..7 the C tiles (mt rows
-// of 16 int32): up to 4 groups' products in flight (Q6_K: 2 groups' halves).
-// Q8_0's configuration instead: its weights are B tiles as they lie in memory (a tile's group: 8 rows of 32
-// bytes, chunk c at row c), one for each tile of the pair, so the B tiles (2, 3) and the C tiles (4..7) are 8
-// columns wide, 32 bytes; the C tiles of a pair are stored side by side, 16 lanes a row as path 2 has them.
-thread_local int t_amx_config = 0;  // the configuration this thread loaded: 3 mt + kind, 0 none
+// of 16 int32).
+thread_local int t_amx_config = 0;  // the configuration this thread loaded: 2 mt + kind, 0 none
 
-// kind 0: 32-byte A, 64-byte B and C; 1: Q6_K's halves; 2: Q8_0's weights as they lie
+// kind 0: 32-byte A, 64-byte B and C; 1: Q6_K's halves
 MICROSPEC_AMX inline void amx_configure(int mt, int kind) {
-  const int key = 3 * mt + kind;
+  const int key = 2 * mt + kind;
   if (t_amx_config == key) return;
   TileConfig c;
   for (int i = 0; i < 8; ++i) {
-    c.colsb[i] = i < 2 ? (kind == 1 ? 16 : 32) : kind == 2 ? 32 : 64;
+    c.colsb[i] = i < 2 ? (kind == 1 ? 16 : 32) : 64;
     c.rows[i] = uint8_t(i >= 2 && i < 4 ? (kind == 1 ? 4 : 8) : mt);
   }
   load_tile_config(c);
@@ -457,26 +452,13 @@ MICROSPEC_AMX inline void amx_weights(const uint8_t* b0, const uint8_t* b1, int8
     else _tile_dpbsud(C, A, B);                     \
   } while (0)
 
-// Rows m0..m0+mt-1 (mt <= 16, the configuration loaded) against the pair of tiles w0, w1 on AMX: out[i * 16 + l].
-// The groups go in batches of NG (4; Q6_K 2, each group two tile products, one a 16-element half), in three stages
-// a batch apart so that none waits on the one before (a tile load waits for the stores of the weights it reads to
-// leave the core, the vector loads of the sums for the tile store): the weights of batch b + 1 are unpacked while
-// batch b's tile products run and batch b - 1's sums go through the fp32 chain, each group in order per lane.
+// What both AMX schedules share: where a group lies in a pair of tiles w0, w1, and a group's int32 sums (a C tile
+// as stored) through the fp32 chain of rows m0..m0+mt-1, path 2's operations in path 2's order.
 // MT: the rows as a constant (their accumulators then stay in registers), 0 for mt's.
 template <class T, int MT>
-struct AmxPair {
+struct AmxGroups {
   static constexpr bool K = T::kq != 0, Q6 = T::kq == 14, S = T::sign || T::off;
   static constexpr int R = MT ? MT : 16;  // the loops' bound
-  static constexpr bool DIRECT = T::sign;  // Q8_0: the B tiles straight from the weights, nothing unpacked
-  static constexpr int NG = Q6 || DIRECT ? 2 : 4;
-  const Wide& v;
-  int64_t G;
-  const uint8_t *w0, *w1;
-  int64_t m0;
-  int mt;
-  int64_t pf;
-  alignas(64) int8_t bt[2][4][512];
-  alignas(64) int32_t ct[2][4][256];
 
   // group g's first quant byte (X8, XQ8_0: the group's first byte) in the tile-block row w
   static const uint8_t* quants(const uint8_t* w, int64_t g) {
@@ -492,16 +474,144 @@ struct AmxPair {
     if constexpr (K) return (g / 8) * T::tbytes;
     else return g * T::gbytes;
   }
+
+  // group g's sums c0 (row i's 16 lanes at c0 + 16 i; Q6_K's second half 256 on) into acc (and accm)
+  MICROSPEC_AMX __attribute__((always_inline)) static inline void chain(const Wide& v, const uint8_t* w0,
+                                                                       const uint8_t* w1, int64_t g, int64_t m0,
+                                                                       int mt, const int32_t* c0, __m512 (&acc)[16],
+                                                                       __m512 (&accm)[16]) {
+    const int64_t at = g * v.M + m0;
+    if constexpr (K) {
+      const uint8_t* B0 = w0 + at_byte(g);
+      const uint8_t* B1 = w1 + at_byte(g);
+      const int j = int(g % 8);
+      const __m512 dv = _mm512_cvtph_ps(load2h(B0, B1));
+      const __m512 dminv = T::min ? _mm512_cvtph_ps(load2h(B0 + 16, B1 + 16)) : _mm512_setzero_ps();
+      const __m256i sb = load2h(B0 + T::soff + 16 * j, B1 + T::soff + 16 * j);
+      const __m512i sx = Q6 ? _mm512_cvtepi8_epi16(sb) : _mm512_cvtepu8_epi16(sb);
+      const __m512i sca = Q6 ? _mm512_srai_epi32(_mm512_slli_epi32(sx, 16), 16)
+                             : _mm512_and_si512(sx, _mm512_set1_epi32(0xFFFF));
+      const __m512i scb = _mm512_srai_epi32(sx, 16);
+      const __m512 mf = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(sx, 16)), dminv);  // Q4_K: dmin * m
+#pragma GCC unroll 16
+      for (int i = 0; i < R; ++i) {
+        if (!MT && i >= mt) break;
+        __m512i p = _mm512_mullo_epi32(_mm512_load_si512(reinterpret_cast<const __m512i*>(c0 + 16 * i)), sca);
+        if (Q6)
+          p = _mm512_add_epi32(
+              p, _mm512_mullo_epi32(_mm512_load_si512(reinterpret_cast<const __m512i*>(c0 + 256 + 16 * i)), scb));
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dv, _mm512_set1_ps(v.d[at + i])), acc[i]);
+        if (T::min) accm[i] = _mm512_fnmadd_ps(mf, _mm512_set1_ps(v.ds[at + i]), accm[i]);
+      }
+    } else {
+      const uint8_t* b0 = w0 + g * T::gbytes;
+      const uint8_t* b1 = w1 + g * T::gbytes;
+      const __m512 sv = _mm512_cvtph_ps(load2h(b0, b1));
+      const __m512 mm = T::min ? _mm512_cvtph_ps(load2h(b0 + 16, b1 + 16)) : _mm512_setzero_ps();
+#pragma GCC unroll 16
+      for (int i = 0; i < R; ++i) {
+        if (!MT && i >= mt) break;
+        const __m512i p = _mm512_load_si512(reinterpret_cast<const __m512i*>(c0 + 16 * i));
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(sv, _mm512_set1_ps(v.d[at + i])), acc[i]);
+        if (T::min) accm[i] = _mm512_fmadd_ps(mm, _mm512_set1_ps(v.ds[at + i]), accm[i]);
+      }
+    }
+  }
+};
+
+// Rows m0..m0+mt-1 (mt <= 16, configuration kind 0 loaded) against the pair of tiles w0, w1 on AMX, every type but
+// Q6_K: out[i * 16 + l].  The tile registers are not renamed, so a tile is written again only when what last used it
+// is long done: group g takes A tile g % 2, B tile 2 + g % 2 and C tile 4 + g % 4, and its stages run in a pipeline
+// a group apart, each group in order per lane: the weights of group g + 2 are unpacked (a tile load waits for the
+// vector stores of what it reads to leave the core), group g's tile product starts, group g - 1's C tile is
+// stored, group g - 3's sums go through the fp32 chain (the vector loads of a C tile wait for its store likewise).
+// The weights are prefetched to L2 pf bytes on (the pair after next): the tile products outrun a prefetch to L1.
+template <class T, int MT>
+struct AmxRot : AmxGroups<T, MT> {
+  using B = AmxGroups<T, MT>;
+  const Wide& v;
+  int64_t G;
+  const uint8_t *w0, *w1;
+  int64_t m0;
+  int mt;
+  int64_t pf;
+  alignas(64) int8_t bt[3][512];
+  alignas(64) int32_t ct[4][256];
+
+  MICROSPEC_AMX __attribute__((always_inline)) inline void unpack(int64_t g) {
+    if (pf && B::span(g))
+      for (int64_t o = 0; o < B::span(g); o += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(w0 + B::at_byte(g) + pf + o), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(w1 + B::at_byte(g) + pf + o), _MM_HINT_T1);
+      }
+    amx_weights<T>(B::quants(w0, g), B::quants(w1, g), bt[g % 3]);
+  }
+
+  MICROSPEC_AMX __attribute__((always_inline)) inline void product(int64_t g) {
+    const int8_t* x = v.q + 32 * (g * v.M + m0);
+    const int8_t* b = bt[g % 3];
+    switch (g & 3) {
+      case 0: MICROSPEC_AMX_GROUP(0, 2, 4, B::S, x, b); break;
+      case 1: MICROSPEC_AMX_GROUP(1, 3, 5, B::S, x, b); break;
+      case 2: MICROSPEC_AMX_GROUP(0, 2, 6, B::S, x, b); break;
+      default: MICROSPEC_AMX_GROUP(1, 3, 7, B::S, x, b); break;
+    }
+  }
+
+  MICROSPEC_AMX __attribute__((always_inline)) inline void store(int64_t g) {
+    int32_t* c = ct[g & 3];
+    switch (g & 3) {
+      case 0: _tile_stored(4, c, 64); break;
+      case 1: _tile_stored(5, c, 64); break;
+      case 2: _tile_stored(6, c, 64); break;
+      default: _tile_stored(7, c, 64); break;
+    }
+  }
+
+  MICROSPEC_AMX void run(float* out) {
+    __m512 acc[16], accm[16];
+    for (int i = 0; i < 16; ++i) { acc[i] = _mm512_setzero_ps(); accm[i] = _mm512_setzero_ps(); }
+    for (int64_t g = 0; g < std::min<int64_t>(2, G); ++g) unpack(g);
+    for (int64_t g = 0; g < G; ++g) {
+      if (g + 2 < G) unpack(g + 2);
+      product(g);
+      if (g >= 1) store(g - 1);
+      if (g >= 3) B::chain(v, w0, w1, g - 3, m0, mt, ct[(g - 3) & 3], acc, accm);
+    }
+    store(G - 1);
+    for (int64_t g = std::max<int64_t>(0, G - 3); g < G; ++g) B::chain(v, w0, w1, g, m0, mt, ct[g & 3], acc, accm);
+    for (int i = 0; i < mt; ++i) _mm512_storeu_ps(out + 16 * i, T::min ? _mm512_add_ps(acc[i], accm[i]) : acc[i]);
+  }
+};
+
+// Q6_K's rows on AMX (configuration kind 1): a group is two tile products, one a 16-element half (A tiles 0, 1 the
+// halves, B tiles 2, 3, C tiles 4, 5 and 6, 7), so two groups' products are in flight, in batches of two in three
+// stages a batch apart: the weights of batch b + 1 are unpacked while batch b's tile products run and batch b - 1's
+// sums go through the fp32 chain.
+template <int MT>
+struct AmxQ6 : AmxGroups<XQ6_K, MT> {
+  using T = XQ6_K;
+  using B = AmxGroups<T, MT>;
+  static constexpr int NG = 2;
+  const Wide& v;
+  int64_t G;
+  const uint8_t *w0, *w1;
+  int64_t m0;
+  int mt;
+  int64_t pf;
+  alignas(64) int8_t bt[2][NG][512];
+  alignas(64) int32_t ct[2][2 * NG][256];
+
   int count(int64_t b) const { return int(std::min<int64_t>(NG, G - b * NG)); }
 
   MICROSPEC_AMX __attribute__((always_inline)) inline void unpack(int64_t b) {
     for (int k = 0; k < count(b); ++k) {
       const int64_t g = b * NG + k;
-      if (pf && span(g)) {  // the pair after, a group (X8) or a tile-block (K-quants) at a time
-        prefetch_group(w0 + at_byte(g) + pf, int(span(g)));
-        prefetch_group(w1 + at_byte(g) + pf, int(span(g)));
+      if (pf && B::span(g)) {  // the pair after, a tile-block at a time
+        prefetch_group(w0 + B::at_byte(g) + pf, int(B::span(g)));
+        prefetch_group(w1 + B::at_byte(g) + pf, int(B::span(g)));
       }
-      if constexpr (!DIRECT) amx_weights<T>(quants(w0, g), quants(w1, g), bt[b & 1][k]);
+      amx_weights<T>(B::quants(w0, g), B::quants(w1, g), bt[b & 1][k]);
     }
   }
 
@@ -511,106 +621,34 @@ struct AmxPair {
     const int64_t xs = 32 * v.M;  // the next group's rows
     int8_t(*w)[512] = bt[b & 1];
     int32_t(*c)[256] = ct[b & 1];
-    if constexpr (DIRECT) {  // A tiles 0, 1 (a group each); B tiles 2, 3 (tile t's, t + 1's); C 4, 5 and 6, 7
-      const uint8_t* q0 = quants(w0, b * NG) + T::head;
-      const uint8_t* q1 = quants(w1, b * NG) + T::head;
-      _tile_loadd(0, x, 32);
-      _tile_loadd(2, q0, 32);
-      _tile_loadd(3, q1, 32);
-      _tile_zero(4);
-      _tile_zero(5);
-      _tile_dpbssd(4, 0, 2);
-      _tile_dpbssd(5, 0, 3);
-      if (n > 1) {
-        _tile_loadd(1, x + xs, 32);
-        _tile_loadd(2, q0 + T::gbytes, 32);
-        _tile_loadd(3, q1 + T::gbytes, 32);
-        _tile_zero(6);
-        _tile_zero(7);
-        _tile_dpbssd(6, 1, 2);
-        _tile_dpbssd(7, 1, 3);
-      }
-      _tile_stored(4, c[0], 64);
-      _tile_stored(5, c[0] + 8, 64);
-      if (n > 1) {
-        _tile_stored(6, c[1], 64);
-        _tile_stored(7, c[1] + 8, 64);
-      }
-      (void)w;
-      return;
-    } else if constexpr (Q6) {  // A tiles 0 (elements 0..15), 1 (16..31); B tiles 2, 3; C 4, 5 and 6, 7
-      _tile_loadd(0, x, 32);
-      _tile_loadd(1, x + 16, 32);
-      _tile_loadd(2, w[0], 64);
-      _tile_loadd(3, w[0] + 256, 64);
-      _tile_zero(4);
-      _tile_zero(5);
-      _tile_dpbssd(4, 0, 2);
-      _tile_dpbssd(5, 1, 3);
-      if (n > 1) {
-        _tile_loadd(0, x + xs, 32);
-        _tile_loadd(1, x + xs + 16, 32);
-        _tile_loadd(2, w[1], 64);
-        _tile_loadd(3, w[1] + 256, 64);
-        _tile_zero(6);
-        _tile_zero(7);
-        _tile_dpbssd(6, 0, 2);
-        _tile_dpbssd(7, 1, 3);
-      }
-    } else {
-      MICROSPEC_AMX_GROUP(0, 2, 4, S, x, w[0]);
-      if (n > 1) MICROSPEC_AMX_GROUP(1, 3, 5, S, x + xs, w[1]);
-      if (n > 2) MICROSPEC_AMX_GROUP(0, 2, 6, S, x + 2 * xs, w[2]);
-      if (n > 3) MICROSPEC_AMX_GROUP(1, 3, 7, S, x + 3 * xs, w[3]);
+    _tile_loadd(0, x, 32);
+    _tile_loadd(1, x + 16, 32);
+    _tile_loadd(2, w[0], 64);
+    _tile_loadd(3, w[0] + 256, 64);
+    _tile_zero(4);
+    _tile_zero(5);
+    _tile_dpbssd(4, 0, 2);
+    _tile_dpbssd(5, 1, 3);
+    if (n > 1) {
+      _tile_loadd(0, x + xs, 32);
+      _tile_loadd(1, x + xs + 16, 32);
+      _tile_loadd(2, w[1], 64);
+      _tile_loadd(3, w[1] + 256, 64);
+      _tile_zero(6);
+      _tile_zero(7);
+      _tile_dpbssd(6, 0, 2);
+      _tile_dpbssd(7, 1, 3);
     }
-    const int tiles = Q6 ? 2 * n : n;
     _tile_stored(4, c[0], 64);
-    if (tiles > 1) _tile_stored(5, c[1], 64);
-    if (tiles > 2) _tile_stored(6, c[2], 64);
-    if (tiles > 3) _tile_stored(7, c[3], 64);
+    _tile_stored(5, c[1], 64);
+    if (n > 1) {
+      _tile_stored(6, c[2], 64);
+      _tile_stored(7, c[3], 64);
+    }
   }
 
   MICROSPEC_AMX __attribute__((always_inline)) inline void chain(int64_t b, __m512 (&acc)[16], __m512 (&accm)[16]) {
-    for (int k = 0; k < count(b); ++k) {
-      const int64_t g = b * NG + k, at = g * v.M + m0;
-      if constexpr (K) {
-        const uint8_t* B0 = w0 + at_byte(g);
-        const uint8_t* B1 = w1 + at_byte(g);
-        const int j = int(g % 8);
-        const __m512 dv = _mm512_cvtph_ps(load2h(B0, B1));
-        const __m512 dminv = T::min ? _mm512_cvtph_ps(load2h(B0 + 16, B1 + 16)) : _mm512_setzero_ps();
-        const __m256i sb = load2h(B0 + T::soff + 16 * j, B1 + T::soff + 16 * j);
-        const __m512i sx = Q6 ? _mm512_cvtepi8_epi16(sb) : _mm512_cvtepu8_epi16(sb);
-        const __m512i sca = Q6 ? _mm512_srai_epi32(_mm512_slli_epi32(sx, 16), 16)
-                               : _mm512_and_si512(sx, _mm512_set1_epi32(0xFFFF));
-        const __m512i scb = _mm512_srai_epi32(sx, 16);
-        const __m512 mf = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(sx, 16)), dminv);  // Q4_K: dmin * m
-        const int32_t* c0 = ct[b & 1][Q6 ? 2 * k : k];
-#pragma GCC unroll 16
-        for (int i = 0; i < R; ++i) {
-          if (!MT && i >= mt) break;
-          __m512i p = _mm512_mullo_epi32(_mm512_load_si512(reinterpret_cast<const __m512i*>(c0 + 16 * i)), sca);
-          if (Q6)
-            p = _mm512_add_epi32(
-                p, _mm512_mullo_epi32(_mm512_load_si512(reinterpret_cast<const __m512i*>(c0 + 256 + 16 * i)), scb));
-          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dv, _mm512_set1_ps(v.d[at + i])), acc[i]);
-          if (T::min) accm[i] = _mm512_fnmadd_ps(mf, _mm512_set1_ps(v.ds[at + i]), accm[i]);
-        }
-      } else {
-        const uint8_t* b0 = w0 + g * T::gbytes;
-        const uint8_t* b1 = w1 + g * T::gbytes;
-        const __m512 sv = _mm512_cvtph_ps(load2h(b0, b1));
-        const __m512 mm = T::min ? _mm512_cvtph_ps(load2h(b0 + 16, b1 + 16)) : _mm512_setzero_ps();
-        const int32_t* c0 = ct[b & 1][k];
-#pragma GCC unroll 16
-        for (int i = 0; i < R; ++i) {
-          if (!MT && i >= mt) break;
-          const __m512i p = _mm512_load_si512(reinterpret_cast<const __m512i*>(c0 + 16 * i));
-          acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(sv, _mm512_set1_ps(v.d[at + i])), acc[i]);
-          if (T::min) accm[i] = _mm512_fmadd_ps(mm, _mm512_set1_ps(v.ds[at + i]), accm[i]);
-        }
-      }
-    }
+    for (int k = 0; k < count(b); ++k) B::chain(v, w0, w1, b * NG + k, m0, mt, ct[b & 1][2 * k], acc, accm);
   }
 
   MICROSPEC_AMX void run(float* out) {
@@ -624,7 +662,7 @@ struct AmxPair {
       if (b > 0) chain(b - 1, acc, accm);
     }
     chain(nb - 1, acc, accm);
-    for (int i = 0; i < mt; ++i) _mm512_storeu_ps(out + 16 * i, T::min ? _mm512_add_ps(acc[i], accm[i]) : acc[i]);
+    for (int i = 0; i < mt; ++i) _mm512_storeu_ps(out + 16 * i, acc[i]);
   }
 };
 
@@ -642,6 +680,10 @@ std::atomic<int64_t> g_prefetch_tiles{4};
 // From how many rows path 3 multiplies on AMX tiles (set_amx_min_rows; the values are the same either way)
 std::atomic<int64_t> g_amx_min_rows{2};
 
+// Whether path 3 takes every type and row count from amx_min_rows on to AMX tiles (set_amx_every_type: the tests, a
+// measurement), not only where they pay (amx_rows)
+std::atomic<bool> g_amx_every{false};
+
 // The widest path this CPU has (3 where it has AMX and the process may use it)
 int cpu_path() {
   __builtin_cpu_init();
@@ -651,8 +693,8 @@ int cpu_path() {
   return !vnni ? 0 : amx_permitted(25) ? 3 : 2;  // AMX-INT8
 }
 
-// The default path: the widest but AMX (see path 3 above)
-int default_path() { return std::min(cpu_path(), 2); }
+// The default path: the widest
+int default_path() { return cpu_path(); }
 
 int path_now() {
   int v = g_path.load(std::memory_order_relaxed);
@@ -715,12 +757,13 @@ template <class T>
 MICROSPEC_AMX void rows_amx(const Wide& v, int64_t G, const uint8_t* wt, int64_t RB, int64_t m0, int mt, int64_t N,
                             int64_t t, float* op, int64_t pf) {
   alignas(64) float buf[16 * 16];
-  if (mt == 16) {
-    AmxPair<T, 16> pair{v, G, wt, wt + RB, m0, mt, pf};
-    pair.run(buf);
+  if constexpr (T::kq == 14) {
+    if (mt == 16) AmxQ6<16>{{}, v, G, wt, wt + RB, m0, mt, pf}.run(buf);
+    else AmxQ6<0>{{}, v, G, wt, wt + RB, m0, mt, pf}.run(buf);
+  } else if (mt == 16) {
+    AmxRot<T, 16>{{}, v, G, wt, wt + RB, m0, mt, pf}.run(buf);
   } else {
-    AmxPair<T, 0> pair{v, G, wt, wt + RB, m0, mt, pf};
-    pair.run(buf);
+    AmxRot<T, 0>{{}, v, G, wt, wt + RB, m0, mt, pf}.run(buf);
   }
   for (int i = 0; i < mt; ++i) std::memcpy(op + (m0 + i) * N + 8 * t, buf + 16 * i, 16 * sizeof(float));
 }
@@ -748,9 +791,17 @@ inline bool pairs_tiles(int path, int64_t M) {
   return path >= 2 && (M > 4 || (M > 1 && !plain_loads));
 }
 
-// Whether path 3 takes M rows on AMX tiles (fewer take path 2)
+// Whether path 3 takes M rows of type T on AMX tiles (else path 2 does): from amx_min_rows rows on, Q8_0 (its
+// weights need no unpacking, only the copy of a pair's halves into one B tile) where the rows are more than one
+// paired register tile of path 2 (8) or so few that path 2 takes Q8_0 one tile at a time (up to 4, pairs_tiles).
+// Intel Xeon with AMX (2 cores), Gemma 3 270M's LM head (Q8_0, 178 MB) against path 2: 0.85-0.87x at 2-4 rows,
+// 1.04-1.06x at 5-6, 0.99x at 8, 0.79-0.90x at 9-16; the forward with every type on the tiles (their weights
+// unpacked by the vector units either way) 1.01-1.33x at 2-16 rows (benchmarks/results/2026-12-04-amx-head/).
+template <class T>
 inline bool amx_rows(int path, int64_t M) {
-  return path == 3 && M >= g_amx_min_rows.load(std::memory_order_relaxed);
+  if (path != 3 || M < g_amx_min_rows.load(std::memory_order_relaxed)) return false;
+  if (g_amx_every.load(std::memory_order_relaxed)) return true;
+  return T::kq == 0 && T::sign && (M <= 4 || M > 8);
 }
 
 template <class T>
@@ -768,7 +819,7 @@ X8Prep x8_prep(const int8_t* qx, const float* dx, const float* dxs, int64_t M, i
     for (int k = 0; k < 32; ++k) v += qx[32 * i + k];
     p.sums[i] = v;
   }
-  if (pairs_tiles<T>(path, M) || amx_rows(path, M)) {  // [M][G] -> [G][M]
+  if (pairs_tiles<T>(path, M) || amx_rows<T>(path, M)) {  // [M][G] -> [G][M]
     p.wq.resize(M * G * 32);
     p.wd.resize(M * G);
     p.wds.resize(T::min ? M * G : 0);  // what the kernels read of each type: tile_x16, tile_k16
@@ -797,7 +848,7 @@ void x8_tiles(const Act& a, const X8Prep& p, int64_t M, const uint8_t* wp, int64
               int path, int64_t tb, int64_t te) {
   const int64_t N = tiles * 8;
   constexpr int64_t MB = 16;
-  const bool amx = amx_rows(path, M), wide = amx || pairs_tiles<T>(path, M);
+  const bool amx = amx_rows<T>(path, M), wide = amx || pairs_tiles<T>(path, M);
   const Wide v = p.wide(M);
   const int64_t one_ahead = g_prefetch_tiles.load(std::memory_order_relaxed);  // one tile at a time (0: none)
   const int64_t MT = wide ? 8 : 4;
@@ -809,8 +860,10 @@ void x8_tiles(const Act& a, const X8Prep& p, int64_t M, const uint8_t* wp, int64
       for (int64_t t = t0; t < t1;) {
         const bool two = wide && t + 1 < t1;
         if (amx && two) {  // all the block's rows in one tile product a group
-          amx_configure(int(me - mb), T::kq == 14 ? 1 : T::sign ? 2 : 0);
-          rows_amx<T>(v, a.G, wp + t * RB, RB, mb, int(me - mb), N, t, op, t + 3 < tiles ? 2 * RB : 0);
+          amx_configure(int(me - mb), T::kq == 14 ? 1 : 0);
+          const int64_t ahead = T::kq == 14 ? 1 : 2;  // the pairs AmxQ6, AmxRot prefetch ahead
+          rows_amx<T>(v, a.G, wp + t * RB, RB, mb, int(me - mb), N, t, op,
+                      t + 2 * ahead + 1 < tiles ? 2 * ahead * RB : 0);
           t += 2;
           continue;
         }
@@ -902,6 +955,11 @@ int64_t set_int_path(int64_t path) {
   const int most = cpu_path();  // a path the CPU lacks: AVX2
   g_path.store(path < 0 ? default_path() : path <= most ? int(path) : 0, std::memory_order_relaxed);
   return path_now();
+}
+
+int64_t set_amx_every_type(int64_t on) {
+  if (on >= 0) g_amx_every.store(on != 0, std::memory_order_relaxed);
+  return g_amx_every.load(std::memory_order_relaxed);
 }
 
 int64_t set_amx_min_rows(int64_t rows) {

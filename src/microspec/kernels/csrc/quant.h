@@ -21,6 +21,7 @@ std::vector<torch::Tensor> linear_q8_many(torch::Tensor x, std::vector<torch::Te
 int64_t set_int_path(int64_t path);
 // linear_x8.cpp: from how many rows path 3 takes AMX tiles (< 1 only asks); returns it
 int64_t set_amx_min_rows(int64_t rows);
+int64_t set_amx_every_type(int64_t on);
 // linear_x8.cpp: how many tiles ahead a product of up to 4 rows prefetches (0 none; -1 only asks); returns it
 int64_t set_prefetch_tiles(int64_t tiles);
 // repack.cpp

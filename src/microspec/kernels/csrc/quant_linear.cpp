@@ -134,14 +134,20 @@ void quant_row(const float* x, int64_t K, int8_t* qx, float* dx, float* dxs) {
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
     const float d = _mm_cvtss_f32(m4) / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    int sum = 0;
-    for (int g = 0; g < 4; ++g) {
-      const __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + 8 * g), _mm256_set1_ps(id)),
-                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      alignas(32) int32_t tmp[8];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(tmp), _mm256_cvtps_epi32(v));
-      for (int j = 0; j < 8; ++j) { qx[32 * b + 8 * g + j] = int8_t(tmp[j]); sum += tmp[j]; }
-    }
+    __m256i q[4];
+    for (int g = 0; g < 4; ++g)
+      q[g] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + 8 * g), _mm256_set1_ps(id)),
+                                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    // |q| <= 127: the saturating packs keep every value; they interleave the four vectors by 4-lane halves, which
+    // the permutation puts back in order
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qx + 32 * b),
+                        _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    const __m256i s8 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+    const int sum = _mm_cvtsi128_si32(s4);
     dx[b] = d;
     dxs[b] = d * float(sum);
   }
