@@ -85,9 +85,10 @@ class Source:
 
 CPU = "2-core AMD EPYC (AVX2), 2 threads"
 # results whose meta says <commit>+dirty where the tree differed from <commit> in documentation files only
-# (e097533, 1d7576d and c50c376: the renderer's files, benchmarks/render/, edited while a measurement ran)
+# (e097533, 1d7576d, c50c376 and 1111ed5: the renderer's files, benchmarks/render/, edited while a measurement ran)
 DOCS_ONLY_DIRTY = {"ef4edc3+dirty": "ef4edc3", "f61a72c+dirty": "f61a72c", "e097533+dirty": "e097533",
-                   "1d7576d+dirty": "1d7576d", "c50c376+dirty": "c50c376"}
+                   "1d7576d+dirty": "1d7576d", "c50c376+dirty": "c50c376",
+                   "1111ed5+dirty": "1111ed5"}
 
 
 def commit(meta: dict) -> str:
@@ -201,7 +202,7 @@ def ab_source(folder: str, res: dict) -> Source:
            "python3 benchmarks/measure/cpu_ab.py --old /tmp/ab/base-run* --new /tmp/ab/head-run* --out ab.json")
     dates = sorted(m["date"] for d in res.values() for side in ("old", "new") for m in d["meta"][side])
     return Source(f"{folder}/", cmd, f"{dates[0]} to {dates[-1]}", f"{old['machine']}, {old['threads']} threads",
-                  f"{old['commit']} and {new['commit']}")
+                  f"{commit(old)} and {commit(new)}")
 
 
 def ab_lossless(res: dict) -> str:

@@ -787,7 +787,7 @@ def _amx() -> list[str]:
     def step(r: dict) -> float:  # path 2's forward and head
         return r["forward"]["base"]["median_ms"] + r["head"]["base"]["median_ms"]
 
-    return ["### AMX tiles for the packed products (taken only when asked for)", "",
+    return ["### AMX tiles for the packed products: the first schedule", "",
             "On a CPU with AMX (Intel Xeon 4th generation on) the products have a third path (`int_path(\"amx\")`): "
             "per 32-element group, a pair of tiles' weights, unpacked as path 2 unpacks them and less their offset "
             "(q − OFF, signed), are the B tile and up to 16 activation rows the A tile of one `tdpbssd` "
@@ -810,8 +810,8 @@ def _amx() -> list[str]:
             f"- From 2 to 64 rows the forward took {min(fwd):.2f}–{max(fwd):.2f}x path 2's time and the LM head "
             f"{min(head):.2f}–{max(head):.2f}x (16 rows: the forward "
             + ", ".join(f"{r['forward']['ratio_new_over_base']:.2f}x after {r['context']} tokens" for r in sixteen)
-            + "); the layer's products break even at about 16 rows. So the default stays path 2 on every CPU, AMX "
-            "or not, and the AMX path is there to be measured and chosen where it pays.",
+            + "); the layer's products break even at about 16 rows. So the default stayed path 2 on every CPU at "
+            f"{commit(meta)}; *AMX tiles for the LM head* below has the schedule that made the head pay.",
             "- On path 2 a verify pass over 16 rows (the forward and the LM head over all of them) costs "
             + "; ".join(f"{step(r) / step(one[r['context']]):.2f}x one row's step after {r['context']} tokens"
                         for r in sixteen) + " on this CPU.", ""]
@@ -855,7 +855,7 @@ def _intel() -> list[str]:
     shares = [r["share"] for r in fl["rounds"]]
     lv = sv["levels"]
     return ["### The defaults on the Intel Xeon with AMX", "",
-            f"On the same machine (path 2, the default), the held-apart prompts ({questions} questions, 128 "
+            f"On the same machine (path 2, then the default), the held-apart prompts ({questions} questions, 128 "
             "tokens; two runs one after the other, tok/s and x plain decoding in the same run, run 1 / run 2):", "",
             table(["decoding", "method", "tok/s", "x plain", "τ"], body), "",
             sources, "",
@@ -946,6 +946,60 @@ def _attention_wide() -> list[str]:
             "- " + ("Every greedy answer equal to plain decoding's." if same_trees else "SOME ANSWERS DIFFERED.")
             + " The trees accept more tokens a step but lose to the chain: a verify row and a draft level cost "
             "more here than the tokens they add.", ""]
+
+
+def _amx_head() -> list[str]:
+    """AMX tiles by default for the Q8_0 products where they pay (the LM head at 2-4 and 9 or more rows):
+    kernel_ab.py's paired runs of vnni512 against the default and against every product on the tiles; the
+    held-apart bench at the commit before and at this one, alternated (cpu_ab.py)."""
+    runs = DATA["AMX_HEAD"]
+    default, every = load(runs["DEFAULT"]), load(runs["EVERY"])
+    same = all(r["same_bits"] for r in default["results"] + every["results"])
+    one = {r["context"]: r for r in default["results"] if r["rows"] == 1}
+
+    def step(r: dict, side: str) -> float:
+        return r["forward"][side]["median_ms"] + r["head"][side]["median_ms"]
+
+    verify = "; ".join(f"after {r['context']} tokens {step(r, 'new') / step(one[r['context']], 'new'):.2f}x "
+                       f"({step(r, 'base') / step(one[r['context']], 'base'):.2f}x with every product on vnni512)"
+                       for r in default["results"] if r["rows"] == 16)
+    folder = runs["HELD_APART"]
+    res = load(f"{folder}/ab.json")
+    first = next(iter(res.values()))["meta"]
+    old, new = commit(first["old"][0]), commit(first["new"][0])
+    sources = [Source(runs[k], m["command"], m["date"][:10], f"{m['machine']}, {m['threads']} threads (AMX tiles, "
+                      "AVX-512 VNNI/BF16/FP16)", commit(m)).markdown() for k, m in (("DEFAULT", default),
+                                                                                   ("EVERY", every))]
+    return ["### AMX tiles for the LM head (the default where the CPU has them)", "",
+            "The tile registers are not renamed: a tile load or zeroing waits for every instruction that last used "
+            "the tile, and the first schedule reused its tiles every batch of groups. Now (`AmxRot`) group g takes "
+            "A tile g % 2, B tile 2 + g % 2 and C tile 4 + g % 4, and its stages run a group apart: the weights of "
+            "group g + 2 are copied or unpacked into a B tile's memory while group g's tile product runs, group "
+            "g − 1's C tile is stored and group g − 3's sums go through the fp32 chain; the weights are "
+            "prefetched to L2 two pairs of tiles on (Q6_K keeps its two-group batches). The same int32 sums and "
+            "the same fp32 chain, so the same bits (tests/test_gguf.py, every block type, with the default and "
+            "with every product on the tiles). `int_path(\"amx\")` is now the default where the CPU has AMX, and "
+            "takes the tiles for the Q8_0 products of 2–4 rows (where path 2 takes Q8_0 one tile at a time) and of "
+            "9 rows or more (more than one register tile of path 2): Gemma 3 270M's LM head. Every other product "
+            "(the layers' Q5_0, Q4_K, Q6_K, whose weights the vector units unpack on either path) stays on "
+            "path 2. vnni512 against the default, alternating in one process (kernel_ab.py --path-ab), ms, median "
+            "(quartiles):", "",
+            table(["prefix", "rows", *_PAIRED_HEADS], _paired_body(default)), "",
+            sources[0], "",
+            "vnni512 against every product on the tiles from 2 rows (`cpu_quant.amx_every_type`; `--path-ab "
+            "vnni512,amx-every`), which sets the rule above: the head pays at 2–4 and from 9 rows, loses at 5–6, "
+            "breaks even at 8; the forward loses at every row count:", "",
+            table(["prefix", "rows", *_PAIRED_HEADS], _paired_body(every)), "",
+            sources[1], "",
+            "- " + ("Every call gave the same hidden states and logits bit for bit on both sides."
+                    if same else "SOME CALLS DIFFERED BETWEEN THE SIDES."),
+            f"- A verify pass over 16 rows (the forward and the LM head) against one row's step: {verify}.", "",
+            f"The held-apart prompts, two `microspec bench` runs of {old} (vnni512, then the default) and of {new} "
+            "(the default `amx`) alternated; each cell the method's tokens/s over plain decoding's in the same run, "
+            "mean over the runs (range):", "",
+            _ab_table(folder, SIZED_METHODS, old, new), "",
+            ab_source(folder, res).markdown(), "",
+            ab_lossless(res), ""]
 
 
 def _amx_bf16() -> list[str]:
@@ -1043,7 +1097,7 @@ def _first_measure() -> list[str]:
 def render() -> str:
     return "\n".join(["## Where the time goes", "", *_split(), *_step(), *_layer(), *_paths(), *_sized(),
                       *_sized_views(), *_attention(), *_cache_prefetch(), *_layer_regions(), *_stack_call(),
-                      *_wide_rows(), *_unpacked_pairs(), *_amx(), *_intel(), *_amx_bf16(), *_attention_wide(),
+                      *_wide_rows(), *_unpacked_pairs(), *_amx(), *_intel(), *_amx_bf16(), *_attention_wide(), *_amx_head(),
                       *_draft_layout(), *_first_measure(),
                       *_floor(), *_llama()]).rstrip() + "\n"
 

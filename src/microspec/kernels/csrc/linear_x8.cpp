@@ -794,9 +794,9 @@ inline bool pairs_tiles(int path, int64_t M) {
 // Whether path 3 takes M rows of type T on AMX tiles (else path 2 does): from amx_min_rows rows on, Q8_0 (its
 // weights need no unpacking, only the copy of a pair's halves into one B tile) where the rows are more than one
 // paired register tile of path 2 (8) or so few that path 2 takes Q8_0 one tile at a time (up to 4, pairs_tiles).
-// Intel Xeon with AMX (2 cores), Gemma 3 270M's LM head (Q8_0, 178 MB) against path 2: 0.85-0.87x at 2-4 rows,
-// 1.04-1.06x at 5-6, 0.99x at 8, 0.79-0.90x at 9-16; the forward with every type on the tiles (their weights
-// unpacked by the vector units either way) 1.01-1.33x at 2-16 rows (benchmarks/results/2026-12-04-amx-head/).
+// Intel Xeon with AMX (2 cores), Gemma 3 270M's LM head (Q8_0, 178 MB) against path 2: 0.80-0.87x at 2-4 rows,
+// 1.06-1.08x at 5-6, 1.00x at 8, 0.77-0.91x at 9-32; the forward with every type on the tiles (their weights
+// unpacked by the vector units either way) 1.02-1.37x at 2-16 rows (benchmarks/results/2026-12-04-amx-head/).
 template <class T>
 inline bool amx_rows(int path, int64_t M) {
   if (path != 3 || M < g_amx_min_rows.load(std::memory_order_relaxed)) return false;
