@@ -7,6 +7,7 @@ import torch
 
 from support import official_checkpoint
 from microspec.compose import Method, build, build_policy
+from microspec.method import as_method
 from microspec.errors import MicrospecError
 from microspec.vocab import MicroSpecVocab, PositionAware, StaticShortlist
 
@@ -39,6 +40,8 @@ def test_method_names_parse_to_descriptions():
                         ("eagle+fr-spec-lots", "unknown vocabulary")):
         with pytest.raises(MicrospecError, match=needle):
             Method.parse(bad)
+    with pytest.raises(MicrospecError, match="^a method is a name or a Method, not a dict$"):
+        as_method({"drafter": "eagle"})  # e.g. the arguments of build(method, lm) swapped: one short line
 
 
 @pytest.mark.parametrize("options, needle", [

@@ -250,7 +250,11 @@ def method_names() -> list[str]:
 
 
 def as_method(method: "Method | str") -> Method:
-    return method if isinstance(method, Method) else Method.parse(method)
+    if isinstance(method, Method):
+        return method
+    if not isinstance(method, str):  # e.g. build(lm, method): one line, not the object's whole repr
+        raise MicrospecError(f"a method is a name or a Method, not a {type(method).__name__}")
+    return Method.parse(method)
 
 
 def eagle_head_path(draft: str | Path | None, model: str) -> str:

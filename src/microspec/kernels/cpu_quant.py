@@ -121,7 +121,8 @@ def int_path(path: str | None = None) -> str:
     up to 8 activation rows per register tile) or ``amx`` (Intel's AMX tiles: a pair of tiles' weights and up to 16
     activation rows are two tiles of one ``tdpbssd`` a group, for Q8_0 products of 2-4 rows and of 9 rows or more,
     where they measured faster than ``vnni512`` (the LM head of the built-in models); every other product takes
-    ``vnni512``; :func:`amx_every_type` puts every product from :func:`amx_min_rows` rows on the tiles).  Every
+    ``vnni512``'s register tiles, the unpacked types two tiles at a time from one row on (a full-width 512-bit CPU);
+    :func:`amx_every_type` puts every product from :func:`amx_min_rows` rows on the tiles).  Every
     path gives the same exact int32 sums and the same fp32 chain, so the same results bit for bit.  ``path`` None:
     the default, the widest this CPU has; a path the CPU lacks falls back to ``avx2``.  Returns the path in use."""
     code = -1 if path is None else INT_PATHS.index(path)

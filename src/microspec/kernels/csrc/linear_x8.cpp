@@ -784,11 +784,14 @@ struct X8Prep {
 // hardware prefetches; Gemma 3's LM head: 3.7 against 4.1 ms a row, on 256-bit VNNI), and so does Q8_0 up to 4 rows:
 // its chunks are plain loads, so its products keep up with memory there (the LM head 12-19% slower paired at 2-4
 // rows).  The types whose chunks are unpacked (nibbles, fifth bits, K-quants) are bound by instructions from 2 rows
-// on, where the pairs halve them (Gemma 3 270M's forward 0.87-0.92x at 3 and 4 rows; AMD EPYC).
+// on, where the pairs halve them (Gemma 3 270M's forward 0.87-0.92x at 3 and 4 rows; AMD EPYC).  On a CPU with AMX
+// (path 3: an Intel Xeon, whose 512-bit units are full width) they are bound by instructions at one row too, and
+// pair from there (Gemma 3 270M's forward at one row 0.90-0.91x one tile at a time, Intel Xeon with AMX;
+// benchmarks/results/2026-12-04-pair-one-row/).
 template <class T>
 inline bool pairs_tiles(int path, int64_t M) {
   constexpr bool plain_loads = T::kq == 0 && T::sign;  // Q8_0
-  return path >= 2 && (M > 4 || (M > 1 && !plain_loads));
+  return path >= 2 && (M > 4 || (!plain_loads && (M > 1 || path == 3)));
 }
 
 // Whether path 3 takes M rows of type T on AMX tiles (else path 2 does): from amx_min_rows rows on, Q8_0 (its
