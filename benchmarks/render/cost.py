@@ -1002,6 +1002,74 @@ def _amx_head() -> list[str]:
             ab_lossless(res), ""]
 
 
+def _pair_one_row() -> list[str]:
+    """On a CPU with AMX the unpacked types pair their tiles from one row: kernel_ab.py's paired run of vnni512 and
+    the default; plain decoding against the read bandwidth; the held-apart bench before and after, alternated."""
+    runs = DATA["PAIR_ONE_ROW"]
+    rows = load(runs["ROWS"])
+    floors = {c: [load(f) for f in files] for c, files in runs["FLOOR"].items()}
+    fl = next(iter(floors.values()))[0]
+    same = all(r["same_bits"] for r in rows["results"])
+    one = {r["context"]: r for r in rows["results"] if r["rows"] == 1}
+
+    def step(r: dict, side: str) -> float:
+        return r["forward"][side]["median_ms"] + r["head"][side]["median_ms"]
+
+    verify = "; ".join(f"after {r['context']} tokens {step(r, 'new') / step(one[r['context']], 'new'):.2f}x"
+                       for r in rows["results"] if r["rows"] == 16)
+    folder = runs["HELD_APART"]
+    res = load(f"{folder}/ab.json")
+    first = next(iter(res.values()))["meta"]
+    old, new = commit(first["old"][0]), commit(first["new"][0])
+    side_runs = {side: sorted((RESULTS / folder).glob(f"{'base' if side == 'old' else 'head'}-run*"))
+                 for side in ("old", "new")}
+
+    def tok_s(dirs: list, d: str, m: str) -> float:
+        return mean_of([load(f"{x.relative_to(RESULTS)}/{d}/results.json")["methods"][m]["overall"]["tokens_per_s"]
+                        for x in dirs])
+
+    return ["### One row's unpacked products two tiles at a time (AMX CPUs)", "",
+            "Path 2 takes one row one tile at a time (8 weight rows on 256-bit registers), which on an AMD EPYC "
+            "(512-bit instructions as two halves) streamed faster. On the Intel Xeon with AMX, whose 512-bit "
+            "units are full width, the types whose chunks are unpacked (the layers' Q5_0, Q4_K, Q6_K) are bound "
+            "by instructions at one row too: on path 3 they now pair their tiles from one row, as path 2 does from "
+            "two (Q8_0, plain loads, keeps one tile at a time up to 4 rows). The same register tiles path 2 runs "
+            "as remainders, so the same bits. vnni512 against the default `amx`, alternating in one process "
+            "(kernel_ab.py --path-ab), ms, median (quartiles):", "",
+            table(["prefix", "rows", *_PAIRED_HEADS], _paired_body(rows)), "",
+            Source(runs["ROWS"], rows["command"], rows["date"][:10], f"{rows['machine']}, {rows['threads']} threads "
+                   "(AMX tiles, AVX-512 VNNI/BF16/FP16)", commit(rows)).markdown(), "",
+            "- " + ("Every call gave the same hidden states and logits bit for bit on both sides."
+                    if same else "SOME CALLS DIFFERED BETWEEN THE SIDES."),
+            f"- A verify pass over 16 rows against one row's step, now: {verify} (the one-row step got cheaper, "
+            "the pass did not).",
+            "- Plain decoding against the read bandwidth measured beside it, each commit's rounds in its own "
+            "worktree, the commits alternating: " + "; ".join(
+                f"{c}: {mean_of([f['median_share'] for f in fls]):.0%}, the mean of the runs' medians "
+                f"({min(r['share'] for f in fls for r in f['rounds']):.0%}–"
+                f"{max(r['share'] for f in fls for r in f['rounds']):.0%} a round; "
+                f"{min(r['decode_tok_s'] for f in fls for r in f['rounds']):.0f}–"
+                f"{max(r['decode_tok_s'] for f in fls for r in f['rounds']):.0f} tok/s at "
+                f"{min(r['read_gb_s'] for f in fls for r in f['rounds']):.1f}–"
+                f"{max(r['read_gb_s'] for f in fls for r in f['rounds']):.1f} GB/s)"
+                for c, fls in floors.items()) + ". "
+            + Source(f"{runs['DIR']}/floor-*-{{1,2}}.json", fl["command"].split(" --out")[0] + " --out FILE",
+                     fl["date"][:10], f"{fl['machine']}, {fl['threads']} threads", " and ".join(floors)).markdown(),
+            "",
+            f"The held-apart prompts, two `microspec bench` runs of {old} and of {new} alternated; each cell the "
+            "method's tokens/s over plain decoding's in the same run, mean over the runs (range); plain decoding "
+            f"itself: {_plain_tok_s(res)} tok/s:", "",
+            _ab_table(folder, SIZED_METHODS, old, new), "",
+            ab_source(folder, res).markdown(), "",
+            "- Tokens/s, mean of the runs, at " + old + " → " + new + ": " + "; ".join(
+                f"{SIZED[d]}: " + ", ".join(f"{name} {tok_s(side_runs['old'], d, m):.0f} → "
+                                            f"{tok_s(side_runs['new'], d, m):.0f}"
+                                            for m, name in (("ar", "plain"), *SIZED_METHODS.items()))
+                for d in ("greedy", "greedy-rp1.2")) + ". Plain decoding, one row a step, gained the most; the "
+            "methods that verify several rows a step gained less or held, so their ratios over it fell.",
+            ab_lossless(res), ""]
+
+
 def _amx_bf16() -> list[str]:
     """A bf16 model's products on AMX-BF16 tiles against the register-tile path: bf16_amx.py's paired run by rows;
     the held-apart bench with bf16 weights on each path (MICROSPEC_AMX=0 for the other)."""
@@ -1097,7 +1165,7 @@ def _first_measure() -> list[str]:
 def render() -> str:
     return "\n".join(["## Where the time goes", "", *_split(), *_step(), *_layer(), *_paths(), *_sized(),
                       *_sized_views(), *_attention(), *_cache_prefetch(), *_layer_regions(), *_stack_call(),
-                      *_wide_rows(), *_unpacked_pairs(), *_amx(), *_intel(), *_amx_bf16(), *_attention_wide(), *_amx_head(),
+                      *_wide_rows(), *_unpacked_pairs(), *_amx(), *_intel(), *_amx_bf16(), *_attention_wide(), *_amx_head(), *_pair_one_row(),
                       *_draft_layout(), *_first_measure(),
                       *_floor(), *_llama()]).rstrip() + "\n"
 
