@@ -153,7 +153,7 @@ def test_interleaved_forms_hold_the_same_values_and_products(qtype):
 @pytest.mark.parametrize("qtype", list(cq.INTERLEAVED))
 def test_every_instruction_path_gives_the_avx2_products_bit_for_bit(qtype):
     """The interleaved forms' integer products on every path the CPU has (AMX tiles: the default where the CPU has
-    them, for Q8_0's products of 2-4 and 9 or more rows, and with every type on the tiles from 2, 9 or 17 rows; AVX-512
+    them, for Q8_0's products of 1-4 and 9 or more rows, and with every type on the tiles from 1, 9 or 17 rows; AVX-512
     VNNI on 512-bit registers, two tiles of 8 weight rows and up to 8 activation rows at a time; on 256-bit
     registers; AVX2): the same exact int32 group sums and the same fp32 chain, so every output equals the AVX2
     path's bit for bit, at any row count (register tiles of 1..8 rows and their remainders, AMX's 16-row blocks and
@@ -178,8 +178,8 @@ def test_every_instruction_path_gives_the_avx2_products_bit_for_bit(qtype):
                 continue
             assert got == path
             taken.append(path)
-            # AMX where it pays (the default), then every type on the tiles from 2, 9 or 17 rows, path 2 below
-            sides = ((False, 2), (True, 2), (True, 9), (True, 17)) if path == "amx" else ((False, 2),)
+            # AMX where it pays (the default), then every type on the tiles from 1, 9 or 17 rows, path 2 below
+            sides = ((False, 1), (True, 1), (True, 9), (True, 17)) if path == "amx" else ((False, 1),)
             for every, min_rows in sides:
                 cq.amx_every_type(every)
                 cq.amx_min_rows(min_rows)
@@ -189,7 +189,7 @@ def test_every_instruction_path_gives_the_avx2_products_bit_for_bit(qtype):
         assert not taken or cq.INT_PATHS.index(widest) == len(taken)  # the default: the widest
     finally:
         cq.amx_every_type(False)
-        cq.amx_min_rows(2)
+        cq.amx_min_rows(1)
         assert cq.int_path(None) == widest
     if not taken:
         pytest.skip("this CPU has no AVX-512 VNNI: the AVX2 path is the only one")

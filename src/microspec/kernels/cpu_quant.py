@@ -119,7 +119,7 @@ def int_path(path: str | None = None) -> str:
     ``avx2`` (``maddubs`` into int16 pair sums, then ``madd``), ``vnni256`` (AVX-512 VNNI's ``vpdpbusd`` into int32
     lanes on 256-bit registers, one tile of 8 weight rows at a time) or ``vnni512`` (two tiles on 512-bit registers,
     up to 8 activation rows per register tile) or ``amx`` (Intel's AMX tiles: a pair of tiles' weights and up to 16
-    activation rows are two tiles of one ``tdpbssd`` a group, for Q8_0 products of 2-4 rows and of 9 rows or more,
+    activation rows are two tiles of one ``tdpbssd`` a group, for Q8_0 products of 1-4 rows and of 9 rows or more,
     where they measured faster than ``vnni512`` (the LM head of the built-in models); every other product takes
     ``vnni512``'s register tiles, the unpacked types two tiles at a time from one row on (a full-width 512-bit CPU);
     :func:`amx_every_type` puts every product from :func:`amx_min_rows` rows on the tiles).  Every
@@ -163,8 +163,8 @@ def prefetch_tiles(tiles: int | None = None) -> int:
 
 
 def amx_min_rows(rows: int | None = None) -> int:
-    """From how many rows the ``amx`` path multiplies on AMX tiles (fewer take ``vnni512``); ``rows`` sets it.  Only
-    the speed changes, never a value."""
+    """From how many rows the ``amx`` path multiplies on AMX tiles (fewer take ``vnni512``; by default 1, every row
+    count); ``rows`` sets it.  Only the speed changes, never a value."""
     return int(_EXT.module.set_amx_min_rows(-1 if rows is None else int(rows)))
 
 

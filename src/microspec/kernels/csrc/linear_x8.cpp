@@ -678,7 +678,7 @@ std::atomic<int> g_path{-1};
 std::atomic<int64_t> g_prefetch_tiles{4};
 
 // From how many rows path 3 multiplies on AMX tiles (set_amx_min_rows; the values are the same either way)
-std::atomic<int64_t> g_amx_min_rows{2};
+std::atomic<int64_t> g_amx_min_rows{1};
 
 // Whether path 3 takes every type and row count from amx_min_rows on to AMX tiles (set_amx_every_type: the tests, a
 // measurement), not only where they pay (amx_rows)
@@ -794,9 +794,11 @@ inline bool pairs_tiles(int path, int64_t M) {
   return path >= 2 && (M > 4 || (!plain_loads && (M > 1 || path == 3)));
 }
 
-// Whether path 3 takes M rows of type T on AMX tiles (else path 2 does): from amx_min_rows rows on, Q8_0 (its
+// Whether path 3 takes M rows of type T on AMX tiles (else path 2 does): from amx_min_rows rows on (1), Q8_0 (its
 // weights need no unpacking, only the copy of a pair's halves into one B tile) where the rows are more than one
 // paired register tile of path 2 (8) or so few that path 2 takes Q8_0 one tile at a time (up to 4, pairs_tiles).
+// At one row the tiles stream the LM head faster in a decode step, after the layers (0.90x path 2's time,
+// benchmarks/results/2026-12-04-amx-one-row/).
 // Intel Xeon with AMX (2 cores), Gemma 3 270M's LM head (Q8_0, 178 MB) against path 2: 0.80-0.87x at 2-4 rows,
 // 1.06-1.08x at 5-6, 1.00x at 8, 0.77-0.91x at 9-32; the forward with every type on the tiles (their weights
 // unpacked by the vector units either way) 1.02-1.37x at 2-16 rows (benchmarks/results/2026-12-04-amx-head/).
