@@ -153,9 +153,9 @@ def test_interleaved_forms_hold_the_same_values_and_products(qtype):
 @pytest.mark.parametrize("qtype", list(cq.INTERLEAVED))
 def test_every_instruction_path_gives_the_avx2_products_bit_for_bit(qtype):
     """The interleaved forms' integer products on every path the CPU has (AMX tiles: the default where the CPU has
-    them, for Q8_0's products of 1-4 and 9 or more rows, and with every type on the tiles from 1, 9 or 17 rows; AVX-512
-    VNNI on 512-bit registers, two tiles of 8 weight rows and up to 8 activation rows at a time; on 256-bit
-    registers; AVX2): the same exact int32 group sums and the same fp32 chain, so every output equals the AVX2
+    them, for Q8_0's products of 9 or more rows (1-4 for a matrix of 16 MiB or more), and with every type on the
+    tiles from 1, 9 or 17 rows; AVX-512 VNNI on 512-bit registers, two tiles of 8 weight rows and up to 8
+    activation rows at a time; on 256-bit registers; AVX2): the same exact int32 group sums and the same fp32 chain, so every output equals the AVX2
     path's bit for bit, at any row count (register tiles of 1..8 rows and their remainders, AMX's 16-row blocks and
     a remainder), for an odd number of tiles (the last one alone) and at the quants' extremes; a path the CPU lacks
     is refused for AVX2."""

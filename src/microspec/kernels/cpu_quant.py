@@ -119,8 +119,9 @@ def int_path(path: str | None = None) -> str:
     ``avx2`` (``maddubs`` into int16 pair sums, then ``madd``), ``vnni256`` (AVX-512 VNNI's ``vpdpbusd`` into int32
     lanes on 256-bit registers, one tile of 8 weight rows at a time) or ``vnni512`` (two tiles on 512-bit registers,
     up to 8 activation rows per register tile) or ``amx`` (Intel's AMX tiles: a pair of tiles' weights and up to 16
-    activation rows are two tiles of one ``tdpbssd`` a group, for Q8_0 products of 1-4 rows and of 9 rows or more,
-    where they measured faster than ``vnni512`` (the LM head of the built-in models); every other product takes
+    activation rows are two tiles of one ``tdpbssd`` a group, for Q8_0 products of 9 rows or more and, for a matrix
+    of 16 MiB or more, of 1-4 rows, where they measured faster than ``vnni512`` (the LM head of the built-in
+    models); every other product takes
     ``vnni512``'s register tiles, the unpacked types two tiles at a time from one row on (a full-width 512-bit CPU);
     :func:`amx_every_type` puts every product from :func:`amx_min_rows` rows on the tiles).  Every
     path gives the same exact int32 sums and the same fp32 chain, so the same results bit for bit.  ``path`` None:

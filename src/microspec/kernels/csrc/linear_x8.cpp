@@ -797,20 +797,25 @@ inline bool pairs_tiles(int path, int64_t M) {
 // Whether path 3 takes M rows of type T on AMX tiles (else path 2 does): from amx_min_rows rows on (1), Q8_0 (its
 // weights need no unpacking, only the copy of a pair's halves into one B tile) where the rows are more than one
 // paired register tile of path 2 (8) or so few that path 2 takes Q8_0 one tile at a time (up to 4, pairs_tiles).
-// At one row the tiles stream the LM head faster in a decode step, after the layers (0.90x path 2's time,
-// benchmarks/results/2026-12-04-amx-one-row/).
 // Intel Xeon with AMX (2 cores), Gemma 3 270M's LM head (Q8_0, 178 MB) against path 2: 0.80-0.87x at 2-4 rows,
 // 1.06-1.08x at 5-6, 1.00x at 8, 0.77-0.91x at 9-32; the forward with every type on the tiles (their weights
 // unpacked by the vector units either way) 1.02-1.37x at 2-16 rows (benchmarks/results/2026-12-04-amx-head/).
+// At 1-4 rows only a matrix of AMX_FEW_ROWS_BYTES or more (bytes: the packed matrix's): the tiles' stream pays
+// there (the LM head in a decode step, after the layers: 0.90x path 2's time at one row), their fixed costs a call
+// do not on a small one (the EAGLE head's 640 x 1280 Q8_0 at one row: 15.1 against 10.7 us;
+// benchmarks/results/2026-12-04-amx-one-row/).
+constexpr int64_t AMX_FEW_ROWS_BYTES = int64_t(16) << 20;
+
 template <class T>
-inline bool amx_rows(int path, int64_t M) {
+inline bool amx_rows(int path, int64_t M, int64_t bytes) {
   if (path != 3 || M < g_amx_min_rows.load(std::memory_order_relaxed)) return false;
   if (g_amx_every.load(std::memory_order_relaxed)) return true;
-  return T::kq == 0 && T::sign && (M <= 4 || M > 8);
+  return T::kq == 0 && T::sign && (M > 8 || (M <= 4 && bytes >= AMX_FEW_ROWS_BYTES));
 }
 
 template <class T>
-X8Prep x8_prep(const int8_t* qx, const float* dx, const float* dxs, int64_t M, int64_t G, int path) {
+X8Prep x8_prep(const int8_t* qx, const float* dx, const float* dxs, int64_t M, int64_t G, int path,
+              int64_t bytes) {
   X8Prep p;
   p.offs.resize(T::off ? M * G : 0);
   for (int64_t i = 0; T::off && i < M * G; ++i) {
@@ -824,7 +829,7 @@ X8Prep x8_prep(const int8_t* qx, const float* dx, const float* dxs, int64_t M, i
     for (int k = 0; k < 32; ++k) v += qx[32 * i + k];
     p.sums[i] = v;
   }
-  if (pairs_tiles<T>(path, M) || amx_rows<T>(path, M)) {  // [M][G] -> [G][M]
+  if (pairs_tiles<T>(path, M) || amx_rows<T>(path, M, bytes)) {  // [M][G] -> [G][M]
     p.wq.resize(M * G * 32);
     p.wd.resize(M * G);
     p.wds.resize(T::min ? M * G : 0);  // what the kernels read of each type: tile_x16, tile_k16
@@ -853,7 +858,7 @@ void x8_tiles(const Act& a, const X8Prep& p, int64_t M, const uint8_t* wp, int64
               int path, int64_t tb, int64_t te) {
   const int64_t N = tiles * 8;
   constexpr int64_t MB = 16;
-  const bool amx = amx_rows<T>(path, M), wide = amx || pairs_tiles<T>(path, M);
+  const bool amx = amx_rows<T>(path, M, tiles * RB), wide = amx || pairs_tiles<T>(path, M);
   const Wide v = p.wide(M);
   const int64_t one_ahead = g_prefetch_tiles.load(std::memory_order_relaxed);  // one tile at a time (0: none)
   const int64_t MT = wide ? 8 : 4;
@@ -915,7 +920,9 @@ void linear_x8_many(const std::vector<X8Job>& jobs, const int8_t* qx, const floa
   std::vector<X8Prep> preps(jobs.size());
   std::vector<int64_t> first(jobs.size() + 1, 0);  // the bytes before each job's tiles
   for (size_t j = 0; j < jobs.size(); ++j) {
-    x8_dispatch(jobs[j].type, [&](auto tag) { preps[j] = x8_prep<decltype(tag)>(qx, dx, dxs, M, G, path); });
+    x8_dispatch(jobs[j].type, [&](auto tag) {
+      preps[j] = x8_prep<decltype(tag)>(qx, dx, dxs, M, G, path, jobs[j].tiles * jobs[j].RB);
+    });
     first[j + 1] = first[j] + jobs[j].tiles * jobs[j].RB;
   }
   const int64_t total = first.back();
