@@ -948,6 +948,11 @@ def _attention_wide() -> list[str]:
             "more here than the tokens they add.", ""]
 
 
+def _step_ms(r: dict, side: str) -> float:
+    """A kernel_ab.py row's whole step on one side: its forward's and its LM head's medians."""
+    return r["forward"][side]["median_ms"] + r["head"][side]["median_ms"]
+
+
 def _amx_head() -> list[str]:
     """AMX tiles by default for the Q8_0 products where they pay (the LM head at 2-4 and 9 or more rows):
     kernel_ab.py's paired runs of vnni512 against the default and against every product on the tiles; the
@@ -957,12 +962,11 @@ def _amx_head() -> list[str]:
     same = all(r["same_bits"] for r in default["results"] + every["results"])
     one = {r["context"]: r for r in default["results"] if r["rows"] == 1}
 
-    def step(r: dict, side: str) -> float:
-        return r["forward"][side]["median_ms"] + r["head"][side]["median_ms"]
+    def over_one(r: dict, side: str) -> float:  # a row's step over one row's, after the same prefix
+        return _step_ms(r, side) / _step_ms(one[r["context"]], side)
 
-    verify = "; ".join(f"after {r['context']} tokens {step(r, 'new') / step(one[r['context']], 'new'):.2f}x "
-                       f"({step(r, 'base') / step(one[r['context']], 'base'):.2f}x with every product on vnni512)"
-                       for r in default["results"] if r["rows"] == 16)
+    verify = "; ".join(f"after {r['context']} tokens {over_one(r, 'new'):.2f}x ({over_one(r, 'base'):.2f}x with "
+                       "every product on vnni512)" for r in default["results"] if r["rows"] == 16)
     folder = runs["HELD_APART"]
     res = load(f"{folder}/ab.json")
     first = next(iter(res.values()))["meta"]
@@ -1002,20 +1006,18 @@ def _amx_head() -> list[str]:
             ab_lossless(res), ""]
 
 
-def _pair_one_row() -> list[str]:
-    """On a CPU with AMX the unpacked types pair their tiles from one row: kernel_ab.py's paired run of vnni512 and
-    the default; plain decoding against the read bandwidth; the held-apart bench before and after, alternated."""
-    runs = DATA["PAIR_ONE_ROW"]
+def _one_row_change(key: str, title: str, intro: str, closing: str) -> list[str]:
+    """A change to a step's products on the AMX CPU (``DATA[key]``): kernel_ab.py's paired run (``intro`` says of
+    what), plain decoding against the read bandwidth at both commits alternated, the held-apart bench at both commits
+    alternated, and ``closing`` after its tokens/s."""
+    runs = DATA[key]
     rows = load(runs["ROWS"])
     floors = {c: [load(f) for f in files] for c, files in runs["FLOOR"].items()}
     fl = next(iter(floors.values()))[0]
     same = all(r["same_bits"] for r in rows["results"])
     one = {r["context"]: r for r in rows["results"] if r["rows"] == 1}
 
-    def step(r: dict, side: str) -> float:
-        return r["forward"][side]["median_ms"] + r["head"][side]["median_ms"]
-
-    verify = "; ".join(f"after {r['context']} tokens {step(r, 'new') / step(one[r['context']], 'new'):.2f}x"
+    verify = "; ".join(f"after {r['context']} tokens {_step_ms(r, 'new') / _step_ms(one[r['context']], 'new'):.2f}x"
                        for r in rows["results"] if r["rows"] == 16)
     folder = runs["HELD_APART"]
     res = load(f"{folder}/ab.json")
@@ -1028,21 +1030,14 @@ def _pair_one_row() -> list[str]:
         return mean_of([load(f"{x.relative_to(RESULTS)}/{d}/results.json")["methods"][m]["overall"]["tokens_per_s"]
                         for x in dirs])
 
-    return ["### One row's unpacked products two tiles at a time (AMX CPUs)", "",
-            "Path 2 takes one row one tile at a time (8 weight rows on 256-bit registers), which on an AMD EPYC "
-            "(512-bit instructions as two halves) streamed faster. On the Intel Xeon with AMX, whose 512-bit "
-            "units are full width, the types whose chunks are unpacked (the layers' Q5_0, Q4_K, Q6_K) are bound "
-            "by instructions at one row too: on path 3 they now pair their tiles from one row, as path 2 does from "
-            "two (Q8_0, plain loads, keeps one tile at a time up to 4 rows). The same register tiles path 2 runs "
-            "as remainders, so the same bits. vnni512 against the default `amx`, alternating in one process "
-            "(kernel_ab.py --path-ab), ms, median (quartiles):", "",
+    return [title, "", intro + " ms, median (quartiles):", "",
             table(["prefix", "rows", *_PAIRED_HEADS], _paired_body(rows)), "",
             Source(runs["ROWS"], rows["command"], rows["date"][:10], f"{rows['machine']}, {rows['threads']} threads "
                    "(AMX tiles, AVX-512 VNNI/BF16/FP16)", commit(rows)).markdown(), "",
             "- " + ("Every call gave the same hidden states and logits bit for bit on both sides."
                     if same else "SOME CALLS DIFFERED BETWEEN THE SIDES."),
-            f"- A verify pass over 16 rows against one row's step, now: {verify} (the one-row step got cheaper, "
-            "the pass did not).",
+            *([f"- A verify pass over 16 rows against one row's step, now: {verify} (the one-row step got cheaper, "
+               "the pass did not)."] if verify else []),
             "- Plain decoding against the read bandwidth measured beside it, each commit's rounds in its own "
             "worktree, the commits alternating: " + "; ".join(
                 f"{c}: {mean_of([f['median_share'] for f in fls]):.0%}, the mean of the runs' medians "
@@ -1065,9 +1060,37 @@ def _pair_one_row() -> list[str]:
                 f"{SIZED[d]}: " + ", ".join(f"{name} {tok_s(side_runs['old'], d, m):.0f} → "
                                             f"{tok_s(side_runs['new'], d, m):.0f}"
                                             for m, name in (("ar", "plain"), *SIZED_METHODS.items()))
-                for d in ("greedy", "greedy-rp1.2")) + ". Plain decoding, one row a step, gained the most; the "
-            "methods that verify several rows a step gained less or held, so their ratios over it fell.",
+                for d in ("greedy", "greedy-rp1.2")) + ". " + closing,
             ab_lossless(res), ""]
+
+
+def _pair_one_row() -> list[str]:
+    """On a CPU with AMX the unpacked types pair their tiles from one row: vnni512 against the default."""
+    return _one_row_change(
+        "PAIR_ONE_ROW", "### One row's unpacked products two tiles at a time (AMX CPUs)",
+        "Path 2 takes one row one tile at a time (8 weight rows on 256-bit registers), which on an AMD EPYC "
+        "(512-bit instructions as two halves) streamed faster. On the Intel Xeon with AMX, whose 512-bit "
+        "units are full width, the types whose chunks are unpacked (the layers' Q5_0, Q4_K, Q6_K) are bound "
+        "by instructions at one row too: on path 3 they now pair their tiles from one row, as path 2 does from "
+        "two (Q8_0, plain loads, keeps one tile at a time up to 4 rows). The same register tiles path 2 runs "
+        "as remainders, so the same bits. vnni512 against the default `amx`, alternating in one process "
+        "(kernel_ab.py --path-ab),",
+        "Plain decoding, one row a step, gained the most; the methods that verify several rows a step gained less "
+        "or held, so their ratios over it fell.")
+
+
+def _amx_one_row() -> list[str]:
+    """The LM head on AMX tiles at one row: the build before against this one."""
+    return _one_row_change(
+        "AMX_ONE_ROW", "### The LM head on AMX tiles at one row too",
+        "The `amx` path now takes a Q8_0 product of one row on the tiles as well (`amx_min_rows` 1), and of 1–4 "
+        "rows only for a matrix of 16 MiB or more: the LM head (a small matrix, the EAGLE head's 640 × 1280, "
+        "lost there to its fixed costs a call: 15.1 against 10.7 µs). Alone, the LM head streams as fast on "
+        "either path; in a decode step, after the layers, the tiles' stream (two tiles at a time, prefetched to "
+        "L2 two pairs on) takes it faster than path 2's one tile at a time. The same bits. The build before "
+        "(base) against this one (new), alternating in one process (kernel_ab.py --base-so),",
+        "Plain decoding, one row every step, gained; the methods whose steps verify several rows held or gained "
+        "a little, so their ratios over it fell.")
 
 
 def _amx_bf16() -> list[str]:
@@ -1165,7 +1188,7 @@ def _first_measure() -> list[str]:
 def render() -> str:
     return "\n".join(["## Where the time goes", "", *_split(), *_step(), *_layer(), *_paths(), *_sized(),
                       *_sized_views(), *_attention(), *_cache_prefetch(), *_layer_regions(), *_stack_call(),
-                      *_wide_rows(), *_unpacked_pairs(), *_amx(), *_intel(), *_amx_bf16(), *_attention_wide(), *_amx_head(), *_pair_one_row(),
+                      *_wide_rows(), *_unpacked_pairs(), *_amx(), *_intel(), *_amx_bf16(), *_attention_wide(), *_amx_head(), *_pair_one_row(), *_amx_one_row(),
                       *_draft_layout(), *_first_measure(),
                       *_floor(), *_llama()]).rstrip() + "\n"
 

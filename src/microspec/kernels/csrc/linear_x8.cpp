@@ -459,6 +459,13 @@ template <class T, int MT>
 struct AmxGroups {
   static constexpr bool K = T::kq != 0, Q6 = T::kq == 14, S = T::sign || T::off;
   static constexpr int R = MT ? MT : 16;  // the loops' bound
+  // the rows (v, m0..m0+mt-1), the pair of tiles (w0, w1: G groups), how far on their prefetch lies (pf bytes)
+  const Wide& v;
+  int64_t G;
+  const uint8_t *w0, *w1;
+  int64_t m0;
+  int mt;
+  int64_t pf;
 
   // group g's first quant byte (X8, XQ8_0: the group's first byte) in the tile-block row w
   static const uint8_t* quants(const uint8_t* w, int64_t g) {
@@ -529,12 +536,7 @@ struct AmxGroups {
 template <class T, int MT>
 struct AmxRot : AmxGroups<T, MT> {
   using B = AmxGroups<T, MT>;
-  const Wide& v;
-  int64_t G;
-  const uint8_t *w0, *w1;
-  int64_t m0;
-  int mt;
-  int64_t pf;
+  using B::v, B::G, B::w0, B::w1, B::m0, B::mt, B::pf;
   alignas(64) int8_t bt[3][512];
   alignas(64) int32_t ct[4][256];
 
@@ -588,17 +590,26 @@ struct AmxRot : AmxGroups<T, MT> {
 // halves, B tiles 2, 3, C tiles 4, 5 and 6, 7), so two groups' products are in flight, in batches of two in three
 // stages a batch apart: the weights of batch b + 1 are unpacked while batch b's tile products run and batch b - 1's
 // sums go through the fp32 chain.
+// One Q6_K group's two tile products, a 16-element half each, into C tiles CA, CB: A tiles 0, 1 the halves of the
+// activations at x, B tiles 2, 3 the halves of the unpacked weights at bt (literal tile numbers, as above)
+#define MICROSPEC_AMX_HALVES(CA, CB, x, bt) \
+  do {                                      \
+    _tile_loadd(0, x, 32);                  \
+    _tile_loadd(1, (x) + 16, 32);           \
+    _tile_loadd(2, bt, 64);                 \
+    _tile_loadd(3, (bt) + 256, 64);         \
+    _tile_zero(CA);                         \
+    _tile_zero(CB);                         \
+    _tile_dpbssd(CA, 0, 2);                 \
+    _tile_dpbssd(CB, 1, 3);                 \
+  } while (0)
+
 template <int MT>
 struct AmxQ6 : AmxGroups<XQ6_K, MT> {
   using T = XQ6_K;
   using B = AmxGroups<T, MT>;
+  using B::v, B::G, B::w0, B::w1, B::m0, B::mt, B::pf;
   static constexpr int NG = 2;
-  const Wide& v;
-  int64_t G;
-  const uint8_t *w0, *w1;
-  int64_t m0;
-  int mt;
-  int64_t pf;
   alignas(64) int8_t bt[2][NG][512];
   alignas(64) int32_t ct[2][2 * NG][256];
 
@@ -621,24 +632,8 @@ struct AmxQ6 : AmxGroups<XQ6_K, MT> {
     const int64_t xs = 32 * v.M;  // the next group's rows
     int8_t(*w)[512] = bt[b & 1];
     int32_t(*c)[256] = ct[b & 1];
-    _tile_loadd(0, x, 32);
-    _tile_loadd(1, x + 16, 32);
-    _tile_loadd(2, w[0], 64);
-    _tile_loadd(3, w[0] + 256, 64);
-    _tile_zero(4);
-    _tile_zero(5);
-    _tile_dpbssd(4, 0, 2);
-    _tile_dpbssd(5, 1, 3);
-    if (n > 1) {
-      _tile_loadd(0, x + xs, 32);
-      _tile_loadd(1, x + xs + 16, 32);
-      _tile_loadd(2, w[1], 64);
-      _tile_loadd(3, w[1] + 256, 64);
-      _tile_zero(6);
-      _tile_zero(7);
-      _tile_dpbssd(6, 0, 2);
-      _tile_dpbssd(7, 1, 3);
-    }
+    MICROSPEC_AMX_HALVES(4, 5, x, w[0]);
+    if (n > 1) MICROSPEC_AMX_HALVES(6, 7, x + xs, w[1]);
     _tile_stored(4, c[0], 64);
     _tile_stored(5, c[1], 64);
     if (n > 1) {
@@ -758,12 +753,12 @@ MICROSPEC_AMX void rows_amx(const Wide& v, int64_t G, const uint8_t* wt, int64_t
                             int64_t t, float* op, int64_t pf) {
   alignas(64) float buf[16 * 16];
   if constexpr (T::kq == 14) {
-    if (mt == 16) AmxQ6<16>{{}, v, G, wt, wt + RB, m0, mt, pf}.run(buf);
-    else AmxQ6<0>{{}, v, G, wt, wt + RB, m0, mt, pf}.run(buf);
+    if (mt == 16) AmxQ6<16>{{v, G, wt, wt + RB, m0, mt, pf}}.run(buf);
+    else AmxQ6<0>{{v, G, wt, wt + RB, m0, mt, pf}}.run(buf);
   } else if (mt == 16) {
-    AmxRot<T, 16>{{}, v, G, wt, wt + RB, m0, mt, pf}.run(buf);
+    AmxRot<T, 16>{{v, G, wt, wt + RB, m0, mt, pf}}.run(buf);
   } else {
-    AmxRot<T, 0>{{}, v, G, wt, wt + RB, m0, mt, pf}.run(buf);
+    AmxRot<T, 0>{{v, G, wt, wt + RB, m0, mt, pf}}.run(buf);
   }
   for (int i = 0; i < mt; ++i) std::memcpy(op + (m0 + i) * N + 8 * t, buf + 16 * i, 16 * sizeof(float));
 }
