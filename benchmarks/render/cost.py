@@ -1006,7 +1006,7 @@ def _amx_head() -> list[str]:
             ab_lossless(res), ""]
 
 
-def _one_row_change(key: str, title: str, intro: str, closing: str) -> list[str]:
+def _one_row_change(key: str, title: str, intro: str, closing: str, notes: tuple = ()) -> list[str]:
     """A change to a step's products on the AMX CPU (``DATA[key]``): kernel_ab.py's paired run (``intro`` says of
     what), plain decoding against the read bandwidth at both commits alternated, the held-apart bench at both commits
     alternated, and ``closing`` after its tokens/s."""
@@ -1038,6 +1038,7 @@ def _one_row_change(key: str, title: str, intro: str, closing: str) -> list[str]
                     if same else "SOME CALLS DIFFERED BETWEEN THE SIDES."),
             *([f"- A verify pass over 16 rows against one row's step, now: {verify} (the one-row step got cheaper, "
                "the pass did not)."] if verify else []),
+            *notes,
             "- Plain decoding against the read bandwidth measured beside it, each commit's rounds in its own "
             "worktree, the commits alternating: " + "; ".join(
                 f"{c}: {mean_of([f['median_share'] for f in fls]):.0%}, the mean of the runs' medians "
@@ -1080,7 +1081,21 @@ def _pair_one_row() -> list[str]:
 
 
 def _amx_one_row() -> list[str]:
-    """The LM head on AMX tiles at one row: the build before against this one."""
+    """The LM head on AMX tiles at one row: the build before against this one; the verify pass over 16 rows against
+    one row's step, vnni512 against the default, after the change."""
+    ver = load(DATA["AMX_ONE_ROW"]["VERIFY"])
+    one = {r["context"]: r for r in ver["results"] if r["rows"] == 1}
+
+    def over_one(r: dict, side: str) -> float:
+        return _step_ms(r, side) / _step_ms(one[r["context"]], side)
+
+    verify = ("- A verify pass over 16 rows (the forward and the LM head) against one row's step, after the change: "
+              + "; ".join(f"after {r['context']} tokens {over_one(r, 'new'):.2f}x ({over_one(r, 'base'):.2f}x with "
+                          "every product on vnni512)" for r in ver["results"] if r["rows"] == 16)
+              + "; one row's step " + ", ".join(f"{_step_ms(r, 'new'):.2f} ms ({_step_ms(r, 'base'):.2f})"
+                                                for r in one.values()) + ". "
+              + Source(DATA["AMX_ONE_ROW"]["VERIFY"], ver["command"], ver["date"][:10],
+                       f"{ver['machine']}, {ver['threads']} threads", commit(ver)).markdown())
     return _one_row_change(
         "AMX_ONE_ROW", "### The LM head on AMX tiles at one row too",
         "The `amx` path now takes a Q8_0 product of one row on the tiles as well (`amx_min_rows` 1), and of 1–4 "
@@ -1090,7 +1105,7 @@ def _amx_one_row() -> list[str]:
         "L2 two pairs on) takes it faster than path 2's one tile at a time. The same bits. The build before "
         "(base) against this one (new), alternating in one process (kernel_ab.py --base-so),",
         "Plain decoding, one row every step, gained; the methods whose steps verify several rows held or gained "
-        "a little, so their ratios over it fell.")
+        "a little, so their ratios over it fell.", (verify,))
 
 
 def _amx_bf16() -> list[str]:
