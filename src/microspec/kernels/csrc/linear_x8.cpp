@@ -8,8 +8,9 @@
 //   2  AVX-512 VNNI on 512-bit registers: two tiles (16 weight rows) per register and up to 8 activation rows per
 //      register tile, so each unpacked weight vector serves twice the rows (tile_x16, tile_k16);
 //   3  AMX (Intel Xeon 4th generation on): a pair of tiles' weights are one AMX tile and up to 16 activation rows
-//      another, one tdpbssd / tdpbsud a group (AmxRot, AmxQ6), where the tiles pay (amx_rows: Q8_0, the LM head of
-//      the built-in models, at 2-4 and 9 or more rows); every other product takes path 2.
+//      another, one tdpbssd / tdpbsud a group (AmxRot, AmxQ6), where the tiles pay (amx_rows: Q8_0 at 9 or more
+//      rows, and at 1-4 for a matrix of 16 MiB or more: the LM head of the built-in models); every other product
+//      takes path 2.
 #include "amx.h"
 #include "blocks.h"
 #include "int8.h"
@@ -23,8 +24,12 @@ namespace {
 // hardware prefetchers pick up each matrix chunk's stream late, and two tiles read side by side (path 2) defeat
 // them; measured on Gemma 3 270M (AMD EPYC, 2 threads): the LM head's one-row product 4.7 -> 3.7 ms, plain decoding
 // +11%, and on path 2 the head's 16-row product 12.8 -> 6.1 ms.
+// HINT: the level it fills (_MM_HINT_T0 L1; AmxRot takes _MM_HINT_T1, L2), in the type of the compiler's hints
+// (GCC's enum, clang's int).
+template <int HINT = _MM_HINT_T0>
 inline void prefetch_group(const uint8_t* p, int bytes) {
-  for (int o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
+  for (int o = 0; o < bytes; o += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(p + o), static_cast<decltype(_MM_HINT_T0)>(HINT));
 }
 
 // A group's exact int32 lane sums t32 of rows m0..m0+MT-1 (the 8 weight rows of an interleaved tile at b) into the
@@ -541,11 +546,10 @@ struct AmxRot : AmxGroups<T, MT> {
   alignas(64) int32_t ct[4][256];
 
   MICROSPEC_AMX __attribute__((always_inline)) inline void unpack(int64_t g) {
-    if (pf && B::span(g))
-      for (int64_t o = 0; o < B::span(g); o += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(w0 + B::at_byte(g) + pf + o), _MM_HINT_T1);
-        _mm_prefetch(reinterpret_cast<const char*>(w1 + B::at_byte(g) + pf + o), _MM_HINT_T1);
-      }
+    if (pf && B::span(g)) {
+      prefetch_group<_MM_HINT_T1>(w0 + B::at_byte(g) + pf, int(B::span(g)));
+      prefetch_group<_MM_HINT_T1>(w1 + B::at_byte(g) + pf, int(B::span(g)));
+    }
     amx_weights<T>(B::quants(w0, g), B::quants(w1, g), bt[g % 3]);
   }
 
