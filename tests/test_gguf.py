@@ -696,6 +696,45 @@ def test_forward_many_equals_each_forward_alone(gguf_model):
         assert c.length == c2.length and torch.equal(c.kv[:, :, :, : c.length], c2.kv[:, :, :, : c2.length])
 
 
+@pytest.mark.parametrize("window", [None, 4])
+def test_a_batch_of_decode_steps_equals_each_step_alone(gguf_model, window):
+    """Several one-row steps at once (a server's decode batch: their attention in one pass over each sequence's own
+    cache, read and written through pointers), beside a chain, with a mask on one step's row and, where ``window``,
+    every layer's sliding window shorter than the prefixes (the first visible key past 0): each sequence's hidden
+    state and cache are its own forward's, bit for bit, through the whole stack in one call and one layer a call."""
+    from dataclasses import replace
+
+    packed, _, _ = gguf_model
+    spec = packed.spec
+    prompts = [[1, 5, 9, 33], [70, 2, 101, 150, 7, 8, 9], [3] * 30, [11, 12], [4, 4, 4, 4, 4, 4]]
+    steps = [(torch.tensor([40]), None, None),
+             (torch.tensor([41]), torch.tensor([7]), torch.tensor([[True]])),
+             (torch.tensor([42]), None, None),
+             (torch.tensor([5, 6]), None, None),
+             (torch.tensor([43]), None, None)]
+    try:
+        if window is not None:
+            packed.spec = replace(spec, layer_windows=(window,) * spec.num_layers)
+        for plan in (True, False):
+            packed._fused = False  # built again at the next use
+            if not plan:
+                packed._fused_layers()
+                packed._plan = None  # one layer_step call a layer
+            alone, caches = [], []
+            for p, (ids, pos, mask) in zip(prompts, steps):
+                cache, c = packed.new_cache(64), packed.new_cache(64)
+                packed.forward(torch.tensor(p), cache)
+                packed.forward(torch.tensor(p), c)
+                caches.append(cache)
+                alone.append((packed.forward(ids, c, positions=pos, mask=mask), c))
+            together = packed.forward_many([(ids, c, pos, mask) for (ids, pos, mask), c in zip(steps, caches)])
+            for (h, c), h2, c2 in zip(alone, together, caches):
+                assert torch.equal(h, h2)
+                assert c.length == c2.length and torch.equal(c.kv[:, :, :, : c.length], c2.kv[:, :, :, : c2.length])
+    finally:
+        packed.spec, packed._fused = spec, False
+
+
 @pytest.mark.parametrize("weights", ["packed", "fp32", "bf16"])
 def test_a_pass_of_many_rows_gives_each_row_its_own_values(gguf_model, weights):
     """A CPU forward of many new tokens (a prompt's prefill forward, a large tree): causal, and a token tree at

@@ -463,46 +463,48 @@ void attend_impl(const E* qp, const E* kp, const E* vp, const bool* mp, E* op, i
 // (sequence, key group, up to 4 heads) items — a group's key and value rows read once for its heads, and one
 // parallel region for the batch instead of one a sequence.  Each head's values are those attend_items computes for
 // the row alone (the same chains: a score per key, the softmax, the value sums do not depend on the heads beside it).
-template <typename E>
-void attend_seq_items(const std::vector<const E*>& qp, const std::vector<const E*>& kp,
-                      const std::vector<const E*>& vp, const std::vector<const bool*>& mp, const std::vector<E*>& op,
-                      const std::vector<int64_t>& S, const std::vector<int64_t>& ks0, const std::vector<int64_t>& ks1,
-                      const std::vector<int64_t>& vs0, const std::vector<int64_t>& vs1, int64_t H, int64_t D,
-                      int64_t rep, float sc) {
+void attend_seq_items(const std::vector<RowAttention>& rows, int64_t H, int64_t D, int64_t rep, float sc) {
   constexpr int64_t HG = 4;  // heads an item takes
-  const int64_t n = int64_t(qp.size()), G = H / rep, nc = (rep + HG - 1) / HG;
-  const int64_t Smax = std::max<int64_t>(1, *std::max_element(S.begin(), S.end()));
+  const int64_t n = int64_t(rows.size()), G = H / rep, nc = (rep + HG - 1) / HG;
+  int64_t Smax = 1;
+  for (const RowAttention& r : rows) Smax = std::max(Smax, r.S);
   at::parallel_for(0, n * G * nc, 1, [&](int64_t b0, int64_t b1) {
     std::vector<float> qf(HG * D), scores(HG * Smax), acc(HG * D);
     std::vector<int32_t> vis(Smax);
     for (int64_t b = b0; b < b1; ++b) {
-      const int64_t j = b / (G * nc), g = (b / nc) % G, c = b % nc;
+      const RowAttention& row = rows[b / (G * nc)];
+      const int64_t g = (b / nc) % G, c = b % nc;
       const int64_t h0 = g * rep + c * HG, nh = std::min<int64_t>(HG, rep - c * HG);
-      const int64_t nv = visible_keys(mp[j], S[j], vis.data());
-      E* orow[HG];
+      const int64_t nv = visible_keys(row.allowed, row.S, vis.data());
+      float* orow[HG];
       for (int64_t r = 0; r < nh; ++r) {
-        const E* qrow = qp[j] + (h0 + r) * D;
-        for (int64_t d = 0; d < D; ++d) qf[r * D + d] = to_f32(qrow[d]);
-        orow[r] = op[j] + (h0 + r) * D;
+        const float* qrow = row.q + (h0 + r) * D;
+        for (int64_t d = 0; d < D; ++d) qf[r * D + d] = qrow[d];
+        orow[r] = row.out + (h0 + r) * D;
       }
-      const E* kg = kp[j] + g * ks0[j];
-      const E* vg = vp[j] + g * vs0[j];
-      const int64_t k1 = ks1[j], v1 = vs1[j];
+      const float* kg = row.k + g * row.ks0;
+      const float* vg = row.v + g * row.vs0;
+      const int64_t k1 = row.ks1, v1 = row.vs1, S = row.S;
       switch (nh) {
-        case 4: attend_heads<E, 4>(qf.data(), kg, vg, k1, v1, vis.data(), nv, D, S[j], sc, scores.data(), orow,
-                                   acc.data()); break;
-        case 3: attend_heads<E, 3>(qf.data(), kg, vg, k1, v1, vis.data(), nv, D, S[j], sc, scores.data(), orow,
-                                   acc.data()); break;
-        case 2: attend_heads<E, 2>(qf.data(), kg, vg, k1, v1, vis.data(), nv, D, S[j], sc, scores.data(), orow,
-                                   acc.data()); break;
-        default: attend_heads<E, 1>(qf.data(), kg, vg, k1, v1, vis.data(), nv, D, S[j], sc, scores.data(), orow,
-                                    acc.data());
+        case 4: attend_heads<float, 4>(qf.data(), kg, vg, k1, v1, vis.data(), nv, D, S, sc, scores.data(), orow,
+                                       acc.data()); break;
+        case 3: attend_heads<float, 3>(qf.data(), kg, vg, k1, v1, vis.data(), nv, D, S, sc, scores.data(), orow,
+                                       acc.data()); break;
+        case 2: attend_heads<float, 2>(qf.data(), kg, vg, k1, v1, vis.data(), nv, D, S, sc, scores.data(), orow,
+                                       acc.data()); break;
+        default: attend_heads<float, 1>(qf.data(), kg, vg, k1, v1, vis.data(), nv, D, S, sc, scores.data(), orow,
+                                        acc.data());
       }
     }
   });
 }
 
 }  // namespace
+
+void attend_row_ptrs(const std::vector<RowAttention>& rows, int64_t H, int64_t D, int64_t G, double scale) {
+  TORCH_CHECK(G > 0 && H % G == 0, "attend_row_ptrs: heads a multiple of the key groups");
+  if (!rows.empty()) attend_seq_items(rows, H, D, H / G, static_cast<float>(scale));
+}
 
 // attend_rows of several single query rows, each q [H, 1, D] over its own k, v [G, S_j, D] and allowed [1, S_j] (or
 // empty), fp32, in one parallel pass (attend_seq_items): each output [H, 1, D] bit for bit attend_rows' alone.
@@ -512,10 +514,7 @@ std::vector<torch::Tensor> attend_rows_many(std::vector<torch::Tensor> qs, std::
   const size_t n = qs.size();
   TORCH_CHECK(n > 0 && ks.size() == n && vs.size() == n && alloweds.size() == n,
               "attend_rows_many: a key, value and mask tensor per query row");
-  std::vector<const float*> qp(n), kp(n), vp(n);
-  std::vector<const bool*> mp(n);
-  std::vector<float*> op(n);
-  std::vector<int64_t> S(n), ks0(n), ks1(n), vs0(n), vs1(n);
+  std::vector<RowAttention> rows(n);
   std::vector<torch::Tensor> outs(n);
   const int64_t H = qs[0].size(0), D = qs[0].size(2), G = ks[0].size(0);
   TORCH_CHECK(G > 0 && H % G == 0, "attend_rows_many: heads a multiple of the key groups");
@@ -527,20 +526,17 @@ std::vector<torch::Tensor> attend_rows_many(std::vector<torch::Tensor> qs, std::
     TORCH_CHECK(q.dim() == 3 && q.size(0) == H && q.size(1) == 1 && q.size(2) == D && k.dim() == 3 && v.dim() == 3 &&
                 k.size(0) == G && v.size(0) == G && k.size(2) == D && v.size(2) == D && v.size(1) == k.size(1) &&
                 k.stride(2) == 1 && v.stride(2) == 1, "attend_rows_many: q [H, 1, D], k and v [G, S, D]");
-    S[j] = k.size(1);
+    const int64_t S = k.size(1);
     const bool has_mask = m.defined() && m.numel() > 0;
     if (has_mask)
       TORCH_CHECK(m.dtype() == torch::kBool && m.is_contiguous() && m.dim() == 2 && m.size(0) == 1 &&
-                  m.size(1) == S[j], "attend_rows_many: allowed, contiguous bool [1, S]");
-    mp[j] = has_mask ? m.data_ptr<bool>() : nullptr;
+                  m.size(1) == S, "attend_rows_many: allowed, contiguous bool [1, S]");
     outs[j] = torch::empty({H, 1, D}, q.options());
-    qp[j] = q.data_ptr<float>();
-    kp[j] = k.data_ptr<float>();
-    vp[j] = v.data_ptr<float>();
-    op[j] = outs[j].data_ptr<float>();
-    ks0[j] = k.stride(0); ks1[j] = k.stride(1); vs0[j] = v.stride(0); vs1[j] = v.stride(1);
+    rows[j] = RowAttention{q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
+                           has_mask ? m.data_ptr<bool>() : nullptr, outs[j].data_ptr<float>(), S, k.stride(0),
+                           k.stride(1), v.stride(0), v.stride(1)};
   }
-  attend_seq_items<float>(qp, kp, vp, mp, op, S, ks0, ks1, vs0, vs1, H, D, H / G, static_cast<float>(scale));
+  attend_row_ptrs(rows, H, D, G, scale);
   return outs;
 }
 

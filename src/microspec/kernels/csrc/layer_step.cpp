@@ -55,6 +55,108 @@ void put_rows(const torch::Tensor& dst, const torch::Tensor& src, int64_t r0, in
                   sp + h * src.stride(0) + (r0 + r) * src.stride(1), hd * sizeof(float));
 }
 
+// A segment's one-row decode step on fp32 rows and cache, as pointers (no tensor views: some ten a segment and
+// layer cost Gemma 3 270M's forward of 8 sequences' decode steps ~1 ms of 7-13, Intel Xeon, 2 cores): its keys and
+// values go into the cache, and its query row's attention over its own keys is returned (attend_row_ptrs takes the
+// batch's rows in one pass).  c: the sequence's cache of this layer [2, G, capacity, hd] (layer < 0) or its whole
+// cache [layers, 2, G, capacity, hd]; k, v: [G, T, hd] views of the new keys and values, q [H, T, hd] (a head's
+// row contiguous); the row is r0.  Whether it applies: decode_row_ok.
+bool decode_row_ok(const torch::Tensor& c, int64_t layer, const torch::Tensor& q, const torch::Tensor& k,
+                   const torch::Tensor& v, const torch::Tensor& allowed, int64_t start, int64_t lo) {
+  const int64_t o = layer < 0 ? 0 : 1;
+  return c.scalar_type() == torch::kFloat32 && c.dim() == 4 + o && c.stride(3 + o) == 1 &&
+         (layer < 0 || layer < c.size(0)) && c.size(o) == 2 && c.size(o + 1) == k.size(0) &&
+         c.size(o + 3) == k.size(2) && start >= 0 && start < c.size(o + 2) && lo >= 0 && lo <= start &&
+         q.scalar_type() == torch::kFloat32 && k.scalar_type() == torch::kFloat32 &&
+         v.scalar_type() == torch::kFloat32 && q.stride(2) == 1 && q.stride(0) == q.size(2) && k.stride(2) == 1 &&
+         v.stride(2) == 1 &&
+         (!allowed.defined() || allowed.numel() == 0 ||
+          (allowed.scalar_type() == torch::kBool && allowed.is_contiguous() && allowed.numel() == start + 1 - lo));
+}
+
+RowAttention decode_row(const torch::Tensor& c, int64_t layer, const torch::Tensor& q, const torch::Tensor& k,
+                        const torch::Tensor& v, const torch::Tensor& allowed, int64_t r0, int64_t start, int64_t lo,
+                        float* out) {
+  const int64_t o = layer < 0 ? 0 : 1, G = k.size(0), hd = k.size(2);
+  float* base = c.data_ptr<float>() + (layer < 0 ? 0 : layer * c.stride(0));
+  float* kc = base;
+  float* vc = base + c.stride(o);
+  const int64_t sg = c.stride(o + 1), ss = c.stride(o + 2);
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  for (int64_t g = 0; g < G; ++g) {
+    std::memcpy(kc + g * sg + start * ss, kp + g * k.stride(0) + r0 * k.stride(1), hd * sizeof(float));
+    std::memcpy(vc + g * sg + start * ss, vp + g * v.stride(0) + r0 * v.stride(1), hd * sizeof(float));
+  }
+  const bool mask = allowed.defined() && allowed.numel() > 0;
+  return RowAttention{q.data_ptr<float>() + r0 * q.stride(1), kc + lo * ss, vc + lo * ss,
+                      mask ? allowed.data_ptr<bool>() : nullptr, out, start + 1 - lo, sg, ss, sg, ss};
+}
+
+// layer_step's work; kvs[j]: segment j's cache of this layer [2, G, capacity, hd] (layer < 0), or its whole cache
+// [layers, 2, G, capacity, hd] of which this is layer `layer` (layers_step: no view a layer)
+torch::Tensor layer_impl(torch::Tensor x, const std::vector<torch::Tensor>& mats, const std::vector<int64_t>& meta,
+                         const std::vector<torch::Tensor>& biases, const std::vector<torch::Tensor>& norms,
+                         const torch::Tensor& cos, const torch::Tensor& sin, const std::vector<torch::Tensor>& kvs,
+                         int64_t layer, const std::vector<int64_t>& rows, const std::vector<int64_t>& starts,
+                         const std::vector<int64_t>& los, const std::vector<torch::Tensor>& alloweds,
+                         const std::vector<int64_t>& dims, double eps, double scale) {
+  const size_t nseg = kvs.size();
+  const int64_t T = x.size(0), nh = dims[0], nkv = dims[1], hd = dims[2], act = dims[3];
+  const bool gemma = dims[4] != 0;
+  auto L = [&](int i, const torch::Tensor& in) {
+    return lin(in, mats[i], meta[3 * i], meta[3 * i + 1], meta[3 * i + 2], biases[i]);
+  };
+  auto N = [&](int i, const torch::Tensor& in) { return rms_norm(in, norms[i], eps); };
+  const torch::Tensor h = norms[0].numel() ? N(0, x) : x;
+  std::vector<torch::Tensor> qkv = lins(h, mats, meta, biases, {0, 1, 2});
+  torch::Tensor q = qkv[0].view({T, nh, hd});
+  torch::Tensor k = qkv[1].view({T, nkv, hd});
+  const torch::Tensor v = qkv[2].view({T, nkv, hd}).transpose(0, 1);
+  if (norms[4].numel()) { q = N(4, q); k = N(5, k); }
+  q = rope(q, cos, sin).transpose(0, 1);
+  k = rope(k, cos, sin).transpose(0, 1);
+  // attention per segment over its own cache (one sequence: its output viewed as o's rows; several: into the rows
+  // of o); the one-row segments of a batch (decode steps) in one pass (attend_row_ptrs: the same values as one call
+  // each)
+  torch::Tensor o = nseg == 1 ? torch::Tensor() : torch::empty({T, nh * hd}, q.options());
+  std::vector<RowAttention> single;
+  int64_t r0 = 0;
+  for (size_t j = 0; j < nseg; ++j) {
+    const int64_t t = rows[j], start = starts[j], lo = los[j], S = start + t;
+    TORCH_CHECK(r0 + t <= T, "layer_step: the segments' rows do not add up to x's");
+    if (nseg > 1 && t == 1 && decode_row_ok(kvs[j], layer, q, k, v, alloweds[j], start, lo)) {
+      single.push_back(decode_row(kvs[j], layer, q, k, v, alloweds[j], r0, start, lo,
+                                  o.data_ptr<float>() + r0 * nh * hd));
+    } else {
+      const torch::Tensor kv = layer < 0 ? kvs[j] : kvs[j].select(0, layer);
+      put_rows(kv.select(0, 0), k, r0, start, t);
+      put_rows(kv.select(0, 1), v, r0, start, t);
+      const torch::Tensor keys = kv.select(0, 0).narrow(1, lo, S - lo), values = kv.select(0, 1).narrow(1, lo, S - lo);
+      const torch::Tensor out = attend_rows(q.narrow(1, r0, t), keys, values, alloweds[j], scale).transpose(0, 1);
+      if (nseg == 1) o = out.reshape({T, nh * hd});
+      else o.narrow(0, r0, t).view({t, nh, hd}).copy_(out);
+    }
+    r0 += t;
+  }
+  TORCH_CHECK(r0 == T, "layer_step: the segments' rows do not add up to x's");
+  if (!single.empty()) attend_row_ptrs(single, nh, hd, nkv, scale);
+  o = L(3, o);
+  auto mlp = [&](const torch::Tensor& in) {
+    std::vector<torch::Tensor> gu = lins(in, mats, meta, biases, {4, 5});
+    torch::Tensor& g = gu[0];
+    if (act == 0) at::silu_(g);
+    else at::gelu_(g, act == 1 ? "tanh" : "none");
+    return L(6, g.mul_(gu[1]));
+  };
+  if (gemma) {
+    x = x + N(1, o);
+    return x + N(3, mlp(N(2, x)));
+  }
+  x = x + o;
+  return x + mlp(N(1, x));
+}
+
 }  // namespace
 
 // mats: q, k, v, o, gate, up, down (packed data); meta: type, K, integer for each; biases: the same 7 (empty: none);
@@ -75,61 +177,7 @@ torch::Tensor layer_step(torch::Tensor x, std::vector<torch::Tensor> mats, std::
   const size_t nseg = kvs.size();
   TORCH_CHECK(nseg > 0 && rows.size() == nseg && starts.size() == nseg && los.size() == nseg &&
               alloweds.size() == nseg, "layer_step: one cache, row count, start, first key and mask per segment");
-  const int64_t T = x.size(0), nh = dims[0], nkv = dims[1], hd = dims[2], act = dims[3];
-  const bool gemma = dims[4] != 0;
-  auto L = [&](int i, const torch::Tensor& in) { return lin(in, mats[i], meta[3 * i], meta[3 * i + 1], meta[3 * i + 2], biases[i]); };
-  auto N = [&](int i, const torch::Tensor& in) { return rms_norm(in, norms[i], eps); };
-  const torch::Tensor h = norms[0].numel() ? N(0, x) : x;
-  std::vector<torch::Tensor> qkv = lins(h, mats, meta, biases, {0, 1, 2});
-  torch::Tensor q = qkv[0].view({T, nh, hd});
-  torch::Tensor k = qkv[1].view({T, nkv, hd});
-  const torch::Tensor v = qkv[2].view({T, nkv, hd}).transpose(0, 1);
-  if (norms[4].numel()) { q = N(4, q); k = N(5, k); }
-  q = rope(q, cos, sin).transpose(0, 1);
-  k = rope(k, cos, sin).transpose(0, 1);
-  // attention per segment over its own cache; the one-row segments of a batch (decode steps) in one call
-  // (attend_rows_many: one parallel pass, the same values as one call each)
-  std::vector<torch::Tensor> outs(nseg);
-  std::vector<size_t> single;
-  std::vector<torch::Tensor> sq, sk, sv, sm;
-  int64_t r0 = 0;
-  for (size_t j = 0; j < nseg; ++j) {
-    const int64_t t = rows[j], start = starts[j], lo = los[j], S = start + t;
-    const torch::Tensor& kv = kvs[j];
-    put_rows(kv.select(0, 0), k, r0, start, t);
-    put_rows(kv.select(0, 1), v, r0, start, t);
-    const torch::Tensor keys = kv.select(0, 0).narrow(1, lo, S - lo), values = kv.select(0, 1).narrow(1, lo, S - lo);
-    if (nseg > 1 && t == 1 && kv.scalar_type() == torch::kFloat32 && q.scalar_type() == torch::kFloat32) {
-      single.push_back(j);
-      sq.push_back(q.narrow(1, r0, 1));
-      sk.push_back(keys);
-      sv.push_back(values);
-      sm.push_back(alloweds[j]);
-    } else {
-      outs[j] = attend_rows(q.narrow(1, r0, t), keys, values, alloweds[j], scale);
-    }
-    r0 += t;
-  }
-  TORCH_CHECK(r0 == T, "layer_step: the segments' rows do not add up to x's");
-  if (!single.empty()) {
-    std::vector<torch::Tensor> got = attend_rows_many(sq, sk, sv, sm, scale);
-    for (size_t i = 0; i < single.size(); ++i) outs[single[i]] = got[i];
-  }
-  torch::Tensor o = nseg == 1 ? outs[0] : torch::cat(outs, 1);
-  o = L(3, o.transpose(0, 1).reshape({T, nh * hd}));
-  auto mlp = [&](const torch::Tensor& in) {
-    std::vector<torch::Tensor> gu = lins(in, mats, meta, biases, {4, 5});
-    torch::Tensor& g = gu[0];
-    if (act == 0) at::silu_(g);
-    else at::gelu_(g, act == 1 ? "tanh" : "none");
-    return L(6, g.mul_(gu[1]));
-  };
-  if (gemma) {
-    x = x + N(1, o);
-    return x + N(3, mlp(N(2, x)));
-  }
-  x = x + o;
-  return x + mlp(N(1, x));
+  return layer_impl(x, mats, meta, biases, norms, cos, sin, kvs, -1, rows, starts, los, alloweds, dims, eps, scale);
 }
 
 LayersPlan::LayersPlan(std::vector<torch::Tensor> mats_, std::vector<int64_t> meta_,
@@ -160,21 +208,20 @@ torch::Tensor layers_step(torch::Tensor x, const std::shared_ptr<LayersPlan>& pl
               alloweds.size() == los.size() && cos.size() == sin.size(),
               "layers_step: per segment a cache, a row count, a start, and a first key and mask per window kind");
   const size_t W = los.size() / nseg;
-  std::vector<torch::Tensor> kv(nseg), allowed(nseg);
+  std::vector<torch::Tensor> allowed(nseg);
   std::vector<int64_t> lo(nseg);
   for (int64_t i = 0; i < layers; ++i) {
     const size_t w = size_t(p.windows[i]), r = size_t(p.ropes[i]);
     TORCH_CHECK(w < W && r < cos.size(), "layers_step: a layer's window kind or RoPE base is not given");
     for (size_t j = 0; j < nseg; ++j) {
-      kv[j] = kvs[j].select(0, i);
       lo[j] = los[j * W + w];
       allowed[j] = alloweds[j * W + w];
     }
     auto at = [&](const std::vector<torch::Tensor>& v, int n) {
       return std::vector<torch::Tensor>(v.begin() + n * i, v.begin() + n * (i + 1));
     };
-    x = layer_step(x, at(p.mats, 7), std::vector<int64_t>(p.meta.begin() + 21 * i, p.meta.begin() + 21 * (i + 1)),
-                   at(p.biases, 7), at(p.norms, 6), cos[r], sin[r], kv, rows, starts, lo, allowed, p.dims, p.eps,
+    x = layer_impl(x, at(p.mats, 7), std::vector<int64_t>(p.meta.begin() + 21 * i, p.meta.begin() + 21 * (i + 1)),
+                   at(p.biases, 7), at(p.norms, 6), cos[r], sin[r], kvs, i, rows, starts, lo, allowed, p.dims, p.eps,
                    p.scale);
   }
   return x;

@@ -38,6 +38,16 @@ torch::Tensor attend_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, tor
 // attention.cpp: whether the attention takes its 512-bit form (1 where the CPU has it, 0 the 256-bit one; the same
 // values; -1 only asks); returns the form in use
 int64_t set_attention_wide(int64_t on);
+// One query row [H, D] (contiguous) over its sequence's fp32 keys and values [G, S, D] (strides ks0, ks1 / vs0, vs1;
+// unit along D), the visible ones where allowed[s] (nullptr: all), into out [H, D]
+struct RowAttention {
+  const float *q, *k, *v;
+  const bool* allowed;
+  float* out;
+  int64_t S, ks0, ks1, vs0, vs1;
+};
+// attend_rows_many's pass over rows given as pointers (H heads of D over G key groups): the same values
+void attend_row_ptrs(const std::vector<RowAttention>& rows, int64_t H, int64_t D, int64_t G, double scale);
 std::vector<torch::Tensor> attend_rows_many(std::vector<torch::Tensor> qs, std::vector<torch::Tensor> ks,
                                             std::vector<torch::Tensor> vs, std::vector<torch::Tensor> alloweds,
                                             double scale);
