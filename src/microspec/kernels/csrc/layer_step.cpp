@@ -38,21 +38,25 @@ std::vector<torch::Tensor> lins(const torch::Tensor& x, const std::vector<torch:
   return out;
 }
 
+// rows t of the fp32 src (H heads of hd; strides s0 a head, s1 a row) from r0 into dst (strides d0, d1) from slot
+// start, each row of hd contiguous
+void copy_rows(float* dp, int64_t d0, int64_t d1, const float* sp, int64_t s0, int64_t s1, int64_t H, int64_t hd,
+               int64_t r0, int64_t start, int64_t t) {
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t r = 0; r < t; ++r)
+      std::memcpy(dp + h * d0 + (start + r) * d1, sp + h * s0 + (r0 + r) * s1, hd * sizeof(float));
+}
+
 // rows t of src [H, T, hd] from r0 into dst [H, capacity, hd] (a layer's keys or values) from slot start: as
 // dst.narrow(1, start, t).copy_(src.narrow(1, r0, t)), without the views' dispatch where both are fp32
 void put_rows(const torch::Tensor& dst, const torch::Tensor& src, int64_t r0, int64_t start, int64_t t) {
-  const int64_t H = src.size(0), hd = src.size(2);
   if (dst.scalar_type() != torch::kFloat32 || src.scalar_type() != torch::kFloat32 || dst.stride(2) != 1 ||
       src.stride(2) != 1) {
     dst.narrow(1, start, t).copy_(src.narrow(1, r0, t));
     return;
   }
-  const float* sp = src.data_ptr<float>();
-  float* dp = dst.data_ptr<float>();
-  for (int64_t h = 0; h < H; ++h)
-    for (int64_t r = 0; r < t; ++r)
-      std::memcpy(dp + h * dst.stride(0) + (start + r) * dst.stride(1),
-                  sp + h * src.stride(0) + (r0 + r) * src.stride(1), hd * sizeof(float));
+  copy_rows(dst.data_ptr<float>(), dst.stride(0), dst.stride(1), src.data_ptr<float>(), src.stride(0),
+            src.stride(1), src.size(0), src.size(2), r0, start, t);
 }
 
 // A segment's one-row decode step on fp32 rows and cache, as pointers (no tensor views: some ten a segment and
@@ -78,16 +82,11 @@ RowAttention decode_row(const torch::Tensor& c, int64_t layer, const torch::Tens
                         const torch::Tensor& v, const torch::Tensor& allowed, int64_t r0, int64_t start, int64_t lo,
                         float* out) {
   const int64_t o = layer < 0 ? 0 : 1, G = k.size(0), hd = k.size(2);
-  float* base = c.data_ptr<float>() + (layer < 0 ? 0 : layer * c.stride(0));
-  float* kc = base;
-  float* vc = base + c.stride(o);
+  float* kc = c.data_ptr<float>() + (layer < 0 ? 0 : layer * c.stride(0));
+  float* vc = kc + c.stride(o);
   const int64_t sg = c.stride(o + 1), ss = c.stride(o + 2);
-  const float* kp = k.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
-  for (int64_t g = 0; g < G; ++g) {
-    std::memcpy(kc + g * sg + start * ss, kp + g * k.stride(0) + r0 * k.stride(1), hd * sizeof(float));
-    std::memcpy(vc + g * sg + start * ss, vp + g * v.stride(0) + r0 * v.stride(1), hd * sizeof(float));
-  }
+  copy_rows(kc, sg, ss, k.data_ptr<float>(), k.stride(0), k.stride(1), G, hd, r0, start, 1);
+  copy_rows(vc, sg, ss, v.data_ptr<float>(), v.stride(0), v.stride(1), G, hd, r0, start, 1);
   const bool mask = allowed.defined() && allowed.numel() > 0;
   return RowAttention{q.data_ptr<float>() + r0 * q.stride(1), kc + lo * ss, vc + lo * ss,
                       mask ? allowed.data_ptr<bool>() : nullptr, out, start + 1 - lo, sg, ss, sg, ss};
