@@ -576,7 +576,9 @@ def test_weights_option_is_checked(tiny_model_dir):
 
 
 def test_fused_layer_equals_the_layer_by_layer_path(gguf_model):
-    """``cpu_quant.layer_step`` runs a packed layer in one call: the very values the Python layer computes."""
+    """``cpu_quant.layer_step`` runs a packed layer in one call: the very values the Python layer computes — a
+    prefill, a token tree, and one-row decode steps (their keys, values and attention through pointers), one with
+    its position and a mask given."""
     packed, _, _ = gguf_model
     ids = torch.tensor([1, 5, 9, 33, 70, 2, 101])
     tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
@@ -586,7 +588,9 @@ def test_fused_layer_equals_the_layer_by_layer_path(gguf_model):
         cache = packed.new_cache(32)
         h0 = packed.forward(ids, cache)
         h1 = packed.forward(torch.tensor([7, 8, 9]), cache, positions=torch.tensor([7, 8, 8]), mask=tree)
-        outs.append((h0, h1, cache.kv[:, :, :, : cache.length].clone()))
+        h2 = packed.forward(torch.tensor([40]), cache)
+        h3 = packed.forward(torch.tensor([41]), cache, positions=torch.tensor([9]), mask=torch.tensor([[True]]))
+        outs.append((h0, h1, h2, h3, cache.kv[:, :, :, : cache.length].clone()))
     assert packed._fused is None
     for a, b in zip(*outs):
         assert torch.equal(a, b)

@@ -461,11 +461,14 @@ void attend_impl(const E* qp, const E* kp, const E* vp, const bool* mp, E* op, i
 
 // One query row of each of several sequences (a batch's decode steps), each over its own keys: one parallel pass over
 // (sequence, key group, up to 4 heads) items — a group's key and value rows read once for its heads, and one
-// parallel region for the batch instead of one a sequence.  Each head's values are those attend_items computes for
-// the row alone (the same chains: a score per key, the softmax, the value sums do not depend on the heads beside it).
+// parallel region for the batch instead of one a sequence; with fewer such items than threads (one sequence's
+// decode step), up to HC heads an item, as attend_items splits them.  Each head's values are those attend_items
+// computes for the row alone (the same chains: a score per key, the softmax, the value sums do not depend on the
+// heads beside it).
 void attend_seq_items(const std::vector<RowAttention>& rows, int64_t H, int64_t D, int64_t rep, float sc) {
-  constexpr int64_t HG = 4;  // heads an item takes
-  const int64_t n = int64_t(rows.size()), G = H / rep, nc = (rep + HG - 1) / HG;
+  const int64_t n = int64_t(rows.size()), G = H / rep;
+  const int64_t HG = n * G * ((rep + 3) / 4) >= at::get_num_threads() ? 4 : HC;  // heads an item takes
+  const int64_t nc = (rep + HG - 1) / HG;
   int64_t Smax = 1;
   for (const RowAttention& r : rows) Smax = std::max(Smax, r.S);
   at::parallel_for(0, n * G * nc, 1, [&](int64_t b0, int64_t b1) {
@@ -476,7 +479,7 @@ void attend_seq_items(const std::vector<RowAttention>& rows, int64_t H, int64_t 
       const int64_t g = (b / nc) % G, c = b % nc;
       const int64_t h0 = g * rep + c * HG, nh = std::min<int64_t>(HG, rep - c * HG);
       const int64_t nv = visible_keys(row.allowed, row.S, vis.data());
-      float* orow[HG];
+      float* orow[4];
       for (int64_t r = 0; r < nh; ++r) {
         const float* qrow = row.q + (h0 + r) * D;
         for (int64_t d = 0; d < D; ++d) qf[r * D + d] = qrow[d];

@@ -115,16 +115,20 @@ torch::Tensor layer_impl(torch::Tensor x, const std::vector<torch::Tensor>& mats
   if (norms[4].numel()) { q = N(4, q); k = N(5, k); }
   q = rope(q, cos, sin).transpose(0, 1);
   k = rope(k, cos, sin).transpose(0, 1);
-  // attention per segment over its own cache (one sequence: its output viewed as o's rows; several: into the rows
-  // of o); the one-row segments of a batch (decode steps) in one pass (attend_row_ptrs: the same values as one call
-  // each)
-  torch::Tensor o = nseg == 1 ? torch::Tensor() : torch::empty({T, nh * hd}, q.options());
+  // attention per segment over its own cache: the one-row segments (decode steps, one sequence's or a batch's) whose
+  // caches the pointers can take into o's rows in one pass (attend_row_ptrs: the same values as one call each), the
+  // others through tensor views (one sequence of several rows: its output viewed as o's rows)
+  auto by_row = [&](size_t j) {
+    return rows[j] == 1 && decode_row_ok(kvs[j], layer, q, k, v, alloweds[j], starts[j], los[j]);
+  };
+  const bool one_view = nseg == 1 && !by_row(0);  // one sequence of several rows: its output viewed as o's rows
+  torch::Tensor o = one_view ? torch::Tensor() : torch::empty({T, nh * hd}, q.options());
   std::vector<RowAttention> single;
   int64_t r0 = 0;
   for (size_t j = 0; j < nseg; ++j) {
     const int64_t t = rows[j], start = starts[j], lo = los[j], S = start + t;
     TORCH_CHECK(r0 + t <= T, "layer_step: the segments' rows do not add up to x's");
-    if (nseg > 1 && t == 1 && decode_row_ok(kvs[j], layer, q, k, v, alloweds[j], start, lo)) {
+    if (!one_view && by_row(j)) {
       single.push_back(decode_row(kvs[j], layer, q, k, v, alloweds[j], r0, start, lo,
                                   o.data_ptr<float>() + r0 * nh * hd));
     } else {
@@ -133,7 +137,7 @@ torch::Tensor layer_impl(torch::Tensor x, const std::vector<torch::Tensor>& mats
       put_rows(kv.select(0, 1), v, r0, start, t);
       const torch::Tensor keys = kv.select(0, 0).narrow(1, lo, S - lo), values = kv.select(0, 1).narrow(1, lo, S - lo);
       const torch::Tensor out = attend_rows(q.narrow(1, r0, t), keys, values, alloweds[j], scale).transpose(0, 1);
-      if (nseg == 1) o = out.reshape({T, nh * hd});
+      if (one_view) o = out.reshape({T, nh * hd});
       else o.narrow(0, r0, t).view({t, nh, hd}).copy_(out);
     }
     r0 += t;
