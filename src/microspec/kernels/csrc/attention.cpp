@@ -466,8 +466,9 @@ void attend_impl(const E* qp, const E* kp, const E* vp, const bool* mp, E* op, i
 // computes for the row alone (the same chains: a score per key, the softmax, the value sums do not depend on the
 // heads beside it).
 void attend_seq_items(const std::vector<RowAttention>& rows, int64_t H, int64_t D, int64_t rep, float sc) {
+  constexpr int64_t HQ = 4;  // the most heads an item takes
   const int64_t n = int64_t(rows.size()), G = H / rep;
-  const int64_t HG = n * G * ((rep + 3) / 4) >= at::get_num_threads() ? 4 : HC;  // heads an item takes
+  const int64_t HG = n * G * ((rep + HQ - 1) / HQ) >= at::get_num_threads() ? HQ : HC;  // heads an item takes
   const int64_t nc = (rep + HG - 1) / HG;
   int64_t Smax = 1;
   for (const RowAttention& r : rows) Smax = std::max(Smax, r.S);
@@ -479,7 +480,7 @@ void attend_seq_items(const std::vector<RowAttention>& rows, int64_t H, int64_t 
       const int64_t g = (b / nc) % G, c = b % nc;
       const int64_t h0 = g * rep + c * HG, nh = std::min<int64_t>(HG, rep - c * HG);
       const int64_t nv = visible_keys(row.allowed, row.S, vis.data());
-      float* orow[4];
+      float* orow[HQ];
       for (int64_t r = 0; r < nh; ++r) {
         const float* qrow = row.q + (h0 + r) * D;
         for (int64_t d = 0; d < D; ++d) qf[r * D + d] = qrow[d];

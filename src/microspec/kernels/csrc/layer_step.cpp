@@ -118,17 +118,17 @@ torch::Tensor layer_impl(torch::Tensor x, const std::vector<torch::Tensor>& mats
   // attention per segment over its own cache: the one-row segments (decode steps, one sequence's or a batch's) whose
   // caches the pointers can take into o's rows in one pass (attend_row_ptrs: the same values as one call each), the
   // others through tensor views (one sequence of several rows: its output viewed as o's rows)
-  auto by_row = [&](size_t j) {
-    return rows[j] == 1 && decode_row_ok(kvs[j], layer, q, k, v, alloweds[j], starts[j], los[j]);
-  };
-  const bool one_view = nseg == 1 && !by_row(0);  // one sequence of several rows: its output viewed as o's rows
+  std::vector<char> by_row(nseg);
+  for (size_t j = 0; j < nseg; ++j)
+    by_row[j] = rows[j] == 1 && decode_row_ok(kvs[j], layer, q, k, v, alloweds[j], starts[j], los[j]);
+  const bool one_view = nseg == 1 && !by_row[0];
   torch::Tensor o = one_view ? torch::Tensor() : torch::empty({T, nh * hd}, q.options());
   std::vector<RowAttention> single;
   int64_t r0 = 0;
   for (size_t j = 0; j < nseg; ++j) {
     const int64_t t = rows[j], start = starts[j], lo = los[j], S = start + t;
     TORCH_CHECK(r0 + t <= T, "layer_step: the segments' rows do not add up to x's");
-    if (!one_view && by_row(j)) {
+    if (by_row[j]) {
       single.push_back(decode_row(kvs[j], layer, q, k, v, alloweds[j], r0, start, lo,
                                   o.data_ptr<float>() + r0 * nh * hd));
     } else {
