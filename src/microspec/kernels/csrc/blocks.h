@@ -66,12 +66,16 @@ struct X8 {
   // chunks whose maddubs pair sums (<= 2 x qmax x 127) add up in int16 without overflow: 8 for q <= 15, 4 for 31
   static constexpr int ch16 = Q5 ? 4 : 8;
   static constexpr int kq = 0;  // not a K-quant
-  // chunk c of group b (b: the group's first byte)
+  // chunk c of group b (b: the group's first byte).  The fifth bit goes to bit 4 without a shift per chunk: bits
+  // 4..7 of a plane byte are chunks 4..7's, bits 4..7 of the plane shifted left by 4 (one 16-bit shift, which the
+  // compiler shares between chunks 0..3) chunks 0..3's, and min(bit, 16) is 16 where the bit is set, 0 where not.
+  // Shifts have one port on some cores (AMD Zen 1: Q5_0's products bound by them).
   static inline __m256i chunk(const uint8_t* b, int c) {
     __m256i q = nib_chunk(b + head, c);
     if (Q5) {
-      const __m256i hb = _mm256_and_si256(load256(b + head + 128), _mm256_set1_epi8(char(1 << c)));
-      q = _mm256_or_si256(q, c < 4 ? _mm256_slli_epi16(hb, 4 - c) : c > 4 ? _mm256_srli_epi16(hb, c - 4) : hb);
+      const __m256i p = load256(b + head + 128);
+      const __m256i hb = _mm256_and_si256(c < 4 ? _mm256_slli_epi16(p, 4) : p, _mm256_set1_epi8(char(1 << (c | 4))));
+      q = _mm256_or_si256(q, _mm256_min_epu8(hb, _mm256_set1_epi8(16)));
     }
     return q;
   }
@@ -115,11 +119,22 @@ struct XQ4_K {
 struct XQ6_K {
   static constexpr int off = 32, head = 0, gbytes = 210, kq = 14, tbytes = 1680, soff = 16, qoff = 144, qbytes = 192;
   static constexpr bool min = false, q5 = false, sign = false;
-  static inline __m256i chunk(const uint8_t* q, int c) {  // chunk c's 2 high bits moved to bits 4, 5 (one shift)
+  // chunk c's 2 high bits (bits 2b, 2b + 1 of its plane byte, b = c % 4) moved to bits 4, 5: for b = 0, 1 a table
+  // lookup (pshufb) on the byte's low nibble, which the compiler shares between the two, b = 2 in place, b = 3 one
+  // shift; one 16-bit shift a plane instead of three (shifts have one port on some cores: AMD Zen 1)
+  static inline __m256i chunk(const uint8_t* q, int c) {
     const __m256i h = load256(q + 128 + 32 * (c >> 2)), m = _mm256_set1_epi8(0x30);
     const int b = c & 3;
-    const __m256i hb = _mm256_and_si256(b == 0 ? _mm256_slli_epi16(h, 4) : b == 1 ? _mm256_slli_epi16(h, 2)
-                                        : b == 2 ? h : _mm256_srli_epi16(h, 2), m);
+    __m256i hb;
+    if (b < 2) {
+      const __m256i lut = b == 0 ? _mm256_setr_epi8(0, 16, 32, 48, 0, 16, 32, 48, 0, 16, 32, 48, 0, 16, 32, 48,
+                                                    0, 16, 32, 48, 0, 16, 32, 48, 0, 16, 32, 48, 0, 16, 32, 48)
+                                 : _mm256_setr_epi8(0, 0, 0, 0, 16, 16, 16, 16, 32, 32, 32, 32, 48, 48, 48, 48,
+                                                    0, 0, 0, 0, 16, 16, 16, 16, 32, 32, 32, 32, 48, 48, 48, 48);
+      hb = _mm256_shuffle_epi8(lut, _mm256_and_si256(h, _mm256_set1_epi8(15)));
+    } else {
+      hb = _mm256_and_si256(b == 2 ? h : _mm256_srli_epi16(h, 2), m);
+    }
     return _mm256_or_si256(nib_chunk(q, c), hb);
   }
 };
