@@ -65,3 +65,22 @@ def test_grouped_refills_and_prefills(refill, prefill_tokens):
         ids = torch.tensor(prompts[i] + ans[:-1])
         torch.testing.assert_close(hidden, model(ids, model.new_cache(len(ids))).to(torch.bfloat16), atol=2e-2,
                                    rtol=2e-2)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_engine_batched_answers_are_each_answer_alone(family):
+    """generate_engine_batched (the engine's plain decoding, answers stepped together, rows refilled as answers end):
+    every answer, greedy, penalised or sampled with its seed, is the one generate_ids gives alone."""
+    from microspec.training.batch_generate import generate_engine_batched
+
+    _, model = tiny_pair(family, seed=3)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 96, (int(n),), generator=g).tolist() for n in (3, 9, 5, 12, 4, 7)]
+    cfgs = [GenerationConfig(max_new_tokens=n, temperature=t, repetition_penalty=p, seed=s)
+            for n, t, p, s in ((6, 0.0, 1.0, None), (11, 0.0, 1.3, None), (8, 0.8, 1.0, 5), (3, 0.8, 1.2, 6),
+                               (9, 0.0, 1.0, None), (5, 1.1, 1.0, 7))]
+    jobs = [(k, p, c) for k, (p, c) in enumerate(zip(prompts, cfgs))]
+    got = dict(generate_engine_batched(model, jobs, eos_token_ids=(2,), batch=3))
+    assert sorted(got) == list(range(6))
+    for k, p, c in jobs:
+        assert got[k] == generate_ids(model, p, c, (2,)).token_ids, k

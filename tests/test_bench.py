@@ -37,6 +37,22 @@ def test_multi_turn_question_speed_sums_its_turns():
     assert aggregate([r])["tokens_per_s"] == 20.0 and aggregate([r])["new_tokens"] == 40
 
 
+def test_vllm_draft_chain_length_is_a_number():
+    """bench's --depth reaches the vLLM peers as their chain's length in tokens, an integer (a string there broke
+    the summary's per-position acceptance after every prompt had run); a depth that is not a count is refused."""
+    from microspec.bench.methods import configure, parse_method
+    from microspec.bench.runners import _vllm_fields
+    from microspec.errors import MicrospecError
+
+    spec = configure([parse_method("vllm-microspec")], "gemma-3-270m", depth="3")[0]
+    assert spec.tokens == 3 and isinstance(spec.tokens, int)
+    fields = _vllm_fields({"num_drafts": 4, "num_accepted_tokens_per_pos": [3, 1, 0]}, spec.tokens)
+    assert accept_per_position(fields["accept_lengths"], fields["draft_depths"]) == [0.75, 0.25, 0.0]
+    for bad in ("auto", "0"):
+        with pytest.raises(MicrospecError, match="--depth"):
+            configure([parse_method("vllm-microspec")], "gemma-3-270m", depth=bad)
+
+
 def test_tau_counts_the_bonus_token_and_pools_steps():
     # two questions: steps committing (3, 1) and (2,): tau = 6 / 3 steps = 2.0 (not the mean of per-question means)
     recs = [_rec(1, "a", [4], [1.0], accepts=[3, 1], depths=[4, 4]), _rec(2, "a", [2], [1.0], accepts=[2],

@@ -942,3 +942,36 @@ def test_a_draft_network_beside_a_packed_target_takes_the_interleaved_form(monke
         for lin, other in zip(a, b):
             assert torch.allclose(lin(x), other(x), rtol=1e-5, atol=1e-6)
     assert torch.equal(a[0](x)[:1], a[0](x[:1]))  # a row's products do not depend on the rows beside it
+
+
+def test_head_training_on_a_packed_target_takes_its_top_k_and_dequantized_rows(gguf_model, tmp_path):
+    """`train eagle` on packed weights (the default for a GGUF model on a CPU): capture keeps the packed target's own
+    top-K next tokens with their log-probabilities renormalised over the K, the batch loss scores the draft against
+    the dequantized rows of the target's LM head, and training on it lowers the loss."""
+    from microspec.training.eagle import TrainConfig, Trainer, new_head
+    from microspec.training.stages import capture_features, load_features, target_topk
+
+    packed, reference, _ = gguf_model
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(4, 160, (40,), generator=g)
+    with torch.inference_mode():
+        h = packed(ids, packed.new_cache(40))
+        full = packed.head(h).topk(8, -1)
+    top = target_topk(packed, h, 8, rows=16)
+    assert torch.equal(top["top_ids"].long(), full.indices) and top["top_ids"].dtype == torch.int32
+    torch.testing.assert_close(top["top_logp"].float(), torch.log_softmax(full.values, -1), atol=2e-3, rtol=0)
+    seqs = [torch.randint(4, 160, (24,), generator=g).tolist() for _ in range(12)]
+    shards = capture_features(packed, [{"prompt_ids": s[:1], "response_ids": s[1:]} for s in seqs], tmp_path, 24,
+                              topk=8, log=lambda *_: None)
+    data = load_features(shards, packed.spec.hidden_size)
+    assert all(r["top_ids"].shape == (24, 8) and r["top_logp"].dtype == torch.float16 for r in data)
+    cfg = TrainConfig(ce_vocab="batch", loss_on="all", epochs=30, lr=3e-3, warmup_steps=2, tokens_per_step=96,
+                      heldout=0.0, save_every=1000, p_w=1.0)
+    trainer = Trainer(packed, new_head(packed, seed=1), cfg, tmp_path, log=lambda *_: None)
+    rows = torch.tensor([5, 17, 99])
+    assert torch.equal(trainer.head_rows(rows), reference.head_weight[rows].float())
+    result = trainer.fit(data, data[:2])
+    first, last = result["history"][0], result["history"][-1]
+    assert last["ploss"] < 0.7 * first["ploss"] and result["heldout"]["top1"] > first["top1"]
+    with pytest.raises(MicrospecError, match="--ce-vocab batch"):
+        Trainer(packed, new_head(packed), TrainConfig(ce_vocab="full"), tmp_path)

@@ -418,24 +418,30 @@ def test_smollm2_shipped_head_and_fr_spec_map_out_of_the_box(smollm2_gguf):
 
 
 def test_train_eagle_answers_with_packed_weights(smollm2_gguf, tmp_path):
-    """`train eagle --gen-dtype gguf --gen-batch 1`: the answers are the packed model's own greedy answers under
-    the chat template (what the CPU runs at inference)."""
+    """`train eagle --gen-batch 3 --temperatures 0 0.7 --repetition-penalty 1.0 1.2`: the answers, stepped together
+    through the engine on the packed weights (the default), are the packed model's own answers in each of the four
+    decodings under the chat template, each as plain decoding gives it alone (a sampled one seeded by its index)."""
     from microspec.api import generate
 
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in SMOL_PROMPTS))
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in SMOL_PROMPTS[:2]))
     out = tmp_path / "o"
     proc = subprocess.run([sys.executable, "-m", "microspec", "train", "eagle", "--model", "smollm2-135m-instruct",
                            "--prompts", str(prompts), "--out", str(out), "--max-new-tokens", "12",
-                           "--repetition-penalty", "1.0", "--gen-dtype", "gguf", "--gen-batch", "1",
+                           "--temperatures", "0", "0.7", "--repetition-penalty", "1.0", "1.2", "--gen-batch", "3",
                            "--stages", "generate"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     recs = sorted((json.loads(x) for x in (out / "responses.jsonl").read_text().splitlines()),
                   key=lambda r: r["index"])
-    for prompt, rec in zip(SMOL_PROMPTS, recs):
+    assert [r["index"] for r in recs] == list(range(8))
+    for rec in recs:
+        prompt = SMOL_PROMPTS[rec["index"] // 4]
+        temp, pen = (0.0, 0.7)[rec["index"] % 4 // 2], (1.0, 1.2)[rec["index"] % 2]
+        assert rec.get("temperature", 0.0) == temp and rec["repetition_penalty"] == pen
         assert rec["prompt_ids"] == encode_prompt(smollm2_gguf, prompt)
-        assert rec["response_ids"] == generate(smollm2_gguf, prompt, GenerationConfig(max_new_tokens=12),
-                                               method="ar").token_ids
+        cfg = GenerationConfig(max_new_tokens=12, temperature=temp, repetition_penalty=pen,
+                               seed=rec["index"] if temp else None)
+        assert rec["response_ids"] == generate(smollm2_gguf, prompt, cfg, method="ar").token_ids
 
 
 FRESH = """

@@ -54,6 +54,15 @@ def test_train_eagle_end_to_end(capsys, trained, tiny_model_dir):
     ref = generate_ids(lm.model, ids, cfg).token_ids
     r = generate_ids(lm.model, ids, cfg, drafter=EagleDrafter(head, depth=3, top_k=2, total_tokens=5))
     assert r.token_ids == ref and r.stats.mean_accept_len > 1.0
+    # the default loss trained it (the target's captured top-K), and it drafts better than the head it started as
+    assert meta["config"]["ce_vocab"] == "batch"
+    assert all("top_ids" in rec for rec in torch.load(next((out / "features").glob("*.pt")), weights_only=False))
+    from microspec.training.eagle import new_head
+
+    untrained = new_head(lm.model, seed=meta["config"]["seed"])
+    u = generate_ids(lm.model, ids, cfg, drafter=EagleDrafter(untrained, depth=3, top_k=2, total_tokens=5))
+    assert u.token_ids == ref and r.stats.mean_accept_len > u.stats.mean_accept_len + 0.5, \
+        (r.stats.mean_accept_len, u.stats.mean_accept_len)
 
 
 def test_train_resumes_from_its_checkpoint(capsys, trained):
@@ -82,7 +91,8 @@ def test_train_refuses_evaluation_sets_and_bad_settings(capsys, tmp_path, tiny_m
     ok = tmp_path / "p.txt"
     ok.write_text("w1 w2\n")
     for extra, needle in ((["--stages", "fly"], "--stages"), (["--epochs", "0"], "--epochs"),
-                          (["--stages", "train"], "no answers"), (["--gen-dtype", "gguf"], "--gen-batch 1")):
+                          (["--stages", "train"], "no answers"), (["--temperatures", "-1"], "--temperatures"),
+                          (["--target-topk", "-2"], "--target-topk")):
         rc, _, err = _run(capsys, "train", "eagle", "--model", tiny_model_dir, "--prompts", ok, "--out",
                           tmp_path / "o2", *extra)
         assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err
@@ -127,6 +137,37 @@ def test_seen_vocabulary_cross_entropy(tmp_path):
     torch.testing.assert_close(results[0][1], results[1][1])
 
 
+def test_batch_cross_entropy_with_every_id_is_the_full_cross_entropy(tmp_path):
+    """--ce-vocab batch: with the target's top-K holding the whole vocabulary (so the batch's candidates are every
+    id and the renormalised top-K is the target's distribution) the loss and its gradient are the full
+    cross-entropy's; with a smaller K the candidates are the union of the trained positions' top-K ids."""
+    from support import VOCAB, tiny_pair
+    from microspec.training.eagle import TrainConfig, Trainer, new_head
+    from microspec.training.stages import target_topk
+
+    _, model = tiny_pair("llama", seed=1)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        ids = torch.randint(0, VOCAB, (40,), generator=g)
+        feats = model(ids, model.new_cache(len(ids)))
+    rec = {"ids": ids, "features": feats, "prompt_len": 4}
+    results = []
+    for ce_vocab in ("full", "batch"):
+        head = new_head(model, seed=0)
+        trainer = Trainer(model, head, TrainConfig(noise_std=0.0, ce_vocab=ce_vocab), tmp_path)
+        one = {**rec, **target_topk(model, feats, VOCAB)} if ce_vocab == "batch" else rec
+        r = trainer.sequence_loss(one, train=True)
+        results.append((r["ploss"], r["top1"], head.fc.weight.grad.clone()))
+    assert results[0][0] == pytest.approx(results[1][0], rel=2e-3) and results[0][1] == results[1][1]
+    torch.testing.assert_close(results[0][2], results[1][2], rtol=5e-3, atol=1e-6)
+    few = {**rec, **target_topk(model, feats, 3)}
+    seen = []
+    trainer = Trainer(model, new_head(model, seed=0), TrainConfig(noise_std=0.0, ce_vocab="batch"), tmp_path)
+    trainer.head_rows = lambda c, rows=trainer.head_rows: seen.append(c) or rows(c)
+    trainer.sequence_loss(few, train=False)
+    assert seen[0].tolist() == sorted(set(few["top_ids"][3:].flatten().tolist()))  # positions 3.. (prompt_len - 1)
+
+
 def test_one_at_a_time_answers_go_through_the_capture_stage(capsys, tmp_path, tiny_model_dir):
     """--gen-batch 1 answers with the generation loop and keeps no features; the capture stage computes them."""
     from microspec import load_model
@@ -142,7 +183,7 @@ def test_one_at_a_time_answers_go_through_the_capture_stage(capsys, tmp_path, ti
     shards = sorted((out / "features").glob("*.pt"))
     assert [p.name for p in shards] == ["shard00000.pt"]
     feats = torch.load(shards[0], weights_only=True)
-    model = load_model(str(tiny_model_dir), dtype="fp32").model
+    model = load_model(str(tiny_model_dir)).model  # the weights inference takes by default, as capture does
     for rec, f in zip(recs, feats):
         ids = (rec["prompt_ids"] + rec["response_ids"])[:8]
         assert f["ids"].tolist() == ids and f["prompt_len"] == len(rec["prompt_ids"])
@@ -522,3 +563,46 @@ def test_gpu_train_passes_the_penalty_loss_to_an_eagle_head(tmp_path, capsys):
     with pytest.raises(SystemExit):
         gpu_train.main(["--dry-run", "--penalty-loss", "--out", str(tmp_path / "e3")])
     assert "--penalty-loss is an EAGLE-1/2 head's" in capsys.readouterr().err
+
+
+def test_ctrl_c_in_training_keeps_the_last_optimizer_step(tmp_path):
+    """Ctrl-C while training: the checkpoint holds the state after the last optimizer step with the micro-batches
+    consumed up to it, the call says it stopped (interrupted), and resuming goes on from there to the same head as
+    an uninterrupted run."""
+    from support import VOCAB, tiny_pair
+    from microspec.training.budget import OutOfTime
+    from microspec.training.eagle import TrainConfig, Trainer, new_head
+
+    _, model = tiny_pair("llama", seed=1)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        data = []
+        for _ in range(8):
+            ids = torch.randint(0, VOCAB, (12,), generator=g)
+            data.append({"ids": ids, "features": model(ids, model.new_cache(12)), "prompt_len": 2})
+    cfg = TrainConfig(noise_std=0.0, epochs=2, tokens_per_step=20, batch_tokens=12, warmup_steps=1, heldout=0.0,
+                      save_every=1000)
+    whole = Trainer(model, new_head(model, seed=0), cfg, tmp_path / "a", log=lambda *_: None)
+    (tmp_path / "a").mkdir()
+    whole.fit(data, [])
+    (tmp_path / "b").mkdir()
+    cut = Trainer(model, new_head(model, seed=0), cfg, tmp_path / "b", log=lambda *_: None)
+    calls = {"n": 0}
+    real = cut.batch_loss
+
+    def interrupted(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 6:  # mid-way through an optimizer step's micro-batches
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    cut.batch_loss = interrupted
+    with pytest.raises(OutOfTime) as stop:
+        cut.fit(data, [])
+    assert stop.value.interrupted and stop.value.stage == "train"
+    state = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)
+    assert state["step"] == 2 and state["seen"] == 4  # two micro-batches of 12 (10 trained positions) a step
+    again = Trainer(model, new_head(model, seed=5), cfg, tmp_path / "b", log=lambda *_: None)
+    again.fit(data, [], resume=True)
+    for a, b in zip(whole.head.parameters(), again.head.parameters()):
+        torch.testing.assert_close(a, b)

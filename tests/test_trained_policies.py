@@ -67,7 +67,7 @@ def trained_router(tmp_path_factory, tiny_model_dir):
     prompts.write_text("\n".join(f"w{i} w{i + 1} w{i + 2} w{i + 1}" for i in range(5, 60, 2)) + "\n")
     feats = tmp / "eagle"
     rc = main([str(a) for a in ["train", "eagle", "--model", tiny_model_dir, "--prompts", prompts, "--out", feats,
-                                "--max-new-tokens", 24, "--stages", "generate", "--repetition-penalty", 1.0]])
+                                "--max-new-tokens", 24, "--stages", "generate,capture", "--repetition-penalty", 1.0]])
     assert rc == 0
     head, _, _ = official_checkpoint(tmp / "head")
     out = tmp / "router"

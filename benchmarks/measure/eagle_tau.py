@@ -6,7 +6,8 @@
         --out tau.json
 
 Trees: ``eagle2`` = EAGLE-2's published default (60 tokens with the root, depth 5 + 1 levels, top-k 10);
-``cpu`` = this project's CPU default (depth 4, top-k 2, 8 tokens).  Every generation is also checked against the
+``cpu`` = this project's dense-CPU default (depth 4, top-k 2, 8 tokens); ``chain6`` = a chain of 6 draft
+tokens (the packed CPU drafts a chain, its length chosen per step up to 10: this is its acceptance at a fixed one).  Every generation is also checked against the
 target's own greedy tokens (lossless).  A category's tau pools its prompts: committed tokens / target steps.
 Prints a Markdown table (one row per category, one column per tree) and writes the JSON.
 """
@@ -28,7 +29,7 @@ from microspec.decoding import GenerationConfig, generate_ids
 from microspec.drafters import TREES, load_eagle_head
 from microspec.models.registry import shipped_eagle_head
 
-SHAPES = {"eagle2": TREES["cuda"], "cpu": TREES["cpu"]}
+SHAPES = {"eagle2": TREES["cuda"], "cpu": TREES["cpu"], "chain6": {"depth": 6, "top_k": 1, "total_tokens": 6}}
 
 
 def main() -> None:

@@ -15,7 +15,8 @@ import torch
 
 from microspec import load_model
 from microspec.drafters.eagle import EagleHead
-from microspec.training.eagle import TrainConfig, Trainer, feature_shards, load_features, split_heldout
+from microspec.training.eagle import TrainConfig, Trainer, split_heldout
+from microspec.training.stages import feature_shards, load_features
 
 
 def main() -> None:

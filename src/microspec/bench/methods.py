@@ -139,8 +139,11 @@ def configure(specs: list[MethodSpec], model: str, *, depth: int | None = None, 
     files = dict(artifacts or {})
     out = []
     for s in specs:
-        if s.kind == "vllm":
-            out.append(replace(s, tokens=depth or s.tokens))
+        if s.kind == "vllm":  # vLLM drafts a fixed chain: --depth is its length, a number
+            if depth is not None and not str(depth).isdigit() or depth is not None and int(depth) < 1:
+                raise MicrospecError(f"method {s.name}: --depth is the draft chain's length in tokens (>= 1) for "
+                                     f"vLLM, got {depth!r}")
+            out.append(replace(s, tokens=int(depth) if depth is not None else s.tokens))
             continue
         if s.method is None:
             out.append(s)

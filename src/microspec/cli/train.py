@@ -57,16 +57,28 @@ def _eagle_args(e) -> None:
     e.add_argument("--repetition-penalty", type=float, nargs="+", default=[1.2],
                    help="for the answers (default 1.2: a base model's plain greedy text loops); several values answer "
                         "every prompt once with each (e.g. 1.0 1.2: the plain and the penalised decodings)")
+    e.add_argument("--temperatures", type=float, nargs="+", default=[0.0],
+                   help="for the answers: 0 (greedy) and/or sampling temperatures; every prompt is answered once per "
+                        "temperature and repetition penalty (e.g. --temperatures 0 0.7 --repetition-penalty 1.0 1.2: "
+                        "the four decodings users run), a sampled answer seeded by its index")
     e.add_argument("--chat", dest="chat", action="store_true", default=None,
                    help="apply the chat template to the prompts (default: when the tokenizer has one)")
     e.add_argument("--no-chat", dest="chat", action="store_false", help="do not apply the chat template")
-    e.add_argument("--gen-dtype", choices=["fp32", "bf16", "gguf"], default="fp32",
-                   help="weights for generating answers: dense fp32 / bf16, or gguf (a GGUF target's packed weights, "
-                        "the CPU default at inference; with --gen-batch 1)")
-    e.add_argument("--gen-batch", type=int, default=48,
-                   help="answers decoded together (shared cache, one head read per step); 1 = the generation loop")
-    e.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="target dtype for capture and training")
+    e.add_argument("--gen-dtype", choices=["fp32", "bf16", "gguf"], default=None,
+                   help="weights for generating answers (default: what inference uses, as --dtype): dense fp32 / "
+                        "bf16, or gguf (a GGUF target's packed weights)")
+    e.add_argument("--gen-batch", type=int, default=16,
+                   help="answers decoded together (one read of the weights a step for every row); 1 = one at a time")
+    e.add_argument("--dtype", choices=["gguf", "fp32", "bf16"], default=None,
+                   help="the target's weights for capture and training (default: what inference uses, the packed "
+                        "gguf kernels for a GGUF model on a CPU, else bf16 / fp32 as --weights)")
+    e.add_argument("--target-topk", type=int, default=32, metavar="K",
+                   help="capture keeps the target's K most likely next tokens at every position, the targets of "
+                        "--ce-vocab batch (0: none)")
     e.add_argument("--head-dtype", choices=["fp32", "bf16"], default="bf16", help="dtype of the exported head")
+    e.add_argument("--train-dtype", choices=["fp32", "bf16"], default="fp32",
+                   help="the head's products in training: fp32, or bf16 (autocast; fp32 weights, optimizer and loss "
+                        "sums: faster where the CPU has bf16 instructions)")
     e.add_argument("--device", default="cpu", help="cpu or cuda")
     e.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
     e.add_argument("--stages", default="generate,capture,train", help="comma-separated subset, in order")
@@ -81,9 +93,11 @@ def _eagle_args(e) -> None:
     e.add_argument("--loss-on", choices=["answer", "all"], default="answer",
                    help="positions trained: the answers (EAGLE) or every position, prompts included (more data "
                         "from the same forward passes: teacher-forced prompt text)")
-    e.add_argument("--ce-vocab", choices=["full", "seen"], default="full",
-                   help="cross-entropy over the full vocabulary (EAGLE) or over the ids present in the training "
-                        "data (cheaper; an approximation for small budgets)")
+    e.add_argument("--ce-vocab", choices=["auto", "batch", "full", "seen"], default="auto",
+                   help="the token loss: batch (the target's captured top-K against the draft's softmax over the "
+                        "micro-batch's candidate ids: no target LM head in training, |candidates| rows of the "
+                        "draft's), full (EAGLE: both over the full vocabulary), seen (both over the ids present in "
+                        "the data); auto: batch where every feature shard holds top-K targets, else full")
     for name, default, kind, what in (
             ("epochs", 2.0, float, "passes over the training data"),
             ("lr", 3e-4, float, "AdamW's peak learning rate"),
@@ -126,7 +140,7 @@ def add(sub) -> None:
                     help="draft vocabulary: this many of the most frequent training ids (default 32768, EAGLE-3's)")
     e3.add_argument("--feature-layers", type=lambda v: [int(x) for x in v.split(",")], default=None,
                     metavar="A,B,C", help="target layers whose inputs are fused (default: 2, L/2, L-3, as vLLM)")
-    e3.set_defaults(func=_run("eagle3"))
+    e3.set_defaults(func=_run("eagle3"), dtype="fp32")  # its loss is over the full vocabulary: dense weights
     d = tsub.add_parser("dynaspec", help="DynaSpec cluster router over an EAGLE head's inputs",
                         description="Cluster the LM head (spherical k-means), label the features `train eagle` saved "
                                     "with the full-vocabulary drafter's top-L tokens, train the router (BCE) and pick "

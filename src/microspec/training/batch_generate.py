@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
+from ..decoding.config import GenerationConfig
 from ..decoding.processors import penalised
 from ..models.layers import window_mask
 from ..models.native import NativeCausalLM
@@ -170,3 +171,41 @@ def _decode_rows(model: NativeCausalLM, kv: torch.Tensor, toks: torch.Tensor, po
         x = model.layer(i, layer, x, rope, attend)
     x = x[:, 0]
     return model.model.norm(x) if model.model.norm is not None else x
+
+
+def generate_engine_batched(
+    model: NativeCausalLM,
+    jobs: Sequence[tuple[int, Sequence[int], GenerationConfig]],
+    eos_token_ids: Sequence[int] = (),
+    batch: int = 16,
+) -> Iterator[tuple[int, list[int]]]:
+    """Yield ``(key, answer_ids)`` for every job ``(key, prompt_ids, cfg)`` (in completion order): the inference
+    engine's own plain decoding — any decoding its :class:`~microspec.decoding.config.GenerationConfig` takes
+    (greedy, repetition penalty, temperature with a seed, ...) on any weights it runs (the packed GGUF kernels
+    included) — with up to ``batch`` answers stepped together (:func:`~microspec.decoding.loop.step_many`: one read
+    of the weights a step for every row), a finished answer's row refilled at once.  Each answer is the one
+    :func:`~microspec.decoding.loop.generate_ids` gives alone (row-wise kernels; seeded samples keyed by position).
+    A job's failure raises."""
+    from ..decoding.loop import Generation, Setup, step_many
+
+    pending = list(jobs)[::-1]  # pop() from the end = input order
+    running: list[tuple[int, Generation]] = []
+    setup = Setup(eos_token_ids=tuple(eos_token_ids))
+    while pending or running:
+        while pending and len(running) < batch:
+            key, ids, cfg = pending.pop()
+            gen = Generation(model, list(ids), cfg, setup)
+            gen.prefill()
+            running.append((key, gen))
+        live = [g for _, g in running if g.finish is None]
+        if live:
+            for err in step_many(model, live):
+                if err is not None:
+                    raise err
+        still = []
+        for key, gen in running:
+            if gen.finish is None:
+                still.append((key, gen))
+            else:
+                yield key, list(gen.result().token_ids)
+        running = still

@@ -1,6 +1,6 @@
 """A call's time budget for the training stages: past a ``deadline`` (a ``time.perf_counter()`` value) a stage stops
 at its next safe point by raising :class:`OutOfTime`; what it made so far is kept, and the same command run again
-goes on from there."""
+goes on from there.  :class:`Progress`: the progress line of a stage (its rate and the time left)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,45 @@ import time
 
 
 class OutOfTime(Exception):
-    """A stage stopped at a safe point because its deadline passed; ``stage`` names it."""
+    """A stage stopped at a safe point because its deadline passed (or, ``interrupted``, because the user pressed
+    Ctrl-C and what it had made was saved); ``stage`` names it."""
 
-    def __init__(self, stage: str):
-        super().__init__(f"out of time in the {stage} stage")
-        self.stage = stage
+    def __init__(self, stage: str, interrupted: bool = False):
+        super().__init__(f"{'interrupted' if interrupted else 'out of time'} in the {stage} stage")
+        self.stage, self.interrupted = stage, interrupted
 
 
 def stop_if_late(deadline: float | None, stage: str) -> None:
     """Raise :class:`OutOfTime` for ``stage`` once ``deadline`` (None: none) has passed."""
     if deadline is not None and time.perf_counter() >= deadline:
         raise OutOfTime(stage)
+
+
+class Progress:
+    """A stage's progress line: done / total, its rate in positions a second and the time left, at most every
+    ``every`` seconds."""
+
+    def __init__(self, what: str, total: int, unit: str, log=print, every: float = 5.0):
+        self.what, self.total, self.unit, self.log, self.every = what, total, unit, log, every
+        self.done = self.positions = 0
+        self.t0 = self.last = time.perf_counter()
+
+    def advance(self, n: int, positions: int, note: str = "") -> None:
+        self.done += n
+        self.positions += positions
+        now = time.perf_counter()
+        if now - self.last < self.every and self.done < self.total:
+            return
+        self.last = now
+        took = now - self.t0
+        left = took / self.done * (self.total - self.done) if self.done else 0.0
+        bar = int(24 * self.done / max(1, self.total))
+        self.log(f"{self.what} [{'#' * bar}{'.' * (24 - bar)}] {self.done}/{self.total} {self.unit} | "
+                 f"{self.positions / max(took, 1e-9):.0f} positions/s | ETA {hms(left)}"
+                 + (f" | {note}" if note else ""))
+
+
+def hms(seconds: float) -> str:
+    """``seconds`` as h:mm:ss."""
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"

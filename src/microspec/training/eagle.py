@@ -1,21 +1,20 @@
 """Training an EAGLE-1/2 draft head for a target: generate (self-distillation), capture, train.
 
-1. ``generate``: the target answers each training prompt (formatted as at inference: the chat template when the
-   tokenizer has one); answers go to ``responses.jsonl`` one line per prompt, so an interrupted run resumes.
-2. ``capture``: one target forward over prompt + answer gives the final (post-norm) hidden states f_0..f_{L-1},
-   stored in bf16 shards with the ids and the prompt length.
+1. ``generate`` and 2. ``capture``: :mod:`.stages` (the target's own answers; its features and top-K next tokens).
 3. ``train``: EAGLE's objective (its released ``train/main.py``): for pairs (f_t + noise, x_{t+1}) the head predicts
-   f_{t+1}; loss = v_w * SmoothL1(f̂_{t+1}, f_{t+1}) + p_w * CE(softmax(head(f_{t+1})), log_softmax(head(f̂_{t+1})))
-   through the frozen target LM head, on answer positions; uniform input noise (rand - 0.5) * std * 512 / L;
-   AdamW (0.9, 0.95), linear warm-up then linear decay, gradient values clipped; held-out top-1 / top-k agreement.
-   The full-vocabulary cross-entropy is computed in row chunks with the gradient gathered on the predicted features
-   first, so no [L, V] tensor with a graph ever exists.
+   f_{t+1}; loss = v_w * SmoothL1(f̂_{t+1}, f_{t+1}) + p_w * CE(p_target, log_softmax(head(f̂_{t+1}))) through the
+   frozen target LM head, on answer positions; uniform input noise (rand - 0.5) * std * 512 / L; AdamW (0.9, 0.95),
+   linear warm-up then linear decay, gradient values clipped; held-out top-1 / top-k agreement.  The token loss is
+   over the full vocabulary (EAGLE's; in row chunks, the gradient gathered on the predicted features first, so no
+   [L, V] tensor with a graph ever exists), the ids seen in the data, or (``ce_vocab="batch"``) the target's
+   captured top-K against the draft's softmax over the micro-batch's candidates, which needs neither the target
+   nor its full LM head in training.
 
 Everything lives in one output directory: ``responses.jsonl``, ``features/*.pt``, ``checkpoint.pt`` (head,
 optimizer, scheduler, step: ``resume`` continues from it) and ``head/`` (the EAGLE checkpoint layout the ``eagle``
 drafter loads, in the dtype asked for).  Each stage takes a ``deadline`` (:mod:`.budget`): past it, the stage stops
 at its next safe point (answers saved, a shard written, a checkpoint after an optimizer step; never before the call's
-first).
+first); Ctrl-C in training saves the state after the last optimizer step.
 """
 
 from __future__ import annotations
@@ -25,23 +24,18 @@ import math
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from ..api import encode_prompt
-from ..decoding.config import GenerationConfig
-from ..decoding.loop import generate_ids
 from ..decoding.processors import penalised
 from ..devices import profile
 from ..drafters.eagle import EagleHead, _layer_config
 from ..errors import MicrospecError, check
-from ..models.native import NativeCausalLM, Taps
-from .batch_generate import generate_batched
-from .budget import OutOfTime, stop_if_late
-from .data import append_jsonl, read_jsonl
+from ..models.native import NativeCausalLM
+from .budget import OutOfTime, hms
 
 
 @dataclass
@@ -63,8 +57,9 @@ class TrainConfig:
     save_every: int = 50  # optimizer steps between checkpoints
     topk: int = 3
     loss_on: str = "answer"  # "answer" (EAGLE: the answer tokens) or "all" (prompt tokens too: teacher-forced text)
-    ce_vocab: str = "full"  # "full" (EAGLE) or "seen": the cross-entropy over the ids present in the training data
+    ce_vocab: str = "full"  # "full" (EAGLE), "seen" (the ids present in the training data) or "batch" (below)
     penalty_loss: bool = False  # the loss compares draft and target under each answer's own repetition penalty
+    bf16: bool = False  # the head's products in bf16 (autocast; fp32 master weights, optimizer and loss sums)
 
 
 # ---------------------------------------------------------------------------------------------------- heads
@@ -125,195 +120,19 @@ def _rope_theta(inv_freq: torch.Tensor, head_dim: int) -> float:
     return float(inv_freq[1].double() ** (-head_dim / 2.0))
 
 
-# ---------------------------------------------------------------------------------------------------- stages
-def generate_responses(lm, prompts: list[str], out: Path, cfg: GenerationConfig, chat: bool | None = None,
-                       batch: int = 1, max_prompt_len: int | None = None, max_len: int | None = None,
-                       shard_size: int = 64, log=print, penalties: list[float] | None = None,
-                       deadline: float | None = None) -> list[dict]:
-    """Stage 1 (resumable): the target's own answers, as token ids, one JSONL line per answer (with its index, as
-    batched generation finishes answers out of order).  ``batch`` > 1 decodes that many answers together
-    (:func:`generate_batched`, greedy with the repetition penalty only); 1 uses the generation loop itself.
-    ``penalties`` (default: ``cfg``'s one): every prompt is answered once per repetition penalty; answer
-    ``index`` = prompt number * len(penalties) + penalty number, and each line records its penalty.
-    Prompts longer than ``max_prompt_len`` tokens are skipped (their answers would be cut away by ``--max-len``).
-    Batched generation also keeps the final hidden states it computes on the way (when ``max_len`` is given): the
-    features of prompt + answer[:-1], cut to ``max_len``, written as ``features/genNNNNN.pt`` shards together with
-    the answers (``"features"`` names the shard), which spares the capture stage a second forward over them.
-    ``deadline``: :class:`OutOfTime` once it has passed, checked each time answers are saved (with features: a
-    shard at a time)."""
-    path = out / "responses.jsonl"
-    pens = list(penalties) if penalties else [cfg.repetition_penalty]
-    jobs = len(prompts) * len(pens)
-    done = read_jsonl(path, repair=True)
-    check(len(done) <= jobs, f"{path} has more answers than there are prompts: wrong directory?")
-    have = {rec.get("index", i) for i, rec in enumerate(done)}
-    encoded: dict[int, list[int]] = {}
-    limit = lm.model.spec.max_position - cfg.max_new_tokens
-    if max_prompt_len is not None:
-        limit = min(limit, max_prompt_len)
-    for i, p in enumerate(prompts):
-        todo = [i * len(pens) + j for j in range(len(pens)) if i * len(pens) + j not in have]
-        if todo:
-            ids = encode_prompt(lm, p, chat)
-            if len(ids) <= limit:
-                for k in todo:
-                    encoded[k] = ids
-    t0, tokens, n, last_log = time.perf_counter(), 0, len(done), 0.0
-    fdir = out / "features"
-    pending: list[tuple[dict, dict]] = []
-
-    def save(rec: dict, feat: dict | None) -> None:
-        nonlocal tokens, n, last_log
-        if feat is not None:  # answers and their features land together, a shard at a time
-            pending.append((rec, feat))
-            saved = len(pending) >= shard_size
-            if saved:
-                flush()
-        else:
-            append_jsonl(path, rec)
-            done.append(rec)
-            saved = True
-        tokens += len(rec["response_ids"])
-        n += 1
-        now = time.perf_counter()
-        if now - last_log >= 5.0 or n == jobs:
-            last_log = now
-            log(f"generate {n}/{jobs}: {tokens} answer tokens, {tokens / (now - t0):.1f} tok/s")
-        if saved:
-            stop_if_late(deadline, "generate")
-
-    def flush() -> None:
-        if not pending:
-            return
-        fdir.mkdir(parents=True, exist_ok=True)
-        name = f"gen{len(list(fdir.glob('gen*.pt'))):05d}.pt"
-        tmp = fdir / (name + ".tmp")
-        torch.save([f for _, f in pending], tmp)
-        tmp.replace(fdir / name)
-        for rec, _ in pending:
-            rec["features"] = name
-            append_jsonl(path, rec)
-            done.append(rec)
-        pending.clear()
-
-    def record(k: int, answer: list[int]) -> dict:
-        rec = {"index": k, "prompt_ids": encoded[k], "response_ids": answer}
-        if len(pens) > 1 or pens[0] != 1.0:
-            rec["repetition_penalty"] = pens[k % len(pens)]
-        return rec
-
-    if batch > 1:
-        check(cfg.greedy and cfg.no_repeat_ngram_size == 0 and not cfg.stop_strings,
-              "batched answer generation is greedy with a repetition penalty only; use --gen-batch 1")
-        order = sorted(encoded)
-        answers = generate_batched(lm.model, [encoded[k] for k in order], cfg.max_new_tokens, lm.eos_token_ids,
-                                   [pens[k % len(pens)] for k in order], batch, features=max_len is not None)
-        for j, ans, hidden in answers:
-            k = order[j]
-            feat = None
-            if hidden is not None:
-                ids = (encoded[k] + ans[:-1])[:max_len]
-                feat = {"ids": torch.tensor(ids), "features": hidden[: len(ids)], "prompt_len": len(encoded[k]),
-                        **_penalty_entry(pens[k % len(pens)])}
-            save(record(k, ans), feat)
-        flush()
-    else:
-        for k, ids in encoded.items():
-            one = replace(cfg, repetition_penalty=pens[k % len(pens)])
-            save(record(k, generate_ids(lm.model, ids, one, lm.eos_token_ids).token_ids), None)
-    skipped = jobs - len(done)
-    log(f"generate: {len(done)} answers, {sum(len(r['response_ids']) for r in done)} answer tokens"
-        + (f"; {skipped} prompt answers skipped (prompt over {limit} tokens)" if skipped else ""))
-    return done
-
-
-@torch.inference_mode()
-def capture_features(target: NativeCausalLM, samples: list[dict], out: Path, max_len: int, shard_size: int = 64,
-                     log=print, prefix: str = "shard", taps: tuple[int, ...] | None = None,
-                     deadline: float | None = None) -> list[Path]:
-    """Stage 2 (resumable by shard): final hidden states of prompt + answer, bf16, for the answers whose features
-    batched generation did not already keep (those are its ``features/gen*.pt``), as ``features/<prefix>NNNNN.pt``.
-    With ``taps`` (an EAGLE-3 head's layers) every answer is captured, and each record also keeps ``taps``: the
-    inputs of those layers, concatenated.  Each shard is written whole (a temporary file renamed); ``deadline``:
-    :class:`OutOfTime` between shards once it has passed (one shard is always computed first, so that every call
-    goes on).  Returns the shards of ``samples``."""
-    fdir = out / "features"
-    fdir.mkdir(parents=True, exist_ok=True)
-    if taps is None:
-        samples = [rec for rec in samples if "features" not in rec]
-    shards: list[Path] = []
-    computed = 0
-    for s0 in range(0, len(samples), shard_size):
-        path = fdir / f"{prefix}{s0 // shard_size:05d}.pt"
-        shards.append(path)
-        if path.is_file():
-            continue
-        if computed:
-            stop_if_late(deadline, "capture")
-        computed += 1
-        recs = []
-        for rec in samples[s0 : s0 + shard_size]:
-            ids = (rec["prompt_ids"] + rec["response_ids"])[:max_len]
-            if len(ids) < 3 or len(rec["prompt_ids"]) >= len(ids):
-                continue
-            t = torch.tensor(ids, dtype=torch.long, device=target.device)
-            tapped = Taps(taps) if taps is not None else None
-            hidden = target(t, target.new_cache(len(ids)), taps=tapped)
-            recs.append({"ids": t.cpu(), "features": hidden.to("cpu", torch.bfloat16),
-                         "prompt_len": len(rec["prompt_ids"]), **_penalty_entry(rec.get("repetition_penalty", 1.0)),
-                         **({"taps": tapped.out.to("cpu", torch.bfloat16)} if tapped is not None else {})})
-        tmp = path.with_name(path.name + ".tmp")
-        torch.save(recs, tmp)
-        tmp.replace(path)
-        log(f"capture: shard {path.name} ({len(recs)} sequences)")
-    return shards
-
-
-def _penalty_entry(penalty: float) -> dict:
-    """A feature record's ``penalty``: the repetition penalty its answer was decoded with (absent: none), which
-    ``TrainConfig.penalty_loss`` trains under."""
-    return {"penalty": float(penalty)} if float(penalty) != 1.0 else {}
-
-
-FEATURE_SHARDS = ("gen*.pt", "shard*.pt", "text*.pt")  # batched generation's, capture's, the text corpora's
-TAPPED_SHARDS = ("e3shard*.pt", "e3text*.pt")  # `train eagle3`'s: with the tapped layers' features
-
-
-def feature_shards(out: Path, tapped: bool = False) -> list[Path]:
-    """Every feature shard a `train eagle --out` directory holds (under features/), in a fixed order; ``tapped``:
-    `train eagle3`'s."""
-    return [p for pat in (TAPPED_SHARDS if tapped else FEATURE_SHARDS)
-            for p in sorted((Path(out) / "features").glob(pat))]
-
-
-def load_features(shards: list[Path], hidden_size: int | None = None) -> list[dict]:
-    """The captured sequences of every shard; ``hidden_size`` checks they come from a target of that width."""
-    out = []
-    for p in shards:
-        try:
-            part = torch.load(p, map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 — any unreadable file is the same user error
-            raise MicrospecError(f"{p}: not a feature shard ({type(e).__name__})") from None
-        if not isinstance(part, list) or not all(isinstance(r, dict) and {"ids", "features"} <= r.keys()
-                                                 for r in part):
-            raise MicrospecError(f"{p}: not a feature shard (a list of ids/features records)")
-        if hidden_size is not None:
-            width = next((w for w in (r["features"].shape[-1] for r in part) if w != hidden_size), None)
-            if width is not None:
-                raise MicrospecError(f"{p}: features of width {width}, but the target's hidden size is "
-                                     f"{hidden_size} (captured for another model?)")
-        out.extend(part)
-    return out
-
-
 # ---------------------------------------------------------------------------------------------------- training
 class Trainer:
     def __init__(self, target: NativeCausalLM, head: EagleHead, cfg: TrainConfig, out: Path, log=print):
         self.target, self.head, self.cfg, self.out, self.log = target, head, cfg, out, log
         dev = target.device
         self.head.to(device=dev, dtype=torch.float32).train()
-        self.weight = target.head_weight.detach().float() if target.dtype != torch.float32 else \
-            target.head_weight.detach()
+        w = target.head_weight
+        if not isinstance(w, torch.Tensor):  # packed: the loss takes dequantized rows (ce_vocab="batch" only)
+            check(cfg.ce_vocab == "batch", "a target with packed weights trains with --ce-vocab batch (captured "
+                                           "top-K targets); use --dtype fp32 or bf16 for the other losses")
+            self.weight = w
+        else:
+            self.weight = w.detach().float() if w.dtype != torch.float32 else w.detach()
         self.ce_rows: torch.Tensor | None = None  # the head rows of the cross-entropy (None: all)
         self.softcap = target.spec.final_softcap
         self.opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
@@ -374,7 +193,8 @@ class Trainer:
         if train and cfg.noise_std > 0:  # EAGLE: (rand - 0.5) * std * 512 / sequence length
             scale = (cfg.noise_std * 512 / lens_t.float())[:, None, None]
             inp = inp + (torch.rand_like(inp) - 0.5) * scale
-        pred = self.head.forward_batch(emb, inp)  # f̂_{t+1}
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cfg.bf16):
+            pred = self.head.forward_batch(emb, inp).float()  # f̂_{t+1}
         j = torch.arange(t - 1, device=dev)[None, :]
         mask = (j + 1 < lens_t[:, None]) & (j + 1 >= first[:, None])  # position j predicts f_{j+1}
         count = int(mask.sum())
@@ -384,6 +204,12 @@ class Trainer:
         pm, tm = pred[mask], feats[:, 1:][mask]
         vloss = F.smooth_l1_loss(pm, tm, reduction="none").mean(-1).sum()
         pd = pm.detach().requires_grad_(train)
+        if cfg.ce_vocab == "batch":
+            ploss_sum, top1, topk = self._candidate_loss(recs, mask, t, pd, train, norm)
+            if train:
+                torch.autograd.backward([vloss * (cfg.v_w / norm), pm], [None, pd.grad])
+            return {"tokens": count, "vloss": float(vloss.detach()), "ploss": float(ploss_sum), "top1": int(top1),
+                    "topk": int(topk)}
         penalised = self._penalty_rows(recs, ids, mask) if cfg.penalty_loss else None
         ploss_sum = torch.zeros((), device=dev)
         top1 = torch.zeros((), dtype=torch.long, device=dev)
@@ -410,6 +236,50 @@ class Trainer:
             torch.autograd.backward([vloss * (cfg.v_w / norm), pm], [None, pd.grad])
         return {"tokens": count, "vloss": float(vloss.detach()), "ploss": float(ploss_sum), "top1": int(top1),
                 "topk": int(topk)}
+
+    def _candidate_loss(self, recs: list[dict], mask: torch.Tensor, t: int, pd: torch.Tensor, train: bool,
+                        norm: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``ce_vocab="batch"``: the token loss from the target's captured top-K (``top_ids``, ``top_logp``), with
+        the draft's softmax over the micro-batch's candidates C, the union of every trained position's top-K ids.
+        The target's distribution is its top-K renormalised (the mass outside it is dropped); the draft's is its
+        softmax over C, which holds every id the target ranks in its top-K anywhere in the batch — the draft learns
+        to rank the target's likely tokens against each other and against the batch's other candidates (sampled
+        softmax), at |C| rows of the LM head instead of the vocabulary's, and without the target's head at all.
+        Accumulates the draft-side gradient in ``pd.grad``; returns (loss sum, top-1 hits, top-k hits)."""
+        cfg, dev = self.cfg, pd.device
+        k = recs[0]["top_ids"].shape[-1]
+        top_ids = torch.zeros(len(recs), t, k, dtype=torch.long)
+        top_logp = torch.full((len(recs), t, k), -float("inf"))
+        for i, r in enumerate(recs):
+            n = len(r["ids"])
+            top_ids[i, :n] = r["top_ids"].long()
+            top_logp[i, :n] = r["top_logp"].float()
+        # position j's prediction f̂_{j+1} is scored against the target's next-token distribution at j + 1
+        tid, tlp = top_ids[:, 1:].to(dev)[mask], top_logp[:, 1:].to(dev)[mask]
+        cand, where = torch.unique(tid, return_inverse=True)  # C (sorted) and each top-K id's column in it
+        w = self.head_rows(cand)
+        p = torch.softmax(tlp, -1)
+        with torch.set_grad_enabled(train):
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cfg.bf16):
+                logits = F.linear(pd, w).float()
+            if self.softcap is not None:
+                logits = torch.tanh(logits / self.softcap) * self.softcap
+            logq = torch.log_softmax(logits, -1)
+            loss = -(p * logq.gather(1, where)).sum()
+            if train:
+                (loss * (cfg.p_w / norm)).backward()
+        with torch.no_grad():
+            ranks = logq.topk(min(cfg.topk, logq.shape[-1]), -1).indices
+            best = where[:, 0]
+            top1 = (ranks[:, 0] == best).sum()
+            topk = (ranks == best[:, None]).any(-1).sum()
+        return loss.detach(), top1, topk
+
+    def head_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The target LM head's rows ``ids`` as dense fp32 (dequantized where the target's weights are packed)."""
+        w = self.weight
+        rows = w.rows(ids) if hasattr(w, "rows") and not isinstance(w, torch.Tensor) else w.index_select(0, ids)
+        return rows.float()
 
     def _penalty_rows(self, recs: list[dict], ids: torch.Tensor, mask: torch.Tensor):
         """``penalty_loss``: for the trained positions (``mask``'s, in its order), a function of a row range giving
@@ -493,6 +363,25 @@ class Trainer:
             self.log(f"resumed at step {self.step} ({seen} micro-batches seen)")
         order = self.batches(train, cfg.epochs)
         agg = {"tokens": 0, "vloss": 0.0, "ploss": 0.0, "top1": 0, "topk": 0}
+        fit_t0 = time.perf_counter()
+        try:
+            seen = self._steps(train, order, seen, agg, ck, deadline)
+        except KeyboardInterrupt:  # the state after the last optimizer step, which --resume continues from
+            self._save(ck, self._stepped)
+            raise OutOfTime("train", interrupted=True) from None
+        took = time.perf_counter() - fit_t0
+        result = {"steps": self.step, "train_tokens": tokens_total, "heldout": self.evaluate(heldout) if heldout
+                  else None, "history": self.history, "trained_positions": self._positions,
+                  "train_s": round(took, 1), "train_positions_per_s": round(self._positions / max(took, 1e-9), 1)}
+        self._save(ck, seen)
+        return result
+
+    def _steps(self, train: list[dict], order: list[list[int]], seen: int, agg: dict, ck: Path,
+               deadline: float | None) -> int:
+        """The optimizer steps of :meth:`fit` from micro-batch ``seen`` on; returns the micro-batches consumed.
+        ``_stepped`` follows the micro-batches consumed at the last optimizer step (what a checkpoint records)."""
+        cfg = self.cfg
+        self._stepped, self._positions = seen, 0
         acc_tokens, t0, last_log = 0, time.perf_counter(), 0.0
         while self.step < self.total_steps and seen < len(order):
             r = self.batch_loss([train[i] for i in order[seen]], train=True, norm=cfg.tokens_per_step)
@@ -500,6 +389,7 @@ class Trainer:
             for k in agg:
                 agg[k] += r.get(k, 0)
             acc_tokens += r["tokens"]
+            self._positions += r["tokens"]
             if acc_tokens < cfg.tokens_per_step and seen < len(order):
                 continue
             for p in self.head.parameters():  # the step's gradient: the mean over its positions
@@ -510,6 +400,7 @@ class Trainer:
             self.sched.step()
             self.opt.zero_grad(set_to_none=True)
             self.step += 1
+            self._stepped = seen
             acc_tokens = 0
             s = _summary(agg, cfg)
             self.history.append({"step": self.step, **s})
@@ -517,9 +408,10 @@ class Trainer:
             if now - last_log >= 2.0 or self.step == self.total_steps:
                 rate = agg["tokens"] / (now - t0)
                 done = int(24 * self.step / self.total_steps)
-                self.log(f"[{'#' * done}{'.' * (24 - done)}] step {self.step}/{self.total_steps} loss {s['loss']:.4f} "
-                         f"(v {s['vloss']:.4f} p {s['ploss']:.3f}) top-1 {s['top1']:.3f} | {rate:.0f} tok/s | "
-                         f"lr {self.sched.get_last_lr()[0]:.2e}")
+                left = (self.total_steps - self.step) * cfg.tokens_per_step / max(rate, 1e-9)
+                self.log(f"train [{'#' * done}{'.' * (24 - done)}] step {self.step}/{self.total_steps} loss "
+                         f"{s['loss']:.4f} (v {s['vloss']:.4f} p {s['ploss']:.3f}) top-1 {s['top1']:.3f} | {rate:.0f} "
+                         f"positions/s | ETA {hms(left)} | lr {self.sched.get_last_lr()[0]:.2e}")
                 last_log = now
             agg = {k: 0 if isinstance(v, int) else 0.0 for k, v in agg.items()}
             t0 = time.perf_counter()
@@ -528,10 +420,7 @@ class Trainer:
             if self.step < self.total_steps and deadline is not None and time.perf_counter() >= deadline:
                 self._save(ck, seen)
                 raise OutOfTime("train")
-        result = {"steps": self.step, "train_tokens": tokens_total, "heldout": self.evaluate(heldout) if heldout
-                  else None, "history": self.history}
-        self._save(ck, seen)
-        return result
+        return seen
 
     def _save(self, path: Path, seen: int) -> None:
         tmp = path.with_suffix(".tmp")
@@ -596,5 +485,4 @@ def log_stderr(msg: str) -> None:
     print(f"[microspec] {msg}", file=sys.stderr, flush=True)
 
 
-__all__ = ["TrainConfig", "Trainer", "capture_features", "export_head", "generate_responses", "init_head",
-           "load_features", "new_head", "split_heldout"]
+__all__ = ["TrainConfig", "Trainer", "export_head", "init_head", "new_head", "split_heldout"]

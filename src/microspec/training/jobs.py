@@ -19,7 +19,7 @@ def extra_feature_shards(paths: list[str], tapped: bool = False) -> list:
     the shards `train eagle3` captured there)."""
     from pathlib import Path
 
-    from .eagle import feature_shards
+    from .stages import feature_shards
 
     out: list[Path] = []
     for p in map(Path, paths):
@@ -36,7 +36,7 @@ def _policy_setup(opts, positive: tuple[str, ...]):
     from pathlib import Path
 
     from ..models.registry import load_model
-    from .eagle import feature_shards, load_features
+    from .stages import feature_shards, load_features
 
     for name in positive:
         if getattr(opts, name) is not None and getattr(opts, name) < 1:
@@ -169,7 +169,7 @@ def train_eagle(opts) -> dict:
         return _train_eagle(opts, None if budget is None else t0 + budget)
     except OutOfTime as stop:
         return {"status": "stopped", "stage": stop.stage, "out": str(opts.out),
-                "wall_s": round(time.perf_counter() - t0, 1)}
+                "wall_s": round(time.perf_counter() - t0, 1), **({"interrupted": True} if stop.interrupted else {})}
 
 
 def _train_eagle(opts, deadline: float | None) -> dict:
@@ -182,19 +182,8 @@ def _train_eagle(opts, deadline: float | None) -> dict:
     from ..models.registry import load_model
     from .budget import OutOfTime
     from .data import read_training_prompts, read_training_texts, text_windows
-    from .eagle import (
-        TrainConfig,
-        Trainer,
-        capture_features,
-        export_head,
-        feature_shards,
-        generate_responses,
-        init_head,
-        load_features,
-        log_stderr,
-        new_head,
-        split_heldout,
-    )
+    from .eagle import TrainConfig, Trainer, export_head, init_head, log_stderr, new_head, split_heldout
+    from .stages import capture_features, feature_shards, generate_responses, load_features
 
     stages = [s.strip() for s in opts.stages.split(",") if s.strip()]
     bad = [s for s in stages if s not in ("generate", "capture", "train")]
@@ -210,13 +199,16 @@ def _train_eagle(opts, deadline: float | None) -> dict:
     set_threads(opts.threads)
     if not opts.prompts and not opts.texts:
         raise MicrospecError("give training --prompts (answered by the target) and/or --texts (trained as they are)")
+    if not 0 <= getattr(opts, "target_topk", 0) <= 1024:
+        raise MicrospecError("--target-topk must be in 0..1024")
     if opts.text_tokens is not None and opts.text_tokens < 1:
         raise MicrospecError("--text-tokens must be >= 1")
     eagle3 = getattr(opts, "arch", "eagle") == "eagle3"
     if eagle3 and (opts.ttt_steps < 1 or opts.draft_vocab < 1):
         raise MicrospecError("--ttt-steps and --draft-vocab must be >= 1")
-    if opts.gen_dtype == "gguf" and opts.gen_batch != 1 and "generate" in stages:
-        raise MicrospecError("--gen-dtype gguf answers one prompt at a time: add --gen-batch 1")
+    temps = list(getattr(opts, "temperatures", None) or [0.0])
+    if any(not 0 <= t <= 10 for t in temps):
+        raise MicrospecError("--temperatures values must be in [0, 10]")
     if not opts.prompts and "generate" in stages:
         stages.remove("generate")  # nothing to answer
     prompts = read_training_prompts(opts.prompts, allow_eval=opts.allow_eval) if opts.prompts else []
@@ -233,14 +225,21 @@ def _train_eagle(opts, deadline: float | None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     samples = None
+    dtype = opts.dtype
+    if dtype is None:  # the packed kernels where inference uses them (EAGLE-3's full-vocabulary loss: dense)
+        from ..models.registry import default_weights
+
+        dtype = "gguf" if default_weights(opts.model, opts.device) == "gguf" and not eagle3 else "fp32"
     if "generate" in stages:
-        lm = load_model(opts.model, dtype=opts.gen_dtype, device=opts.device, cuda_graphs=False)
+        lm = load_model(opts.model, dtype=opts.gen_dtype or dtype, device=opts.device, cuda_graphs=False)
         cfg = GenerationConfig(max_new_tokens=opts.max_new_tokens, repetition_penalty=opts.repetition_penalty[0])
         # EAGLE-3 captures every answer again with its taps: no features kept on the way
+        # features kept on the way only where capture would compute the same (no top-K targets, no taps)
         samples = generate_responses(lm, prompts, out, cfg, opts.chat, opts.gen_batch, opts.max_len // 2,
-                                     None if eagle3 else opts.max_len, log=log_stderr,
-                                     penalties=opts.repetition_penalty, deadline=deadline)
-    lm = load_model(opts.model, dtype=opts.dtype, device=opts.device, cuda_graphs=False)
+                                     None if eagle3 or getattr(opts, "target_topk", 0) else opts.max_len, log=log_stderr,
+                                     penalties=opts.repetition_penalty, deadline=deadline, temperatures=temps)
+    lm = load_model(opts.model, dtype=dtype, device=opts.device, cuda_graphs=False)
+    packed = not isinstance(lm.model.head_weight, torch.Tensor)
     if samples is None:
         from .data import read_jsonl
 
@@ -250,6 +249,10 @@ def _train_eagle(opts, deadline: float | None) -> dict:
     # a text window trains every position: its first token (the BOS) stands as the "prompt"
     texts = [{"prompt_ids": w[:1], "response_ids": w[1:]}
              for docs in text_docs for w in text_windows(lm.tokenizer, docs, opts.max_len, opts.text_tokens)]
+    if opts.shuffle:  # the files' windows interleaved, so that the shards captured so far sample every file
+        import random
+
+        random.Random(opts.seed).shuffle(texts)
     taps = _feature_layers(opts, lm.model) if eagle3 else None
     captured = len(feature_shards(out, tapped=eagle3))
     if "capture" in stages and eagle3:  # every answer again: batched generation keeps no tapped features
@@ -259,9 +262,11 @@ def _train_eagle(opts, deadline: float | None) -> dict:
                                    deadline=deadline)
     elif "capture" in stages:
         shards = sorted((out / "features").glob("gen*.pt"))  # answers whose features batched generation kept
-        shards += capture_features(lm.model, samples, out, opts.max_len, log=log_stderr, deadline=deadline)
+        topk = getattr(opts, "target_topk", 0) or 0
+        shards += capture_features(lm.model, samples, out, opts.max_len, log=log_stderr, deadline=deadline,
+                                   topk=topk)
         shards += capture_features(lm.model, texts, out, opts.max_len, log=log_stderr, prefix="text",
-                                   deadline=deadline)
+                                   deadline=deadline, topk=topk)
     else:
         shards = feature_shards(out, tapped=eagle3)
     if "train" not in stages:
@@ -276,11 +281,24 @@ def _train_eagle(opts, deadline: float | None) -> dict:
                           for r in data):
         raise MicrospecError(f"features without the taps of layers {list(taps)} (an EAGLE-1/2 capture, or other "
                              f"--feature-layers): capture again with `train eagle3`")
+    ce_vocab = opts.ce_vocab
+    with_topk = all("top_ids" in r for r in data)
+    if ce_vocab == "auto":
+        ce_vocab = "batch" if with_topk and not getattr(opts, "penalty_loss", False) else "full"
+    if ce_vocab == "batch" and not with_topk:
+        raise MicrospecError("--ce-vocab batch needs the target's top-K in every feature shard: capture with "
+                             "--target-topk K (shards captured before it have none)")
+    if ce_vocab != "batch" and packed:
+        raise MicrospecError(f"--ce-vocab {ce_vocab} computes the target's logits in training: use --dtype fp32 "
+                             f"or bf16 with it")
+    if ce_vocab == "batch" and getattr(opts, "penalty_loss", False):
+        raise MicrospecError("--penalty-loss needs the target's full logits: use --ce-vocab full or seen")
     tcfg = TrainConfig(epochs=opts.epochs, lr=opts.lr, warmup_steps=opts.warmup_steps,
                        tokens_per_step=opts.tokens_per_step, max_len=opts.max_len, heldout=opts.heldout,
                        seed=opts.seed, save_every=opts.save_every, noise_std=opts.noise_std, p_w=opts.p_w,
-                       v_w=opts.v_w, ce_vocab=opts.ce_vocab, batch_tokens=opts.batch_tokens,
-                       loss_on=opts.loss_on, penalty_loss=getattr(opts, "penalty_loss", False))
+                       v_w=opts.v_w, ce_vocab=ce_vocab, batch_tokens=opts.batch_tokens,
+                       loss_on=opts.loss_on, penalty_loss=getattr(opts, "penalty_loss", False),
+                       bf16=getattr(opts, "train_dtype", "fp32") == "bf16")
     if profile(lm.model.device).tf32:  # TF32 for the full-vocabulary products of the loss (fp32 elsewhere)
         torch.backends.cuda.matmul.allow_tf32 = True
     train, held = split_heldout(data, tcfg.heldout, tcfg.seed)
@@ -318,7 +336,8 @@ def _train_eagle(opts, deadline: float | None) -> dict:
             "text_tokens": sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in texts), "sequences": len(data),
             "train_sequences": len(train), "heldout_sequences": len(held), "train_tokens_per_epoch":
             result["train_tokens"], "steps": result["steps"], "heldout": result["heldout"],
-            "config": vars(tcfg), "wall_s": round(time.perf_counter() - t_start, 1),
+            **{k: result.get(k) for k in ("trained_positions", "train_s", "train_positions_per_s")},
+            "config": vars(tcfg), "target_weights": dtype, "wall_s": round(time.perf_counter() - t_start, 1),
             "device": str(lm.model.device), "torch": torch.__version__,
             "command": "microspec " + " ".join(getattr(opts, "argv", []))}
     if eagle3:
