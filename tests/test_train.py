@@ -56,6 +56,9 @@ def test_train_eagle_end_to_end(capsys, trained, tiny_model_dir):
     assert r.token_ids == ref and r.stats.mean_accept_len > 1.0
     # the default loss trained it (the target's captured top-K), and it drafts better than the head it started as
     assert meta["config"]["ce_vocab"] == "batch"
+    rates = meta["stage_rates"]  # every stage's positions (answer tokens for generate) and rate, summed over calls
+    assert {"generate", "capture", "train"} <= set(rates) and all(r["positions"] > 0 for r in rates.values())
+    assert rates["train"]["positions"] >= meta["trained_positions"] > 0
     assert all("top_ids" in rec for rec in torch.load(next((out / "features").glob("*.pt")), weights_only=False))
     from microspec.training.eagle import new_head
 

@@ -4,7 +4,9 @@ goes on from there.  :class:`Progress`: the progress line of a stage (its rate a
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 
 class OutOfTime(Exception):
@@ -50,3 +52,28 @@ def hms(seconds: float) -> str:
     """``seconds`` as h:mm:ss."""
     s = int(round(seconds))
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def record_rate(out: Path, stage: str, positions: int, seconds: float) -> None:
+    """Append one call's work in ``stage`` (positions or answer tokens, seconds) to ``out/rates.jsonl``: a run that
+    spans many calls keeps every call's, and :func:`stage_rates` sums them."""
+    if positions > 0:
+        with open(Path(out) / "rates.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps({"stage": stage, "positions": int(positions), "seconds": round(seconds, 2)}) + "\n")
+
+
+def stage_rates(out: Path) -> dict:
+    """Per stage, what every call recorded in ``out/rates.jsonl``: positions, seconds and positions a second."""
+    path = Path(out) / "rates.jsonl"
+    total: dict[str, list[float]] = {}
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+                n, s = total.setdefault(rec["stage"], [0, 0.0]), rec
+                n[0] += int(s["positions"])
+                n[1] += float(s["seconds"])
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut by a killed process
+    return {k: {"positions": int(n), "seconds": round(s, 1), "positions_per_s": round(n / s, 1) if s else None}
+            for k, (n, s) in total.items()}

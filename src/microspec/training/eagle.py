@@ -35,7 +35,7 @@ from ..devices import profile
 from ..drafters.eagle import EagleHead, _layer_config
 from ..errors import MicrospecError, check
 from ..models.native import NativeCausalLM
-from .budget import OutOfTime, hms
+from .budget import OutOfTime, hms, record_rate
 
 
 @dataclass
@@ -364,11 +364,14 @@ class Trainer:
         order = self.batches(train, cfg.epochs)
         agg = {"tokens": 0, "vloss": 0.0, "ploss": 0.0, "top1": 0, "topk": 0}
         fit_t0 = time.perf_counter()
+        self._positions = 0
         try:
             seen = self._steps(train, order, seen, agg, ck, deadline)
         except KeyboardInterrupt:  # the state after the last optimizer step, which --resume continues from
             self._save(ck, self._stepped)
             raise OutOfTime("train", interrupted=True) from None
+        finally:
+            record_rate(self.out, "train", self._positions, time.perf_counter() - fit_t0)
         took = time.perf_counter() - fit_t0
         result = {"steps": self.step, "train_tokens": tokens_total, "heldout": self.evaluate(heldout) if heldout
                   else None, "history": self.history, "trained_positions": self._positions,

@@ -180,7 +180,7 @@ def _train_eagle(opts, deadline: float | None) -> dict:
 
     from ..decoding.config import GenerationConfig
     from ..models.registry import load_model
-    from .budget import OutOfTime
+    from .budget import OutOfTime, stage_rates
     from .data import read_training_prompts, read_training_texts, text_windows
     from .eagle import TrainConfig, Trainer, export_head, init_head, log_stderr, new_head, split_heldout
     from .stages import capture_features, feature_shards, generate_responses, load_features
@@ -233,11 +233,11 @@ def _train_eagle(opts, deadline: float | None) -> dict:
     if "generate" in stages:
         lm = load_model(opts.model, dtype=opts.gen_dtype or dtype, device=opts.device, cuda_graphs=False)
         cfg = GenerationConfig(max_new_tokens=opts.max_new_tokens, repetition_penalty=opts.repetition_penalty[0])
-        # EAGLE-3 captures every answer again with its taps: no features kept on the way
-        # features kept on the way only where capture would compute the same (no top-K targets, no taps)
+        # features kept on the way only where capture would compute the same (no top-K targets, no EAGLE-3 taps)
         samples = generate_responses(lm, prompts, out, cfg, opts.chat, opts.gen_batch, opts.max_len // 2,
-                                     None if eagle3 or getattr(opts, "target_topk", 0) else opts.max_len, log=log_stderr,
-                                     penalties=opts.repetition_penalty, deadline=deadline, temperatures=temps)
+                                     None if eagle3 or getattr(opts, "target_topk", 0) else opts.max_len,
+                                     log=log_stderr, penalties=opts.repetition_penalty, deadline=deadline,
+                                     temperatures=temps)
     lm = load_model(opts.model, dtype=dtype, device=opts.device, cuda_graphs=False)
     packed = not isinstance(lm.model.head_weight, torch.Tensor)
     if samples is None:
@@ -337,7 +337,8 @@ def _train_eagle(opts, deadline: float | None) -> dict:
             "train_sequences": len(train), "heldout_sequences": len(held), "train_tokens_per_epoch":
             result["train_tokens"], "steps": result["steps"], "heldout": result["heldout"],
             **{k: result.get(k) for k in ("trained_positions", "train_s", "train_positions_per_s")},
-            "config": vars(tcfg), "target_weights": dtype, "wall_s": round(time.perf_counter() - t_start, 1),
+            "stage_rates": stage_rates(out), "config": vars(tcfg), "target_weights": dtype,
+            "wall_s": round(time.perf_counter() - t_start, 1),
             "device": str(lm.model.device), "torch": torch.__version__,
             "command": "microspec " + " ".join(getattr(opts, "argv", []))}
     if eagle3:

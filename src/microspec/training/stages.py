@@ -24,7 +24,7 @@ from ..decoding.loop import generate_ids
 from ..errors import MicrospecError, check
 from ..models.native import NativeCausalLM, Taps
 from .batch_generate import generate_batched
-from .budget import Progress, hms, stop_if_late
+from .budget import Progress, hms, record_rate, stop_if_late
 from .data import append_jsonl, read_jsonl
 
 def generate_responses(lm, prompts: list[str], out: Path, cfg: GenerationConfig, chat: bool | None = None,
@@ -119,31 +119,34 @@ def generate_responses(lm, prompts: list[str], out: Path, cfg: GenerationConfig,
         return replace(cfg, repetition_penalty=pen, temperature=temp,
                        seed=(cfg.seed or 0) + k if temp > 0 else cfg.seed)
 
-    packed = not isinstance(lm.model.head_weight, torch.Tensor)
-    if batch > 1 and (packed or any(t > 0 for _, t in pens)):
-        from .batch_generate import generate_engine_batched
+    try:
+        packed = not isinstance(lm.model.head_weight, torch.Tensor)
+        if batch > 1 and (packed or any(t > 0 for _, t in pens)):
+            from .batch_generate import generate_engine_batched
 
-        for k, ans in generate_engine_batched(lm.model, [(k, encoded[k], decoding(k)) for k in sorted(encoded)],
-                                              lm.eos_token_ids, batch):
-            save(record(k, ans), None)
-    elif batch > 1:
-        check(cfg.greedy and cfg.no_repeat_ngram_size == 0 and not cfg.stop_strings,
-              "batched answer generation is greedy with a repetition penalty only; use --gen-batch 1")
-        order = sorted(encoded)
-        answers = generate_batched(lm.model, [encoded[k] for k in order], cfg.max_new_tokens, lm.eos_token_ids,
-                                   [pens[k % len(pens)][0] for k in order], batch, features=max_len is not None)
-        for j, ans, hidden in answers:
-            k = order[j]
-            feat = None
-            if hidden is not None:
-                ids = (encoded[k] + ans[:-1])[:max_len]
-                feat = {"ids": torch.tensor(ids), "features": hidden[: len(ids)], "prompt_len": len(encoded[k]),
-                        **_penalty_entry(pens[k % len(pens)][0])}
-            save(record(k, ans), feat)
-        flush()
-    else:
-        for k, ids in encoded.items():
-            save(record(k, generate_ids(lm.model, ids, decoding(k), lm.eos_token_ids).token_ids), None)
+            for k, ans in generate_engine_batched(lm.model, [(k, encoded[k], decoding(k)) for k in sorted(encoded)],
+                                                  lm.eos_token_ids, batch):
+                save(record(k, ans), None)
+        elif batch > 1:
+            check(cfg.greedy and cfg.no_repeat_ngram_size == 0 and not cfg.stop_strings,
+                  "batched answer generation is greedy with a repetition penalty only; use --gen-batch 1")
+            order = sorted(encoded)
+            answers = generate_batched(lm.model, [encoded[k] for k in order], cfg.max_new_tokens, lm.eos_token_ids,
+                                       [pens[k % len(pens)][0] for k in order], batch, features=max_len is not None)
+            for j, ans, hidden in answers:
+                k = order[j]
+                feat = None
+                if hidden is not None:
+                    ids = (encoded[k] + ans[:-1])[:max_len]
+                    feat = {"ids": torch.tensor(ids), "features": hidden[: len(ids)], "prompt_len": len(encoded[k]),
+                            **_penalty_entry(pens[k % len(pens)][0])}
+                save(record(k, ans), feat)
+            flush()
+        else:
+            for k, ids in encoded.items():
+                save(record(k, generate_ids(lm.model, ids, decoding(k), lm.eos_token_ids).token_ids), None)
+    finally:
+        record_rate(out, "generate", tokens, time.perf_counter() - t0)
     skipped = jobs - len(done)
     log(f"generate: {len(done)} answers, {sum(len(r['response_ids']) for r in done)} answer tokens"
         + (f"; {skipped} prompt answers skipped (prompt over {limit} tokens)" if skipped else ""))
@@ -160,17 +163,26 @@ def capture_features(target: NativeCausalLM, samples: list[dict], out: Path, max
     inputs of those layers, concatenated.  Each shard is written whole (a temporary file renamed); ``deadline``:
     :class:`OutOfTime` between shards once it has passed (one shard is always computed first, so that every call
     goes on).  ``topk`` > 0: each record also keeps the target's ``topk`` most likely next tokens at every position
-    (``top_ids`` int32 and their full-vocabulary log-probabilities ``top_logp`` fp16, [T, topk]), which the
+    (``top_ids`` int32 and their log-probabilities renormalised over the K, ``top_logp`` fp16, [T, topk]), which the
     ``ce_vocab="batch"`` loss trains on without the target's LM head.  Returns the shards of ``samples``."""
     fdir = out / "features"
     fdir.mkdir(parents=True, exist_ok=True)
     if taps is None:
         samples = [rec for rec in samples if "features" not in rec]
     shards: list[Path] = []
-    computed = 0
     todo = sum(1 for s0 in range(0, len(samples), shard_size)
                if not (fdir / f"{prefix}{s0 // shard_size:05d}.pt").is_file())
     meter = Progress(f"capture {prefix}", todo, "shards", log)
+    try:
+        _capture_shards(target, samples, fdir, max_len, shard_size, prefix, taps, deadline, topk, shards, meter)
+    finally:
+        record_rate(out, "capture", meter.positions, time.perf_counter() - meter.t0)
+    return shards
+
+
+def _capture_shards(target, samples, fdir, max_len, shard_size, prefix, taps, deadline, topk, shards, meter) -> None:
+    """The shards of :func:`capture_features` not written yet, in order (``shards`` collects every path)."""
+    computed = 0
     for s0 in range(0, len(samples), shard_size):
         path = fdir / f"{prefix}{s0 // shard_size:05d}.pt"
         shards.append(path)
@@ -195,7 +207,6 @@ def capture_features(target: NativeCausalLM, samples: list[dict], out: Path, max
         torch.save(recs, tmp)
         tmp.replace(path)
         meter.advance(1, sum(len(r["ids"]) for r in recs), f"{path.name}, {len(recs)} sequences")
-    return shards
 
 
 @torch.inference_mode()
