@@ -180,6 +180,7 @@ def _train_eagle(opts, deadline: float | None) -> dict:
 
     from ..decoding.config import GenerationConfig
     from ..models.registry import load_model
+    from ..bench import run_meta
     from .budget import OutOfTime, stage_rates
     from .data import read_training_prompts, read_training_texts, text_windows
     from .eagle import TrainConfig, Trainer, export_head, init_head, log_stderr, new_head, split_heldout
@@ -340,7 +341,8 @@ def _train_eagle(opts, deadline: float | None) -> dict:
             "stage_rates": stage_rates(out), "config": vars(tcfg), "target_weights": dtype,
             "wall_s": round(time.perf_counter() - t_start, 1),
             "device": str(lm.model.device), "torch": torch.__version__,
-            "command": "microspec " + " ".join(getattr(opts, "argv", []))}
+            "command": "microspec " + " ".join(getattr(opts, "argv", [])),
+            **{k: v for k, v in run_meta().items() if k in ("date", "machine", "commit")}}
     if eagle3:
         meta.update(arch="eagle3", ttt_steps=opts.ttt_steps, draft_vocab=int(head.d2t.numel()), feature_layers=taps)
     path = export_head(head, out, torch.bfloat16 if opts.head_dtype == "bf16" else torch.float32, meta)
