@@ -609,3 +609,27 @@ def test_ctrl_c_in_training_keeps_the_last_optimizer_step(tmp_path):
     again.fit(data, [], resume=True)
     for a, b in zip(whole.head.parameters(), again.head.parameters()):
         torch.testing.assert_close(a, b)
+
+
+def test_bf16_products_give_the_fp32_loss_within_bf16_rounding(tmp_path):
+    """--train-dtype bf16 autocasts the head's products (fp32 weights, optimizer and loss sums): its loss and
+    gradient are fp32's up to bf16's rounding, on any CPU (emulated where it has no bf16 instructions)."""
+    from support import VOCAB, tiny_pair
+    from microspec.training.eagle import TrainConfig, Trainer, new_head
+    from microspec.training.stages import target_topk
+
+    _, model = tiny_pair("llama", seed=1)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        ids = torch.randint(0, VOCAB, (40,), generator=g)
+        feats = model(ids, model.new_cache(len(ids)))
+    rec = {"ids": ids, "features": feats, "prompt_len": 4, **target_topk(model, feats, 8)}
+    out = []
+    for bf16 in (False, True):
+        head = new_head(model, seed=0)
+        r = Trainer(model, head, TrainConfig(noise_std=0.0, ce_vocab="batch", bf16=bf16), tmp_path).sequence_loss(
+            rec, train=True)
+        out.append((r["ploss"], r["vloss"], head.fc.weight.grad.clone()))
+    assert out[1][0] == pytest.approx(out[0][0], rel=2e-2) and out[1][1] == pytest.approx(out[0][1], rel=2e-2)
+    cos = torch.nn.functional.cosine_similarity(out[0][2].flatten(), out[1][2].flatten(), dim=0)
+    assert cos > 0.99, float(cos)

@@ -93,6 +93,19 @@ def overriding(device, **changes) -> Iterator[DeviceProfile]:
             PROFILES[t] = saved
 
 
+def native_bf16(device) -> bool:
+    """Whether ``device`` multiplies bf16 in hardware: CUDA, or a CPU with AVX-512 BF16 or AMX-BF16 instructions
+    (elsewhere torch emulates bf16 products, slower than fp32)."""
+    if device_type(device) == CUDA:
+        return True
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def device_kind(device, packed: bool = False) -> str:
     """``cuda``, ``cpu`` or ``cpu-gguf`` from a device (or its type's name) and whether the target's weights stay
     packed; another accelerator's type is its own kind, with the CPU's settings."""

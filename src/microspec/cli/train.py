@@ -76,9 +76,9 @@ def _eagle_args(e) -> None:
                    help="capture keeps the target's K most likely next tokens at every position, the targets of "
                         "--ce-vocab batch (0: none)")
     e.add_argument("--head-dtype", choices=["fp32", "bf16"], default="bf16", help="dtype of the exported head")
-    e.add_argument("--train-dtype", choices=["fp32", "bf16"], default="fp32",
-                   help="the head's products in training: fp32, or bf16 (autocast; fp32 weights, optimizer and loss "
-                        "sums: faster where the CPU has bf16 instructions)")
+    e.add_argument("--train-dtype", choices=["auto", "fp32", "bf16"], default="auto",
+                   help="the head's products in training: bf16 (autocast; fp32 weights, optimizer and loss sums) or "
+                        "fp32; auto: bf16 on CUDA and on a CPU with bf16 instructions (AVX-512 BF16, AMX), else fp32")
     e.add_argument("--device", default="cpu", help="cpu or cuda")
     e.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
     e.add_argument("--stages", default="generate,capture,train", help="comma-separated subset, in order")

@@ -147,6 +147,13 @@ def _feature_layers(opts, target) -> tuple[int, ...]:
     return layers
 
 
+def _bf16_training(choice: str, device) -> bool:
+    """``--train-dtype``: bf16 or fp32 as asked; auto: bf16 where the device multiplies it in hardware."""
+    from ..devices import native_bf16
+
+    return choice == "bf16" or (choice == "auto" and native_bf16(device))
+
+
 def train_eagle3(opts) -> dict:
     """``microspec train eagle3``: ``train eagle``'s stages for an EAGLE-3 head (see :mod:`.eagle3`)."""
     opts.arch = "eagle3"
@@ -299,7 +306,7 @@ def _train_eagle(opts, deadline: float | None) -> dict:
                        seed=opts.seed, save_every=opts.save_every, noise_std=opts.noise_std, p_w=opts.p_w,
                        v_w=opts.v_w, ce_vocab=ce_vocab, batch_tokens=opts.batch_tokens,
                        loss_on=opts.loss_on, penalty_loss=getattr(opts, "penalty_loss", False),
-                       bf16=getattr(opts, "train_dtype", "fp32") == "bf16")
+                       bf16=_bf16_training(getattr(opts, "train_dtype", "auto"), lm.model.device))
     if profile(lm.model.device).tf32:  # TF32 for the full-vocabulary products of the loss (fp32 elsewhere)
         torch.backends.cuda.matmul.allow_tf32 = True
     train, held = split_heldout(data, tcfg.heldout, tcfg.seed)
