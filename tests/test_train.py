@@ -59,6 +59,7 @@ def test_train_eagle_end_to_end(capsys, trained, tiny_model_dir):
     rates = meta["stage_rates"]  # every stage's positions (answer tokens for generate) and rate, summed over calls
     assert {"generate", "capture", "train"} <= set(rates) and all(r["positions"] > 0 for r in rates.values())
     assert rates["train"]["positions"] >= meta["trained_positions"] > 0
+    assert set(meta["trained_data"]) == {"answers"} and meta["trained_data"]["answers"]["sequences"] == 14
     assert all("top_ids" in rec for rec in torch.load(next((out / "features").glob("*.pt")), weights_only=False))
     from microspec.training.eagle import new_head
 

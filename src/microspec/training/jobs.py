@@ -191,7 +191,7 @@ def _train_eagle(opts, deadline: float | None) -> dict:
     from .budget import OutOfTime, stage_rates
     from .data import read_training_prompts, read_training_texts, text_windows
     from .eagle import TrainConfig, Trainer, export_head, init_head, log_stderr, new_head, split_heldout
-    from .stages import capture_features, feature_shards, generate_responses, load_features
+    from .stages import capture_features, feature_shards, generate_responses, load_features, positions_by_source
 
     stages = [s.strip() for s in opts.stages.split(",") if s.strip()]
     bad = [s for s in stages if s not in ("generate", "capture", "train")]
@@ -341,7 +341,8 @@ def _train_eagle(opts, deadline: float | None) -> dict:
     meta = {"model": opts.model, "prompts": opts.prompts, "prompt_count": len(prompts), "answers": len(samples),
             "answer_tokens": sum(len(r["response_ids"]) for r in samples), "texts": opts.texts,
             "extra_features": [str(p) for p in extra],
-            "text_tokens": sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in texts), "sequences": len(data),
+            "text_tokens": sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in texts),
+            "trained_data": positions_by_source(data), "sequences": len(data),
             "train_sequences": len(train), "heldout_sequences": len(held), "train_tokens_per_epoch":
             result["train_tokens"], "steps": result["steps"], "heldout": result["heldout"],
             **{k: result.get(k) for k in ("trained_positions", "train_s", "train_positions_per_s")},

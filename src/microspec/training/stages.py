@@ -260,9 +260,24 @@ def load_features(shards: list[Path], hidden_size: int | None = None) -> list[di
             if width is not None:
                 raise MicrospecError(f"{p}: features of width {width}, but the target's hidden size is "
                                      f"{hidden_size} (captured for another model?)")
+        kind = "text" if "text" in p.name else "answers"  # text*.pt / e3text*.pt: --texts windows; else answers
+        for r in part:
+            r["source"] = kind
         out.extend(part)
     return out
 
 
+def positions_by_source(data: list[dict]) -> dict:
+    """Sequences and positions of loaded feature records (:func:`load_features`) by where they came from: the
+    target's answers or teacher-forced text."""
+    out: dict[str, dict] = {}
+    for r in data:
+        c = out.setdefault(r.get("source", "answers"), {"sequences": 0, "positions": 0})
+        c["sequences"] += 1
+        c["positions"] += len(r["ids"])
+    return out
+
+
 __all__ = ["FEATURE_SHARDS", "TAPPED_SHARDS", "capture_features", "feature_shards", "generate_responses",
+           "positions_by_source",
            "load_features", "target_topk"]
