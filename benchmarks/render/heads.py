@@ -96,6 +96,9 @@ def _by_language() -> list[str]:
             "row noisy.", ""]
 
 
+CE_VOCAB = {"full": "every id", "seen": "the ids seen", "batch": "the target's top-32, the batch's candidates"}
+
+
 def _training() -> list[str]:
     rows = []
     for name, rel in TRAIN.items():
@@ -103,13 +106,15 @@ def _training() -> list[str]:
         c = t["config"]
         epochs = f"{c['epochs']:g}" + (f" (after {load(SMOL_FIRST)['config']['epochs']:g})" if "v2" in rel else "")
         top3 = t["heldout"].get("top3")
-        rows.append([name, f"{t['answers']:,} ({t['answer_tokens']:,} tokens)" if t["answers"] else None,
-                     f"{t['text_tokens']:,}",
+        data = t.get("trained_data")  # what was trained, by source (else: the run's own answers and texts)
+        answers = f"{data['answers']['sequences']:,} ({data['answers']['positions']:,} positions)" if data else \
+            f"{t['answers']:,} ({t['answer_tokens']:,} tokens)" if t["answers"] else None
+        rows.append([name, answers, f"{data['text']['positions']:,}" if data else f"{t['text_tokens']:,}",
                      f"{t['train_tokens_per_epoch']:,}", epochs, t["steps"],
-                     "every id" if c["ce_vocab"] == "full" else "the ids seen", f"{t['wall_s'] / 60:.0f}",
+                     CE_VOCAB[c["ce_vocab"]], f"{t['wall_s'] / 60:.0f}",
                      f"{t['heldout']['top1']:.3f}" + (f" / {top3:.3f}" if top3 is not None else ""),
                      "CPU" if t["device"].startswith("cpu") else t["device"]])
-    gemma = load(TRAIN["Gemma 3 270M (fine-tune 4, the last stage)"])
+    gemma = load(TRAIN["Gemma 3 270M (fine-tune 4)"])
     stages = json.loads((ROOT / "src/microspec/heads/gemma-3-270m/training.json").read_text())["stages"]
     return ["### What the heads were trained on", "",
             "Self-distilled: the target's own greedy answers to training-side prompts and the target's own "
@@ -117,12 +122,13 @@ def _training() -> list[str]:
             "(its `training.json`):", "",
             table(["head", "answers", "text tokens", "positions per epoch", "epochs", "steps", "cross-entropy over",
                    "wall min", "held-out top-1 / top-3", "device"], rows), "",
-            *(Source(rel, load(rel)["command"].split(" --")[0] + " …", DATES[rel], CPU, COMMITS[rel]).markdown()
-              for rel in TRAIN.values()), "",
+            *(Source(rel, load(rel)["command"].split(" --")[0] + " …", DATES[rel],
+                     f"2-core {load(rel)['machine'].split(',')[0]}, 2 threads" if "machine" in load(rel) else CPU,
+                     COMMITS[rel]).markdown() for rel in TRAIN.values()), "",
             f"- The shipped Gemma head is the last of {len(stages)} stages: answers and a first training on an H100, "
             f"then {sum(st['what'].startswith('fine-tune') for st in stages)} fine-tunes on this CPU, each from "
             "the head before (every stage's command and data: `src/microspec/heads/gemma-3-270m/training.json`). "
-            "Its last stage also replays "
+            "Fine-tune 4 also replays "
             f"{len(gemma['extra_features'])} feature shards of an earlier run's answers and text.",
             "- Held-out top-1 is measured on each run's own held-out mix (text-heavy for Gemma's last stage), so it "
             "does not compare across rows; τ above does.", ""]
@@ -255,11 +261,86 @@ def _eagle1_h200() -> list[str]:
                "it wins in both decodings."), ""]
 
 
+CPU_HEAD = DATA["CPU_HEAD"]  # the head trained on the packed engine (`train eagle`'s top-K loss)
+SETS = {"dev": "development set", "report": "reporting set"}
+HEADS = {"shipped": "fine-tune 4 (the head before)", "new": "fine-tune 5 (shipped)"}
+PENALTIES = {"1.0": "greedy", "1.2": "penalty 1.2"}
+
+
+def _rate_row(name: str, r: dict | None) -> list:
+    return [name, f"{r['positions']:,}", f"{r['seconds']:,.0f}", f"{r['positions_per_s']:,.0f}"] if r else \
+        [name, None, None, None]
+
+
+def _cpu_trained() -> list[str]:
+    """The Gemma head trained on this CPU through the packed engine: the stages' rates, and τ against the head
+    before on a development set (which chose what ships) and a reporting set (which chose nothing)."""
+    t, r = load(f"{CPU_HEAD}/training.json"), load(f"{CPU_HEAD}/rates.json")
+    taus = {(s, h, p): load(f"{CPU_HEAD}/tau-{s}-{h}-p{p}.json") for s in SETS for h in HEADS for p in PENALTIES}
+    rows = [[name, *(num(taus[(s, h, p)]["tau"]["chain6"]["overall"]) for s in SETS for p in PENALTIES)]
+            for h, name in HEADS.items()]
+    rates = r["stage_rates"]
+    ratio = {k: taus[(k[0], "new", k[1])]["tau"]["chain6"]["overall"]
+             / taus[(k[0], "shipped", k[1])]["tau"]["chain6"]["overall"]
+             for k in ((s, p) for s in SETS for p in PENALTIES)}
+    cats = {s: [k for k in taus[(s, "new", "1.0")]["tau"]["chain6"] if k != "overall"] for s in SETS}
+    wins = {s: sum(taus[(s, "new", p)]["tau"]["chain6"][k] > taus[(s, "shipped", p)]["tau"]["chain6"][k]
+                   for k in cats[s] for p in PENALTIES) for s in SETS}
+    mism = sum(d["mismatches"] for d in taus.values())
+    dev, rep, c = taus[("dev", "new", "1.0")], taus[("report", "new", "1.0")], t["config"]
+    data = t["trained_data"]
+    return ["### Gemma's head trained on the CPU through the packed engine (fine-tune 5)", "",
+            "`microspec train eagle` with its defaults on a GGUF model: the target's features and top-32 next "
+            "tokens captured on the packed kernels inference uses; the token loss the target's top-32 against the "
+            "draft's softmax over each micro-batch's candidate ids (no target forward and no 262k-row LM head in "
+            "training); the head's products in bf16 where the CPU has bf16 instructions. The stages' rates, one "
+            "run of capture and training on a slice of C4 text:", "",
+            table(["stage", "positions", "seconds", "positions/s"],
+                  [_rate_row("capture (target forward, LM head, top-32)", rates.get("capture")),
+                   _rate_row("train (head forward and backward, candidate loss)", rates.get("train"))]), "",
+            Source(f"{CPU_HEAD}/rates.json", r["command"], r["date"].split(" ")[0], r["machine"] + ", 2 threads",
+                   r["commit"]).markdown(), "",
+            "- A position is captured once and trained once per epoch, so at E epochs a trained position costs "
+            "1 / (E x capture rate) + 1 / (train rate) seconds.",
+            "- The answers are generated through the engine itself, 8 at a time (the first stage of "
+            f"`training.json`'s last entry: {_gen_rate(t)} answer tokens/s).", "",
+            f"The shipped Gemma 3 270M head (fine-tune 5) started from fine-tune 4 and trained "
+            f"{t['trained_positions']:,} positions ({c['epochs']:g} epochs over {data['text']['positions']:,} "
+            f"positions of teacher-forced text and {data['answers']['positions']:,} of "
+            f"{data['answers']['sequences']:,} "
+            "of the target's own answers, greedy, with penalty 1.2, at T 0.7 and both); held-out top-1 "
+            f"{t['heldout']['top1']:.3f} on its own mix. τ (tokens committed per target step) on a chain of 6 draft "
+            "tokens, 128 tokens, packed weights, on the development set "
+            f"({dev['per_category']} prompts per category of `benchmarks/data/held_apart.py --seed 2026`: "
+            "MT-bench two-turn, MGSM, HumanEval / MBPP), which chose what ships, and on the reporting set "
+            f"({rep['per_category']} prompts per category of Spec-Bench's translation, summarization, qa and rag, "
+            "sources the development set does not use), which chose nothing:", "",
+            table(["head", *(f"{SETS[s]}: {PENALTIES[p]}" for s in SETS for p in PENALTIES)], rows), "",
+            Source(f"{CPU_HEAD}/training.json", t["command"].split(" --")[0] + " …", t["date"].split(" ")[0],
+                   t["machine"] + ", 2 threads", t["commit"]).markdown(),
+            *(Source(f"{CPU_HEAD}/tau-{s}-{h}-p{p}.json",
+                     d["command"].replace(d["head"], "HEAD").rsplit(" --out", 1)[0], d["date"].split(" ")[0],
+                     d["machine"] + ", 2 threads", d["commit"]).markdown()
+              for (s, h, p), d in taus.items()), "",
+            f"- Every generation equals the target's own greedy output ({mism} mismatches).",
+            f"- Fine-tune 5's τ is {x(ratio[('dev', '1.0')])} / {x(ratio[('dev', '1.2')])} fine-tune 4's on the "
+            f"development set (greedy / penalty 1.2; higher in {wins['dev']} of its {2 * len(cats['dev'])} category "
+            f"x decoding cells) and {x(ratio[('report', '1.0')])} / {x(ratio[('report', '1.2')])} on the reporting "
+            f"set (higher in {wins['report']} of {2 * len(cats['report'])}).", ""]
+
+
+def _gen_rate(t: dict) -> str:
+    g = t["stages"][-1]["rates"]["generate (answer tokens)"]
+    return f"{sum(r['positions'] for r in g) / sum(r['seconds'] for r in g):,.0f}"
+
+
 def render() -> str:
     return "\n".join(["## The shipped draft heads", "",
                       "The EAGLE-1/2 heads in `src/microspec/heads/<model>/` (one decoder layer and fc over the "
                       "target's features, the target's own LM head), measured with `benchmarks/measure/eagle_tau.py`.",
-                      "", *_by_category(), *_by_language(), *_training(), *_pilot(),
+                      "", *_cpu_trained(),
+                      "The τ tables by category and by language below measure fine-tune 4, the Gemma head shipped "
+                      "before fine-tune 5.", "", *_by_category(), *_by_language(), *_training(), *_pilot(),
                       *_gpu_heads(), *_eagle1_h200()]).rstrip() + "\n"
 
 
