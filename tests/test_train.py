@@ -634,3 +634,27 @@ def test_bf16_products_give_the_fp32_loss_within_bf16_rounding(tmp_path):
     assert out[1][0] == pytest.approx(out[0][0], rel=2e-2) and out[1][1] == pytest.approx(out[0][1], rel=2e-2)
     cos = torch.nn.functional.cosine_similarity(out[0][2].flatten(), out[1][2].flatten(), dim=0)
     assert cos > 0.99, float(cos)
+
+
+def test_epochs_count_positions_not_steps(tmp_path):
+    """A step takes micro-batches until it holds --tokens-per-step positions (usually more): the schedule counts
+    the steps that train --epochs passes, so one epoch trains each position once (not tokens / tokens-per-step
+    steps of more positions each)."""
+    from support import VOCAB, tiny_pair
+    from microspec.training.eagle import TrainConfig, Trainer, new_head
+
+    _, model = tiny_pair("llama", seed=1)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        data = []
+        for _ in range(8):
+            ids = torch.randint(0, VOCAB, (12,), generator=g)
+            data.append({"ids": ids, "features": model(ids, model.new_cache(12)), "prompt_len": 2})
+    # micro-batches of 1-2 sequences (11 trained positions each), every one a step (>= 5): steps counted as
+    # positions / 5 would be 18, past the 5 micro-batches of a pass, into a second one
+    cfg = TrainConfig(noise_std=0.0, epochs=1, tokens_per_step=5, batch_tokens=24, warmup_steps=1, loss_on="all",
+                      save_every=1000)
+    trainer = Trainer(model, new_head(model, seed=0), cfg, tmp_path, log=lambda *_: None)
+    result = trainer.fit(data, [])
+    assert result["trained_positions"] == 8 * 11 == result["train_tokens"]
+    assert result["steps"] == len(trainer.batches(data, 1)) // 2  # one pass of the two batches() lays out

@@ -351,7 +351,8 @@ class Trainer:
             self.log(f"cross-entropy over the {self.restrict_ce(train + heldout)} ids seen in the data")
         first = (lambda r: r["prompt_len"]) if cfg.loss_on == "answer" else (lambda r: 1)
         tokens_total = sum(max(0, len(r["ids"]) - first(r)) for r in train) or 1
-        self.total_steps = max(1, math.ceil(tokens_total * cfg.epochs / cfg.tokens_per_step))
+        order = self.batches(train, cfg.epochs)
+        self.total_steps = self._schedule_steps(train, order, tokens_total * cfg.epochs)
         ck = self.out / "checkpoint.pt"
         seen = 0  # micro-batches consumed (across epochs), for resuming at the same place
         if resume and ck.is_file():
@@ -361,7 +362,6 @@ class Trainer:
             self.sched.load_state_dict(state["scheduler"])
             self.step, seen, self.history = state["step"], state["seen"], state.get("history", [])
             self.log(f"resumed at step {self.step} ({seen} micro-batches seen)")
-        order = self.batches(train, cfg.epochs)
         agg = {"tokens": 0, "vloss": 0.0, "ploss": 0.0, "top1": 0, "topk": 0}
         fit_t0 = time.perf_counter()
         self._positions = 0
@@ -378,6 +378,21 @@ class Trainer:
                   "train_s": round(took, 1), "train_positions_per_s": round(self._positions / max(took, 1e-9), 1)}
         self._save(ck, seen)
         return result
+
+    def _schedule_steps(self, train: list[dict], order: list[list[int]], positions: float) -> int:
+        """The optimizer steps that train ``positions`` positions (``epochs`` x the data's) in ``order``: a step
+        takes micro-batches until it holds ``tokens_per_step`` trained positions, so it usually holds more, and
+        counting steps of exactly that many would train more epochs than asked."""
+        cfg = self.cfg
+        skip = (lambda r: r["prompt_len"]) if cfg.loss_on == "answer" else (lambda r: 1)
+        steps = acc = done = 0
+        for batch in order:
+            acc += sum(max(0, len(train[i]["ids"]) - skip(train[i])) for i in batch)
+            if acc >= cfg.tokens_per_step:
+                steps, done, acc = steps + 1, done + acc, 0
+                if done >= positions:
+                    break
+        return max(1, steps + (acc > 0 and done < positions))
 
     def _steps(self, train: list[dict], order: list[list[int]], seen: int, agg: dict, ck: Path,
                deadline: float | None) -> int:
