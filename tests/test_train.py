@@ -569,13 +569,9 @@ def test_gpu_train_passes_the_penalty_loss_to_an_eagle_head(tmp_path, capsys):
     assert "--penalty-loss is an EAGLE-1/2 head's" in capsys.readouterr().err
 
 
-def test_ctrl_c_in_training_keeps_the_last_optimizer_step(tmp_path):
-    """Ctrl-C while training: the checkpoint holds the state after the last optimizer step with the micro-batches
-    consumed up to it, the call says it stopped (interrupted), and resuming goes on from there to the same head as
-    an uninterrupted run."""
+def _eight_sequences():
+    """A tiny model and 8 captured sequences of 12 random tokens (a 2-token prompt each)."""
     from support import VOCAB, tiny_pair
-    from microspec.training.budget import OutOfTime
-    from microspec.training.eagle import TrainConfig, Trainer, new_head
 
     _, model = tiny_pair("llama", seed=1)
     g = torch.Generator().manual_seed(0)
@@ -584,6 +580,17 @@ def test_ctrl_c_in_training_keeps_the_last_optimizer_step(tmp_path):
         for _ in range(8):
             ids = torch.randint(0, VOCAB, (12,), generator=g)
             data.append({"ids": ids, "features": model(ids, model.new_cache(12)), "prompt_len": 2})
+    return model, data
+
+
+def test_ctrl_c_in_training_keeps_the_last_optimizer_step(tmp_path):
+    """Ctrl-C while training: the checkpoint holds the state after the last optimizer step with the micro-batches
+    consumed up to it, the call says it stopped (interrupted), and resuming goes on from there to the same head as
+    an uninterrupted run."""
+    from microspec.training.budget import OutOfTime
+    from microspec.training.eagle import TrainConfig, Trainer, new_head
+
+    model, data = _eight_sequences()
     cfg = TrainConfig(noise_std=0.0, epochs=2, tokens_per_step=20, batch_tokens=12, warmup_steps=1, heldout=0.0,
                       save_every=1000)
     whole = Trainer(model, new_head(model, seed=0), cfg, tmp_path / "a", log=lambda *_: None)
@@ -605,7 +612,7 @@ def test_ctrl_c_in_training_keeps_the_last_optimizer_step(tmp_path):
         cut.fit(data, [])
     assert stop.value.interrupted and stop.value.stage == "train"
     state = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)
-    assert state["step"] == 2 and state["seen"] == 4  # two micro-batches of 12 (10 trained positions) a step
+    assert state["step"] == 2 and state["seen"] == 4  # two micro-batches of 12 (11 trained positions) a step
     again = Trainer(model, new_head(model, seed=5), cfg, tmp_path / "b", log=lambda *_: None)
     again.fit(data, [], resume=True)
     for a, b in zip(whole.head.parameters(), again.head.parameters()):
@@ -636,23 +643,17 @@ def test_bf16_products_give_the_fp32_loss_within_bf16_rounding(tmp_path):
     assert cos > 0.99, float(cos)
 
 
-def test_epochs_count_positions_not_steps(tmp_path):
+@pytest.mark.parametrize("loss_on", ["all", "answer"])  # the BOS's next / the 2-token prompt's last: 11 of 12
+def test_epochs_count_positions_not_steps(tmp_path, loss_on):
     """A step takes micro-batches until it holds --tokens-per-step positions (usually more): the schedule counts
     the steps that train --epochs passes, so one epoch trains each position once (not tokens / tokens-per-step
     steps of more positions each)."""
-    from support import VOCAB, tiny_pair
     from microspec.training.eagle import TrainConfig, Trainer, new_head
 
-    _, model = tiny_pair("llama", seed=1)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        data = []
-        for _ in range(8):
-            ids = torch.randint(0, VOCAB, (12,), generator=g)
-            data.append({"ids": ids, "features": model(ids, model.new_cache(12)), "prompt_len": 2})
+    model, data = _eight_sequences()
     # micro-batches of 1-2 sequences (11 trained positions each), every one a step (>= 5): steps counted as
     # positions / 5 would be 18, past the 5 micro-batches of a pass, into a second one
-    cfg = TrainConfig(noise_std=0.0, epochs=1, tokens_per_step=5, batch_tokens=24, warmup_steps=1, loss_on="all",
+    cfg = TrainConfig(noise_std=0.0, epochs=1, tokens_per_step=5, batch_tokens=24, warmup_steps=1, loss_on=loss_on,
                       save_every=1000)
     trainer = Trainer(model, new_head(model, seed=0), cfg, tmp_path, log=lambda *_: None)
     result = trainer.fit(data, [])

@@ -70,10 +70,11 @@ def stage_rates(out: Path) -> dict:
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
                 rec = json.loads(line)
-                n, s = total.setdefault(rec["stage"], [0, 0.0]), rec
-                n[0] += int(s["positions"])
-                n[1] += float(s["seconds"])
+                positions, seconds = int(rec["positions"]), float(rec["seconds"])
+                stage = total.setdefault(rec["stage"], [0, 0.0])
             except (ValueError, KeyError, TypeError):
                 continue  # a line cut by a killed process
+            stage[0] += positions
+            stage[1] += seconds
     return {k: {"positions": int(n), "seconds": round(s, 1), "positions_per_s": round(n / s, 1) if s else None}
             for k, (n, s) in total.items()}

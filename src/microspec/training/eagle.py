@@ -127,7 +127,7 @@ class Trainer:
         dev = target.device
         self.head.to(device=dev, dtype=torch.float32).train()
         w = target.head_weight
-        if not isinstance(w, torch.Tensor):  # packed: the loss takes dequantized rows (ce_vocab="batch" only)
+        if target.quantized:  # packed: the loss takes dequantized rows (ce_vocab="batch" only)
             check(cfg.ce_vocab == "batch", "a target with packed weights trains with --ce-vocab batch (captured "
                                            "top-K targets); use --dtype fp32 or bf16 for the other losses")
             self.weight = w
@@ -185,7 +185,7 @@ class Trainer:
         for i, r in enumerate(recs):
             ids[i, : lens[i]] = r["ids"]
             feats[i, : lens[i]] = r["features"]
-            first[i] = r["prompt_len"] - 1 if cfg.loss_on == "answer" else 1
+            first[i] = self._first(r)
         ids, feats = ids.to(dev), feats.to(dev, torch.float32)
         lens_t, first = torch.tensor(lens, device=dev), first.to(dev)
         emb = self.target.embed(ids[:, 1:]).detach().float()  # x_{t+1}
@@ -206,10 +206,19 @@ class Trainer:
         pd = pm.detach().requires_grad_(train)
         if cfg.ce_vocab == "batch":
             ploss_sum, top1, topk = self._candidate_loss(recs, mask, t, pd, train, norm)
-            if train:
-                torch.autograd.backward([vloss * (cfg.v_w / norm), pm], [None, pd.grad])
-            return {"tokens": count, "vloss": float(vloss.detach()), "ploss": float(ploss_sum), "top1": int(top1),
-                    "topk": int(topk)}
+        else:
+            ploss_sum, top1, topk = self._vocabulary_loss(recs, ids, mask, tm, pd, train, norm)
+        if train:
+            torch.autograd.backward([vloss * (cfg.v_w / norm), pm], [None, pd.grad])
+        return {"tokens": count, "vloss": float(vloss.detach()), "ploss": float(ploss_sum), "top1": int(top1),
+                "topk": int(topk)}
+
+    def _vocabulary_loss(self, recs: list[dict], ids: torch.Tensor, mask: torch.Tensor, tm: torch.Tensor,
+                         pd: torch.Tensor, train: bool, norm: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``ce_vocab`` "full" or "seen": the token loss of both distributions through the target's LM head (its
+        rows ``ce_rows``), ``rows`` trained positions at a time so that no [positions, V] tensor with a graph
+        exists.  Accumulates the draft-side gradient in ``pd.grad``; returns (loss sum, top-1 hits, top-k hits)."""
+        cfg, dev, count = self.cfg, pd.device, pd.shape[0]
         penalised = self._penalty_rows(recs, ids, mask) if cfg.penalty_loss else None
         ploss_sum = torch.zeros((), device=dev)
         top1 = torch.zeros((), dtype=torch.long, device=dev)
@@ -232,10 +241,7 @@ class Trainer:
                 ranks = logq.topk(cfg.topk, -1).indices
                 top1 += (ranks[:, 0] == t_top).sum()
                 topk += (ranks == t_top[:, None]).any(-1).sum()
-        if train:
-            torch.autograd.backward([vloss * (cfg.v_w / norm), pm], [None, pd.grad])
-        return {"tokens": count, "vloss": float(vloss.detach()), "ploss": float(ploss_sum), "top1": int(top1),
-                "topk": int(topk)}
+        return ploss_sum, top1, topk
 
     def _candidate_loss(self, recs: list[dict], mask: torch.Tensor, t: int, pd: torch.Tensor, train: bool,
                         norm: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -278,8 +284,7 @@ class Trainer:
     def head_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """The target LM head's rows ``ids`` as dense fp32 (dequantized where the target's weights are packed)."""
         w = self.weight
-        rows = w.rows(ids) if hasattr(w, "rows") and not isinstance(w, torch.Tensor) else w.index_select(0, ids)
-        return rows.float()
+        return (w.rows(ids) if self.target.quantized else w.index_select(0, ids)).float()
 
     def _penalty_rows(self, recs: list[dict], ids: torch.Tensor, mask: torch.Tensor):
         """``penalty_loss``: for the trained positions (``mask``'s, in its order), a function of a row range giving
@@ -349,8 +354,7 @@ class Trainer:
         cfg = self.cfg
         if cfg.ce_vocab == "seen" and self.ce_rows is None:
             self.log(f"cross-entropy over the {self.restrict_ce(train + heldout)} ids seen in the data")
-        first = (lambda r: r["prompt_len"]) if cfg.loss_on == "answer" else (lambda r: 1)
-        tokens_total = sum(max(0, len(r["ids"]) - first(r)) for r in train) or 1
+        tokens_total = sum(self._trained(r) for r in train) or 1
         order = self.batches(train, cfg.epochs)
         self.total_steps = self._schedule_steps(train, order, tokens_total * cfg.epochs)
         ck = self.out / "checkpoint.pt"
@@ -379,15 +383,23 @@ class Trainer:
         self._save(ck, seen)
         return result
 
+    def _first(self, rec: dict) -> int:
+        """The first position whose feature a sequence trains on (position j predicts f_{j+1}, trained where
+        f_{j+1}'s index is at least this): the last prompt token's with ``loss_on="answer"``, else the BOS's next."""
+        return rec["prompt_len"] - 1 if self.cfg.loss_on == "answer" else 1
+
+    def _trained(self, rec: dict) -> int:
+        """The positions :meth:`batch_loss` trains in a sequence."""
+        return max(0, len(rec["ids"]) - self._first(rec))
+
     def _schedule_steps(self, train: list[dict], order: list[list[int]], positions: float) -> int:
         """The optimizer steps that train ``positions`` positions (``epochs`` x the data's) in ``order``: a step
         takes micro-batches until it holds ``tokens_per_step`` trained positions, so it usually holds more, and
         counting steps of exactly that many would train more epochs than asked."""
         cfg = self.cfg
-        skip = (lambda r: r["prompt_len"]) if cfg.loss_on == "answer" else (lambda r: 1)
         steps = acc = done = 0
         for batch in order:
-            acc += sum(max(0, len(train[i]["ids"]) - skip(train[i])) for i in batch)
+            acc += sum(self._trained(train[i]) for i in batch)
             if acc >= cfg.tokens_per_step:
                 steps, done, acc = steps + 1, done + acc, 0
                 if done >= positions:

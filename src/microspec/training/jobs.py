@@ -247,7 +247,7 @@ def _train_eagle(opts, deadline: float | None) -> dict:
                                      log=log_stderr, penalties=opts.repetition_penalty, deadline=deadline,
                                      temperatures=temps)
     lm = load_model(opts.model, dtype=dtype, device=opts.device, cuda_graphs=False)
-    packed = not isinstance(lm.model.head_weight, torch.Tensor)
+    packed = lm.model.quantized
     if samples is None:
         from .data import read_jsonl
 

@@ -120,8 +120,7 @@ def generate_responses(lm, prompts: list[str], out: Path, cfg: GenerationConfig,
                        seed=(cfg.seed or 0) + k if temp > 0 else cfg.seed)
 
     try:
-        packed = not isinstance(lm.model.head_weight, torch.Tensor)
-        if batch > 1 and (packed or any(t > 0 for _, t in pens)):
+        if batch > 1 and (lm.model.quantized or any(t > 0 for _, t in pens)):
             from .batch_generate import generate_engine_batched
 
             for k, ans in generate_engine_batched(lm.model, [(k, encoded[k], decoding(k)) for k in sorted(encoded)],
