@@ -185,7 +185,7 @@ def test_one_at_a_time_answers_go_through_the_capture_stage(capsys, tmp_path, ti
     recs = [json.loads(x) for x in (out / "responses.jsonl").read_text().splitlines()]
     assert [r["index"] for r in recs] == [0, 1, 2] and not any("features" in r for r in recs)
     shards = sorted((out / "features").glob("*.pt"))
-    assert [p.name for p in shards] == ["shard00000.pt"]
+    assert [p.name for p in shards] == ["shard00000-3.pt"]  # a last shard short of 64 answers says how many
     feats = torch.load(shards[0], weights_only=True)
     model = load_model(str(tiny_model_dir)).model  # the weights inference takes by default, as capture does
     for rec, f in zip(recs, feats):
@@ -193,6 +193,24 @@ def test_one_at_a_time_answers_go_through_the_capture_stage(capsys, tmp_path, ti
         assert f["ids"].tolist() == ids and f["prompt_len"] == len(rec["prompt_ids"])
         want = model(torch.tensor(ids), model.new_cache(len(ids))).to(torch.bfloat16)
         torch.testing.assert_close(f["features"], want)
+
+
+def test_capture_resumes_over_more_samples(tmp_path, tiny_model_dir):
+    """A run over more samples keeps the whole shards already written and computes the short last one again."""
+    from microspec import load_model
+    from microspec.training.stages import capture_features, load_features
+
+    model = load_model(str(tiny_model_dir)).model
+    samples = [{"prompt_ids": [1, 5 + i], "response_ids": [7, 8 + i, 9]} for i in range(5)]
+    first = capture_features(model, samples[:3], tmp_path, max_len=8, shard_size=2, log=lambda *_: None)
+    assert [p.name for p in first] == ["shard00000.pt", "shard00001-1.pt"]
+    stamp = first[0].stat().st_mtime_ns
+    second = capture_features(model, samples, tmp_path, max_len=8, shard_size=2, log=lambda *_: None)
+    assert [p.name for p in second] == ["shard00000.pt", "shard00001.pt", "shard00002-1.pt"]
+    assert sorted(p.name for p in (tmp_path / "features").glob("*.pt")) == [p.name for p in second]
+    assert first[0].stat().st_mtime_ns == stamp  # not computed again
+    ids = [r["ids"].tolist() for r in load_features(second)]
+    assert ids == [s["prompt_ids"] + s["response_ids"] for s in samples]
 
 
 def test_loss_positions(tmp_path):

@@ -170,7 +170,7 @@ def capture_features(target: NativeCausalLM, samples: list[dict], out: Path, max
         samples = [rec for rec in samples if "features" not in rec]
     shards: list[Path] = []
     todo = sum(1 for s0 in range(0, len(samples), shard_size)
-               if not (fdir / f"{prefix}{s0 // shard_size:05d}.pt").is_file())
+               if not _shard_path(fdir, prefix, s0, shard_size, len(samples)).is_file())
     meter = Progress(f"capture {prefix}", todo, "shards", log)
     try:
         _capture_shards(target, samples, fdir, max_len, shard_size, prefix, taps, deadline, topk, shards, meter)
@@ -183,10 +183,12 @@ def _capture_shards(target, samples, fdir, max_len, shard_size, prefix, taps, de
     """The shards of :func:`capture_features` not written yet, in order (``shards`` collects every path)."""
     computed = 0
     for s0 in range(0, len(samples), shard_size):
-        path = fdir / f"{prefix}{s0 // shard_size:05d}.pt"
+        path = _shard_path(fdir, prefix, s0, shard_size, len(samples))
         shards.append(path)
         if path.is_file():
             continue
+        # a shorter last shard of a run over fewer samples: replaced by this one once it is written
+        stale = [p for p in fdir.glob(f"{prefix}{s0 // shard_size:05d}-*.pt") if p != path]
         if computed:
             stop_if_late(deadline, "capture")
         computed += 1
@@ -205,7 +207,16 @@ def _capture_shards(target, samples, fdir, max_len, shard_size, prefix, taps, de
         tmp = path.with_name(path.name + ".tmp")
         torch.save(recs, tmp)
         tmp.replace(path)
+        for p in stale:
+            p.unlink()
         meter.advance(1, sum(len(r["ids"]) for r in recs), f"{path.name}, {len(recs)} sequences")
+
+
+def _shard_path(fdir: Path, prefix: str, s0: int, shard_size: int, total: int) -> Path:
+    """The shard of samples ``s0 ..``: ``<prefix>NNNNN.pt`` when it holds ``shard_size`` samples, else (the last
+    one) ``<prefix>NNNNN-<count>.pt``, so that a later run over more samples computes it again, whole."""
+    n = min(shard_size, total - s0)
+    return fdir / f"{prefix}{s0 // shard_size:05d}{'' if n == shard_size else f'-{n}'}.pt"
 
 
 @torch.inference_mode()
