@@ -128,22 +128,63 @@ def default_meta(args_model: str, dtype: str, device: str) -> dict:
     return run_meta(" ".join(["microspec", *sys.argv[1:]]), device=device, model=args_model, dtype=dtype)
 
 
-def source_commit() -> dict:
-    """``{"commit": <short hash>}`` (with ``+dirty`` when tracked files differ) where this package runs from a git
-    checkout, else ``{}``: results name the code that produced them."""
+def checkout_root() -> Path | None:
+    """The git checkout this package runs from (its top level), or None for an installed copy."""
     root = Path(__file__).resolve().parents[3]  # src/microspec/bench/__init__.py in a checkout
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=10)
-        # an installed copy inside some other repository (a venv in a checkout) is not that repository's code
-        if head.returncode or Path(head.stdout.split("\n")[0]).resolve() != root:
-            return {}
+        top = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel"], capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    # an installed copy inside some other repository (a venv in a checkout) is not that repository's code
+    return root if top.returncode == 0 and Path(top.stdout.strip()).resolve() == root else None
+
+
+def source_commit(root: Path | None = None) -> dict:
+    """``{"commit": <short hash>}`` (with ``+dirty`` when tracked files differ) where this package runs from a git
+    checkout, else ``{}``: results name the code that produced them."""
+    root = checkout_root() if root is None else root
+    if root is None:
+        return {}
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
         dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return {}
-    return {"commit": head.stdout.split()[1] + ("+dirty" if dirty else "")}
+    if head.returncode:
+        return {}
+    return {"commit": head.stdout.strip() + ("+dirty" if dirty else "")}
 
 
-__all__ = ["PROTOCOLS", "Decoding", "MethodSpec", "aggregate", "bench", "configure", "default_meta", "load_questions",
-           "machine", "mismatches", "parse_methods", "run_meta", "summarize"]
+# where the results that BENCHMARKS.md renders live: written only by committed code (benchmarks/render_docs.py
+# refuses a results file whose commit ends in +dirty or that is marked exploratory)
+RESULTS_DIR = Path("benchmarks") / "results"
+
+
+def uncommitted_source(root: Path) -> list[str]:
+    """The paths under ``src/`` of the checkout at ``root`` that differ from its commit (changed or new)."""
+    status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "src"], capture_output=True,
+                            text=True, timeout=10)
+    return [line[3:] for line in status.stdout.splitlines() if line.strip()]
+
+
+def check_results_out(out: Path, exploratory: bool = False, root: Path | None = None) -> None:
+    """Refuse an output directory inside the checkout's ``benchmarks/results/`` while its ``src/`` has uncommitted
+    changes (results there must name the code that produced them), unless the run is ``exploratory``."""
+    root = checkout_root() if root is None else root
+    if exploratory or root is None:
+        return
+    if not Path(out).resolve().is_relative_to((root / RESULTS_DIR).resolve()):
+        return
+    changed = uncommitted_source(root)
+    if changed:
+        more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
+        raise MicrospecError(f"--out {out} is inside {RESULTS_DIR}/ but src/ has uncommitted changes ({changed[0]}"
+                             f"{more}): commit them first, or pass --exploratory (its results are marked so and "
+                             "are never rendered)")
+
+
+__all__ = ["PROTOCOLS", "RESULTS_DIR", "Decoding", "MethodSpec", "aggregate", "bench", "check_results_out", "configure",
+           "default_meta", "load_questions", "machine", "mismatches", "parse_methods", "run_meta", "summarize"]

@@ -10,6 +10,7 @@ from ..bench import (
     PROTOCOLS,
     Decoding,
     bench,
+    check_results_out,
     configure,
     default_meta,
     load_questions,
@@ -70,7 +71,11 @@ def add(sub) -> None:
                         "time), in results.json and report.md")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--out", required=True, help="output directory (inside benchmarks/results/ only from a checkout "
+                   "whose src/ is committed)")
+    p.add_argument("--exploratory", action="store_true",
+                   help="allow --out inside benchmarks/results/ with uncommitted changes to src/; the results are "
+                        "marked exploratory and benchmarks/render_docs.py refuses them")
     p.add_argument("--draft", default=None, help="EAGLE head directory (default: the model's shipped head)")
     add_artifact_args(p)
     p.add_argument("--draft-layers", type=int, default=None, help="early-exit / hf-early-exit: layers that draft")
@@ -80,6 +85,7 @@ def add(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_results_out(Path(args.out), args.exploratory)
     specs = parse_methods(args.methods)
     preset = PROTOCOLS.get(args.protocol, {"limit": None, "limits": {}, "max_new_tokens": 128})
     limits = {} if args.limit is not None else preset["limits"]
@@ -112,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
     meta = default_meta(lm.name, args.dtype, str(lm.model.device))
     meta["command"] = "microspec " + " ".join(args.argv)
     meta["data"] = args.data
+    if args.exploratory:
+        meta["exploratory"] = True
     out = Path(args.out)
     results = bench(lm, specs, records, decodings, out, dtype=parse_dtype(args.dtype),
                     max_new_tokens=args.max_new_tokens, repeats=args.repeats, warmup=args.warmup, seed=args.seed,
