@@ -5,7 +5,7 @@ reports its times at the end):
 - ``kernels``: microspec's compiled CPU kernels, built once under ``$MICROSPEC_CACHE/kernels``;
 - ``models``: the built-in models' GGUF files assembled and converted to their safetensors caches;
 - ``vllm-env``: the vLLM test environment, the README's install line for the ``[vllm]`` extra in a virtual
-  environment of its own (skipped where it is built already);
+  environment of its own, keyed by pyproject.toml and shared by every checkout (built once; stale ones pruned);
 - ``vllm-checks``: the vLLM plugin's checks run in that environment (tests/vllm/checks.py), whose results
   tests/test_vllm_plugin.py reads.
 
@@ -50,17 +50,65 @@ def models(names: list[str]) -> None:
             model_directory(*resolve(name))
 
 
+ENV_PREFIX, OLD_ENV_PREFIX = "vllm-test-env-", "test-vllm-env-"  # the old ones were keyed by a checkout's path
+ENV_KEEP_DAYS = 7
+
+
 def vllm_env(env: Path) -> None:
-    """The vLLM test environment at ``env`` (marked ``ready`` once built)."""
-    if (env / "ready").is_file():
-        return
+    """The vLLM test environment at ``env`` (marked ``ready`` once built), shared by every checkout whose
+    pyproject.toml is the same (``env``'s name is keyed by it): microspec is installed there in editable mode, and a
+    checkout takes the environment by pointing that install at its own ``src/``.  The checkout holds ``env``'s lock
+    until this process ends (the checks run after this step), so that two checkouts never use it at once.  Other
+    environments unused for ``ENV_KEEP_DAYS`` days, and those of the old path-keyed naming, are removed."""
+    import fcntl
+
+    env.parent.mkdir(parents=True, exist_ok=True)
+    lock = open(f"{env}.lock", "w")  # noqa: SIM115 - held until the process ends
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    _HELD.append(lock)
     python = env / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(env)], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "torch==2.13.0", "-e", f"{ROOT}[vllm,models]"],
-                   check=True)
-    subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", "torchvision", "torchaudio", "torchcodec"],
-                   check=True)
-    (env / "ready").write_text("")
+    if not (env / "ready").is_file():
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(env)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "torch==2.13.0", "-e", f"{ROOT}[vllm,models]"],
+                       check=True)
+        subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", "torchvision", "torchaudio",
+                        "torchcodec"], check=True)
+        (env / "ready").write_text("")
+    editable = list(env.glob("lib/python*/site-packages/__editable__.microspec-*.pth"))
+    if len(editable) != 1:
+        raise RuntimeError(f"{env}: no single editable microspec install ({len(editable)} found)")
+    editable[0].write_text(f"{ROOT / 'src'}\n")  # setuptools' editable install: one path line
+    (env / "ready").touch()  # its last use, for pruning
+    prune_vllm_envs(env)
+
+
+_HELD: list = []
+
+
+def prune_vllm_envs(keep: Path) -> list[Path]:
+    """Remove the vLLM test environments beside ``keep`` that are of the old naming or unused for
+    ``ENV_KEEP_DAYS`` days, unless another process holds one's lock; returns those removed."""
+    import fcntl
+    import shutil
+
+    removed = []
+    for env in sorted(keep.parent.glob(f"{OLD_ENV_PREFIX}*")) + sorted(keep.parent.glob(f"{ENV_PREFIX}*")):
+        if env == keep or not env.is_dir():
+            continue
+        ready = env / "ready"
+        old = env.name.startswith(OLD_ENV_PREFIX) or not ready.is_file() or (
+            time.time() - ready.stat().st_mtime > ENV_KEEP_DAYS * 86400)
+        if not old:
+            continue
+        with open(f"{env}.lock", "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # in use
+            shutil.rmtree(env, ignore_errors=True)
+        Path(f"{env}.lock").unlink(missing_ok=True)
+        removed.append(env)
+    return removed
 
 
 def vllm_checks(python: str, out: Path) -> None:

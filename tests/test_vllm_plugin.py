@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import platform
+import time
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -130,8 +131,33 @@ def vllm_env() -> Path | None:
         return None
     from microspec.paths import cache_root
 
-    key = hashlib.sha256((str(ROOT) + (ROOT / "pyproject.toml").read_text()).encode()).hexdigest()[:12]
-    return cache_root() / f"test-vllm-env-{key}"
+    key = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()[:12]  # what it holds, not where from
+    return cache_root() / f"vllm-test-env-{key}"
+
+
+def test_vllm_test_environments_are_shared_by_content_and_pruned(tmp_path):
+    """One environment per pyproject.toml, whichever checkout; the old path-keyed ones and those unused for a week
+    go, unless in use."""
+    import fcntl
+
+    import first_use
+
+    assert vllm_env() is None or vllm_env().name.startswith(first_use.ENV_PREFIX)
+    keep = tmp_path / f"{first_use.ENV_PREFIX}aaaa"
+    envs = {name: tmp_path / name for name in (f"{first_use.OLD_ENV_PREFIX}1111", f"{first_use.ENV_PREFIX}old",
+                                                f"{first_use.ENV_PREFIX}recent", f"{first_use.ENV_PREFIX}busy")}
+    for env in [keep, *envs.values()]:
+        env.mkdir()
+        (env / "ready").write_text("")
+    week_ago = time.time() - 8 * 86400
+    for name in (f"{first_use.ENV_PREFIX}old", f"{first_use.ENV_PREFIX}busy"):
+        os.utime(envs[name] / "ready", (week_ago, week_ago))
+    with open(f"{envs[f'{first_use.ENV_PREFIX}busy']}.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        removed = first_use.prune_vllm_envs(keep)
+    assert sorted(p.name for p in removed) == sorted([f"{first_use.OLD_ENV_PREFIX}1111", f"{first_use.ENV_PREFIX}old"])
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == sorted(
+        [keep.name, f"{first_use.ENV_PREFIX}recent", f"{first_use.ENV_PREFIX}busy"])
 
 
 @pytest.fixture(scope="module")
