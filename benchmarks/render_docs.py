@@ -1,18 +1,23 @@
-"""BENCHMARKS.md and its pictures, rendered from the results JSON in ``benchmarks/results/``.
+"""BENCHMARKS.md, docs/history.md and their pictures, rendered from the results JSON in ``benchmarks/results/``.
 
-    python3 benchmarks/render_docs.py             # write BENCHMARKS.md and the README's results table
+    python3 benchmarks/render_docs.py             # write BENCHMARKS.md, docs/history.md and the README's table
     python3 benchmarks/render_docs.py --figures   # ... and docs/figures/*.svg (needs matplotlib)
-    python3 benchmarks/render_docs.py --check     # exit 1 if BENCHMARKS.md differs from what the JSON gives
+    python3 benchmarks/render_docs.py --check     # exit 1 if any of them differs from what the JSON gives
 
-Every number in BENCHMARKS.md comes from a results file read here; each table names the files, the command that
-wrote them, the date, the machine and the commit.  ``tests/test_docs.py`` runs ``--check``.  A new measurement
-goes into ``benchmarks/results/<date>-<what>/`` and into the section that answers its question (one module per
-section in ``benchmarks/render/``), replacing the numbers it supersedes.
+Every number in these files comes from a results file read here; each table names the files, the command that
+wrote them, the date, the machine and the commit.  ``tests/test_docs.py`` runs ``--check``.  BENCHMARKS.md holds the
+current answer to each question (each module's ``render()``), docs/history.md the before/after measurements of
+single changes and the earlier runs (each module's ``history()``).  A new measurement goes into
+``benchmarks/results/<date>-<what>/`` and into the section that answers its question (one module per section in
+``benchmarks/render/``), replacing the numbers it supersedes, whose table moves to the history.  A results file
+from a tree with uncommitted changes (its commit ends in ``+dirty``) or from an exploratory run is refused
+(:func:`render.common.read`); such files are kept in ``benchmarks/archive/``.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -30,6 +35,7 @@ from render import (  # this folder's (a script's is on its path)
 
 SECTIONS = (speed, vocab, cost, serve, structured, papers, gpu, heads)
 OUT = common.ROOT / "BENCHMARKS.md"
+HISTORY = common.ROOT / "docs" / "history.md"
 README = common.ROOT / "README.md"
 README_BEGIN = "<!-- results: rendered by benchmarks/render_docs.py from benchmarks/results/; do not edit by hand -->"
 README_END = "<!-- /results -->"
@@ -48,6 +54,19 @@ the target itself rounds differently by batch shape, a near tie within bf16 roun
 is exact in distribution by the exact-distribution tests, not by these runs.
 
 Unless a table says otherwise: Gemma 3 270M (vocabulary 262,144) with its GGUF weights kept packed (Q4_K_M), on a
+{cpu}; EAGLE-based methods draft with the shipped EAGLE head. How the figures got where they are, change by change
+(the before/after measurements, the earlier runs, the heads not shipped): [docs/history.md](docs/history.md).
+"""
+
+HISTORY_HEADER = """\
+# Benchmarks: the history of changes
+
+The measurements that [BENCHMARKS.md](../BENCHMARKS.md) no longer shows as its current answer: each change's
+before/after runs, the runs that later ones superseded, and the heads that were not shipped. Rendered, like
+BENCHMARKS.md, by `python3 benchmarks/render_docs.py` from the results files under `benchmarks/results/` that each
+table names (`tests/test_docs.py` checks that this file matches them); the conventions are BENCHMARKS.md's.
+
+Unless a table says otherwise: Gemma 3 270M (vocabulary 262,144) with its GGUF weights kept packed (Q4_K_M), on a
 {cpu}; EAGLE-based methods draft with the shipped EAGLE head.
 """
 
@@ -62,28 +81,36 @@ def contents(sections: list[str]) -> str:
     return "\n".join(["## Contents", ""] + [f"- [{t}](#{anchor(t)})" for t in titles])
 
 
-def at_a_glance() -> str:
-    return "\n\n".join(["## At a glance", readme_results().rsplit("\n\n", 1)[0],
-                         common.picture("speedup-by-decoding", "speed-up over plain decoding by decoding")])
+def joined(text: str) -> str:
+    """Consecutive source lines (``<sub>From ...</sub>``) as one line: Markdown shows them the same way."""
+    return re.sub(r"(?m)^(<sub>.*</sub>)\n(?=<sub>)", r"\1 ", text)
 
 
 def render() -> str:
     sections = [s.render().strip() for s in SECTIONS]
-    parts = [HEADER.format(cpu=common.CPU), contents(sections), at_a_glance(), *sections]
-    return "\n\n".join(p.strip("\n") for p in parts) + "\n"
+    parts = [HEADER.format(cpu=common.CPU), contents(sections), *sections]
+    return joined("\n\n".join(p.strip("\n") for p in parts) + "\n")
+
+
+def render_history() -> str:
+    """docs/history.md: each section's ``history()`` (the before/after measurements of single changes)."""
+    sections = [s.history().strip() for s in SECTIONS if hasattr(s, "history")]
+    parts = [HISTORY_HEADER.format(cpu=common.CPU), contents(sections), *sections]
+    return joined("\n\n".join(p.strip("\n") for p in parts) + "\n")
 
 
 def readme_results() -> str:
     """The README's short results table (held-apart prompts, per decoding)."""
+    vllm = ("vLLM runs the same model in bf16 (its CPU backend does not run packed GGUF weights); "
+            if "vllm" in speed.summary_methods() else "")
     return "\n\n".join([
         "Speed-up over plain decoding on prompts nothing in the project was tuned on (MT-bench two-turn, MGSM, "
         "HumanEval / MBPP: 9 questions drawn with a fixed seed; 128 tokens per turn), Gemma 3 270M with packed "
         f"Q4_K_M weights on a {common.CPU}. A ratio is taken within one run; the brackets give the range over "
         "repeated runs. MicroSpec is the shipped EAGLE head with MicroSpec's vocabulary; llama.cpp runs the same "
-        "GGUF file; vLLM runs the same model in bf16 (its CPU backend does not run packed GGUF weights). In these "
-        "runs the warm-up generation used the first question, which favours `auto` on it; BENCHMARKS.md's "
-        "\"`auto` against its own arms\" has runs without that, in four decodings.",
-        common.table(speed.SUMMARY_HEADERS, speed.summary_rows()),
+        f"GGUF file; {vllm}in these runs the warm-up generation used the first question, which favours `auto` on it; "
+        "BENCHMARKS.md's \"`auto` against its own arms\" has runs without that, in four decodings.",
+        common.table(speed.summary_headers(), speed.summary_rows()),
         "Commands, dates and commits: "
         "[BENCHMARKS.md](BENCHMARKS.md#how-fast-against-plain-decoding-llamacpp-and-vllm)."])
 
@@ -102,17 +129,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="compare with BENCHMARKS.md instead of writing it")
     ap.add_argument("--figures", action="store_true", help="also draw docs/figures/*.svg")
     args = ap.parse_args(argv)
-    text = render()
-    readme = with_readme_results(README.read_text(encoding="utf-8"))
+    outputs = {OUT: render(), HISTORY: render_history(),
+               README: with_readme_results(README.read_text(encoding="utf-8"))}
     if args.check:
-        stale = [p.name for p, t in ((OUT, text), (README, readme)) if p.read_text(encoding="utf-8") != t]
+        stale = [str(p.relative_to(common.ROOT)) for p, t in outputs.items()
+                 if not p.is_file() or p.read_text(encoding="utf-8") != t]
         if stale:
-            print(f"{' and '.join(stale)} differ from the results JSON: run python3 benchmarks/render_docs.py",
+            print(f"{', '.join(stale)} differ from the results JSON: run python3 benchmarks/render_docs.py",
                   file=sys.stderr)
             return 1
         return 0
-    OUT.write_text(text, encoding="utf-8")
-    README.write_text(readme, encoding="utf-8")
+    for path, text in outputs.items():
+        path.write_text(text, encoding="utf-8")
     if args.figures:
         for path in draw_figures():
             print(path.relative_to(common.ROOT))

@@ -28,10 +28,29 @@ def runs(section: str) -> dict:
     return json.loads(MANIFEST.read_text(encoding="utf-8"), object_hook=_tuples)[section]
 
 
+# a results file from a tree with uncommitted changes (bench and run_meta write "<commit>+dirty") or from a run
+# marked exploratory (``microspec bench --exploratory``): never rendered (such files are kept in benchmarks/archive/)
+UNCLEAN = re.compile(r'"commit":\s*"[^"]*\+dirty"|"exploratory":\s*true')
+
+
+class UncleanResult(ValueError):
+    """A results file that no rendered table may use."""
+
+
+def read(rel: str) -> str:
+    """The text of a results file by its path under ``benchmarks/results/``; refuses an unclean one."""
+    text = (RESULTS / rel).read_text()
+    found = UNCLEAN.search(text)
+    if found:
+        raise UncleanResult(f"benchmarks/results/{rel}: {found.group(0)} (results from a tree with uncommitted changes "
+                            "or an exploratory run are not rendered; see benchmarks/archive/README.md)")
+    return text
+
+
 @lru_cache(maxsize=None)
 def load(rel: str):
-    """A results file (JSON) by its path under ``benchmarks/results/``."""
-    return json.loads((RESULTS / rel).read_text())
+    """A results file (JSON) by its path under ``benchmarks/results/``; refuses an unclean one (:func:`read`)."""
+    return json.loads(read(rel))
 
 
 def table(headers: list[str], rows: list[list]) -> str:
@@ -84,17 +103,11 @@ class Source:
                 f"commit {self.commit}.</sub>")
 
 CPU = "2-core AMD EPYC (AVX2), 2 threads"
-# results whose meta says <commit>+dirty where the tree differed from <commit> in documentation files only
-# (e097533, 1d7576d, c50c376 and 1111ed5: the renderer's files, benchmarks/render/, edited while a measurement ran)
-DOCS_ONLY_DIRTY = {"ef4edc3+dirty": "ef4edc3", "f61a72c+dirty": "f61a72c", "e097533+dirty": "e097533",
-                   "1d7576d+dirty": "1d7576d", "c50c376+dirty": "c50c376",
-                   "1111ed5+dirty": "1111ed5"}
 
 
 def commit(meta: dict) -> str:
     """The commit a results file's meta records (bench writes it), as BENCHMARKS.md names it."""
-    c = meta.get("commit", "not recorded")
-    return DOCS_ONLY_DIRTY.get(c, c)
+    return meta.get("commit", "not recorded")
 
 
 def figure(name: str, draw) -> Path:
@@ -122,8 +135,9 @@ def picture(name: str, alt: str) -> str:
 
 def answers(run: str, method: str) -> list[dict]:
     """A bench run's answer records for one method: ``<run>/answers/<method>.jsonl`` under benchmarks/results/."""
-    path = RESULTS / run / "answers" / f"{method}.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if (RESULTS / run / "results.json").is_file():
+        load(f"{run}/results.json")  # the run's meta: refused when unclean
+    return [json.loads(line) for line in read(f"{run}/answers/{method}.jsonl").splitlines() if line.strip()]
 
 
 def repeat_speeds(run: str, method: str) -> list[float]:

@@ -284,36 +284,9 @@ def _sized() -> list[str]:
 
 
 def _sized_lookup(folder: str) -> list[str]:
-    """Prompt lookup (the ``ngram`` method) with 3 fixed tokens against its chain sized step by step, one commit."""
-    runs_of = {d: [f"{folder}/lookup/depth-{d}-run{r}" for r in (1, 2)] for d in ("3", "auto")}
-
-    def over(d: str, decoding: str, key: str) -> list[float]:
-        return [load(f"{run}/{decoding}/results.json")["methods"]["ngram"]["overall"][key] for run in runs_of[d]]
-
-    rows = [[label, spread(over("3", k, "speedup")), spread(over("auto", k, "speedup")),
-             f"{spread(over('3', k, 'mean_accept_len'), 2, '')} → "
-             f"{spread(over('auto', k, 'mean_accept_len'), 2, '')}"]
-            for k, label in SIZED.items()]
-    metas = [load(f"{run}/{k}/results.json")["meta"] for d in runs_of for run in runs_of[d] for k in SIZED]
-    mism = [load(f"{run}/{k}/results.json").get("mismatches") for d in runs_of for run in runs_of[d]
-            for k in ("greedy", "greedy-rp1.2")]
-    first = metas[0]
-    cmd = ("microspec bench --data /tmp/held_apart3.jsonl --methods ar,ngram --depth D --temperatures 0,0.7 "
-           "--repetition-penalties 1.0,1.2 --max-new-tokens 128 --out /tmp/ngl/depth-D-runN (D = 3 and auto "
-           "alternating, two runs each)")
-    dates = sorted(m["date"] for m in metas)
-    src = Source(f"{folder}/lookup/", cmd, f"{dates[0]} to {dates[-1]}", f"{first['machine']}, {first['threads']} "
-                 "threads", commit(first))
-    return ["Prompt lookup (the `ngram` method) sizes its copied chain the same way on a packed CPU target "
-            "(`--depth auto`, its default there since " + commit(first) + "): a copied token is kept while its "
-            "calibrated chance (by the matched n-gram's length and its place) pays for its verify row, up to 10 "
-            "tokens; there is no draft level to pay. Against its earlier 3 fixed tokens, one commit, the same "
-            "prompts, two runs of each alternated (x plain decoding in the same run, mean (range); τ):", "",
-            table(["decoding", "3 tokens", "sized", "τ"], rows), "", src.markdown(), "",
-            "- Lossless: " + ("every greedy run's tokens equal plain decoding's." if not any(mism) else
-                              "a greedy run's tokens differ from plain decoding's (see `mismatches`)."),
-            "- Lookup first keeps its fixed chain (3 tokens); `auto` sizes its short lookup chain apart (below).", "",
-            *_sized_auto(f"{folder}/auto-lookup")]
+    """``auto``'s short prompt-lookup view sized the same way (the A/B of prompt lookup alone against its 3 fixed tokens
+    ran from a tree with uncommitted changes: kept in benchmarks/archive/, not shown)."""
+    return [*_sized_auto(f"{folder}/auto-lookup")]
 
 
 def _ab_table(folder: str, methods: dict, old: str, new: str) -> str:
@@ -496,22 +469,11 @@ def _kernel_source(rel: str, meta: dict, what: str) -> Source:
 
 def _layer_regions() -> list[str]:
     """A layer's q/k/v and gate/up each in one parallel region, and the software prefetch of the products of up to 4
-    rows chosen at run time: kernel_ab.py's paired runs (two kernels, or two settings, in one process)."""
+    rows chosen at run time: plain decoding before and after, kernel_ab.py's paired run in one process (the paired
+    runs of the forward and of the prefetch ran from trees with uncommitted changes: in benchmarks/archive/)."""
     runs = DATA["LAYER_REGIONS"]
-    fwd, pf, plain = (load(runs[k]) for k in ("FORWARD", "PREFETCH", "PLAIN"))
+    plain = load(runs["PLAIN"])
     base = "1cce1b5"
-
-    def ms(part: dict, side: str) -> str:
-        return f"{part[side]['median_ms']:.2f} ({part[side]['q1_ms']:.2f}–{part[side]['q3_ms']:.2f})"
-
-    def rows_table(res: dict, parts: tuple[str, ...]) -> str:
-        heads = ["prefix", "rows"] + [f"{p} {s}" for p in parts for s in ("base ms", "new ms", "new / base")]
-        body = [[r["context"], r["rows"]] + [c for p in parts for c in (ms(r[p], "base"), ms(r[p], "new"),
-                                                                            f"{r[p]['ratio_new_over_base']:.3f}")]
-                for r in res["results"]]
-        return table(heads, body)
-
-    same = all(r["same_bits"] for r in fwd["results"] + pf["results"])
     sides = plain["results"]["sides"]
     names = list(sides)
 
@@ -522,30 +484,19 @@ def _layer_regions() -> list[str]:
                 f"({100 * v['read_share_range'][0]:.0f}–{100 * v['read_share_range'][1]:.0f}%)")
 
     return ["### A layer's products in fewer regions, and the prefetch chosen by measuring", "",
-            "One row's products of a layer are small (k and v of Gemma 3 270M: 113 and 174 KB), and each paid a "
-            "parallel region, its own quantization of the input and an uneven split over the two cores (k's 32 tiles "
-            "in chunks of 12). Since 3b381a6 q, k and v run in one region and gate and up in another "
-            "(`cpu_quant.linear_q8_many`: the input quantized once, the tiles of all the matrices split over the "
-            "cores by their bytes), the keys and values are written into the cache without ATen's views, and the "
-            "activation and the gate's product run in place. A shared machine's read bandwidth moves by tens of "
-            "percent within a minute (26–44 GB/s here), so separate processes compare poorly: "
-            "`benchmarks/measure/kernel_ab.py` loads both kernels into one process and alternates them call by call "
-            "(ABBA), the ratio the median of the paired calls'. A forward by prefix and rows, ms, median "
-            f"(quartiles), against {base}'s kernel:", "",
-            rows_table(fwd, ("forward",)), "", _kernel_source(runs["FORWARD"], fwd, base).markdown(), "",
-            "The products of up to 4 rows took their weights one tile at a time with a software prefetch 4 tiles "
-            "ahead, which another AMD EPYC of this kind measured as a fifth off the LM head's time. On this one it "
-            "costs time instead; this build, with and without the prefetch (the forward and the LM head over "
-            "its rows timed apart):", "",
-            rows_table(pf, ("forward", "head")), "",
-            _kernel_source(runs["PREFETCH"], pf, "this build").markdown(), "",
-            "- Since a095bf6 a packed model's first use times its LM head one row both ways, alternating (0.3 s, a "
-            "one-time cost apart from generation: `cpu_quant.tune_prefetch`), and turns the prefetch off where that "
-            "is at least 3% faster; `MICROSPEC_CPU_PREFETCH=on` / `off` skips the measurement. From 5 rows on the "
-            "products pair their tiles and always prefetch the next pair (without, the 16-row head took 23% longer "
-            "here too).",
-            "- " + ("Every call gave the same hidden states and logits bit for bit through both sides."
-                    if same else "SOME CALLS DIFFERED BETWEEN THE SIDES."), "",
+            "One row's products of a layer are small, and each paid a parallel region, its own quantization of the "
+            "input and an uneven split over the two cores. Since 3b381a6 q, k and v run in one region and gate and "
+            "up in another (`cpu_quant.linear_q8_many`: the input quantized once, the tiles of all the matrices split "
+            "over the cores by their bytes), the keys and values are written into the cache without ATen's views, "
+            "and the activation and the gate's product run in place. A shared machine's read bandwidth moves within "
+            "a minute, so separate processes compare poorly: `benchmarks/measure/kernel_ab.py` loads both kernels "
+            "into one process and alternates them call by call (ABBA), the ratio the median of the paired calls'.",
+            "",
+            "- Since a095bf6 a packed model's first use times its LM head one row with and without the software "
+            "prefetch of the products of up to 4 rows, alternating (a one-time cost apart from generation: "
+            "`cpu_quant.tune_prefetch`), and turns the prefetch off where that is at least 3% faster; "
+            "`MICROSPEC_CPU_PREFETCH=on` / `off` skips the measurement. From 5 rows on the products pair their tiles "
+            "and always prefetch the next pair.", "",
             f"Plain decoding end to end, {plain['tokens']} tokens after a short prompt, {plain['calls']} "
             "generations a side in one process, alternating, the read bandwidth measured before each round "
             f"(the ratio: the median of each round's to {names[0]}'s):", "",
@@ -565,7 +516,6 @@ def _stack_call() -> list[str]:
     """A forward's layer stack in one kernel call, a batch's one-row attention in one pass: kernel_ab.py's paired
     runs; plain batching by level; the held-apart bench before and after."""
     runs = DATA["STACK_CALL"]
-    fwd, plain = (load(runs[k]) for k in ("FORWARD", "PLAIN"))
     batches = [load(f) for f in runs["BATCH"]]
     batch = batches[0]
     steps = load(runs["STEPS"])
@@ -581,9 +531,7 @@ def _stack_call() -> list[str]:
         return table([*(["run"] if runs_of else []), "prefix", what, "forward base ms", "forward new ms",
                       "new / base"], body)
 
-    sides = plain["results"]["sides"]
-    names = list(sides)
-    same = all(r["same_bits"] for r in fwd["results"] + [r for b in batches for r in b["results"]])
+    same = all(r["same_bits"] for b in batches for r in b["results"])
     levels = list(next(iter(steps["rates"].values())))
     step_rows = [[f"{n} at once", spread([r["tok_s"] for r in v[n]], 1, " tok/s"),
                   spread([r["over_one"] for r in v[n]])] for v in steps["rates"].values() for n in levels]
@@ -615,17 +563,7 @@ def _stack_call() -> list[str]:
             "each time (the layer's matrices, biases, norms, its cache, masks, RoPE rows): about 30 µs a layer of "
             "conversion from Python. Since 50a42bf the layers' own arguments live in the kernel "
             "(`cpu_quant.LayersPlan`) and a forward that taps no layer's input runs its whole stack in one call "
-            "(`cpu_quant.layers_step`), each layer the same `layer_step` as before. This build, one call a layer "
-            "(base) against one call a forward (new), alternating in one process (kernel_ab.py `--stack-ab`), ms, "
-            "median (quartiles):", "",
-            rows_table([fwd], "rows"), "", _kernel_source(runs["FORWARD"], fwd, "this build").markdown(), "",
-            f"Plain decoding, {plain['tokens']} tokens, {plain['calls']} generations a side alternating: "
-            + "; ".join(f"{k} {sides[k]['decode_tok_s_median']:.1f} tok/s ({sides[k]['decode_tok_s_range'][0]:.1f}–"
-                        f"{sides[k]['decode_tok_s_range'][1]:.1f}), {100 * sides[k]['read_share_median']:.0f}% of the "
-                        "read bandwidth" for k in names)
-            + f"; paired ratio {sides[names[-1]]['paired_ratio_to_first']:.3f}"
-            + (", the same tokens." if plain["results"]["same_tokens"] else ", THE TOKENS DIFFERED.") + " "
-            + _kernel_source(runs["PLAIN"], plain, "this build").markdown(), "",
+            "(`cpu_quant.layers_step`), each layer the same `layer_step` as before.", "",
             "A batch of decode steps (a server's requests, one row each) shares each layer's products, but each "
             "sequence attended over its own cache in a call and parallel region of its own, the two cores each "
             "reading every key and value row for two of the four heads. Since 52d8bce the one-row sequences of a "
@@ -767,56 +705,6 @@ def _unpacked_pairs() -> list[str]:
             ab_lossless(res), ""]
 
 
-def _amx() -> list[str]:
-    """Path 3 (AMX tiles) against path 2 on a CPU with AMX: kernel_ab.py's paired run of the two paths in one
-    process; one layer's products in cache on each path (layer_products.py)."""
-    runs = DATA["AMX"]
-    rows = load(runs["ROWS"])
-    layers = [load(f) for f in runs["LAYER"]]
-    meta = rows
-    same = all(r["same_bits"] for r in rows["results"])
-    by_path = [[f"{name} ({layers[0]['products'][name]['type']})",
-                *(f"{lp['products'][name]['us_by_rows'][str(r)]:.1f}" for lp in layers for r in (2, 16, 64))]
-               for name in layers[0]["products"]]
-    by_path.append(["sum", *(f"{lp['sum_us_by_rows'][str(r)]:.0f}" for lp in layers for r in (2, 16, 64))])
-    fwd = [r["forward"]["ratio_new_over_base"] for r in rows["results"] if r["rows"] > 1]
-    head = [r["head"]["ratio_new_over_base"] for r in rows["results"] if r["rows"] > 1]
-    sixteen = [r for r in rows["results"] if r["rows"] == 16]
-    one = {r["context"]: r for r in rows["results"] if r["rows"] == 1}
-
-    def step(r: dict) -> float:  # path 2's forward and head
-        return r["forward"]["base"]["median_ms"] + r["head"]["base"]["median_ms"]
-
-    return ["### AMX tiles for the packed products: the first schedule", "",
-            "On a CPU with AMX (Intel Xeon 4th generation on) the products have a third path (`int_path(\"amx\")`): "
-            "per 32-element group, a pair of tiles' weights, unpacked as path 2 unpacks them and less their offset "
-            "(q − OFF, signed), are the B tile and up to 16 activation rows the A tile of one `tdpbssd` "
-            "(`tdpbsud` for the unsigned quants; Q6_K one per 16-element half; Q8_0's weights go in as they lie, "
-            "nothing unpacked), in batches of groups a stage apart. "
-            "The sums are the same exact int32 values as the other paths', and the same fp32 chain follows, so its "
-            "results are theirs bit for bit (tests/test_gguf.py, every block type). The tiles take over only the "
-            "multiply-adds: each (row, weight row, group) keeps its own fp32 multiply-add (the exact group sums "
-            "need it), the weights their unpacking, and each group adds a tile store and loads. Path 2 (vnni512) "
-            "against it, alternating in one process (kernel_ab.py --path-ab), ms, median (quartiles):", "",
-            table(["prefix", "rows", *_PAIRED_HEADS], _paired_body(rows)), "",
-            Source(runs["ROWS"], meta["command"], meta["date"][:10], f"{meta['machine']}, {meta['threads']} "
-                   "threads (AMX tiles, AVX-512 VNNI/BF16/FP16)", commit(meta)).markdown(), "",
-            "One layer's products in cache (layer 0; µs a call at 2, 16 and 64 rows, path 2 then AMX):", "",
-            table(["product", *(f"{lp['path']} {r} rows" for lp in layers for r in (2, 16, 64))], by_path), "",
-            " ".join(Source(f, lp["command"], lp["date"][:10], f"{lp['machine']}, {lp['threads']} threads",
-                            commit(lp)).markdown() for f, lp in zip(runs["LAYER"], layers)), "",
-            "- " + ("Every call gave the same hidden states and logits bit for bit on both paths."
-                    if same else "SOME CALLS DIFFERED BETWEEN THE PATHS."),
-            f"- From 2 to 64 rows the forward took {min(fwd):.2f}–{max(fwd):.2f}x path 2's time and the LM head "
-            f"{min(head):.2f}–{max(head):.2f}x (16 rows: the forward "
-            + ", ".join(f"{r['forward']['ratio_new_over_base']:.2f}x after {r['context']} tokens" for r in sixteen)
-            + "); the layer's products break even at about 16 rows. So the default stayed path 2 on every CPU at "
-            f"{commit(meta)}; *AMX tiles for the LM head* below has the schedule that made the head pay.",
-            "- On path 2 a verify pass over 16 rows (the forward and the LM head over all of them) costs "
-            + "; ".join(f"{step(r) / step(one[r['context']]):.2f}x one row's step after {r['context']} tokens"
-                        for r in sixteen) + " on this CPU.", ""]
-
-
 _HELD_APART_NAMES = {"ar": "plain", "auto": "`auto`", "eagle-full": "EAGLE-2, full vocabulary",
                      "microspec": "EAGLE + MicroSpec"}
 
@@ -855,7 +743,7 @@ def _intel() -> list[str]:
     shares = [r["share"] for r in fl["rounds"]]
     lv = sv["levels"]
     return ["### The defaults on the Intel Xeon with AMX", "",
-            f"On the same machine (path 2, then the default), the held-apart prompts ({questions} questions, 128 "
+            f"On an Intel Xeon with AMX (path 2, then the default), the held-apart prompts ({questions} questions, 128 "
             "tokens; two runs one after the other, tok/s and x plain decoding in the same run, run 1 / run 2):", "",
             table(["decoding", "method", "tok/s", "x plain", "τ"], body), "",
             sources, "",
@@ -967,16 +855,15 @@ def _amx_head() -> list[str]:
 
     verify = "; ".join(f"after {r['context']} tokens {over_one(r, 'new'):.2f}x ({over_one(r, 'base'):.2f}x with "
                        "every product on vnni512)" for r in default["results"] if r["rows"] == 16)
-    folder = runs["HELD_APART"]
-    res = load(f"{folder}/ab.json")
-    first = next(iter(res.values()))["meta"]
-    old, new = commit(first["old"][0]), commit(first["new"][0])
     sources = [Source(runs[k], m["command"], m["date"][:10], f"{m['machine']}, {m['threads']} threads (AMX tiles, "
                       "AVX-512 VNNI/BF16/FP16)", commit(m)).markdown() for k, m in (("DEFAULT", default),
                                                                                    ("EVERY", every))]
     return ["### AMX tiles for the LM head (the default where the CPU has them)", "",
-            "The tile registers are not renamed: a tile load or zeroing waits for every instruction that last used "
-            "the tile, and the first schedule reused its tiles every batch of groups. Now (`AmxRot`) group g takes "
+            "On a CPU with AMX (Intel Xeon 4th generation on) the products have a third path (`int_path(\"amx\")`): "
+            "per 32-element group a pair of tiles' weights are the B tile and up to 16 activation rows the A tile of "
+            "one `tdpbssd`, with the same exact int32 sums and the same fp32 chain as the other paths, so the same "
+            "bits. The tile registers are not renamed: a tile load or zeroing waits for every instruction that last "
+            "used the tile, and the first schedule reused its tiles every batch of groups. Now (`AmxRot`) group g takes "
             "A tile g % 2, B tile 2 + g % 2 and C tile 4 + g % 4, and its stages run a group apart: the weights of "
             "group g + 2 are copied or unpacked into a B tile's memory while group g's tile product runs, group "
             "g − 1's C tile is stored and group g − 3's sums go through the fp32 chain; the weights are "
@@ -997,13 +884,7 @@ def _amx_head() -> list[str]:
             sources[1], "",
             "- " + ("Every call gave the same hidden states and logits bit for bit on both sides."
                     if same else "SOME CALLS DIFFERED BETWEEN THE SIDES."),
-            f"- A verify pass over 16 rows (the forward and the LM head) against one row's step: {verify}.", "",
-            f"The held-apart prompts, two `microspec bench` runs of {old} (vnni512, then the default) and of {new} "
-            "(the default `amx`) alternated; each cell the method's tokens/s over plain decoding's in the same run, "
-            "mean over the runs (range):", "",
-            _ab_table(folder, SIZED_METHODS, old, new), "",
-            ab_source(folder, res).markdown(), "",
-            ab_lossless(res), ""]
+            f"- A verify pass over 16 rows (the forward and the LM head) against one row's step: {verify}.", ""]
 
 
 def _one_row_change(key: str, title: str, intro: str, closing: str, notes: tuple = ()) -> list[str]:
@@ -1108,85 +989,6 @@ def _amx_one_row() -> list[str]:
         "a little, so their ratios over it fell.", (verify,))
 
 
-def _amx_bf16() -> list[str]:
-    """A bf16 model's products on AMX-BF16 tiles against the register-tile path: bf16_amx.py's paired run by rows;
-    the held-apart bench with bf16 weights on each path (MICROSPEC_AMX=0 for the other)."""
-    runs = DATA["AMX_BF16"]
-    rows = load(runs["ROWS"])
-
-    def ms(part: dict, side: str) -> str:
-        return f"{part[side]['median_ms']:.2f} ({part[side]['q1_ms']:.2f}–{part[side]['q3_ms']:.2f})"
-
-    body = [[r["context"], r["rows"], *(c for p in ("forward", "head") for c in (
-        ms(r[p], "other"), ms(r[p], "amx"), f"{r[p]['ratio_amx_over_other']:.3f}")), f"{r['logits_max_abs_diff']:.3g}"]
-        for r in rows["results"]]
-    one = {r["context"]: r for r in rows["results"] if r["rows"] == 1}
-
-    def step(r: dict, side: str) -> float:
-        return r["forward"][side]["median_ms"] + r["head"][side]["median_ms"]
-
-    verify = "; ".join(f"after {r['context']} tokens {step(r, 'amx') / step(one[r['context']], 'amx'):.2f}x on the "
-                       f"tiles, {step(r, 'other') / step(one[r['context']], 'other'):.2f}x on the other path"
-                       for r in rows["results"] if r["rows"] == 16)
-    bench = {side: load(f"{folder}/greedy/results.json") for side, folder in runs["HELD_APART"].items()}
-    names = {"ar": "plain", "auto": "`auto`", "microspec": "EAGLE + MicroSpec",
-             "eagle-full": "EAGLE-2, full vocabulary"}
-    bbody = [[name, *(f"{bench[s]['methods'][k]['overall']['tokens_per_s']:.1f}" for s in ("other", "amx")),
-              *(f"{bench[s]['methods'][k]['overall']['speedup']:.2f}" for s in ("other", "amx")),
-              f"{bench['amx']['methods'][k]['overall']['mean_accept_len']:.2f}"] for k, name in names.items()]
-    meta = bench["amx"]["meta"]
-    same = all(not b["mismatches"] for b in bench.values())
-    return ["### bf16 models on AMX-BF16 tiles", "",
-            "Where the CPU has AMX-BF16, a bf16 layer's product (`cpu_linear`: bf16 activations, K a multiple of 32) "
-            "takes the tiles for its weight rows in whole blocks of 16: 16 weight rows' 32 values of a K step are the "
-            "A tile straight from memory, up to 16 activation rows the B tile as bf16 pairs, and the fp32 sums stay "
-            "in four C tiles over the whole of K, stored once. No per-group scales stand between the products "
-            "here, so the tiles do all the arithmetic. Each weight row takes the same tile products whatever the "
-            "number of rows, so its result is batch-invariant; its low bits differ from the register-tile path's. "
-            "Both paths in one process, alternating (bf16_amx.py), Gemma 3 270M in bf16, ms, median (quartiles), "
-            "and how far the paths' logits lie apart:", "",
-            table(["prefix", "rows", *(f"{p} {s}" for p in ("forward", "head")
-                                      for s in ("other ms", "AMX ms", "AMX / other")), "logits apart"], body), "",
-            Source(runs["ROWS"], rows["command"], rows["date"][:10], f"{rows['machine']}, {rows['threads']} threads",
-                   commit(rows)).markdown(), "",
-            f"- A verify pass over 16 rows against one row's step: {verify}.",
-            f"- The held-apart prompts with bf16 weights ({bench['amx']['methods']['ar']['overall']['questions']} "
-            "questions, 64 tokens, greedy; one run on each path, `MICROSPEC_AMX=0` for the other; tok/s and x plain "
-            "decoding on the same path, τ on the tiles):", "",
-            table(["method", "tok/s other", "tok/s AMX", "x plain other", "x plain AMX", "τ"], bbody), "",
-            " ".join(Source(f"{folder}/greedy/results.json", bench[s]["meta"]["command"],
-                            bench[s]["meta"]["date"][:10], f"{meta['machine']}, {meta['threads']} threads",
-                            commit(bench[s]["meta"])).markdown() for s, folder in runs["HELD_APART"].items()), "",
-            "- " + ("Every greedy answer on each path equal to plain decoding's on it."
-                    if same else "SOME ANSWERS DIFFERED FROM PLAIN DECODING'S."), ""]
-
-
-def _draft_layout() -> list[str]:
-    """The EAGLE head beside a packed target: its Q8_0 matrices interleaved against in the file's blocks."""
-    rel = DATA["STACK_CALL"]["DRAFT_LAYOUT"]
-    res = load(rel)
-    fwd, gen = res["forward"], res["generation"]
-    names = list(res["layouts"])
-    body = [[r["context"], r["rows"], *(num(r[f"{k} ms"]) for k in names), f"{r['ratio']:.3f}"] for r in fwd]
-    return ["### The EAGLE head's matrices interleaved beside a packed target", "",
-            "Beside a packed target the EAGLE head's matrices are quantized to Q8_0 at its first use "
-            "(`models.gguf.quantize_linears`); until 9b6ef6a they kept the file's block layout, whose product "
-            "costs nearly as much again for every further row (below), so a step's root pass over the accepted "
-            "tokens, a few rows, cost several draft levels. They now take the interleaved form the target's matrices take (8 rows a "
-            "tile; `MICROSPEC_REPACK=0` keeps the file's blocks): the same weights, products within fp32 rounding "
-            "(drafts only). Both layouts in one process, alternating (`benchmarks/measure/draft_layout.py`); the "
-            "head's forward, ms, median:", "",
-            table(["prefix", "rows", *(f"{k} ({res['layouts'][k]})" for k in names), "ratio"], body), "",
-            f"EAGLE + MicroSpec on the held-apart prompts ({gen['generations']} generations a side, 128 tokens, the "
-            f"sides alternating, plain decoding beside them): {names[0]} {gen['tok_s'][names[0]]} tok/s "
-            f"({gen['over_plain'][names[0]]:.3f}x plain, τ {gen['tau'][names[0]]:.2f}), {names[1]} "
-            f"{gen['tok_s'][names[1]]} tok/s ({gen['over_plain'][names[1]]:.3f}x, τ {gen['tau'][names[1]]:.2f}); "
-            f"paired {gen['ratio']:.3f}x"
-            + ("; every generation's tokens plain decoding's." if gen["same_tokens"] else "; TOKENS DIFFERED."), "",
-            Source(rel, res["command"], res["date"][:10], f"{res['machine']}, {res['threads']} threads",
-                   commit(res)).markdown(), ""]
-
-
 def _first_measure() -> list[str]:
     """``auto`` measuring its model arm once per engine outside a request's budget: measured, then reverted."""
     return ["### `auto`'s EAGLE arm measured once per engine (reverted)", "",
@@ -1201,11 +1003,21 @@ def _first_measure() -> list[str]:
 
 
 def render() -> str:
+    """BENCHMARKS.md's section: plain decoding against the read floor and against llama.cpp."""
+    return "\n".join(["## Where the time goes", "",
+                      "Plain decoding reads every weight once a step, so the machine's read bandwidth sets a floor "
+                      "under its time; how near this engine comes to it, and to llama.cpp on the same file. The "
+                      "changes that brought the step there, each measured before and after, are in "
+                      "[docs/history.md](docs/history.md#where-the-time-goes).", "",
+                      *_floor(), *_llama()]).rstrip() + "\n"
+
+
+def history() -> str:
+    """docs/history.md's section: a step's time by part and by rows, and each change to it before and after."""
     return "\n".join(["## Where the time goes", "", *_split(), *_step(), *_layer(), *_paths(), *_sized(),
                       *_sized_views(), *_attention(), *_cache_prefetch(), *_layer_regions(), *_stack_call(),
-                      *_wide_rows(), *_unpacked_pairs(), *_amx(), *_intel(), *_amx_bf16(), *_attention_wide(), *_amx_head(), *_pair_one_row(), *_amx_one_row(),
-                      *_draft_layout(), *_first_measure(),
-                      *_floor(), *_llama()]).rstrip() + "\n"
+                      *_wide_rows(), *_unpacked_pairs(), *_intel(), *_attention_wide(), *_amx_head(),
+                      *_pair_one_row(), *_amx_one_row(), *_first_measure()]).rstrip() + "\n"
 
 
 FIGURES: dict = {}

@@ -321,7 +321,6 @@ OPS_STEP_DRAW = DATA["OPS_STEP_DRAW"]
 # the same count before the verify step's kernels (9a8312c), and before that where MicroSpec's update from a
 # verification was three appends to its window (e2062cb)
 OPS_STEP_WINDOWS = DATA["OPS_STEP_WINDOWS"]
-OPS_STEP_APPENDS = DATA["OPS_STEP_APPENDS"]
 STEP_PARTS = {"draft": "the draft: EAGLE-2's tree with its root pass, one replay, what the step commits as the device "
                        "sees it (one launch) and what runs around them",
               "verify forward": "the target's verify forward: its replay and what runs around it",
@@ -347,17 +346,16 @@ def _changed(old: dict, new: dict, names: list[str]) -> str:
 
 
 def _step_launches() -> list[str]:
-    res, after, draw, windows, appends = (load(OPS_STEP), load(OPS_STEP_AFTER), load(OPS_STEP_DRAW),
-                                          load(OPS_STEP_WINDOWS), load(OPS_STEP_APPENDS))
+    res, after, draw, windows = (load(OPS_STEP), load(OPS_STEP_AFTER), load(OPS_STEP_DRAW), load(OPS_STEP_WINDOWS))
     step = res["spec_step"]
     names = list(step)
     rows = [[label, *(num(step[n]["parts"][part], 0) for n in names)] for part, label in STEP_PARTS.items()]
     rows.append(["a step (the median of the steps' totals)", *(num(step[n]["median_total"], 0) for n in names)])
-    src, src_after, src_draw, src_windows, src_appends = (
+    src, src_after, src_draw, src_windows = (
         Source(path, r["meta"]["command"], r["meta"]["date"], f"{r['meta']['machine']}, torch {r['meta']['torch']}",
                r["meta"]["commit"])
         for path, r in ((OPS_STEP, res), (OPS_STEP_AFTER, after), (OPS_STEP_DRAW, draw),
-                        (OPS_STEP_WINDOWS, windows), (OPS_STEP_APPENDS, appends)))
+                        (OPS_STEP_WINDOWS, windows)))
     same = [n for n in names if n in draw["spec_step"] and draw["spec_step"][n] == after["spec_step"][n]]
     return ["A whole EAGLE + MicroSpec step on the same path (EAGLE-2's tree: depth 6, top-k 10, 59 tokens; graphs "
             "by a stand-in capture, a replay counted as one; the median of each part over a generation's steps "
@@ -400,14 +398,6 @@ def _step_launches() -> list[str]:
             + ", before them, against " + src_draw.commit + "'s: "
             + _changed(windows["spec_step"], draw["spec_step"], names) + ".", "",
             src_windows.markdown(), "",
-            "- Before that, MicroSpec's update from a verification became one append of its three tuples to the "
-            "window (C_draft, TopK(z_verify, K_ver) and the committed tokens not in them, each deduplicated on its "
-            "own), and the coverage count one lookup a step where one draft set answers for every depth "
-            "(MicroSpec's). The count at " + src_appends.commit.split("+")[0] + " (with " + src_windows.commit
-            + "'s op_count.py copied in, hence its +dirty), where the update was three appends and coverage a "
-            "lookup per token, against " + src_windows.commit + ": "
-            + _changed(appends["spec_step"], windows["spec_step"], names) + ".", "",
-            src_appends.markdown(), "",
             "- The update's share of a step's operations, each a launch outside the graphs: " + ", ".join(
                 f"{step[n]['parts']['policy update'] / step[n]['median_total']:.0%} ({n})" for n in names)
             + " (not yet timed on a GPU).", ""]
@@ -477,8 +467,13 @@ def render() -> str:
         f"{env['capability']}), driver {env['driver']}, CUDA {env['cuda']}, torch {env['torch']}, Triton "
         f"{env['triton']}, Python {env['python']}, {env['cpu_count']} CPU cores: `benchmarks/gpu_suite.py` in one "
         f"command ({suite['wall_s']:g} s: {parts}), the package run from the copied tree with `PYTHONPATH=src`.", "",
-        *_tests(), *_syncs(), *_figure4(), *_table3(), *_e2e(), *_launches(), *_step_launches(),
-        *_cpu_ab()]).rstrip() + "\n"
+        *_tests(), *_syncs(), *_figure4(), *_table3(), *_e2e(),
+        "Kernel launches on CUDA's path counted on a CPU, change by change, and the CPU's speed across those changes: "
+        "[docs/history.md](docs/history.md#gpu).", ""]).rstrip() + "\n"
+
+
+def history() -> str:
+    return "\n".join(["## GPU", "", *_launches(), *_step_launches(), *_cpu_ab()]).rstrip() + "\n"
 
 
 FIGURES: dict = {}

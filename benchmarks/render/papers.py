@@ -4,16 +4,14 @@ the same quantity, and whether the direction agrees."""
 
 from __future__ import annotations
 
-from .common import (CPU, Source, answers, commit, load, mean_of, picture, repeat_ms_per_step, repeat_speedups, runs,
+from .common import (CPU, Source, commit, load, mean_of, picture, repeat_ms_per_step, repeat_speedups, runs,
                      spread, table, x)
 from .gpu import SUITE, figure4_rows
 from .vocab import COMMIT_SWEEP
 
 DATA = runs("papers")  # its runs and their provenance: benchmarks/render/runs.json
 
-PAPER_RUN = DATA["PAPER_RUN"]
 TUNED_RUN = DATA["TUNED_RUN"]
-ABLATION_RUN = DATA["ABLATION_RUN"]
 PROTOCOL = DATA["PROTOCOL"]
 COVERAGE = DATA["COVERAGE"]
 COVERAGE_W = (128, 512, 3072)
@@ -58,18 +56,17 @@ def settings() -> str:
     p = _paper("microspec")["settings"]
     tree = p["eagle2_tree"]
     rows = [
-        ["K_pre, K_ver", f"{p['K_pre']}, {p['K_ver']}", "3, 3", "3, 3"],
-        ["prompt positions with K_pre", "every one", "every one (`microspec-kpall`)", "none (`microspec`'s default "
-         "on a packed CPU target: a full-vocabulary head row per position)"],
-        ["W_max", f"{p['W_max']:,}", "3,072", "3,072"],
+        ["K_pre, K_ver", f"{p['K_pre']}, {p['K_ver']}", "3, 3"],
+        ["prompt positions with K_pre", "every one", "none (`microspec`'s default on a packed CPU target: a "
+         "full-vocabulary head row per position)"],
+        ["W_max", f"{p['W_max']:,}", "3,072"],
         ["draft tree", f"EAGLE-2, depth {tree['depth']}, {tree['total_tokens']} tokens",
-         "EAGLE-2's: depth 5 + 1, top-10, 60 tokens (`--depth 6 --top-k 10 --total-tokens 59`)",
          "one drafted token per step (the packed CPU default)"],
-        ["target", ", ".join(p["models"][:2]), "Gemma 3 270M, packed Q4_K_M", "the same"],
-        ["hardware", "one NVIDIA H20Z GPU", CPU, "the same"],
-        ["tokens per answer", str(p["decoding"]["max_new_tokens"]), "128", "128"],
+        ["target", ", ".join(p["models"][:2]), "Gemma 3 270M, packed Q4_K_M"],
+        ["hardware", "one NVIDIA H20Z GPU", CPU],
+        ["tokens per answer", str(p["decoding"]["max_new_tokens"]), "128"],
     ]
-    return table(["setting", "MicroSpec paper", "here: paper settings", "here: CPU-tuned"], rows)
+    return table(["setting", "MicroSpec paper", "here: CPU-tuned"], rows)
 
 
 def table2() -> str:
@@ -85,15 +82,14 @@ def table2() -> str:
             v = _row(item, paper_name, model)
             tau = "–" if v["Avg. Len."] is None else f"{v['Avg. Len.']:.2f}"
             cells.append(f"{v['Speed-up vs AR']:.2f}x (τ {tau})")
-        for run, name in ((PAPER_RUN, "microspec-kpall" if ours == "microspec" else ours),
-                          (TUNED_RUN, ours)):
+        for run, name in ((TUNED_RUN, ours),):
             ran = name in load(f"{run}/results.json")["methods"]  # CORAL and DynaSpec ran in the protocol run only
             cells.append(f"{spread(repeat_speedups(run, name))} (τ {_tau(run, name):.2f})" if ran else None)
         o = proto[ours]["overall"]
         cells.append(f"{o['speedup']:.2f}x (τ {o['mean_accept_len']:.2f})")
         rows.append(cells)
-    head = ["method", "paper: Llama-3-8B, H20Z GPU", "paper: Llama-3.2-1B, H20Z GPU", "here: paper settings",
-            "here: CPU-tuned", "here: CPU protocol run"]
+    head = ["method", "paper: Llama-3-8B, H20Z GPU", "paper: Llama-3.2-1B, H20Z GPU", "here: CPU-tuned",
+            "here: CPU protocol run"]
     return table(head, rows)
 
 
@@ -105,49 +101,12 @@ def table2_directions() -> str:
                                      ("FR-Spec-32k", "FR-Spec", "fr-spec-32k")):
         paper = (ms["Speed-up vs AR"] if other == "AR"
                  else ms["Avg. Speed"] / _row(item, other, "Llama-3-8B-Instruct")["Avg. Speed"])
-        a = repeat_speedups(PAPER_RUN, "microspec-kpall", ours_other)
         b = repeat_speedups(TUNED_RUN, "microspec", ours_other)
-        rows.append([f"MicroSpec faster than {label}", x(paper), spread(a), verdict(paper > 1, a), spread(b),
-                     verdict(paper > 1, b)])
+        rows.append([f"MicroSpec faster than {label}", x(paper), spread(b), verdict(paper > 1, b)])
     full = _row(item, "EAGLE", "Llama-3-8B-Instruct")["Avg. Len."]
     rows.append(["MicroSpec's τ over EAGLE-2's (full vocabulary)", f"{ms['Avg. Len.'] / full:.3f}",
-                 f"{_tau(PAPER_RUN, 'microspec-kpall') / _tau(PAPER_RUN, 'eagle-full'):.3f}", "–",
                  f"{_tau(TUNED_RUN, 'microspec') / _tau(TUNED_RUN, 'eagle-full'):.3f}", "–"])
-    verify = {run: mean_of(repeat_ms_per_step(run, m, "verify_s"))
-              for run, m in ((PAPER_RUN, "microspec-kpall"), (TUNED_RUN, "ar"))}
-    return "\n\n".join([
-        table(["claim", "paper: Llama-3-8B, H20Z GPU", "here: paper settings", "direction", "here: CPU-tuned",
-               "direction"], rows),
-        f"- At the paper's settings every method verifies a 60-token tree: {verify[PAPER_RUN]:.1f} ms a step against "
-        f"{verify[TUNED_RUN]:.1f} ms for a plain step, {verify[PAPER_RUN] / verify[TUNED_RUN]:.1f} plain steps for "
-        f"τ {_tau(PAPER_RUN, 'microspec-kpall'):.2f}. On a GPU a pass over 60 tokens costs about what one token's "
-        "does; on this CPU the packed kernels' cost grows with the rows, so the tree does not pay, while the "
-        "ordering of the vocabulary methods is the paper's.",
-    ])
-
-
-def table3() -> str:
-    item = _paper("microspec")["items"]["table3"]
-    full = item["rows"][-1]["values"]["Avg. Speed"]
-    ours = {"Ctx. Only": "microspec-kpall-ctx", "Ext. Only": "microspec-kpall-ext",
-            "Ctx. + Ext. / indexed": "microspec-kpall-indexed", "Ctx. + Ext. (full method)": "microspec-kpall"}
-    rows = []
-    for r, (label, name) in zip(item["rows"], ours.items()):
-        paper = r["values"]["Avg. Speed"] / full
-        here = repeat_speedups(ABLATION_RUN, name, "microspec-kpall")
-        rows.append([label, f"{r['values']['Avg. Speed']:.1f} tok/s ({paper:.2f})", spread(here),
-                     f"{_tau(ABLATION_RUN, name):.2f}", "–" if name == "microspec-kpall" else verdict(paper > 1, here)])
-    prefill = {m: sum(c["prefill_s"] for r in answers(ABLATION_RUN, m) for c in r["choices"])
-               for m in ("microspec-kpall", "microspec-kpall-ext")}
-    wall = sum(sum(c["wall_time"]) for r in answers(ABLATION_RUN, "microspec-kpall") for c in r["choices"])
-    return "\n\n".join([
-        table(["variant", "paper: Llama-3-8B, H20Z GPU (share of the full method)",
-               "here: Gemma 3 270M, CPU (share of the full method's speed)", "here: τ", "direction"], rows),
-        f"- The context part costs here what it does not on a GPU: the target's top-K at every prompt position is a "
-        f"full-vocabulary head row per position. Prefill takes {prefill['microspec-kpall']:.1f} s of the full "
-        f"method's {wall:.1f} s against {prefill['microspec-kpall-ext']:.1f} s without the context part; that is "
-        "why the CPU-tuned `microspec` takes no prefill top-K.",
-    ])
+    return table(["claim", "paper: Llama-3-8B, H20Z GPU", "here: CPU-tuned", "direction"], rows)
 
 
 def figure1a() -> str:
@@ -229,7 +188,7 @@ def figure4() -> str:
     item = _paper("microspec")["items"]["figure4"]
     vs_eagle, vs_fr = (c["value"] for c in item["claims"][:2])
     rows, cells = [], []
-    for label, run, ms in (("paper settings", PAPER_RUN, "microspec-kpall"), ("CPU-tuned", TUNED_RUN, "microspec")):
+    for label, run, ms in (("CPU-tuned", TUNED_RUN, "microspec"),):
         mean = {m: mean_of(repeat_ms_per_step(run, m)) for m in (ms, "eagle-full", "fr-spec-32k")}
         cells.append((label, mean["eagle-full"], mean["fr-spec-32k"], mean[ms]))
         rows.append([f"here: {label} (draft ms per step)", f"{mean['eagle-full']:.2f}", f"{mean['fr-spec-32k']:.2f}",
@@ -334,22 +293,14 @@ def render() -> str:
         "`benchmarks/results/papers/papers.json`), this project's on the same quantity, and whether the direction "
         "agrees. The papers ran 1–8B targets on data-centre GPUs; here a 270M target runs on a 2-core CPU, where a "
         "target pass is cheap and a draft head over 262,144 ids is not. Speeds are compared as ratios within a "
-        "run; differences inside the spread over repeats are ties. `microspec` is measured in two configurations, "
-        "each named for what it is:",
+        "run; differences inside the spread over repeats are ties. `microspec` is measured as tuned for this CPU:",
         settings(),
         "### MicroSpec, Table 2: speed-up over plain decoding and τ",
         table2(),
-        _source(PAPER_RUN, BENCH + " --methods ar,eagle-full,fr-spec-32k,microspec-kpall --depth 6 --top-k 10 "
-                "--total-tokens 59").markdown(),
         _source(TUNED_RUN, BENCH + " --methods ar,eagle-full,fr-spec-32k,microspec,microspec-kpall").markdown(),
         Source(DATA["PROTOCOL_FOLDER"], proto["command"], proto["date"], CPU, DATA["COMMIT_PROTOCOL"]).markdown()
         + " <sub>40 questions, 256 tokens, one run.</sub>",
         table2_directions(),
-        "### MicroSpec, Table 3: where the in-context vocabulary comes from",
-        table3(),
-        _source(ABLATION_RUN, BENCH + " --methods ar,microspec-kpall,microspec-kpall-ctx,microspec-kpall-ext,"
-                "microspec-kpall-indexed").markdown()
-        + " <sub>K_pre at every prompt position, one drafted token per step.</sub>",
         "### MicroSpec, Figure 1a: speed against the draft vocabulary's size",
         figure1a(),
         "### MicroSpec, Figure 1b: coverage per category",

@@ -180,13 +180,40 @@ def _memory() -> str:
 
 
 def _suffix() -> str:
-    s, r = load(SUFFIX_SERVE), load(SUFFIX_REPEAT)
+    s = load(SUFFIX_SERVE)
     rows = []
     for k, (a, b) in s["drafters"].items():
         rows.append([DRAFTERS.get(k, k), num(a["decode_tok_s"], 1), x(a["vs_none"]), x(a["vs_ngram"]),
                      num(b["decode_tok_s"], 1), x(b["vs_none"]), x(b["vs_ngram"])])
     same = all(p["same_text_as_plain"] for v in s["drafters"].values() for p in v)
     sf, au = s["drafters"]["suffix"], s["drafters"].get("auto")
+    bullets = [
+        f"- Through the server, where responses repeat, suffix decoding runs at {x(sf[1]['vs_ngram'])} prompt lookup"
+        + (f" and `auto` at {x(au[1]['vs_ngram'])}" if au else "") +
+        f"; on new requests suffix decoding is at {x(sf[0]['vs_ngram'])} prompt lookup"
+        + (f" and `auto` at {x(au[0]['vs_ngram'])}" if au else "") + ".",
+        "- One run each, no repeats. The same prompts in process, suffix decoding by tree size: "
+        "[docs/history.md](docs/history.md#repeated-requests-in-process-by-suffix-tree-size).",
+    ]
+    if same:
+        bullets.append("- Every drafter's text equals plain decoding's in both rounds.")
+    return "\n".join([
+        "### Repeated requests: suffix decoding against prompt lookup", "",
+        f"{s['prompts']} MT-bench first turns, {s['max_tokens']} tokens, greedy, sent once (round 1: new requests), "
+        "then all again (round 2: repeated or regenerated requests, each earlier response in the cache of responses "
+        "that suffix decoding draws on). Through `serve`: one server per drafter, one request at a time, decode "
+        "tokens/s measured by the client from each request's first text chunk to its end; ratios within the round.",
+        "",
+        table(["drafter", "round 1 tok/s", "vs plain", "vs prompt lookup", "round 2 tok/s", "vs plain",
+               "vs prompt lookup"], rows), "",
+        Source(SUFFIX_SERVE, CMD_SUFFIX_SERVE, s["date"], CPU, COMMIT_SUFFIX_SERVE).markdown(), "",
+        *bullets, "",
+    ])
+
+
+def _suffix_trees() -> str:
+    """The repeated requests of :func:`_suffix` in process, suffix decoding by tree size."""
+    r = load(SUFFIX_REPEAT)
     ms = r["methods"]
     lookup = {p["round"]: p["decode_tok_s"] for p in ms["ngram"]}
     rrows = []
@@ -202,28 +229,17 @@ def _suffix() -> str:
                  if p["round"] == 1]
     rsame = all(p["same_tokens_as_ar"] for v in ms.values() for p in v)
     bullets = [
-        f"- Through the server, where responses repeat, suffix decoding runs at {x(sf[1]['vs_ngram'])} prompt lookup"
-        + (f" and `auto` at {x(au[1]['vs_ngram'])}" if au else "") +
-        f"; on new requests suffix decoding is at {x(sf[0]['vs_ngram'])} prompt lookup"
-        + (f" and `auto` at {x(au[0]['vs_ngram'])}" if au else "") + ".",
         f"- In process, suffix decoding's trees cost more verify rows than they earn on new requests on this target "
         f"({min(suffix_r1):.2f}-{max(suffix_r1):.2f}x prompt lookup); on repeated ones the deepest tree accepts most.",
         f"- One run each, no repeats: plain decoding itself moved {abs(ar[1] / ar[2] - 1):.0%} between the in-process "
         "rounds, so differences of that size are not resolved.",
     ]
-    if same and rsame:
-        bullets.append("- Every drafter's text equals plain decoding's in both rounds, in both measurements.")
+    if rsame:
+        bullets.append("- Every method's text equals plain decoding's in both rounds.")
     return "\n".join([
-        "### Repeated requests: suffix decoding against prompt lookup", "",
-        f"{s['prompts']} MT-bench first turns, {s['max_tokens']} tokens, greedy, sent once (round 1: new requests), "
-        "then all again (round 2: repeated or regenerated requests, each earlier response in the cache of responses "
-        "that suffix decoding draws on). Through `serve`: one server per drafter, one request at a time, decode "
-        "tokens/s measured by the client from each request's first text chunk to its end; ratios within the round.",
-        "",
-        table(["drafter", "round 1 tok/s", "vs plain", "vs prompt lookup", "round 2 tok/s", "vs plain",
-               "vs prompt lookup"], rows), "",
-        Source(SUFFIX_SERVE, CMD_SUFFIX_SERVE, s["date"], CPU, COMMIT_SUFFIX_SERVE).markdown(), "",
-        f"In process, the same {r['prompts']} prompts through one engine per method, by tree size: decode tokens/s "
+        "### Repeated requests in process, by suffix tree size", "",
+        "The requests of BENCHMARKS.md's \"Repeated requests: suffix decoding against prompt lookup\" in process: "
+        f"the same {r['prompts']} prompts through one engine per method, by tree size: decode tokens/s "
         "(mean accepted length per step) · ratio to prompt lookup in the same round.", "",
         table(["method", "round 1: new requests", "round 2: repeated requests"], rrows), "",
         Source(SUFFIX_REPEAT, CMD_SUFFIX_REPEAT, DATA["DATE_SUFFIX_REPEAT"], CPU, COMMIT_SUFFIX_REPEAT).markdown(), "",
@@ -231,67 +247,7 @@ def _suffix() -> str:
     ])
 
 
-SOAK = DATA["SOAK"]
-# the long prompt's length in Gemma 3 270M's tokens where a run did not record it (soak.py's LONG_TEXT repeated for
-# --long-tokens 30000, counted with the model's tokenizer)
-LONG_PROMPT_TOKENS = {30000: 26786}
-
-
-def _floor(d: dict) -> str | None:
-    """The floor of memory soak.py records: the least RSS of each tenth of the run's second half with no long prompt
-    in flight (a long prompt's KV cache is memory in use, not memory kept)."""
-    floors = d.get("rss_floor_mib")
-    if not floors:
-        return None
-    return f"{min(floors):,.0f} – {max(floors):,.0f} MiB over {len(floors)} tenths ({d['rss_floor_change']:.1%})"
-
-
-def _long_tokens(d: dict) -> str:
-    counted = {r.get("prompt_tokens") for r in d["long"]} - {None}
-    n = counted.pop() if len(counted) == 1 else LONG_PROMPT_TOKENS.get(d["long_tokens"])
-    return f"{n:,}" if n else f"about {d['long_tokens']:,}"
-
-
-def _soak() -> str:
-    d = load(SOAK)
-    t = d["ttft_ms"]
-    rss = [v for _, v in d["rss_mib"] if v is not None]
-    cmd = (f"python benchmarks/measure/soak.py --requests {d['requests']} --concurrency {d['concurrency']} "
-           f"--long-prompts {d['long_prompts']} --long-tokens {d['long_tokens']} --max-tokens {d['max_tokens']} "
-           f"--serve-args \"{d['serve_args']}\" --out benchmarks/results/{SOAK}")
-    statuses = ", ".join(f"{k}: {v:,}" for k, v in sorted(d["statuses"].items()))
-    longs = "; ".join(f"{'answered' if not r['lost'] and r['status'] == 200 else 'lost'} in {r['wall']:.0f} s, "
-                      f"first token after {r['ttft']:.0f} s" if r["ttft"] is not None else f"status {r['status']}"
-                      for r in sorted(d["long"], key=lambda r: r.get("start_s") or 0))
-    return "\n".join([
-        "### Soak: every kind of request against one server", "",
-        f"{d['requests']:,} requests from {d['concurrency']} clients against one server (the default method, "
-        f"`auto`): short completions of {d['max_tokens']} tokens in mixed decodings (greedy, penalty 1.2, T 0.7 "
-        f"seeded, both), streamed or not; {d['cancel_share']:.0%} hung up after their first chunk; "
-        f"{d['malformed_share']:.0%} bad requests (broken JSON, wrong types, out-of-range values, an over-long stop "
-        f"sequence, an unknown route); and {d['long_prompts']} long prompts ({_long_tokens(d)} tokens) started at "
-        "even points of the run.", "",
-        table(["", "value"], [
-            ["answers by status", statuses],
-            ["lost (no answer, a cut connection, a stream without its end)", d["lost"]],
-            ["5xx answers", d["server_errors"]],
-            ["bad requests not answered 4xx", d["malformed_not_4xx"]],
-            ["short streams' time to first token, p50 / p99 ms: no long prompt in flight",
-             f"{num(t['no_long_prompt']['p50'], 0)} / {num(t['no_long_prompt']['p99'], 0)} "
-             f"({t['no_long_prompt']['n']:,} requests)"],
-            ["... with a long prompt in flight",
-             f"{num(t['long_prompt_in_flight']['p50'], 0)} / {num(t['long_prompt_in_flight']['p99'], 0)} "
-             f"({t['long_prompt_in_flight']['n']:,} requests); p99 {x(d['ttft_p99_ratio'])} of the above"],
-            ["the long prompts", longs],
-            ["server RSS MiB: min / max over the run", f"{min(rss):,.0f} / {max(rss):,.0f}" if rss else None],
-            ["... its floor: the least of each tenth of the second half with no long prompt in flight", _floor(d)],
-            ["wall", f"{d['wall_s'] / 60:.1f} min"]]), "",
-        Source(SOAK, cmd, d["date"].split(" ")[0], "2-core AMD EPYC (AVX-512), 2 threads", d["commit"]).markdown(), "",
-    ])
-
-
 REPEATS = DATA["REPEATS"]  # {greedy,pen}-{none,auto}-r<run>.json: servers one after another
-BEFORE = DATA["BEFORE"]  # the same load, repeated alike at an earlier commit
 SIZED_AB = DATA["SIZED_AB"]  # greedy `auto` servers before and after auto's short lookup chain was sized: base/, head/
 REPEATS_CMD = DATA["REPEATS_CMD"]
 
@@ -337,11 +293,6 @@ def _repeats() -> str:
             return "every `auto` run below every plain one"
         return "the two servers' ranges overlap"
 
-    old, old_meta = _runs(BEFORE)
-
-    def was(dec: str, drafter: str) -> str:
-        return f"{mean_of(old[(dec, drafter, top)]):.0f} → {mean_of(runs[(dec, drafter, top)]):.0f}"
-
     notes = [f"- {names[dec].capitalize()}: `auto` {x(ratio[(dec, 4)][0])} plain batching at 4 clients "
              f"({spread(dec, 4)}) and {x(ratio[(dec, top)][0])} at {top} ({spread(dec, top)}); "
              f"{x(ratio[(dec, 4)][1])} and {x(ratio[(dec, top)][1])} one plain client (plain batching "
@@ -354,15 +305,17 @@ def _repeats() -> str:
                "auto vs one plain client"], rows), "",
         Source(f"{REPEATS}/", REPEATS_CMD, meta["date"].split(" ")[0], LOAD_MACHINE, meta["commits"]).markdown(), "",
         *notes,
-        f"- The same command at {old_meta['commits']} (`{BEFORE}/`, {old_meta['date'].split(' ')[0]}): at {top} "
-        "clients, tok/s then → now: "
-        + "; ".join(f"{names[dec]} plain {was(dec, 'none')}, `auto` {was(dec, 'auto')}" for dec in names) + ".",
-        *_sized_ab(),
-        *(["- `ed36dbe+dirty`: while those runs went, the tree differed from ed36dbe in this renderer only "
-           "(benchmarks/render/serve.py); 98bc478 (penalty runs 4–6) runs the same server code."]
-          if "ed36dbe+dirty" in meta["commits"] else []),
         "- One server's run moves by up to a third from the next on this machine (the ranges): single runs of it "
-        "cannot tell a few percent apart.", *_across(), ""])
+        "cannot tell a few percent apart. The same load at earlier commits, alternated: "
+        "[docs/history.md](docs/history.md#the-server-under-load).", ""])
+
+
+def _repeats_history() -> str:
+    """The same load as :func:`_repeats` at pairs of commits, alternated."""
+    return "\n".join([
+        "### Clients at once, repeated, at pairs of commits", "",
+        f"The load of BENCHMARKS.md's \"Clients at once, repeated\" (`{REPEATS_CMD}`), servers of two commits "
+        "alternating:", "", *_sized_ab(), *_across(), ""])
 
 
 AB = DATA["AB"]  # the same load before and after the GPU step's changes: base/ and head/, alternated
@@ -413,7 +366,12 @@ def render() -> str:
     return "\n".join(["## The server under load", "",
                       "`microspec serve` (OpenAI-style completions, streamed) on Gemma 3 270M with packed GGUF "
                       "weights, on loopback; every request greedy unless a section says otherwise.", "",
-                      _load(), _repeats(), _memory(), _suffix(), _soak()]).rstrip() + "\n"
+                      _repeats(), _memory(), _suffix()]).rstrip() + "\n"
+
+
+def history() -> str:
+    return "\n".join(["## The server under load", "", _load(), _repeats_history(),
+                      _suffix_trees()]).rstrip() + "\n"
 
 
 FIGURES: dict = {}

@@ -9,7 +9,7 @@ from .common import CPU, RESULTS, Source, commit, load, mean_of, num, picture, r
 DATA = runs("speed")  # its runs and their provenance: benchmarks/render/runs.json
 
 HELD = DATA["HELD"]
-HELD_VLLM = DATA["HELD_VLLM"]  # optional: vLLM beside plain decoding on the same prompts
+HELD_VLLM = DATA.get("HELD_VLLM")  # optional: vLLM beside plain decoding on the same prompts
 VLLM = DATA["VLLM"]
 VLLM_DRAFT = DATA["VLLM_DRAFT"]
 
@@ -35,10 +35,6 @@ COMMIT_VLLM, COMMIT_VLLM_DRAFT = DATA["COMMIT_VLLM"], DATA["COMMIT_VLLM_DRAFT"]
 # runs record each question's tokens/s, so the same question's speed can be compared from run to run
 AUTO = DATA["AUTO"]
 AUTO_BEFORE = DATA["AUTO_BEFORE"]  # the same runs with the AVX2 products only (before the VNNI tiles)
-# the same runs again at later commits: ea8855b (K-quant VNNI, the penalty by index), 4183d30 (the walks' rows
-# processed in place, the CPU KV caches mapped on their own)
-AUTO_LATER = DATA["AUTO_LATER"]
-DIRTY = DATA["DIRTY"]  # what a "+dirty" run's tree differed in
 AUTO_DECODINGS = {"greedy": "greedy", "greedy-rp1.2": "repetition penalty 1.2", "T0.7": "temperature 0.7",
                   "T0.7-rp1.2": "T 0.7 + penalty 1.2"}
 AUTO_FIXED = ("ngram", "microspec@lookup")
@@ -46,6 +42,8 @@ PROMPTS_CMD = DATA["PROMPTS_CMD"]
 
 
 def _vllm_files(decoding: str) -> list[str]:
+    if not HELD_VLLM:
+        return []
     return [str(p.relative_to(RESULTS)) for p in sorted((RESULTS / HELD_VLLM).glob(f"**/{decoding}/results.json"))]
 
 
@@ -131,8 +129,6 @@ def _held_apart() -> str:
     methods = _methods()
     heads = [METHODS[m] for m in methods]
     rows = [[DECODINGS[d], spread(plain_tok_s(d), 1, ""), *_cells(d, None)] for d in DECODINGS]
-    cat_rows = [[DECODINGS[d], CATEGORIES[c], spread(plain_tok_s(d, c), 1, ""), *_cells(d, c)]
-                for d in DECODINGS for c in CATEGORIES]
     fixed = [m for m in methods if m not in PEERS and m != "auto"]
     n_runs = {d: len(RUNS[d]) for d in DECODINGS}
 
@@ -187,14 +183,14 @@ def _held_apart() -> str:
         f". Gemma 3 270M with packed GGUF weights, {meta['max_new_tokens']} tokens per turn, "
         f"{meta['warmup']} warm-up generation per method; one `microspec bench` process per decoding and run. "
         "Each cell: the method's tokens/s over plain decoding's in the same run, mean over the runs (range). "
-        "Bold: the fastest and every method whose range overlaps it. Methods: `auto` chooses per step by measured "
+        "Bold: the fastest and every method whose range overlaps it (by category: [docs/history.md]"
+        "(docs/history.md#on-held-apart-prompts-by-category)). Methods: `auto` chooses per step by measured "
         f"speed; prompt lookup (`ngram`, {how['ngram']['tree']['depth']} tokens); suffix decoding at its "
         f"defaults; MicroSpec = the EAGLE head drafting {drafted} over "
         "MicroSpec's vocabulary; MicroSpec, lookup first = prompt lookup where it matches, else the head; llama.cpp "
         f"and its prompt lookup (`{how['llama-cpp-lookup']['draft_model']}`) through {how['llama-cpp']['peer']} on "
         "the same GGUF.", "",
         table(["decoding", "plain tok/s", *heads], rows), "",
-        table(["decoding", "category", "plain tok/s", *heads], cat_rows), "",
         held_source().markdown(), *([held_vllm_source().markdown()] if held_vllm_source() else []), "",
         *bullets, "",
         picture("speedup-by-decoding", "Speed-up over plain decoding by decoding: auto, prompt lookup, MicroSpec, "
@@ -246,12 +242,14 @@ def _auto_budget() -> str:
         f"{min(worst):.2f}x, and choosing cost at most {max(cost):.1%} of its time.",
         f"- Plain decoding's tokens/s moved by up to {moved:.0%} between runs of a decoding on this machine; the "
         "methods run in turn from a different one at each question, and the warm-up generation's prompt is none of "
-        "the questions.", *_before(), *_later(), "", *_same_question(res, len(runs)),
+        "the questions. How far one question's speed moves from run to run, and `auto`'s runs before the "
+        "products used AVX-512 VNNI: [docs/history.md](docs/history.md#how-fast).", "",
     ])
 
 
 def _before() -> list[str]:
-    """auto's mean speed-up and tokens/s per decoding in the same runs with the AVX2 products only (3 runs)."""
+    """auto's mean speed-up and tokens/s per decoding in the same runs with the AVX2 products only (3 runs), beside
+    the runs of the table (:data:`AUTO`)."""
     runs = sorted(p.name for p in (RESULTS / AUTO_BEFORE).iterdir() if p.is_dir())
     cells, commits = [], set()
     for d, label in AUTO_DECODINGS.items():
@@ -261,47 +259,17 @@ def _before() -> list[str]:
                      f"({spread([r['methods']['auto']['overall']['tokens_per_s'] for r in res], 1, '')} tok/s)")
     aside = [load(f"{AUTO}/{r}/{d}/results.json")["methods"]["auto"]["overall"].get("auto_aside_share", 0.0)
              for r in sorted(p.name for p in (RESULTS / AUTO).iterdir() if p.is_dir()) for d in AUTO_DECODINGS]
-    return [f"- The same {len(runs)} runs before the interleaved products used AVX-512 VNNI (commit "
-            f"{', '.join(sorted(commits))}, `benchmarks/results/{AUTO_BEFORE}/`): `auto` " + "; ".join(cells) + ". "
-            f"In the runs above up to {max(aside):.0%} of a decoding's turns ran plainly, the engine having stepped "
-            "aside."]
+    now = sorted({commit(load(f"{AUTO}/{r}/greedy/results.json")["meta"])
+                  for r in sorted(p.name for p in (RESULTS / AUTO).iterdir() if p.is_dir())})
+    return ["### `auto` against its own arms, before the products used AVX-512 VNNI", "",
+            f"The runs of BENCHMARKS.md's \"`auto` against its own arms\" (commit {', '.join(now)}, "
+            f"`benchmarks/results/{AUTO}/`) repeat, with the same command, {len(runs)} runs made before the interleaved "
+            f"products used AVX-512 VNNI (commit {', '.join(sorted(commits))}, `benchmarks/results/{AUTO_BEFORE}/`): "
+            "`auto` " + "; ".join(cells) + f". In the later runs up to {max(aside):.0%} of a decoding's turns ran "
+            "plainly, the engine having stepped aside.", ""]
 
 
-def _later() -> list[str]:
-    """The same runs again at later commits (:data:`AUTO_LATER`), a line each."""
-    return [line for folder in AUTO_LATER for line in _later_at(folder)]
-
-
-def _later_at(later: str) -> list[str]:
-    """The same runs again at a later commit (results in ``later``): auto's mean speed-up, its ratio to the best fixed
-    method and its worst question, per decoding."""
-    runs = sorted(p.name for p in (RESULTS / later).iterdir() if p.is_dir())
-    cells, commits, mean = [], set(), []
-    for d, label in AUTO_DECODINGS.items():
-        res = [load(f"{later}/{r}/{d}/results.json") for r in runs]
-        commits |= {commit(r["meta"]) for r in res}
-        auto = [r["methods"]["auto"]["overall"]["speedup"] for r in res]
-        best = [max(r["methods"][m]["overall"]["speedup"] for m in AUTO_FIXED) for r in res]
-        low = min(r["methods"]["auto"]["overall"]["min_question_speedup"]["speedup"] for r in res)
-        cells.append(f"{label} {spread(auto)} ({spread([a / b for a, b in zip(auto, best)])} of the best fixed, "
-                     f"worst question {low:.2f}x)")
-        mean.append(auto)
-    avg = [sum(r) / len(r) for r in zip(*mean)]
-    table_runs = sorted(p.name for p in (RESULTS / AUTO).iterdir() if p.is_dir())
-    earlier = [[load(f"{AUTO}/{r}/{d}/results.json")["methods"]["auto"]["overall"]["speedup"] for r in table_runs]
-               for d in AUTO_DECODINGS]
-    overlap = all(min(a) <= max(b) and min(b) <= max(a) for a, b in zip(mean, earlier))
-    dirty = f" (`+dirty`: the tree differed in {DIRTY[later]} only)" if any("+dirty" in c for c in commits) else ""
-    return [f"- The same {len(runs)} runs at commit {', '.join(sorted(commits))}{dirty} "
-            f"(`benchmarks/results/{later}/`, "
-            "the same command): `auto` " + "; ".join(cells) + f"; {spread(avg)} over the four. The fixed methods "
-            "moved as much between these runs (prompt lookup greedy " + spread(
-                [load(f"{later}/{r}/greedy/results.json")["methods"]["ngram"]["overall"]["speedup"]
-                 for r in runs]) + ")" + ("; in every decoding `auto`'s range here overlaps its range in the "
-                                          "table above." if overlap else ".")]
-
-
-def _same_question(res: dict, n_runs: int) -> list[str]:
+def _same_question(res: dict, n_runs: int, where: str) -> list[str]:
     """How far one question's tokens/s moves from run to run (max / min - 1 over the runs), plain decoding against
     `auto`: whether auto's choices follow the text or the timing noise."""
     rows, worse, total = [], 0, 0
@@ -315,7 +283,8 @@ def _same_question(res: dict, n_runs: int) -> list[str]:
         worse, total = worse + beyond, total + n
         rows.append([label, f"{moved['ar'][n // 2]:.1%} / {moved['ar'][-1]:.1%}",
                      f"{moved['auto'][n // 2]:.1%} / {moved['auto'][-1]:.1%}", f"{beyond} of {n}"])
-    return ["The same question from run to run (whether `auto`'s choices follow the text or the timing noise): "
+    return [f"The runs of BENCHMARKS.md's \"`auto` against its own arms\" ({where}), the same question from run to "
+            "run (whether `auto`'s choices follow the text or the timing noise): "
             f"for each question, how far its tokens/s moved over the {n_runs} runs (largest over smallest, minus "
             "one), the median and the largest over the questions; the last column counts the questions whose "
             "`auto` speed moved more than any question's plain speed did in that decoding.", "",
@@ -382,22 +351,49 @@ def _vllm() -> str:
     return "\n".join(parts)
 
 
+SUMMARY = {"auto": "`auto` (default)", "microspec": "MicroSpec", "llama-cpp": "llama.cpp", "vllm": "vLLM"}
+
+
+def summary_methods() -> list[str]:
+    """The README's short table's methods: those of :data:`SUMMARY` measured on the held-apart prompts."""
+    return [m for m in SUMMARY if m in _methods()]
+
+
+def summary_headers() -> list[str]:
+    return ["decoding", "plain tok/s", *(SUMMARY[m] for m in summary_methods())]
+
+
 def summary_rows() -> list[list[str]]:
-    """The README's short table: per decoding, plain tok/s, then `auto`, MicroSpec, llama.cpp and vLLM over plain."""
+    """The README's short table: per decoding, plain tok/s, then `auto`, MicroSpec, llama.cpp (and vLLM where measured)
+    over plain."""
     def cell(d, m):
         v = ratios(d, m)
         return spread(v) if v else None
-    return [[DECODINGS[d], spread(plain_tok_s(d), 1, ""), cell(d, "auto"), cell(d, "microspec"),
-             cell(d, "llama-cpp"), cell(d, "vllm")] for d in DECODINGS]
-
-
-SUMMARY_HEADERS = ["decoding", "plain tok/s", "`auto` (default)", "MicroSpec", "llama.cpp", "vLLM"]
+    return [[DECODINGS[d], spread(plain_tok_s(d), 1, ""), *(cell(d, m) for m in summary_methods())]
+            for d in DECODINGS]
 
 
 def render() -> str:
     return "\n".join(["## How fast: against plain decoding, llama.cpp and vLLM", "",
                       "Every ratio is a method's tokens/s over this engine's plain decoding (`ar`) measured in the "
                       "same run.", "", _held_apart(), _auto_budget(), _vllm()]).rstrip() + "\n"
+
+
+def _by_category() -> list[str]:
+    """The held-apart table of BENCHMARKS.md by category."""
+    heads = [METHODS[m] for m in _methods()]
+    cat_rows = [[DECODINGS[d], CATEGORIES[c], spread(plain_tok_s(d, c), 1, ""), *_cells(d, c)]
+                for d in DECODINGS for c in CATEGORIES]
+    return ["### On held-apart prompts, by category", "",
+            "BENCHMARKS.md's \"On held-apart prompts\" by category (the same runs, cells and bold):", "",
+            table(["decoding", "category", "plain tok/s", *heads], cat_rows), "", held_source().markdown(), ""]
+
+
+def history() -> str:
+    runs = sorted(p.name for p in (RESULTS / AUTO).iterdir() if p.is_dir())
+    res = {d: [load(f"{AUTO}/{r}/{d}/results.json") for r in runs] for d in AUTO_DECODINGS}
+    return "\n".join(["## How fast", "", *_by_category(), "### `auto` against its own arms: the same question from run to run", "",
+                      *_same_question(res, len(runs), f"`benchmarks/results/{AUTO}/`"), *_before()]).rstrip() + "\n"
 
 
 def _draw(fig) -> None:

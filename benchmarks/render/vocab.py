@@ -264,9 +264,52 @@ def _figure_text() -> list[str]:
             ("; smaller shortlists lost more τ than they saved in draft time." if best != min(sw) else "."), ""]
 
 
+def _summary() -> list[str]:
+    """Every protocol run's overall speed-up over `ar` (τ) per method, one column a run; the per-category tables are
+    in docs/history.md."""
+    res = {rel: load(rel) for rel in PROTOCOL}
+    meta = load(GEMMA_GREEDY)["meta"]
+    tree = meta["methods"]["microspec"]["tree"]
+    ft3, ft4 = (load(f)["tau"]["eagle2"]["overall"] for f in (HEAD_FT3, HEAD_FT4))
+    methods = list(dict.fromkeys(m for r in res.values() for m in r["methods"]))
+    best = {rel: max(speedup(r, m) for m in r["methods"] if m != "ar" and m not in PEERS) for rel, r in res.items()}
+
+    def cell(rel: str, m: str) -> str | None:
+        r = res[rel]
+        if m not in r["methods"]:
+            return None
+        if m == "ar":
+            return f"{ov(r, 'ar')['tokens_per_s']:.2f} tok/s"
+        v = f"{speedup(r, m):.2f}x"
+        v = f"**{v}**" if m not in PEERS and f"{speedup(r, m):.2f}" == f"{best[rel]:.2f}" else v
+        return v if m in PEERS else f"{v} ({ov(r, m)['mean_accept_len']:.2f})"
+
+    rows = [[METHODS[m].replace("`ar`", "`ar` (plain)"), *(cell(rel, m) for rel in res)] for m in methods]
+    clean = all(not [k for k in (r.get("mismatches") or {}) if k not in PEERS] for r in res.values())
+    return [f"`microspec bench --protocol cpu`: the first questions of each Spec-Bench category and of HumanEval "
+            f"({meta['questions']} questions, mt_bench's second turns included), {meta['max_new_tokens']} new tokens, "
+            f"packed GGUF weights, {meta['threads']} threads, one run per model and decoding with every method "
+            f"(and llama.cpp where named). Every EAGLE method drafts {tree['total_tokens']} token with the head "
+            "shipped then for its model on the packed CPU tree; they differ only in the draft head's vocabulary. "
+            "Cells: tokens/s over `ar`'s in the same run (the mean of per-question tokens/s, prefill included), τ in "
+            "brackets; bold: the fastest engine method of a run; – : not in that run. Gemma's runs drafted with "
+            f"fine-tune 3 of its head (τ {ft3:.2f} on EAGLE-2's tree against fine-tune 4's {ft4:.2f}: docs/history.md "
+            "has both). Each run by category, with draft times, active ids, coverage and acceptance by position: "
+            "[docs/history.md](docs/history.md#vocabulary-methods-compared).", "",
+            table(["method", *(title(r["meta"]) for r in res.values())], rows), "",
+            *(source(rel, commit).markdown() for rel, commit in PROTOCOL.items()), "",
+            "- Lossless: " + ("in every greedy run every engine method's tokens equal `ar`'s on every turn (llama.cpp's "
+                              "differ: its own arithmetic)." if clean else "a greedy run's tokens differ from `ar`'s "
+                                                                           "(docs/history.md has where)."), ""]
+
+
 def render() -> str:
-    return "\n".join(["## Vocabulary methods compared", "", *_protocol(), *_figure_text(), *_gather(),
-                      *_retrained(), *_bf16()]).rstrip() + "\n"
+    return "\n".join(["## Vocabulary methods compared", "", *_summary(), *_figure_text()]).rstrip() + "\n"
+
+
+def history() -> str:
+    return "\n".join(["## Vocabulary methods compared", "", *_protocol(), *_gather(), *_retrained(),
+                      *_bf16()]).rstrip() + "\n"
 
 
 def _draw(fig) -> None:
