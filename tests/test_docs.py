@@ -30,14 +30,33 @@ def test_openai_reference_matches_the_servers_fields():
 
 
 def test_benchmarks_md_matches_results():
-    """BENCHMARKS.md and the README's results table are what benchmarks/render_docs.py renders from the results JSON
-    in benchmarks/results/ (no number in them is typed by hand)."""
+    """BENCHMARKS.md, docs/history.md and the README's results table are what benchmarks/render_docs.py renders from
+    the results JSON in benchmarks/results/ (no number in them is typed by hand)."""
     render_docs = load_script(ROOT / "benchmarks" / "render_docs.py")
     assert render_docs.render() == (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8"), (
         "BENCHMARKS.md differs from benchmarks/results/: run `python3 benchmarks/render_docs.py` and commit the result")
+    assert render_docs.render_history() == (ROOT / "docs" / "history.md").read_text(encoding="utf-8"), (
+        "docs/history.md differs from benchmarks/results/: run `python3 benchmarks/render_docs.py` and commit it")
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert render_docs.with_readme_results(readme) == readme, (
         "README.md's results table differs from benchmarks/results/: run `python3 benchmarks/render_docs.py`")
+
+
+def test_benchmarks_md_is_short_and_its_links_to_the_history_land():
+    """BENCHMARKS.md holds each question's current answer in at most 600 lines; the before/after measurements are in
+    docs/history.md, and every link between the two names a heading that is there."""
+    render_docs = load_script(ROOT / "benchmarks" / "render_docs.py")
+    bench = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
+    history = (ROOT / "docs" / "history.md").read_text(encoding="utf-8")
+    assert len(bench.splitlines()) <= 600, f"BENCHMARKS.md has {len(bench.splitlines())} lines"
+
+    def anchors(text):
+        return {render_docs.anchor(line.lstrip("#").strip()) for line in text.splitlines() if line.startswith("#")}
+
+    links = [(a, history) for a in re.findall(r"\(docs/history\.md#([\w-]+)\)", bench)]
+    links += [(a, bench) for a in re.findall(r"\(\.\./BENCHMARKS\.md#([\w-]+)\)", history)]
+    links += [(a, text) for text in (bench, history) for a in re.findall(r"\]\(#([\w-]+)\)", text)]
+    assert links and all(a in anchors(text) for a, text in links), [a for a, text in links if a not in anchors(text)]
 
 
 def test_pictures_the_docs_show_exist():

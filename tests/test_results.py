@@ -1,13 +1,17 @@
 """Results the documentation renders come from committed code: ``microspec bench`` refuses to write into
 ``benchmarks/results/`` from a tree whose ``src/`` has uncommitted changes (unless the run is exploratory, and then
-says so in its results), and the renderer refuses a ``+dirty`` or exploratory results file."""
+says so in its results), and the renderer refuses a ``+dirty`` or exploratory results file.  Every folder in
+``benchmarks/results/`` is named somewhere, and every results file a rendered page cites is there."""
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
+from support import ROOT, load_script
 
 from microspec import bench as bench_pkg
 from microspec.cli import main
@@ -83,3 +87,88 @@ def test_an_exploratory_run_is_marked(checkout, tmp_path, monkeypatch):
     rc = main(["bench", "--weights", "bf16", "--model", "m", "--data", "d.jsonl", "--exploratory",
                "--out", str(checkout / "benchmarks" / "results" / "run")])
     assert rc == 0 and seen["meta"]["exploratory"] is True
+
+
+# ------------------------------------------------------------------------------------------- the rendered results
+RESULTS = ROOT / "benchmarks" / "results"
+FOLDER = re.compile(r"\d{4}-\d\d-\d\d-[\w.-]+|papers")
+
+
+def _render_docs():
+    return load_script(ROOT / "benchmarks" / "render_docs.py")
+
+
+def _strings(obj):
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _strings(k)
+            yield from _strings(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _strings(v)
+
+
+def test_the_renderer_refuses_unclean_results(tmp_path, monkeypatch):
+    """A results file whose commit ends in +dirty, or that an exploratory run wrote, is never rendered."""
+    common = _render_docs().common
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    (tmp_path / "clean.json").write_text(json.dumps({"meta": {"commit": "abc1234"}}))
+    (tmp_path / "dirty.json").write_text(json.dumps({"meta": {"commit": "abc1234+dirty"}}))
+    (tmp_path / "exploratory.json").write_text(json.dumps({"meta": {"commit": "abc1234", "exploratory": True}}))
+    assert common.read("clean.json")
+    for name in ("dirty.json", "exploratory.json"):
+        with pytest.raises(common.UncleanResult, match=name):
+            common.read(name)
+
+
+def test_no_results_file_is_unclean_except_those_listed():
+    """benchmarks/results/ holds no +dirty results but the GPU suite run whose e2e results
+    benchmarks/auto_starts.py reads (said in INDEX.md); the rest are in benchmarks/archive/."""
+    common = _render_docs().common
+    unclean = sorted(str(p.relative_to(RESULTS)) for p in RESULTS.rglob("*.json")
+                     if common.UNCLEAN.search(p.read_text(errors="replace")))
+    assert all(p.startswith("2026-11-27-gpu-suite-h200-61b55c6/") for p in unclean), unclean
+
+
+def test_every_results_folder_is_named():
+    """Every folder in benchmarks/results/ is named by the render manifest, a render module or INDEX.md."""
+    manifest = json.loads((ROOT / "benchmarks" / "render" / "runs.json").read_text())
+    named = {s.split("/")[0] for s in _strings(manifest)}
+    for module in (ROOT / "benchmarks" / "render").glob("*.py"):
+        named |= set(FOLDER.findall(module.read_text()))
+    index = (RESULTS / "INDEX.md").read_text()
+    named |= set(re.findall(r"^- `([^`/]+)/`: \S", index, re.M))
+    folders = {p.name for p in RESULTS.iterdir() if p.is_dir()}
+    assert folders - named == set(), f"results folders named nowhere: {sorted(folders - named)}"
+    listed = set(re.findall(r"^- `([^`/]+)/`", index, re.M))
+    assert listed <= folders, f"INDEX.md lists folders that are not there: {sorted(listed - folders)}"
+
+
+def _cited(text: str) -> list[str]:
+    """The results paths a rendered file cites: `benchmarks/results/<path>` (a comma-separated list goes on in the
+    first one's folder), with globs, {a,b} and <placeholders>."""
+    out = []
+    for group in re.findall(r"`benchmarks/results/([^`]+)`", text):
+        parts = [p.strip() for p in group.split(",")] if "{" not in group else [group]
+        folder = parts[0].rsplit("/", 1)[0] if "/" in parts[0] else ""
+        out += [p if "/" in p or not folder else f"{folder}/{p}" for p in parts if p]
+    return out
+
+
+def _expand(pattern: str) -> list[str]:
+    m = re.search(r"\{([^{}]*)\}", pattern)
+    if not m:
+        return [re.sub(r"<[^>]+>", "*", pattern)]
+    return [q for alt in m.group(1).split(",") for q in _expand(pattern[:m.start()] + alt + pattern[m.end():])]
+
+
+def test_every_cited_results_file_exists():
+    """Each results path that BENCHMARKS.md or docs/history.md cites is there (a glob: at least one file)."""
+    missing = []
+    for doc in ("BENCHMARKS.md", "docs/history.md"):
+        for path in _cited((ROOT / doc).read_text()):
+            if not all(list(RESULTS.glob(p.rstrip("/"))) for p in _expand(path)):
+                missing.append(f"{doc}: {path}")
+    assert not missing, missing
