@@ -52,11 +52,19 @@ def pytest_collection_modifyitems(session, config, items) -> None:
         name = _module(item)
         return 2 if name == "test_vllm_plugin" else 1 if name in HEAVY_MODULES else 0
 
-    items.sort(key=phase)  # stable: the order within a phase is pytest's
+    # stable: the order within a phase is pytest's, but for the tests that read a background run (last, so that
+    # their runs have had the most time)
+    items.sort(key=lambda item: (phase(item), item.get_closest_marker("background") is not None))
 
 
 def pytest_collection_finish(session) -> None:
-    """Start the first-use process for what the selected tests need (see tests/first_use.py)."""
+    """Start the first-use process for what the selected tests need (see tests/first_use.py), then the background
+    runs."""
+    _start_first_use(session)
+    _start_background([m for item in session.items if (m := item.get_closest_marker("background"))])
+
+
+def _start_first_use(session) -> None:
     import json
     import os
     import platform
@@ -106,6 +114,65 @@ def _finish_first_use() -> dict:
 def pytest_runtest_setup(item) -> None:
     if _module(item) in HEAVY_MODULES:
         _finish_first_use()
+
+
+# ----------------------------------------------------------------------------------------- background runs
+# A test marked ``@pytest.mark.background(name, argv, after_first_use=False, env=None)`` checks a self-contained
+# process (the Triton interpreter's kernel checks, the GPU suite's dry run): the process starts when collection
+# ends and runs at low priority on the core that the light tests (one thread) leave to the first-use process and
+# to these; the test only waits for it and reads what it printed.  ``argv``'s "{tmp}" is a folder of its own.  Runs
+# go one at a time in marker order, those that need the built models (``after_first_use``) once the first-use
+# process has ended.
+_BACKGROUND: dict = {}
+
+
+def _start_background(markers: list) -> None:
+    import os
+    import subprocess
+    import tempfile
+    import threading
+
+    runs = {}
+    for m in markers:
+        name, argv = m.args
+        runs.setdefault(name, {"argv": argv, "env": m.kwargs.get("env"), "after": m.kwargs.get("after_first_use",
+                                                                                                  False),
+                               "done": threading.Event(), "result": None})
+    if not runs:
+        return
+
+    def run(r: dict) -> None:
+        tmp = tempfile.mkdtemp(prefix="microspec-background-")
+        argv = [a.replace("{tmp}", tmp) for a in r["argv"]]
+        try:
+            out = subprocess.run(argv, env={**os.environ, **(r["env"] or {})}, capture_output=True, text=True,
+                                 timeout=1800, cwd=Path(__file__).resolve().parent.parent,
+                                 preexec_fn=lambda: os.nice(10))
+            r["result"] = (out.returncode, out.stdout, out.stderr, Path(tmp))
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            r["result"] = (-1, "", f"{type(exc).__name__}: {exc}", Path(tmp))
+        r["done"].set()
+
+    def lane() -> None:
+        for r in [r for r in runs.values() if not r["after"]]:
+            run(r)
+        if any(r["after"] for r in runs.values()) and "proc" in _FIRST_USE:
+            _FIRST_USE["proc"].wait()
+        for r in [r for r in runs.values() if r["after"]]:
+            run(r)
+
+    _BACKGROUND.update(runs)
+    threading.Thread(target=lane, daemon=True).start()
+
+
+@pytest.fixture
+def background(request):
+    """The outcome of this test's background run: (returncode, stdout, stderr, its {tmp} folder)."""
+    m = request.node.get_closest_marker("background")
+    r = _BACKGROUND[m.args[0]]
+    if not r["done"].wait(timeout=3600):
+        pytest.fail(f"background run {m.args[0]} did not end")
+    return r["result"]
 
 
 @pytest.fixture(scope="session")

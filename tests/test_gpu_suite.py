@@ -6,14 +6,20 @@ consistent.  A typo in any part fails here, not on the GPU."""
 from __future__ import annotations
 
 import json
+import sys
+
+import pytest
 
 from support import ROOT, load_script
 
 
-def test_gpu_suite_dry_run(tmp_path):
+@pytest.mark.background("gpu-suite-dry-run", [sys.executable, str(ROOT / "benchmarks" / "gpu_suite.py"), "--out",
+                                               "{tmp}", "--dry-run"], after_first_use=True, env={"OMP_NUM_THREADS": "1"})
+def test_gpu_suite_dry_run(background):
     suite = load_script(ROOT / "benchmarks" / "gpu_suite.py")
     latency = load_script(ROOT / "benchmarks" / "measure" / "draft_latency.py")
-    assert suite.main(["--out", str(tmp_path), "--dry-run"]) == 0
+    rc, out, err, tmp_path = background
+    assert rc == 0, out[-2000:] + err[-3000:]
     r = json.loads((tmp_path / "gpu-suite.json").read_text())
     md = (tmp_path / "gpu-suite.md").read_text()
     assert r["dry_run"] and not r.get("errors") and set(r["part_s"]) == set(suite.PARTS)

@@ -60,26 +60,30 @@ def test_gather_matmul_matches_torch_under_the_interpreter():
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 
 
-def test_window_kernels_match_torch_and_the_host_window_under_the_interpreter():
+# the Triton interpreter's checks run as processes of their own beside the light tests (conftest.py: background)
+INTERPRETER = {"TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT / "src")])}
+
+
+@pytest.mark.background("window-kernels", [sys.executable, str(ROOT / "tests" / "window_checks.py"), "cpu", "400"],
+                        env=INTERPRETER)
+def test_window_kernels_match_torch_and_the_host_window_under_the_interpreter(background):
     """MicroSpec's device window update and row gather (kernels/window_update.py) against the plain-torch window and
     the host window over 400 random appends, bit for bit (tests/window_checks.py; 5,000 on CUDA in test_cuda.py)."""
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT / "src")]))
-    out = subprocess.run([sys.executable, str(ROOT / "tests" / "window_checks.py"), "cpu", "400"], env=env,
-                         capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0 and out.stdout.strip() == "ok 400", out.stdout[-2000:] + out.stderr[-3000:]
+    rc, out, err, _ = background
+    assert rc == 0 and out.strip() == "ok 400", out[-2000:] + err[-3000:]
 
 
-def test_verify_kernels_match_torch_under_the_interpreter():
+@pytest.mark.background("verify-kernels", [sys.executable, str(ROOT / "tests" / "verify_checks.py"), "cpu"],
+                        env=INTERPRETER)
+def test_verify_kernels_match_torch_under_the_interpreter(background):
     """A draft tree's verify inputs and acceptance (kernels/tree_ops.py), the repetition penalty over verify rows
     (kernels/penalty.py) and the inverse-CDF draws (kernels/sampling.py) against their plain-torch references, bit
     for bit, and whole EAGLE-2 generations with them against the references (tests/verify_checks.py; compiled on
     CUDA in test_cuda.py)."""
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT / "src")]))
-    out = subprocess.run([sys.executable, str(ROOT / "tests" / "verify_checks.py"), "cpu"], env=env,
-                         capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0 and out.stdout.strip() == "ok 144 5 212 72", out.stdout[-2000:] + out.stderr[-3000:]
+    rc, out, err, _ = background
+    assert rc == 0 and out.strip() == "ok 144 5 212 72", out[-2000:] + err[-3000:]
 
 
 # what C++ source in a Python string would contain (the kernels' code lives in csrc/*.cpp and csrc/*.h)
@@ -356,12 +360,11 @@ RMS_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_norm_and_rope_kernels_match_torch_under_the_interpreter():
+@pytest.mark.background("norm-rope-kernels", [sys.executable, "-c", RMS_SCRIPT], env=INTERPRETER)
+def test_norm_and_rope_kernels_match_torch_under_the_interpreter(background):
     """The fused RMSNorm (kernels/rms_norm.py: both conventions) and rotary embedding (kernels/rope.py) against their
     plain-torch references, fp32 and bf16, contiguous or strided rows; a tiny Gemma 3, Llama and Qwen 3 generate the
     same tokens with every norm and rotary embedding in them, and Gemma 3 with an EAGLE tree too."""
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT / "src")]))
-    out = subprocess.run([sys.executable, "-c", RMS_SCRIPT], env=env, capture_output=True, text=True, timeout=900,
-                         cwd=ROOT)
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout[-2000:] + out.stderr[-3000:]
+    rc, out, err, _ = background
+    assert rc == 0 and out.strip().endswith("ok"), out[-2000:] + err[-3000:]

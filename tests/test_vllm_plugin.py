@@ -19,6 +19,7 @@ import json
 import os
 import platform
 import time
+import tomllib
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -131,7 +132,11 @@ def vllm_env() -> Path | None:
         return None
     from microspec.paths import cache_root
 
-    key = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()[:12]  # what it holds, not where from
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    holds = {"python": platform.python_version(), "dependencies": project["dependencies"],
+             "extras": {k: project["optional-dependencies"][k] for k in ("vllm", "models")},
+             "entry-points": project.get("entry-points")}  # what it holds, not the checkout it was built from
+    key = hashlib.sha256(json.dumps(holds, sort_keys=True).encode()).hexdigest()[:12]
     return cache_root() / f"vllm-test-env-{key}"
 
 
