@@ -373,10 +373,19 @@ def summary_rows() -> list[list[str]]:
             for d in DECODINGS]
 
 
+def _development_set_only() -> bool:
+    """The held-apart prompts have become the development set: once the reporting set is measured
+    (render/report.py), their table is history."""
+    from . import report
+
+    return bool(report.RUNS)
+
+
 def render() -> str:
+    held = [] if _development_set_only() else [_held_apart()]
     return "\n".join(["## How fast: against plain decoding, llama.cpp and vLLM", "",
                       "Every ratio is a method's tokens/s over this engine's plain decoding (`ar`) measured in the "
-                      "same run.", "", _held_apart(), _auto_budget(), _vllm()]).rstrip() + "\n"
+                      "same run.", "", *held, _auto_budget(), _vllm()]).rstrip() + "\n"
 
 
 def _by_category() -> list[str]:
@@ -392,7 +401,9 @@ def _by_category() -> list[str]:
 def history() -> str:
     runs = sorted(p.name for p in (RESULTS / AUTO).iterdir() if p.is_dir())
     res = {d: [load(f"{AUTO}/{r}/{d}/results.json") for r in runs] for d in AUTO_DECODINGS}
-    return "\n".join(["## How fast", "", *_by_category(), "### `auto` against its own arms: the same question from run to run", "",
+    held = [_held_apart().replace("### On held-apart prompts", "### On held-apart prompts (now the development "
+                                  "set)", 1)] if _development_set_only() else []
+    return "\n".join(["## How fast", "", *held, *_by_category(), "### `auto` against its own arms: the same question from run to run", "",
                       *_same_question(res, len(runs), f"`benchmarks/results/{AUTO}/`"), *_before()]).rstrip() + "\n"
 
 

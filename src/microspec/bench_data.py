@@ -56,7 +56,8 @@ def read_records(path: str | Path) -> list[dict]:
             sub = rec.get("category") or ("humaneval" if "task_id" in rec else "default")
             category = "mt_bench" if sub in MT_BENCH_CATEGORIES and len(turns) > 1 else sub
             out.append({"prompt": turns[0], "turns": list(turns), "category": category, "subcategory": sub,
-                        "id": rec.get("question_id", rec.get("task_id", rec.get("id", n)))})
+                        "id": rec.get("question_id", rec.get("task_id", rec.get("id", n))),
+                        **({"set": str(rec["set"])} if rec.get("set") else {})})
     if not out:
         raise MicrospecError(f"prompt file {path} has no prompts")
     return out

@@ -118,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
     meta = default_meta(lm.name, args.dtype, str(lm.model.device))
     meta["command"] = "microspec " + " ".join(args.argv)
     meta["data"] = args.data
+    sets = {r.get("set") for r in records}  # benchmarks/data/{dev,report}.jsonl name theirs
+    meta["prompt_set"] = sets.pop() if len(sets) == 1 else None
     if args.exploratory:
         meta["exploratory"] = True
     out = Path(args.out)

@@ -1,0 +1,125 @@
+"""How fast on the reporting set: plain decoding, `auto` and the recommended methods in the four decodings users run,
+llama.cpp on the same GGUF beside them, plain decoding against the machine's read floor; one table per machine."""
+
+from __future__ import annotations
+
+from .common import RESULTS, Source, commit, load, num, runs, table, x
+
+DATA = runs("report")  # {"RUNS": [results folders, one per machine]} (benchmarks/report.py writes them)
+RUNS: list[str] = list(DATA["RUNS"])
+
+DECODINGS = {"greedy": "greedy", "greedy-rp1.2": "penalty 1.2", "T0.7": "T 0.7", "T0.7-rp1.2": "T 0.7 + penalty 1.2"}
+METHODS = {"auto": "`auto` (default)", "ngram": "prompt lookup", "microspec": "EAGLE + MicroSpec",
+           "microspec@lookup": "MicroSpec, lookup first", "llama-cpp": "llama.cpp",
+           "llama-cpp-lookup": "llama.cpp lookup"}
+ENGINE = ("auto", "ngram", "microspec", "microspec@lookup")
+TAU = ("microspec",)  # methods whose τ (tokens a target step commits) the table shows
+
+
+def _results(run: str, decoding: str) -> dict:
+    return load(f"{run}/{decoding}/results.json")
+
+
+def _decodings(run: str) -> list[str]:
+    return [d for d in DECODINGS if (RESULTS / run / d / "results.json").is_file()]
+
+
+def _methods(run: str) -> list[str]:
+    have = set(_results(run, _decodings(run)[0])["methods"])
+    return [m for m in METHODS if m in have]
+
+
+def ratio(run: str, decoding: str, method: str) -> float | None:
+    """``method``'s tokens/s over plain decoding's in the same run."""
+    r = _results(run, decoding)["methods"]
+    if method not in r:
+        return None
+    return r[method]["overall"]["tokens_per_s"] / r["ar"]["overall"]["tokens_per_s"]
+
+
+def _cell(run: str, decoding: str, method: str) -> str | None:
+    v = ratio(run, decoding, method)
+    if v is None:
+        return None
+    o = _results(run, decoding)["methods"][method]["overall"]
+    notes = []
+    if method in TAU:
+        notes.append(f"τ {o['mean_accept_len']:.2f}")
+    if method == "auto":
+        notes.append(f"plain {o.get('auto_share', {}).get('plain', 0):.0%}")
+    return x(v) + (f" ({', '.join(notes)})" if notes else "")
+
+
+def _floor(run: str) -> tuple[str, float, float] | None:
+    """(GB/s read with the bench's threads, bytes a plain step reads, the floor in tokens/s) where measured."""
+    if not (RESULTS / run / "bandwidth.json").is_file() or not (RESULTS / run / "plain.json").is_file():
+        return None
+    bw = load(f"{run}/bandwidth.json")
+    threads = str(_results(run, "greedy")["meta"]["threads"])
+    gbs = bw["read_gb_s"].get(threads) or max(bw["read_gb_s"].values())
+    step = load(f"{run}/plain.json")["generate"]["stats"]["weight_bytes_per_step"]
+    return threads, gbs, gbs * 1e9 / step
+
+
+def mismatches(run: str) -> dict:
+    """Engine methods whose greedy tokens differ from plain decoding's, per greedy decoding (empty: lossless)."""
+    out = {}
+    for d in ("greedy", "greedy-rp1.2"):
+        if d in _decodings(run):
+            bad = {m: n for m, n in (_results(run, d)["mismatches"] or {}).items() if m in ENGINE and n}
+            if bad:
+                out[d] = bad
+    return out
+
+
+def source(run: str) -> Source:
+    meta = _results(run, "greedy")["meta"]
+    return Source(f"{run}/", "python3 benchmarks/report.py (" + meta["command"].split(" --out ")[0] + ")",
+                  meta["date"].split()[0], f"{meta['machine']}, {meta['threads']} threads", commit(meta))
+
+
+def machine_table(run: str) -> str:
+    methods = _methods(run)
+    meta = _results(run, "greedy")["meta"]
+    rows = [[DECODINGS[d], num(_results(run, d)["methods"]["ar"]["overall"]["tokens_per_s"], 1),
+             *(_cell(run, d, m) for m in methods)] for d in _decodings(run)]
+    lines = [f"### {meta['machine']}", "", table(["decoding", "plain tok/s", *(METHODS[m] for m in methods)], rows),
+             "", source(run).markdown(), ""]
+    fl = _floor(run)
+    if fl:
+        threads, gbs, floor = fl
+        plain = _results(run, "greedy")["methods"]["ar"]["overall"]["decode_tokens_per_s"]
+        lines.append(f"- Plain decoding's steps against the floor: {gbs:.1f} GB/s read with {threads} threads, "
+                     f"{floor:.0f} steps/s if a step only read its weights once; plain decoding (greedy, decode "
+                     f"only) runs {plain:.0f} tok/s, {plain / floor:.0%} of it.")
+    bad = mismatches(run)
+    lines.append("- Lossless: every engine method's greedy tokens equal plain decoding's, with and without the "
+                 "penalty." if not bad else f"- Greedy tokens that differ from plain decoding's: {bad}.")
+    return "\n".join(lines) + "\n"
+
+
+def summary_rows(run: str) -> list[list]:
+    """The README's table: per decoding, plain tok/s and each method's speed-up (one machine's run)."""
+    return [[DECODINGS[d], num(_results(run, d)["methods"]["ar"]["overall"]["tokens_per_s"], 1),
+             *(_cell(run, d, m) for m in _methods(run))] for d in _decodings(run)]
+
+
+def summary_headers(run: str) -> list[str]:
+    return ["decoding", "plain tok/s", *(METHODS[m] for m in _methods(run))]
+
+
+def render() -> str:
+    if not RUNS:
+        return ""
+    meta = _results(RUNS[0], "greedy")["meta"]
+    n = meta["questions"]
+    intro = (f"The reporting set (`benchmarks/data/report.jsonl`, {n} questions drawn once from Spec-Bench's "
+             "translation, summarization, question-answering and retrieval categories and GSM8K test problems; "
+             "`benchmarks/data/sets.py` says how): it decided nothing. Every choice was made on the development "
+             "set (`benchmarks/data/dev.jsonl`). Gemma 3 270M with packed Q4_K_M weights, "
+             f"{meta['max_new_tokens']} tokens per answer, one `microspec bench` process over the four decodings. "
+             "Each cell: the method's tokens/s over plain decoding's in the same run; EAGLE + MicroSpec is the "
+             "shipped EAGLE head over MicroSpec's vocabulary (τ: tokens committed per target step); `auto`'s plain "
+             "share is the share of its steps it decoded plainly.")
+    return "\n".join(["## How fast on the reporting set", "", intro, "",
+                      *(machine_table(r) for r in RUNS)]).rstrip() + "\n"

@@ -1,0 +1,98 @@
+"""The reporting set measured in one command: the figures README and BENCHMARKS.md render.
+
+    python benchmarks/report.py                  # -> benchmarks/results/<date>-report-<cpu>/
+    python benchmarks/report.py --dry-run        # the commands only
+
+Runs, on ``benchmarks/data/report.jsonl`` (the reporting set: see ``benchmarks/data/sets.py``), one
+``microspec bench`` process over the four decodings users run (greedy, repetition penalty 1.2, temperature 0.7,
+both) with plain decoding, ``auto`` and the fixed methods the README recommends, llama.cpp on the same GGUF beside
+them (where llama-cpp-python is installed), then the machine's read bandwidth (the floor of a plain step).  A bench
+from a tree with uncommitted changes to ``src/`` is refused (``microspec bench``'s own check), so every figure comes
+from a commit.  ``--set dev`` measures the development set instead, into a folder the renderer does not read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+METHODS = ("ar", "auto", "ngram", "microspec", "microspec@lookup")
+PEERS = ("llama-cpp", "llama-cpp-lookup")
+
+
+def cpu_tag() -> str:
+    """A short name of this CPU for the results folder (e.g. ``amd-epyc``, ``intel-xeon``)."""
+    name = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1]
+                break
+    except OSError:
+        pass
+    words = re.findall(r"[a-z0-9]+", name.lower())[:2]
+    return "-".join(words) or "cpu"
+
+
+def commands(out: Path, data: Path, model: str, tokens: int, peers: bool) -> list[list[str]]:
+    methods = ",".join(METHODS + (PEERS if peers else ()))
+    return [
+        [sys.executable, "-m", "microspec", "bench", "--model", model, "--data", str(data), "--methods", methods,
+         "--max-new-tokens", str(tokens), "--temperatures", "0,0.7", "--repetition-penalties", "1.0,1.2",
+         "--out", str(out)],
+        [sys.executable, "benchmarks/measure/bandwidth.py", "--json", str(out / "bandwidth.json")],
+        # one plain generation's stats: the weight bytes a step reads, for the floor (bytes / bandwidth)
+        [sys.executable, "-m", "microspec", "generate", "--model", model, "--drafter", "none", "--prompt",
+         "Write a short story about a lighthouse keeper.", "--max-new-tokens", str(tokens), "--json"],
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--set", choices=("report", "dev"), default="report")
+    ap.add_argument("--model", default="gemma-3-270m")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/<date>-<set>-<cpu>/ "
+                    "(the development set: /tmp/microspec-dev-<date>/)")
+    ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    args = ap.parse_args(argv)
+    date = datetime.date.today().isoformat()
+    out = args.out or (ROOT / "benchmarks" / "results" / f"{date}-report-{cpu_tag()}" if args.set == "report"
+                       else Path("/tmp") / f"microspec-dev-{date}")
+    peers = importlib.util.find_spec("llama_cpp") is not None
+    out = out.resolve()
+    out = out.relative_to(ROOT) if out.is_relative_to(ROOT) else out  # the commands run in the checkout
+    cmds = commands(out, Path("benchmarks") / "data" / f"{args.set}.jsonl", args.model, args.max_new_tokens, peers)
+    for i, cmd in enumerate(cmds):
+        print(" ".join(cmd) + (f" > {out / 'plain.json'}" if i == len(cmds) - 1 else ""), flush=True)
+    if not peers:
+        print("report: llama-cpp-python is not installed: llama.cpp is left out", file=sys.stderr)
+    if args.dry_run:
+        return 0
+    for i, cmd in enumerate(cmds):
+        last = i == len(cmds) - 1  # the plain generation's JSON goes to plain.json, with the run's meta
+        done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE if last else None, text=True)
+        rc = done.returncode
+        if last and not rc:
+            from microspec.bench import run_meta
+
+            record = {"meta": run_meta(" ".join(["microspec", *cmd[3:]])), "generate": json.loads(done.stdout)}
+            (ROOT / out / "plain.json").write_text(json.dumps(record, indent=2) + "\n")
+        if rc:
+            print(f"report: {Path(cmd[1]).name if cmd[1] != '-m' else 'microspec bench'} ended with status {rc}",
+                  file=sys.stderr)
+            return rc
+    print(f"report: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""The development and reporting prompt sets (benchmarks/data/sets.py) and the one command that measures the
+reporting set (benchmarks/report.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from support import ROOT
+
+from microspec.bench import load_questions
+
+DATA = ROOT.parent / "shared" / "data"
+SETS = ROOT / "benchmarks" / "data"
+
+
+def _records(name: str) -> list[dict]:
+    return [json.loads(line) for line in (SETS / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
+def test_the_sets_are_apart():
+    """No source file of one set feeds the other, and no question is in both; each record names its set."""
+    dev, report = _records("dev"), _records("report")
+    assert len(dev) == 9 and len(report) == 10
+    assert {r["set"] for r in dev} == {"dev"} and {r["set"] for r in report} == {"report"}
+    files = {name: {r["source"].split()[0] for r in recs} for name, recs in (("dev", dev), ("report", report))}
+    assert not files["dev"] & files["report"]
+    turns = {t for r in dev for t in r["turns"]}
+    assert not any(t in turns for r in report for t in r["turns"])
+
+
+@pytest.mark.skipif(not DATA.is_dir(), reason="the shared data folder is not beside the checkout")
+def test_the_committed_sets_are_what_the_command_writes(tmp_path):
+    out = subprocess.run([sys.executable, str(SETS / "sets.py"), "--data", str(DATA), "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    for name in ("dev", "report"):
+        assert (tmp_path / f"{name}.jsonl").read_text(encoding="utf-8") == (SETS / f"{name}.jsonl").read_text(
+            encoding="utf-8")
+
+
+def test_bench_records_the_prompt_set():
+    assert {r.get("set") for r in load_questions([str(SETS / "report.jsonl")])} == {"report"}
+
+
+def test_report_measures_the_reporting_set_in_four_decodings():
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "report.py"), "--dry-run"], capture_output=True,
+                         text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    bench = out.stdout.splitlines()[0]
+    assert "bench" in bench and "--data benchmarks/data/report.jsonl" in bench
+    assert "--temperatures 0,0.7 --repetition-penalties 1.0,1.2" in bench and "--out benchmarks/results/" in bench
+    assert all(m in bench for m in ("ar,", "auto", "ngram", "microspec"))
