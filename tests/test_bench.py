@@ -243,6 +243,43 @@ def test_mismatch_detector_fires_on_a_corrupted_run(tiny_model_dir, tmp_path, ca
     assert "**LOSSLESS MISMATCH**" in (tmp_path / "out" / "report.md").read_text()
 
 
+class _Failing(_Corrupt):
+    """A runner that raises on its second question (the first has two turns)."""
+
+    calls = 0
+
+    def run(self, ids, cfg):
+        self.calls += 1
+        if self.calls > 2:
+            raise RuntimeError("the peer's process died")
+        return self.inner.run(ids, cfg)
+
+
+def test_a_failing_method_keeps_what_the_others_measured(tiny_model_dir, tmp_path):
+    """One method that fails leaves the others' results written and ends the bench with one error line."""
+    import json
+
+    import torch
+
+    from microspec import load_model
+    from microspec.bench import Decoding, bench, load_questions, parse_methods
+    from microspec.bench.runners import make_runner
+    from microspec.errors import MicrospecError
+
+    lm = load_model(str(tiny_model_dir), dtype="fp32")
+    specs = parse_methods("ar,ngram")
+    runners = {s.name: make_runner(s, lm, dtype=torch.float32) for s in specs}
+    runners["ngram"] = _Failing(runners["ngram"])
+    with pytest.raises(MicrospecError, match=r"ngram \(greedy\) failed \(first: RuntimeError: the peer's process "
+                                             r"died \(question"):
+        bench(lm, specs, load_questions([str(_data(tmp_path))]), [Decoding()], tmp_path / "out",
+              dtype=torch.float32, max_new_tokens=8, ignore_eos=True, warmup=0, runners=runners)
+    res = json.loads((tmp_path / "out" / "greedy" / "results.json").read_text())
+    assert list(res["methods"]) == ["ar"] and res["methods"]["ar"]["overall"]["questions"] == 3
+    assert "RuntimeError" in res["failed"]["ngram"] and (tmp_path / "out" / "report.md").is_file()
+    assert len((tmp_path / "out" / "greedy" / "answers" / "ngram.jsonl").read_text().splitlines()) == 1
+
+
 def test_llama_cpp_lookup_is_a_peer():
     from microspec.bench.methods import PEERS, available_methods, parse_method
 

@@ -93,16 +93,33 @@ def bench(lm, specs: list[MethodSpec], records: list[dict], decodings: list[Deco
                 methods={n: r.describe() for n, r in runners.items()})
     results = {}
     for dec in decodings:
-        res = run_decoding(lm, runners, records, dec, max_new_tokens=max_new_tokens, out_dir=out_dir / dec.name,
-                           repeats=repeats, warmup=warmup, seed=seed, chat=chat, model_id=lm.name,
-                           ignore_eos=ignore_eos, resume=resume, peers=peers, profile=profile)
+        try:
+            res = run_decoding(lm, runners, records, dec, max_new_tokens=max_new_tokens, out_dir=out_dir / dec.name,
+                               repeats=repeats, warmup=warmup, seed=seed, chat=chat, model_id=lm.name,
+                               ignore_eos=ignore_eos, resume=resume, peers=peers, profile=profile)
+        except (MicrospecError, OSError, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # noqa: BLE001 - said in one line; the answers so far stay on disk
+            raise MicrospecError(f"bench {dec.name} failed ({type(exc).__name__}: {exc}); the answers measured so "
+                                 f"far are in {out_dir / dec.name / 'answers'} (--resume goes on from them)") from exc
         # the one-time costs paid so far (a kernel build, a conversion): in none of the times above
         res["meta"] = {**meta, "decoding": dec.name, "temperature": dec.temperature,
                        "repetition_penalty": dec.repetition_penalty,
                        "one_time_s": {k: round(v, 3) for k, v in onetime.costs().items()}}
         (out_dir / dec.name / "results.json").write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
         results[dec.name] = res
-    write_report(results, meta, out_dir, peers)
+    try:
+        write_report(results, meta, out_dir, peers)
+    except (MicrospecError, OSError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the results.json files are written already
+        raise MicrospecError(f"bench: the report failed ({type(exc).__name__}: {exc}); every decoding's "
+                             f"results.json is written under {out_dir}") from exc
+    failed = {f"{name} ({d})": why for d, r in results.items() for name, why in r.get("failed", {}).items()}
+    if failed:
+        first = next(iter(failed.items()))
+        raise MicrospecError(f"bench: {', '.join(failed)} failed (first: {first[1]}); the other methods' results "
+                             f"are in {out_dir}")
     return results
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from ..api import encode_conversation
+from ..errors import MicrospecError
 from ..decoding import GenerationConfig
 from ..decoding.processors import LogitsPipeline
 from ..models.registry import LoadedModel
@@ -86,66 +87,40 @@ def run_decoding(lm: LoadedModel, runners: dict[str, object], records: Sequence[
         for _ in range(warmup):
             runner.run(warm_prompt, cfg)
     found: dict[str, list[dict]] = {}
+    failed: dict[str, str] = {}  # a method that raised: left out of the rest of this decoding and of the summary
     try:
         names = list(runners)
         for qi, rec in enumerate(records, 1):
             # the methods in turn, from a different one at each question: none always follows the same one
             for name in names[(qi - 1) % len(names):] + names[:(qi - 1) % len(names)]:
                 runner = runners[name]
+                if name in failed:
+                    continue
                 if str(rec["id"]) in done[name]:
                     results[name].append(done[name][str(rec["id"])])
                     continue
-                choices = []
-                # each repeat drafts from what the first did: a method that keeps earlier answers (suffix decoding,
-                # auto's suffix arm) would otherwise draft the repeat from the answer it gave to the same question
-                held = runner.remembered(cfg) if repeats > 1 and hasattr(runner, "remembered") else None
-                for r in range(repeats):
-                    if r and held:
-                        runner.recall(held)
-                    answers: list[str] = []
-                    choice: dict = {"index": r, "turns": [], "token_ids": [], "new_tokens": [], "wall_time": [],
-                                    "accept_lengths": [], "draft_depths": [], "decoding_steps": []}
-                    for ti in range(len(rec["turns"])):
-                        ids = encode_conversation(lm, rec["turns"][: ti + 1], answers, chat)
-                        turn_cfg = cfg if decoding.temperature == 0 else \
-                            decoding.config(max_new_tokens, turn_seed(seed, rec["id"], r, ti), ignore_eos=ignore_eos)
-                        turn = runner.run(ids, turn_cfg)
-                        text = lm.tokenizer.decode(turn.token_ids, skip_special_tokens=True)
-                        answers.append(text)
-                        choice["turns"].append(text)
-                        choice["token_ids"].append(turn.token_ids)
-                        choice["new_tokens"].append(len(turn.token_ids))
-                        choice["wall_time"].append(round(turn.wall_s, 6))
-                        extra = turn.choice_fields()
-                        choice["accept_lengths"] += extra.pop("accept_lengths")
-                        choice["draft_depths"] += extra.pop("draft_depths")
-                        choice["decoding_steps"].append(extra.pop("decoding_steps"))
-                        for k, v in extra.items():
-                            if k == "active_vocab":
-                                acc = choice.setdefault(k, {"sum": 0, "calls": 0, "max": 0})
-                                acc["sum"] += v["sum"]
-                                acc["calls"] += v["calls"]
-                                acc["max"] = max(acc["max"], v["max"])
-                            elif isinstance(v, dict):  # auto: steps per arm
-                                acc = choice.setdefault(k, {})
-                                for arm, n in v.items():
-                                    acc[arm] = acc.get(arm, 0) + n
-                            else:
-                                choice[k] = choice.get(k, 0) + v
-                    choices.append(choice)
-                answer = {"question_id": rec["id"], "category": rec["category"], "answer_id": f"{name}-{rec['id']}",
-                          "model_id": f"{model_id}-{name}", "choices": choices, "tstamp": time.time()}
+                try:
+                    answer = _answer(lm, runner, name, rec, cfg, decoding, repeats, seed, ignore_eos, max_new_tokens,
+                                     chat, model_id)
+                except MicrospecError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - one method's failure: the others go on, it is reported
+                    failed[name] = f"{type(exc).__name__}: {exc} (question {rec['id']})"
+                    log(f"bench {decoding.name}: {name} failed on question {rec['id']}: {failed[name]}")
+                    continue
                 results[name].append(answer)
                 files[name].write(json.dumps(answer) + "\n")
                 files[name].flush()
-            for name in names:  # each answer against ar's, once every method has answered
+            for name in [n for n in names if n not in failed and "ar" not in failed]:  # against ar's answer
                 _check(lm, rec, name, results[name][-1], results, decoding, cfg, chat, found, log, name in peers)
             log(_progress(decoding.name, qi, len(records), rec["category"], results))
     finally:
         for f in files.values():
             f.close()
-    summary = summarize(results)
+    summary = summarize({n: r for n, r in results.items() if n not in failed})
     summary["mismatches"] = found if decoding.temperature == 0 else None
+    if failed:
+        summary["failed"] = failed
     if profile and records:
         from .profile import profile_method
 
@@ -154,6 +129,51 @@ def run_decoding(lm: LoadedModel, runners: dict[str, object], records: Sequence[
                               if hasattr(runner, "engine")}
         log(f"bench {decoding.name}: profiled " + ", ".join(summary["profile"]))
     return summary
+
+
+def _answer(lm, runner, name: str, rec: dict, cfg, decoding: Decoding, repeats: int, seed: int, ignore_eos: bool,
+            max_new_tokens: int, chat, model_id: str) -> dict:
+    """One method's answer record to one question (every repeat and turn)."""
+    choices = []
+    # each repeat drafts from what the first did: a method that keeps earlier answers (suffix decoding,
+    # auto's suffix arm) would otherwise draft the repeat from the answer it gave to the same question
+    held = runner.remembered(cfg) if repeats > 1 and hasattr(runner, "remembered") else None
+    for r in range(repeats):
+        if r and held:
+            runner.recall(held)
+        answers: list[str] = []
+        choice: dict = {"index": r, "turns": [], "token_ids": [], "new_tokens": [], "wall_time": [],
+                        "accept_lengths": [], "draft_depths": [], "decoding_steps": []}
+        for ti in range(len(rec["turns"])):
+            ids = encode_conversation(lm, rec["turns"][: ti + 1], answers, chat)
+            turn_cfg = cfg if decoding.temperature == 0 else \
+                decoding.config(max_new_tokens, turn_seed(seed, rec["id"], r, ti), ignore_eos=ignore_eos)
+            turn = runner.run(ids, turn_cfg)
+            text = lm.tokenizer.decode(turn.token_ids, skip_special_tokens=True)
+            answers.append(text)
+            choice["turns"].append(text)
+            choice["token_ids"].append(turn.token_ids)
+            choice["new_tokens"].append(len(turn.token_ids))
+            choice["wall_time"].append(round(turn.wall_s, 6))
+            extra = turn.choice_fields()
+            choice["accept_lengths"] += extra.pop("accept_lengths")
+            choice["draft_depths"] += extra.pop("draft_depths")
+            choice["decoding_steps"].append(extra.pop("decoding_steps"))
+            for k, v in extra.items():
+                if k == "active_vocab":
+                    acc = choice.setdefault(k, {"sum": 0, "calls": 0, "max": 0})
+                    acc["sum"] += v["sum"]
+                    acc["calls"] += v["calls"]
+                    acc["max"] = max(acc["max"], v["max"])
+                elif isinstance(v, dict):  # auto: steps per arm
+                    acc = choice.setdefault(k, {})
+                    for arm, n in v.items():
+                        acc[arm] = acc.get(arm, 0) + n
+                else:
+                    choice[k] = choice.get(k, 0) + v
+        choices.append(choice)
+    return {"question_id": rec["id"], "category": rec["category"], "answer_id": f"{name}-{rec['id']}",
+            "model_id": f"{model_id}-{name}", "choices": choices, "tstamp": time.time()}
 
 
 def read_answers(path: Path, wanted: set[str]) -> dict[str, dict]:
@@ -247,6 +267,8 @@ def _progress(decoding: str, done: int, total: int, category: str, results: dict
     bar = "#" * (width * done // total) + "." * (width - width * done // total)
     parts = []
     for name, recs in results.items():
+        if not recs:  # a method that failed on its first question
+            continue
         speed = sum(question_speed(r) for r in recs) / len(recs)
         acc = [a for r in recs for c in r["choices"] for a in c["accept_lengths"]]
         tau = f"tau {sum(acc) / len(acc):.2f} " if acc and name != "ar" else ""
