@@ -2,10 +2,9 @@
 logits processor, so that verification masks every row of the tree and drafting masks the draft.
 
 The grammar engine is llguidance (the Rust engine vLLM, SGLang and llama.cpp also use), chosen by measuring
-(``benchmarks/measure/grammar_mask.py``, BENCHMARKS.md): on Gemma 3 270M's 262,144-id vocabulary its mask costs
-tens of microseconds a token after a compile of about a millisecond, where outlines-core builds an index for
-each schema (hundreds of milliseconds) and returns its allowed ids as a list (a millisecond and more a token
-inside strings); xgrammar needs triton and a CUDA-minded stack to install.
+(``benchmarks/measure/grammar_mask.py``; BENCHMARKS.md, "Which grammar engine"): it compiles a schema quickly and
+fills a bitmask per token over a large vocabulary, where outlines-core builds an index for each schema and returns
+its allowed ids as a list; xgrammar needs triton and a CUDA-minded stack to install.
 
 How it stays lossless: :class:`GrammarMask` keeps one matcher advanced over the committed tokens (the prompt is not
 part of the output, so it is not consumed).  A row whose history is the committed tokens plus a tree path is masked
@@ -110,8 +109,8 @@ _LOCK = threading.Lock()
 
 
 def ll_tokenizer(tokenizer, vocab_size: int, eos_ids: Sequence[int]):
-    """llguidance's view of a Hugging Face tokenizer (about 3 s for Gemma 3's: built once per tokenizer and
-    process, a one-time cost)."""
+    """llguidance's view of a Hugging Face tokenizer: built once per tokenizer and process (building it is slow
+    for a large vocabulary, so it is cached here rather than paid per request)."""
     import llguidance.hf
 
     with _LOCK:

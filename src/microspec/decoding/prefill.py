@@ -17,9 +17,9 @@ if TYPE_CHECKING:
     from .loop import Generation
 
 # prompt tokens per prefill forward: every prefill (one generation's, or a server's spread over its other requests'
-# steps) runs the same forwards, so a prompt's cache and tokens never depend on how it was scheduled.  Measured on a
-# 2-core CPU with a long prompt: forwards of this size prefill it faster than one forward over it, and the longest
-# of them (the other streams' longest wait) is well under half a second
+# steps) runs the same forwards, so a prompt's cache and tokens never depend on how it was scheduled.  The size is
+# tuned: big enough that chunking a long prompt costs no prefill speed, small enough that the longest forward (the
+# other streams' longest wait) stays short
 PREFILL_CHUNK = 128
 
 
@@ -30,8 +30,8 @@ def prompt_topk(model: NativeCausalLM, hidden: torch.Tensor, k: int, chunk: int 
 
     On a CPU with a half-precision head that the bf16 kernel (:mod:`microspec.kernels.cpu_linear`) does not serve,
     torch's bf16 matmul runs at the speed of one row at a time, so all rows
-    go against fp32 copies of ``slab`` head rows at a time instead (measured several times faster over the prompt
-    positions of Gemma 3 270M; BENCHMARKS.md); the final soft-cap is monotonic and does not change a top-k.  Elsewhere:
+    go against fp32 copies of ``slab`` head rows at a time instead, where many rows share each weight's read;
+    the final soft-cap is monotonic and does not change a top-k.  Elsewhere:
     ``chunk`` rows at a time through :meth:`NativeCausalLM.head`."""
     w = model.head_weight
     rows = hidden.shape[0]

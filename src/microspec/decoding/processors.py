@@ -115,8 +115,8 @@ class RepetitionPenalty:
     def apply(self, logits: torch.Tensor, extra: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
         """Penalise ``logits`` [R, V] (in place); row r's history is the committed sequence plus ``extra[r]``.
 
-        On a CPU only the seen ids' logits are read and written (a few hundred of a vocabulary of 262,144: the whole
-        rows' select was ~4% of a Gemma 3 270M step there), the same values; on a GPU the whole rows under the seen
+        On a CPU only the seen ids' logits are read and written (a few hundred of a large vocabulary, where a select
+        over whole rows would read and write every logit), the same values; on a GPU the whole rows under the seen
         bitmap, which needs no host list (a new id would be a copy the step waits for)."""
         if profile(logits.device).penalty_by_index:
             return self._apply_seen(logits, extra)
@@ -560,8 +560,8 @@ def sample(p: torch.Tensor, generator: torch.Generator | None = None, u: float |
 
     Inverse CDF: a float64 running sum and a binary search for ``u * total``, ``u`` uniform in (0, 1] — an id of
     weight 0 is never drawn (the search stops at the first id whose running sum reaches the target, which has
-    weight).  ``torch.multinomial`` draws the same distribution but on one 262,144-wide row on a CPU costs a large
-    share of a packed Gemma 3 270M step, many times this search (BENCHMARKS.md).  Where the fused kernels run (CUDA)
+    weight).  ``torch.multinomial`` draws the same distribution but over a wide row on a CPU costs many times this
+    search.  Where the fused kernels run (CUDA)
     every draw takes :func:`microspec.kernels.sampling.inverse_cdf`, the same search in two launches that write
     nothing vocabulary-sized; elsewhere its plain-torch reference."""
     if u is None:

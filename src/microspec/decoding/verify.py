@@ -12,10 +12,10 @@ Whatever the mode, the committed tokens are identical (tests/test_speculative.py
 
 Default (``default_head_mode``): ``path`` wherever a batch of head rows costs little more than one row — on CUDA
 (there by that reasoning; the modes were not compared on a GPU) and on a CPU with bf16 weights through the
-fp32-accumulating kernel of :mod:`microspec.kernels.cpu_linear` (measured on Gemma 3 270M: a few rows cost little more
-than one, and in a short run ``path`` beat ``visited`` for every speculative method; BENCHMARKS.md).  ``visited``
-elsewhere on a CPU: there a row costs the same batched or not (torch's bf16 matmul without native bf16 arithmetic,
-and fp32 on a wide head, grow with every row), and end to end ``visited`` measured fastest (BENCHMARKS.md).
+fp32-accumulating kernel of :mod:`microspec.kernels.cpu_linear` (a few rows stream the head's weights once, as one
+row does).  ``visited`` elsewhere on a CPU: there a row costs the same batched or not (torch's bf16 matmul without
+native bf16 arithmetic, and fp32 on a wide head, grow with every row), so scoring fewer rows wins.  The modes' speeds
+are compared in BENCHMARKS.md, "Where the time goes".
 """
 
 from __future__ import annotations
