@@ -76,8 +76,7 @@ class ChainBuilder(Builder):
                 break  # the processors banned every id the draft could propose
             if deterministic:
                 # greedy; or a seeded sample, accepted exactly where it is the target's keyed sample: the draft's
-                # argmax is accepted more often than a draw of the draft with the target's uniform (measured at the
-                # first level on Gemma 3 270M: 0.31 against 0.27 at T 0.7, 0.24 against 0.18 at T 1.0;
+                # argmax is accepted more often than a draw of the draft with the target's uniform (compared by
                 # benchmarks/measure/sampling_rules.py)
                 column = logits.argmax(dim=-1)
                 if length is not None and not length.take(probability(logits, column)):  # the top probability

@@ -103,10 +103,10 @@ def check_shape(method) -> None:
 # Tree shape when the user gives none: on a GPU, EAGLE-2's published default (60 tokens with the root, depth 5 =
 # 6 draft levels, top-k 10); on a CPU, where a verify pass grows with every node (BENCHMARKS.md), small trees; with
 # packed GGUF weights on a CPU ("cpu-gguf") a chain whose length each step chooses from the draft's calibrated
-# confidence and the measured costs (drafters.length).  There a draft level costs about a tenth of a plain step and a
-# verify row about a twentieth; wider trees lost to a chain of 1 or 2 on Gemma 3 270M
-# (benchmarks/measure/packed_trees.py, AMD EPYC): the head's top token is accepted about half the time, and a node
-# verified costs its row whether or not it is.
+# confidence and the measured costs (drafters.length).  There a draft level and a verify row each cost a sizeable
+# share of a plain step, and a node verified costs its row whether or not it is accepted, so a short chain of the
+# head's top tokens beats a wider tree (compared by benchmarks/measure/packed_trees.py; docs/history.md, "The EAGLE
+# chain sized step by step (packed CPU)").
 TREES = {
     CUDA: {"depth": 6, "top_k": 10, "total_tokens": 59},
     CPU: {"depth": 4, "top_k": 2, "total_tokens": 8},

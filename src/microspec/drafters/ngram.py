@@ -14,12 +14,12 @@ from .model_based import AUTO_DEPTH, DEPTH
 
 TOKENS = 10  # the longest chain it proposes, where the device's measured default (DEVICE_TOKENS) says none
 # its longest fixed draft by device kind, where prompt lookup goes into a composite (lookup first; auto's lookup arm
-# on a kind not sized): 3 on a packed CPU target, where a verify row costs a sizeable share of a plain step: there 3
-# tokens measured fastest against 5 and 10, adaptive or fixed (BENCHMARKS.md)
+# on a kind not sized): 3 on a packed CPU target, where a verify row costs a sizeable share of a plain step, so a
+# short chain wastes fewer rows (a tuned value)
 DEVICE_TOKENS = {"cpu-gguf": 3}
 # the ``ngram`` method's own chain where the device's default is sized step by step (``--depth auto``): on a packed
-# CPU target, held-apart prompts, greedy 2.22x -> 2.91x plain decoding against the fixed 3 tokens (penalty 1.2
-# 1.07x -> 1.06x, T 0.7 1.43x -> 1.46x; BENCHMARKS.md, "The EAGLE chain sized step by step")
+# CPU target a chain sized by its calibrated confidence beats the fixed 3 tokens (docs/history.md, "The EAGLE chain
+# sized step by step (packed CPU)")
 SIZED_KINDS = ("cpu-gguf",)
 # a sized chain's (``--depth auto``) starting confidence by the matched n-gram's length (0, 1, 2, 3 tokens): the
 # calibration's bins, which what is accepted then corrects
