@@ -1,5 +1,5 @@
-"""Building the CPU kernels: C++ compiled once with the system compiler through ``torch.utils.cpp_extension`` (a few
-minutes on a 2-core CPU, one file per job in parallel; kept under ``$MICROSPEC_CACHE/kernels/``), on AVX2 + FMA Linux
+"""Building the CPU kernels: C++ compiled once with the system compiler through ``torch.utils.cpp_extension`` (minutes
+on a small CPU, one file per job in parallel; kept under ``$MICROSPEC_CACHE/kernels/``), on AVX2 + FMA Linux
 CPUs only.
 
 The C++ lives in ``csrc/`` beside this module (shipped with the package): the shared helpers in headers

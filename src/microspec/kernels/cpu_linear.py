@@ -1,9 +1,8 @@
 """CPU matmul for bf16 and fp32 weights: ``y = x W^T (+ b)``, bf16 weights widened to fp32 in registers (fp32 ones
 as they are), fp32 accumulation.
 
-Why: on CPUs without native bf16 arithmetic (AVX2, e.g. the 2-core AMD EPYC this project is measured on), torch's
-bf16 matmul is bound by arithmetic, not by memory, so a product over R rows costs about R times one row (so
-measured for Gemma 3 270M's 262k-row LM head and its forward; BENCHMARKS.md, "Where the time goes").  That makes
+Why: on CPUs without native bf16 arithmetic (AVX2), torch's bf16 matmul is bound by arithmetic, not by memory, so a
+product over R rows costs about R times one row (BENCHMARKS.md, "Where the time goes").  That makes
 verifying a draft tree as expensive as decoding its tokens one by one.  This kernel streams each bf16 weight row once
 per block of rows, widening it to fp32 in registers (AVX2 + FMA), so one row is bound by memory and several rows share
 the read.
@@ -32,12 +31,12 @@ row may see, in slot order, with fp32 scores, a sequential fp32 softmax sum and 
 only on its visible keys.  With the linear rows above, a bf16 tree-verify pass computes the very values the
 one-token step does, and bf16 greedy speculation equals bf16 autoregressive decoding (tested).  It serves passes of any
 number of rows, so a large tree's rows and a prompt's, however it is split into forwards, keep the one-row values
-(SDPA over 65 rows put SmolLM2-135M's hidden states up to 0.9 from them).  At 128 rows after 1,000 tokens (a
-prefill's forward) it takes about SDPA's time (bf16, fp32 and packed Gemma 3 270M).
+(SDPA over many rows moves the hidden states far beyond a rounding from them), and a prefill's forwards take it
+too, where it costs about what SDPA does.
 
 The product's C++ is ``csrc/linear_bf16.cpp``, the attention's ``csrc/attention.cpp`` (built into the
 quantized-weight extension, :mod:`.cpu_quant`).  They are compiled once with the system C++ compiler through
-``torch.utils.cpp_extension`` (a few minutes on a 2-core CPU, kept under ``$MICROSPEC_CACHE/kernels/``) and run on
+``torch.utils.cpp_extension`` (minutes on a small CPU, kept under ``$MICROSPEC_CACHE/kernels/``) and run on
 torch's own thread pool (``at::parallel_for``).  Where they cannot be built or the CPU lacks AVX2/FMA,
 :func:`available` is False and the models keep torch's matmul.
 ``MICROSPEC_CPU_KERNEL=0`` turns it off (``=1`` makes a build failure an error instead of a fallback).

@@ -1,10 +1,10 @@
 """CPU products with GGUF-quantized weights kept packed: ``y = x W^T`` for W in its GGUF block format.
 
-Why: a GGUF file is ~2x smaller than its bf16 dequantization (Gemma 3 270M: 247 MB against 536 MB; the tied Q8_0
-embedding / LM head is 178 MB of it), and one decode step reads every weight once, so the packed bytes are the
-bandwidth floor.  Each call walks the weight rows in chunks that fit in L2: a chunk's blocks are unpacked once into
-fp32 (AVX2 + F16C, in the cache) and every input row of the call is multiplied against them (FMA, fp32 sums).  One
-row streams the packed weights once; R rows (a verify pass) share that read and the unpacking.
+Why: a GGUF file holds fewer bytes than its bf16 dequantization (about half for a Q4_K_M file), and one decode step
+reads every weight once, so the packed bytes are the bandwidth floor.  Each call walks the weight rows in chunks that
+fit in L2: a chunk's blocks are unpacked once into fp32 (AVX2 + F16C, in the cache) and every input row of the call
+is multiplied against them (FMA, fp32 sums).  One row streams the packed weights once; R rows (a verify pass) share
+that read and the unpacking.
 
 Types: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (GGML's layouts; what Gemma 3 270M's Q4_K_M
 file and SmolLM2's Q4_1 file hold, and what common files use).  Another type is refused at load with one line.
@@ -120,8 +120,8 @@ def int_path(path: str | None = None) -> str:
     lanes on 256-bit registers, one tile of 8 weight rows at a time) or ``vnni512`` (two tiles on 512-bit registers,
     up to 8 activation rows per register tile) or ``amx`` (Intel's AMX tiles: a pair of tiles' weights and up to 16
     activation rows are two tiles of one ``tdpbssd`` a group, for Q8_0 products of 9 rows or more and, for a matrix
-    of 16 MiB or more, of 1-4 rows, where they measured faster than ``vnni512`` (the LM head of the built-in
-    models); every other product takes
+    of 16 MiB or more, of 1-4 rows, where the tiles beat ``vnni512`` (docs/history.md, "AMX tiles for the LM head
+    (the default where the CPU has them)"); every other product takes
     ``vnni512``'s register tiles, the unpacked types two tiles at a time from one row on (a full-width 512-bit CPU);
     :func:`amx_every_type` puts every product from :func:`amx_min_rows` rows on the tiles).  Every
     path gives the same exact int32 sums and the same fp32 chain, so the same results bit for bit.  ``path`` None:
@@ -171,7 +171,7 @@ def amx_min_rows(rows: int | None = None) -> int:
 
 def amx_every_type(on: bool | None = None) -> bool:
     """Whether the ``amx`` path puts every product of :func:`amx_min_rows` rows or more on AMX tiles (every packed
-    type, every such row count), not only the Q8_0 products where the tiles measured faster; ``on`` sets it.  For
+    type, every such row count), not only the Q8_0 products the tiles serve by default; ``on`` sets it.  For
     the tests and for measuring; only the speed changes, never a value."""
     return bool(_EXT.module.set_amx_every_type(-1 if on is None else int(bool(on))))
 
@@ -181,14 +181,14 @@ _TUNED: dict = {}  # this process's choice of tune_prefetch, once made
 
 def tune_prefetch(data: torch.Tensor, type_id: int, cols: int, calls: int = 16) -> dict:
     """Choose by measurement whether the products taken one tile at a time prefetch their weights (a CPU's own
-    prefetchers may do better alone: on one AMD EPYC of this project's 2-core kind the software prefetch sped Gemma
-    3's LM head up by a fifth, on another it slowed it by a tenth).  Times one row through the interleaved matrix
-    ``data`` (the LM head: most of a decode step's bytes) ``calls`` times each way, alternating (ABBA), and turns
-    the prefetch off where the median of the paired ratios is below :data:`PREFETCH_GAIN`.
-    ``MICROSPEC_CPU_PREFETCH`` set to anything but ``auto`` skips the measurement: off where it reads as off (0, off,
-    false, no), else on.  Once per process (a packed model's first use), again only for a matrix larger than the
-    one measured (a small test model's head is a poor guide to a real one's); returns the choice: ``{"tiles",
-    "how"}`` with the medians, the ratio and the matrix's bytes where measured."""
+    prefetchers may do better alone: the same software prefetch helps on one machine and hurts on another of the
+    same kind; docs/history.md, "A layer's products in fewer regions, and the prefetch chosen by measuring").
+    Times one row through the interleaved matrix ``data`` (the LM head: most of a decode step's bytes) ``calls``
+    times each way, alternating (ABBA), and turns the prefetch off where the median of the paired ratios is below
+    :data:`PREFETCH_GAIN`.  ``MICROSPEC_CPU_PREFETCH`` set to anything but ``auto`` skips the measurement: off where
+    it reads as off (0, off, false, no), else on.  Once per process (a packed model's first use), again only for a
+    matrix larger than the one measured (a small test model's head is a poor guide to a real one's); returns the
+    choice: ``{"tiles", "how"}`` with the medians, the ratio and the matrix's bytes where measured."""
     if _TUNED and _TUNED.get("bytes", float("inf")) >= data.numel():
         return _TUNED
     _TUNED.clear()
