@@ -1,10 +1,11 @@
 """Packed GGUF layers on fp32 CPU rows, each whole layer one call of the fused kernel
 (:func:`microspec.kernels.cpu_quant.layer_step`: norms, q/k/v, RoPE, attention over the cache, o_proj, MLP and the
-residual sums) — and a forward's whole stack one call (:func:`~microspec.kernels.cpu_quant.layers_step`, the
-layers' arguments kept in the kernel once: from Python, each layer's twenty-odd tensors cost ~30 µs to hand over,
-5-6% of a one-row forward of Gemma 3 270M on 2 cores), and :meth:`FusedLayers.forward_many`, the forward of several
-sequences at once (a batch's verify step): on a packed model their rows share one read of the weights per layer, and
-their one-row sequences attend in one pass (``attend_rows_many``).
+residual sums) — and a forward's whole stack one call (:func:`~microspec.kernels.cpu_quant.layers_step`, the layers'
+arguments kept in the kernel once: handing each layer's twenty-odd tensors over from Python is a fixed cost per
+layer, a noticeable share of a one-row forward; docs/history.md, "A forward's layers in one kernel call, a batch's
+attention in one pass"), and :meth:`FusedLayers.forward_many`, the forward of several sequences at once (a batch's
+verify step): on a packed model their rows share one read of the weights per layer, and their one-row sequences
+attend in one pass (``attend_rows_many``).
 
 The eager forward of one sequence (:meth:`NativeCausalLM._run <microspec.models.native.NativeCausalLM._run>`) takes
 the same path through :meth:`FusedLayers._fused_run` where it applies.

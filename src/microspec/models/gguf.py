@@ -134,7 +134,7 @@ class GGUFFile:
         eights is read from the file, a slab of rows at a time, into its interleaved form (:func:`~microspec.
         kernels.cpu_quant.repack`: 8 rows' blocks side by side, the same bits in the same bytes, Q4_K's scales
         unpacked; a copy in the process's memory instead of mapped pages): one integer multiply serves 8 rows
-        (BENCHMARKS.md measures it)."""
+        (docs/history.md, "One layer's products by rows")."""
         info = self.tensors[name]
         qtype = cpu_quant.TYPE_NAMES.get(info.type_id)
         if qtype is None:
@@ -173,7 +173,8 @@ class GGUFFile:
                     out[r0 // tile : (r0 + len(raw)) // tile] = cpu_quant.repack(data, qtype)
             # row subsets (a draft head's shortlist or cluster union, taken again whenever the set changes) copy
             # the file's rows from the map: one contiguous row each, where the interleaved form spreads a row's
-            # bytes over 8x more cache lines (BENCHMARKS.md)
+            # bytes over 8 times the cache lines (docs/history.md, "The trained policies with row subsets copied from
+            # the file")
             return QuantTensor(out, cpu_quant.INTERLEAVED[qtype], cols, integer,
                                file_rows=self._mapped(info, rows, row_bytes) if order is None else None)
         q = QuantTensor(self._mapped(info, rows, row_bytes), qtype, cols, integer)
@@ -267,8 +268,9 @@ def quantize_linears(module: torch.nn.Module, qtype: str = "Q8_0") -> int:
     """Replace the weight of every dense linear layer in ``module`` whose input size is a whole number of blocks by
     a :class:`QuantTensor` of ``qtype`` (quantized with the ``gguf`` package; products on the integer path): a
     draft network beside a packed target reads a quarter of its fp32 bytes and runs the same kernels — in the
-    interleaved form where the target's matrices take it (:meth:`GGUFFile.packed`; ``MICROSPEC_REPACK``): in the
-    file's blocks, a draft level over 3 rows of the EAGLE head cost 2.4x one row.  Returns how many layers were
+    interleaved form where the target's matrices take it (:meth:`GGUFFile.packed`; ``MICROSPEC_REPACK``), where
+    extra rows share one integer multiply (in the file's blocks each row of a draft level pays nearly in full).
+    Returns how many layers were
     packed."""
     from gguf import GGMLQuantizationType
     from gguf.quants import quantize

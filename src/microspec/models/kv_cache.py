@@ -16,8 +16,8 @@ def zeros(shape: Sequence[int], dtype: torch.dtype, device: torch.device | str) 
     until written), returned to the system the moment the last tensor over it goes — so that a server's memory
     follows the caches its requests hold, while the C library's allocator keeps its adaptive threshold for
     everything else (a step's vocabulary-sized logits stay on its heap: forcing every allocation of a megabyte or
-    more into a mapping of its own made each of them a mapping and its page faults, measured as a quarter to a half
-    of a batched Gemma 3 270M step on a 2-core CPU); elsewhere :func:`torch.zeros`."""
+    more into a mapping of its own would make each of them a fresh mapping with its page faults, every step);
+    elsewhere :func:`torch.zeros`."""
     count = math.prod(shape)
     if torch.device(device).type != "cpu" or not count or not hasattr(mmap, "MAP_ANONYMOUS"):  # (Windows: none)
         return torch.zeros(*shape, dtype=dtype, device=device)

@@ -12,8 +12,8 @@ of several sequences at once) :mod:`microspec.models.fused`, where new tokens go
 Why native rather than driving transformers modules: speculative decoding needs a forward over arbitrary new tokens
 with explicit positions and a tree-shaped mask, a KV cache that can be compacted to an arbitrary set of kept slots,
 and the LM head as its own step.  transformers' cache and mask machinery can do some of that, but every call pays
-for mask construction, cache bookkeeping and module hooks; on this 2-core CPU the native path decodes faster than a
-bare ``model.model(...)`` loop (see BENCHMARKS.md) and keeps the hot path in a few short files.
+for mask construction, cache bookkeeping and module hooks, which the native path does not (BENCHMARKS.md, "Where
+the time goes"), and it keeps the hot path in a few short files.
 """
 
 from __future__ import annotations

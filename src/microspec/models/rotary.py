@@ -3,14 +3,13 @@
 Per forward they are a dozen small elementwise operations (a product, a concatenation, the cos and the sin, the
 scaling and the cast, for each of a model's RoPE bases: Gemma 3 has a local and a global one), the same for every
 layer.  On a device whose forwards replay as CUDA graphs (its profile's ``rope_table``), each of them a kernel a
-step, the tables of every position the model can attend at are computed once instead (by the same operations, so
-the same values; tests/test_native.py) and a forward gathers its positions' rows in one operation.  Elsewhere (a
-CPU) the table holds the positions reached so far, grown in pieces as a generation goes on: in Gemma 3 270M's plain
-decoding (packed, AMD EPYC) the rotations computed per forward took 190-216 us of a ~14 ms step (each small
-operation slow on caches the LM head's 178 MB stream has just emptied), the lookup 50 us, and a draft network's
-forward pays them too.  It serves forwards whose positions are their slots (a decode step, a prefill, a draft's
-root pass: a bound known on the host); given positions (a tree's, a chain's) are computed.  The table is as large as
-the context reached (Gemma 3 270M in fp32: 4 KiB a position).
+step, the tables of every position the model can attend at are computed once instead (by the same operations, so the
+same values; tests/test_native.py) and a forward gathers its positions' rows in one operation.  Elsewhere (a CPU) the
+table holds the positions reached so far, grown in pieces as a generation goes on: computed per forward, the
+rotations are a dozen small operations each run on caches a step's weight stream has just emptied, where one lookup
+costs less, and a draft network's forward pays them too.  It serves forwards whose positions are their slots (a
+decode step, a prefill, a draft's root pass: a bound known on the host); given positions (a tree's, a chain's) are
+computed.  The table is as large as the context reached (Gemma 3 270M in fp32: 4 KiB a position).
 """
 
 from __future__ import annotations
