@@ -4,7 +4,7 @@ The kind is what every per-device default is keyed by (each drafter's tree shape
 ``DrafterSpec.shape``; an option's ``per_device`` defaults; ``auto``'s measured starts): ``cuda``, ``cpu``, or ``cpu-gguf``
 (a target whose GGUF blocks stay packed on a CPU, where a verify row costs a sizeable share of a plain step).  What a
 device applies whatever the method comes from its profile (:func:`apply`): on CUDA the verify pass and the draft
-levels replay as CUDA graphs (a small model's step is launch-bound there: eager decoding runs several times slower),
+levels replay as CUDA graphs (a small model's step is launch-bound there, so eager decoding wastes the device),
 so a model loaded on CUDA by any entry point (:func:`microspec.load_model`, the command line, the server, bench)
 graphs unless told not to.
 

@@ -13,8 +13,9 @@ nodes the text that followed took, binned by the arm's own estimate of each node
 sampling, with a point-mass draft, a token's chance of matching the text is its chance of acceptance), whether taken
 or not, and priced by the steps of the plain and cheap arms (verify seconds against nodes; committed tokens against
 whole steps' seconds).  A sized view's source is never offered itself: the view is its proposal less the nodes
-that do not pay, and the choice takes a key by its mean rate, not by the proposal in front of it (held-apart
-prompts, greedy: 2.79x -> 2.90x plain decoding against offering the whole chain and tree, BENCHMARKS.md).
+that do not pay, and the choice takes a key by its mean rate, not by the proposal in front of it (chosen over
+offering the whole chain and tree by speed on held-apart prompts: docs/history.md, "`auto`'s cheap arms offered only
+as sized views").
 Model drafters (the EAGLE head) propose only when
 chosen; the plain arm proposes nothing (the loop's step is then an autoregressive one).  Every drafter hears every
 commit, whichever arm drafted (an EAGLE head catches up on the features it missed at its next draft): a switch into

@@ -184,8 +184,7 @@ class Worker:
         ``threads``: torch's CPU threads for the decoding thread (None: as they are).  A server should load the
         model with one thread and give the decoding thread the real count here: OpenMP keeps a team of threads per
         thread that ran parallel work, and with more of them than cores its idle threads stop spinning between
-        parallel regions, so each of a step's ~150 regions pays a wake-up (measured on 2 cores: a plain Gemma 3 270M
-        step on a decoding thread after a multi-threaded load in the main thread took nearly twice as long)."""
+        parallel regions, so each of a step's many parallel regions pays a wake-up."""
         self.engine, self.lm = engine, engine.lm
         self.method = engine.summary() if isinstance(engine, Engine) else "auto"  # as each reply names it
         self.texts = TokenTexts(self.lm.tokenizer)  # tokens' texts for log-probabilities

@@ -19,8 +19,7 @@ by cumulative sum, count updates by index_add), with the write pointer itself a 
 anything back to the host.  ``host`` (default on a CPU,
 :class:`~microspec.vocab.window.HostWindow`) keeps the ring and the counts in Python and walks the few ids of each
 append one by one: on a CPU every tensor operation pays a fixed dispatch cost whatever its size, so the device
-version's ~90 operations per verification cost far more than the host walk (measured,
-BENCHMARKS.md).
+version's dozens of operations per verification cost far more than the host walk.
 
 What the draft head gets (``gather``): ``"packed"`` (default) — the rows of I in a
 :class:`~microspec.vocab.packed.PackedRows` buffer of W_max (+ special) slots, which a
@@ -56,8 +55,8 @@ from .window import WINDOWS, CandidateWindow, SideStream, WindowRows
 
 def topk_ids(logits: torch.Tensor, k: int, block: int = 512) -> torch.Tensor:
     """Ids [R, k] of the k largest logits of each row of [R, V] (ties in any order).  Two stages when V splits into
-    blocks: the k blocks with the largest maxima hold the top k, so only they are searched — on a CPU faster than one
-    ``torch.topk`` over a 262,144-wide vocabulary (BENCHMARKS.md)."""
+    blocks: the k blocks with the largest maxima hold the top k, so only they are searched — on a CPU cheaper than
+    one ``torch.topk`` over a whole wide vocabulary row."""
     r, v = logits.shape
     if v % block or v // block < 4 * k:
         return torch.topk(logits, k, dim=-1).indices
@@ -77,8 +76,8 @@ K_PRE = Option("k_pre", type=int, default=3, low=0, high=64,
 K_VER = Option("k_ver", type=int, default=3, low=0, high=64,
                help="microspec: K_ver, the top-k of the verify logits per step")
 # no C_pre on a packed CPU target: the target's top-k at a prompt position costs a full-vocabulary head row, so with
-# every position the long-prompt categories (rag, summarization) ran below plain decoding, and fewer positions, down to
-# none, measured faster at about the same acceptance (BENCHMARKS.md)
+# every position the long-prompt categories (rag, summarization) run below plain decoding, and fewer positions, down
+# to none, keep about the same acceptance (docs/history.md, "Vocabulary methods compared")
 K_PRE_POSITIONS = Option(
     "k_pre_positions", type=int, low=0, per_device=(("cpu-gguf", 0),),
     help="microspec: take the prefill's top-k at the last N prompt positions only (default: every position, as "

@@ -12,8 +12,8 @@ matter, so they live in a ring of W_max token ids with a count per vocabulary id
   :mod:`microspec.kernels.window_update` — one launch per append, the packed rows' slots handed out in it and the
   entering rows gathered by a second;
 - :class:`HostWindow` (default on a CPU): the ring and the counts in Python, walking the few ids of each append one by
-  one.  On a CPU every tensor operation pays a fixed dispatch cost whatever its size, so the device version's ~90
-  operations per verification cost far more than the host walk (measured, BENCHMARKS.md).
+  one.  On a CPU every tensor operation pays a fixed dispatch cost whatever its size, so the device version's dozens
+  of operations per verification cost far more than the host walk.
 
 Both append the same way: with ``unique`` only the first occurrence of each id in the appended tuple is kept (the
 paper's tuple(Unique(...))); of more than W_max new entries only the last W_max stay (the others would be pushed out
