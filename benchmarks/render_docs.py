@@ -30,6 +30,7 @@ from render import (  # this folder's (a script's is on its path)
     report,
     serve,
     speed,
+    status,
     structured,
     vocab,
 )
@@ -40,6 +41,8 @@ HISTORY = common.ROOT / "docs" / "history.md"
 README = common.ROOT / "README.md"
 README_BEGIN = "<!-- results: rendered by benchmarks/render_docs.py from benchmarks/results/; do not edit by hand -->"
 README_END = "<!-- /results -->"
+STATUS_BEGIN = "<!-- status: rendered by benchmarks/render_docs.py (benchmarks/render/status.py); do not edit by hand -->"
+STATUS_END = "<!-- /status -->"
 
 HEADER = """\
 # Benchmarks
@@ -129,8 +132,11 @@ def readme_results() -> str:
 
 
 def with_readme_results(text: str) -> str:
-    begin, end = text.index(README_BEGIN) + len(README_BEGIN), text.index(README_END)
-    return text[:begin] + "\n" + readme_results() + "\n" + text[end:]
+    for first, last, body in ((README_BEGIN, README_END, readme_results()), (STATUS_BEGIN, STATUS_END,
+                                                                            status.render())):
+        begin, end = text.index(first) + len(first), text.index(last)
+        text = text[:begin] + "\n" + body + "\n" + text[end:]
+    return text if text.endswith("\n") else text + "\n"
 
 
 def draw_figures() -> list[Path]:

@@ -1,0 +1,107 @@
+"""The README's status table: what each part does and, where a figure is quoted, the run it comes from (its machine,
+date and commit), read from the same results as BENCHMARKS.md."""
+
+from __future__ import annotations
+
+import json
+
+from . import gpu, report, serve
+from .common import ROOT, load, table
+
+BENCH = "BENCHMARKS.md"
+
+
+def _ci() -> str:
+    from .common import runs
+
+    rel = runs("status").get("CI")
+    if not rel:
+        return "done"
+    r = load(rel)
+    m = r["meta"]
+    return (f"done; [{r['pytest_s']:.0f} s of pytest](benchmarks/results/{rel}), {r['passed']:,} passed "
+            f"({m['machine'].split(',')[0]}, {m['date'].split()[0]}, {m['commit']})")
+
+
+def _run_said(run: str) -> str:
+    s = report.source(run)
+    return f"{s.machine.split(',')[0]}, {s.date}, {s.commit}"
+
+
+def _auto() -> str:
+    if not report.RUNS:
+        return f"done; figures: [{BENCH}]({BENCH})"
+    run = report.RUNS[0]
+    short = {"greedy": "greedy", "greedy-rp1.2": "pen.", "T0.7": "T0.7", "T0.7-rp1.2": "T0.7+pen."}
+    cells = ", ".join(f"{short[d]} {report.ratio(run, d, 'auto'):.2f}x" for d in report._decodings(run))
+    return f"done; reporting set, x plain: {cells} ({_run_said(run)})"
+
+
+def _kernels() -> str:
+    if not report.RUNS:
+        return "done"
+    run = report.RUNS[0]
+    out = "done"
+    if "llama-cpp" in report._methods(run):
+        out += f"; plain {1 / report.ratio(run, 'greedy', 'llama-cpp'):.2f}x llama.cpp's speed"
+    fl = report._floor(run)
+    if fl:
+        plain = report._results(run, "greedy")["methods"]["ar"]["overall"]["decode_tokens_per_s"]
+        out += f", {plain / fl[2]:.0%} of the floor"
+    return out + f" ({_run_said(run)})"
+
+
+def _serve() -> str:
+    return (f"done; lossless at any batch; [under load]({BENCH}#the-server-under-load): "
+            f"{serve.LOAD_MACHINE.split(' (')[0]}, {serve.COMMIT_LOAD}")
+
+
+def _structured() -> str:
+    return f"done, lossless; [speed, vLLM beside it]({BENCH}#structured-outputs)"
+
+
+def _gpu() -> str:
+    s = gpu.source()
+    return f"done; [measured]({BENCH}#gpu) before its latest changes: {s.machine.split(',')[0]}, {s.date}, {s.commit}"
+
+
+def _training() -> str:
+    t = json.loads((ROOT / "src/microspec/heads/gemma-3-270m/training.json").read_text())
+    rates = t.get("stage_rates", {})
+    said = ", ".join(f"{k} {v['positions_per_s']:,.0f}" for k, v in rates.items())
+    return (f"done; positions/s: {said} ({t['machine'].split(',')[0]}, {t['date'].split()[0]}, {t['commit']}); "
+            f"Gemma head: {t['trained_positions'] / 1e6:.2f}M")
+
+
+ROWS = [
+    ("generation loop, token trees, KV compaction, greedy and sampling verification",
+     "done; lossless by test for every drafter × policy × processor, batched or not"),
+    ("models: Gemma 3 270M (default), SmolLM2-135M-Instruct, any Llama / Qwen2 / Qwen3 / Gemma 3 HF folder or "
+     "`.gguf`", "done; logits checked against transformers"),
+    ("packed GGUF CPU kernels (Q4_0…Q8_0, Q4_K–Q6_K, 8-row interleave, int8 activations; AVX2, AVX-512 VNNI, AMX)",
+     _kernels),
+    ("bf16 CPU kernel for dense weights (AVX2; AMX-BF16 tiles where the CPU has them)", "done"),
+    ("drafters: prompt lookup, suffix decoding, early exit, draft model, EAGLE-1/2, EAGLE-3",
+     "done; EAGLE heads ship for both built-in models, no EAGLE-3 head ships"),
+    ("vocabulary policies: MicroSpec, FR-Spec, VocabTrim, PA-FR, DynaSpec(-F), SpecVocab, CORAL-style",
+     "done; trained policies ship for both built-in models"),
+    ("`auto`: online choice per step by measured speed", _auto),
+    ("`microspec serve`: OpenAI API, streaming, continuous batching, limits, `/metrics`", _serve),
+    ("OpenAI options: structured outputs, logprobs, `n`, `echo`, penalties, bias, tools", _structured),
+    ("vLLM plugin: the heads and draft vocabularies inside unmodified vLLM",
+     "done on vLLM's CPU build (vLLM's output up to its bf16 near ties); not run on a GPU"),
+    ("GPU path: Triton kernels, CUDA graphs (a tree's whole draft one replay, before the last read), "
+     "`gpu_suite.py`", _gpu),
+    ("training: `train eagle` (any model: docs/training.md), `train eagle3 / dynaspec / specvocab / coral`, `freq`",
+     _training),
+    ("`bench` (methods and peers: llama.cpp, vLLM, transformers), `analyze`, `coverage`", "done"),
+    ("BENCHMARKS.md and its pictures rendered from results JSON (`benchmarks/render_docs.py`)",
+     "done; checked by `tests/test_docs.py`"),
+    ("command-line reference generated from the parsers ([docs/cli.md](docs/cli.md))",
+     "done; checked by `tests/test_docs.py`"),
+    ("CI on a fresh machine (`.ci/run`: the test command above in a new virtual environment)", _ci),
+]
+
+
+def render() -> str:
+    return table(["part", "state"], [[part, state() if callable(state) else state] for part, state in ROWS])
