@@ -269,6 +269,8 @@ def _eagle1_h200() -> list[str]:
 
 
 CPU_HEAD = DATA["CPU_HEAD"]  # the head trained on the packed engine (`train eagle`'s top-K loss)
+# the later fine-tunes on the packed engine, the last shipped: {"DIR", "NAME", "BEFORE", "REPORT"} each
+CPU_HEADS: list[dict] = list(DATA.get("CPU_HEADS", []))
 SETS = {"dev": "development set", "report": "reporting set"}
 HEADS = {"shipped": "fine-tune 4 (the head before)", "new": "fine-tune 5 (shipped)"}
 PENALTIES = {"1.0": "greedy", "1.2": "penalty 1.2"}
@@ -334,6 +336,49 @@ def _cpu_trained() -> list[str]:
             f"development set (greedy / penalty 1.2; higher in {wins['dev']} of its {2 * len(cats['dev'])} category "
             f"x decoding cells) and {x(ratio[('report', '1.0')])} / {x(ratio[('report', '1.2')])} on the reporting "
             f"set (higher in {wins['report']} of {2 * len(cats['report'])}).", ""]
+
+
+def _tau(rel: str) -> float:
+    return load(rel)["tau"]["chain6"]["overall"]
+
+
+def _cpu_fine_tune(run: dict) -> list[str]:
+    """A fine-tune of Gemma's head on the packed engine (runs.json heads.CPU_HEADS): its data, the development
+    set's τ as it trained (the head exported after each piece of the run), and τ against the head before on the
+    development and the reporting set."""
+    d, name, before = run["DIR"], run["NAME"], run["BEFORE"]
+    t = load(f"{d}/training.json")
+    data, c = t["trained_data"], t["config"]
+    curve = load(f"{d}/curve.json")  # {"points": [{"tag", "positions"}]}: the pieces' heads, in order
+    taus = {(s_, h, p_): f"{d}/tau-{s_}-{h}-p{p_}.json" for s_ in SETS for h in ("before", "new") for p_ in PENALTIES}
+    rows = [[f"{before} (start)", "0", *(num(_tau(taus[("dev", "before", p_)])) for p_ in PENALTIES)]]
+    rows += [[f"after piece {i + 1}", f"{pt['positions']:,}",
+              *(num(_tau(f"{d}/tau-dev-{pt['tag']}-p{p_}.json")) for p_ in PENALTIES)]
+             for i, pt in enumerate(curve["points"])]
+    cmp_rows = [[label, *(num(_tau(taus[(s_, h, p_)])) for s_ in SETS for p_ in PENALTIES)]
+                for h, label in (("before", f"{before} (the head before)"), ("new", name))]
+    files = list(taus.values()) + [f"{d}/tau-dev-{pt['tag']}-p{p_}.json" for pt in curve["points"]
+                                   for p_ in PENALTIES]
+    mism = sum(load(f)["mismatches"] for f in files)
+    one = load(taus[("report", "new", "1.0")])
+    return [f"### Gemma's head, {name}", "",
+            f"From {before}, {t['trained_positions']:,} positions trained ({c['epochs']:g} epochs over "
+            f"{data['text']['positions']:,} positions of teacher-forced text and {data['answers']['positions']:,} "
+            f"of {data['answers']['sequences']:,} of the target's own answers in the four decodings), in "
+            f"{len(curve['points'])} pieces of one resumable run; held-out top-1 {t['heldout']['top1']:.3f} on its "
+            "own mix. The development set's τ (chain of 6 draft tokens, 128 tokens, packed weights) after each "
+            "piece (the learning rate decays over the whole run, so a piece's head is not a finished one):", "",
+            table(["head", "positions trained", *(f"dev: {v}" for v in PENALTIES.values())], rows), "",
+            f"{name} against {before} on the development set (`benchmarks/data/dev.jsonl`), which chose what "
+            "ships, and on the reporting set (`benchmarks/data/report.jsonl`), which chose nothing:", "",
+            table(["head", *(f"{SETS[s_]}: {PENALTIES[p_]}" for s_ in SETS for p_ in PENALTIES)], cmp_rows), "",
+            Source(f"{d}/training.json", t["command"].split(" --")[0] + " …", t["date"].split(" ")[0],
+                   t["machine"] + ", 2 threads", t["commit"]).markdown(),
+            Source(f"{d}/tau-*.json", one["command"].replace(one["head"], "HEAD").rsplit(" --out", 1)[0]
+                   .replace("benchmarks/data/report.jsonl", "benchmarks/data/<set>.jsonl"),
+                   one["date"].split(" ")[0], one["machine"] + ", 2 threads", one["commit"]).markdown(), "",
+            f"- Every generation equals the target's own greedy output ({mism} mismatches over "
+            f"{len(files)} runs).", ""]
 
 
 def _gen_rate(t: dict) -> str:

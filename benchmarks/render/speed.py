@@ -123,7 +123,8 @@ def held_vllm_source() -> Source | None:
                   commit(metas[0]))
 
 
-def _held_apart() -> str:
+def _held_apart(history: str = "docs/history.md") -> str:
+    """The held-apart table; ``history``: the link to docs/history.md from where it is rendered."""
     meta = load(f"{HELD}/run1/greedy/results.json")["meta"]
     cats = load(f"{HELD}/run1/greedy/results.json")["methods"]["ar"]["categories"]
     methods = _methods()
@@ -184,7 +185,7 @@ def _held_apart() -> str:
         f"{meta['warmup']} warm-up generation per method; one `microspec bench` process per decoding and run. "
         "Each cell: the method's tokens/s over plain decoding's in the same run, mean over the runs (range). "
         "Bold: the fastest and every method whose range overlaps it (by category: [docs/history.md]"
-        "(docs/history.md#on-held-apart-prompts-by-category)). Methods: `auto` chooses per step by measured "
+        f"({history}#on-held-apart-prompts-by-category)). Methods: `auto` chooses per step by measured "
         f"speed; prompt lookup (`ngram`, {how['ngram']['tree']['depth']} tokens); suffix decoding at its "
         f"defaults; MicroSpec = the EAGLE head drafting {drafted} over "
         "MicroSpec's vocabulary; MicroSpec, lookup first = prompt lookup where it matches, else the head; llama.cpp "
@@ -401,7 +402,7 @@ def _by_category() -> list[str]:
 def history() -> str:
     runs = sorted(p.name for p in (RESULTS / AUTO).iterdir() if p.is_dir())
     res = {d: [load(f"{AUTO}/{r}/{d}/results.json") for r in runs] for d in AUTO_DECODINGS}
-    held = [_held_apart().replace("### On held-apart prompts", "### On held-apart prompts (now the development "
+    held = [_held_apart("").replace("### On held-apart prompts", "### On held-apart prompts (now the development "
                                   "set)", 1)] if _development_set_only() else []
     return "\n".join(["## How fast", "", *held, *_by_category(), "### `auto` against its own arms: the same question from run to run", "",
                       *_same_question(res, len(runs), f"`benchmarks/results/{AUTO}/`"), *_before()]).rstrip() + "\n"
