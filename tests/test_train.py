@@ -78,8 +78,25 @@ def test_train_resumes_from_its_checkpoint(capsys, trained):
     rc, stdout, err = _run(capsys, *more)
     assert rc == 0, err
     assert "resumed at step" in err
-    after = torch.load(out / "checkpoint.pt", weights_only=False)["step"]
-    assert after > before
+    state = torch.load(out / "checkpoint.pt", weights_only=False)
+    assert state["step"] > before
+    meta = json.loads((out / "head" / "training.json").read_text())
+    # the whole run's positions (both calls), not this call's
+    assert meta["trained_positions"] == sum(h["tokens"] for h in state["history"])
+    assert meta["stage_rates"]["train"]["positions"] == meta["trained_positions"]
+
+
+def test_a_new_training_run_in_the_same_folder_counts_its_own_rates(tmp_path):
+    from microspec.training.budget import mark_start, record_rate, stage_rates
+
+    record_rate(tmp_path, "capture", 100, 1.0)
+    record_rate(tmp_path, "train", 500, 1.0)  # an earlier head's training in this folder
+    mark_start(tmp_path, "train")
+    record_rate(tmp_path, "train", 300, 1.0)
+    record_rate(tmp_path, "train", 100, 1.0)  # resumed
+    rates = stage_rates(tmp_path)
+    assert rates["train"] == {"positions": 400, "seconds": 2.0, "positions_per_s": 200.0}
+    assert rates["capture"]["positions"] == 100  # the features it trains on: every capture counts
 
 
 def test_train_refuses_evaluation_sets_and_bad_settings(capsys, tmp_path, tiny_model_dir):

@@ -62,14 +62,25 @@ def record_rate(out: Path, stage: str, positions: int, seconds: float) -> None:
             f.write(json.dumps({"stage": stage, "positions": int(positions), "seconds": round(seconds, 2)}) + "\n")
 
 
+def mark_start(out: Path, stage: str) -> None:
+    """Note in ``out/rates.jsonl`` that a new run of ``stage`` starts (training again in the same folder, not
+    resumed): :func:`stage_rates` counts that stage's calls from the last such mark."""
+    with open(Path(out) / "rates.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps({"stage": stage, "start": True}) + "\n")
+
+
 def stage_rates(out: Path) -> dict:
-    """Per stage, what every call recorded in ``out/rates.jsonl``: positions, seconds and positions a second."""
+    """Per stage, what every call recorded in ``out/rates.jsonl`` (since the stage's last :func:`mark_start`):
+    positions, seconds and positions a second."""
     path = Path(out) / "rates.jsonl"
     total: dict[str, list[float]] = {}
     if path.is_file():
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
                 rec = json.loads(line)
+                if rec.get("start"):
+                    total.pop(rec["stage"], None)
+                    continue
                 positions, seconds = int(rec["positions"]), float(rec["seconds"])
                 stage = total.setdefault(rec["stage"], [0, 0.0])
             except (ValueError, KeyError, TypeError):

@@ -35,7 +35,7 @@ from ..devices import profile
 from ..drafters.eagle import EagleHead, _layer_config
 from ..errors import MicrospecError, check
 from ..models.native import NativeCausalLM
-from .budget import OutOfTime, hms, record_rate
+from .budget import OutOfTime, hms, mark_start, record_rate
 
 
 @dataclass
@@ -366,6 +366,8 @@ class Trainer:
             self.sched.load_state_dict(state["scheduler"])
             self.step, seen, self.history = state["step"], state["seen"], state.get("history", [])
             self.log(f"resumed at step {self.step} ({seen} micro-batches seen)")
+        else:
+            mark_start(self.out, "train")  # a new run in this folder: its rates count from here
         agg = {"tokens": 0, "vloss": 0.0, "ploss": 0.0, "top1": 0, "topk": 0}
         fit_t0 = time.perf_counter()
         self._positions = 0
@@ -377,8 +379,9 @@ class Trainer:
         finally:
             record_rate(self.out, "train", self._positions, time.perf_counter() - fit_t0)
         took = time.perf_counter() - fit_t0
+        # trained_positions: the whole run's (its steps' history survives --resume); the rate: this call's
         result = {"steps": self.step, "train_tokens": tokens_total, "heldout": self.evaluate(heldout) if heldout
-                  else None, "history": self.history, "trained_positions": self._positions,
+                  else None, "history": self.history, "trained_positions": sum(h["tokens"] for h in self.history),
                   "train_s": round(took, 1), "train_positions_per_s": round(self._positions / max(took, 1e-9), 1)}
         self._save(ck, seen)
         return result
