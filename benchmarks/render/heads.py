@@ -272,7 +272,7 @@ CPU_HEAD = DATA["CPU_HEAD"]  # the head trained on the packed engine (`train eag
 # the later fine-tunes on the packed engine, the last shipped: {"DIR", "NAME", "BEFORE", "REPORT"} each
 CPU_HEADS: list[dict] = list(DATA.get("CPU_HEADS", []))
 SETS = {"dev": "development set", "report": "reporting set"}
-HEADS = {"shipped": "fine-tune 4 (the head before)", "new": "fine-tune 5 (shipped)"}
+HEADS = {"shipped": "fine-tune 4 (the head before)", "new": "fine-tune 5"}
 PENALTIES = {"1.0": "greedy", "1.2": "penalty 1.2"}
 
 
@@ -313,7 +313,7 @@ def _cpu_trained() -> list[str]:
             "1 / (E x capture rate) + 1 / (train rate) seconds.",
             "- The answers are generated through the engine itself, 8 at a time (the first stage of "
             f"`training.json`'s last entry: {_gen_rate(t)} answer tokens/s).", "",
-            f"The shipped Gemma 3 270M head (fine-tune 5) started from fine-tune 4 and trained "
+            f"Fine-tune 5 of the Gemma 3 270M head started from fine-tune 4 and trained "
             f"{t['trained_positions']:,} positions ({c['epochs']:g} epochs over {data['text']['positions']:,} "
             f"positions of teacher-forced text and {data['answers']['positions']:,} of "
             f"{data['answers']['sequences']:,} "
@@ -369,7 +369,8 @@ def _cpu_fine_tune(run: dict) -> list[str]:
             "own mix. The development set's τ (chain of 6 draft tokens, 128 tokens, packed weights) after each "
             "piece (the learning rate decays over the whole run, so a piece's head is not a finished one):", "",
             table(["head", "positions trained", *(f"dev: {v}" for v in PENALTIES.values())], rows), "",
-            f"{name} against {before} on the development set (`benchmarks/data/dev.jsonl`), which chose what "
+            f"{name[0].upper()}{name[1:]} against {before} on the development set (`benchmarks/data/dev.jsonl`), "
+            "which chose what "
             "ships, and on the reporting set (`benchmarks/data/report.jsonl`), which chose nothing:", "",
             table(["head", *(f"{SETS[s_]}: {PENALTIES[p_]}" for s_ in SETS for p_ in PENALTIES)], cmp_rows), "",
             Source(f"{d}/training.json", t["command"].split(" --")[0] + " …", t["date"].split(" ")[0],
@@ -378,7 +379,16 @@ def _cpu_fine_tune(run: dict) -> list[str]:
                    .replace("benchmarks/data/report.jsonl", "benchmarks/data/<set>.jsonl"),
                    one["date"].split(" ")[0], one["machine"] + ", 2 threads", one["commit"]).markdown(), "",
             f"- Every generation equals the target's own greedy output ({mism} mismatches over "
-            f"{len(files)} runs).", ""]
+            f"{len(files)} runs).", _still_rising(d, curve), ""]
+
+
+def _still_rising(d: str, curve: dict) -> str:
+    """Whether the development set's greedy τ still rose over the run's last piece."""
+    last, prev = (_tau(f"{d}/tau-dev-{pt['tag']}-p1.0.json") for pt in curve["points"][-1:-3:-1])
+    gained = last - prev
+    return (f"- The development set's greedy τ rose by {gained:.2f} over the last piece: it had not stopped rising "
+            "when the run ended, so more positions should still pay." if gained > 0.02 else
+            f"- The development set's greedy τ moved by {gained:+.2f} over the last piece: it has stopped rising.")
 
 
 def _gen_rate(t: dict) -> str:
@@ -387,20 +397,23 @@ def _gen_rate(t: dict) -> str:
 
 
 def render() -> str:
+    latest = [_cpu_fine_tune(CPU_HEADS[-1])] if CPU_HEADS else []
     return "\n".join(["## The shipped draft heads", "",
                       "The EAGLE-1/2 heads in `src/microspec/heads/<model>/` (one decoder layer and fc over the "
                       "target's features, the target's own LM head), measured with `benchmarks/measure/eagle_tau.py`.",
-                      "", *_cpu_trained(),
-                      "The τ table by category below measures fine-tune 4, the Gemma head shipped before fine-tune "
-                      "5 (its τ by language, and the heads trained and not shipped: "
+                      "", *(latest[0] if latest else _cpu_trained()),
+                      "The τ table by category below measures fine-tune 4, an earlier Gemma head (its τ by "
+                      "language, the fine-tunes since, and the heads trained and not shipped: "
                       "[docs/history.md](docs/history.md#the-draft-heads-earlier-and-not-shipped)).", "",
                       *_by_category(), *_training()]).rstrip() + "\n"
 
 
 def history() -> str:
+    earlier = [*_cpu_trained(), *(line for run in CPU_HEADS[:-1] for line in _cpu_fine_tune(run))] if CPU_HEADS \
+        else []
     return "\n".join(["## The draft heads: earlier, and not shipped", "",
-                      "Fine-tune 4 of Gemma's head (the head shipped before fine-tune 5) by language, then the heads "
-                      "trained and not shipped.", "", *_by_language(),
+                      "The fine-tunes shipped before the current head, fine-tune 4 of Gemma's head by language, then "
+                      "the heads trained and not shipped.", "", *earlier, *_by_language(),
                       *_pilot(), *_gpu_heads(), *_eagle1_h200()]).rstrip() + "\n"
 
 
