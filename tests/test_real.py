@@ -253,21 +253,33 @@ def test_gemma_shipped_eagle_head_out_of_the_box(gemma_gguf, gemma_ar):
     assert sum(taus) / len(taus) > 1.2, taus  # an untrained head: ~1.0
 
 
-def test_gemma_generate_speculates_by_default():
+# the two `microspec generate` runs of the next test, as one process beside the light tests (conftest: background)
+GENERATE_BY_DEFAULT = f"""
+import json, subprocess, sys
+base = [sys.executable, "-m", "microspec", "generate", "--prompt", {SPEC_PROMPTS[0]!r}, "--max-new-tokens", "32"]
+runs = [subprocess.run([*base, *extra], capture_output=True, text=True, timeout=600)
+        for extra in (["--compare", "--json"], ["--repetition-penalty", "1.2"])]
+print(json.dumps([[r.returncode, r.stdout, r.stderr] for r in runs]))
+"""
+
+
+@pytest.mark.background("generate-by-default", [sys.executable, "-c", GENERATE_BY_DEFAULT], after_first_use=True)
+def test_gemma_generate_speculates_by_default(background):
     """`microspec generate` with no drafter option on the default model (packed GGUF weights): auto, chosen online
     among plain decoding, prompt lookup and suffix decoding (each sized step by step) and the EAGLE head, starting
-    with prompt lookup on plain greedy decoding (what measured fastest on this path) — the same tokens as plain decoding (`--compare`
-    runs both) — and auto too with repetition penalty 1.2, the stats line saying what it took."""
-    base = [sys.executable, "-m", "microspec", "generate", "--prompt", SPEC_PROMPTS[0], "--max-new-tokens", "32"]
-    proc = subprocess.run([*base, "--compare", "--json"], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    obj = json.loads(proc.stdout)
+    with prompt lookup on plain greedy decoding (what measured fastest on this path) — the same tokens as plain
+    decoding (`--compare` runs both) — and auto too with repetition penalty 1.2, the stats line saying what it
+    took."""
+    rc, out, err, _ = background
+    assert rc == 0, err[-3000:]
+    (rc1, out1, err1), (rc2, _, err2) = json.loads(out.strip().splitlines()[-1])
+    assert rc1 == 0, err1
+    obj = json.loads(out1)
     assert (obj["drafter"], obj["start"], obj["dtype"]) == ("auto", "lookup", "gguf")
     assert obj["arms"] == ["plain", "lookup", "suffix", "eagle"]
-    assert "warning" not in proc.stderr  # --compare found the plain greedy tokens identical
+    assert "warning" not in err1  # --compare found the plain greedy tokens identical
     assert obj["plain_stats"]["new_tokens"] == obj["stats"]["new_tokens"]
-    proc = subprocess.run([*base, "--repetition-penalty", "1.2"], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0 and "| auto: " in proc.stderr and "% of steps; " in proc.stderr
+    assert rc2 == 0 and "| auto: " in err2 and "% of steps; " in err2
 
 
 @pytest.mark.parametrize("policy", ["dynaspec", "specvocab", "coral"])
