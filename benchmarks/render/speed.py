@@ -333,9 +333,10 @@ def _vllm() -> str:
         " / ".join(f"{p:.3f}" for p in pos["vllm-eagle"]) + " in vLLM against " +
         " / ".join(f"{p:.3f}" for p in pos["eagle-full"]) + " here (vLLM's bf16 model against the packed GGUF one).",
         f"- Within vLLM, MicroSpec runs at {x(tok['vllm-microspec'] / tok['vllm-eagle'])} the full-vocabulary head, "
-        f"FR-Spec-32k at {x(tok['vllm-fr-spec-32k'] / tok['vllm-eagle'])}; every speculative vLLM row is below vLLM's "
-        f"plain decoding ({num(tok['vllm'])} tok/s) on this CPU, where vLLM computes the LM head with torch's bf16 "
-        "matmul and a verify pass over several rows costs several plain steps.", "",
+        f"FR-Spec-32k at {x(tok['vllm-fr-spec-32k'] / tok['vllm-eagle'])}; against vLLM's plain decoding "
+        f"({num(tok['vllm'])} tok/s) on this CPU: " + ", ".join(
+            f"{names[k].removeprefix('vLLM + plugin, ')} {x(tok[k] / tok['vllm'])}"
+            for k in ("vllm-eagle", "vllm-fr-spec-32k", "vllm-microspec")) + ".", "",
         f"The draft step alone (`benchmarks/measure/vllm_draft.py`: the first {d['prompts']} prompts, "
         f"{d['max_new_tokens']} tokens, batch 1 and batch 4; ms: median (mean)):", "",
         table(["draft vocabulary", "batch 1 tok/s", "draft step ms", "batch 4 tok/s", "draft step ms", "τ"], drows), "",
