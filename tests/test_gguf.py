@@ -212,7 +212,7 @@ def test_products_of_one_input_in_one_region_are_each_product_alone(threads):
         mats.append((cq.repack(raw, qtype), cq.TYPES[form][0]))
     assert sum(d.numel() for d, _ in mats) > 4 * 16 * 1024  # shares of several tiles each on 2 cores
     x = torch.randn(17, cols) * torch.logspace(-2, 2, 17)[:, None]
-    widest = cq.int_path(None)
+    cq.int_path(None)  # the default path first; the loop then takes each this CPU has
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
