@@ -46,6 +46,20 @@ def test_results_out_is_refused_while_src_has_uncommitted_changes(checkout):
     assert bench_pkg.source_commit(checkout)["commit"].endswith("+dirty")
 
 
+def test_a_tracked_change_outside_src_counts_too(checkout):
+    """Any tracked change makes the recorded commit +dirty, which the renderer refuses: refused here already; a new
+    file outside src/ (a results folder being written) is not a change of the code."""
+    (checkout / "README.md").write_text("a\n")
+    _git(checkout, "add", "README.md")
+    _git(checkout, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "readme")
+    (checkout / "benchmarks" / "results" / "other.json").write_text("{}")
+    bench_pkg.check_results_out(checkout / "benchmarks" / "results" / "run", root=checkout)
+    (checkout / "README.md").write_text("b\n")
+    with pytest.raises(MicrospecError, match=r"uncommitted changes \(README.md\)"):
+        bench_pkg.check_results_out(checkout / "benchmarks" / "results" / "run", root=checkout)
+    assert bench_pkg.source_commit(checkout)["commit"].endswith("+dirty")
+
+
 def test_a_new_file_in_src_counts_as_a_change(checkout):
     (checkout / "src" / "new.py").write_text("y = 1\n")
     with pytest.raises(MicrospecError, match="src/new.py"):

@@ -181,15 +181,18 @@ RESULTS_DIR = Path("benchmarks") / "results"
 
 
 def uncommitted_source(root: Path) -> list[str]:
-    """The paths under ``src/`` of the checkout at ``root`` that differ from its commit (changed or new)."""
-    status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "src"], capture_output=True,
-                            text=True, timeout=10)
-    return [line[3:] for line in status.stdout.splitlines() if line.strip()]
+    """The paths of the checkout at ``root`` that keep its results from naming a clean commit: every tracked file
+    that differs from the commit (what :func:`source_commit` marks ``+dirty``) and every new file under ``src/``."""
+    status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=all"],
+                            capture_output=True, text=True, timeout=10)
+    return [line[3:] for line in status.stdout.splitlines()
+            if line.strip() and (not line.startswith("??") or line[3:].startswith("src/"))]
 
 
 def check_results_out(out: Path, exploratory: bool = False, root: Path | None = None) -> None:
-    """Refuse an output directory inside the checkout's ``benchmarks/results/`` while its ``src/`` has uncommitted
-    changes (results there must name the code that produced them), unless the run is ``exploratory``."""
+    """Refuse an output directory inside the checkout's ``benchmarks/results/`` while the checkout has uncommitted
+    changes (results there must name the code that produced them, and the renderer refuses a ``+dirty`` commit),
+    unless the run is ``exploratory``."""
     root = checkout_root() if root is None else root
     if exploratory or root is None:
         return
@@ -198,9 +201,9 @@ def check_results_out(out: Path, exploratory: bool = False, root: Path | None = 
     changed = uncommitted_source(root)
     if changed:
         more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
-        raise MicrospecError(f"--out {out} is inside {RESULTS_DIR}/ but src/ has uncommitted changes ({changed[0]}"
-                             f"{more}): commit them first, or pass --exploratory (its results are marked so and "
-                             "are never rendered)")
+        raise MicrospecError(f"--out {out} is inside {RESULTS_DIR}/ but the checkout has uncommitted changes "
+                             f"({changed[0]}{more}): commit them first, or pass --exploratory (its results are "
+                             "marked so and are never rendered)")
 
 
 __all__ = ["PROTOCOLS", "RESULTS_DIR", "Decoding", "MethodSpec", "aggregate", "bench", "check_results_out", "configure",

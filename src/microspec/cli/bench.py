@@ -72,9 +72,9 @@ def add(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     p.add_argument("--out", required=True, help="output directory (inside benchmarks/results/ only from a checkout "
-                   "whose src/ is committed)")
+                   "with no uncommitted changes)")
     p.add_argument("--exploratory", action="store_true",
-                   help="allow --out inside benchmarks/results/ with uncommitted changes to src/; the results are "
+                   help="allow --out inside benchmarks/results/ with uncommitted changes; the results are "
                         "marked exploratory and benchmarks/render_docs.py refuses them")
     p.add_argument("--draft", default=None, help="EAGLE head directory (default: the model's shipped head)")
     add_artifact_args(p)
