@@ -280,6 +280,26 @@ def test_a_failing_method_keeps_what_the_others_measured(tiny_model_dir, tmp_pat
     assert len((tmp_path / "out" / "greedy" / "answers" / "ngram.jsonl").read_text().splitlines()) == 1
 
 
+def test_a_failing_report_is_one_line_and_keeps_the_results(tiny_model_dir, tmp_path, monkeypatch):
+    import torch
+
+    import microspec.bench.report as report
+    from microspec import load_model
+    from microspec.bench import Decoding, bench, load_questions, parse_methods
+    from microspec.errors import MicrospecError
+
+    def broken(*a, **k):
+        raise RuntimeError("no room {here}")
+
+    monkeypatch.setattr(report, "write_report", broken)
+    lm = load_model(str(tiny_model_dir), dtype="fp32")
+    with pytest.raises(MicrospecError, match=r"^bench: the report failed \(RuntimeError: no room \{here\}\); every "
+                                             r"decoding's results.json is written"):
+        bench(lm, parse_methods("ar"), load_questions([str(_data(tmp_path))]), [Decoding()], tmp_path / "out",
+              dtype=torch.float32, max_new_tokens=4, ignore_eos=True, warmup=0)
+    assert (tmp_path / "out" / "greedy" / "results.json").is_file()
+
+
 def test_llama_cpp_lookup_is_a_peer():
     from microspec.bench.methods import PEERS, available_methods, parse_method
 

@@ -12,6 +12,7 @@ import platform
 import subprocess
 import sys
 from collections.abc import Sequence
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -93,34 +94,37 @@ def bench(lm, specs: list[MethodSpec], records: list[dict], decodings: list[Deco
                 methods={n: r.describe() for n, r in runners.items()})
     results = {}
     for dec in decodings:
-        try:
+        with _one_line(f"bench {dec.name} failed ({{}}); the answers measured so far are in "
+                       f"{out_dir / dec.name / 'answers'} (--resume goes on from them)"):
             res = run_decoding(lm, runners, records, dec, max_new_tokens=max_new_tokens, out_dir=out_dir / dec.name,
                                repeats=repeats, warmup=warmup, seed=seed, chat=chat, model_id=lm.name,
                                ignore_eos=ignore_eos, resume=resume, peers=peers, profile=profile)
-        except (MicrospecError, OSError, KeyboardInterrupt):
-            raise
-        except Exception as exc:  # noqa: BLE001 - said in one line; the answers so far stay on disk
-            raise MicrospecError(f"bench {dec.name} failed ({type(exc).__name__}: {exc}); the answers measured so "
-                                 f"far are in {out_dir / dec.name / 'answers'} (--resume goes on from them)") from exc
         # the one-time costs paid so far (a kernel build, a conversion): in none of the times above
         res["meta"] = {**meta, "decoding": dec.name, "temperature": dec.temperature,
                        "repetition_penalty": dec.repetition_penalty,
                        "one_time_s": {k: round(v, 3) for k, v in onetime.costs().items()}}
         (out_dir / dec.name / "results.json").write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
         results[dec.name] = res
-    try:
+    with _one_line(f"bench: the report failed ({{}}); every decoding's results.json is written under {out_dir}"):
         write_report(results, meta, out_dir, peers)
-    except (MicrospecError, OSError, KeyboardInterrupt):
-        raise
-    except Exception as exc:  # noqa: BLE001 - the results.json files are written already
-        raise MicrospecError(f"bench: the report failed ({type(exc).__name__}: {exc}); every decoding's "
-                             f"results.json is written under {out_dir}") from exc
     failed = {f"{name} ({d})": why for d, r in results.items() for name, why in r.get("failed", {}).items()}
     if failed:
         first = next(iter(failed.items()))
         raise MicrospecError(f"bench: {', '.join(failed)} failed (first: {first[1]}); the other methods' results "
                              f"are in {out_dir}")
     return results
+
+
+@contextmanager
+def _one_line(said: str):
+    """An unexpected error inside becomes one :class:`MicrospecError` line, ``said`` with the error in its ``{}``
+    (what was written before it stays on disk); the user's errors and the machine's pass as they are."""
+    try:
+        yield
+    except (MicrospecError, OSError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - any other failure is said in one line
+        raise MicrospecError(said.replace("{}", f"{type(exc).__name__}: {exc}", 1)) from exc
 
 
 def run_meta(command: str | None = None, **fields) -> dict:
