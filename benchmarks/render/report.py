@@ -16,22 +16,22 @@ ENGINE = ("auto", "ngram", "microspec", "microspec@lookup")
 TAU = ("microspec",)  # methods whose τ (tokens a target step commits) the table shows
 
 
-def _results(run: str, decoding: str) -> dict:
+def results_of(run: str, decoding: str) -> dict:
     return load(f"{run}/{decoding}/results.json")
 
 
-def _decodings(run: str) -> list[str]:
+def decodings(run: str) -> list[str]:
     return [d for d in DECODINGS if (RESULTS / run / d / "results.json").is_file()]
 
 
-def _methods(run: str) -> list[str]:
-    have = set(_results(run, _decodings(run)[0])["methods"])
+def methods_of(run: str) -> list[str]:
+    have = set(results_of(run, decodings(run)[0])["methods"])
     return [m for m in METHODS if m in have]
 
 
 def ratio(run: str, decoding: str, method: str) -> float | None:
     """``method``'s tokens/s over plain decoding's in the same run."""
-    r = _results(run, decoding)["methods"]
+    r = results_of(run, decoding)["methods"]
     if method not in r:
         return None
     return r[method]["overall"]["tokens_per_s"] / r["ar"]["overall"]["tokens_per_s"]
@@ -41,7 +41,7 @@ def _cell(run: str, decoding: str, method: str) -> str | None:
     v = ratio(run, decoding, method)
     if v is None:
         return None
-    o = _results(run, decoding)["methods"][method]["overall"]
+    o = results_of(run, decoding)["methods"][method]["overall"]
     notes = []
     if method in TAU:
         notes.append(f"τ {o['mean_accept_len']:.2f}")
@@ -50,48 +50,46 @@ def _cell(run: str, decoding: str, method: str) -> str | None:
     return x(v) + (f" ({', '.join(notes)})" if notes else "")
 
 
-def _floor(run: str) -> tuple[str, float, float] | None:
-    """(GB/s read with the bench's threads, bytes a plain step reads, the floor in tokens/s) where measured."""
+def floor(run: str) -> dict | None:
+    """Where the run measured it, plain decoding against the read floor: ``threads``, ``gb_s`` (read with the
+    bench's threads), ``steps_s`` (a step that only read its weights once), ``plain`` (greedy decode tokens/s) and
+    ``share`` (plain over the floor)."""
     if not (RESULTS / run / "bandwidth.json").is_file() or not (RESULTS / run / "plain.json").is_file():
         return None
     bw = load(f"{run}/bandwidth.json")
-    threads = str(_results(run, "greedy")["meta"]["threads"])
+    threads = str(results_of(run, "greedy")["meta"]["threads"])
     gbs = bw["read_gb_s"].get(threads) or max(bw["read_gb_s"].values())
-    step = load(f"{run}/plain.json")["generate"]["stats"]["weight_bytes_per_step"]
-    return threads, gbs, gbs * 1e9 / step
+    steps = gbs * 1e9 / load(f"{run}/plain.json")["generate"]["stats"]["weight_bytes_per_step"]
+    plain = results_of(run, "greedy")["methods"]["ar"]["overall"]["decode_tokens_per_s"]
+    return {"threads": threads, "gb_s": gbs, "steps_s": steps, "plain": plain, "share": plain / steps}
 
 
 def mismatches(run: str) -> dict:
     """Engine methods whose greedy tokens differ from plain decoding's, per greedy decoding (empty: lossless)."""
     out = {}
     for d in ("greedy", "greedy-rp1.2"):
-        if d in _decodings(run):
-            bad = {m: n for m, n in (_results(run, d)["mismatches"] or {}).items() if m in ENGINE and n}
+        if d in decodings(run):
+            bad = {m: n for m, n in (results_of(run, d)["mismatches"] or {}).items() if m in ENGINE and n}
             if bad:
                 out[d] = bad
     return out
 
 
 def source(run: str) -> Source:
-    meta = _results(run, "greedy")["meta"]
+    meta = results_of(run, "greedy")["meta"]
     return Source(f"{run}/", "python3 benchmarks/report.py (" + meta["command"].split(" --out ")[0] + ")",
                   meta["date"].split()[0], f"{meta['machine']}, {meta['threads']} threads", commit(meta))
 
 
 def machine_table(run: str) -> str:
-    methods = _methods(run)
-    meta = _results(run, "greedy")["meta"]
-    rows = [[DECODINGS[d], num(_results(run, d)["methods"]["ar"]["overall"]["tokens_per_s"], 1),
-             *(_cell(run, d, m) for m in methods)] for d in _decodings(run)]
-    lines = [f"### {meta['machine']}", "", table(["decoding", "plain tok/s", *(METHODS[m] for m in methods)], rows),
-             "", source(run).markdown(), ""]
-    fl = _floor(run)
+    meta = results_of(run, "greedy")["meta"]
+    lines = [f"### {meta['machine']}", "", table(summary_headers(run), summary_rows(run)), "",
+             source(run).markdown(), ""]
+    fl = floor(run)
     if fl:
-        threads, gbs, floor = fl
-        plain = _results(run, "greedy")["methods"]["ar"]["overall"]["decode_tokens_per_s"]
-        lines.append(f"- Plain decoding's steps against the floor: {gbs:.1f} GB/s read with {threads} threads, "
-                     f"{floor:.0f} steps/s if a step only read its weights once; plain decoding (greedy, decode "
-                     f"only) runs {plain:.0f} tok/s, {plain / floor:.0%} of it.")
+        lines.append(f"- Plain decoding's steps against the floor: {fl['gb_s']:.1f} GB/s read with {fl['threads']} "
+                     f"threads, {fl['steps_s']:.0f} steps/s if a step only read its weights once; plain decoding "
+                     f"(greedy, decode only) runs {fl['plain']:.0f} tok/s, {fl['share']:.0%} of it.")
     bad = mismatches(run)
     lines.append("- Lossless: every engine method's greedy tokens equal plain decoding's, with and without the "
                  "penalty." if not bad else f"- Greedy tokens that differ from plain decoding's: {bad}.")
@@ -99,19 +97,19 @@ def machine_table(run: str) -> str:
 
 
 def summary_rows(run: str) -> list[list]:
-    """The README's table: per decoding, plain tok/s and each method's speed-up (one machine's run)."""
-    return [[DECODINGS[d], num(_results(run, d)["methods"]["ar"]["overall"]["tokens_per_s"], 1),
-             *(_cell(run, d, m) for m in _methods(run))] for d in _decodings(run)]
+    """Per decoding, plain tok/s and each method's speed-up (one machine's run): its table here and the README's."""
+    return [[DECODINGS[d], num(results_of(run, d)["methods"]["ar"]["overall"]["tokens_per_s"], 1),
+             *(_cell(run, d, m) for m in methods_of(run))] for d in decodings(run)]
 
 
 def summary_headers(run: str) -> list[str]:
-    return ["decoding", "plain tok/s", *(METHODS[m] for m in _methods(run))]
+    return ["decoding", "plain tok/s", *(METHODS[m] for m in methods_of(run))]
 
 
 def render() -> str:
     if not RUNS:
         return ""
-    meta = _results(RUNS[0], "greedy")["meta"]
+    meta = results_of(RUNS[0], "greedy")["meta"]
     n = meta["questions"]
     intro = (f"The reporting set (`benchmarks/data/report.jsonl`, {n} questions drawn once from Spec-Bench's "
              "translation, summarization, question-answering and retrieval categories and GSM8K test problems; "

@@ -6,14 +6,12 @@ from __future__ import annotations
 import json
 
 from . import gpu, report, serve
-from .common import ROOT, load, table
+from .common import ROOT, load, runs, table
 
 BENCH = "BENCHMARKS.md"
 
 
 def _ci() -> str:
-    from .common import runs
-
     rel = runs("status").get("CI")
     if not rel:
         return "done"
@@ -33,7 +31,7 @@ def _auto() -> str:
         return f"done; figures: [{BENCH}]({BENCH})"
     run = report.RUNS[0]
     short = {"greedy": "greedy", "greedy-rp1.2": "pen.", "T0.7": "T0.7", "T0.7-rp1.2": "T0.7+pen."}
-    cells = ", ".join(f"{short[d]} {report.ratio(run, d, 'auto'):.2f}x" for d in report._decodings(run))
+    cells = ", ".join(f"{short[d]} {report.ratio(run, d, 'auto'):.2f}x" for d in report.decodings(run))
     return f"done; reporting set, x plain: {cells} ({_run_said(run)})"
 
 
@@ -42,12 +40,11 @@ def _kernels() -> str:
         return "done"
     run = report.RUNS[0]
     out = "done"
-    if "llama-cpp" in report._methods(run):
+    if "llama-cpp" in report.methods_of(run):
         out += f"; plain {1 / report.ratio(run, 'greedy', 'llama-cpp'):.2f}x llama.cpp's speed"
-    fl = report._floor(run)
+    fl = report.floor(run)
     if fl:
-        plain = report._results(run, "greedy")["methods"]["ar"]["overall"]["decode_tokens_per_s"]
-        out += f", {plain / fl[2]:.0%} of the floor"
+        out += f", {fl['share']:.0%} of the floor"
     return out + f" ({_run_said(run)})"
 
 
