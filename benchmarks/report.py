@@ -26,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 METHODS = ("ar", "auto", "ngram", "microspec", "microspec@lookup")
 PEERS = ("llama-cpp", "llama-cpp-lookup")
+DEFAULT_MODEL = "gemma-3-270m"  # the README's table; another model's run is named by it
 
 
 def cpu_tag() -> str:
@@ -58,15 +59,16 @@ def commands(out: Path, data: Path, model: str, tokens: int, peers: bool) -> lis
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--set", choices=("report", "dev"), default="report")
-    ap.add_argument("--model", default="gemma-3-270m")
+    ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/<date>-<set>-<cpu>/ "
-                    "(the development set: /tmp/microspec-dev-<date>/)")
+    ap.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/<date>-<set>-<cpu>/, "
+                    "<date>-<set>-<model>-<cpu>/ for a model other than the default (the development set: /tmp/microspec-dev-<date>/)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = ap.parse_args(argv)
     date = datetime.date.today().isoformat()
-    out = args.out or (ROOT / "benchmarks" / "results" / f"{date}-report-{cpu_tag()}" if args.set == "report"
-                       else Path("/tmp") / f"microspec-dev-{date}")
+    named = "" if args.model == DEFAULT_MODEL else f"{Path(args.model).name}-"
+    out = args.out or (ROOT / "benchmarks" / "results" / f"{date}-report-{named}{cpu_tag()}" if args.set == "report"
+                       else Path("/tmp") / f"microspec-dev-{named}{date}")
     peers = importlib.util.find_spec("llama_cpp") is not None
     out = out.resolve()
     out = out.relative_to(ROOT) if out.is_relative_to(ROOT) else out  # the commands run in the checkout

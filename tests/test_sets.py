@@ -53,3 +53,11 @@ def test_report_measures_the_reporting_set_in_four_decodings():
     assert "bench" in bench and "--data benchmarks/data/report.jsonl" in bench
     assert "--temperatures 0,0.7 --repetition-penalties 1.0,1.2" in bench and "--out benchmarks/results/" in bench
     assert all(m in bench for m in ("ar,", "auto", "ngram", "microspec"))
+
+
+def test_report_names_another_models_run_by_the_model():
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "report.py"), "--dry-run", "--model",
+                          "smollm2-135m-instruct"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    bench = out.stdout.splitlines()[0]
+    assert "--model smollm2-135m-instruct" in bench and "-report-smollm2-135m-instruct-" in bench

@@ -81,9 +81,17 @@ def source(run: str) -> Source:
                   meta["date"].split()[0], f"{meta['machine']}, {meta['threads']} threads", commit(meta))
 
 
+MODELS = {"gemma-3-270m": "Gemma 3 270M", "smollm2-135m-instruct": "SmolLM2-135M-Instruct"}
+
+
+def model_of(run: str) -> str:
+    name = results_of(run, "greedy")["meta"]["model"]
+    return MODELS.get(name, name)
+
+
 def machine_table(run: str) -> str:
     meta = results_of(run, "greedy")["meta"]
-    lines = [f"### {meta['machine']}", "", table(summary_headers(run), summary_rows(run)), "",
+    lines = [f"### {model_of(run)}, {meta['machine']}", "", table(summary_headers(run), summary_rows(run)), "",
              source(run).markdown(), ""]
     fl = floor(run)
     if fl:
@@ -114,10 +122,11 @@ def render() -> str:
     intro = (f"The reporting set (`benchmarks/data/report.jsonl`, {n} questions drawn once from Spec-Bench's "
              "translation, summarization, question-answering and retrieval categories and GSM8K test problems; "
              "`benchmarks/data/sets.py` says how): it decided nothing. Every choice was made on the development "
-             "set (`benchmarks/data/dev.jsonl`). Gemma 3 270M with packed Q4_K_M weights, "
+             "set (`benchmarks/data/dev.jsonl`). One table per model and machine, each model's packed GGUF weights "
+             "(Gemma 3 270M Q4_K_M, SmolLM2-135M-Instruct Q4_1, under its chat template), "
              f"{meta['max_new_tokens']} tokens per answer, one `microspec bench` process over the four decodings. "
              "Each cell: the method's tokens/s over plain decoding's in the same run; EAGLE + MicroSpec is the "
-             "shipped EAGLE head over MicroSpec's vocabulary (τ: tokens committed per target step); `auto`'s plain "
-             "share is the share of its steps it decoded plainly.")
+             "model's shipped EAGLE head over MicroSpec's vocabulary (τ: tokens committed per target step); "
+             "`auto`'s plain share is the share of its steps it decoded plainly.")
     return "\n".join(["## How fast on the reporting set", "", intro, "",
                       *(machine_table(r) for r in RUNS)]).rstrip() + "\n"
