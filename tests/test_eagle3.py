@@ -13,7 +13,7 @@ from microspec.decoding import GenerationConfig, generate_ids
 from microspec.compose import make_drafter
 from microspec.drafters import Eagle3Drafter, Eagle3Head, load_eagle_head
 from microspec.errors import MicrospecError
-from microspec.models.native import Taps
+from microspec.models.taps import Taps
 
 PROMPT = [1, 10, 20, 30, 11, 21, 31, 12, 10, 20, 30]
 

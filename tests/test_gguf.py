@@ -652,7 +652,7 @@ def test_eagle3_on_a_packed_target_is_bit_identical(gguf_model, tmp_path):
     from microspec.decoding import GenerationConfig, generate_ids
     from microspec.compose import make_drafter
     from microspec.drafters import load_eagle_head
-    from microspec.models.native import Taps
+    from microspec.models.taps import Taps
     from microspec.vocab import MicroSpecVocab
 
     packed, _, _ = gguf_model
@@ -746,7 +746,7 @@ def test_a_pass_of_many_rows_gives_each_row_its_own_values(gguf_model, weights):
     forward of its own, bit for bit (torch's attention, blocked by the call's shape, does not give them)."""
     from support import tiny_pair
 
-    from microspec.models.native import Taps
+    from microspec.models.taps import Taps
 
     if weights == "packed":
         model = gguf_model[0]

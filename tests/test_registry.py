@@ -119,3 +119,30 @@ def test_bench(repeat, tiny_model_dir, tmp_path, capsys):
                  "--repetition-penalties", "1.0", "--out", str(out)]) == 0, capsys.readouterr().err
     res = json.loads((out / "greedy" / "results.json").read_text())
     assert set(res["methods"]) == {"ar", "repeat"} and res["mismatches"] == {}
+
+
+def test_every_registered_drafter_gives_the_loop_what_it_asks():
+    """The loop depends on :class:`~microspec.decoding.context.DraftSource`, not on the drafters: the base drafter
+    and every drafter class has each of its members, with the parameters the loop passes."""
+    import inspect
+
+    from microspec.decoding.context import DraftSource
+
+    asked = {n: inspect.signature(getattr(DraftSource, n)) for n in dir(DraftSource)
+             if not n.startswith("_") and callable(getattr(DraftSource, n))}
+    assert set(asked) == {"prefill", "feature_layers", "propose", "drafts_before_read", "commit", "finish",
+                          "take_report"}
+    import microspec.auto  # noqa: F401  (its Portfolio and Aside drafters)
+    import microspec.drafters  # noqa: F401  (every drafter module)
+
+    classes, todo = set(), [Drafter]
+    while todo:
+        cls = todo.pop()
+        classes.add(cls)
+        todo.extend(cls.__subclasses__())
+    assert len(classes) >= 10, classes
+    for cls in classes:
+        assert hasattr(cls, "head"), cls
+        for name, sig in asked.items():
+            got = inspect.signature(getattr(cls, name))
+            assert list(got.parameters)[:len(sig.parameters)] == list(sig.parameters), (cls, name, got)

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
 from ..models.kv_cache import KVCache
 from ..models.native import NativeCausalLM
 from .processors import LogitsPipeline
+from .tree import DraftTree
 
 
 @dataclass
@@ -92,3 +94,27 @@ class Verified:
         n = len(tokens)
         self.tokens = list(tokens)
         self._made["ids"], self._made["hidden"] = self.ids[:n], self.hidden[:n]
+
+
+class DraftSource(Protocol):
+    """What the loop asks of a drafter, once a generation and once a step: the interface the loop depends on
+    (:class:`~microspec.drafters.base.Drafter` implements it, with neutral defaults for what a drafter may lack), so
+    that the loop never imports the drafters.  ``head``: the draft head whose timer and active sizes feed the
+    statistics (None without one); :meth:`take_report` returns a :class:`~microspec.drafters.base.DraftReport`."""
+
+    head: Any
+
+    def prefill(self, target: NativeCausalLM, prompt_ids: list[int], hidden: torch.Tensor,
+                vocab: Any = None) -> None: ...
+
+    def feature_layers(self, target: NativeCausalLM) -> tuple[int, ...] | None: ...
+
+    def propose(self, ctx: DraftContext) -> DraftTree: ...
+
+    def drafts_before_read(self, ctx: DraftContext) -> bool: ...
+
+    def commit(self, step: Verified) -> None: ...
+
+    def finish(self, output: list[int]) -> None: ...
+
+    def take_report(self) -> Any: ...

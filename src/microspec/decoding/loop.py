@@ -16,12 +16,13 @@ import torch
 from ..devices import env_flag, profile
 from ..errors import MicrospecError, check
 from ..models.first_use import prepare
-from ..models.native import NativeCausalLM, Taps
+from ..models.native import NativeCausalLM
+from ..models.taps import Taps
 from ..onetime import clock, total
 from ..transfer import rows_of, to_device
 from .adaptive import AdaptiveSteps
 from .config import GenerationConfig
-from .context import DraftContext, Verified
+from .context import DraftContext, DraftSource, Verified
 from .observers import CoverageObserver
 from .logprobs import TokenLogprob, token_logprobs
 from .prefill import PREFILL_CHUNK, Prefill, prompt_topk
@@ -33,7 +34,6 @@ from .verify import (HEAD_MODES, LaunchedWalk, LazyHead, Walk, default_head_mode
                      keyed_walk, launch_walk, sample_walk, walks_on_device)
 
 if TYPE_CHECKING:
-    from ..drafters.base import Drafter
     from ..vocab.base import VocabPolicy
 
 __all__ = ["CACHE_MARGIN", "PREFILL_CHUNK", "Generation", "GenerationResult", "Setup", "cache_slots", "check_prompt",
@@ -55,7 +55,7 @@ class Setup:
 
     eos_token_ids: Sequence[int] = ()
     stop_check: Callable[[list[int]], bool] | None = None
-    drafter: Drafter | None = None
+    drafter: DraftSource | None = None
     head_mode: str | None = None
     vocab: VocabPolicy | None = None
     on_step: Callable[[int], None] | None = None
@@ -121,7 +121,7 @@ def generate_ids(
     cfg: GenerationConfig,
     eos_token_ids: Sequence[int] = (),
     stop_check: Callable[[list[int]], bool] | None = None,
-    drafter: Drafter | None = None,
+    drafter: DraftSource | None = None,
     head_mode: str | None = None,
     vocab: VocabPolicy | None = None,
     on_step: Callable[[int], None] | None = None,
@@ -456,7 +456,7 @@ class Generation:
                                 prompt_logprobs=self.prompt_logprobs)
 
 
-def draft(drafter: Drafter | None, ctx: DraftContext) -> DraftTree:
+def draft(drafter: DraftSource | None, ctx: DraftContext) -> DraftTree:
     """The step's draft tree below the root (empty without a drafter), cut to what the loop can use: ``ctx.max_depth``
     levels (the bonus token always comes on top of accepted drafts) and the cache slots left."""
     if drafter is None:
@@ -489,7 +489,7 @@ def _final_stats(gen: Generation) -> None:
         stats.graph_captures = gen.model.cuda_graphs.captures - gen._captures
 
 
-def _take_head_stats(drafter: Drafter) -> tuple[float, list[int]]:
+def _take_head_stats(drafter: DraftSource) -> tuple[float, list[int]]:
     """(seconds in the drafter's draft head, the active size of each head call) since the last take."""
     head = drafter.head
     if head is None:

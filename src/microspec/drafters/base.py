@@ -68,7 +68,7 @@ class Drafter(ABC):
         return out
 
     def feature_layers(self, target: NativeCausalLM) -> tuple[int, ...] | None:
-        """Layers of ``target`` whose inputs the drafter drafts from (:class:`~microspec.models.native.Taps`):
+        """Layers of ``target`` whose inputs the drafter drafts from (:class:`~microspec.models.taps.Taps`):
         :meth:`prefill` and :meth:`commit` then get their concatenation instead of the final hidden states.  None
         (the default): the final hidden states."""
         return None

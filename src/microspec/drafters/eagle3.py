@@ -32,7 +32,8 @@ from torch import nn
 from ..decoding.adaptive import ADAPTIVE
 from ..errors import MicrospecError, check
 from ..models.layers import Linear, RMSNorm
-from ..models.native import NativeCausalLM, Taps
+from ..models.native import NativeCausalLM
+from ..models.taps import Taps
 from ..models.registry import read_weights
 from ..options import DrafterSpec, Option
 from .base import DRAFT

@@ -13,17 +13,13 @@ the same path through :meth:`FusedLayers._fused_run` where it applies.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from ..kernels import cpu_quant, glu
 from .kv_cache import KVCache
 from .placement import place
 from .quant import QuantTensor
-
-if TYPE_CHECKING:
-    from .native import Taps
+from .taps import Taps
 
 
 class FusedLayers:

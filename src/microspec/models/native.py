@@ -35,6 +35,7 @@ from .placement import check_room, place
 from .quant import QuantTensor, weight_bytes
 from .rotary import RotaryTables
 from .spec import ArchSpec, rope_inv_freq, spec_from_config
+from .taps import Taps
 
 
 class _Body(nn.Module):
@@ -45,20 +46,6 @@ class _Body(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(spec, input_norm=first_input_norm or i > 0)
                                     for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.gemma) if final_norm else None
-
-
-class Taps:
-    """Layers whose inputs a forward hands out beside its final hidden states: the fused low / middle / high
-    features an EAGLE-3 head drafts from.  ``layers`` are indices in [0, num_layers]: i is the residual stream entering
-    layer i (as vLLM's and SGLang's aux hidden states), num_layers the last layer's output before the final norm.
-    After a forward, ``out`` holds their concatenation, in the order of ``layers``: [..., T, len(layers) * d]."""
-
-    def __init__(self, layers):
-        self.layers = tuple(int(i) for i in layers)
-        self.out: torch.Tensor | None = None
-
-    def collect(self, tapped: dict[int, torch.Tensor], last: torch.Tensor) -> None:
-        self.out = torch.cat([tapped.get(i, last) for i in self.layers], dim=-1)
 
 
 class NativeCausalLM(DecoderStack, FusedLayers, nn.Module):

@@ -22,7 +22,8 @@ from ..api import encode_prompt
 from ..decoding.config import GenerationConfig
 from ..decoding.loop import generate_ids
 from ..errors import MicrospecError, check
-from ..models.native import NativeCausalLM, Taps
+from ..models.native import NativeCausalLM
+from ..models.taps import Taps
 from .batch_generate import generate_batched
 from .budget import Progress, hms, record_rate, stop_if_late
 from .data import append_jsonl, read_jsonl
