@@ -343,10 +343,10 @@ def _tau(rel: str) -> float:
 
 
 def _cpu_fine_tune(run: dict) -> list[str]:
-    """A fine-tune of Gemma's head on the packed engine (runs.json heads.CPU_HEADS): its data, the development
-    set's τ as it trained (the head exported after each piece of the run), and τ against the head before on the
-    development and the reporting set."""
-    d, name, before = run["DIR"], run["NAME"], run["BEFORE"]
+    """A fine-tune of a model's head on the packed engine (runs.json heads.CPU_HEADS, ``MODEL``: Gemma's where not
+    named): its data, the development set's τ as it trained (the head exported after each piece of the run), and τ
+    against the head before on the development and the reporting set."""
+    d, name, before, model = run["DIR"], run["NAME"], run["BEFORE"], run.get("MODEL", "Gemma")
     t = load(f"{d}/training.json")
     data, c = t["trained_data"], t["config"]
     curve = load(f"{d}/curve.json")  # {"points": [{"tag", "positions"}]}: the pieces' heads, in order
@@ -361,7 +361,7 @@ def _cpu_fine_tune(run: dict) -> list[str]:
                                    for p_ in PENALTIES]
     mism = sum(load(f)["mismatches"] for f in files)
     one = load(taus[("report", "new", "1.0")])
-    return [f"### Gemma's head, {name}", "",
+    return [f"### {model}'s head, {name}", "",
             f"From {before}, {t['trained_positions']:,} positions trained ({c['epochs']:g} epochs over "
             f"{data['text']['positions']:,} positions of teacher-forced text and {data['answers']['positions']:,} "
             f"of {data['answers']['sequences']:,} of the target's own answers in the four decodings), in "
@@ -396,12 +396,20 @@ def _gen_rate(t: dict) -> str:
     return f"{sum(r['positions'] for r in g) / sum(r['seconds'] for r in g):,.0f}"
 
 
+def _latest() -> list[dict]:
+    """The last fine-tune of each model in CPU_HEADS (the shipped heads), in the order of their models' first."""
+    last: dict[str, dict] = {}
+    for run in CPU_HEADS:
+        last[run.get("MODEL", "Gemma")] = run
+    return list(last.values())
+
+
 def render() -> str:
-    latest = [_cpu_fine_tune(CPU_HEADS[-1])] if CPU_HEADS else []
+    latest = [line for run in _latest() for line in _cpu_fine_tune(run)]
     return "\n".join(["## The shipped draft heads", "",
                       "The EAGLE-1/2 heads in `src/microspec/heads/<model>/` (one decoder layer and fc over the "
                       "target's features, the target's own LM head), measured with `benchmarks/measure/eagle_tau.py`.",
-                      "", *(latest[0] if latest else _cpu_trained()),
+                      "", *(latest or _cpu_trained()),
                       "The τ table by category below measures fine-tune 4, an earlier Gemma head (its τ by "
                       "language, the fine-tunes since, and the heads trained and not shipped: "
                       "[docs/history.md](docs/history.md#the-draft-heads-earlier-and-not-shipped)).", "",
@@ -409,8 +417,8 @@ def render() -> str:
 
 
 def history() -> str:
-    earlier = [*_cpu_trained(), *(line for run in CPU_HEADS[:-1] for line in _cpu_fine_tune(run))] if CPU_HEADS \
-        else []
+    earlier = [*_cpu_trained(), *(line for run in CPU_HEADS if run not in _latest()
+                                  for line in _cpu_fine_tune(run))] if CPU_HEADS else []
     return "\n".join(["## The draft heads: earlier, and not shipped", "",
                       "The fine-tunes shipped before the current head, fine-tune 4 of Gemma's head by language, then "
                       "the heads trained and not shipped.", "", *earlier, *_by_language(),
