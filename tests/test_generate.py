@@ -262,3 +262,23 @@ def test_a_cpu_cache_is_a_mapping_of_its_own_returned_when_it_goes():
     del view
     gc.collect()
     assert mapping(new) is None
+
+
+def test_a_generation_has_the_state_its_prefill_and_replay_read():
+    """:class:`~microspec.decoding.state.GenerationState` names what the prefill and the plain replay read and call
+    of a generation (so that they never import the loop): a generation has each of its members, with the
+    parameters they pass."""
+    import inspect
+
+    from microspec.decoding.loop import Generation
+    from microspec.decoding.state import GenerationState
+
+    _, model = tiny_pair("llama")
+    gen = Generation(model, [1, 5, 9], GenerationConfig(max_new_tokens=4, ignore_eos=True))
+    names = set(GenerationState.__annotations__) | {n for n in vars(GenerationState) if not n.startswith("_")}
+    assert {"model", "cache", "tokens", "commit", "settle", "prompt_out"} <= names
+    for name in names:
+        assert hasattr(gen, name), name
+    for name in ("commit", "settle"):
+        want = list(inspect.signature(getattr(GenerationState, name)).parameters)[1:]
+        assert list(inspect.signature(getattr(gen, name)).parameters) == want, name

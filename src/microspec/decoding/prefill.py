@@ -14,7 +14,7 @@ from ..models.native import NativeCausalLM
 from .logprobs import prompt_logprobs
 
 if TYPE_CHECKING:
-    from .loop import Generation
+    from .state import GenerationState
 
 # prompt tokens per prefill forward: every prefill (one generation's, or a server's spread over its other requests'
 # steps) runs the same forwards, so a prompt's cache and tokens never depend on how it was scheduled.  The size is
@@ -54,7 +54,7 @@ class Prefill:
     :meth:`Generation.prefill` and :meth:`Generation.prefill_from` run.  ``share``: keep the prompt's final hidden
     states (and taps) in :attr:`out` for generations of the same prompt."""
 
-    def __init__(self, gen: Generation):
+    def __init__(self, gen: GenerationState):
         self.gen = gen
         self.parts: list = []  # the prompt's final hidden states (and taps) of a prefill in chunks
         self.share = False
@@ -86,7 +86,7 @@ class Prefill:
         self.start(hidden)
         return True
 
-    def copy_from(self, other: Generation) -> None:
+    def copy_from(self, other: GenerationState) -> None:
         """The prompt's keys and values copied from ``other``, which prefilled it with ``share`` set
         (:meth:`KVCache.copy_prefix`), its final hidden states taken (the same values), then this generation's own
         start."""

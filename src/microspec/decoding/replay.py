@@ -12,13 +12,13 @@ from ..models import graphs as model_graphs
 from ..transfer import HostRead, to_device
 
 if TYPE_CHECKING:
-    from .loop import Generation
+    from .state import GenerationState
 
 
 class PlainReplay:
     """:meth:`Generation.plain_replay` for ``gen``: the step launched ahead of the last one's read is kept here."""
 
-    def __init__(self, gen: Generation):
+    def __init__(self, gen: GenerationState):
         self.gen = gen
         self.ahead: tuple | None = None  # a plain step launched before the last one's token was read
 
