@@ -146,3 +146,31 @@ def test_every_registered_drafter_gives_the_loop_what_it_asks():
         for name, sig in asked.items():
             got = inspect.signature(getattr(cls, name))
             assert list(got.parameters)[:len(sig.parameters)] == list(sig.parameters), (cls, name, got)
+
+
+def test_every_network_drafter_gives_its_builders_what_they_run():
+    """The draft builders depend on :class:`~microspec.drafters.builders.DraftNetwork`, not on the drafter's
+    class: every :class:`~microspec.drafters.model_based.ForwardDrafter` has each of its members, with the
+    parameters the builders pass."""
+    import inspect
+
+    import microspec.drafters  # noqa: F401  (every drafter module)
+    from microspec.drafters.builders import DraftNetwork
+    from microspec.drafters.model_based import ForwardDrafter
+
+    calls = {n: inspect.signature(getattr(DraftNetwork, n)) for n in vars(DraftNetwork)
+             if not n.startswith("_") and callable(getattr(DraftNetwork, n))}
+    assert {"draft_forward", "draft_cache", "route_draft", "draft_done", "sized"} <= set(calls)
+    classes, todo = set(), [ForwardDrafter]
+    while todo:
+        cls = todo.pop()
+        classes.add(cls)
+        todo.extend(cls.__subclasses__())
+    assert len(classes) >= 4, classes
+    for cls in classes:
+        inits = "".join(inspect.getsource(b.__init__) for b in cls.__mro__ if "__init__" in vars(b) and b is not object)
+        for name in DraftNetwork.__annotations__:  # a class attribute, or one its constructors set
+            assert any(name in vars(b) for b in cls.__mro__) or f"self.{name}" in inits, (cls, name)
+        for name, sig in calls.items():
+            got = inspect.signature(getattr(cls, name))
+            assert list(got.parameters) == list(sig.parameters), (cls, name, got)

@@ -1,17 +1,16 @@
 """How a model drafter (:class:`~microspec.drafters.model_based.ForwardDrafter`) builds one draft: a builder each.
 
-A builder takes the drafter, whose network hooks it runs (``_forward``, ``_fixed_forward``, ``_route``, ``_cache``),
-whose draft head scores the nodes and whose ``depth`` / ``top_k`` / ``total_tokens`` shape the draft, and the step's
-context; it builds one draft from the root's draft hidden state, its nodes' keys and values written past the root's
-slot in the drafter's cache (the drafter rolls them back).  :class:`ChainBuilder` drafts a chain,
-:class:`HostTreeBuilder` an EAGLE-2 dynamic tree on the host, :class:`DeviceTreeBuilder` the same tree with every
-tensor on the device, and :class:`WholeTreeBuilder` that tree in fixed shapes, replayed as one CUDA graph (its root
-pass inside too, where the drafter has one in fixed shapes).  The drafter chooses which (``ForwardDrafter._build``).
-"""
+A builder takes the drafter as a :class:`DraftNetwork` (its network's calls, its draft head that scores the nodes,
+and the ``depth`` / ``top_k`` / ``total_tokens`` that shape the draft) and the step's context; it builds one draft
+from the root's draft hidden state, its nodes' keys and values written past the root's slot in the drafter's cache
+(the drafter rolls them back).  :class:`ChainBuilder` drafts a chain, :class:`HostTreeBuilder` an EAGLE-2 dynamic
+tree on the host, :class:`DeviceTreeBuilder` the same tree with every tensor on the device, and
+:class:`WholeTreeBuilder` that tree in fixed shapes, replayed as one CUDA graph (its root pass inside too, where the
+drafter has one in fixed shapes).  The drafter chooses which (``ForwardDrafter._build``)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
@@ -22,17 +21,61 @@ from ..models.graphs import BUCKET, bucket_of
 from ..onetime import clock
 from ..transfer import to_device
 from .base import DraftContext
+from .head import DraftHead
+from .length import DraftLength
 from .length import probability
 from .tree_search import PartialTree, TreeTensors, dynamic_tree, dynamic_tree_on_device
 
-if TYPE_CHECKING:
-    from .model_based import ForwardDrafter
+class DraftNetwork(Protocol):
+    """What a builder runs of its drafter (:class:`~microspec.drafters.model_based.ForwardDrafter` implements it):
+    the draft's shape, its draft head, and its network's calls."""
+
+    top_k: int | None
+    total_tokens: int | None
+    head: DraftHead
+    root_in_graph: bool
+    graph_drafts: int
+
+    def sized(self, ctx: DraftContext) -> DraftLength | None:
+        """The chain's length chooser for this step (None: the drafter's fixed depth)."""
+
+    def draft_cache(self, ctx: DraftContext) -> Any:
+        """The cache the draft nodes go into."""
+
+    def draft_forward(self, ctx: DraftContext, ids: torch.Tensor, positions: torch.Tensor | None,
+                      mask: torch.Tensor | None, parent_hidden: torch.Tensor) -> torch.Tensor:
+        """Run draft nodes, appending them to the draft cache; their draft hidden states."""
+
+    def draft_forward_fixed(self, ctx: DraftContext, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                            mask: torch.Tensor, span: int, parent_hidden: torch.Tensor) -> torch.Tensor:
+        """:meth:`draft_forward` in fixed shapes, fit for a CUDA graph."""
+
+    def route_draft(self, depth: int) -> None:
+        """Before the head scores ``depth``: hand a routing policy what the network was fed."""
+
+    def whole_graphs(self) -> Any:
+        """Where the whole-draft graphs are kept (None: the network replays no CUDA graphs)."""
+
+    def may_draft_whole(self) -> bool:
+        """Whether the whole tree may draft in fixed shapes."""
+
+    def tree_on_device(self, ctx: DraftContext) -> bool:
+        """Whether this step's tree is built on the device."""
+
+    def root_inputs(self, ctx: DraftContext) -> Any:
+        """The root pass's inputs, where it can run inside the whole-draft graph (None: it runs on its own)."""
+
+    def root_done(self, ctx: DraftContext, length: int) -> None:
+        """After a root pass run inside the whole-draft graph."""
+
+    def draft_done(self, ctx: DraftContext, root_slot: int) -> None:
+        """Roll the draft cache back after drafting."""
 
 
 class Builder:
     """One draft's builder: the drafter whose network and head it runs, and the step's context."""
 
-    def __init__(self, drafter: ForwardDrafter, ctx: DraftContext):
+    def __init__(self, drafter: DraftNetwork, ctx: DraftContext):
         self.drafter, self.ctx = drafter, ctx
 
 
@@ -42,7 +85,7 @@ class ChainBuilder(Builder):
 
     def build(self, hidden: torch.Tensor, root_slot: int, steps: int) -> DraftTree:
         d, ctx = self.drafter, self.ctx
-        device = d._cache(ctx).device
+        device = d.draft_cache(ctx).device
         out: list[int] = []  # the chain so far on the host: what host processors need
         drafted: list[torch.Tensor] = []  # the chain on the device, read back once at the end
         qs: list[torch.Tensor] = []
@@ -63,8 +106,8 @@ class ChainBuilder(Builder):
                 if length is not None and not length.deeper():
                     break
                 t0 = clock()
-                hidden = d._forward(ctx, token, to_device([root_slot + i], device), None, hidden)
-                d._route(i)
+                hidden = d.draft_forward(ctx, token, to_device([root_slot + i], device), None, hidden)
+                d.route_draft(i)
             paths = (torch.cat(drafted) if drafted else torch.zeros(0, dtype=torch.long, device=device))[None] \
                 if on_device else [out]
             logits = d.head.logits(hidden, depth=i, pipe=ctx.pipe, paths=paths)
@@ -109,7 +152,7 @@ class HostTreeBuilder(Builder):
 
     def build(self, root_hidden: torch.Tensor, root_slot: int, steps: int) -> DraftTree:
         d, ctx = self.drafter, self.ctx
-        cache = d._cache(ctx)
+        cache = d.draft_cache(ctx)
         device = cache.device
         root_logp, root_ids = d.head.topk(root_hidden, d.top_k, depth=0, pipe=ctx.pipe, paths=[[]])
         slots: dict[int, int] = {}
@@ -127,10 +170,10 @@ class HostTreeBuilder(Builder):
             ids = to_device([tree.tokens[f] for f in frontier], device)
             positions = to_device([root_slot + tree.depths[f] for f in frontier], device)
             parent_hidden = torch.stack([outs[tree.parents[f]] for f in frontier])
-            hidden = d._forward(ctx, ids, positions, to_device(mask, device, torch.bool), parent_hidden)
+            hidden = d.draft_forward(ctx, ids, positions, to_device(mask, device, torch.bool), parent_hidden)
             for j, node in enumerate(frontier):
                 outs[node] = hidden[j]
-            d._route(tree.depths[frontier[0]])
+            d.route_draft(tree.depths[frontier[0]])
             paths = [[tree.tokens[a] for a in tree.ancestors(f)] for f in frontier]
             return d.head.topk(hidden, d.top_k, depth=tree.depths[frontier[0]], pipe=ctx.pipe, paths=paths)
 
@@ -145,7 +188,7 @@ class DeviceTreeBuilder(Builder):
 
     def build(self, root_hidden: torch.Tensor, root_slot: int, steps: int) -> DraftTree:
         d, ctx = self.drafter, self.ctx
-        cache = d._cache(ctx)
+        cache = d.draft_cache(ctx)
         device = cache.device
         processed = ctx.pipe is not None and ctx.pipe.active  # the processors see each node's path: a device tensor
         no_path = torch.full((1, 0), -1, dtype=torch.long, device=device) if processed else None
@@ -167,10 +210,10 @@ class DeviceTreeBuilder(Builder):
             mask[:, s0 : s0 + n].diagonal().fill_(True)  # each row sees itself (a view's fill: no host copy)
             slot[frontier] = s0 + rows
             forwarded.append(frontier)
-            hidden = d._forward(ctx, tree.tokens[frontier], root_slot + tree.depths[frontier], mask,
+            hidden = d.draft_forward(ctx, tree.tokens[frontier], root_slot + tree.depths[frontier], mask,
                                 outs[tree.parents[frontier] + 1])
             outs[frontier + 1] = hidden
-            d._route(depth)
+            d.route_draft(depth)
             paths = None
             if processed:  # each frontier node's path (ancestors and itself), -1 elsewhere
                 size = tree.size
@@ -192,18 +235,18 @@ class WholeTreeBuilder(Builder):
 
     def with_root(self, steps: int) -> DraftTree | None:
         """The step's root pass and whole tree as one graph (:meth:`build` with the root's pending pairs,
-        ``ForwardDrafter._root_inputs``, run inside it): None where it does not apply (no tree, a processor the
+        ``ForwardDrafter.root_inputs``, run inside it): None where it does not apply (no tree, a processor the
         device tree does not take, more pending pairs than a step leaves, or what :meth:`build` refuses), and the
         root pass runs on its own."""
         d, ctx = self.drafter, self.ctx
-        if d.top_k is None or not d.root_in_graph or not d._tree_on_device(ctx) or not d._may_draft_whole():
+        if d.top_k is None or not d.root_in_graph or not d.tree_on_device(ctx) or not d.may_draft_whole():
             return None  # (before the pending pairs are joined)
-        pending = d._root_inputs(ctx)
+        pending = d.root_inputs(ctx)
         if pending is None:
             return None
         tokens, features, start = pending
         n, rows = features.shape[0], steps + 1  # the old root and every node of a fully accepted draft
-        cache = d._cache(ctx)
+        cache = d.draft_cache(ctx)
         if not 1 <= n <= rows or start + rows > cache.capacity:
             return None
         # the pending pairs padded to the step's most, the first slot and the root's row
@@ -212,8 +255,8 @@ class WholeTreeBuilder(Builder):
                 to_device([start, n - 1], cache.device), start + rows)
         tree = self.build(None, start + n - 1, steps, root)
         if tree is not None:
-            d._root_done(ctx, start + n)
-            d._done(ctx, start + n - 1)
+            d.root_done(ctx, start + n)
+            d.draft_done(ctx, start + n - 1)
         return tree
 
     def build(self, root_hidden: torch.Tensor | None, root_slot: int, steps: int,
@@ -229,20 +272,20 @@ class WholeTreeBuilder(Builder):
         slots are past the root, where the tree's nodes are written next (and hidden from every row that is not
         their descendant), so the tree is the one drafted after the root pass on its own."""
         d, ctx = self.drafter, self.ctx
-        graphs = d._graphs()
+        graphs = d.whole_graphs()
         pipe = ctx.pipe
         processed = pipe is not None and pipe.active
         state = pipe.graph_state() if processed and pipe.on_device else None
-        if not d._may_draft_whole() or (processed and state is None):
+        if not d.may_draft_whole() or (processed and state is None):
             return None
-        graphed = graphs is not None and profile(d._cache(ctx).device).graphs
+        graphed = graphs is not None and profile(d.draft_cache(ctx).device).graphs
         ok, active = d.head.fixed_active(steps, graphed)
         if not ok:
             return None
         # greedy without processors: the log-softmax's ranks, no pipeline needed
         pipe = pipe if pipe is not None and (processed or not pipe.cfg.greedy) else None
         tensors, baked = state if state is not None else ([], ())
-        cache = d._cache(ctx)
+        cache = d.draft_cache(ctx)
         span = bucket_of(max(root_slot + 1 + (steps - 1) * d.top_k, 0 if root is None else root[3]),
                          BUCKET, cache.capacity)
         vocab = d.head.fixed_inputs(active)
@@ -278,7 +321,7 @@ class WholeTreeBuilder(Builder):
         rows = tokens.shape[0]
         slots = where[:1] + torch.arange(rows, device=tokens.device)
         mask = torch.arange(span, device=tokens.device)[None, :] <= slots[:, None]
-        hidden = self.drafter._fixed_forward(self.ctx, tokens, slots, slots, mask, span, features)
+        hidden = self.drafter.draft_forward_fixed(self.ctx, tokens, slots, slots, mask, span, features)
         return hidden.index_select(0, where[1:]), where[:1] + where[1:]
 
     def fixed_tree(self, root_hidden: torch.Tensor, root_slot: torch.Tensor, given: tuple[torch.Tensor, ...], pipe,
@@ -311,7 +354,7 @@ class WholeTreeBuilder(Builder):
             mask |= cols[None, :] == slots[:, None]  # each row sees itself
             slot[frontier] = slots
             forwarded.append(frontier)
-            hidden = d._fixed_forward(ctx, tree.tokens[frontier], root_slot + tree.depths[frontier], slots, mask,
+            hidden = d.draft_forward_fixed(ctx, tree.tokens[frontier], root_slot + tree.depths[frontier], slots, mask,
                                       span, outs[tree.parents[frontier] + 1])
             outs[frontier + 1] = hidden
             paths = None

@@ -40,7 +40,7 @@ class DraftModelDrafter(ForwardDrafter):
     def _prepare(self, ctx: DraftContext, slots: int) -> None:
         self._reserve(self.cache, slots, self.draft.spec.max_position)
 
-    def _cache(self, ctx: DraftContext):
+    def draft_cache(self, ctx: DraftContext):
         return self.cache
 
     def _backlog(self, ctx: DraftContext) -> int:
@@ -52,10 +52,10 @@ class DraftModelDrafter(ForwardDrafter):
         hidden = self.draft(new, self.cache)
         return hidden[-1:], len(ctx.tokens) - 1
 
-    def _forward(self, ctx, ids, positions, mask, parent_hidden):
+    def draft_forward(self, ctx, ids, positions, mask, parent_hidden):
         return self.draft(ids, self.cache, positions=positions, mask=mask)
 
-    def _done(self, ctx: DraftContext, root_slot: int) -> None:
+    def draft_done(self, ctx: DraftContext, root_slot: int) -> None:
         self.cache.truncate(root_slot + 1)  # the root is committed: keep it
 
 

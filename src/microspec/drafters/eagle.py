@@ -172,7 +172,7 @@ class EagleDrafter(ForwardDrafter):
     def _prepare(self, ctx: DraftContext, slots: int) -> None:
         self._reserve(self.cache, slots, None)
 
-    def _cache(self, ctx):
+    def draft_cache(self, ctx):
         return self.cache
 
     def _backlog(self, ctx) -> int:
@@ -188,24 +188,24 @@ class EagleDrafter(ForwardDrafter):
         self._parts = []
         return hidden[-1:], start + n - 1
 
-    def _root_inputs(self, ctx: DraftContext):
+    def root_inputs(self, ctx: DraftContext):
         start = self.cache.length
         pending = self.pending
         return ctx.tokens[start + 1 : start + 1 + len(pending)], pending, start
 
-    def _root_done(self, ctx: DraftContext, length: int) -> None:
+    def root_done(self, ctx: DraftContext, length: int) -> None:
         self.cache.length = length
         self._parts = []
 
     def _early_start(self, ctx: DraftContext) -> int | None:
         return None if self._parts else self.cache.length
 
-    def _forward(self, ctx, ids, positions, mask, parent_hidden):
+    def draft_forward(self, ctx, ids, positions, mask, parent_hidden):
         embeds = ctx.target.embed(ids)
         self.last_inputs = (embeds, parent_hidden)
         return self.eagle(embeds, parent_hidden, self.cache, positions, mask)
 
-    def _fixed_forward(self, ctx, ids, positions, slots, mask, span, parent_hidden):
+    def draft_forward_fixed(self, ctx, ids, positions, slots, mask, span, parent_hidden):
         body = self.eagle.body
         embeds = ctx.target.embed(ids)
         x = self.eagle.fc(torch.cat((embeds, parent_hidden.to(embeds.dtype)), dim=-1))
@@ -213,14 +213,14 @@ class EagleDrafter(ForwardDrafter):
         masks = by_window(body.spec.layer_windows, mask, self.cache.pos[:span], positions)
         return static_run(body, x, self.cache, slots, positions, masks, span)
 
-    def _graphs(self):
+    def whole_graphs(self):
         if self.eagle.body.cuda_graphs is None:
             return None
         if getattr(self.eagle, "draft_graphs", None) is None:
             self.eagle.draft_graphs = CallsByCache()  # with the head: its pooled caches keep their graphs
         return self.eagle.draft_graphs
 
-    def _done(self, ctx, root_slot: int) -> None:
+    def draft_done(self, ctx, root_slot: int) -> None:
         self.cache.truncate(root_slot + 1)  # the pairs up to the root are real: keep them
 
 

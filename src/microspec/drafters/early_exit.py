@@ -31,15 +31,15 @@ class EarlyExitDrafter(ForwardDrafter):
               f"--draft-layers must be below the target's {target.spec.num_layers} layers, got {self.num_layers}")
         return target.head_weight, target.spec.final_softcap
 
-    def _cache(self, ctx: DraftContext):
+    def draft_cache(self, ctx: DraftContext):
         return ctx.cache
 
     def _root(self, ctx: DraftContext):
         slot = ctx.cache.length
         root = to_device([ctx.tokens[-1]], ctx.cache.device)
-        return self._forward(ctx, root, None, None, None), slot
+        return self.draft_forward(ctx, root, None, None, None), slot
 
-    def _forward(self, ctx, ids, positions, mask, parent_hidden):
+    def draft_forward(self, ctx, ids, positions, mask, parent_hidden):
         return ctx.target(ids, ctx.cache, positions=positions, mask=mask, num_layers=self.num_layers)
 
 

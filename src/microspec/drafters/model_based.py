@@ -1,10 +1,10 @@
 """Drafters that run a network to draft: a chain, or an EAGLE-2 dynamic tree, over the draft head.
 
-Subclasses say how to get the root's draft hidden state and how to run draft nodes (``_forward``, and in fixed
-shapes ``_fixed_forward`` where they declare ``fixed_forward``); :class:`ForwardDrafter` chooses a builder
+Subclasses say how to get the root's draft hidden state and how to run draft nodes (``draft_forward``, and in fixed
+shapes ``draft_forward_fixed`` where they declare ``fixed_forward``); :class:`ForwardDrafter` chooses a builder
 (:mod:`microspec.drafters.builders`) that turns that into a chain (greedy, or sampled from the draft's own warped
 distribution) or a tree of deterministic top-k children, with the draft nodes' keys/values written past ``start``
-in ``self._cache(ctx)`` under a tree mask, and keeps the tree drafted before a step's read until its commit.
+in ``self.draft_cache(ctx)`` under a tree mask, and keeps the tree drafted before a step's read until its commit.
 """
 
 from __future__ import annotations
@@ -139,16 +139,17 @@ def tree_shape(kind: str, method, trees: tuple[str, ...] | None = None) -> dict:
 
 
 class ForwardDrafter(Drafter):
-    """A drafter over a network: the network's hooks (``_root``, ``_forward``, ``_fixed_forward``, ``_cache``) and
-    the draft head; each draft built by one of :mod:`~microspec.drafters.builders`, chosen in :meth:`_build` (and
-    :meth:`propose`, :meth:`_draft_early` for the whole tree with its root pass)."""
+    """A drafter over a network: the network's hooks (``_root``, ``draft_forward``, ``draft_forward_fixed``,
+    ``draft_cache``: what its builders run, :class:`~.builders.DraftNetwork`) and the draft head; each draft built
+    by one of :mod:`~microspec.drafters.builders`, chosen in :meth:`_build` (and :meth:`propose`,
+    :meth:`_draft_early` for the whole tree with its root pass)."""
 
     device_tree = True  # EAGLE-2 trees built by tensor ops on the drafter's device (False: the host tree)
     # the whole device tree in fixed shapes (WholeTreeBuilder) as one CUDA graph: None, where the drafter's network
     # replays CUDA graphs; True, also where it runs eagerly (a CPU: the same operations, for tests); False: never
     whole_graph: bool | None = None
     root_in_graph = True  # the step's root pass inside the whole-draft graph (False: on its own before it)
-    fixed_forward = False  # whether the drafter has _fixed_forward (the whole tree in fixed shapes needs it)
+    fixed_forward = False  # whether the drafter has draft_forward_fixed (the whole tree in fixed shapes needs it)
 
     def __init__(self, depth: int | str = CHAIN_DEPTH, top_k: int | None = None, total_tokens: int | None = None):
         # a chain whose length each step chooses (drafters.length: ``--depth auto``), None: ``depth`` tokens
@@ -169,7 +170,7 @@ class ForwardDrafter(Drafter):
         self._early: tuple | None = None
         self._unverified: tuple[int, int] | None = None
         # (embeddings, features) the draft network was last fed, for routing policies; a subclass that feeds
-        # features (EAGLE) sets it in _root / _forward
+        # features (EAGLE) sets it in _root / draft_forward
         self.last_inputs: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def prefill(self, target: NativeCausalLM, prompt_ids: list[int], hidden: torch.Tensor,
@@ -181,33 +182,33 @@ class ForwardDrafter(Drafter):
     def sized(self, ctx: DraftContext) -> DraftLength | None:
         """The chain's length chooser for this step: :attr:`draft_length` where the drafter's device does not run behind
         the host (each level's choice reads a probability there), else None (``depth`` tokens)."""
-        if self.draft_length is None or profile(self._cache(ctx).device).runs_behind_host:
+        if self.draft_length is None or profile(self.draft_cache(ctx).device).runs_behind_host:
             return None
         return self.draft_length
 
     def take_report(self) -> DraftReport:
         out, self.graph_drafts = self.graph_drafts, 0
-        return DraftReport(graph_drafts=out if self._graphs() is not None else None)
+        return DraftReport(graph_drafts=out if self.whole_graphs() is not None else None)
 
-    def _route(self, depth: int) -> None:
+    def route_draft(self, depth: int) -> None:
         """Before the head scores ``depth``: what the draft network was fed (for a routing policy)."""
         self.head.route(self.last_inputs, depth)
 
     # ---- what a subclass provides
     @abstractmethod
-    def _cache(self, ctx: DraftContext) -> KVCache:
+    def draft_cache(self, ctx: DraftContext) -> KVCache:
         """The cache the draft nodes go into."""
 
     @abstractmethod
     def _root(self, ctx: DraftContext) -> tuple[torch.Tensor, int]:
-        """Draft hidden state [1, d] of the root, and the root's slot in ``_cache`` (the prefix is the slots
+        """Draft hidden state [1, d] of the root, and the root's slot in ``draft_cache`` (the prefix is the slots
         before it)."""
 
     @abstractmethod
-    def _forward(self, ctx: DraftContext, ids: torch.Tensor, positions: torch.Tensor | None,
-                 mask: torch.Tensor | None, parent_hidden: torch.Tensor) -> torch.Tensor:
-        """Run draft nodes, appending them to ``_cache``; their draft hidden states [T, d].  ``parent_hidden`` [T, d]
-        is the draft hidden state each node's token was predicted from (an EAGLE head's input feature)."""
+    def draft_forward(self, ctx: DraftContext, ids: torch.Tensor, positions: torch.Tensor | None,
+                      mask: torch.Tensor | None, parent_hidden: torch.Tensor) -> torch.Tensor:
+        """Run draft nodes, appending them to ``draft_cache``; their draft hidden states [T, d].  ``parent_hidden``
+        [T, d] is the draft hidden state each node's token was predicted from (an EAGLE head's input feature)."""
 
     @abstractmethod
     def _start(self, target: NativeCausalLM, prompt_ids: list[int],
@@ -215,15 +216,15 @@ class ForwardDrafter(Drafter):
         """A new generation (the target's prefill is done): check the target, set up caches; the draft head's
         weight [V, d] and final soft-cap."""
 
-    def _fixed_forward(self, ctx: DraftContext, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                       mask: torch.Tensor, span: int, parent_hidden: torch.Tensor) -> torch.Tensor:
-        """:meth:`_forward` in fixed shapes, fit for a CUDA graph: the nodes' keys and values written at ``slots`` [T]
-        (a device tensor), attention over the first ``span`` slots of ``_cache`` under ``mask`` [T, span] (True:
-        may attend), the cache's length left alone.  A drafter that has it declares ``fixed_forward``; one without
-        it drafts its trees level by level."""
+    def draft_forward_fixed(self, ctx: DraftContext, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                            mask: torch.Tensor, span: int, parent_hidden: torch.Tensor) -> torch.Tensor:
+        """:meth:`draft_forward` in fixed shapes, fit for a CUDA graph: the nodes' keys and values written at
+        ``slots`` [T] (a device tensor), attention over the first ``span`` slots of ``draft_cache`` under ``mask``
+        [T, span] (True: may attend), the cache's length left alone.  A drafter that has it declares
+        ``fixed_forward``; one without it drafts its trees level by level."""
         raise NotImplementedError
 
-    def _graphs(self) -> CallsByCache | None:
+    def whole_graphs(self) -> CallsByCache | None:
         """Where the whole-draft graphs are kept (:class:`~microspec.models.graphs.CallsByCache`, by draft cache):
         None where the drafter's network does not replay CUDA graphs."""
         return None
@@ -248,9 +249,9 @@ class ForwardDrafter(Drafter):
         if limit is None or need <= limit:
             cache.grow(need)
 
-    def _done(self, ctx: DraftContext, root_slot: int) -> None:
+    def draft_done(self, ctx: DraftContext, root_slot: int) -> None:
         """Roll the cache back after drafting (default: drop the root and everything after it)."""
-        self._cache(ctx).truncate(root_slot)
+        self.draft_cache(ctx).truncate(root_slot)
 
     # ---- drafting
     def commit(self, step: Verified) -> None:
@@ -260,8 +261,8 @@ class ForwardDrafter(Drafter):
         if early is not None and early[0] is step:  # this step's pairs ran in the root pass of the next tree
             ctx, start = early[1], early[2]
             count = len(step.tokens)
-            self._root_done(ctx, start + count)
-            self._done(ctx, start + count - 1)
+            self.root_done(ctx, start + count)
+            self.draft_done(ctx, start + count - 1)
             self._unverified = early[3:]
         else:
             self._heard(step)
@@ -285,7 +286,7 @@ class ForwardDrafter(Drafter):
             return DraftTree()
         forwards = steps if self.top_k is None else 1 + self.top_k * (steps - 1)
         self._prepare(ctx, self._backlog(ctx) + forwards)
-        cache = self._cache(ctx)
+        cache = self.draft_cache(ctx)
         if cache.capacity - cache.length < forwards + self._backlog(ctx):
             return DraftTree()
         self.last_inputs = None
@@ -293,11 +294,11 @@ class ForwardDrafter(Drafter):
         if whole is not None:
             return whole
         root_hidden, root_slot = self._root(ctx)
-        self._route(0)
+        self.route_draft(0)
         try:
             return self._build(ctx, root_hidden, root_slot, steps)
         finally:
-            self._done(ctx, root_slot)
+            self.draft_done(ctx, root_slot)
 
     def _build(self, ctx: DraftContext, root_hidden: torch.Tensor, root_slot: int, steps: int) -> DraftTree:
         """The draft after the root pass, by what the step allows: a chain without ``top_k``; a tree on the host
@@ -306,18 +307,18 @@ class ForwardDrafter(Drafter):
         not apply), or the device tree level by level."""
         if self.top_k is None:
             return ChainBuilder(self, ctx).build(root_hidden, root_slot, steps)
-        if not self._tree_on_device(ctx):
+        if not self.tree_on_device(ctx):
             return HostTreeBuilder(self, ctx).build(root_hidden, root_slot, steps)
         whole = WholeTreeBuilder(self, ctx).build(root_hidden, root_slot, steps)
         return whole if whole is not None else DeviceTreeBuilder(self, ctx).build(root_hidden, root_slot, steps)
 
-    def _root_inputs(self, ctx: DraftContext) -> tuple[list[int], torch.Tensor, int] | None:
+    def root_inputs(self, ctx: DraftContext) -> tuple[list[int], torch.Tensor, int] | None:
         """What :meth:`_root` runs, for a root pass in fixed shapes inside the whole-draft graph: (the pending
         pairs' tokens, their features [n, d], the cache slot of the first); None where the drafter has no such pass
         (its root pass runs on its own)."""
         return None
 
-    def _root_done(self, ctx: DraftContext, length: int) -> None:
+    def root_done(self, ctx: DraftContext, length: int) -> None:
         """After a root pass inside the whole-draft graph: the draft cache holds ``length`` slots, the pending pairs
         are consumed (what :meth:`_root` leaves)."""
         raise NotImplementedError
@@ -332,8 +333,8 @@ class ForwardDrafter(Drafter):
         """A tree drafted whole with its root pass (:meth:`.WholeTreeBuilder.with_root`) to this drafter's full
         depth, with processors that go into its graph."""
         pipe = ctx.pipe
-        return self.top_k is not None and self.depth <= ctx.max_depth and self._tree_on_device(ctx) \
-            and self._may_draft_whole() and self._early_start(ctx) is not None \
+        return self.top_k is not None and self.depth <= ctx.max_depth and self.tree_on_device(ctx) \
+            and self.may_draft_whole() and self._early_start(ctx) is not None \
             and (pipe is None or not pipe.active or pipe.graph_state() is not None)
 
     def _draft_early(self, ctx: DraftContext) -> DraftTree:
@@ -349,7 +350,7 @@ class ForwardDrafter(Drafter):
             return DraftTree()
         forwards = 1 + self.top_k * (steps - 1)
         self._prepare(ctx, rows + forwards)
-        cache = self._cache(ctx)
+        cache = self.draft_cache(ctx)
         if cache.capacity - start < rows + forwards:
             return DraftTree()
         where = torch.cat([to_device([start], cache.device), step.accepted.reshape(1)])
@@ -362,12 +363,12 @@ class ForwardDrafter(Drafter):
         self._early = (step, ctx, start, sizes, drafts)
         return tree
 
-    def _may_draft_whole(self) -> bool:
+    def may_draft_whole(self) -> bool:
         """Whether the whole tree in fixed shapes (:class:`.WholeTreeBuilder`) may be drafted at all: a fixed-shape
         forward (``fixed_forward``), and a network that replays graphs or ``whole_graph`` set."""
-        return self.whole_graph is not False and (self._graphs() is not None or bool(self.whole_graph)) \
+        return self.whole_graph is not False and (self.whole_graphs() is not None or bool(self.whole_graph)) \
             and self.fixed_forward
 
-    def _tree_on_device(self, ctx: DraftContext) -> bool:
+    def tree_on_device(self, ctx: DraftContext) -> bool:
         """Whether the tree is built on the device (no processor needs the paths on the host; :meth:`_build`)."""
         return self.device_tree and (ctx.pipe is None or not ctx.pipe.active or ctx.pipe.on_device)
