@@ -99,6 +99,12 @@ def _by_language() -> list[str]:
 CE_VOCAB = {"full": "every id", "seen": "the ids seen", "batch": "the target's top-32, the batch's candidates"}
 
 
+def _train_s(t: dict) -> float:
+    """The training stage's seconds over the whole run (a resumed run's pieces summed), else the run's wall time."""
+    train = (t.get("stage_rates") or {}).get("train")
+    return train["seconds"] if train and "seconds" in train else t["wall_s"]
+
+
 def _training() -> list[str]:
     rows = []
     for name, rel in TRAIN.items():
@@ -111,7 +117,7 @@ def _training() -> list[str]:
             f"{t['answers']:,} ({t['answer_tokens']:,} tokens)" if t["answers"] else None
         rows.append([name, answers, f"{data['text']['positions']:,}" if data else f"{t['text_tokens']:,}",
                      f"{t['train_tokens_per_epoch']:,}", epochs, t["steps"],
-                     CE_VOCAB[c["ce_vocab"]], f"{t['wall_s'] / 60:.0f}",
+                     CE_VOCAB[c["ce_vocab"]], f"{_train_s(t) / 60:.0f}",
                      f"{t['heldout']['top1']:.3f}" + (f" / {top3:.3f}" if top3 is not None else ""),
                      "CPU" if t["device"].startswith("cpu") else t["device"]])
     gemma = load(TRAIN["Gemma 3 270M (fine-tune 4)"])
@@ -121,7 +127,7 @@ def _training() -> list[str]:
             "predictions on plain text are the labels; no evaluation set. Each row is one `microspec train` run "
             "(its `training.json`):", "",
             table(["head", "answers", "text tokens", "positions per epoch", "epochs", "steps", "cross-entropy over",
-                   "wall min", "held-out top-1 / top-3", "device"], rows), "",
+                   "train min", "held-out top-1 / top-3", "device"], rows), "",
             *(Source(rel, load(rel)["command"].split(" --")[0] + " …", DATES[rel],
                      f"2-core {load(rel)['machine'].split(',')[0]}, 2 threads" if "machine" in load(rel) else CPU,
                      COMMITS[rel]).markdown() for rel in TRAIN.values()), "",
@@ -410,7 +416,8 @@ def render() -> str:
                       "The EAGLE-1/2 heads in `src/microspec/heads/<model>/` (one decoder layer and fc over the "
                       "target's features, the target's own LM head), measured with `benchmarks/measure/eagle_tau.py`.",
                       "", *(latest or _cpu_trained()),
-                      "The τ table by category below measures fine-tune 4, an earlier Gemma head (its τ by "
+                      "The τ table by category below measures fine-tune 4, an earlier Gemma head, and SmolLM2's "
+                      "head before fine-tune 1 (Gemma's τ by "
                       "language, the fine-tunes since, and the heads trained and not shipped: "
                       "[docs/history.md](docs/history.md#the-draft-heads-earlier-and-not-shipped)).", "",
                       *_by_category(), *_training()]).rstrip() + "\n"

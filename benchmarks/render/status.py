@@ -63,11 +63,14 @@ def _gpu() -> str:
 
 
 def _training() -> str:
-    t = json.loads((ROOT / "src/microspec/heads/gemma-3-270m/training.json").read_text())
+    heads = {name: json.loads((ROOT / f"src/microspec/heads/{d}/training.json").read_text())
+             for name, d in (("Gemma", "gemma-3-270m"), ("SmolLM2", "smollm2-135m-instruct"))}
+    t = heads["Gemma"]
     rates = t.get("stage_rates", {})
-    said = ", ".join(f"{k} {v['positions_per_s']:,.0f}" for k, v in rates.items())
-    return (f"done; positions/s: {said} ({t['machine'].split(',')[0]}, {t['date'].split()[0]}, {t['commit']}); "
-            f"Gemma head: {t['trained_positions'] / 1e6:.2f}M")
+    said = ", ".join(f"{k} {v['positions_per_s']:,.0f}" for k, v in rates.items() if k != "generate")
+    trained = ", ".join(f"{n} {h['trained_positions'] / 1e6:.1f}M" for n, h in heads.items() if "trained_positions" in h)
+    return (f"done; positions/s {said} ({t['machine'].split(',')[0]}, {t['date'].split()[0]}, {t['commit']}); "
+            f"heads: {trained}")
 
 
 ROWS = [
