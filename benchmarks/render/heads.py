@@ -416,19 +416,19 @@ def render() -> str:
                       "The EAGLE-1/2 heads in `src/microspec/heads/<model>/` (one decoder layer and fc over the "
                       "target's features, the target's own LM head), measured with `benchmarks/measure/eagle_tau.py`.",
                       "", *(latest or _cpu_trained()),
-                      "The τ table by category below measures fine-tune 4, an earlier Gemma head, and SmolLM2's "
-                      "head before fine-tune 1 (Gemma's τ by "
-                      "language, the fine-tunes since, and the heads trained and not shipped: "
-                      "[docs/history.md](docs/history.md#the-draft-heads-earlier-and-not-shipped)).", "",
-                      *_by_category(), *_training()]).rstrip() + "\n"
+                      "The earlier heads (τ by category of fine-tune 4 of Gemma's head and of SmolLM2's head before "
+                      "fine-tune 1, Gemma's τ by language, the fine-tunes since) and the heads trained and not "
+                      "shipped: [docs/history.md](docs/history.md#the-draft-heads-earlier-and-not-shipped).", "",
+                      *_training()]).rstrip() + "\n"
 
 
 def history() -> str:
     earlier = [*_cpu_trained(), *(line for run in CPU_HEADS if run not in _latest()
                                   for line in _cpu_fine_tune(run))] if CPU_HEADS else []
     return "\n".join(["## The draft heads: earlier, and not shipped", "",
-                      "The fine-tunes shipped before the current head, fine-tune 4 of Gemma's head by language, then "
-                      "the heads trained and not shipped.", "", *earlier, *_by_language(),
+                      "The fine-tunes shipped before the current heads, the τ of fine-tune 4 of Gemma's head (and of "
+                      "SmolLM2's head before fine-tune 1) by category and by language, then the heads trained and not "
+                      "shipped.", "", *earlier, *_by_category(), *_by_language(),
                       *_pilot(), *_gpu_heads(), *_eagle1_h200()]).rstrip() + "\n"
 
 
