@@ -121,7 +121,17 @@ def test_bench(repeat, tiny_model_dir, tmp_path, capsys):
     assert set(res["methods"]) == {"ar", "repeat"} and res["mismatches"] == {}
 
 
-def test_every_registered_drafter_gives_the_loop_what_it_asks():
+def _subclasses(base: type) -> set[type]:
+    """``base`` and every class below it (the modules defining them imported)."""
+    classes, todo = set(), [base]
+    while todo:
+        cls = todo.pop()
+        classes.add(cls)
+        todo.extend(cls.__subclasses__())
+    return classes
+
+
+def test_every_drafter_gives_the_loop_what_it_asks():
     """The loop depends on :class:`~microspec.decoding.context.DraftSource`, not on the drafters: the base drafter
     and every drafter class has each of its members, with the parameters the loop passes."""
     import inspect
@@ -135,11 +145,7 @@ def test_every_registered_drafter_gives_the_loop_what_it_asks():
     import microspec.auto  # noqa: F401  (its Portfolio and Aside drafters)
     import microspec.drafters  # noqa: F401  (every drafter module)
 
-    classes, todo = set(), [Drafter]
-    while todo:
-        cls = todo.pop()
-        classes.add(cls)
-        todo.extend(cls.__subclasses__())
+    classes = _subclasses(Drafter)
     assert len(classes) >= 10, classes
     for cls in classes:
         assert hasattr(cls, "head"), cls
@@ -161,11 +167,7 @@ def test_every_network_drafter_gives_its_builders_what_they_run():
     calls = {n: inspect.signature(getattr(DraftNetwork, n)) for n in vars(DraftNetwork)
              if not n.startswith("_") and callable(getattr(DraftNetwork, n))}
     assert {"draft_forward", "draft_cache", "route_draft", "draft_done", "sized"} <= set(calls)
-    classes, todo = set(), [ForwardDrafter]
-    while todo:
-        cls = todo.pop()
-        classes.add(cls)
-        todo.extend(cls.__subclasses__())
+    classes = _subclasses(ForwardDrafter)
     assert len(classes) >= 4, classes
     for cls in classes:
         inits = "".join(inspect.getsource(b.__init__) for b in cls.__mro__ if "__init__" in vars(b) and b is not object)
