@@ -402,6 +402,26 @@ def _gen_rate(t: dict) -> str:
     return f"{sum(r['positions'] for r in g) / sum(r['seconds'] for r in g):,.0f}"
 
 
+def _eagle2_tau() -> list[str]:
+    """The shipped heads on EAGLE-2's tree over the full vocabulary, on the reporting set (runs.json
+    heads.EAGLE2_TAU: a τ file per model)."""
+    if "EAGLE2_TAU" not in DATA:
+        return []
+    runs = {m: load(rel) for m, rel in DATA["EAGLE2_TAU"].items()}
+    first = next(iter(runs.values()))
+    cats = [c for c in first["tau"]["eagle2"] if c != "overall"]
+    rows = [[MODELS.get(m, m), *(num(d["tau"]["eagle2"][c]) for c in cats), num(d["tau"]["eagle2"]["overall"])]
+            for m, d in runs.items()]
+    mism = sum(d["mismatches"] for d in runs.values())
+    return [f"The shipped heads on {_trees(first)}, full vocabulary, greedy, {first['max_new_tokens']} tokens, "
+            f"packed weights, on the reporting set's {len(first['tau']['eagle2']) - 1} categories "
+            f"(`benchmarks/data/report.jsonl`; {mism} mismatches with the target's own greedy output):", "",
+            table(["head: τ on EAGLE-2's tree", *cats, "**overall**"], rows), "",
+            " ".join(Source(rel, load(rel)["command"].rsplit(" --out", 1)[0], load(rel)["date"].split(" ")[0],
+                            load(rel)["machine"] + ", 2 threads", load(rel)["commit"]).markdown()
+                     for rel in DATA["EAGLE2_TAU"].values()), ""]
+
+
 def _latest() -> list[dict]:
     """The last fine-tune of each model in CPU_HEADS (the shipped heads), in the order of their models' first."""
     last: dict[str, dict] = {}
@@ -415,7 +435,7 @@ def render() -> str:
     return "\n".join(["## The shipped draft heads", "",
                       "The EAGLE-1/2 heads in `src/microspec/heads/<model>/` (one decoder layer and fc over the "
                       "target's features, the target's own LM head), measured with `benchmarks/measure/eagle_tau.py`.",
-                      "", *(latest or _cpu_trained()),
+                      "", *(latest or _cpu_trained()), *_eagle2_tau(),
                       "The earlier heads (τ by category of fine-tune 4 of Gemma's head and of SmolLM2's head before "
                       "fine-tune 1, Gemma's τ by language, the fine-tunes since) and the heads trained and not "
                       "shipped: [docs/history.md](docs/history.md#the-draft-heads-earlier-and-not-shipped).", "",

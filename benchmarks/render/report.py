@@ -4,6 +4,7 @@ llama.cpp on the same GGUF beside them, plain decoding against the machine's rea
 from __future__ import annotations
 
 from .common import RESULTS, Source, commit, load, num, runs, table, x
+from .vocab import MODELS
 
 DATA = runs("report")  # {"RUNS": [results folders, one per machine]} (benchmarks/report.py writes them)
 RUNS: list[str] = list(DATA["RUNS"])
@@ -79,9 +80,6 @@ def source(run: str) -> Source:
     meta = results_of(run, "greedy")["meta"]
     return Source(f"{run}/", "python3 benchmarks/report.py (" + meta["command"].split(" --out ")[0] + ")",
                   meta["date"].split()[0], f"{meta['machine']}, {meta['threads']} threads", commit(meta))
-
-
-MODELS = {"gemma-3-270m": "Gemma 3 270M", "smollm2-135m-instruct": "SmolLM2-135M-Instruct"}
 
 
 def model_of(run: str) -> str:
