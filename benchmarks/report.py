@@ -61,8 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", choices=("report", "dev"), default="report")
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/<date>-<set>-<cpu>/, "
-                    "<date>-<set>-<model>-<cpu>/ for a model other than the default (the development set: /tmp/microspec-dev-<date>/)")
+    ap.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/<date>-report-<cpu>/ "
+                    "(the development set: /tmp/microspec-dev-<date>/); another model than the default is named "
+                    "before the CPU (before the date for the development set)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = ap.parse_args(argv)
     date = datetime.date.today().isoformat()

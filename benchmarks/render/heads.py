@@ -282,6 +282,12 @@ HEADS = {"shipped": "fine-tune 4 (the head before)", "new": "fine-tune 5"}
 PENALTIES = {"1.0": "greedy", "1.2": "penalty 1.2"}
 
 
+def _recorded(rel: str, d: dict, command: str) -> Source:
+    """Where a figure comes from, for a results file ``rel`` that records its own run (``d``: its date, machine and
+    commit; this CPU's 2 threads) and the ``command`` shown for it."""
+    return Source(rel, command, d["date"].split(" ")[0], d["machine"] + ", 2 threads", d["commit"])
+
+
 def _rate_row(name: str, r: dict | None) -> list:
     return [name, f"{r['positions']:,}", f"{r['seconds']:,.0f}", f"{r['positions_per_s']:,.0f}"] if r else \
         [name, None, None, None]
@@ -313,8 +319,7 @@ def _cpu_trained() -> list[str]:
             table(["stage", "positions", "seconds", "positions/s"],
                   [_rate_row("capture (target forward, LM head, top-32)", rates.get("capture")),
                    _rate_row("train (head forward and backward, candidate loss)", rates.get("train"))]), "",
-            Source(f"{CPU_HEAD}/rates.json", r["command"], r["date"].split(" ")[0], r["machine"] + ", 2 threads",
-                   r["commit"]).markdown(), "",
+            _recorded(f"{CPU_HEAD}/rates.json", r, r["command"]).markdown(), "",
             "- A position is captured once and trained once per epoch, so at E epochs a trained position costs "
             "1 / (E x capture rate) + 1 / (train rate) seconds.",
             "- The answers are generated through the engine itself, 8 at a time (the first stage of "
@@ -331,11 +336,9 @@ def _cpu_trained() -> list[str]:
             f"({rep['per_category']} prompts per category of Spec-Bench's translation, summarization, qa and rag, "
             "sources the development set does not use), which chose nothing:", "",
             table(["head", *(f"{SETS[s]}: {PENALTIES[p]}" for s in SETS for p in PENALTIES)], rows), "",
-            Source(f"{CPU_HEAD}/training.json", t["command"].split(" --")[0] + " …", t["date"].split(" ")[0],
-                   t["machine"] + ", 2 threads", t["commit"]).markdown(),
-            *(Source(f"{CPU_HEAD}/tau-{s}-{h}-p{p}.json",
-                     d["command"].replace(d["head"], "HEAD").rsplit(" --out", 1)[0], d["date"].split(" ")[0],
-                     d["machine"] + ", 2 threads", d["commit"]).markdown()
+            _recorded(f"{CPU_HEAD}/training.json", t, t["command"].split(" --")[0] + " …").markdown(),
+            *(_recorded(f"{CPU_HEAD}/tau-{s}-{h}-p{p}.json", d,
+                        d["command"].replace(d["head"], "HEAD").rsplit(" --out", 1)[0]).markdown()
               for (s, h, p), d in taus.items()), "",
             f"- Every generation equals the target's own greedy output ({mism} mismatches).",
             f"- Fine-tune 5's τ is {x(ratio[('dev', '1.0')])} / {x(ratio[('dev', '1.2')])} fine-tune 4's on the "
@@ -379,11 +382,9 @@ def _cpu_fine_tune(run: dict) -> list[str]:
             "which chose what "
             "ships, and on the reporting set (`benchmarks/data/report.jsonl`), which chose nothing:", "",
             table(["head", *(f"{SETS[s_]}: {PENALTIES[p_]}" for s_ in SETS for p_ in PENALTIES)], cmp_rows), "",
-            Source(f"{d}/training.json", t["command"].split(" --")[0] + " …", t["date"].split(" ")[0],
-                   t["machine"] + ", 2 threads", t["commit"]).markdown(),
-            Source(f"{d}/tau-*.json", one["command"].replace(one["head"], "HEAD").rsplit(" --out", 1)[0]
-                   .replace("benchmarks/data/report.jsonl", "benchmarks/data/<set>.jsonl"),
-                   one["date"].split(" ")[0], one["machine"] + ", 2 threads", one["commit"]).markdown(), "",
+            _recorded(f"{d}/training.json", t, t["command"].split(" --")[0] + " …").markdown(),
+            _recorded(f"{d}/tau-*.json", one, one["command"].replace(one["head"], "HEAD").rsplit(" --out", 1)[0]
+                      .replace("benchmarks/data/report.jsonl", "benchmarks/data/<set>.jsonl")).markdown(), "",
             f"- Every generation equals the target's own greedy output ({mism} mismatches over "
             f"{len(files)} runs).", _still_rising(d, curve), ""]
 
@@ -407,7 +408,8 @@ def _eagle2_tau() -> list[str]:
     heads.EAGLE2_TAU: a τ file per model)."""
     if "EAGLE2_TAU" not in DATA:
         return []
-    runs = {m: load(rel) for m, rel in DATA["EAGLE2_TAU"].items()}
+    files = DATA["EAGLE2_TAU"]
+    runs = {m: load(rel) for m, rel in files.items()}
     first = next(iter(runs.values()))
     cats = [c for c in first["tau"]["eagle2"] if c != "overall"]
     rows = [[MODELS.get(m, m), *(num(d["tau"]["eagle2"][c]) for c in cats), num(d["tau"]["eagle2"]["overall"])]
@@ -417,9 +419,8 @@ def _eagle2_tau() -> list[str]:
             f"packed weights, on the reporting set's {len(first['tau']['eagle2']) - 1} categories "
             f"(`benchmarks/data/report.jsonl`; {mism} mismatches with the target's own greedy output):", "",
             table(["head: τ on EAGLE-2's tree", *cats, "**overall**"], rows), "",
-            " ".join(Source(rel, load(rel)["command"].rsplit(" --out", 1)[0], load(rel)["date"].split(" ")[0],
-                            load(rel)["machine"] + ", 2 threads", load(rel)["commit"]).markdown()
-                     for rel in DATA["EAGLE2_TAU"].values()), ""]
+            " ".join(_recorded(files[m], d, d["command"].rsplit(" --out", 1)[0]).markdown()
+                     for m, d in runs.items()), ""]
 
 
 def _latest() -> list[dict]:
@@ -443,7 +444,8 @@ def render() -> str:
 
 
 def history() -> str:
-    earlier = [*_cpu_trained(), *(line for run in CPU_HEADS if run not in _latest()
+    shipped = _latest()
+    earlier = [*_cpu_trained(), *(line for run in CPU_HEADS if run not in shipped
                                   for line in _cpu_fine_tune(run))] if CPU_HEADS else []
     return "\n".join(["## The draft heads: earlier, and not shipped", "",
                       "The fine-tunes shipped before the current heads, the τ of fine-tune 4 of Gemma's head (and of "

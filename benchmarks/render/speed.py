@@ -404,8 +404,8 @@ def history() -> str:
     runs = sorted(p.name for p in (RESULTS / AUTO).iterdir() if p.is_dir())
     res = {d: [load(f"{AUTO}/{r}/{d}/results.json") for r in runs] for d in AUTO_DECODINGS}
     held = [re.sub(r"!\[[^\]]*\]\(docs/figures/speedup-by-decoding\.svg\)\n?", "", _held_apart("")).replace(
-        "### On held-apart prompts", "### On held-apart prompts (now the development "
-                                  "set)", 1)] if _development_set_only() else []
+        "### On held-apart prompts", "### On held-apart prompts (now the development set)", 1)] \
+        if _development_set_only() else []
     return "\n".join(["## How fast", "", *held, *_by_category(), "### `auto` against its own arms: the same question from run to run", "",
                       *_same_question(res, len(runs), f"`benchmarks/results/{AUTO}/`"), *_before()]).rstrip() + "\n"
 

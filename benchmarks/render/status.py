@@ -68,7 +68,8 @@ def _training() -> str:
     t = heads["Gemma"]
     rates = t.get("stage_rates", {})
     said = ", ".join(f"{k} {v['positions_per_s']:,.0f}" for k, v in rates.items() if k != "generate")
-    trained = ", ".join(f"{n} {h['trained_positions'] / 1e6:.1f}M" for n, h in heads.items() if "trained_positions" in h)
+    trained = ", ".join(f"{n} {h['trained_positions'] / 1e6:.1f}M" for n, h in heads.items()
+                        if "trained_positions" in h)
     return (f"done; positions/s {said} ({t['machine'].split(',')[0]}, {t['date'].split()[0]}, {t['commit']}); "
             f"heads: {trained}")
 
