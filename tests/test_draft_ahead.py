@@ -185,7 +185,7 @@ def test_drafting_ahead_steps_aside_where_it_cannot_apply(pair, monkeypatch, cud
     drafter = EagleDrafter(head, **SHAPE)
     drafter.whole_graph = False
     assert generate_ids(nm, PROMPT, cfg, drafter=drafter).token_ids == plain and not calls
-    monkeypatch.setenv("MICROSPEC_DRAFT_AHEAD", "0")  # switched off, read at the step (not at import)
+    monkeypatch.setenv("MICROSPEC_DRAFT_AHEAD", "0")  # switched off, read at the generation's start (not at import)
     assert generate_ids(nm, PROMPT, cfg, drafter=EagleDrafter(head, **SHAPE)).token_ids == plain and not calls
     monkeypatch.delenv("MICROSPEC_DRAFT_AHEAD")
     assert generate_ids(nm, PROMPT, cfg, drafter=EagleDrafter(head, **SHAPE)).token_ids == plain and calls

@@ -43,7 +43,7 @@ CACHE_MARGIN = 256  # cache slots beyond prompt + max_new_tokens, for the tree n
 # A model drafter's next tree is drafted before a step's read (Generation._draft_early) where the device's profile
 # says so (draft_ahead: a device that runs behind the host drafts while the host reads, commits and streams the
 # step; on a CPU every operation runs as the host issues it, so there is nothing to overlap).
-# MICROSPEC_DRAFT_AHEAD=0: never (an A/B switch, read at each generation's steps: devices.env_flag)
+# MICROSPEC_DRAFT_AHEAD=0: never (an A/B switch, read once per generation, at its start: devices.env_flag)
 
 
 @dataclass
@@ -236,6 +236,10 @@ class Generation:
         self.logprobs: list[TokenLogprob] | None = [] if cfg.logprobs is not None else None
         self.prompt_logprobs: list[TokenLogprob] | None = None
         self.walker = greedy_walk if cfg.greedy else keyed_walk if self.pipe.keyed else sample_walk
+        # the device's choices and the switch, read once: every step of the generation takes the same path
+        prof = profile(device)
+        self.behind = prof.runs_behind_host
+        self.ahead = prof.draft_ahead and env_flag("MICROSPEC_DRAFT_AHEAD")
         prepare(model, drafting=self.drafter is not None)  # one-time costs before the clock starts (onetime)
         self.clock = StepClock(device)  # marks read once, at the end: no wait for the device inside a step
         self.spans: list[tuple[int, int, int, int]] = []  # per step: marks at draft start, verify start/end, end
@@ -312,7 +316,7 @@ class Generation:
     def verify_inputs(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """(ids, positions, mask) of the verify pass over the root and ``tree`` (no positions or mask: one token)."""
         if len(tree):
-            if tree.causal() and not profile(self.model.device).runs_behind_host:
+            if tree.causal() and not self.behind:
                 # a chain: causal at the slots it fills, the forward's defaults (no mask made, a CPU's rotations
                 # looked up); the same rows as under its mask and positions.  A device that runs behind the host
                 # keeps the tree's inputs: the graphs of its verify passes take them
@@ -403,8 +407,7 @@ class Generation:
         rows = tree.depth + 1  # the most the step commits
         ctx = DraftContext(self.tokens, self.model, self.cache, self.cfg.max_new_tokens - len(self.out) - rows - 1,
                            pipe)
-        if not profile(self.model.device).draft_ahead or not env_flag("MICROSPEC_DRAFT_AHEAD") \
-                or self.adaptive is not None or self.setup.on_step is not None or (
+        if not self.ahead or self.adaptive is not None or self.setup.on_step is not None or (
                 vocab is not None and (vocab.per_depth or not vocab.takes_padded)) \
                 or not drafter.drafts_before_read(ctx):
             return None
