@@ -43,12 +43,15 @@ def cpu_tag() -> str:
     return "-".join(words) or "cpu"
 
 
-def commands(out: Path, data: Path, model: str, tokens: int, peers: bool) -> list[list[str]]:
+REPEATS = 3  # each answer's runs: a speed-up is rendered with its range over them
+
+
+def commands(out: Path, data: Path, model: str, tokens: int, peers: bool, repeats: int = REPEATS) -> list[list[str]]:
     methods = ",".join(METHODS + (PEERS if peers else ()))
     return [
         [sys.executable, "-m", "microspec", "bench", "--model", model, "--data", str(data), "--methods", methods,
          "--max-new-tokens", str(tokens), "--temperatures", "0,0.7", "--repetition-penalties", "1.0,1.2",
-         "--out", str(out)],
+         "--repeats", str(repeats), "--out", str(out)],
         [sys.executable, "benchmarks/measure/bandwidth.py", "--json", str(out / "bandwidth.json")],
         # one plain generation's stats: the weight bytes a step reads, for the floor (bytes / bandwidth)
         [sys.executable, "-m", "microspec", "generate", "--model", model, "--drafter", "none", "--prompt",
@@ -61,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", choices=("report", "dev"), default="report")
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=REPEATS, help="runs of each answer (default %(default)s)")
     ap.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/<date>-report-<cpu>/ "
                     "(the development set: /tmp/microspec-dev-<date>/); another model than the default is named "
                     "before the CPU (before the date for the development set)")
@@ -73,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     peers = importlib.util.find_spec("llama_cpp") is not None
     out = out.resolve()
     out = out.relative_to(ROOT) if out.is_relative_to(ROOT) else out  # the commands run in the checkout
-    cmds = commands(out, Path("benchmarks") / "data" / f"{args.set}.jsonl", args.model, args.max_new_tokens, peers)
+    cmds = commands(out, Path("benchmarks") / "data" / f"{args.set}.jsonl", args.model, args.max_new_tokens, peers,
+                    args.repeats)
     for i, cmd in enumerate(cmds):
         print(" ".join(cmd) + (f" > {out / 'plain.json'}" if i == len(cmds) - 1 else ""), flush=True)
     if not peers:

@@ -570,6 +570,12 @@ def test_protocol_averages_task_means_decode_speed_draft_time_and_repeat_spread(
     two = [rec(1, "a", 10, 1.0, 0.0, 0.0, 9, repeats=2)]
     two[0]["choices"][1]["wall_time"] = [0.5]  # repeats at 10 and 20 tok/s: std 7.07
     assert aggregate(two)["tokens_per_s_std_over_repeats"] == pytest.approx(50 ** 0.5, abs=1e-3)
+    # each repeat's speed-up against the reference's same repeat: 20 / 10 tok/s in repeat 0, 20 / 20 in repeat 1
+    fast = [rec(1, "a", 10, 0.5, 0.0, 0.0, 9, repeats=2)]
+    both = summarize({"ar": two, "x": fast})["methods"]
+    assert both["x"]["overall"]["speedup_over_repeats"] == [2.0, 1.0]
+    assert both["ar"]["overall"]["speedup_over_repeats"] == [1.0, 1.0]
+    assert "speedup_over_repeats" not in m["x"]["overall"]  # one repeat: no spread
 
 
 def test_cpu_protocol_and_resume_of_an_interrupted_run(capsys, tiny_model_dir, tmp_path):

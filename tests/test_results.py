@@ -186,3 +186,27 @@ def test_every_cited_results_file_exists():
             if not all(list(RESULTS.glob(p.rstrip("/"))) for p in _expand(path)):
                 missing.append(f"{doc}: {path}")
     assert not missing, missing
+
+
+def test_a_reporting_cell_shows_the_spread_of_its_repeats(tmp_path, monkeypatch):
+    """A reporting-set cell: the speed-up, the lowest–highest of its repeats' speed-ups where the answers ran more
+    than once, then the method's own notes; one repeat shows no range."""
+    docs = _render_docs()
+    common, report = docs.common, docs.report
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    common.load.cache_clear()
+
+    def write(run, auto):
+        (tmp_path / run / "greedy").mkdir(parents=True)
+        methods = {"ar": {"overall": {"tokens_per_s": 100.0}}, "auto": {"overall": auto}}
+        (tmp_path / run / "greedy" / "results.json").write_text(json.dumps({"methods": methods,
+                                                                            "meta": {"commit": "abc1234"}}))
+
+    write("three", {"tokens_per_s": 200.0, "auto_share": {"plain": 0.25}, "speedup_over_repeats": [1.9, 2.1, 2.0]})
+    write("one", {"tokens_per_s": 150.0, "auto_share": {"plain": 0.5}})
+    try:
+        assert report._cell("three", "greedy", "auto") == "2.00x (1.90–2.10, plain 25%)"
+        assert report._cell("one", "greedy", "auto") == "1.50x (plain 50%)"
+    finally:
+        common.load.cache_clear()

@@ -52,6 +52,7 @@ def test_report_measures_the_reporting_set_in_four_decodings():
     bench = out.stdout.splitlines()[0]
     assert "bench" in bench and "--data benchmarks/data/report.jsonl" in bench
     assert "--temperatures 0,0.7 --repetition-penalties 1.0,1.2" in bench and "--out benchmarks/results/" in bench
+    assert "--repeats 3" in bench  # each speed-up with its spread over the repeats
     assert all(m in bench for m in ("ar,", "auto", "ngram", "microspec"))
 
 

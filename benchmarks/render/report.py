@@ -44,6 +44,9 @@ def _cell(run: str, decoding: str, method: str) -> str | None:
         return None
     o = results_of(run, decoding)["methods"][method]["overall"]
     notes = []
+    spread = o.get("speedup_over_repeats")
+    if spread:  # each repeat's speed-up against plain decoding's same repeat
+        notes.append(f"{min(spread):.2f}–{max(spread):.2f}")
     if method in TAU:
         notes.append(f"τ {o['mean_accept_len']:.2f}")
     if method == "auto":
@@ -123,7 +126,9 @@ def render() -> str:
              "set (`benchmarks/data/dev.jsonl`). One table per model and machine, each model's packed GGUF weights "
              "(Gemma 3 270M Q4_K_M, SmolLM2-135M-Instruct Q4_1, under its chat template), "
              f"{meta['max_new_tokens']} tokens per answer, one `microspec bench` process over the four decodings. "
-             "Each cell: the method's tokens/s over plain decoding's in the same run; EAGLE + MicroSpec is the "
+             "Each cell: the method's tokens/s over plain decoding's in the same run (where each answer ran several "
+             "times, the lowest–highest of the repeats' speed-ups beside it, each repeat against plain decoding's "
+             "same repeat); EAGLE + MicroSpec is the "
              "model's shipped EAGLE head over MicroSpec's vocabulary (τ: tokens committed per target step); "
              "`auto`'s plain share is the share of its steps it decoded plainly.")
     return "\n".join(["## How fast on the reporting set", "", intro, "",

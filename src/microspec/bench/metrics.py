@@ -42,8 +42,9 @@ def question_draft_ms(rec: dict) -> float | None:
     return 1000 * sum(c.get("draft_s", 0.0) for c in rec["choices"]) / steps if steps else None
 
 
-def repeat_spread(records: Sequence[dict]) -> float | None:
-    """Standard deviation over repeats of the mean tokens/s of each repeat's answers (None with one repeat)."""
+def repeat_speeds(records: Sequence[dict]) -> list[float] | None:
+    """Per repeat, the mean over questions of each question's tokens/s in that repeat (None with one repeat): the
+    measure of :func:`question_speed`, one value a repeat."""
     repeats = min((len(r["choices"]) for r in records), default=0)
     if repeats < 2:
         return None
@@ -51,7 +52,15 @@ def repeat_spread(records: Sequence[dict]) -> float | None:
     for i in range(repeats):
         speeds = [sum(c["new_tokens"]) / sum(c["wall_time"]) for r in records for c in [r["choices"][i]]
                   if sum(c["wall_time"]) > 0]
-        means.append(sum(speeds) / len(speeds))
+        means.append(sum(speeds) / len(speeds) if speeds else 0.0)
+    return means
+
+
+def repeat_spread(records: Sequence[dict]) -> float | None:
+    """Standard deviation over repeats of the mean tokens/s of each repeat's answers (None with one repeat)."""
+    means = repeat_speeds(records)
+    if means is None:
+        return None
     mu = sum(means) / len(means)
     return (sum((m - mu) ** 2 for m in means) / (len(means) - 1)) ** 0.5
 
@@ -167,6 +176,12 @@ def summarize(methods: dict[str, Sequence[dict]], reference: str = "ar") -> dict
                 if base["task_mean_tokens_per_s"] > 0 else None
             if m.get("decode_tokens_per_s") and base.get("decode_tokens_per_s"):
                 m["decode_speedup"] = round(m["decode_tokens_per_s"] / base["decode_tokens_per_s"], 4)
+    if reference in methods:  # the speed-up of each repeat (repeat i against the reference's repeat i): its spread
+        base_runs = repeat_speeds(methods[reference])
+        for name, recs in methods.items():
+            runs = repeat_speeds(recs)
+            if base_runs and runs and len(runs) == len(base_runs) and all(b > 0 for b in base_runs):
+                out[name]["overall"]["speedup_over_repeats"] = [round(a / b, 4) for a, b in zip(runs, base_runs)]
     for name, recs in methods.items():  # each question's tokens/s: the same question across runs is comparable
         out[name]["overall"]["question_tokens_per_s"] = {str(r["question_id"]): round(question_speed(r), 3)
                                                          for r in recs}
