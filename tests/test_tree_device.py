@@ -201,6 +201,8 @@ def test_a_chains_verify_pass_at_the_defaults_is_the_trees(family, monkeypatch):
     assert all(x is not None for x in gen.verify_inputs(DraftTree([4, 7, 8], [-1, -1, 0])))  # not a chain
     behind = devices.with_changes("cpu", runs_behind_host=True)
     monkeypatch.setattr(loop, "profile", lambda device: behind)  # a device its verify graphs run on
+    gen = loop.Generation(nm, prompt.tolist(), GenerationConfig(max_new_tokens=4), loop.Setup())
+    gen.prefill()  # (a generation reads its device's choices once, at its start)
     _, positions, mask = gen.verify_inputs(tree)
     assert torch.equal(positions, torch.arange(gen.cache.length, gen.cache.length + 6)) and mask.shape == (6, 6)
 
