@@ -128,8 +128,7 @@ def render() -> str:
              f"{meta['max_new_tokens']} tokens per answer, one `microspec bench` process over the four decodings. "
              "Each cell: the method's tokens/s over plain decoding's in the same run (where each answer ran several "
              "times, the lowest–highest of the repeats' speed-ups beside it, each repeat against plain decoding's "
-             "same repeat); EAGLE + MicroSpec is the "
-             "model's shipped EAGLE head over MicroSpec's vocabulary (τ: tokens committed per target step); "
-             "`auto`'s plain share is the share of its steps it decoded plainly.")
+             "same repeat); EAGLE + MicroSpec is the model's shipped EAGLE head over MicroSpec's vocabulary (τ: "
+             "tokens committed per target step); `auto`'s plain share is the share of its steps it decoded plainly.")
     return "\n".join(["## How fast on the reporting set", "", intro, "",
                       *(machine_table(r) for r in RUNS)]).rstrip() + "\n"
