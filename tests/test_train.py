@@ -464,6 +464,59 @@ def test_penalty_loss_is_the_draft_acceptance_under_the_penalty(tmp_path, ce_voc
     torch.testing.assert_close(grad, head.fc.weight.grad, rtol=1e-4, atol=1e-6)
 
 
+
+def test_batch_penalty_loss_with_every_id_is_the_full_penalty_loss(tmp_path):
+    """--ce-vocab batch --penalty-loss: the target's logits rebuilt from its top id's logit and the captured
+    log-probabilities, with the top-K holding every id, give the full-vocabulary penalty loss, its top-1 and its
+    gradient; a sequence without a penalty trains as without the option; with a small K the penalty still acts."""
+    from support import VOCAB, tiny_pair
+    from microspec.training.eagle import TrainConfig, Trainer, new_head
+    from microspec.training.stages import target_topk
+
+    _, model = tiny_pair("llama", seed=1)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        ids = torch.randint(3, 30, (36,), generator=g)  # a small range: many repeats
+        feats = model(ids, model.new_cache(len(ids)))
+    rec = {"ids": ids, "features": feats, "prompt_len": 4, "penalty": 1.6}
+    results = []
+    for ce_vocab in ("full", "batch"):
+        head = new_head(model, seed=0)
+        trainer = Trainer(model, head, TrainConfig(noise_std=0.0, ce_vocab=ce_vocab, penalty_loss=True), tmp_path)
+        one = {**rec, **target_topk(model, feats, VOCAB)} if ce_vocab == "batch" else rec
+        r = trainer.sequence_loss(one, train=True)
+        results.append((r["ploss"], r["top1"], head.fc.weight.grad.clone()))
+    assert results[0][0] == pytest.approx(results[1][0], rel=2e-3) and results[0][1] == results[1][1]
+    torch.testing.assert_close(results[0][2], results[1][2], rtol=5e-3, atol=1e-6)
+    few = {**rec, **target_topk(model, feats, 4)}
+    pen = Trainer(model, new_head(model, seed=0), TrainConfig(noise_std=0.0, ce_vocab="batch", penalty_loss=True),
+                  tmp_path)
+    plain = Trainer(model, pen.head, TrainConfig(noise_std=0.0, ce_vocab="batch"), tmp_path)
+    bare = {k: v for k, v in few.items() if k != "penalty"}
+    assert pen.sequence_loss(bare, train=False) == plain.sequence_loss(bare, train=False)
+    assert pen.sequence_loss(few, train=False)["ploss"] != pytest.approx(plain.sequence_loss(few, train=False)["ploss"])
+
+
+def test_penalty_share_gives_a_penalty_to_a_fixed_share_of_the_unpenalised(capsys, tmp_path):
+    """--penalty-share F --penalty-value P: about F of the sequences without a penalty get P, the same ones for
+    one seed (a resumed run trains what it started with), a sequence's own penalty is kept; without
+    --penalty-loss the option is one error line."""
+    from microspec.training.jobs import assign_penalty
+
+    def data():
+        return [{"ids": i} if i % 5 else {"ids": i, "penalty": 1.3} for i in range(2000)]
+
+    a, b = data(), data()
+    given = assign_penalty(a, 0.5, 1.1, seed=7)
+    assert given == assign_penalty(b, 0.5, 1.1, seed=7) and a == b
+    assert 700 < given < 900 and all(r["penalty"] == 1.3 for r in a if r["ids"] % 5 == 0)
+    assert sum(r.get("penalty") == 1.1 for r in a) == given
+    c = data()
+    assert assign_penalty(c, 0.5, 1.1, seed=8) and c != a
+    rc, _, err = _run(capsys, "train", "eagle", "--model", "x", "--out", tmp_path / "o", "--stages", "train",
+                      "--penalty-share", "0.5")
+    assert rc == 2 and "--penalty-loss" in err and len(err.strip().splitlines()) == 1, err
+
 # ------------------------------------------------------------------------------------ GGUF without the gguf package
 def _gpu_train():
     from support import ROOT, load_script

@@ -127,6 +127,11 @@ def add(sub) -> None:
                    help="train each answer under the repetition penalty it was generated with: the loss compares "
                         "draft and target after HF's penalty over the answer's own history (the acceptance of a "
                         "draft under that penalty), not their raw distributions")
+    e.add_argument("--penalty-share", type=float, default=0.0, metavar="F",
+                   help="with --penalty-loss: train this share of the sequences that have no penalty of their own "
+                        "(teacher-forced text, answers decoded without one) under --penalty-value (default: 0)")
+    e.add_argument("--penalty-value", type=float, default=1.2, metavar="P",
+                   help="the repetition penalty --penalty-share trains under (default: 1.2)")
     e.set_defaults(func=_run("eagle"))
     e3 = tsub.add_parser("eagle3", help="EAGLE-3 head (tapped features, training-time test, a draft vocabulary)",
                          description="train eagle's stages for an EAGLE-3 head: capture the inputs of three target "

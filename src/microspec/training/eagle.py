@@ -162,10 +162,7 @@ class Trainer:
         return int(self.ce_rows.numel())
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.linear(x, self.weight)
-        if self.softcap is not None:
-            out = torch.tanh(out / self.softcap) * self.softcap
-        return out
+        return self._capped(F.linear(x, self.weight))
 
     def sequence_loss(self, rec: dict, train: bool) -> dict:
         """:meth:`batch_loss` of one sequence (its gradient: the mean over its positions)."""
@@ -205,7 +202,7 @@ class Trainer:
         vloss = F.smooth_l1_loss(pm, tm, reduction="none").mean(-1).sum()
         pd = pm.detach().requires_grad_(train)
         if cfg.ce_vocab == "batch":
-            ploss_sum, top1, topk = self._candidate_loss(recs, mask, t, pd, train, norm)
+            ploss_sum, top1, topk = self._candidate_loss(recs, ids, mask, tm, pd, train, norm)
         else:
             ploss_sum, top1, topk = self._vocabulary_loss(recs, ids, mask, tm, pd, train, norm)
         if train:
@@ -243,16 +240,20 @@ class Trainer:
                 topk += (ranks == t_top[:, None]).any(-1).sum()
         return ploss_sum, top1, topk
 
-    def _candidate_loss(self, recs: list[dict], mask: torch.Tensor, t: int, pd: torch.Tensor, train: bool,
-                        norm: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _candidate_loss(self, recs: list[dict], ids: torch.Tensor, mask: torch.Tensor, tm: torch.Tensor,
+                        pd: torch.Tensor, train: bool, norm: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``ce_vocab="batch"``: the token loss from the target's captured top-K (``top_ids``, ``top_logp``), with
         the draft's softmax over the micro-batch's candidates C, the union of every trained position's top-K ids.
         The target's distribution is its top-K renormalised (the mass outside it is dropped); the draft's is its
         softmax over C, which holds every id the target ranks in its top-K anywhere in the batch — the draft learns
         to rank the target's likely tokens against each other and against the batch's other candidates (sampled
         softmax), at |C| rows of the LM head instead of the vocabulary's, and without the target's head at all.
+        With ``penalty_loss`` both sides go through each sequence's repetition penalty first; the penalty acts on
+        logits, not log-probabilities, so the target's top-K logits are rebuilt as its top id's logit (one row of
+        the head against the target's feature ``tm``) plus the captured log-probability differences.
         Accumulates the draft-side gradient in ``pd.grad``; returns (loss sum, top-1 hits, top-k hits)."""
         cfg, dev = self.cfg, pd.device
+        t = ids.shape[1]
         k = recs[0]["top_ids"].shape[-1]
         top_ids = torch.zeros(len(recs), t, k, dtype=torch.long)
         top_logp = torch.full((len(recs), t, k), -float("inf"))
@@ -264,33 +265,41 @@ class Trainer:
         tid, tlp = top_ids[:, 1:].to(dev)[mask], top_logp[:, 1:].to(dev)[mask]
         cand, where = torch.unique(tid, return_inverse=True)  # C (sorted) and each top-K id's column in it
         w = self.head_rows(cand)
+        rows = self._penalty_rows(recs, ids, mask, cand) if cfg.penalty_loss else None
+        pen = rows(0, pd.shape[0]) if rows is not None else None
+        if pen is not None:
+            z0 = self._capped((tm * w[where[:, 0]]).sum(-1, keepdim=True))  # the target's top id's logit
+            tlp = _penalise(tlp - tlp[:, :1] + z0, (pen[0].gather(1, where), pen[1]))
         p = torch.softmax(tlp, -1)
         with torch.set_grad_enabled(train):
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cfg.bf16):
                 logits = F.linear(pd, w).float()
-            if self.softcap is not None:
-                logits = torch.tanh(logits / self.softcap) * self.softcap
-            logq = torch.log_softmax(logits, -1)
+            logq = torch.log_softmax(_penalise(self._capped(logits), pen), -1)
             loss = -(p * logq.gather(1, where)).sum()
             if train:
                 (loss * (cfg.p_w / norm)).backward()
         with torch.no_grad():
             ranks = logq.topk(min(cfg.topk, logq.shape[-1]), -1).indices
-            best = where[:, 0]
+            best = where.gather(1, p.argmax(-1, keepdim=True))[:, 0]
             top1 = (ranks[:, 0] == best).sum()
             topk = (ranks == best[:, None]).any(-1).sum()
         return loss.detach(), top1, topk
+
+    def _capped(self, logits: torch.Tensor) -> torch.Tensor:
+        """The target's final soft-capping, where it has one."""
+        return logits if self.softcap is None else torch.tanh(logits / self.softcap) * self.softcap
 
     def head_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """The target LM head's rows ``ids`` as dense fp32 (dequantized where the target's weights are packed)."""
         w = self.weight
         return (w.rows(ids) if self.target.quantized else w.index_select(0, ids)).float()
 
-    def _penalty_rows(self, recs: list[dict], ids: torch.Tensor, mask: torch.Tensor):
+    def _penalty_rows(self, recs: list[dict], ids: torch.Tensor, mask: torch.Tensor,
+                      cols: torch.Tensor | None = None):
         """``penalty_loss``: for the trained positions (``mask``'s, in its order), a function of a row range giving
         (seen [rows, C], penalty [rows, 1]) or None where no sequence of the batch has a penalty.  A position j
         predicts token j + 2, so its history (HF's: prompt and answer so far) is ids[: j + 2]; C are the columns
-        of the cross-entropy (``ce_rows``, else the vocabulary)."""
+        ``cols`` (default: those of the cross-entropy, ``ce_rows``, else the vocabulary)."""
         pens = torch.tensor([float(r.get("penalty", 1.0)) for r in recs], device=mask.device)
         if bool((pens == 1.0).all()):
             return None
@@ -299,8 +308,9 @@ class Trainer:
         for i, r in enumerate(recs):  # where each id first occurs in each sequence (t: never)
             n = len(r["ids"])
             first[i].scatter_reduce_(0, ids[i, :n], torch.arange(n, device=mask.device), "amin")
-        if self.ce_rows is not None:
-            first = first[:, self.ce_rows]
+        cols = self.ce_rows if cols is None else cols
+        if cols is not None:
+            first = first[:, cols]
         bi, ji = mask.nonzero(as_tuple=True)
 
         def rows(c0: int, c1: int) -> tuple[torch.Tensor, torch.Tensor]:

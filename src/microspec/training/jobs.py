@@ -154,6 +154,22 @@ def _bf16_training(choice: str, device) -> bool:
     return choice == "bf16" or (choice == "auto" and native_bf16(device))
 
 
+def assign_penalty(data: list[dict], share: float, penalty: float, seed: int) -> int:
+    """Train ``share`` of the sequences that carry no repetition penalty of their own (teacher-forced text, answers
+    decoded without one) under ``penalty``: the penalised distribution after any history is the target's, whether
+    or not the history was decoded under it.  The same sequences on every call with this ``seed`` (a resumed run
+    trains what it started with); returns how many it gave a penalty."""
+    import random
+
+    rng = random.Random(seed * 7919 + 1)
+    given = 0
+    for r in data:
+        if rng.random() < share and "penalty" not in r:
+            r["penalty"] = float(penalty)
+            given += 1
+    return given
+
+
 def train_eagle3(opts) -> dict:
     """``microspec train eagle3``: ``train eagle``'s stages for an EAGLE-3 head (see :mod:`.eagle3`)."""
     opts.arch = "eagle3"
@@ -204,6 +220,11 @@ def _train_eagle(opts, deadline: float | None) -> dict:
         raise MicrospecError("--repetition-penalty values must be in (0, 10)")
     if opts.epochs <= 0 or opts.lr <= 0 or not 0 <= opts.heldout < 1:
         raise MicrospecError("--epochs and --lr must be > 0 and --heldout in [0, 1)")
+    share = getattr(opts, "penalty_share", 0.0) or 0.0
+    if not 0 <= share <= 1 or getattr(opts, "penalty_value", 1.2) <= 0:
+        raise MicrospecError("--penalty-share must lie in [0, 1] and --penalty-value be > 0")
+    if share and not getattr(opts, "penalty_loss", False):
+        raise MicrospecError("--penalty-share trains sequences under a repetition penalty: give --penalty-loss too")
     set_threads(opts.threads)
     if not opts.prompts and not opts.texts:
         raise MicrospecError("give training --prompts (answered by the target) and/or --texts (trained as they are)")
@@ -292,15 +313,15 @@ def _train_eagle(opts, deadline: float | None) -> dict:
     ce_vocab = opts.ce_vocab
     with_topk = all("top_ids" in r for r in data)
     if ce_vocab == "auto":
-        ce_vocab = "batch" if with_topk and not getattr(opts, "penalty_loss", False) else "full"
+        ce_vocab = "batch" if with_topk else "full"
     if ce_vocab == "batch" and not with_topk:
         raise MicrospecError("--ce-vocab batch needs the target's top-K in every feature shard: capture with "
                              "--target-topk K (shards captured before it have none)")
     if ce_vocab != "batch" and packed:
         raise MicrospecError(f"--ce-vocab {ce_vocab} computes the target's logits in training: use --dtype fp32 "
                              f"or bf16 with it")
-    if ce_vocab == "batch" and getattr(opts, "penalty_loss", False):
-        raise MicrospecError("--penalty-loss needs the target's full logits: use --ce-vocab full or seen")
+    share = getattr(opts, "penalty_share", 0.0) or 0.0
+    with_penalty = assign_penalty(data, share, getattr(opts, "penalty_value", 1.2), opts.seed) if share else 0
     tcfg = TrainConfig(epochs=opts.epochs, lr=opts.lr, warmup_steps=opts.warmup_steps,
                        tokens_per_step=opts.tokens_per_step, max_len=opts.max_len, heldout=opts.heldout,
                        seed=opts.seed, save_every=opts.save_every, noise_std=opts.noise_std, p_w=opts.p_w,
@@ -342,7 +363,8 @@ def _train_eagle(opts, deadline: float | None) -> dict:
             "answer_tokens": sum(len(r["response_ids"]) for r in samples), "texts": opts.texts,
             "extra_features": [str(p) for p in extra],
             "text_tokens": sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in texts),
-            "trained_data": positions_by_source(data), "sequences": len(data),
+            "trained_data": positions_by_source(data), "sequences": len(data), "penalised_sequences": sum(
+                "penalty" in r for r in data), "penalty_assigned": with_penalty,
             "train_sequences": len(train), "heldout_sequences": len(held), "train_tokens_per_epoch":
             result["train_tokens"], "steps": result["steps"], "heldout": result["heldout"],
             **{k: result.get(k) for k in ("trained_positions", "train_s", "train_positions_per_s")},
