@@ -30,7 +30,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..decoding.processors import penalised
 from ..devices import profile
 from ..drafters.eagle import EagleHead, _layer_config
 from ..errors import MicrospecError, check
@@ -311,10 +310,19 @@ class Trainer:
         cols = self.ce_rows if cols is None else cols
         if cols is not None:
             first = first[:, cols]
-        bi, ji = mask.nonzero(as_tuple=True)
+        first = first.to(torch.int32)
+        bi, ji = mask.nonzero(as_tuple=True)  # by sequence, then position: a sequence's rows are one range
+        counts = mask.sum(1)
+        spans = list(zip((counts.cumsum(0) - counts).tolist(), counts.cumsum(0).tolist()))
 
         def rows(c0: int, c1: int) -> tuple[torch.Tensor, torch.Tensor]:
-            return first[bi[c0:c1]] <= (ji[c0:c1] + 1)[:, None], pens[bi[c0:c1]][:, None]
+            c1 = min(c1, len(bi))
+            seen = torch.empty((c1 - c0, first.shape[1]), dtype=torch.bool, device=mask.device)
+            for i, (start, end) in enumerate(spans):  # a sequence's rows against its first occurrences: no gather
+                a, e = max(c0, start), min(c1, end)
+                if a < e:
+                    torch.le(first[i][None, :], (ji[a:e] + 1).to(torch.int32)[:, None], out=seen[a - c0 : e - c0])
+            return seen, pens[bi[c0:c1]][:, None]
 
         return rows
 
@@ -479,7 +487,9 @@ def _penalise(logits: torch.Tensor, pen: tuple[torch.Tensor, torch.Tensor] | Non
     if pen is None:
         return logits
     seen, penalty = pen
-    return torch.where(seen, penalised(logits, penalty), logits)
+    with torch.no_grad():  # the rule as a factor, constant where it is differentiable: one product in the graph
+        factor = torch.where(logits < 0, penalty, 1.0 / penalty).masked_fill_(~seen, 1.0)
+    return logits * factor
 
 
 def _summary(agg: dict, cfg: TrainConfig) -> dict:
