@@ -142,6 +142,11 @@ def test_keep_truncate_and_capacity():
     torch.testing.assert_close(cache.kv[:, :, :, :6], snapshot)
     cache.keep([0, 2, 5])
     torch.testing.assert_close(cache.kv[:, :, :, :3], snapshot[:, :, :, [0, 2, 5]])
+    cache.rollback(1)  # the last slot, launched ahead and undone
+    assert cache.length == 2
+    torch.testing.assert_close(cache.kv[:, :, :, :2], snapshot[:, :, :, [0, 2]])
+    with pytest.raises(ValueError):
+        cache.rollback(3)
     cache.truncate(1)
     assert cache.length == 1
     with pytest.raises(ValueError):

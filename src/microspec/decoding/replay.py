@@ -3,7 +3,7 @@ choice of the next token, read once; without a drafter the next step launched be
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -15,12 +15,19 @@ if TYPE_CHECKING:
     from .state import GenerationState
 
 
+class Launched(NamedTuple):
+    """A plain step's replay, launched: its hidden states and its chosen token, both still on the device."""
+
+    hidden: torch.Tensor
+    token: torch.Tensor
+
+
 class PlainReplay:
     """:meth:`Generation.plain_replay` for ``gen``: the step launched ahead of the last one's read is kept here."""
 
     def __init__(self, gen: GenerationState):
         self.gen = gen
-        self.ahead: tuple | None = None  # a plain step launched before the last one's token was read
+        self.ahead: Launched | None = None  # a plain step launched before the last one's token was read
 
     def step(self) -> bool:
         """The planned step, a plain one (no draft), as one CUDA graph replay where the model replays graphs
@@ -50,11 +57,11 @@ class PlainReplay:
             self.ahead = self._launch(token, ahead=1)
         gen.settle(hidden, chosen=read.values()[0])
         if self.ahead is not None and gen.finish is not None:  # launched past the end: undone
-            gen.cache.length -= 1
+            gen.cache.rollback(1)
             self.ahead = None
         return True
 
-    def _launch(self, token: torch.Tensor, ahead: int = 0) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def _launch(self, token: torch.Tensor, ahead: int = 0) -> Launched | None:
         """The replay of a plain step over ``token`` [1] (the last token; ``ahead`` 1: the token of the step launched
         just before, not committed yet): (hidden states, the chosen token), both on the device; None where no
         graph replays (the caller runs the step eagerly)."""
@@ -68,4 +75,5 @@ class PlainReplay:
         def choose(hidden: torch.Tensor, *given: torch.Tensor) -> tuple[torch.Tensor]:
             return (pipe.choose_fixed(model.head(hidden[-1:]), given),)
 
-        return model.cuda_graphs.run(token, gen.cache, None, None, model_graphs.Tail(("plain", baked), choose, given))
+        out = model.cuda_graphs.run(token, gen.cache, None, None, model_graphs.Tail(("plain", baked), choose, given))
+        return None if out is None else Launched(*out)

@@ -10,6 +10,7 @@ in ``self.draft_cache(ctx)`` under a tree mask, and keeps the tree drafted befor
 from __future__ import annotations
 
 from abc import abstractmethod
+from dataclasses import dataclass
 
 import torch
 
@@ -138,6 +139,19 @@ def tree_shape(kind: str, method, trees: tuple[str, ...] | None = None) -> dict:
             "total_tokens": total}
 
 
+@dataclass(frozen=True)
+class EarlyDraft:
+    """A tree drafted before a step's read (:meth:`ForwardDrafter._draft_early`): the step whose pairs its root pass
+    ran, the context and the draft cache's slot of the first of them, and the drafter's counts before it (the
+    head's sizes, the graph drafts), which a tree never verified does not keep."""
+
+    step: Verified
+    ctx: DraftContext
+    start: int
+    sizes: int
+    drafts: int
+
+
 class ForwardDrafter(Drafter):
     """A drafter over a network: the network's hooks (``_root``, ``draft_forward``, ``draft_forward_fixed``,
     ``draft_cache``: what its builders run, :class:`~.builders.DraftNetwork`) and the draft head; each draft built
@@ -165,10 +179,10 @@ class ForwardDrafter(Drafter):
         self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
         self.head: DraftHead | None = None
         self.graph_drafts = 0  # steps since the last report whose whole tree replayed as one CUDA graph
-        # the tree drafted before a step's read: (that step, its context, the first slot, the counters before it),
-        # until the step's commit; then the counters, until the tree is verified (dropped where it never is)
-        self._early: tuple | None = None
-        self._unverified: tuple[int, int] | None = None
+        # the tree drafted before a step's read, until the step's commit; then until the tree is verified (its
+        # counts dropped where it never is)
+        self._early: EarlyDraft | None = None
+        self._unverified: EarlyDraft | None = None
         # (embeddings, features) the draft network was last fed, for routing policies; a subclass that feeds
         # features (EAGLE) sets it in _root / draft_forward
         self.last_inputs: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -258,12 +272,11 @@ class ForwardDrafter(Drafter):
         super().commit(step)  # the chain's length hears the step
         self._unverified = None  # the tree drafted before the last read is verified now
         early, self._early = self._early, None
-        if early is not None and early[0] is step:  # this step's pairs ran in the root pass of the next tree
-            ctx, start = early[1], early[2]
-            count = len(step.tokens)
-            self.root_done(ctx, start + count)
-            self.draft_done(ctx, start + count - 1)
-            self._unverified = early[3:]
+        if early is not None and early.step is step:  # this step's pairs ran in the root pass of the next tree
+            end = early.start + len(step.tokens)
+            self.root_done(early.ctx, end)
+            self.draft_done(early.ctx, end - 1)
+            self._unverified = early
         else:
             self._heard(step)
 
@@ -273,8 +286,8 @@ class ForwardDrafter(Drafter):
     def finish(self, output: list[int]) -> None:
         super().finish(output)
         if self._unverified is not None:  # a tree drafted before the last read, never verified: not counted
-            sizes, self.graph_drafts = self._unverified
-            del self.head.sizes[sizes:]
+            del self.head.sizes[self._unverified.sizes:]
+            self.graph_drafts = self._unverified.drafts
             self._unverified = None
 
     @torch.inference_mode()
@@ -360,7 +373,7 @@ class ForwardDrafter(Drafter):
                                                  (step.ids.clamp(min=0), step.hidden, where, start + rows))
         if tree is None:
             return DraftTree()
-        self._early = (step, ctx, start, sizes, drafts)
+        self._early = EarlyDraft(step, ctx, start, sizes, drafts)
         return tree
 
     def may_draft_whole(self) -> bool:

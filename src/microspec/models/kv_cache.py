@@ -118,6 +118,10 @@ class KVCache:
         pos[: self.length] = self.pos[: self.length]
         self.kv, self.pos, self.capacity = kv, pos, new
 
+    def rollback(self, n: int) -> None:
+        """Drop the last ``n`` slots: work launched ahead of a read that the read made void."""
+        self.truncate(self.length - n)
+
     def truncate(self, length: int) -> None:
         """Drop every slot from ``length`` on."""
         if not 0 <= length <= self.length:
