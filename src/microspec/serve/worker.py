@@ -4,8 +4,9 @@ The HTTP side (:mod:`microspec.serve.app`) tokenizes and checks a request off th
 submits a :class:`Job` and reads its events from an asyncio queue.  Jobs wait in a bounded queue; at each step
 boundary the worker admits waiting jobs while fewer than ``max_num_seqs`` run and their KV caches fit the memory
 budget (a newcomer's prefill is its own forward, then it joins; a prompt longer than one prefill forward,
-:data:`~microspec.decoding.prefill.PREFILL_CHUNK` tokens, takes a forward between steps, at most :data:`PREFILL_SHARE`
-of the time while others run, so that a long prompt never stops the other streams for long), takes one step of every
+:data:`~microspec.decoding.prefill.PREFILL_CHUNK` tokens, takes a forward between steps, at most
+:data:`~microspec.serve.scheduler.PREFILL_SHARE` of the time while others run, so that a long prompt never stops the
+other streams for long: those decisions are :class:`~microspec.serve.scheduler.Scheduler`'s), takes one step of every
 running request — each drafts its own tree, and all verify passes
 share one forward of the target (:func:`~microspec.decoding.loop.step_many`: one read of the packed weights for
 every row) — and lets finished, cancelled and failed requests leave.  Each request keeps its own decoding
@@ -42,12 +43,8 @@ from ..onetime import clock
 from .metrics import Metrics
 from .answers import TokenTexts, figures, options
 from .protocol import APIError, Logprob, Request, shutting_down
+from .scheduler import Scheduler
 from .text import TextStream
-
-# the most of the decoding thread's time a long prompt's prefill takes while other requests run: a prefill forward
-# waits until their steps have had as much time again (a long prompt's first token comes later; theirs do not wait
-# behind it)
-PREFILL_SHARE = 0.5
 
 
 class Cancelled(Exception):
@@ -190,10 +187,8 @@ class Worker:
         self.texts = TokenTexts(self.lm.tokenizer)  # tokens' texts for log-probabilities
         self.queue = JobQueue(max_queue)
         self.metrics = Metrics(model_name or self.lm.name)
-        self.max_num_seqs, self.batch_depth, self.threads = max_num_seqs, batch_depth, threads
-        self.kv_budget = kv_budget
-        self.prefill_debt = 0.0  # seconds of steps owed to the running requests before the next prefill forward
-        self.kv_held = 0  # bytes of KV cache the running requests hold
+        self.batch_depth, self.threads = batch_depth, threads
+        self.sched = Scheduler(max_num_seqs, kv_budget)  # admission: slots, the KV budget, prefill's share
         self.depths = BatchDepth()
         self.running = 0
         self.closing = False
@@ -262,14 +257,14 @@ class Worker:
         prefilling: list[_Running] = []  # admitted, prompts of several prefill forwards: one per step
         stopping = False
         while True:
-            while not stopping and len(running) + len(prefilling) < self.max_num_seqs:
+            while not stopping and self.sched.has_room(len(running) + len(prefilling)):
                 job = self.queue.get(block=not running and not prefilling)
                 if job is False:
                     break
                 if job is None:
                     stopping = True
                     break
-                if (running or prefilling) and not self._fits(job):  # waits, first in line, for memory
+                if not self.sched.fits(self._need(job), len(running) + len(prefilling)):  # waits, first in line
                     self.queue.put_back(job)
                     break
                 leader = job.group.get("gen") if job.group is not None else None
@@ -278,16 +273,15 @@ class Worker:
                     break
                 r = self._admit(job)
                 if r is not None:
-                    self.kv_held += r.kv
+                    self.sched.admitted(r.kv)
                     (running if r.prefilled else prefilling).append(r)
-            if prefilling and (not running or self.prefill_debt <= 0):  # a forward of the first long prompt
+            if prefilling and self.sched.prefill_turn(len(running)):  # a forward of the first long prompt
                 r, t0 = prefilling[0], clock()
                 done = self._prefill(r)
-                if running:  # the running requests' steps pay it back before the next one
-                    self.prefill_debt += (clock() - t0) * (1 / PREFILL_SHARE - 1)
+                self.sched.prefilled(clock() - t0, len(running))  # their steps pay it back before the next one
                 if done is None:  # it ended
                     prefilling.pop(0)
-                    self.kv_held -= r.kv
+                    self.sched.released(r.kv)
                 elif done:
                     running.append(prefilling.pop(0))
             if not running:
@@ -300,11 +294,11 @@ class Worker:
                 errors = self._step(step_many, running)
             except Exception as exc:  # noqa: BLE001 - the step's own bookkeeping failed: its batch ends, not the worker
                 errors = [exc] * len(running)
-            self.prefill_debt = max(0.0, self.prefill_debt - (clock() - t0))
+            self.sched.stepped(clock() - t0)
             ended = [(r, e) for r, e in zip(running, errors) if e is not None or r.gen.finish is not None]
             running = [r for r, e in zip(running, errors) if e is None and r.gen.finish is None]
             self.running = len(running)  # before the answers: a client that has one sees its slot free
-            self.kv_held -= sum(r.kv for r, _ in ended)
+            self.sched.released(sum(r.kv for r, _ in ended))
             for r, error in ended:
                 if error is not None:
                     self._end(r.job, error, started=True)
@@ -395,11 +389,11 @@ class Worker:
         model = self.lm.model
         return model.cache_bytes(model.cache_capacity(cache_slots(prompt_tokens, cfg)))
 
-    def _fits(self, job: Job) -> bool:
-        """Whether ``job`` fits the KV budget beside the running requests."""
-        if self.kv_budget is None or job.ids is None:
-            return True
-        return self.kv_held + self.kv_need(len(job.ids), job.request.cfg) <= self.kv_budget
+    def _need(self, job: Job) -> int | None:
+        """The bytes of KV cache ``job`` will hold (None: its prompt is not tokenized yet, or no budget bounds it)."""
+        if self.sched.kv_budget is None or job.ids is None:
+            return None
+        return self.kv_need(len(job.ids), job.request.cfg)
 
     def _on_commit(self, job: Job, text: TextStream, running: list[_Running]):
         def on_commit(tokens: list[int]) -> bool:
@@ -465,11 +459,11 @@ class Worker:
         except MicrospecError as exc:
             raise APIError(400, str(exc)) from None
         need = self.kv_need(len(ids), req.cfg)
-        if self.kv_budget is not None and need > self.kv_budget:
+        if self.sched.too_big(need):
             mib = 1024 * 1024
             raise APIError(400, f"this request's KV cache ({len(ids)} prompt tokens + max_tokens "
                                 f"{req.cfg.max_new_tokens}: {need / mib:.0f} MiB) is more than this server's budget "
-                                f"of {self.kv_budget / mib:.0f} MiB; ask for fewer max_tokens", "max_tokens",
+                                f"of {self.sched.kv_budget / mib:.0f} MiB; ask for fewer max_tokens", "max_tokens",
                            code="kv_budget")
         return ids
 
