@@ -322,8 +322,10 @@ new data); shards that are not features, or come from a target of another width,
 small budgets, both off by default: `--loss-on all` also trains the prompt positions, and `--ce-vocab seen`
 computes the cross-entropy over the ids that occur in the training data only.  `--penalty-loss` compares draft and
 target after Hugging Face's repetition penalty over each answer's own history, prompt included, for the answers
-generated under a penalty (the others, and `--texts`, train as before); no head trained that way ships (see
-BENCHMARKS.md).
+generated under a penalty (the others, and `--texts`, train as before; `--penalty-share F` trains a share F of them
+under `--penalty-value` too); with the packed target's top-K (`--ce-vocab batch`) the target's top-K logits are
+rebuilt from its top id's logit and the captured log-probabilities.  No head trained that way ships: it did not raise
+τ under the penalty on the development set (see BENCHMARKS.md).
 """,
     "train eagle3": """\
 The capture keeps the inputs of the tapped layers (`--feature-layers`) beside the final hidden states (shards
