@@ -361,7 +361,7 @@ def _cpu_fine_tune(run: dict) -> list[str]:
     curve = load(f"{d}/curve.json")  # {"points": [{"tag", "positions"}]}: the pieces' heads, in order
     taus = {(s_, h, p_): f"{d}/tau-{s_}-{h}-p{p_}.json" for s_ in SETS for h in ("before", "new") for p_ in PENALTIES}
     rows = [[f"{before} (start)", "0", *(num(_tau(taus[("dev", "before", p_)])) for p_ in PENALTIES)]]
-    rows += [[f"after piece {i + 1}", f"{pt['positions']:,}",
+    rows += [[pt.get("label", f"after piece {i + 1}"), f"{pt['positions']:,}",
               *(num(_tau(f"{d}/tau-dev-{pt['tag']}-p{p_}.json")) for p_ in PENALTIES)]
              for i, pt in enumerate(curve["points"])]
     cmp_rows = [[label, *(num(_tau(taus[(s_, h, p_)])) for s_ in SETS for p_ in PENALTIES)]
@@ -374,9 +374,10 @@ def _cpu_fine_tune(run: dict) -> list[str]:
             f"From {before}, {t['trained_positions']:,} positions trained ({c['epochs']:g} epochs over "
             f"{data['text']['positions']:,} positions of teacher-forced text and {data['answers']['positions']:,} "
             f"of {data['answers']['sequences']:,} of the target's own answers in the four decodings), in "
-            f"{len(curve['points'])} pieces of one resumable run; held-out top-1 {t['heldout']['top1']:.3f} on its "
-            "own mix. The development set's τ (chain of 6 draft tokens, 128 tokens, packed weights) after each "
-            "piece (the learning rate decays over the whole run, so a piece's head is not a finished one):", "",
+            f"{_pieces(curve.get('pieces', len(curve['points'])))} of one resumable run; held-out top-1 "
+            f"{t['heldout']['top1']:.3f} on its own mix. The development set's τ (chain of 6 draft tokens, 128 "
+            "tokens, packed weights) as it trained (the learning rate decays over the whole run, so a head part-way "
+            "is not a finished one):", "",
             table(["head", "positions trained", *(f"dev: {v}" for v in PENALTIES.values())], rows), "",
             f"{name[0].upper()}{name[1:]} against {before} on the development set (`benchmarks/data/dev.jsonl`), "
             "which chose what "
@@ -389,13 +390,18 @@ def _cpu_fine_tune(run: dict) -> list[str]:
             f"{len(files)} runs).", _still_rising(d, curve), ""]
 
 
+def _pieces(n: int) -> str:
+    return "one piece" if n == 1 else f"{n} pieces"
+
+
 def _still_rising(d: str, curve: dict) -> str:
-    """Whether the development set's greedy τ still rose over the run's last piece."""
+    """Whether the development set's greedy τ still rose over the run's last part (its last two heads)."""
     last, prev = (_tau(f"{d}/tau-dev-{pt['tag']}-p1.0.json") for pt in curve["points"][-1:-3:-1])
     gained = last - prev
-    return (f"- The development set's greedy τ rose by {gained:.2f} over the last piece: it had not stopped rising "
-            "when the run ended, so more positions should still pay." if gained > 0.02 else
-            f"- The development set's greedy τ moved by {gained:+.2f} over the last piece: it has stopped rising.")
+    return (f"- The development set's greedy τ rose by {gained:.2f} over the run's last part: it had not stopped "
+            "rising when the run ended, so more positions should still pay." if gained > 0.02 else
+            f"- The development set's greedy τ moved by {gained:+.2f} over the run's last part: it has stopped "
+            "rising.")
 
 
 def _gen_rate(t: dict) -> str:
