@@ -220,8 +220,8 @@ def _train_eagle(opts, deadline: float | None) -> dict:
         raise MicrospecError("--repetition-penalty values must be in (0, 10)")
     if opts.epochs <= 0 or opts.lr <= 0 or not 0 <= opts.heldout < 1:
         raise MicrospecError("--epochs and --lr must be > 0 and --heldout in [0, 1)")
-    share = getattr(opts, "penalty_share", 0.0) or 0.0
-    if not 0 <= share <= 1 or getattr(opts, "penalty_value", 1.2) <= 0:
+    share, penalty = getattr(opts, "penalty_share", 0.0) or 0.0, getattr(opts, "penalty_value", 1.2)
+    if not 0 <= share <= 1 or penalty <= 0:
         raise MicrospecError("--penalty-share must lie in [0, 1] and --penalty-value be > 0")
     if share and not getattr(opts, "penalty_loss", False):
         raise MicrospecError("--penalty-share trains sequences under a repetition penalty: give --penalty-loss too")
@@ -320,8 +320,7 @@ def _train_eagle(opts, deadline: float | None) -> dict:
     if ce_vocab != "batch" and packed:
         raise MicrospecError(f"--ce-vocab {ce_vocab} computes the target's logits in training: use --dtype fp32 "
                              f"or bf16 with it")
-    share = getattr(opts, "penalty_share", 0.0) or 0.0
-    with_penalty = assign_penalty(data, share, getattr(opts, "penalty_value", 1.2), opts.seed) if share else 0
+    with_penalty = assign_penalty(data, share, penalty, opts.seed) if share else 0
     tcfg = TrainConfig(epochs=opts.epochs, lr=opts.lr, warmup_steps=opts.warmup_steps,
                        tokens_per_step=opts.tokens_per_step, max_len=opts.max_len, heldout=opts.heldout,
                        seed=opts.seed, save_every=opts.save_every, noise_std=opts.noise_std, p_w=opts.p_w,
