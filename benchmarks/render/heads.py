@@ -398,10 +398,13 @@ def _still_rising(d: str, curve: dict) -> str:
     """Whether the development set's greedy τ still rose over the run's last part (its last two heads)."""
     last, prev = (_tau(f"{d}/tau-dev-{pt['tag']}-p1.0.json") for pt in curve["points"][-1:-3:-1])
     gained = last - prev
+    report = [_tau(f"{d}/tau-report-new-p{p_}.json") - _tau(f"{d}/tau-report-before-p{p_}.json") for p_ in PENALTIES]
+    moved = (f"; on the reporting set, against the head before, τ moved by {report[0]:+.2f} greedy and "
+             f"{report[1]:+.2f} under penalty 1.2")
     return (f"- The development set's greedy τ rose by {gained:.2f} over the run's last part: it had not stopped "
-            "rising when the run ended, so more positions should still pay." if gained > 0.02 else
+            f"rising when the run ended, so more positions should still pay{moved}." if gained > 0.02 else
             f"- The development set's greedy τ moved by {gained:+.2f} over the run's last part: it has stopped "
-            "rising.")
+            f"rising{moved}.")
 
 
 def _gen_rate(t: dict) -> str:
