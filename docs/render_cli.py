@@ -60,7 +60,7 @@ GENERAL = """\
   where the `gguf` package is missing, a `.gguf` model then loads through microspec's own dense reader.
 - `MICROSPEC_CPU_KERNEL`: `0` turns microspec's compiled CPU kernels off (torch's operations instead); `1` makes a
   failed kernel build an error instead of a quiet fallback.  (The on/off switches here read `0`, `off`, `false` or
-  `no` as off, in any case, at the moment they decide.)
+  `no` as off, in any case, when a model loads: one record, `microspec.switches`.)
 - `MICROSPEC_AMX`: `0` keeps a bf16 model's products off the CPU's AMX tiles (where the CPU has AMX-BF16 they take
   them by default; the values differ from the other path's in the low bits, each path batch-invariant).
 - `MICROSPEC_REPACK`: `0` keeps a GGUF file's quantized matrices in the file's layout instead of the interleaved

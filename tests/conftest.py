@@ -22,6 +22,14 @@ def _threads(request):
         torch.set_num_threads(want)
 
 
+@pytest.fixture(autouse=True)
+def _switches():
+    """The environment's switches read afresh for each test (a test that set one leaves nothing behind)."""
+    from microspec import switches
+
+    switches.refresh()
+
+
 @pytest.fixture(params=FAMILIES)
 def family(request) -> str:
     return request.param

@@ -428,6 +428,19 @@ def device_as(monkeypatch, device: str = "cpu", **changes) -> None:
     monkeypatch.setitem(devices.PROFILES, device, devices.with_changes(device, **changes))
 
 
+def set_switch(monkeypatch, name: str, value: str | None = None) -> None:
+    """For the test, the environment's switch ``name`` set to ``value`` (None: unset) and the switches read again,
+    as a model load reads them (:mod:`microspec.switches`); the fixture in conftest.py reads them again before each
+    test, so what one test set does not reach the next."""
+    from microspec import switches
+
+    if value is None:
+        monkeypatch.delenv(name, raising=False)
+    else:
+        monkeypatch.setenv(name, value)
+    switches.refresh()
+
+
 class RandomLength:
     """A :class:`~microspec.drafters.length.DraftLength` whose choices are coin flips from a generator of its own
     (seeded), a level's token taken with the probability the drafter gives for it, at least ``floor``: chains of every length from none

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from microspec.kernels import cpu_linear, cpu_quant
+from support import set_switch
 
 needs_kernel = pytest.mark.skipif(not cpu_linear.available(),
                                   reason=f"CPU kernel unavailable ({cpu_linear.build_error() or 'no AVX2/FMA'})")
@@ -105,7 +106,7 @@ def test_leading_dims_and_input_dtypes():
 
 
 def test_switch_off(monkeypatch):
-    monkeypatch.setenv("MICROSPEC_CPU_KERNEL", "0")
+    set_switch(monkeypatch, "MICROSPEC_CPU_KERNEL", "0")
     assert not cpu_linear.available()
     assert not cpu_linear.applies(torch.zeros(4, 8, dtype=torch.bfloat16))
 
@@ -133,7 +134,7 @@ def test_model_head_and_layers_use_it(monkeypatch):
     assert logits.dtype == torch.float32
     assert torch.equal(logits[2:3], model.head(hidden[2:3]))
     assert torch.equal(logits, cpu_linear.linear(hidden, model.head_weight, out_dtype=torch.float32))
-    monkeypatch.setenv("MICROSPEC_CPU_KERNEL", "0")
+    set_switch(monkeypatch, "MICROSPEC_CPU_KERNEL", "0")
     hidden_torch = model(ids, model.new_cache(len(ids)))
     torch_logits = model.head(hidden_torch)
     assert (torch_logits - logits).abs().max() <= 0.05 * logits.abs().max()
@@ -166,7 +167,7 @@ def test_default_head_mode_follows_the_kernel(monkeypatch):
     assert default_head_mode(torch.device("cpu"), w) == "path"
     assert default_head_mode(torch.device("cpu"), w.float()) == "path"
     assert default_head_mode(torch.device("cpu"), w.half()) == "visited"
-    monkeypatch.setenv("MICROSPEC_CPU_KERNEL", "0")
+    set_switch(monkeypatch, "MICROSPEC_CPU_KERNEL", "0")
     assert default_head_mode(torch.device("cpu"), w) == "visited"
     assert default_head_mode(torch.device("cpu"), w.float()) == "visited"
 

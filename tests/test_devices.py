@@ -53,31 +53,31 @@ def test_load_model_and_the_command_line_leave_the_choice_to_the_device(tiny_mod
         assert seen[-1] is want
 
 
-def test_environment_switches_are_read_when_asked_and_parsed_one_way(monkeypatch):
-    """MICROSPEC_DRAFT_AHEAD, MICROSPEC_REPACK and MICROSPEC_CPU_KERNEL are read at the moment they decide, through
-    one parser: unset or empty -> the default; 0 / off / false / no in any case -> off; anything else -> on."""
-    from microspec.devices import env_flag
+def test_environment_switches_are_read_at_a_load_and_parsed_one_way(monkeypatch, tiny_model_dir):
+    """MICROSPEC_CPU_KERNEL, MICROSPEC_DRAFT_AHEAD, MICROSPEC_REPACK, MICROSPEC_AMX and MICROSPEC_CPU_PREFETCH are
+    read into one record when first asked and again at each model load, never at the moment a kernel or a step
+    decides; one parser: unset or empty -> the default; 0 / off / false / no in any case -> off; anything else ->
+    on."""
+    from microspec import load_model, switches
     from microspec.kernels import _build
     from microspec.models import gguf
 
-    monkeypatch.delenv("MICROSPEC_X_TEST", raising=False)
-    assert env_flag("MICROSPEC_X_TEST") is True and env_flag("MICROSPEC_X_TEST", default=False) is False
-    for off in ("0", "off", "FALSE", " No "):
-        monkeypatch.setenv("MICROSPEC_X_TEST", off)
-        assert env_flag("MICROSPEC_X_TEST") is False, off
+    assert switches.flag("") is True and switches.flag("", default=False) is False
+    for off in ("0", "off", "false", "no"):
+        assert switches.flag(off) is False, off
     for on in ("1", "on", "yes", "auto"):
-        monkeypatch.setenv("MICROSPEC_X_TEST", on)
-        assert env_flag("MICROSPEC_X_TEST", default=False) is True, on
-    monkeypatch.setenv("MICROSPEC_X_TEST", "")
-    assert env_flag("MICROSPEC_X_TEST", default=False) is False
-    monkeypatch.setenv("MICROSPEC_REPACK", "off")
-    assert gguf.repack_setting() is False
-    monkeypatch.setenv("MICROSPEC_REPACK", "1")
-    assert gguf.repack_setting() is True
-    monkeypatch.setenv("MICROSPEC_CPU_KERNEL", "0")
-    assert _build.disabled()
-    monkeypatch.setenv("MICROSPEC_CPU_KERNEL", "auto")
-    assert not _build.disabled()
+        assert switches.flag(on, default=False) is True, on
+    assert switches.current() == switches.Switches()  # nothing set here: the defaults
+    for name, value in (("MICROSPEC_REPACK", " Off "), ("MICROSPEC_CPU_KERNEL", "0"), ("MICROSPEC_DRAFT_AHEAD", "NO"),
+                        ("MICROSPEC_AMX", "false"), ("MICROSPEC_CPU_PREFETCH", "On")):
+        monkeypatch.setenv(name, value)
+    assert gguf.repack_setting() and not _build.disabled()  # not read when a kernel or a load step asks
+    load_model(str(tiny_model_dir), dtype="fp32")
+    assert switches.current() == switches.Switches(cpu_kernel="0", draft_ahead=False, repack=False, amx=False,
+                                                   cpu_prefetch="on")
+    assert not gguf.repack_setting() and _build.disabled() and _build.setting() == "0"
+    monkeypatch.setenv("MICROSPEC_CPU_KERNEL", "")
+    assert not switches.refresh().kernels_off and switches.current().cpu_kernel == "auto"
 
 
 def test_a_device_profile_says_what_a_device_type_does_and_tests_swap_it_back():

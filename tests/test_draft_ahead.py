@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from support import device_as, official_checkpoint, tiny_pair
+from support import device_as, official_checkpoint, set_switch, tiny_pair
 from test_tree_device import PROMPT
 from microspec.decoding import GenerationConfig, generate_ids, loop, verify
 from microspec.drafters import EagleDrafter, EagleHead
@@ -185,9 +185,9 @@ def test_drafting_ahead_steps_aside_where_it_cannot_apply(pair, monkeypatch, cud
     drafter = EagleDrafter(head, **SHAPE)
     drafter.whole_graph = False
     assert generate_ids(nm, PROMPT, cfg, drafter=drafter).token_ids == plain and not calls
-    monkeypatch.setenv("MICROSPEC_DRAFT_AHEAD", "0")  # switched off, read at the generation's start (not at import)
+    set_switch(monkeypatch, "MICROSPEC_DRAFT_AHEAD", "0")  # switched off (read at a load, as here)
     assert generate_ids(nm, PROMPT, cfg, drafter=EagleDrafter(head, **SHAPE)).token_ids == plain and not calls
-    monkeypatch.delenv("MICROSPEC_DRAFT_AHEAD")
+    set_switch(monkeypatch, "MICROSPEC_DRAFT_AHEAD")
     assert generate_ids(nm, PROMPT, cfg, drafter=EagleDrafter(head, **SHAPE)).token_ids == plain and calls
 
 

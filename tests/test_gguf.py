@@ -32,6 +32,7 @@ from microspec.models.gguf import (
     packed_weights,
 )
 from microspec.models.quant import QuantTensor
+from support import set_switch
 
 GGML_TYPES = [t for t in cq.TYPES if t not in cq.INTERLEAVED.values()]  # the file types (not the repacked forms)
 QUANTIZED = [t for t in GGML_TYPES if t not in ("F32", "F16", "BF16")]
@@ -263,7 +264,7 @@ def test_the_prefetch_distance_changes_no_value(monkeypatch):
         for value, forced, tiles in (("off", "off", 0), ("0", "off", 0), ("No", "off", 0), ("on", "on", on),
                                      ("1", "on", on)):
             monkeypatch.setattr(cq, "_TUNED", {})
-            monkeypatch.setenv("MICROSPEC_CPU_PREFETCH", value)
+            set_switch(monkeypatch, "MICROSPEC_CPU_PREFETCH", value)
             assert cq.tune_prefetch(*mats[0], cols) == {"tiles": tiles, "how": f"MICROSPEC_CPU_PREFETCH={forced}"}
             assert cq.prefetch_tiles() == tiles
     finally:
@@ -489,7 +490,7 @@ def test_loads_interleave_unless_asked_not_to(gguf_model, monkeypatch):
     assert f.packed("blk.0.attn_q.weight", integer=False).qtype == "Q5_0"
     assert f.packed("blk.0.attn_q.weight", repack=False).qtype == "Q5_0"
     assert packed.model.layers[0].self_attn.q_proj.weight.qtype == "Q5_0_X8"
-    monkeypatch.setenv("MICROSPEC_REPACK", "0")
+    set_switch(monkeypatch, "MICROSPEC_REPACK", "0")
     assert not repack_setting()
     assert all(not q.qtype.endswith("_X8") for q in packed_weights(path, packed.spec).values())
 
@@ -925,13 +926,13 @@ def test_a_draft_network_beside_a_packed_target_takes_the_interleaved_form(monke
         return m
 
     a = module()
-    monkeypatch.setenv("MICROSPEC_REPACK", "0")
+    set_switch(monkeypatch, "MICROSPEC_REPACK", "0")
     b = module()
     for lin, other in zip(a, b):
         other.weight.data = lin.weight.data.clone()
-    monkeypatch.delenv("MICROSPEC_REPACK")
+    set_switch(monkeypatch, "MICROSPEC_REPACK")
     assert quantize_linears(a) == 2
-    monkeypatch.setenv("MICROSPEC_REPACK", "0")
+    set_switch(monkeypatch, "MICROSPEC_REPACK", "0")
     assert quantize_linears(b) == 2
     assert a[0].weight.qtype == "Q8_0_X8" and a[1].weight.qtype == "Q8_0"  # 20 rows: not in eights
     assert b[0].weight.qtype == "Q8_0" and b[1].weight.qtype == "Q8_0"

@@ -17,6 +17,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from support import set_switch
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "microspec"
@@ -156,11 +157,11 @@ def test_kernel_build_error_names_the_file_and_line(tmp_path, monkeypatch):
     src = tmp_path / "csrc"
     src.mkdir()
     (src / "bad.cpp").write_text("int f() {\n  return not_declared;\n}\n")
-    monkeypatch.setenv("MICROSPEC_CPU_KERNEL", "auto")
+    set_switch(monkeypatch, "MICROSPEC_CPU_KERNEL", "auto")
     ext = Extension("bad", ["bad.cpp"], "test kernel", root=src)
     assert ext.load() is None  # a quiet fallback
     assert "bad.cpp:2:" in ext.failed and "error" in ext.failed and "\n" not in ext.failed, ext.failed
-    monkeypatch.setenv("MICROSPEC_CPU_KERNEL", "1")  # another name: torch does not rebuild a name it has tried
+    set_switch(monkeypatch, "MICROSPEC_CPU_KERNEL", "1")  # another name: torch does not rebuild a name it has tried
     with pytest.raises(MicrospecError, match=r"bad\.cpp:2:.*not_declared") as info:
         Extension("bad_strict", ["bad.cpp"], "test kernel", root=src).load()
     assert "\n" not in str(info.value)

@@ -20,7 +20,6 @@ is one entry in :data:`PROFILES`.  Tests that follow one device's path on anothe
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -120,17 +119,5 @@ def apply(model, cuda_graphs: bool | None = None) -> None:
     model.use_cuda_graphs(graphs if cuda_graphs is None else bool(cuda_graphs) and graphs)
 
 
-OFF = ("0", "off", "false", "no")
-
-
-def env_flag(name: str, default: bool = True) -> bool:
-    """An on/off switch from the environment, read when asked (no module reads one at import): unset or empty ->
-    ``default``; 0, off, false or no (any case) -> False; anything else -> True.  The switches: MICROSPEC_DRAFT_AHEAD
-    (the next tree drafted before a step's read, where the device runs behind the host), MICROSPEC_REPACK (GGUF
-    matrices interleaved at load), MICROSPEC_CPU_KERNEL (the CPU kernels at all)."""
-    value = os.environ.get(name, "").strip().lower()
-    return default if not value else value not in OFF
-
-
-__all__ = ["CPU", "CPU_GGUF", "CUDA", "DEVICE_KINDS", "OFF", "PROFILES", "DeviceProfile", "apply", "device_kind",
-           "device_type", "env_flag", "overriding", "profile", "with_changes"]
+__all__ = ["CPU", "CPU_GGUF", "CUDA", "DEVICE_KINDS", "PROFILES", "DeviceProfile", "apply", "device_kind",
+           "device_type", "overriding", "profile", "with_changes"]

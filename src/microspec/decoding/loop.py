@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from ..devices import env_flag, profile
+from .. import switches
+from ..devices import profile
 from ..errors import MicrospecError, check
 from ..models.first_use import prepare
 from ..models.native import NativeCausalLM
@@ -43,7 +44,7 @@ CACHE_MARGIN = 256  # cache slots beyond prompt + max_new_tokens, for the tree n
 # A model drafter's next tree is drafted before a step's read (Generation._draft_early) where the device's profile
 # says so (draft_ahead: a device that runs behind the host drafts while the host reads, commits and streams the
 # step; on a CPU every operation runs as the host issues it, so there is nothing to overlap).
-# MICROSPEC_DRAFT_AHEAD=0: never (an A/B switch, read once per generation, at its start: devices.env_flag)
+# MICROSPEC_DRAFT_AHEAD=0: never (an A/B switch, read at the model's load: microspec.switches)
 
 
 @dataclass
@@ -239,7 +240,7 @@ class Generation:
         # the device's choices and the switch, read once: every step of the generation takes the same path
         prof = profile(device)
         self.behind = prof.runs_behind_host
-        self.ahead = prof.draft_ahead and env_flag("MICROSPEC_DRAFT_AHEAD")
+        self.ahead = prof.draft_ahead and switches.current().draft_ahead
         prepare(model, drafting=self.drafter is not None)  # one-time costs before the clock starts (onetime)
         self.clock = StepClock(device)  # marks read once, at the end: no wait for the device inside a step
         self.spans: list[tuple[int, int, int, int]] = []  # per step: marks at draft start, verify start/end, end

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import re
 import sys
 import threading
@@ -24,15 +23,15 @@ from pathlib import Path
 
 import torch
 
-from ..devices import env_flag
+from .. import switches
 
 
 def setting() -> str:
-    return os.environ.get("MICROSPEC_CPU_KERNEL", "auto").strip().lower()
+    return switches.current().cpu_kernel
 
 
 def disabled() -> bool:
-    return not env_flag("MICROSPEC_CPU_KERNEL")  # asked before every product: one lookup
+    return switches.current().kernels_off  # asked before every product: a field of the last reading
 
 
 @functools.cache

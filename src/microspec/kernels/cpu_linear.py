@@ -47,7 +47,7 @@ from __future__ import annotations
 import torch
 
 # the row-wise attention kernel (csrc/attention.cpp) is built into the quantized-weight extension (cpu_quant)
-from ..devices import env_flag
+from .. import switches
 from . import cpu_quant
 from ._build import Extension
 
@@ -105,8 +105,8 @@ _AMX_ENV: list = []  # MICROSPEC_AMX, once applied: a process takes one path for
 
 def amx(on: bool | None = None) -> bool:
     """Whether a bf16 layer's product (bf16 activations and weights, K a multiple of 32) takes the CPU's AMX tiles
-    for its weight rows in whole blocks of 16 (the default where the CPU has AMX-BF16; ``MICROSPEC_AMX=0``, read at
-    the first product, turns it off); ``on`` sets it (a CPU without AMX stays off).  Each weight row takes the same
+    for its weight rows in whole blocks of 16 (the default where the CPU has AMX-BF16; ``MICROSPEC_AMX=0``, as
+    :mod:`microspec.switches` last read it at the first product, turns it off); ``on`` sets it (a CPU without AMX stays off).  Each weight row takes the same
     path whatever the rows, so the rows stay batch-invariant either way; the values differ from the other path's in
     the low bits (tdpbf16ps's own fp32 sums).  Switch it only between generations: a decode step and the verify
     pass after it must take the same path."""
@@ -114,7 +114,7 @@ def amx(on: bool | None = None) -> bool:
         return False
     if not _AMX_ENV:
         _AMX_ENV.append(True)
-        if not env_flag("MICROSPEC_AMX") and on is None:
+        if not switches.current().amx and on is None:
             on = False
     return bool(_EXT.module.set_amx_bf16(-1 if on is None else int(bool(on))))
 

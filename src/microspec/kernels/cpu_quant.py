@@ -30,13 +30,12 @@ The C++ is in ``csrc/`` (see the comment above ``_EXT`` below), compiled on firs
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 
 import torch
 
-from .. import devices
+from .. import switches
 from ._build import Extension
 
 # type name -> (GGML type id as in gguf.GGMLQuantizationType, block size in elements, bytes per block)
@@ -192,9 +191,9 @@ def tune_prefetch(data: torch.Tensor, type_id: int, cols: int, calls: int = 16) 
     if _TUNED and _TUNED.get("bytes", float("inf")) >= data.numel():
         return _TUNED
     _TUNED.clear()
-    forced = os.environ.get("MICROSPEC_CPU_PREFETCH", "").strip().lower()
-    if forced not in ("", "auto"):  # on / off as the other switches read it (devices.OFF)
-        off = forced in devices.OFF
+    forced = switches.current().cpu_prefetch
+    if forced != "auto":  # on / off as the other switches read it
+        off = not switches.flag(forced)
         _TUNED.update(tiles=prefetch_tiles(0 if off else PREFETCH_TILES),
                       how=f"MICROSPEC_CPU_PREFETCH={'off' if off else 'on'}")
         return _TUNED

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..devices import env_flag
+from .. import switches
 from ..errors import MicrospecError
 from ..kernels import cpu_quant
 from .layers import Linear
@@ -229,7 +229,7 @@ def repack_setting() -> bool:
     """Whether GGUF loads keep Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q6_K matrices in their interleaved form
     (see :meth:`GGUFFile.packed`); ``MICROSPEC_REPACK=0``: every tensor as the file has it (to measure the
     difference)."""
-    return env_flag("MICROSPEC_REPACK")
+    return switches.current().repack
 
 
 def packed_weights(path: Path, spec, integer: bool = True, repack: bool | None = None) -> dict[str, QuantTensor]:

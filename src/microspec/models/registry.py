@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from .. import switches
 from ..devices import CUDA, PROFILES
 from ..errors import MicrospecError
 from ..onetime import paying
@@ -493,6 +494,7 @@ def load_model(
     device's own setting, :mod:`microspec.devices`: on for CUDA)."""
     from transformers import AutoConfig, AutoTokenizer
 
+    switches.refresh()  # the environment's switches as they are now, for this model's life
     dev = parse_device(device)
     dtype = default_weights(name_or_path, dev) if dtype is None else dtype
     quantized = dtype in ("gguf", "gguf-f32")
