@@ -158,6 +158,25 @@ def test_seen_vocabulary_cross_entropy(tmp_path):
     torch.testing.assert_close(results[0][1], results[1][1])
 
 
+def _assert_batch_equals_full(model, rec, feats, tmp_path, **config) -> None:
+    """One training step on ``rec`` with the cross-entropy over every id and over the batch's candidates, the
+    target's top-K holding the whole vocabulary: the same loss, top-1 and gradient (``config``: more TrainConfig
+    settings for both)."""
+    from support import VOCAB
+    from microspec.training.eagle import TrainConfig, Trainer, new_head
+    from microspec.training.stages import target_topk
+
+    results = []
+    for ce_vocab in ("full", "batch"):
+        head = new_head(model, seed=0)
+        trainer = Trainer(model, head, TrainConfig(noise_std=0.0, ce_vocab=ce_vocab, **config), tmp_path)
+        one = {**rec, **target_topk(model, feats, VOCAB)} if ce_vocab == "batch" else rec
+        r = trainer.sequence_loss(one, train=True)
+        results.append((r["ploss"], r["top1"], head.fc.weight.grad.clone()))
+    assert results[0][0] == pytest.approx(results[1][0], rel=2e-3) and results[0][1] == results[1][1]
+    torch.testing.assert_close(results[0][2], results[1][2], rtol=5e-3, atol=1e-6)
+
+
 def test_batch_cross_entropy_with_every_id_is_the_full_cross_entropy(tmp_path):
     """--ce-vocab batch: with the target's top-K holding the whole vocabulary (so the batch's candidates are every
     id and the renormalised top-K is the target's distribution) the loss and its gradient are the full
@@ -172,15 +191,7 @@ def test_batch_cross_entropy_with_every_id_is_the_full_cross_entropy(tmp_path):
         ids = torch.randint(0, VOCAB, (40,), generator=g)
         feats = model(ids, model.new_cache(len(ids)))
     rec = {"ids": ids, "features": feats, "prompt_len": 4}
-    results = []
-    for ce_vocab in ("full", "batch"):
-        head = new_head(model, seed=0)
-        trainer = Trainer(model, head, TrainConfig(noise_std=0.0, ce_vocab=ce_vocab), tmp_path)
-        one = {**rec, **target_topk(model, feats, VOCAB)} if ce_vocab == "batch" else rec
-        r = trainer.sequence_loss(one, train=True)
-        results.append((r["ploss"], r["top1"], head.fc.weight.grad.clone()))
-    assert results[0][0] == pytest.approx(results[1][0], rel=2e-3) and results[0][1] == results[1][1]
-    torch.testing.assert_close(results[0][2], results[1][2], rtol=5e-3, atol=1e-6)
+    _assert_batch_equals_full(model, rec, feats, tmp_path)
     few = {**rec, **target_topk(model, feats, 3)}
     seen = []
     trainer = Trainer(model, new_head(model, seed=0), TrainConfig(noise_std=0.0, ce_vocab="batch"), tmp_path)
@@ -469,7 +480,7 @@ def test_batch_penalty_loss_with_every_id_is_the_full_penalty_loss(tmp_path):
     """--ce-vocab batch --penalty-loss: the target's logits rebuilt from its top id's logit and the captured
     log-probabilities, with the top-K holding every id, give the full-vocabulary penalty loss, its top-1 and its
     gradient; a sequence without a penalty trains as without the option; with a small K the penalty still acts."""
-    from support import VOCAB, tiny_pair
+    from support import tiny_pair
     from microspec.training.eagle import TrainConfig, Trainer, new_head
     from microspec.training.stages import target_topk
 
@@ -479,15 +490,7 @@ def test_batch_penalty_loss_with_every_id_is_the_full_penalty_loss(tmp_path):
         ids = torch.randint(3, 30, (36,), generator=g)  # a small range: many repeats
         feats = model(ids, model.new_cache(len(ids)))
     rec = {"ids": ids, "features": feats, "prompt_len": 4, "penalty": 1.6}
-    results = []
-    for ce_vocab in ("full", "batch"):
-        head = new_head(model, seed=0)
-        trainer = Trainer(model, head, TrainConfig(noise_std=0.0, ce_vocab=ce_vocab, penalty_loss=True), tmp_path)
-        one = {**rec, **target_topk(model, feats, VOCAB)} if ce_vocab == "batch" else rec
-        r = trainer.sequence_loss(one, train=True)
-        results.append((r["ploss"], r["top1"], head.fc.weight.grad.clone()))
-    assert results[0][0] == pytest.approx(results[1][0], rel=2e-3) and results[0][1] == results[1][1]
-    torch.testing.assert_close(results[0][2], results[1][2], rtol=5e-3, atol=1e-6)
+    _assert_batch_equals_full(model, rec, feats, tmp_path, penalty_loss=True)
     few = {**rec, **target_topk(model, feats, 4)}
     pen = Trainer(model, new_head(model, seed=0), TrainConfig(noise_std=0.0, ce_vocab="batch", penalty_loss=True),
                   tmp_path)
