@@ -6,7 +6,9 @@
 Runs, on ``benchmarks/data/report.jsonl`` (the reporting set: see ``benchmarks/data/sets.py``), one
 ``microspec bench`` process over the four decodings users run (greedy, repetition penalty 1.2, temperature 0.7,
 both) with plain decoding, ``auto`` and the fixed methods the README recommends, llama.cpp on the same GGUF beside
-them (where llama-cpp-python is installed), then the machine's read bandwidth (the floor of a plain step).  A bench
+them (where llama-cpp-python is installed), then plain decoding against the machine's read floor, measured in pairs in
+one process (``benchmarks/measure/floor_share.py``: the read bandwidth, then a plain generation, several rounds; a
+bandwidth read at another moment moves by tens of percent on a shared machine).  A bench
 from a tree with uncommitted changes to ``src/`` is refused (``microspec bench``'s own check), so every figure comes
 from a commit.  ``--set dev`` measures the development set instead, into a folder the renderer does not read.
 """
@@ -16,7 +18,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.util
-import json
 import platform
 import re
 import subprocess
@@ -44,6 +45,7 @@ def cpu_tag() -> str:
 
 
 REPEATS = 3  # each answer's runs: a speed-up is rendered with its range over them
+FLOOR_ROUNDS = 7  # pairs of (read bandwidth, plain generation): the floor's share is their median
 
 
 def commands(out: Path, data: Path, model: str, tokens: int, peers: bool, repeats: int = REPEATS) -> list[list[str]]:
@@ -52,10 +54,8 @@ def commands(out: Path, data: Path, model: str, tokens: int, peers: bool, repeat
         [sys.executable, "-m", "microspec", "bench", "--model", model, "--data", str(data), "--methods", methods,
          "--max-new-tokens", str(tokens), "--temperatures", "0,0.7", "--repetition-penalties", "1.0,1.2",
          "--repeats", str(repeats), "--out", str(out)],
-        [sys.executable, "benchmarks/measure/bandwidth.py", "--json", str(out / "bandwidth.json")],
-        # one plain generation's stats: the weight bytes a step reads, for the floor (bytes / bandwidth)
-        [sys.executable, "-m", "microspec", "generate", "--model", model, "--drafter", "none", "--prompt",
-         "Write a short story about a lighthouse keeper.", "--max-new-tokens", str(tokens), "--json"],
+        [sys.executable, "benchmarks/measure/floor_share.py", "--model", model, "--tokens", str(tokens),
+         "--rounds", str(FLOOR_ROUNDS), "--out", str(out / "floor.json")],
     ]
 
 
@@ -79,21 +79,14 @@ def main(argv: list[str] | None = None) -> int:
     out = out.relative_to(ROOT) if out.is_relative_to(ROOT) else out  # the commands run in the checkout
     cmds = commands(out, Path("benchmarks") / "data" / f"{args.set}.jsonl", args.model, args.max_new_tokens, peers,
                     args.repeats)
-    for i, cmd in enumerate(cmds):
-        print(" ".join(cmd) + (f" > {out / 'plain.json'}" if i == len(cmds) - 1 else ""), flush=True)
+    for cmd in cmds:
+        print(" ".join(cmd), flush=True)
     if not peers:
         print("report: llama-cpp-python is not installed: llama.cpp is left out", file=sys.stderr)
     if args.dry_run:
         return 0
-    for i, cmd in enumerate(cmds):
-        last = i == len(cmds) - 1  # the plain generation's JSON goes to plain.json, with the run's meta
-        done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE if last else None, text=True)
-        rc = done.returncode
-        if last and not rc:
-            from microspec.bench import run_meta
-
-            record = {"meta": run_meta(" ".join(["microspec", *cmd[3:]])), "generate": json.loads(done.stdout)}
-            (ROOT / out / "plain.json").write_text(json.dumps(record, indent=2) + "\n")
+    for cmd in cmds:
+        rc = subprocess.run(cmd, cwd=ROOT).returncode
         if rc:
             print(f"report: {Path(cmd[1]).name if cmd[1] != '-m' else 'microspec bench'} ended with status {rc}",
                   file=sys.stderr)

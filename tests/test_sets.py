@@ -54,6 +54,9 @@ def test_report_measures_the_reporting_set_in_four_decodings():
     assert "--temperatures 0,0.7 --repetition-penalties 1.0,1.2" in bench and "--out benchmarks/results/" in bench
     assert "--repeats 3" in bench  # each speed-up with its spread over the repeats
     assert all(m in bench for m in ("ar,", "auto", "ngram", "microspec"))
+    out_dir = bench.split("--out ")[1]
+    floor = out.stdout.splitlines()[1]  # the read floor, paired with plain generations in one process
+    assert "floor_share.py" in floor and f"--out {out_dir}/floor.json" in floor and "--model gemma-3-270m" in floor
 
 
 def test_report_names_another_models_run_by_the_model():

@@ -3,6 +3,8 @@ llama.cpp on the same GGUF beside them, plain decoding against the machine's rea
 
 from __future__ import annotations
 
+import statistics
+
 from .common import RESULTS, Source, commit, load, num, runs, table, x
 from .vocab import MODELS
 
@@ -55,9 +57,19 @@ def _cell(run: str, decoding: str, method: str) -> str | None:
 
 
 def floor(run: str) -> dict | None:
-    """Where the run measured it, plain decoding against the read floor: ``threads``, ``gb_s`` (read with the
-    bench's threads), ``steps_s`` (a step that only read its weights once), ``plain`` (greedy decode tokens/s) and
-    ``share`` (plain over the floor)."""
+    """Where the run measured it, plain decoding against the read floor: ``threads``, ``gb_s`` (read with them),
+    ``steps_s`` (a step that only read its weights once), ``plain`` (greedy decode tokens/s) and ``share`` (plain
+    over the floor); from ``floor.json`` (pairs measured in one process: ``gb_s`` and ``plain`` their medians, with
+    ``shares``, every pair's, and ``source``) or, in older runs, one bandwidth reading beside the bench's plain rows."""
+    if (RESULTS / run / "floor.json").is_file():
+        fl = load(f"{run}/floor.json")
+        rounds = fl["rounds"]
+        gbs = statistics.median(r["read_gb_s"] for r in rounds)
+        return {"threads": str(fl["threads"]), "gb_s": gbs, "steps_s": gbs * 1e9 / fl["weight_bytes_per_step"],
+                "plain": statistics.median(r["decode_tok_s"] for r in rounds), "share": fl["median_share"],
+                "shares": [r["share"] for r in rounds], "gb_s_range": [r["read_gb_s"] for r in rounds],
+                "source": Source(f"{run}/floor.json", fl["command"].split(" --out ")[0], fl["date"].split()[0],
+                                 f"{fl['machine']}, {fl['threads']} threads", commit(fl))}
     if not (RESULTS / run / "bandwidth.json").is_file() or not (RESULTS / run / "plain.json").is_file():
         return None
     bw = load(f"{run}/bandwidth.json")
@@ -66,6 +78,20 @@ def floor(run: str) -> dict | None:
     steps = gbs * 1e9 / load(f"{run}/plain.json")["generate"]["stats"]["weight_bytes_per_step"]
     plain = results_of(run, "greedy")["methods"]["ar"]["overall"]["decode_tokens_per_s"]
     return {"threads": threads, "gb_s": gbs, "steps_s": steps, "plain": plain, "share": plain / steps}
+
+
+def floor_line(fl: dict) -> str:
+    """The floor's line under a machine's table."""
+    if "shares" not in fl:
+        return (f"- Plain decoding's steps against the floor: {fl['gb_s']:.1f} GB/s read with {fl['threads']} "
+                f"threads, {fl['steps_s']:.0f} steps/s if a step only read its weights once; plain decoding "
+                f"(greedy, decode only) runs {fl['plain']:.0f} tok/s, {fl['share']:.0%} of it.")
+    n, lo, hi = len(fl["shares"]), min(fl["gb_s_range"]), max(fl["gb_s_range"])
+    return (f"- Plain decoding against the read floor, measured in {n} pairs in one process (the read bandwidth, "
+            f"then a plain generation): {lo:.1f}–{hi:.1f} GB/s read with {fl['threads']} threads (median "
+            f"{fl['gb_s']:.1f}: {fl['steps_s']:.0f} steps/s if a step only read its weights once); plain decoding "
+            f"(decode only) runs a median {fl['plain']:.0f} tok/s, **{fl['share']:.0%} of its pair's floor** "
+            f"({min(fl['shares']):.0%}–{max(fl['shares']):.0%}). " + fl["source"].markdown())
 
 
 def mismatches(run: str) -> dict:
@@ -96,9 +122,7 @@ def machine_table(run: str) -> str:
              source(run).markdown(), ""]
     fl = floor(run)
     if fl:
-        lines.append(f"- Plain decoding's steps against the floor: {fl['gb_s']:.1f} GB/s read with {fl['threads']} "
-                     f"threads, {fl['steps_s']:.0f} steps/s if a step only read its weights once; plain decoding "
-                     f"(greedy, decode only) runs {fl['plain']:.0f} tok/s, {fl['share']:.0%} of it.")
+        lines.append(floor_line(fl))
     bad = mismatches(run)
     lines.append("- Lossless: every engine method's greedy tokens equal plain decoding's, with and without the "
                  "penalty." if not bad else f"- Greedy tokens that differ from plain decoding's: {bad}.")
