@@ -42,10 +42,12 @@ def _kernels() -> str:
     out = "done"
     if "llama-cpp" in report.methods_of(run):
         out += f"; plain {1 / report.ratio(run, 'greedy', 'llama-cpp'):.2f}x llama.cpp's speed"
+    out += f" ({_run_said(run)})"
     fl = report.floor(run)
-    if fl:
-        out += f", {fl['share']:.0%} of the floor"
-    return out + f" ({_run_said(run)})"
+    if fl:  # measured beside the bench, or after it at another commit (then named)
+        at = fl["source"].commit if "source" in fl and fl["source"].commit not in _run_said(run) else ""
+        out += f", {fl['share']:.0%} of the read floor" + (f" ({at})" if at else "")
+    return out
 
 
 def _serve() -> str:
