@@ -420,18 +420,32 @@ class InProcessServer(_Client):
         self.thread.join(30)
 
 
+def _runtimes_follow(monkeypatch, field: str, current) -> None:
+    """For the test, every :class:`~microspec.runtime.Runtime`, resolved before or after, answers ``field`` with
+    ``current(runtime)`` (what it would resolve now) instead of what it resolved: a model loaded by a fixture
+    takes the test's changes without a new load."""
+    from microspec.runtime import Runtime
+
+    def store(rt, value):
+        rt.__dict__[field] = value
+
+    monkeypatch.setattr(Runtime, field, property(current, store), raising=False)
+
+
 def device_as(monkeypatch, device: str = "cpu", **changes) -> None:
-    """For the test, ``device``'s profile (:mod:`microspec.devices`) with ``changes``: a test following CUDA's path
-    on a CPU says which of CUDA's choices it takes (``walk_on_device=True``, ``draft_ahead=True``, ...)."""
+    """For the test, ``device``'s profile (:mod:`microspec.devices`) with ``changes``, in every runtime on it: a test
+    following CUDA's path on a CPU says which of CUDA's choices it takes (``walk_on_device=True``,
+    ``draft_ahead=True``, ...)."""
     from microspec import devices
 
     monkeypatch.setitem(devices.PROFILES, device, devices.with_changes(device, **changes))
+    _runtimes_follow(monkeypatch, "profile", lambda rt: devices.profile(rt.device))
 
 
 def set_switch(monkeypatch, name: str, value: str | None = None) -> None:
     """For the test, the environment's switch ``name`` set to ``value`` (None: unset) and the switches read again,
-    as a model load reads them (:mod:`microspec.switches`); the fixture in conftest.py reads them again before each
-    test, so what one test set does not reach the next."""
+    as a model load reads them (:mod:`microspec.switches`), in every runtime too; the fixture in conftest.py reads
+    them again before each test, so what one test set does not reach the next."""
     from microspec import switches
 
     if value is None:
@@ -439,6 +453,7 @@ def set_switch(monkeypatch, name: str, value: str | None = None) -> None:
     else:
         monkeypatch.setenv(name, value)
     switches.refresh()
+    _runtimes_follow(monkeypatch, "switches", lambda rt: switches.current())
 
 
 class RandomLength:

@@ -161,15 +161,21 @@ def test_fp32_model_rows_do_not_depend_on_the_batch(family):
 
 @needs_kernel
 def test_default_head_mode_follows_the_kernel(monkeypatch):
-    from microspec.decoding.verify import default_head_mode
+    """The runtime resolved for a head: ``path`` where the CPU kernel takes its rows (a few cost about one), and a
+    slow half-precision head where no kernel serves it."""
+    from microspec.runtime import Runtime
+
+    def resolved(w):
+        rt = Runtime.resolve("cpu", w)
+        return rt.head_mode, rt.slow_half_head
 
     w = torch.zeros(8, 4, dtype=torch.bfloat16)
-    assert default_head_mode(torch.device("cpu"), w) == "path"
-    assert default_head_mode(torch.device("cpu"), w.float()) == "path"
-    assert default_head_mode(torch.device("cpu"), w.half()) == "visited"
+    assert resolved(w) == ("path", False)
+    assert resolved(w.float()) == ("path", False)
+    assert resolved(w.half()) == ("visited", True)
     set_switch(monkeypatch, "MICROSPEC_CPU_KERNEL", "0")
-    assert default_head_mode(torch.device("cpu"), w) == "visited"
-    assert default_head_mode(torch.device("cpu"), w.float()) == "visited"
+    assert resolved(w) == ("visited", True)
+    assert resolved(w.float()) == ("visited", False)
 
 
 # ---------------------------------------------------------------- attention (batch-invariant decode / verify)

@@ -7,7 +7,6 @@ import random
 import pytest
 import torch
 
-from support import device_as
 from microspec.decoding.config import GenerationConfig
 from microspec.decoding.processors import LogitBias, LogitsPipeline, NoRepeatNGram, RepetitionPenalty, warp_probs
 from microspec.errors import MicrospecError
@@ -32,7 +31,7 @@ def test_repetition_penalty_matches_hf(penalty):
 
 
 @pytest.mark.parametrize("penalty", [1.2, 0.8])
-def test_the_penalty_by_index_is_the_penalty_over_whole_rows(monkeypatch, penalty):
+def test_the_penalty_by_index_is_the_penalty_over_whole_rows(penalty):
     """On a CPU the penalty indexes the seen ids; the whole rows' select (a GPU's way) gives the same logits bit for
     bit: nothing seen, one row, rows with and without a tree path of their own."""
     g = torch.Generator().manual_seed(1)
@@ -45,9 +44,9 @@ def test_the_penalty_by_index_is_the_penalty_over_whole_rows(monkeypatch, penalt
         for extra in extras:
             for rows in (1, 5):
                 ex = None if extra is None else extra[:rows]
-                device_as(monkeypatch, penalty_by_index=False)
+                rp.by_index = False  # (the runtime's choice where the penalty runs)
                 whole = rp.apply(logits[:rows].clone(), ex)
-                device_as(monkeypatch, penalty_by_index=True)
+                rp.by_index = True
                 assert torch.equal(rp.apply(logits[:rows].clone(), ex), whole), (committed, ex)
                 touched = committed or any(len(e) for e in ex or [])
                 assert torch.equal(whole, logits[:rows]) != bool(touched)

@@ -327,8 +327,11 @@ def test_tree_defaults_per_device():
     assert shape("eagle", "cpu-gguf", depth=3) == (3, None, None)
     assert shape("eagle", "cpu-gguf", top_k=2) == tuple(TREES["cpu"].values())
     assert shape("eagle", "cpu", depth="auto") == ("auto", None, None)
-    for name, kind, options, says in [("eagle", "cuda", {"depth": "auto"}, "a CPU's chain, not cuda's"),
-                                      ("eagle", "cpu", {"depth": "auto", "top_k": 2}, "it takes no --top-k"),
+    from microspec.resolve import resolve
+
+    with pytest.raises(MicrospecError, match="a CPU's chain, not cuda's"):  # the resolver's, for every drafter
+        resolve(Method(drafter="eagle", depth="auto"), "cuda")
+    for name, kind, options, says in [("eagle", "cpu", {"depth": "auto", "top_k": 2}, "it takes no --top-k"),
                                       ("suffix", "cpu", {"depth": "auto"}, "suffix takes a number")]:
         with pytest.raises(MicrospecError, match=says):
             shape(name, kind, **options)

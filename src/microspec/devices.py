@@ -11,8 +11,9 @@ graphs unless told not to.
 The profile (:class:`DeviceProfile`, :func:`profile`) is everything a device *type* can do and prefers: whether it
 runs behind the host (timing waits, pinned copies, side streams), walks a tree on the device, reads a block of
 argmax rows at once, drafts the next tree before a step's read, replays graphs, takes the fused Triton kernels,
-keeps a RoPE table, indexes the penalty's seen ids, and what a training step sizes itself to.  Every module asks the
-profile of the device its tensors are on; none compares a device with a name.  A device type without a profile of
+keeps a RoPE table, indexes the penalty's seen ids, and what a training step sizes itself to.  A loaded model's
+runtime (:mod:`microspec.runtime`) takes its device's profile once, at the load, and the decoding, the drafters and
+the vocabulary policies ask the runtime; no module compares a device with a name.  A device type without a profile of
 its own (Apple's MPS, an Intel GPU) gets the CPU's choices, each of which works anywhere torch does; adding a device
 is one entry in :data:`PROFILES`.  Tests that follow one device's path on another swap a profile
 (:func:`overriding`, or ``monkeypatch.setitem(PROFILES, "cpu", with_changes("cpu", ...))``).

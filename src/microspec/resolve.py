@@ -26,7 +26,9 @@ from . import devices
 from .drafters import registry as drafters
 from .drafters.build import BuildContext
 from .drafters.lookup_first import lookup_first
+from .drafters.model_based import AUTO_DEPTH
 from .engine import Engine
+from .errors import MicrospecError
 from .method import Method, as_method
 from .vocab import registry as policies
 
@@ -47,6 +49,9 @@ def resolve(method: Method, kind: str) -> tuple[Method, dict]:
     fill = {o.name: o.device_default(kind) for o in (*d.options, *p.options)
             if getattr(method, o.name) is None and o.device_default(kind) is not None}
     method = method.replace(**fill) if fill else method
+    if method.depth == AUTO_DEPTH and devices.profile(kind).runs_behind_host:
+        raise MicrospecError(f"--depth auto reads the draft's confidence at every level: a CPU's chain, not {kind}'s "
+                             "(there a tree, the default, or a number)")
     return method, (d.shape(kind, method) if d.shape is not None else {})
 
 

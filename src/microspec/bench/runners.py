@@ -11,7 +11,8 @@ from typing import Any
 import torch
 
 from ..decoding import GenerationConfig
-from ..decoding.stats import GenerationStats, sync
+from ..decoding.stats import GenerationStats
+from ..runtime import Runtime
 from ..errors import MicrospecError
 from ..models.registry import LoadedModel, hf_directory
 from .methods import MethodSpec
@@ -122,11 +123,12 @@ class HFRunner:
                    top_p=cfg.top_p if sample else None, top_k=None,
                    repetition_penalty=cfg.repetition_penalty if cfg.repetition_penalty != 1.0 else None,
                    eos_token_id=eos or None, pad_token_id=eos[0] if eos else 0)
+        runtime = Runtime.of(self.device)
         with torch.inference_mode():
-            sync(self.device)
+            runtime.sync()
             t0 = time.perf_counter()
             out = self.model.generate(ids, attention_mask=torch.ones_like(ids), **gen, **self.kwargs)
-            sync(self.device)
+            runtime.sync()
             wall = time.perf_counter() - t0
         return Turn([int(t) for t in out[0, len(prompt_ids):]], wall)
 

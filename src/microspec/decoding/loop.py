@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from .. import switches
-from ..devices import profile
 from ..errors import MicrospecError, check
 from ..models.first_use import prepare
 from ..models.native import NativeCausalLM
@@ -31,8 +29,8 @@ from .processors import LogitsPipeline
 from .replay import PlainReplay
 from .stats import DeviceTimer, GenerationStats, StepClock
 from .tree import DeviceTree, DraftTree
-from .verify import (HEAD_MODES, LaunchedWalk, LazyHead, Walk, default_head_mode, device_walk_takes, greedy_walk,
-                     keyed_walk, launch_walk, sample_walk, walks_on_device)
+from .verify import (HEAD_MODES, LaunchedWalk, LazyHead, Walk, device_walk_takes, greedy_walk, keyed_walk, launch_walk,
+                     sample_walk, walks_on_device)
 
 if TYPE_CHECKING:
     from ..vocab.base import VocabPolicy
@@ -219,13 +217,14 @@ class Generation:
             raise MicrospecError("generate_ids needs a NativeCausalLM (use microspec.load_model)")
         check_prompt(model, prompt_ids, cfg)
         setup = setup or Setup()
-        head_mode = setup.head_mode or default_head_mode(model.device, model.head_weight)
+        self.runtime = rt = model.runtime  # the device's choices and the switches, as resolved for the model
+        head_mode = setup.head_mode or rt.head_mode
         check(head_mode in HEAD_MODES, f"unknown head mode {head_mode!r}; choose from {', '.join(HEAD_MODES)}")
         self.model, self.cfg, self.setup, self.head_mode = model, cfg, setup, head_mode
         self.drafter, self.vocab, self.adaptive = setup.drafter, setup.vocab, setup.adaptive
         device = model.device
         self.stops = set(cfg.stop_token_ids) | (set() if cfg.ignore_eos else {int(t) for t in setup.eos_token_ids})
-        self.pipe = LogitsPipeline(cfg, model.spec.vocab_size, device)
+        self.pipe = LogitsPipeline(cfg, model.spec.vocab_size, rt)
         self.tokens = list(prompt_ids)
         self.pipe.start(self.tokens)
         self.stats = GenerationStats(prompt_tokens=len(prompt_ids), weight_bytes=model.weight_bytes())
@@ -237,14 +236,11 @@ class Generation:
         self.logprobs: list[TokenLogprob] | None = [] if cfg.logprobs is not None else None
         self.prompt_logprobs: list[TokenLogprob] | None = None
         self.walker = greedy_walk if cfg.greedy else keyed_walk if self.pipe.keyed else sample_walk
-        # the device's choices and the switch, read once: every step of the generation takes the same path
-        prof = profile(device)
-        self.behind = prof.runs_behind_host
-        self.ahead = prof.draft_ahead and switches.current().draft_ahead
+        self.behind, self.ahead = rt.behind, rt.draft_ahead  # every step of the generation takes the same path
         prepare(model, drafting=self.drafter is not None)  # one-time costs before the clock starts (onetime)
-        self.clock = StepClock(device)  # marks read once, at the end: no wait for the device inside a step
+        self.clock = StepClock(rt)  # marks read once, at the end: no wait for the device inside a step
         self.spans: list[tuple[int, int, int, int]] = []  # per step: marks at draft start, verify start/end, end
-        self.vocab_timer = DeviceTimer(device)
+        self.vocab_timer = DeviceTimer(rt)
         self.coverage = CoverageObserver(self.vocab, device) if self.vocab is not None and self.drafter else None
         # a drafter fed layers other than the last (EAGLE-3) gets them tapped from every forward it hears of
         layers = self.drafter.feature_layers(model) if self.drafter is not None else None
@@ -308,7 +304,7 @@ class Generation:
             tree = DraftTree.chain(forced).first(self.cache.capacity - self.cache.length - 1)
         else:
             tree = draft(drafter if drafting else None, ctx)
-        if len(tree) and tree.on_device is None and device_walk_takes(tree, self.pipe, self.model.device):
+        if len(tree) and tree.on_device is None and device_walk_takes(tree, self.pipe, self.runtime):
             tree = DeviceTree.of(tree, self.model.device) or tree  # a lookup's tree: walked on the device too
         self.stats.skipped_steps += drafter is not None and not drafting
         self._step = PlannedStep(t0, host_t0, drafting, tree, self.cache.length, self.clock.mark())
@@ -341,13 +337,14 @@ class Generation:
         early: Early | None = None  # the next tree drafted before the read (the step heard then)
         if chosen is not None:
             walk = Walk([], [chosen], 1)
-        elif first is None and walks_on_device(tree, self.pipe, device):  # one read for the whole walk
+        elif first is None and walks_on_device(tree, self.pipe, self.runtime):  # one read for the whole walk
             walk = launch_walk(tree, model.head, hidden, self.pipe)
             if isinstance(walk, LaunchedWalk):
                 early = self._draft_early(walk, features) if planned.drafting else None
                 walk = walk.read()
         else:
-            walk = self.walker(tree, LazyHead(model.head, hidden, tree, self.head_mode, first), self.pipe)
+            head = LazyHead(model.head, hidden, tree, self.head_mode, first, self.runtime.block_reads)
+            walk = self.walker(tree, head, self.pipe)
         branch = [0] + [1 + a for a in walk.accepted]  # verify rows of the root and the accepted nodes
         if len(tree):
             self.cache.keep_from(planned.cache_length, branch)

@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import check
-from ..kernels import cpu_linear
 from ..models.native import NativeCausalLM
 from .logprobs import prompt_logprobs
 
@@ -35,8 +34,7 @@ def prompt_topk(model: NativeCausalLM, hidden: torch.Tensor, k: int, chunk: int 
     ``chunk`` rows at a time through :meth:`NativeCausalLM.head`."""
     w = model.head_weight
     rows = hidden.shape[0]
-    slow_half = w.device.type == "cpu" and w.dtype in (torch.bfloat16, torch.float16) and not cpu_linear.applies(w)
-    if slow_half and rows >= 8:
+    if model.runtime.slow_half_head and rows >= 8:
         h = hidden.float()
         vals, ids = [], []
         for s in range(0, w.shape[0], slab):

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 
 import torch
 
-from ..devices import profile
 from ..errors import check
 from ..kernels import penalty as penalty_kernel
 from ..kernels import sampling as sampling_kernel
+from ..runtime import Runtime
 from ..transfer import to_device
 from .config import GenerationConfig
 
@@ -49,9 +49,10 @@ class RepetitionPenalty:
     """HF ``RepetitionPenaltyLogitsProcessor``: for every token already in the sequence, a positive logit is divided
     by the penalty and a negative one multiplied by it.  State: a [V] bitmap of seen tokens on the model's device."""
 
-    def __init__(self, penalty: float, vocab_size: int, device: torch.device):
-        self.penalty = penalty
-        self.seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+    def __init__(self, penalty: float, vocab_size: int, device: torch.device | Runtime):
+        runtime = Runtime.of(device)  # the model's (a device: its own), whether apply indexes the seen ids
+        self.penalty, self.by_index = penalty, runtime.penalty_by_index
+        self.seen = torch.zeros(vocab_size, dtype=torch.bool, device=runtime.device)
         self._seen_ids: set[int] = set()
         self._seen_list: torch.Tensor | None = None  # the seen ids as a tensor, rebuilt when the set grows
         self._seen_early = False  # the bitmap took the next commit's tokens already (see_on_device)
@@ -96,8 +97,8 @@ class RepetitionPenalty:
         tensors to read instead of this one's own (a graph's copies of them)."""
         seen = self.seen if state is None else state[0]
         paths = paths if paths.numel() else paths.new_zeros(logits.shape[0], 0)
-        if col_ids is None and penalty_kernel.applies(logits):  # one launch, the rows read once (the same values)
-            return penalty_kernel.penalise_rows(logits, seen, paths, self.penalty)
+        if col_ids is None:  # one launch where the kernel runs, the rows read once (the same values)
+            return penalty_kernel.penalise(logits, seen, paths, self.penalty)
         mask = _id_mask(paths, paths >= 0, seen.numel(), None) | seen[None, :]
         return torch.where(_on_columns(mask, col_ids), penalised(logits, self.penalty), logits)
 
@@ -118,7 +119,7 @@ class RepetitionPenalty:
         On a CPU only the seen ids' logits are read and written (a few hundred of a large vocabulary, where a select
         over whole rows would read and write every logit), the same values; on a GPU the whole rows under the seen
         bitmap, which needs no host list (a new id would be a copy the step waits for)."""
-        if profile(logits.device).penalty_by_index:
+        if self.by_index:
             return self._apply_seen(logits, extra)
         seen = self.seen.expand_as(logits)
         if extra is not None and any(len(e) for e in extra):
@@ -367,13 +368,15 @@ class NoRepeatNGram:
 class LogitsPipeline:
     """The processors a :class:`GenerationConfig` asks for, applied in HF's order, plus sampling warpers."""
 
-    def __init__(self, cfg: GenerationConfig, vocab_size: int, device: torch.device):
-        self.cfg, self.device = cfg, torch.device(device)
+    def __init__(self, cfg: GenerationConfig, vocab_size: int, device: torch.device | Runtime):
+        runtime = Runtime.of(device)  # the model's (a device: its own)
+        self.cfg, self.device = cfg, runtime.device
+        device = self.device
         self.processors: list = []
         if cfg.logit_bias:
             self.processors.append(LogitBias(cfg.logit_bias, vocab_size, device))
         if cfg.repetition_penalty != 1.0:
-            self.processors.append(RepetitionPenalty(cfg.repetition_penalty, vocab_size, device))
+            self.processors.append(RepetitionPenalty(cfg.repetition_penalty, vocab_size, runtime))
         if cfg.presence_penalty or cfg.frequency_penalty:
             self.processors.append(PresenceFrequency(cfg.presence_penalty, cfg.frequency_penalty, vocab_size, device))
         if cfg.no_repeat_ngram_size > 0:
@@ -566,9 +569,7 @@ def sample(p: torch.Tensor, generator: torch.Generator | None = None, u: float |
     nothing vocabulary-sized; elsewhere its plain-torch reference."""
     if u is None:
         u = 1.0 - torch.rand((*p.shape[:-1], 1), dtype=torch.float64, generator=generator, device=p.device)
-    if sampling_kernel.applies(p):
-        return sampling_kernel.inverse_cdf(p, u)
-    return sampling_kernel.reference(p, u)
+    return sampling_kernel.draw(p, u)
 
 
 def warp_probs(logits: torch.Tensor, temperature: float, top_p: float, top_k: int = 0,

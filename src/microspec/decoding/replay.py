@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from ..devices import profile
 from ..models import graphs as model_graphs
 from ..transfer import HostRead, to_device
 
@@ -31,7 +30,7 @@ class PlainReplay:
 
     def step(self) -> bool:
         """The planned step, a plain one (no draft), as one CUDA graph replay where the model replays graphs
-        (its device's profile: ``graphs``): the forward, the full-vocabulary head, the processors and the
+        (its runtime's ``graphs``): the forward, the full-vocabulary head, the processors and the
         choice of the next token (:meth:`LogitsPipeline.choose_fixed`), then :meth:`Generation.settle` with the one
         read of the token.  False where it does not apply (no graphs, a forward with taps, a processor that cannot
         go into a graph, a shape seen once or refused): the caller runs the step's forward and settles it instead.
@@ -43,7 +42,7 @@ class PlainReplay:
         the tokens are those of the steps taken one by one."""
         gen = self.gen
         model = gen.model
-        if model.cuda_graphs is None or gen.taps is not None or not profile(model.device).graphs \
+        if model.cuda_graphs is None or gen.taps is not None or not gen.runtime.graphs \
                 or gen.logprobs is not None:  # (log-probabilities need the step's row)
             return False
         out = self.ahead or self._launch(to_device([gen.tokens[-1]], model.device))

@@ -6,14 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..devices import profile
 from ..onetime import clock, total
-
-
-def sync(device: torch.device) -> None:
-    """Wait for queued device work, so that wall-clock readings mean something on CUDA (no-op on CPU)."""
-    if profile(device).runs_behind_host:
-        torch.cuda.synchronize(device)
+from ..runtime import Runtime
 
 
 @dataclass
@@ -128,9 +122,10 @@ class GenerationStats:
         }
 
 
-def uses_events(device: torch.device | str) -> bool:
-    """Whether timing on ``device`` goes through CUDA events (read once) rather than the host's clock."""
-    return profile(device).runs_behind_host
+def uses_events(runtime: Runtime | torch.device | str) -> bool:
+    """Whether timing goes through CUDA events (read once) rather than the host's clock: where the runtime (or a
+    device's) runs behind the host."""
+    return Runtime.of(runtime).behind
 
 
 class StepClock:
@@ -141,9 +136,9 @@ class StepClock:
 
     ``mark()`` returns a mark's index; ``resolve()`` returns the seconds of every mark since the first."""
 
-    def __init__(self, device: torch.device | str):
+    def __init__(self, runtime: Runtime | torch.device | str):
         self.paid_from = total()  # one-time costs paid on this thread before the generation
-        self.events = uses_events(device)
+        self.events = uses_events(runtime)
         self._marks: list = []
         self._paid: list[float] = []
         self.mark()
@@ -170,8 +165,8 @@ class DeviceTimer:
     """Accumulates the time spent inside ``with timer:`` blocks without synchronising: CUDA events on a GPU (read
     once, by :attr:`seconds`), the wall clock on a CPU; one-time costs paid inside a block are not counted."""
 
-    def __init__(self, device: torch.device | str):
-        self.cuda = uses_events(device)
+    def __init__(self, runtime: Runtime | torch.device | str):
+        self.cuda = uses_events(runtime)
         self._events: list = []
         self._seconds = 0.0
         self._t0 = 0.0

@@ -10,7 +10,7 @@ large share of a bf16 step on a CPU), so the walk never computes it for every no
 
 Whatever the mode, the committed tokens are identical (tests/test_speculative.py proves it).
 
-Default (``default_head_mode``): ``path`` wherever a batch of head rows costs little more than one row — on CUDA
+Default (:attr:`Runtime.head_mode <microspec.runtime.Runtime.head_mode>`): ``path`` wherever a batch of head rows costs little more than one row — on CUDA
 (there by that reasoning; the modes were not compared on a GPU) and on a CPU with bf16 weights through the
 fp32-accumulating kernel of :mod:`microspec.kernels.cpu_linear` (a few rows stream the head's weights once, as one
 row does).  ``visited`` elsewhere on a CPU: there a row costs the same batched or not (torch's bf16 matmul without
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..devices import profile
 from ..kernels import cpu_quant, tree_ops
 from ..options import Option
+from ..runtime import Runtime
 from ..transfer import HostRead, rows_of, to_device
 from .processors import LogitsPipeline, keyed_uniform, sample
 from .tree import DeviceTree, DraftTree
@@ -38,17 +38,6 @@ HEAD_MODE = Option(
     help="how verification computes the target's LM head: all, visited or path (default: path where a batch of head "
          "rows costs little more than one row — CUDA, and a CPU with bf16 or fp32 weights through the CPU kernel — "
          "else visited)")
-
-
-def default_head_mode(device: torch.device, head_weight: torch.Tensor | None = None) -> str:
-    if profile(device).cheap_rows:
-        return "path"
-    from ..kernels import cpu_linear
-    from ..models.quant import QuantTensor
-
-    # a packed GGUF head: a few rows cost little more than one (BENCHMARKS.md, "Where the time goes")
-    batched = isinstance(head_weight, QuantTensor) or (head_weight is not None and cpu_linear.applies(head_weight))
-    return "path" if batched else "visited"
 
 
 @dataclass
@@ -74,9 +63,10 @@ class LazyHead:
     tensors (a product does): a walk processes the rows it visits in place."""
 
     def __init__(self, head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, tree: DraftTree,
-                 mode: str, first: torch.Tensor | None = None):
-        """``first``: the logits of :meth:`first_rows` already computed (a batch of walks shares one head pass)."""
-        self.head, self.hidden, self.rows = head, hidden, {}
+                 mode: str, first: torch.Tensor | None = None, block_reads: bool = False):
+        """``first``: the logits of :meth:`first_rows` already computed (a batch of walks shares one head pass);
+        ``block_reads``: :meth:`argmax` reads the rows computed together at once (the runtime's choice)."""
+        self.head, self.hidden, self.rows, self.block_reads = head, hidden, {}, block_reads
         self.computed = 0
         self._blocks: list[tuple[list[int], torch.Tensor]] = []  # rows computed together, argmax not read yet
         self._argmax: dict[int, int] = {}
@@ -120,7 +110,7 @@ class LazyHead:
         """The id of the largest logit of ``row``.  On a GPU the rows computed together with it are read back in
         the same transfer (one wait for the draft's whole main path, not one per accepted token)."""
         logits = self(row)
-        if not profile(logits.device).block_reads:
+        if not self.block_reads:
             return cpu_quant.argmax(logits)
         if row not in self._argmax:
             rows, block = next(b for b in self._blocks if row in b[0])
@@ -160,8 +150,8 @@ def greedy_walk(tree: DraftTree, logits_of: LazyHead, pipe: LogitsPipeline) -> W
     return _follow(tree, logits_of, pipe, argmax)
 
 
-def device_walk_takes(tree: DraftTree, pipe: LogitsPipeline, device: torch.device) -> bool:
-    """Whether :func:`device_walk` verifies a step over ``tree`` on ``device`` (where its profile walks on the device),
+def device_walk_takes(tree: DraftTree, pipe: LogitsPipeline, runtime: Runtime) -> bool:
+    """Whether :func:`device_walk` verifies a step over ``tree`` (where the runtime walks on the device),
     once the tree is on the device: no processor or only those that take each row's path as a device tensor (the
     repetition penalty); greedy decoding, seeded sampling, or unseeded sampling over deterministic drafts (the keyed
     rule with the request's random key, :attr:`LogitsPipeline.key`: a child is accepted with the target's residual
@@ -169,15 +159,15 @@ def device_walk_takes(tree: DraftTree, pipe: LogitsPipeline, device: torch.devic
     keep rejection sampling, whose acceptance, the sum of min(p, q), is the most any exact rule has), which the
     device walk takes for a chain sampled on the device (:meth:`DeviceTree.chain_of
     <microspec.decoding.tree.DeviceTree.chain_of>` with its ``q``)."""
-    return profile(device).walk_on_device and pipe.on_device and (
+    return runtime.walk_on_device and pipe.on_device and (
         pipe.cfg.greedy or pipe.keyed or (pipe.key is not None and tree.scheme == "deterministic")
         or (tree.scheme == "iid" and tree.on_device is not None and pipe.generator is not None))
 
 
-def walks_on_device(tree: DraftTree, pipe: LogitsPipeline, device: torch.device) -> bool:
+def walks_on_device(tree: DraftTree, pipe: LogitsPipeline, runtime: Runtime) -> bool:
     """Whether :func:`device_walk` verifies this step: a tree on the device that it takes
     (:func:`device_walk_takes`)."""
-    return tree.on_device is not None and device_walk_takes(tree, pipe, device)
+    return tree.on_device is not None and device_walk_takes(tree, pipe, runtime)
 
 
 def device_walk(tree: DeviceTree, head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,

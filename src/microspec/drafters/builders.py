@@ -16,9 +16,9 @@ import torch
 
 from ..decoding.processors import sample
 from ..decoding.tree import DeviceTree, DraftTree
-from ..devices import profile
 from ..models.graphs import BUCKET, bucket_of
 from ..onetime import clock
+from ..runtime import Runtime
 from ..transfer import to_device
 from .base import DraftContext
 from .head import DraftHead
@@ -33,6 +33,7 @@ class DraftNetwork(Protocol):
     top_k: int | None
     total_tokens: int | None
     head: DraftHead
+    runtime: Runtime  # the target's (the draft runs on its device)
     root_in_graph: bool
     graph_drafts: int
 
@@ -97,7 +98,7 @@ class ChainBuilder(Builder):
         # penalty, which goes into graphs: no -inf row to stop at or to sample from) and the device walks it (on a
         # CPU the host's list is free, and the penalty by index cheaper than over whole rows)
         on_device = processed and ctx.pipe.on_device and (deterministic or (
-            ctx.pipe.graph_state() is not None and profile(device).walk_on_device))
+            ctx.pipe.graph_state() is not None and d.runtime.walk_on_device))
         length = d.sized(ctx)  # the chain's length chosen level by level (drafters.length), or None
         if length is not None:
             length.begin(deterministic, processed)
@@ -278,7 +279,7 @@ class WholeTreeBuilder(Builder):
         state = pipe.graph_state() if processed and pipe.on_device else None
         if not d.may_draft_whole() or (processed and state is None):
             return None
-        graphed = graphs is not None and profile(d.draft_cache(ctx).device).graphs
+        graphed = graphs is not None and d.runtime.graphs
         ok, active = d.head.fixed_active(steps, graphed)
         if not ok:
             return None

@@ -139,11 +139,11 @@ class EagleDrafter(ForwardDrafter):
                 next(self.eagle.parameters()).device != target.device:
             self.eagle.to(device=target.device, dtype=target.dtype)
         from ..models.gguf import quantize_linears
-        from ..models.quant import QuantTensor
 
-        if target.quantized and not isinstance(self.eagle.fc.weight, QuantTensor):
+        if target.quantized:
             # beside a packed GGUF target the head's matrices go Q8_0 through the same integer kernels (a quarter
-            # of the fp32 bytes per draft level; drafts only: verification decides what is kept)
+            # of the fp32 bytes per draft level; drafts only: verification decides what is kept); matrices packed
+            # already are left as they are
             quantize_linears(self.eagle)
         if (self.eagle.body.cuda_graphs is None) != (target.cuda_graphs is None):
             self.eagle.body.use_cuda_graphs(target.cuda_graphs is not None)  # the levels graphed where the target is

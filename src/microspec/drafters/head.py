@@ -20,12 +20,11 @@ It keeps the time it spent (``seconds``, device-timed) and the size of each set 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..decoding.stats import DeviceTimer
 from ..errors import check
-from ..kernels import cpu_linear
-from ..models.quant import QuantTensor
+from ..models.quant import product
+from ..runtime import Runtime
 from ..vocab.active import ActiveRows, as_active
 from ..vocab.base import VocabPolicy
 
@@ -88,7 +87,8 @@ class DraftHead:
     sets, hands a router what the draft network was fed (:meth:`route`) and a ranker the hidden states it scores."""
 
     def __init__(self, weight: torch.Tensor | DraftVocabRows, softcap: float | None = None,
-                 policy: VocabPolicy | None = None, norm=None):
+                 policy: VocabPolicy | None = None, norm=None, runtime: Runtime | None = None):
+        """``runtime``: the target's (None: the runtime of ``weight``'s device), for the head's timer."""
         self.weight = weight
         self.softcap = softcap
         self.norm = norm  # applied to the hidden states before scoring (an EAGLE-3 head's final norm)
@@ -102,7 +102,7 @@ class DraftHead:
         self._fused = policy is not None and policy.fused
         check(not (self._fused and self.mapped is not None),
               "--gather fused reads rows of the full vocabulary: not with a head that has a draft vocabulary")
-        self.timer = DeviceTimer(weight.device)
+        self.timer = DeviceTimer(runtime or weight.device)
         self.graphs = None  # a GraphedCall once use_cuda_graphs(True): the packed product replayed
         self.sizes: list = []  # active size of each call (device scalars for packed buffers: read at the end)
         if policy is not None:
@@ -205,11 +205,7 @@ class DraftHead:
         self.graphs = GraphedCall() if on else None
 
     def _matmul(self, hidden: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        if isinstance(w, QuantTensor):  # rows of a GGUF head kept packed (the whole head, or a shortlist's rows)
-            return self._cap(w.linear(hidden))
-        if cpu_linear.applies(w):
-            return self._cap(cpu_linear.linear(hidden, w, out_dtype=torch.float32))
-        return self._cap(F.linear(hidden.to(w.dtype), w).float())
+        return self._cap(product(hidden, w))  # (rows of a GGUF head kept packed stay packed)
 
     def _cap(self, out: torch.Tensor) -> torch.Tensor:
         return torch.tanh(out / self.softcap) * self.softcap if self.softcap is not None else out

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 import torch
 
 from ..decoding.tree import DraftTree
-from ..devices import CPU, CPU_GGUF, CUDA, profile
+from ..devices import CPU, CPU_GGUF, CUDA
 from ..errors import MicrospecError, check
 from ..models.graphs import CallsByCache
 from ..models.kv_cache import KVCache
 from ..models.native import NativeCausalLM
 from ..options import Option
+from ..runtime import Runtime
 from ..transfer import to_device
 from ..vocab.base import VocabPolicy
 from .base import DraftContext, Drafter, DraftReport, Verified
@@ -122,9 +123,6 @@ def tree_shape(kind: str, method, trees: tuple[str, ...] | None = None) -> dict:
     the factory's defaults).  ``total_tokens`` "auto" is left to the resolver, which times the verify pass."""
     depth, top_k, total = method.depth, method.top_k, method.total_tokens
     total = None if total == "auto" else total
-    if depth == AUTO_DEPTH and profile(kind).runs_behind_host:
-        raise MicrospecError(f"--depth auto reads the draft's confidence at every level: a CPU's chain, not {kind}'s "
-                             "(there a tree, the default, or a number)")
     if depth == AUTO_DEPTH or (top_k is None and total is not None) \
             or (top_k is None and trees is not None and kind not in trees):
         return {"depth": depth, "top_k": top_k, "total_tokens": total}
@@ -178,6 +176,7 @@ class ForwardDrafter(Drafter):
             check_tree_args(depth, top_k, total_tokens)
         self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
         self.head: DraftHead | None = None
+        self.runtime: Runtime | None = None  # the target's, from the prefill on
         self.graph_drafts = 0  # steps since the last report whose whole tree replayed as one CUDA graph
         # the tree drafted before a step's read, until the step's commit; then until the tree is verified (its
         # counts dropped where it never is)
@@ -189,14 +188,16 @@ class ForwardDrafter(Drafter):
 
     def prefill(self, target: NativeCausalLM, prompt_ids: list[int], hidden: torch.Tensor,
                 vocab: VocabPolicy | None = None) -> None:
-        self.head = DraftHead(*self._start(target, prompt_ids, hidden), policy=vocab, norm=self._head_norm())
+        self.runtime = target.runtime  # the draft network runs where the target does, on its choices
+        self.head = DraftHead(*self._start(target, prompt_ids, hidden), policy=vocab, norm=self._head_norm(),
+                              runtime=self.runtime)
         self.head.use_cuda_graphs(target.cuda_graphs is not None)  # graphed where the target is
         super().prefill(target, prompt_ids, hidden, vocab)
 
     def sized(self, ctx: DraftContext) -> DraftLength | None:
         """The chain's length chooser for this step: :attr:`draft_length` where the drafter's device does not run behind
         the host (each level's choice reads a probability there), else None (``depth`` tokens)."""
-        if self.draft_length is None or profile(self.draft_cache(ctx).device).runs_behind_host:
+        if self.draft_length is None or self.runtime is None or self.runtime.behind:
             return None
         return self.draft_length
 

@@ -79,6 +79,11 @@ def _kernels():
     return defined("sampling", _define)
 
 
+def draw(p: torch.Tensor, u: float | torch.Tensor) -> torch.Tensor:
+    """The draw [..., 1]: :func:`inverse_cdf` where it takes ``p`` (:func:`applies`), else :func:`reference`."""
+    return inverse_cdf(p, u) if applies(p) else reference(p, u)
+
+
 def inverse_cdf(p: torch.Tensor, u: float | torch.Tensor) -> torch.Tensor:
     """:func:`reference`'s draw [..., 1] from weights ``p`` [..., V] with uniforms ``u`` (a float for every row, or
     a tensor of one per row, [..., 1]) in two launches."""

@@ -261,7 +261,7 @@ def install(model: torch.nn.Module, weights: dict[str, QuantTensor]) -> None:
             raise MicrospecError(f"GGUF tensor for {name} is {tuple(q.shape)}, the model expects {expected}")
         module._parameters.pop(attr, None)
         setattr(module, attr, q)
-    model.__dict__.pop("_first_param", None)  # NativeCausalLM's cached first parameter may be one just removed
+    forget(model)
 
 
 def quantize_linears(module: torch.nn.Module, qtype: str = "Q8_0") -> int:
@@ -290,9 +290,15 @@ def quantize_linears(module: torch.nn.Module, qtype: str = "Q8_0") -> int:
         else:
             layer.weight = QuantTensor(raw, qtype, int(w.shape[1]))
         packed += 1
-    for m in module.modules():
-        m.__dict__.pop("_first_param", None)
+    for m in module.modules() if packed else ():
+        forget(m)
     return packed
+
+
+def forget(model: torch.nn.Module) -> None:
+    """A :class:`NativeCausalLM`'s cached first parameter and runtime (of weights just replaced) asked again."""
+    if hasattr(model, "_forget"):
+        model._forget()
 
 
 # ---------------------------------------------------------------------------------------------- dense fp32 reading

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import MicrospecError
+from ..runtime import Runtime
 from ..kernels import cpu_linear, cpu_quant
 from .decoder import DecoderStack
 from .fused import FusedLayers
@@ -104,12 +105,28 @@ class NativeCausalLM(DecoderStack, FusedLayers, nn.Module):
         return p
 
     def _apply(self, fn, recurse=True):
-        self.__dict__.pop("_first_param", None)
+        self._forget()
         return super()._apply(fn, recurse)
 
     def load_state_dict(self, *args, **kwargs):
-        self.__dict__.pop("_first_param", None)
+        self._forget()
         return super().load_state_dict(*args, **kwargs)
+
+    def _forget(self) -> None:
+        """The first parameter and the runtime are of the weights as they were: asked again after a change."""
+        self.__dict__.pop("_first_param", None)
+        self.__dict__.pop("_runtime", None)
+
+    @property
+    def runtime(self) -> Runtime:
+        """The compute path for this model's device and weights (:mod:`microspec.runtime`), resolved at the load
+        (or when first asked) and again only after the weights move or change."""
+        return self.__dict__.get("_runtime") or self.resolve_runtime()
+
+    def resolve_runtime(self) -> Runtime:
+        """Resolve :attr:`runtime` now (the device's profile, the switches as last read, the weights)."""
+        rt = self.__dict__["_runtime"] = Runtime.resolve(self.device, self.head_weight, self.quantized)
+        return rt
 
     @property
     def dtype(self) -> torch.dtype:

@@ -121,3 +121,16 @@ def weight_bytes(model) -> int:
             seen.add(id(value))
             total += value.nbytes if isinstance(value, QuantTensor) else value.numel() * value.element_size()
     return total
+
+
+def product(hidden: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``hidden`` [R, d] times the rows of ``w`` [N, d], in fp32 [R, N], by the weights' own form: packed GGUF rows
+    through their integer kernel, a bf16 or fp32 CPU matrix through :mod:`~microspec.kernels.cpu_linear`, else
+    torch in the weights' dtype."""
+    if isinstance(w, QuantTensor):
+        return w.linear(hidden)
+    from ..kernels import cpu_linear
+
+    if cpu_linear.applies(w):
+        return cpu_linear.linear(hidden, w, out_dtype=torch.float32)
+    return torch.nn.functional.linear(hidden.to(w.dtype), w).float()

@@ -540,6 +540,7 @@ def load_model(
     from .. import devices
 
     devices.apply(model, cuda_graphs)
+    model.resolve_runtime()  # the compute path, for the weights as loaded and the switches just read
     eos = list(model.spec.eos_token_ids)
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
         eos.append(int(tokenizer.eos_token_id))

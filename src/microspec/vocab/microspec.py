@@ -43,7 +43,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..devices import profile
+from ..runtime import Runtime
 from ..errors import MicrospecError, check
 from ..options import Option, PolicySpec
 from ..transfer import to_device
@@ -120,13 +120,14 @@ class MicroSpecVocab(VocabPolicy):
         for option, value in ((W_MAX, w_max), (K_PRE, k_pre), (K_VER, k_ver), (K_PRE_POSITIONS, k_pre_positions)):
             option.check(value)
         check(gather in GATHERS, f"unknown gather {gather!r}; choose from {', '.join(GATHERS)}")
-        device = torch.device(device)
-        if backend is None:  # on the device where its profile says so (CUDA): the Triton window kernels where they
+        self.runtime = runtime = Runtime.of(device)
+        device = runtime.device
+        if backend is None:  # on the device where its runtime says so (CUDA): the Triton window kernels where they
             # build (the tensor window's update costs several times theirs, BENCHMARKS.md, "GPU"), else the tensor
             # window; elsewhere the host's
             from ..kernels.window_update import compiles
 
-            backend = "host" if not profile(device).window_on_device else "triton" if compiles(device) else "device"
+            backend = "host" if not runtime.window_on_device else "triton" if compiles(device) else "device"
         check(backend in WINDOWS, f"unknown backend {backend!r}; choose from {', '.join(WINDOWS)}")
         super().__init__(always, device)
         self.vocab_size, self.w_max, self.k_pre, self.k_ver, self.gather = vocab_size, w_max, k_pre, k_ver, gather
@@ -135,7 +136,7 @@ class MicroSpecVocab(VocabPolicy):
         self.prompt_positions = k_pre_positions  # None: every prompt position, as Algorithm 1
         self.suffix: CandidateWindow = WINDOWS[backend](vocab_size, w_max, device)  # Suffix(S, W_max)
         self.rows: WindowRows | None = None  # the packed rows of I (gather "packed", once attached)
-        self.side = SideStream(device, enabled=side_stream and gather == "packed" and backend != "host")
+        self.side = SideStream(runtime, enabled=side_stream and gather == "packed" and backend != "host")
         self._ids: tuple[int, torch.Tensor] | None = None  # (version, I as ids) for the id-list gathers
 
     # ---------------------------------------------------------------- Algorithm 1
@@ -207,7 +208,8 @@ class MicroSpecVocab(VocabPolicy):
         if self.gather != "packed" or (self.rows is not None and self.rows.packed.weight is weight):
             return
         self.side.wait()
-        self.rows = WindowRows(self.suffix, weight, self.w_max + self.always.numel(), self.always)
+        self.rows = WindowRows(self.suffix, weight, self.w_max + self.always.numel(), self.always,
+                               fixed_shape=self.runtime.graphs)
 
     @property
     def packed(self) -> PackedRows | None:

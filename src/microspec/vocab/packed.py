@@ -24,7 +24,6 @@ import heapq
 
 import torch
 
-from ..devices import profile
 from ..options import Option
 from .active import ActiveRows
 
@@ -52,7 +51,9 @@ class PackedRows(ActiveRows):
     """The active rows in one buffer (see the module docstring): an :class:`~microspec.vocab.active.ActiveRows` whose
     product is one matmul over the leading ``extent`` slots, free slots masked."""
 
-    def __init__(self, weight: torch.Tensor, capacity: int, pinned: torch.Tensor | None = None):
+    def __init__(self, weight: torch.Tensor, capacity: int, pinned: torch.Tensor | None = None,
+                 fixed_shape: bool = False):
+        """``fixed_shape``: the buffer keeps shapes a graph can capture (where the runtime replays graphs)."""
         self.weight = weight  # [V, d], not copied
         self.vocab_size, d = weight.shape
         self.capacity = capacity
@@ -62,7 +63,7 @@ class PackedRows(ActiveRows):
         self.slot_of = torch.full((self.vocab_size + 1,), -1, dtype=torch.long, device=dev)
         self._slots = torch.arange(capacity, device=dev)
         self.pinned = torch.zeros(self.vocab_size + 1, dtype=torch.bool, device=dev)  # ids never removed
-        self.fixed_shape = profile(dev).graphs  # shapes a graph can capture
+        self.fixed_shape = fixed_shape
         self._extent: int | None = 0
         self.version = 0
         # host bookkeeping (remove_ids / insert_ids): free slots (a heap), slot of each held id, high-water mark

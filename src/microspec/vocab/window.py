@@ -39,7 +39,7 @@ from typing import NamedTuple, Protocol, Union
 
 import torch
 
-from ..devices import profile
+from ..runtime import Runtime
 from ..transfer import to_device
 from .packed import PackedRows
 
@@ -322,8 +322,9 @@ class WindowRows:
     ``window``: on each append the slots of ids that left are freed and only the rows of ids that entered are
     copied in — by host lists after a :class:`HostWindow`, by tensor masks after a :class:`DeviceWindow`."""
 
-    def __init__(self, window: CandidateWindow, weight: torch.Tensor, capacity: int, pinned: torch.Tensor):
-        self.packed = PackedRows(weight, capacity, pinned=pinned)
+    def __init__(self, window: CandidateWindow, weight: torch.Tensor, capacity: int, pinned: torch.Tensor,
+                 fixed_shape: bool = False):
+        self.packed = PackedRows(weight, capacity, pinned=pinned, fixed_shape=fixed_shape)
         self.packed.reset(window.counts.nonzero().flatten())
         if isinstance(window, KernelWindow):
             window.bind(self.packed)
@@ -347,8 +348,8 @@ class SideStream:
     """Runs work on a CUDA side stream, recording an event that readers wait on (``wait``) before they touch what
     it wrote; disabled (no CUDA, or not wanted) it runs the work inline and ``wait`` does nothing."""
 
-    def __init__(self, device: torch.device, enabled: bool = True):
-        self.stream = torch.cuda.Stream(device) if enabled and profile(device).runs_behind_host else None
+    def __init__(self, runtime: Runtime, enabled: bool = True):
+        self.stream = runtime.side_stream() if enabled else None
         self.event = torch.cuda.Event() if self.stream is not None else None
 
     def wait(self) -> None:
