@@ -10,7 +10,8 @@ them (where llama-cpp-python is installed), then plain decoding against the mach
 one process (``benchmarks/measure/floor_share.py``: the read bandwidth, then a plain generation, several rounds; a
 bandwidth read at another moment moves by tens of percent on a shared machine).  A bench
 from a tree with uncommitted changes to ``src/`` is refused (``microspec bench``'s own check), so every figure comes
-from a commit.  ``--set dev`` measures the development set instead, into a folder the renderer does not read.
+from a commit.  ``--set dev`` (or ``dev-context``, its documents) measures a development set instead, into a folder the renderer
+does not read.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def commands(out: Path, data: Path, model: str, tokens: int, peers: bool, repeat
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--set", choices=("report", "dev"), default="report")
+    ap.add_argument("--set", choices=("report", "dev", "dev-context"), default="report")
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=REPEATS, help="runs of each answer (default %(default)s)")
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     date = datetime.date.today().isoformat()
     named = "" if args.model == DEFAULT_MODEL else f"{Path(args.model).name}-"
     out = args.out or (ROOT / "benchmarks" / "results" / f"{date}-report-{named}{cpu_tag()}" if args.set == "report"
-                       else Path("/tmp") / f"microspec-dev-{named}{date}")
+                       else Path("/tmp") / f"microspec-{args.set}-{named}{date}")
     peers = importlib.util.find_spec("llama_cpp") is not None
     out = out.resolve()
     out = out.relative_to(ROOT) if out.is_relative_to(ROOT) else out  # the commands run in the checkout

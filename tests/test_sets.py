@@ -21,14 +21,16 @@ def _records(name: str) -> list[dict]:
 
 
 def test_the_sets_are_apart():
-    """No source file of one set feeds the other, and no question is in both; each record names its set."""
-    dev, report = _records("dev"), _records("report")
-    assert len(dev) == 9 and len(report) == 10
-    assert {r["set"] for r in dev} == {"dev"} and {r["set"] for r in report} == {"report"}
-    files = {name: {r["source"].split()[0] for r in recs} for name, recs in (("dev", dev), ("report", report))}
-    assert not files["dev"] & files["report"]
-    turns = {t for r in dev for t in r["turns"]}
-    assert not any(t in turns for r in report for t in r["turns"])
+    """No source file of a development set feeds the reporting set, and no question is in two sets; each record
+    names its set."""
+    sets = {name: _records(name) for name in ("dev", "dev-context", "report")}
+    assert [len(sets[n]) for n in ("dev", "dev-context", "report")] == [9, 8, 10]
+    assert all({r["set"] for r in recs} == {name} for name, recs in sets.items())
+    files = {name: {r["source"].split()[0] for r in recs} for name, recs in sets.items()}
+    assert not (files["dev"] | files["dev-context"]) & files["report"]
+    turns = {t for name in ("dev", "dev-context") for r in sets[name] for t in r["turns"]}
+    assert not any(t in turns for r in sets["report"] for t in r["turns"])
+    assert {r["category"] for r in sets["dev-context"]} >= {"summarization", "translation", "math"}
 
 
 @pytest.mark.skipif(not DATA.is_dir(), reason="the shared data folder is not beside the checkout")
@@ -36,7 +38,7 @@ def test_the_committed_sets_are_what_the_command_writes(tmp_path):
     out = subprocess.run([sys.executable, str(SETS / "sets.py"), "--data", str(DATA), "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    for name in ("dev", "report"):
+    for name in ("dev", "dev-context", "report"):
         assert (tmp_path / f"{name}.jsonl").read_text(encoding="utf-8") == (SETS / f"{name}.jsonl").read_text(
             encoding="utf-8")
 
