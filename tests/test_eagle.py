@@ -161,3 +161,54 @@ def test_eagle_mismatches_are_clear_errors(tmp_path):
     (tmp_path / "broken" / "pytorch_model.bin").write_bytes(b"not a pickle")
     with pytest.raises(MicrospecError, match="could not read"):
         EagleHead.load(tmp_path / "broken")
+
+
+@pytest.mark.parametrize("raw", [
+    "gemma-3-270m", "smollm2-135m-instruct",
+    {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "vocab_size": 100},
+    {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
+     "rope_theta": 5e5, "rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "head_dim": 32},
+    {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "vocab_size": 100,
+     "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+], ids=["gemma-head", "smollm2-head", "defaults", "given", "scaled-rope"])
+def test_a_heads_layer_config_is_transformers_llama_config(raw):
+    """The head's layer as the light config reads it (no transformers config import) is the layer transformers'
+    ``LlamaConfig`` describes: the same architecture, RoPE tables and saved config; a scaled RoPE takes
+    ``LlamaConfig`` itself."""
+    import json
+
+    from transformers import LlamaConfig
+
+    from microspec.drafters.eagle import LlamaLayerConfig, _layer_config
+    from microspec.models.registry import shipped_eagle_head
+    from microspec.models.spec import rope_inv_freq, spec_from_config
+
+    if isinstance(raw, str):
+        raw = json.loads((shipped_eagle_head(raw) / "config.json").read_text())
+    light = _layer_config(raw, qkv_bias=False)
+    assert isinstance(light, LlamaLayerConfig) == ("rope_scaling" not in raw)
+    keys = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
+            "max_position_embeddings", "rope_theta", "rope_scaling", "rope_parameters", "head_dim", "hidden_act",
+            "vocab_size")
+    full = LlamaConfig(**{k: raw[k] for k in keys if raw.get(k) is not None}, num_hidden_layers=1)
+    spec = spec_from_config(light)
+    assert spec == spec_from_config(full)
+    ours, theirs = rope_inv_freq(light, spec), rope_inv_freq(full, spec)
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k][0], theirs[k][0]) and ours[k][1] == theirs[k][1] for k in ours)
+    assert light.to_dict() == full.to_dict()
+
+
+def test_loading_a_shipped_head_imports_no_transformers_config_class():
+    """The shipped head loads without transformers' Llama config module (its import pulled in torch.distributed and
+    sympy: about 1.5 s of every command's start)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom microspec.drafters.eagle import EagleHead\n"
+            "from microspec.models.registry import shipped_eagle_head\n"
+            "EagleHead.load(shipped_eagle_head('gemma-3-270m'))\n"
+            "print('transformers.models.llama.configuration_llama' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

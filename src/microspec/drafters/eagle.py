@@ -32,17 +32,51 @@ from .base import DraftContext, Verified
 from .model_based import CHAIN_DEPTH, ForwardDrafter
 
 
-def _layer_config(raw: dict, qkv_bias: bool):
-    """A transformers config describing the head's decoder layer (Qwen2 semantics when q/k/v carry biases)."""
-    from transformers import LlamaConfig, Qwen2Config
+class LlamaLayerConfig:
+    """A Llama head layer's config as :func:`~microspec.models.spec.spec_from_config` and
+    :func:`~microspec.models.spec.rope_inv_freq` read it: the fields given, transformers' ``LlamaConfig`` defaults for
+    the rest (default RoPE only), read without importing transformers' config classes, whose import is most of a
+    head's load; :meth:`to_dict` is ``LlamaConfig``'s, for a saved head's config.json."""
 
+    model_type = "llama"
+    rms_norm_eps = 1e-6
+    max_position_embeddings = 2048
+    rope_theta = 10000.0
+    hidden_act = "silu"
+    attention_bias = mlp_bias = tie_word_embeddings = False
+    bos_token_id, eos_token_id = 1, 2
+    head_dim = num_key_value_heads = rope_parameters = None
+
+    def __init__(self, **fields):
+        self._fields = dict(fields)
+        self.__dict__.update(fields)
+
+    @staticmethod
+    def takes(fields: dict) -> bool:
+        """Whether a layer of ``fields`` has default RoPE (the scaled kinds take transformers' own config)."""
+        params = fields.get("rope_parameters") or {}
+        return not fields.get("rope_scaling") and params.get("rope_type", "default") == "default" and (
+            "rope_theta" in params or not params)
+
+    def to_dict(self) -> dict:
+        from transformers import LlamaConfig
+
+        return LlamaConfig(**self._fields).to_dict()
+
+
+def _layer_config(raw: dict, qkv_bias: bool):
+    """The head's decoder layer config: Qwen2's semantics when q/k/v carry biases (transformers' ``Qwen2Config``), a
+    Llama layer's otherwise (:class:`LlamaLayerConfig`; transformers' ``LlamaConfig`` for a scaled RoPE)."""
     keys = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
             "max_position_embeddings", "rope_theta", "rope_scaling", "rope_parameters", "head_dim", "hidden_act",
             "vocab_size")
     fields = {k: raw[k] for k in keys if raw.get(k) is not None}
     fields["num_hidden_layers"] = 1
-    cls = Qwen2Config if qkv_bias else LlamaConfig
-    return cls(**fields)
+    if not qkv_bias and LlamaLayerConfig.takes(fields):
+        return LlamaLayerConfig(**fields)
+    from transformers import LlamaConfig, Qwen2Config
+
+    return (Qwen2Config if qkv_bias else LlamaConfig)(**fields)
 
 
 class EagleHead(nn.Module):
