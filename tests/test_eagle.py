@@ -179,7 +179,7 @@ def test_a_heads_layer_config_is_transformers_llama_config(raw):
 
     from transformers import LlamaConfig
 
-    from microspec.drafters.eagle import LlamaLayerConfig, _layer_config
+    from microspec.drafters.eagle import LAYER_KEYS, LlamaLayerConfig, _layer_config
     from microspec.models.registry import shipped_eagle_head
     from microspec.models.spec import rope_inv_freq, spec_from_config
 
@@ -187,10 +187,7 @@ def test_a_heads_layer_config_is_transformers_llama_config(raw):
         raw = json.loads((shipped_eagle_head(raw) / "config.json").read_text())
     light = _layer_config(raw, qkv_bias=False)
     assert isinstance(light, LlamaLayerConfig) == ("rope_scaling" not in raw)
-    keys = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
-            "max_position_embeddings", "rope_theta", "rope_scaling", "rope_parameters", "head_dim", "hidden_act",
-            "vocab_size")
-    full = LlamaConfig(**{k: raw[k] for k in keys if raw.get(k) is not None}, num_hidden_layers=1)
+    full = LlamaConfig(**{k: raw[k] for k in LAYER_KEYS if raw.get(k) is not None}, num_hidden_layers=1)
     spec = spec_from_config(light)
     assert spec == spec_from_config(full)
     ours, theirs = rope_inv_freq(light, spec), rope_inv_freq(full, spec)

@@ -97,8 +97,9 @@ class RepetitionPenalty:
         tensors to read instead of this one's own (a graph's copies of them)."""
         seen = self.seen if state is None else state[0]
         paths = paths if paths.numel() else paths.new_zeros(logits.shape[0], 0)
-        if col_ids is None:  # one launch where the kernel runs, the rows read once (the same values)
-            return penalty_kernel.penalise(logits, seen, paths, self.penalty)
+        fused = penalty_kernel.penalise(logits, seen, paths, self.penalty) if col_ids is None else None
+        if fused is not None:  # one launch, the rows read once (the same values)
+            return fused
         mask = _id_mask(paths, paths >= 0, seen.numel(), None) | seen[None, :]
         return torch.where(_on_columns(mask, col_ids), penalised(logits, self.penalty), logits)
 

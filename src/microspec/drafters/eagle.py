@@ -32,6 +32,12 @@ from .base import DraftContext, Verified
 from .model_based import CHAIN_DEPTH, ForwardDrafter
 
 
+# what a head's config.json says of its decoder layer (the rest: the config class's defaults)
+LAYER_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
+              "max_position_embeddings", "rope_theta", "rope_scaling", "rope_parameters", "head_dim", "hidden_act",
+              "vocab_size")
+
+
 class LlamaLayerConfig:
     """A Llama head layer's config as :func:`~microspec.models.spec.spec_from_config` and
     :func:`~microspec.models.spec.rope_inv_freq` read it: the fields given, transformers' ``LlamaConfig`` defaults for
@@ -67,10 +73,7 @@ class LlamaLayerConfig:
 def _layer_config(raw: dict, qkv_bias: bool):
     """The head's decoder layer config: Qwen2's semantics when q/k/v carry biases (transformers' ``Qwen2Config``), a
     Llama layer's otherwise (:class:`LlamaLayerConfig`; transformers' ``LlamaConfig`` for a scaled RoPE)."""
-    keys = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
-            "max_position_embeddings", "rope_theta", "rope_scaling", "rope_parameters", "head_dim", "hidden_act",
-            "vocab_size")
-    fields = {k: raw[k] for k in keys if raw.get(k) is not None}
+    fields = {k: raw[k] for k in LAYER_KEYS if raw.get(k) is not None}
     fields["num_hidden_layers"] = 1
     if not qkv_bias and LlamaLayerConfig.takes(fields):
         return LlamaLayerConfig(**fields)

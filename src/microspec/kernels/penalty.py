@@ -9,8 +9,8 @@ and writes the penalised rows.
 The values are torch's on the same device, bit for bit, so that a walk's penalised rows are those a plain step
 computes (:func:`~microspec.decoding.processors.penalised`, HF's rule: a negative logit times the penalty, any other
 divided by it): on a CPU torch divides; on CUDA it multiplies by the fp32 reciprocal of a scalar divisor, and so does
-this kernel there.  fp32 logits only (the target's head returns fp32).  The plain-torch reference is :func:`reference`, what
-:meth:`RepetitionPenalty.apply_on_device <microspec.decoding.processors.RepetitionPenalty.apply_on_device>` computes
+this kernel there.  fp32 logits only (the target's head returns fp32).  The plain-torch reference is the code it
+replaces, :meth:`RepetitionPenalty.apply_on_device <microspec.decoding.processors.RepetitionPenalty.apply_on_device>`
 with the kernel off; tests/test_kernels.py runs the kernel under ``TRITON_INTERPRET=1`` against it
 (tests/verify_checks.py), tests/test_cuda.py compiled.
 """
@@ -67,20 +67,10 @@ def _f32(x: float) -> float:
     return struct.unpack("f", struct.pack("f", x))[0]
 
 
-def penalise(logits: torch.Tensor, seen: torch.Tensor, paths: torch.Tensor, penalty: float) -> torch.Tensor:
-    """:func:`penalise_rows` where it takes ``logits`` (:func:`applies`), else :func:`reference`: a new tensor."""
-    return penalise_rows(logits, seen, paths, penalty) if applies(logits) else reference(logits, seen, paths, penalty)
-
-
-def reference(logits: torch.Tensor, seen: torch.Tensor, paths: torch.Tensor, penalty: float) -> torch.Tensor:
-    """The same rows in plain torch: the rows' path ids scattered into a [R, V] mask (a spare column V takes the
-    padding), or'd with ``seen``, and HF's rule where the mask holds."""
-    vocab = seen.numel()
-    mask = torch.zeros(paths.shape[0], vocab + 1, dtype=torch.bool, device=paths.device)
-    if paths.numel():
-        mask.scatter_(1, torch.where(paths >= 0, paths, vocab), True)
-    mask = mask[:, :vocab] | seen[None, :]
-    return torch.where(mask, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
+def penalise(logits: torch.Tensor, seen: torch.Tensor, paths: torch.Tensor, penalty: float) -> torch.Tensor | None:
+    """:func:`penalise_rows` where it takes ``logits`` (:func:`applies`); None elsewhere, where the caller's
+    plain-torch path runs (the reference)."""
+    return penalise_rows(logits, seen, paths, penalty) if applies(logits) else None
 
 
 def penalise_rows(logits: torch.Tensor, seen: torch.Tensor, paths: torch.Tensor, penalty: float) -> torch.Tensor:
@@ -99,4 +89,4 @@ def penalise_rows(logits: torch.Tensor, seen: torch.Tensor, paths: torch.Tensor,
     return out
 
 
-__all__ = ["applies", "penalise", "penalise_rows", "reference"]
+__all__ = ["applies", "penalise", "penalise_rows"]
