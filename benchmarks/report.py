@@ -10,8 +10,8 @@ them (where llama-cpp-python is installed), then plain decoding against the mach
 one process (``benchmarks/measure/floor_share.py``: the read bandwidth, then a plain generation, several rounds; a
 bandwidth read at another moment moves by tens of percent on a shared machine).  A bench
 from a tree with uncommitted changes to ``src/`` is refused (``microspec bench``'s own check), so every figure comes
-from a commit.  ``--set dev`` (or ``dev-context``, its documents) measures a development set instead, into a folder the renderer
-does not read.
+from a commit.  ``--set dev`` (or ``dev-context``, its documents) measures a development set instead, into a
+folder the renderer does not read.
 """
 
 from __future__ import annotations

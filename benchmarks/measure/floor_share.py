@@ -58,7 +58,8 @@ def main() -> None:
     shares = [x["share"] for x in rounds]
     print(f"share of the read bandwidth: median {statistics.median(shares):.0%}, {min(shares):.0%}-{max(shares):.0%}")
     if args.out:
-        out = run_meta(model=args.model, tokens=args.tokens, threads=args.threads, mib=args.mib, weight_bytes_per_step=s["weight_bytes_per_step"],
+        out = run_meta(model=args.model, tokens=args.tokens, threads=args.threads, mib=args.mib,
+                       weight_bytes_per_step=s["weight_bytes_per_step"],
                        rounds=rounds, median_share=statistics.median(shares))
         Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
 

@@ -19,10 +19,10 @@ from .stats import DeviceTimer, GenerationStats, StepClock
 
 
 class GenerationState(Protocol):
-    """One generation's state as its prefill and plain replay see it: the target, its runtime and its cache, the committed
-    ``tokens`` (prompt included) and ``out`` (generated), the decoding's processors (``pipe``), the drafter, the
-    vocabulary policy and the adaptive switch (None where absent), the statistics and clocks, the taps, and
-    :meth:`commit` / :meth:`settle`, the loop's own ways of committing a token and settling a step."""
+    """One generation's state as its prefill and plain replay see it: the target, its runtime and its cache, the
+    committed ``tokens`` (prompt included) and ``out`` (generated), the decoding's processors (``pipe``), the
+    drafter, the vocabulary policy and the adaptive switch (None where absent), the statistics and clocks, the taps,
+    and :meth:`commit` / :meth:`settle`, the loop's own ways of committing a token and settling a step."""
 
     model: NativeCausalLM
     runtime: Runtime

@@ -10,12 +10,12 @@ large share of a bf16 step on a CPU), so the walk never computes it for every no
 
 Whatever the mode, the committed tokens are identical (tests/test_speculative.py proves it).
 
-Default (:attr:`Runtime.head_mode <microspec.runtime.Runtime.head_mode>`): ``path`` wherever a batch of head rows costs little more than one row — on CUDA
-(there by that reasoning; the modes were not compared on a GPU) and on a CPU with bf16 weights through the
-fp32-accumulating kernel of :mod:`microspec.kernels.cpu_linear` (a few rows stream the head's weights once, as one
-row does).  ``visited`` elsewhere on a CPU: there a row costs the same batched or not (torch's bf16 matmul without
-native bf16 arithmetic, and fp32 on a wide head, grow with every row), so scoring fewer rows wins.  The modes' speeds
-are compared in BENCHMARKS.md, "Where the time goes".
+Default (:attr:`Runtime.head_mode <microspec.runtime.Runtime.head_mode>`): ``path`` wherever a batch of head rows
+costs little more than one row — on CUDA (there by that reasoning; the modes were not compared on a GPU) and on a
+CPU with bf16 weights through the fp32-accumulating kernel of :mod:`microspec.kernels.cpu_linear` (a few rows stream
+the head's weights once, as one row does).  ``visited`` elsewhere on a CPU: there a row costs the same batched or not
+(torch's bf16 matmul without native bf16 arithmetic, and fp32 on a wide head, grow with every row), so scoring fewer
+rows wins.  The modes' speeds are compared in BENCHMARKS.md, "Where the time goes".
 """
 
 from __future__ import annotations

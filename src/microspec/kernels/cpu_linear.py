@@ -107,9 +107,9 @@ def amx(on: bool | None = None) -> bool:
     """Whether a bf16 layer's product (bf16 activations and weights, K a multiple of 32) takes the CPU's AMX tiles
     for its weight rows in whole blocks of 16 (the default where the CPU has AMX-BF16; ``MICROSPEC_AMX=0``, as
     :mod:`microspec.switches` last read it at the first product, turns it off); ``on`` sets it (a CPU without AMX
-    stays off).  Each weight row takes the same path whatever the rows, so the rows stay batch-invariant either way; the values differ from the other path's in
-    the low bits (tdpbf16ps's own fp32 sums).  Switch it only between generations: a decode step and the verify
-    pass after it must take the same path."""
+    stays off).  Each weight row takes the same path whatever the rows, so the rows stay batch-invariant either way;
+    the values differ from the other path's in the low bits (tdpbf16ps's own fp32 sums).  Switch it only between
+    generations: a decode step and the verify pass after it must take the same path."""
     if not available():
         return False
     if not _AMX_ENV:

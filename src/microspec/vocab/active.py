@@ -179,7 +179,7 @@ class RankedPrefix(ActiveRows):
         return listed_contains(self.ids, ids, cache)
 
     def matrix(self, weight, gathered):
-        # a view of the order's leading rows; rows of a GGUF head kept packed stay packed (the packed weights' ``leading``)
+        # a view of the order's leading rows; rows of a GGUF head kept packed stay packed (their own ``leading``)
         return gathered.leading(self.n) if hasattr(gathered, "leading") else gathered[: self.n]
 
     def columns_of(self, ids: torch.Tensor, inverse: Inverse) -> torch.Tensor:
