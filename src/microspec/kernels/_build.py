@@ -114,8 +114,6 @@ class Extension:
         with paying(f"{self.what} load") as cost, self._lock:
             if self.module is not None or self.failed is not None:
                 return self.module
-            from torch.utils import cpp_extension
-
             from ..paths import cache_root, exclusive
 
             try:
@@ -131,6 +129,8 @@ class Extension:
                     except (ImportError, OSError):  # cut short by a killed build: built again below
                         damaged = True
                 cost.what = f"{self.what} build"
+                from torch.utils import cpp_extension  # with setuptools: imported only to build
+
                 build.mkdir(parents=True, exist_ok=True)
                 # one process builds at a time (a file lock that dies with its holder); holding it, a lock file of
                 # torch's own left in the folder is a killed build's, which would make this one wait forever

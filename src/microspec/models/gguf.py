@@ -88,7 +88,14 @@ class GGUFFile:
                 p += 12
                 if etype in _SCALARS:  # skipped whole: a fixed-size run
                     return None, p + count * struct.calcsize(_SCALARS[etype])
-                for _ in range(count):  # strings (the vocabulary): only their lengths are read
+                if etype == 8:  # strings (the vocabulary): only their lengths are read
+                    length = struct.Struct("<Q").unpack_from
+                    for _ in range(count):
+                        p += 8 + length(buf, p)[0]
+                    if p > len(buf):
+                        raise ValueError("a metadata array runs past the end of the file")
+                    return None, p
+                for _ in range(count):
                     _, p = value(p, etype)
                 return None, p
             raise ValueError(f"unknown metadata value type {vtype}")

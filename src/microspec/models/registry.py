@@ -492,7 +492,9 @@ def load_model(
     weights multiplied by fp32 activations (slower; equal to dequantize-then-fp32 up to the order of fp32 sums).
     ``cuda_graphs``: replay the verify pass and the draft levels as CUDA graphs on a CUDA device (default: the
     device's own setting, :mod:`microspec.devices`: on for CUDA)."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
+
+    from .tokenizer import load_tokenizer
 
     switches.refresh()  # the environment's switches as they are now, for this model's life
     dev = parse_device(device)
@@ -516,7 +518,7 @@ def load_model(
     try:
         cfg = AutoConfig.from_pretrained(str(directory), local_files_only=True)
         spec_from_config(cfg)  # fail early on unsupported architectures
-        tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+        tokenizer = load_tokenizer(directory)
     except MicrospecError:
         raise
     except Exception as exc:

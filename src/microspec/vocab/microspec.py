@@ -124,10 +124,12 @@ class MicroSpecVocab(VocabPolicy):
         device = runtime.device
         if backend is None:  # on the device where its runtime says so (CUDA): the Triton window kernels where they
             # build (the tensor window's update costs several times theirs, BENCHMARKS.md, "GPU"), else the tensor
-            # window; elsewhere the host's
-            from ..kernels.window_update import compiles
+            # window; elsewhere the host's (and Triton is not imported)
+            backend = "host"
+            if runtime.window_on_device:
+                from ..kernels.window_update import compiles
 
-            backend = "host" if not runtime.window_on_device else "triton" if compiles(device) else "device"
+                backend = "triton" if compiles(device) else "device"
         check(backend in WINDOWS, f"unknown backend {backend!r}; choose from {', '.join(WINDOWS)}")
         super().__init__(always, device)
         self.vocab_size, self.w_max, self.k_pre, self.k_ver, self.gather = vocab_size, w_max, k_pre, k_ver, gather
