@@ -66,7 +66,7 @@ GENERAL = """\
 - `MICROSPEC_REPACK`: `0` keeps a GGUF file's quantized matrices in the file's layout instead of the interleaved
   8-row form they are rearranged into at load.
 - `MICROSPEC_CPU_PREFETCH`: `on` or `off` sets whether the packed products of up to 4 rows prefetch their weights in
-  software; unset (or `auto`), a packed model's first use times its LM head both ways and keeps the faster (which
+  software; unset (or `auto`), a packed model's load times its LM head both ways and keeps the faster (which
   one pays differs between CPUs; the values are the same either way).  It reads off as the switches here do.
 - `MICROSPEC_DRAFT_AHEAD`: `0` makes a model drafter's next tree on CUDA wait for the step's read instead of being
   launched before it (the tokens are the same either way; an A/B switch).

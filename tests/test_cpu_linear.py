@@ -64,34 +64,30 @@ def test_amx_rows_match_the_reference_and_do_not_depend_on_the_batch(amx):
     rows in whole blocks of 16; the last 11 of 523 take the other path): every row is the same bits alone, in a
     small batch or deep in a large one (several blocks of 16 rows), close to the fp32 reference, in both output
     dtypes; with the tiles switched off the same holds on the other path, whose low bits differ."""
-    was = cpu_linear.amx()
-    if amx and not was:
+    if amx and not cpu_quant.widest().amx_bf16:
         pytest.skip("this CPU has no AMX-BF16 (or Linux does not let this process use it)")
+    kernels = cpu_quant.widest().replace(amx_bf16=amx)
     g = torch.Generator().manual_seed(5)
     x = torch.randn(37, 256, generator=g).bfloat16()
     w = torch.randn(523, 256, generator=g).bfloat16()
     b = torch.randn(523, generator=g)
-    try:
-        assert cpu_linear.amx(amx) == amx
-        for out_dtype in (torch.float32, torch.bfloat16):
-            batch = cpu_linear.linear(x, w, b, out_dtype=out_dtype)
-            alone = torch.cat([cpu_linear.linear(x[i : i + 1], w, b, out_dtype=out_dtype) for i in range(37)])
-            threes = torch.cat([cpu_linear.linear(x[i : i + 3], w, b, out_dtype=out_dtype) for i in range(0, 37, 3)])
-            assert torch.equal(batch, alone)
-            assert torch.equal(batch, threes)
-            want = cpu_linear.reference(x, w, b, out_dtype=torch.float32)
-            assert torch.allclose(batch.float(), want, atol=2e-2 if out_dtype == torch.bfloat16 else 2e-3, rtol=1e-2)
-        if amx:
-            cpu_linear.amx(False)
-            other = cpu_linear.linear(x, w, b, out_dtype=torch.float32)
-            cpu_linear.amx(True)
-            tiles = cpu_linear.linear(x, w, b, out_dtype=torch.float32)
-            assert not torch.equal(tiles[:, :512], other[:, :512])  # the tiles did the whole blocks
-            assert torch.equal(tiles[:, 512:], other[:, 512:])  # the rows after them: the other path
-            # fp32 activations (in general not bf16 values) keep the other path
-            assert torch.equal(cpu_linear.linear(x.float(), w, b, out_dtype=torch.float32), other)
-    finally:
-        cpu_linear.amx(was)
+    for out_dtype in (torch.float32, torch.bfloat16):
+        batch = cpu_linear.linear(x, w, b, out_dtype=out_dtype, plan=kernels)
+        alone = torch.cat([cpu_linear.linear(x[i : i + 1], w, b, out_dtype=out_dtype, plan=kernels)
+                           for i in range(37)])
+        threes = torch.cat([cpu_linear.linear(x[i : i + 3], w, b, out_dtype=out_dtype, plan=kernels)
+                            for i in range(0, 37, 3)])
+        assert torch.equal(batch, alone)
+        assert torch.equal(batch, threes)
+        want = cpu_linear.reference(x, w, b, out_dtype=torch.float32)
+        assert torch.allclose(batch.float(), want, atol=2e-2 if out_dtype == torch.bfloat16 else 2e-3, rtol=1e-2)
+    if amx:
+        other = cpu_linear.linear(x, w, b, out_dtype=torch.float32, plan=kernels.replace(amx_bf16=False))
+        tiles = cpu_linear.linear(x, w, b, out_dtype=torch.float32, plan=kernels)
+        assert not torch.equal(tiles[:, :512], other[:, :512])  # the tiles did the whole blocks
+        assert torch.equal(tiles[:, 512:], other[:, 512:])  # the rows after them: the other path
+        # fp32 activations (in general not bf16 values) keep the other path
+        assert torch.equal(cpu_linear.linear(x.float(), w, b, out_dtype=torch.float32, plan=kernels), other)
 
 
 @needs_kernel
@@ -294,7 +290,7 @@ def test_attention_512_bit_form_gives_the_256_bit_values(dtype, heads, groups, t
     """The 512-bit form of the attention (two 8-lane chains a register: two heads' scores, 16 output elements) gives
     the 256-bit form's values bit for bit: odd head counts, widths off 16 and 8 lanes, masks, one row and many.
     Skipped where the CPU has no AVX-512."""
-    if not cpu_quant.attention_wide(True):
+    if not cpu_quant.widest().attention_wide:
         pytest.skip("no AVX-512 F/DQ on this CPU")
     g = torch.Generator().manual_seed(heads * s + d + t)
     k = torch.randn(groups, s, d, generator=g).to(dtype)
@@ -302,12 +298,9 @@ def test_attention_512_bit_form_gives_the_256_bit_values(dtype, heads, groups, t
     q = torch.randn(heads, t, d, generator=g).to(dtype)
     mask = torch.rand(t, s, generator=g) < 0.8
     mask[:, 0] = True
-    try:
-        wide = [cpu_linear.attend(q, k, v, m, d ** -0.5) for m in (mask, None)]
-        cpu_quant.attention_wide(False)
-        narrow = [cpu_linear.attend(q, k, v, m, d ** -0.5) for m in (mask, None)]
-    finally:
-        cpu_quant.attention_wide(True)
+    wide = [cpu_linear.attend(q, k, v, m, d ** -0.5, cpu_quant.widest()) for m in (mask, None)]
+    narrow = [cpu_linear.attend(q, k, v, m, d ** -0.5, cpu_quant.widest().replace(attention_wide=False))
+              for m in (mask, None)]
     assert all(torch.equal(a, b) for a, b in zip(wide, narrow))
 
 

@@ -10,6 +10,7 @@ bounds, and differs from the fp32 reference by its activation rounding (reported
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -31,7 +32,9 @@ from microspec.models.gguf import (
     install,
     packed_weights,
 )
+from microspec.kernels.plan import KernelPlan
 from microspec.models.quant import QuantTensor
+from microspec.runtime import Runtime
 from support import set_switch
 
 GGML_TYPES = [t for t in cq.TYPES if t not in cq.INTERLEAVED.values()]  # the file types (not the repacked forms)
@@ -158,40 +161,28 @@ def test_every_instruction_path_gives_the_avx2_products_bit_for_bit(qtype):
     tiles from 1, 9 or 17 rows; AVX-512 VNNI on 512-bit registers, two tiles of 8 weight rows and up to 8
     activation rows at a time; on 256-bit registers; AVX2): the same exact int32 group sums and the same fp32 chain, so every output equals the AVX2
     path's bit for bit, at any row count (register tiles of 1..8 rows and their remainders, AMX's 16-row blocks and
-    a remainder), for an odd number of tiles (the last one alone) and at the quants' extremes; a path the CPU lacks
-    is refused for AVX2."""
-    widest = cq.int_path(None)
+    a remainder), for an odd number of tiles (the last one alone) and at the quants' extremes; a plan naming a path
+    the CPU lacks takes AVX2."""
+    widest = cq.widest()
     rng = np.random.default_rng(11)
     cols = 768
     raw = torch.from_numpy(random_rows(qtype, 72, cols, rng))  # 9 tiles: 4 pairs and one alone
-    x8 = QuantTensor(cq.repack(raw, qtype), cq.INTERLEAVED[qtype], cols)
+    x8 = QuantTensor(cq.repack(raw, qtype), cq.INTERLEAVED[qtype], cols, plan=KernelPlan("avx2"))
     x = torch.randn(37, cols) * torch.logspace(-3, 3, 37)[:, None]
     x[3] = 0.0
     x[4, ::2] = 127.0
     x[4, 1::2] = -127.0
-    taken = []
-    try:
-        assert cq.int_path("avx2") == "avx2"
-        ref = {rows: x8.linear(x[:rows]) for rows in (1, 2, 3, 4, 5, 8, 9, 13, 16, 17, 37)}
-        for path in cq.INT_PATHS[1:]:
-            got = cq.int_path(path)
-            if got == "avx2":  # not on this CPU
-                continue
-            assert got == path
-            taken.append(path)
-            # AMX where it pays (the default), then every type on the tiles from 1, 9 or 17 rows, path 2 below
-            sides = ((False, 1), (True, 1), (True, 9), (True, 17)) if path == "amx" else ((False, 1),)
-            for every, min_rows in sides:
-                cq.amx_every_type(every)
-                cq.amx_min_rows(min_rows)
-                for rows, want in ref.items():
-                    assert torch.equal(x8.linear(x[:rows]), want), (path, rows, every, min_rows)
-        assert taken == list(cq.INT_PATHS[1:len(taken) + 1])  # a path has every narrower one beside it
-        assert not taken or cq.INT_PATHS.index(widest) == len(taken)  # the default: the widest
-    finally:
-        cq.amx_every_type(False)
-        cq.amx_min_rows(1)
-        assert cq.int_path(None) == widest
+    ref = {rows: x8.linear(x[:rows]) for rows in (1, 2, 3, 4, 5, 8, 9, 13, 16, 17, 37)}
+    taken = list(cq.int_paths()[1:])
+    assert cq.int_paths() == cq.INT_PATHS[:len(taken) + 1]  # a path has every narrower one beside it
+    assert widest.path == cq.int_paths()[-1]  # the default: the widest
+    for path in cq.INT_PATHS[1:]:  # those the CPU lacks: AVX2's products
+        # AMX where it pays (the default), then every type on the tiles from 1, 9 or 17 rows, path 2 below
+        sides = ((False, 1), (True, 1), (True, 9), (True, 17)) if path == "amx" else ((False, 1),)
+        for every, min_rows in sides:
+            x8.plan = KernelPlan(path, amx_every=every, amx_min_rows=min_rows)
+            for rows, want in ref.items():
+                assert torch.equal(x8.linear(x[:rows]), want), (path, rows, every, min_rows)
     if not taken:
         pytest.skip("this CPU has no AVX-512 VNNI: the AVX2 path is the only one")
 
@@ -213,17 +204,16 @@ def test_products_of_one_input_in_one_region_are_each_product_alone(threads):
         mats.append((cq.repack(raw, qtype), cq.TYPES[form][0]))
     assert sum(d.numel() for d, _ in mats) > 4 * 16 * 1024  # shares of several tiles each on 2 cores
     x = torch.randn(17, cols) * torch.logspace(-2, 2, 17)[:, None]
-    cq.int_path(None)  # the default path first; the loop then takes each this CPU has
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        for path in [p for p in cq.INT_PATHS if cq.int_path(p) == p]:  # those this CPU has, AMX included
-            cq.int_path(path)
+        for path in cq.int_paths():  # those this CPU has, AMX included
+            kernels = KernelPlan(path)
             for rows in (1, 3, 4, 5, 9, 17):
                 xr = x[:rows].contiguous()
-                alone = [cq.linear_q8(xr, d, t, cols) for d, t in mats]
+                alone = [cq.linear_q8(xr, d, t, cols, kernels) for d, t in mats]
                 for lo, hi in ((0, len(mats)), (0, 3), (3, 5), (1, 2)):
-                    got = cq.linear_q8_many(xr, mats[lo:hi], cols)
+                    got = cq.linear_q8_many(xr, mats[lo:hi], cols, kernels)
                     assert len(got) == hi - lo
                     assert all(torch.equal(g, w) for g, w in zip(got, alone[lo:hi])), (path, rows, lo, hi)
         raw = torch.from_numpy(random_rows("Q8_0", 16, cols, rng))  # the file's blocks beside an interleaved form
@@ -232,43 +222,42 @@ def test_products_of_one_input_in_one_region_are_each_product_alone(threads):
         assert all(torch.equal(g, cq.linear_q8(x, d, t, cols)) for g, (d, t) in zip(got, mixed))
     finally:
         torch.set_num_threads(before)
-        cq.int_path(None)
 
 
 def test_the_prefetch_distance_changes_no_value(monkeypatch):
     """Whether (and how far ahead) the products of up to 4 rows prefetch their weights is a speed setting: every
     distance gives the same products bit for bit; ``tune_prefetch`` measures and keeps one of the two it compares
-    (or the one ``MICROSPEC_CPU_PREFETCH`` names) and says how it chose."""
+    (or the one ``MICROSPEC_CPU_PREFETCH`` names), says how it chose, and a CPU model's runtime plan takes it."""
     rng = np.random.default_rng(17)
     cols = 768
     mats = [(cq.repack(torch.from_numpy(random_rows(q, 136, cols, rng)), q), cq.TYPES[cq.INTERLEAVED[q]][0])
             for q in ("Q8_0", "Q5_0", "Q6_K", "Q4_K")]
     x = torch.randn(4, cols)
-    before = cq.prefetch_tiles()
     monkeypatch.setattr(cq, "_TUNED", {})
-    try:
-        want = {(j, r): cq.linear_q8(x[:r].contiguous(), d, t, cols) for j, (d, t) in enumerate(mats)
-                for r in (1, 2, 3, 4)}
-        for tiles in (0, 1, 9, 64):
-            assert cq.prefetch_tiles(tiles) == tiles
-            for (j, r), y in want.items():
-                assert torch.equal(cq.linear_q8(x[:r].contiguous(), *mats[j], cols), y), (tiles, j, r)
-        choice = cq.tune_prefetch(*mats[0], cols, calls=4)
-        assert choice["how"] == "measured" and choice["tiles"] in (0, cq.PREFETCH_TILES)
-        assert cq.prefetch_tiles() == choice["tiles"] and choice["off_over_on"] > 0
-        assert cq.tune_prefetch(*mats[1], cols) is choice and choice["bytes"] == mats[0][0].numel()  # once
-        bigger = cq.repack(torch.from_numpy(random_rows("Q8_0", 272, cols, rng)), "Q8_0")
-        again = cq.tune_prefetch(bigger, mats[0][1], cols, calls=4)  # a larger matrix than the one measured
-        assert again["how"] == "measured" and again["bytes"] == bigger.numel()
-        on = cq.PREFETCH_TILES
-        for value, forced, tiles in (("off", "off", 0), ("0", "off", 0), ("No", "off", 0), ("on", "on", on),
-                                     ("1", "on", on)):
-            monkeypatch.setattr(cq, "_TUNED", {})
-            set_switch(monkeypatch, "MICROSPEC_CPU_PREFETCH", value)
-            assert cq.tune_prefetch(*mats[0], cols) == {"tiles": tiles, "how": f"MICROSPEC_CPU_PREFETCH={forced}"}
-            assert cq.prefetch_tiles() == tiles
-    finally:
-        cq.prefetch_tiles(before)
+    want = {(j, r): cq.linear_q8(x[:r].contiguous(), d, t, cols) for j, (d, t) in enumerate(mats)
+            for r in (1, 2, 3, 4)}
+    for tiles in (0, 1, 9, 64):
+        kernels = cq.widest().replace(prefetch_tiles=tiles)
+        for (j, r), y in want.items():
+            assert torch.equal(cq.linear_q8(x[:r].contiguous(), *mats[j], cols, kernels), y), (tiles, j, r)
+    with pytest.raises(ValueError, match="0 to 64"):
+        KernelPlan(prefetch_tiles=65)
+    assert cq.tuned_prefetch() is None and Runtime.resolve("cpu").kernels.prefetch_tiles == cq.PREFETCH_TILES
+    choice = cq.tune_prefetch(*mats[0], cols, calls=4)
+    assert choice["how"] == "measured" and choice["tiles"] in (0, cq.PREFETCH_TILES)
+    assert cq.tuned_prefetch() == choice["tiles"] and choice["off_over_on"] > 0
+    assert Runtime.resolve("cpu").kernels.prefetch_tiles == choice["tiles"]  # a runtime resolved now takes it
+    assert cq.tune_prefetch(*mats[1], cols) is choice and choice["bytes"] == mats[0][0].numel()  # once
+    bigger = cq.repack(torch.from_numpy(random_rows("Q8_0", 272, cols, rng)), "Q8_0")
+    again = cq.tune_prefetch(bigger, mats[0][1], cols, calls=4)  # a larger matrix than the one measured
+    assert again["how"] == "measured" and again["bytes"] == bigger.numel()
+    on = cq.PREFETCH_TILES
+    for value, forced, tiles in (("off", "off", 0), ("0", "off", 0), ("No", "off", 0), ("on", "on", on),
+                                 ("1", "on", on)):
+        monkeypatch.setattr(cq, "_TUNED", {})
+        set_switch(monkeypatch, "MICROSPEC_CPU_PREFETCH", value)
+        assert cq.tune_prefetch(*mats[0], cols) == {"tiles": tiles, "how": f"MICROSPEC_CPU_PREFETCH={forced}"}
+        assert Runtime.resolve("cpu").kernels.prefetch_tiles == tiles
 
 
 @pytest.mark.parametrize("qtype", list(cq.INTERLEAVED))
@@ -462,6 +451,50 @@ def gguf_model(tmp_path_factory):
     packed_model.eval().requires_grad_(False)
     install(packed_model, packed_weights(path, spec))
     return packed_model, reference, path
+
+
+def test_a_packed_model_runs_every_kernel_under_its_runtimes_plan(gguf_model):
+    """The kernels' choices are the model's runtime's, not the process's: resolving the runtime gives its plan to
+    every packed matrix (and the subsets taken from them); ``use_kernels`` moves them all, and every path this CPU
+    has (and one it lacks: AVX2's) decodes the same greedy tokens as the plan of the load."""
+    from microspec.decoding import GenerationConfig, generate_ids
+
+    shared, reference, path = gguf_model  # a copy of its own: the shared model's fused layers are built once
+    packed = type(shared)(shared.spec, {k: (v.clone(), s) for k, (v, s) in shared._rope.items()})
+    packed.load_state_dict(reference.state_dict())
+    packed.eval().requires_grad_(False)
+    install(packed, packed_weights(path, shared.spec))
+    rt = packed.resolve_runtime()
+    assert rt.kernels.path == cq.widest().path
+    mats = [v for m in packed.modules() for v in vars(m).values() if isinstance(v, QuantTensor)]
+    assert mats and all(w.plan is rt.kernels for w in mats)
+    assert packed.head_weight.index_select(0, torch.tensor([3, 1])).plan is rt.kernels
+    cfg = GenerationConfig(max_new_tokens=6, ignore_eos=True)
+    want = generate_ids(packed, [5, 9, 2, 7], cfg).token_ids
+    try:
+        for path in cq.INT_PATHS:
+            kernels = rt.kernels.replace(path=path, prefetch_tiles=0, attention_wide=False)
+            packed.use_kernels(kernels)
+            assert packed.runtime.kernels is kernels and all(w.plan is kernels for w in mats)
+            assert generate_ids(packed, [5, 9, 2, 7], cfg).token_ids == want, path
+    finally:
+        packed.resolve_runtime()
+
+
+def test_the_kernels_keep_no_tuned_state_of_their_own():
+    """No C++ kernel keeps a tuned choice as process state (an atomic set from Python): each entry point takes its
+    call's plan, packed as ``csrc/plan.h`` reads it."""
+    from support import ROOT
+
+    csrc = ROOT / "src" / "microspec" / "kernels" / "csrc"
+    for path in sorted(csrc.glob("*.[ch]*")):
+        text = path.read_text(encoding="utf-8")
+        assert "std::atomic" not in text and not re.search(r'm\.def\("set_', text), path.name
+    plan = KernelPlan("vnni256", prefetch_tiles=9, amx_min_rows=17, amx_every=True, attention_wide=True,
+                      amx_bf16=True)
+    assert plan.code == 1 | 9 << 4 | 1 << 12 | 1 << 13 | 1 << 14 | 17 << 16
+    with pytest.raises(ValueError, match="unknown integer path"):
+        KernelPlan("sse")
 
 
 def test_loads_interleave_unless_asked_not_to(gguf_model, monkeypatch):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import torch
-from support import ROOT, device_as
+from support import ROOT, device_as, set_switch
 
 import microspec
 from microspec.decoding import GenerationConfig, generate_ids
@@ -38,6 +38,19 @@ def test_a_runtime_answers_for_the_head_it_was_resolved_for():
     packed = Runtime.resolve("cpu", w, packed=True)
     assert packed.head_mode == "path" and packed.batched_head and not packed.slow_half_head
     assert Runtime.of(rt) is rt and Runtime.of("cpu").device == torch.device("cpu")
+
+
+def test_a_cpu_runtime_plans_the_kernels_with_the_switches_of_its_load(monkeypatch, tiny_model_dir):
+    """A CPU runtime's kernel plan: the CPU's widest forms, the bf16 AMX tiles only where ``MICROSPEC_AMX`` was not
+    off at the load; the model gives it to its dense layers."""
+    from microspec.kernels import cpu_quant
+
+    assert Runtime.resolve("cpu").kernels.replace(prefetch_tiles=4) == cpu_quant.widest()
+    set_switch(monkeypatch, "MICROSPEC_AMX", "0")
+    assert not Runtime.resolve("cpu").kernels.amx_bf16
+    lm = microspec.load_model(str(tiny_model_dir), dtype="bf16")
+    plan = lm.model.runtime.kernels
+    assert not plan.amx_bf16 and lm.model.model.layers[0].self_attn.q_proj.kernel_plan is plan
 
 
 def test_a_test_changes_every_runtime_on_a_device(monkeypatch, tiny_model_dir):

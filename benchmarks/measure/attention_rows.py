@@ -4,12 +4,12 @@
     python benchmarks/measure/attention_rows.py --keys 256 --rows 1 --out att.json
     python benchmarks/measure/attention_rows.py --forms 256,512     # both forms of the kernel, rounds alternating
 
-4 query heads over 1 key group of 256 elements (Gemma 3 270M's layers); each call reads one of 18 caches in turn, as
-a step reads its 18 layers' caches, so the keys and values come from memory or the last level of cache, not from a
-core's own.  Each figure is the median of 7 means of 72 calls (µs a call); with two ``--forms`` (the 256-bit and
-512-bit forms of the kernel, ``cpu_quant.attention_wide``: the same values) the rounds alternate between them and the
-median of the paired ratios is printed too.  Two builds are compared by running this in each checkout (the build is
-kept per source hash).
+4 query heads over 1 key group of 256 elements (Gemma 3 270M's layers); each call reads one of 18 caches in turn, as a
+step reads its 18 layers' caches, so the keys and values come from memory or the last level of cache, not from a core's
+own.  Each figure is the median of 7 means of 72 calls (µs a call); with two ``--forms`` (the 256-bit and 512-bit forms
+of the kernel, a kernel plan's ``attention_wide``: the same values) the rounds alternate between them and the median of
+the paired ratios is printed too.  Two builds are compared by running this in each checkout (the build is kept per
+source hash).
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from microspec.kernels import cpu_quant
 HEADS, GROUPS, DIM, LAYERS = 4, 1, 256, 18
 
 
-def _mean_us(q, ks, vs, mask, calls: int = LAYERS * 4) -> float:
+def _mean_us(q, ks, vs, mask, kernels, calls: int = LAYERS * 4) -> float:
     t = time.perf_counter()
     for i in range(calls):
-        cpu_quant.attend_rows(q, ks[i % len(ks)], vs[i % len(vs)], mask, DIM ** -0.5)
+        cpu_quant.attend_rows(q, ks[i % len(ks)], vs[i % len(vs)], mask, DIM ** -0.5, kernels)
     return (time.perf_counter() - t) / calls * 1e6
 
 
@@ -40,8 +40,7 @@ def _forms_us(forms: list[str], q, ks, vs, mask, rounds: int = 7) -> dict[str, l
     means: dict[str, list[float]] = {f: [] for f in forms}
     for i in range(rounds + 1):  # round 0 warms up
         for f in forms if i % 2 else forms[::-1]:
-            cpu_quant.attention_wide(f == "512")
-            us = _mean_us(q, ks, vs, mask)
+            us = _mean_us(q, ks, vs, mask, cpu_quant.widest().replace(attention_wide=f == "512"))
             if i:
                 means[f].append(us)
     return means
@@ -57,8 +56,8 @@ def main() -> None:
     args = ap.parse_args()
     if not cpu_quant.available():
         raise SystemExit(f"error: the CPU kernels are not available ({cpu_quant.build_error()})")
-    forms = args.forms.split(",") if args.forms else ["512" if cpu_quant.attention_wide() else "256"]
-    if "512" in forms and not cpu_quant.attention_wide(True):
+    forms = args.forms.split(",") if args.forms else ["512" if cpu_quant.widest().attention_wide else "256"]
+    if "512" in forms and not cpu_quant.widest().attention_wide:
         raise SystemExit("error: this CPU has no 512-bit form of the attention (AVX-512 F and DQ)")
     torch.manual_seed(0)
     rows = []

@@ -77,10 +77,16 @@ def main() -> None:
         return tokens / (time.perf_counter() - t), same
 
     paths = [None] if args.int_paths is None else args.int_paths.split(",")
+    load_plan = lm.model.runtime.kernels
+    missing = [p for p in paths if p is not None and p not in cpu_quant.int_paths()]
+    if missing:
+        raise SystemExit(f"batch_steps: this CPU has no {', '.join(missing)} path")
     rates: dict = {}
     for r in range(args.rounds):
         for path in paths:
-            name = cpu_quant.int_path(path) if path is not None else "default"
+            name = path or "default"
+            if path is not None:
+                lm.model.use_kernels(load_plan.replace(path=path))
             for depth in args.depth.split(","):
                 base = None
                 for n in (int(x) for x in args.levels.split(",")):

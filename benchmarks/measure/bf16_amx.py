@@ -1,7 +1,7 @@
-"""A bf16 model's products on the CPU's AMX tiles against the register-tile path, in one process, alternating call
-by call (``cpu_linear.amx``): the forward over each ``--rows`` new tokens after a prefix of each ``--contexts``
-tokens, then the LM head over its rows, timed apart; the median and quartiles of each side, the median of the paired
-ratios (AMX / the other), and how far the two paths' logits lie apart.
+"""A bf16 model's products on the CPU's AMX tiles against the register-tile path, in one process, alternating call by
+call (the model's kernel plan, ``amx_bf16``): the forward over each ``--rows`` new tokens after a prefix of each
+``--contexts`` tokens, then the LM head over its rows, timed apart; the median and quartiles of each side, the median
+of the paired ratios (AMX / the other), and how far the two paths' logits lie apart.
 
     python benchmarks/measure/bf16_amx.py --contexts 100,400 --rows 1,4,16 --calls 24 --out bf16_amx.json
 
@@ -32,13 +32,13 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     from microspec.bench import run_meta
-    from microspec.kernels import cpu_linear
     from microspec.models.registry import load_model
 
     torch.set_num_threads(a.threads)
-    if not cpu_linear.amx():
-        raise SystemExit("bf16_amx: this CPU has no AMX-BF16 tiles (or they are switched off: MICROSPEC_AMX)")
     m = load_model(a.model, dtype="bf16").model
+    load = m.runtime.kernels
+    if not load.amx_bf16:
+        raise SystemExit("bf16_amx: this CPU has no AMX-BF16 tiles (or they are switched off: MICROSPEC_AMX)")
     contexts, rows = [int(c) for c in a.contexts.split(",")], [int(r) for r in a.rows.split(",")]
     g = torch.Generator().manual_seed(0)
     cache = m.new_cache(max(contexts) + max(rows) + 1)
@@ -46,7 +46,7 @@ def main() -> None:
     results = []
     try:
         for c in contexts:
-            cpu_linear.amx(True)
+            m.use_kernels(load)
             cache.length = 0
             m.forward(torch.randint(100, 20000, (c,), generator=g), cache)
             for r in rows:
@@ -56,7 +56,7 @@ def main() -> None:
                 logits = {}
                 for i in range(a.calls):
                     for k in (("other", "amx") if i % 2 == 0 else ("amx", "other")):
-                        cpu_linear.amx(sides[k])
+                        m.use_kernels(load.replace(amx_bf16=sides[k]))
                         cache.length = c
                         t0 = time.perf_counter()
                         hidden = m.forward(ids, cache, positions=torch.arange(c, c + r), mask=mask)
@@ -74,7 +74,7 @@ def main() -> None:
                 results.append(row)
                 print(f"context {c}, {r} rows: " + "; ".join(line), flush=True)
     finally:
-        cpu_linear.amx(True)
+        m.use_kernels(load)
     if a.out:
         out = run_meta(model=a.model, threads=a.threads, calls=a.calls, warmup=a.warmup, results=results)
         Path(a.out).write_text(json.dumps(out, indent=1) + "\n")

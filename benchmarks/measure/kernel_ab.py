@@ -8,8 +8,8 @@ by call: an A/B of a kernel change that a shared machine's drifting bandwidth ca
 ``--prefetch-ab`` compares instead this build with its products' software prefetch (base) and without (new);
 ``--stack-ab`` this build's forward with one ``layer_step`` call a layer (base) and with the whole stack in one
 ``layers_step`` call (new); ``--path-ab BASE,NEW`` this build on two instruction paths of its integer products
-(``cpu_quant.int_path``: ``vnni512,amx`` on a CPU with AMX tiles; ``amx-every``: the ``amx`` path with every product
-on the tiles, ``cpu_quant.amx_every_type``).  ``--batch N`` times, at each prefix, the
+(a kernel plan's ``path``: ``vnni512,amx`` on a CPU with AMX tiles; ``amx-every``: the ``amx`` path with every product
+on the tiles, the plan's ``amx_every``).  ``--batch N`` times, at each prefix, the
 forward of N sequences of one new token each (``forward_many``: a server's decode steps batched) instead of one
 sequence's ``--rows``:
 
@@ -28,8 +28,8 @@ paired ratios new / base, and a check that both builds give the same hidden stat
 run minutes apart on a machine whose read bandwidth moves by tens of percent (this project's 2-core kind: 26-44 GB/s
 within a minute), so their medians compare poorly; here both builds see the same moments.  ``--base-src`` builds
 (or finds built) the other checkout's kernel in a child process, with that checkout's sources; both builds must take
-the same arguments (the model's fused-layer path calls ``layer_step`` and ``linear_q8``).  Each call is a decode or
-verify step's target work: the forward, then the LM head over its rows, timed apart.
+the same arguments (the model's fused-layer path calls ``layer_step`` and ``linear_q8``, each with a kernel plan).
+Each call is a decode or verify step's target work: the forward, then the LM head over its rows, timed apart.
 """
 
 from __future__ import annotations
@@ -94,34 +94,33 @@ def main() -> None:
     if not cpu_quant.available():
         raise SystemExit(f"kernel_ab: this checkout's kernel is not available: {cpu_quant.build_error()}")
     new_module = cpu_quant._EXT.module
-    tiles_before = cpu_quant.prefetch_tiles()
-    path_before = cpu_quant.int_path()
-    every_before = cpu_quant.amx_every_type()
     PATH_SIDES = (*cpu_quant.INT_PATHS, "amx-every")  # --path-ab's sides
     if a.path_ab:
         paths = a.path_ab.split(",")
         if len(paths) != 2 or not set(paths) <= set(PATH_SIDES):
             ap.error(f"--path-ab takes two of {', '.join(PATH_SIDES)}")
         for p in paths:
-            if cpu_quant.int_path(p.split("-")[0]) != p.split("-")[0]:
+            if p.split("-")[0] not in cpu_quant.int_paths():
                 raise SystemExit(f"kernel_ab: this CPU has no {p} path")
-        cpu_quant.int_path(path_before)
+    held: dict = {}  # the model, its stack's plan and its kernel plan at the load, for the sides
+
+    def use(**changes) -> None:
+        """The held model's kernels under its load's plan with ``changes``."""
+        held["model"].use_kernels(held["kernels"].replace(**changes))
 
     def take_path(p: str):
         def setup():
-            cpu_quant.int_path(p.split("-")[0])
-            cpu_quant.amx_every_type(p == "amx-every")
+            use(path=p.split("-")[0], amx_every=p == "amx-every")
         return setup
 
     def this_build(tiles):
         def setup():
             cpu_quant._EXT.module = new_module
-            cpu_quant.prefetch_tiles(tiles)
+            use(**({} if tiles is None else {"prefetch_tiles": tiles}))
         return setup
 
     sides = {}
     base_path = "this build, prefetch on (base) against off (new)"
-    held: dict = {}  # the model and its stack's plan, for --stack-ab's sides
 
     def stack(whole: bool):
         def setup():
@@ -132,7 +131,7 @@ def main() -> None:
     if a.base_src or a.base_so:
         base_path = a.base_so or built_module(a.base_src)
         base_module = _build._import(Path(base_path).name.split(".")[0], Path(base_path))
-        sides["base"] = lambda: setattr(cpu_quant._EXT, "module", base_module)
+        sides["base"] = lambda: (setattr(cpu_quant._EXT, "module", base_module), use())
     if a.prefetch_ab and sides:
         sides["new, prefetch on"] = this_build(cpu_quant.PREFETCH_TILES)
         sides["new, prefetch off"] = this_build(0)
@@ -145,12 +144,12 @@ def main() -> None:
         base_path = "this build, one layer_step call a layer (base) against the stack in one call (new)"
         sides = {"base": stack(False), "new": stack(True)}
     else:
-        sides["new"] = this_build(tiles_before)
+        sides["new"] = this_build(None)
     if a.generate:
         try:
             results = generations(a, sides, held)
         finally:
-            this_build(tiles_before)()
+            cpu_quant._EXT.module = new_module
         write(a, base_path, results, tokens=a.generate)
         return
     m = load_model(a.model, dtype="gguf").model
@@ -201,9 +200,8 @@ def main() -> None:
                 print(f"context {c}, {what}: " + "; ".join(line) + f"; {'same bits' if same else 'OUTPUTS DIFFER'}",
                       flush=True)
     finally:
-        this_build(tiles_before)()
-        cpu_quant.int_path(path_before)
-        cpu_quant.amx_every_type(every_before)
+        cpu_quant._EXT.module = new_module
+        use()
     stack(True)()
     write(a, base_path, results, warmup=a.warmup, **({"sequences": a.batch} if a.batch else {}))
 
@@ -223,8 +221,9 @@ def paired(times: dict, part: str, base: str, new: str, warmup: int, key: str = 
 
 
 def hold(held: dict, model) -> None:
-    """The model and the plan of its stack (None where its layers do not fuse), for --stack-ab's sides."""
-    held["model"], held["plan"] = model, model._fused_layers() and model._plan
+    """The model, the plan of its stack (None where its layers do not fuse) and its kernel plan at the load, for the
+    sides."""
+    held["model"], held["plan"], held["kernels"] = model, model._fused_layers() and model._plan, model.runtime.kernels
 
 
 def write(a, base_path: str, results, **fields) -> None:

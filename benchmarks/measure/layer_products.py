@@ -42,14 +42,15 @@ def main() -> None:
     ap.add_argument("--rows", default="1,4")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--path", default=None, choices=cpu_quant.INT_PATHS,
-                    help="the products' instruction path (cpu_quant.int_path; default: the widest this CPU has)")
+                    help="the products' instruction path (a kernel plan's; default: the widest this CPU has)")
     ap.add_argument("--out", default=None, help="also write the figures, with the run's meta, to this JSON file")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    path = cpu_quant.int_path(a.path)
-    if a.path and path != a.path:
+    if a.path and a.path not in cpu_quant.int_paths():
         raise SystemExit(f"layer_products: this CPU has no {a.path} path")
     m = load_model(a.model, dtype="gguf").model
+    kernels = m.runtime.kernels if a.path is None else m.runtime.kernels.replace(path=a.path)
+    path = kernels.path
     layer = m.model.layers[a.layer]
     att, mlp = layer.self_attn, layer.mlp
     rows = [int(r) for r in a.rows.split(",")]
@@ -60,7 +61,7 @@ def main() -> None:
         us = {}
         for r in rows:
             x = torch.randn(r, w.cols)
-            us[r] = round(_us(lambda x=x: cpu_quant.linear_q8(x, w.data, w.type_id, w.cols)), 1)
+            us[r] = round(_us(lambda x=x: cpu_quant.linear_q8(x, w.data, w.type_id, w.cols, kernels)), 1)
             total[r] += us[r]
         out[name] = {"type": w.qtype, "shape": [int(w.shape[0]), int(w.cols)], "us_by_rows": us,
                      "gb_per_s_one_row": round(w.data.numel() / us[rows[0]] / 1e3, 2)}

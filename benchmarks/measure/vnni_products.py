@@ -1,4 +1,4 @@
-"""The interleaved integer products on each instruction path this CPU has, in one process (``cpu_quant.int_path``
+"""The interleaved integer products on each instruction path this CPU has, in one process (the model's kernel plan
 switches between them; the outputs are equal bit for bit, tests/test_gguf.py): AVX2, AVX-512 VNNI on 256-bit
 registers and on 512-bit registers.  The LM head (Q8_0) and a layer matrix of each other packed type (Q5_0, Q4_K,
 Q6_K) of Gemma 3 270M's packed GGUF at 1-16 activation rows, and the model's forward plus head over 1-64 new tokens
@@ -34,16 +34,20 @@ def timed(fn, reps: int) -> float:
     return statistics.median(ts) * 1e3
 
 
-def every_path(fn, reps: int, rounds: int) -> dict:
-    """ms per call on each path, and the widest path's speed-up over AVX2"""
-    best = dict.fromkeys(cpu_quant.INT_PATHS, float("inf"))
-    for _ in range(rounds):
-        for path in best:
-            cpu_quant.int_path(path)
-            best[path] = min(best[path], timed(fn, reps))
-    cpu_quant.int_path(None)
+def every_path(fn, model, reps: int, rounds: int) -> dict:
+    """ms per call on each path this CPU has (``model``'s kernels under each), and the widest path's speed-up over
+    AVX2"""
+    load = model.runtime.kernels
+    best = dict.fromkeys(cpu_quant.int_paths(), float("inf"))
+    try:
+        for _ in range(rounds):
+            for path in best:
+                model.use_kernels(load.replace(path=path))
+                best[path] = min(best[path], timed(fn, reps))
+    finally:
+        model.use_kernels(load)
     out = {f"{p}_ms": round(t, 3) for p, t in best.items()}
-    out["speedup"] = round(best["avx2"] / best[cpu_quant.INT_PATHS[-1]], 3)
+    out["speedup"] = round(best["avx2"] / best[cpu_quant.int_paths()[-1]], 3)
     return out
 
 
@@ -59,7 +63,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     lm = load_model(args.model, dtype="gguf")
-    if cpu_quant.int_path(None) != cpu_quant.INT_PATHS[-1]:
+    if len(cpu_quant.int_paths()) < 2:
         raise SystemExit("this CPU has no AVX-512 VNNI: nothing to compare")
     m = lm.model
     mats = {"head": m.head_weight}
@@ -73,7 +77,7 @@ def main() -> None:
         for name, w in mats.items():
             for rows in (1, 4, 8, 16):
                 x = torch.randn(rows, w.shape[1])
-                r = every_path(lambda: w.linear(x), args.reps if name == "head" else 20 * args.reps, args.rounds)
+                r = every_path(lambda: w.linear(x), m, args.reps if name == "head" else 20 * args.reps, args.rounds)
                 out["products"][f"{name} {w.qtype} rows={rows}"] = r
                 print(f"{name} ({w.qtype}) {rows:>2} rows: {show(r)}", flush=True)
         cache = m.take_cache(600)
@@ -85,9 +89,9 @@ def main() -> None:
                 m.head(m(x, cache))
                 cache.length -= t
 
-            r = every_path(step, args.reps, args.rounds)
+            r = every_path(step, m, args.reps, args.rounds)
             one = out["forward_head"].get("tokens=1", r)
-            r["over_one_token"] = {p: round(r[f"{p}_ms"] / one[f"{p}_ms"], 2) for p in cpu_quant.INT_PATHS}
+            r["over_one_token"] = {p: round(r[f"{p}_ms"] / one[f"{p}_ms"], 2) for p in cpu_quant.int_paths()}
             out["forward_head"][f"tokens={t}"] = r
             print(f"forward + head over {t:>2} tokens: {show(r)}; over one token {r['over_one_token']}", flush=True)
     if args.out:

@@ -223,7 +223,8 @@ def _paths() -> list[str]:
     fl = load(floor)
     shares, bws, toks = ([r[k] for r in fl["rounds"]] for k in ("share", "read_gb_s", "decode_tok_s"))
     return ["### The products by instruction path", "",
-            "The interleaved integer products take the widest path the CPU reports (`cpu_quant.int_path`): AVX2 "
+            "The interleaved integer products take the widest path the CPU reports (a kernel plan's `path`, "
+            "`microspec.kernels.plan`): AVX2 "
             "(`maddubs` into int16 pairs), AVX-512 VNNI on 256-bit registers (one tile of 8 weight rows, up to 4 "
             "activation rows a register tile), or on 512-bit registers (two tiles side by side, up to 8 activation "
             "rows, from 5 rows on). Every path gives the same int32 sums and fp32 chain, so the same bits "

@@ -17,18 +17,21 @@ import torch
 
 from . import switches
 from .devices import DeviceProfile, profile
+from .kernels.plan import KernelPlan
 from .switches import Switches
 
 
 @dataclass(frozen=True)
 class Runtime:
-    """The device's profile and the switches as resolved, and what the target's weights answer (see the module)."""
+    """The device's profile and the switches as resolved, and what the target's weights answer (see the module);
+    ``kernels``: the CPU kernels' plan for every call this model makes (:mod:`microspec.kernels.plan`)."""
 
     device: torch.device
     profile: DeviceProfile
     switches: Switches
     batched_head: bool = False  # a few rows of the target's head cost little more than one (packed, or the CPU kernel)
     slow_half_head: bool = False  # a half-precision CPU head torch multiplies one row at a time (no kernel serves it)
+    kernels: KernelPlan = KernelPlan()
 
     @classmethod
     def resolve(cls, device, head_weight: torch.Tensor | None = None, packed: bool = False) -> Runtime:
@@ -42,7 +45,9 @@ class Runtime:
             batched = cpu_linear.applies(head_weight)
             slow_half = (head_weight.device.type == "cpu" and head_weight.dtype in (torch.bfloat16, torch.float16)
                          and not batched)
-        return cls(device, profile(device), switches.current(), batched, slow_half)
+        sw = switches.current()
+        kernels = _kernel_plan(head_weight, sw) if device.type == "cpu" else KernelPlan()
+        return cls(device, profile(device), sw, batched, slow_half, kernels)
 
     @staticmethod
     def of(device: torch.device | str | Runtime) -> Runtime:
@@ -98,6 +103,24 @@ class Runtime:
     def side_stream(self) -> torch.cuda.Stream | None:
         """A stream beside the current one where work runs behind the host, else None (work runs inline)."""
         return torch.cuda.Stream(self.device) if self.behind else None
+
+
+def _kernel_plan(head_weight: torch.Tensor | None, sw: Switches) -> KernelPlan:
+    """A CPU model's kernel plan: the CPU's widest forms (bf16 AMX tiles only where ``MICROSPEC_AMX`` is not off)
+    and the prefetch this process measured — on ``head_weight`` where it is an interleaved matrix on the integer
+    path (:func:`~microspec.kernels.cpu_quant.tune_prefetch`, a one-time cost), else on the last one measured."""
+    from .kernels import cpu_quant
+    from .onetime import paying
+
+    kernels = cpu_quant.widest()
+    kernels = kernels.replace(amx_bf16=kernels.amx_bf16 and sw.amx)
+    # a packed matrix (models.quant.QuantTensor) in an interleaved form whose products take the integer path
+    if getattr(head_weight, "integer", False) and getattr(head_weight, "qtype", None) in cpu_quant.FILE_TYPE \
+            and cpu_quant.available():
+        with paying("CPU prefetch calibration"):
+            cpu_quant.tune_prefetch(head_weight.data, head_weight.type_id, head_weight.cols, plan=kernels)
+    tiles = cpu_quant.tuned_prefetch()
+    return kernels if tiles is None else kernels.replace(prefetch_tiles=tiles)
 
 
 __all__ = ["Runtime"]

@@ -7,7 +7,7 @@ decides.  Each switch is an A/B lever for measuring one choice against its alter
 - ``MICROSPEC_DRAFT_AHEAD``: off, never draft the next tree before a step's read (where the device profile would).
 - ``MICROSPEC_REPACK``: off, GGUF matrices kept in the file's own block layout (not interleaved at load).
 - ``MICROSPEC_AMX``: off, bf16 products without the CPU's AMX tiles.
-- ``MICROSPEC_CPU_PREFETCH``: ``auto`` (the default) measured at a packed model's first use; on or off forced.
+- ``MICROSPEC_CPU_PREFETCH``: ``auto`` (the default) measured at a packed model's load; on or off forced.
 
 On and off read one way: unset or empty, the default; ``0``, ``off``, ``false`` or ``no`` (any case), off; anything
 else, on.

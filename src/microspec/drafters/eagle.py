@@ -176,12 +176,14 @@ class EagleDrafter(ForwardDrafter):
                 next(self.eagle.parameters()).device != target.device:
             self.eagle.to(device=target.device, dtype=target.dtype)
         from ..models.gguf import quantize_linears
+        from ..models.quant import install_plan
 
         if target.quantized:
             # beside a packed GGUF target the head's matrices go Q8_0 through the same integer kernels (a quarter
             # of the fp32 bytes per draft level; drafts only: verification decides what is kept); matrices packed
             # already are left as they are
             quantize_linears(self.eagle)
+        install_plan(self.eagle, target.runtime.kernels)  # the head's kernels run on the target's choices
         if (self.eagle.body.cuda_graphs is None) != (target.cuda_graphs is None):
             self.eagle.body.use_cuda_graphs(target.cuda_graphs is not None)  # the levels graphed where the target is
         self.cache = self.eagle.body.take_cache(len(prompt_ids) + 256)  # graphed: a pooled cache keeps its graphs

@@ -88,7 +88,8 @@ class DraftHead:
 
     def __init__(self, weight: torch.Tensor | DraftVocabRows, softcap: float | None = None,
                  policy: VocabPolicy | None = None, norm=None, runtime: Runtime | None = None):
-        """``runtime``: the target's (None: the runtime of ``weight``'s device), for the head's timer."""
+        """``runtime``: the target's (None: the runtime of ``weight``'s device), for the head's timer and the
+        kernel plan of its dense products."""
         self.weight = weight
         self.softcap = softcap
         self.norm = norm  # applied to the hidden states before scoring (an EAGLE-3 head's final norm)
@@ -102,7 +103,8 @@ class DraftHead:
         self._fused = policy is not None and policy.fused
         check(not (self._fused and self.mapped is not None),
               "--gather fused reads rows of the full vocabulary: not with a head that has a draft vocabulary")
-        self.timer = DeviceTimer(runtime or weight.device)
+        self.runtime = Runtime.of(runtime or weight.device)
+        self.timer = DeviceTimer(self.runtime)
         self.graphs = None  # a GraphedCall once use_cuda_graphs(True): the packed product replayed
         self.sizes: list = []  # active size of each call (device scalars for packed buffers: read at the end)
         if policy is not None:
@@ -205,7 +207,7 @@ class DraftHead:
         self.graphs = GraphedCall() if on else None
 
     def _matmul(self, hidden: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return self._cap(product(hidden, w))  # (rows of a GGUF head kept packed stay packed)
+        return self._cap(product(hidden, w, self.runtime.kernels))  # (rows of a GGUF head kept packed stay packed)
 
     def _cap(self, out: torch.Tensor) -> torch.Tensor:
         return torch.tanh(out / self.softcap) * self.softcap if self.softcap is not None else out

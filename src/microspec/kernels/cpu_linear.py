@@ -16,12 +16,12 @@ it for the same reason: torch's fp32 matmul blocks its sums by the number of row
 1-row and a 16-row product), so a verify pass or a server's batch could leave plain decoding at a near tie; through
 this kernel a CPU fp32 row is the same bits in any batch.
 
-AMX (:func:`amx`): where the CPU has AMX-BF16 tiles, a bf16 layer's product (bf16 activations, K a multiple of 32)
-takes them for the weight rows in whole blocks of 16: the weight rows are the A tiles straight from memory, the
-activation rows the B tile as bf16 pairs, the fp32 sums stay in the C tiles over the whole of K (``tdpbf16ps``'s
-own rounding) and are stored once.  Each weight row takes the same path whatever the number of rows, so a row's
-result is still batch-invariant; its low bits differ from the register-tile path's.  fp32 activations keep that
-path (rounding them to bf16 would change the values).
+AMX (a plan's ``amx_bf16``): where the CPU has AMX-BF16 tiles, a bf16 layer's product (bf16 activations, K a multiple of
+32) takes them for the weight rows in whole blocks of 16: the weight rows are the A tiles straight from memory, the
+activation rows the B tile as bf16 pairs, the fp32 sums stay in the C tiles over the whole of K (``tdpbf16ps``'s own
+rounding) and are stored once.  Each weight row takes the same path whatever the number of rows, so a row's result is
+still batch-invariant; its low bits differ from the register-tile path's.  fp32 activations keep that path (rounding
+them to bf16 would change the values).
 
 Attention (:func:`attend`, every CPU forward of bf16 or fp32 rows: decode steps, tree verification, prefills):
 torch's SDPA blocks its reductions by the shape of the call, so a token's attention output in a 60-row verify pass
@@ -47,9 +47,10 @@ from __future__ import annotations
 import torch
 
 # the row-wise attention kernel (csrc/attention.cpp) is built into the quantized-weight extension (cpu_quant)
-from .. import switches
 from . import cpu_quant
 from ._build import Extension
+from .cpu_quant import code
+from .plan import KernelPlan
 
 # The C++: csrc/linear_bf16.cpp (with common.h's register tile) and its bindings, built with the default
 # floating-point contraction (as always: its outputs are what the tests and benchmarks were checked against).
@@ -80,11 +81,25 @@ def build_error() -> str | None:
     return _EXT.failed
 
 
+def extension():
+    """The built extension module; an error where the kernel is not available."""
+    if not available():
+        raise RuntimeError(f"the CPU dense-weight kernel is not available here: {build_error() or 'off'}")
+    return _EXT.module
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-           out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+           out_dtype: torch.dtype = torch.bfloat16, plan: KernelPlan | None = None) -> torch.Tensor:
     """``x @ weight.T (+ bias)`` for a bf16 or fp32 CPU ``weight`` [N, K]; ``x`` [..., K] of any float dtype; result
     in ``out_dtype`` (bf16: rounded to nearest even from the fp32 sum; fp32: the sum itself).  Where a gradient is
-    wanted (training), torch's product instead, which autograd follows."""
+    wanted (training), torch's product instead, which autograd follows.
+
+    A bf16 layer's product (bf16 activations and weights, K a multiple of 32) takes the CPU's AMX tiles for its weight
+    rows in whole blocks of 16 where ``plan`` asks for them (``amx_bf16``: a model's runtime asks where the CPU has
+    AMX-BF16 and ``MICROSPEC_AMX`` is not off; :func:`~microspec.kernels.cpu_quant.widest` where None).  Each weight row
+    takes the same path whatever the rows, so the rows stay batch-invariant either way; the values differ from the
+    other path's in the low bits (tdpbf16ps's own fp32 sums), so a decode step and the verify pass after it take one
+    plan."""
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                     or (bias is not None and bias.requires_grad)):  # training: torch's, with grads
         return reference(x, weight, bias, out_dtype=out_dtype)  # fp32 sums too
@@ -92,31 +107,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     x2 = x.reshape(-1, x.shape[-1]).to(torch.float32).contiguous()
     b = bias.to(torch.float32).contiguous() if bias is not None else torch.empty(0)
     x_bf16 = x.dtype == torch.bfloat16
-    if x_bf16 and not _AMX_ENV:
-        amx()  # MICROSPEC_AMX
-    out = _EXT.module.linear_bf16(x2, weight.contiguous(), b, out_dtype == torch.bfloat16, x_bf16)
+    out = _EXT.module.linear_bf16(x2, weight.contiguous(), b, out_dtype == torch.bfloat16, x_bf16, code(plan))
     if out_dtype not in (torch.bfloat16, torch.float32):
         out = out.to(out_dtype)
     return out.reshape(*lead, weight.shape[0])
-
-
-_AMX_ENV: list = []  # MICROSPEC_AMX, once applied: a process takes one path for its bf16 layers
-
-
-def amx(on: bool | None = None) -> bool:
-    """Whether a bf16 layer's product (bf16 activations and weights, K a multiple of 32) takes the CPU's AMX tiles
-    for its weight rows in whole blocks of 16 (the default where the CPU has AMX-BF16; ``MICROSPEC_AMX=0``, as
-    :mod:`microspec.switches` last read it at the first product, turns it off); ``on`` sets it (a CPU without AMX
-    stays off).  Each weight row takes the same path whatever the rows, so the rows stay batch-invariant either way;
-    the values differ from the other path's in the low bits (tdpbf16ps's own fp32 sums).  Switch it only between
-    generations: a decode step and the verify pass after it must take the same path."""
-    if not available():
-        return False
-    if not _AMX_ENV:
-        _AMX_ENV.append(True)
-        if not switches.current().amx and on is None:
-            on = False
-    return bool(_EXT.module.set_amx_bf16(-1 if on is None else int(bool(on))))
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -126,16 +120,17 @@ def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     return out.to(out_dtype)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+           plan: KernelPlan | None = None) -> torch.Tensor:
     """Attention of ``q`` [H, T, D] over ``k``, ``v`` [G, S, D] (grouped heads: head h reads group h // (H / G)),
     ``mask`` [T, S] or [1, 1, T, S] bool (True = may attend) or None; bf16 in, bf16 out [H, T, D] (or all fp32).
 
     Each row over exactly the keys it may see, in slot order, with fp32 scores, a vectorized expf and sequential
     fp32 sums (the heads of a key group share each key and value read): a row's result does not depend on the
     other rows of the call nor on masked slots, so a one-token decode step and a tree-verify pass compute the same
-    values for the same token."""
+    values for the same token.  ``plan``: the call's kernel plan (its attention width)."""
     m = torch.empty(0, dtype=torch.bool) if mask is None else mask.reshape(q.shape[1], k.shape[1]).contiguous()
-    return cpu_quant.attend_rows(q, k, v, m, float(scale))
+    return cpu_quant.attend_rows(q, k, v, m, float(scale), plan)
 
 
 def attention_reference(q, k, v, mask, scale):

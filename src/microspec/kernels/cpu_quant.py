@@ -37,6 +37,7 @@ import torch
 
 from .. import switches
 from ._build import Extension
+from .plan import INT_PATHS, PREFETCH_TILES, KernelPlan
 
 # type name -> (GGML type id as in gguf.GGMLQuantizationType, block size in elements, bytes per block)
 TYPES = {
@@ -84,37 +85,59 @@ def linear(x: torch.Tensor, data: torch.Tensor, type_id: int, cols: int) -> torc
     return y.reshape(*lead, y.shape[-1])
 
 
-def linear_q8(x: torch.Tensor, data: torch.Tensor, type_id: int, cols: int) -> torch.Tensor:
+def linear_q8(x: torch.Tensor, data: torch.Tensor, type_id: int, cols: int,
+              plan: KernelPlan | None = None) -> torch.Tensor:
     """:func:`linear` on the integer path: ``x`` quantized per row and 32-element block to int8 (see
-    :func:`quantize_activations`), exact int32 block sums; fp32 [..., N]."""
+    :func:`quantize_activations`), exact int32 block sums; fp32 [..., N].  ``plan``: the call's choices (the
+    instruction path, the prefetch; :func:`widest` where None)."""
     if x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous():  # the decode step's shape: no reshapes
-        return _EXT.module.linear_q8(x, data, type_id, cols)
+        return _EXT.module.linear_q8(x, data, type_id, cols, code(plan))
     lead = x.shape[:-1]
     x2 = x.reshape(-1, cols).to(torch.float32).contiguous()
-    y = _EXT.module.linear_q8(x2, data, type_id, cols)
+    y = _EXT.module.linear_q8(x2, data, type_id, cols, code(plan))
     return y.reshape(*lead, y.shape[-1])
 
 
-def linear_q8_many(x: torch.Tensor, mats: list[tuple[torch.Tensor, int]], cols: int) -> list[torch.Tensor]:
+def linear_q8_many(x: torch.Tensor, mats: list[tuple[torch.Tensor, int]], cols: int,
+                   plan: KernelPlan | None = None) -> list[torch.Tensor]:
     """:func:`linear_q8` of one ``x`` [M, cols] (contiguous fp32) by each ``(data, type_id)`` of ``mats``: the rows
     quantized once and, where every matrix is an interleaved form, all the products in one parallel region, the
     tiles of all of them split over the cores by their bytes (a decoder layer's q, k and v; its gate and up).  Each
     output is :func:`linear_q8`'s for its matrix, bit for bit."""
-    return _EXT.module.linear_q8_many(x, [d for d, _ in mats], [t for _, t in mats], cols)
+    return _EXT.module.linear_q8_many(x, [d for d, _ in mats], [t for _, t in mats], cols, code(plan))
 
 
-INT_PATHS = ("avx2", "vnni256", "vnni512", "amx")
-
-
-def _built():
-    """The built extension module, for a switch of its paths; an error where the kernel is not available."""
+def extension():
+    """The built extension module; an error where the kernel is not available."""
     if not available():
         raise RuntimeError(f"the CPU quantized-weight kernel is not available here: {build_error() or 'off'}")
     return _EXT.module
 
 
-def int_path(path: str | None = None) -> str:
-    """The instruction path of the interleaved forms' integer products (every packed type, the K-quants included):
+_WIDEST: list[KernelPlan] = []  # widest(), once the kernel has answered
+
+
+def widest() -> KernelPlan:
+    """The plan of this CPU's widest forms: its widest integer path, the 512-bit attention and the bf16 AMX tiles
+    where it has them, the default prefetch (where the kernel is unavailable, the narrowest: nothing runs on it)."""
+    if not available():
+        return KernelPlan()
+    if not _WIDEST:
+        module = _EXT.module
+        _WIDEST.append(KernelPlan(path=INT_PATHS[int(module.widest_int_path())],
+                                  attention_wide=bool(module.attention_wide_available()),
+                                  amx_bf16=bool(module.amx_bf16_available())))
+    return _WIDEST[0]
+
+
+def code(plan: KernelPlan | None) -> int:
+    """``plan``'s integer for the kernels, :func:`widest`'s for None."""
+    return (plan or widest()).code
+
+
+def int_paths() -> tuple[str, ...]:
+    """The instruction paths of the interleaved forms' integer products (every packed type, the K-quants included)
+    that this CPU has, narrowest first (a plan's ``path``):
     ``avx2`` (``maddubs`` into int16 pair sums, then ``madd``), ``vnni256`` (AVX-512 VNNI's ``vpdpbusd`` into int32
     lanes on 256-bit registers, one tile of 8 weight rows at a time) or ``vnni512`` (two tiles on 512-bit registers,
     up to 8 activation rows per register tile) or ``amx`` (Intel's AMX tiles: a pair of tiles' weights and up to 16
@@ -122,11 +145,10 @@ def int_path(path: str | None = None) -> str:
     of 16 MiB or more, of 1-4 rows, where the tiles beat ``vnni512`` (docs/history.md, "AMX tiles for the LM head
     (the default where the CPU has them)"); every other product takes
     ``vnni512``'s register tiles, the unpacked types two tiles at a time from one row on (a full-width 512-bit CPU);
-    :func:`amx_every_type` puts every product from :func:`amx_min_rows` rows on the tiles).  Every
-    path gives the same exact int32 sums and the same fp32 chain, so the same results bit for bit.  ``path`` None:
-    the default, the widest this CPU has; a path the CPU lacks falls back to ``avx2``.  Returns the path in use."""
-    code = -1 if path is None else INT_PATHS.index(path)
-    return INT_PATHS[_built().set_int_path(code)]
+    a plan's ``amx_every`` puts every product from its ``amx_min_rows`` rows on the tiles).  Every path gives the
+    same exact int32 sums and the same fp32 chain, so the same results bit for bit; a plan naming a path the CPU
+    lacks takes ``avx2``."""
+    return INT_PATHS[: INT_PATHS.index(widest().path) + 1]
 
 
 def repack(data: torch.Tensor, qtype: str) -> torch.Tensor:
@@ -151,68 +173,51 @@ def quantize_activations(x: torch.Tensor) -> torch.Tensor:
     return (torch.round(xb * inv) * d).reshape(x.shape)
 
 
-PREFETCH_TILES = 4  # the kernel's default: a product taken one tile at a time prefetches this many tiles ahead
 PREFETCH_GAIN = 0.97  # turned off only where that makes the measured product at least 3% faster
 
-
-def prefetch_tiles(tiles: int | None = None) -> int:
-    """How many tiles ahead the interleaved forms' products taken one tile at a time (one row; Q8_0's up to 4
-    rows) prefetch their weights (0: none, the hardware prefetchers alone); ``tiles`` sets it.  Only the speed
-    changes, never a value."""
-    return int(_EXT.module.set_prefetch_tiles(-1 if tiles is None else int(tiles)))
+_TUNED: dict = {}  # this process's measurement of tune_prefetch, once made
 
 
-def amx_min_rows(rows: int | None = None) -> int:
-    """From how many rows the ``amx`` path multiplies on AMX tiles (fewer take ``vnni512``; by default 1, every row
-    count); ``rows`` sets it.  Only the speed changes, never a value."""
-    return int(_EXT.module.set_amx_min_rows(-1 if rows is None else int(rows)))
+def tuned_prefetch() -> int | None:
+    """The prefetch distance :func:`tune_prefetch` chose in this process (None: not measured yet)."""
+    return _TUNED.get("tiles")
 
 
-def amx_every_type(on: bool | None = None) -> bool:
-    """Whether the ``amx`` path puts every product of :func:`amx_min_rows` rows or more on AMX tiles (every packed
-    type, every such row count), not only the Q8_0 products the tiles serve by default; ``on`` sets it.  For
-    the tests and for measuring; only the speed changes, never a value."""
-    return bool(_EXT.module.set_amx_every_type(-1 if on is None else int(bool(on))))
-
-
-_TUNED: dict = {}  # this process's choice of tune_prefetch, once made
-
-
-def tune_prefetch(data: torch.Tensor, type_id: int, cols: int, calls: int = 16) -> dict:
+def tune_prefetch(data: torch.Tensor, type_id: int, cols: int, calls: int = 16,
+                  plan: KernelPlan | None = None) -> dict:
     """Choose by measurement whether the products taken one tile at a time prefetch their weights (a CPU's own
     prefetchers may do better alone: the same software prefetch helps on one machine and hurts on another of the
     same kind; docs/history.md, "A layer's products in fewer regions, and the prefetch chosen by measuring").
     Times one row through the interleaved matrix ``data`` (the LM head: most of a decode step's bytes) ``calls``
-    times each way, alternating (ABBA), and turns the prefetch off where the median of the paired ratios is below
-    :data:`PREFETCH_GAIN`.  ``MICROSPEC_CPU_PREFETCH`` set to anything but ``auto`` skips the measurement: off where
-    it reads as off (0, off, false, no), else on.  Once per process (a packed model's first use), again only for a
-    matrix larger than the one measured (a small test model's head is a poor guide to a real one's); returns the
-    choice: ``{"tiles", "how"}`` with the medians, the ratio and the matrix's bytes where measured."""
+    times each way under ``plan`` (:func:`widest` where None), alternating (ABBA), and
+    chooses no prefetch where the median of the paired ratios is below :data:`PREFETCH_GAIN`.
+    ``MICROSPEC_CPU_PREFETCH`` set to anything but ``auto`` skips the measurement: off where it reads as off (0, off,
+    false, no), else on.  Once per process (a packed model's runtime asks at its load), again only for a matrix
+    larger than the one measured (a small test model's head is a poor guide to a real one's); returns the choice, a
+    plan's ``prefetch_tiles``: ``{"tiles", "how"}`` with the medians, the ratio and the matrix's bytes where
+    measured."""
     if _TUNED and _TUNED.get("bytes", float("inf")) >= data.numel():
         return _TUNED
     _TUNED.clear()
     forced = switches.current().cpu_prefetch
     if forced != "auto":  # on / off as the other switches read it
         off = not switches.flag(forced)
-        _TUNED.update(tiles=prefetch_tiles(0 if off else PREFETCH_TILES),
-                      how=f"MICROSPEC_CPU_PREFETCH={'off' if off else 'on'}")
+        _TUNED.update(tiles=0 if off else PREFETCH_TILES, how=f"MICROSPEC_CPU_PREFETCH={'off' if off else 'on'}")
         return _TUNED
     x = torch.randn(1, cols, generator=torch.Generator().manual_seed(0))
+    base = plan or widest()
+    codes = {tiles: base.replace(prefetch_tiles=tiles).code for tiles in (PREFETCH_TILES, 0)}
     times: dict[int, list[float]] = {PREFETCH_TILES: [], 0: []}
-    try:
-        for i in range(calls + 2):  # the first two rounds warm up
-            for tiles in ((PREFETCH_TILES, 0) if i % 2 == 0 else (0, PREFETCH_TILES)):
-                prefetch_tiles(tiles)
-                t0 = time.perf_counter()
-                _EXT.module.linear_q8(x, data, type_id, cols)
-                if i >= 2:
-                    times[tiles].append(time.perf_counter() - t0)
-    finally:
-        prefetch_tiles(PREFETCH_TILES)
+    for i in range(calls + 2):  # the first two rounds warm up
+        for tiles in ((PREFETCH_TILES, 0) if i % 2 == 0 else (0, PREFETCH_TILES)):
+            t0 = time.perf_counter()
+            _EXT.module.linear_q8(x, data, type_id, cols, codes[tiles])
+            if i >= 2:
+                times[tiles].append(time.perf_counter() - t0)
     on, off = times[PREFETCH_TILES], times[0]
     ratio = statistics.median(b / a for a, b in zip(on, off))
     chosen = 0 if ratio < PREFETCH_GAIN else PREFETCH_TILES
-    _TUNED.update(tiles=prefetch_tiles(chosen), how="measured", on_ms=round(statistics.median(on) * 1e3, 3),
+    _TUNED.update(tiles=chosen, how="measured", on_ms=round(statistics.median(on) * 1e3, 3),
                   off_ms=round(statistics.median(off) * 1e3, 3), off_over_on=round(ratio, 3), bytes=data.numel())
     return _TUNED
 
@@ -249,28 +254,23 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 
 def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
-                scale: float) -> torch.Tensor:
-    """Row-wise attention (see :func:`microspec.kernels.cpu_linear.attend`), bf16 or fp32."""
-    return _EXT.module.attend_rows(q, k, v, allowed, scale)
-
-
-def attention_wide(on: bool | None = None) -> bool:
-    """Whether :func:`attend_rows` takes its 512-bit form (two of the 8-lane fp32 chains a register: the same
-    values bit for bit, half the fma instructions); the default where the CPU has AVX-512 F and DQ.  ``on`` False
-    takes the 256-bit form, True the 512-bit one where the CPU has it; None only asks.  Returns the form in use."""
-    return bool(_built().set_attention_wide(-1 if on is None else int(bool(on))))
+                scale: float, plan: KernelPlan | None = None) -> torch.Tensor:
+    """Row-wise attention (see :func:`microspec.kernels.cpu_linear.attend`), bf16 or fp32; several rows take the
+    512-bit form (two of the 8-lane fp32 chains a register: the same values bit for bit, half the fma instructions)
+    where ``plan`` asks for it (``attention_wide``) and the CPU has AVX-512 F and DQ."""
+    return _EXT.module.attend_rows(q, k, v, allowed, scale, code(plan))
 
 
 def layer_step(x: torch.Tensor, mats: list[torch.Tensor], meta: list[int], biases: list[torch.Tensor],
                norms: list[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
                segments: list[tuple[torch.Tensor, int, int, int, torch.Tensor]], dims: list[int], eps: float,
-               scale: float) -> torch.Tensor:
+               scale: float, plan: KernelPlan | None = None) -> torch.Tensor:
     """One decoder layer of a packed model on fp32 rows ``x`` [T, d], the rows in ``segments`` of one sequence each:
     (``kv`` [2, kv heads, capacity, hd], its row count, the slot its keys and values go to, its first visible key,
     its mask), in row order (see ``csrc/layer_step.cpp``).  The products read the weights once for all rows."""
     kvs, rows, starts, los, masks = (list(part) for part in zip(*segments))
     return _EXT.module.layer_step(x, mats, meta, biases, norms, cos, sin, kvs, rows, starts, los, masks, dims, eps,
-                                  scale)
+                                  scale, code(plan))
 
 
 class LayersPlan:
@@ -296,15 +296,16 @@ class LayersPlan:
 
 
 def layers_step(x: torch.Tensor, plan: LayersPlan, layers: int, cos: list[torch.Tensor], sin: list[torch.Tensor],
-                segments: list[tuple[torch.Tensor, int, int, list[int], list[torch.Tensor]]]) -> torch.Tensor:
+                segments: list[tuple[torch.Tensor, int, int, list[int], list[torch.Tensor]]],
+                kernels: KernelPlan | None = None) -> torch.Tensor:
     """The first ``layers`` layers of ``plan`` over ``x`` in one call, each exactly as
     :func:`layer_step`: ``cos``/``sin`` per RoPE base, and per segment (``kv``: its sequence's whole cache
     [layers, 2, kv heads, capacity, hd], its row count, its start slot, per window kind its first visible key and
-    its mask)."""
+    its mask); ``kernels``: the call's kernel plan."""
     kvs, rows, starts, los, masks = (list(part) for part in zip(*segments))
     module = _EXT.module
     return module.layers_step(x, plan.native(module), layers, cos, sin, kvs, rows, starts,
-                              [v for lo in los for v in lo], [m for ms in masks for m in ms])
+                              [v for lo in los for v in lo], [m for ms in masks for m in ms], code(kernels))
 
 
 def argmax(x: torch.Tensor) -> int:

@@ -168,7 +168,7 @@ class DecoderStack:
         if self.spec.attn_softcap is not None:
             return self.attend_batch(q, k, v, None if amask is None else amask[0])
         if cpu_linear.attention_applies(q):  # a CPU forward (bf16 or fp32 rows): each row independent of the others
-            return cpu_linear.attend(q, k, v, amask, self.spec.attn_scale)
+            return cpu_linear.attend(q, k, v, amask, self.spec.attn_scale, self.runtime.kernels)
         if amask is not None and amask.dtype == torch.bool and profile(q.device).fused_layers:
             amask = additive(self.__dict__.setdefault("_masks_made", {}), amask, q.dtype)  # stack() empties it
         return F.scaled_dot_product_attention(

@@ -1,8 +1,8 @@
 """A model's first use in a process, paid before the first timed generation: on a CPU the kernels it runs on
-(built once per machine under ``$MICROSPEC_CACHE/kernels``, loaded once per process), the first touch of its
-weights' pages (memory-mapped GGUF blocks fault in here, not in the first step) and, for a packed model, whether its
-products prefetch their weights, measured on its LM head (:func:`~microspec.kernels.cpu_quant.tune_prefetch`).
-Each is a one-time cost (:mod:`microspec.onetime`), timed apart from generation."""
+(built once per machine under ``$MICROSPEC_CACHE/kernels``, loaded once per process) and the first touch of its
+weights' pages (memory-mapped GGUF blocks fault in here, not in the first step).  Each is a one-time cost
+(:mod:`microspec.onetime`), timed apart from generation; so is a packed model's prefetch measurement, which its
+runtime makes at the load (:mod:`microspec.runtime`)."""
 
 from __future__ import annotations
 
@@ -42,11 +42,6 @@ def prepare(model, drafting: bool = True) -> None:
         if "touch" not in done:
             with paying("first touch of the weights"):
                 touch(_weights(model))
-            head = model.head_weight
-            if isinstance(head, QuantTensor) and head.integer and head.qtype in cpu_quant.FILE_TYPE and \
-                    cpu_quant.available():  # an interleaved form on the integer path
-                with paying("CPU prefetch calibration"):
-                    cpu_quant.tune_prefetch(head.data, head.type_id, head.cols)
     done |= want
 
 

@@ -74,7 +74,7 @@ class FusedLayers:
         """The fused layers over ``x``, whose rows are ``segments`` of one sequence each: (its cache, its row count,
         its masks by window as :func:`~microspec.models.placement.place` gives them).  ``tap``: None, or (layers,
         dict) to fill with the input of each of those layers.  Leaves the caches' lengths to the caller."""
-        spec = self.spec
+        spec, kernels = self.spec, self.runtime.kernels
         if tap is None and getattr(self, "_plan", None) is not None:
             parts = []
             for cache, t, masks in segments:
@@ -83,7 +83,7 @@ class FusedLayers:
                 parts.append((cache.kv, t, start, [lo for _, lo in windows],
                               [self._allowed(amask, t, start, lo) for amask, lo in windows]))
             return cpu_quant.layers_step(x, self._plan, len(fused), [rope[r][0] for r in self._rope_kinds],
-                                         [rope[r][1] for r in self._rope_kinds], parts)
+                                         [rope[r][1] for r in self._rope_kinds], parts, kernels)
         for i in range(len(fused)):
             if tap is not None and i in tap[0]:
                 tap[1][i] = x
@@ -94,7 +94,7 @@ class FusedLayers:
                 parts.append((cache.kv[i], t, start, lo, self._allowed(amask, t, start, lo)))
             cos, sin = rope[spec.layer_rope[i]]
             x = cpu_quant.layer_step(x, *fused[i][:4], cos, sin, parts, fused[i][4], spec.rms_norm_eps,
-                                     spec.attn_scale)
+                                     spec.attn_scale, kernels)
         return x
 
     def forward_many(self, batch: list[tuple[torch.Tensor, KVCache, torch.Tensor | None, torch.Tensor | None]],

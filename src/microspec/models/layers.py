@@ -56,7 +56,10 @@ class RMSNorm(nn.Module):
 
 class Linear(nn.Module):
     """``y = x W^T (+ b)`` with uninitialised parameters: weights always come from a checkpoint, and skipping
-    nn.Linear's random init saves seconds per load."""
+    nn.Linear's random init saves seconds per load.  ``kernel_plan``: the CPU kernel plan of a dense product (its
+    model's runtime's, :func:`~microspec.models.quant.install_plan`)."""
+
+    kernel_plan = None
 
     def __init__(self, dim_in: int, dim_out: int, bias: bool):
         super().__init__()
@@ -69,7 +72,7 @@ class Linear(nn.Module):
             y = y if self.bias is None else y + self.bias.float()
             return y if y.dtype == x.dtype else y.to(x.dtype)
         if cpu_linear.applies(self.weight):  # bf16 on a CPU: fp32-accumulating, batch-invariant kernel
-            return cpu_linear.linear(x, self.weight, self.bias, out_dtype=x.dtype)
+            return cpu_linear.linear(x, self.weight, self.bias, out_dtype=x.dtype, plan=self.kernel_plan)
         return F.linear(x, self.weight, self.bias)
 
 

@@ -18,6 +18,7 @@ the time goes"), and it keeps the hot path in a few short files.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -28,12 +29,13 @@ from torch import nn
 from ..errors import MicrospecError
 from ..runtime import Runtime
 from ..kernels import cpu_linear, cpu_quant
+from ..kernels.plan import KernelPlan
 from .decoder import DecoderStack
 from .fused import FusedLayers
 from .kv_cache import CachePool, KVCache
 from .layers import DecoderLayer, Embedding, Linear, RMSNorm, activation
 from .placement import check_room, place
-from .quant import QuantTensor, weight_bytes
+from .quant import QuantTensor, install_plan, weight_bytes
 from .rotary import RotaryTables
 from .spec import ArchSpec, rope_inv_freq, spec_from_config
 from .taps import Taps
@@ -125,8 +127,16 @@ class NativeCausalLM(DecoderStack, FusedLayers, nn.Module):
 
     def resolve_runtime(self) -> Runtime:
         """Resolve :attr:`runtime` now (the device's profile, the switches as last read, the weights)."""
-        rt = self.__dict__["_runtime"] = Runtime.resolve(self.device, self.head_weight, self.quantized)
+        head = self.head_weight if hasattr(self.model, "embed_tokens") else None  # a draft network's bare stack
+        rt = self.__dict__["_runtime"] = Runtime.resolve(self.device, head, head is not None and self.quantized)
+        install_plan(self, rt.kernels)
         return rt
+
+    def use_kernels(self, plan: KernelPlan) -> None:
+        """Run this model's CPU kernels under ``plan`` until its runtime is resolved again (measurements and tests
+        that compare kernel paths: a plan changes the speed, never a value)."""
+        self.__dict__["_runtime"] = dataclasses.replace(self.runtime, kernels=plan)
+        install_plan(self, plan)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -291,7 +301,7 @@ class NativeCausalLM(DecoderStack, FusedLayers, nn.Module):
         if isinstance(w, QuantTensor):
             logits = w.linear(hidden)
         elif cpu_linear.applies(w):
-            logits = cpu_linear.linear(hidden, w, out_dtype=torch.float32)
+            logits = cpu_linear.linear(hidden, w, out_dtype=torch.float32, plan=self.runtime.kernels)
         else:
             logits = F.linear(hidden, w)
         if self.spec.final_softcap is not None:

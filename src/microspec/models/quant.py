@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import cpu_quant
+from ..kernels.plan import KernelPlan
 
 
 class QuantTensor:
@@ -20,11 +21,13 @@ class QuantTensor:
     It stands where the models and drafters expect a weight tensor and offers what they use:
     :meth:`linear` (the product, fp32), :meth:`index_select` (a subset of rows, still packed: static shortlists and
     head rows), indexing with ids (rows unpacked to fp32: the embedding lookup and MicroSpec's packed draft buffer),
-    ``new_zeros`` (fp32) and :meth:`float` (the whole matrix unpacked, for training code)."""
+    ``new_zeros`` (fp32) and :meth:`float` (the whole matrix unpacked, for training code).  ``plan``: the kernel
+    plan its products take (:func:`install_plan`: its model's runtime's; its subsets keep it)."""
 
     def __init__(self, data: torch.Tensor, qtype: str, cols: int, integer: bool = True,
-                 file_rows: torch.Tensor | None = None):
+                 file_rows: torch.Tensor | None = None, plan: KernelPlan | None = None):
         self.data = data
+        self.plan = plan
         # for an interleaved form: the same rows in the file's blocks (a view of the mapped file), where subsets are
         # copied from (the same bytes x8_gather would give back, faster)
         self.file_rows = file_rows
@@ -69,15 +72,16 @@ class QuantTensor:
         if self.tile != 1:  # the rows back in the file's format
             rows = self.file_rows.index_select(0, ids.to(torch.long).cpu()) if self.file_rows is not None else \
                 cpu_quant.gather_interleaved(self.data, self.type_id, self.cols, ids)
-            return QuantTensor(rows, cpu_quant.FILE_TYPE[self.qtype], self.cols, self.integer)
-        return QuantTensor(self.data.index_select(0, ids.to(torch.long).cpu()), self.qtype, self.cols, self.integer)
+            return QuantTensor(rows, cpu_quant.FILE_TYPE[self.qtype], self.cols, self.integer, plan=self.plan)
+        return QuantTensor(self.data.index_select(0, ids.to(torch.long).cpu()), self.qtype, self.cols, self.integer,
+                           plan=self.plan)
 
     def leading(self, n: int) -> QuantTensor:
         """The first ``n`` rows (whole tiles for an interleaved form), still packed: a view, no copy."""
         if n % self.tile:
             raise ValueError(f"{self.qtype} holds rows in tiles of {self.tile}: {n} rows are not whole tiles")
         return QuantTensor(self.data[: n // self.tile], self.qtype, self.cols, self.integer,
-                           None if self.file_rows is None else self.file_rows[:n])
+                           None if self.file_rows is None else self.file_rows[:n], self.plan)
 
     def __getitem__(self, ids) -> torch.Tensor:
         if isinstance(ids, slice):
@@ -98,7 +102,7 @@ class QuantTensor:
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` [..., K] times this matrix transposed: fp32 [..., N], batch-invariant (see :mod:`.cpu_quant`)."""
         if self.integer:
-            return cpu_quant.linear_q8(x, self.data, self.type_id, self.cols)
+            return cpu_quant.linear_q8(x, self.data, self.type_id, self.cols, self.plan)
         return cpu_quant.linear(x, self.data, self.type_id, self.cols)
 
 
@@ -123,14 +127,26 @@ def weight_bytes(model) -> int:
     return total
 
 
-def product(hidden: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def product(hidden: torch.Tensor, w: torch.Tensor, plan: KernelPlan | None = None) -> torch.Tensor:
     """``hidden`` [R, d] times the rows of ``w`` [N, d], in fp32 [R, N], by the weights' own form: packed GGUF rows
-    through their integer kernel, a bf16 or fp32 CPU matrix through :mod:`~microspec.kernels.cpu_linear`, else
-    torch in the weights' dtype."""
+    through their integer kernel (under their own plan), a bf16 or fp32 CPU matrix through
+    :mod:`~microspec.kernels.cpu_linear` (under ``plan``: the caller's runtime's), else torch in the weights'
+    dtype."""
     if isinstance(w, QuantTensor):
         return w.linear(hidden)
     from ..kernels import cpu_linear
 
     if cpu_linear.applies(w):
-        return cpu_linear.linear(hidden, w, out_dtype=torch.float32)
+        return cpu_linear.linear(hidden, w, out_dtype=torch.float32, plan=plan)
     return torch.nn.functional.linear(hidden.to(w.dtype), w).float()
+
+
+def install_plan(module: torch.nn.Module, plan: KernelPlan) -> None:
+    """Give ``plan`` (a model's runtime's) to every packed matrix of ``module`` and to every layer that calls a CPU
+    kernel itself (those with a ``kernel_plan`` attribute: the dense linear layers, the attention)."""
+    for m in module.modules():
+        if hasattr(m, "kernel_plan"):
+            m.kernel_plan = plan
+        for v in vars(m).values():
+            if isinstance(v, QuantTensor):
+                v.plan = plan

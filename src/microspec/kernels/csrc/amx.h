@@ -25,6 +25,16 @@ inline bool amx_permitted(int product) {
   return granted;
 }
 
+// Whether this CPU has AMX tiles with bf16 products (and AVX-512 BF16 for the conversions) that this process may
+// use, asked once
+inline bool amx_bf16_usable() {
+  static const bool usable = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") && amx_permitted(22);
+  }();
+  return usable;
+}
+
 // A tile configuration, palette 1: each tile's bytes a row and rows
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start = 0, pad[14] = {};

@@ -10,7 +10,6 @@
 #include "common.h"
 #include "quant.h"
 
-#include <atomic>
 
 namespace {
 
@@ -106,8 +105,9 @@ inline int64_t visible_keys(const bool* mrow, int64_t S, int32_t* vis) {
 
 // ---------------------------------------------------------------------------------------------------------------
 // The 512-bit form of the score and value chains, which the passes (several query rows) take where the CPU has
-// AVX-512 F and DQ (set_attention_wide): each register holds two of the 8-lane chains side by side, so every value is
-// the same fp32 sequence whichever form computed it, bit for bit (tests/test_cpu_linear.py compares the two forms).
+// AVX-512 F and DQ and the call's plan asks for it: each register holds two of the 8-lane chains side by side, so
+// every value is the same fp32 sequence whichever form computed it, bit for bit (tests/test_cpu_linear.py compares
+// the two forms).
 // Scores: the low half is head r's chain, the high half head r + 1's, over the same key (its 8 elements broadcast to
 // both halves), so one fma serves two heads; values: 16 consecutive output elements a register, each its own chain
 // over the keys.  The passes are bound by their fmas (Gemma 3 270M's shapes, 16 rows: 0.78-0.86x the 256-bit form's
@@ -115,20 +115,13 @@ inline int64_t visible_keys(const bool* mrow, int64_t S, int32_t* vis) {
 // (the 512-bit one took 0.99-1.10x its time).
 #define MICROSPEC_ATT512 __attribute__((target("avx512f,avx512dq")))
 
-std::atomic<int> g_att_wide{-1};  // -1 until first asked: whether the CPU has the 512-bit form
-
+// Whether the CPU has the 512-bit form, asked once; a call takes it where its plan asks for it (plan.h)
 bool cpu_att_wide() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
-}
-
-inline bool att_wide() {
-  int v = g_att_wide.load(std::memory_order_relaxed);
-  if (v < 0) {
-    v = cpu_att_wide() ? 1 : 0;
-    g_att_wide.store(v, std::memory_order_relaxed);
-  }
-  return v != 0;
+  static const bool wide = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+  }();
+  return wide;
 }
 
 constexpr int64_t WIDE_D = 512;  // the widest head the 512-bit scores take (its queries interleaved on the stack)
@@ -384,9 +377,9 @@ void attend_items(const E* qp, const E* kp, const E* vp, const bool* mp, E* op, 
 // each value load).  Every value is the same fp32 sequence whichever pass, block or chunk computes it.
 template <typename E>
 void attend_passes(const E* qp, const E* kp, const E* vp, const bool* mp, E* op, int64_t H, int64_t T, int64_t D,
-                   int64_t S, int64_t ks0, int64_t ks1, int64_t vs0, int64_t vs1, int64_t rep, float sc) {
+                   int64_t S, int64_t ks0, int64_t ks1, int64_t vs0, int64_t vs1, int64_t rep, float sc, bool wide) {
   const int64_t G = H / rep, Sb = std::max<int64_t>(S, 1), D8 = D & ~int64_t(7);
-  const bool wide = att_wide();  // the 512-bit form where the CPU has it: the passes are bound by their fmas
+  // wide: the 512-bit form (where the CPU has it): the passes are bound by their fmas
   // query rows as fp32, [T, H, D] (the heads of a row at stride D); per row its visible keys in slot order
   std::vector<float> qf(T * H * D);
   for (int64_t h = 0; h < H; ++h)
@@ -454,8 +447,8 @@ constexpr int64_t PASS_ROWS = 2;
 
 template <typename E>
 void attend_impl(const E* qp, const E* kp, const E* vp, const bool* mp, E* op, int64_t H, int64_t T, int64_t D,
-                 int64_t S, int64_t ks0, int64_t ks1, int64_t vs0, int64_t vs1, int64_t rep, float sc) {
-  if (T >= PASS_ROWS) attend_passes(qp, kp, vp, mp, op, H, T, D, S, ks0, ks1, vs0, vs1, rep, sc);
+                 int64_t S, int64_t ks0, int64_t ks1, int64_t vs0, int64_t vs1, int64_t rep, float sc, bool wide) {
+  if (T >= PASS_ROWS) attend_passes(qp, kp, vp, mp, op, H, T, D, S, ks0, ks1, vs0, vs1, rep, sc, wide);
   else attend_items(qp, kp, vp, mp, op, H, T, D, S, ks0, ks1, vs0, vs1, rep, sc);
 }
 
@@ -544,7 +537,8 @@ std::vector<torch::Tensor> attend_rows_many(std::vector<torch::Tensor> qs, std::
   return outs;
 }
 
-torch::Tensor attend_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor allowed, double scale) {
+torch::Tensor attend_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor allowed, double scale,
+                          int64_t plan) {
   const auto dt = q.scalar_type();
   TORCH_CHECK((dt == torch::kBFloat16 || dt == torch::kFloat32) && k.scalar_type() == dt && v.scalar_type() == dt,
               "q, k, v: all bf16 or all fp32");
@@ -561,18 +555,16 @@ torch::Tensor attend_rows(torch::Tensor q, torch::Tensor k, torch::Tensor v, tor
   auto out = torch::empty({H, T, D}, q.options());
   const bool* mp = has_mask ? allowed.data_ptr<bool>() : nullptr;
   const float sc = static_cast<float>(scale);
+  const bool wide = microspec::Plan::of(plan).att_wide && cpu_att_wide();
   if (dt == torch::kBFloat16) {
     auto ptr = [](torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); };
     attend_impl<uint16_t>(ptr(q), ptr(k), ptr(v), mp, ptr(out), H, T, D, S, k.stride(0), k.stride(1), v.stride(0),
-                          v.stride(1), H / G, sc);
+                          v.stride(1), H / G, sc, wide);
   } else {
     attend_impl<float>(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), mp, out.data_ptr<float>(), H,
-                       T, D, S, k.stride(0), k.stride(1), v.stride(0), v.stride(1), H / G, sc);
+                       T, D, S, k.stride(0), k.stride(1), v.stride(0), v.stride(1), H / G, sc, wide);
   }
   return out;
 }
 
-int64_t set_attention_wide(int64_t on) {
-  if (on >= 0) g_att_wide.store(on && cpu_att_wide() ? 1 : 0, std::memory_order_relaxed);
-  return att_wide() ? 1 : 0;
-}
+bool attention_wide_available() { return cpu_att_wide(); }

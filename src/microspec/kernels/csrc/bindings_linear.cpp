@@ -6,5 +6,4 @@
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_bf16", torch::wrap_pybind_function_no_gil(linear_bf16), "linear_bf16");
-  m.def("set_amx_bf16", torch::wrap_pybind_function(set_amx_bf16), "set_amx_bf16");
 }

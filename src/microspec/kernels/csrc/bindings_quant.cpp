@@ -13,10 +13,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bitmask_fill", torch::wrap_pybind_function_no_gil(bitmask_fill), "bitmask_fill");
   m.def("linear_q8", torch::wrap_pybind_function_no_gil(linear_q8), "linear_q8");
   m.def("linear_q8_many", torch::wrap_pybind_function_no_gil(linear_q8_many), "linear_q8_many");
-  m.def("set_int_path", torch::wrap_pybind_function(set_int_path), "set_int_path");
-  m.def("set_prefetch_tiles", torch::wrap_pybind_function(set_prefetch_tiles), "set_prefetch_tiles");
-  m.def("set_amx_min_rows", torch::wrap_pybind_function(set_amx_min_rows), "set_amx_min_rows");
-  m.def("set_amx_every_type", torch::wrap_pybind_function(set_amx_every_type), "set_amx_every_type");
+  m.def("widest_int_path", torch::wrap_pybind_function(widest_int_path), "widest_int_path");
+  m.def("amx_bf16_available", torch::wrap_pybind_function(amx_bf16_available), "amx_bf16_available");
   m.def("repack_x8", torch::wrap_pybind_function_no_gil(repack_x8), "repack_x8");
   m.def("x8_gather", torch::wrap_pybind_function_no_gil(x8_gather), "x8_gather");
   m.def("rms_norm", torch::wrap_pybind_function(rms_norm), "rms_norm");
@@ -24,7 +22,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope", torch::wrap_pybind_function(rope), "rope");
   m.def("attend_rows", torch::wrap_pybind_function_no_gil(attend_rows), "attend_rows");
   m.def("attend_rows_many", torch::wrap_pybind_function_no_gil(attend_rows_many), "attend_rows_many");
-  m.def("set_attention_wide", torch::wrap_pybind_function(set_attention_wide), "set_attention_wide");
+  m.def("attention_wide_available", torch::wrap_pybind_function(attention_wide_available),
+        "attention_wide_available");
   m.def("layer_step", torch::wrap_pybind_function_no_gil(layer_step), "layer_step");
   // module_local: two builds of this extension in one process (benchmarks/measure/kernel_ab.py) each keep their own
   pybind11::class_<LayersPlan, std::shared_ptr<LayersPlan>>(m, "LayersPlan", pybind11::module_local())

@@ -12,27 +12,27 @@ torch::Tensor with_bias(torch::Tensor y, const torch::Tensor& bias) {
 }
 
 torch::Tensor lin(const torch::Tensor& x, const torch::Tensor& w, int64_t type, int64_t K, int64_t integer,
-                  const torch::Tensor& bias) {
-  return with_bias(integer ? linear_q8(x, w, type, K) : linear_q(x, w, type, K), bias);
+                  const torch::Tensor& bias, int64_t plan) {
+  return with_bias(integer ? linear_q8(x, w, type, K, plan) : linear_q(x, w, type, K), bias);
 }
 
 // The products of matrices `idx` with the same input: on the integer path with one K, through linear_q8_many (one
 // quantization of the input, one parallel region; the same values as one product each), else one lin each
 std::vector<torch::Tensor> lins(const torch::Tensor& x, const std::vector<torch::Tensor>& mats,
                                 const std::vector<int64_t>& meta, const std::vector<torch::Tensor>& biases,
-                                std::initializer_list<int> idx) {
+                                std::initializer_list<int> idx, int64_t plan) {
   const int64_t K = meta[3 * *idx.begin() + 1];
   bool joint = x.is_contiguous() && x.dim() == 2;
   for (int i : idx) joint = joint && meta[3 * i + 2] && meta[3 * i + 1] == K;
   std::vector<torch::Tensor> out;
   if (!joint) {
-    for (int i : idx) out.push_back(lin(x, mats[i], meta[3 * i], meta[3 * i + 1], meta[3 * i + 2], biases[i]));
+    for (int i : idx) out.push_back(lin(x, mats[i], meta[3 * i], meta[3 * i + 1], meta[3 * i + 2], biases[i], plan));
     return out;
   }
   std::vector<torch::Tensor> ws;
   std::vector<int64_t> types;
   for (int i : idx) { ws.push_back(mats[i]); types.push_back(meta[3 * i]); }
-  out = linear_q8_many(x, ws, types, K);
+  out = linear_q8_many(x, ws, types, K, plan);
   size_t j = 0;
   for (int i : idx) { out[j] = with_bias(out[j], biases[i]); ++j; }
   return out;
@@ -99,16 +99,16 @@ torch::Tensor layer_impl(torch::Tensor x, const std::vector<torch::Tensor>& mats
                          const torch::Tensor& cos, const torch::Tensor& sin, const std::vector<torch::Tensor>& kvs,
                          int64_t layer, const std::vector<int64_t>& rows, const std::vector<int64_t>& starts,
                          const std::vector<int64_t>& los, const std::vector<torch::Tensor>& alloweds,
-                         const std::vector<int64_t>& dims, double eps, double scale) {
+                         const std::vector<int64_t>& dims, double eps, double scale, int64_t plan) {
   const size_t nseg = kvs.size();
   const int64_t T = x.size(0), nh = dims[0], nkv = dims[1], hd = dims[2], act = dims[3];
   const bool gemma = dims[4] != 0;
   auto L = [&](int i, const torch::Tensor& in) {
-    return lin(in, mats[i], meta[3 * i], meta[3 * i + 1], meta[3 * i + 2], biases[i]);
+    return lin(in, mats[i], meta[3 * i], meta[3 * i + 1], meta[3 * i + 2], biases[i], plan);
   };
   auto N = [&](int i, const torch::Tensor& in) { return rms_norm(in, norms[i], eps); };
   const torch::Tensor h = norms[0].numel() ? N(0, x) : x;
-  std::vector<torch::Tensor> qkv = lins(h, mats, meta, biases, {0, 1, 2});
+  std::vector<torch::Tensor> qkv = lins(h, mats, meta, biases, {0, 1, 2}, plan);
   torch::Tensor q = qkv[0].view({T, nh, hd});
   torch::Tensor k = qkv[1].view({T, nkv, hd});
   const torch::Tensor v = qkv[2].view({T, nkv, hd}).transpose(0, 1);
@@ -136,7 +136,7 @@ torch::Tensor layer_impl(torch::Tensor x, const std::vector<torch::Tensor>& mats
       put_rows(kv.select(0, 0), k, r0, start, t);
       put_rows(kv.select(0, 1), v, r0, start, t);
       const torch::Tensor keys = kv.select(0, 0).narrow(1, lo, S - lo), values = kv.select(0, 1).narrow(1, lo, S - lo);
-      const torch::Tensor out = attend_rows(q.narrow(1, r0, t), keys, values, alloweds[j], scale).transpose(0, 1);
+      const torch::Tensor out = attend_rows(q.narrow(1, r0, t), keys, values, alloweds[j], scale, plan).transpose(0, 1);
       if (one_view) o = out.reshape({T, nh * hd});
       else o.narrow(0, r0, t).view({t, nh, hd}).copy_(out);
     }
@@ -146,7 +146,7 @@ torch::Tensor layer_impl(torch::Tensor x, const std::vector<torch::Tensor>& mats
   if (!single.empty()) attend_row_ptrs(single, nh, hd, nkv, scale);
   o = L(3, o);
   auto mlp = [&](const torch::Tensor& in) {
-    std::vector<torch::Tensor> gu = lins(in, mats, meta, biases, {4, 5});
+    std::vector<torch::Tensor> gu = lins(in, mats, meta, biases, {4, 5}, plan);
     torch::Tensor& g = gu[0];
     if (act == 0) at::silu_(g);
     else at::gelu_(g, act == 1 ? "tanh" : "none");
@@ -174,13 +174,14 @@ torch::Tensor layer_step(torch::Tensor x, std::vector<torch::Tensor> mats, std::
                          std::vector<torch::Tensor> biases, std::vector<torch::Tensor> norms, torch::Tensor cos,
                          torch::Tensor sin, std::vector<torch::Tensor> kvs, std::vector<int64_t> rows,
                          std::vector<int64_t> starts, std::vector<int64_t> los, std::vector<torch::Tensor> alloweds,
-                         std::vector<int64_t> dims, double eps, double scale) {
+                         std::vector<int64_t> dims, double eps, double scale, int64_t plan) {
   TORCH_CHECK(mats.size() == 7 && meta.size() == 21 && biases.size() == 7 && norms.size() == 6 && dims.size() == 5,
               "layer_step: 7 matrices, 21 meta values, 7 biases, 6 norms, 5 dims");
   const size_t nseg = kvs.size();
   TORCH_CHECK(nseg > 0 && rows.size() == nseg && starts.size() == nseg && los.size() == nseg &&
               alloweds.size() == nseg, "layer_step: one cache, row count, start, first key and mask per segment");
-  return layer_impl(x, mats, meta, biases, norms, cos, sin, kvs, -1, rows, starts, los, alloweds, dims, eps, scale);
+  return layer_impl(x, mats, meta, biases, norms, cos, sin, kvs, -1, rows, starts, los, alloweds, dims, eps, scale,
+                    plan);
 }
 
 LayersPlan::LayersPlan(std::vector<torch::Tensor> mats_, std::vector<int64_t> meta_,
@@ -202,7 +203,7 @@ LayersPlan::LayersPlan(std::vector<torch::Tensor> mats_, std::vector<int64_t> me
 torch::Tensor layers_step(torch::Tensor x, const std::shared_ptr<LayersPlan>& plan, int64_t layers,
                           std::vector<torch::Tensor> cos, std::vector<torch::Tensor> sin,
                           std::vector<torch::Tensor> kvs, std::vector<int64_t> rows, std::vector<int64_t> starts,
-                          std::vector<int64_t> los, std::vector<torch::Tensor> alloweds) {
+                          std::vector<int64_t> los, std::vector<torch::Tensor> alloweds, int64_t kernels) {
   TORCH_CHECK(plan, "layers_step: no plan");
   const LayersPlan& p = *plan;
   const size_t nseg = kvs.size();
@@ -225,7 +226,7 @@ torch::Tensor layers_step(torch::Tensor x, const std::shared_ptr<LayersPlan>& pl
     };
     x = layer_impl(x, at(p.mats, 7), std::vector<int64_t>(p.meta.begin() + 21 * i, p.meta.begin() + 21 * (i + 1)),
                    at(p.biases, 7), at(p.norms, 6), cos[r], sin[r], kvs, i, rows, starts, lo, allowed, p.dims, p.eps,
-                   p.scale);
+                   p.scale, kernels);
   }
   return x;
 }

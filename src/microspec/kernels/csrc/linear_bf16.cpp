@@ -6,8 +6,7 @@
 #include "amx.h"
 #include "common.h"
 #include "linear_bf16.h"
-
-#include <atomic>
+#include "plan.h"
 
 namespace {
 // x: [M, K] fp32, wp: [N, K] weight rows of E (uint16_t: bf16; float), bp: [N] fp32 or null; out: [M, N].
@@ -67,22 +66,7 @@ void product(const float* xp, const E* wp, const float* bp, void* op, int64_t M,
 // falls in.
 #define MICROSPEC_AMX_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")))
 
-std::atomic<int> g_amx_bf16{-1};  // -1: not yet asked; 0 off; 1 on
-
-// Whether this CPU has AMX tiles with bf16 products (and AVX-512 BF16 for the conversions) that this process may use
-bool amx_bf16_usable() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") && amx_permitted(22);
-}
-
-bool amx_bf16_on() {
-  int v = g_amx_bf16.load(std::memory_order_relaxed);
-  if (v < 0) {
-    v = amx_bf16_usable() ? 1 : 0;
-    g_amx_bf16.store(v, std::memory_order_relaxed);
-  }
-  return v == 1;
-}
+// A call takes the tiles where its plan asks for them (plan.h) and amx_bf16_usable() (amx.h)
 
 // tiles 0 (B: 16 rows of mt x 4 bytes), 1..3 (A: 16 rows of 64 bytes), 4..7 (C: 16 rows of mt fp32)
 MICROSPEC_AMX_BF16 void amx_bf16_configure(int mt) {
@@ -177,15 +161,11 @@ void amx_product(const float* xp, const uint16_t* wp, const float* bp, void* op,
 
 }  // namespace
 
-int64_t set_amx_bf16(int64_t on) {
-  if (on >= 0) g_amx_bf16.store(on && amx_bf16_usable() ? 1 : 0, std::memory_order_relaxed);
-  return amx_bf16_on() ? 1 : 0;
-}
-
 // x: [M, K] fp32 (contiguous), w: [N, K] bf16 or fp32, bias: [N] fp32 or empty.  Returns [M, N] in out_dtype.
-// x_bf16: x's values are bf16 (a bf16 layer's activations): a bf16 w then takes AMX tiles where amx_bf16_on() and
-// K is a multiple of 32, for its weight rows in whole blocks of 16 (the rest as the others).
-torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, torch::Tensor bias, bool out_bf16, bool x_bf16) {
+// x_bf16: x's values are bf16 (a bf16 layer's activations): a bf16 w then takes AMX tiles where the plan asks for
+// them, the CPU has them and K is a multiple of 32, for its weight rows in whole blocks of 16 (the rest as the others).
+torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, torch::Tensor bias, bool out_bf16, bool x_bf16,
+                          int64_t plan) {
   TORCH_CHECK(x.dtype() == torch::kFloat32 && x.is_contiguous() && x.dim() == 2, "x: contiguous fp32 [M, K]");
   TORCH_CHECK((w.dtype() == torch::kBFloat16 || w.dtype() == torch::kFloat32) && w.is_contiguous() && w.dim() == 2,
               "w: contiguous bf16 or fp32 [N, K]");
@@ -200,7 +180,8 @@ torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, torch::Tensor bias, 
     return out;
   }
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
-  const int64_t N16 = x_bf16 && K % 32 == 0 && M > 0 && amx_bf16_on() ? N / 16 * 16 : 0;
+  const bool tiles = microspec::Plan::of(plan).amx_bf16 && amx_bf16_usable();
+  const int64_t N16 = x_bf16 && K % 32 == 0 && M > 0 && tiles ? N / 16 * 16 : 0;
   if (N16 == 0) {
     product(x.data_ptr<float>(), wp, bp, out.data_ptr(), M, K, N, out_bf16);
     return out;

@@ -3,6 +3,6 @@
 
 #include <torch/types.h>
 
-torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, torch::Tensor bias, bool out_bf16, bool x_bf16);
-// Whether bf16 layers take AMX tiles (on: 1, off: 0, only ask: -1), capped by the CPU; returns the state
-int64_t set_amx_bf16(int64_t on);
+// plan: a call's choices (plan.h), as KernelPlan packs them (here: whether bf16 products take AMX tiles)
+torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w, torch::Tensor bias, bool out_bf16, bool x_bf16,
+                          int64_t plan);

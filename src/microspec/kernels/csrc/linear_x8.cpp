@@ -1,8 +1,8 @@
 // The integer products with the interleaved forms of blocks.h (repack_x8): activation rows quantized to int8 (see
 // quant_row in quant_linear.cpp) against tiles of 8 weight rows whose groups are unpacked in registers, exact int32
 // group sums, then one fp32 chain per (row, weight row) lane.  Three instruction paths give the same exact int32
-// sums and the same fp32 chain, so the same results bit for bit (tests/test_gguf.py), chosen at run time by what the
-// CPU reports (set_int_path):
+// sums and the same fp32 chain, so the same results bit for bit (tests/test_gguf.py); a call's plan names its path
+// (the widest the CPU reports, by default; a path the CPU lacks falls back to AVX2):
 //   0  AVX2: maddubs into int16 pair sums, then madd (tile_x8, tile_k8);
 //   1  AVX-512 VNNI on 256-bit registers: one vpdpbusd per chunk and row (tile_x8_vnni, tile_k8_vnni);
 //   2  AVX-512 VNNI on 512-bit registers: two tiles (16 weight rows) per register and up to 8 activation rows per
@@ -16,7 +16,6 @@
 #include "int8.h"
 #include "quant.h"
 
-#include <atomic>
 
 namespace {
 
@@ -666,43 +665,25 @@ struct AmxQ6 : AmxGroups<XQ6_K, MT> {
 };
 
 // ---------------------------------------------------------------------------------------------------------------
-// The path in use: -1 until first asked (then the widest the CPU reports), or as set_int_path set it.
-std::atomic<int> g_path{-1};
+// A call's choices come in its Plan (plan.h): the path, and how many tiles ahead a product taken one tile at a time
+// (one row; Q8_0 up to 4 rows: pairs_tiles) prefetches (0: none, the hardware's prefetchers alone; which pays depends
+// on the CPU and its neighbours, so cpu_quant.tune_prefetch measures it at a packed model's load).  The pairs of
+// path 2 always prefetch the next pair.
 
-// How many tiles ahead a product taken one tile at a time (one row; Q8_0 up to 4 rows: pairs_tiles) prefetches;
-// 0: none, the hardware's prefetchers alone.  Which pays depends on the CPU and its neighbours: on one AMD EPYC of
-// this project's 2-core kind the prefetch took Gemma 3's LM head from 4.7 to 3.7 ms a row, on another it cost 10%;
-// so it is chosen at run time by measuring (cpu_quant.tune_prefetch).  The values are the same either way.  The
-// pairs of path 2 always prefetch the next pair (without, a 16-row LM head took 23% longer on both).
-std::atomic<int64_t> g_prefetch_tiles{4};
-
-// From how many rows path 3 multiplies on AMX tiles (set_amx_min_rows; the values are the same either way)
-std::atomic<int64_t> g_amx_min_rows{1};
-
-// Whether path 3 takes every type and row count from amx_min_rows on to AMX tiles (set_amx_every_type: the tests, a
-// measurement), not only where they pay (amx_rows)
-std::atomic<bool> g_amx_every{false};
-
-// The widest path this CPU has (3 where it has AMX and the process may use it)
+// The widest path this CPU has (3 where it has AMX and the process may use it), asked once
 int cpu_path() {
-  __builtin_cpu_init();
-  const bool vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni") &&
-                    __builtin_cpu_supports("avx512dq");
-  return !vnni ? 0 : amx_permitted(25) ? 3 : 2;  // AMX-INT8
+  static const int widest = [] {
+    __builtin_cpu_init();
+    const bool vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni") &&
+                      __builtin_cpu_supports("avx512dq");
+    return !vnni ? 0 : amx_permitted(25) ? 3 : 2;  // AMX-INT8
+  }();
+  return widest;
 }
 
-// The default path: the widest
-int default_path() { return cpu_path(); }
-
-int path_now() {
-  int v = g_path.load(std::memory_order_relaxed);
-  if (v < 0) {
-    v = default_path();
-    g_path.store(v, std::memory_order_relaxed);
-  }
-  return v;
-}
+// The path a plan's products take: its own, or AVX2 where the CPU lacks it
+int path_of(const microspec::Plan& plan) { return plan.path >= 0 && plan.path <= cpu_path() ? plan.path : 0; }
 
 // pf: how far ahead (bytes) the tile to prefetch lies, 0 for none (a register tile after a tile's first)
 template <class T, int MT>
@@ -806,15 +787,15 @@ inline bool pairs_tiles(int path, int64_t M) {
 constexpr int64_t AMX_FEW_ROWS_BYTES = int64_t(16) << 20;
 
 template <class T>
-inline bool amx_rows(int path, int64_t M, int64_t bytes) {
-  if (path != 3 || M < g_amx_min_rows.load(std::memory_order_relaxed)) return false;
-  if (g_amx_every.load(std::memory_order_relaxed)) return true;
+inline bool amx_rows(const microspec::Plan& plan, int path, int64_t M, int64_t bytes) {
+  if (path != 3 || M < plan.amx_min_rows) return false;
+  if (plan.amx_every) return true;
   return T::kq == 0 && T::sign && (M > 8 || (M <= 4 && bytes >= AMX_FEW_ROWS_BYTES));
 }
 
 template <class T>
-X8Prep x8_prep(const int8_t* qx, const float* dx, const float* dxs, int64_t M, int64_t G, int path,
-              int64_t bytes) {
+X8Prep x8_prep(const int8_t* qx, const float* dx, const float* dxs, int64_t M, int64_t G,
+              const microspec::Plan& plan, int path, int64_t bytes) {
   X8Prep p;
   p.offs.resize(T::off ? M * G : 0);
   for (int64_t i = 0; T::off && i < M * G; ++i) {
@@ -828,7 +809,7 @@ X8Prep x8_prep(const int8_t* qx, const float* dx, const float* dxs, int64_t M, i
     for (int k = 0; k < 32; ++k) v += qx[32 * i + k];
     p.sums[i] = v;
   }
-  if (pairs_tiles<T>(path, M) || amx_rows<T>(path, M, bytes)) {  // [M][G] -> [G][M]
+  if (pairs_tiles<T>(path, M) || amx_rows<T>(plan, path, M, bytes)) {  // [M][G] -> [G][M]
     p.wq.resize(M * G * 32);
     p.wd.resize(M * G);
     p.wds.resize(T::min ? M * G : 0);  // what the kernels read of each type: tile_x16, tile_k16
@@ -854,12 +835,12 @@ X8Prep x8_prep(const int8_t* qx, const float* dx, const float* dxs, int64_t M, i
 // do not depend on the range it falls in, nor on the tile beside it.
 template <class T>
 void x8_tiles(const Act& a, const X8Prep& p, int64_t M, const uint8_t* wp, int64_t tiles, int64_t RB, float* op,
-              int path, int64_t tb, int64_t te) {
+              const microspec::Plan& plan, int path, int64_t tb, int64_t te) {
   const int64_t N = tiles * 8;
   constexpr int64_t MB = 16;
-  const bool amx = amx_rows<T>(path, M, tiles * RB), wide = amx || pairs_tiles<T>(path, M);
+  const bool amx = amx_rows<T>(plan, path, M, tiles * RB), wide = amx || pairs_tiles<T>(path, M);
   const Wide v = p.wide(M);
-  const int64_t one_ahead = g_prefetch_tiles.load(std::memory_order_relaxed);  // one tile at a time (0: none)
+  const int64_t one_ahead = plan.prefetch_tiles;  // one tile at a time (0: none)
   const int64_t MT = wide ? 8 : 4;
   const int64_t chunk = std::max<int64_t>(2, int64_t(48) * 1024 / RB / 2 * 2);  // whole pairs of tiles
   for (int64_t t0 = tb; t0 < te; t0 += chunk) {
@@ -912,15 +893,15 @@ namespace microspec {
 // pairs of tiles), so small matrices (a layer's k and v) neither idle a core nor pay a region of their own, and the
 // stream of weight bytes goes on from one matrix into the next.  Each tile's results are what linear_x8 gives it.
 void linear_x8_many(const std::vector<X8Job>& jobs, const int8_t* qx, const float* dx, const float* dxs, int64_t M,
-                    int64_t K) {
+                    int64_t K, const Plan& plan) {
   const int64_t G = K / 32;
-  const int path = path_now();
+  const int path = path_of(plan);
   const Act a{qx, dx, dxs, nullptr, K, G};
   std::vector<X8Prep> preps(jobs.size());
   std::vector<int64_t> first(jobs.size() + 1, 0);  // the bytes before each job's tiles
   for (size_t j = 0; j < jobs.size(); ++j) {
     x8_dispatch(jobs[j].type, [&](auto tag) {
-      preps[j] = x8_prep<decltype(tag)>(qx, dx, dxs, M, G, path, jobs[j].tiles * jobs[j].RB);
+      preps[j] = x8_prep<decltype(tag)>(qx, dx, dxs, M, G, plan, path, jobs[j].tiles * jobs[j].RB);
     });
     first[j + 1] = first[j] + jobs[j].tiles * jobs[j].RB;
   }
@@ -942,7 +923,7 @@ void linear_x8_many(const std::vector<X8Job>& jobs, const int8_t* qx, const floa
         const int64_t tb = edge(b0), te = edge(b1);
         if (tb >= te) continue;
         x8_dispatch(job.type, [&](auto tag) {
-          x8_tiles<decltype(tag)>(a, preps[j], M, job.w, job.tiles, job.RB, job.out, path, tb, te);
+          x8_tiles<decltype(tag)>(a, preps[j], M, job.w, job.tiles, job.RB, job.out, plan, path, tb, te);
         });
       }
     }
@@ -951,29 +932,12 @@ void linear_x8_many(const std::vector<X8Job>& jobs, const int8_t* qx, const floa
 
 
 void linear_x8(int64_t type, const int8_t* qx, const float* dx, const float* dxs, int64_t M, int64_t K,
-               const uint8_t* wp, int64_t tiles, int64_t RB, float* op) {
-  linear_x8_many({X8Job{type, wp, tiles, RB, op}}, qx, dx, dxs, M, K);
+               const uint8_t* wp, int64_t tiles, int64_t RB, float* op, const Plan& plan) {
+  linear_x8_many({X8Job{type, wp, tiles, RB, op}}, qx, dx, dxs, M, K, plan);
 }
 
 }  // namespace microspec
 
-int64_t set_prefetch_tiles(int64_t tiles) {
-  if (tiles >= 0) g_prefetch_tiles.store(std::min<int64_t>(tiles, 64), std::memory_order_relaxed);
-  return g_prefetch_tiles.load(std::memory_order_relaxed);
-}
+int64_t widest_int_path() { return cpu_path(); }
 
-int64_t set_int_path(int64_t path) {
-  const int most = cpu_path();  // a path the CPU lacks: AVX2
-  g_path.store(path < 0 ? default_path() : path <= most ? int(path) : 0, std::memory_order_relaxed);
-  return path_now();
-}
-
-int64_t set_amx_every_type(int64_t on) {
-  if (on >= 0) g_amx_every.store(on != 0, std::memory_order_relaxed);
-  return g_amx_every.load(std::memory_order_relaxed);
-}
-
-int64_t set_amx_min_rows(int64_t rows) {
-  if (rows >= 1) g_amx_min_rows.store(rows, std::memory_order_relaxed);
-  return g_amx_min_rows.load(std::memory_order_relaxed);
-}
+bool amx_bf16_available() { return amx_bf16_usable(); }

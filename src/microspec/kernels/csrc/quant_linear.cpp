@@ -346,7 +346,7 @@ struct QRows {
 
 }  // namespace
 
-torch::Tensor linear_q8(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K) {
+torch::Tensor linear_q8(torch::Tensor x, torch::Tensor w, int64_t type, int64_t K, int64_t plan) {
   check_q8_input(x, K);
   check_q8_weight(w);
   const int64_t M = x.size(0), N = layout(w, type, K).N, RB = w.stride(0);
@@ -358,7 +358,8 @@ torch::Tensor linear_q8(torch::Tensor x, torch::Tensor w, int64_t type, int64_t 
     linear_q8_type<decltype(tag)>(qr.q.data(), qr.d.data(), qr.ds.data(), M, K, wp, N, RB, op);
   };
   if (type > 1000) {
-    microspec::linear_x8(type, qr.q.data(), qr.d.data(), qr.ds.data(), M, K, wp, w.size(0), RB, op);
+    microspec::linear_x8(type, qr.q.data(), qr.d.data(), qr.ds.data(), M, K, wp, w.size(0), RB, op,
+                         microspec::Plan::of(plan));
     return out;
   }
   switch (type) {
@@ -379,13 +380,13 @@ torch::Tensor linear_q8(torch::Tensor x, torch::Tensor w, int64_t type, int64_t 
 // products run in one parallel region (linear_x8_many); otherwise one linear_q8 each.  The same values as
 // linear_q8 of each, bit for bit.
 std::vector<torch::Tensor> linear_q8_many(torch::Tensor x, std::vector<torch::Tensor> ws, std::vector<int64_t> types,
-                                          int64_t K) {
+                                          int64_t K, int64_t plan) {
   TORCH_CHECK(ws.size() == types.size(), "linear_q8_many: one type per matrix");
   check_q8_input(x, K);
   const bool interleaved = std::all_of(types.begin(), types.end(), [](int64_t t) { return t > 1000; });
   std::vector<torch::Tensor> outs;
   if (!interleaved) {
-    for (size_t j = 0; j < ws.size(); ++j) outs.push_back(linear_q8(x, ws[j], types[j], K));
+    for (size_t j = 0; j < ws.size(); ++j) outs.push_back(linear_q8(x, ws[j], types[j], K, plan));
     return outs;
   }
   const int64_t M = x.size(0);
@@ -398,6 +399,6 @@ std::vector<torch::Tensor> linear_q8_many(torch::Tensor x, std::vector<torch::Te
         {types[j], ws[j].data_ptr<uint8_t>(), ws[j].size(0), ws[j].stride(0), outs.back().data_ptr<float>()});
   }
   const QRows qr(x, K);
-  microspec::linear_x8_many(jobs, qr.q.data(), qr.d.data(), qr.ds.data(), M, K);
+  microspec::linear_x8_many(jobs, qr.q.data(), qr.d.data(), qr.ds.data(), M, K, microspec::Plan::of(plan));
   return outs;
 }
