@@ -110,9 +110,9 @@ inline int64_t visible_keys(const bool* mrow, int64_t S, int32_t* vis) {
 // the two forms).
 // Scores: the low half is head r's chain, the high half head r + 1's, over the same key (its 8 elements broadcast to
 // both halves), so one fma serves two heads; values: 16 consecutive output elements a register, each its own chain
-// over the keys.  The passes are bound by their fmas (Gemma 3 270M's shapes, 16 rows: 0.78-0.86x the 256-bit form's
-// time after 100-1,200 keys, Intel Xeon, 2 threads); one row is bound by its reads and keeps the 256-bit form
-// (the 512-bit one took 0.99-1.10x its time).
+// over the keys.  The passes (several rows) are bound by their fmas, which the 512-bit form halves; one row is bound
+// by its reads and keeps the 256-bit form (the measurements: docs/history.md, "The attention's passes on 512-bit
+// registers").
 #define MICROSPEC_ATT512 __attribute__((target("avx512f,avx512dq")))
 
 // Whether the CPU has the 512-bit form, asked once; a call takes it where its plan asks for it (plan.h)

@@ -60,7 +60,7 @@ void put_rows(const torch::Tensor& dst, const torch::Tensor& src, int64_t r0, in
 }
 
 // A segment's one-row decode step on fp32 rows and cache, as pointers (no tensor views: some ten a segment and
-// layer cost Gemma 3 270M's forward of 8 sequences' decode steps ~1 ms of 7-13, Intel Xeon, 2 cores): its keys and
+// layer are a measurable share of a batch's decode step on a small CPU): its keys and
 // values go into the cache, and its query row's attention over its own keys is returned (attend_row_ptrs takes the
 // batch's rows in one pass).  c: the sequence's cache of this layer [2, G, capacity, hd] (layer < 0) or its whole
 // cache [layers, 2, G, capacity, hd]; k, v: [G, T, hd] views of the new keys and values, q [H, T, hd] (a head's

@@ -21,8 +21,8 @@ namespace {
 
 // Software prefetch of the `bytes` at p (a group of a tile some tiles ahead, while this one is multiplied): the
 // hardware prefetchers pick up each matrix chunk's stream late, and two tiles read side by side (path 2) defeat
-// them; measured on Gemma 3 270M (AMD EPYC, 2 threads): the LM head's one-row product 4.7 -> 3.7 ms, plain decoding
-// +11%, and on path 2 the head's 16-row product 12.8 -> 6.1 ms.
+// them (the measurements: docs/history.md, "A layer's products in fewer regions, and the prefetch chosen by
+// measuring").
 // HINT: the level it fills (_MM_HINT_T0 L1; AmxRot takes _MM_HINT_T1, L2), in the type of the compiler's hints
 // (GCC's enum, clang's int).
 template <int HINT = _MM_HINT_T0>
@@ -761,13 +761,11 @@ struct X8Prep {
 };
 
 // Whether path 2 pairs the tiles for M rows.  One row streams from memory faster one tile at a time (one stream the
-// hardware prefetches; Gemma 3's LM head: 3.7 against 4.1 ms a row, on 256-bit VNNI), and so does Q8_0 up to 4 rows:
-// its chunks are plain loads, so its products keep up with memory there (the LM head 12-19% slower paired at 2-4
-// rows).  The types whose chunks are unpacked (nibbles, fifth bits, K-quants) are bound by instructions from 2 rows
-// on, where the pairs halve them (Gemma 3 270M's forward 0.87-0.92x at 3 and 4 rows; AMD EPYC).  On a CPU with AMX
-// (path 3: an Intel Xeon, whose 512-bit units are full width) they are bound by instructions at one row too, and
-// pair from there (Gemma 3 270M's forward at one row 0.90-0.91x one tile at a time, Intel Xeon with AMX;
-// benchmarks/results/2026-12-04-pair-one-row/).
+// hardware prefetches), and so does Q8_0 up to 4 rows: its chunks are plain loads, so its products keep up with
+// memory there.  The types whose chunks are unpacked (nibbles, fifth bits, K-quants) are bound by instructions from
+// 2 rows on, where the pairs halve them.  On a CPU with AMX (path 3: an Intel Xeon, whose 512-bit units are full
+// width) they are bound by instructions at one row too, and pair from there.  The measurements behind each bound:
+// docs/history.md and benchmarks/results/2026-12-04-pair-one-row/.
 template <class T>
 inline bool pairs_tiles(int path, int64_t M) {
   constexpr bool plain_loads = T::kq == 0 && T::sign;  // Q8_0
@@ -776,14 +774,11 @@ inline bool pairs_tiles(int path, int64_t M) {
 
 // Whether path 3 takes M rows of type T on AMX tiles (else path 2 does): from amx_min_rows rows on (1), Q8_0 (its
 // weights need no unpacking, only the copy of a pair's halves into one B tile) where the rows are more than one
-// paired register tile of path 2 (8) or so few that path 2 takes Q8_0 one tile at a time (up to 4, pairs_tiles).
-// Intel Xeon with AMX (2 cores), Gemma 3 270M's LM head (Q8_0, 178 MB) against path 2: 0.80-0.87x at 2-4 rows,
-// 1.06-1.08x at 5-6, 1.00x at 8, 0.77-0.91x at 9-32; the forward with every type on the tiles (their weights
-// unpacked by the vector units either way) 1.02-1.37x at 2-16 rows (benchmarks/results/2026-12-04-amx-head/).
-// At 1-4 rows only a matrix of AMX_FEW_ROWS_BYTES or more (bytes: the packed matrix's): the tiles' stream pays
-// there (the LM head in a decode step, after the layers: 0.90x path 2's time at one row), their fixed costs a call
-// do not on a small one (the EAGLE head's 640 x 1280 Q8_0 at one row: 15.1 against 10.7 us;
-// benchmarks/results/2026-12-04-amx-one-row/).
+// paired register tile of path 2 (8) or so few that path 2 takes Q8_0 one tile at a time (up to 4, pairs_tiles):
+// where the tiles beat path 2 (the other types, whose weights the vector units unpack either way, do not gain;
+// benchmarks/results/2026-12-04-amx-head/).  At 1-4 rows only a matrix of AMX_FEW_ROWS_BYTES or more (bytes: the
+// packed matrix's): the tiles' stream pays on a large matrix (the LM head), their fixed costs a call do not on a
+// small one (an EAGLE head's; benchmarks/results/2026-12-04-amx-one-row/).
 constexpr int64_t AMX_FEW_ROWS_BYTES = int64_t(16) << 20;
 
 template <class T>

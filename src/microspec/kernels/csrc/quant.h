@@ -55,9 +55,9 @@ torch::Tensor layer_step(torch::Tensor x, std::vector<torch::Tensor> mats, std::
                          torch::Tensor sin, std::vector<torch::Tensor> kvs, std::vector<int64_t> rows,
                          std::vector<int64_t> starts, std::vector<int64_t> los, std::vector<torch::Tensor> alloweds,
                          std::vector<int64_t> dims, double eps, double scale, int64_t plan);
-// A packed model's layers as layers_step runs them: layer_step's per-layer arguments, kept once (converting some
-// twenty tensors a layer from Python cost each decoder layer ~30 µs of a step on a 2-core CPU), with the sliding
-// window kind and the RoPE base each layer takes
+// A packed model's layers as layers_step runs them: layer_step's per-layer arguments, kept once (not some twenty
+// tensors a layer converted from Python at every step), with the sliding window kind and the RoPE base each layer
+// takes
 struct LayersPlan {
   std::vector<torch::Tensor> mats, biases, norms;  // 7, 7 and 6 a layer, in layer_step's order
   std::vector<int64_t> meta, windows, ropes, dims;  // 21 a layer; one a layer each; layer_step's 5

@@ -148,8 +148,8 @@ constexpr int64_t ARGMAX_PART = 32768;  // values from which a part of the vecto
 
 // Index of the largest value of the fp32 vector x (the first one among equals; the first NaN if there is one: what
 // torch.argmax returns).  A long vector is split over the cores, each part's first maximum found in it (the LM head
-// just wrote each core's share of the logits to that core's cache; one core reading all 262,144 of Gemma's took
-// ~0.1 ms a row, ~0.9 ms of a ~16 ms step for a batch of 8), then the first part holding the largest wins.
+// just wrote each core's share of the logits to that core's cache, which one core reading them all would not use),
+// then the first part holding the largest wins.
 int64_t argmax_f32(torch::Tensor x) {
   TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 1 && x.is_contiguous() && x.numel() > 0,
               "x: contiguous non-empty fp32 vector");
