@@ -350,6 +350,36 @@ def test_a_chat_template_that_refuses_is_a_400(long_server):
     assert ok[0] == 200 and ok[1]["usage"]["completion_tokens"] >= 1
 
 
+def test_a_stream_past_its_deadline_ends_though_its_events_wait(model):
+    """The timeout bounds a stream whose reader falls behind the worker: past the deadline the stream ends with the
+    timeout error at once, not after the events that piled up meanwhile (each of which would find one ready)."""
+    import asyncio
+
+    from microspec.cli import build_parser
+    from microspec.cli.common import engine_from_args
+    from microspec.decoding import GenerationConfig
+    from microspec.serve.app import create_app
+    from microspec.serve.protocol import Request
+    from microspec.serve.worker import Job, Worker
+
+    _, engine = engine_from_args(build_parser().parse_args(["serve", "--model", str(model), *METHOD]),
+                                 per_request=True)
+    server = create_app(Worker(engine), request_timeout=3).state.server
+    req = Request("completion", GenerationConfig(max_new_tokens=64), stream=True)
+
+    async def stream(deadline: float) -> list[str]:
+        job = Job(req, asyncio.get_running_loop())
+        for i in range(20):  # deltas the worker made while nobody read them
+            job.events.put_nowait(("delta", f" w{i}", []))
+        return [chunk async for chunk in server._stream(req, [job], deadline, {})]
+
+    late = asyncio.run(stream(time.monotonic() - 1))
+    assert late[-1] == "data: [DONE]\n\n" and json.loads(late[-2][6:])["error"]["code"] == "timeout"
+    assert not any('"text"' in chunk for chunk in late), late[:3]
+    early = asyncio.run(stream(time.monotonic() + 0.5))  # in time: the deltas, then the timeout for the rest
+    assert sum('"text"' in chunk for chunk in early) == 20 and "timeout" in early[-2]
+
+
 def test_full_queue_429_and_timeouts_504(long_server):
     """A full queue answers 429; the 3 s timeout bounds the whole request: a waiting one is a 504, a stream that has
     started ends with an error event (code timeout) then [DONE], and its generation stops."""

@@ -351,8 +351,10 @@ class Server:
             waiting = {i: asyncio.ensure_future(job.events.get()) for i, job in enumerate(jobs)}
             failed = False
             while waiting and not failed:
-                done, _ = await asyncio.wait(waiting.values(), timeout=self._remaining(deadline),
-                                             return_when=asyncio.FIRST_COMPLETED)
+                remaining, done = self._remaining(deadline), set()
+                if remaining > 0:  # past the deadline events that wait (a reader behind the worker) end it too
+                    done, _ = await asyncio.wait(waiting.values(), timeout=remaining,
+                                                 return_when=asyncio.FIRST_COMPLETED)
                 if not done:
                     for job in jobs:
                         job.cancel("timeout")
