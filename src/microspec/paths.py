@@ -1,5 +1,6 @@
 """Where microspec keeps what it builds: ``$MICROSPEC_CACHE`` (default ``~/.cache/microspec``) — converted models,
-assembled built-in GGUF files, compiled kernels.  A leaf module (it imports only :mod:`microspec.errors`): anything may import it."""
+assembled built-in GGUF files, compiled kernels, built tokenizers.  A leaf module (it imports only
+:mod:`microspec.errors`): anything may import it."""
 
 from __future__ import annotations
 
