@@ -407,7 +407,7 @@ def test_full_queue_429_and_timeouts_504(long_server):
     deadline = time.time() + 10  # both generations stop at their next step
     while s.metric("vllm:num_requests_running") + s.metric("vllm:num_requests_waiting") and time.time() < deadline:
         time.sleep(0.05)
-    assert s.metric("vllm:num_requests_running") + s.metric("vllm:num_requests_waiting") == 0
+    assert s.metric("vllm:num_requests_running") + s.metric("vllm:num_requests_waiting") == 0, s.output()[-3000:]
     assert s.metric("microspec:requests_timeouts_total") >= 2
     assert s.post("/v1/completions", {"prompt": "w1", "max_tokens": 3, "temperature": 0})[0] == 200
 
