@@ -45,10 +45,11 @@ def not_writable(folder: Path, exc: OSError) -> MachineError:
                           "writable folder with free space")
 
 
-def shared_mode(folder: Path) -> None:
-    """Give ``folder`` (made by :func:`tempfile.mkdtemp`, mode 0700) the mode a plain ``mkdir`` would have, so that
-    other users of a shared cache can read what it holds."""
-    folder.chmod(0o777 & ~_umask())
+def shared_mode(path: Path) -> None:
+    """Give ``path`` (a folder made by :func:`tempfile.mkdtemp` or a file by :func:`tempfile.mkstemp`, mode 0700 or
+    0600) the mode a plain ``mkdir`` or ``open`` would have given it, so that other users of a shared cache can read
+    what it holds."""
+    path.chmod((0o777 if path.is_dir() else 0o666) & ~_umask())
 
 
 def _umask() -> int:

@@ -2,8 +2,8 @@
 that every product, attention and layer entry point of :mod:`.cpu_quant` and :mod:`.cpu_linear` receives, so that
 no choice is process state.  A model's :class:`~microspec.runtime.Runtime` resolves one at load (the widest path
 this CPU has, the prefetch measured on the model's LM head, the environment's switches) and its weights and layers
-pass it on; a call given none takes :func:`~microspec.kernels.cpu_quant.widest`.  Every choice changes the speed only, never a value (the tests
-compare the paths bit for bit); one the CPU lacks falls back where it is used."""
+pass it on; a call given none takes :func:`~microspec.kernels.cpu_quant.widest`.  Every choice changes the speed
+only, never a value (the tests compare the paths bit for bit); one the CPU lacks falls back where it is used."""
 
 from __future__ import annotations
 

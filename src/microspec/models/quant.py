@@ -143,7 +143,8 @@ def product(hidden: torch.Tensor, w: torch.Tensor, plan: KernelPlan | None = Non
 
 def install_plan(module: torch.nn.Module, plan: KernelPlan) -> None:
     """Give ``plan`` (a model's runtime's) to every packed matrix of ``module`` and to every layer that calls a CPU
-    kernel itself (those with a ``kernel_plan`` attribute: the dense linear layers, the attention)."""
+    kernel itself with a plan of its own (those with a ``kernel_plan`` attribute: the dense linear layers; the
+    attention and the fused layers read their model's runtime)."""
     for m in module.modules():
         if hasattr(m, "kernel_plan"):
             m.kernel_plan = plan

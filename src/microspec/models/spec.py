@@ -115,8 +115,9 @@ def spec_from_config(cfg: Any) -> ArchSpec:
 
 
 def rope_inv_freq(cfg: Any, spec: ArchSpec) -> dict[str, tuple[torch.Tensor, float]]:
-    """Inverse frequencies (and attention scaling) of each RoPE table, computed as transformers does (its
-    functions imported only for a scaled table: the import costs about a second)."""
+    """Inverse frequencies (and attention scaling) of each RoPE table, computed as transformers does."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
     tables: dict[str, tuple[torch.Tensor, float]] = {}
     params = _get(cfg, "rope_parameters", None) or {}
     for key in sorted(set(spec.layer_rope)):
@@ -128,8 +129,6 @@ def rope_inv_freq(cfg: Any, spec: ArchSpec) -> dict[str, tuple[torch.Tensor, flo
             inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
             tables[key] = (inv, 1.0)
         else:
-            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
             fn = ROPE_INIT_FUNCTIONS.get(rope_type)
             if fn is None:
                 raise MicrospecError(f"unsupported RoPE type {rope_type!r}")

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..paths import cache_root
+from ..paths import cache_root, shared_mode
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
 
@@ -54,9 +54,7 @@ def load_tokenizer(directory: Path) -> Any:
         try:
             with copy.open("rb") as f:
                 return pickle.load(f)
-        except FileNotFoundError:
-            pass
-        except Exception:  # noqa: BLE001 — a damaged or foreign copy is built again below and replaced
+        except Exception:  # noqa: BLE001 — none yet, or a damaged or foreign one: built below and replaced
             pass
     tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     if copy is not None:
@@ -74,7 +72,7 @@ def _store(tokenizer: Any, folder: Path, copy: Path, where: str) -> None:
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tokenizer-", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        os.chmod(tmp, 0o644)
+        shared_mode(Path(tmp))
         os.replace(tmp, copy)
         tmp = None
         for old in folder.glob(f"{where}-*.pickle"):
