@@ -706,6 +706,8 @@ def test_eagle3_on_a_packed_target_is_bit_identical(gguf_model, tmp_path):
     for vocab in (None, MicroSpecVocab(160, w_max=64)):
         drafter = make_drafter("eagle", eagle_head=load_eagle_head(path), depth=3, top_k=2, total_tokens=5)
         assert generate_ids(packed, prompt, cfg, (), drafter=drafter, vocab=vocab).token_ids == plain
+        head, kernels = drafter.eagle, packed.runtime.kernels  # the head's kernels run on the target's plan
+        assert head.body.runtime.kernels is kernels and head.fc.weight.plan is kernels
 
 
 # ------------------------------------------------------------------------------------------------ several at once

@@ -183,7 +183,9 @@ class EagleDrafter(ForwardDrafter):
             # of the fp32 bytes per draft level; drafts only: verification decides what is kept); matrices packed
             # already are left as they are
             quantize_linears(self.eagle)
-        install_plan(self.eagle, target.runtime.kernels)  # the head's kernels run on the target's choices
+        # the head's kernels run on the target's choices: its fc and layers', and its body's attention
+        install_plan(self.eagle, target.runtime.kernels)
+        self.eagle.body.use_kernels(target.runtime.kernels)
         if (self.eagle.body.cuda_graphs is None) != (target.cuda_graphs is None):
             self.eagle.body.use_cuda_graphs(target.cuda_graphs is not None)  # the levels graphed where the target is
         self.cache = self.eagle.body.take_cache(len(prompt_ids) + 256)  # graphed: a pooled cache keeps its graphs
