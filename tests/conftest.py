@@ -3,6 +3,7 @@ session, one torch thread for tiny models."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -55,21 +56,26 @@ def _module(item) -> str:
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:
-    """The light tests first, then the heavy modules, the vLLM plugin's last (each keeps its own order)."""
+    """The light tests first (the lane's last of them), then the heavy modules, the vLLM plugin's last (each keeps
+    its own order)."""
     def phase(item) -> int:
         name = _module(item)
         return 2 if name == "test_vllm_plugin" else 1 if name in HEAVY_MODULES else 0
 
-    # stable: the order within a phase is pytest's, but for the tests that read a background run (last, so that
-    # their runs have had the most time)
-    items.sort(key=lambda item: (phase(item), item.get_closest_marker("background") is not None))
+    lane = _lane_items(items)
+    # stable: the order within a phase is pytest's, but for the lane's tests (after the others, so that the lane
+    # has had the most time) and the tests that read a background run (last, for the same reason)
+    items.sort(key=lambda item: (phase(item), item in lane, item.get_closest_marker("background") is not None))
 
 
 def pytest_collection_finish(session) -> None:
-    """Start the first-use process for what the selected tests need (see tests/first_use.py), then the background
-    runs."""
+    """Start the first-use process for what the selected tests need (see tests/first_use.py), the background runs
+    and the lane."""
+    if os.environ.get(LANE_REPORTS):  # a lane's own session: the session that started it has done all three
+        return
     _start_first_use(session)
     _start_background([m for item in session.items if (m := item.get_closest_marker("background"))])
+    _start_lane(session)
 
 
 def _start_first_use(session) -> None:
@@ -209,3 +215,127 @@ def pytest_terminal_summary(terminalreporter) -> None:
     terminalreporter.write_line(
         f"first use (one-time costs, in a background process beside the light tests): {parts or 'none'}{failed}; "
         f"the heavy tests waited {_FIRST_USE['waited']:.1f} s for it")
+
+
+# ------------------------------------------------------------------------------------------------------ the lane
+# The tests of LANE_MODULES, light tests that use one thread, run in a pytest process of their own, the lane, at low
+# priority like the first-use process and the background runs: beside the session's own light tests, which use one
+# core, where the second core is left idle once the one-time costs are paid.  The session reports each of them at
+# the end of the light tests, as if it had run there, from the reports the lane wrote (waiting there for those not
+# yet written).  Only in a session with other light tests to run beside it and on a machine of 2 cores or more;
+# MICROSPEC_TEST_LANE=0 turns it off.  A lane that ends before reporting a test fails that test with its output.
+# No test that uses both cores goes there: two processes spinning their threads on two cores take longer than one
+# after the other.
+LANE_MODULES = ("test_batch_generate", "test_eagle3", "test_speculative", "test_sync_free", "test_tree_device",
+                "test_whole_draft")
+LANE_REPORTS = "MICROSPEC_TEST_LANE_REPORTS"  # set in the lane's own process: where it writes its reports
+_LANE: dict = {}
+
+
+def _lane_items(items: list) -> set:
+    """The tests the lane runs in this session (none in the lane's own)."""
+    if os.environ.get(LANE_REPORTS) or os.environ.get("MICROSPEC_TEST_LANE") == "0" or (os.cpu_count() or 1) < 2:
+        return set()
+    lane = {item for item in items if _module(item) in LANE_MODULES and item.get_closest_marker("background") is None}
+    others = any(_module(item) not in HEAVY_MODULES and item not in lane for item in items)
+    return lane if others else set()
+
+
+def _start_lane(session) -> None:
+    import subprocess
+    import sys
+    import tempfile
+    import threading
+
+    lane = _lane_items(session.items)
+    items = [item for item in session.items if item in lane]
+    if not items:
+        return
+    folder = Path(tempfile.mkdtemp(prefix="microspec-lane-"))
+    _LANE.update(ids={item.nodeid for item in items}, reports=folder / "reports.jsonl", log=folder / "log.txt",
+                 ended=threading.Event(), rc=None, proc=None, read=0, got={})
+
+    def run() -> None:
+        argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *[item.nodeid for item in items]]
+        env = {**os.environ, LANE_REPORTS: str(_LANE["reports"]), "OMP_NUM_THREADS": "1"}
+        with open(_LANE["log"], "w") as log:
+            try:
+                _LANE["proc"] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                                 cwd=session.config.rootpath, preexec_fn=lambda: os.nice(10))
+                _LANE["rc"] = _LANE["proc"].wait()
+            except Exception as exc:  # noqa: BLE001 - said in the reports of the tests it did not run
+                log.write(f"the lane did not start: {type(exc).__name__}: {exc}\n")
+        _LANE["ended"].set()
+
+    threading.Thread(target=run, daemon=True).start()
+
+
+def pytest_runtest_logreport(report) -> None:
+    """In a lane's process: each report, as one JSON line, for the session that started the lane."""
+    path = os.environ.get(LANE_REPORTS)
+    if path:
+        import json
+
+        config = _CONFIG[0]
+        with open(path, "a") as f:
+            f.write(json.dumps(config.hook.pytest_report_to_serializable(config=config, report=report)) + "\n")
+
+
+_CONFIG: list = []
+
+
+def pytest_configure(config) -> None:
+    _CONFIG[:] = [config]
+
+
+def _lane_reports(item) -> list:
+    """The lane's reports of ``item`` (setup, call, teardown), waiting for them; a failure where the lane ended
+    without them."""
+    import json
+    import time
+
+    deadline = time.monotonic() + 3600
+    while True:
+        ended = _LANE["ended"].is_set()  # read before the file: a lane that has ended has written everything
+        if _LANE["reports"].is_file():
+            with open(_LANE["reports"]) as f:
+                f.seek(_LANE["read"])
+                for line in f.readlines():
+                    if not line.endswith("\n"):
+                        break  # written in part: read again
+                    _LANE["read"] += len(line)
+                    data = json.loads(line)
+                    _LANE["got"].setdefault(data["nodeid"], []).append(data)
+        got = _LANE["got"].get(item.nodeid, [])
+        if any(d.get("when") == "teardown" for d in got):
+            reports = [item.config.hook.pytest_report_from_serializable(config=item.config, data=d) for d in got]
+            for r in reports:  # a skip's (path, line, reason), which JSON turned into a list
+                if isinstance(r.longrepr, list):
+                    r.longrepr = tuple(r.longrepr)
+            return reports
+        if ended or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    tail = _LANE["log"].read_text()[-4000:] if _LANE["log"].is_file() else ""
+    why = f"the lane (tests/conftest.py) ended with status {_LANE['rc']} before reporting this test:\n{tail}" \
+        if ended else "the lane reported nothing of this test within an hour"
+    return [pytest.TestReport(item.nodeid, item.location, {}, outcome, why if when == "call" else None, when)
+            for when, outcome in (("setup", "passed"), ("call", "failed"), ("teardown", "passed"))]
+
+
+def pytest_runtest_protocol(item, nextitem):
+    """A lane's test: its reports, as if it had run here."""
+    if item.nodeid not in _LANE.get("ids", ()):
+        return None
+    item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    for report in _lane_reports(item):
+        item.ihook.pytest_runtest_logreport(report=report)
+    item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True
+
+
+def pytest_sessionfinish(session) -> None:
+    """A lane still running when the session ends (interrupted) is stopped."""
+    proc = _LANE.get("proc")
+    if proc is not None and proc.poll() is None:
+        proc.terminate()

@@ -175,17 +175,21 @@ class EagleDrafter(ForwardDrafter):
         if next(self.eagle.parameters()).dtype != target.dtype or \
                 next(self.eagle.parameters()).device != target.device:
             self.eagle.to(device=target.device, dtype=target.dtype)
+            self.eagle.__dict__.pop("_plan", None)
         from ..models.gguf import quantize_linears
         from ..models.quant import install_plan
 
-        if target.quantized:
-            # beside a packed GGUF target the head's matrices go Q8_0 through the same integer kernels (a quarter
-            # of the fp32 bytes per draft level; drafts only: verification decides what is kept); matrices packed
-            # already are left as they are
-            quantize_linears(self.eagle)
-        # the head's kernels run on the target's choices: its fc and layers', and its body's attention
-        install_plan(self.eagle, target.runtime.kernels)
-        self.eagle.body.use_kernels(target.runtime.kernels)
+        # beside a packed GGUF target the head's matrices go Q8_0 through the same integer kernels (a quarter of the
+        # fp32 bytes per draft level; drafts only: verification decides what is kept); matrices packed already are
+        # left as they are
+        packed = quantize_linears(self.eagle) if target.quantized else 0
+        # the head's kernels run on the target's choices: its fc and layers', and its body's attention (given again
+        # only when the plan or the matrices changed since the head last took one)
+        plan = target.runtime.kernels
+        if packed or self.eagle.__dict__.get("_plan") != plan or self.eagle.body.runtime.kernels != plan:
+            install_plan(self.eagle, plan)
+            self.eagle.body.use_kernels(plan)
+            self.eagle.__dict__["_plan"] = plan
         if (self.eagle.body.cuda_graphs is None) != (target.cuda_graphs is None):
             self.eagle.body.use_cuda_graphs(target.cuda_graphs is not None)  # the levels graphed where the target is
         self.cache = self.eagle.body.take_cache(len(prompt_ids) + 256)  # graphed: a pooled cache keeps its graphs
