@@ -206,7 +206,11 @@ def first_use():
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    """The one-time costs apart from the tests' own time."""
+    """The one-time costs apart from the tests' own time, and the lane's share."""
+    if _LANE.get("ids"):
+        terminalreporter.write_line(
+            f"lane (a second process beside the light tests): {len(_LANE['ids'])} tests in {_LANE['seconds']:.1f} s "
+            f"(status {_LANE['rc']}); the session waited {_LANE['waited']:.1f} s for it")
     if "proc" not in _FIRST_USE:
         return
     status = _finish_first_use()
@@ -253,9 +257,12 @@ def _start_lane(session) -> None:
         return
     folder = Path(tempfile.mkdtemp(prefix="microspec-lane-"))
     _LANE.update(ids={item.nodeid for item in items}, reports=folder / "reports.jsonl", log=folder / "log.txt",
-                 ended=threading.Event(), rc=None, proc=None, read=0, got={})
+                 ended=threading.Event(), rc=None, proc=None, read=0, got={}, waited=0.0, seconds=0.0)
 
     def run() -> None:
+        import time
+
+        t0 = time.monotonic()
         argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *[item.nodeid for item in items]]
         env = {**os.environ, LANE_REPORTS: str(_LANE["reports"]), "OMP_NUM_THREADS": "1"}
         with open(_LANE["log"], "w") as log:
@@ -265,6 +272,7 @@ def _start_lane(session) -> None:
                 _LANE["rc"] = _LANE["proc"].wait()
             except Exception as exc:  # noqa: BLE001 - said in the reports of the tests it did not run
                 log.write(f"the lane did not start: {type(exc).__name__}: {exc}\n")
+        _LANE["seconds"] = time.monotonic() - t0
         _LANE["ended"].set()
 
     threading.Thread(target=run, daemon=True).start()
@@ -294,26 +302,29 @@ def _lane_reports(item) -> list:
     import json
     import time
 
-    deadline = time.monotonic() + 3600
+    t0 = time.monotonic()
+    deadline = t0 + 3600
     while True:
         ended = _LANE["ended"].is_set()  # read before the file: a lane that has ended has written everything
         if _LANE["reports"].is_file():
-            with open(_LANE["reports"]) as f:
+            with open(_LANE["reports"], "rb") as f:  # bytes: the offset read so far counts bytes
                 f.seek(_LANE["read"])
                 for line in f.readlines():
-                    if not line.endswith("\n"):
+                    if not line.endswith(b"\n"):
                         break  # written in part: read again
                     _LANE["read"] += len(line)
                     data = json.loads(line)
                     _LANE["got"].setdefault(data["nodeid"], []).append(data)
         got = _LANE["got"].get(item.nodeid, [])
-        if any(d.get("when") == "teardown" for d in got):
-            reports = [item.config.hook.pytest_report_from_serializable(config=item.config, data=d) for d in got]
-            for r in reports:  # a skip's (path, line, reason), which JSON turned into a list
-                if isinstance(r.longrepr, list):
-                    r.longrepr = tuple(r.longrepr)
-            return reports
-        if ended or time.monotonic() > deadline:
+        done = any(d.get("when") == "teardown" for d in got)
+        if done or ended or time.monotonic() > deadline:
+            _LANE["waited"] += time.monotonic() - t0
+            if done:
+                reports = [item.config.hook.pytest_report_from_serializable(config=item.config, data=d) for d in got]
+                for r in reports:  # a skip's (path, line, reason), which JSON turned into a list
+                    if isinstance(r.longrepr, list):
+                        r.longrepr = tuple(r.longrepr)
+                return reports
             break
         time.sleep(0.2)
     tail = _LANE["log"].read_text()[-4000:] if _LANE["log"].is_file() else ""

@@ -29,7 +29,7 @@ def test_passes():
 
 
 def test_fails():
-    assert 1 == 2, "deliberately"
+    assert 1 == 2, "deliberately (τ ≥ 2 — ü)"
 
 
 def test_skips():
@@ -63,9 +63,10 @@ def test_light():
 '''
 
 
-def _session(tmp_path: Path, **env) -> tuple[dict, dict]:
+def _session(tmp_path: Path, **env) -> tuple[dict, dict, str]:
     """A pytest session over a light module and a probe named like one of the lane's modules, with this suite's
-    conftest; each test's outcome (its message where it failed) and the process each probe ran in."""
+    conftest; each test's outcome (its message where it failed), the process each probe ran in, and what the
+    session printed."""
     tests = tmp_path / "tests"
     tests.mkdir()
     for name in ("conftest.py", "support.py", "first_use.py"):
@@ -83,15 +84,17 @@ def _session(tmp_path: Path, **env) -> tuple[dict, dict]:
         bad = [e for e in case if e.tag in ("failure", "error", "skipped")]
         outcomes[case.get("name")] = (bad[0].tag, bad[0].get("message", "")) if bad else ("passed", "")
     assert outcomes, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return outcomes, {p.name: int(p.read_text()) for p in out.iterdir()}
+    return outcomes, {p.name: int(p.read_text()) for p in out.iterdir()}, proc.stdout
 
 
 def test_the_lane_reports_its_tests_as_the_session_would(tmp_path):
-    outcomes, pids = _session(tmp_path)
+    outcomes, pids, printed = _session(tmp_path)
     assert pids["lane"] != pids["session"]  # the probe ran in a process of its own
+    assert "lane (a second process beside the light tests): 6 tests in" in printed and "(status 3)" in printed
     assert outcomes["test_light"] == ("passed", "")
     assert outcomes["test_passes"] == ("passed", "")
-    assert outcomes["test_fails"][0] == "failure" and "deliberately" in outcomes["test_fails"][1]
+    # the reports after one that is not ASCII are read whole
+    assert outcomes["test_fails"][0] == "failure" and "deliberately (τ ≥ 2 — ü)" in outcomes["test_fails"][1]
     assert outcomes["test_skips"] == ("skipped", "deliberately")
     assert outcomes["test_with_a_broken_fixture"][0] == "error"
     assert "a fixture broke" in outcomes["test_with_a_broken_fixture"][1]
@@ -100,7 +103,7 @@ def test_the_lane_reports_its_tests_as_the_session_would(tmp_path):
 
 
 def test_without_the_lane_the_session_runs_them_itself(tmp_path):
-    outcomes, pids = _session(tmp_path, MICROSPEC_TEST_LANE="0")
-    assert pids["lane"] == pids["session"]
+    outcomes, pids, printed = _session(tmp_path, MICROSPEC_TEST_LANE="0")
+    assert pids["lane"] == pids["session"] and "lane (" not in printed
     assert outcomes["test_ends_the_lane"] == outcomes["test_after_the_end"] == ("passed", "")
     assert outcomes["test_fails"][0] == "failure" and outcomes["test_skips"][0] == "skipped"
