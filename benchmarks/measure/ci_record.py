@@ -3,8 +3,9 @@
     git clone -q <checkout> /tmp/ciclone && (cd /tmp/ciclone && CI=true bash .ci/run) > ci.log 2>&1
     python benchmarks/measure/ci_record.py ci.log --commit <the clone's commit> --out ci.json
 
-Reads the log that ``.ci/run`` printed (pytest's summary line, its ``--durations`` list and the first-use line) and
-writes them with the machine, the date and the commit the clone was at (the clone's tree is clean by construction).
+Reads the log that ``.ci/run`` printed (pytest's summary line, its ``--durations`` list, the first-use and lane
+lines) and writes them with the machine, the date and the commit the clone was at (the clone's tree is clean by
+construction).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def parse(text: str) -> dict:
                        failed=counts.get("failed", 0) + counts.get("errors", 0) + counts.get("error", 0))
         if line.startswith("first use"):
             out["first_use"] = line.strip()
+        if line.startswith("lane ("):
+            out["lane"] = line.strip()
     if "pytest_s" not in out:
         raise SystemExit("ci_record: no pytest summary line in the log")
     return out
