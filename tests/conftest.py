@@ -71,8 +71,8 @@ def pytest_collection_modifyitems(session, config, items) -> None:
 def pytest_collection_finish(session) -> None:
     """Start the first-use process for what the selected tests need (see tests/first_use.py), the background runs
     and the lane."""
-    if os.environ.get(LANE_REPORTS):  # a lane's own session: the session that started it has done all three
-        return
+    if os.environ.get(LANE_REPORTS) or session.config.option.collectonly:  # a lane's own session (the session
+        return  # that started it has done all three), or one that runs nothing
     _start_first_use(session)
     _start_background([m for item in session.items if (m := item.get_closest_marker("background"))])
     _start_lane(session)
