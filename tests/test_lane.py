@@ -69,7 +69,7 @@ def _session(tmp_path: Path, **env) -> tuple[dict, dict, str]:
     session printed."""
     tests = tmp_path / "tests"
     tests.mkdir()
-    for name in ("conftest.py", "support.py", "first_use.py"):
+    for name in ("conftest.py", "support.py"):  # the probe has no heavy test: no first-use process to start
         shutil.copy(ROOT / "tests" / name, tests / name)
     (tests / "test_whole_draft.py").write_text(PROBE)
     (tests / "test_light.py").write_text(LIGHT)
