@@ -187,6 +187,49 @@ def test_an_unsupported_architecture_is_refused_before_any_conversion(cache, tmp
     assert not any((cache / "models").glob("mamba-*/*"))
 
 
+def test_a_conversion_parses_its_gguf_file_once(cache, tmp_path, monkeypatch):
+    """The check and transformers' loads (config, weights, tokenizer) read one parse of the file: each full parse of
+    a large vocabulary's metadata is slow.  Another file, or another mode, gets a reader of its own, and the gguf
+    package's reader is itself again afterwards, even when the conversion fails."""
+    import gguf
+    import numpy as np
+
+    from microspec.models import registry
+
+    def write(path):
+        writer = gguf.GGUFWriter(str(path), "llama")
+        writer.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        return path
+
+    path, other = write(tmp_path / "m.gguf"), write(tmp_path / "other.gguf")
+    made, parses, seen = gguf.GGUFReader, [], []
+
+    class Counted(made):
+        def __init__(self, *args, **kwargs):
+            parses.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", Counted)
+
+    def convert(p, out):  # what transformers does: a reader of its own for each of three loads
+        from gguf import GGUFReader
+
+        seen.extend(GGUFReader(str(p)) for _ in range(3))
+        assert GGUFReader(other) is not seen[0] and GGUFReader(p, "c") is not seen[0]
+        raise RuntimeError("conversion failed")
+
+    monkeypatch.setattr(registry, "_convert_gguf", convert)
+    monkeypatch.delenv(registry.ASSETS_ENV, raising=False)
+    with pytest.raises(RuntimeError, match="conversion failed"):
+        registry.model_directory("m", "gguf", path)
+    assert len({id(r) for r in seen}) == 1 and len(parses) == 3  # the check's parse, the other file, mode "c"
+    assert gguf.GGUFReader is Counted
+
+
 def test_a_damaged_cache_file_names_what_to_delete(cache, tiny_model_dir):
     import shutil
 

@@ -196,8 +196,9 @@ def model_directory(name: str, kind: str, path: Path) -> Path:
                 if assets is not None:
                     _dense_gguf(path, directory, assets)
                 else:
-                    _check_gguf(path)  # a full parse is slow on a 262k vocabulary: only before converting
-                    _convert_gguf(path, directory)
+                    with _parsed_once(path):  # the check and transformers' three loads share one parse
+                        _check_gguf(path)
+                        _convert_gguf(path, directory)
             except OSError as exc:  # a full disk, a read-only cache: nothing half-written is left
                 raise not_writable(directory.parent, exc) from None
     return directory
@@ -292,6 +293,34 @@ def _file_key(path: Path) -> str:
         f.seek(max(0, size - (1 << 20)))
         h.update(f.read(1 << 20))
     return h.hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _parsed_once(path: Path):
+    """While it is open, every ``gguf.GGUFReader(path)`` (the check's, and transformers' for the config, the
+    weights and the tokenizer) is one reader, parsed once: a full parse of a 262k vocabulary's metadata takes
+    longer than the weights' dequantisation.  Other paths get readers of their own; the reader is read only."""
+    try:
+        import gguf
+    except ImportError:
+        yield
+        return
+    made = gguf.GGUFReader
+    key = str(Path(path).resolve())
+    readers: dict = {}
+
+    def reader(file, mode="r", *args, **kwargs):
+        if args or kwargs or mode != "r" or str(Path(file).resolve()) != key:
+            return made(file, mode, *args, **kwargs)
+        if key not in readers:
+            readers[key] = made(file, mode)
+        return readers[key]
+
+    gguf.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = made
 
 
 def _check_gguf(path: Path) -> None:
