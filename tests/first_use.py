@@ -6,7 +6,7 @@ reports its times at the end):
 - ``models``: the built-in models' GGUF files assembled and converted to their safetensors caches;
 - ``vllm-env``: the vLLM test environment, the README's install line for the ``[vllm]`` extra in a virtual
   environment of its own, keyed by pyproject.toml and shared by every checkout (built once; stale ones pruned),
-  built beside the two steps above (a pip install mostly waits on the registry);
+  built beside the two steps above (it needs neither of them);
 - ``vllm-checks``: the vLLM plugin's checks run in that environment (tests/vllm/checks.py), whose results
   tests/test_vllm_plugin.py reads.
 
@@ -72,8 +72,9 @@ def vllm_env(env: Path) -> None:
     python = env / "bin" / "python"
     if not (env / "ready").is_file():
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(env)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "torch==2.13.0", "-e", f"{ROOT}[vllm,models]"],
-                       check=True)
+        # --no-compile: modules are byte-compiled when first imported, only those the checks import
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-compile", "torch==2.13.0", "-e",
+                        f"{ROOT}[vllm,models]"], check=True)
         subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", "torchvision", "torchaudio",
                         "torchcodec"], check=True)
         (env / "ready").write_text("")
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     python = args.vllm_python
     env_built: list[bool] = []
     env = None
-    if args.vllm_env is not None:  # a pip install, mostly waiting on the registry: beside the other steps
+    if args.vllm_env is not None:  # needs neither the kernels nor the models: beside them
         env = threading.Thread(target=lambda: env_built.append(run("vllm-env", lambda: vllm_env(args.vllm_env))))
         env.start()
         python = python or str(args.vllm_env / "bin" / "python")

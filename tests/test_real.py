@@ -80,10 +80,13 @@ def test_smollm2_greedy_equals_transformers_loading_the_gguf_itself():
     """Against transformers loading the GGUF directly: this also checks our safetensors conversion."""
     from transformers import AutoModelForCausalLM
 
+    from microspec.models.registry import parsed_once
+
     lm = load_model("smollm2-135m-instruct", dtype="fp32")
     assert lm.model.spec.vocab_size == 49152 and lm.tokenizer.chat_template
-    hf = AutoModelForCausalLM.from_pretrained(str(lm.source.parent), gguf_file=lm.source.name,
-                                              dtype=torch.float32).eval()
+    with parsed_once(lm.source):  # transformers' config and weights loads share one parse of the file
+        hf = AutoModelForCausalLM.from_pretrained(str(lm.source.parent), gguf_file=lm.source.name,
+                                                  dtype=torch.float32).eval()
     ids = encode_prompt(lm, "Name three primary colors and say why they are called primary.")
     assert ids[-1] != lm.tokenizer.eos_token_id
     ours = generate_ids(lm.model, ids, GenerationConfig(max_new_tokens=N), lm.eos_token_ids)

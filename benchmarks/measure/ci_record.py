@@ -4,8 +4,9 @@
     python benchmarks/measure/ci_record.py ci.log --commit <the clone's commit> --out ci.json
 
 Reads the log that ``.ci/run`` printed (pytest's summary line, its ``--durations`` list, the first-use and lane
-lines) and writes them with the machine, the date and the commit the clone was at (the clone's tree is clean by
-construction).
+lines) and writes them with the machine and its instruction sets, the date and the commit the clone was at (the
+clone's tree is clean by construction), and whether the machine's caches (models, the vLLM environment) were
+``warm`` from an earlier run or ``empty`` (a machine that never ran the suite).
 """
 
 from __future__ import annotations
@@ -40,7 +41,23 @@ def parse(text: str) -> dict:
             out["lane"] = line.strip()
     if "pytest_s" not in out:
         raise SystemExit("ci_record: no pytest summary line in the log")
+    paid = {k: float(v) for k, v in re.findall(r"(models|vllm-env) ([\d.]+) s", out.get("first_use", ""))}
+    if paid:  # the one-time steps that find their results cached take no time
+        out["caches"] = "warm" if not any(paid.values()) else "empty"
     return out
+
+
+def instruction_sets() -> str:
+    """The CPU's widest vector and matrix instructions, as its kind is named here (the model name alone does not
+    tell an Ice Lake from a Sapphire Rapids Xeon in a virtual machine)."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return "unknown"
+    vec = "AVX-512 VNNI" if "avx512_vnni" in flags else "AVX-512" if "avx512f" in flags else \
+        "AVX2" if "avx2" in flags else "no AVX2"
+    return f"{vec}, {'AMX' if 'amx_tile' in flags else 'no AMX'}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,10 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("log", type=Path)
     ap.add_argument("--commit", required=True, help="the commit the fresh clone was at")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--command", default="CI=true bash .ci/run (a fresh clone)",
+                    help="how the run was started, as the record says it")
     args = ap.parse_args(argv)
     record = parse(args.log.read_text(errors="replace"))
-    meta = run_meta("CI=true bash .ci/run (a fresh clone)")
+    meta = run_meta(args.command)
     meta["commit"] = args.commit
+    meta["cpu"] = instruction_sets()
     args.out.write_text(json.dumps({"meta": meta, **record}, indent=1) + "\n")
     print(f"{record['passed']} passed, {record['skipped']} skipped, {record['failed']} failed in "
           f"{record['pytest_s']:.0f} s of pytest -> {args.out}")

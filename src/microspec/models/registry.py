@@ -196,7 +196,7 @@ def model_directory(name: str, kind: str, path: Path) -> Path:
                 if assets is not None:
                     _dense_gguf(path, directory, assets)
                 else:
-                    with _parsed_once(path):  # the check and transformers' three loads share one parse
+                    with parsed_once(path):  # the check and transformers' three loads share one parse
                         _check_gguf(path)
                         _convert_gguf(path, directory)
             except OSError as exc:  # a full disk, a read-only cache: nothing half-written is left
@@ -296,7 +296,7 @@ def _file_key(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def _parsed_once(path: Path):
+def parsed_once(path: Path):
     """While it is open, every ``gguf.GGUFReader(path)`` (the check's, and transformers' for the config, the
     weights and the tokenizer) is one reader, parsed once: a full parse of a 262k vocabulary's metadata takes
     longer than the weights' dequantisation.  Other paths get readers of their own; the reader is read only."""
