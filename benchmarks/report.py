@@ -41,7 +41,7 @@ def cpu_tag() -> str:
                 break
     except OSError:
         pass
-    words = re.findall(r"[a-z0-9]+", name.lower())[:2]
+    words = re.findall(r"[a-z0-9]+", re.sub(r"\((r|tm)\)", "", name.lower()))[:2]
     return "-".join(words) or "cpu"
 
 
