@@ -225,7 +225,7 @@ def _auto_budget() -> str:
     moved = max(max(v) / min(v) - 1 for v in plain_tok.values())
     files = f"{AUTO}/{{{','.join(runs)}}}/*/results.json"
     return "\n".join([
-        "### `auto` against its own arms, in four decodings", "",
+        "### `auto` against its own arms, in four decodings (held-apart prompts, now the development set)", "",
         f"`auto` beside the fixed methods built from its arms (prompt lookup, and MicroSpec with lookup first), "
         f"greedy, with repetition penalty 1.2, at temperature 0.7 and with both: the first {meta['questions']} "
         f"held-apart questions ({', '.join(CATEGORIES.values())}, two each, `--limit 2`), {meta['max_new_tokens']} "
@@ -244,7 +244,7 @@ def _auto_budget() -> str:
         f"- Plain decoding's tokens/s moved by up to {moved:.0%} between runs of a decoding on this machine; the "
         "methods run in turn from a different one at each question, and the warm-up generation's prompt is none of "
         "the questions. How far one question's speed moves from run to run, and `auto`'s runs before the "
-        "products used AVX-512 VNNI: [docs/history.md](docs/history.md#how-fast).", "",
+        "products used AVX-512 VNNI: below.", "",
     ])
 
 
@@ -263,7 +263,7 @@ def _before() -> list[str]:
     now = sorted({commit(load(f"{AUTO}/{r}/greedy/results.json")["meta"])
                   for r in sorted(p.name for p in (RESULTS / AUTO).iterdir() if p.is_dir())})
     return ["### `auto` against its own arms, before the products used AVX-512 VNNI", "",
-            f"The runs of BENCHMARKS.md's \"`auto` against its own arms\" (commit {', '.join(now)}, "
+            f"The runs of \"`auto` against its own arms\" above (commit {', '.join(now)}, "
             f"`benchmarks/results/{AUTO}/`) repeat, with the same command, {len(runs)} runs made before the interleaved "
             f"products used AVX-512 VNNI (commit {', '.join(sorted(commits))}, `benchmarks/results/{AUTO_BEFORE}/`): "
             "`auto` " + "; ".join(cells) + f". In the later runs up to {max(aside):.0%} of a decoding's turns ran "
@@ -284,7 +284,7 @@ def _same_question(res: dict, n_runs: int, where: str) -> list[str]:
         worse, total = worse + beyond, total + n
         rows.append([label, f"{moved['ar'][n // 2]:.1%} / {moved['ar'][-1]:.1%}",
                      f"{moved['auto'][n // 2]:.1%} / {moved['auto'][-1]:.1%}", f"{beyond} of {n}"])
-    return [f"The runs of BENCHMARKS.md's \"`auto` against its own arms\" ({where}), the same question from run to "
+    return [f"The runs of \"`auto` against its own arms\" above ({where}), the same question from run to "
             "run (whether `auto`'s choices follow the text or the timing noise): "
             f"for each question, how far its tokens/s moved over the {n_runs} runs (largest over smallest, minus "
             "one), the median and the largest over the questions; the last column counts the questions whose "
@@ -387,7 +387,7 @@ def render() -> str:
     held = [] if _development_set_only() else [_held_apart()]
     return "\n".join(["## How fast: against plain decoding, llama.cpp and vLLM", "",
                       "Every ratio is a method's tokens/s over this engine's plain decoding (`ar`) measured in the "
-                      "same run.", "", *held, _auto_budget(), _vllm()]).rstrip() + "\n"
+                      "same run.", "", *held, _vllm()]).rstrip() + "\n"
 
 
 def _by_category() -> list[str]:
@@ -406,7 +406,8 @@ def history() -> str:
     held = [re.sub(r"!\[[^\]]*\]\(docs/figures/speedup-by-decoding\.svg\)\n?", "", _held_apart("")).replace(
         "### On held-apart prompts", "### On held-apart prompts (now the development set)", 1)] \
         if _development_set_only() else []
-    return "\n".join(["## How fast", "", *held, *_by_category(), "### `auto` against its own arms: the same question from run to run", "",
+    return "\n".join(["## How fast", "", *held, *_by_category(), _auto_budget(),
+                      "### `auto` against its own arms: the same question from run to run", "",
                       *_same_question(res, len(runs), f"`benchmarks/results/{AUTO}/`"), *_before()]).rstrip() + "\n"
 
 
