@@ -376,6 +376,7 @@ def test_llama_cpp_lookup_peer_drafts_on_gemma():
     runner = make_runner(parse_method("llama-cpp-lookup"), lm, dtype=None, threads=2)
     desc = runner.describe()
     assert desc["draft_model"].startswith("LlamaPromptLookupDecoding(num_pred_tokens=10,") and desc["n_ctx"] == 8192
+    assert desc["cpu_features"] and all(f.isupper() or f.isalnum() for f in desc["cpu_features"])  # what it ran
     ids = runner.llm.tokenize(b"The capital of France is Paris. The capital of France is Paris. The capital of "
                               b"France is", add_bos=True)
     cfg = GenerationConfig(max_new_tokens=8, ignore_eos=True)

@@ -210,3 +210,18 @@ def test_a_reporting_cell_shows_the_spread_of_its_repeats(tmp_path, monkeypatch)
         assert report._cell("one", "greedy", "auto") == "1.50x (plain 50%)"
     finally:
         common.load.cache_clear()
+
+
+def test_a_reporting_table_says_what_llama_cpp_was_built_for():
+    """llama.cpp beside the engine is named with the CPU paths its build has: a build without AVX-512 says that a
+    build for such a CPU may run faster; a run before the bench recorded them names the prebuilt wheel."""
+    report = _render_docs().report
+    peer = "llama-cpp-python 0.3.36"
+    narrow = report.llama_line({"methods": {"llama-cpp": {"peer": peer, "cpu_features": ["SSE3", "AVX", "AVX2",
+                                                                                         "FMA", "OPENMP"]}}})
+    assert narrow == (f"- llama.cpp: {peer}, its build's CPU paths AVX, AVX2, FMA (no AVX-512); on a CPU with "
+                      "AVX-512 a build of llama.cpp for it may run faster than this one.")
+    wide = report.llama_line({"methods": {"llama-cpp": {"peer": peer, "cpu_features": ["AVX2", "AVX512", "FMA"]}}})
+    assert wide == f"- llama.cpp: {peer}, its build's CPU paths AVX2, AVX512, FMA."
+    assert "prebuilt wheel" in report.llama_line({"methods": {"llama-cpp": {"peer": peer}}})
+    assert report.llama_line({"methods": {"ar": {}}}) == ""

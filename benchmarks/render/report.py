@@ -94,6 +94,24 @@ def floor_line(fl: dict) -> str:
             f"({min(fl['shares']):.0%}–{max(fl['shares']):.0%}). " + fl["source"].markdown())
 
 
+def llama_line(meta: dict) -> str:
+    """What the llama.cpp beside the engine was built for (a wheel built for AVX2 runs its AVX2 paths on a CPU with
+    AVX-512 too), where the run has it."""
+    desc = meta.get("methods", {}).get("llama-cpp")
+    if not desc:
+        return ""
+    features = desc.get("cpu_features")
+    if features is None:  # runs before the bench recorded them: the prebuilt wheel of ../shared/wheels
+        built, wide = "the prebuilt wheel, built for AVX2 without AVX-512 paths (its features not recorded by this " \
+            "run)", False
+    else:
+        wide = any(f.startswith(("AVX512", "AMX")) for f in features)
+        built = "its build's CPU paths " + ", ".join(f for f in features if f.startswith(("AVX", "AMX", "FMA"))) \
+            + ("" if wide else " (no AVX-512)")
+    return f"- llama.cpp: {desc['peer']}, {built}" + (
+        "." if wide else "; on a CPU with AVX-512 a build of llama.cpp for it may run faster than this one.")
+
+
 def mismatches(run: str) -> dict:
     """Engine methods whose greedy tokens differ from plain decoding's, per greedy decoding (empty: lossless)."""
     out = {}
@@ -123,6 +141,9 @@ def machine_table(run: str) -> str:
     fl = floor(run)
     if fl:
         lines.append(floor_line(fl))
+    peer = llama_line(meta)
+    if peer:
+        lines.append(peer)
     bad = mismatches(run)
     lines.append("- Lossless: every engine method's greedy tokens equal plain decoding's, with and without the "
                  "penalty." if not bad else f"- Greedy tokens that differ from plain decoding's: {bad}.")

@@ -167,7 +167,8 @@ class LlamaCppRunner:
                                  "tokens") from None
 
     def describe(self) -> dict:
-        out = {"peer": f"llama-cpp-python {self.version}", "gguf": self.lm.source.name}
+        out = {"peer": f"llama-cpp-python {self.version}", "gguf": self.lm.source.name,
+               "cpu_features": llama_cpu_features()}
         if self.lookup_tokens is not None:
             draft = self.llm.draft_model
             out.update(draft_model=f"LlamaPromptLookupDecoding(num_pred_tokens={draft.num_pred_tokens}, "
@@ -199,6 +200,21 @@ class LlamaCppRunner:
             return Turn(out, wall)
         return Turn(out, wall, fields={"accept_lengths": steps, "draft_depths": self._drafts[: len(steps)],
                                        "decoding_steps": len(steps)})
+
+
+def llama_cpu_features() -> list[str]:
+    """The CPU features llama.cpp's build uses (``llama_print_system_info``'s ``NAME = 1`` entries): a wheel built
+    for AVX2 runs its AVX2 paths on a CPU with AVX-512 too, which a comparison with it has to say."""
+    import re
+
+    import llama_cpp
+
+    try:
+        info = llama_cpp.llama_print_system_info()
+    except Exception:  # noqa: BLE001 - an older binding: the build's features are then unknown
+        return []
+    text = info.decode(errors="replace") if isinstance(info, bytes) else str(info)
+    return re.findall(r"(\w+) = 1\b", text)
 
 
 def _lookup_draft(tokens: int, drafts: list[int]):
