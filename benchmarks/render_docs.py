@@ -114,7 +114,8 @@ def readme_results() -> str:
             "translation, summarization, QA, retrieval; GSM8K test), Gemma 3 270M with packed Q4_K_M weights, "
             f"{src.machine}, {src.date}, commit {src.commit}, 128 tokens per answer. A ratio is taken within one "
             "run. EAGLE + MicroSpec is the shipped EAGLE head with MicroSpec's vocabulary (τ: tokens committed per "
-            "target step); llama.cpp runs the same GGUF file.",
+            "target step); llama.cpp runs the same GGUF file" + (f" ({built})." if (
+                built := report.llama_build(report.results_of(run, "greedy")["meta"])) else "."),
             common.table(report.summary_headers(run), report.summary_rows(run)),
             "Command and every machine measured: [BENCHMARKS.md](BENCHMARKS.md#how-fast-on-the-reporting-set)."])
     vllm = ("vLLM runs the same model in bf16 (its CPU backend does not run packed GGUF weights); "
@@ -125,7 +126,7 @@ def readme_results() -> str:
         f"Q4_K_M weights on a {common.CPU}. A ratio is taken within one run; the brackets give the range over "
         "repeated runs. MicroSpec is the shipped EAGLE head with MicroSpec's vocabulary; llama.cpp runs the same "
         f"GGUF file; {vllm}in these runs the warm-up generation used the first question, which favours `auto` on it; "
-        "BENCHMARKS.md's \"`auto` against its own arms\" has runs without that, in four decodings.",
+        "docs/history.md's \"`auto` against its own arms\" has runs without that, in four decodings.",
         common.table(speed.summary_headers(), speed.summary_rows()),
         "Commands, dates and commits: "
         "[BENCHMARKS.md](BENCHMARKS.md#how-fast-against-plain-decoding-llamacpp-and-vllm)."])

@@ -219,9 +219,9 @@ def test_a_reporting_table_says_what_llama_cpp_was_built_for():
     peer = "llama-cpp-python 0.3.36"
     narrow = report.llama_line({"methods": {"llama-cpp": {"peer": peer, "cpu_features": ["SSE3", "AVX", "AVX2",
                                                                                          "FMA", "OPENMP"]}}})
-    assert narrow == (f"- llama.cpp: {peer}, its build's CPU paths AVX, AVX2, FMA (no AVX-512); on a CPU with "
+    assert narrow == (f"- llama.cpp: {peer}, a build with AVX, AVX2, FMA, without AVX-512 paths; on a CPU with "
                       "AVX-512 a build of llama.cpp for it may run faster than this one.")
     wide = report.llama_line({"methods": {"llama-cpp": {"peer": peer, "cpu_features": ["AVX2", "AVX512", "FMA"]}}})
-    assert wide == f"- llama.cpp: {peer}, its build's CPU paths AVX2, AVX512, FMA."
+    assert wide == f"- llama.cpp: {peer}, a build with AVX2, AVX512, FMA."
     assert "prebuilt wheel" in report.llama_line({"methods": {"llama-cpp": {"peer": peer}}})
     assert report.llama_line({"methods": {"ar": {}}}) == ""

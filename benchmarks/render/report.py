@@ -94,22 +94,29 @@ def floor_line(fl: dict) -> str:
             f"({min(fl['shares']):.0%}–{max(fl['shares']):.0%}). " + fl["source"].markdown())
 
 
-def llama_line(meta: dict) -> str:
-    """What the llama.cpp beside the engine was built for (a wheel built for AVX2 runs its AVX2 paths on a CPU with
-    AVX-512 too), where the run has it."""
+def llama_build(meta: dict) -> str:
+    """What the llama.cpp beside the engine was built for, in a few words (a wheel built for AVX2 runs its AVX2 paths
+    on a CPU with AVX-512 too); empty where the run has no llama.cpp."""
     desc = meta.get("methods", {}).get("llama-cpp")
     if not desc:
         return ""
     features = desc.get("cpu_features")
     if features is None:  # runs before the bench recorded them: the prebuilt wheel of ../shared/wheels
-        built, wide = "the prebuilt wheel, built for AVX2 without AVX-512 paths (its features not recorded by this " \
-            "run)", False
-    else:
-        wide = any(f.startswith(("AVX512", "AMX")) for f in features)
-        built = "its build's CPU paths " + ", ".join(f for f in features if f.startswith(("AVX", "AMX", "FMA"))) \
-            + ("" if wide else " (no AVX-512)")
-    return f"- llama.cpp: {desc['peer']}, {built}" + (
-        "." if wide else "; on a CPU with AVX-512 a build of llama.cpp for it may run faster than this one.")
+        return f"{desc['peer']}, a prebuilt wheel for AVX2 without AVX-512 paths"
+    paths = ", ".join(f for f in features if f.startswith(("AVX", "AMX", "FMA")))
+    wide = any(f.startswith(("AVX512", "AMX")) for f in features)
+    return f"{desc['peer']}, a build with {paths}" + ("" if wide else ", without AVX-512 paths")
+
+
+def llama_line(meta: dict) -> str:
+    """The line under a machine's table about its llama.cpp build (empty without llama.cpp)."""
+    built = llama_build(meta)
+    if not built:
+        return ""
+    recorded = "cpu_features" in meta["methods"]["llama-cpp"]
+    return f"- llama.cpp: {built}" + ("" if recorded else " (its features not recorded by this run)") + (
+        "." if "without AVX-512" not in built else "; on a CPU with AVX-512 a build of llama.cpp for it may run "
+        "faster than this one.")
 
 
 def mismatches(run: str) -> dict:

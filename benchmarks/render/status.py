@@ -49,7 +49,9 @@ def _kernels() -> str:
     run = report.RUNS[0]
     out = "done"
     if "llama-cpp" in report.methods_of(run):
-        out += f"; plain {1 / report.ratio(run, 'greedy', 'llama-cpp'):.2f}x llama.cpp's speed"
+        narrow = "without AVX-512" in report.llama_build(report.results_of(run, "greedy")["meta"])
+        out += f"; plain {1 / report.ratio(run, 'greedy', 'llama-cpp'):.2f}x " + (
+            "an AVX2 build of llama.cpp" if narrow else "llama.cpp's speed")
     out += f" ({_run_said(run)})"
     fl = report.floor(run)
     if fl:  # measured beside the bench, or after it at another commit (then named)
