@@ -141,14 +141,15 @@ def model_of(run: str) -> str:
     return MODELS.get(name, name)
 
 
-def machine_table(run: str) -> str:
+def machine_table(run: str, peer_said: bool = False) -> str:
+    """One machine's table and its notes (``peer_said``: the llama.cpp build is the section's, said above)."""
     meta = results_of(run, "greedy")["meta"]
     lines = [f"### {model_of(run)}, {meta['machine']}", "", table(summary_headers(run), summary_rows(run)), "",
              source(run).markdown(), ""]
     fl = floor(run)
     if fl:
         lines.append(floor_line(fl))
-    peer = llama_line(meta)
+    peer = "" if peer_said else llama_line(meta)
     if peer:
         lines.append(peer)
     bad = mismatches(run)
@@ -183,5 +184,9 @@ def render() -> str:
              "times, the lowest–highest of the repeats' speed-ups beside it, each repeat against plain decoding's "
              "same repeat); EAGLE + MicroSpec is the model's shipped EAGLE head over MicroSpec's vocabulary (τ: "
              "tokens committed per target step); `auto`'s plain share is the share of its steps it decoded plainly.")
+    peers = {llama_line(results_of(r, "greedy")["meta"]) for r in RUNS} - {""}
+    one = len(peers) == 1 and all(llama_build(results_of(r, "greedy")["meta"]) for r in RUNS)
+    if one:  # every table's llama.cpp is the same build: said once
+        intro += " " + next(iter(peers))[2:].replace("by this run", "by these runs")
     return "\n".join(["## How fast on the reporting set", "", intro, "",
-                      *(machine_table(r) for r in RUNS)]).rstrip() + "\n"
+                      *(machine_table(r, one) for r in RUNS)]).rstrip() + "\n"
