@@ -169,19 +169,24 @@ def test_a_cache_that_cannot_be_written_is_one_line(fake_conversion, cache, tmp_
     assert lines[-1].startswith("microspec: error: cannot write the cache folder") and "MICROSPEC_CACHE" in lines[-1]
 
 
-def test_an_unsupported_architecture_is_refused_before_any_conversion(cache, tmp_path):
+def _tiny_gguf(path, arch: str):
+    """A GGUF file of architecture ``arch`` holding one small tensor: ``path``."""
     import gguf
     import numpy as np
 
-    from microspec.models.registry import model_directory
-
-    path = tmp_path / "mamba.gguf"
-    writer = gguf.GGUFWriter(str(path), "mamba")
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    return path
+
+
+def test_an_unsupported_architecture_is_refused_before_any_conversion(cache, tmp_path):
+    from microspec.models.registry import model_directory
+
+    path = _tiny_gguf(tmp_path / "mamba.gguf", "mamba")
     with pytest.raises(MicrospecError, match="architecture 'mamba' is not supported"):
         model_directory("mamba", "gguf", path)
     assert not any((cache / "models").glob("mamba-*/*"))
@@ -192,20 +197,10 @@ def test_a_conversion_parses_its_gguf_file_once(cache, tmp_path, monkeypatch):
     a large vocabulary's metadata is slow.  Another file, or another mode, gets a reader of its own, and the gguf
     package's reader is itself again afterwards, even when the conversion fails."""
     import gguf
-    import numpy as np
 
     from microspec.models import registry
 
-    def write(path):
-        writer = gguf.GGUFWriter(str(path), "llama")
-        writer.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        return path
-
-    path, other = write(tmp_path / "m.gguf"), write(tmp_path / "other.gguf")
+    path, other = _tiny_gguf(tmp_path / "m.gguf", "llama"), _tiny_gguf(tmp_path / "other.gguf", "llama")
     made, parses, seen = gguf.GGUFReader, [], []
 
     class Counted(made):
