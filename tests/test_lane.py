@@ -112,8 +112,8 @@ def test_without_the_lane_the_session_runs_them_itself(tmp_path):
 
 @pytest.mark.parametrize("env_fails", [False, True])
 def test_the_vllm_environment_is_built_beside_the_other_first_use_steps(tmp_path, monkeypatch, env_fails):
-    """The environment's install (mostly a wait on the registry) starts with the process, beside the kernels and the
-    models; the checks run once both are done.  An install that fails leaves the kernels and the models done, says
+    """The environment's install (it needs neither the kernels nor the models) starts with the process, beside
+    them; the checks run once all three are done.  An install that fails leaves the kernels and the models done, says
     so in the status, and runs no checks."""
     import json
     import threading

@@ -5,8 +5,8 @@
 
 Reads the log that ``.ci/run`` printed (pytest's summary line, its ``--durations`` list, the first-use and lane
 lines) and writes them with the machine and its instruction sets, the date and the commit the clone was at (the
-clone's tree is clean by construction), and whether the machine's caches (models, the vLLM environment) were
-``warm`` from an earlier run or ``empty`` (a machine that never ran the suite).
+clone's tree is clean by construction); the first-use line's step times say whether the machine's caches were
+warm (benchmarks/render/status.py reads them).
 """
 
 from __future__ import annotations
@@ -41,9 +41,6 @@ def parse(text: str) -> dict:
             out["lane"] = line.strip()
     if "pytest_s" not in out:
         raise SystemExit("ci_record: no pytest summary line in the log")
-    paid = {k: float(v) for k, v in re.findall(r"(models|vllm-env) ([\d.]+) s", out.get("first_use", ""))}
-    if paid:  # a step that finds its result cached takes well under a second (0 s for the models)
-        out["caches"] = "warm" if all(v < 1.0 for v in paid.values()) else "empty"
     return out
 
 
