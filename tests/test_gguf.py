@@ -1005,7 +1005,7 @@ def test_head_training_on_a_packed_target_takes_its_top_k_and_dequantized_rows(g
                       heldout=0.0, save_every=1000, p_w=1.0)
     trainer = Trainer(packed, new_head(packed, seed=1), cfg, tmp_path, log=lambda *_: None)
     rows = torch.tensor([5, 17, 99])
-    assert torch.equal(trainer.head_rows(rows), reference.head_weight[rows].float())
+    assert torch.equal(trainer.loss.head_rows(rows), reference.head_weight[rows].float())
     result = trainer.fit(data, data[:2])
     first, last = result["history"][0], result["history"][-1]
     assert last["ploss"] < 0.7 * first["ploss"] and result["heldout"]["top1"] > first["top1"]

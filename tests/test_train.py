@@ -149,10 +149,10 @@ def test_seen_vocabulary_cross_entropy(tmp_path):
         head = new_head(model, seed=0)
         trainer = Trainer(model, head, TrainConfig(**{**cfg.__dict__, "ce_vocab": ce_vocab}), tmp_path)
         if ce_vocab == "seen":
-            assert trainer.restrict_ce(data[1:]) == len(set(some.tolist()) | set(model.spec.eos_token_ids))
+            assert trainer.loss.restrict_ce(data[1:]) == len(set(some.tolist()) | set(model.spec.eos_token_ids))
             trainer = Trainer(model, head, TrainConfig(**{**cfg.__dict__, "ce_vocab": ce_vocab}), tmp_path)
-            assert trainer.restrict_ce(data) == VOCAB
-        r = trainer.sequence_loss(data[0], train=True)
+            assert trainer.loss.restrict_ce(data) == VOCAB
+        r = trainer.loss.sequence_loss(data[0], train=True)
         results.append((r["ploss"], head.fc.weight.grad.clone()))
     assert results[0][0] == pytest.approx(results[1][0], rel=1e-5)
     torch.testing.assert_close(results[0][1], results[1][1])
@@ -171,7 +171,7 @@ def _assert_batch_equals_full(model, rec, feats, tmp_path, **config) -> None:
         head = new_head(model, seed=0)
         trainer = Trainer(model, head, TrainConfig(noise_std=0.0, ce_vocab=ce_vocab, **config), tmp_path)
         one = {**rec, **target_topk(model, feats, VOCAB)} if ce_vocab == "batch" else rec
-        r = trainer.sequence_loss(one, train=True)
+        r = trainer.loss.sequence_loss(one, train=True)
         results.append((r["ploss"], r["top1"], head.fc.weight.grad.clone()))
     assert results[0][0] == pytest.approx(results[1][0], rel=2e-3) and results[0][1] == results[1][1]
     torch.testing.assert_close(results[0][2], results[1][2], rtol=5e-3, atol=1e-6)
@@ -195,8 +195,8 @@ def test_batch_cross_entropy_with_every_id_is_the_full_cross_entropy(tmp_path):
     few = {**rec, **target_topk(model, feats, 3)}
     seen = []
     trainer = Trainer(model, new_head(model, seed=0), TrainConfig(noise_std=0.0, ce_vocab="batch"), tmp_path)
-    trainer.head_rows = lambda c, rows=trainer.head_rows: seen.append(c) or rows(c)
-    trainer.sequence_loss(few, train=False)
+    trainer.loss.head_rows = lambda c, rows=trainer.loss.head_rows: seen.append(c) or rows(c)
+    trainer.loss.sequence_loss(few, train=False)
     assert seen[0].tolist() == sorted(set(few["top_ids"][3:].flatten().tolist()))  # positions 3.. (prompt_len - 1)
 
 
@@ -253,7 +253,7 @@ def test_loss_positions(tmp_path):
     counts = {}
     for where in ("answer", "all"):
         trainer = Trainer(model, new_head(model), TrainConfig(loss_on=where), tmp_path)
-        counts[where] = trainer.sequence_loss(rec, train=False)["tokens"]
+        counts[where] = trainer.loss.sequence_loss(rec, train=False)["tokens"]
     assert counts == {"answer": len(ids) - 8 + 1, "all": len(ids) - 1}
 
 
@@ -309,10 +309,10 @@ def test_batched_training_equals_sequence_by_sequence(tmp_path):
     for loss_on in ("answer", "all"):
         trainer = Trainer(model, head, TrainConfig(noise_std=0.0, loss_on=loss_on, chunk_rows=7), tmp_path)
         head.zero_grad()
-        whole = trainer.batch_loss(data, train=True, norm=10.0)
+        whole = trainer.loss.batch_loss(data, train=True, norm=10.0)
         grad = head.fc.weight.grad.clone()
         head.zero_grad()
-        parts = [trainer.batch_loss([r], train=True, norm=10.0) for r in data]
+        parts = [trainer.loss.batch_loss([r], train=True, norm=10.0) for r in data]
         for k in ("tokens", "top1", "topk"):
             assert whole[k] == sum(p[k] for p in parts)
         for k in ("vloss", "ploss"):
@@ -390,7 +390,7 @@ def test_text_corpora_are_trained_at_every_position(capsys, tmp_path, tiny_model
     meta = json.loads((out / "head" / "training.json").read_text())
     assert meta["text_tokens"] == sum(len(r["ids"]) for r in recs) and 60 <= meta["text_tokens"] < 130
     trainer = Trainer(lm.model, new_head(lm.model), TrainConfig(), tmp_path)
-    assert trainer.sequence_loss(recs[0], train=False)["tokens"] == len(recs[0]["ids"]) - 1  # every position
+    assert trainer.loss.sequence_loss(recs[0], train=False)["tokens"] == len(recs[0]["ids"]) - 1  # every position
 
     # --extra-features: an earlier run's shards trained on beside this run's own (here: none of its own)
     rc, stdout, err = _run(capsys, "train", "eagle", "--model", tiny_model_dir, "--texts", corpus, "--out",
@@ -441,12 +441,12 @@ def test_penalty_loss_is_the_draft_acceptance_under_the_penalty(tmp_path, ce_voc
     plain = Trainer(model, head, TrainConfig(noise_std=0.0, ce_vocab=ce_vocab, chunk_rows=5), tmp_path)
     if ce_vocab == "seen":
         for t in (trainer, plain):
-            t.restrict_ce(data)
-    cols = trainer.ce_rows if trainer.ce_rows is not None else torch.arange(model.spec.vocab_size)
+            t.loss.restrict_ce(data)
+    cols = trainer.loss.ce_rows if trainer.loss.ce_rows is not None else torch.arange(model.spec.vocab_size)
     for r in data:
-        got = trainer.sequence_loss(r, train=False)
+        got = trainer.loss.sequence_loss(r, train=False)
         if "penalty" not in r:
-            assert got == plain.sequence_loss(r, train=False)
+            assert got == plain.loss.sequence_loss(r, train=False)
             continue
         ids, feats, n = r["ids"], r["features"], len(r["ids"])
         with torch.no_grad():
@@ -456,20 +456,20 @@ def test_penalty_loss_is_the_draft_acceptance_under_the_penalty(tmp_path, ce_voc
         for j in range(r["prompt_len"] - 2, n - 1):  # position j drafts token j + 2 after ids[: j + 2]
             full_t = torch.full((1, model.spec.vocab_size), -1e4)
             full_d = full_t.clone()
-            full_t[0, cols] = trainer._logits(feats[j + 1 : j + 2])[0]
-            full_d[0, cols] = trainer._logits(pred[j : j + 1])[0]
+            full_t[0, cols] = trainer.loss._logits(feats[j + 1 : j + 2])[0]
+            full_d[0, cols] = trainer.loss._logits(pred[j : j + 1])[0]
             lt = proc(ids[None, : j + 2], full_t)[0, cols]
             ld = proc(ids[None, : j + 2], full_d)[0, cols]
             ploss -= float((torch.softmax(lt, -1) * torch.log_softmax(ld, -1)).sum())
             top1 += int(lt.argmax() == ld.argmax())
         assert got["tokens"] == n - r["prompt_len"] + 1
         assert got["ploss"] == pytest.approx(ploss, rel=1e-5) and got["top1"] == top1
-        assert got["ploss"] != pytest.approx(plain.sequence_loss(r, train=False)["ploss"], rel=1e-5)  # it acts
+        assert got["ploss"] != pytest.approx(plain.loss.sequence_loss(r, train=False)["ploss"], rel=1e-5)  # it acts
     head.zero_grad()
-    whole = trainer.batch_loss(data, train=True, norm=10.0)
+    whole = trainer.loss.batch_loss(data, train=True, norm=10.0)
     grad = head.fc.weight.grad.clone()
     head.zero_grad()
-    parts = [trainer.batch_loss([r], train=True, norm=10.0) for r in data]
+    parts = [trainer.loss.batch_loss([r], train=True, norm=10.0) for r in data]
     assert whole["top1"] == sum(p["top1"] for p in parts)
     assert whole["ploss"] == pytest.approx(sum(p["ploss"] for p in parts), rel=1e-5)
     torch.testing.assert_close(grad, head.fc.weight.grad, rtol=1e-4, atol=1e-6)
@@ -496,8 +496,9 @@ def test_batch_penalty_loss_with_every_id_is_the_full_penalty_loss(tmp_path):
                   tmp_path)
     plain = Trainer(model, pen.head, TrainConfig(noise_std=0.0, ce_vocab="batch"), tmp_path)
     bare = {k: v for k, v in few.items() if k != "penalty"}
-    assert pen.sequence_loss(bare, train=False) == plain.sequence_loss(bare, train=False)
-    assert pen.sequence_loss(few, train=False)["ploss"] != pytest.approx(plain.sequence_loss(few, train=False)["ploss"])
+    assert pen.loss.sequence_loss(bare, train=False) == plain.loss.sequence_loss(bare, train=False)
+    assert pen.loss.sequence_loss(few, train=False)["ploss"] != pytest.approx(
+        plain.loss.sequence_loss(few, train=False)["ploss"])
 
 
 def test_penalty_share_gives_a_penalty_to_a_fixed_share_of_the_unpenalised(capsys, tmp_path):
@@ -690,7 +691,7 @@ def test_ctrl_c_in_training_keeps_the_last_optimizer_step(tmp_path):
     (tmp_path / "b").mkdir()
     cut = Trainer(model, new_head(model, seed=0), cfg, tmp_path / "b", log=lambda *_: None)
     calls = {"n": 0}
-    real = cut.batch_loss
+    real = cut.loss.batch_loss
 
     def interrupted(*args, **kwargs):
         calls["n"] += 1
@@ -698,7 +699,7 @@ def test_ctrl_c_in_training_keeps_the_last_optimizer_step(tmp_path):
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    cut.batch_loss = interrupted
+    cut.loss.batch_loss = interrupted
     with pytest.raises(OutOfTime) as stop:
         cut.fit(data, [])
     assert stop.value.interrupted and stop.value.stage == "train"
@@ -726,7 +727,7 @@ def test_bf16_products_give_the_fp32_loss_within_bf16_rounding(tmp_path):
     out = []
     for bf16 in (False, True):
         head = new_head(model, seed=0)
-        r = Trainer(model, head, TrainConfig(noise_std=0.0, ce_vocab="batch", bf16=bf16), tmp_path).sequence_loss(
+        r = Trainer(model, head, TrainConfig(noise_std=0.0, ce_vocab="batch", bf16=bf16), tmp_path).loss.sequence_loss(
             rec, train=True)
         out.append((r["ploss"], r["vloss"], head.fc.weight.grad.clone()))
     assert out[1][0] == pytest.approx(out[0][0], rel=2e-2) and out[1][1] == pytest.approx(out[0][1], rel=2e-2)

@@ -40,7 +40,7 @@ def main() -> None:
         for penalised in (False, True):
             cfg = TrainConfig(noise_std=0.0, penalty_loss=penalised, ce_vocab="seen", p_w=1.0)
             trainer = Trainer(lm.model, EagleHead.load(path), cfg, args.features, log=lambda _: None)
-            trainer.restrict_ce(train + held)  # the columns training used
+            trainer.loss.restrict_ce(train + held)  # the columns training used
             a, t = (trainer.evaluate(parts[k]) for k in ("answers", "texts"))
             print(f"| {path} | {'penalised' if penalised else 'raw'} | {a['top1']:.3f} | {a['top3']:.3f} | "
                   f"{a['tokens']} | {t['top1']:.3f} | {t['tokens']} |")

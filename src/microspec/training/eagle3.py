@@ -22,7 +22,9 @@ import torch.nn.functional as F
 from ..drafters.eagle3 import Eagle3Head, default_feature_layers
 from ..errors import check
 from ..models.native import NativeCausalLM
-from .eagle import Trainer, TrainConfig, head_config, init_weights
+from .config import TrainConfig
+from .eagle import head_config, init_weights
+from .head_loss import HeadLoss
 
 STEP_WEIGHT = 0.8  # EAGLE-3's decay of the loss weight per training-time-test step
 
@@ -92,14 +94,14 @@ def ttt_forward(head: Eagle3Head, embeds: torch.Tensor, features: torch.Tensor, 
     return outs
 
 
-class Eagle3Trainer(Trainer):
-    """:class:`~microspec.training.eagle.Trainer`'s loop (batches, accumulation, schedule, checkpoints, held-out
-    metrics) with EAGLE-3's loss: ``steps`` training-time-test steps; ``top1`` is step 0's agreement with the
-    target's top-1 in the draft vocabulary, ``top{k}`` the last step's top-1 agreement."""
+class Eagle3Loss(HeadLoss):
+    """EAGLE-3's loss, for :class:`~microspec.training.eagle.Trainer`'s loop: ``steps`` training-time-test steps;
+    ``top1`` is step 0's agreement with the target's top-1 in the draft vocabulary, ``top{k}`` the last step's top-1
+    agreement (named ``top1_step{steps - 1}`` in the held-out metrics)."""
 
-    def __init__(self, target: NativeCausalLM, head: Eagle3Head, cfg: TrainConfig, out, steps: int = 7, log=print):
+    def __init__(self, target: NativeCausalLM, head: Eagle3Head, cfg: TrainConfig, steps: int = 7):
         check(steps >= 1, f"--ttt-steps must be >= 1, got {steps}")
-        super().__init__(target, head, cfg, out, log)
+        super().__init__(target, head, cfg)
         self.steps = steps
         self.label_rows = target.head_weight[head.target_ids().to(target.device)].float().detach()
 
@@ -107,7 +109,7 @@ class Eagle3Trainer(Trainer):
         return int(self.label_rows.shape[0])  # the draft vocabulary is the restriction
 
     def batch_loss(self, recs: list[dict], train: bool, norm: float | None = None) -> dict:
-        cfg, dev = self.cfg, self.target.device
+        dev = self.target.device
         lens = [len(r["ids"]) for r in recs]
         b, t = len(recs), max(lens)
         d, k = recs[0]["features"].shape[-1], recs[0]["taps"].shape[-1]
@@ -119,7 +121,7 @@ class Eagle3Trainer(Trainer):
             ids[i, : lens[i]] = r["ids"]
             feats[i, : lens[i]] = r["features"].float()
             taps[i, : lens[i]] = r["taps"].float()
-            first[i] = r["prompt_len"] - 1 if cfg.loss_on == "answer" else 1
+            first[i] = self.first(r)
         ids, feats, taps = ids.to(dev), feats.to(dev), taps.to(dev)
         lens_t, first = torch.tensor(lens, device=dev), first.to(dev)
         emb = self.target.embed(ids[:, 1:]).detach().float()  # pair p = (F_p, x_{p+1})
@@ -151,8 +153,8 @@ class Eagle3Trainer(Trainer):
                 (total / norm).backward()
         return {"tokens": count, "vloss": 0.0, "ploss": float(total.detach()), "top1": top1, "topk": last}
 
-    def evaluate(self, data: list[dict]) -> dict:
-        out = super().evaluate(data)
+    def metrics(self, summary: dict) -> dict:
+        out = dict(summary)
         out[f"top1_step{self.steps - 1}"] = out.pop(f"top{self.cfg.topk}")  # see the class docstring
         return out
 
@@ -163,4 +165,4 @@ class Eagle3Trainer(Trainer):
         return out
 
 
-__all__ = ["Eagle3Trainer", "draft_vocabulary", "new_eagle3_head", "ttt_forward", "ttt_mask"]
+__all__ = ["Eagle3Loss", "draft_vocabulary", "new_eagle3_head", "ttt_forward", "ttt_mask"]

@@ -336,7 +336,7 @@ def _train_eagle(opts, deadline: float | None) -> dict:
     if eagle3:
         from dataclasses import replace
 
-        from .eagle3 import Eagle3Trainer, draft_vocabulary, new_eagle3_head
+        from .eagle3 import Eagle3Loss, draft_vocabulary, new_eagle3_head
 
         tcfg = replace(tcfg, p_w=1.0, v_w=0.0, noise_std=0.0, ce_vocab="full")  # the token loss only
         ck = out / "checkpoint.pt"
@@ -351,7 +351,8 @@ def _train_eagle(opts, deadline: float | None) -> dict:
         head = new_eagle3_head(lm.model, ids, opts.feature_layers, opts.intermediate_size, seed=tcfg.seed)
         if opts.init is not None:
             init_head(head, load_eagle_head(opts.init))  # its draft vocabulary too
-        trainer = Eagle3Trainer(lm.model, head, tcfg, out, steps=opts.ttt_steps, log=log_stderr)
+        trainer = Trainer(lm.model, head, tcfg, out, log=log_stderr,
+                          loss=Eagle3Loss(lm.model, head, tcfg, steps=opts.ttt_steps))
     else:
         head = new_head(lm.model, opts.intermediate_size, seed=tcfg.seed)
         if opts.init is not None:
