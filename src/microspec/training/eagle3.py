@@ -159,10 +159,8 @@ class Eagle3Loss(HeadLoss):
         return out
 
     def _restricted(self, hidden: torch.Tensor) -> torch.Tensor:
-        out = F.linear(hidden, self.label_rows)
-        if self.softcap is not None:
-            out = torch.tanh(out / self.softcap) * self.softcap
-        return out
+        """The target's logits over the draft vocabulary (its soft-capping applied)."""
+        return self._capped(F.linear(hidden, self.label_rows))
 
 
 __all__ = ["Eagle3Loss", "draft_vocabulary", "new_eagle3_head", "ttt_forward", "ttt_mask"]
